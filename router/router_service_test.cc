@@ -1,0 +1,138 @@
+// The router's services over a real in-process gRPC server.
+#include "router/router_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "gtest/gtest.h"
+
+namespace tandem::router {
+namespace {
+
+class RouterServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_.info.set_id("kimi-k3");
+    model_.info.set_vocab_size(163840);
+    model_.info.set_max_context_tokens(4096);
+    model_.info.add_eos_token_ids(163586);
+    model_.fingerprint = "fp";
+    router_ = std::make_unique<RouterService>(model_, &workers_, &metrics_);
+    registry_service_ =
+        std::make_unique<RegistryService>(&workers_, &metrics_, "fp", absl::Seconds(1));
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(router_.get());
+    b.RegisterService(registry_service_.get());
+    server_ = b.BuildAndStart();
+    ASSERT_GT(port, 0);
+    auto ch = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                  grpc::InsecureChannelCredentials());
+    router_stub_ = tandem::v1::Router::NewStub(ch);
+    registry_stub_ = tandem::v1::Registry::NewStub(ch);
+  }
+  void TearDown() override { server_->Shutdown(); }
+
+  static void Deadline(grpc::ClientContext* ctx) {
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  }
+
+  grpc::Status Generate(const tandem::v1::GenerateRequest& req) {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    auto reader = router_stub_->Generate(&ctx, req);
+    tandem::v1::GenerateResponse resp;
+    int n = 0;
+    while (reader->Read(&resp)) ++n;
+    EXPECT_EQ(n, 0);
+    return reader->Finish();
+  }
+
+  grpc::Status Register(const std::string& id, const std::string& fp) {
+    tandem::v1::RegisterRequest r;
+    r.set_worker_id(id);
+    r.set_role(tandem::v1::WORKER_ROLE_DECODE);
+    r.set_grpc_address("127.0.0.1:1");
+    r.set_model_fingerprint(fp);
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    tandem::v1::RegisterResponse resp;
+    grpc::Status s = registry_stub_->Register(&ctx, r, &resp);
+    if (s.ok()) EXPECT_EQ(resp.heartbeat_interval_ms(), 1000);
+    return s;
+  }
+
+  double Requests(const std::string& outcome) {
+    return metrics_.requests->Add({{"outcome", outcome}}).Value();
+  }
+
+  FakeClock clock_;
+  WorkerRegistry workers_{&clock_, absl::Seconds(10)};
+  metrics::Registry metric_registry_;
+  RouterMetrics metrics_{&metric_registry_};
+  ServedModel model_;
+  std::unique_ptr<RouterService> router_;
+  std::unique_ptr<RegistryService> registry_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<tandem::v1::Router::Stub> router_stub_;
+  std::unique_ptr<tandem::v1::Registry::Stub> registry_stub_;
+};
+
+tandem::v1::GenerateRequest Prompt() {
+  tandem::v1::GenerateRequest req;
+  req.mutable_prompt_token_ids()->add_ids(100);
+  req.mutable_stop()->set_max_tokens(8);
+  return req;
+}
+
+TEST_F(RouterServiceTest, ListModels) {
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  tandem::v1::ListModelsResponse resp;
+  ASSERT_TRUE(router_stub_->ListModels(&ctx, {}, &resp).ok());
+  ASSERT_EQ(resp.models_size(), 1);
+  EXPECT_EQ(resp.models(0).id(), "kimi-k3");
+  EXPECT_EQ(resp.models(0).max_context_tokens(), 4096);
+}
+
+TEST_F(RouterServiceTest, BadInputIsInvalidArgument) {
+  tandem::v1::GenerateRequest req = Prompt();
+  req.mutable_prompt_token_ids()->add_ids(999999);
+  grpc::Status s = Generate(req);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("999999"), std::string::npos);
+  EXPECT_EQ(Requests("invalid"), 1);
+}
+
+TEST_F(RouterServiceTest, UnknownModelIsNotFound) {
+  tandem::v1::GenerateRequest req = Prompt();
+  req.set_model("gpt-9");
+  EXPECT_EQ(Generate(req).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(RouterServiceTest, NoWorkersIsUnavailableThenHandOffIsUnimplemented) {
+  EXPECT_EQ(Generate(Prompt()).error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(Requests("unavailable"), 1);
+  ASSERT_TRUE(Register("decode-0", "fp").ok());
+  EXPECT_EQ(metrics_.workers->Add({{"role", "decode"}}).Value(), 1);
+  EXPECT_EQ(Generate(Prompt()).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+}
+
+TEST_F(RouterServiceTest, RegistryRefusesOtherWeightsAndHeartbeatsReportKnown) {
+  grpc::Status s = Register("decode-1", "other");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("other"), std::string::npos);
+  ASSERT_TRUE(Register("decode-1", "fp").ok());
+  for (const char* id : {"decode-1", "nobody"}) {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    tandem::v1::HeartbeatRequest hb;
+    hb.set_worker_id(id);
+    tandem::v1::HeartbeatResponse resp;
+    ASSERT_TRUE(registry_stub_->Heartbeat(&ctx, hb, &resp).ok());
+    EXPECT_EQ(resp.known(), std::string(id) == "decode-1");
+  }
+}
+
+}  // namespace
+}  // namespace tandem::router
