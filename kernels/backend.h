@@ -1,0 +1,223 @@
+// The device-neutral kernel interface of the K3 forward pass.
+//
+// → The engine owns tensors and calls one method per op on raw pointers with
+//   explicit shapes and row strides ("ld" = elements between consecutive rows).
+//   A CPU backend takes host pointers; a CUDA backend takes device pointers on its
+//   stream. Every backend passes kernels/conformance_test.cc against the
+//   "cpu_reference" backend (plain loops, fp64 accumulation: the oracle).
+//
+// Conventions (all backends):
+// - BF16 values are uint16_t bit patterns (the high half of an fp32).
+// - Activations, accumulation and recurrent state are fp32 unless stated.
+// - Weights are row-major [out, in] and applied as x @ W^T.
+// - Every op returns absl::OkStatus() or InvalidArgument for bad shapes / ids;
+//   outputs are unspecified after an error. Ops never allocate per call beyond
+//   bounded scratch, and never keep pointers after returning.
+// - Outputs never alias inputs unless the op says so.
+#ifndef TANDEM_KERNELS_BACKEND_H_
+#define TANDEM_KERNELS_BACKEND_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace tandem::kernels {
+
+// KDA (Kimi Delta Attention) recurrence over T tokens of ONE sequence.
+// Per head h and token t (q, k already L2-normalised and q scaled by the caller,
+// see Backend::L2NormHeads):
+//   S_h = diag(exp(g_t)) S_h;  S_h += beta_t k_t (v_t - S_h^T k_t)^T;  o_t = S_h^T q_t
+struct KdaArgs {
+  int64_t tokens = 0;        // T >= 0
+  int64_t heads = 0;         // h
+  int64_t head_dim_k = 0;    // d_k
+  int64_t head_dim_v = 0;    // d_v
+  const float* q = nullptr;  // [T, h, d_k], row stride ld_qk (per token)
+  const float* k = nullptr;  // [T, h, d_k], row stride ld_qk
+  int64_t ld_qk = 0;
+  const float* v = nullptr;  // [T, h, d_v], row stride ld_v
+  int64_t ld_v = 0;
+  const float* g = nullptr;     // [T, h, d_k] log-decay (<= 0), contiguous
+  const float* beta = nullptr;  // [T, h], contiguous
+  float* state = nullptr;       // [h, d_k, d_v] in/out (initial -> final)
+  float* out = nullptr;         // [T, h, d_v], row stride ld_out
+  int64_t ld_out = 0;
+};
+
+// MLA attention over a paged latent cache. Per layer the cache is
+// [num_blocks, block_size, kv_lora_rank + rope_dim] BF16: per token the normalised
+// c_kv [kv_lora_rank] then k_rot [rope_dim]. Sequence s has seq_lens[s] tokens in the
+// cache (its new tokens included, already written with MlaCacheWrite) and
+// q_len_s = query_start[s+1] - query_start[s] query tokens: the LAST q_len_s tokens
+// of its context. Query i of s sits at position p = seq_lens[s] - q_len_s + i and
+// attends to positions 0..p (causal inside the queries; q_len_s > 1 serves prefill
+// chunks and speculative verification alike). Position p of s lives in block
+// block_tables[s * block_table_stride + p / block_size], row p % block_size.
+// kv_b_proj [heads * (nope_dim + v_dim), kv_lora_rank] BF16, per head [W_UK; W_UV].
+struct MlaArgs {
+  int64_t heads = 0;
+  int64_t nope_dim = 0;      // 128
+  int64_t rope_dim = 0;      // 64
+  int64_t v_dim = 0;         // 128
+  int64_t kv_lora_rank = 0;  // 512
+  float scale = 0;           // (nope_dim + rope_dim)^-0.5
+  int64_t num_seqs = 0;
+  const int32_t* seq_lens = nullptr;      // [num_seqs]
+  const int32_t* query_start = nullptr;   // [num_seqs + 1], query_start[0] = 0
+  const int32_t* block_tables = nullptr;  // [num_seqs, block_table_stride]
+  int64_t block_table_stride = 0;
+  const uint16_t* kv_cache = nullptr;  // [num_blocks, block_size, lora + rope] BF16
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;
+  const uint16_t* kv_b_proj = nullptr;  // BF16, see above
+  const float* q = nullptr;  // [num_tokens, heads, nope + rope], row stride ld_q
+  int64_t ld_q = 0;
+  float* out = nullptr;  // [num_tokens, heads, v_dim], row stride ld_out
+  int64_t ld_out = 0;
+};
+
+// One routed expert in MXFP4 (compressed-tensors "mxfp4-pack-quantized"):
+// w1 (gate) and w3 (up) [inter, hidden], w2 (down) [hidden, inter];
+// *_packed U8 [out, in/2] (byte j: element 2j low nibble, 2j+1 high nibble),
+// *_scale U8 [out, in/32] E8M0 (2^(s-127); 0xFF = NaN).
+struct Mxfp4Expert {
+  const uint8_t* w1_packed = nullptr;
+  const uint8_t* w1_scale = nullptr;
+  const uint8_t* w3_packed = nullptr;
+  const uint8_t* w3_scale = nullptr;
+  const uint8_t* w2_packed = nullptr;
+  const uint8_t* w2_scale = nullptr;
+};
+
+// Routed MoE over MXFP4 experts: out[t] = sum_i weights[t,i] * E_{ids[t,i]}(z[t]),
+// E(z) = w2(SiTU(w1 z, w3 z)). An id < 0, or an expert whose w1_packed is null
+// (owned by another rank), contributes nothing.
+struct MoeArgs {
+  int64_t tokens = 0;
+  int64_t hidden = 0;  // routed_expert_hidden_size (3584), multiple of 32
+  int64_t inter = 0;   // moe_intermediate_size (3072), multiple of 32
+  int64_t top_k = 0;
+  int64_t num_experts = 0;
+  const Mxfp4Expert* experts = nullptr;  // [num_experts]
+  const float* z = nullptr;              // [T, hidden], row stride ld_z
+  int64_t ld_z = 0;
+  const int32_t* ids = nullptr;    // [T, top_k]
+  const float* weights = nullptr;  // [T, top_k]
+  float situ_beta = 4.0f;
+  float situ_linear_beta = 25.0f;
+  float* out = nullptr;  // [T, hidden], row stride ld_out (overwritten)
+  int64_t ld_out = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual absl::string_view name() const = 0;
+
+  // ---- Dense algebra -------------------------------------------------------
+  // Y[m, n] (+)= sum_k X[m, k] * W[n, k]; W BF16. accumulate=false overwrites Y.
+  // Optimised backends may round X to BF16 (products are then exact in fp32):
+  // bound |err| <= 1e-2 * sum_k |X||W| scale (see conformance test).
+  virtual absl::Status GemmBf16(const float* x, int64_t ldx, const uint16_t* w,
+                                int64_t ldw, float* y, int64_t ldy, int64_t m,
+                                int64_t n, int64_t k, bool accumulate) = 0;
+  // The same with fp32 W (fp32 products: |err| <= 1e-5 * sum |X||W|).
+  virtual absl::Status GemmF32(const float* x, int64_t ldx, const float* w, int64_t ldw,
+                               float* y, int64_t ldy, int64_t m, int64_t n, int64_t k,
+                               bool accumulate) = 0;
+
+  // ---- Element-wise and norms -----------------------------------------------
+  // y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w over n. Per-head norms (KDA o_norm)
+  // are rows = tokens * heads, n = head_dim. y may equal x (same ld).
+  virtual absl::Status RmsNorm(const float* x, int64_t ldx, const float* w, float* y,
+                               int64_t ldy, int64_t rows, int64_t n, float eps) = 0;
+  // Per head of width d: y = x * rsqrt(sum(x^2) + eps) * scale (FLA l2norm; KDA
+  // q uses scale = d^-0.5, k uses 1). x, y: [rows, heads * d] with strides.
+  virtual absl::Status L2NormHeads(const float* x, int64_t ldx, float* y, int64_t ldy,
+                                   int64_t rows, int64_t heads, int64_t d, float eps,
+                                   float scale) = 0;
+  // out = beta*tanh(g/beta)*sigmoid(g) * lbeta*tanh(u/lbeta), [rows, n] with strides.
+  virtual absl::Status SituGlu(const float* g, int64_t ldg, const float* u, int64_t ldu,
+                               float* out, int64_t ldo, int64_t rows, int64_t n,
+                               float beta, float lbeta) = 0;
+  // out = x * sigmoid(gate), [rows, n] with strides (MLA output gate). out may be x.
+  virtual absl::Status MulSigmoid(const float* x, int64_t ldx, const float* gate,
+                                  int64_t ldg, float* out, int64_t ldo, int64_t rows,
+                                  int64_t n) = 0;
+  // y[i] += x[i], i < n (residual adds).
+  virtual absl::Status AddInPlace(float* y, const float* x, int64_t n) = 0;
+
+  // ---- Embedding --------------------------------------------------------------
+  // out[t] = fp32(table[ids[t]]), table [vocab, hidden] BF16. Ids out of range:
+  // InvalidArgument.
+  virtual absl::Status EmbeddingGather(const uint16_t* table, int64_t vocab,
+                                       int64_t hidden, const int32_t* ids,
+                                       int64_t tokens, float* out) = 0;
+
+  // ---- KDA ------------------------------------------------------------------
+  // Causal depthwise conv over T new tokens of one sequence, then SiLU:
+  //   y[t,c] = silu(sum_{i<K} w[c,i] * xx[t+i, c]),  xx = [state (K-1 rows); x]
+  // w [channels, K] (the [C,1,K] checkpoint tensor), no bias. state
+  // [K-1, channels] (oldest first) in/out: on return it holds the last K-1 inputs
+  // of xx (correct for T < K-1 too). x [T, channels] ld_x, y ld_y; y may not alias x.
+  virtual absl::Status CausalConv1dSilu(const float* x, int64_t ldx, const float* w,
+                                        int64_t kernel, float* state, float* y,
+                                        int64_t ldy, int64_t tokens,
+                                        int64_t channels) = 0;
+  // g[t,h,c] = lower_bound * sigmoid(exp(a_log[h]) * (graw[t,h*d+c] + dt_bias[h*d+c]))
+  // beta[t,h] = sigmoid(braw[t,h]). graw ld_graw, braw ld_braw; g [T,h,d] and
+  // beta [T,h] contiguous.
+  virtual absl::Status KdaGates(const float* graw, int64_t ld_graw, const float* a_log,
+                                const float* dt_bias, const float* braw,
+                                int64_t ld_braw, float lower_bound, int64_t tokens,
+                                int64_t heads, int64_t d, float* g, float* beta) = 0;
+  // Token-by-token recurrence (decode and the oracle).
+  virtual absl::Status KdaRecurrent(const KdaArgs& args) = 0;
+  // Chunked (chunk 64, WY/UT form) prefill; equals KdaRecurrent.
+  virtual absl::Status KdaChunked(const KdaArgs& args) = 0;
+  // out[t,h] = RMSNorm_d(o[t,h]) * norm_w * sigmoid(gate[t, h*d:(h+1)*d]).
+  // o [T, h*d] ld_o, gate ld_gate, out ld_out (may equal o).
+  virtual absl::Status KdaOutputGate(const float* o, int64_t ld_o, const float* norm_w,
+                                     const float* gate, int64_t ld_gate, float* out,
+                                     int64_t ld_out, int64_t tokens, int64_t heads,
+                                     int64_t d, float eps) = 0;
+
+  // ---- MLA ------------------------------------------------------------------
+  // cache[slots[t]] = bf16(src[t, 0:width]) where slot = block * block_size + row;
+  // slots < 0 are skipped (padding), slots >= num_slots are InvalidArgument.
+  virtual absl::Status PagedCacheWrite(const float* src, int64_t ld_src,
+                                       const int32_t* slots, int64_t tokens,
+                                       int64_t width, uint16_t* cache,
+                                       int64_t num_slots) = 0;
+  // Expanded form: k_nope/v = W_UK c / W_UV c per cached position (prefill).
+  virtual absl::Status MlaAttentionExpanded(const MlaArgs& args) = 0;
+  // Weight-absorbed form: q_lat = W_UK^T q_nope; MQA over [c | k_rot]; o = W_UV ctx
+  // (decode). Equals the expanded form within fp32 rounding.
+  virtual absl::Status MlaAttentionAbsorbed(const MlaArgs& args) = 0;
+
+  // ---- MoE ----------------------------------------------------------------
+  // noaux_tc sigmoid router: s = sigmoid(x @ gate^T) in fp32 (gate BF16 [E, hidden]);
+  // choose top_k by s + bias (ties: lower expert id first), ordered by that key
+  // descending; weights = chosen s (pre-bias), divided by (sum + 1e-20) when
+  // renormalize, times scaling. ids [T, top_k] int32, weights [T, top_k].
+  virtual absl::Status RouterTopK(const float* x, int64_t ldx, const uint16_t* gate,
+                                  const float* bias, int64_t tokens, int64_t hidden,
+                                  int64_t num_experts, int64_t top_k, bool renormalize,
+                                  float scaling, int32_t* ids, float* weights) = 0;
+  // Grouped routed-expert GEMMs on MXFP4 weights (dequantised in the kernel).
+  virtual absl::Status MoeMxfp4(const MoeArgs& args) = 0;
+
+  // ---- Block attention residuals ----------------------------------------------
+  // Mix(P, B): V = [B_0..B_{n-1}, P]; s_j = sum_d V_j * rsqrt(mean(V_j^2)+eps) *
+  // norm_w * proj_w; out = sum_j softmax_j(s) V_j, per token. bank: n pointers to
+  // [T, hidden] (contiguous); p, out [T, hidden] (out may equal p).
+  virtual absl::Status AttnResMix(const float* const* bank, int64_t bank_size,
+                                  const float* p, const float* proj_w,
+                                  const float* norm_w, float eps, int64_t tokens,
+                                  int64_t hidden, float* out) = 0;
+};
+
+}  // namespace tandem::kernels
+
+#endif  // TANDEM_KERNELS_BACKEND_H_

@@ -1,0 +1,27 @@
+// Argument checks shared by every backend, so that all reject the same inputs
+// with the same messages.
+#ifndef TANDEM_KERNELS_OP_CHECKS_H_
+#define TANDEM_KERNELS_OP_CHECKS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/backend.h"
+
+namespace tandem::kernels {
+
+absl::Status CheckGemm(const void* x, int64_t ldx, const void* w, int64_t ldw,
+                       const float* y, int64_t ldy, int64_t m, int64_t n, int64_t k);
+absl::Status CheckRows(int64_t rows, int64_t n, int64_t ld, const char* what);
+absl::Status CheckKda(const KdaArgs& a);
+// Also checks every block id of every sequence's used blocks is in range.
+absl::Status CheckMla(const MlaArgs& a);
+absl::Status CheckMoe(const MoeArgs& a);
+
+// E2M1 values of MXFP4 codes 0..15 and the E8M0 scale of a byte.
+extern const float kE2m1Values[16];
+float E8m0ToF32(uint8_t s);
+
+}  // namespace tandem::kernels
+
+#endif  // TANDEM_KERNELS_OP_CHECKS_H_
