@@ -34,7 +34,14 @@ RouterMetrics::RouterMetrics(metrics::Registry* registry)
           "tandem_router_registrations_total",
           "Worker registrations by role and result (ok, rejected)."))),
       workers(OrDie(registry->AddGauge("tandem_router_workers",
-                                       "Live registered workers by role."))) {}
+                                       "Live registered workers by role."))) {
+  // Children exist from the start, so every series is scraped (at 0) before the
+  // first event and rate() works from the first scrape.
+  for (const char* outcome : {"ok", "invalid", "unavailable", "unimplemented"}) {
+    requests->Add({{"outcome", outcome}});
+  }
+  for (const char* role : {"prefill", "decode"}) workers->Add({{"role", role}});
+}
 
 RouterService::RouterService(ServedModel model, WorkerRegistry* registry,
                              RouterMetrics* metrics)

@@ -1,0 +1,88 @@
+// The router process: Router + Registry gRPC services, grpc.health.v1, /metrics.
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <csignal>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/time/clock.h"
+#include "common/init.h"
+#include "common/logging.h"
+#include "common/signals.h"
+#include "metrics/http_exposer.h"
+#include "metrics/registry.h"
+#include "router/model_info.h"
+#include "router/router_service.h"
+#include "router/worker_registry.h"
+
+ABSL_FLAG(std::string, model, "", "Model directory (its config.json describes the model).");
+ABSL_FLAG(std::string, served_model_name, "",
+          "Model id clients use (default: kimi-k3 for the K3 layout).");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for all).");
+ABSL_FLAG(int, port, 50051, "gRPC port (0 picks a free one and logs it).");
+ABSL_FLAG(int, metrics_port, 9100, "Port of the /metrics HTTP endpoint (0: any free).");
+ABSL_FLAG(double, heartbeat_interval_s, 1.0, "Heartbeat interval asked of workers.");
+ABSL_FLAG(double, heartbeat_timeout_s, 5.0,
+          "Workers silent for this long are dropped from the registry.");
+
+int main(int argc, char** argv) {
+  tandem::BlockTerminationSignals();
+  tandem::InitProgram(argc, argv, "router",
+                      "Tandem router: splits requests between prefill and decode "
+                      "workers.\nusage: router_main --model=DIR [--port=50051]");
+  const std::string model_dir = absl::GetFlag(FLAGS_model);
+  if (model_dir.empty()) {
+    fprintf(stderr, "router: --model=DIR is required\n");
+    return 2;
+  }
+  auto model = tandem::router::LoadServedModel(
+      model_dir, absl::GetFlag(FLAGS_served_model_name), absl::ToUnixSeconds(absl::Now()));
+  if (!model.ok()) {
+    TLOG(ERROR, "cannot load the model description").Kv("status", model.status());
+    return 1;
+  }
+
+  tandem::metrics::Registry metric_registry;
+  tandem::router::RouterMetrics metrics(&metric_registry);
+  tandem::router::WorkerRegistry workers(
+      tandem::Clock::Real(), absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s)));
+  tandem::router::RouterService router(*model, &workers, &metrics);
+  tandem::router::RegistryService registry(
+      &workers, &metrics, model->fingerprint,
+      absl::Seconds(absl::GetFlag(FLAGS_heartbeat_interval_s)));
+
+  tandem::metrics::HttpExposer exposer(
+      {.host = absl::GetFlag(FLAGS_host), .port = absl::GetFlag(FLAGS_metrics_port)},
+      {&metric_registry});
+  if (absl::Status s = exposer.Start(); !s.ok()) {
+    TLOG(ERROR, "cannot serve /metrics").Kv("status", s);
+    return 1;
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string address =
+      absl::GetFlag(FLAGS_host) + ":" + std::to_string(absl::GetFlag(FLAGS_port));
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&router);
+  builder.RegisterService(&registry);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    TLOG(ERROR, "cannot listen").Kv("address", address);
+    return 1;
+  }
+  TLOG(INFO, "router serving")
+      .Kv("grpc_port", port)
+      .Kv("metrics_port", exposer.port())
+      .Kv("model", model->info.id())
+      .Kv("fingerprint", model->fingerprint);
+
+  int sig = tandem::WaitForTerminationSignal();
+  TLOG(INFO, "shutting down").Kv("signal", sig);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  exposer.Stop();
+  return 0;
+}
