@@ -1,0 +1,56 @@
+#!/bin/bash
+# The C++ tokenizer (//engine/tokenizer:tokenize) and the independent Node
+# oracle (tools/node/tiktoken_oracle.mjs) must give identical ids, line by line,
+# on the corpus plus generated lines with runs longer than 25,000 characters.
+set -euo pipefail
+
+if ! command -v node >/dev/null 2>&1; then
+  echo "FAIL: node (v20+) is not installed; run ./tandem setup" >&2
+  exit 1
+fi
+
+MODEL=third_party/kimi_k3_tokenizer
+TOKENIZE=engine/tokenizer/tokenize
+ORACLE=tools/node/tiktoken_oracle.mjs
+CORPUS=tests/data/tokenizer/corpus.jsonl
+WORK="${TEST_TMPDIR:-$(mktemp -d)}"
+
+# Long lines, generated rather than stored: they cross the 25,000-character
+# run limit with letters, spaces, newlines, mixed whitespace and a varied
+# non-whitespace run (punctuation, digits, Han, emoji).
+node -e '
+const lines = [
+  "a".repeat(30000),
+  " ".repeat(30000) + "x",
+  "x" + "\n".repeat(26000) + "y",
+  " \t".repeat(15000) + "end",
+  "Hello,World!123中文😀".repeat(3500),
+  "word ".repeat(2000) + "Z".repeat(25001) + " tail",
+];
+for (const t of lines) console.log(JSON.stringify({text: t}));
+' > "$WORK/long.jsonl"
+cat "$CORPUS" "$WORK/long.jsonl" > "$WORK/input.jsonl"
+LINES=$(wc -l < "$WORK/input.jsonl")
+
+"$TOKENIZE" --model "$MODEL" < "$WORK/input.jsonl" > "$WORK/cpp.jsonl"
+node "$ORACLE" --model "$MODEL" < "$WORK/input.jsonl" > "$WORK/node.jsonl"
+
+if [[ $(wc -l < "$WORK/cpp.jsonl") -ne $LINES || $(wc -l < "$WORK/node.jsonl") -ne $LINES ]]; then
+  echo "FAIL: expected $LINES output lines" >&2
+  exit 1
+fi
+if grep -q '"error"' "$WORK/cpp.jsonl" "$WORK/node.jsonl"; then
+  echo "FAIL: an encoder reported an error" >&2
+  exit 1
+fi
+if ! cmp -s "$WORK/cpp.jsonl" "$WORK/node.jsonl"; then
+  # Name the first differing line and its text.
+  n=$(cmp "$WORK/cpp.jsonl" "$WORK/node.jsonl" | awk '{print $NF}' || true)
+  line=$(diff <(cat -n "$WORK/cpp.jsonl") <(cat -n "$WORK/node.jsonl") | grep -m1 '^<' | awk '{print $2}')
+  echo "FAIL: ids differ first at input line $line ($n)" >&2
+  echo "text: $(sed -n "${line}p" "$WORK/input.jsonl" | cut -c1-300)" >&2
+  echo "c++ : $(sed -n "${line}p" "$WORK/cpp.jsonl" | cut -c1-300)" >&2
+  echo "node: $(sed -n "${line}p" "$WORK/node.jsonl" | cut -c1-300)" >&2
+  exit 1
+fi
+echo "PASS: $LINES lines identical ($(grep -o ',' "$WORK/cpp.jsonl" | wc -l) ids)"
