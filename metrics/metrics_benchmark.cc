@@ -36,7 +36,8 @@ BENCHMARK(BM_HistogramObserve)->Threads(1)->Threads(2);
 void BM_FamilyAddLookup(benchmark::State& state) {
   Registry registry;
   auto* family = *registry.AddCounter("x_total", "x");
-  for (int i = 0; i < 16; ++i) family->Add({{"route", absl::StrCat(i)}, {"code", "200"}});
+  for (int i = 0; i < 16; ++i)
+    family->Add({{"route", absl::StrCat(i)}, {"code", "200"}});
   for (auto _ : state) {
     benchmark::DoNotOptimize(&family->Add({{"route", "7"}, {"code", "200"}}));
   }
@@ -50,7 +51,9 @@ void BM_CollectAndSerialize(benchmark::State& state) {
     for (int c = 0; c < 4; ++c) {
       Labels labels = {{"worker", absl::StrCat(c)}};
       if (f % 2 == 0) {
-        (*registry.AddCounter(absl::StrCat("c", f, "_total"), "help"))->Add(labels).Increment(c);
+        (*registry.AddCounter(absl::StrCat("c", f, "_total"), "help"))
+            ->Add(labels)
+            .Increment(c);
       } else {
         (*registry.AddHistogram(absl::StrCat("h", f, "_seconds"), "help",
                                 *ExponentialBuckets(0.0005, 2, 20)))

@@ -26,7 +26,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       line += "{";
       bool first = true;
       for (const auto& [name, value] : sample.labels) {
-        absl::StrAppend(&line, first ? "" : ",", name, "=\"", EscapeLabelValue(value), "\"");
+        absl::StrAppend(&line, first ? "" : ",", name, "=\"", EscapeLabelValue(value),
+                        "\"");
         first = false;
       }
       line += "}";
