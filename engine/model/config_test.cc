@@ -94,7 +94,9 @@ TEST(ConfigTest, ToJsonRoundTrips) {
   }
   for (const auto& [k, v] : published["text_config"].items()) {
     EXPECT_TRUE(written["text_config"].contains(k)) << k;
-    if (k != "quantization_config") EXPECT_EQ(written["text_config"][k], v) << k;
+    if (k != "quantization_config") {
+      EXPECT_EQ(written["text_config"][k], v) << k;
+    }
   }
   EXPECT_EQ(written["vision_config"], published["vision_config"]);
 }

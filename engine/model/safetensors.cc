@@ -201,13 +201,15 @@ absl::StatusOr<std::unique_ptr<SafetensorsSet>> SafetensorsSet::OpenDirectory(
     }
     by_shard[shard_name].push_back(tensor);
   }
-  auto set = std::unique_ptr<SafetensorsSet>(new SafetensorsSet());
   for (const auto& [shard_name, tensors] : by_shard) {
-    const std::string path = JoinPath(dir, shard_name);
-    if (!FileExists(path)) {
+    if (!FileExists(JoinPath(dir, shard_name))) {
       return NotFound(index_path, ": shard ", shard_name, " (holding '", tensors.front(),
                       "' and ", tensors.size() - 1, " more) does not exist");
     }
+  }
+  auto set = std::unique_ptr<SafetensorsSet>(new SafetensorsSet());
+  for (const auto& [shard_name, tensors] : by_shard) {
+    const std::string path = JoinPath(dir, shard_name);
     TANDEM_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
     std::set<absl::string_view> listed(tensors.begin(), tensors.end());
     for (const std::string& tensor : tensors) {
