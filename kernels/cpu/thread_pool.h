@@ -1,5 +1,6 @@
 // A fixed pool of worker threads with a blocking, statically chunked parallel-for.
-// The calling thread takes part, so ThreadPool(1) runs everything inline. One
+// The calling thread takes part, so ThreadPool(1) runs everything inline (and so
+// does n == 1). One
 // ParallelFor at a time per pool (calls from several threads are serialised);
 // nested calls from inside a task run inline.
 //
