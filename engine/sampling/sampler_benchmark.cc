@@ -1,0 +1,79 @@
+// Sampler cost per row at the K3 vocabulary (163,840):
+//   bazel run -c opt //engine/sampling:sampler_benchmark
+#include <random>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "engine/sampling/sampler.h"
+
+namespace tandem::engine {
+namespace {
+
+constexpr int64_t kVocab = 163840;
+
+std::vector<float> Logits(double scale) {
+  std::mt19937 rng(1);
+  std::normal_distribution<double> d(0.0, scale);
+  std::vector<float> out(kVocab);
+  for (auto& v : out) v = static_cast<float>(d(rng));
+  return out;
+}
+
+void Run(benchmark::State& state, SamplingParams p, double scale) {
+  const std::vector<float> logits = Logits(scale);
+  Sampler sampler(kVocab);
+  p.seed = 1;
+  SampleRequest r;
+  r.logits = logits;
+  r.params = &p;
+  for (auto _ : state) {
+    ++r.position;
+    benchmark::DoNotOptimize(sampler.Sample(r));
+  }
+}
+
+void BM_Greedy(benchmark::State& s) { Run(s, SamplingParams{}, 3.0); }
+void BM_Temperature(benchmark::State& s) {
+  SamplingParams p;
+  p.temperature = 0.8f;
+  Run(s, p, 3.0);
+}
+void BM_TopP(benchmark::State& s) {
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.top_p = 0.95f;
+  Run(s, p, 3.0);
+}
+void BM_TopKTopPMinP(benchmark::State& s) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_k = 50;
+  p.top_p = 0.9f;
+  p.min_p = 0.05f;
+  Run(s, p, 3.0);
+}
+void BM_TopPFlat(benchmark::State& s) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_p = 0.9f;
+  Run(s, p, 0.3);
+}
+void BM_Logprobs20(benchmark::State& s) {
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.logprobs = true;
+  p.top_logprobs = 20;
+  Run(s, p, 3.0);
+}
+
+BENCHMARK(BM_Greedy)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Temperature)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_TopP)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_TopKTopPMinP)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_TopPFlat)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Logprobs20)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace tandem::engine
+
+BENCHMARK_MAIN();

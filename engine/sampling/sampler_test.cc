@@ -1,0 +1,416 @@
+#include "engine/sampling/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem::engine {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kK3Vocab = 163840;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+std::vector<float> LogitsFromProbs(const std::vector<double>& probs) {
+  std::vector<float> out;
+  for (double p : probs) out.push_back(static_cast<float>(std::log(p)));
+  return out;
+}
+
+std::vector<float> RandomLogits(int64_t n, double scale, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> d(0.0, scale);
+  std::vector<float> out(n);
+  for (auto& v : out) v = static_cast<float>(d(rng));
+  return out;
+}
+
+// Float64 log-softmax of x / t.
+std::vector<double> RefLogSoftmax(const std::vector<float>& x, double t) {
+  double m = -INFINITY;
+  for (float v : x) m = std::max(m, v / t);
+  double s = 0.0;
+  for (float v : x) s += std::exp(v / t - m);
+  std::vector<double> out;
+  for (float v : x) out.push_back(v / t - m - std::log(s));
+  return out;
+}
+
+// Reference truncation by a full sort in double: top-k, then top-p over the
+// top-k-renormalised distribution, then min-p; returns the final distribution.
+std::vector<double> RefDistribution(const std::vector<float>& logits, double t,
+                                    int top_k, double top_p, double min_p) {
+  const int64_t n = logits.size();
+  std::vector<double> lp = RefLogSoftmax(logits, t);
+  std::vector<int> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return lp[a] > lp[b]; });
+  int64_t keep = n;
+  if (top_k > 0 && top_k < n) keep = top_k;
+  double zk = 0.0;
+  for (int64_t i = 0; i < keep; ++i) zk += std::exp(lp[order[i]]);
+  if (top_p < 1.0) {
+    double acc = 0.0;
+    for (int64_t i = 0; i < keep; ++i) {
+      acc += std::exp(lp[order[i]]) / zk;
+      if (acc >= top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  std::vector<double> out(n, 0.0);
+  const double pmax = std::exp(lp[order[0]]);
+  double z = 0.0;
+  for (int64_t i = 0; i < keep; ++i) {
+    const double p = std::exp(lp[order[i]]);
+    if (p >= min_p * pmax) {
+      out[order[i]] = p;
+      z += p;
+    }
+  }
+  for (double& p : out) p /= z;
+  return out;
+}
+
+SampleRequest Request(const std::vector<float>& logits, const SamplingParams& params,
+                      int64_t position = 0) {
+  SampleRequest r;
+  r.logits = logits;
+  r.params = &params;
+  r.position = position;
+  return r;
+}
+
+TEST(SamplerTest, GreedyTakesArgmaxWithLowestIdOnTies) {
+  Sampler sampler(6);
+  const std::vector<float> logits = {1.0f, 3.0f, -2.0f, 3.0f, 0.0f, 3.0f};
+  SamplingParams p;
+  auto r = sampler.Sample(Request(logits, p));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->token_id, 1);
+  // Greedy needs no seed, and position does not matter.
+  EXPECT_EQ(sampler.Sample(Request(logits, p, 99))->token_id, 1);
+}
+
+TEST(SamplerTest, PenaltiesMatchHandComputedLogits) {
+  // prompt {2}; output: token 0 twice, token 1 once.
+  // repetition 2, then frequency 0.5 per occurrence, then presence 0.25:
+  //   0:  2 / 2 - 0.5*2 - 0.25 = -0.25
+  //   1: -1 * 2 - 0.5*1 - 0.25 = -2.75
+  //   2: 0.5 / 2               =  0.25
+  //   3: untouched             =  3
+  const std::vector<float> logits = {2.0f, -1.0f, 0.5f, 3.0f};
+  const std::vector<float> expected = {-0.25f, -2.75f, 0.25f, 3.0f};
+  PenaltyState history;
+  history.AddPromptTokens(std::vector<int32_t>{2, 2});
+  history.AddOutputTokens({0, 1, 0});
+  SamplingParams p;
+  p.repetition_penalty = 2.0f;
+  p.frequency_penalty = 0.5f;
+  p.presence_penalty = 0.25f;
+  p.logprobs = true;
+  p.top_logprobs = 4;
+  Sampler sampler(4);
+  SampleRequest req = Request(logits, p);
+  req.history = &history;
+  auto r = sampler.Sample(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::vector<double> ref = RefLogSoftmax(expected, 1.0);
+  EXPECT_EQ(r->token_id, 3);
+  ASSERT_EQ(r->top.size(), 4u);
+  const int order[] = {3, 2, 0, 1};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(r->top[i].token_id, order[i]);
+    EXPECT_NEAR(r->top[i].logprob, ref[order[i]], 1e-6);
+  }
+  // A penalty big enough flips greedy's choice.
+  history.AddOutputTokens({3, 3, 3, 3});
+  p.frequency_penalty = 2.0f;
+  EXPECT_EQ(sampler.Sample(req)->token_id, 2);
+}
+
+TEST(SamplerTest, LogprobsMatchFloat64ReferenceOnFullVocab) {
+  const std::vector<float> logits = RandomLogits(kK3Vocab, 3.0, 1);
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.seed = 5;
+  p.logprobs = true;
+  p.top_logprobs = 20;
+  Sampler sampler(kK3Vocab);
+  auto r = sampler.Sample(Request(logits, p));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::vector<double> ref = RefLogSoftmax(logits, 0.7);
+  EXPECT_NEAR(r->logprob, ref[r->token_id], 1e-4);
+  std::vector<int> order(kK3Vocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + 20, order.end(),
+                    [&](int a, int b) { return ref[a] > ref[b]; });
+  ASSERT_EQ(r->top.size(), 20u);
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(r->top[i].token_id, order[i]) << i;
+    EXPECT_NEAR(r->top[i].logprob, ref[order[i]], 1e-4);
+  }
+}
+
+TEST(SamplerTest, GreedyLogprobsAreAtTemperatureOne) {
+  const std::vector<float> logits = {0.0f, 1.0f, 2.0f};
+  SamplingParams p;
+  p.logprobs = true;
+  Sampler sampler(3);
+  auto r = sampler.Sample(Request(logits, p));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->token_id, 2);
+  EXPECT_NEAR(r->logprob, RefLogSoftmax(logits, 1.0)[2], 1e-6);
+  EXPECT_TRUE(r->top.empty());
+}
+
+struct TruncCase {
+  const char* name;
+  int top_k;
+  float top_p;
+  float min_p;
+  std::vector<double> want;
+};
+
+TEST(SamplerTest, TruncationMatchesHandComputedDistributions) {
+  // p = [0.5, 0.25, 0.15, 0.1]
+  const std::vector<float> logits = LogitsFromProbs({0.5, 0.25, 0.15, 0.1});
+  const TruncCase cases[] = {
+      {"none", 0, 1.0f, 0.0f, {0.5, 0.25, 0.15, 0.1}},
+      {"top_k2", 2, 1.0f, 0.0f, {2 / 3.0, 1 / 3.0, 0, 0}},
+      {"top_k_vocab", 4, 1.0f, 0.0f, {0.5, 0.25, 0.15, 0.1}},
+      {"top_p0.7", 0, 0.7f, 0.0f, {2 / 3.0, 1 / 3.0, 0, 0}},
+      {"top_p0.8", 0, 0.8f, 0.0f, {0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0}},
+      {"top_p0.3", 0, 0.3f, 0.0f, {1, 0, 0, 0}},
+      // top-p over the top-k-renormalised distribution: 0.5/0.9 = 0.556.
+      {"k3_p0.7", 3, 0.7f, 0.0f, {2 / 3.0, 1 / 3.0, 0, 0}},
+      // 0.52 separates the two: over the full distribution 0.5 < 0.52 would
+      // keep two tokens; over top-3 0.556 >= 0.52 keeps one.
+      {"k3_p0.52", 3, 0.52f, 0.0f, {1, 0, 0, 0}},
+      {"k0_p0.52", 0, 0.52f, 0.0f, {2 / 3.0, 1 / 3.0, 0, 0}},
+      {"k3_p0.56", 3, 0.56f, 0.0f, {2 / 3.0, 1 / 3.0, 0, 0}},
+      // min-p: keep p >= min_p * 0.5.
+      {"min_p0.35", 0, 1.0f, 0.35f, {2 / 3.0, 1 / 3.0, 0, 0}},
+      {"min_p0.25", 0, 1.0f, 0.25f, {0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0}},
+      {"min_p0.6", 0, 1.0f, 0.6f, {1, 0, 0, 0}},
+      {"p0.8_min_p0.4", 0, 0.8f, 0.4f, {2 / 3.0, 1 / 3.0, 0, 0}},
+  };
+  Sampler sampler(4);
+  for (const TruncCase& c : cases) {
+    SamplingParams p;
+    p.temperature = 1.0f;
+    p.seed = 1;
+    p.top_k = c.top_k;
+    p.top_p = c.top_p;
+    p.min_p = c.min_p;
+    std::vector<float> probs;
+    ASSERT_TRUE(sampler.Distribution(Request(logits, p), &probs).ok());
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_NEAR(probs[i], c.want[i], 1e-6) << c.name << " token " << i;
+    }
+  }
+}
+
+TEST(SamplerTest, TruncationMatchesSortReferenceOnFullVocab) {
+  struct Case {
+    double scale;  // logit spread: small = nearly flat
+    float t;
+    int top_k;
+    float top_p;
+    float min_p;
+  };
+  const Case cases[] = {
+      {3.0, 1.0f, 50, 1.0f, 0.0f},     {3.0, 0.8f, 0, 0.9f, 0.0f},
+      {3.0, 1.0f, 0, 1.0f, 0.05f},     {3.0, 1.2f, 1000, 0.95f, 0.0f},
+      {3.0, 1.0f, 40, 0.9f, 0.1f},     {0.3, 1.0f, 0, 0.5f, 0.0f},
+      {0.3, 1.0f, 100000, 0.9f, 0.0f}, {0.3, 1.0f, 0, 1.0f, 0.5f},
+      {0.3, 0.5f, 20, 0.99f, 0.9f},    {8.0, 1.0f, 0, 0.999f, 1e-9f},
+      {1.0, 1.0f, 0, 1.0f, 1e-9f},     {1.0, 1.0f, 5000, 1.0f, 0.3f},
+  };
+  Sampler sampler(kK3Vocab);
+  int seed = 100;
+  for (const Case& c : cases) {
+    const std::vector<float> logits = RandomLogits(kK3Vocab, c.scale, seed++);
+    SamplingParams p;
+    p.temperature = c.t;
+    p.seed = 3;
+    p.top_k = c.top_k;
+    p.top_p = c.top_p;
+    p.min_p = c.min_p;
+    std::vector<float> probs;
+    ASSERT_TRUE(sampler.Distribution(Request(logits, p), &probs).ok());
+    const std::vector<double> ref =
+        RefDistribution(logits, c.t, c.top_k, c.top_p, c.min_p);
+    int64_t kept = 0, ref_kept = 0, mismatched = 0;
+    double max_err = 0.0;
+    for (int64_t i = 0; i < kK3Vocab; ++i) {
+      kept += probs[i] > 0;
+      ref_kept += ref[i] > 0;
+      mismatched += (probs[i] > 0) != (ref[i] > 0);
+      max_err = std::max(max_err, std::abs(probs[i] - ref[i]));
+    }
+    EXPECT_EQ(mismatched, 0) << "k=" << c.top_k << " p=" << c.top_p
+                             << " min_p=" << c.min_p << " scale=" << c.scale;
+    EXPECT_EQ(kept, ref_kept);
+    EXPECT_LT(max_err, 1e-6);
+    // The sampled token is always inside the kept set.
+    for (int pos = 0; pos < 20; ++pos) {
+      auto r = sampler.Sample(Request(logits, p, pos));
+      ASSERT_TRUE(r.ok());
+      EXPECT_GT(ref[r->token_id], 0.0);
+    }
+  }
+}
+
+TEST(SamplerTest, EmpiricalFrequenciesMatchTheDistribution) {
+  const std::vector<float> logits = {1.0f, 0.2f, -0.5f, 2.0f, 0.0f, -3.0f};
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.top_k = 5;
+  p.seed = 77;
+  Sampler sampler(6);
+  std::vector<float> probs;
+  ASSERT_TRUE(sampler.Distribution(Request(logits, p), &probs).ok());
+  EXPECT_EQ(probs[5], 0.0f);  // cut by top-k
+  constexpr int kN = 60000;
+  std::vector<int> counts(6, 0);
+  for (int i = 0; i < kN; ++i)
+    ++counts[sampler.Sample(Request(logits, p, i))->token_id];
+  double chi2 = 0.0;
+  for (int i = 0; i < 6; ++i) {
+    if (probs[i] == 0.0f) {
+      EXPECT_EQ(counts[i], 0);
+      continue;
+    }
+    const double e = kN * probs[i];
+    chi2 += (counts[i] - e) * (counts[i] - e) / e;
+  }
+  // 4 degrees of freedom: P(chi2 > 23.5) ~ 1e-4.
+  EXPECT_LT(chi2, 23.5);
+}
+
+TEST(SamplerTest, SameSeedAndPositionGiveTheSameTokenWhateverElseRuns) {
+  const std::vector<float> a = RandomLogits(kK3Vocab, 2.0, 7);
+  const std::vector<float> b = RandomLogits(kK3Vocab, 2.0, 8);
+  SamplingParams pa;
+  pa.temperature = 1.0f;
+  pa.top_p = 0.95f;
+  pa.seed = 1234;
+  SamplingParams pb = pa;
+  pb.seed = 99;
+  pb.top_k = 7;
+  // Alone, one sampler per "worker".
+  std::vector<int32_t> alone;
+  {
+    Sampler s(kK3Vocab);
+    for (int pos = 0; pos < 16; ++pos)
+      alone.push_back(s.Sample(Request(a, pa, pos))->token_id);
+  }
+  // Interleaved with another request in a shared sampler ("batch"), in
+  // reverse position order, starting at position 8 (a hand-off mid-stream).
+  Sampler shared(kK3Vocab);
+  for (int pos = 15; pos >= 8; --pos) {
+    ASSERT_TRUE(shared.Sample(Request(b, pb, pos)).ok());
+    EXPECT_EQ(shared.Sample(Request(a, pa, pos))->token_id, alone[pos]) << pos;
+  }
+  // Not constant: a different seed changes the sequence.
+  std::vector<int32_t> other;
+  SamplingParams pc = pa;
+  pc.seed = 1235;
+  for (int pos = 0; pos < 16; ++pos)
+    other.push_back(shared.Sample(Request(a, pc, pos))->token_id);
+  EXPECT_NE(other, alone);
+}
+
+TEST(SamplerTest, ConsecutivePositionsAreIndependent) {
+  // Uniform over 2 tokens: pairs (token at i, token at i + 1) are uniform.
+  const std::vector<float> logits = {0.0f, 0.0f};
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 2024;
+  Sampler sampler(2);
+  constexpr int kN = 40000;
+  int pairs[2][2] = {};
+  int prev = sampler.Sample(Request(logits, p, 0))->token_id;
+  for (int i = 1; i <= kN; ++i) {
+    const int t = sampler.Sample(Request(logits, p, i))->token_id;
+    ++pairs[prev][t];
+    prev = t;
+  }
+  double chi2 = 0.0;
+  for (auto& row : pairs) {
+    for (int c : row) chi2 += (c - kN / 4.0) * (c - kN / 4.0) / (kN / 4.0);
+  }
+  EXPECT_LT(chi2, 21.1);  // 3 dof, P ~ 1e-4
+}
+
+TEST(SamplerTest, SuppressedTokensAreNeverChosen) {
+  const std::vector<float> logits = {5.0f, 4.9f, 0.0f};
+  SamplingParams greedy;
+  Sampler sampler(3);
+  const std::vector<int32_t> banned = {0};
+  SampleRequest r = Request(logits, greedy);
+  r.suppressed_tokens = banned;
+  EXPECT_EQ(sampler.Sample(r)->token_id, 1);
+  SamplingParams p;
+  p.temperature = 2.0f;
+  p.seed = 8;
+  r.params = &p;
+  for (int i = 0; i < 500; ++i) {
+    r.position = i;
+    EXPECT_NE(sampler.Sample(r)->token_id, 0);
+  }
+}
+
+TEST(SamplerTest, BadInputsGiveErrors) {
+  Sampler sampler(3);
+  SamplingParams p;
+  p.temperature = 1.0f;
+  const std::vector<float> ok = {0.0f, 1.0f, 2.0f};
+  EXPECT_THAT(sampler.Sample(Request(ok, p)).status().message(),
+              HasSubstr("needs a seed"));
+  p.seed = 1;
+  const std::vector<float> short_row = {0.0f, 1.0f};
+  EXPECT_THAT(sampler.Sample(Request(short_row, p)).status().message(),
+              HasSubstr("logits row has 2 entries, vocabulary has 3"));
+  const std::vector<float> nan_row = {0.0f, NAN, 2.0f};
+  EXPECT_THAT(sampler.Sample(Request(nan_row, p)).status().message(), HasSubstr("NaN"));
+  const std::vector<float> masked = {kNegInf, kNegInf, kNegInf};
+  EXPECT_THAT(sampler.Sample(Request(masked, p)).status().message(),
+              HasSubstr("all logits -inf"));
+  SamplingParams greedy;
+  EXPECT_THAT(sampler.Sample(Request(masked, greedy)).status().message(),
+              HasSubstr("all logits -inf"));
+  EXPECT_THAT(sampler.Sample(Request(nan_row, greedy)).status().message(),
+              HasSubstr("NaN"));
+}
+
+TEST(SamplerTest, TopKLargerThanFiniteTokensNeverPicksMaskedOnes) {
+  std::vector<float> logits(50, kNegInf);
+  logits[10] = 1.0f;
+  logits[20] = 0.5f;
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_k = 30;
+  p.seed = 4;
+  Sampler sampler(50);
+  std::vector<float> probs;
+  ASSERT_TRUE(sampler.Distribution(Request(logits, p), &probs).ok());
+  EXPECT_NEAR(probs[10] + probs[20], 1.0, 1e-6);
+  for (int pos = 0; pos < 200; ++pos) {
+    const int32_t t = sampler.Sample(Request(logits, p, pos))->token_id;
+    EXPECT_TRUE(t == 10 || t == 20) << t;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::engine

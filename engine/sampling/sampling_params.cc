@@ -1,0 +1,80 @@
+#include "engine/sampling/sampling_params.h"
+
+#include <cmath>
+
+#include "common/status.h"
+
+namespace tandem::engine {
+namespace {
+
+absl::Status CheckRange(const char* name, float value, float lo, float hi) {
+  if (!std::isfinite(value) || value < lo || value > hi) {
+    return InvalidArgument(name, " must be in [", lo, ", ", hi, "], got ", value);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SamplingParams::Validate() const {
+  TANDEM_RETURN_IF_ERROR(CheckRange("temperature", temperature, 0.0f, 2.0f));
+  if (!std::isfinite(top_p) || top_p <= 0.0f || top_p > 1.0f) {
+    return InvalidArgument("top_p must be in (0, 1], got ", top_p);
+  }
+  if (top_k < 0) return InvalidArgument("top_k must be >= 0, got ", top_k);
+  TANDEM_RETURN_IF_ERROR(CheckRange("min_p", min_p, 0.0f, 1.0f));
+  TANDEM_RETURN_IF_ERROR(CheckRange("presence_penalty", presence_penalty, -2.0f, 2.0f));
+  TANDEM_RETURN_IF_ERROR(
+      CheckRange("frequency_penalty", frequency_penalty, -2.0f, 2.0f));
+  if (!std::isfinite(repetition_penalty) || repetition_penalty <= 0.0f ||
+      repetition_penalty > 10.0f) {
+    return InvalidArgument("repetition_penalty must be in (0, 10], got ",
+                           repetition_penalty);
+  }
+  if (top_logprobs < 0 || top_logprobs > kMaxTopLogprobs) {
+    return InvalidArgument("top_logprobs must be in [0, ", kMaxTopLogprobs, "], got ",
+                           top_logprobs);
+  }
+  if (top_logprobs > 0 && !logprobs) {
+    return InvalidArgument("top_logprobs = ", top_logprobs,
+                           " requires logprobs = true");
+  }
+  if (max_tokens < 0) {
+    return InvalidArgument("max_tokens must be >= 0, got ", max_tokens);
+  }
+  if (min_tokens < 0) {
+    return InvalidArgument("min_tokens must be >= 0, got ", min_tokens);
+  }
+  if (max_tokens > 0 && min_tokens > max_tokens) {
+    return InvalidArgument("min_tokens (", min_tokens, ") must not exceed max_tokens (",
+                           max_tokens, ")");
+  }
+  if (stop_strings.size() > kMaxStopStrings) {
+    return InvalidArgument("at most ", kMaxStopStrings,
+                           " stop strings are allowed, got ", stop_strings.size());
+  }
+  for (const std::string& s : stop_strings) {
+    if (s.empty()) return InvalidArgument("stop strings must not be empty");
+    if (s.size() > kMaxStopStringBytes) {
+      return InvalidArgument("a stop string may be at most ", kMaxStopStringBytes,
+                             " bytes, got ", s.size());
+    }
+  }
+  for (int32_t id : stop_token_ids) {
+    if (id < 0) return InvalidArgument("stop token id must be >= 0, got ", id);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SamplingParams::ValidateForVocab(int64_t vocab_size) const {
+  TANDEM_RETURN_IF_ERROR(Validate());
+  for (int32_t id : stop_token_ids) {
+    if (id >= vocab_size) {
+      return InvalidArgument("stop token id ", id, " is outside the vocabulary of ",
+                             vocab_size, " tokens");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,77 @@
+// Per-request sampling and stop options as plain C++ (no proto types on the hot
+// path). proto_convert.h maps them to and from tandem.v1.SamplingParams and
+// tandem.v1.StopConditions.
+#ifndef TANDEM_ENGINE_SAMPLING_SAMPLING_PARAMS_H_
+#define TANDEM_ENGINE_SAMPLING_SAMPLING_PARAMS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace tandem::engine {
+
+// Temperatures below this are treated as greedy (argmax), as vLLM does.
+inline constexpr float kGreedyTemperature = 1e-5f;
+// Most alternatives a request may ask for per token (the OpenAI limit).
+inline constexpr int kMaxTopLogprobs = 20;
+// Limits on stop strings (bounded hold-back and matching cost).
+inline constexpr int kMaxStopStrings = 16;
+inline constexpr int kMaxStopStringBytes = 256;
+
+struct SamplingParams {
+  // 0 (or < kGreedyTemperature) means greedy. Range [0, 2].
+  float temperature = 0.0f;
+  // Nucleus: keep the smallest prefix (most likely first) with mass >= top_p.
+  // 1 disables. Range (0, 1].
+  float top_p = 1.0f;
+  // Keep the top_k most likely tokens; 0 disables.
+  int32_t top_k = 0;
+  // Drop tokens with probability < min_p * (probability of the most likely);
+  // 0 disables. Range [0, 1].
+  float min_p = 0.0f;
+  // The request's random stream. Unset: the caller must draw one before
+  // sampling (the router does, and reports it back).
+  std::optional<uint64_t> seed;
+  // OpenAI penalties over OUTPUT tokens: presence subtracted once per distinct
+  // generated token, frequency subtracted per occurrence. Range [-2, 2].
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  // CTRL-style penalty over prompt and output tokens: positive logits are
+  // divided by it, negative ones multiplied. 1 disables. Range (0, 10].
+  float repetition_penalty = 1.0f;
+  // Report the chosen token's logprob, and top_logprobs alternatives (0..20).
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
+
+  // Stop conditions.
+  // Extra token ids that end generation (the model's EOS ids are added by the
+  // StopChecker unless ignore_eos).
+  std::vector<int32_t> stop_token_ids;
+  // Strings that end generation; output is cut before the first match.
+  std::vector<std::string> stop_strings;
+  // Maximum generated tokens; 0 = up to the context limit.
+  int32_t max_tokens = 0;
+  // Stop tokens and stop strings do not end generation before this many
+  // tokens; stop tokens are also masked out of sampling until then.
+  int32_t min_tokens = 0;
+  // Keep generating through the model's EOS tokens.
+  bool ignore_eos = false;
+
+  bool IsGreedy() const { return temperature < kGreedyTemperature; }
+  bool HasPenalties() const {
+    return presence_penalty != 0.0f || frequency_penalty != 0.0f ||
+           repetition_penalty != 1.0f;
+  }
+
+  // Checks every range above; the message names the field and the value.
+  absl::Status Validate() const;
+  // Validate() plus token ids (stop_token_ids) inside [0, vocab_size).
+  absl::Status ValidateForVocab(int64_t vocab_size) const;
+};
+
+}  // namespace tandem::engine
+
+#endif  // TANDEM_ENGINE_SAMPLING_SAMPLING_PARAMS_H_
