@@ -1,8 +1,9 @@
 #include "engine/tokenizer/bpe.h"
 
+#include <algorithm>
 #include <fstream>
+#include <functional>
 #include <limits>
-#include <queue>
 #include <sstream>
 
 #include "absl/strings/escaping.h"
@@ -51,8 +52,8 @@ absl::StatusOr<BytePairEncoder> BytePairEncoder::Parse(absl::string_view content
                              absl::CHexEscape(line.substr(sp + 1, 20)), "'");
     }
     if (rank < 0 || rank >= expected_count) {
-      return InvalidArgument(source, ":", line_no, ": rank ", rank,
-                             " outside [0, ", expected_count, ")");
+      return InvalidArgument(source, ":", line_no, ": rank ", rank, " outside [0, ",
+                             expected_count, ")");
     }
     if (have[rank]) {
       return InvalidArgument(source, ":", line_no, ": duplicate rank ", rank);
@@ -73,12 +74,15 @@ absl::StatusOr<BytePairEncoder> BytePairEncoder::Parse(absl::string_view content
     enc.arena_ += t;
   }
   enc.offsets_.push_back(static_cast<uint32_t>(enc.arena_.size()));
-  enc.ranks_.reserve(expected_count);
+  size_t capacity = 16;
+  while (capacity < 3 * static_cast<size_t>(expected_count)) capacity <<= 1;
+  enc.slots_.assign(capacity, Slot{kEmpty, 0});
+  enc.mask_ = capacity - 1;
   for (int r = 0; r < expected_count; ++r) {
-    auto [it, inserted] = enc.ranks_.emplace(enc.Bytes(r), r);
-    if (!inserted) {
+    const int other = enc.Insert(r);
+    if (other >= 0) {
       return InvalidArgument(source, ": token '", absl::CHexEscape(enc.Bytes(r)),
-                             "' has two ranks, ", it->second, " and ", r);
+                             "' has two ranks, ", other, " and ", r);
     }
   }
   for (int b = 0; b < 256; ++b) {
@@ -90,6 +94,46 @@ absl::StatusOr<BytePairEncoder> BytePairEncoder::Parse(absl::string_view content
     }
   }
   return enc;
+}
+
+uint64_t BytePairEncoder::Hash(const char* p, size_t n) {
+  auto mix = [](uint64_t a, uint64_t b) {
+    const __uint128_t r = static_cast<__uint128_t>(a) * b;
+    return static_cast<uint64_t>(r) ^ static_cast<uint64_t>(r >> 64);
+  };
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ (n * 0xA0761D6478BD642Full);
+  while (n > 8) {
+    uint64_t w;
+    __builtin_memcpy(&w, p, 8);
+    h = mix(h ^ w, 0xE7037ED1A0B428DBull);
+    p += 8;
+    n -= 8;
+  }
+  uint64_t w;
+  if (n >= 4) {
+    uint32_t a, b;
+    __builtin_memcpy(&a, p, 4);
+    __builtin_memcpy(&b, p + n - 4, 4);
+    w = (static_cast<uint64_t>(a) << 32) | b;
+  } else if (n > 0) {
+    const auto* u = reinterpret_cast<const uint8_t*>(p);
+    w = (static_cast<uint64_t>(u[0]) << 16) | (static_cast<uint64_t>(u[n >> 1]) << 8) |
+        u[n - 1];
+  } else {
+    w = 0;
+  }
+  return mix(h ^ w, 0x8EBC6AF09C88C6E3ull);
+}
+
+int BytePairEncoder::Insert(uint32_t r) {
+  const absl::string_view b = Bytes(static_cast<int>(r));
+  const int existing = Find(b.data(), b.size());
+  if (existing >= 0) return existing;
+  const uint64_t h = Hash(b.data(), b.size());
+  size_t i = h & mask_;
+  while (slots_[i].rank != kEmpty) i = (i + 1) & mask_;
+  slots_[i] = Slot{r, static_cast<uint32_t>(h >> 32)};
+  return -1;
 }
 
 absl::StatusOr<BytePairEncoder> BytePairEncoder::Load(const std::string& path,
@@ -154,44 +198,58 @@ void BytePairEncoder::MergeSmall(absl::string_view piece, std::vector<int>* out)
 }
 
 // Same rule in O(n log n): a linked list of parts and a min-heap of candidate
-// pairs keyed by (rank, start); stale entries are skipped when popped.
+// pairs keyed by rank << 32 | start (the order of the scan: lowest rank, then
+// leftmost). A rank names its bytes, so (rank, start) names the pair; an entry
+// is current iff pair_rank[start] still equals its rank (merged-away parts
+// hold kDead), and stale entries are skipped when popped.
 void BytePairEncoder::MergeLarge(absl::string_view piece, std::vector<int>* out) const {
+  constexpr int kDead = -2;
   const uint32_t n = static_cast<uint32_t>(piece.size());
-  std::vector<uint32_t> next(n), prev(n);
+  thread_local std::vector<uint32_t> next, prev;
+  thread_local std::vector<int> pair_rank;
+  thread_local std::vector<uint64_t> heap;
+  next.resize(n);
+  prev.resize(n);
+  pair_rank.assign(n, -1);
+  heap.clear();
   for (uint32_t i = 0; i < n; ++i) {
     next[i] = i + 1;
     prev[i] = i == 0 ? 0 : i - 1;
   }
-  struct Cand {
-    int rank;
-    uint32_t start;
-    uint32_t end;  // end of the pair's second part when the entry was made
-    bool operator>(const Cand& o) const {
-      return rank != o.rank ? rank > o.rank : start > o.start;
+  auto key = [](int rank, uint32_t start) {
+    return (static_cast<uint64_t>(rank) << 32) | start;
+  };
+  auto refresh = [&](uint32_t s) {
+    const uint32_t mid = next[s];
+    int r = -1;
+    if (mid < n) r = Rank(piece.substr(s, next[mid] - s));
+    pair_rank[s] = r;
+    if (r >= 0) {
+      heap.push_back(key(r, s));
+      std::push_heap(heap.begin(), heap.end(), std::greater<uint64_t>());
     }
   };
-  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
-  auto push = [&](uint32_t s) {
-    const uint32_t mid = next[s];
-    if (mid >= n) return;
-    const uint32_t e = next[mid];
-    const int r = Rank(piece.substr(s, e - s));
-    if (r >= 0) heap.push({r, s, e});
-  };
-  std::vector<bool> alive(n, true);
-  for (uint32_t i = 0; i + 1 < n; ++i) push(i);
+  for (uint32_t i = 0; i + 1 < n; ++i) {
+    const int r = Rank(piece.substr(i, 2));
+    pair_rank[i] = r;
+    if (r >= 0) heap.push_back(key(r, i));
+  }
+  std::make_heap(heap.begin(), heap.end(), std::greater<uint64_t>());
   while (!heap.empty()) {
-    const Cand c = heap.top();
-    heap.pop();
-    if (!alive[c.start]) continue;
-    const uint32_t mid = next[c.start];
-    if (mid >= n || next[mid] != c.end) continue;  // stale
-    // Merge part `mid` into part `c.start`.
-    alive[mid] = false;
-    next[c.start] = c.end;
-    if (c.end < n) prev[c.end] = c.start;
-    push(c.start);
-    if (c.start > 0) push(prev[c.start]);
+    std::pop_heap(heap.begin(), heap.end(), std::greater<uint64_t>());
+    const uint64_t top = heap.back();
+    heap.pop_back();
+    const int rank = static_cast<int>(top >> 32);
+    const uint32_t s = static_cast<uint32_t>(top);
+    if (pair_rank[s] != rank) continue;  // stale
+    // Merge part `mid` into part `s`.
+    const uint32_t mid = next[s];
+    const uint32_t end = next[mid];
+    pair_rank[mid] = kDead;
+    next[s] = end;
+    if (end < n) prev[end] = s;
+    refresh(s);
+    if (s > 0) refresh(prev[s]);
   }
   for (uint32_t s = 0; s < n; s = next[s]) {
     out->push_back(Rank(piece.substr(s, next[s] - s)));

@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -32,10 +31,7 @@ class BytePairEncoder {
   void Encode(absl::string_view piece, std::vector<int>* out) const;
 
   // The rank of exactly these bytes, or -1.
-  int Rank(absl::string_view bytes) const {
-    auto it = ranks_.find(bytes);
-    return it == ranks_.end() ? -1 : it->second;
-  }
+  int Rank(absl::string_view bytes) const { return Find(bytes.data(), bytes.size()); }
   // The bytes of rank `r` (0 <= r < size()).
   absl::string_view Bytes(int r) const {
     return absl::string_view(arena_).substr(offsets_[r], offsets_[r + 1] - offsets_[r]);
@@ -47,9 +43,34 @@ class BytePairEncoder {
   void MergeSmall(absl::string_view piece, std::vector<int>* out) const;
   void MergeLarge(absl::string_view piece, std::vector<int>* out) const;
 
+  // The rank table: open addressing, linear probing, power-of-two size. A slot
+  // holds a rank (kEmpty if none) and the top 32 bits of its key's hash, so a
+  // miss rarely touches the token bytes.
+  struct Slot {
+    uint32_t rank;
+    uint32_t tag;
+  };
+  static constexpr uint32_t kEmpty = 0xFFFFFFFFu;
+  static uint64_t Hash(const char* p, size_t n);
+  int Find(const char* p, size_t n) const {
+    const uint64_t h = Hash(p, n);
+    const uint32_t tag = static_cast<uint32_t>(h >> 32);
+    for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+      const Slot s = slots_[i];
+      if (s.rank == kEmpty) return -1;
+      if (s.tag == tag && offsets_[s.rank + 1] - offsets_[s.rank] == n &&
+          __builtin_memcmp(arena_.data() + offsets_[s.rank], p, n) == 0) {
+        return static_cast<int>(s.rank);
+      }
+    }
+  }
+  // Inserts rank r; returns the rank already holding the same bytes, or -1.
+  int Insert(uint32_t r);
+
   std::string arena_;              // token bytes, in rank order
   std::vector<uint32_t> offsets_;  // rank r spans [offsets_[r], offsets_[r+1])
-  absl::flat_hash_map<absl::string_view, int> ranks_;  // views into arena_
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
   int byte_rank_[256];
 };
 

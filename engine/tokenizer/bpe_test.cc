@@ -50,7 +50,8 @@ std::string SyntheticModel(const std::vector<std::string>& extra) {
 }
 
 TEST(BpeTest, MergeOrderOnSyntheticRanks) {
-  auto bpe = BytePairEncoder::Parse(SyntheticModel({"ab", "bc", "abc", "aa"}), 260, "m");
+  auto bpe =
+      BytePairEncoder::Parse(SyntheticModel({"ab", "bc", "abc", "aa"}), 260, "m");
   ASSERT_TRUE(bpe.ok()) << bpe.status();
   std::vector<int> ids;
   bpe->Encode("abcd", &ids);  // ab (256) first, then abc (258)
@@ -64,7 +65,8 @@ TEST(BpeTest, MergeOrderOnSyntheticRanks) {
 }
 
 TEST(BpeTest, RealModel) {
-  auto bpe = BytePairEncoder::Load("third_party/kimi_k3_tokenizer/tiktoken.model", 163584);
+  auto bpe =
+      BytePairEncoder::Load("third_party/kimi_k3_tokenizer/tiktoken.model", 163584);
   ASSERT_TRUE(bpe.ok()) << bpe.status();
   EXPECT_EQ(bpe->size(), 163584);
   EXPECT_EQ(bpe->Rank("Hello"), 19180);
@@ -74,8 +76,8 @@ TEST(BpeTest, RealModel) {
   // Random pieces, short (quadratic path) and long (heap path), built from
   // text fragments and raw bytes, against the reference loop.
   const std::vector<std::string> fragments = {
-      "the", " ", "ing", "中", "文", "😀", "\xE4", "\xFF", "aa", "  ", "\n", "'s",
-      "0", "12", "ab", "Ж", "é", "!", "==", "\t"};
+      "the", " ",  "ing", "中", "文", "😀", "\xE4", "\xFF", "aa", "  ",
+      "\n",  "'s", "0",   "12", "ab", "Ж", "é",    "!",    "==", "\t"};
   std::mt19937 rng(11);
   for (int iter = 0; iter < 400; ++iter) {
     std::string piece;
@@ -122,8 +124,9 @@ TEST(BpeTest, MalformedModelsGiveClearErrors) {
   // All 256 bytes are required.
   std::string missing_byte;
   for (int b = 1; b < 256; ++b) {
-    absl::StrAppend(&missing_byte, absl::Base64Escape(std::string(1, static_cast<char>(b))),
-                    " ", b - 1, "\n");
+    absl::StrAppend(&missing_byte,
+                    absl::Base64Escape(std::string(1, static_cast<char>(b))), " ",
+                    b - 1, "\n");
   }
   auto bpe = BytePairEncoder::Parse(missing_byte, 255, "m");
   ASSERT_FALSE(bpe.ok());

@@ -23,8 +23,8 @@ uint8_t ComputeCharClass(char32_t cp) {
   const bool lo = gc == U_OTHER_LETTER;
   const bool mark = gc == U_NON_SPACING_MARK || gc == U_ENCLOSING_MARK ||
                     gc == U_COMBINING_SPACING_MARK;
-  const bool number = gc == U_DECIMAL_DIGIT_NUMBER || gc == U_LETTER_NUMBER ||
-                      gc == U_OTHER_NUMBER;
+  const bool number =
+      gc == U_DECIMAL_DIGIT_NUMBER || gc == U_LETTER_NUMBER || gc == U_OTHER_NUMBER;
   const bool space = u_hasBinaryProperty(c, UCHAR_WHITE_SPACE);
   uint8_t bits = 0;
   if (han) bits |= kHan;

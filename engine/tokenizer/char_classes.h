@@ -9,14 +9,14 @@ namespace tandem::tokenizer {
 
 // Bits of a class byte. Names follow the pat_str classes they stand for.
 enum CharClassBit : uint8_t {
-  kHan = 1 << 0,        // \p{Han} (Script=Han)
-  kUpperish = 1 << 1,   // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]
-  kLowerish = 1 << 2,   // [\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]
-  kLetter = 1 << 3,     // \p{L}
-  kNumber = 1 << 4,     // \p{N}
-  kSpace = 1 << 5,      // \s (White_Space)
-  kCrLf = 1 << 6,       // [\r\n]
-  kPySpace = 1 << 7,    // Python str.isspace() (White_Space plus U+001C..U+001F)
+  kHan = 1 << 0,       // \p{Han} (Script=Han)
+  kUpperish = 1 << 1,  // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]
+  kLowerish = 1 << 2,  // [\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]
+  kLetter = 1 << 3,    // \p{L}
+  kNumber = 1 << 4,    // \p{N}
+  kSpace = 1 << 5,     // \s (White_Space)
+  kCrLf = 1 << 6,      // [\r\n]
+  kPySpace = 1 << 7,   // Python str.isspace() (White_Space plus U+001C..U+001F)
 };
 
 class CharClasses {

@@ -90,10 +90,12 @@ TEST(IncrementalDetokenizerTest, InvalidBytesBecomeReplacementChars) {
   IncrementalDetokenizer detok(&t);
   EXPECT_EQ(*detok.Add(e4), "");  // could still become a character
   EXPECT_EQ(detok.pending_bytes(), 1u);
-  EXPECT_EQ(*detok.Add(a), "\xEF\xBF\xBD" "a");  // it cannot any more
-  EXPECT_EQ(*detok.Add(ff), "\xEF\xBF\xBD");     // never valid
+  EXPECT_EQ(*detok.Add(a),
+            "\xEF\xBF\xBD"
+            "a");                             // it cannot any more
+  EXPECT_EQ(*detok.Add(ff), "\xEF\xBF\xBD");  // never valid
   EXPECT_EQ(*detok.Add(e4), "");
-  EXPECT_EQ(detok.Flush(), "\xEF\xBF\xBD");      // unfinished at the end
+  EXPECT_EQ(detok.Flush(), "\xEF\xBF\xBD");  // unfinished at the end
   EXPECT_EQ(detok.pending_bytes(), 0u);
   // The joined deltas equal the replaced whole decode.
   const std::vector<int> ids = {e4, a, ff, e4};

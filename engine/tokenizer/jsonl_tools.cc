@@ -97,7 +97,8 @@ int RunTokenizeJsonl(const Tokenizer& tokenizer, std::istream& in, std::ostream&
   });
 }
 
-int RunDetokenizeJsonl(const Tokenizer& tokenizer, std::istream& in, std::ostream& out) {
+int RunDetokenizeJsonl(const Tokenizer& tokenizer, std::istream& in,
+                       std::ostream& out) {
   return RunLines(in, out, [&](const std::string& line, bool* ok) {
     return DetokenizeJsonLine(tokenizer, line, ok);
   });

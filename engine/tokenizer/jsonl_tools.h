@@ -17,7 +17,8 @@ namespace tandem::tokenizer {
 
 // One input line → one output line (without the newline). `*ok` is false when
 // the output is an error object.
-std::string TokenizeJsonLine(const Tokenizer& tokenizer, absl::string_view line, bool* ok);
+std::string TokenizeJsonLine(const Tokenizer& tokenizer, absl::string_view line,
+                             bool* ok);
 std::string DetokenizeJsonLine(const Tokenizer& tokenizer, absl::string_view line,
                                bool* ok);
 

@@ -50,8 +50,8 @@ TEST(JsonlToolsTest, DetokenizeLines) {
   EXPECT_EQ(DetokenizeJsonLine(K3(), "{\"ids\": [" + e4 + "]}", &ok),
             "{\"text\":\"\xEF\xBF\xBD\"}");
   EXPECT_TRUE(ok);
-  for (const char* bad : {R"({"ids": [163840]})", R"({"ids": [-1]})", R"({"ids": ["x"]})",
-                          R"({"ids": 3})", "[]", ""}) {
+  for (const char* bad : {R"({"ids": [163840]})", R"({"ids": [-1]})",
+                          R"({"ids": ["x"]})", R"({"ids": 3})", "[]", ""}) {
     const std::string out = DetokenizeJsonLine(K3(), bad, &ok);
     EXPECT_FALSE(ok) << bad;
     EXPECT_EQ(out.rfind(R"({"error":)", 0), 0u) << out;

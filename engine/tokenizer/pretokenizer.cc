@@ -225,7 +225,9 @@ absl::Status PreTokenize(absl::string_view text, PreTokenizerScratch* scratch,
   const std::vector<uint32_t>& off = scratch->offsets;
   if (cps.empty()) return absl::OkStatus();
   size_t begin = 0;
-  auto run_chunk = [&](size_t b, size_t e) { MatchRange(text, cps, off, b, e, on_piece); };
+  auto run_chunk = [&](size_t b, size_t e) {
+    MatchRange(text, cps, off, b, e, on_piece);
+  };
   // Chunking inline (same as ChunkBoundaries, without the vector).
   const CharClasses& classes = CharClasses::Get();
   for (size_t base = 0; base < cps.size(); base += kMaxEncodeChars) {
@@ -253,9 +255,8 @@ absl::Status PreTokenizeToVector(absl::string_view text,
                                  std::vector<std::string>* pieces) {
   PreTokenizerScratch scratch;
   pieces->clear();
-  return PreTokenize(text, &scratch, [&](absl::string_view piece) {
-    pieces->emplace_back(piece);
-  });
+  return PreTokenize(text, &scratch,
+                     [&](absl::string_view piece) { pieces->emplace_back(piece); });
 }
 
 }  // namespace tandem::tokenizer

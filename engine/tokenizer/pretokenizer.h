@@ -54,8 +54,7 @@ bool DecodeCodePoints(absl::string_view text, std::vector<char32_t>* cps,
                       std::vector<uint32_t>* offsets);
 // The chunk boundaries (code-point indices, first 0, last cps.size()) of the
 // upstream 400,000 / 25,000 chunking.
-void ChunkBoundaries(const std::vector<char32_t>& cps,
-                     std::vector<size_t>* boundaries);
+void ChunkBoundaries(const std::vector<char32_t>& cps, std::vector<size_t>* boundaries);
 // Matches pat_str within cps[begin, end) (a chunk: `end` is end of text) at
 // position `i`; returns the end of the match, or `i` if nothing matches.
 size_t MatchAt(const char32_t* cps, size_t begin, size_t end, size_t i);

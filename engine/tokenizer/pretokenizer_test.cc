@@ -37,8 +37,8 @@ class IcuSplitter {
     UParseError parse_error;
     pattern_.reset(icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(kK3PatStr),
                                               0, parse_error, status));
-    EXPECT_TRUE(U_SUCCESS(status)) << u_errorName(status) << " at offset "
-                                   << parse_error.offset;
+    EXPECT_TRUE(U_SUCCESS(status))
+        << u_errorName(status) << " at offset " << parse_error.offset;
   }
   std::vector<std::string> Split(const std::string& text) const {
     UErrorCode status = U_ZERO_ERROR;
@@ -78,13 +78,14 @@ TEST(PreTokenizerTest, PatStrMatchesVendoredFile) {
 
 TEST(PreTokenizerTest, KnownSplit) {
   std::vector<std::string> pieces;
-  ASSERT_TRUE(PreTokenizeToVector("Hello, world! 你好，世界！  x\n\n  y", &pieces).ok());
-  EXPECT_EQ(pieces, (std::vector<std::string>{"Hello", ",", " world", "!", " ", "你好",
-                                              "，", "世界", "！", " ", " x", "\n\n", " ",
-                                              " y"}));
+  ASSERT_TRUE(
+      PreTokenizeToVector("Hello, world! 你好，世界！  x\n\n  y", &pieces).ok());
+  EXPECT_EQ(pieces,
+            (std::vector<std::string>{"Hello", ",", " world", "!", " ", "你好", "，",
+                                      "世界", "！", " ", " x", "\n\n", " ", " y"}));
   ASSERT_TRUE(PreTokenizeToVector("I'M he's 12345 ab  ", &pieces).ok());
-  EXPECT_EQ(pieces, (std::vector<std::string>{"I'M", " he's", " ", "123", "45", " ab",
-                                              "  "}));
+  EXPECT_EQ(pieces,
+            (std::vector<std::string>{"I'M", " he's", " ", "123", "45", " ab", "  "}));
 }
 
 TEST(PreTokenizerTest, CharClasses) {
@@ -92,13 +93,13 @@ TEST(PreTokenizerTest, CharClasses) {
   EXPECT_EQ(c.Of('A'), kUpperish | kLetter);
   EXPECT_EQ(c.Of('a'), kLowerish | kLetter);
   EXPECT_EQ(c.Of(U'中'), kHan | kLetter);
-  EXPECT_EQ(c.Of(0x3007), kHan | kNumber);              // 〇 Nl, Script=Han
-  EXPECT_EQ(c.Of(0x0301), kUpperish | kLowerish);       // combining acute
+  EXPECT_EQ(c.Of(0x3007), kHan | kNumber);                  // 〇 Nl, Script=Han
+  EXPECT_EQ(c.Of(0x0301), kUpperish | kLowerish);           // combining acute
   EXPECT_EQ(c.Of(U'あ'), kUpperish | kLowerish | kLetter);  // Lo
-  EXPECT_EQ(c.Of(0x01C5), kUpperish | kLetter);         // ǅ Lt
+  EXPECT_EQ(c.Of(0x01C5), kUpperish | kLetter);             // ǅ Lt
   EXPECT_EQ(c.Of('\n'), kSpace | kCrLf | kPySpace);
   EXPECT_EQ(c.Of(0x00A0), kSpace | kPySpace);
-  EXPECT_EQ(c.Of(0x001C), kPySpace);                    // isspace() only
+  EXPECT_EQ(c.Of(0x001C), kPySpace);  // isspace() only
   EXPECT_EQ(c.Of(0xFEFF), 0);
   EXPECT_EQ(c.Of('7'), kNumber);
   EXPECT_EQ(c.Of('!'), 0);
@@ -123,11 +124,13 @@ TEST(PreTokenizerTest, MatchesIcuRegexOnRandomStrings) {
   // marks (incl. a Han-script mark), Han non-letters, digits of several kinds,
   // every kind of space, CR/LF, apostrophes and the contraction letters.
   const std::vector<char32_t> alphabet = {
-      'a', 'B', 's', 'S', 't', 'T', 'r', 'R', 'e', 'E', 'v', 'm', 'l', 'L', 'd', 'D',
-      0x17F, '\'', ' ', ' ', '\t', '\n', '\r', 0x0B, 0x0C, 0x85, 0xA0, 0x3000, 0x2028,
-      0x1C, 0x200B, 0xFEFF, '1', '2', 0x663, 0x2162, 0xBD, '!', '.', '-', '"', 0x301,
-      0x20DD, 0x93F, 0x16FF0, 0x2E80, 0x3005, 0x3007, U'中', U'文', U'あ', U'ア', 0x2B0,
-      0x1C5, 0x3A9, 0x3C9, 0x416, 0x436, U'한', 0x1F600, 0x200D, 0x1F1FA, 0xFE0F};
+      'a',    'B',    's',    'S',    't',    'T',     'r',    'R',     'e',
+      'E',    'v',    'm',    'l',    'L',    'd',     'D',    0x17F,   '\'',
+      ' ',    ' ',    '\t',   '\n',   '\r',   0x0B,    0x0C,   0x85,    0xA0,
+      0x3000, 0x2028, 0x1C,   0x200B, 0xFEFF, '1',     '2',    0x663,   0x2162,
+      0xBD,   '!',    '.',    '-',    '"',    0x301,   0x20DD, 0x93F,   0x16FF0,
+      0x2E80, 0x3005, 0x3007, U'中',  U'文',  U'あ',   U'ア',  0x2B0,   0x1C5,
+      0x3A9,  0x3C9,  0x416,  0x436,  U'한',  0x1F600, 0x200D, 0x1F1FA, 0xFE0F};
   IcuSplitter icu;
   std::mt19937 rng(7);
   for (int iter = 0; iter < 3000; ++iter) {

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tokenize: %s\n", tokenizer.status().ToString().c_str());
     return 2;
   }
-  const int failed = tandem::tokenizer::RunTokenizeJsonl(**tokenizer, std::cin, std::cout);
+  const int failed =
+      tandem::tokenizer::RunTokenizeJsonl(**tokenizer, std::cin, std::cout);
   return failed > 0 ? 1 : 0;
 }

@@ -78,7 +78,8 @@ absl::Status Tokenizer::ParseConfig(absl::string_view config_json) {
   special_flag_.assign(kNumReservedSpecialTokens, true);
   for (int i = 0; i < kNumReservedSpecialTokens; ++i) {
     // tokenization_kimi.py names an unnamed slot after its id.
-    special_names_.push_back(absl::StrCat("<|reserved_token_", kNumBaseTokens + i, "|>"));
+    special_names_.push_back(
+        absl::StrCat("<|reserved_token_", kNumBaseTokens + i, "|>"));
   }
   nlohmann::json config;
   try {
@@ -115,8 +116,8 @@ absl::Status Tokenizer::ParseConfig(absl::string_view config_json) {
   for (int i = 0; i < kNumReservedSpecialTokens; ++i) {
     auto [it, inserted] = special_ids_.emplace(special_names_[i], kNumBaseTokens + i);
     if (!inserted) {
-      return InvalidArgument("special spelling '", special_names_[i],
-                             "' used by ids ", it->second, " and ", kNumBaseTokens + i);
+      return InvalidArgument("special spelling '", special_names_[i], "' used by ids ",
+                             it->second, " and ", kNumBaseTokens + i);
     }
   }
   return absl::OkStatus();
@@ -153,38 +154,39 @@ absl::StatusOr<std::vector<int>> Tokenizer::EncodeWithSpecial(
   PreTokenizerScratch piece_scratch;
   absl::Status status;
   auto on_piece = [&](absl::string_view piece) { bpe_.Encode(piece, &ids); };
-  TANDEM_RETURN_IF_ERROR(SplitChunks(text, chunk_scratch.get(), [&](absl::string_view chunk) {
-    // tiktoken: the leftmost occurrence of any special spelling; one not
-    // allowed is skipped (the search resumes one byte later).
-    size_t start = 0;
-    size_t search = 0;
-    while (true) {
-      size_t best = absl::string_view::npos;
-      size_t best_len = 0;
-      int best_id = -1;
-      for (size_t k = search; k < chunk.size(); ++k) {
-        if (!first_byte[static_cast<uint8_t>(chunk[k])]) continue;
-        for (const std::string& s : allowed) {
-          if (chunk.substr(k, s.size()) == s) {
-            best = k;
-            best_len = s.size();
-            best_id = special_ids_.at(s);
-            break;
+  TANDEM_RETURN_IF_ERROR(
+      SplitChunks(text, chunk_scratch.get(), [&](absl::string_view chunk) {
+        // tiktoken: the leftmost occurrence of any special spelling; one not
+        // allowed is skipped (the search resumes one byte later).
+        size_t start = 0;
+        size_t search = 0;
+        while (true) {
+          size_t best = absl::string_view::npos;
+          size_t best_len = 0;
+          int best_id = -1;
+          for (size_t k = search; k < chunk.size(); ++k) {
+            if (!first_byte[static_cast<uint8_t>(chunk[k])]) continue;
+            for (const std::string& s : allowed) {
+              if (chunk.substr(k, s.size()) == s) {
+                best = k;
+                best_len = s.size();
+                best_id = special_ids_.at(s);
+                break;
+              }
+            }
+            if (best != absl::string_view::npos) break;
           }
+          const size_t seg_end = best == absl::string_view::npos ? chunk.size() : best;
+          if (seg_end > start) {
+            absl::Status st = PreTokenizeChunk(chunk.substr(start, seg_end - start),
+                                               &piece_scratch, on_piece);
+            if (!st.ok() && status.ok()) status = st;
+          }
+          if (best == absl::string_view::npos) break;
+          ids.push_back(best_id);
+          start = search = best + best_len;
         }
-        if (best != absl::string_view::npos) break;
-      }
-      const size_t seg_end = best == absl::string_view::npos ? chunk.size() : best;
-      if (seg_end > start) {
-        absl::Status st =
-            PreTokenizeChunk(chunk.substr(start, seg_end - start), &piece_scratch, on_piece);
-        if (!st.ok() && status.ok()) status = st;
-      }
-      if (best == absl::string_view::npos) break;
-      ids.push_back(best_id);
-      start = search = best + best_len;
-    }
-  }));
+      }));
   TANDEM_RETURN_IF_ERROR(status);
   return ids;
 }

@@ -26,14 +26,14 @@ inline constexpr int kNumReservedSpecialTokens = 256;
 inline constexpr int kVocabSize = kNumBaseTokens + kNumReservedSpecialTokens;
 
 // Named special ids of K3 (tokenizer_config.json's added_tokens_decoder).
-inline constexpr int kBosId = 163584;        // [BOS]
-inline constexpr int kEosId = 163585;        // [EOS]
-inline constexpr int kEndOfMsgId = 163586;   // <|end_of_msg|>
-inline constexpr int kOpenId = 163587;       // <|open|>   (special: false)
-inline constexpr int kCloseId = 163588;      // <|close|>  (special: false)
-inline constexpr int kSepId = 163589;        // <|sep|>    (special: false)
-inline constexpr int kUnkId = 163838;        // [UNK]
-inline constexpr int kPadId = 163839;        // [PAD]
+inline constexpr int kBosId = 163584;       // [BOS]
+inline constexpr int kEosId = 163585;       // [EOS]
+inline constexpr int kEndOfMsgId = 163586;  // <|end_of_msg|>
+inline constexpr int kOpenId = 163587;      // <|open|>   (special: false)
+inline constexpr int kCloseId = 163588;     // <|close|>  (special: false)
+inline constexpr int kSepId = 163589;       // <|sep|>    (special: false)
+inline constexpr int kUnkId = 163838;       // [UNK]
+inline constexpr int kPadId = 163839;       // [PAD]
 
 class Tokenizer {
  public:

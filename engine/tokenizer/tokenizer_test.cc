@@ -63,9 +63,15 @@ TEST(TokenizerTest, VocabularyAndSpecialIds) {
   EXPECT_EQ(t.eos_id(), 163585);
   EXPECT_EQ(t.stop_ids(), (std::vector<int>{163585, 163586}));
   const std::vector<std::pair<int, std::string>> named = {
-      {kBosId, "[BOS]"},         {kEosId, "[EOS]"},     {kEndOfMsgId, "<|end_of_msg|>"},
-      {kOpenId, "<|open|>"},     {kCloseId, "<|close|>"}, {kSepId, "<|sep|>"},
-      {163602, "<|media_begin|>"}, {kUnkId, "[UNK]"},   {kPadId, "[PAD]"}};
+      {kBosId, "[BOS]"},
+      {kEosId, "[EOS]"},
+      {kEndOfMsgId, "<|end_of_msg|>"},
+      {kOpenId, "<|open|>"},
+      {kCloseId, "<|close|>"},
+      {kSepId, "<|sep|>"},
+      {163602, "<|media_begin|>"},
+      {kUnkId, "[UNK]"},
+      {kPadId, "[PAD]"}};
   for (const auto& [id, name] : named) {
     EXPECT_EQ(*t.IdToken(id), name);
     EXPECT_EQ(*t.TokenId(name), id);
@@ -170,10 +176,12 @@ TEST(TokenizerTest, LoadErrors) {
             std::string::npos);
 
   const std::string model = ReadFile(std::string(kModelDir) + "/tiktoken.model");
-  const std::string config = ReadFile(std::string(kModelDir) + "/tokenizer_config.json");
+  const std::string config =
+      ReadFile(std::string(kModelDir) + "/tokenizer_config.json");
   ASSERT_TRUE(Tokenizer::FromContents(model, config).ok());
   // Wrong count: drop the last line.
-  const std::string short_model = model.substr(0, model.rfind('\n', model.size() - 2) + 1);
+  const std::string short_model =
+      model.substr(0, model.rfind('\n', model.size() - 2) + 1);
   auto t = Tokenizer::FromContents(short_model, config);
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("expected 163584 ranks, found 163583"),
@@ -187,14 +195,16 @@ TEST(TokenizerTest, LoadErrors) {
   // Config problems.
   t = Tokenizer::FromContents(model, "{not json");
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
-  t = Tokenizer::FromContents(model, R"({"added_tokens_decoder": {"5": {"content": "x"}}})");
+  t = Tokenizer::FromContents(model,
+                              R"({"added_tokens_decoder": {"5": {"content": "x"}}})");
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("added token id 5 outside"), std::string::npos);
-  t = Tokenizer::FromContents(
-      model, R"({"added_tokens_decoder": {"163584": {"content": "[A]"},
+  t = Tokenizer::FromContents(model,
+                              R"({"added_tokens_decoder": {"163584": {"content": "[A]"},
                                           "163585": {"content": "[A]"}}})");
   ASSERT_FALSE(t.ok());
-  EXPECT_NE(t.status().message().find("used by ids 163584 and 163585"), std::string::npos);
+  EXPECT_NE(t.status().message().find("used by ids 163584 and 163585"),
+            std::string::npos);
   t = Tokenizer::FromContents(model, R"({"other": 1})");
   EXPECT_NE(t.status().message().find("added_tokens_decoder"), std::string::npos);
 }

@@ -20,8 +20,8 @@ TEST(Utf8Test, ReadUtf8) {
   s = ReadUtf8("\xE4\x41");
   EXPECT_EQ(s.kind, Utf8Step::kInvalid);
   EXPECT_EQ(s.length, 1);
-  EXPECT_EQ(ReadUtf8("\xC0\x80").kind, Utf8Step::kInvalid);      // overlong
-  EXPECT_EQ(ReadUtf8("\xED\xA0\x80").kind, Utf8Step::kInvalid);  // surrogate
+  EXPECT_EQ(ReadUtf8("\xC0\x80").kind, Utf8Step::kInvalid);          // overlong
+  EXPECT_EQ(ReadUtf8("\xED\xA0\x80").kind, Utf8Step::kInvalid);      // surrogate
   EXPECT_EQ(ReadUtf8("\xF4\x90\x80\x80").kind, Utf8Step::kInvalid);  // > U+10FFFF
   EXPECT_EQ(ReadUtf8("\x80").kind, Utf8Step::kInvalid);
   EXPECT_EQ(ReadUtf8("\xFF").kind, Utf8Step::kInvalid);
