@@ -41,9 +41,8 @@ double FakeClock::MonotonicSeconds() const {
 
 void FakeClock::SleepUntil(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  auto reached = [this, deadline]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return now_ >= deadline;
-  };
+  auto reached = [this, deadline]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return now_ >= deadline; };
   mu_.Await(absl::Condition(&reached));
 }
 

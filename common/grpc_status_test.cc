@@ -19,8 +19,7 @@ TEST(GrpcStatusTest, RoundTripsEveryCode) {
 TEST(GrpcStatusTest, KnownMapping) {
   EXPECT_EQ(ToGrpcStatus(absl::ResourceExhaustedError("full")).error_code(),
             grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_EQ(ToGrpcStatus(absl::DeadlineExceededError("late")).error_message(),
-            "late");
+  EXPECT_EQ(ToGrpcStatus(absl::DeadlineExceededError("late")).error_message(), "late");
 }
 
 }  // namespace

@@ -29,8 +29,7 @@ bool IsValidId(absl::string_view id) {
   if (id.empty() || id.size() > 128) return false;
   for (char c : id) {
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-              (c >= '0' && c <= '9') || c == '.' || c == '_' || c == ':' ||
-              c == '-';
+              (c >= '0' && c <= '9') || c == '.' || c == '_' || c == ':' || c == '-';
     if (!ok) return false;
   }
   return true;

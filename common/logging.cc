@@ -40,9 +40,7 @@ const char* LevelName(Level level) {
   return "info";
 }
 
-char LevelLetter(Level level) {
-  return "DIWE"[static_cast<int>(level)];
-}
+char LevelLetter(Level level) { return "DIWE"[static_cast<int>(level)]; }
 
 // Escapes a string for a JSON string literal.
 void AppendJsonString(std::string* out, absl::string_view s) {
@@ -107,18 +105,26 @@ void Init(const Options& options) {
 }
 
 bool ParseLevel(absl::string_view s, Level* out) {
-  if (s == "debug") *out = Level::kDebug;
-  else if (s == "info") *out = Level::kInfo;
-  else if (s == "warning") *out = Level::kWarning;
-  else if (s == "error") *out = Level::kError;
-  else return false;
+  if (s == "debug")
+    *out = Level::kDebug;
+  else if (s == "info")
+    *out = Level::kInfo;
+  else if (s == "warning")
+    *out = Level::kWarning;
+  else if (s == "error")
+    *out = Level::kError;
+  else
+    return false;
   return true;
 }
 
 bool ParseFormat(absl::string_view s, Format* out) {
-  if (s == "text") *out = Format::kText;
-  else if (s == "json") *out = Format::kJson;
-  else return false;
+  if (s == "text")
+    *out = Format::kText;
+  else if (s == "json")
+    *out = Format::kJson;
+  else
+    return false;
   return true;
 }
 
@@ -130,8 +136,8 @@ std::string FormatEvent(Format format, absl::string_view process, Level level,
                         absl::string_view src, absl::string_view msg,
                         const std::vector<std::pair<std::string, std::string>>& kv,
                         const std::vector<bool>& kv_is_number) {
-  std::string ts = absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ", absl::Now(),
-                                    absl::UTCTimeZone());
+  std::string ts =
+      absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ", absl::Now(), absl::UTCTimeZone());
   std::string out;
   if (format == Format::kJson) {
     out = "{\"ts\":";
@@ -157,8 +163,8 @@ std::string FormatEvent(Format format, absl::string_view process, Level level,
     out.push_back('}');
     return out;
   }
-  absl::StrAppend(&out, ts, " ", std::string(1, LevelLetter(level)), " ", process,
-                  " ", src, "] ", msg);
+  absl::StrAppend(&out, ts, " ", std::string(1, LevelLetter(level)), " ", process, " ",
+                  src, "] ", msg);
   for (const auto& [k, v] : kv) {
     absl::StrAppend(&out, " ", k, "=");
     AppendTextValue(&out, v);

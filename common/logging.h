@@ -4,8 +4,10 @@
 //
 //   TLOG(INFO, "kv transfer done").Kv("request_id", id).Kv("bytes", n);
 //
-// text: 2026-11-30T12:00:00.123456Z I prefill kvtransfer.cc:88] kv transfer done request_id=req-1 bytes=42
-// json: {"ts":"2026-11-30T12:00:00.123456Z","level":"info","proc":"prefill","src":"kvtransfer.cc:88","msg":"kv transfer done","request_id":"req-1","bytes":42}
+// text: 2026-11-30T12:00:00.123456Z I prefill kvtransfer.cc:88] kv transfer done
+// request_id=req-1 bytes=42 json:
+// {"ts":"2026-11-30T12:00:00.123456Z","level":"info","proc":"prefill","src":"kvtransfer.cc:88","msg":"kv
+// transfer done","request_id":"req-1","bytes":42}
 #ifndef TANDEM_COMMON_LOGGING_H_
 #define TANDEM_COMMON_LOGGING_H_
 

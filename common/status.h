@@ -10,10 +10,10 @@
 #include "absl/strings/str_cat.h"
 
 // Returns from the enclosing function when `expr` (an absl::Status) is not OK.
-#define TANDEM_RETURN_IF_ERROR(expr)                         \
-  do {                                                       \
-    ::absl::Status tandem_status_ = (expr);                  \
-    if (!tandem_status_.ok()) return tandem_status_;         \
+#define TANDEM_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::absl::Status tandem_status_ = (expr);          \
+    if (!tandem_status_.ok()) return tandem_status_; \
   } while (0)
 
 #define TANDEM_STATUS_CONCAT_INNER_(a, b) a##b
@@ -21,9 +21,8 @@
 
 // `TANDEM_ASSIGN_OR_RETURN(auto x, StatusOrExpr());` assigns the value or returns
 // the error from the enclosing function.
-#define TANDEM_ASSIGN_OR_RETURN(lhs, expr)                                    \
-  TANDEM_ASSIGN_OR_RETURN_IMPL_(TANDEM_STATUS_CONCAT_(tandem_or_, __LINE__), \
-                                lhs, expr)
+#define TANDEM_ASSIGN_OR_RETURN(lhs, expr) \
+  TANDEM_ASSIGN_OR_RETURN_IMPL_(TANDEM_STATUS_CONCAT_(tandem_or_, __LINE__), lhs, expr)
 #define TANDEM_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                                  \
   if (!tmp.ok()) return std::move(tmp).status();      \

@@ -32,7 +32,8 @@ absl::StatusOr<ServedModel> LoadServedModel(const std::string& model_dir,
   std::stringstream buf;
   buf << in.rdbuf();
   const std::string text = buf.str();
-  nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json config =
+      nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (config.is_discarded() || !config.is_object()) {
     return InvalidArgument(path, ": not a JSON object");
   }
@@ -44,10 +45,12 @@ absl::StatusOr<ServedModel> LoadServedModel(const std::string& model_dir,
   TANDEM_ASSIGN_OR_RETURN(int64_t vocab, GetInt(*tc, "vocab_size", path));
   TANDEM_ASSIGN_OR_RETURN(int64_t ctx, GetInt(*tc, "max_position_embeddings", path));
   if (vocab <= 0 || ctx <= 0) {
-    return InvalidArgument(path, ": vocab_size and max_position_embeddings must be > 0");
+    return InvalidArgument(path,
+                           ": vocab_size and max_position_embeddings must be > 0");
   }
   std::set<int> eos;
-  for (const nlohmann::json* obj : std::initializer_list<const nlohmann::json*>{&config, tc}) {
+  for (const nlohmann::json* obj :
+       std::initializer_list<const nlohmann::json*>{&config, tc}) {
     auto it = obj->find("eos_token_id");
     if (it == obj->end()) continue;
     if (it->is_number_integer()) eos.insert(it->get<int>());

@@ -49,7 +49,8 @@ TEST(ModelInfoTest, Errors) {
   EXPECT_EQ(LoadServedModel(WriteConfig("bad", "{not json"), "", 0).status().code(),
             absl::StatusCode::kInvalidArgument);
   auto s = LoadServedModel(
-      WriteConfig("novocab", R"({"text_config": {"max_position_embeddings": 1}})"), "", 0);
+      WriteConfig("novocab", R"({"text_config": {"max_position_embeddings": 1}})"), "",
+      0);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.status().message().find("vocab_size"), absl::string_view::npos);
 }

@@ -54,12 +54,14 @@ absl::Status ValidateGenerateRequest(const tandem::v1::GenerateRequest& r,
   TANDEM_RETURN_IF_ERROR(InRange("sampling.temperature", s.temperature(), 0, 2));
   TANDEM_RETURN_IF_ERROR(InRange("sampling.top_p", s.top_p(), 0, 1));
   TANDEM_RETURN_IF_ERROR(InRange("sampling.min_p", s.min_p(), 0, 1));
-  TANDEM_RETURN_IF_ERROR(InRange("sampling.presence_penalty", s.presence_penalty(), -2, 2));
+  TANDEM_RETURN_IF_ERROR(
+      InRange("sampling.presence_penalty", s.presence_penalty(), -2, 2));
   TANDEM_RETURN_IF_ERROR(
       InRange("sampling.frequency_penalty", s.frequency_penalty(), -2, 2));
   TANDEM_RETURN_IF_ERROR(
       InRange("sampling.repetition_penalty", s.repetition_penalty(), 0, 10));
-  if (s.top_k() < 0) return InvalidArgument("sampling.top_k must be >= 0, got ", s.top_k());
+  if (s.top_k() < 0)
+    return InvalidArgument("sampling.top_k must be >= 0, got ", s.top_k());
   if (s.top_logprobs() < 0 || s.top_logprobs() > kMaxTopLogprobs) {
     return InvalidArgument("sampling.top_logprobs must be in [0, ", kMaxTopLogprobs,
                            "], got ", s.top_logprobs());
@@ -75,7 +77,8 @@ absl::Status ValidateGenerateRequest(const tandem::v1::GenerateRequest& r,
     return InvalidArgument("stop.min_tokens (", stop.min_tokens(),
                            ") exceeds stop.max_tokens (", stop.max_tokens(), ")");
   }
-  if (prompt_tokens > 0 && prompt_tokens + stop.max_tokens() > limits.max_context_tokens) {
+  if (prompt_tokens > 0 &&
+      prompt_tokens + stop.max_tokens() > limits.max_context_tokens) {
     return InvalidArgument("prompt (", prompt_tokens, " tokens) + max_tokens (",
                            stop.max_tokens(), ") exceeds the model's context of ",
                            limits.max_context_tokens, " tokens");

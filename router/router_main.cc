@@ -17,7 +17,8 @@
 #include "router/router_service.h"
 #include "router/worker_registry.h"
 
-ABSL_FLAG(std::string, model, "", "Model directory (its config.json describes the model).");
+ABSL_FLAG(std::string, model, "",
+          "Model directory (its config.json describes the model).");
 ABSL_FLAG(std::string, served_model_name, "",
           "Model id clients use (default: kimi-k3 for the K3 layout).");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for all).");
@@ -37,8 +38,9 @@ int main(int argc, char** argv) {
     fprintf(stderr, "router: --model=DIR is required\n");
     return 2;
   }
-  auto model = tandem::router::LoadServedModel(
-      model_dir, absl::GetFlag(FLAGS_served_model_name), absl::ToUnixSeconds(absl::Now()));
+  auto model =
+      tandem::router::LoadServedModel(model_dir, absl::GetFlag(FLAGS_served_model_name),
+                                      absl::ToUnixSeconds(absl::Now()));
   if (!model.ok()) {
     TLOG(ERROR, "cannot load the model description").Kv("status", model.status());
     return 1;

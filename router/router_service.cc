@@ -54,7 +54,8 @@ RouterService::RouterService(ServedModel model, WorkerRegistry* registry,
 grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* RouterService::Generate(
     grpc::CallbackServerContext* context, const tandem::v1::GenerateRequest* request) {
   absl::Status status = ValidateGenerateRequest(*request, limits_);
-  if (status.ok() && !request->model().empty() && request->model() != model_.info.id()) {
+  if (status.ok() && !request->model().empty() &&
+      request->model() != model_.info.id()) {
     status = NotFound("model '", request->model(), "' is not served here; served: '",
                       model_.info.id(), "'");
   }
@@ -100,15 +101,16 @@ grpc::ServerUnaryReactor* RegistryService::Register(
     tandem::v1::RegisterResponse* response) {
   absl::Status status;
   if (request->model_fingerprint() != model_fingerprint_) {
-    status = FailedPrecondition("worker ", request->worker_id(),
-                                " serves model fingerprint '",
-                                request->model_fingerprint(), "' but this router serves '",
-                                model_fingerprint_, "'");
+    status =
+        FailedPrecondition("worker ", request->worker_id(),
+                           " serves model fingerprint '", request->model_fingerprint(),
+                           "' but this router serves '", model_fingerprint_, "'");
   } else {
     status = registry_->Register(*request);
   }
   const std::string role = tandem::v1::WorkerRole_Name(request->role());
-  metrics_->registrations->Add({{"role", role}, {"result", status.ok() ? "ok" : "rejected"}})
+  metrics_->registrations
+      ->Add({{"role", role}, {"result", status.ok() ? "ok" : "rejected"}})
       .Increment();
   TLOG(INFO, "worker registration")
       .Kv("worker_id", request->worker_id())

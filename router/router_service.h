@@ -25,9 +25,9 @@ namespace tandem::router {
 
 struct RouterMetrics {
   explicit RouterMetrics(metrics::Registry* registry);
-  metrics::Family<metrics::Counter>* requests;  // by outcome
+  metrics::Family<metrics::Counter>* requests;       // by outcome
   metrics::Family<metrics::Counter>* registrations;  // by role and result
-  metrics::Family<metrics::Gauge>* workers;  // live workers by role
+  metrics::Family<metrics::Gauge>* workers;          // live workers by role
 };
 
 class RouterService final : public tandem::v1::Router::CallbackService {
@@ -38,9 +38,10 @@ class RouterService final : public tandem::v1::Router::CallbackService {
   grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context,
       const tandem::v1::GenerateRequest* request) override;
-  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
-                                       const tandem::v1::ListModelsRequest* request,
-                                       tandem::v1::ListModelsResponse* response) override;
+  grpc::ServerUnaryReactor* ListModels(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::ListModelsRequest* request,
+      tandem::v1::ListModelsResponse* response) override;
 
  private:
   const ServedModel model_;

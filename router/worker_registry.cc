@@ -12,19 +12,21 @@ WorkerRegistry::WorkerRegistry(Clock* clock, absl::Duration timeout)
 
 absl::Status WorkerRegistry::Register(const tandem::v1::RegisterRequest& r) {
   if (!IsValidId(r.worker_id())) {
-    return InvalidArgument("worker_id must be 1-128 characters of [A-Za-z0-9._:-], got '",
-                           r.worker_id(), "'");
+    return InvalidArgument(
+        "worker_id must be 1-128 characters of [A-Za-z0-9._:-], got '", r.worker_id(),
+        "'");
   }
   if (r.role() != tandem::v1::WORKER_ROLE_PREFILL &&
       r.role() != tandem::v1::WORKER_ROLE_DECODE) {
-    return InvalidArgument("worker ", r.worker_id(), ": role must be PREFILL or DECODE");
+    return InvalidArgument("worker ", r.worker_id(),
+                           ": role must be PREFILL or DECODE");
   }
   if (r.grpc_address().empty()) {
     return InvalidArgument("worker ", r.worker_id(), ": grpc_address is empty");
   }
   if (r.tp_size() < 0 || r.tp_size() > 64) {
-    return InvalidArgument("worker ", r.worker_id(), ": tp_size must be in [0, 64], got ",
-                           r.tp_size());
+    return InvalidArgument("worker ", r.worker_id(),
+                           ": tp_size must be in [0, 64], got ", r.tp_size());
   }
   absl::MutexLock lock(&mu_);
   ExpireLocked();
@@ -32,8 +34,9 @@ absl::Status WorkerRegistry::Register(const tandem::v1::RegisterRequest& r) {
     if (id == r.worker_id()) continue;
     if (w.registration.model_fingerprint() != r.model_fingerprint()) {
       return FailedPrecondition(
-          "worker ", r.worker_id(), " serves model fingerprint '", r.model_fingerprint(),
-          "' but worker ", id, " serves '", w.registration.model_fingerprint(),
+          "worker ", r.worker_id(), " serves model fingerprint '",
+          r.model_fingerprint(), "' but worker ", id, " serves '",
+          w.registration.model_fingerprint(),
           "': all workers of one router must serve the same weights");
     }
   }
@@ -82,9 +85,8 @@ size_t WorkerRegistry::size() {
 
 void WorkerRegistry::ExpireLocked() {
   const absl::Time cutoff = clock_->Now() - timeout_;
-  absl::erase_if(workers_, [cutoff](const auto& kv) {
-    return kv.second.last_seen < cutoff;
-  });
+  absl::erase_if(workers_,
+                 [cutoff](const auto& kv) { return kv.second.last_seen < cutoff; });
 }
 
 }  // namespace tandem::router

@@ -1,9 +1,9 @@
 // End to end: the router binary as a real process. Health, ListModels, a refused
 // Generate with the counter on /metrics, a worker registration, clean SIGTERM.
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <netinet/in.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -87,7 +87,8 @@ TEST(RouterProcessTest, ServesAndShutsDownCleanly) {
     EXPECT_NE(s.error_message().find("no decode workers"), std::string::npos);
   }
   {
-    auto get = metrics::HttpGet("127.0.0.1", metrics_port, "/metrics", absl::Seconds(10));
+    auto get =
+        metrics::HttpGet("127.0.0.1", metrics_port, "/metrics", absl::Seconds(10));
     ASSERT_TRUE(get.ok()) << get.status();
     EXPECT_EQ(get->status_code, 200);
     auto parsed = metrics::ParseText(get->body);

@@ -19,17 +19,17 @@ int main(int argc, char** argv) {
   tandem::InitProgram(argc, argv, "health_check",
                       "Waits for a gRPC server to report SERVING.\n"
                       "usage: health_check --address=HOST:PORT [--timeout_s=30]");
-  const auto deadline = std::chrono::system_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(
-                            absl::GetFlag(FLAGS_timeout_s) * 1000));
+  const auto deadline =
+      std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(
+                                             absl::GetFlag(FLAGS_timeout_s) * 1000));
   auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_address),
                                      grpc::InsecureChannelCredentials());
   auto stub = grpc::health::v1::Health::NewStub(channel);
   std::string last = "no answer";
   while (std::chrono::system_clock::now() < deadline) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::min(deadline, std::chrono::system_clock::now() +
-                                            std::chrono::seconds(2)));
+    ctx.set_deadline(
+        std::min(deadline, std::chrono::system_clock::now() + std::chrono::seconds(2)));
     grpc::health::v1::HealthCheckRequest req;
     req.set_service(absl::GetFlag(FLAGS_service));
     grpc::health::v1::HealthCheckResponse resp;

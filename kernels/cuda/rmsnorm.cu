@@ -44,7 +44,8 @@ std::string RmsNormHost(const float* x, const float* w, float* y, int64_t rows,
   float *dx = nullptr, *dw = nullptr, *dy = nullptr;
   const size_t xb = sizeof(float) * rows * n, wb = sizeof(float) * n;
   std::string err;
-  if ((err = Err(cudaMalloc(&dx, xb))).empty() && (err = Err(cudaMalloc(&dw, wb))).empty() &&
+  if ((err = Err(cudaMalloc(&dx, xb))).empty() &&
+      (err = Err(cudaMalloc(&dw, wb))).empty() &&
       (err = Err(cudaMalloc(&dy, xb))).empty() &&
       (err = Err(cudaMemcpy(dx, x, xb, cudaMemcpyHostToDevice))).empty() &&
       (err = Err(cudaMemcpy(dw, w, wb, cudaMemcpyHostToDevice))).empty() &&

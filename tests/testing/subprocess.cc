@@ -75,7 +75,8 @@ absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
       return DeadlineExceeded("process ", pid_, " still running after ",
                               absl::FormatDuration(timeout));
     }
-    absl::SleepFor(absl::Milliseconds(10));  // polling a child's exit; no event to wait on
+    absl::SleepFor(
+        absl::Milliseconds(10));  // polling a child's exit; no event to wait on
   }
 }
 

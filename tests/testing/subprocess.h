@@ -32,7 +32,8 @@ class Subprocess {
   std::string ReadLog() const;
 
  private:
-  Subprocess(pid_t pid, std::string log_path) : pid_(pid), log_path_(std::move(log_path)) {}
+  Subprocess(pid_t pid, std::string log_path)
+      : pid_(pid), log_path_(std::move(log_path)) {}
   pid_t pid_;
   std::string log_path_;
   std::optional<int> status_;
