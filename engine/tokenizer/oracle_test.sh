@@ -45,9 +45,9 @@ if grep -q '"error"' "$WORK/cpp.jsonl" "$WORK/node.jsonl"; then
 fi
 if ! cmp -s "$WORK/cpp.jsonl" "$WORK/node.jsonl"; then
   # Name the first differing line and its text.
-  n=$(cmp "$WORK/cpp.jsonl" "$WORK/node.jsonl" | awk '{print $NF}' || true)
-  line=$(diff <(cat -n "$WORK/cpp.jsonl") <(cat -n "$WORK/node.jsonl") | grep -m1 '^<' | awk '{print $2}')
-  echo "FAIL: ids differ first at input line $line ($n)" >&2
+  line=$(paste -d '\n' "$WORK/cpp.jsonl" "$WORK/node.jsonl" |
+         awk 'NR % 2 == 1 { a = $0; next } a != $0 { print NR / 2; exit }' || true)
+  echo "FAIL: ids differ first at input line $line" >&2
   echo "text: $(sed -n "${line}p" "$WORK/input.jsonl" | cut -c1-300)" >&2
   echo "c++ : $(sed -n "${line}p" "$WORK/cpp.jsonl" | cut -c1-300)" >&2
   echo "node: $(sed -n "${line}p" "$WORK/node.jsonl" | cut -c1-300)" >&2
