@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "kernels/bf16.h"
 #include "kernels/cpu/gemm_kernels.h"
+#include "kernels/cpu/onednn_gemm.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/vec_ops.h"
@@ -26,8 +27,9 @@ constexpr int64_t kParallelMacs = 1 << 15;
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(CpuIsa isa, int threads)
+  CpuBackend(CpuIsa isa, int threads, bool use_onednn)
       : isa_(isa),
+        use_onednn_(use_onednn),
         name_(absl::StrCat("cpu_", IsaName(isa))),
         vec_(VecOpsFor(isa)),
         pool_(threads) {}
@@ -48,6 +50,9 @@ class CpuBackend final : public Backend {
         internal::ConvertRowsToBf16Avx512Bf16(x + b * ldx, ldx, xb.data() + b * k, k,
                                               e - b, k);
       });
+      if (m >= kOneDnnMinM && use_onednn_) {
+        return onednn_.GemmBf16(xb.data(), w, ldw, y, ldy, m, n, k, accumulate);
+      }
       Split(m, n, k, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
         internal::GemmBf16Avx512Bf16(xb.data() + m0 * k, k, w + n0 * ldw, ldw,
                                      y + m0 * ldy + n0, ldy, m1 - m0, n1 - n0, k,
@@ -681,21 +686,24 @@ class CpuBackend final : public Backend {
   }
 
   const CpuIsa isa_;
+  const bool use_onednn_;
   const std::string name_;
   const VecOps& vec_;
   ThreadPool pool_;
-  std::vector<uint16_t> xbuf_;  // BF16 copy of X for the vdpbf16ps GEMM
+  std::vector<uint16_t> xbuf_;
+  OneDnnGemm onednn_;  // BF16 copy of X for the vdpbf16ps GEMM
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(CpuIsa isa, int threads) {
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(CpuIsa isa, int threads,
+                                                          bool use_onednn) {
   if (static_cast<int>(isa) > static_cast<int>(HardwareIsa())) {
     return InvalidArgument("cpu backend: ISA ", IsaName(isa),
                            " not supported by this CPU (best: ", IsaName(HardwareIsa()),
                            ")");
   }
-  return std::unique_ptr<Backend>(new CpuBackend(isa, threads));
+  return std::unique_ptr<Backend>(new CpuBackend(isa, threads, use_onednn));
 }
 
 }  // namespace tandem::kernels

@@ -13,7 +13,11 @@ namespace tandem::kernels {
 
 // isa must be supported by the hardware (HardwareIsa()), else InvalidArgument.
 // threads <= 0: one per hardware thread. Name: "cpu_<isa>" e.g. "cpu_avx512_bf16".
-absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(CpuIsa isa, int threads);
+// use_onednn: at the avx512_bf16 level, GEMMs with M >= kOneDnnMinM (prefill) go
+// to oneDNN's BF16 matmul (kernels/cpu/onednn_gemm.h), which is faster there.
+// A backend instance serves one caller at a time.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(CpuIsa isa, int threads,
+                                                          bool use_onednn = true);
 
 }  // namespace tandem::kernels
 
