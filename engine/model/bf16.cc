@@ -24,13 +24,13 @@ uint16_t FloatToHalf(float f) {
   std::memcpy(&u, &f, sizeof(u));
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;  // NaN
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
   if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: infinity
   if (abs < 0x38800000u) {
     // Result is subnormal (or zero) in half: value / 2^-24, rounded to even.
     float a;
     std::memcpy(&a, &abs, sizeof(a));
-    float scaled = a * 16777216.0f;  // exact (power of two)
+    float scaled = a * 16777216.0f;    // exact (power of two)
     float r = std::nearbyint(scaled);  // default rounding mode: ties to even
     return sign | static_cast<uint16_t>(r);
   }

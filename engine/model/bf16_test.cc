@@ -20,7 +20,8 @@ float FromBits(uint32_t u) {
 }
 
 TEST(Bf16Test, ExactValuesRoundTrip) {
-  for (float f : {0.0f, -0.0f, 1.0f, -2.5f, 65536.0f, 1.0f / 1024, INFINITY, -INFINITY}) {
+  for (float f :
+       {0.0f, -0.0f, 1.0f, -2.5f, 65536.0f, 1.0f / 1024, INFINITY, -INFINITY}) {
     EXPECT_EQ(Bits(Bf16ToFloat(FloatToBf16(f))), Bits(f)) << f;
   }
   EXPECT_EQ(FloatToBf16(1.0f), 0x3f80);

@@ -18,13 +18,14 @@ constexpr size_t kMaxListedProblems = 50;
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir,
+                                                             MapOptions options) {
   auto ckpt = std::unique_ptr<Checkpoint>(new Checkpoint());
   ckpt->dir_ = dir;
   const std::string config_path =
       (dir.empty() || dir.back() == '/') ? dir + "config.json" : dir + "/config.json";
   TANDEM_ASSIGN_OR_RETURN(ckpt->config_, LoadModelConfig(config_path));
-  TANDEM_ASSIGN_OR_RETURN(ckpt->tensors_, SafetensorsSet::OpenDirectory(dir));
+  TANDEM_ASSIGN_OR_RETURN(ckpt->tensors_, SafetensorsSet::OpenDirectory(dir, options));
   return ckpt;
 }
 
@@ -37,17 +38,17 @@ absl::StatusOr<TensorView> Checkpoint::Get(absl::string_view name) const {
     const std::string prefixed = absl::StrCat(kTextPrefix, name);
     if (tensors_->Contains(prefixed)) return tensors_->Get(prefixed);
   }
-  return NotFound(dir_, ": tensor '", name, "' is not in the checkpoint (with or without '",
-                  kTextPrefix, "')");
+  return NotFound(dir_, ": tensor '", name,
+                  "' is not in the checkpoint (with or without '", kTextPrefix, "')");
 }
 
-absl::StatusOr<TensorView> Checkpoint::GetChecked(absl::string_view name, DType dtype,
-                                                  const std::vector<int64_t>& shape) const {
+absl::StatusOr<TensorView> Checkpoint::GetChecked(
+    absl::string_view name, DType dtype, const std::vector<int64_t>& shape) const {
   TANDEM_ASSIGN_OR_RETURN(TensorView view, Get(name));
   if (view.dtype != dtype || view.shape != shape) {
-    return InvalidArgument(dir_, ": tensor '", view.name, "': expected ", DTypeName(dtype),
-                           ShapeStr(shape), ", got ", DTypeName(view.dtype),
-                           ShapeStr(view.shape));
+    return InvalidArgument(dir_, ": tensor '", view.name, "': expected ",
+                           DTypeName(dtype), ShapeStr(shape), ", got ",
+                           DTypeName(view.dtype), ShapeStr(view.shape));
   }
   return view;
 }
@@ -60,8 +61,8 @@ absl::Status Checkpoint::ValidateAgainstConfig() const {
     if (IsVisionTensor(StripTextPrefix(real))) continue;
     auto [it, inserted] = stored.emplace(std::string(StripTextPrefix(real)), real);
     if (!inserted) {
-      problems.push_back(absl::StrCat("tensor '", real, "' is stored both with and without '",
-                                      kTextPrefix, "'"));
+      problems.push_back(absl::StrCat(
+          "tensor '", real, "' is stored both with and without '", kTextPrefix, "'"));
     }
   }
   std::map<std::string, bool, std::less<>> expected_names;
@@ -70,8 +71,8 @@ absl::Status Checkpoint::ValidateAgainstConfig() const {
     expected_names.emplace(std::string(bare), true);
     auto it = stored.find(bare);
     if (it == stored.end()) {
-      problems.push_back(absl::StrCat("missing tensor '", e.name, "' (", DTypeName(e.dtype),
-                                      ShapeStr(e.shape), ")"));
+      problems.push_back(absl::StrCat("missing tensor '", e.name, "' (",
+                                      DTypeName(e.dtype), ShapeStr(e.shape), ")"));
       continue;
     }
     absl::StatusOr<TensorView> view = tensors_->Get(it->second);
@@ -81,16 +82,19 @@ absl::Status Checkpoint::ValidateAgainstConfig() const {
     }
     if (view->dtype != e.dtype) {
       problems.push_back(absl::StrCat("tensor '", view->name, "': expected dtype ",
-                                      DTypeName(e.dtype), ", got ", DTypeName(view->dtype)));
+                                      DTypeName(e.dtype), ", got ",
+                                      DTypeName(view->dtype)));
     }
     if (view->shape != e.shape) {
       problems.push_back(absl::StrCat("tensor '", view->name, "': expected shape ",
-                                      ShapeStr(e.shape), ", got ", ShapeStr(view->shape)));
+                                      ShapeStr(e.shape), ", got ",
+                                      ShapeStr(view->shape)));
     }
   }
   for (const auto& [bare, real] : stored) {
     if (expected_names.find(bare) == expected_names.end()) {
-      problems.push_back(absl::StrCat("unknown tensor '", real, "' (not in the K3 table for "
+      problems.push_back(absl::StrCat("unknown tensor '", real,
+                                      "' (not in the K3 table for "
                                       "this config)"));
     }
   }

@@ -25,7 +25,8 @@ namespace tandem::model {
 
 class Checkpoint {
  public:
-  static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
+  static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir,
+                                                          MapOptions options = {});
 
   const std::string& dir() const { return dir_; }
   const ModelConfig& config() const { return config_; }

@@ -42,7 +42,8 @@ void WriteAll(const std::string& path, const std::string& bytes) {
 TEST(CheckpointTest, TinyOpensAndValidates) {
   auto ckpt = Checkpoint::Open(kTiny);
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-  EXPECT_TRUE((*ckpt)->ValidateAgainstConfig().ok()) << (*ckpt)->ValidateAgainstConfig();
+  EXPECT_TRUE((*ckpt)->ValidateAgainstConfig().ok())
+      << (*ckpt)->ValidateAgainstConfig();
   EXPECT_EQ((*ckpt)->config(), TinyConfig());
   EXPECT_EQ((*ckpt)->tensors().files().size(), 3u);
   EXPECT_EQ((*ckpt)->tensors().size(), ExpectedTensors(TinyConfig()).size());
@@ -62,7 +63,8 @@ TEST(CheckpointTest, LookupWithOrWithoutPrefix) {
   ASSERT_FALSE(missing.ok());
   EXPECT_THAT(std::string(missing.status().message()), HasSubstr("layers.99"));
 
-  auto checked = (*ckpt)->GetChecked("model.layers.0.self_attn.A_log", DType::kF32, {128});
+  auto checked =
+      (*ckpt)->GetChecked("model.layers.0.self_attn.A_log", DType::kF32, {128});
   EXPECT_TRUE(checked.ok()) << checked.status();
   checked = (*ckpt)->GetChecked("model.layers.0.self_attn.A_log", DType::kBF16, {4});
   ASSERT_FALSE(checked.ok());
@@ -96,7 +98,8 @@ TEST(CheckpointTest, UnprefixedSingleFileValidates) {
   });
   auto ckpt = Checkpoint::Open(dir);
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-  EXPECT_TRUE((*ckpt)->ValidateAgainstConfig().ok()) << (*ckpt)->ValidateAgainstConfig();
+  EXPECT_TRUE((*ckpt)->ValidateAgainstConfig().ok())
+      << (*ckpt)->ValidateAgainstConfig();
   auto v = (*ckpt)->Get("language_model.model.norm.weight");
   ASSERT_TRUE(v.ok());
   EXPECT_EQ(v->name, "model.norm.weight");
@@ -111,8 +114,9 @@ TEST(CheckpointTest, ValidationNamesEveryProblem) {
     if (d->name == "language_model.model.layers.3.self_attn.kv_b_proj.weight") {
       std::swap(d->shape[0], d->shape[1]);  // transposed: byte-neutral
     }
-    return d->name != "language_model.model.layers.5.block_sparse_moe.experts.7.w2."
-                      "weight_scale";
+    return d->name !=
+           "language_model.model.layers.5.block_sparse_moe.experts.7.w2."
+           "weight_scale";
   });
   // Extra tensors: one unknown text tensor, one vision tensor (ignored).
   {
@@ -121,13 +125,16 @@ TEST(CheckpointTest, ValidationNamesEveryProblem) {
     std::vector<TensorData> all;
     for (const std::string& n : (*set)->Names()) {
       TensorView v = *(*set)->Get(n);
-      all.push_back(TensorData{n, v.dtype, v.shape,
-                               std::string(reinterpret_cast<const char*>(v.data), v.nbytes)});
+      all.push_back(
+          TensorData{n, v.dtype, v.shape,
+                     std::string(reinterpret_cast<const char*>(v.data), v.nbytes)});
     }
-    all.push_back(TensorData{"language_model.model.layers.0.bogus.weight", DType::kF32, {1},
+    all.push_back(TensorData{"language_model.model.layers.0.bogus.weight",
+                             DType::kF32,
+                             {1},
                              std::string(4, '\0')});
-    all.push_back(TensorData{"vision_tower.patch_embed.weight", DType::kBF16, {2},
-                             std::string(4, '\0')});
+    all.push_back(TensorData{
+        "vision_tower.patch_embed.weight", DType::kBF16, {2}, std::string(4, '\0')});
     set->reset();
     ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", all).ok());
   }
@@ -137,15 +144,20 @@ TEST(CheckpointTest, ValidationNamesEveryProblem) {
   ASSERT_FALSE(s.ok());
   const std::string msg(s.message());
   EXPECT_THAT(msg, HasSubstr("5 problem(s)"));
-  EXPECT_THAT(msg, HasSubstr("'language_model.model.layers.1.self_attn.A_log': expected "
-                             "dtype F32, got BF16"));
-  EXPECT_THAT(msg, HasSubstr("'language_model.model.layers.1.self_attn.A_log': expected "
-                             "shape [128], got [256]"));
-  EXPECT_THAT(msg, HasSubstr("'language_model.model.layers.3.self_attn.kv_b_proj.weight': "
-                             "expected shape [128,32], got [32,128]"));
-  EXPECT_THAT(msg, HasSubstr("missing tensor 'language_model.model.layers.5.block_sparse_"
-                             "moe.experts.7.w2.weight_scale' (U8[32,2])"));
-  EXPECT_THAT(msg, HasSubstr("unknown tensor 'language_model.model.layers.0.bogus.weight'"));
+  EXPECT_THAT(msg,
+              HasSubstr("'language_model.model.layers.1.self_attn.A_log': expected "
+                        "dtype F32, got BF16"));
+  EXPECT_THAT(msg,
+              HasSubstr("'language_model.model.layers.1.self_attn.A_log': expected "
+                        "shape [128], got [256]"));
+  EXPECT_THAT(msg,
+              HasSubstr("'language_model.model.layers.3.self_attn.kv_b_proj.weight': "
+                        "expected shape [128,32], got [32,128]"));
+  EXPECT_THAT(msg,
+              HasSubstr("missing tensor 'language_model.model.layers.5.block_sparse_"
+                        "moe.experts.7.w2.weight_scale' (U8[32,2])"));
+  EXPECT_THAT(msg,
+              HasSubstr("unknown tensor 'language_model.model.layers.0.bogus.weight'"));
   EXPECT_THAT(msg, ::testing::Not(HasSubstr("vision_tower")));
 }
 
@@ -155,7 +167,8 @@ TEST(CheckpointTest, ConfigThatDisagreesWithTensors) {
   for (const std::string& f : CheckpointFileNames(3)) {
     if (f == "config.json") continue;
     char resolved[PATH_MAX];
-    ASSERT_NE(::realpath((std::string(kTiny) + "/" + f).c_str(), resolved), nullptr) << f;
+    ASSERT_NE(::realpath((std::string(kTiny) + "/" + f).c_str(), resolved), nullptr)
+        << f;
     const std::string target = resolved;
     ::unlink((dir + "/" + f).c_str());
     ASSERT_EQ(::symlink(target.c_str(), (dir + "/" + f).c_str()), 0) << target;

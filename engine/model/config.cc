@@ -42,10 +42,12 @@ class Fields {
   absl::Status Int(absl::string_view key, int64_t* out) const {
     TANDEM_ASSIGN_OR_RETURN(const json* v, Required(key));
     if (!v->is_number_integer()) {
-      return InvalidArgument("config: ", Path(key), " must be an integer, got ", Show(*v));
+      return InvalidArgument("config: ", Path(key), " must be an integer, got ",
+                             Show(*v));
     }
     *out = v->get<int64_t>();
-    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    if (v->is_number_unsigned() &&
+        v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
       return InvalidArgument("config: ", Path(key), " is out of range: ", Show(*v));
     }
     return absl::OkStatus();
@@ -54,7 +56,8 @@ class Fields {
   absl::Status Double(absl::string_view key, double* out) const {
     TANDEM_ASSIGN_OR_RETURN(const json* v, Required(key));
     if (!v->is_number()) {
-      return InvalidArgument("config: ", Path(key), " must be a number, got ", Show(*v));
+      return InvalidArgument("config: ", Path(key), " must be a number, got ",
+                             Show(*v));
     }
     *out = v->get<double>();
     if (!std::isfinite(*out)) {
@@ -76,7 +79,8 @@ class Fields {
   absl::Status String(absl::string_view key, std::string* out) const {
     TANDEM_ASSIGN_OR_RETURN(const json* v, Required(key));
     if (!v->is_string()) {
-      return InvalidArgument("config: ", Path(key), " must be a string, got ", Show(*v));
+      return InvalidArgument("config: ", Path(key), " must be a string, got ",
+                             Show(*v));
     }
     *out = v->get<std::string>();
     return absl::OkStatus();
@@ -120,7 +124,8 @@ class Fields {
   absl::StatusOr<Fields> Object(absl::string_view key) const {
     TANDEM_ASSIGN_OR_RETURN(const json* v, Required(key));
     if (!v->is_object()) {
-      return InvalidArgument("config: ", Path(key), " must be an object, got ", Show(*v));
+      return InvalidArgument("config: ", Path(key), " must be an object, got ",
+                             Show(*v));
     }
     return Fields(*v, Path(key));
   }
@@ -227,7 +232,8 @@ absl::Status ParseText(const Fields& f, TextConfig* t) {
   TANDEM_RETURN_IF_ERROR(f.Int("num_experts_per_token", &t->num_experts_per_token));
   TANDEM_RETURN_IF_ERROR(f.Int("num_hidden_layers", &t->num_hidden_layers));
   TANDEM_RETURN_IF_ERROR(f.Int("num_key_value_heads", &t->num_key_value_heads));
-  TANDEM_RETURN_IF_ERROR(f.Int("num_nextn_predict_layers", &t->num_nextn_predict_layers));
+  TANDEM_RETURN_IF_ERROR(
+      f.Int("num_nextn_predict_layers", &t->num_nextn_predict_layers));
   TANDEM_RETURN_IF_ERROR(f.Int("num_shared_experts", &t->num_shared_experts));
   TANDEM_RETURN_IF_ERROR(f.Int("q_lora_rank", &t->q_lora_rank));
   TANDEM_RETURN_IF_ERROR(f.Int("qk_nope_head_dim", &t->qk_nope_head_dim));
@@ -302,7 +308,8 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   positive("text_config.moe_layer_freq", t.moe_layer_freq);
 
   if (c.model_type != "kimi_k3") {
-    p.Invalid(absl::StrCat("model_type must be \"kimi_k3\", got \"", c.model_type, "\""));
+    p.Invalid(
+        absl::StrCat("model_type must be \"kimi_k3\", got \"", c.model_type, "\""));
   }
   if (t.model_type != "kimi_linear") {
     p.Invalid(absl::StrCat("text_config.model_type must be \"kimi_linear\", got \"",
@@ -310,7 +317,8 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   }
   if (c.architectures.empty()) p.Invalid("architectures is empty");
   if (!(t.rms_norm_eps > 0)) {
-    p.Invalid(absl::StrCat("text_config.rms_norm_eps must be > 0, got ", t.rms_norm_eps));
+    p.Invalid(
+        absl::StrCat("text_config.rms_norm_eps must be > 0, got ", t.rms_norm_eps));
   }
   if (!(t.routed_scaling_factor > 0)) {
     p.Invalid(absl::StrCat("text_config.routed_scaling_factor must be > 0, got ",
@@ -325,8 +333,10 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
                            t.activation_situ_linear_beta));
   }
   if (!(la.gate_lower_bound < 0)) {
-    p.Invalid(absl::StrCat("text_config.linear_attn_config.gate_lower_bound must be < 0, "
-                           "got ", la.gate_lower_bound));
+    p.Invalid(
+        absl::StrCat("text_config.linear_attn_config.gate_lower_bound must be < 0, "
+                     "got ",
+                     la.gate_lower_bound));
   }
 
   // Token ids inside the vocabulary.
@@ -347,16 +357,19 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
 
   // MoE shape rules.
   if (t.num_experts > 0 && t.num_experts_per_token > t.num_experts) {
-    p.Invalid(absl::StrCat("text_config.num_experts_per_token ", t.num_experts_per_token,
-                           " exceeds num_experts ", t.num_experts));
+    p.Invalid(absl::StrCat("text_config.num_experts_per_token ",
+                           t.num_experts_per_token, " exceeds num_experts ",
+                           t.num_experts));
   }
   if (t.first_k_dense_replace < 0 || t.first_k_dense_replace > t.num_hidden_layers) {
-    p.Invalid(absl::StrCat("text_config.first_k_dense_replace ", t.first_k_dense_replace,
+    p.Invalid(absl::StrCat("text_config.first_k_dense_replace ",
+                           t.first_k_dense_replace,
                            " is outside [0, num_hidden_layers]"));
   }
   if (t.num_key_value_heads != t.num_attention_heads) {
-    p.Unsupported(absl::StrCat("text_config.num_key_value_heads ", t.num_key_value_heads,
-                               " != num_attention_heads ", t.num_attention_heads));
+    p.Unsupported(absl::StrCat("text_config.num_key_value_heads ",
+                               t.num_key_value_heads, " != num_attention_heads ",
+                               t.num_attention_heads));
   }
 
   // Quantisation: MXFP4 experts, group 32, 4 bits.
@@ -386,8 +399,8 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
         {"text_config.moe_intermediate_size", t.moe_intermediate_size}};
     for (const auto& [name, d] : dims) {
       if (d > 0 && d % q.group_size != 0) {
-        p.Invalid(absl::StrCat(name, " ", d, " is not a multiple of the MXFP4 group size ",
-                               q.group_size));
+        p.Invalid(absl::StrCat(
+            name, " ", d, " is not a multiple of the MXFP4 group size ", q.group_size));
       }
     }
   }
@@ -417,10 +430,12 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   }
   if (t.num_nextn_predict_layers != 0) {
     p.Unsupported(absl::StrCat("text_config.num_nextn_predict_layers ",
-                               t.num_nextn_predict_layers, " (multi-token prediction)"));
+                               t.num_nextn_predict_layers,
+                               " (multi-token prediction)"));
   }
   if (!la.use_full_rank_gate) {
-    p.Unsupported("text_config.linear_attn_config.use_full_rank_gate false (low-rank gate)");
+    p.Unsupported(
+        "text_config.linear_attn_config.use_full_rank_gate false (low-rank gate)");
   }
   if (t.moe_layer_freq > 1) {
     p.Unsupported(absl::StrCat("text_config.moe_layer_freq ", t.moe_layer_freq));
@@ -439,8 +454,9 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
           p.Invalid(absl::StrCat("text_config.linear_attn_config.", name, " holds ", l,
                                  ", outside 1..", n, " (the lists are 1-based)"));
         } else if (!seen.insert(l).second) {
-          p.Invalid(absl::StrCat("text_config.linear_attn_config.", name, " repeats layer ",
-                                 l, " (kda_layers and full_attn_layers must be disjoint)"));
+          p.Invalid(
+              absl::StrCat("text_config.linear_attn_config.", name, " repeats layer ",
+                           l, " (kda_layers and full_attn_layers must be disjoint)"));
         }
       }
     };
@@ -452,9 +468,11 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
         if (!seen.count(l)) missing.push_back(l);
       }
       if (!missing.empty()) {
-        p.Invalid(absl::StrCat(
-            "text_config.linear_attn_config: kda_layers and full_attn_layers do not cover "
-            "layers 1..", n, "; missing ", absl::StrJoin(missing, ",")));
+        p.Invalid(
+            absl::StrCat("text_config.linear_attn_config: kda_layers and "
+                         "full_attn_layers do not cover "
+                         "layers 1..",
+                         n, "; missing ", absl::StrJoin(missing, ",")));
       }
     }
     bool last_mla = false;
@@ -477,7 +495,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
   TANDEM_RETURN_IF_ERROR(f.StringList("architectures", &c.architectures));
   TANDEM_RETURN_IF_ERROR(f.Int("bos_token_id", &c.bos_token_id));
   TANDEM_RETURN_IF_ERROR(f.Int("eos_token_id", &c.eos_token_id));
-  TANDEM_RETURN_IF_ERROR(f.Int("media_placeholder_token_id", &c.media_placeholder_token_id));
+  TANDEM_RETURN_IF_ERROR(
+      f.Int("media_placeholder_token_id", &c.media_placeholder_token_id));
   TANDEM_RETURN_IF_ERROR(f.String("model_type", &c.model_type));
   TANDEM_RETURN_IF_ERROR(f.Int("pad_token_id", &c.pad_token_id));
   TANDEM_RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &c.tie_word_embeddings));
@@ -624,8 +643,8 @@ int64_t ModelConfig::KdaRecurrentStateBytes() const {
 }
 
 int64_t ModelConfig::KdaConvStateBytes() const {
-  return 3 * (text.linear_attn_config.short_conv_kernel_size - 1) * KdaProjectionSize() *
-         4;
+  return 3 * (text.linear_attn_config.short_conv_kernel_size - 1) *
+         KdaProjectionSize() * 4;
 }
 
 int64_t ModelConfig::KdaStateBytesPerSequence() const {
@@ -636,7 +655,9 @@ int64_t ModelConfig::MlaCacheValuesPerToken() const {
   return text.kv_lora_rank + text.qk_rope_head_dim;
 }
 
-int64_t ModelConfig::MlaCacheBytesPerToken() const { return MlaCacheValuesPerToken() * 2; }
+int64_t ModelConfig::MlaCacheBytesPerToken() const {
+  return MlaCacheValuesPerToken() * 2;
+}
 
 int64_t ModelConfig::QHeadDim() const {
   return text.qk_nope_head_dim + text.qk_rope_head_dim;

@@ -11,8 +11,8 @@
 namespace tandem::model {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 constexpr char kPublished[] = "engine/model/testdata/kimi_k3_config.json";
 
@@ -28,7 +28,8 @@ json Published() { return json::parse(ReadFile(kPublished)); }
 TEST(ConfigTest, ParsesThePublishedConfig) {
   absl::StatusOr<ModelConfig> c = LoadModelConfig(kPublished);
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->architectures, std::vector<std::string>{"KimiK3ForConditionalGeneration"});
+  EXPECT_EQ(c->architectures,
+            std::vector<std::string>{"KimiK3ForConditionalGeneration"});
   EXPECT_EQ(c->bos_token_id, 163584);
   EXPECT_EQ(c->eos_token_id, 163586);
   EXPECT_EQ(c->pad_token_id, 163839);
@@ -153,12 +154,12 @@ const auto kUnimpl = absl::StatusCode::kUnimplemented;
 INSTANTIATE_TEST_SUITE_P(
     All, ConfigRejectTest,
     ::testing::Values(
-        Mutation{"missing hidden_size", "/text_config/hidden_size", nullptr, true, kInvalid,
-                 "missing field text_config.hidden_size"},
-        Mutation{"string hidden_size", "/text_config/hidden_size", "7168", false, kInvalid,
-                 "text_config.hidden_size must be an integer, got \"7168\""},
-        Mutation{"float layers", "/text_config/num_hidden_layers", 93.5, false, kInvalid,
-                 "num_hidden_layers must be an integer"},
+        Mutation{"missing hidden_size", "/text_config/hidden_size", nullptr, true,
+                 kInvalid, "missing field text_config.hidden_size"},
+        Mutation{"string hidden_size", "/text_config/hidden_size", "7168", false,
+                 kInvalid, "text_config.hidden_size must be an integer, got \"7168\""},
+        Mutation{"float layers", "/text_config/num_hidden_layers", 93.5, false,
+                 kInvalid, "num_hidden_layers must be an integer"},
         Mutation{"zero heads", "/text_config/num_attention_heads", 0, false, kInvalid,
                  "num_attention_heads must be > 0, got 0"},
         Mutation{"negative vocab", "/text_config/vocab_size", -5, false, kInvalid,
@@ -169,38 +170,42 @@ INSTANTIATE_TEST_SUITE_P(
                  "mla_use_nope false"},
         Mutation{"expert groups", "/text_config/num_expert_group", 8, false, kUnimpl,
                  "num_expert_group 8"},
-        Mutation{"topk group", "/text_config/topk_group", 4, false, kUnimpl, "topk_group 4"},
+        Mutation{"topk group", "/text_config/topk_group", 4, false, kUnimpl,
+                 "topk_group 4"},
         Mutation{"silu", "/text_config/hidden_act", "silu", false, kUnimpl,
                  "hidden_act \"silu\""},
         Mutation{"softmax router", "/text_config/moe_router_activation_func", "softmax",
                  false, kUnimpl, "moe_router_activation_func \"softmax\""},
         Mutation{"mtp", "/text_config/num_nextn_predict_layers", 1, false, kUnimpl,
                  "num_nextn_predict_layers 1"},
-        Mutation{"low rank gate", "/text_config/linear_attn_config/use_full_rank_gate", false,
-                 false, kUnimpl, "use_full_rank_gate false"},
+        Mutation{"low rank gate", "/text_config/linear_attn_config/use_full_rank_gate",
+                 false, false, kUnimpl, "use_full_rank_gate false"},
         Mutation{"int8 quant", "/text_config/quantization_config/format",
                  "int-quantized", false, kUnimpl, "format \"int-quantized\""},
-        Mutation{"group 16",
-                 "/text_config/quantization_config/config_groups/group_0/weights/group_size",
-                 16, false, kUnimpl, "group_size 16"},
-        Mutation{"8 bits",
-                 "/text_config/quantization_config/config_groups/group_0/weights/num_bits",
-                 8, false, kUnimpl, "num_bits 8"},
-        Mutation{"activations quantised",
-                 "/text_config/quantization_config/config_groups/group_0/input_activations",
-                 json{{"num_bits", 8}}, false, kUnimpl, "input_activations"},
-        Mutation{"latent not /32", "/text_config/routed_expert_hidden_size", 3580, false,
-                 kInvalid, "routed_expert_hidden_size 3580 is not a multiple"},
+        Mutation{
+            "group 16",
+            "/text_config/quantization_config/config_groups/group_0/weights/group_size",
+            16, false, kUnimpl, "group_size 16"},
+        Mutation{
+            "8 bits",
+            "/text_config/quantization_config/config_groups/group_0/weights/num_bits",
+            8, false, kUnimpl, "num_bits 8"},
+        Mutation{
+            "activations quantised",
+            "/text_config/quantization_config/config_groups/group_0/input_activations",
+            json{{"num_bits", 8}}, false, kUnimpl, "input_activations"},
+        Mutation{"latent not /32", "/text_config/routed_expert_hidden_size", 3580,
+                 false, kInvalid, "routed_expert_hidden_size 3580 is not a multiple"},
         Mutation{"moe inter not /32", "/text_config/moe_intermediate_size", 3000, false,
                  kInvalid, "moe_intermediate_size 3000 is not a multiple"},
         Mutation{"topk > experts", "/text_config/num_experts_per_token", 897, false,
                  kInvalid, "num_experts_per_token 897 exceeds num_experts 896"},
-        Mutation{"layer 0 in list", "/text_config/linear_attn_config/kda_layers/0", 0, false,
-                 kInvalid, "holds 0, outside 1..93"},
+        Mutation{"layer 0 in list", "/text_config/linear_attn_config/kda_layers/0", 0,
+                 false, kInvalid, "holds 0, outside 1..93"},
         Mutation{"overlap", "/text_config/linear_attn_config/kda_layers/0", 4, false,
                  kInvalid, "repeats layer 4"},
-        Mutation{"missing layer", "/text_config/linear_attn_config/kda_layers/0", nullptr,
-                 true, kInvalid, "missing 1"},
+        Mutation{"missing layer", "/text_config/linear_attn_config/kda_layers/0",
+                 nullptr, true, kInvalid, "missing 1"},
         Mutation{"last not MLA", "/text_config/num_hidden_layers", 91, false, kInvalid,
                  "outside 1..91"},
         Mutation{"tied", "/text_config/tie_word_embeddings", true, false, kUnimpl,
@@ -211,10 +216,11 @@ INSTANTIATE_TEST_SUITE_P(
                  "eos_token_id 200000 is outside the vocabulary"},
         Mutation{"wrong model type", "/model_type", "deepseek_v3", false, kInvalid,
                  "model_type must be \"kimi_k3\""},
-        Mutation{"lac not object", "/text_config/linear_attn_config", json::array(), false,
-                 kInvalid, "linear_attn_config must be an object"},
-        Mutation{"layer list not ints", "/text_config/linear_attn_config/full_attn_layers",
-                 json::array({"4"}), false, kInvalid, "full_attn_layers holds \"4\""},
+        Mutation{"lac not object", "/text_config/linear_attn_config", json::array(),
+                 false, kInvalid, "linear_attn_config must be an object"},
+        Mutation{"layer list not ints",
+                 "/text_config/linear_attn_config/full_attn_layers", json::array({"4"}),
+                 false, kInvalid, "full_attn_layers holds \"4\""},
         Mutation{"eps zero", "/text_config/rms_norm_eps", 0.0, false, kInvalid,
                  "rms_norm_eps must be > 0"},
         Mutation{"block size 0", "/text_config/attn_res_block_size", 0, false, kInvalid,
@@ -237,7 +243,8 @@ TEST(ConfigTest, LastLayerMustBeMla) {
   la["kda_layers"].push_back(93);
   absl::StatusOr<ModelConfig> c = ParseModelConfig(j.dump());
   ASSERT_FALSE(c.ok());
-  EXPECT_THAT(std::string(c.status().message()), HasSubstr("last layer (93) must be MLA"));
+  EXPECT_THAT(std::string(c.status().message()),
+              HasSubstr("last layer (93) must be MLA"));
 }
 
 TEST(ConfigTest, ReportsEveryProblemAtOnce) {
@@ -247,7 +254,8 @@ TEST(ConfigTest, ReportsEveryProblemAtOnce) {
   absl::StatusOr<ModelConfig> c = ParseModelConfig(j.dump());
   ASSERT_FALSE(c.ok());
   EXPECT_THAT(std::string(c.status().message()), HasSubstr("hidden_act \"gelu\""));
-  EXPECT_THAT(std::string(c.status().message()), HasSubstr("num_experts_per_token 1000"));
+  EXPECT_THAT(std::string(c.status().message()),
+              HasSubstr("num_experts_per_token 1000"));
 }
 
 TEST(ConfigTest, RejectsGarbageAndMissingFiles) {

@@ -81,15 +81,15 @@ uint64_t Elements(const std::vector<int64_t>& shape) {
 }
 
 // The float matrix behind a routed expert projection, quantised to MXFP4.
-absl::Status ExpertWeight(const ExpectedTensor& t, uint64_t seed, std::vector<uint8_t>* packed,
-                          std::vector<uint8_t>* scales) {
+absl::Status ExpertWeight(const ExpectedTensor& t, uint64_t seed,
+                          std::vector<uint8_t>* packed, std::vector<uint8_t>* scales) {
   // Both halves of the pair use the stream of the projection's base name.
   absl::string_view base = t.name;
   const size_t dot = base.rfind('.');
   base = base.substr(0, dot);
   const int64_t rows = t.shape[0];
   const int64_t in = t.kind == TensorKind::kMxfp4Packed ? t.shape[1] * 2
-                                                          : t.shape[1] * kMxfp4GroupSize;
+                                                        : t.shape[1] * kMxfp4GroupSize;
   SplitMix64 rng(StreamSeed(seed, base));
   const float sigma = 1.0f / std::sqrt(static_cast<float>(in));
   std::vector<float> w(static_cast<size_t>(rows * in));
@@ -397,8 +397,10 @@ absl::Status MakeCheckpoint(const MakeCheckpointOptions& options) {
   uint64_t cum = 0;
   for (const ExpectedTensor& t : table) {
     const uint64_t mid = cum + t.nbytes() / 2;
-    size_t s = total == 0 ? 0 : static_cast<size_t>((static_cast<long double>(mid) *
-                                                     options.num_shards) / total);
+    size_t s = total == 0
+                   ? 0
+                   : static_cast<size_t>(
+                         (static_cast<long double>(mid) * options.num_shards) / total);
     if (s >= shards.size()) s = shards.size() - 1;
     shards[s].push_back(&t);
     cum += t.nbytes();

@@ -36,10 +36,10 @@ ModelConfig MidConfig();
 absl::StatusOr<ModelConfig> ConfigForSize(absl::string_view size);
 
 struct MakeCheckpointOptions {
-  std::string out_dir;        // created if absent
+  std::string out_dir;  // created if absent
   ModelConfig config;
   uint64_t seed = 0;
-  int num_shards = 3;         // >= 1; fewer when tensors do not fill them
+  int num_shards = 3;  // >= 1; fewer when tensors do not fill them
   // Directory holding tiktoken.model, tokenizer_config.json and pat_str.json;
   // empty: copy none.
   std::string tokenizer_dir;

@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   options.config = *config;
   options.seed = absl::GetFlag(FLAGS_seed);
   int shards = absl::GetFlag(FLAGS_shards);
-  options.num_shards = shards > 0 ? shards : (absl::GetFlag(FLAGS_size) == "mid" ? 4 : 3);
+  options.num_shards =
+      shards > 0 ? shards : (absl::GetFlag(FLAGS_size) == "mid" ? 4 : 3);
   options.tokenizer_dir = absl::GetFlag(FLAGS_tokenizer_dir);
   absl::Status status = tandem::model::MakeCheckpoint(options);
   if (!status.ok()) {

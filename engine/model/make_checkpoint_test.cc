@@ -88,7 +88,8 @@ TEST(PublishedConfigTest, MatchesTheTestdataFile) {
 TEST(MakeCheckpointTest, TinyGenruleOutputLoadsAndValidates) {
   auto ckpt = Checkpoint::Open(kTiny);
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-  EXPECT_TRUE((*ckpt)->ValidateAgainstConfig().ok()) << (*ckpt)->ValidateAgainstConfig();
+  EXPECT_TRUE((*ckpt)->ValidateAgainstConfig().ok())
+      << (*ckpt)->ValidateAgainstConfig();
   // Tokenizer files are copies; generation_config carries the K3 ids.
   for (const char* f : {"tiktoken.model", "tokenizer_config.json", "pat_str.json"}) {
     EXPECT_EQ(ReadAll(std::string(kTiny) + "/" + f),
@@ -99,7 +100,8 @@ TEST(MakeCheckpointTest, TinyGenruleOutputLoadsAndValidates) {
   EXPECT_THAT(gen, ::testing::HasSubstr("\"eos_token_id\": 163586"));
   EXPECT_THAT(gen, ::testing::HasSubstr("\"bos_token_id\": 163584"));
   // The index total is the sum of tensor bytes.
-  const std::string index = ReadAll(std::string(kTiny) + "/model.safetensors.index.json");
+  const std::string index =
+      ReadAll(std::string(kTiny) + "/model.safetensors.index.json");
   EXPECT_THAT(index, ::testing::HasSubstr(absl::StrCat(
                          "\"total_size\": ", (*ckpt)->tensors().total_tensor_bytes())));
 }
@@ -117,7 +119,8 @@ TEST(MakeCheckpointTest, DeterministicPerSeed) {
   ASSERT_TRUE(MakeCheckpoint(options).ok());
   // Seed 0 here (library, this process) == seed 0 from the genrule (binary).
   for (const std::string& f : CheckpointFileNames(3)) {
-    EXPECT_EQ(ReadAll(TempDir("seed0") + "/" + f), ReadAll(std::string(kTiny) + "/" + f))
+    EXPECT_EQ(ReadAll(TempDir("seed0") + "/" + f),
+              ReadAll(std::string(kTiny) + "/" + f))
         << f;
   }
   // Another seed: same config and layout, different weights in every shard.
@@ -127,7 +130,8 @@ TEST(MakeCheckpointTest, DeterministicPerSeed) {
             ReadAll(TempDir("seed0") + "/model.safetensors.index.json"));
   for (int i = 3; i < 6; ++i) {
     const std::string f = CheckpointFileNames(3)[i];
-    EXPECT_NE(ReadAll(TempDir("seed1") + "/" + f), ReadAll(TempDir("seed0") + "/" + f)) << f;
+    EXPECT_NE(ReadAll(TempDir("seed1") + "/" + f), ReadAll(TempDir("seed0") + "/" + f))
+        << f;
   }
 }
 

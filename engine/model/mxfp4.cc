@@ -103,7 +103,7 @@ absl::Status QuantizeMxfp4(absl::Span<const float> weights, size_t rows, size_t 
       }
       amax = std::fmax(amax, std::fabs(x[i]));
     }
-    if (amax == 0.0f) continue;  // scale byte 0, codes 0
+    if (amax == 0.0f) continue;    // scale byte 0, codes 0
     int e = std::ilogb(amax) - 2;  // floor(log2(amax)) - 2, exact for subnormals too
     if (e < -127) e = -127;
     if (e > 127) e = 127;

@@ -36,8 +36,8 @@ TEST(Mxfp4Test, E8M0EdgeCases) {
 
 TEST(Mxfp4Test, NibbleOrderLowNibbleIsEvenElement) {
   std::vector<uint8_t> packed(16, 0);
-  packed[0] = 0x72;  // element 0 = code 2 (1.0), element 1 = code 7 (6.0)
-  packed[1] = 0x9b;  // element 2 = code 0xb (-1.5), element 3 = code 9 (-0.5)
+  packed[0] = 0x72;     // element 0 = code 2 (1.0), element 1 = code 7 (6.0)
+  packed[1] = 0x9b;     // element 2 = code 0xb (-1.5), element 3 = code 9 (-0.5)
   uint8_t scale = 128;  // 2.0
   float out[32];
   DequantizeMxfp4Row(packed.data(), &scale, 32, out);
@@ -62,13 +62,13 @@ TEST(Mxfp4Test, ScalesApplyPerGroupOf32) {
 
 TEST(Mxfp4Test, RoundHalfEvenOnTheGrid) {
   // Midpoints go to the neighbour with the even code.
-  EXPECT_EQ(EncodeE2M1(0.25f), 0);   // 0 | 0.5
-  EXPECT_EQ(EncodeE2M1(0.75f), 2);   // 0.5 | 1
-  EXPECT_EQ(EncodeE2M1(1.25f), 2);   // 1 | 1.5
-  EXPECT_EQ(EncodeE2M1(1.75f), 4);   // 1.5 | 2
-  EXPECT_EQ(EncodeE2M1(2.5f), 4);    // 2 | 3
-  EXPECT_EQ(EncodeE2M1(3.5f), 6);    // 3 | 4
-  EXPECT_EQ(EncodeE2M1(5.0f), 6);    // 4 | 6
+  EXPECT_EQ(EncodeE2M1(0.25f), 0);  // 0 | 0.5
+  EXPECT_EQ(EncodeE2M1(0.75f), 2);  // 0.5 | 1
+  EXPECT_EQ(EncodeE2M1(1.25f), 2);  // 1 | 1.5
+  EXPECT_EQ(EncodeE2M1(1.75f), 4);  // 1.5 | 2
+  EXPECT_EQ(EncodeE2M1(2.5f), 4);   // 2 | 3
+  EXPECT_EQ(EncodeE2M1(3.5f), 6);   // 3 | 4
+  EXPECT_EQ(EncodeE2M1(5.0f), 6);   // 4 | 6
   EXPECT_EQ(EncodeE2M1(-2.5f), 0xc);
   // Off-midpoint values go to the nearest.
   EXPECT_EQ(EncodeE2M1(0.26f), 1);
@@ -103,7 +103,7 @@ TEST(Mxfp4Test, ScaleExponentIsFloorLog2MinusTwo) {
   ASSERT_TRUE(QuantizeMxfp4(w, 1, 32, &packed, &scales).ok());
   EXPECT_EQ(scales[0], 127);
   EXPECT_EQ(packed[2] >> 4, 6);  // element 5 = high nibble of byte 2, code 6 = 4.0
-  w[5] = 7.9f;  // e = 0, 7.9 saturates to 6
+  w[5] = 7.9f;                   // e = 0, 7.9 saturates to 6
   ASSERT_TRUE(QuantizeMxfp4(w, 1, 32, &packed, &scales).ok());
   EXPECT_EQ(scales[0], 127);
   EXPECT_EQ(packed[2] >> 4, 7);
@@ -135,7 +135,8 @@ TEST(Mxfp4Test, QuantiseDequantiseErrorIsBounded) {
   };
   const size_t rows = 8, in = 128;
   std::vector<float> w(rows * in);
-  for (size_t i = 0; i < w.size(); ++i) w[i] = next() * std::ldexp(1.0f, (int)(i / 64) - 4);
+  for (size_t i = 0; i < w.size(); ++i)
+    w[i] = next() * std::ldexp(1.0f, (int)(i / 64) - 4);
   std::vector<uint8_t> packed, scales;
   ASSERT_TRUE(QuantizeMxfp4(w, rows, in, &packed, &scales).ok());
   std::vector<float> back;
@@ -146,7 +147,8 @@ TEST(Mxfp4Test, QuantiseDequantiseErrorIsBounded) {
     for (size_t i = g * 32; i < g * 32 + 32; ++i) {
       EXPECT_LE(std::fabs(back[i] - w[i]), 2.0f * step) << i;
       if (std::fabs(w[i]) <= 6.0f * step) {
-        EXPECT_LE(std::fabs(back[i] - w[i]), step) << i;  // inside the grid: half spacing
+        EXPECT_LE(std::fabs(back[i] - w[i]), step)
+            << i;  // inside the grid: half spacing
       }
       sq_err += (back[i] - w[i]) * (back[i] - w[i]);
       sq += w[i] * w[i];

@@ -100,7 +100,7 @@ absl::StatusOr<std::vector<float>> TensorView::ToFloat() const {
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
-    const std::string& path) {
+    const std::string& path, MapOptions options) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return NotFound(path, ": cannot open: ", std::strerror(errno));
   struct stat st;
@@ -117,7 +117,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
   file->path_ = path;
   file->size_ = static_cast<uint64_t>(st.st_size);
   if (file->size_ > 0) {
-    void* p = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int flags = MAP_PRIVATE | (options.populate ? MAP_POPULATE : 0);
+    void* p = ::mmap(nullptr, file->size_, PROT_READ, flags, fd, 0);
     if (p == MAP_FAILED) {
       int err = errno;
       ::close(fd);
@@ -158,9 +159,9 @@ TensorView SafetensorsFile::View(const TensorEntry& entry) const {
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsSet>> SafetensorsSet::OpenFile(
-    const std::string& path) {
+    const std::string& path, MapOptions options) {
   auto set = std::unique_ptr<SafetensorsSet>(new SafetensorsSet());
-  TANDEM_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
+  TANDEM_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path, options));
   for (const TensorEntry& e : file->header().tensors) {
     set->where_.emplace(e.name, Location{file.get(), &e});
   }
@@ -169,17 +170,19 @@ absl::StatusOr<std::unique_ptr<SafetensorsSet>> SafetensorsSet::OpenFile(
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsSet>> SafetensorsSet::OpenDirectory(
-    const std::string& dir) {
+    const std::string& dir, MapOptions options) {
   const std::string index_path = JoinPath(dir, "model.safetensors.index.json");
   if (!FileExists(index_path)) {
     const std::string single = JoinPath(dir, "model.safetensors");
     if (!FileExists(single)) {
-      return NotFound(dir, ": neither model.safetensors.index.json nor model.safetensors");
+      return NotFound(dir,
+                      ": neither model.safetensors.index.json nor model.safetensors");
     }
-    return OpenFile(single);
+    return OpenFile(single, options);
   }
   TANDEM_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(index_path));
-  nlohmann::json index = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json index =
+      nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (index.is_discarded()) return DataLoss(index_path, ": JSON does not parse");
   if (!index.is_object()) return DataLoss(index_path, ": not a JSON object");
   auto map_it = index.find("weight_map");
@@ -203,14 +206,15 @@ absl::StatusOr<std::unique_ptr<SafetensorsSet>> SafetensorsSet::OpenDirectory(
   }
   for (const auto& [shard_name, tensors] : by_shard) {
     if (!FileExists(JoinPath(dir, shard_name))) {
-      return NotFound(index_path, ": shard ", shard_name, " (holding '", tensors.front(),
-                      "' and ", tensors.size() - 1, " more) does not exist");
+      return NotFound(index_path, ": shard ", shard_name, " (holding '",
+                      tensors.front(), "' and ", tensors.size() - 1,
+                      " more) does not exist");
     }
   }
   auto set = std::unique_ptr<SafetensorsSet>(new SafetensorsSet());
   for (const auto& [shard_name, tensors] : by_shard) {
     const std::string path = JoinPath(dir, shard_name);
-    TANDEM_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
+    TANDEM_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path, options));
     std::set<absl::string_view> listed(tensors.begin(), tensors.end());
     for (const std::string& tensor : tensors) {
       const TensorEntry* entry = file->Find(tensor);
@@ -244,7 +248,8 @@ bool SafetensorsSet::Contains(absl::string_view name) const {
 
 absl::StatusOr<TensorView> SafetensorsSet::Get(absl::string_view name) const {
   auto it = where_.find(name);
-  if (it == where_.end()) return NotFound("tensor '", name, "' is not in the checkpoint");
+  if (it == where_.end())
+    return NotFound("tensor '", name, "' is not in the checkpoint");
   return it->second.file->View(*it->second.entry);
 }
 
@@ -254,7 +259,8 @@ uint64_t SafetensorsSet::total_tensor_bytes() const {
   return total;
 }
 
-absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorData>& tensors,
+absl::Status WriteSafetensors(const std::string& path,
+                              const std::vector<TensorData>& tensors,
                               const std::map<std::string, std::string>& metadata) {
   std::vector<const TensorData*> order;
   std::set<absl::string_view> seen;
@@ -265,7 +271,8 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorD
     }
     uint64_t n = DTypeSize(t.dtype);
     for (int64_t d : t.shape) {
-      if (d < 0) return InvalidArgument(path, ": tensor '", t.name, "' has a negative dim");
+      if (d < 0)
+        return InvalidArgument(path, ": tensor '", t.name, "' has a negative dim");
       n *= static_cast<uint64_t>(d);
     }
     if (n != t.bytes.size()) {

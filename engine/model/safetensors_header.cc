@@ -90,7 +90,8 @@ absl::StatusOr<TensorEntry> ParseEntry(const std::string& name, const json& valu
   auto offsets_it = value.find("data_offsets");
   if (offsets_it == value.end()) return bad("missing \"data_offsets\"");
   if (!offsets_it->is_array() || offsets_it->size() != 2 ||
-      !(*offsets_it)[0].is_number_unsigned() || !(*offsets_it)[1].is_number_unsigned()) {
+      !(*offsets_it)[0].is_number_unsigned() ||
+      !(*offsets_it)[1].is_number_unsigned()) {
     return bad("\"data_offsets\" is not [begin, end] of non-negative integers");
   }
   entry.begin = (*offsets_it)[0].get<uint64_t>();
@@ -144,7 +145,8 @@ uint64_t TensorEntry::num_elements() const {
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view bytes,
                                                          uint64_t file_size) {
   if (bytes.size() < 8 || file_size < 8) {
-    return Corrupt(absl::StrCat("file has ", std::min<uint64_t>(bytes.size(), file_size),
+    return Corrupt(absl::StrCat("file has ",
+                                std::min<uint64_t>(bytes.size(), file_size),
                                 " bytes, fewer than the 8-byte length prefix"));
   }
   uint64_t n = 0;
@@ -206,8 +208,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view bytes
       if (!value.is_object()) return Corrupt("\"__metadata__\" is not an object");
       for (const auto& [mkey, mvalue] : value.items()) {
         if (!mvalue.is_string()) {
-          return Corrupt(absl::StrCat("\"__metadata__\" value of \"", mkey,
-                                      "\" is not a string"));
+          return Corrupt(
+              absl::StrCat("\"__metadata__\" value of \"", mkey, "\" is not a string"));
         }
         header.metadata[mkey] = mvalue.get<std::string>();
       }
@@ -225,15 +227,15 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view bytes
   for (const TensorEntry& t : header.tensors) {
     if (t.nbytes() > 0) by_offset.push_back(&t);
   }
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const TensorEntry* a, const TensorEntry* b) { return a->begin < b->begin; });
+  std::sort(
+      by_offset.begin(), by_offset.end(),
+      [](const TensorEntry* a, const TensorEntry* b) { return a->begin < b->begin; });
   for (size_t i = 1; i < by_offset.size(); ++i) {
     if (by_offset[i]->begin < by_offset[i - 1]->end) {
-      return Corrupt(absl::StrCat("tensors '", by_offset[i - 1]->name, "' [",
-                                  by_offset[i - 1]->begin, ",", by_offset[i - 1]->end,
-                                  ") and '", by_offset[i]->name, "' [",
-                                  by_offset[i]->begin, ",", by_offset[i]->end,
-                                  ") overlap"));
+      return Corrupt(absl::StrCat(
+          "tensors '", by_offset[i - 1]->name, "' [", by_offset[i - 1]->begin, ",",
+          by_offset[i - 1]->end, ") and '", by_offset[i]->name, "' [",
+          by_offset[i]->begin, ",", by_offset[i]->end, ") overlap"));
     }
   }
   return header;

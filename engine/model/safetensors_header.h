@@ -63,9 +63,9 @@ struct TensorEntry {
 };
 
 struct SafetensorsHeader {
-  uint64_t header_bytes = 0;  // N (the JSON length, padding included)
-  uint64_t data_start = 0;    // 8 + N: file offset of the data buffer
-  uint64_t data_bytes = 0;    // file_size - data_start
+  uint64_t header_bytes = 0;                    // N (the JSON length, padding included)
+  uint64_t data_start = 0;                      // 8 + N: file offset of the data buffer
+  uint64_t data_bytes = 0;                      // file_size - data_start
   std::map<std::string, std::string> metadata;  // "__metadata__"
   std::vector<TensorEntry> tensors;             // sorted by name
 };

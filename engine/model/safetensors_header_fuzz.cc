@@ -14,7 +14,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const tandem::model::TensorEntry* previous = nullptr;
   for (const auto& t : header->tensors) {
     if (t.end < t.begin || t.end > header->data_bytes) std::abort();
-    if (t.nbytes() != t.num_elements() * tandem::model::DTypeSize(t.dtype)) std::abort();
+    if (t.nbytes() != t.num_elements() * tandem::model::DTypeSize(t.dtype))
+      std::abort();
     if (previous != nullptr && !(previous->name < t.name)) std::abort();
     previous = &t;
   }

@@ -44,7 +44,10 @@ std::string F32(std::initializer_list<float> v) {
 
 std::vector<TensorData> Sample() {
   return {
-      TensorData{"w.bf16", DType::kBF16, {2, 2}, std::string("\x80\x3f\x00\x40\x40\x40\x80\x40", 8)},
+      TensorData{"w.bf16",
+                 DType::kBF16,
+                 {2, 2},
+                 std::string("\x80\x3f\x00\x40\x40\x40\x80\x40", 8)},
       TensorData{"b.f32", DType::kF32, {3}, F32({1.5f, -2.0f, 0.25f})},
       TensorData{"q.u8", DType::kU8, {3}, std::string("\x01\x02\x03", 3)},
       TensorData{"h.f16", DType::kF16, {1}, std::string("\x00\x3c", 2)},
@@ -90,7 +93,25 @@ TEST(SafetensorsTest, WriteThenReadSingleFile) {
   // Zero-copy: the view points into the mapping, at the header's offset.
   const TensorEntry* e = (*file)->Find("b.f32");
   ASSERT_NE(e, nullptr);
-  EXPECT_EQ(std::memcmp((*file)->View(*e).data, F32({1.5f, -2.0f, 0.25f}).data(), 12), 0);
+  EXPECT_EQ(std::memcmp((*file)->View(*e).data, F32({1.5f, -2.0f, 0.25f}).data(), 12),
+            0);
+}
+
+TEST(SafetensorsTest, PopulatedMappingReadsTheSameBytes) {
+  const std::string path = TempDir("populate") + "/model.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, Sample()).ok());
+  MapOptions populate;
+  populate.populate = true;
+  auto lazy = SafetensorsSet::OpenFile(path);
+  auto eager = SafetensorsSet::OpenFile(path, populate);
+  ASSERT_TRUE(lazy.ok() && eager.ok());
+  for (const std::string& name : (*lazy)->Names()) {
+    auto a = (*lazy)->Get(name);
+    auto b = (*eager)->Get(name);
+    ASSERT_EQ(a->nbytes, b->nbytes);
+    EXPECT_EQ(std::memcmp(a->data, b->data, a->nbytes), 0) << name;
+    EXPECT_NE(a->data, b->data);  // two mappings
+  }
 }
 
 TEST(SafetensorsTest, WriterIsDeterministicAndAligned) {
@@ -127,7 +148,8 @@ std::string MakeSharded(const std::string& name, const nlohmann::json& weight_ma
   auto t = Sample();
   EXPECT_TRUE(WriteSafetensors(dir + "/s1.safetensors", {t[0], t[1]}).ok());
   EXPECT_TRUE(WriteSafetensors(dir + "/s2.safetensors", {t[2], t[3]}).ok());
-  nlohmann::json index = {{"metadata", {{"total_size", 25}}}, {"weight_map", weight_map}};
+  nlohmann::json index = {{"metadata", {{"total_size", 25}}},
+                          {"weight_map", weight_map}};
   WriteAll(dir + "/model.safetensors.index.json", index.dump());
   return dir;
 }
@@ -210,7 +232,8 @@ TEST(SafetensorsTest, EmptyDirectoryAndCorruptFiles) {
   auto file = SafetensorsFile::Open(path);
   ASSERT_FALSE(file.ok());
   EXPECT_THAT(std::string(file.status().message()), HasSubstr(path));
-  EXPECT_THAT(std::string(file.status().message()), HasSubstr("beyond the data buffer"));
+  EXPECT_THAT(std::string(file.status().message()),
+              HasSubstr("beyond the data buffer"));
   // Empty file.
   WriteAll(path, "");
   EXPECT_FALSE(SafetensorsFile::Open(path).ok());

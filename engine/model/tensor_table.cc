@@ -47,12 +47,12 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& config) {
       add(a + "q_proj.weight", bf16, {P, H}, TensorKind::kMatrix, i);
       add(a + "k_proj.weight", bf16, {P, H}, TensorKind::kMatrix, i);
       add(a + "v_proj.weight", bf16, {P, H}, TensorKind::kMatrix, i);
-      add(a + "q_conv1d.weight", f32, {P, 1, la.short_conv_kernel_size}, TensorKind::kConv,
-          i);
-      add(a + "k_conv1d.weight", f32, {P, 1, la.short_conv_kernel_size}, TensorKind::kConv,
-          i);
-      add(a + "v_conv1d.weight", f32, {P, 1, la.short_conv_kernel_size}, TensorKind::kConv,
-          i);
+      add(a + "q_conv1d.weight", f32, {P, 1, la.short_conv_kernel_size},
+          TensorKind::kConv, i);
+      add(a + "k_conv1d.weight", f32, {P, 1, la.short_conv_kernel_size},
+          TensorKind::kConv, i);
+      add(a + "v_conv1d.weight", f32, {P, 1, la.short_conv_kernel_size},
+          TensorKind::kConv, i);
       add(a + "A_log", f32, {config.ALogPaddedLength()}, TensorKind::kALog, i);
       add(a + "f_a_proj.weight", bf16, {d, H}, TensorKind::kMatrix, i);
       add(a + "f_b_proj.weight", bf16, {P, d}, TensorKind::kMatrix, i);
@@ -66,11 +66,11 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& config) {
       add(a + "q_a_layernorm.weight", bf16, {t.q_lora_rank}, TensorKind::kNorm, i);
       add(a + "q_b_proj.weight", bf16, {nh * config.QHeadDim(), t.q_lora_rank},
           TensorKind::kMatrix, i);
-      add(a + "kv_a_proj_with_mqa.weight", bf16, {t.kv_lora_rank + t.qk_rope_head_dim, H},
-          TensorKind::kMatrix, i);
+      add(a + "kv_a_proj_with_mqa.weight", bf16,
+          {t.kv_lora_rank + t.qk_rope_head_dim, H}, TensorKind::kMatrix, i);
       add(a + "kv_a_layernorm.weight", bf16, {t.kv_lora_rank}, TensorKind::kNorm, i);
-      add(a + "kv_b_proj.weight", bf16, {nh * (t.qk_nope_head_dim + t.v_head_dim),
-                                         t.kv_lora_rank},
+      add(a + "kv_b_proj.weight", bf16,
+          {nh * (t.qk_nope_head_dim + t.v_head_dim), t.kv_lora_rank},
           TensorKind::kMatrix, i);
       add(a + "o_proj.weight", bf16, {H, nh * t.v_head_dim}, TensorKind::kMatrix, i);
       add(a + "g_proj.weight", bf16, {nh * t.v_head_dim, H}, TensorKind::kMatrix, i);
@@ -115,7 +115,8 @@ absl::string_view StripTextPrefix(absl::string_view name) {
 }
 
 bool IsVisionTensor(absl::string_view name) {
-  return absl::StartsWith(name, "vision_tower.") || absl::StartsWith(name, "mm_projector.");
+  return absl::StartsWith(name, "vision_tower.") ||
+         absl::StartsWith(name, "mm_projector.");
 }
 
 }  // namespace tandem::model

@@ -19,17 +19,17 @@ inline constexpr absl::string_view kTextPrefix = "language_model.";
 
 // What a tensor is, for initialisation and statistics.
 enum class TensorKind {
-  kEmbedding,     // embed_tokens [V, H]
-  kLmHead,        // lm_head [V, H]
-  kMatrix,        // BF16 [out, in] projection
-  kNorm,          // RMSNorm gain (BF16 or F32)
-  kResProj,       // attention-residual query vector [1, H]
-  kConv,          // KDA depthwise conv [P, 1, K] (F32)
-  kALog,          // KDA A_log, zero-padded (F32)
-  kDtBias,        // KDA dt_bias (F32)
-  kRouterBias,    // gate.e_score_correction_bias (F32)
-  kMxfp4Packed,   // routed expert weight_packed (U8) [out, in/2]
-  kMxfp4Scale,    // routed expert weight_scale (U8) [out, in/32]
+  kEmbedding,    // embed_tokens [V, H]
+  kLmHead,       // lm_head [V, H]
+  kMatrix,       // BF16 [out, in] projection
+  kNorm,         // RMSNorm gain (BF16 or F32)
+  kResProj,      // attention-residual query vector [1, H]
+  kConv,         // KDA depthwise conv [P, 1, K] (F32)
+  kALog,         // KDA A_log, zero-padded (F32)
+  kDtBias,       // KDA dt_bias (F32)
+  kRouterBias,   // gate.e_score_correction_bias (F32)
+  kMxfp4Packed,  // routed expert weight_packed (U8) [out, in/2]
+  kMxfp4Scale,   // routed expert weight_scale (U8) [out, in/32]
 };
 
 struct ExpectedTensor {

@@ -51,7 +51,8 @@ TEST(TensorTableTest, PublishedShapesAndDtypes) {
   // Layer 3 (1-based 4): MLA + MoE.
   expect("model.layers.3.self_attn.q_a_proj.weight", DType::kBF16, {1536, 7168});
   expect("model.layers.3.self_attn.q_b_proj.weight", DType::kBF16, {96 * 192, 1536});
-  expect("model.layers.3.self_attn.kv_a_proj_with_mqa.weight", DType::kBF16, {576, 7168});
+  expect("model.layers.3.self_attn.kv_a_proj_with_mqa.weight", DType::kBF16,
+         {576, 7168});
   expect("model.layers.3.self_attn.kv_a_layernorm.weight", DType::kBF16, {512});
   expect("model.layers.3.self_attn.kv_b_proj.weight", DType::kBF16, {96 * 256, 512});
   expect("model.layers.3.self_attn.o_proj.weight", DType::kBF16, {7168, 12288});
@@ -63,11 +64,12 @@ TEST(TensorTableTest, PublishedShapesAndDtypes) {
          {3584, 7168});
   expect("model.layers.3.block_sparse_moe.routed_expert_up_proj.weight", DType::kBF16,
          {7168, 3584});
-  expect("model.layers.3.block_sparse_moe.routed_expert_norm.weight", DType::kBF16, {3584});
-  expect("model.layers.3.block_sparse_moe.shared_experts.gate_proj.weight", DType::kBF16,
-         {6144, 7168});
-  expect("model.layers.3.block_sparse_moe.shared_experts.down_proj.weight", DType::kBF16,
-         {7168, 6144});
+  expect("model.layers.3.block_sparse_moe.routed_expert_norm.weight", DType::kBF16,
+         {3584});
+  expect("model.layers.3.block_sparse_moe.shared_experts.gate_proj.weight",
+         DType::kBF16, {6144, 7168});
+  expect("model.layers.3.block_sparse_moe.shared_experts.down_proj.weight",
+         DType::kBF16, {7168, 6144});
   expect("model.layers.3.block_sparse_moe.experts.895.w1.weight_packed", DType::kU8,
          {3072, 1792});
   expect("model.layers.3.block_sparse_moe.experts.895.w1.weight_scale", DType::kU8,
