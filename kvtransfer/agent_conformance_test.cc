@@ -27,9 +27,10 @@ struct AgentKindParam {
   std::function<std::unique_ptr<TransferAgent>()> make;
 };
 
-std::unique_ptr<TransferAgent> MakeUcx(const std::string& tls) {
+std::unique_ptr<TransferAgent> MakeUcx(const std::string& tls, bool detect_failures = true) {
   UcxAgentConfig config;
   config.tls = tls;
+  config.peer_failure_detection = detect_failures;
   config.max_inflight_ops = 16;  // exercise the refill window
   auto agent = UcxAgent::Create(config);
   EXPECT_TRUE(agent.ok()) << agent.status();
@@ -349,7 +350,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         AgentKindParam{"loopback", [] { return std::make_unique<LoopbackAgent>(); }},
         AgentKindParam{"ucx_default", [] { return MakeUcx(""); }},
-        AgentKindParam{"ucx_tcp", [] { return MakeUcx("tcp"); }}),
+        AgentKindParam{"ucx_tcp", [] { return MakeUcx("tcp"); }},
+        // Without peer-failure detection UCX uses shared memory (posix + cma).
+        AgentKindParam{"ucx_shm", [] { return MakeUcx("", /*detect_failures=*/false); }}),
     [](const ::testing::TestParamInfo<AgentKindParam>& info) { return info.param.name; });
 
 }  // namespace

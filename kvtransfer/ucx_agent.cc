@@ -319,7 +319,8 @@ absl::StatusOr<PeerId> UcxAgent::Connect(absl::string_view peer_descriptor) {
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
   ep.address = reinterpret_cast<const ucp_address_t*>(peer->descriptor.address.data());
-  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_mode = config_.peer_failure_detection ? UCP_ERR_HANDLING_MODE_PEER
+                                               : UCP_ERR_HANDLING_MODE_NONE;
   ep.err_handler.cb = &UcxAgent::OnPeerError;
   ep.err_handler.arg = peer.get();
   ucs_status_t s = ucp_ep_create(worker_, &ep, &peer->ep);

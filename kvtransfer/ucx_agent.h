@@ -48,6 +48,12 @@ struct UcxAgentConfig {
   std::string net_devices;
   // How often UCX probes peers for liveness (UCX_KEEPALIVE_INTERVAL).
   absl::Duration keepalive_interval = absl::Seconds(1);
+  // UCP_ERR_HANDLING_MODE_PEER on endpoints: a dead peer fails operations
+  // (UNAVAILABLE) instead of leaving them to the deadline. UCX 1.13 then uses only
+  // transports with keep-alive (tcp, RDMA), not shared memory (posix/sysv/cma);
+  // false lets it use shared memory on one host, and peer death surfaces as
+  // DEADLINE_EXCEEDED (or an error from cma) instead.
+  bool peer_failure_detection = true;
   // Connect() completes the wire-up within this time or fails UNAVAILABLE.
   absl::Duration connect_timeout = absl::Seconds(10);
   // Operations of one batch handed to UCX at a time.
