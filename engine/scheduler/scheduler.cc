@@ -1,0 +1,413 @@
+#include "engine/scheduler/scheduler.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/container/flat_hash_set.h"
+#include "common/status.h"
+
+namespace tandem::engine {
+
+absl::Status SchedulerConfig::Validate() const {
+  if (block_size <= 0) return InvalidArgument("block_size must be > 0");
+  if (num_blocks <= 0) return InvalidArgument("num_blocks must be > 0");
+  if (num_slots <= 0) return InvalidArgument("num_slots must be > 0");
+  if (max_tokens_per_step <= 0) {
+    return InvalidArgument("max_tokens_per_step must be > 0");
+  }
+  if (max_running <= 0) return InvalidArgument("max_running must be > 0");
+  if (max_context_tokens <= 1 || max_context_tokens > kMaxContextTokens) {
+    return InvalidArgument("max_context_tokens must be in [2, ", kMaxContextTokens,
+                           "], got ", max_context_tokens);
+  }
+  if (num_speculative_tokens < 0) {
+    return InvalidArgument("num_speculative_tokens must be >= 0");
+  }
+  if (num_speculative_tokens + 1 > max_tokens_per_step) {
+    return InvalidArgument("a decode step of 1 + ", num_speculative_tokens,
+                           " tokens exceeds the step budget of ", max_tokens_per_step);
+  }
+  if (max_prefill_chunk < 0) {
+    return InvalidArgument("max_prefill_chunk must be >= 0");
+  }
+  if (watermark_blocks < 0 || watermark_blocks >= num_blocks) {
+    return InvalidArgument("watermark_blocks must be in [0, num_blocks)");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
+    const SchedulerConfig& config) {
+  TANDEM_RETURN_IF_ERROR(config.Validate());
+  return std::unique_ptr<Scheduler>(new Scheduler(config));
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config)
+    : config_(config), blocks_(config.num_blocks), slots_(config.num_slots) {}
+
+Scheduler::Sequence* Scheduler::Find(SequenceId id) {
+  auto it = seqs_.find(id);
+  return it == seqs_.end() ? nullptr : it->second.get();
+}
+
+const Scheduler::Sequence* Scheduler::Find(SequenceId id) const {
+  auto it = seqs_.find(id);
+  return it == seqs_.end() ? nullptr : it->second.get();
+}
+
+absl::Status Scheduler::Submit(const SequenceRequest& r) {
+  if (aborted_in_flight_.contains(r.id)) {
+    return FailedPrecondition("sequence ", r.id,
+                              " was aborted during the step in flight; "
+                              "resubmit after CompleteStep");
+  }
+  if (seqs_.contains(r.id)) {
+    return absl::AlreadyExistsError(absl::StrCat("sequence ", r.id, " exists"));
+  }
+  if (r.num_prompt_tokens <= 0) {
+    return InvalidArgument("prompt must have at least one token");
+  }
+  if (r.max_new_tokens < 0) {
+    return InvalidArgument("max_new_tokens must be >= 0, got ", r.max_new_tokens);
+  }
+  const int64_t context = config_.max_context_tokens;
+  if (r.num_prompt_tokens > context) {
+    return InvalidArgument("prompt has ", r.num_prompt_tokens,
+                           " tokens, more than the context limit of ", context,
+                           " tokens");
+  }
+  if (r.num_prompt_tokens == context) {
+    return InvalidArgument("prompt has ", r.num_prompt_tokens,
+                           " tokens, which leaves no room to generate within "
+                           "the context limit of ",
+                           context, " tokens");
+  }
+  const int64_t capacity =
+      static_cast<int64_t>(config_.num_blocks) * config_.block_size;
+  if (r.num_prompt_tokens + 1 > capacity) {
+    return InvalidArgument("prompt has ", r.num_prompt_tokens,
+                           " tokens, more than this worker's KV cache holds (",
+                           capacity, " tokens)");
+  }
+  auto seq = std::make_unique<Sequence>(Sequence{r.id, r.num_prompt_tokens, 0, 0, false,
+                                                 SequenceState::kWaiting, -1,
+                                                 BlockTable(config_.block_size)});
+  int64_t limit = std::min(context, capacity);
+  if (r.max_new_tokens > 0) {
+    limit = std::min(limit, r.num_prompt_tokens + r.max_new_tokens);
+  }
+  seq->max_total_tokens = limit;
+  seqs_.emplace(r.id, std::move(seq));
+  waiting_.push_back(r.id);
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::AdmitPrefilled(const SequenceRequest& r,
+                                       int64_t num_generated_tokens) {
+  if (num_generated_tokens < 1) {
+    return InvalidArgument("a prefilled sequence has generated >= 1 token");
+  }
+  TANDEM_RETURN_IF_ERROR(Submit(r));
+  Sequence* seq = Find(r.id);
+  waiting_.pop_back();  // Submit queued it last
+  auto undo = [&](absl::Status s) {
+    ReleaseResources(seq);
+    seqs_.erase(r.id);
+    return s;
+  };
+  seq->num_tokens = r.num_prompt_tokens + num_generated_tokens;
+  if (seq->num_tokens > seq->max_total_tokens) {
+    return undo(InvalidArgument("sequence of ", seq->num_tokens,
+                                " tokens exceeds its limit of ",
+                                seq->max_total_tokens));
+  }
+  if (num_running() >= config_.max_running) {
+    return undo(ResourceExhausted("running cap of ", config_.max_running,
+                                  " sequences reached"));
+  }
+  absl::StatusOr<SlotId> slot = slots_.Acquire();
+  if (!slot.ok()) return undo(slot.status());
+  seq->slot = *slot;
+  const int64_t positions = seq->num_tokens - 1;
+  const int64_t need = seq->table.BlocksNeededToAppend(positions);
+  if (!seq->table.Append(positions, &blocks_).ok()) {
+    return undo(ResourceExhausted("need ", need, " KV blocks for ", positions,
+                                  " tokens, ", blocks_.num_free(), " free"));
+  }
+  seq->num_computed = seq->num_tokens - 1;
+  seq->prefill_done = true;
+  seq->state = SequenceState::kRunning;
+  running_.push_back(r.id);
+  return absl::OkStatus();
+}
+
+void Scheduler::ReleaseResources(Sequence* seq) {
+  // Both only fail on bookkeeping bugs, which CheckInvariants reports.
+  seq->table.Release(&blocks_).IgnoreError();
+  if (seq->slot >= 0) slots_.Release(seq->slot).IgnoreError();
+  seq->slot = -1;
+}
+
+void Scheduler::Erase(SequenceId id) {
+  Sequence* seq = Find(id);
+  if (seq == nullptr) return;
+  ReleaseResources(seq);
+  if (seq->state == SequenceState::kRunning) {
+    running_.erase(std::find(running_.begin(), running_.end(), id));
+  } else {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
+  }
+  seqs_.erase(id);
+}
+
+SequenceId Scheduler::PreemptNewest(StepPlan* plan, int64_t* budget) {
+  const SequenceId id = running_.back();
+  running_.pop_back();
+  Sequence* seq = Find(id);
+  for (auto it = plan->sequences.begin(); it != plan->sequences.end(); ++it) {
+    if (it->id == id) {
+      *budget += it->num_tokens();
+      plan->num_scheduled_tokens -= it->num_tokens();
+      plan->sequences.erase(it);
+      break;
+    }
+  }
+  ReleaseResources(seq);
+  seq->num_computed = 0;
+  seq->prefill_done = false;
+  seq->state = SequenceState::kWaiting;
+  waiting_.push_front(id);
+  plan->preempted.push_back(id);
+  ++num_preemptions_;
+  return id;
+}
+
+int64_t Scheduler::ChunkLimit(int64_t budget) const {
+  return config_.max_prefill_chunk > 0 ? std::min(budget, config_.max_prefill_chunk)
+                                       : budget;
+}
+
+absl::StatusOr<StepPlan> Scheduler::Schedule() {
+  if (step_in_flight_) {
+    return FailedPrecondition("the previous step was not completed");
+  }
+  StepPlan plan;
+  int64_t budget = config_.max_tokens_per_step;
+  const int64_t bs = config_.block_size;
+  absl::flat_hash_set<SequenceId> planned;
+
+  auto add = [&](Sequence* seq, int64_t n, int32_t drafts) {
+    ScheduledSequence e;
+    e.id = seq->id;
+    e.start = seq->num_computed;
+    e.end = seq->num_computed + n;
+    e.num_draft_tokens = drafts;
+    e.samples = e.end - drafts == seq->num_tokens;
+    e.slot = seq->slot;
+    e.resets_state = e.start == 0;
+    plan.sequences.push_back(e);
+    plan.num_scheduled_tokens += n;
+    budget -= n;
+    planned.insert(seq->id);
+  };
+
+  // 1. Decodes, oldest admission first.
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence* seq = Find(running_[i]);
+    if (!seq->prefill_done) continue;
+    const int64_t room = seq->max_total_tokens - seq->num_tokens - 1;
+    const int32_t drafts = static_cast<int32_t>(
+        std::clamp<int64_t>(room, 0, config_.num_speculative_tokens));
+    const int64_t need = 1 + drafts;
+    if (need > budget) break;
+    bool self_preempted = false;
+    while (seq->table.BlocksNeededToAppend(need) > blocks_.num_free()) {
+      if (PreemptNewest(&plan, &budget) == seq->id) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) break;  // it was the newest: nothing after it runs
+    seq->table.Append(need, &blocks_).IgnoreError();  // fits: checked above
+    add(seq, need, drafts);
+  }
+
+  // 2. Running sequences still prefilling, oldest first.
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Sequence* seq = Find(running_[i]);
+    if (seq->prefill_done || planned.contains(seq->id)) continue;
+    const int64_t remaining = seq->num_tokens - seq->num_computed;
+    int64_t fit = 0;
+    bool self_preempted = false;
+    while (true) {
+      const int64_t slack = static_cast<int64_t>(seq->table.blocks().size()) * bs -
+                            seq->table.num_tokens();
+      fit = slack + static_cast<int64_t>(blocks_.num_free()) * bs;
+      if (fit > 0) break;
+      if (PreemptNewest(&plan, &budget) == seq->id) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) break;
+    const int64_t chunk = std::min({remaining, ChunkLimit(budget), fit});
+    seq->table.Append(chunk, &blocks_).IgnoreError();  // fits: checked above
+    add(seq, chunk, 0);
+  }
+
+  // 3. Admissions, FCFS, never in a step that had to preempt.
+  while (plan.preempted.empty() && !waiting_.empty() && budget > 0 &&
+         num_running() < config_.max_running && slots_.num_free() > 0) {
+    Sequence* seq = Find(waiting_.front());
+    const int64_t usable =
+        static_cast<int64_t>(blocks_.num_free()) - config_.watermark_blocks;
+    if (usable <= 0) break;
+    const int64_t chunk = std::min({seq->num_tokens, ChunkLimit(budget), usable * bs});
+    waiting_.pop_front();
+    seq->slot = *slots_.Acquire();                     // a slot is free: checked above
+    seq->table.Append(chunk, &blocks_).IgnoreError();  // fits: checked above
+    seq->state = SequenceState::kRunning;
+    running_.push_back(seq->id);
+    add(seq, chunk, 0);
+  }
+
+  step_in_flight_ = true;
+  return plan;
+}
+
+absl::StatusOr<std::vector<SequenceId>> Scheduler::CompleteStep(
+    const StepPlan& plan, absl::Span<const SequenceOutcome> outcomes) {
+  if (!step_in_flight_) return FailedPrecondition("no step in flight");
+  absl::flat_hash_map<SequenceId, const SequenceOutcome*> by_id;
+  for (const SequenceOutcome& o : outcomes) by_id[o.id] = &o;
+  // Validate everything before changing anything.
+  for (const ScheduledSequence& e : plan.sequences) {
+    if (!e.samples || aborted_in_flight_.contains(e.id)) continue;
+    if (Find(e.id) == nullptr) {
+      return InvalidArgument("plan names unknown sequence ", e.id);
+    }
+    auto it = by_id.find(e.id);
+    if (it == by_id.end()) {
+      return InvalidArgument("no outcome for sequence ", e.id,
+                             ", which sampled this step");
+    }
+    const int32_t n = it->second->num_new_tokens;
+    if (n < 1 || n > e.num_draft_tokens + 1) {
+      return InvalidArgument("sequence ", e.id, " reported ", n, " new tokens; 1..",
+                             e.num_draft_tokens + 1, " allowed");
+    }
+  }
+  for (const SequenceOutcome& o : outcomes) {
+    bool found = false;
+    for (const ScheduledSequence& e : plan.sequences) {
+      found |= e.id == o.id && e.samples;
+    }
+    if (!found) {
+      return InvalidArgument("outcome for sequence ", o.id,
+                             ", which did not sample this step");
+    }
+  }
+  step_in_flight_ = false;
+  aborted_in_flight_.clear();
+  std::vector<SequenceId> ended;
+  for (const ScheduledSequence& e : plan.sequences) {
+    Sequence* seq = Find(e.id);
+    if (seq == nullptr) continue;  // aborted while in flight (or ended above)
+    if (!e.samples) {
+      seq->num_computed = e.end;
+      continue;
+    }
+    const SequenceOutcome& o = *by_id[e.id];
+    seq->num_computed = e.end - e.num_draft_tokens + (o.num_new_tokens - 1);
+    seq->num_tokens += o.num_new_tokens;
+    seq->prefill_done = true;
+    // Drop the positions of rejected drafts.
+    seq->table.Truncate(seq->num_computed, &blocks_).IgnoreError();
+    if (o.finished) {
+      Erase(e.id);
+    } else if (seq->num_tokens >= seq->max_total_tokens) {
+      ended.push_back(e.id);
+      Erase(e.id);
+    }
+  }
+  return ended;
+}
+
+absl::Status Scheduler::Abort(SequenceId id) {
+  if (Find(id) == nullptr) return NotFound("no sequence ", id);
+  if (step_in_flight_) aborted_in_flight_.insert(id);
+  Erase(id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SequenceState> Scheduler::State(SequenceId id) const {
+  const Sequence* seq = Find(id);
+  if (seq == nullptr) return NotFound("no sequence ", id);
+  return seq->state;
+}
+
+absl::StatusOr<std::vector<BlockId>> Scheduler::Blocks(SequenceId id) const {
+  const Sequence* seq = Find(id);
+  if (seq == nullptr) return NotFound("no sequence ", id);
+  return seq->table.blocks();
+}
+
+absl::StatusOr<int64_t> Scheduler::Room(SequenceId id) const {
+  const Sequence* seq = Find(id);
+  if (seq == nullptr) return NotFound("no sequence ", id);
+  return seq->max_total_tokens - seq->num_tokens;
+}
+
+absl::Status Scheduler::CheckInvariants() const {
+  TANDEM_RETURN_IF_ERROR(blocks_.CheckInvariants());
+  TANDEM_RETURN_IF_ERROR(slots_.CheckInvariants());
+  if (running_.size() + waiting_.size() != seqs_.size()) {
+    return Internal(running_.size(), " running + ", waiting_.size(),
+                    " waiting != ", seqs_.size(), " sequences");
+  }
+  int64_t blocks_held = 0;
+  absl::flat_hash_set<BlockId> seen;
+  for (SequenceId id : running_) {
+    const Sequence* seq = Find(id);
+    if (seq == nullptr || seq->state != SequenceState::kRunning) {
+      return Internal("running list holds sequence ", id, " not running");
+    }
+    if (!slots_.in_use(seq->slot)) {
+      return Internal("running sequence ", id, " has no slot");
+    }
+    if (!step_in_flight_ && seq->table.num_tokens() != seq->num_computed) {
+      return Internal("sequence ", id, " reserves ", seq->table.num_tokens(),
+                      " positions but computed ", seq->num_computed);
+    }
+    if (seq->num_computed > seq->num_tokens ||
+        seq->num_tokens > seq->max_total_tokens) {
+      return Internal("sequence ", id, " counts out of range");
+    }
+    for (BlockId b : seq->table.blocks()) {
+      if (!seen.insert(b).second) {
+        return Internal("block ", b, " is in two sequences");
+      }
+    }
+    blocks_held += seq->table.blocks().size();
+  }
+  for (SequenceId id : waiting_) {
+    const Sequence* seq = Find(id);
+    if (seq == nullptr || seq->state != SequenceState::kWaiting) {
+      return Internal("waiting list holds sequence ", id, " not waiting");
+    }
+    if (seq->slot >= 0 || !seq->table.blocks().empty() || seq->num_computed != 0) {
+      return Internal("waiting sequence ", id, " holds resources");
+    }
+  }
+  if (blocks_held != blocks_.num_used()) {
+    return Internal("sequences hold ", blocks_held, " blocks, allocator has ",
+                    blocks_.num_used(), " in use");
+  }
+  if (static_cast<int32_t>(running_.size()) != slots_.num_used()) {
+    return Internal(running_.size(), " running but ", slots_.num_used(),
+                    " slots in use");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,191 @@
+// Continuous batching with chunked prefill under a per-step token budget
+// (vLLM v1 style; README.md has the policies and the reasons).
+//
+// A step:  Schedule() → StepPlan → forward pass + sampling (the engine) →
+//          CompleteStep(plan, outcomes)
+// Schedule():
+//   1. running sequences that are decoding, oldest admission first: 1 token
+//      each (1 + k with k speculative drafts to verify);
+//   2. running sequences still prefilling, oldest first: the next chunk;
+//   3. waiting sequences, FCFS, while the budget, a state slot, the running
+//      cap and free blocks (above the admission watermark) allow; the head of
+//      the queue is never skipped.
+//   When a running sequence needs a block and none is free, the most recently
+//   admitted running sequence is preempted (recompute): its blocks and slot
+//   are freed and it goes back to the FRONT of the waiting queue with all its
+//   tokens (prompt + generated) as the new prompt. No admissions happen in a
+//   step that preempted.
+// The scheduler tracks token counts only; the engine owns the token ids.
+// Not thread-safe: one engine loop drives it.
+#ifndef TANDEM_ENGINE_SCHEDULER_SCHEDULER_H_
+#define TANDEM_ENGINE_SCHEDULER_SCHEDULER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/cache/block_allocator.h"
+#include "engine/cache/block_table.h"
+#include "engine/cache/slot_pool.h"
+
+namespace tandem::engine {
+
+using SequenceId = int64_t;
+
+// The longest context any configuration may allow (K3: 1M tokens).
+inline constexpr int64_t kMaxContextTokens = 1048576;
+
+struct SchedulerConfig {
+  int32_t block_size = 16;              // tokens per KV block
+  int32_t num_blocks = 0;               // KV blocks in the pool
+  int32_t num_slots = 0;                // KDA state slots
+  int64_t max_tokens_per_step = 2048;   // token budget of one step
+  int32_t max_running = 256;            // running sequences at most
+  int64_t max_context_tokens = 131072;  // prompt + output, <= kMaxContextTokens
+  int32_t num_speculative_tokens = 0;   // drafts verified per decode step
+  int64_t max_prefill_chunk = 0;        // per-sequence chunk cap; 0 = the budget
+  int32_t watermark_blocks = 0;         // blocks admission leaves free
+
+  absl::Status Validate() const;
+};
+
+struct SequenceRequest {
+  SequenceId id = 0;
+  int64_t num_prompt_tokens = 0;
+  // 0: up to the context limit.
+  int64_t max_new_tokens = 0;
+};
+
+// One sequence's work in a step.
+struct ScheduledSequence {
+  SequenceId id = 0;
+  // Token positions computed this step, [start, end). Positions below the
+  // sequence's known token count index its tokens (prompt, then generated);
+  // the last num_draft_tokens positions are speculative drafts the engine
+  // proposes after its last known token.
+  int64_t start = 0;
+  int64_t end = 0;
+  int32_t num_draft_tokens = 0;
+  // Samples a token this step (its prefill completes, or it is decoding).
+  bool samples = false;
+  SlotId slot = -1;
+  // start == 0: the KDA state slot must be reset before computing.
+  bool resets_state = false;
+
+  int64_t num_tokens() const { return end - start; }
+};
+
+struct StepPlan {
+  // Decodes first, then prefill chunks (continuing, then newly admitted).
+  std::vector<ScheduledSequence> sequences;
+  // Sequences preempted while planning this step (now waiting again); the
+  // engine drops their KDA state and keeps their tokens.
+  std::vector<SequenceId> preempted;
+  int64_t num_scheduled_tokens = 0;
+};
+
+// What the engine reports for a sequence that sampled in a step.
+struct SequenceOutcome {
+  SequenceId id = 0;
+  // Tokens appended: 1, or accepted drafts + 1 with speculative decoding.
+  int32_t num_new_tokens = 1;
+  // The sequence ended (stop token/string, max_tokens): free it.
+  bool finished = false;
+};
+
+enum class SequenceState { kWaiting, kRunning };
+
+class Scheduler {
+ public:
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(
+      const SchedulerConfig& config);
+
+  // Queues a new sequence. InvalidArgument when the prompt does not fit the
+  // context limit (the message names both numbers) or the KV pool.
+  absl::Status Submit(const SequenceRequest& request);
+
+  // Admits a sequence whose prompt was computed elsewhere (disaggregated
+  // prefill): it already generated num_generated_tokens (>= 1) and needs KV
+  // blocks for all positions but the last token's, plus a slot, now.
+  // ResourceExhausted when they are not available. Blocks(id) then tells where
+  // the transferred KV goes.
+  absl::Status AdmitPrefilled(const SequenceRequest& request,
+                              int64_t num_generated_tokens);
+
+  // Plans the next step. FailedPrecondition if the previous plan was not
+  // completed.
+  absl::StatusOr<StepPlan> Schedule();
+
+  // Applies a step's results: every sampling entry of `plan` whose sequence
+  // still exists needs an outcome. Returns the sequences the scheduler ended
+  // itself because they reached their token limit (context or max_new_tokens)
+  // without the engine finishing them.
+  absl::StatusOr<std::vector<SequenceId>> CompleteStep(
+      const StepPlan& plan, absl::Span<const SequenceOutcome> outcomes);
+
+  // Cancels a sequence in any state (waiting, running, in the current plan:
+  // its results are then ignored) and frees everything it holds.
+  absl::Status Abort(SequenceId id);
+
+  // Introspection.
+  bool Contains(SequenceId id) const { return seqs_.contains(id); }
+  absl::StatusOr<SequenceState> State(SequenceId id) const;
+  absl::StatusOr<std::vector<BlockId>> Blocks(SequenceId id) const;
+  // Tokens the sequence may still generate (for the StopChecker).
+  absl::StatusOr<int64_t> Room(SequenceId id) const;
+  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  int32_t num_free_blocks() const { return blocks_.num_free(); }
+  int32_t num_free_slots() const { return slots_.num_free(); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  const SchedulerConfig& config() const { return config_; }
+
+  // Pools and per-sequence bookkeeping agree (tests, debug).
+  absl::Status CheckInvariants() const;
+
+ private:
+  struct Sequence {
+    SequenceId id;
+    int64_t num_tokens;  // prompt + generated
+    int64_t max_total_tokens;
+    int64_t num_computed = 0;
+    bool prefill_done = false;  // sampled since its last admission
+    SequenceState state = SequenceState::kWaiting;
+    SlotId slot = -1;
+    BlockTable table;
+  };
+
+  explicit Scheduler(const SchedulerConfig& config);
+
+  Sequence* Find(SequenceId id);
+  const Sequence* Find(SequenceId id) const;
+  // Frees blocks and slot; the sequence stays in seqs_.
+  void ReleaseResources(Sequence* seq);
+  // Preempts the most recently admitted running sequence (undoing its part of
+  // `plan`); returns its id.
+  SequenceId PreemptNewest(StepPlan* plan, int64_t* budget);
+  void Erase(SequenceId id);
+  int64_t ChunkLimit(int64_t budget) const;
+
+  SchedulerConfig config_;
+  BlockAllocator blocks_;
+  SlotPool slots_;
+  absl::flat_hash_map<SequenceId, std::unique_ptr<Sequence>> seqs_;
+  std::deque<SequenceId> waiting_;
+  std::vector<SequenceId> running_;  // admission order
+  bool step_in_flight_ = false;
+  // Aborted while the current step is in flight: their plan entries are
+  // ignored, and their ids may not be reused until CompleteStep.
+  absl::flat_hash_set<SequenceId> aborted_in_flight_;
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace tandem::engine
+
+#endif  // TANDEM_ENGINE_SCHEDULER_SCHEDULER_H_

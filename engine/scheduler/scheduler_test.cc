@@ -1,0 +1,390 @@
+#include "engine/scheduler/scheduler.h"
+
+#include <map>
+#include <random>
+#include <set>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem::engine {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+SchedulerConfig Config(int32_t blocks, int32_t block_size, int64_t budget) {
+  SchedulerConfig c;
+  c.num_blocks = blocks;
+  c.block_size = block_size;
+  c.num_slots = 8;
+  c.max_tokens_per_step = budget;
+  c.max_context_tokens = 4096;
+  return c;
+}
+
+std::unique_ptr<Scheduler> Make(const SchedulerConfig& c) {
+  auto s = Scheduler::Create(c);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return std::move(*s);
+}
+
+// Compact view of a plan entry: {id, start, end, samples}.
+struct Entry {
+  SequenceId id;
+  int64_t start, end;
+  bool samples;
+  bool operator==(const Entry& o) const {
+    return id == o.id && start == o.start && end == o.end && samples == o.samples;
+  }
+};
+std::ostream& operator<<(std::ostream& os, const Entry& e) {
+  return os << "{" << e.id << ", " << e.start << ", " << e.end << ", " << e.samples
+            << "}";
+}
+std::vector<Entry> Entries(const StepPlan& p) {
+  std::vector<Entry> out;
+  for (const auto& s : p.sequences) out.push_back({s.id, s.start, s.end, s.samples});
+  return out;
+}
+
+// Completes a plan: every sampling sequence gets 1 new token (all drafts
+// accepted + 1 when speculative); those in `finish` end.
+void Complete(Scheduler& s, const StepPlan& plan,
+              const std::set<SequenceId>& finish = {}) {
+  std::vector<SequenceOutcome> out;
+  for (const auto& e : plan.sequences) {
+    if (e.samples)
+      out.push_back({e.id, e.num_draft_tokens + 1, finish.count(e.id) > 0});
+  }
+  auto r = s.CompleteStep(plan, out);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(s.CheckInvariants().ok()) << s.CheckInvariants();
+}
+
+TEST(SchedulerTest, LongPromptIsChunkedUnderTheBudget) {
+  auto s = Make(Config(64, 4, 8));
+  ASSERT_TRUE(s->Submit({1, 20}).ok());
+  auto p = s->Schedule();
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 0, 8, false}));
+  EXPECT_TRUE(p->sequences[0].resets_state);
+  Complete(*s, *p);
+  p = s->Schedule();
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 8, 16, false}));
+  EXPECT_FALSE(p->sequences[0].resets_state);
+  Complete(*s, *p);
+  p = s->Schedule();
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 16, 20, true}));
+  Complete(*s, *p);
+  p = s->Schedule();  // decoding: one token at position 20
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 20, 21, true}));
+  EXPECT_EQ(p->num_scheduled_tokens, 1);
+}
+
+TEST(SchedulerTest, PerSequenceChunkCap) {
+  SchedulerConfig c = Config(64, 4, 16);
+  c.max_prefill_chunk = 5;
+  auto s = Make(c);
+  ASSERT_TRUE(s->Submit({1, 12}).ok());
+  ASSERT_TRUE(s->Submit({2, 3}).ok());
+  auto p = s->Schedule();
+  // Both admitted: 5 (capped) + 3.
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 0, 5, false}, Entry{2, 0, 3, true}));
+  Complete(*s, *p);
+  p = s->Schedule();
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{2, 3, 4, true}, Entry{1, 5, 10, false}));
+}
+
+TEST(SchedulerTest, DecodesFirstThenPrefillsThenAdmissionsFcfs) {
+  auto s = Make(Config(64, 4, 6));
+  ASSERT_TRUE(s->Submit({1, 2}).ok());
+  auto p = s->Schedule();
+  Complete(*s, *p);  // 1 is decoding now
+  ASSERT_TRUE(s->Submit({2, 10}).ok());
+  ASSERT_TRUE(s->Submit({3, 1}).ok());
+  p = s->Schedule();
+  // Decode 1 first; 2 gets the rest; 3 (short) must wait its turn.
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 2, 3, true}, Entry{2, 0, 5, false}));
+  EXPECT_EQ(s->num_waiting(), 1);
+  Complete(*s, *p);
+  p = s->Schedule();
+  // 2's prefill continues before 3 is admitted, and both fit now.
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 3, 4, true}, Entry{2, 5, 10, true}));
+  Complete(*s, *p);
+  p = s->Schedule();
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 4, 5, true}, Entry{2, 10, 11, true},
+                                       Entry{3, 0, 1, true}));
+  for (int64_t i = 0; i < 3; ++i) EXPECT_LE(p->num_scheduled_tokens, 6);
+}
+
+TEST(SchedulerTest, QueueHeadIsNeverSkipped) {
+  SchedulerConfig c = Config(4, 4, 64);  // 16 positions
+  auto s = Make(c);
+  ASSERT_TRUE(s->Submit({1, 10}).ok());  // takes 3 blocks
+  auto p = s->Schedule();
+  Complete(*s, *p);
+  ASSERT_TRUE(s->Submit({2, 12}).ok());  // needs 3 blocks: only 1 free
+  ASSERT_TRUE(s->Submit({3, 1}).ok());   // would fit, but waits behind 2
+  p = s->Schedule();
+  // 2 is admitted with a partial chunk that fits the free block...
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 10, 11, true}, Entry{2, 0, 4, false}));
+  EXPECT_EQ(*s->State(3), SequenceState::kWaiting);
+}
+
+TEST(SchedulerTest, WatermarkHoldsBackAdmission) {
+  SchedulerConfig c = Config(4, 4, 64);
+  c.watermark_blocks = 2;
+  auto s = Make(c);
+  ASSERT_TRUE(s->Submit({1, 15}).ok());
+  auto p = s->Schedule();
+  // Only 4 - 2 = 2 blocks may be used for admission.
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 0, 8, false}));
+  Complete(*s, *p);
+  // A running sequence's next chunk may use the reserve.
+  p = s->Schedule();
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 8, 15, true}));
+}
+
+// Pool of 4 blocks x 2 tokens. Two 3-token prompts take 2 blocks each; their
+// decodes fill the partial blocks; the next decode of 1 needs a 5th block, so
+// 2 (the most recently admitted) is preempted, exactly then.
+TEST(SchedulerTest, PreemptsNewestExactlyWhenBlocksRunOutAndReadmitsIt) {
+  auto s = Make(Config(4, 2, 64));
+  ASSERT_TRUE(s->Submit({1, 3}).ok());
+  ASSERT_TRUE(s->Submit({2, 3}).ok());
+  auto p = s->Schedule();
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 0, 3, true}, Entry{2, 0, 3, true}));
+  EXPECT_EQ(s->num_free_blocks(), 0);
+  Complete(*s, *p);
+  p = s->Schedule();  // positions 3: fit in the partial blocks
+  EXPECT_THAT(p->preempted, IsEmpty());
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 3, 4, true}, Entry{2, 3, 4, true}));
+  Complete(*s, *p);
+  p = s->Schedule();  // position 4 needs a new block: none free
+  EXPECT_THAT(p->preempted, ElementsAre(2));
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 4, 5, true}));
+  EXPECT_EQ(*s->State(2), SequenceState::kWaiting);
+  EXPECT_EQ(s->num_preemptions(), 1);
+  Complete(*s, *p, /*finish=*/{1});
+  // 2 comes back with prompt + its 2 generated tokens, recomputed from 0, and
+  // samples when that is done.
+  p = s->Schedule();
+  EXPECT_THAT(p->preempted, IsEmpty());
+  ASSERT_THAT(Entries(*p), ElementsAre(Entry{2, 0, 5, true}));
+  EXPECT_TRUE(p->sequences[0].resets_state);
+  Complete(*s, *p, {2});
+  EXPECT_EQ(s->num_free_blocks(), 4);
+  EXPECT_EQ(s->num_free_slots(), 8);
+}
+
+TEST(SchedulerTest, PreemptedVictimLosesItsPlanEntryAndBudget) {
+  // 4 blocks x 2 tokens, budget 3, chunks of at most 2. A (older) is still
+  // prefilling when B (newer) decodes; when A's next chunk finds no block, B
+  // is preempted although phase 1 had already planned its decode.
+  SchedulerConfig c = Config(4, 2, 3);
+  c.max_prefill_chunk = 2;
+  auto s = Make(c);
+  ASSERT_TRUE(s->Submit({1, 6}).ok());
+  ASSERT_TRUE(s->Submit({2, 1}).ok());
+  auto p = s->Schedule();
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 0, 2, false}, Entry{2, 0, 1, true}));
+  Complete(*s, *p);
+  p = s->Schedule();
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{2, 1, 2, true}, Entry{1, 2, 4, false}));
+  EXPECT_THAT(p->preempted, IsEmpty());
+  Complete(*s, *p);
+  p = s->Schedule();
+  EXPECT_THAT(p->preempted, ElementsAre(2));
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 4, 6, true}));
+  EXPECT_EQ(p->num_scheduled_tokens, 2);
+  EXPECT_EQ(*s->State(2), SequenceState::kWaiting);
+  Complete(*s, *p);
+  p = s->Schedule();  // A takes the last block; B keeps waiting
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 6, 7, true}));
+  Complete(*s, *p, /*finish=*/{1});
+  // B returns (prompt 1 + 2 generated = 3 tokens), recomputed in chunks.
+  p = s->Schedule();
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{2, 0, 2, false}));
+}
+
+TEST(SchedulerTest, SpeculativeDecodeReservesAndRollsBack) {
+  SchedulerConfig c = Config(64, 4, 64);
+  c.num_speculative_tokens = 3;
+  auto s = Make(c);
+  ASSERT_TRUE(s->Submit({1, 4, /*max_new_tokens=*/6}).ok());
+  auto p = s->Schedule();
+  Complete(*s, *p);  // 1 token generated: 5 known, 4 computed
+  p = s->Schedule();
+  ASSERT_EQ(p->sequences.size(), 1u);
+  EXPECT_EQ(p->sequences[0].start, 4);
+  EXPECT_EQ(p->sequences[0].end, 8);
+  EXPECT_EQ(p->sequences[0].num_draft_tokens, 3);
+  EXPECT_TRUE(p->sequences[0].samples);
+  EXPECT_EQ(s->Blocks(1)->size(), 2u);  // 8 positions reserved
+  // One draft accepted + correction: 2 new tokens; positions 4, 5 valid.
+  auto r = s->CompleteStep(*p, {{1, 2, false}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
+  EXPECT_EQ(s->Blocks(1)->size(), 2u);  // 6 positions
+  EXPECT_EQ(*s->Room(1), 3);            // 10 - 7 known
+  // Drafts are capped by the room left: at most 2 more after the last token.
+  p = s->Schedule();
+  EXPECT_EQ(p->sequences[0].num_draft_tokens, 2);
+  EXPECT_EQ(p->sequences[0].start, 6);
+  // Too many tokens reported is an error, nothing changes.
+  EXPECT_THAT(s->CompleteStep(*p, {{1, 4, false}}).status().message(),
+              HasSubstr("reported 4 new tokens; 1..3 allowed"));
+  r = s->CompleteStep(*p, {{1, 3, false}});
+  ASSERT_TRUE(r.ok());
+  // 10 tokens = the limit: the scheduler ends it and frees it.
+  EXPECT_THAT(*r, ElementsAre(1));
+  EXPECT_FALSE(s->Contains(1));
+  EXPECT_EQ(s->num_free_blocks(), 64);
+}
+
+TEST(SchedulerTest, AbortInEveryStateFreesEverything) {
+  auto s = Make(Config(16, 4, 8));
+  ASSERT_TRUE(s->Submit({1, 2}).ok());   // will decode
+  ASSERT_TRUE(s->Submit({2, 20}).ok());  // will be mid-prefill
+  ASSERT_TRUE(s->Submit({3, 30}).ok());  // stays waiting
+  auto p = s->Schedule();
+  Complete(*s, *p);
+  p = s->Schedule();
+  EXPECT_EQ(*s->State(3), SequenceState::kWaiting);
+  // Abort while the step is in flight: its results are ignored.
+  ASSERT_TRUE(s->Abort(1).ok());
+  EXPECT_EQ(s->Submit({1, 2}).code(), absl::StatusCode::kFailedPrecondition);
+  Complete(*s, *p);
+  ASSERT_TRUE(s->Submit({1, 2}).ok());  // the id is free again
+  ASSERT_TRUE(s->Abort(1).ok());
+  ASSERT_TRUE(s->Abort(2).ok());  // mid-prefill
+  ASSERT_TRUE(s->Abort(3).ok());  // waiting
+  EXPECT_EQ(s->Abort(3).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(s->CheckInvariants().ok());
+  EXPECT_EQ(s->num_free_blocks(), 16);
+  EXPECT_EQ(s->num_free_slots(), 8);
+  EXPECT_EQ(s->num_running() + s->num_waiting(), 0);
+}
+
+TEST(SchedulerTest, SubmissionErrorsNameTheNumbers) {
+  SchedulerConfig c = Config(16, 4, 8);
+  c.max_context_tokens = 1000;
+  auto s = Make(c);
+  EXPECT_THAT(s->Submit({1, 1001}).message(),
+              HasSubstr("prompt has 1001 tokens, more than the context limit "
+                        "of 1000 tokens"));
+  EXPECT_THAT(s->Submit({1, 1000}).message(),
+              HasSubstr("1000 tokens, which leaves no room to generate within "
+                        "the context limit of 1000"));
+  EXPECT_THAT(s->Submit({1, 64}).message(),
+              HasSubstr("more than this worker's KV cache holds (64 tokens)"));
+  EXPECT_EQ(s->Submit({1, 0}).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(s->Submit({1, 5}).ok());
+  EXPECT_EQ(s->Submit({1, 5}).code(), absl::StatusCode::kAlreadyExists);
+  // The 1M limit of the configuration itself.
+  SchedulerConfig big = Config(16, 4, 8);
+  big.max_context_tokens = kMaxContextTokens;
+  EXPECT_TRUE(big.Validate().ok());
+  big.max_context_tokens = kMaxContextTokens + 1;
+  EXPECT_THAT(big.Validate().message(), HasSubstr("1048576], got 1048577"));
+}
+
+TEST(SchedulerTest, AdmitPrefilledReservesBlocksForTheTransfer) {
+  auto s = Make(Config(8, 4, 8));
+  ASSERT_TRUE(s->AdmitPrefilled({7, 10}, 1).ok());
+  EXPECT_EQ(*s->State(7), SequenceState::kRunning);
+  EXPECT_EQ(s->Blocks(7)->size(), 3u);  // 10 computed positions
+  auto p = s->Schedule();
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{7, 10, 11, true}));
+  Complete(*s, *p);
+  // Not enough blocks: refused, and nothing leaks.
+  EXPECT_EQ(s->AdmitPrefilled({8, 30}, 1).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(s->Contains(8));
+  EXPECT_TRUE(s->CheckInvariants().ok());
+}
+
+TEST(SchedulerTest, ScheduleAndCompleteMustAlternate) {
+  auto s = Make(Config(8, 4, 8));
+  ASSERT_TRUE(s->Submit({1, 3}).ok());
+  auto p = s->Schedule();
+  EXPECT_EQ(s->Schedule().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s->CompleteStep(*p, {}).status().message(),
+              HasSubstr("no outcome for sequence 1"));
+  EXPECT_THAT(s->CompleteStep(*p, {{1, 1, false}, {9, 1, false}}).status().message(),
+              HasSubstr("outcome for sequence 9"));
+  Complete(*s, *p);
+  EXPECT_EQ(s->CompleteStep(*p, {}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// Random workloads: budget, running cap and pool invariants hold every step;
+// every sequence finishes; the pool ends empty.
+TEST(SchedulerTest, RandomWorkloadsFinishAndFreeEverything) {
+  int64_t total_preemptions = 0;
+  for (uint32_t seed = 1; seed <= 6; ++seed) {
+    std::mt19937 rng(seed);
+    SchedulerConfig c = Config(24 + seed * 4, 4, 16 + seed * 3);
+    c.num_slots = 4 + seed % 3;
+    c.max_running = 5;
+    c.num_speculative_tokens = seed % 3;
+    c.max_prefill_chunk = seed % 2 ? 7 : 0;
+    auto s = Make(c);
+    std::map<SequenceId, int> target;  // tokens to generate
+    std::map<SequenceId, int> generated;
+    SequenceId next = 0;
+    int finished = 0, steps = 0;
+    while ((next < 40 || s->num_running() + s->num_waiting() > 0) && steps < 20000) {
+      ++steps;
+      if (next < 40 && rng() % 3 == 0) {
+        const int64_t prompt = 1 + rng() % 40;
+        ASSERT_TRUE(
+            s->Submit({next, prompt, 1 + static_cast<int64_t>(rng() % 12)}).ok());
+        target[next] = 1 + rng() % 10;
+        ++next;
+      }
+      auto p = s->Schedule();
+      ASSERT_TRUE(p.ok());
+      ASSERT_LE(p->num_scheduled_tokens, c.max_tokens_per_step);
+      ASSERT_LE(s->num_running(), c.max_running);
+      int64_t sum = 0;
+      std::set<SequenceId> ids;
+      for (const auto& e : p->sequences) {
+        sum += e.num_tokens();
+        ASSERT_GT(e.num_tokens(), 0);
+        ASSERT_TRUE(ids.insert(e.id).second);
+        if (c.max_prefill_chunk > 0 && e.num_draft_tokens == 0 && !e.samples) {
+          ASSERT_LE(e.num_tokens(), c.max_prefill_chunk);
+        }
+      }
+      ASSERT_EQ(sum, p->num_scheduled_tokens);
+      if (rng() % 50 == 0 && !p->sequences.empty()) {
+        const SequenceId victim = p->sequences[rng() % p->sequences.size()].id;
+        ASSERT_TRUE(s->Abort(victim).ok());
+        ++finished;
+      }
+      std::vector<SequenceOutcome> out;
+      for (const auto& e : p->sequences) {
+        if (!e.samples || !s->Contains(e.id)) continue;
+        const int32_t n = 1 + rng() % (e.num_draft_tokens + 1);
+        generated[e.id] += n;
+        out.push_back({e.id, n, generated[e.id] >= target[e.id]});
+      }
+      auto r = s->CompleteStep(*p, out);
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
+      for (const auto& o : out) finished += o.finished;
+      finished += r->size();
+    }
+    EXPECT_EQ(finished, 40) << "seed " << seed;
+    EXPECT_GE(steps, 40);  // one submission per step at most
+    total_preemptions += s->num_preemptions();
+    EXPECT_EQ(s->num_free_blocks(), c.num_blocks);
+    EXPECT_EQ(s->num_free_slots(), c.num_slots);
+  }
+  // The pools are small enough that preemption paths run.
+  EXPECT_GT(total_preemptions, 0);
+}
+
+}  // namespace
+}  // namespace tandem::engine
