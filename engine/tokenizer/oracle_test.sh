@@ -15,9 +15,9 @@ ORACLE=tools/node/tiktoken_oracle.mjs
 CORPUS=tests/data/tokenizer/corpus.jsonl
 WORK="${TEST_TMPDIR:-$(mktemp -d)}"
 
-# Long lines, generated rather than stored: they cross the 25,000-character
-# run limit with letters, spaces, newlines, mixed whitespace and a varied
-# non-whitespace run (punctuation, digits, Han, emoji).
+# Generated lines: long ones cross the 25,000-character run limit with letters,
+# spaces, newlines, mixed whitespace and a varied non-whitespace run
+# (punctuation, digits, Han, emoji); short seeded random mixtures follow.
 node -e '
 const lines = [
   "a".repeat(30000),
@@ -27,6 +27,18 @@ const lines = [
   "Hello,World!123中文😀".repeat(3500),
   "word ".repeat(2000) + "Z".repeat(25001) + " tail",
 ];
+// Seeded random mixtures over code points that exercise every pat_str branch.
+const alphabet = Array.from("aBsStTrReEvmlLdD\u017F\u0027  \t\n\r\u000B\u000C\u0085\u00A0\u3000" +
+  "\u2028\u001C\u200B\uFEFF12\u0663\u2162\u00BD!.-\"\u0301\u20DD\u093F\u2E80\u3005" +
+  "\u3007中文あア\u02B0\u01C5\u03A9\u03C9\u0416\u0436한😀\u200D🇺\uFE0F\u{16FF0}");
+let seed = 12345;
+const rand = (n) => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n; };
+for (let i = 0; i < 1500; i++) {
+  let t = "";
+  const len = 1 + rand(40);
+  for (let k = 0; k < len; k++) t += alphabet[rand(alphabet.length)];
+  lines.push(t);
+}
 for (const t of lines) console.log(JSON.stringify({text: t}));
 ' > "$WORK/long.jsonl"
 cat "$CORPUS" "$WORK/long.jsonl" > "$WORK/input.jsonl"
