@@ -4,7 +4,6 @@
 #ifndef TANDEM_KERNELS_CPU_GEMM_TILING_H_
 #define TANDEM_KERNELS_CPU_GEMM_TILING_H_
 
-#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cpu/gemm_kernels.h"
@@ -17,21 +16,26 @@ namespace tandem::kernels::internal {
 template <typename XT, typename WT, typename MicroTable>
 void BlockedGemm(const XT* x, int64_t ldx, const WT* w, int64_t ldw, float* y,
                  int64_t ldy, int64_t m, int64_t n, int64_t k, bool accumulate) {
+  // Plain loops and ternaries rather than std::fill / std::min: this template is
+  // instantiated in TUs with different -m flags, and a shared out-of-line std
+  // instantiation could carry wider-ISA code into a narrower caller.
   if (k == 0) {
     if (!accumulate) {
-      for (int64_t i = 0; i < m; ++i) std::fill(y + i * ldy, y + i * ldy + n, 0.0f);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) y[i * ldy + j] = 0.0f;
+      }
     }
     return;
   }
   for (int64_t k0 = 0; k0 < k; k0 += kGemmKc) {
-    const int64_t kb = std::min(kGemmKc, k - k0);
+    const int64_t kb = k - k0 < kGemmKc ? k - k0 : kGemmKc;
     const bool add = accumulate || k0 > 0;
     for (int64_t n0 = 0; n0 < n; n0 += kGemmNc) {
-      const int64_t nb = std::min(kGemmNc, n - n0);
+      const int64_t nb = n - n0 < kGemmNc ? n - n0 : kGemmNc;
       for (int64_t m0 = 0; m0 < m; m0 += 4) {
-        const int64_t mr = std::min<int64_t>(4, m - m0);
+        const int64_t mr = m - m0 < 4 ? m - m0 : 4;
         for (int64_t j0 = n0; j0 < n0 + nb; j0 += 4) {
-          const int64_t nr = std::min<int64_t>(4, n0 + nb - j0);
+          const int64_t nr = n0 + nb - j0 < 4 ? n0 + nb - j0 : 4;
           MicroTable::Get(mr, nr)(x + m0 * ldx + k0, ldx, w + j0 * ldw + k0, ldw,
                                   y + m0 * ldy + j0, ldy, kb, add);
         }

@@ -2,7 +2,7 @@
 // VecOpsFor() when the CPU has them. Helpers stay in this TU's anonymous namespace.
 #include <immintrin.h>
 
-#include <cmath>
+#include <math.h>
 
 #include "kernels/cpu/vec_ops.h"
 
@@ -13,7 +13,7 @@ const float kE2m1Mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 
 float ScaleOf(uint8_t s) {
   if (s == 0xff) return NAN;
-  return std::ldexp(1.0f, static_cast<int>(s) - 127);
+  return ldexpf(1.0f, static_cast<int>(s) - 127);
 }
 
 inline float Bf16(uint16_t b) {
@@ -113,14 +113,14 @@ float DecayedDot(const float* x, const float* gx, const float* y, const float* g
                           e, acc);
   }
   float s = Reduce(acc);
-  for (; i < n; ++i) s += x[i] * y[i] * std::exp(gx[i] - gy[i]);
+  for (; i < n; ++i) s += x[i] * y[i] * expf(gx[i] - gy[i]);
   return s;
 }
 
 void ExpNonpos(const float* x, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, Exp(_mm256_loadu_ps(x + i)));
-  for (; i < n; ++i) y[i] = std::exp(x[i]);
+  for (; i < n; ++i) y[i] = expf(x[i]);
 }
 
 // 8 codes (low or high nibbles of 8 bytes, as int32 lanes) -> E2M1 values.
