@@ -1,0 +1,219 @@
+#include "engine/runtime/kv_cache.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "common/status.h"
+
+namespace tandem::runtime {
+namespace {
+
+constexpr size_t kAlign = 64;
+
+void* AlignedZeroed(size_t bytes) {
+  const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+  void* p = std::aligned_alloc(kAlign, rounded == 0 ? kAlign : rounded);
+  if (p != nullptr) std::memset(p, 0, rounded);
+  return p;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(
+    const model::ModelConfig& config, const KvCacheOptions& options) {
+  if (options.block_size <= 0 || options.num_blocks < 0 || options.num_slots < 0) {
+    return InvalidArgument("kv cache: block_size ", options.block_size, ", num_blocks ",
+                           options.num_blocks, ", num_slots ", options.num_slots,
+                           " (block_size must be > 0, counts >= 0)");
+  }
+  auto cache = std::unique_ptr<KvCache>(new KvCache());
+  cache->options_ = options;
+  cache->layers_ = config.Layers();
+  cache->mla_width_ = config.MlaCacheValuesPerToken();
+  cache->mla_layer_bytes_ = static_cast<size_t>(options.num_blocks) *
+                            options.block_size * cache->mla_width_ * sizeof(uint16_t);
+  const auto& la = config.text.linear_attn_config;
+  cache->kda_recurrent_floats_ = la.num_heads * la.head_dim * la.head_dim;
+  cache->kda_conv_floats_ =
+      (la.short_conv_kernel_size - 1) * config.KdaProjectionSize();
+  cache->kda_layer_floats_ = cache->kda_recurrent_floats_ + 3 * cache->kda_conv_floats_;
+  for (const model::LayerSpec& spec : cache->layers_) {
+    if (spec.attention == model::AttentionKind::kMla) {
+      cache->layer_index_.push_back(static_cast<int>(cache->mla_.size()));
+      auto* p = static_cast<uint16_t*>(AlignedZeroed(cache->mla_layer_bytes_));
+      if (p == nullptr) {
+        return ResourceExhausted("kv cache: cannot allocate ", cache->mla_layer_bytes_,
+                                 " bytes for an MLA layer");
+      }
+      cache->mla_.push_back(p);
+    } else {
+      cache->layer_index_.push_back(cache->num_kda_layers_++);
+    }
+  }
+  cache->kda_total_bytes_ = static_cast<size_t>(options.num_slots) *
+                            cache->num_kda_layers_ * cache->kda_layer_floats_ *
+                            sizeof(float);
+  cache->kda_ = static_cast<float*>(AlignedZeroed(cache->kda_total_bytes_));
+  if (cache->kda_ == nullptr) {
+    return ResourceExhausted("kv cache: cannot allocate ", cache->kda_total_bytes_,
+                             " bytes for the KDA state pool");
+  }
+  return cache;
+}
+
+KvCache::~KvCache() {
+  for (uint16_t* p : mla_) std::free(p);
+  std::free(kda_);
+}
+
+float* KvCache::kda_recurrent(int64_t slot, int kda_index) {
+  return kda_ + (slot * num_kda_layers_ + kda_index) * kda_layer_floats_;
+}
+
+float* KvCache::kda_conv(int64_t slot, int kda_index, int which) {
+  return kda_recurrent(slot, kda_index) + kda_recurrent_floats_ +
+         which * kda_conv_floats_;
+}
+
+size_t KvCache::total_bytes() const {
+  return mla_layer_bytes_ * mla_.size() + kda_total_bytes_;
+}
+
+absl::Status KvCache::ResetSlot(int64_t slot) {
+  if (slot < 0 || slot >= options_.num_slots) {
+    return InvalidArgument("kv cache: slot ", slot, " not in [0, ", options_.num_slots,
+                           ")");
+  }
+  std::memset(kda_recurrent(slot, 0), 0, kda_bytes_per_slot());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<KdaSnapshot> KvCache::SnapshotSlot(int64_t slot) const {
+  if (slot < 0 || slot >= options_.num_slots) {
+    return InvalidArgument("kv cache: slot ", slot, " not in [0, ", options_.num_slots,
+                           ")");
+  }
+  KdaSnapshot snap;
+  const float* begin = kda_ + slot * num_kda_layers_ * kda_layer_floats_;
+  snap.values.assign(begin, begin + num_kda_layers_ * kda_layer_floats_);
+  return snap;
+}
+
+absl::Status KvCache::RestoreSlot(int64_t slot, const KdaSnapshot& snapshot) {
+  if (slot < 0 || slot >= options_.num_slots) {
+    return InvalidArgument("kv cache: slot ", slot, " not in [0, ", options_.num_slots,
+                           ")");
+  }
+  if (static_cast<int64_t>(snapshot.values.size()) !=
+      num_kda_layers_ * kda_layer_floats_) {
+    return InvalidArgument("kv cache: snapshot has ", snapshot.values.size(),
+                           " values, a slot holds ",
+                           num_kda_layers_ * kda_layer_floats_);
+  }
+  std::memcpy(kda_recurrent(slot, 0), snapshot.values.data(), kda_bytes_per_slot());
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::CopySlot(int64_t from, int64_t to) {
+  if (from < 0 || from >= options_.num_slots || to < 0 || to >= options_.num_slots) {
+    return InvalidArgument("kv cache: slots ", from, " -> ", to, " not in [0, ",
+                           options_.num_slots, ")");
+  }
+  if (from != to)
+    std::memcpy(kda_recurrent(to, 0), kda_recurrent(from, 0), kda_bytes_per_slot());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<StateRange>> KvCache::ExportSequence(
+    absl::Span<const int32_t> block_table, int64_t num_tokens, int64_t slot) {
+  if (slot < 0 || slot >= options_.num_slots) {
+    return InvalidArgument("kv cache: slot ", slot, " not in [0, ", options_.num_slots,
+                           ")");
+  }
+  const int64_t bs = options_.block_size;
+  const int64_t needed = (num_tokens + bs - 1) / bs;
+  if (num_tokens < 0 || static_cast<int64_t>(block_table.size()) < needed) {
+    return InvalidArgument("kv cache: ", num_tokens, " tokens need ", needed,
+                           " blocks, the table has ", block_table.size());
+  }
+  for (int64_t b = 0; b < needed; ++b) {
+    if (block_table[b] < 0 || block_table[b] >= options_.num_blocks) {
+      return InvalidArgument("kv cache: block id ", block_table[b], " not in [0, ",
+                             options_.num_blocks, ")");
+    }
+  }
+  const size_t row_bytes = mla_width_ * sizeof(uint16_t);
+  std::vector<StateRange> out;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const int idx = layer_index_[i];
+    if (layers_[i].attention == model::AttentionKind::kMla) {
+      for (int64_t b = 0; b < needed; ++b) {
+        const int64_t rows = std::min(bs, num_tokens - b * bs);
+        StateRange r;
+        r.layer = static_cast<int>(i);
+        r.kind = StateKind::kMla;
+        r.data =
+            reinterpret_cast<uint8_t*>(mla_[idx] + block_table[b] * bs * mla_width_);
+        r.bytes = rows * row_bytes;
+        out.push_back(r);
+      }
+    } else {
+      StateRange r;
+      r.layer = static_cast<int>(i);
+      r.kind = StateKind::kKda;
+      r.data = reinterpret_cast<uint8_t*>(kda_recurrent(slot, idx));
+      r.bytes = kda_bytes_per_layer();
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+absl::Status CopyStateRanges(absl::Span<const StateRange> src,
+                             absl::Span<const StateRange> dst) {
+  using Key = std::pair<int, int>;
+  std::map<Key, std::vector<const StateRange*>> s, d;
+  for (const StateRange& r : src) s[{r.layer, static_cast<int>(r.kind)}].push_back(&r);
+  for (const StateRange& r : dst) d[{r.layer, static_cast<int>(r.kind)}].push_back(&r);
+  if (s.size() != d.size()) {
+    return InvalidArgument("state copy: source has ", s.size(),
+                           " layer streams, destination ", d.size());
+  }
+  for (const auto& [key, sr] : s) {
+    auto it = d.find(key);
+    if (it == d.end()) {
+      return InvalidArgument("state copy: layer ", key.first,
+                             " missing in the destination");
+    }
+    size_t sb = 0, db = 0;
+    for (const StateRange* r : sr) sb += r->bytes;
+    for (const StateRange* r : it->second) db += r->bytes;
+    if (sb != db) {
+      return InvalidArgument("state copy: layer ", key.first, " has ", sb,
+                             " bytes in the source, ", db, " in the destination");
+    }
+  }
+  for (const auto& [key, sr] : s) {
+    const auto& dr = d[key];
+    size_t di = 0, doff = 0;
+    for (const StateRange* r : sr) {
+      size_t soff = 0;
+      while (soff < r->bytes) {
+        while (doff == dr[di]->bytes) {
+          ++di;
+          doff = 0;
+        }
+        const size_t n = std::min(r->bytes - soff, dr[di]->bytes - doff);
+        std::memmove(dr[di]->data + doff, r->data + soff, n);
+        soff += n;
+        doff += n;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::runtime

@@ -1,0 +1,125 @@
+// Per-sequence attention state storage: the paged MLA latent cache and the KDA
+// state pool.
+//
+// MLA (per MLA layer m): one 64-byte-aligned buffer
+//     [num_blocks, block_size, kv_lora_rank + rope_dim] BF16
+//   token p of a sequence lives in block block_table[p / block_size], row
+//   p % block_size: [kv_a_layernorm(c_kv) | k_rot]. Buffers are separate per layer
+//   so that each can be registered with a transfer agent (UCX) on its own.
+// KDA (all KDA layers): one 64-byte-aligned buffer
+//     [num_slots, num_kda_layers, recurrent h*dk*dv | conv q | conv k | conv v] fp32
+//   conv tails are [K-1, P] each (oldest first, CausalConv1dSilu's layout), so one
+//   slot's state for one layer is a single contiguous byte range.
+//
+// Export/import for the KV hand-off: ExportSequence() lists a sequence's state as
+// plain byte ranges, in logical order per (layer, kind): the MLA ranges of a layer
+// concatenated are its tokens 0..n-1 row after row; the KDA range of a layer is
+// the slot's whole state. CopyStateRanges() copies one such list into another
+// (matched by layer and kind, by logical byte offset), so source and destination
+// may use different block sizes.
+#ifndef TANDEM_ENGINE_RUNTIME_KV_CACHE_H_
+#define TANDEM_ENGINE_RUNTIME_KV_CACHE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/model/config.h"
+
+namespace tandem::runtime {
+
+struct KvCacheOptions {
+  int64_t num_blocks = 0;   // MLA blocks per layer
+  int64_t block_size = 16;  // tokens per block
+  int64_t num_slots = 0;    // KDA state slots (concurrent sequences)
+};
+
+enum class StateKind { kMla, kKda };
+
+// One contiguous piece of a sequence's state.
+struct StateRange {
+  int layer = 0;  // model layer index (0-based)
+  StateKind kind = StateKind::kMla;
+  uint8_t* data = nullptr;  // not owned: points into a KvCache buffer
+  size_t bytes = 0;
+};
+
+// A copy of one slot's KDA state (all KDA layers), for rollback.
+struct KdaSnapshot {
+  std::vector<float> values;
+};
+
+class KvCache {
+ public:
+  static absl::StatusOr<std::unique_ptr<KvCache>> Create(
+      const model::ModelConfig& config, const KvCacheOptions& options);
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  const KvCacheOptions& options() const { return options_; }
+  int64_t block_size() const { return options_.block_size; }
+  int64_t num_blocks() const { return options_.num_blocks; }
+  int64_t num_slots() const { return options_.num_slots; }
+  int64_t mla_width() const { return mla_width_; }  // values per token
+  int num_mla_layers() const { return static_cast<int>(mla_.size()); }
+  int num_kda_layers() const { return num_kda_layers_; }
+
+  // [num_blocks, block_size, mla_width] BF16 of MLA layer `mla_index`.
+  uint16_t* mla_layer(int mla_index) { return mla_[mla_index]; }
+  size_t mla_layer_bytes() const { return mla_layer_bytes_; }
+
+  // KDA state of (slot, kda layer): recurrent [h, dk, dv], then conv q, k, v.
+  float* kda_recurrent(int64_t slot, int kda_index);
+  float* kda_conv(int64_t slot, int kda_index, int which /*0 q, 1 k, 2 v*/);
+  size_t kda_bytes_per_layer() const { return kda_layer_floats_ * sizeof(float); }
+  size_t kda_bytes_per_slot() const { return kda_bytes_per_layer() * num_kda_layers_; }
+  // Total bytes held (MLA + KDA).
+  size_t total_bytes() const;
+
+  // Zeroes a slot's KDA state (a new sequence starts from S = 0, empty conv tails).
+  absl::Status ResetSlot(int64_t slot);
+  absl::StatusOr<KdaSnapshot> SnapshotSlot(int64_t slot) const;
+  absl::Status RestoreSlot(int64_t slot, const KdaSnapshot& snapshot);
+  absl::Status CopySlot(int64_t from, int64_t to);
+
+  // The state of a sequence of `num_tokens` cached tokens whose blocks are
+  // `block_table` (at least ceil(num_tokens / block_size) ids) and KDA slot `slot`:
+  // per MLA layer the used rows of each block (tokens in order), per KDA layer one
+  // range. Ordered by layer.
+  absl::StatusOr<std::vector<StateRange>> ExportSequence(
+      absl::Span<const int32_t> block_table, int64_t num_tokens, int64_t slot);
+
+  // Layer schedule: for model layer i, its kind and index in this cache.
+  const std::vector<model::LayerSpec>& layers() const { return layers_; }
+
+ private:
+  KvCache() = default;
+  KvCacheOptions options_;
+  std::vector<model::LayerSpec> layers_;
+  std::vector<int> layer_index_;  // model layer -> mla or kda index
+  int64_t mla_width_ = 0;
+  size_t mla_layer_bytes_ = 0;
+  std::vector<uint16_t*> mla_;  // owned (aligned allocations)
+  int num_kda_layers_ = 0;
+  int64_t kda_recurrent_floats_ = 0;
+  int64_t kda_conv_floats_ = 0;  // one of q/k/v
+  int64_t kda_layer_floats_ = 0;
+  float* kda_ = nullptr;  // owned
+  size_t kda_total_bytes_ = 0;
+};
+
+// Copies the bytes described by `src` into `dst`: for every (layer, kind) the
+// ranges of each list are concatenated and the two streams must have equal
+// length; then the stream is copied. Errors when the lists do not describe the
+// same layers and sizes.
+absl::Status CopyStateRanges(absl::Span<const StateRange> src,
+                             absl::Span<const StateRange> dst);
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_ENGINE_RUNTIME_KV_CACHE_H_

@@ -1,0 +1,431 @@
+#include "engine/runtime/model_runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/container/flat_hash_set.h"
+#include "common/status.h"
+
+namespace tandem::runtime {
+namespace {
+
+float* Sized(std::vector<float>* v, int64_t n) {
+  if (static_cast<int64_t>(v->size()) < n) v->resize(n);
+  return v->data();
+}
+
+constexpr float kLoraNormEps = 1e-6f;  // q_a / kv_a layernorms (not rms_norm_eps)
+constexpr float kL2NormEps = 1e-6f;
+
+}  // namespace
+
+ModelRunner::ModelRunner(const ModelWeights* weights, KvCache* cache,
+                         kernels::Backend* backend, ModelRunnerOptions options)
+    : w_(weights), cache_(cache), backend_(backend), options_(options) {}
+
+void ModelRunner::Probe(int layer, absl::string_view name, const float* data,
+                        int64_t rows, int64_t cols) const {
+  if (!hook_) return;
+  ActivationProbe p;
+  p.layer = layer;
+  p.name = name;
+  p.data = data;
+  p.rows = rows;
+  p.cols = cols;
+  hook_(p);
+}
+
+absl::Status ModelRunner::Validate(absl::Span<const SequenceInput> seqs) const {
+  const int64_t bs = cache_->block_size();
+  const int64_t max_pos = w_->config.text.max_position_embeddings;
+  absl::flat_hash_set<int64_t> slots;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const SequenceInput& q = seqs[s];
+    const int64_t t = static_cast<int64_t>(q.tokens.size());
+    if (t == 0) return InvalidArgument("forward: sequence ", s, " has no new tokens");
+    if (q.start_pos < 0 || q.start_pos + t > max_pos) {
+      return InvalidArgument("forward: sequence ", s, " spans positions ", q.start_pos,
+                             "..", q.start_pos + t, ", the model allows ", max_pos);
+    }
+    const int64_t blocks = (q.start_pos + t + bs - 1) / bs;
+    if (static_cast<int64_t>(q.block_table.size()) < blocks) {
+      return InvalidArgument("forward: sequence ", s, " needs ", blocks,
+                             " blocks, its table has ", q.block_table.size());
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+      if (q.block_table[b] < 0 || q.block_table[b] >= cache_->num_blocks()) {
+        return InvalidArgument("forward: sequence ", s, " block id ", q.block_table[b],
+                               " not in [0, ", cache_->num_blocks(), ")");
+      }
+    }
+    if (q.kda_slot < 0 || q.kda_slot >= cache_->num_slots()) {
+      return InvalidArgument("forward: sequence ", s, " KDA slot ", q.kda_slot,
+                             " not in [0, ", cache_->num_slots(), ")");
+    }
+    if (!slots.insert(q.kda_slot).second) {
+      return InvalidArgument("forward: KDA slot ", q.kda_slot,
+                             " used twice in one batch");
+    }
+    int32_t prev = -1;
+    for (int32_t i : q.logits_indices) {
+      if (i <= prev || i >= t) {
+        return InvalidArgument("forward: sequence ", s, " logits index ", i,
+                               " (must ascend, < ", t, ")");
+      }
+      prev = i;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
+                                  std::vector<float>* logits) {
+  TANDEM_RETURN_IF_ERROR(Validate(seqs));
+  const model::TextConfig& t = w_->config.text;
+  const int64_t H = t.hidden_size, V = t.vocab_size;
+  const float eps = static_cast<float>(t.rms_norm_eps);
+  kernels::Backend& be = *backend_;
+
+  row_start_.resize(seqs.size() + 1);
+  int64_t n = 0;
+  int64_t num_logits = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    row_start_[s] = n;
+    n += seqs[s].tokens.size();
+    num_logits += seqs[s].logits_indices.size();
+  }
+  row_start_[seqs.size()] = n;
+  logits->assign(num_logits * V, 0.0f);
+  if (n == 0) return absl::OkStatus();
+
+  ids_.resize(n);
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    std::copy(seqs[s].tokens.begin(), seqs[s].tokens.end(),
+              ids_.begin() + row_start_[s]);
+  }
+  const int num_bufs = w_->config.NumResBlocks() + 1;
+  if (static_cast<int>(res_.size()) < num_bufs) res_.resize(num_bufs);
+  for (auto& r : res_) Sized(&r, n * H);
+  float* h = Sized(&h_, n * H);
+  float* xn = Sized(&xn_, n * H);
+  float* attn_out = Sized(&attn_out_, n * H);
+  float* ffn_out = Sized(&ffn_out_, n * H);
+
+  TANDEM_RETURN_IF_ERROR(
+      be.EmbeddingGather(w_->embed, V, H, ids_.data(), n, res_[0].data()));
+  Probe(-1, "embed", res_[0].data(), n, H);
+
+  std::vector<const float*> bank;
+  int cur = 0;          // index of the running P in res_
+  bool p_valid = true;  // false right after a block boundary (P = none)
+  for (const LayerWeights& lw : w_->layers) {
+    const int l = lw.spec.index;
+    // Attention-residual mix for the attention input.
+    const float* hin = res_[cur].data();
+    if (!bank.empty()) {
+      TANDEM_RETURN_IF_ERROR(be.AttnResMix(bank.data(), bank.size(), res_[cur].data(),
+                                           lw.attn_res_proj.data(),
+                                           lw.attn_res_norm.data(), eps, n, H, h));
+      hin = h;
+    }
+    Probe(l, "attn_in", hin, n, H);
+    if (lw.spec.starts_res_block) {
+      bank.push_back(res_[cur].data());
+      cur = static_cast<int>(bank.size());
+      p_valid = false;
+    }
+    TANDEM_RETURN_IF_ERROR(be.RmsNorm(hin, H, lw.input_norm.data(), xn, H, n, H, eps));
+    if (lw.spec.attention == model::AttentionKind::kKda) {
+      TANDEM_RETURN_IF_ERROR(KdaLayer(lw, seqs, xn, attn_out));
+    } else {
+      TANDEM_RETURN_IF_ERROR(MlaLayer(lw, seqs, xn, attn_out));
+    }
+    Probe(l, "attn_out", attn_out, n, H);
+    float* p = res_[cur].data();
+    if (!p_valid) {
+      std::memcpy(p, attn_out, n * H * sizeof(float));
+      p_valid = true;
+    } else {
+      TANDEM_RETURN_IF_ERROR(be.AddInPlace(p, attn_out, n * H));
+    }
+    TANDEM_RETURN_IF_ERROR(be.AttnResMix(bank.data(), bank.size(), p,
+                                         lw.mlp_res_proj.data(), lw.mlp_res_norm.data(),
+                                         eps, n, H, h));
+    Probe(l, "mlp_in", h, n, H);
+    TANDEM_RETURN_IF_ERROR(
+        be.RmsNorm(h, H, lw.post_attention_norm.data(), xn, H, n, H, eps));
+    TANDEM_RETURN_IF_ERROR(Ffn(lw, xn, ffn_out));
+    Probe(l, "mlp_out", ffn_out, n, H);
+    TANDEM_RETURN_IF_ERROR(be.AddInPlace(p, ffn_out, n * H));
+    Probe(l, "residual", p, n, H);
+  }
+
+  // Output mix over all rows (cheap), then norm + lm_head on the requested rows.
+  TANDEM_RETURN_IF_ERROR(be.AttnResMix(bank.data(), bank.size(), res_[cur].data(),
+                                       w_->output_res_proj.data(),
+                                       w_->output_res_norm.data(), eps, n, H, h));
+  if (num_logits == 0) return absl::OkStatus();
+  float* rows = Sized(&out_rows_, num_logits * H);
+  int64_t r = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    for (int32_t i : seqs[s].logits_indices) {
+      std::memcpy(rows + r * H, h + (row_start_[s] + i) * H, H * sizeof(float));
+      ++r;
+    }
+  }
+  TANDEM_RETURN_IF_ERROR(
+      be.RmsNorm(rows, H, w_->final_norm.data(), rows, H, num_logits, H, eps));
+  Probe(-1, "final", rows, num_logits, H);
+  return be.GemmBf16(rows, H, w_->lm_head, H, logits->data(), V, num_logits, V, H,
+                     /*accumulate=*/false);
+}
+
+absl::Status ModelRunner::KdaLayer(const LayerWeights& lw,
+                                   absl::Span<const SequenceInput> seqs,
+                                   const float* xn, float* out) {
+  const model::ModelConfig& c = w_->config;
+  const auto& la = c.text.linear_attn_config;
+  const int64_t H = c.text.hidden_size, P = c.KdaProjectionSize();
+  const int64_t nh = la.num_heads, d = la.head_dim, K = la.short_conv_kernel_size;
+  const int64_t n = row_start_[seqs.size()];
+  const KdaWeights& kw = lw.kda;
+  kernels::Backend& be = *backend_;
+
+  float* q_raw = Sized(&t0_, n * P);
+  float* k_raw = Sized(&t1_, n * P);
+  float* v_raw = Sized(&t2_, n * P);
+  float* q_c = Sized(&t3_, n * P);
+  float* k_c = Sized(&t4_, n * P);
+  float* v_c = Sized(&t5_, n * P);
+  TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, kw.q_proj, H, q_raw, P, n, P, H, false));
+  TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, kw.k_proj, H, k_raw, P, n, P, H, false));
+  TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, kw.v_proj, H, v_raw, P, n, P, H, false));
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int64_t r0 = row_start_[s], T = seqs[s].tokens.size();
+    const int64_t slot = seqs[s].kda_slot;
+    TANDEM_RETURN_IF_ERROR(be.CausalConv1dSilu(q_raw + r0 * P, P, kw.q_conv, K,
+                                               cache_->kda_conv(slot, lw.kda_index, 0),
+                                               q_c + r0 * P, P, T, P));
+    TANDEM_RETURN_IF_ERROR(be.CausalConv1dSilu(k_raw + r0 * P, P, kw.k_conv, K,
+                                               cache_->kda_conv(slot, lw.kda_index, 1),
+                                               k_c + r0 * P, P, T, P));
+    TANDEM_RETURN_IF_ERROR(be.CausalConv1dSilu(v_raw + r0 * P, P, kw.v_conv, K,
+                                               cache_->kda_conv(slot, lw.kda_index, 2),
+                                               v_c + r0 * P, P, T, P));
+  }
+  // Normalised q (scaled) and k go back into the raw buffers.
+  TANDEM_RETURN_IF_ERROR(be.L2NormHeads(q_c, P, q_raw, P, n, nh, d, kL2NormEps,
+                                        1.0f / std::sqrt(static_cast<float>(d))));
+  TANDEM_RETURN_IF_ERROR(be.L2NormHeads(k_c, P, k_raw, P, n, nh, d, kL2NormEps, 1.0f));
+  // Gates.
+  float* fa = Sized(&t6_, n * d);
+  float* graw = q_c;  // q_c is free now
+  float* braw = Sized(&t7_, n * nh);
+  TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, kw.f_a_proj, H, fa, d, n, d, H, false));
+  TANDEM_RETURN_IF_ERROR(be.GemmBf16(fa, d, kw.f_b_proj, d, graw, P, n, P, d, false));
+  TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, kw.b_proj, H, braw, nh, n, nh, H, false));
+  float* g = Sized(&gates_, n * P);
+  float* beta = Sized(&betas_, n * nh);
+  TANDEM_RETURN_IF_ERROR(be.KdaGates(graw, P, kw.a_log, kw.dt_bias, braw, nh,
+                                     static_cast<float>(la.gate_lower_bound), n, nh, d,
+                                     g, beta));
+  // Recurrence per sequence.
+  float* o = k_c;  // k_c is free now
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int64_t r0 = row_start_[s], T = seqs[s].tokens.size();
+    kernels::KdaArgs a;
+    a.tokens = T;
+    a.heads = nh;
+    a.head_dim_k = d;
+    a.head_dim_v = d;
+    a.q = q_raw + r0 * P;
+    a.k = k_raw + r0 * P;
+    a.ld_qk = P;
+    a.v = v_c + r0 * P;
+    a.ld_v = P;
+    a.g = g + r0 * P;
+    a.beta = beta + r0 * nh;
+    a.state = cache_->kda_recurrent(seqs[s].kda_slot, lw.kda_index);
+    a.out = o + r0 * P;
+    a.ld_out = P;
+    if (T > 1 && !options_.kda_recurrent_only) {
+      TANDEM_RETURN_IF_ERROR(be.KdaChunked(a));
+    } else {
+      TANDEM_RETURN_IF_ERROR(be.KdaRecurrent(a));
+    }
+  }
+  // Output gate and projection.
+  float* gate = v_raw;  // free now
+  TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, kw.g_proj, H, gate, P, n, P, H, false));
+  TANDEM_RETURN_IF_ERROR(be.KdaOutputGate(o, P, kw.o_norm, gate, P, o, P, n, nh, d,
+                                          static_cast<float>(c.text.rms_norm_eps)));
+  return be.GemmBf16(o, P, kw.o_proj, P, out, H, n, H, P, false);
+}
+
+absl::Status ModelRunner::MlaLayer(const LayerWeights& lw,
+                                   absl::Span<const SequenceInput> seqs,
+                                   const float* xn, float* out) {
+  const model::ModelConfig& c = w_->config;
+  const model::TextConfig& t = c.text;
+  const int64_t H = t.hidden_size, nh = t.num_attention_heads;
+  const int64_t ql = t.q_lora_rank, lora = t.kv_lora_rank, rope = t.qk_rope_head_dim;
+  const int64_t qd = c.QHeadDim(), W = lora + rope, vd = t.v_head_dim;
+  const int64_t n = row_start_[seqs.size()];
+  const int64_t bs = cache_->block_size();
+  const MlaWeights& mw = lw.mla;
+  kernels::Backend& be = *backend_;
+
+  float* qa = Sized(&t0_, n * ql);
+  float* q = Sized(&t1_, n * nh * qd);
+  float* kv = Sized(&t2_, n * W);
+  float* att = Sized(&t3_, n * nh * vd);
+  float* gate = Sized(&t4_, n * nh * vd);
+  TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, mw.q_a_proj, H, qa, ql, n, ql, H, false));
+  TANDEM_RETURN_IF_ERROR(
+      be.RmsNorm(qa, ql, mw.q_a_norm.data(), qa, ql, n, ql, kLoraNormEps));
+  TANDEM_RETURN_IF_ERROR(
+      be.GemmBf16(qa, ql, mw.q_b_proj, ql, q, nh * qd, n, nh * qd, ql, false));
+  TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, mw.kv_a_proj, H, kv, W, n, W, H, false));
+  TANDEM_RETURN_IF_ERROR(
+      be.RmsNorm(kv, W, mw.kv_a_norm.data(), kv, W, n, lora, kLoraNormEps));
+
+  // Cache write.
+  slots_.resize(n);
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const SequenceInput& sq = seqs[s];
+    for (size_t i = 0; i < sq.tokens.size(); ++i) {
+      const int64_t pos = sq.start_pos + i;
+      slots_[row_start_[s] + i] =
+          static_cast<int32_t>(sq.block_table[pos / bs] * bs + pos % bs);
+    }
+  }
+  uint16_t* cache = cache_->mla_layer(lw.mla_index);
+  TANDEM_RETURN_IF_ERROR(
+      be.PagedCacheWrite(kv, W, slots_.data(), n, W, cache, cache_->num_blocks() * bs));
+
+  // Attention: runs of consecutive sequences sharing the form, one call each.
+  auto absorbed_for = [&](const SequenceInput& sq) {
+    switch (options_.mla_mode) {
+      case MlaMode::kExpanded:
+        return false;
+      case MlaMode::kAbsorbed:
+        return true;
+      case MlaMode::kAuto:
+        break;
+    }
+    return sq.tokens.size() == 1;
+  };
+  size_t s0 = 0;
+  while (s0 < seqs.size()) {
+    const bool absorbed = absorbed_for(seqs[s0]);
+    size_t s1 = s0 + 1;
+    while (s1 < seqs.size() && absorbed_for(seqs[s1]) == absorbed) ++s1;
+    const int64_t num = s1 - s0;
+    int64_t stride = 1;
+    for (size_t s = s0; s < s1; ++s) {
+      stride = std::max<int64_t>(stride, seqs[s].block_table.size());
+    }
+    seq_lens_.assign(num, 0);
+    query_start_.assign(num + 1, 0);
+    tables_.assign(num * stride, 0);
+    for (size_t s = s0; s < s1; ++s) {
+      const int64_t j = s - s0;
+      seq_lens_[j] = static_cast<int32_t>(seqs[s].start_pos + seqs[s].tokens.size());
+      query_start_[j + 1] = static_cast<int32_t>(row_start_[s + 1] - row_start_[s0]);
+      std::copy(seqs[s].block_table.begin(), seqs[s].block_table.end(),
+                tables_.begin() + j * stride);
+    }
+    kernels::MlaArgs a;
+    a.heads = nh;
+    a.nope_dim = t.qk_nope_head_dim;
+    a.rope_dim = rope;
+    a.v_dim = vd;
+    a.kv_lora_rank = lora;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(qd));
+    a.num_seqs = num;
+    a.seq_lens = seq_lens_.data();
+    a.query_start = query_start_.data();
+    a.block_tables = tables_.data();
+    a.block_table_stride = stride;
+    a.kv_cache = cache;
+    a.num_blocks = cache_->num_blocks();
+    a.block_size = bs;
+    a.kv_b_proj = mw.kv_b_proj;
+    a.q = q + row_start_[s0] * nh * qd;
+    a.ld_q = nh * qd;
+    a.out = att + row_start_[s0] * nh * vd;
+    a.ld_out = nh * vd;
+    if (absorbed) {
+      TANDEM_RETURN_IF_ERROR(be.MlaAttentionAbsorbed(a));
+    } else {
+      TANDEM_RETURN_IF_ERROR(be.MlaAttentionExpanded(a));
+    }
+    s0 = s1;
+  }
+  TANDEM_RETURN_IF_ERROR(
+      be.GemmBf16(xn, H, mw.g_proj, H, gate, nh * vd, n, nh * vd, H, false));
+  TANDEM_RETURN_IF_ERROR(
+      be.MulSigmoid(att, nh * vd, gate, nh * vd, att, nh * vd, n, nh * vd));
+  return be.GemmBf16(att, nh * vd, mw.o_proj, nh * vd, out, H, n, H, nh * vd, false);
+}
+
+absl::Status ModelRunner::DenseMlp(const DenseMlpWeights& m, const float* x, float* out,
+                                   bool accumulate) {
+  const model::TextConfig& t = w_->config.text;
+  const int64_t H = t.hidden_size, I = m.inter;
+  const int64_t n = row_start_.back();
+  kernels::Backend& be = *backend_;
+  float* g = Sized(&t5_, n * I);
+  float* u = Sized(&t6_, n * I);
+  float* act = Sized(&t7_, n * I);
+  TANDEM_RETURN_IF_ERROR(be.GemmBf16(x, H, m.gate, H, g, I, n, I, H, false));
+  TANDEM_RETURN_IF_ERROR(be.GemmBf16(x, H, m.up, H, u, I, n, I, H, false));
+  TANDEM_RETURN_IF_ERROR(be.SituGlu(g, I, u, I, act, I, n, I,
+                                    static_cast<float>(t.activation_situ_beta),
+                                    static_cast<float>(t.activation_situ_linear_beta)));
+  return be.GemmBf16(act, I, m.down, I, out, H, n, H, I, accumulate);
+}
+
+absl::Status ModelRunner::Ffn(const LayerWeights& lw, const float* xn, float* out) {
+  if (lw.spec.ffn == model::FfnKind::kDense) return DenseMlp(lw.dense, xn, out, false);
+  const model::TextConfig& t = w_->config.text;
+  const int64_t H = t.hidden_size, L = t.routed_expert_hidden_size;
+  const int64_t E = t.num_experts, k = t.num_experts_per_token;
+  const int64_t n = row_start_.back();
+  const MoeWeights& m = lw.moe;
+  kernels::Backend& be = *backend_;
+  float* wts = Sized(&topk_w_, n * k);
+  std::vector<int32_t>& expert_ids = slots_;
+  expert_ids.resize(n * k);
+  TANDEM_RETURN_IF_ERROR(be.RouterTopK(
+      xn, H, m.router, m.router_bias, n, H, E, k, t.moe_renormalize,
+      static_cast<float>(t.routed_scaling_factor), expert_ids.data(), wts));
+  float* z = Sized(&t0_, n * L);
+  float* u = Sized(&t1_, n * L);
+  TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, m.latent_down, H, z, L, n, L, H, false));
+  kernels::MoeArgs a;
+  a.tokens = n;
+  a.hidden = L;
+  a.inter = t.moe_intermediate_size;
+  a.top_k = k;
+  a.num_experts = E;
+  a.experts = m.experts.data();
+  a.z = z;
+  a.ld_z = L;
+  a.ids = expert_ids.data();
+  a.weights = wts;
+  a.situ_beta = static_cast<float>(t.activation_situ_beta);
+  a.situ_linear_beta = static_cast<float>(t.activation_situ_linear_beta);
+  a.out = u;
+  a.ld_out = L;
+  TANDEM_RETURN_IF_ERROR(be.MoeMxfp4(a));
+  if (t.latent_moe_use_norm) {
+    TANDEM_RETURN_IF_ERROR(be.RmsNorm(u, L, m.latent_norm.data(), u, L, n, L,
+                                      static_cast<float>(t.rms_norm_eps)));
+  }
+  TANDEM_RETURN_IF_ERROR(be.GemmBf16(u, L, m.latent_up, L, out, H, n, H, L, false));
+  return DenseMlp(m.shared, xn, out, /*accumulate=*/true);
+}
+
+}  // namespace tandem::runtime

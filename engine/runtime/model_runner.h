@@ -1,0 +1,121 @@
+// One forward pass of Kimi K3 over a batch of sequences, each bringing its own
+// number of new tokens (prefill chunks, single decode tokens, k > 1 tokens for
+// speculative verification), on a kernels::Backend.
+//
+// Batch layout: the new tokens of all sequences are concatenated, sequence after
+// sequence, into N rows; every per-token op (projections, norms, residual mixing,
+// MoE, lm_head) runs once over the N rows. Per sequence: KDA (causal conv with the
+// slot's tails, the recurrence with the slot's state) and the MLA cache write /
+// attention (contiguous runs of sequences with the same attention form go in one
+// backend call).
+//
+//   Forward(seqs)
+//     → embed → per layer: Mix(attn) → [bank push] → input_layernorm → KDA | MLA
+//       → P += a → Mix(mlp) → post_attention_layernorm → dense MLP | LatentMoE
+//       → P += f
+//     → Mix(output) on the rows that need logits → norm → lm_head → logits
+//
+// State effects: the KDA slot of every sequence advances by its new tokens, and
+// their MLA latents are written at positions start..start+n-1. Callers that may
+// roll back (speculation) snapshot the slot first (KvCache::SnapshotSlot).
+// Activation memory is O(N * (hidden * (res blocks + a few) + widest projection)):
+// callers bound N (the engine's token budget per step).
+#ifndef TANDEM_ENGINE_RUNTIME_MODEL_RUNNER_H_
+#define TANDEM_ENGINE_RUNTIME_MODEL_RUNNER_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "engine/runtime/kv_cache.h"
+#include "engine/runtime/weights.h"
+#include "kernels/backend.h"
+
+namespace tandem::runtime {
+
+// Which MLA attention form to use.
+enum class MlaMode {
+  kAuto,      // expanded for q_len > 1 (prefill chunks), absorbed for q_len == 1
+  kExpanded,  // always expanded
+  kAbsorbed,  // always absorbed
+};
+
+struct SequenceInput {
+  absl::Span<const int32_t> tokens;  // the new tokens (>= 1)
+  int64_t start_pos = 0;             // tokens already in the cache / state
+  // Block ids covering positions 0 .. start_pos + tokens.size() - 1.
+  absl::Span<const int32_t> block_table;
+  int64_t kda_slot = 0;
+  // Indices into `tokens` whose logits are wanted (ascending).
+  std::vector<int32_t> logits_indices;
+};
+
+// Debug view of activations: called with [rows, cols] fp32 data.
+struct ActivationProbe {
+  int layer = -1;          // -1 for the embedding and the output
+  absl::string_view name;  // "embed", "attn_in", "attn_out", "mlp_in", "mlp_out",
+                           // "final"
+  const float* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+using ActivationHook = std::function<void(const ActivationProbe&)>;
+
+struct ModelRunnerOptions {
+  MlaMode mla_mode = MlaMode::kAuto;
+  // KDA form: chunked for T > 1 unless this is set (then recurrent always).
+  bool kda_recurrent_only = false;
+};
+
+class ModelRunner {
+ public:
+  // Not owned: weights, cache and backend must outlive the runner.
+  ModelRunner(const ModelWeights* weights, KvCache* cache, kernels::Backend* backend,
+              ModelRunnerOptions options = {});
+
+  // Runs the batch. `logits` gets one row of vocab_size fp32 per requested index,
+  // sequence after sequence, in the order of logits_indices. On error the state of
+  // the batch's slots and cache rows is unspecified.
+  absl::Status Forward(absl::Span<const SequenceInput> seqs,
+                       std::vector<float>* logits);
+
+  void set_activation_hook(ActivationHook hook) { hook_ = std::move(hook); }
+  void set_options(const ModelRunnerOptions& options) { options_ = options; }
+  const ModelWeights& weights() const { return *w_; }
+  KvCache* cache() { return cache_; }
+  kernels::Backend* backend() { return backend_; }
+
+ private:
+  absl::Status Validate(absl::Span<const SequenceInput> seqs) const;
+  absl::Status KdaLayer(const LayerWeights& lw, absl::Span<const SequenceInput> seqs,
+                        const float* xn, float* out);
+  absl::Status MlaLayer(const LayerWeights& lw, absl::Span<const SequenceInput> seqs,
+                        const float* xn, float* out);
+  absl::Status Ffn(const LayerWeights& lw, const float* xn, float* out);
+  absl::Status DenseMlp(const DenseMlpWeights& m, const float* x, float* out,
+                        bool accumulate);
+  void Probe(int layer, absl::string_view name, const float* data, int64_t rows,
+             int64_t cols) const;
+
+  const ModelWeights* w_;      // not owned
+  KvCache* cache_;             // not owned
+  kernels::Backend* backend_;  // not owned
+  ModelRunnerOptions options_;
+  ActivationHook hook_;
+
+  // Scratch reused between calls (resized per Forward; grows to the largest N).
+  std::vector<int64_t> row_start_;       // per sequence, first row
+  std::vector<std::vector<float>> res_;  // bank entries + the running P
+  std::vector<float> h_, xn_, attn_out_, ffn_out_;
+  std::vector<float> t0_, t1_, t2_, t3_, t4_, t5_, t6_, t7_;  // per-op temporaries
+  std::vector<float> gates_, betas_, topk_w_;
+  std::vector<int32_t> ids_, slots_, seq_lens_, query_start_, tables_;
+  std::vector<float> out_rows_;
+};
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_ENGINE_RUNTIME_MODEL_RUNNER_H_

@@ -1,0 +1,128 @@
+// Typed, per-layer views of a K3 checkpoint for the forward pass.
+//
+//   Checkpoint (mmap) → LoadModelWeights(checkpoint, shard) → ModelWeights
+//     every matrix: a BF16 bit pointer into the mapping (no copy), checked for
+//     dtype and shape against the config;
+//     routed experts: one kernels::Mxfp4Expert (packed + scale pointers) each;
+//     small vectors only (norm gains, residual-mixer queries: H or fewer values
+//     each) are converted to fp32 copies, because the kernels take fp32 gains.
+//
+// Tensor parallelism (ShardSpec): size 1 is implemented. The intended splits for
+// size N (rank r), so that no weight is ever copied to shard it:
+//   KDA:   heads [r*h/N, (r+1)*h/N): rows of q/k/v/g_proj, f_b_proj, b_proj,
+//          conv, dt_bias, A_log slices; o_proj columns; all-reduce after o_proj.
+//   MLA:   heads likewise: q_b_proj / kv_b_proj / g_proj rows, o_proj columns;
+//          q_a / kv_a (and the latent cache) are replicated.
+//   Dense MLP and shared experts: intermediate rows [r*I/N, (r+1)*I/N) of
+//          gate/up, the same columns of down; all-reduce after down.
+//   Routed experts: expert e lives on rank e % N (others: null pointers, which
+//          MoeMxfp4 skips); the router, latent down/up and norm are replicated;
+//          all-reduce of u before routed_expert_norm.
+//   Vocab: lm_head rows [r*V/N, (r+1)*V/N), all-gather of the logits.
+#ifndef TANDEM_ENGINE_RUNTIME_WEIGHTS_H_
+#define TANDEM_ENGINE_RUNTIME_WEIGHTS_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/checkpoint.h"
+#include "engine/model/config.h"
+#include "kernels/backend.h"
+
+namespace tandem::runtime {
+
+// Which part of the model this rank holds. Only size 1 is implemented.
+struct ShardSpec {
+  int rank = 0;
+  int size = 1;
+
+  // [begin, end) of `total` units (heads, intermediate rows, vocab rows) owned by
+  // this rank under an even split.
+  int64_t Begin(int64_t total) const { return total * rank / size; }
+  int64_t End(int64_t total) const { return total * (rank + 1) / size; }
+  // Routed experts are dealt round-robin.
+  bool OwnsExpert(int64_t expert) const { return expert % size == rank; }
+};
+
+struct KdaWeights {
+  const uint16_t* q_proj = nullptr;  // [P, H]
+  const uint16_t* k_proj = nullptr;
+  const uint16_t* v_proj = nullptr;
+  const float* q_conv = nullptr;  // [P, K]
+  const float* k_conv = nullptr;
+  const float* v_conv = nullptr;
+  const float* a_log = nullptr;        // first h of the padded tensor
+  const uint16_t* f_a_proj = nullptr;  // [d, H]
+  const uint16_t* f_b_proj = nullptr;  // [P, d]
+  const float* dt_bias = nullptr;      // [P]
+  const uint16_t* b_proj = nullptr;    // [h, H]
+  const uint16_t* g_proj = nullptr;    // [P, H]
+  const float* o_norm = nullptr;       // [d]
+  const uint16_t* o_proj = nullptr;    // [H, P]
+};
+
+struct MlaWeights {
+  const uint16_t* q_a_proj = nullptr;   // [q_lora, H]
+  std::vector<float> q_a_norm;          // [q_lora]
+  const uint16_t* q_b_proj = nullptr;   // [n * (nope + rope), q_lora]
+  const uint16_t* kv_a_proj = nullptr;  // [lora + rope, H]
+  std::vector<float> kv_a_norm;         // [lora]
+  const uint16_t* kv_b_proj = nullptr;  // [n * (nope + v), lora]
+  const uint16_t* o_proj = nullptr;     // [H, n * v]
+  const uint16_t* g_proj = nullptr;     // [n * v, H]
+};
+
+struct DenseMlpWeights {
+  const uint16_t* gate = nullptr;  // [I, H]
+  const uint16_t* up = nullptr;    // [I, H]
+  const uint16_t* down = nullptr;  // [H, I]
+  int64_t inter = 0;
+};
+
+struct MoeWeights {
+  const uint16_t* router = nullptr;           // [E, H]
+  const float* router_bias = nullptr;         // [E]
+  const uint16_t* latent_down = nullptr;      // [L, H]
+  const uint16_t* latent_up = nullptr;        // [H, L]
+  std::vector<float> latent_norm;             // [L]
+  std::vector<kernels::Mxfp4Expert> experts;  // [E]; null pointers: not owned here
+  DenseMlpWeights shared;                     // width moe_inter * num_shared
+};
+
+struct LayerWeights {
+  model::LayerSpec spec;
+  int kda_index = -1;  // index among KDA layers (state pool), or -1
+  int mla_index = -1;  // index among MLA layers (latent cache), or -1
+  std::vector<float> input_norm, post_attention_norm;
+  std::vector<float> attn_res_norm, attn_res_proj;
+  std::vector<float> mlp_res_norm, mlp_res_proj;
+  KdaWeights kda;
+  MlaWeights mla;
+  DenseMlpWeights dense;
+  MoeWeights moe;
+};
+
+struct ModelWeights {
+  model::ModelConfig config;
+  ShardSpec shard;
+  const uint16_t* embed = nullptr;    // [V, H]
+  const uint16_t* lm_head = nullptr;  // [V, H]
+  std::vector<float> final_norm;
+  std::vector<float> output_res_norm, output_res_proj;
+  std::vector<LayerWeights> layers;
+  // Bytes of the mapped weights one decode token reads at least (every dense
+  // matrix + top_k experts per MoE layer + lm_head + its embedding row): the
+  // numerator of the decode roofline.
+  uint64_t dense_bytes = 0;        // all BF16/F32 weights except routed experts
+  uint64_t expert_bytes_each = 0;  // one routed expert (w1+w2+w3, packed + scales)
+};
+
+// Builds the views; `checkpoint` must outlive the result. Errors name the tensor.
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
+    const model::Checkpoint& checkpoint, ShardSpec shard = {});
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_ENGINE_RUNTIME_WEIGHTS_H_
