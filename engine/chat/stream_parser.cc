@@ -200,10 +200,13 @@ void ChatStreamParser::FeedStructure(StructureToken token,
     case StructureToken::kSep:
       if (mode_ == Mode::kOpenHeader) {
         mode_ = Mode::kText;
-        HandleOpen(std::exchange(header_, std::string()), events);
+        HandleOpen(tokenizer::ReplaceInvalidUtf8(std::exchange(header_, std::string())),
+                   events);
       } else if (mode_ == Mode::kCloseHeader) {
         mode_ = Mode::kText;
-        HandleClose(std::exchange(header_, std::string()), events);
+        HandleClose(
+            tokenizer::ReplaceInvalidUtf8(std::exchange(header_, std::string())),
+            events);
       } else {
         Warn(events, "<|sep|> outside a tag ignored");
       }
