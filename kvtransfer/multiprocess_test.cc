@@ -3,10 +3,7 @@
 // per-layer state goes over UCX and must arrive bit-exact (checksums computed by
 // each side from its own layout); a peer killed mid-transfer must turn into an
 // error before the deadline, with every registration released.
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <memory>
@@ -22,81 +19,16 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/checksum.h"
+#include "kvtransfer/peer_process.h"
 #include "kvtransfer/plan.h"
 #include "kvtransfer/ucx_agent.h"
 
 namespace tandem::kvtransfer {
 namespace {
 
-// A transfer_peer child process with a line protocol over two pipes.
-class PeerProcess {
- public:
-  static std::unique_ptr<PeerProcess> Spawn() {
-    int in[2], out[2];
-    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return nullptr;
-    const pid_t pid = fork();
-    if (pid < 0) return nullptr;
-    if (pid == 0) {
-      dup2(in[0], 0);
-      dup2(out[1], 1);
-      execl("kvtransfer/transfer_peer", "transfer_peer", nullptr);
-      _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    auto p = std::unique_ptr<PeerProcess>(new PeerProcess());
-    p->pid_ = pid;
-    p->to_child_ = in[1];
-    p->from_child_ = out[0];
-    return p;
-  }
-
-  ~PeerProcess() {
-    close(to_child_);
-    close(from_child_);
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-
-  // Sends one command and reads one reply line, within `timeout`.
-  std::string Call(const std::string& cmd, absl::Duration timeout = absl::Seconds(20)) {
-    const std::string line = cmd + "\n";
-    if (write(to_child_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
-      return "ERR write to child failed";
-    }
-    const absl::Time deadline = absl::Now() + timeout;
-    while (true) {
-      const size_t nl = buf_.find('\n');
-      if (nl != std::string::npos) {
-        std::string reply = buf_.substr(0, nl);
-        buf_.erase(0, nl + 1);
-        return reply;
-      }
-      const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-      if (ms <= 0) return "ERR child reply timed out";
-      pollfd pfd{from_child_, POLLIN, 0};
-      if (poll(&pfd, 1, static_cast<int>(ms)) <= 0) continue;
-      char chunk[65536];
-      const ssize_t n = read(from_child_, chunk, sizeof(chunk));
-      if (n <= 0) return "ERR child closed its output";
-      buf_.append(chunk, n);
-    }
-  }
-
-  void Signal(int sig) { kill(pid_, sig); }
-  void Reap() {
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int to_child_ = -1;
-  int from_child_ = -1;
-  std::string buf_;
-};
+std::unique_ptr<PeerProcess> SpawnPeer() {
+  return PeerProcess::Spawn("kvtransfer/transfer_peer");
+}
 
 tandem::v1::KvLayout K3Layout(int block_size, int mla_layers, int kda_layers) {
   tandem::v1::KvLayout l;
@@ -133,7 +65,7 @@ class KvStateTransferTest : public ::testing::TestWithParam<TransferCase> {};
 TEST_P(KvStateTransferTest, ArrivesBitExact) {
   const TransferCase& c = GetParam();
   constexpr int kMla = 4, kKda = 3;
-  auto child = PeerProcess::Spawn();
+  auto child = SpawnPeer();
   ASSERT_NE(child, nullptr);
   ASSERT_EQ(child->Call(absl::StrCat("INIT ", c.tls.empty() ? "-" : c.tls,
                                      c.detect_failures ? "" : " noerr")),
@@ -262,7 +194,7 @@ struct Wired {
 };
 
 void WireRaw(const std::string& tls, uint64_t bytes, Wired* w) {
-  w->child = PeerProcess::Spawn();
+  w->child = SpawnPeer();
   ASSERT_NE(w->child, nullptr);
   ASSERT_EQ(w->child->Call(absl::StrCat("INIT ", tls.empty() ? "-" : tls)), "OK");
   // One MLA layer of `bytes / 4096` blocks of one 4096-byte token: a raw region.

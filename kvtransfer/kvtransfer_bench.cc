@@ -1,0 +1,297 @@
+// kvtransfer_bench: bandwidth and latency of KV-state hand-offs between two
+// processes on this host, next to ucx_perftest's put bandwidth with the same
+// transports and message size, measured in the same run.
+//
+//   bazel run //kvtransfer:kvtransfer_bench -- --contexts=32768,131072
+//
+// For each transport setting (tcp with peer-failure detection, as deployed; and
+// shared memory without it) and each context length it writes a full-K3-shaped
+// state (MLA: layers x tokens x 1152 bytes; KDA: layers x (96*128*128*4 + conv
+// tails)) from this process into a transfer_peer child, one batch per layer,
+// and times first post to last completion. Ends with one JSON line
+// {"bench":"kvtransfer",...}. Not part of the test suite.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/init.h"
+#include "kvtransfer/peer_process.h"
+#include "kvtransfer/plan.h"
+#include "kvtransfer/ucx_agent.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, contexts, "32768,131072", "Context lengths in tokens, comma separated");
+ABSL_FLAG(int, mla_layers, 24, "MLA layers");
+ABSL_FLAG(int, kda_layers, 69, "KDA layers");
+ABSL_FLAG(int, src_block_size, 16, "Sender (prefill) block size");
+ABSL_FLAG(int, dst_block_size, 64, "Receiver (decode) block size");
+ABSL_FLAG(int, iterations, 3, "Timed transfers per configuration (best and median reported)");
+ABSL_FLAG(int, latency_samples, 2000, "Small transfers timed for latency percentiles");
+ABSL_FLAG(int, latency_bytes, 4096, "Bytes per small transfer");
+ABSL_FLAG(std::string, modes, "tcp,shm", "Transport settings to run: tcp (UCX_TLS=tcp, peer "
+                                        "failure detection on) and/or shm (UCX default, off)");
+ABSL_FLAG(std::string, perftest, "/usr/bin/ucx_perftest", "ucx_perftest binary ('' to skip)");
+ABSL_FLAG(std::string, peer_binary, "", "transfer_peer binary (default: next to this one)");
+
+namespace tandem::kvtransfer {
+namespace {
+
+using nlohmann::json;
+
+tandem::v1::KvLayout K3Layout(int block_size) {
+  tandem::v1::KvLayout l;
+  l.set_block_size(block_size);
+  l.set_num_mla_layers(absl::GetFlag(FLAGS_mla_layers));
+  l.set_num_kda_layers(absl::GetFlag(FLAGS_kda_layers));
+  l.set_mla_token_bytes((512 + 64) * 2);
+  l.set_kda_state_bytes(96LL * 128 * 128 * 4);
+  l.set_kda_conv_bytes(3LL * 3 * 96 * 128 * 4);
+  l.set_tp_size(1);
+  l.set_mla_dtype("bf16");
+  return l;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min<size_t>(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+
+// Runs ucx_perftest put bandwidth (server + client on loopback); MB/s overall.
+double PerftestPutBandwidth(const std::string& tls, uint64_t message, int iters) {
+  const std::string bin = absl::GetFlag(FLAGS_perftest);
+  if (bin.empty() || access(bin.c_str(), X_OK) != 0) return 0;
+  std::mt19937 rng(getpid() ^ static_cast<uint32_t>(absl::ToUnixMicros(absl::Now())));
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    const int port = 20000 + rng() % 30000;
+    const std::string env = tls.empty() ? "" : absl::StrCat("UCX_TLS=", tls, " ");
+    const std::string server = absl::StrCat(env, "timeout 120 ", bin, " -p ", port,
+                                            " >/dev/null 2>&1 & echo $!");
+    FILE* s = popen(server.c_str(), "r");
+    char pid_buf[32] = {0};
+    if (s == nullptr || fgets(pid_buf, sizeof(pid_buf), s) == nullptr) return 0;
+    pclose(s);
+    // The server needs a moment to listen: retry the client until a deadline.
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    std::string out;
+    while (absl::Now() < deadline) {
+      const std::string client =
+          absl::StrCat(env, "timeout 120 ", bin, " localhost -p ", port, " -t ucp_put_bw -s ",
+                       message, " -n ", iters, " 2>&1");
+      FILE* c = popen(client.c_str(), "r");
+      if (c == nullptr) break;
+      out.clear();
+      char line[512];
+      while (fgets(line, sizeof(line), c) != nullptr) out += line;
+      pclose(c);
+      if (absl::StrContains(out, "Final:")) break;
+      absl::SleepFor(absl::Milliseconds(100));  // retry cadence for the server start
+    }
+    const std::string kill_cmd = absl::StrCat("kill ", std::string(pid_buf), " 2>/dev/null");
+    if (std::system(kill_cmd.c_str()) != 0) {
+      // Already exited after serving the client.
+    }
+    for (absl::string_view l : absl::StrSplit(out, '\n')) {
+      if (!absl::StartsWith(l, "Final:")) continue;
+      std::vector<absl::string_view> f = absl::StrSplit(l, ' ', absl::SkipEmpty());
+      double mbs = 0;
+      // Final: iters p50 avg overall bw_avg bw_overall rate_avg rate_overall
+      if (f.size() >= 7 && absl::SimpleAtod(f[6], &mbs)) return mbs * 1.048576;  // MiB/s -> MB/s
+    }
+  }
+  return 0;
+}
+
+struct ModeResult {
+  json j;
+};
+
+json RunMode(const std::string& mode, const std::string& peer_binary) {
+  const bool tcp = mode == "tcp";
+  json out;
+  out["mode"] = mode;
+  out["ucx_tls"] = tcp ? "tcp" : "";
+  out["peer_failure_detection"] = tcp;
+  auto child = PeerProcess::Spawn(peer_binary);
+  if (!child) {
+    out["error"] = "spawn failed";
+    return out;
+  }
+  std::string reply = child->Call(tcp ? "INIT tcp" : "INIT - noerr");
+  if (reply != "OK") {
+    out["error"] = reply;
+    return out;
+  }
+  UcxAgentConfig config;
+  config.tls = tcp ? "tcp" : "";
+  config.peer_failure_detection = tcp;
+  auto agent_or = UcxAgent::Create(config);
+  if (!agent_or.ok()) {
+    out["error"] = agent_or.status().ToString();
+    return out;
+  }
+  std::unique_ptr<UcxAgent> agent = std::move(*agent_or);
+
+  std::vector<int64_t> contexts;
+  for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_contexts), ',', absl::SkipEmpty())) {
+    int64_t t = 0;
+    if (absl::SimpleAtoi(c, &t) && t > 0) contexts.push_back(t);
+  }
+  const int64_t max_tokens = *std::max_element(contexts.begin(), contexts.end());
+  const tandem::v1::KvLayout src_layout = K3Layout(absl::GetFlag(FLAGS_src_block_size));
+  const tandem::v1::KvLayout dst_layout = K3Layout(absl::GetFlag(FLAGS_dst_block_size));
+  const int64_t src_blocks = (max_tokens + src_layout.block_size() - 1) / src_layout.block_size();
+  const int64_t dst_blocks = (max_tokens + dst_layout.block_size() - 1) / dst_layout.block_size();
+
+  reply = child->Call(absl::StrCat("LAYOUT ", absl::BytesToHexString(dst_layout.SerializeAsString()),
+                                   " ", dst_blocks, " 1"),
+                      absl::Seconds(120));
+  if (!absl::StartsWith(reply, "OK ")) {
+    out["error"] = reply;
+    return out;
+  }
+  std::vector<std::string> w = absl::StrSplit(reply, ' ');
+  uint32_t dst_region = 0;
+  (void)absl::SimpleAtoi(w[1], &dst_region);
+  reply = child->Call("DESC");
+  auto peer = agent->Connect(absl::HexStringToBytes(reply.substr(5)));
+  if (!peer.ok()) {
+    out["error"] = peer.status().ToString();
+    return out;
+  }
+  const uint64_t src_bytes = ContiguousRegionBytes(src_layout, src_blocks, 1);
+  std::vector<uint8_t> mem(src_bytes);
+  for (size_t i = 0; i < mem.size(); i += 4096) mem[i] = static_cast<uint8_t>(i >> 12);
+  auto src_region = agent->RegisterMemory(mem.data(), mem.size());
+  if (!src_region.ok()) {
+    out["error"] = src_region.status().ToString();
+    return out;
+  }
+  out["transport"] = agent->Transport(*peer);
+
+  json runs = json::array();
+  for (int64_t tokens : contexts) {
+    RankLayout src = ContiguousRankLayout(src_layout, src_blocks, 1, *src_region);
+    RankLayout dst = ContiguousRankLayout(dst_layout, dst_blocks, 1, dst_region);
+    for (int64_t b = 0; b * src_layout.block_size() < tokens; ++b) src.block_ids.push_back(b);
+    for (int64_t b = 0; b * dst_layout.block_size() < tokens; ++b) dst.block_ids.push_back(b);
+    std::vector<TransferPlan> plans;
+    int64_t raw = 0, coalesced = 0;
+    uint64_t bytes = 0, largest = 0;
+    for (int l = 0; l < src_layout.num_mla_layers() + src_layout.num_kda_layers(); ++l) {
+      const LayerRef layer = l < src_layout.num_mla_layers()
+                                 ? LayerRef{LayerKind::kMla, l}
+                                 : LayerRef{LayerKind::kKda, l - src_layout.num_mla_layers()};
+      auto plan = PlanLayer(src, dst, layer, tokens);
+      if (!plan.ok()) {
+        out["error"] = plan.status().ToString();
+        return out;
+      }
+      raw += plan->segments_before_coalescing;
+      coalesced += plan->segments.size();
+      bytes += plan->bytes;
+      for (const Segment& s : plan->segments) largest = std::max(largest, s.length);
+      plans.push_back(*std::move(plan));
+    }
+    std::vector<double> seconds;
+    std::string error;
+    for (int it = 0; it < absl::GetFlag(FLAGS_iterations) && error.empty(); ++it) {
+      const absl::Time t0 = absl::Now();
+      std::vector<BatchId> batches;
+      for (const TransferPlan& p : plans) {
+        auto b = agent->PostWrite(*peer, p.segments);
+        if (!b.ok()) {
+          error = b.status().ToString();
+          break;
+        }
+        batches.push_back(*b);
+      }
+      for (BatchId b : batches) {
+        absl::Status st = agent->Wait(b, absl::Now() + absl::Seconds(300));
+        if (!st.ok() && error.empty()) error = st.ToString();
+      }
+      seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+    }
+    json r;
+    r["tokens"] = tokens;
+    r["bytes"] = bytes;
+    r["segments_before_coalescing"] = raw;
+    r["segments_after_coalescing"] = coalesced;
+    if (!error.empty()) r["error"] = error;
+    const double best = *std::min_element(seconds.begin(), seconds.end());
+    r["seconds_best"] = best;
+    r["seconds_median"] = Percentile(seconds, 0.5);
+    r["gb_per_s"] = bytes / best / 1e9;
+    // ucx_perftest with the same transports and the plan's typical message size
+    // (the largest segment, capped to keep the run short), about 2 GB moved.
+    const uint64_t message = std::min<uint64_t>(largest, 64ull << 20);
+    const int iters = static_cast<int>(std::max<uint64_t>(8, (2ull << 30) / message));
+    const double perf_mbs = PerftestPutBandwidth(tcp ? "tcp" : "", message, iters);
+    r["perftest_message_bytes"] = message;
+    r["perftest_gb_per_s"] = perf_mbs / 1e3;
+    r["ratio_vs_perftest"] = perf_mbs > 0 ? (bytes / best / 1e6) / perf_mbs : 0;
+    std::cerr << mode << " " << tokens << " tokens: " << bytes / 1e9 << " GB in " << best
+              << " s = " << bytes / best / 1e9 << " GB/s; ucx_perftest " << perf_mbs / 1e3
+              << " GB/s; segments " << raw << " -> " << coalesced << "\n";
+    runs.push_back(r);
+  }
+  out["runs"] = runs;
+
+  // Small-transfer latency: one segment written and waited for, end to end.
+  const int samples = absl::GetFlag(FLAGS_latency_samples);
+  const uint64_t small = absl::GetFlag(FLAGS_latency_bytes);
+  std::vector<double> us;
+  for (int i = 0; i < samples; ++i) {
+    const absl::Time t0 = absl::Now();
+    auto b = agent->PostWrite(*peer, {{*src_region, 0, dst_region, (i % 64) * small, small}});
+    if (!b.ok() || !agent->Wait(*b, absl::Now() + absl::Seconds(10)).ok()) break;
+    us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+  }
+  out["latency_bytes"] = small;
+  out["latency_p50_us"] = Percentile(us, 0.5);
+  out["latency_p99_us"] = Percentile(us, 0.99);
+  (void)agent->Disconnect(*peer);
+  (void)agent->DeregisterMemory(*src_region);
+  return out;
+}
+
+}  // namespace
+}  // namespace tandem::kvtransfer
+
+int main(int argc, char** argv) {
+  tandem::InitProgram(argc, argv, "kvtransfer_bench",
+                      "Two-process KV-state transfer bandwidth and latency vs ucx_perftest.");
+  std::string peer = absl::GetFlag(FLAGS_peer_binary);
+  if (peer.empty()) {
+    std::string self = argv[0];
+    const size_t slash = self.rfind('/');
+    peer = (slash == std::string::npos ? std::string(".") : self.substr(0, slash)) +
+           "/transfer_peer";
+  }
+  nlohmann::json result;
+  result["bench"] = "kvtransfer";
+  result["mla_layers"] = absl::GetFlag(FLAGS_mla_layers);
+  result["kda_layers"] = absl::GetFlag(FLAGS_kda_layers);
+  result["src_block_size"] = absl::GetFlag(FLAGS_src_block_size);
+  result["dst_block_size"] = absl::GetFlag(FLAGS_dst_block_size);
+  nlohmann::json modes = nlohmann::json::array();
+  for (absl::string_view m : absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty())) {
+    modes.push_back(tandem::kvtransfer::RunMode(std::string(m), peer));
+  }
+  result["modes"] = modes;
+  std::cout << result.dump() << std::endl;
+  return 0;
+}

@@ -1,0 +1,41 @@
+// PeerProcess: a transfer_peer child (fork + exec) driven over two pipes with the
+// line protocol documented in transfer_peer.cc. Used by the multi-process tests and
+// the benchmark. Every read has a deadline; the destructor SIGKILLs and reaps.
+#ifndef TANDEM_KVTRANSFER_PEER_PROCESS_H_
+#define TANDEM_KVTRANSFER_PEER_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/time/time.h"
+
+namespace tandem::kvtransfer {
+
+class PeerProcess {
+ public:
+  // Starts `binary`; nullptr when pipes or fork fail.
+  static std::unique_ptr<PeerProcess> Spawn(const std::string& binary);
+  ~PeerProcess();
+  PeerProcess(const PeerProcess&) = delete;
+  PeerProcess& operator=(const PeerProcess&) = delete;
+
+  // Sends one command line and returns one reply line, or "ERR ..." when the
+  // child does not answer within `timeout` or has exited.
+  std::string Call(const std::string& cmd, absl::Duration timeout = absl::Seconds(20));
+  void Signal(int sig);
+  // Waits for the child to exit (after a fatal signal).
+  void Reap();
+
+ private:
+  PeerProcess() = default;
+  pid_t pid_ = -1;
+  int to_child_ = -1;
+  int from_child_ = -1;
+  std::string buf_;
+};
+
+}  // namespace tandem::kvtransfer
+
+#endif  // TANDEM_KVTRANSFER_PEER_PROCESS_H_
