@@ -1,0 +1,148 @@
+// The request loop a worker runs: requests in, tokens out, one forward pass per
+// step over everything the scheduler planned.
+//
+//   AddRequest(id, prompt, params) → Scheduler::Submit
+//   Step():
+//     Scheduler::Schedule() → StepPlan (decodes first, then prefill chunks)
+//     → reset the KDA slot of sequences starting at position 0
+//     → ModelRunner::Forward over all planned sequences (one batch)
+//     → per sampling sequence: Sampler (seeded per request) → detokenise
+//       (IncrementalDetokenizer, when a tokenizer is given) → StopChecker
+//     → Scheduler::CompleteStep (frees finished sequences' blocks and slot)
+//     → RequestOutput per sequence that produced a token or finished
+//   Abort(id) → Scheduler::Abort (blocks and slot freed at once)
+//   ExportState / AddPrefilledRequest: a sequence's complete state as byte ranges
+//     and its admission on another engine (the disaggregated hand-off in-process).
+//
+// Not thread-safe: one thread owns the engine.
+#ifndef TANDEM_ENGINE_RUNTIME_ENGINE_H_
+#define TANDEM_ENGINE_RUNTIME_ENGINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/runtime/kv_cache.h"
+#include "engine/runtime/model_runner.h"
+#include "engine/runtime/weights.h"
+#include "engine/sampling/penalty_state.h"
+#include "engine/sampling/sampler.h"
+#include "engine/sampling/sampling_params.h"
+#include "engine/sampling/stop_checker.h"
+#include "engine/scheduler/scheduler.h"
+#include "engine/tokenizer/incremental_detokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "kernels/backend.h"
+
+namespace tandem::runtime {
+
+using RequestId = engine::SequenceId;
+
+struct EngineOptions {
+  int32_t block_size = 16;
+  // KV blocks; 0: enough for num_slots sequences of max_context_tokens.
+  int32_t num_blocks = 0;
+  int32_t num_slots = 8;              // KDA state slots = concurrent sequences
+  int64_t max_tokens_per_step = 256;  // bounds activation memory
+  int64_t max_prefill_chunk = 0;      // 0: the step budget
+  int64_t max_context_tokens = 4096;
+  MlaMode mla_mode = MlaMode::kAuto;
+  // Seeds requests that sample without a seed of their own.
+  uint64_t seed = 0;
+};
+
+struct RequestOutput {
+  RequestId id = 0;
+  std::vector<int32_t> new_tokens;  // this step
+  std::string text;                 // streamable text (empty without a tokenizer)
+  bool finished = false;
+  engine::FinishReason finish_reason = engine::FinishReason::kNone;
+};
+
+// A sequence's state for the hand-off: its tokens and where its bytes are.
+struct ExportedState {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> generated;
+  int64_t num_cached_tokens = 0;   // tokens whose KV/KDA state the ranges hold
+  std::vector<StateRange> ranges;  // valid until the sequence advances or ends
+};
+
+class Engine {
+ public:
+  // weights, backend (and tokenizer, which may be null: no text, no stop
+  // strings) are not owned and must outlive the engine.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(
+      const ModelWeights* weights, kernels::Backend* backend,
+      const tokenizer::Tokenizer* tokenizer, const EngineOptions& options);
+
+  // InvalidArgument for an empty prompt, ids out of range, bad params, a
+  // duplicate id, or a prompt that cannot fit.
+  absl::Status AddRequest(RequestId id, std::vector<int32_t> prompt,
+                          const engine::SamplingParams& params);
+  // Runs one step; an empty result when there is nothing to do.
+  absl::StatusOr<std::vector<RequestOutput>> Step();
+  // Cancels a request in any state and frees its blocks and slot.
+  absl::Status Abort(RequestId id);
+
+  // Disaggregation: the state of a running request whose prefill is done.
+  absl::StatusOr<ExportedState> ExportState(RequestId id);
+  // Admits a request prefilled elsewhere: `state` holds its prompt, the first
+  // generated token(s) and the source ranges (num_cached_tokens positions);
+  // they are copied into this engine's cache, and decoding continues here.
+  absl::Status AddPrefilledRequest(RequestId id, const ExportedState& state,
+                                   const engine::SamplingParams& params);
+
+  bool HasWork() const { return !requests_.empty(); }
+  int32_t num_free_blocks() const { return scheduler_->num_free_blocks(); }
+  int32_t num_free_slots() const { return scheduler_->num_free_slots(); }
+  const engine::Scheduler& scheduler() const { return *scheduler_; }
+  KvCache& cache() { return *cache_; }
+  ModelRunner& runner() { return *runner_; }
+  // Tokens computed by forward passes so far (prefill, decode).
+  int64_t prefill_tokens() const { return prefill_tokens_; }
+  int64_t decode_tokens() const { return decode_tokens_; }
+
+ private:
+  struct Request {
+    RequestId id = 0;
+    std::vector<int32_t> prompt;
+    std::vector<int32_t> tokens;  // prompt + generated
+    engine::SamplingParams params;
+    engine::PenaltyState history;
+    std::unique_ptr<engine::StopChecker> stop;
+    std::unique_ptr<tokenizer::IncrementalDetokenizer> detok;
+    int64_t slot = -1;  // the KDA slot of its last scheduled step
+    // A prefilled state waiting to be copied in at the first step.
+    std::vector<StateRange> pending_import;
+    std::vector<std::string> import_bytes;  // owns pending_import's bytes
+    int64_t import_tokens = 0;
+    int64_t num_generated() const { return tokens.size() - prompt.size(); }
+  };
+
+  Engine() = default;
+  absl::StatusOr<Request*> NewRequest(RequestId id, std::vector<int32_t> prompt,
+                                      const engine::SamplingParams& params);
+  absl::Status Sample(Request* r, absl::Span<const float> logits, RequestOutput* out);
+
+  const ModelWeights* weights_ = nullptr;            // not owned
+  const tokenizer::Tokenizer* tokenizer_ = nullptr;  // not owned; may be null
+  EngineOptions options_;
+  std::unique_ptr<engine::Scheduler> scheduler_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<engine::Sampler> sampler_;
+  absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_;
+  std::vector<int32_t> eos_ids_;
+  uint64_t seed_state_ = 0;
+  int64_t prefill_tokens_ = 0;
+  int64_t decode_tokens_ = 0;
+};
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_ENGINE_RUNTIME_ENGINE_H_

@@ -1,0 +1,203 @@
+// The request loop on the tiny checkpoint: greedy output equals the bare runner,
+// batching many requests changes nothing, seeds reproduce, max_tokens ends with
+// kLength, cancellation frees every block and slot, and a request prefilled on
+// one engine and decoded on another (different block size) produces the
+// colocated tokens.
+#include "engine/runtime/engine.h"
+
+#include <map>
+
+#include "engine/runtime/test_util.h"
+#include "gtest/gtest.h"
+
+namespace tandem::runtime {
+namespace {
+
+using testing::BlockRange;
+using testing::GreedyGenerate;
+using testing::MakeBackend;
+using testing::MakeCache;
+using testing::MakePrompt;
+using testing::TestSequence;
+using testing::TinyWeights;
+
+struct Rig {
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<Engine> engine;
+};
+
+Rig MakeEngine(EngineOptions o = {}) {
+  Rig r;
+  r.backend = MakeBackend("cpu");
+  auto e = Engine::Create(&TinyWeights(), r.backend.get(), nullptr, o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  r.engine = std::move(e).value();
+  return r;
+}
+
+engine::SamplingParams Greedy(int max_tokens) {
+  engine::SamplingParams p;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+// Runs until idle; returns every request's tokens and finish reason.
+std::map<RequestId, std::vector<int32_t>> RunAll(
+    Engine* e, std::map<RequestId, engine::FinishReason>* reasons = nullptr) {
+  std::map<RequestId, std::vector<int32_t>> out;
+  for (int step = 0; e->HasWork() && step < 10000; ++step) {
+    auto res = e->Step();
+    EXPECT_TRUE(res.ok()) << res.status();
+    if (!res.ok()) break;
+    for (const RequestOutput& o : *res) {
+      auto& v = out[o.id];
+      v.insert(v.end(), o.new_tokens.begin(), o.new_tokens.end());
+      if (o.finished && reasons != nullptr) (*reasons)[o.id] = o.finish_reason;
+    }
+  }
+  return out;
+}
+
+TEST(EngineTest, GreedyEqualsBareRunner) {
+  const std::vector<int32_t> prompt = MakePrompt(45, 1);
+  auto backend = MakeBackend("cpu");
+  auto cache = MakeCache(TinyWeights(), 16, 16, 1);
+  ModelRunner runner(&TinyWeights(), cache.get(), backend.get());
+  TestSequence s{BlockRange(0, 8), 0, 0};
+  auto want = GreedyGenerate(&runner, &s, prompt, 1000, 7);
+  ASSERT_TRUE(want.ok());
+
+  EngineOptions o;
+  o.max_tokens_per_step = 16;  // the prompt is prefilled in 3 chunks
+  Rig r = MakeEngine(o);
+  ASSERT_TRUE(r.engine->AddRequest(1, prompt, Greedy(7)).ok());
+  std::map<RequestId, engine::FinishReason> reasons;
+  auto got = RunAll(r.engine.get(), &reasons);
+  EXPECT_EQ(got[1], *want);
+  EXPECT_EQ(reasons[1], engine::FinishReason::kLength);
+  EXPECT_EQ(r.engine->prefill_tokens(), 45);
+  EXPECT_EQ(r.engine->decode_tokens(), 6);
+}
+
+TEST(EngineTest, SixteenRequestsTogetherEqualEachAlone) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 16; ++i) prompts.push_back(MakePrompt(3 + (i * 11) % 40, 50 + i));
+  std::map<RequestId, std::vector<int32_t>> alone;
+  for (int i = 0; i < 16; ++i) {
+    Rig r = MakeEngine();
+    ASSERT_TRUE(r.engine->AddRequest(i, prompts[i], Greedy(4 + i % 5)).ok());
+    alone[i] = RunAll(r.engine.get())[i];
+  }
+  EngineOptions o;
+  o.num_slots = 16;
+  o.max_tokens_per_step = 48;  // forces chunking and mixed prefill/decode steps
+  Rig r = MakeEngine(o);
+  for (int i = 0; i < 16; ++i)
+    ASSERT_TRUE(r.engine->AddRequest(i, prompts[i], Greedy(4 + i % 5)).ok());
+  auto together = RunAll(r.engine.get());
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(alone[i], together[i]) << "request " << i;
+    EXPECT_EQ(alone[i].size(), 4u + i % 5);
+  }
+}
+
+TEST(EngineTest, SameSeedSameTokens) {
+  const std::vector<int32_t> prompt = MakePrompt(12, 2);
+  engine::SamplingParams p;
+  p.temperature = 1.0f;
+  p.max_tokens = 12;
+  p.ignore_eos = true;
+  std::vector<int32_t> runs[3];
+  for (int i = 0; i < 3; ++i) {
+    p.seed = i < 2 ? 1234 : 99;
+    Rig r = MakeEngine();
+    ASSERT_TRUE(r.engine->AddRequest(5, prompt, p).ok());
+    runs[i] = RunAll(r.engine.get())[5];
+    ASSERT_EQ(runs[i].size(), 12u);
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+  EXPECT_NE(runs[0], runs[2]);  // 12 draws at temperature 1 over 163,840 ids
+}
+
+TEST(EngineTest, CancellationFreesBlocksAndSlots) {
+  EngineOptions o;
+  o.num_slots = 4;
+  o.max_tokens_per_step = 8;
+  o.num_blocks = 64;
+  Rig r = MakeEngine(o);
+  const int32_t blocks = r.engine->num_free_blocks();
+  const int32_t slots = r.engine->num_free_slots();
+  ASSERT_TRUE(r.engine->AddRequest(1, MakePrompt(5, 1), Greedy(100)).ok());
+  ASSERT_TRUE(r.engine->AddRequest(2, MakePrompt(60, 2), Greedy(100)).ok());
+  ASSERT_TRUE(r.engine->AddRequest(3, MakePrompt(7, 3), Greedy(100)).ok());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(r.engine->Step().ok());
+  EXPECT_LT(r.engine->num_free_blocks(), blocks);
+  EXPECT_LT(r.engine->num_free_slots(), slots);
+  ASSERT_TRUE(r.engine->Abort(2).ok());   // mid-prefill
+  ASSERT_TRUE(r.engine->Abort(1).ok());   // decoding
+  EXPECT_FALSE(r.engine->Abort(1).ok());  // already gone
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(r.engine->Step().ok());
+  ASSERT_TRUE(r.engine->Abort(3).ok());
+  EXPECT_FALSE(r.engine->HasWork());
+  EXPECT_EQ(r.engine->num_free_blocks(), blocks);
+  EXPECT_EQ(r.engine->num_free_slots(), slots);
+  EXPECT_TRUE(r.engine->scheduler().CheckInvariants().ok());
+  // And a finished request frees them too.
+  ASSERT_TRUE(r.engine->AddRequest(4, MakePrompt(9, 4), Greedy(3)).ok());
+  RunAll(r.engine.get());
+  EXPECT_EQ(r.engine->num_free_blocks(), blocks);
+  EXPECT_EQ(r.engine->num_free_slots(), slots);
+}
+
+TEST(EngineTest, RejectsBadRequests) {
+  Rig r = MakeEngine();
+  EXPECT_FALSE(r.engine->AddRequest(1, {}, Greedy(3)).ok());
+  EXPECT_FALSE(r.engine->AddRequest(1, {1, -2}, Greedy(3)).ok());
+  EXPECT_FALSE(r.engine->AddRequest(1, {1, 200000}, Greedy(3)).ok());
+  engine::SamplingParams bad = Greedy(3);
+  bad.temperature = -1;
+  EXPECT_FALSE(r.engine->AddRequest(1, {1}, bad).ok());
+  ASSERT_TRUE(r.engine->AddRequest(1, {1, 2}, Greedy(3)).ok());
+  EXPECT_FALSE(r.engine->AddRequest(1, {1, 2}, Greedy(3)).ok());  // duplicate id
+}
+
+TEST(EngineTest, PrefillOnOneEngineDecodeOnAnotherEqualsColocated) {
+  const std::vector<int32_t> prompt = MakePrompt(41, 8);
+  const int kTokens = 9;
+  Rig colocated = MakeEngine();
+  ASSERT_TRUE(colocated.engine->AddRequest(7, prompt, Greedy(kTokens)).ok());
+  const std::vector<int32_t> want = RunAll(colocated.engine.get())[7];
+  ASSERT_EQ(want.size(), static_cast<size_t>(kTokens));
+
+  EngineOptions po;
+  po.block_size = 16;
+  Rig prefill = MakeEngine(po);
+  ASSERT_TRUE(prefill.engine->AddRequest(7, prompt, Greedy(kTokens)).ok());
+  std::vector<int32_t> first;
+  while (first.empty()) {
+    auto res = prefill.engine->Step();
+    ASSERT_TRUE(res.ok());
+    for (const RequestOutput& o : *res) first = o.new_tokens;
+  }
+  auto state = prefill.engine->ExportState(7);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->num_cached_tokens, static_cast<int64_t>(prompt.size()));
+
+  EngineOptions dopt;
+  dopt.block_size = 8;
+  dopt.num_slots = 3;
+  Rig decode = MakeEngine(dopt);
+  // Another request occupies slot and blocks first, so the placement differs.
+  ASSERT_TRUE(decode.engine->AddRequest(1, MakePrompt(20, 9), Greedy(30)).ok());
+  ASSERT_TRUE(decode.engine->Step().ok());
+  ASSERT_TRUE(decode.engine->AddPrefilledRequest(7, *state, Greedy(kTokens)).ok());
+  ASSERT_TRUE(prefill.engine->Abort(7).ok());  // the hand-off is complete
+  auto got = RunAll(decode.engine.get());
+  std::vector<int32_t> all = first;
+  all.insert(all.end(), got[7].begin(), got[7].end());
+  EXPECT_EQ(all, want);
+}
+
+}  // namespace
+}  // namespace tandem::runtime
