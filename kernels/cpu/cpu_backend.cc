@@ -275,7 +275,7 @@ class CpuBackend final : public Backend {
     pool_.ParallelFor(a.heads, [&](int64_t h0, int64_t h1, int) {
       std::vector<float> big_g(kChunk * dk), eg(kChunk * dk), kg(kChunk * dk),
           qk(kChunk * dk), kdat(kChunk * dk), qdat(kChunk * dk), u(kChunk * dv),
-          diff(dk), kd(kChunk * dk);
+          diff(dk), kd(kChunk * dk), kdt(dk * kChunk), qkm(kChunk * kChunk);
       for (int64_t h = h0; h < h1; ++h) {
         float* s = a.state + h * dk * dv;
         for (int64_t t0 = 0; t0 < a.tokens; t0 += kChunk) {
@@ -295,14 +295,13 @@ class CpuBackend final : public Backend {
             kg[i] = eg[i] * kdat[i];
             qk[i] = eg[i] * qdat[i];
           }
-          // u_t: right-hand side, then forward substitution.
+          // u = beta (v - (e^G k) S0), then forward substitution with the strictly
+          // lower-triangular A[t][j] = beta_t (k_t . e^{G_t-G_j} . k_j).
+          vec_.gemm_nn(kg.data(), dk, s, dv, u.data(), dv, len, dv, dk, false);
           for (int64_t t = 0; t < len; ++t) {
             const float b = a.beta[(t0 + t) * a.heads + h];
             float* ut = &u[t * dv];
             const float* v = a.v + (t0 + t) * a.ld_v + h * dv;
-            for (int64_t e = 0; e < dv; ++e) ut[e] = 0.0f;
-            for (int64_t c = 0; c < dk; ++c)
-              vec_.axpy(kg[t * dk + c], s + c * dv, ut, dv);
             for (int64_t e = 0; e < dv; ++e) ut[e] = b * (v[e] - ut[e]);
             for (int64_t j = 0; j < t; ++j) {
               const float coef =
@@ -311,32 +310,33 @@ class CpuBackend final : public Backend {
               vec_.axpy(-coef, &u[j * dv], ut, dv);
             }
           }
-          // Outputs (read S0 before it is updated).
+          // O = (e^G q) S0 + Qk U with Qk[t][j] = q_t . e^{G_t-G_j} . k_j, j <= t.
+          float* o0 = a.out + t0 * a.ld_out + h * dv;
+          vec_.gemm_nn(qk.data(), dk, s, dv, o0, a.ld_out, len, dv, dk, false);
           for (int64_t t = 0; t < len; ++t) {
-            float* o = a.out + (t0 + t) * a.ld_out + h * dv;
-            for (int64_t e = 0; e < dv; ++e) o[e] = 0.0f;
-            for (int64_t c = 0; c < dk; ++c)
-              vec_.axpy(qk[t * dk + c], s + c * dv, o, dv);
-            for (int64_t j = 0; j <= t; ++j) {
-              const float coef = vec_.decayed_dot(&qdat[t * dk], &big_g[t * dk],
-                                                  &kdat[j * dk], &big_g[j * dk], dk);
-              vec_.axpy(coef, &u[j * dv], o, dv);
+            for (int64_t j = 0; j < len; ++j) {
+              qkm[t * kChunk + j] =
+                  j <= t ? vec_.decayed_dot(&qdat[t * dk], &big_g[t * dk],
+                                            &kdat[j * dk], &big_g[j * dk], dk)
+                         : 0.0f;
             }
           }
-          // State: decay by the whole chunk, add the chunk's keys.
+          vec_.gemm_nn(qkm.data(), kChunk, u.data(), dv, o0, a.ld_out, len, dv, len,
+                       true);
+          // S = diag(e^{G_L}) S0 + Kd^T U with Kd[j][c] = e^{G_L-G_j} k_j.
           const float* gl = &big_g[(len - 1) * dk];
           for (int64_t j = 0; j < len; ++j) {
             for (int64_t c = 0; c < dk; ++c) diff[c] = gl[c] - big_g[j * dk + c];
             vec_.exp_nonpos(diff.data(), &kd[j * dk], dk);
-            for (int64_t c = 0; c < dk; ++c) kd[j * dk + c] *= kdat[j * dk + c];
+            for (int64_t c = 0; c < dk; ++c)
+              kdt[c * kChunk + j] = kd[j * dk + c] * kdat[j * dk + c];
           }
           for (int64_t c = 0; c < dk; ++c) {
             float* row = s + c * dv;
             const float decay = eg[(len - 1) * dk + c];
             for (int64_t e = 0; e < dv; ++e) row[e] *= decay;
-            for (int64_t j = 0; j < len; ++j)
-              vec_.axpy(kd[j * dk + c], &u[j * dv], row, dv);
           }
+          vec_.gemm_nn(kdt.data(), kChunk, u.data(), dv, s, dv, dk, dv, len, true);
         }
       }
     });

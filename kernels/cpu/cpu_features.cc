@@ -49,8 +49,8 @@ absl::string_view IsaName(CpuIsa isa) {
 }
 
 bool ParseIsa(absl::string_view name, CpuIsa* out) {
-  for (CpuIsa isa : {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512,
-                     CpuIsa::kAvx512Bf16}) {
+  for (CpuIsa isa :
+       {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
     if (name == IsaName(isa)) {
       *out = isa;
       return true;

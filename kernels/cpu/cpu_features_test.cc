@@ -8,8 +8,8 @@ namespace tandem::kernels {
 namespace {
 
 TEST(CpuFeaturesTest, NamesRoundTrip) {
-  for (CpuIsa isa : {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512,
-                     CpuIsa::kAvx512Bf16}) {
+  for (CpuIsa isa :
+       {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
     CpuIsa back;
     ASSERT_TRUE(ParseIsa(IsaName(isa), &back));
     EXPECT_EQ(back, isa);

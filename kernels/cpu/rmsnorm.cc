@@ -4,8 +4,8 @@
 
 namespace tandem::kernels {
 
-void RmsNormReference(const float* x, const float* w, float* y, int64_t rows,
-                      int64_t n, float eps) {
+void RmsNormReference(const float* x, const float* w, float* y, int64_t rows, int64_t n,
+                      float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * n;
     float* yr = y + r * n;

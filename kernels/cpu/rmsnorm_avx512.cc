@@ -34,7 +34,8 @@ void RmsNormAvx512(const float* x, const float* w, float* y, int64_t rows, int64
     if (i < n) {
       __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
       __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + i), vs);
-      _mm512_mask_storeu_ps(yr + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i)));
+      _mm512_mask_storeu_ps(yr + i, m,
+                            _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i)));
     }
   }
 }

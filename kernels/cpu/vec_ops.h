@@ -33,6 +33,11 @@ struct VecOps {
   void (*mxfp4_rows)(const uint8_t* packed, const uint8_t* scale, int64_t cols,
                      const float* xe, const float* xo, int64_t ldx, int nt, float* y,
                      int64_t ldy, int64_t r0, int64_t r1);
+  // Small single-threaded "NN" GEMM for the KDA chunk products:
+  //   Y[m, n] (+)= X[m, k] @ B[k, n], all row-major fp32 with row strides.
+  // Register-blocked broadcast form (rows of B streamed as vectors).
+  void (*gemm_nn)(const float* x, int64_t ldx, const float* b, int64_t ldb, float* y,
+                  int64_t ldy, int64_t m, int64_t n, int64_t k, bool accumulate);
 };
 
 const VecOps& VecOpsFor(CpuIsa isa);

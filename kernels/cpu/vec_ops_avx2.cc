@@ -1,7 +1,6 @@
 // AVX2 + FMA vector primitives. Compiled with -mavx2 -mfma; only reached through
 // VecOpsFor() when the CPU has them. Helpers stay in this TU's anonymous namespace.
 #include <immintrin.h>
-
 #include <math.h>
 
 #include "kernels/cpu/vec_ops.h"
@@ -176,12 +175,62 @@ void Mxfp4Rows(const uint8_t* packed, const uint8_t* scale, int64_t cols,
   }
 }
 
+// Y rows i..i+MR, columns j..j+32 (4 vectors of 8; full tiles only).
+template <int MR>
+void GemmNnTile(const float* x, int64_t ldx, const float* b, int64_t ldb, float* y,
+                int64_t ldy, int64_t k, bool accumulate) {
+  __m256 acc[MR][4];
+  for (int i = 0; i < MR; ++i) {
+    for (int v = 0; v < 4; ++v) {
+      acc[i][v] =
+          accumulate ? _mm256_loadu_ps(y + i * ldy + v * 8) : _mm256_setzero_ps();
+    }
+  }
+  for (int64_t l = 0; l < k; ++l) {
+    __m256 bv[4];
+    for (int v = 0; v < 4; ++v) bv[v] = _mm256_loadu_ps(b + l * ldb + v * 8);
+    for (int i = 0; i < MR; ++i) {
+      const __m256 a = _mm256_set1_ps(x[i * ldx + l]);
+      for (int v = 0; v < 4; ++v) acc[i][v] = _mm256_fmadd_ps(a, bv[v], acc[i][v]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int v = 0; v < 4; ++v) _mm256_storeu_ps(y + i * ldy + v * 8, acc[i][v]);
+  }
+}
+
+void GemmNn(const float* x, int64_t ldx, const float* b, int64_t ldb, float* y,
+            int64_t ldy, int64_t m, int64_t n, int64_t k, bool accumulate) {
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32) {
+    int64_t i = 0;
+    for (; i + 3 <= m; i += 3) {
+      GemmNnTile<3>(x + i * ldx, ldx, b + j, ldb, y + i * ldy + j, ldy, k, accumulate);
+    }
+    for (; i < m; ++i) {
+      GemmNnTile<1>(x + i * ldx, ldx, b + j, ldb, y + i * ldy + j, ldy, k, accumulate);
+    }
+  }
+  if (j < n) {  // remaining columns: plain loops
+    for (int64_t i = 0; i < m; ++i) {
+      float* yr = y + i * ldy;
+      if (!accumulate) {
+        for (int64_t c = j; c < n; ++c) yr[c] = 0.0f;
+      }
+      for (int64_t l = 0; l < k; ++l) {
+        const float a = x[i * ldx + l];
+        for (int64_t c = j; c < n; ++c) yr[c] += a * b[l * ldb + c];
+      }
+    }
+  }
+}
+
 }  // namespace
 
 namespace internal {
 const VecOps& VecOpsAvx2() {
-  static const VecOps ops = {&Dot,        &DotBf16,   &Axpy,     &AxpyBf16,
-                             &DecayedDot, &ExpNonpos, &Mxfp4Rows};
+  static const VecOps ops = {&Dot,        &DotBf16,   &Axpy,      &AxpyBf16,
+                             &DecayedDot, &ExpNonpos, &Mxfp4Rows, &GemmNn};
   return ops;
 }
 }  // namespace internal

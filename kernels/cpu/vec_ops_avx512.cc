@@ -182,12 +182,63 @@ void Mxfp4Rows(const uint8_t* packed, const uint8_t* scale, int64_t cols,
   }
 }
 
+// Y rows i..i+MR, columns j..j+64 (4 vectors, the last masked): broadcast X[i, l],
+// FMA with row l of B.
+template <int MR>
+void GemmNnTile(const float* x, int64_t ldx, const float* b, int64_t ldb, float* y,
+                int64_t ldy, int64_t nv, __mmask16 last, int64_t k, bool accumulate) {
+  __m512 acc[MR][4];
+  for (int i = 0; i < MR; ++i) {
+    for (int v = 0; v < 4; ++v) {
+      const __mmask16 m = v + 1 < nv ? 0xffff : (v + 1 == nv ? last : 0);
+      acc[i][v] = accumulate ? _mm512_maskz_loadu_ps(m, y + i * ldy + v * 16)
+                             : _mm512_setzero_ps();
+    }
+  }
+  for (int64_t l = 0; l < k; ++l) {
+    __m512 bv[4];
+    for (int v = 0; v < 4; ++v) {
+      const __mmask16 m = v + 1 < nv ? 0xffff : (v + 1 == nv ? last : 0);
+      bv[v] = _mm512_maskz_loadu_ps(m, b + l * ldb + v * 16);
+    }
+    for (int i = 0; i < MR; ++i) {
+      const __m512 a = _mm512_set1_ps(x[i * ldx + l]);
+      for (int v = 0; v < 4; ++v) acc[i][v] = _mm512_fmadd_ps(a, bv[v], acc[i][v]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int v = 0; v < 4; ++v) {
+      const __mmask16 m = v + 1 < nv ? 0xffff : (v + 1 == nv ? last : 0);
+      _mm512_mask_storeu_ps(y + i * ldy + v * 16, m, acc[i][v]);
+    }
+  }
+}
+
+void GemmNn(const float* x, int64_t ldx, const float* b, int64_t ldb, float* y,
+            int64_t ldy, int64_t m, int64_t n, int64_t k, bool accumulate) {
+  for (int64_t j = 0; j < n; j += 64) {
+    const int64_t cols = n - j < 64 ? n - j : 64;
+    const int64_t nv = (cols + 15) / 16;
+    const int64_t rem = cols - (nv - 1) * 16;
+    const __mmask16 last = static_cast<__mmask16>((1u << rem) - 1);
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4) {
+      GemmNnTile<4>(x + i * ldx, ldx, b + j, ldb, y + i * ldy + j, ldy, nv, last, k,
+                    accumulate);
+    }
+    for (; i < m; ++i) {
+      GemmNnTile<1>(x + i * ldx, ldx, b + j, ldb, y + i * ldy + j, ldy, nv, last, k,
+                    accumulate);
+    }
+  }
+}
+
 }  // namespace
 
 namespace internal {
 const VecOps& VecOpsAvx512() {
-  static const VecOps ops = {&Dot,        &DotBf16,   &Axpy,     &AxpyBf16,
-                             &DecayedDot, &ExpNonpos, &Mxfp4Rows};
+  static const VecOps ops = {&Dot,        &DotBf16,   &Axpy,      &AxpyBf16,
+                             &DecayedDot, &ExpNonpos, &Mxfp4Rows, &GemmNn};
   return ops;
 }
 }  // namespace internal

@@ -82,12 +82,27 @@ void Mxfp4Rows(const uint8_t* packed, const uint8_t* scale, int64_t cols,
   }
 }
 
+void GemmNn(const float* x, int64_t ldx, const float* b, int64_t ldb, float* y,
+            int64_t ldy, int64_t m, int64_t n, int64_t k, bool accumulate) {
+  for (int64_t i = 0; i < m; ++i) {
+    float* yr = y + i * ldy;
+    if (!accumulate) {
+      for (int64_t j = 0; j < n; ++j) yr[j] = 0.0f;
+    }
+    for (int64_t l = 0; l < k; ++l) {
+      const float a = x[i * ldx + l];
+      const float* br = b + l * ldb;
+      for (int64_t j = 0; j < n; ++j) yr[j] += a * br[j];
+    }
+  }
+}
+
 }  // namespace
 
 namespace internal {
 const VecOps& VecOpsGeneric() {
-  static const VecOps ops = {&Dot,        &DotBf16,   &Axpy,     &AxpyBf16,
-                             &DecayedDot, &ExpNonpos, &Mxfp4Rows};
+  static const VecOps ops = {&Dot,        &DotBf16,   &Axpy,      &AxpyBf16,
+                             &DecayedDot, &ExpNonpos, &Mxfp4Rows, &GemmNn};
   return ops;
 }
 }  // namespace internal
