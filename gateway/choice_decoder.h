@@ -1,0 +1,118 @@
+// One choice of an OpenAI response, built from the token stream of one router
+// Generate call:
+//
+//   chat:        ids → ChatStreamParser (engine/chat) → reasoning / content /
+//                tool-call events → stop strings on content → Delta
+//   completions: ids → IncrementalDetokenizer (specials skipped) → stop
+//                strings → Delta (text)
+//
+// Each Add() returns what to send now (a streaming delta) and accumulates the
+// whole choice (for non-streaming responses). Not thread-safe: one stream's
+// messages arrive in order, the caller serialises.
+#ifndef TANDEM_GATEWAY_CHOICE_DECODER_H_
+#define TANDEM_GATEWAY_CHOICE_DECODER_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/chat/stream_parser.h"
+#include "engine/tokenizer/incremental_detokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "gateway/stop_matcher.h"
+#include "proto/router.pb.h"
+
+namespace tandem::gateway {
+
+// A generated token's log-probability, with its alternatives.
+struct LogprobEntry {
+  std::string token;  // the token's bytes (may be a partial UTF-8 sequence)
+  float logprob = 0;
+  std::vector<std::pair<std::string, float>> top;  // token bytes, logprob
+};
+
+struct ToolCallDelta {
+  int index = 0;
+  std::string id;         // set on the first delta of a call
+  std::string name;       // set on the first delta of a call
+  std::string arguments;  // a piece of the JSON arguments
+};
+
+struct ChoiceDelta {
+  std::string reasoning;
+  std::string content;  // chat content or completion text
+  std::vector<ToolCallDelta> tool_calls;
+  std::vector<LogprobEntry> logprobs;
+
+  bool empty() const {
+    return reasoning.empty() && content.empty() && tool_calls.empty() &&
+           logprobs.empty();
+  }
+};
+
+struct ParsedToolCallOut {
+  std::string id;
+  std::string name;
+  std::string arguments;
+};
+
+class ChoiceDecoder {
+ public:
+  struct Options {
+    bool chat = true;
+    chat::ChatStreamParser::Start start = chat::ChatStreamParser::Start::kThink;
+    std::string tool_call_id_prefix = "call_";
+    std::vector<std::string> stop;
+    bool logprobs = false;
+  };
+
+  // `tokenizer` is not owned and must outlive the decoder.
+  ChoiceDecoder(const tokenizer::Tokenizer* tokenizer, Options options);
+
+  // One router message. InvalidArgument for token ids outside the vocabulary.
+  // After a stop string matched, further messages are ignored (done() is true:
+  // the caller cancels the router call).
+  absl::Status Add(const tandem::v1::GenerateResponse& response, ChoiceDelta* delta);
+  // The stream ended normally: flushes held text; sets the finish reason from
+  // the last message (stop | length | tool_calls).
+  void Finish(ChoiceDelta* delta);
+
+  bool done() const { return done_; }
+  // "stop", "length" or "tool_calls"; empty until done().
+  const std::string& finish_reason() const { return finish_reason_; }
+  int completion_tokens() const { return completion_tokens_; }
+
+  // The whole choice so far.
+  const std::string& reasoning() const { return reasoning_; }
+  const std::string& content() const { return content_; }
+  const std::vector<ParsedToolCallOut>& tool_calls() const { return tool_calls_; }
+  const std::vector<LogprobEntry>& logprobs() const { return logprobs_; }
+  const std::vector<std::string>& warnings() const { return warnings_; }
+
+ private:
+  void AddText(std::string text, bool content, ChoiceDelta* delta);
+  void Apply(const chat::ChatEvent& event, ChoiceDelta* delta);
+  LogprobEntry MakeLogprob(const tandem::v1::TokenLogprob& lp) const;
+
+  const tokenizer::Tokenizer* tokenizer_;  // not owned
+  const Options options_;
+  std::optional<chat::ChatStreamParser> parser_;                  // chat
+  std::optional<tokenizer::IncrementalDetokenizer> detokenizer_;  // completions
+  StopMatcher stop_;
+  bool done_ = false;
+  std::string finish_reason_;
+  tandem::v1::FinishReason last_reason_ = tandem::v1::FINISH_REASON_UNSPECIFIED;
+  int completion_tokens_ = 0;
+
+  std::string reasoning_;
+  std::string content_;
+  std::vector<ParsedToolCallOut> tool_calls_;
+  std::vector<LogprobEntry> logprobs_;
+  std::vector<std::string> warnings_;
+};
+
+}  // namespace tandem::gateway
+
+#endif  // TANDEM_GATEWAY_CHOICE_DECODER_H_

@@ -1,0 +1,179 @@
+#include "gateway/choice_decoder.h"
+
+#include "absl/container/flat_hash_set.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::gateway {
+namespace {
+
+using tandem::v1::GenerateResponse;
+
+class ChoiceDecoderTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto t = tokenizer::Tokenizer::Load("third_party/kimi_k3_tokenizer");
+    ASSERT_TRUE(t.ok()) << t.status();
+    tokenizer_ = t->release();
+  }
+
+  // `text` with structure spellings as their ids.
+  std::vector<int> Ids(const std::string& text) {
+    const absl::flat_hash_set<std::string> specials = {
+        "<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>", "[EOS]"};
+    auto ids = tokenizer_->EncodeWithSpecial(text, specials);
+    EXPECT_TRUE(ids.ok());
+    return *ids;
+  }
+
+  // Feeds one id per message; the last carries `reason`. Returns the deltas
+  // concatenated.
+  ChoiceDelta Run(ChoiceDecoder& d, const std::vector<int>& ids,
+                  tandem::v1::FinishReason reason = tandem::v1::FINISH_REASON_STOP,
+                  bool logprobs = false) {
+    ChoiceDelta all;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      GenerateResponse r;
+      r.add_token_ids(ids[i]);
+      if (logprobs) {
+        auto* lp = r.add_logprobs();
+        lp->set_token_id(ids[i]);
+        lp->set_logprob(-1.0f * i);
+        auto* top = lp->add_top();
+        top->set_token_id(ids[i]);
+        top->set_logprob(-1.0f * i);
+      }
+      if (i + 1 == ids.size()) r.set_finish_reason(reason);
+      ChoiceDelta delta;
+      EXPECT_TRUE(d.Add(r, &delta).ok());
+      Append(delta, &all);
+      if (d.done()) break;
+    }
+    ChoiceDelta tail;
+    d.Finish(&tail);
+    Append(tail, &all);
+    return all;
+  }
+
+  static void Append(const ChoiceDelta& d, ChoiceDelta* all) {
+    all->reasoning += d.reasoning;
+    all->content += d.content;
+    all->tool_calls.insert(all->tool_calls.end(), d.tool_calls.begin(),
+                           d.tool_calls.end());
+    all->logprobs.insert(all->logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+  }
+
+  static tokenizer::Tokenizer* tokenizer_;
+};
+
+tokenizer::Tokenizer* ChoiceDecoderTest::tokenizer_ = nullptr;
+
+TEST_F(ChoiceDecoderTest, CompletionTextSkipsEos) {
+  ChoiceDecoder d(tokenizer_, {.chat = false});
+  const std::vector<int> ids = Ids(" Hello world, café![EOS]");
+  ChoiceDelta all = Run(d, ids);
+  EXPECT_EQ(all.content, " Hello world, café!");
+  EXPECT_EQ(d.content(), all.content);
+  EXPECT_EQ(d.finish_reason(), "stop");
+  EXPECT_EQ(d.completion_tokens(), static_cast<int>(ids.size()));
+}
+
+TEST_F(ChoiceDecoderTest, LengthFinish) {
+  ChoiceDecoder d(tokenizer_, {.chat = false});
+  Run(d, Ids(" one two"), tandem::v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(d.finish_reason(), "length");
+  EXPECT_EQ(d.content(), " one two");
+}
+
+TEST_F(ChoiceDecoderTest, StopStringCutsAndEndsEarly) {
+  ChoiceDecoder d(tokenizer_, {.chat = false, .stop = {"fox"}});
+  const std::vector<int> ids = Ids(" The quick brown fox jumps over[EOS]");
+  ChoiceDelta all = Run(d, ids);
+  EXPECT_EQ(all.content, " The quick brown ");
+  EXPECT_EQ(d.content(), " The quick brown ");
+  EXPECT_TRUE(d.done());
+  EXPECT_EQ(d.finish_reason(), "stop");
+  // Counted up to the token that completed the match, not beyond.
+  EXPECT_LT(d.completion_tokens(), static_cast<int>(ids.size()));
+  EXPECT_EQ(d.completion_tokens(),
+            static_cast<int>(Ids(" The quick brown fox").size()));
+}
+
+TEST_F(ChoiceDecoderTest, ChatThinkingSplitsReasoningAndContent) {
+  ChoiceDecoder d(tokenizer_,
+                  {.chat = true, .start = chat::ChatStreamParser::Start::kThink});
+  ChoiceDelta all =
+      Run(d, Ids("I should greet.<|close|>think<|sep|><|open|>response<|sep|>Hi there!"
+                 "<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"));
+  EXPECT_EQ(all.reasoning, "I should greet.");
+  EXPECT_EQ(all.content, "Hi there!");
+  EXPECT_EQ(d.reasoning(), "I should greet.");
+  EXPECT_EQ(d.content(), "Hi there!");
+  EXPECT_TRUE(d.tool_calls().empty());
+  EXPECT_EQ(d.finish_reason(), "stop");
+}
+
+TEST_F(ChoiceDecoderTest, ChatWithoutThinking) {
+  ChoiceDecoder d(tokenizer_,
+                  {.chat = true, .start = chat::ChatStreamParser::Start::kResponse});
+  Run(d,
+      Ids("Plain answer<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"));
+  EXPECT_EQ(d.reasoning(), "");
+  EXPECT_EQ(d.content(), "Plain answer");
+}
+
+TEST_F(ChoiceDecoderTest, ChatToolCallWholeAndStreamed) {
+  ChoiceDecoder d(tokenizer_, {.chat = true,
+                               .start = chat::ChatStreamParser::Start::kResponse,
+                               .tool_call_id_prefix = "call_x_"});
+  ChoiceDelta all = Run(d, Ids("<|close|>response<|sep|><|open|>tools<|sep|>"
+                               "<|open|>call tool=\"get_weather\" index=\"1\"<|sep|>"
+                               "<|open|>argument key=\"city\" "
+                               "type=\"string\"<|sep|>Paris<|close|>argument<|sep|>"
+                               "<|open|>argument key=\"days\" "
+                               "type=\"number\"<|sep|>3<|close|>argument<|sep|>"
+                               "<|close|>call<|sep|><|close|>tools<|sep|><|close|>"
+                               "message<|sep|><|end_of_msg|>"));
+  ASSERT_EQ(d.tool_calls().size(), 1u);
+  EXPECT_EQ(d.tool_calls()[0].name, "get_weather");
+  EXPECT_EQ(d.tool_calls()[0].id, "call_x_0");
+  EXPECT_EQ(nlohmann::json::parse(d.tool_calls()[0].arguments),
+            nlohmann::json({{"city", "Paris"}, {"days", 3}}));
+  EXPECT_EQ(d.finish_reason(), "tool_calls");
+  // The streamed pieces: a first delta with id and name, then arguments that
+  // concatenate to the whole.
+  ASSERT_FALSE(all.tool_calls.empty());
+  EXPECT_EQ(all.tool_calls[0].id, "call_x_0");
+  EXPECT_EQ(all.tool_calls[0].name, "get_weather");
+  std::string args;
+  for (const auto& t : all.tool_calls) {
+    EXPECT_EQ(t.index, 0);
+    args += t.arguments;
+  }
+  EXPECT_EQ(args, d.tool_calls()[0].arguments);
+}
+
+TEST_F(ChoiceDecoderTest, LogprobsOnePerToken) {
+  ChoiceDecoder d(tokenizer_, {.chat = false, .logprobs = true});
+  const std::vector<int> ids = Ids(" a b c");
+  ChoiceDelta all = Run(d, ids, tandem::v1::FINISH_REASON_LENGTH, /*logprobs=*/true);
+  ASSERT_EQ(d.logprobs().size(), ids.size());
+  ASSERT_EQ(all.logprobs.size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(d.logprobs()[i].token, *tokenizer_->IdToken(ids[i]));
+    EXPECT_FLOAT_EQ(d.logprobs()[i].logprob, -1.0f * i);
+    ASSERT_EQ(d.logprobs()[i].top.size(), 1u);
+  }
+}
+
+TEST_F(ChoiceDecoderTest, IdOutsideVocabularyIsAnError) {
+  ChoiceDecoder d(tokenizer_, {.chat = false});
+  GenerateResponse r;
+  r.add_token_ids(tokenizer::kVocabSize + 5);
+  ChoiceDelta delta;
+  EXPECT_EQ(d.Add(r, &delta).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tandem::gateway

@@ -1,0 +1,108 @@
+// The OpenAI gateway process: REST + SSE on Boost.Beast in front of the
+// router's gRPC API. /health and /metrics are served on the same port.
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "common/init.h"
+#include "common/logging.h"
+#include "common/signals.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "gateway/http_server.h"
+#include "gateway/openai_service.h"
+#include "gateway/router_client.h"
+#include "metrics/registry.h"
+
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for all).");
+ABSL_FLAG(int, port, 8000, "HTTP port (0 picks a free one and logs it).");
+ABSL_FLAG(std::string, router, "127.0.0.1:50051", "The router's gRPC address.");
+ABSL_FLAG(std::string, model, "",
+          "Model directory holding the tokenizer (tiktoken.model, "
+          "tokenizer_config.json).");
+ABSL_FLAG(std::string, served_model_name, "",
+          "Model id clients use (default: the router's model ids).");
+ABSL_FLAG(std::string, api_key, "",
+          "Required API key (Authorization: Bearer KEY); default: $TANDEM_API_KEY; "
+          "empty: no authentication.");
+ABSL_FLAG(int, io_threads, 2, "HTTP I/O threads.");
+ABSL_FLAG(int64_t, max_body_bytes, 4 << 20,
+          "Largest request body accepted (413 above).");
+ABSL_FLAG(int, max_connections, 10000, "Concurrent connections accepted.");
+ABSL_FLAG(double, header_timeout_s, 10, "Deadline for reading a request's headers.");
+ABSL_FLAG(double, body_timeout_s, 30, "Deadline for reading a request's body.");
+ABSL_FLAG(double, idle_timeout_s, 60,
+          "Keep-alive connections idle this long are closed.");
+ABSL_FLAG(double, write_timeout_s, 30, "Deadline for each write to a client.");
+ABSL_FLAG(double, request_timeout_s, 600, "Deadline of one generation (router calls).");
+ABSL_FLAG(double, router_rpc_timeout_s, 5, "Deadline of ListModels and health checks.");
+ABSL_FLAG(double, shutdown_grace_s, 10,
+          "On SIGTERM, time given to requests in flight before they are cancelled.");
+
+int main(int argc, char** argv) {
+  tandem::BlockTerminationSignals();
+  tandem::InitProgram(
+      argc, argv, "gateway",
+      "Tandem OpenAI-compatible gateway.\n"
+      "usage: gateway_main --model=DIR [--router=HOST:PORT] [--port=8000]");
+  const std::string model_dir = absl::GetFlag(FLAGS_model);
+  if (model_dir.empty()) {
+    fprintf(stderr, "gateway: --model=DIR (the tokenizer directory) is required\n");
+    return 2;
+  }
+  auto tokenizer = tandem::tokenizer::Tokenizer::Load(model_dir);
+  if (!tokenizer.ok()) {
+    TLOG(ERROR, "cannot load the tokenizer").Kv("status", tokenizer.status());
+    return 1;
+  }
+  std::string api_key = absl::GetFlag(FLAGS_api_key);
+  if (api_key.empty()) {
+    if (const char* env = std::getenv("TANDEM_API_KEY")) api_key = env;
+  }
+
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auto channel = grpc::CreateCustomChannel(absl::GetFlag(FLAGS_router),
+                                           grpc::InsecureChannelCredentials(), args);
+  tandem::gateway::RouterClient router(channel);
+  tandem::metrics::Registry registry;
+  tandem::gateway::OpenAIService service(
+      {.served_model_name = absl::GetFlag(FLAGS_served_model_name),
+       .api_key = api_key,
+       .request_timeout = absl::Seconds(absl::GetFlag(FLAGS_request_timeout_s)),
+       .router_rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_router_rpc_timeout_s))},
+      tokenizer->get(), &router, &registry);
+
+  tandem::gateway::HttpServer server(
+      {.host = absl::GetFlag(FLAGS_host),
+       .port = absl::GetFlag(FLAGS_port),
+       .io_threads = absl::GetFlag(FLAGS_io_threads),
+       .max_body_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_max_body_bytes)),
+       .header_timeout = absl::Seconds(absl::GetFlag(FLAGS_header_timeout_s)),
+       .body_timeout = absl::Seconds(absl::GetFlag(FLAGS_body_timeout_s)),
+       .idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_idle_timeout_s)),
+       .write_timeout = absl::Seconds(absl::GetFlag(FLAGS_write_timeout_s)),
+       .max_connections = absl::GetFlag(FLAGS_max_connections)},
+      [&service](tandem::gateway::HttpRequest request,
+                 std::shared_ptr<tandem::gateway::ResponseWriter> writer) {
+        service.Handle(std::move(request), std::move(writer));
+      },
+      &tandem::gateway::OpenAIService::FormatServerError);
+  if (absl::Status s = server.Start(); !s.ok()) {
+    TLOG(ERROR, "cannot listen").Kv("status", s);
+    return 1;
+  }
+  TLOG(INFO, "gateway serving")
+      .Kv("port", server.port())
+      .Kv("router", absl::GetFlag(FLAGS_router))
+      .Kv("auth", !api_key.empty());
+
+  const int sig = tandem::WaitForTerminationSignal();
+  TLOG(INFO, "shutting down").Kv("signal", sig);
+  server.Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
+  service.CancelAll(absl::Seconds(5));
+  return 0;
+}

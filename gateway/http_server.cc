@@ -1,0 +1,645 @@
+#include "gateway/http_server.h"
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <cerrno>
+#include <chrono>
+#include <deque>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
+
+namespace tandem::gateway {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+std::chrono::steady_clock::duration ToChrono(absl::Duration d) {
+  return std::chrono::nanoseconds(absl::ToInt64Nanoseconds(d));
+}
+
+// After an error response the client may still be sending (an oversized
+// body): read and discard for at most this long so that the close does not
+// turn into a reset that destroys the response in flight.
+constexpr auto kLingerTime = std::chrono::seconds(2);
+constexpr size_t kLingerMaxBytes = 1 << 20;
+
+bool IsHttpError(const beast::error_code& ec) {
+  return ec.category() == http::make_error_code(http::error::end_of_stream).category();
+}
+
+std::string StatusLine(int status) {
+  beast::string_view reason = http::obsolete_reason(static_cast<http::status>(status));
+  return absl::StrCat("HTTP/1.1 ", status, " ",
+                      absl::string_view(reason.data(), reason.size()), "\r\n");
+}
+
+// Status line and headers; `content_length` < 0 means chunked.
+std::string Head(int status, absl::string_view content_type,
+                 const HttpHeaderList& headers, bool keep_alive,
+                 int64_t content_length) {
+  std::string out = StatusLine(status);
+  absl::StrAppend(&out, "Server: tandem-gateway\r\n");
+  if (!content_type.empty())
+    absl::StrAppend(&out, "Content-Type: ", content_type, "\r\n");
+  for (const auto& [name, value] : headers) {
+    // Header injection: drop any CR/LF a caller let through.
+    if (name.find_first_of("\r\n") != std::string::npos ||
+        value.find_first_of("\r\n") != std::string::npos) {
+      continue;
+    }
+    absl::StrAppend(&out, name, ": ", value, "\r\n");
+  }
+  if (content_length >= 0) {
+    absl::StrAppend(&out, "Content-Length: ", content_length, "\r\n");
+  } else {
+    absl::StrAppend(&out, "Transfer-Encoding: chunked\r\n");
+  }
+  if (!keep_alive) absl::StrAppend(&out, "Connection: close\r\n");
+  out += "\r\n";
+  return out;
+}
+
+}  // namespace
+
+class Session;
+
+// State shared by the server, its sessions and their writers.
+struct ServerCore {
+  HttpServerOptions options;
+  HttpHandler handler;
+  HttpErrorFormatter formatter;
+
+  absl::Mutex mu;
+  absl::CondVar changed;
+  absl::flat_hash_set<Session*> sessions ABSL_GUARDED_BY(mu);
+  int writers ABSL_GUARDED_BY(mu) = 0;
+  std::atomic<bool> stopping{false};
+  std::atomic<int> open{0};
+};
+
+// One connection. Owned by its pending operations and by the writer of its
+// current request (shared_ptr); every member is touched on its strand only.
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, std::shared_ptr<ServerCore> core)
+      : stream_(std::move(socket)), core_(std::move(core)) {
+    absl::MutexLock lock(&core_->mu);
+    core_->sessions.insert(this);
+    core_->open.fetch_add(1);
+  }
+  ~Session() {
+    absl::MutexLock lock(&core_->mu);
+    core_->sessions.erase(this);
+    core_->open.fetch_sub(1);
+    core_->changed.SignalAll();
+  }
+
+  asio::any_io_executor executor() { return stream_.get_executor(); }
+
+  void Start() { ReadRequest(); }
+
+  // Shutdown: close at once when no request is in flight, else after it.
+  void CloseIfIdle() {
+    if (!in_request_) Close();
+  }
+  void Abort() { Close(); }
+
+  // Writer entry points (posted onto the strand).
+  void DoSend(uint64_t seq, HttpResponse r) {
+    if (!Current(seq) || state_ != State::kNone) return;
+    state_ = State::kEnded;
+    std::string out = Head(r.status, r.content_type, r.headers, keep_alive_,
+                           static_cast<int64_t>(r.body.size()));
+    if (method_ != "HEAD") out += r.body;
+    Enqueue(std::move(out));
+  }
+  void DoStartStream(uint64_t seq, int status, std::string content_type,
+                     HttpHeaderList headers) {
+    if (!Current(seq) || state_ != State::kNone) return;
+    state_ = State::kStreaming;
+    headers.emplace_back("Cache-Control", "no-cache");
+    headers.emplace_back("X-Accel-Buffering", "no");
+    Enqueue(Head(status, content_type, headers, keep_alive_, -1));
+  }
+  void DoWrite(uint64_t seq, std::string data) {
+    if (!Current(seq) || state_ != State::kStreaming || data.empty()) return;
+    std::string chunk = absl::StrCat(absl::Hex(data.size()), "\r\n");
+    chunk += data;
+    chunk += "\r\n";
+    Enqueue(std::move(chunk));
+  }
+  void DoEnd(uint64_t seq) {
+    if (!Current(seq) || state_ != State::kStreaming) return;
+    state_ = State::kEnded;
+    Enqueue("0\r\n\r\n");
+  }
+  void DoOnGone(uint64_t seq, std::function<void()> callback) {
+    if (seq != seq_) return;
+    if (closed_ && in_request_) {
+      callback();
+      return;
+    }
+    on_gone_ = std::move(callback);
+  }
+  // The writer was released: a handler that never answered gets a 500, a
+  // stream never ended is ended.
+  void DoAbandon(uint64_t seq) {
+    if (!Current(seq)) return;
+    if (state_ == State::kNone) {
+      DoSend(seq, core_->formatter(500, "the request was dropped without a response"));
+    } else if (state_ == State::kStreaming) {
+      DoEnd(seq);
+    }
+  }
+
+ private:
+  enum class State { kNone, kStreaming, kEnded };
+
+  bool Current(uint64_t seq) const { return !closed_ && in_request_ && seq == seq_; }
+
+  void ReadRequest() {
+    if (core_->stopping.load()) return Close();
+    parser_.emplace();
+    parser_->header_limit(static_cast<uint32_t>(core_->options.max_header_bytes));
+    parser_->body_limit(core_->options.max_body_bytes);
+    if (buffer_.size() > 0) return ReadHeader();
+    // Idle keep-alive wait: the first byte of the next request.
+    stream_.expires_after(ToChrono(core_->options.idle_timeout));
+    stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](
+                                                       beast::error_code ec, size_t n) {
+      if (self->closed_) return;
+      self->buffer_.commit(n);
+      if (ec) return self->Close();
+      self->ReadHeader();
+    });
+  }
+
+  void ReadHeader() {
+    stream_.expires_after(ToChrono(core_->options.header_timeout));
+    http::async_read_header(stream_, buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              self->OnHeader(ec);
+                            });
+  }
+
+  // True when `ec` was answered or closed the connection.
+  bool HandleReadError(beast::error_code ec) {
+    if (!ec) return false;
+    if (closed_) return true;
+    if (ec == beast::error::timeout) {
+      Close();  // the stream has closed the socket already: no 408 possible
+    } else if (ec == http::error::end_of_stream ||
+               ec == asio::error::operation_aborted) {
+      Close();
+    } else if (ec == http::error::header_limit || ec == http::error::buffer_overflow) {
+      WriteError(431, absl::StrCat("request headers larger than ",
+                                   core_->options.max_header_bytes, " bytes"));
+    } else if (ec == http::error::body_limit) {
+      WriteError(413, absl::StrCat("request body larger than ",
+                                   core_->options.max_body_bytes, " bytes"));
+    } else if (IsHttpError(ec)) {
+      WriteError(400, absl::StrCat("malformed HTTP request: ", ec.message()));
+    } else {
+      Close();  // reset by peer and the like
+    }
+    return true;
+  }
+
+  void OnHeader(beast::error_code ec) {
+    if (HandleReadError(ec)) return;
+    const auto& req = parser_->get();
+    if (auto it = req.find(http::field::expect);
+        it != req.end() && beast::iequals(it->value(), "100-continue")) {
+      stream_.expires_after(ToChrono(core_->options.write_timeout));
+      asio::async_write(stream_, asio::buffer(kContinue.data(), kContinue.size()),
+                        [self = shared_from_this()](beast::error_code ec, size_t) {
+                          if (self->closed_) return;
+                          if (ec) return self->Close();
+                          self->ReadBody();
+                        });
+      return;
+    }
+    ReadBody();
+  }
+
+  void ReadBody() {
+    stream_.expires_after(ToChrono(core_->options.body_timeout));
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       if (self->HandleReadError(ec)) return;
+                       self->Dispatch();
+                     });
+  }
+
+  void Dispatch() {
+    http::request<http::string_body> req = parser_->release();
+    parser_.reset();
+    HttpRequest out;
+    out.method = std::string(req.method_string());
+    out.target = std::string(req.target());
+    out.path = out.target.substr(0, out.target.find('?'));
+    for (const auto& field : req) {
+      out.headers.emplace_back(absl::AsciiStrToLower(std::string(field.name_string())),
+                               std::string(field.value()));
+    }
+    out.body = std::move(req.body());
+    method_ = out.method;
+    keep_alive_ = req.keep_alive() && !core_->stopping.load();
+    ++seq_;
+    in_request_ = true;
+    state_ = State::kNone;
+    stream_.expires_never();
+    Watch(seq_);
+    core_->handler(std::move(out), MakeWriter());
+  }
+
+  std::shared_ptr<ResponseWriter> MakeWriter();
+
+  // Notices a client that goes away while its request is being handled.
+  void Watch(uint64_t seq) {
+    stream_.socket().async_wait(
+        tcp::socket::wait_read, [self = shared_from_this(), seq](beast::error_code ec) {
+          if (self->closed_ || !self->in_request_ || seq != self->seq_) return;
+          if (ec) return self->Close();
+          char c;
+          const ssize_t n = ::recv(self->stream_.socket().native_handle(), &c, 1,
+                                   MSG_PEEK | MSG_DONTWAIT);
+          if (n == 0) return self->Close();  // orderly close by the client
+          if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            return self->Close();
+          }
+          if (n > 0) return;  // a pipelined request: read after this response
+          self->Watch(seq);
+        });
+  }
+
+  void Enqueue(std::string bytes) {
+    buffered_ += bytes.size();
+    out_.push_back(std::move(bytes));
+    if (buffered_ > core_->options.max_buffered_bytes) {
+      TLOG(WARNING, "client too slow: dropping the connection")
+          .Kv("buffered_bytes", buffered_);
+      return Close();
+    }
+    Flush();
+  }
+
+  void Flush() {
+    if (writing_ || out_.empty() || closed_) return;
+    writing_buf_.clear();
+    while (!out_.empty()) {
+      writing_buf_ += out_.front();
+      out_.pop_front();
+    }
+    writing_ = true;
+    stream_.expires_after(ToChrono(core_->options.write_timeout));
+    asio::async_write(stream_, asio::buffer(writing_buf_),
+                      [self = shared_from_this()](beast::error_code ec, size_t n) {
+                        self->writing_ = false;
+                        self->buffered_ -= std::min(self->buffered_, n);
+                        if (self->closed_) return;
+                        if (ec) return self->Close();
+                        if (!self->out_.empty()) return self->Flush();
+                        if (self->in_request_ && self->state_ == State::kEnded) {
+                          self->FinishRequest();
+                        }
+                      });
+  }
+
+  void FinishRequest() {
+    in_request_ = false;
+    on_gone_ = nullptr;
+    if (!keep_alive_ || core_->stopping.load()) return Close();
+    ReadRequest();
+  }
+
+  // A response of the server's own (the request never reached the handler).
+  void WriteError(int status, std::string message) {
+    HttpResponse r = core_->formatter(status, std::move(message));
+    std::string bytes = Head(r.status, r.content_type, r.headers, /*keep_alive=*/false,
+                             static_cast<int64_t>(r.body.size()));
+    bytes += r.body;
+    writing_buf_ = std::move(bytes);
+    writing_ = true;
+    stream_.expires_after(ToChrono(core_->options.write_timeout));
+    asio::async_write(stream_, asio::buffer(writing_buf_),
+                      [self = shared_from_this()](beast::error_code ec, size_t) {
+                        self->writing_ = false;
+                        if (self->closed_) return;
+                        if (ec) return self->Close();
+                        self->Linger();
+                      });
+  }
+
+  // Half-close, then discard what the client still sends until it closes, the
+  // byte cap or kLingerTime.
+  void Linger() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.expires_after(kLingerTime);
+    Drain();
+  }
+  void Drain() {
+    stream_.async_read_some(
+        asio::buffer(scratch_),
+        [self = shared_from_this()](beast::error_code ec, size_t n) {
+          if (self->closed_) return;
+          self->lingered_ += n;
+          if (ec || self->lingered_ > kLingerMaxBytes) {
+            return self->Close();
+          }
+          self->Drain();
+        });
+  }
+
+  void Close() {
+    if (closed_) return;
+    closed_ = true;
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.close();
+    out_.clear();
+    if (in_request_ && state_ != State::kEnded && on_gone_) {
+      std::function<void()> callback = std::move(on_gone_);
+      on_gone_ = nullptr;
+      callback();
+    }
+  }
+
+  static constexpr absl::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+
+  beast::tcp_stream stream_;
+  std::shared_ptr<ServerCore> core_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+
+  uint64_t seq_ = 0;  // current request
+  bool in_request_ = false;
+  bool keep_alive_ = true;
+  std::string method_;
+  State state_ = State::kNone;
+  std::function<void()> on_gone_;
+
+  std::deque<std::string> out_;
+  std::string writing_buf_;
+  bool writing_ = false;
+  size_t buffered_ = 0;
+  bool closed_ = false;
+
+  char scratch_[4096];
+  size_t lingered_ = 0;
+};
+
+namespace {
+
+class Writer final : public ResponseWriter {
+ public:
+  Writer(std::shared_ptr<Session> session, uint64_t seq,
+         std::shared_ptr<ServerCore> core)
+      : session_(std::move(session)), seq_(seq), core_(std::move(core)) {
+    absl::MutexLock lock(&core_->mu);
+    ++core_->writers;
+  }
+  ~Writer() override {
+    Post([](Session* s, uint64_t seq) { s->DoAbandon(seq); });
+    session_.reset();
+    absl::MutexLock lock(&core_->mu);
+    --core_->writers;
+    core_->changed.SignalAll();
+  }
+
+  void Send(HttpResponse response) override {
+    Post([r = std::move(response)](Session* s, uint64_t seq) mutable {
+      s->DoSend(seq, std::move(r));
+    });
+  }
+  void StartStream(int status, std::string content_type,
+                   HttpHeaderList headers) override {
+    Post([status, ct = std::move(content_type), h = std::move(headers)](
+             Session* s, uint64_t seq) mutable {
+      s->DoStartStream(seq, status, std::move(ct), std::move(h));
+    });
+  }
+  void Write(std::string data) override {
+    Post([d = std::move(data)](Session* s, uint64_t seq) mutable {
+      s->DoWrite(seq, std::move(d));
+    });
+  }
+  void End() override {
+    Post([](Session* s, uint64_t seq) { s->DoEnd(seq); });
+  }
+  void OnClientGone(std::function<void()> callback) override {
+    Post([cb = std::move(callback)](Session* s, uint64_t seq) mutable {
+      s->DoOnGone(seq, std::move(cb));
+    });
+  }
+
+ private:
+  template <typename F>
+  void Post(F f) {
+    asio::post(session_->executor(), [s = session_, seq = seq_,
+                                      f = std::move(f)]() mutable { f(s.get(), seq); });
+  }
+
+  std::shared_ptr<Session> session_;
+  const uint64_t seq_;
+  std::shared_ptr<ServerCore> core_;
+};
+
+}  // namespace
+
+std::shared_ptr<ResponseWriter> Session::MakeWriter() {
+  return std::make_shared<Writer>(shared_from_this(), seq_, core_);
+}
+
+class HttpServer::Impl {
+ public:
+  Impl(HttpServerOptions options, HttpHandler handler, HttpErrorFormatter formatter)
+      : core_(std::make_shared<ServerCore>()),
+        ioc_(options.io_threads > 0 ? options.io_threads : 1) {
+    core_->options = std::move(options);
+    core_->handler = std::move(handler);
+    core_->formatter = std::move(formatter);
+  }
+  ~Impl() {
+    Shutdown(absl::ZeroDuration());
+    // Writers still held by handlers post into the stopped io_context; wait
+    // (bounded) until they are released so that none outlives it.
+    absl::MutexLock lock(&core_->mu);
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (core_->writers > 0) {
+      if (core_->changed.WaitWithDeadline(&core_->mu, deadline)) break;
+    }
+    if (core_->writers > 0) {
+      TLOG(ERROR, "http server destroyed while handlers still hold writers")
+          .Kv("writers", core_->writers);
+    }
+  }
+
+  absl::Status Start();
+  void Shutdown(absl::Duration grace);
+  int port() const { return port_.load(); }
+  int open_connections() const { return core_->open.load(); }
+
+ private:
+  void DoAccept();
+  // Posts `f(session)` onto every open session's strand.
+  template <typename F>
+  void ForEachSession(F f) {
+    std::vector<std::shared_ptr<Session>> open;
+    {
+      absl::MutexLock lock(&core_->mu);
+      for (Session* s : core_->sessions) {
+        if (auto sp = s->weak_from_this().lock()) open.push_back(std::move(sp));
+      }
+    }
+    for (auto& s : open) {
+      asio::post(s->executor(), [s, f] { f(s.get()); });
+    }
+  }
+
+  std::shared_ptr<ServerCore> core_;
+  std::atomic<int> port_{0};
+  absl::Mutex lifecycle_mu_;
+  bool started_ ABSL_GUARDED_BY(lifecycle_mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(lifecycle_mu_) = false;
+
+  asio::io_context ioc_;
+  tcp::acceptor acceptor_{asio::make_strand(ioc_)};
+  asio::steady_timer accept_retry_{acceptor_.get_executor()};
+  std::vector<std::thread> threads_;
+};
+
+void HttpServer::Impl::DoAccept() {
+  acceptor_.async_accept(
+      asio::make_strand(ioc_), [this](beast::error_code ec, tcp::socket socket) {
+        if (core_->stopping.load() || ec == asio::error::operation_aborted) return;
+        if (ec) {
+          TLOG(WARNING, "gateway accept failed").Kv("error", ec.message());
+          accept_retry_.expires_after(std::chrono::milliseconds(100));
+          accept_retry_.async_wait([this](beast::error_code e) {
+            if (!e && !core_->stopping.load()) DoAccept();
+          });
+          return;
+        }
+        if (core_->open.load() >= core_->options.max_connections) {
+          beast::error_code ignored;
+          socket.close(ignored);
+        } else {
+          beast::error_code ignored;
+          socket.set_option(tcp::no_delay(true), ignored);
+          auto session = std::make_shared<Session>(std::move(socket), core_);
+          asio::post(session->executor(), [session] { session->Start(); });
+        }
+        DoAccept();
+      });
+}
+
+absl::Status HttpServer::Impl::Start() {
+  absl::MutexLock lock(&lifecycle_mu_);
+  if (started_ || stopped_)
+    return absl::FailedPreconditionError("http server already started");
+  const HttpServerOptions& o = core_->options;
+  const std::string where = absl::StrCat(o.host, ":", o.port);
+  if (o.port < 0 || o.port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("http server: bad port ", where));
+  }
+  beast::error_code ec;
+  tcp::endpoint endpoint;
+  const asio::ip::address address = asio::ip::make_address(o.host, ec);
+  if (!ec) {
+    endpoint = tcp::endpoint(address, static_cast<uint16_t>(o.port));
+  } else {
+    tcp::resolver resolver(ioc_);
+    auto results =
+        resolver.resolve(o.host, std::to_string(o.port), tcp::resolver::passive, ec);
+    if (ec || results.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("http server: cannot resolve host ", where, ": ", ec.message()));
+    }
+    endpoint = results.begin()->endpoint();
+  }
+  acceptor_.open(endpoint.protocol(), ec);
+  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(endpoint, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    beast::error_code ignored;
+    acceptor_.close(ignored);
+    return absl::UnavailableError(
+        absl::StrCat("http server: cannot listen on ", where, ": ", ec.message()));
+  }
+  port_.store(acceptor_.local_endpoint(ec).port());
+  started_ = true;
+  DoAccept();
+  const int n = o.io_threads > 0 ? o.io_threads : 1;
+  for (int i = 0; i < n; ++i) threads_.emplace_back([this] { ioc_.run(); });
+  return absl::OkStatus();
+}
+
+void HttpServer::Impl::Shutdown(absl::Duration grace) {
+  absl::MutexLock lock(&lifecycle_mu_);
+  if (stopped_) return;
+  stopped_ = true;
+  if (!started_) return;
+  core_->stopping.store(true);
+  asio::post(acceptor_.get_executor(), [this] {
+    beast::error_code ignored;
+    acceptor_.close(ignored);
+    accept_retry_.cancel();
+  });
+  ForEachSession([](Session* s) { s->CloseIfIdle(); });
+  {
+    // Requests in flight finish (their connections then close) within grace.
+    absl::MutexLock core_lock(&core_->mu);
+    const absl::Time deadline = absl::Now() + grace;
+    while (!core_->sessions.empty()) {
+      if (core_->changed.WaitWithDeadline(&core_->mu, deadline)) break;
+    }
+  }
+  ForEachSession([](Session* s) { s->Abort(); });
+  {
+    // Aborted sessions end once their handlers release them; bounded.
+    absl::MutexLock core_lock(&core_->mu);
+    const absl::Time deadline = absl::Now() + absl::Seconds(2);
+    while (!core_->sessions.empty()) {
+      if (core_->changed.WaitWithDeadline(&core_->mu, deadline)) break;
+    }
+  }
+  ioc_.stop();
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+}
+
+HttpServer::HttpServer(HttpServerOptions options, HttpHandler handler,
+                       HttpErrorFormatter error_formatter)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(handler),
+                                   std::move(error_formatter))) {}
+HttpServer::~HttpServer() = default;
+absl::Status HttpServer::Start() { return impl_->Start(); }
+void HttpServer::Shutdown(absl::Duration grace) { impl_->Shutdown(grace); }
+int HttpServer::port() const { return impl_->port(); }
+int HttpServer::open_connections() const { return impl_->open_connections(); }
+
+}  // namespace tandem::gateway

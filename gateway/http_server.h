@@ -1,0 +1,81 @@
+// An asynchronous HTTP/1.1 server on Boost.Beast for the OpenAI gateway:
+// N I/O threads share one io_context, each connection lives on its own strand
+// and costs no thread (thousands of concurrent SSE streams), keep-alive,
+// bounded request size, header/body/idle/write deadlines, graceful shutdown.
+//
+//   HttpServer server(options, handler, error_formatter);
+//   TANDEM_RETURN_IF_ERROR(server.Start());     // port 0 picks a free port
+//   ...
+//   server.Shutdown(absl::Seconds(10));         // drain, then close
+//
+// Flow of one connection (all on its strand):
+//   accept → [idle wait for the first byte, idle_timeout]
+//          → read header (header_timeout) → [100-continue] → read body
+//            (body_timeout, max_body_bytes → 413)
+//          → handler(request, writer)  ── meanwhile: watch the socket; a client
+//            that closes fires the writer's OnClientGone callback
+//          → writer.Send() | StartStream() Write()* End()   (each write flushed,
+//            write_timeout each; a client too slow to take max_buffered_bytes
+//            is dropped)
+//          → keep-alive: next request | close
+// Errors found by the server itself (malformed 400, too large 413/431) are
+// answered through the error formatter and the connection is closed; a read
+// deadline that passes closes the connection without a response.
+//
+// Lifetime: writers must be released before the server is destroyed (the
+// destructor waits for them, bounded, after stopping).
+#ifndef TANDEM_GATEWAY_HTTP_SERVER_H_
+#define TANDEM_GATEWAY_HTTP_SERVER_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "gateway/http_types.h"
+
+namespace tandem::gateway {
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: any free port, see port()
+  int io_threads = 2;
+  size_t max_body_bytes = 4 << 20;
+  size_t max_header_bytes = 64 << 10;
+  absl::Duration header_timeout = absl::Seconds(10);
+  absl::Duration body_timeout = absl::Seconds(30);
+  absl::Duration idle_timeout = absl::Seconds(60);   // keep-alive, between requests
+  absl::Duration write_timeout = absl::Seconds(30);  // each write
+  int max_connections = 10000;           // further connections are closed at once
+  size_t max_buffered_bytes = 16 << 20;  // per connection, not yet written
+};
+
+class HttpServer {
+ public:
+  HttpServer(HttpServerOptions options, HttpHandler handler,
+             HttpErrorFormatter error_formatter);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds and starts the I/O threads. Unavailable when the address cannot be
+  // bound, InvalidArgument for a bad host/port, FailedPrecondition if called
+  // twice.
+  absl::Status Start();
+  // Stops accepting; idle connections close now, requests in flight get up
+  // to `grace` to finish (their connections close after the response); then
+  // every connection is closed and the threads joined. Idempotent.
+  void Shutdown(absl::Duration grace);
+
+  int port() const;
+  int open_connections() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem::gateway
+
+#endif  // TANDEM_GATEWAY_HTTP_SERVER_H_

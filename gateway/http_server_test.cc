@@ -1,0 +1,204 @@
+#include "gateway/http_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gateway/sse.h"
+#include "gtest/gtest.h"
+#include "metrics/http_get.h"
+
+namespace tandem::gateway {
+namespace {
+
+HttpResponse PlainError(int status, std::string message) {
+  return {.status = status, .content_type = "text/plain", .body = message};
+}
+
+// A connected loopback socket.
+int Connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  return fd;
+}
+
+// Reads until the peer closes or `timeout_ms` passes.
+std::string ReadAll(int fd, int timeout_ms) {
+  std::string out;
+  char buf[4096];
+  while (true) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, timeout_ms) <= 0) break;
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    out.append(buf, n);
+  }
+  return out;
+}
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  void StartServer(HttpServerOptions options) {
+    server_ = std::make_unique<HttpServer>(
+        options,
+        [this](HttpRequest req, std::shared_ptr<ResponseWriter> w) { Handle(req, w); },
+        &PlainError);
+    ASSERT_TRUE(server_->Start().ok());
+  }
+  void TearDown() override {
+    {
+      absl::MutexLock lock(&mu_);
+      held_.reset();
+    }
+    if (server_) server_->Shutdown(absl::Seconds(1));
+  }
+
+  void Handle(const HttpRequest& req, std::shared_ptr<ResponseWriter> w) {
+    if (req.path == "/echo") {
+      w->Send({.status = 200,
+               .content_type = "text/plain",
+               .headers = {{"X-Method", req.method}},
+               .body = req.body + "|" + std::string(req.Header("x-test"))});
+    } else if (req.path == "/stream") {
+      w->StartStream(200, "text/event-stream", {});
+      for (int i = 0; i < 3; ++i) w->Write(SseEvent("event" + std::to_string(i)));
+      w->Write(std::string(kSseDone));
+      w->End();
+    } else if (req.path == "/hang") {
+      w->OnClientGone([this] { gone_.Notify(); });
+      w->StartStream(200, "text/event-stream", {});
+      w->Write(SseEvent("first"));
+      absl::MutexLock lock(&mu_);
+      held_ = w;  // never ends
+    } else if (req.path == "/drop") {
+      // Released without a response.
+    } else {
+      w->Send({.status = 404, .body = "nope"});
+    }
+  }
+
+  std::unique_ptr<HttpServer> server_;
+  absl::Mutex mu_;
+  std::shared_ptr<ResponseWriter> held_ ABSL_GUARDED_BY(mu_);
+  absl::Notification gone_;
+};
+
+TEST_F(HttpServerTest, KeepAliveServesSeveralRequests) {
+  StartServer({});
+  auto conn =
+      metrics::HttpConnection::Connect("127.0.0.1", server_->port(), absl::Seconds(5));
+  ASSERT_TRUE(conn.ok());
+  for (int i = 0; i < 3; ++i) {
+    auto r = (*conn)->Request("POST", "/echo?q=1", {{"X-Test", "v"}},
+                              "body" + std::to_string(i), absl::Seconds(5));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status_code, 200);
+    EXPECT_EQ(r->body, "body" + std::to_string(i) + "|v");
+    EXPECT_EQ(r->Header("X-Method"), "POST");
+  }
+  EXPECT_EQ(server_->open_connections(), 1);
+  auto r = (*conn)->Get("/missing", absl::Seconds(5));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status_code, 404);
+}
+
+TEST_F(HttpServerTest, StreamIsChunkedSse) {
+  StartServer({});
+  auto conn =
+      metrics::HttpConnection::Connect("127.0.0.1", server_->port(), absl::Seconds(5));
+  ASSERT_TRUE(conn.ok());
+  auto r = (*conn)->Get("/stream", absl::Seconds(5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->Header("Transfer-Encoding"), "chunked");
+  EXPECT_EQ(r->Header("Content-Type"), "text/event-stream");
+  SseParser parser;
+  std::vector<std::string> events;
+  parser.Feed(r->body, &events);
+  EXPECT_EQ(events, (std::vector<std::string>{"event0", "event1", "event2", "[DONE]"}));
+  // The connection is reusable after a stream.
+  auto again = (*conn)->Request("POST", "/echo", {}, "x", absl::Seconds(5));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->body, "x|");
+}
+
+TEST_F(HttpServerTest, OversizedBodyIs413) {
+  StartServer({.max_body_bytes = 100});
+  auto conn =
+      metrics::HttpConnection::Connect("127.0.0.1", server_->port(), absl::Seconds(5));
+  ASSERT_TRUE(conn.ok());
+  auto r =
+      (*conn)->Request("POST", "/echo", {}, std::string(1000, 'a'), absl::Seconds(5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status_code, 413);
+}
+
+TEST_F(HttpServerTest, MalformedRequestIs400) {
+  StartServer({});
+  int fd = Connect(server_->port());
+  const std::string junk = "GARBAGE\x01 / HTTP/9\r\n\r\n";
+  send(fd, junk.data(), junk.size(), 0);
+  std::string resp = ReadAll(fd, 5000);
+  close(fd);
+  EXPECT_EQ(resp.rfind("HTTP/1.1 400", 0), 0u) << resp;
+}
+
+TEST_F(HttpServerTest, SlowHeadersAreDroppedAtTheDeadline) {
+  StartServer({.header_timeout = absl::Milliseconds(200)});
+  int fd = Connect(server_->port());
+  const std::string partial = "GET /echo HTTP/1.1\r\nHost: x\r\n";  // never finished
+  send(fd, partial.data(), partial.size(), 0);
+  const absl::Time start = absl::Now();
+  std::string resp = ReadAll(fd, 10000);  // returns when the server closes
+  close(fd);
+  EXPECT_EQ(resp, "");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST_F(HttpServerTest, ClientDisconnectFiresOnClientGone) {
+  StartServer({});
+  int fd = Connect(server_->port());
+  const std::string req = "GET /hang HTTP/1.1\r\nHost: x\r\n\r\n";
+  send(fd, req.data(), req.size(), 0);
+  // Wait for the first event, then go away.
+  std::string got;
+  char buf[1024];
+  while (got.find("data: first") == std::string::npos) {
+    pollfd p{fd, POLLIN, 0};
+    ASSERT_GT(poll(&p, 1, 10000), 0);
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    ASSERT_GT(n, 0);
+    got.append(buf, n);
+  }
+  close(fd);
+  EXPECT_TRUE(gone_.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
+TEST_F(HttpServerTest, DroppedWriterGives500) {
+  StartServer({});
+  auto r = metrics::HttpGet("127.0.0.1", server_->port(), "/drop", absl::Seconds(5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status_code, 500);
+}
+
+TEST_F(HttpServerTest, ShutdownClosesIdleKeepAliveConnectionsPromptly) {
+  StartServer({.idle_timeout = absl::Minutes(10)});
+  auto conn =
+      metrics::HttpConnection::Connect("127.0.0.1", server_->port(), absl::Seconds(5));
+  ASSERT_TRUE(conn.ok());
+  ASSERT_TRUE((*conn)->Request("POST", "/echo", {}, "x", absl::Seconds(5)).ok());
+  const absl::Time start = absl::Now();
+  server_->Shutdown(absl::Seconds(20));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_TRUE((*conn)->WaitForClose(absl::Seconds(5)).ok());
+}
+
+}  // namespace
+}  // namespace tandem::gateway

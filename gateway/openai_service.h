@@ -1,0 +1,124 @@
+// The OpenAI-compatible REST API on top of the router's gRPC API.
+//
+//   POST /v1/chat/completions
+//     → auth → ParseChatCompletionRequest (400 naming the param)
+//     → models (ListModels, cached) → 404 model_not_found
+//     → RenderChat + EncodeChat (engine/chat) → prompt ids
+//     → context check (400 context_length_exceeded)
+//     → n × Router.Generate (seeds from `seed`), each feeding a ChoiceDecoder
+//     → stream: SSE chunks (role, deltas, finish, [usage], [DONE]);
+//       else: one chat.completion when every choice is done
+//   POST /v1/completions     same, prompt text tokenised here (or token ids)
+//   GET  /v1/models          ListModels
+//   GET  /health             grpc.health.v1 Check of the router (no auth)
+//   GET  /metrics            this process's registry (no auth)
+//
+// Router errors: RESOURCE_EXHAUSTED → 429, UNAVAILABLE → 503 (Retry-After),
+// others via api_error.h. In a stream, the HTTP status is chosen when the
+// first token (or error) arrives, so an early router error is still a proper
+// 4xx/5xx; a later one becomes an SSE error event followed by [DONE]. A
+// client that disconnects cancels its router calls.
+#ifndef TANDEM_GATEWAY_OPENAI_SERVICE_H_
+#define TANDEM_GATEWAY_OPENAI_SERVICE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/ids.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "gateway/api_error.h"
+#include "gateway/http_types.h"
+#include "gateway/router_client.h"
+#include "metrics/registry.h"
+
+namespace tandem::gateway {
+
+struct OpenAIServiceOptions {
+  // The model id clients use; empty: the router's ids. When set, it names the
+  // router's (first) model.
+  std::string served_model_name;
+  // Required as `Authorization: Bearer KEY` on /v1/*; empty: no auth.
+  std::string api_key;
+  // Deadline of one generation (the gRPC deadline of each Generate).
+  absl::Duration request_timeout = absl::Minutes(10);
+  // Deadline of ListModels / health checks.
+  absl::Duration router_rpc_timeout = absl::Seconds(5);
+  // How long a ListModels answer is reused.
+  absl::Duration models_ttl = absl::Seconds(5);
+};
+
+struct GatewayMetrics {
+  explicit GatewayMetrics(metrics::Registry* registry);
+  metrics::Family<metrics::Counter>* requests;      // endpoint, status
+  metrics::Family<metrics::Histogram>* latency;     // endpoint
+  metrics::Family<metrics::Histogram>* ttft;        // endpoint
+  metrics::Family<metrics::Gauge>* active_streams;  // no labels
+  metrics::Family<metrics::Counter>* tokens;        // endpoint; generated tokens
+};
+
+class Generation;
+
+class OpenAIService {
+ public:
+  // Not owned; must outlive the service. `registry` is also what /metrics shows.
+  OpenAIService(OpenAIServiceOptions options, const tokenizer::Tokenizer* tokenizer,
+                RouterClient* router, metrics::Registry* registry);
+  ~OpenAIService();
+
+  // The HttpHandler.
+  void Handle(HttpRequest request, std::shared_ptr<ResponseWriter> writer);
+  // The HttpServer's error formatter (OpenAI-shaped bodies).
+  static HttpResponse ErrorResponse(const ApiError& error);
+  static HttpResponse FormatServerError(int status, std::string message);
+
+  // Cancels every generation in flight and waits (up to `wait`) until they
+  // have released their writers. For shutdown.
+  void CancelAll(absl::Duration wait);
+  int active_generations() const;
+
+ private:
+  friend class Generation;
+  struct Context;
+
+  void HandleChat(std::shared_ptr<Context> ctx);
+  void HandleCompletions(std::shared_ptr<Context> ctx);
+  void HandleModels(std::shared_ptr<Context> ctx);
+  void HandleHealth(std::shared_ptr<Context> ctx);
+
+  // The router's models, from the cache when fresh; `done` may run inline.
+  void WithModels(
+      std::function<
+          void(absl::StatusOr<std::shared_ptr<const tandem::v1::ListModelsResponse>>)>
+          done);
+
+  void Register(Generation* g);
+  void Unregister(Generation* g);
+
+  const OpenAIServiceOptions options_;
+  const tokenizer::Tokenizer* const tokenizer_;  // not owned
+  RouterClient* const router_;                   // not owned
+  metrics::Registry* const registry_;            // not owned
+  GatewayMetrics metrics_;
+  IdGenerator ids_;
+
+  absl::Mutex models_mu_;
+  std::shared_ptr<const tandem::v1::ListModelsResponse> models_
+      ABSL_GUARDED_BY(models_mu_);
+  absl::Time models_fetched_ ABSL_GUARDED_BY(models_mu_) = absl::InfinitePast();
+  bool models_fetching_ ABSL_GUARDED_BY(models_mu_) = false;
+  std::vector<std::function<
+      void(absl::StatusOr<std::shared_ptr<const tandem::v1::ListModelsResponse>>)>>
+      models_waiters_ ABSL_GUARDED_BY(models_mu_);
+
+  mutable absl::Mutex active_mu_;
+  absl::CondVar active_changed_;
+  absl::flat_hash_set<Generation*> active_ ABSL_GUARDED_BY(active_mu_);
+};
+
+}  // namespace tandem::gateway
+
+#endif  // TANDEM_GATEWAY_OPENAI_SERVICE_H_

@@ -1,0 +1,325 @@
+// The gateway in process (HttpServer + OpenAIService + RouterClient) against
+// the scripted test router over real loopback sockets.
+#include "gateway/openai_service.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <set>
+
+#include "absl/synchronization/mutex.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "gateway/http_server.h"
+#include "gateway/router_client.h"
+#include "gateway/sse.h"
+#include "gateway/testing/scripted_router.h"
+#include "gtest/gtest.h"
+#include "metrics/http_get.h"
+#include "metrics/registry.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::gateway {
+namespace {
+
+using json = nlohmann::json;
+
+class OpenAIServiceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto t = tokenizer::Tokenizer::Load("third_party/kimi_k3_tokenizer");
+    ASSERT_TRUE(t.ok()) << t.status();
+    tokenizer_ = t->release();
+  }
+
+  void SetUp() override {
+    router_service_ = std::make_unique<testing::ScriptedRouter>(
+        tokenizer_, testing::ScriptedRouter::Options{.max_context_tokens = 4096},
+        [this](const json& e) {
+          absl::MutexLock lock(&mu_);
+          events_.push_back(e);
+        });
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(router_service_.get());
+    grpc_server_ = builder.BuildAndStart();
+    ASSERT_NE(port, 0);
+    client_ = std::make_unique<RouterClient>(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+    service_ =
+        std::make_unique<OpenAIService>(OpenAIServiceOptions{.api_key = "sekrit"},
+                                        tokenizer_, client_.get(), &registry_);
+    http_ = std::make_unique<HttpServer>(
+        HttpServerOptions{},
+        [this](HttpRequest r, std::shared_ptr<ResponseWriter> w) {
+          service_->Handle(std::move(r), std::move(w));
+        },
+        &OpenAIService::FormatServerError);
+    ASSERT_TRUE(http_->Start().ok());
+  }
+
+  void TearDown() override {
+    http_->Shutdown(absl::Seconds(2));
+    service_->CancelAll(absl::Seconds(5));
+    http_.reset();
+    service_.reset();
+    grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  }
+
+  absl::StatusOr<metrics::HttpResponse> Post(const std::string& path, const json& body,
+                                             const std::string& key = "sekrit") {
+    return Post(path, body.dump(), key);
+  }
+  absl::StatusOr<metrics::HttpResponse> Post(const std::string& path,
+                                             const std::string& body,
+                                             const std::string& key = "sekrit") {
+    auto conn =
+        metrics::HttpConnection::Connect("127.0.0.1", http_->port(), absl::Seconds(10));
+    if (!conn.ok()) return conn.status();
+    metrics::HttpHeaders headers = {{"Content-Type", "application/json"}};
+    if (!key.empty()) headers.emplace_back("Authorization", "Bearer " + key);
+    return (*conn)->Request("POST", path, headers, body, absl::Seconds(30));
+  }
+
+  // Waits until an event with `name` for `request_id_prefix` was seen.
+  bool WaitForEvent(const std::string& name, const std::string& request_id_prefix) {
+    absl::MutexLock lock(&mu_);
+    auto seen = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (const json& e : events_) {
+        if (e["event"] == name &&
+            e["request_id"].get<std::string>().rfind(request_id_prefix, 0) == 0) {
+          return true;
+        }
+      }
+      return false;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&seen), absl::Seconds(20));
+  }
+
+  int SentTokens() {
+    absl::MutexLock lock(&mu_);
+    int total = 0;
+    for (const json& e : events_) {
+      if (e["event"] == "done") total += e["sent"].get<int>();
+    }
+    return total;
+  }
+
+  json ChatBody(const std::string& user, json extra = json::object()) {
+    json body = {{"model", "kimi-k3"},
+                 {"messages", json::array({{{"role", "user"}, {"content", user}}})}};
+    for (auto& [k, v] : extra.items()) body[k] = v;
+    return body;
+  }
+
+  static tokenizer::Tokenizer* tokenizer_;
+  absl::Mutex mu_;
+  std::vector<json> events_ ABSL_GUARDED_BY(mu_);
+  metrics::Registry registry_;
+  std::unique_ptr<testing::ScriptedRouter> router_service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<RouterClient> client_;
+  std::unique_ptr<OpenAIService> service_;
+  std::unique_ptr<HttpServer> http_;
+};
+
+tokenizer::Tokenizer* OpenAIServiceTest::tokenizer_ = nullptr;
+
+TEST_F(OpenAIServiceTest, ChatCompletionWithReasoningAndUsage) {
+  auto r = Post("/v1/chat/completions", ChatBody("Hi", {{"seed", 7}}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->status_code, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(j["model"], "kimi-k3");
+  ASSERT_EQ(j["choices"].size(), 1u);
+  const json& c = j["choices"][0];
+  EXPECT_EQ(c["index"], 0);
+  EXPECT_EQ(c["finish_reason"], "stop");
+  EXPECT_EQ(c["message"]["role"], "assistant");
+  EXPECT_EQ(c["message"]["content"],
+            "Hello! The quick brown fox jumps over the lazy dog. seed=7");
+  EXPECT_EQ(c["message"]["reasoning_content"], "The user wants an answer.");
+  EXPECT_EQ(j["usage"]["completion_tokens"], SentTokens());
+  EXPECT_EQ(j["usage"]["total_tokens"].get<int>(),
+            j["usage"]["prompt_tokens"].get<int>() +
+                j["usage"]["completion_tokens"].get<int>());
+  {
+    absl::MutexLock lock(&mu_);
+    ASSERT_FALSE(events_.empty());
+    EXPECT_EQ(events_[0]["prompt_tokens"], j["usage"]["prompt_tokens"]);
+    EXPECT_EQ(events_[0]["seed"], 7);
+  }
+}
+
+TEST_F(OpenAIServiceTest, StreamingChunksRoleDeltasUsageDone) {
+  auto r = Post("/v1/chat/completions",
+                ChatBody("Hi", {{"stream", true},
+                                {"stream_options", {{"include_usage", true}}},
+                                {"chat_template_kwargs", {{"thinking", false}}}}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->status_code, 200) << r->body;
+  EXPECT_EQ(r->Header("Content-Type").rfind("text/event-stream", 0), 0u);
+  SseParser parser;
+  std::vector<std::string> events;
+  parser.Feed(r->body, &events);
+  ASSERT_GE(events.size(), 4u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  json first = json::parse(events[0]);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  std::string content;
+  std::string finish;
+  for (size_t i = 0; i + 2 < events.size(); ++i) {
+    json e = json::parse(events[i]);
+    const json& d = e["choices"][0]["delta"];
+    EXPECT_FALSE(d.contains("reasoning_content"));  // thinking off
+    if (d.contains("content")) content += d["content"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null())
+      finish = e["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(content, "Hello! The quick brown fox jumps over the lazy dog.");
+  EXPECT_EQ(finish, "stop");
+  json usage = json::parse(events[events.size() - 2]);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], SentTokens());
+}
+
+TEST_F(OpenAIServiceTest, CompletionsNWithSeedsAndStop) {
+  auto r = Post("/v1/completions", json{{"model", "kimi-k3"},
+                                        {"prompt", "Say something"},
+                                        {"n", 3},
+                                        {"seed", 11},
+                                        {"stop", {"lazy"}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->status_code, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "text_completion");
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], " The quick brown fox jumps over the ");
+    EXPECT_EQ(j["choices"][i]["finish_reason"], "stop");
+  }
+  // Distinct seeds went to the router, the first one being `seed` itself.
+  absl::MutexLock lock(&mu_);
+  std::set<uint64_t> seeds;
+  for (const json& e : events_) {
+    if (e["event"] == "generate") seeds.insert(e["seed"].get<uint64_t>());
+  }
+  EXPECT_EQ(seeds.size(), 3u);
+  EXPECT_TRUE(seeds.count(11));
+}
+
+TEST_F(OpenAIServiceTest, ErrorCases) {
+  struct Case {
+    std::string path;
+    std::string body;
+    std::string key;
+    int status;
+    std::string code;  // "" for null
+    std::string param;
+  };
+  const json ok = ChatBody("Hi");
+  json unknown = ok;
+  unknown["model"] = "nope";
+  const std::vector<Case> cases = {
+      {"/v1/chat/completions", ok.dump(), "", 401, "invalid_api_key", ""},
+      {"/v1/chat/completions", ok.dump(), "wrong", 401, "invalid_api_key", ""},
+      {"/v1/chat/completions", "{not json", "sekrit", 400, "", ""},
+      {"/v1/chat/completions", ChatBody("Hi", {{"temperature", "x"}}).dump(), "sekrit",
+       400, "", "temperature"},
+      {"/v1/chat/completions", ChatBody("Hi", {{"top_p", 7}}).dump(), "sekrit", 400, "",
+       "top_p"},
+      {"/v1/chat/completions", unknown.dump(), "sekrit", 404, "model_not_found",
+       "model"},
+      {"/v1/chat/completions", ChatBody("Hi", {{"max_tokens", 5000}}).dump(), "sekrit",
+       400, "context_length_exceeded", "messages"},
+      {"/v1/completions",
+       json{{"model", "kimi-k3"}, {"prompt", "x"}, {"echo", true}}.dump(), "sekrit",
+       400, "", "echo"},
+      {"/v1/completions", json{{"model", "kimi-k3"}, {"prompt", {1, 999999}}}.dump(),
+       "sekrit", 400, "", "prompt"},
+      {"/v1/chat/completions", ChatBody("#error:RESOURCE_EXHAUSTED").dump(), "sekrit",
+       429, "rate_limit_exceeded", ""},
+      {"/v1/chat/completions", ChatBody("#error:UNAVAILABLE").dump(), "sekrit", 503,
+       "service_unavailable", ""},
+      {"/v1/nothing", "{}", "sekrit", 404, "unknown_url", ""},
+  };
+  for (const Case& c : cases) {
+    auto r = Post(c.path, c.body, c.key);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status_code, c.status) << c.body << " -> " << r->body;
+    json j = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body;
+    EXPECT_EQ(j["error"]["code"], c.code.empty() ? json(nullptr) : json(c.code))
+        << r->body;
+    EXPECT_EQ(j["error"]["param"], c.param.empty() ? json(nullptr) : json(c.param))
+        << r->body;
+    EXPECT_TRUE(j["error"]["message"].is_string());
+    if (c.status == 429 || c.status == 503) EXPECT_EQ(r->Header("Retry-After"), "1");
+  }
+}
+
+TEST_F(OpenAIServiceTest, ClientDisconnectCancelsRouterCall) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(http_->port());
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string body = ChatBody("#tokens:100000000", {{"stream", true}}).dump();
+  const std::string req =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+      "Authorization: Bearer sekrit\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find("la") == std::string::npos) {
+    pollfd p{fd, POLLIN, 0};
+    ASSERT_GT(poll(&p, 1, 20000), 0);
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    ASSERT_GT(n, 0);
+    got.append(buf, n);
+  }
+  close(fd);
+  EXPECT_TRUE(WaitForEvent("cancelled", "chatcmpl-"));
+  EXPECT_TRUE(WaitForEvent("done", "chatcmpl-"));
+}
+
+TEST_F(OpenAIServiceTest, ModelsHealthMetrics) {
+  auto conn =
+      metrics::HttpConnection::Connect("127.0.0.1", http_->port(), absl::Seconds(5));
+  ASSERT_TRUE(conn.ok());
+  auto models = (*conn)->Request(
+      "GET", "/v1/models", {{"Authorization", "Bearer sekrit"}}, "", absl::Seconds(10));
+  ASSERT_TRUE(models.ok());
+  ASSERT_EQ(models->status_code, 200) << models->body;
+  json m = json::parse(models->body);
+  EXPECT_EQ(m["object"], "list");
+  ASSERT_EQ(m["data"].size(), 1u);
+  EXPECT_EQ(m["data"][0]["id"], "kimi-k3");
+  EXPECT_EQ(m["data"][0]["object"], "model");
+
+  auto health = (*conn)->Get("/health", absl::Seconds(10));  // no key needed
+  ASSERT_TRUE(health.ok());
+  // The fixture server has no health service registered: NOT_FOUND → 503.
+  EXPECT_EQ(health->status_code, 503) << health->body;
+
+  auto metrics = (*conn)->Get("/metrics", absl::Seconds(10));
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_EQ(metrics->status_code, 200);
+  EXPECT_NE(metrics->body.find(
+                "tandem_gateway_requests_total{endpoint=\"models\",status=\"200\"} 1"),
+            std::string::npos)
+      << metrics->body;
+  EXPECT_NE(metrics->body.find("tandem_gateway_active_streams"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem::gateway

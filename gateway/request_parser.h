@@ -1,0 +1,78 @@
+// Parsing and validation of OpenAI request bodies (POST /v1/chat/completions,
+// POST /v1/completions) into plain structs. Every error is InvalidArgument
+// (or Unimplemented for a feature Tandem refuses) with a message of the form
+// "param: what is wrong", which api_error.h turns into a 400 naming `param`.
+// Nothing here throws, whatever the input; no I/O, no tokenizer (fuzzed by
+// request_parser_fuzz.cc).
+#ifndef TANDEM_GATEWAY_REQUEST_PARSER_H_
+#define TANDEM_GATEWAY_REQUEST_PARSER_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "engine/chat/chat_types.h"
+
+namespace tandem::gateway {
+
+inline constexpr int kMaxN = 128;
+inline constexpr int kMaxStopStrings = 16;
+inline constexpr int kMaxTopLogprobs = 20;
+
+// The fields chat and completions share: sampling and stopping.
+struct GenerationFields {
+  std::string model;
+  std::optional<double> temperature;  // [0, 2]
+  std::optional<double> top_p;        // (0, 1]
+  int n = 1;                          // [1, kMaxN]
+  std::optional<int> max_tokens;      // >= 1 (max_completion_tokens wins)
+  std::vector<std::string> stop;      // at most kMaxStopStrings
+  std::optional<uint64_t> seed;
+  double presence_penalty = 0;   // [-2, 2]
+  double frequency_penalty = 0;  // [-2, 2]
+  bool logprobs = false;
+  int top_logprobs = 0;  // [0, kMaxTopLogprobs]
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  std::string user;
+  // vLLM-style extensions.
+  std::optional<int> top_k;                  // >= 0 (-1 means disabled, as in vLLM)
+  std::optional<double> min_p;               // [0, 1]
+  std::optional<double> repetition_penalty;  // (0, 2]
+  bool ignore_eos = false;
+  int min_tokens = 0;
+  std::vector<int> stop_token_ids;
+};
+
+struct ChatCompletionRequest {
+  GenerationFields fields;
+  std::vector<chat::ChatMessage> messages;  // at least one
+  std::vector<chat::ToolDeclaration> tools;
+  chat::ChatOptions options;  // thinking, tool_choice, response_format
+};
+
+// A prompt: text, or token ids.
+using Prompt = std::variant<std::string, std::vector<int>>;
+
+struct CompletionRequest {
+  GenerationFields fields;
+  std::vector<Prompt> prompts;  // a batch: choices are prompt-major
+};
+
+absl::StatusOr<ChatCompletionRequest> ParseChatCompletionRequest(
+    absl::string_view body);
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body);
+
+// The seed of choice `index` of a request with seed `seed`: choice 0 uses the
+// seed itself (so n=1 and n>1 agree on the first choice), others a well-mixed
+// derivation (SplitMix64 of seed + index x golden ratio: distinct for
+// distinct indices >= 1).
+uint64_t ChoiceSeed(uint64_t seed, int index);
+
+}  // namespace tandem::gateway
+
+#endif  // TANDEM_GATEWAY_REQUEST_PARSER_H_

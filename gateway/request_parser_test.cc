@@ -1,0 +1,197 @@
+#include "gateway/request_parser.h"
+
+#include <set>
+
+#include "gateway/api_error.h"
+#include "gtest/gtest.h"
+
+namespace tandem::gateway {
+namespace {
+
+constexpr char kMsgs[] = R"("messages":[{"role":"user","content":"hi"}])";
+
+std::string Chat(const std::string& extra) {
+  return std::string("{\"model\":\"m\",") + kMsgs + (extra.empty() ? "" : ",") + extra +
+         "}";
+}
+
+TEST(ChatRequestTest, MinimalDefaults) {
+  auto r = ParseChatCompletionRequest(Chat(""));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->fields.model, "m");
+  EXPECT_EQ(r->fields.n, 1);
+  EXPECT_FALSE(r->fields.temperature.has_value());
+  EXPECT_FALSE(r->fields.max_tokens.has_value());
+  EXPECT_FALSE(r->fields.stream);
+  ASSERT_EQ(r->messages.size(), 1u);
+  EXPECT_EQ(r->messages[0].ContentText(), "hi");
+  EXPECT_TRUE(r->options.thinking);
+}
+
+TEST(ChatRequestTest, AllFields) {
+  auto r = ParseChatCompletionRequest(Chat(
+      R"("temperature":0.7,"top_p":0.9,"n":3,"max_tokens":10,"max_completion_tokens":20,)"
+      R"("stop":["a","b"],"seed":-1,"presence_penalty":1.5,"frequency_penalty":-2,)"
+      R"("logprobs":true,"top_logprobs":5,"stream":true,)"
+      R"("stream_options":{"include_usage":true},"user":"u1",)"
+      R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],)"
+      R"("tool_choice":{"type":"function","function":{"name":"f"}},)"
+      R"("chat_template_kwargs":{"thinking":false})"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const GenerationFields& f = r->fields;
+  EXPECT_DOUBLE_EQ(*f.temperature, 0.7);
+  EXPECT_DOUBLE_EQ(*f.top_p, 0.9);
+  EXPECT_EQ(f.n, 3);
+  EXPECT_EQ(*f.max_tokens, 20);  // max_completion_tokens wins
+  EXPECT_EQ(f.stop, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(*f.seed, static_cast<uint64_t>(-1));
+  EXPECT_DOUBLE_EQ(f.presence_penalty, 1.5);
+  EXPECT_DOUBLE_EQ(f.frequency_penalty, -2);
+  EXPECT_TRUE(f.logprobs);
+  EXPECT_EQ(f.top_logprobs, 5);
+  EXPECT_TRUE(f.stream);
+  EXPECT_TRUE(f.include_usage);
+  EXPECT_EQ(f.user, "u1");
+  ASSERT_EQ(r->tools.size(), 1u);
+  EXPECT_EQ(r->options.tool_choice, chat::ToolChoice::kNamed);
+  EXPECT_FALSE(r->options.thinking);
+}
+
+TEST(ChatRequestTest, MultiPartTextContent) {
+  auto r = ParseChatCompletionRequest(
+      R"({"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->messages[0].ContentText(), "ab");
+}
+
+TEST(ChatRequestTest, StopAsString) {
+  auto r = ParseChatCompletionRequest(Chat(R"("stop":"END")"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->fields.stop, std::vector<std::string>{"END"});
+}
+
+TEST(ChatRequestTest, NullMeansAbsent) {
+  auto r = ParseChatCompletionRequest(
+      Chat(R"("temperature":null,"stop":null,"n":null,"tools":null,"seed":null)"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->fields.temperature.has_value());
+  EXPECT_EQ(r->fields.n, 1);
+}
+
+struct BadCase {
+  std::string body;
+  std::string param;  // expected OpenAI param ("" for none)
+};
+
+class BadChatRequestTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadChatRequestTest, RejectedNamingParam) {
+  auto r = ParseChatCompletionRequest(GetParam().body);
+  ASSERT_FALSE(r.ok()) << GetParam().body;
+  ApiError e = BadRequest(std::string(r.status().message()),
+                          ParamFromMessage(r.status().message()));
+  EXPECT_EQ(e.param, GetParam().param) << r.status();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, BadChatRequestTest,
+    ::testing::Values(
+        BadCase{"not json", ""}, BadCase{"[1,2]", ""}, BadCase{"{", ""},
+        BadCase{std::string("{") + kMsgs + "}", "model"},
+        BadCase{R"({"model":"m"})", "messages"},
+        BadCase{R"({"model":"m","messages":[]})", "messages"},
+        BadCase{R"({"model":"m","messages":"hi"})", "messages"},
+        BadCase{R"({"model":5,"messages":[{"role":"user","content":"x"}]})", "model"},
+        BadCase{R"({"model":"m","messages":[{"role":"robot","content":"x"}]})",
+                "messages[0].role"},
+        BadCase{R"({"model":"m","messages":[{"role":"user","content":5}]})",
+                "messages[0].content"},
+        BadCase{Chat(R"("temperature":"hot")"), "temperature"},
+        BadCase{Chat(R"("temperature":2.5)"), "temperature"},
+        BadCase{Chat(R"("temperature":-0.1)"), "temperature"},
+        BadCase{Chat(R"("top_p":0)"), "top_p"},
+        BadCase{Chat(R"("top_p":1.5)"), "top_p"}, BadCase{Chat(R"("n":0)"), "n"},
+        BadCase{Chat(R"("n":129)"), "n"}, BadCase{Chat(R"("n":1.5)"), "n"},
+        BadCase{Chat(R"("n":"2")"), "n"},
+        BadCase{Chat(R"("max_tokens":0)"), "max_tokens"},
+        BadCase{Chat(R"("max_completion_tokens":-3)"), "max_completion_tokens"},
+        BadCase{Chat(R"("stop":5)"), "stop"}, BadCase{Chat(R"("stop":[1])"), "stop[0]"},
+        BadCase{Chat(R"("stop":"")"), "stop"},
+        BadCase{
+            Chat(
+                R"("stop":["1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"])"),
+            "stop"},
+        BadCase{Chat(R"("seed":"x")"), "seed"}, BadCase{Chat(R"("seed":1e30)"), "seed"},
+        BadCase{Chat(R"("presence_penalty":3)"), "presence_penalty"},
+        BadCase{Chat(R"("frequency_penalty":-2.5)"), "frequency_penalty"},
+        BadCase{Chat(R"("logprobs":1)"), "logprobs"},
+        BadCase{Chat(R"("top_logprobs":3)"), "top_logprobs"},  // without logprobs
+        BadCase{Chat(R"("logprobs":true,"top_logprobs":21)"), "top_logprobs"},
+        BadCase{Chat(R"("stream":"yes")"), "stream"},
+        BadCase{Chat(R"("stream_options":{"include_usage":true})"), "stream_options"},
+        BadCase{Chat(R"("stream":true,"stream_options":{"include_usage":1})"),
+                "stream_options.include_usage"},
+        BadCase{Chat(R"("user":7)"), "user"}, BadCase{Chat(R"("tools":{})"), "tools"},
+        BadCase{Chat(R"("tool_choice":"required")"), "tool_choice"},
+        BadCase{Chat(R"("tool_choice":"sometimes")"), "tool_choice"},
+        BadCase{
+            Chat(
+                R"("tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}})"),
+            "tool_choice"},
+        BadCase{Chat(R"("reasoning_effort":"medium")"), "reasoning_effort"},
+        BadCase{Chat(R"("logit_bias":{"1":2})"), "logit_bias"},
+        BadCase{Chat(R"("functions":[{"name":"f"}])"), "functions"}));
+
+TEST(CompletionRequestTest, PromptForms) {
+  auto text = ParseCompletionRequest(R"({"model":"m","prompt":"hello"})");
+  ASSERT_TRUE(text.ok()) << text.status();
+  ASSERT_EQ(text->prompts.size(), 1u);
+  EXPECT_EQ(std::get<std::string>(text->prompts[0]), "hello");
+
+  auto ids = ParseCompletionRequest(R"({"model":"m","prompt":[1,2,3],"logprobs":2})");
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(std::get<std::vector<int>>(ids->prompts[0]), (std::vector<int>{1, 2, 3}));
+  EXPECT_TRUE(ids->fields.logprobs);
+  EXPECT_EQ(ids->fields.top_logprobs, 2);
+
+  auto batch = ParseCompletionRequest(R"({"model":"m","prompt":["a",[4,5]],"n":2})");
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_EQ(batch->prompts.size(), 2u);
+  EXPECT_EQ(std::get<std::vector<int>>(batch->prompts[1]), (std::vector<int>{4, 5}));
+  EXPECT_EQ(batch->fields.n, 2);
+}
+
+TEST(CompletionRequestTest, Rejections) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"model":"m"})", "prompt"},
+      {R"({"model":"m","prompt":[]})", "prompt"},
+      {R"({"model":"m","prompt":[-1]})", "prompt[0]"},
+      {R"({"model":"m","prompt":[1,"a"]})", "prompt[1]"},
+      {R"({"model":"m","prompt":[[]]})", "prompt[0]"},
+      {R"({"model":"m","prompt":[{}]})", "prompt[0]"},
+      {R"({"model":"m","prompt":5})", "prompt"},
+      {R"({"model":"m","prompt":"x","echo":true})", "echo"},
+      {R"({"model":"m","prompt":"x","suffix":"y"})", "suffix"},
+      {R"({"model":"m","prompt":"x","best_of":3})", "best_of"},
+      {R"({"model":"m","prompt":"x","logprobs":21})", "logprobs"},
+      {R"({"model":"m","prompt":"x","logprobs":true})", "logprobs"},
+      {R"({"model":"m","prompt":["a","b"],"n":100})", "n"},
+  };
+  for (const auto& [body, param] : cases) {
+    auto r = ParseCompletionRequest(body);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(ParamFromMessage(r.status().message()), param) << r.status();
+  }
+}
+
+TEST(ChoiceSeedTest, FirstIsSeedOthersDistinct) {
+  EXPECT_EQ(ChoiceSeed(42, 0), 42u);
+  std::set<uint64_t> seen;
+  for (int i = 0; i < 128; ++i) seen.insert(ChoiceSeed(42, i));
+  EXPECT_EQ(seen.size(), 128u);
+  EXPECT_EQ(ChoiceSeed(42, 5), ChoiceSeed(42, 5));
+  EXPECT_NE(ChoiceSeed(42, 5), ChoiceSeed(43, 5));
+}
+
+}  // namespace
+}  // namespace tandem::gateway

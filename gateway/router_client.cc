@@ -1,0 +1,118 @@
+#include "gateway/router_client.h"
+
+#include <utility>
+
+#include "common/grpc_status.h"
+
+namespace tandem::gateway {
+namespace {
+
+std::chrono::system_clock::time_point ToChrono(absl::Time t) {
+  return absl::ToChronoTime(t);
+}
+
+// Owns itself from StartCall until OnDone (self_), and is shared with the
+// caller's handle so that Cancel() is safe at any time: the ClientContext
+// outlives the call.
+class GenerateReactor final
+    : public grpc::ClientReadReactor<tandem::v1::GenerateResponse>,
+      public GenerateCall,
+      public std::enable_shared_from_this<GenerateReactor> {
+ public:
+  GenerateReactor(tandem::v1::GenerateRequest request, absl::Time deadline,
+                  RouterClient::StreamCallbacks callbacks)
+      : request_(std::move(request)), callbacks_(std::move(callbacks)) {
+    context_.set_deadline(ToChrono(deadline));
+  }
+
+  void Start(tandem::v1::Router::Stub* stub) {
+    self_ = shared_from_this();
+    stub->async()->Generate(&context_, &request_, this);
+    StartRead(&response_);
+    StartCall();
+  }
+
+  void Cancel() override { context_.TryCancel(); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended; OnDone follows
+    callbacks_.on_response(response_);
+    response_.Clear();
+    StartRead(&response_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    callbacks_.on_done(status);
+    callbacks_ = {};
+    std::shared_ptr<GenerateReactor> keep = std::move(self_);
+  }
+
+ private:
+  grpc::ClientContext context_;
+  tandem::v1::GenerateRequest request_;
+  tandem::v1::GenerateResponse response_;
+  RouterClient::StreamCallbacks callbacks_;
+  std::shared_ptr<GenerateReactor> self_;
+};
+
+}  // namespace
+
+RouterClient::RouterClient(std::shared_ptr<grpc::Channel> channel)
+    : channel_(std::move(channel)),
+      router_(tandem::v1::Router::NewStub(channel_)),
+      health_(grpc::health::v1::Health::NewStub(channel_)) {}
+
+std::shared_ptr<GenerateCall> RouterClient::Generate(
+    tandem::v1::GenerateRequest request, absl::Time deadline,
+    StreamCallbacks callbacks) {
+  auto call = std::make_shared<GenerateReactor>(std::move(request), deadline,
+                                                std::move(callbacks));
+  call->Start(router_.get());
+  return call;
+}
+
+void RouterClient::ListModels(
+    absl::Time deadline,
+    std::function<void(absl::StatusOr<tandem::v1::ListModelsResponse>)> done) {
+  struct State {
+    grpc::ClientContext context;
+    tandem::v1::ListModelsRequest request;
+    tandem::v1::ListModelsResponse response;
+  };
+  auto* state = new State;
+  state->context.set_deadline(ToChrono(deadline));
+  router_->async()->ListModels(&state->context, &state->request, &state->response,
+                               [state, done = std::move(done)](grpc::Status status) {
+                                 std::unique_ptr<State> owned(state);
+                                 if (status.ok()) {
+                                   done(std::move(owned->response));
+                                 } else {
+                                   done(FromGrpcStatus(status));
+                                 }
+                               });
+}
+
+void RouterClient::CheckHealth(
+    absl::Time deadline,
+    std::function<
+        void(absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus>)>
+        done) {
+  struct State {
+    grpc::ClientContext context;
+    grpc::health::v1::HealthCheckRequest request;
+    grpc::health::v1::HealthCheckResponse response;
+  };
+  auto* state = new State;
+  state->context.set_deadline(ToChrono(deadline));
+  health_->async()->Check(&state->context, &state->request, &state->response,
+                          [state, done = std::move(done)](grpc::Status status) {
+                            std::unique_ptr<State> owned(state);
+                            if (status.ok()) {
+                              done(owned->response.status());
+                            } else {
+                              done(FromGrpcStatus(status));
+                            }
+                          });
+}
+
+}  // namespace tandem::gateway

@@ -1,0 +1,47 @@
+#include "gateway/sse.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace tandem::gateway {
+
+std::string SseEvent(absl::string_view data) {
+  std::string out = "data: ";
+  out.reserve(data.size() + 8);
+  for (char c : data) {
+    if (c == '\r') continue;
+    if (c == '\n') {
+      out += "\ndata: ";
+    } else {
+      out += c;
+    }
+  }
+  out += "\n\n";
+  return out;
+}
+
+void SseParser::Feed(absl::string_view bytes, std::vector<std::string>* events) {
+  for (char c : bytes) {
+    if (c == '\r') continue;
+    if (c != '\n') {
+      line_ += c;
+      continue;
+    }
+    if (line_.empty()) {  // blank line: dispatch
+      if (has_data_) events->push_back(std::move(data_));
+      data_.clear();
+      has_data_ = false;
+      continue;
+    }
+    if (absl::StartsWith(line_, "data:")) {
+      absl::string_view value = absl::string_view(line_).substr(5);
+      if (absl::StartsWith(value, " ")) value.remove_prefix(1);
+      if (has_data_) data_ += '\n';
+      absl::StrAppend(&data_, value);
+      has_data_ = true;
+    }
+    line_.clear();
+  }
+}
+
+}  // namespace tandem::gateway

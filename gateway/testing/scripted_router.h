@@ -1,0 +1,77 @@
+// TEST FIXTURE ONLY: a Router service that streams scripted token ids, so the
+// gateway can be tested (and benchmarked) before real workers exist. It reads
+// the prompt (decoded with the real K3 tokenizer) and answers by rules:
+//
+//   prompt ends `<|open|>think<|sep|>`    → chat with thinking: a think
+//                                            channel, then the response
+//   prompt ends `<|open|>response<|sep|>` → chat without thinking
+//   otherwise                             → plain completion text + [EOS]
+//   contains a tool result message         → "The weather in Paris is sunny."
+//   contains "#tool"                       → a get_weather(city="Paris") call
+//   contains "#error:CODE"                 → fails at once with gRPC CODE
+//   contains "#fail_midway"                → 3 tokens, then UNAVAILABLE
+//   contains "#tokens:N"                   → N filler tokens, then the end
+//   the seed (when set) is written into the text (" seed=S"), so seeded
+//   choices differ and repeat exactly.
+// Honours max_tokens (finish LENGTH), logprobs/top_logprobs (made-up values:
+// -0.5 - 0.1 * (k % 7), alternatives below it). Ignores stop strings on
+// purpose: the gateway must apply them itself. Every call is reported to
+// `events` (generate / cancelled / done) so tests can see what arrived.
+#ifndef TANDEM_GATEWAY_TESTING_SCRIPTED_ROUTER_H_
+#define TANDEM_GATEWAY_TESTING_SCRIPTED_ROUTER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <string>
+
+#include "engine/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "proto/router.grpc.pb.h"
+
+namespace tandem::gateway::testing {
+
+class ScriptedRouter final : public tandem::v1::Router::CallbackService {
+ public:
+  struct Options {
+    std::string model_id = "kimi-k3";
+    int64_t max_context_tokens = 4096;
+  };
+  using EventSink = std::function<void(const nlohmann::json& event)>;
+
+  // `tokenizer` is not owned. `events` may be empty; it is called from gRPC
+  // threads (concurrently).
+  ScriptedRouter(const tokenizer::Tokenizer* tokenizer, Options options,
+                 EventSink events);
+
+  grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* ListModels(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::ListModelsRequest* request,
+      tandem::v1::ListModelsResponse* response) override;
+
+  // The token ids the fixture generates for `request` (before max_tokens),
+  // and the gRPC error it fails with (OK if none) after `fail_after` tokens
+  // (-1: fails at once).
+  struct Script {
+    std::vector<int> ids;
+    grpc::Status error;
+    int fail_after = -1;
+  };
+  Script Plan(const tandem::v1::GenerateRequest& request) const;
+
+  void Emit(const nlohmann::json& event) const {
+    if (events_) events_(event);
+  }
+
+ private:
+  const tokenizer::Tokenizer* tokenizer_;  // not owned
+  const Options options_;
+  const EventSink events_;
+};
+
+}  // namespace tandem::gateway::testing
+
+#endif  // TANDEM_GATEWAY_TESTING_SCRIPTED_ROUTER_H_
