@@ -1,0 +1,151 @@
+// generate: load a K3 checkpoint, run one prompt through the engine on the CPU,
+// stream the text to stdout and report prefill / decode speed on stderr.
+//
+//   generate --model DIR --prompt TEXT [--max_tokens N] [--temperature T]
+//            [--seed S] [--raw] [--json] [--backend cpu|cpu_reference]
+//
+// Without --raw the prompt is chat-formatted (K3 XTML) as one user message
+// followed by the generation prompt; with --raw it is tokenised as plain text.
+// --json prints one object {ids, text, prompt_tokens, completion_tokens,
+// prefill_tokens_per_s, decode_tokens_per_s} instead of streaming.
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "common/init.h"
+#include "engine/chat/renderer.h"
+#include "engine/model/checkpoint.h"
+#include "engine/runtime/engine.h"
+#include "engine/runtime/weights.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "kernels/backend_factory.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, model, "",
+          "Checkpoint directory (config.json, safetensors, tokenizer)");
+ABSL_FLAG(std::string, prompt, "", "Prompt text");
+ABSL_FLAG(int32_t, max_tokens, 64, "Tokens to generate at most");
+ABSL_FLAG(double, temperature, 0.0, "Sampling temperature (0: greedy)");
+ABSL_FLAG(uint64_t, seed, 0, "Random seed for sampling");
+ABSL_FLAG(bool, raw, false, "Tokenise the prompt as plain text (no chat format)");
+ABSL_FLAG(bool, json, false, "Print one JSON object instead of streaming text");
+ABSL_FLAG(std::string, backend, "cpu", "Kernel backend: cpu | cpu_reference");
+ABSL_FLAG(int32_t, max_tokens_per_step, 512, "Prefill chunk budget per step (tokens)");
+ABSL_FLAG(int32_t, block_size, 16, "MLA cache block size (tokens)");
+
+namespace {
+
+using tandem::runtime::Engine;
+using Clock = std::chrono::steady_clock;
+
+int Fail(const absl::Status& s) {
+  std::cerr << "generate: " << s << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tandem::InitProgram(argc, argv, "generate",
+                      "generate --model DIR --prompt TEXT [--max_tokens N] "
+                      "[--temperature T] [--seed S] [--raw] [--json] [--backend B]");
+  const std::string dir = absl::GetFlag(FLAGS_model);
+  if (dir.empty()) return Fail(absl::InvalidArgumentError("--model is required"));
+  auto ckpt = tandem::model::Checkpoint::Open(dir);
+  if (!ckpt.ok()) return Fail(ckpt.status());
+  auto weights = tandem::runtime::LoadModelWeights(**ckpt);
+  if (!weights.ok()) return Fail(weights.status());
+  auto tok = tandem::tokenizer::Tokenizer::Load(dir);
+  if (!tok.ok()) return Fail(tok.status());
+  auto backend = tandem::kernels::CreateBackend(absl::GetFlag(FLAGS_backend));
+  if (!backend.ok()) return Fail(backend.status());
+
+  std::vector<int> ids;
+  if (absl::GetFlag(FLAGS_raw)) {
+    auto enc = (*tok)->Encode(absl::GetFlag(FLAGS_prompt));
+    if (!enc.ok()) return Fail(enc.status());
+    ids = *enc;
+  } else {
+    tandem::chat::ChatMessage m;
+    m.role = tandem::chat::Role::kUser;
+    m.content = {absl::GetFlag(FLAGS_prompt)};
+    auto segs = tandem::chat::RenderChat({m}, {}, tandem::chat::ChatOptions());
+    if (!segs.ok()) return Fail(segs.status());
+    auto enc = tandem::chat::EncodeChat(**tok, *segs);
+    if (!enc.ok()) return Fail(enc.status());
+    ids = *enc;
+  }
+  if (ids.empty())
+    return Fail(absl::InvalidArgumentError("the prompt encodes to no tokens"));
+
+  tandem::runtime::EngineOptions eo;
+  eo.num_slots = 1;
+  eo.block_size = absl::GetFlag(FLAGS_block_size);
+  eo.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
+  eo.max_context_tokens =
+      static_cast<int64_t>(ids.size()) + absl::GetFlag(FLAGS_max_tokens) + 1;
+  eo.seed = absl::GetFlag(FLAGS_seed);
+  auto engine = Engine::Create(weights->get(), backend->get(), tok->get(), eo);
+  if (!engine.ok()) return Fail(engine.status());
+
+  tandem::engine::SamplingParams params;
+  params.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+  params.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  params.seed = absl::GetFlag(FLAGS_seed);
+  std::vector<int32_t> prompt(ids.begin(), ids.end());
+  if (absl::Status s = (*engine)->AddRequest(1, prompt, params); !s.ok())
+    return Fail(s);
+
+  const bool json = absl::GetFlag(FLAGS_json);
+  std::vector<int32_t> out_ids;
+  std::string text;
+  const auto t0 = Clock::now();
+  Clock::time_point t_first;
+  bool have_first = false;
+  while ((*engine)->HasWork()) {
+    auto res = (*engine)->Step();
+    if (!res.ok()) return Fail(res.status());
+    for (const auto& o : *res) {
+      out_ids.insert(out_ids.end(), o.new_tokens.begin(), o.new_tokens.end());
+      text += o.text;
+      if (!json && !o.text.empty()) {
+        std::fwrite(o.text.data(), 1, o.text.size(), stdout);
+        std::fflush(stdout);
+      }
+      if (!have_first && !o.new_tokens.empty()) {
+        have_first = true;
+        t_first = Clock::now();
+      }
+    }
+  }
+  const auto t1 = Clock::now();
+  const double prefill_s =
+      std::chrono::duration<double>((have_first ? t_first : t1) - t0).count();
+  const double decode_s =
+      have_first ? std::chrono::duration<double>(t1 - t_first).count() : 0;
+  const double prefill_tps = prefill_s > 0 ? prompt.size() / prefill_s : 0;
+  const int64_t decoded =
+      out_ids.empty() ? 0 : static_cast<int64_t>(out_ids.size()) - 1;
+  const double decode_tps = decode_s > 0 ? decoded / decode_s : 0;
+  if (json) {
+    nlohmann::json j;
+    j["ids"] = out_ids;
+    j["text"] = text;
+    j["prompt_tokens"] = prompt.size();
+    j["completion_tokens"] = out_ids.size();
+    j["prefill_tokens_per_s"] = prefill_tps;
+    j["decode_tokens_per_s"] = decode_tps;
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+              << "\n";
+  } else {
+    std::cout << "\n";
+  }
+  std::fprintf(
+      stderr,
+      "prefill: %zu tokens, %.1f tokens/s; decode: %lld tokens, %.1f tokens/s\n",
+      prompt.size(), prefill_tps, static_cast<long long>(decoded), decode_tps);
+  return 0;
+}
