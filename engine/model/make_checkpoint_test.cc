@@ -231,7 +231,8 @@ TEST(MakeCheckpointTest, WeightStatisticsAreInTheIntendedRange) {
         std::vector<float> w;
         ASSERT_TRUE(DequantizeMxfp4(*view->U8(), *scale->U8(), rows, in, &w).ok());
         EXPECT_NEAR(Rms(w) * std::sqrt(static_cast<double>(in)), 1.0, 0.25) << e.name;
-        for (uint8_t s : *scale->U8()) {
+        const absl::Span<const uint8_t> scale_bytes = *scale->U8();
+        for (uint8_t s : scale_bytes) {
           // amax of a N(0, 1/in) group of 32 is ~2.5/sqrt(in): exponent near
           // log2(2.5/sqrt(in)) - 2.
           ASSERT_GT(s, 127 - 10) << e.name;
