@@ -85,6 +85,11 @@ absl::StatusOr<BytePairEncoder> BytePairEncoder::Parse(absl::string_view content
                              "' has two ranks, ", other, " and ", r);
     }
   }
+  enc.pair_rank_.resize(1 << 16);
+  for (int k = 0; k < (1 << 16); ++k) {
+    const char two[2] = {static_cast<char>(k >> 8), static_cast<char>(k & 0xFF)};
+    enc.pair_rank_[k] = enc.Rank(absl::string_view(two, 2));
+  }
   for (int b = 0; b < 256; ++b) {
     const char c = static_cast<char>(b);
     enc.byte_rank_[b] = enc.Rank(absl::string_view(&c, 1));
@@ -170,11 +175,15 @@ void BytePairEncoder::MergeSmall(absl::string_view piece, std::vector<int>* out)
   size_t n = piece.size();
   for (size_t i = 0; i <= n; ++i) start[i] = static_cast<uint32_t>(i);
   auto rank_of = [&](uint32_t a, uint32_t b) {
-    const int r = Rank(piece.substr(a, b - a));
+    const int r =
+        b - a == 2 ? PairRank(piece.data() + a) : Find(piece.data() + a, b - a);
     return r < 0 ? kNoRank : r;
   };
   size_t parts = n;  // number of parts; start[parts] == n
-  for (size_t i = 0; i + 1 < parts; ++i) pair[i] = rank_of(start[i], start[i + 2]);
+  for (size_t i = 0; i + 1 < parts; ++i) {
+    const int r = PairRank(piece.data() + i);
+    pair[i] = r < 0 ? kNoRank : r;
+  }
   while (parts > 1) {
     int best = kNoRank;
     size_t bi = 0;
@@ -193,7 +202,7 @@ void BytePairEncoder::MergeSmall(absl::string_view piece, std::vector<int>* out)
     if (bi > 0) pair[bi - 1] = rank_of(start[bi - 1], start[bi + 1]);
   }
   for (size_t i = 0; i < parts; ++i) {
-    out->push_back(Rank(piece.substr(start[i], start[i + 1] - start[i])));
+    out->push_back(Find(piece.data() + start[i], start[i + 1] - start[i]));
   }
 }
 
@@ -222,7 +231,7 @@ void BytePairEncoder::MergeLarge(absl::string_view piece, std::vector<int>* out)
   auto refresh = [&](uint32_t s) {
     const uint32_t mid = next[s];
     int r = -1;
-    if (mid < n) r = Rank(piece.substr(s, next[mid] - s));
+    if (mid < n) r = Find(piece.data() + s, next[mid] - s);
     pair_rank[s] = r;
     if (r >= 0) {
       heap.push_back(key(r, s));
@@ -230,7 +239,7 @@ void BytePairEncoder::MergeLarge(absl::string_view piece, std::vector<int>* out)
     }
   };
   for (uint32_t i = 0; i + 1 < n; ++i) {
-    const int r = Rank(piece.substr(i, 2));
+    const int r = PairRank(piece.data() + i);
     pair_rank[i] = r;
     if (r >= 0) heap.push_back(key(r, i));
   }
@@ -252,7 +261,7 @@ void BytePairEncoder::MergeLarge(absl::string_view piece, std::vector<int>* out)
     if (s > 0) refresh(prev[s]);
   }
   for (uint32_t s = 0; s < n; s = next[s]) {
-    out->push_back(Rank(piece.substr(s, next[s] - s)));
+    out->push_back(Find(piece.data() + s, next[s] - s));
   }
 }
 

@@ -72,6 +72,12 @@ class BytePairEncoder {
   std::vector<Slot> slots_;
   size_t mask_ = 0;
   int byte_rank_[256];
+  // Rank of every two-byte string (b0 << 8 | b1), -1 if none: the first
+  // round of every merge looks up only pairs of bytes.
+  std::vector<int> pair_rank_;
+  int PairRank(const char* p) const {
+    return pair_rank_[(static_cast<uint8_t>(p[0]) << 8) | static_cast<uint8_t>(p[1])];
+  }
 };
 
 }  // namespace tandem::tokenizer
