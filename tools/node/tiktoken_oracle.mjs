@@ -14,8 +14,8 @@
 //
 //   node tools/node/tiktoken_oracle.mjs --model third_party/kimi_k3_tokenizer < in.jsonl
 //   node tools/node/tiktoken_oracle.mjs --model DIR --bench FILE [--repeat N]
-//     encodes every {"text"} line of FILE (N times) and prints one JSON line
-//     {"bytes": ..., "seconds": ..., "tokens": ...} timing the encoding only.
+//     encodes every {"text"} line of FILE once untimed, then N times timed, and
+//     prints one JSON line {"bytes": ..., "seconds": ..., "tokens": ...}.
 //   node tools/node/tiktoken_oracle.mjs --model DIR --split
 //     prints {"pieces": [...]} (the pre-tokeniser output) instead of ids.
 
@@ -182,6 +182,7 @@ async function main() {
     for (const line of fs.readFileSync(args.bench, 'utf8').split('\n')) {
       if (line.trim() !== '') texts.push(JSON.parse(line).text);
     }
+    for (const t of texts) encode(t, regex, ranks);  // warm-up (JIT), not timed
     let bytes = 0;
     let tokens = 0;
     const t0 = process.hrtime.bigint();
