@@ -270,12 +270,13 @@ class CpuBackend final : public Backend {
   // Heads run in parallel; only exps of non-positive numbers are formed.
   absl::Status KdaChunked(const KdaArgs& a) override {
     TANDEM_RETURN_IF_ERROR(CheckKda(a));
-    constexpr int64_t kChunk = 64;
+    constexpr int64_t kChunk = 64, kSub = 16;
     const int64_t dk = a.head_dim_k, dv = a.head_dim_v;
     pool_.ParallelFor(a.heads, [&](int64_t h0, int64_t h1, int) {
       std::vector<float> big_g(kChunk * dk), eg(kChunk * dk), kg(kChunk * dk),
           qk(kChunk * dk), kdat(kChunk * dk), qdat(kChunk * dk), u(kChunk * dv),
-          diff(dk), kd(kChunk * dk), kdt(dk * kChunk), qkm(kChunk * kChunk);
+          diff(dk), kd(kChunk * dk), kdt(dk * kChunk), qkm(kChunk * kChunk),
+          amat(kChunk * kChunk), kl(kSub * dk), ql(kSub * dk), krt(dk * kChunk), ex(dk);
       for (int64_t h = h0; h < h1; ++h) {
         float* s = a.state + h * dk * dv;
         for (int64_t t0 = 0; t0 < a.tokens; t0 += kChunk) {
@@ -295,32 +296,74 @@ class CpuBackend final : public Backend {
             kg[i] = eg[i] * kdat[i];
             qk[i] = eg[i] * qdat[i];
           }
+          // Decayed key-key and query-key products for j <= t, in sub-blocks of
+          // kSub tokens. Inside a sub-block: direct e^{G_t-G_j}. Across sub-blocks,
+          // through the last token r of the previous sub-block (j <= r < t):
+          // e^{G_t-G_j} = e^{G_t-G_r} e^{G_r-G_j}, both factors <= 1, so the
+          // cross terms are one small GEMM with few exps and nothing can overflow.
+          for (int64_t b0 = 0; b0 < len; b0 += kSub) {
+            const int64_t b1 = std::min(len, b0 + kSub);
+            for (int64_t t = b0; t < b1; ++t) {
+              for (int64_t j = b0; j <= t; ++j) {
+                qkm[t * kChunk + j] = vec_.decayed_dot(
+                    &qdat[t * dk], &big_g[t * dk], &kdat[j * dk], &big_g[j * dk], dk);
+                if (j < t) {
+                  amat[t * kChunk + j] = vec_.decayed_dot(
+                      &kdat[t * dk], &big_g[t * dk], &kdat[j * dk], &big_g[j * dk], dk);
+                }
+              }
+              for (int64_t j = t + 1; j < len; ++j) qkm[t * kChunk + j] = 0.0f;
+            }
+            if (b0 == 0) continue;
+            const float* gr = &big_g[(b0 - 1) * dk];
+            for (int64_t t = b0; t < b1; ++t) {
+              for (int64_t c = 0; c < dk; ++c) diff[c] = big_g[t * dk + c] - gr[c];
+              vec_.exp_nonpos(diff.data(), ex.data(), dk);
+              for (int64_t c = 0; c < dk; ++c) {
+                kl[(t - b0) * dk + c] = kdat[t * dk + c] * ex[c];
+                ql[(t - b0) * dk + c] = qdat[t * dk + c] * ex[c];
+              }
+            }
+            for (int64_t j = 0; j < b0; ++j) {
+              for (int64_t c = 0; c < dk; ++c) diff[c] = gr[c] - big_g[j * dk + c];
+              vec_.exp_nonpos(diff.data(), ex.data(), dk);
+              for (int64_t c = 0; c < dk; ++c)
+                krt[c * kChunk + j] = kdat[j * dk + c] * ex[c];
+            }
+            vec_.gemm_nn(kl.data(), dk, krt.data(), kChunk, &amat[b0 * kChunk], kChunk,
+                         b1 - b0, b0, dk, false);
+            vec_.gemm_nn(ql.data(), dk, krt.data(), kChunk, &qkm[b0 * kChunk], kChunk,
+                         b1 - b0, b0, dk, false);
+          }
           // u = beta (v - (e^G k) S0), then forward substitution with the strictly
-          // lower-triangular A[t][j] = beta_t (k_t . e^{G_t-G_j} . k_j).
+          // lower-triangular beta_t A[t][j]: earlier sub-blocks as one GEMM, the
+          // sub-block itself row by row.
           vec_.gemm_nn(kg.data(), dk, s, dv, u.data(), dv, len, dv, dk, false);
           for (int64_t t = 0; t < len; ++t) {
             const float b = a.beta[(t0 + t) * a.heads + h];
             float* ut = &u[t * dv];
             const float* v = a.v + (t0 + t) * a.ld_v + h * dv;
             for (int64_t e = 0; e < dv; ++e) ut[e] = b * (v[e] - ut[e]);
-            for (int64_t j = 0; j < t; ++j) {
-              const float coef =
-                  b * vec_.decayed_dot(&kdat[t * dk], &big_g[t * dk], &kdat[j * dk],
-                                       &big_g[j * dk], dk);
-              vec_.axpy(-coef, &u[j * dv], ut, dv);
+          }
+          for (int64_t b0 = 0; b0 < len; b0 += kSub) {
+            const int64_t b1 = std::min(len, b0 + kSub);
+            for (int64_t t = b0; t < b1; ++t) {
+              const float nb = -a.beta[(t0 + t) * a.heads + h];
+              for (int64_t j = 0; j < t; ++j) amat[t * kChunk + j] *= nb;
+            }
+            if (b0 > 0) {
+              vec_.gemm_nn(&amat[b0 * kChunk], kChunk, u.data(), dv, &u[b0 * dv], dv,
+                           b1 - b0, dv, b0, true);
+            }
+            for (int64_t t = b0 + 1; t < b1; ++t) {
+              for (int64_t j = b0; j < t; ++j) {
+                vec_.axpy(amat[t * kChunk + j], &u[j * dv], &u[t * dv], dv);
+              }
             }
           }
-          // O = (e^G q) S0 + Qk U with Qk[t][j] = q_t . e^{G_t-G_j} . k_j, j <= t.
+          // O = (e^G q) S0 + Qk U.
           float* o0 = a.out + t0 * a.ld_out + h * dv;
           vec_.gemm_nn(qk.data(), dk, s, dv, o0, a.ld_out, len, dv, dk, false);
-          for (int64_t t = 0; t < len; ++t) {
-            for (int64_t j = 0; j < len; ++j) {
-              qkm[t * kChunk + j] =
-                  j <= t ? vec_.decayed_dot(&qdat[t * dk], &big_g[t * dk],
-                                            &kdat[j * dk], &big_g[j * dk], dk)
-                         : 0.0f;
-            }
-          }
           vec_.gemm_nn(qkm.data(), kChunk, u.data(), dv, o0, a.ld_out, len, dv, len,
                        true);
           // S = diag(e^{G_L}) S0 + Kd^T U with Kd[j][c] = e^{G_L-G_j} k_j.
