@@ -123,6 +123,7 @@ absl::Status Engine::Sample(Request* r, absl::Span<const float> logits,
   sr.position = r->num_generated();
   TANDEM_ASSIGN_OR_RETURN(engine::SampleResult res, sampler_->Sample(sr));
   const int32_t tok = res.token_id;
+  if (r->params.logprobs) out->logprobs.push_back(res);
   r->tokens.push_back(tok);
   r->history.AddOutputToken(tok);
   out->new_tokens.push_back(tok);
@@ -255,8 +256,36 @@ absl::StatusOr<ExportedState> Engine::ExportState(RequestId id) {
   return st;
 }
 
+absl::StatusOr<StateLocation> Engine::Locate(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return NotFound("request ", id, " not found");
+  Request* r = it->second.get();
+  if (r->num_generated() < 1 || r->slot < 0) {
+    return FailedPrecondition("request ", id, " has not finished its prefill");
+  }
+  StateLocation loc;
+  TANDEM_ASSIGN_OR_RETURN(loc.block_ids, scheduler_->Blocks(id));
+  loc.slot = r->slot;
+  loc.num_cached_tokens = static_cast<int64_t>(r->tokens.size()) - 1;
+  return loc;
+}
+
 absl::Status Engine::AddPrefilledRequest(RequestId id, const ExportedState& state,
                                          const engine::SamplingParams& params) {
+  return AddPrefilled(id, state, params, nullptr);
+}
+
+absl::StatusOr<RequestOutput> Engine::AddPrefilledRequestWithOutput(
+    RequestId id, const ExportedState& state, const engine::SamplingParams& params) {
+  RequestOutput out;
+  out.id = id;
+  TANDEM_RETURN_IF_ERROR(AddPrefilled(id, state, params, &out));
+  return out;
+}
+
+absl::Status Engine::AddPrefilled(RequestId id, const ExportedState& state,
+                                  const engine::SamplingParams& params,
+                                  RequestOutput* out) {
   if (state.generated.empty() ||
       state.num_cached_tokens !=
           static_cast<int64_t>(state.prompt.size() + state.generated.size()) - 1) {
@@ -277,7 +306,23 @@ absl::Status Engine::AddPrefilledRequest(RequestId id, const ExportedState& stat
       auto d = r->detok->Add(t);
       if (d.ok()) delta = *d;
     }
-    r->stop->Append(t, delta);
+    engine::StopUpdate up = r->stop->Append(t, delta);
+    if (out != nullptr && !out->finished) {
+      out->new_tokens.push_back(t);
+      out->text += up.text;
+      if (up.finish != engine::FinishReason::kNone) {
+        out->finished = true;
+        out->finish_reason = up.finish;
+      }
+    }
+  }
+  if (out != nullptr && out->finished) {
+    // Nothing left to decode: the request ends here, nothing is admitted.
+    if (out->finish_reason == engine::FinishReason::kLength && r->detok != nullptr) {
+      out->text += r->detok->Flush();
+    }
+    requests_.erase(id);
+    return absl::OkStatus();
   }
   // Own a copy of the source bytes until the first step places them.
   r->import_tokens = state.num_cached_tokens;

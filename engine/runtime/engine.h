@@ -62,6 +62,16 @@ struct RequestOutput {
   std::string text;                 // streamable text (empty without a tokenizer)
   bool finished = false;
   engine::FinishReason finish_reason = engine::FinishReason::kNone;
+  // One per new token when the request asked for logprobs, in the same order.
+  std::vector<engine::SampleResult> logprobs;
+};
+
+// Where a running request's state lives in this engine's cache (the KV hand-off
+// writes it from here): its block table, KDA slot and cached positions.
+struct StateLocation {
+  std::vector<int32_t> block_ids;
+  int64_t slot = -1;
+  int64_t num_cached_tokens = 0;
 };
 
 // A sequence's state for the hand-off: its tokens and where its bytes are.
@@ -96,6 +106,15 @@ class Engine {
   // they are copied into this engine's cache, and decoding continues here.
   absl::Status AddPrefilledRequest(RequestId id, const ExportedState& state,
                                    const engine::SamplingParams& params);
+  // As AddPrefilledRequest, and reports what the generated tokens yield for the
+  // client (text, logprobs are not known here, finish): when they already end the
+  // request (a stop token, a stop string, max_tokens of 1) nothing is admitted
+  // and the output is `finished`.
+  absl::StatusOr<RequestOutput> AddPrefilledRequestWithOutput(
+      RequestId id, const ExportedState& state, const engine::SamplingParams& params);
+  // The block table, slot and cached length of a request whose prefill is done
+  // (what ExportState describes as byte ranges).
+  absl::StatusOr<StateLocation> Locate(RequestId id);
 
   bool HasWork() const { return !requests_.empty(); }
   int32_t num_free_blocks() const { return scheduler_->num_free_blocks(); }
@@ -128,6 +147,10 @@ class Engine {
   absl::StatusOr<Request*> NewRequest(RequestId id, std::vector<int32_t> prompt,
                                       const engine::SamplingParams& params);
   absl::Status Sample(Request* r, absl::Span<const float> logits, RequestOutput* out);
+  // Shared by the AddPrefilledRequest variants; `out` null: the generated tokens'
+  // stop results are ignored (the request is always admitted).
+  absl::Status AddPrefilled(RequestId id, const ExportedState& state,
+                            const engine::SamplingParams& params, RequestOutput* out);
 
   const ModelWeights* weights_ = nullptr;            // not owned
   const tokenizer::Tokenizer* tokenizer_ = nullptr;  // not owned; may be null

@@ -1,0 +1,215 @@
+// engine_bench: forward-pass throughput of the CPU engine.
+//
+//   engine_bench [--model DIR] [--prompt_len N] [--decode_steps N]
+//                [--batches 1,8,32] [--backend cpu]
+//
+// For each batch size B: B sequences prefilled with --prompt_len tokens (one
+// forward per chunk of up to --chunk tokens per sequence, all B together), then
+// --decode_steps decode steps of B tokens. Reports prefill and decode tokens/s,
+// the MLA + KDA state bytes per sequence, and the decode step against a memory
+// bandwidth roofline: bytes a step must touch (every dense weight, the routed
+// experts the batch can reach, the cache it reads and the KDA state it reads
+// and writes) over a copy bandwidth measured in the same run.
+// Ends with ONE JSON line {"bench":"engine",...}. Default model: the tiny
+// checkpoint from the runfiles.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/init.h"
+#include "engine/model/checkpoint.h"
+#include "engine/runtime/kv_cache.h"
+#include "engine/runtime/model_runner.h"
+#include "engine/runtime/weights.h"
+#include "kernels/backend_factory.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, model, "",
+          "Checkpoint directory (default: the tiny checkpoint)");
+ABSL_FLAG(int32_t, prompt_len, 128, "Prompt tokens per sequence");
+ABSL_FLAG(int32_t, chunk, 128, "Prefill chunk per sequence per forward");
+ABSL_FLAG(int32_t, decode_steps, 16, "Decode steps per batch size");
+ABSL_FLAG(std::string, batches, "1,8,32", "Batch sizes");
+ABSL_FLAG(std::string, backend, "cpu", "Kernel backend");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using tandem::runtime::KvCache;
+using tandem::runtime::ModelRunner;
+using tandem::runtime::SequenceInput;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Copy bandwidth (bytes read + written per second) over a buffer far larger than
+// the caches; best of 5.
+double CopyBandwidth() {
+  const size_t n = size_t{256} << 20;
+  std::vector<char> a(n, 1), b(n, 2);
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), n);
+    const double s = Seconds(t0, Clock::now());
+    best = std::max(best, 2.0 * n / s);
+    std::swap(a, b);
+  }
+  return best;
+}
+
+int Fail(const absl::Status& s) {
+  std::cerr << "engine_bench: " << s << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tandem::InitProgram(argc, argv, "engine_bench",
+                      "engine_bench [--model DIR] [--prompt_len N] [--decode_steps N] "
+                      "[--batches 1,8,32]");
+  std::string dir = absl::GetFlag(FLAGS_model);
+  if (dir.empty())
+    dir = std::string(argv[0]) + ".runfiles/tandem/engine/model/tiny_checkpoint";
+  auto ckpt = tandem::model::Checkpoint::Open(dir);
+  if (!ckpt.ok()) return Fail(ckpt.status());
+  auto weights = tandem::runtime::LoadModelWeights(**ckpt);
+  if (!weights.ok()) return Fail(weights.status());
+  const auto& w = **weights;
+  const auto& cfg = w.config;
+  auto backend = tandem::kernels::CreateBackend(absl::GetFlag(FLAGS_backend));
+  if (!backend.ok()) return Fail(backend.status());
+  std::vector<int> batches;
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
+    int b;
+    if (!absl::SimpleAtoi(s, &b) || b <= 0) {
+      return Fail(absl::InvalidArgumentError("--batches: bad entry"));
+    }
+    batches.push_back(b);
+  }
+  const int prompt_len = absl::GetFlag(FLAGS_prompt_len);
+  const int steps = absl::GetFlag(FLAGS_decode_steps);
+  const int chunk = std::max(1, absl::GetFlag(FLAGS_chunk));
+  const int64_t block_size = 16;
+  const int64_t ctx = prompt_len + steps + 1;
+  const int64_t blocks_per_seq = (ctx + block_size - 1) / block_size;
+  const double bw = CopyBandwidth();
+  std::fprintf(stderr, "model %s, backend %s, copy bandwidth %.1f GB/s\n", dir.c_str(),
+               (*backend)->name().data(), bw / 1e9);
+
+  nlohmann::json results = nlohmann::json::array();
+  const int64_t V = cfg.text.vocab_size;
+  for (int B : batches) {
+    tandem::runtime::KvCacheOptions co;
+    co.block_size = block_size;
+    co.num_blocks = B * blocks_per_seq;
+    co.num_slots = B;
+    auto cache = KvCache::Create(cfg, co);
+    if (!cache.ok()) return Fail(cache.status());
+    ModelRunner runner(&w, cache->get(), backend->get());
+    std::vector<std::vector<int32_t>> prompts(B), tables(B);
+    for (int s = 0; s < B; ++s) {
+      for (int i = 0; i < prompt_len; ++i)
+        prompts[s].push_back((s * 7919 + i * 104729) % 100000);
+      for (int64_t b = 0; b < blocks_per_seq; ++b)
+        tables[s].push_back(s * blocks_per_seq + b);
+    }
+    std::vector<float> logits;
+    std::vector<int32_t> next(B, 0);
+    // Prefill.
+    const auto t0 = Clock::now();
+    for (int pos = 0; pos < prompt_len; pos += chunk) {
+      const int n = std::min(chunk, prompt_len - pos);
+      std::vector<SequenceInput> in(B);
+      for (int s = 0; s < B; ++s) {
+        in[s].tokens = absl::MakeConstSpan(prompts[s]).subspan(pos, n);
+        in[s].start_pos = pos;
+        in[s].block_table = tables[s];
+        in[s].kda_slot = s;
+        if (pos + n == prompt_len) in[s].logits_indices = {n - 1};
+      }
+      if (auto st = runner.Forward(in, &logits); !st.ok()) return Fail(st);
+    }
+    const double prefill_s = Seconds(t0, Clock::now());
+    for (int s = 0; s < B; ++s) {
+      next[s] = static_cast<int32_t>(
+          std::max_element(logits.begin() + s * V, logits.begin() + (s + 1) * V) -
+          (logits.begin() + s * V));
+    }
+    // Decode.
+    const auto t1 = Clock::now();
+    for (int step = 0; step < steps; ++step) {
+      std::vector<SequenceInput> in(B);
+      for (int s = 0; s < B; ++s) {
+        in[s].tokens = {&next[s], 1};
+        in[s].start_pos = prompt_len + step;
+        in[s].block_table = tables[s];
+        in[s].kda_slot = s;
+        in[s].logits_indices = {0};
+      }
+      if (auto st = runner.Forward(in, &logits); !st.ok()) return Fail(st);
+      for (int s = 0; s < B; ++s) {
+        next[s] = static_cast<int32_t>(
+            std::max_element(logits.begin() + s * V, logits.begin() + (s + 1) * V) -
+            (logits.begin() + s * V));
+      }
+    }
+    const double decode_s = Seconds(t1, Clock::now());
+    const double step_s = decode_s / std::max(1, steps);
+    // Roofline bytes of one decode step at mid context.
+    const int64_t moe_layers = std::count_if(
+        w.layers.begin(), w.layers.end(),
+        [](const auto& l) { return l.spec.ffn == tandem::model::FfnKind::kMoe; });
+    const int64_t experts_touched = std::min<int64_t>(
+        cfg.text.num_experts, int64_t{B} * cfg.text.num_experts_per_token);
+    const double mid_ctx = prompt_len + steps / 2.0;
+    const double cache_read =
+        B * mid_ctx * cfg.MlaCacheBytesPerToken() * cfg.NumMlaLayers();
+    const double kda_rw = 2.0 * B * cfg.KdaStateBytesPerSequence() * cfg.NumKdaLayers();
+    const double bytes =
+        static_cast<double>(w.dense_bytes) +
+        static_cast<double>(moe_layers) * experts_touched * w.expert_bytes_each +
+        cache_read + kda_rw;
+    // Copy bandwidth counts read + write; a step mostly reads: compare with it as is.
+    const double roofline_s = bytes / bw;
+    const int64_t mem_per_seq = ctx * cfg.MlaCacheBytesPerToken() * cfg.NumMlaLayers() +
+                                cfg.KdaStateBytesPerSequence() * cfg.NumKdaLayers();
+    nlohmann::json r;
+    r["batch"] = B;
+    r["prefill_tokens_per_s"] = B * prompt_len / prefill_s;
+    r["decode_tokens_per_s"] = B * steps / decode_s;
+    r["decode_step_ms"] = step_s * 1e3;
+    r["decode_roofline_ms"] = roofline_s * 1e3;
+    r["decode_bandwidth_efficiency"] = roofline_s / step_s;
+    r["bytes_per_decode_step"] = bytes;
+    r["state_bytes_per_sequence"] = mem_per_seq;
+    std::fprintf(stderr,
+                 "batch %3d: prefill %9.1f tok/s, decode %9.1f tok/s, step %.2f ms "
+                 "(roofline %.3f ms, %.1f%%), state %.2f MB/seq\n",
+                 B, B * prompt_len / prefill_s, B * steps / decode_s, step_s * 1e3,
+                 roofline_s * 1e3, 100 * roofline_s / step_s, mem_per_seq / 1e6);
+    results.push_back(r);
+  }
+  nlohmann::json out;
+  out["bench"] = "engine";
+  out["model"] = dir;
+  out["backend"] = std::string((*backend)->name());
+  out["prompt_len"] = prompt_len;
+  out["decode_steps"] = steps;
+  out["copy_bandwidth_gb_per_s"] = bw / 1e9;
+  out["kda_state_bytes_per_sequence"] =
+      cfg.KdaStateBytesPerSequence() * cfg.NumKdaLayers();
+  out["mla_cache_bytes_per_token"] = cfg.MlaCacheBytesPerToken() * cfg.NumMlaLayers();
+  out["results"] = results;
+  std::cout << out.dump() << "\n";
+  return 0;
+}
