@@ -1,0 +1,96 @@
+// KvCache layout and the state hand-off primitives on the tiny config.
+#include "engine/runtime/kv_cache.h"
+
+#include <cstring>
+
+#include "engine/model/make_checkpoint.h"
+#include "gtest/gtest.h"
+
+namespace tandem::runtime {
+namespace {
+
+std::unique_ptr<KvCache> Make(int64_t blocks, int64_t bs, int64_t slots) {
+  KvCacheOptions o{blocks, bs, slots};
+  auto c = KvCache::Create(model::TinyConfig(), o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return std::move(c).value();
+}
+
+TEST(KvCacheTest, SizesFollowTheConfig) {
+  const model::ModelConfig cfg = model::TinyConfig();
+  auto c = Make(10, 16, 3);
+  EXPECT_EQ(c->num_mla_layers(), cfg.NumMlaLayers());
+  EXPECT_EQ(c->num_kda_layers(), cfg.NumKdaLayers());
+  EXPECT_EQ(c->mla_width(), cfg.MlaCacheValuesPerToken());
+  EXPECT_EQ(c->kda_bytes_per_layer(),
+            static_cast<size_t>(cfg.KdaStateBytesPerSequence()));
+  EXPECT_EQ(c->total_bytes(),
+            10 * 16 * cfg.MlaCacheBytesPerToken() * cfg.NumMlaLayers() +
+                3 * cfg.KdaStateBytesPerSequence() * cfg.NumKdaLayers());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(c->mla_layer(0)) % 64, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(c->kda_recurrent(0, 0)) % 64, 0u);
+  EXPECT_FALSE(KvCache::Create(cfg, KvCacheOptions{1, 0, 1}).ok());
+}
+
+TEST(KvCacheTest, SnapshotRestoreAndReset) {
+  auto c = Make(2, 16, 2);
+  float* s = c->kda_recurrent(1, 2);
+  s[5] = 3.5f;
+  c->kda_conv(1, 0, 2)[1] = -1.0f;
+  auto snap = c->SnapshotSlot(1);
+  ASSERT_TRUE(snap.ok());
+  s[5] = 7.0f;
+  ASSERT_TRUE(c->RestoreSlot(1, *snap).ok());
+  EXPECT_EQ(s[5], 3.5f);
+  EXPECT_EQ(c->kda_conv(1, 0, 2)[1], -1.0f);
+  ASSERT_TRUE(c->CopySlot(1, 0).ok());
+  EXPECT_EQ(c->kda_recurrent(0, 2)[5], 3.5f);
+  ASSERT_TRUE(c->ResetSlot(1).ok());
+  EXPECT_EQ(s[5], 0.0f);
+  EXPECT_EQ(c->kda_recurrent(0, 2)[5], 3.5f);  // other slots untouched
+  EXPECT_FALSE(c->ResetSlot(2).ok());
+  EXPECT_FALSE(c->SnapshotSlot(-1).ok());
+}
+
+TEST(KvCacheTest, ExportCopyAcrossBlockSizes) {
+  auto a = Make(8, 16, 2);
+  auto b = Make(16, 4, 3);
+  const int64_t n = 37;
+  const std::vector<int32_t> ta = {6, 1, 3};
+  std::vector<int32_t> tb;
+  for (int i = 0; i < 10; ++i) tb.push_back(15 - i);
+  // Token p of MLA layer m holds value (m * 1000 + p) in every lane.
+  const int64_t w = a->mla_width();
+  for (int m = 0; m < a->num_mla_layers(); ++m) {
+    for (int64_t p = 0; p < n; ++p) {
+      uint16_t* row = a->mla_layer(m) + (ta[p / 16] * 16 + p % 16) * w;
+      for (int64_t i = 0; i < w; ++i) row[i] = static_cast<uint16_t>(m * 1000 + p);
+    }
+  }
+  for (int k = 0; k < a->num_kda_layers(); ++k) a->kda_recurrent(1, k)[7] = 10.0f + k;
+  auto src = a->ExportSequence(ta, n, 1);
+  auto dst = b->ExportSequence(tb, n, 2);
+  ASSERT_TRUE(src.ok() && dst.ok());
+  size_t src_bytes = 0;
+  for (const StateRange& r : *src) src_bytes += r.bytes;
+  EXPECT_EQ(src_bytes, n * w * 2 * a->num_mla_layers() + a->kda_bytes_per_slot());
+  ASSERT_TRUE(CopyStateRanges(*src, *dst).ok());
+  for (int m = 0; m < b->num_mla_layers(); ++m) {
+    for (int64_t p = 0; p < n; ++p) {
+      const uint16_t* row = b->mla_layer(m) + (tb[p / 4] * 4 + p % 4) * w;
+      ASSERT_EQ(row[0], m * 1000 + p);
+      ASSERT_EQ(row[w - 1], m * 1000 + p);
+    }
+  }
+  for (int k = 0; k < b->num_kda_layers(); ++k)
+    EXPECT_EQ(b->kda_recurrent(2, k)[7], 10.0f + k);
+  // Mismatched lengths and short tables are errors.
+  auto shorter = b->ExportSequence(tb, n - 1, 2);
+  ASSERT_TRUE(shorter.ok());
+  EXPECT_FALSE(CopyStateRanges(*src, *shorter).ok());
+  EXPECT_FALSE(a->ExportSequence(ta, 49, 1).ok());
+  EXPECT_FALSE(a->ExportSequence({6, 1, 99}, n, 1).ok());
+}
+
+}  // namespace
+}  // namespace tandem::runtime
