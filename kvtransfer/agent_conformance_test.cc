@@ -27,7 +27,8 @@ struct AgentKindParam {
   std::function<std::unique_ptr<TransferAgent>()> make;
 };
 
-std::unique_ptr<TransferAgent> MakeUcx(const std::string& tls, bool detect_failures = true) {
+std::unique_ptr<TransferAgent> MakeUcx(const std::string& tls,
+                                       bool detect_failures = true) {
   UcxAgentConfig config;
   config.tls = tls;
   config.peer_failure_detection = detect_failures;
@@ -78,7 +79,8 @@ class AgentConformanceTest : public ::testing::TestWithParam<AgentKindParam> {
 };
 
 // Scattered segments: piece i of `n` random-length pieces goes to a shuffled slot.
-std::vector<Segment> Scatter(RegionId src, RegionId dst, size_t bytes, int pieces, uint32_t seed) {
+std::vector<Segment> Scatter(RegionId src, RegionId dst, size_t bytes, int pieces,
+                             uint32_t seed) {
   std::mt19937 rng(seed);
   const size_t piece = bytes / pieces;
   std::vector<int> order(pieces);
@@ -97,10 +99,12 @@ TEST_P(AgentConformanceTest, WriteManySegmentsArrivesExactly) {
   std::vector<uint8_t> src = RandomBytes(1 << 20, 1);
   std::vector<uint8_t> dst(1 << 20, 0);
   Wire(&src, &dst);
-  const std::vector<Segment> segs = Scatter(src_region_, dst_region_, src.size(), 300, 2);
+  const std::vector<Segment> segs =
+      Scatter(src_region_, dst_region_, src.size(), 300, 2);
   std::vector<uint8_t> expected(dst.size(), 0);
   for (const Segment& s : segs) {
-    std::copy_n(src.begin() + s.local_offset, s.length, expected.begin() + s.remote_offset);
+    std::copy_n(src.begin() + s.local_offset, s.length,
+                expected.begin() + s.remote_offset);
   }
   auto batch = initiator_->PostWrite(peer_, segs);
   ASSERT_TRUE(batch.ok()) << batch.status();
@@ -125,7 +129,8 @@ TEST_P(AgentConformanceTest, ReadPullsRemoteBytes) {
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_TRUE(*done);
   EXPECT_TRUE(std::equal(local.begin(), local.begin() + 100000, remote.begin() + 4096));
-  EXPECT_TRUE(std::equal(local.begin() + 100000, local.begin() + 104096, remote.begin()));
+  EXPECT_TRUE(
+      std::equal(local.begin() + 100000, local.begin() + 104096, remote.begin()));
 }
 
 TEST_P(AgentConformanceTest, CompletionCallbackRunsOnce) {
@@ -136,14 +141,14 @@ TEST_P(AgentConformanceTest, CompletionCallbackRunsOnce) {
   int calls = 0;
   absl::Status seen = absl::UnknownError("not called");
   BatchId seen_id = 0;
-  auto batch = initiator_->PostWrite(
-      peer_, {{src_region_, 0, dst_region_, 0, src.size()}},
-      [&](BatchId id, const absl::Status& st) {
-        absl::MutexLock l(&mu);
-        ++calls;
-        seen = st;
-        seen_id = id;
-      });
+  auto batch =
+      initiator_->PostWrite(peer_, {{src_region_, 0, dst_region_, 0, src.size()}},
+                            [&](BatchId id, const absl::Status& st) {
+                              absl::MutexLock l(&mu);
+                              ++calls;
+                              seen = st;
+                              seen_id = id;
+                            });
   ASSERT_TRUE(batch.ok());
   ASSERT_TRUE(initiator_->Wait(*batch, Soon()).ok());
   absl::MutexLock l(&mu);
@@ -170,13 +175,17 @@ TEST_P(AgentConformanceTest, NotificationSeesEveryPriorWrite) {
   });
   // Two batches, not waited for: Notify itself orders after them.
   auto b1 = initiator_->PostWrite(peer_, {{src_region_, 0, dst_region_, 0, 1 << 20}});
-  auto b2 = initiator_->PostWrite(peer_, {{src_region_, 1 << 20, dst_region_, 1 << 20, 1 << 20}});
+  auto b2 = initiator_->PostWrite(
+      peer_, {{src_region_, 1 << 20, dst_region_, 1 << 20, 1 << 20}});
   ASSERT_TRUE(b1.ok() && b2.ok());
-  ASSERT_TRUE(initiator_->Notify(peer_, "req-42", std::string("pay\0load", 8), Soon()).ok());
+  ASSERT_TRUE(
+      initiator_->Notify(peer_, "req-42", std::string("pay\0load", 8), Soon()).ok());
   {
     absl::MutexLock l(&mu);
-    ASSERT_TRUE(mu.AwaitWithDeadline(
-        absl::Condition(+[](decltype(got)* g) { return !g->empty(); }, &got), Soon()));
+    ASSERT_TRUE(
+        mu.AwaitWithDeadline(absl::Condition(
+                                 +[](decltype(got)* g) { return !g->empty(); }, &got),
+                             Soon()));
     ASSERT_EQ(got.size(), 1u);
     EXPECT_EQ(got[0].first.request_id, "req-42");
     EXPECT_EQ(got[0].first.payload, std::string("pay\0load", 8));
@@ -203,8 +212,10 @@ TEST_P(AgentConformanceTest, PollNotificationsWithoutCallback) {
   EXPECT_EQ(all[0].payload, "1");
   EXPECT_EQ(all[1].request_id, "b");
   EXPECT_TRUE(target_->PollNotifications().empty());
-  EXPECT_EQ(initiator_->Notify(peer_, "big", std::string(kMaxNotificationBytes, 'x'), Soon()).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      initiator_->Notify(peer_, "big", std::string(kMaxNotificationBytes, 'x'), Soon())
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(AgentConformanceTest, SegmentsAreBoundsCheckedOnBothSides) {
@@ -217,14 +228,20 @@ TEST_P(AgentConformanceTest, SegmentsAreBoundsCheckedOnBothSides) {
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
   EXPECT_EQ(code({}), kInvalid);
   EXPECT_EQ(code({{src_region_, 0, dst_region_, 0, 0}}), kInvalid);
-  EXPECT_EQ(code({{src_region_, 0, dst_region_, 0, 4097}}), kInvalid);        // remote overflow
-  EXPECT_EQ(code({{src_region_, 8000, dst_region_, 0, 200}}), kInvalid);      // local overflow
-  EXPECT_EQ(code({{src_region_, ~0ull, dst_region_, 0, 2}}), kInvalid);       // wrap-around
-  EXPECT_EQ(code({{src_region_, 0, dst_region_, ~0ull - 1, 4}}), kInvalid);   // wrap-around
-  EXPECT_EQ(code({{src_region_ + 99, 0, dst_region_, 0, 1}}), kInvalid);      // unknown local
-  EXPECT_EQ(code({{src_region_, 0, dst_region_ + 99, 0, 1}}), kInvalid);      // unknown remote
+  EXPECT_EQ(code({{src_region_, 0, dst_region_, 0, 4097}}),
+            kInvalid);  // remote overflow
+  EXPECT_EQ(code({{src_region_, 8000, dst_region_, 0, 200}}),
+            kInvalid);  // local overflow
+  EXPECT_EQ(code({{src_region_, ~0ull, dst_region_, 0, 2}}), kInvalid);  // wrap-around
+  EXPECT_EQ(code({{src_region_, 0, dst_region_, ~0ull - 1, 4}}),
+            kInvalid);  // wrap-around
+  EXPECT_EQ(code({{src_region_ + 99, 0, dst_region_, 0, 1}}),
+            kInvalid);  // unknown local
+  EXPECT_EQ(code({{src_region_, 0, dst_region_ + 99, 0, 1}}),
+            kInvalid);  // unknown remote
   // A bad segment anywhere rejects the whole batch before anything moves.
-  EXPECT_EQ(code({{src_region_, 0, dst_region_, 0, 4096}, {src_region_, 0, dst_region_, 1, 4096}}),
+  EXPECT_EQ(code({{src_region_, 0, dst_region_, 0, 4096},
+                  {src_region_, 0, dst_region_, 1, 4096}}),
             kInvalid);
   EXPECT_EQ(dst, std::vector<uint8_t>(4096, 0));
   EXPECT_EQ(initiator_->PostWrite(peer_ + 1000, {{src_region_, 0, dst_region_, 0, 1}})
@@ -246,20 +263,23 @@ TEST_P(AgentConformanceTest, BadDescriptorsAreRejected) {
   for (const std::string& bad :
        {std::string(), std::string("garbage"), good->substr(0, good->size() / 2),
         *good + "tail", std::string(4096, '\0')}) {
-    EXPECT_EQ(initiator_->Connect(bad).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(initiator_->Connect(bad).status().code(),
+              absl::StatusCode::kInvalidArgument);
   }
   std::string flipped = *good;
   flipped[flipped.size() / 2] ^= 1;
-  EXPECT_EQ(initiator_->Connect(flipped).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(initiator_->Connect(flipped).status().code(),
+            absl::StatusCode::kInvalidArgument);
   // The other implementation's descriptor is refused too.
   LoopbackAgent loop;
   auto ucx = UcxAgent::Create(UcxAgentConfig{});
   ASSERT_TRUE(ucx.ok());
-  const std::string foreign = initiator_->Transport(0).empty() && dynamic_cast<LoopbackAgent*>(
-                                                                      initiator_.get())
-                                  ? *(*ucx)->LocalDescriptor()
-                                  : *loop.LocalDescriptor();
-  EXPECT_EQ(initiator_->Connect(foreign).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string foreign =
+      initiator_->Transport(0).empty() && dynamic_cast<LoopbackAgent*>(initiator_.get())
+          ? *(*ucx)->LocalDescriptor()
+          : *loop.LocalDescriptor();
+  EXPECT_EQ(initiator_->Connect(foreign).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(initiator_->NumPeers(), 0u);
 }
 
@@ -269,7 +289,8 @@ TEST_P(AgentConformanceTest, CancelEndsTheBatch) {
   std::vector<uint8_t> dst(bytes, 0);
   Wire(&src, &dst);
   std::vector<Segment> segs;
-  for (size_t off = 0; off < bytes; off += 4096) segs.push_back({src_region_, off, dst_region_, off, 4096});
+  for (size_t off = 0; off < bytes; off += 4096)
+    segs.push_back({src_region_, off, dst_region_, off, 4096});
   auto batch = initiator_->PostWrite(peer_, segs);
   ASSERT_TRUE(batch.ok());
   ASSERT_TRUE(initiator_->Cancel(*batch).ok());
@@ -291,11 +312,13 @@ TEST_P(AgentConformanceTest, WaitPastDeadlineKeepsTheBatch) {
   std::vector<uint8_t> dst(bytes, 0);
   Wire(&src, &dst);
   std::vector<Segment> segs;
-  for (size_t off = 0; off < bytes; off += 8192) segs.push_back({src_region_, off, dst_region_, off, 8192});
+  for (size_t off = 0; off < bytes; off += 8192)
+    segs.push_back({src_region_, off, dst_region_, off, 8192});
   auto batch = initiator_->PostWrite(peer_, segs);
   ASSERT_TRUE(batch.ok());
   const absl::Status early = initiator_->Wait(*batch, absl::InfinitePast());
-  EXPECT_TRUE(early.ok() || early.code() == absl::StatusCode::kDeadlineExceeded) << early;
+  EXPECT_TRUE(early.ok() || early.code() == absl::StatusCode::kDeadlineExceeded)
+      << early;
   if (!early.ok()) {
     ASSERT_TRUE(initiator_->Wait(*batch, Soon()).ok());
   }
@@ -352,8 +375,11 @@ INSTANTIATE_TEST_SUITE_P(
         AgentKindParam{"ucx_default", [] { return MakeUcx(""); }},
         AgentKindParam{"ucx_tcp", [] { return MakeUcx("tcp"); }},
         // Without peer-failure detection UCX uses shared memory (posix + cma).
-        AgentKindParam{"ucx_shm", [] { return MakeUcx("", /*detect_failures=*/false); }}),
-    [](const ::testing::TestParamInfo<AgentKindParam>& info) { return info.param.name; });
+        AgentKindParam{"ucx_shm",
+                       [] { return MakeUcx("", /*detect_failures=*/false); }}),
+    [](const ::testing::TestParamInfo<AgentKindParam>& info) {
+      return info.param.name;
+    });
 
 }  // namespace
 }  // namespace tandem::kvtransfer

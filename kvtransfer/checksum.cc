@@ -15,18 +15,19 @@ struct StateDeleter {
 
 }  // namespace
 
-absl::StatusOr<uint64_t> LayerChecksum(const RankLayout& side, LayerRef layer, int64_t num_tokens,
-                                       const RegionBytes& regions) {
+absl::StatusOr<uint64_t> LayerChecksum(const RankLayout& side, LayerRef layer,
+                                       int64_t num_tokens, const RegionBytes& regions) {
   auto ranges = LayerRanges(side, layer, num_tokens);
   if (!ranges.ok()) return ranges.status();
   std::unique_ptr<XXH3_state_t, StateDeleter> state(XXH3_createState());
   XXH3_64bits_reset(state.get());
   for (const ByteRange& r : *ranges) {
     absl::Span<const uint8_t> bytes = regions(r.region);
-    if (bytes.empty() || r.offset > bytes.size() || r.length > bytes.size() - r.offset) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checksum range [", r.offset, ", +", r.length, ") outside region ", r.region, " of ",
-          bytes.size(), " bytes"));
+    if (bytes.empty() || r.offset > bytes.size() ||
+        r.length > bytes.size() - r.offset) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checksum range [", r.offset, ", +", r.length,
+                       ") outside region ", r.region, " of ", bytes.size(), " bytes"));
     }
     XXH3_64bits_update(state.get(), bytes.data() + r.offset, r.length);
   }
@@ -43,9 +44,8 @@ uint64_t TotalChecksum(const tandem::v1::StateChecksums& sums) {
   return XXH3_64bits(buf.data(), buf.size());
 }
 
-absl::StatusOr<tandem::v1::StateChecksums> ComputeChecksums(const RankLayout& side,
-                                                            int64_t num_tokens,
-                                                            const RegionBytes& regions) {
+absl::StatusOr<tandem::v1::StateChecksums> ComputeChecksums(
+    const RankLayout& side, int64_t num_tokens, const RegionBytes& regions) {
   tandem::v1::StateChecksums sums;
   for (int l = 0; l < side.layout.num_mla_layers(); ++l) {
     auto c = LayerChecksum(side, {LayerKind::kMla, l}, num_tokens, regions);
@@ -66,22 +66,22 @@ absl::Status Verify(const tandem::v1::StateChecksums& expected,
   if (expected.mla_layer_size() != actual.mla_layer_size() ||
       expected.kda_layer_size() != actual.kda_layer_size()) {
     return absl::DataLossError(absl::StrCat(
-        "state checksums cover different layers: expected ", expected.mla_layer_size(), " MLA + ",
-        expected.kda_layer_size(), " KDA, got ", actual.mla_layer_size(), " MLA + ",
-        actual.kda_layer_size(), " KDA"));
+        "state checksums cover different layers: expected ", expected.mla_layer_size(),
+        " MLA + ", expected.kda_layer_size(), " KDA, got ", actual.mla_layer_size(),
+        " MLA + ", actual.kda_layer_size(), " KDA"));
   }
   for (int l = 0; l < expected.mla_layer_size(); ++l) {
     if (expected.mla_layer(l) != actual.mla_layer(l)) {
-      return absl::DataLossError(absl::StrCat("state checksum mismatch in MLA layer ", l,
-                                              ": expected ", absl::Hex(expected.mla_layer(l)),
-                                              ", got ", absl::Hex(actual.mla_layer(l))));
+      return absl::DataLossError(absl::StrCat(
+          "state checksum mismatch in MLA layer ", l, ": expected ",
+          absl::Hex(expected.mla_layer(l)), ", got ", absl::Hex(actual.mla_layer(l))));
     }
   }
   for (int l = 0; l < expected.kda_layer_size(); ++l) {
     if (expected.kda_layer(l) != actual.kda_layer(l)) {
-      return absl::DataLossError(absl::StrCat("state checksum mismatch in KDA layer ", l,
-                                              ": expected ", absl::Hex(expected.kda_layer(l)),
-                                              ", got ", absl::Hex(actual.kda_layer(l))));
+      return absl::DataLossError(absl::StrCat(
+          "state checksum mismatch in KDA layer ", l, ": expected ",
+          absl::Hex(expected.kda_layer(l)), ", got ", absl::Hex(actual.kda_layer(l))));
     }
   }
   if (expected.total() != actual.total()) {

@@ -23,8 +23,8 @@ namespace tandem::kvtransfer {
 using RegionBytes = std::function<absl::Span<const uint8_t>(RegionId)>;
 
 // Checksum of one layer (per-layer streaming).
-absl::StatusOr<uint64_t> LayerChecksum(const RankLayout& side, LayerRef layer, int64_t num_tokens,
-                                       const RegionBytes& regions);
+absl::StatusOr<uint64_t> LayerChecksum(const RankLayout& side, LayerRef layer,
+                                       int64_t num_tokens, const RegionBytes& regions);
 // All layers and the total.
 absl::StatusOr<tandem::v1::StateChecksums> ComputeChecksums(const RankLayout& side,
                                                             int64_t num_tokens,

@@ -27,7 +27,8 @@ RegionBytes One(RegionId id, const std::vector<uint8_t>& mem) {
 }
 
 // Copies src state into dst through the plan (as a transfer would).
-void Apply(const TransferPlan& plan, const std::vector<uint8_t>& src, std::vector<uint8_t>* dst) {
+void Apply(const TransferPlan& plan, const std::vector<uint8_t>& src,
+           std::vector<uint8_t>* dst) {
   for (const Segment& s : plan.segments) {
     std::copy_n(src.begin() + s.local_offset, s.length, dst->begin() + s.remote_offset);
   }
@@ -41,7 +42,8 @@ TEST_P(ChecksumTest, SenderAndReceiverAgreeAcrossBlockSizes) {
   RankLayout dst = ContiguousRankLayout(Layout(db), 16, 3, 2);
   const int64_t tokens = 100;
   for (int i = 0; i < (tokens + sb - 1) / sb; ++i) src.block_ids.push_back(15 - i);
-  for (int i = 0; i < (tokens + db - 1) / db; ++i) dst.block_ids.push_back((i * 3) % 16);
+  for (int i = 0; i < (tokens + db - 1) / db; ++i)
+    dst.block_ids.push_back((i * 3) % 16);
   dst.state_slot = 2;
   std::vector<uint8_t> smem(ContiguousRegionBytes(src.layout, 16, 2));
   std::vector<uint8_t> dmem(ContiguousRegionBytes(dst.layout, 16, 3), 0);
@@ -81,8 +83,10 @@ TEST_P(ChecksumTest, SenderAndReceiverAgreeAcrossBlockSizes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BlockSizes, ChecksumTest,
-                         ::testing::Values(std::make_pair(16, 16), std::make_pair(16, 64),
-                                           std::make_pair(64, 16), std::make_pair(8, 24)));
+                         ::testing::Values(std::make_pair(16, 16),
+                                           std::make_pair(16, 64),
+                                           std::make_pair(64, 16),
+                                           std::make_pair(8, 24)));
 
 TEST(ChecksumVerifyTest, KnownValuesAndShapes) {
   // XXH3-64 of the empty input is a published constant.

@@ -17,7 +17,8 @@ constexpr size_t kTrailerBytes = 8;
 
 void PutU8(std::string* out, uint8_t v) { out->push_back(static_cast<char>(v)); }
 void PutLe(std::string* out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  for (int i = 0; i < bytes; ++i)
+    out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 void PutBytes(std::string* out, absl::string_view s) {
   PutLe(out, s.size(), 4);
@@ -25,7 +26,8 @@ void PutBytes(std::string* out, absl::string_view s) {
 }
 
 absl::Status Bad(absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("invalid transfer descriptor: ", what));
+  return absl::InvalidArgumentError(
+      absl::StrCat("invalid transfer descriptor: ", what));
 }
 
 // Bounds-checked little-endian reader over the descriptor body.
@@ -100,7 +102,8 @@ absl::StatusOr<AgentDescriptor> ParseDescriptor(absl::string_view bytes) {
   header.Le(4, &total);
   header.Le(8, &agent_id);
   if (version != kDescriptorVersion) {
-    return Bad(absl::StrCat("unsupported version ", version, " (want ", kDescriptorVersion, ")"));
+    return Bad(absl::StrCat("unsupported version ", version, " (want ",
+                            kDescriptorVersion, ")"));
   }
   if (kind != static_cast<uint8_t>(AgentKind::kUcx) &&
       kind != static_cast<uint8_t>(AgentKind::kLoopback)) {
@@ -120,7 +123,8 @@ absl::StatusOr<AgentDescriptor> ParseDescriptor(absl::string_view bytes) {
   d.kind = static_cast<AgentKind>(kind);
   d.agent_id = agent_id;
   Reader r(bytes.substr(kHeaderBytes, body_end - kHeaderBytes));
-  if (!r.Bytes(kMaxDescriptorAddressBytes, &d.address)) return Bad("truncated or oversized address");
+  if (!r.Bytes(kMaxDescriptorAddressBytes, &d.address))
+    return Bad("truncated or oversized address");
   if (!r.Bytes(kMaxDescriptorMetadataBytes, &d.metadata)) {
     return Bad("truncated or oversized metadata");
   }
@@ -131,7 +135,8 @@ absl::StatusOr<AgentDescriptor> ParseDescriptor(absl::string_view bytes) {
   }
   // Each region takes at least 24 bytes: reject counts the body cannot hold
   // before reserving memory for them.
-  if (num_regions * 24 > r.remaining()) return Bad("region count exceeds descriptor size");
+  if (num_regions * 24 > r.remaining())
+    return Bad("region count exceeds descriptor size");
   d.regions.reserve(num_regions);
   std::unordered_set<uint32_t> ids;
   for (uint64_t i = 0; i < num_regions; ++i) {
@@ -148,7 +153,8 @@ absl::StatusOr<AgentDescriptor> ParseDescriptor(absl::string_view bytes) {
     if (region.base + region.length < region.base) {
       return Bad(absl::StrCat("region ", region.id, " wraps around the address space"));
     }
-    if (!ids.insert(region.id).second) return Bad(absl::StrCat("duplicate region id ", region.id));
+    if (!ids.insert(region.id).second)
+      return Bad(absl::StrCat("duplicate region id ", region.id));
     d.regions.push_back(std::move(region));
   }
   if (r.remaining() != 0) return Bad(absl::StrCat(r.remaining(), " trailing bytes"));

@@ -23,7 +23,8 @@ std::string Reseal(std::string s) {
   const uint64_t total = s.size();
   for (int i = 0; i < 4; ++i) s[8 + i] = static_cast<char>((total >> (8 * i)) & 0xff);
   const uint64_t sum = XXH3_64bits(s.data(), s.size() - 8);
-  for (int i = 0; i < 8; ++i) s[s.size() - 8 + i] = static_cast<char>((sum >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i)
+    s[s.size() - 8 + i] = static_cast<char>((sum >> (8 * i)) & 0xff);
   return s;
 }
 

@@ -33,18 +33,23 @@
 #include "kvtransfer/ucx_agent.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, contexts, "32768,131072", "Context lengths in tokens, comma separated");
+ABSL_FLAG(std::string, contexts, "32768,131072",
+          "Context lengths in tokens, comma separated");
 ABSL_FLAG(int, mla_layers, 24, "MLA layers");
 ABSL_FLAG(int, kda_layers, 69, "KDA layers");
 ABSL_FLAG(int, src_block_size, 16, "Sender (prefill) block size");
 ABSL_FLAG(int, dst_block_size, 64, "Receiver (decode) block size");
-ABSL_FLAG(int, iterations, 3, "Timed transfers per configuration (best and median reported)");
+ABSL_FLAG(int, iterations, 3,
+          "Timed transfers per configuration (best and median reported)");
 ABSL_FLAG(int, latency_samples, 2000, "Small transfers timed for latency percentiles");
 ABSL_FLAG(int, latency_bytes, 4096, "Bytes per small transfer");
-ABSL_FLAG(std::string, modes, "tcp,shm", "Transport settings to run: tcp (UCX_TLS=tcp, peer "
-                                        "failure detection on) and/or shm (UCX default, off)");
-ABSL_FLAG(std::string, perftest, "/usr/bin/ucx_perftest", "ucx_perftest binary ('' to skip)");
-ABSL_FLAG(std::string, peer_binary, "", "transfer_peer binary (default: next to this one)");
+ABSL_FLAG(std::string, modes, "tcp,shm",
+          "Transport settings to run: tcp (UCX_TLS=tcp, peer "
+          "failure detection on) and/or shm (UCX default, off)");
+ABSL_FLAG(std::string, perftest, "/usr/bin/ucx_perftest",
+          "ucx_perftest binary ('' to skip)");
+ABSL_FLAG(std::string, peer_binary, "",
+          "transfer_peer binary (default: next to this one)");
 
 namespace tandem::kvtransfer {
 namespace {
@@ -89,8 +94,8 @@ double PerftestPutBandwidth(const std::string& tls, uint64_t message, int iters)
     std::string out;
     while (absl::Now() < deadline) {
       const std::string client =
-          absl::StrCat(env, "timeout 120 ", bin, " localhost -p ", port, " -t ucp_put_bw -s ",
-                       message, " -n ", iters, " 2>&1");
+          absl::StrCat(env, "timeout 120 ", bin, " localhost -p ", port,
+                       " -t ucp_put_bw -s ", message, " -n ", iters, " 2>&1");
       FILE* c = popen(client.c_str(), "r");
       if (c == nullptr) break;
       out.clear();
@@ -100,7 +105,8 @@ double PerftestPutBandwidth(const std::string& tls, uint64_t message, int iters)
       if (absl::StrContains(out, "Final:")) break;
       absl::SleepFor(absl::Milliseconds(100));  // retry cadence for the server start
     }
-    const std::string kill_cmd = absl::StrCat("kill ", std::string(pid_buf), " 2>/dev/null");
+    const std::string kill_cmd =
+        absl::StrCat("kill ", std::string(pid_buf), " 2>/dev/null");
     if (std::system(kill_cmd.c_str()) != 0) {
       // Already exited after serving the client.
     }
@@ -109,7 +115,8 @@ double PerftestPutBandwidth(const std::string& tls, uint64_t message, int iters)
       std::vector<absl::string_view> f = absl::StrSplit(l, ' ', absl::SkipEmpty());
       double mbs = 0;
       // Final: iters p50 avg overall bw_avg bw_overall rate_avg rate_overall
-      if (f.size() >= 7 && absl::SimpleAtod(f[6], &mbs)) return mbs * 1.048576;  // MiB/s -> MB/s
+      if (f.size() >= 7 && absl::SimpleAtod(f[6], &mbs))
+        return mbs * 1.048576;  // MiB/s -> MB/s
     }
   }
   return 0;
@@ -146,19 +153,23 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
   std::unique_ptr<UcxAgent> agent = std::move(*agent_or);
 
   std::vector<int64_t> contexts;
-  for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_contexts), ',', absl::SkipEmpty())) {
+  for (absl::string_view c :
+       absl::StrSplit(absl::GetFlag(FLAGS_contexts), ',', absl::SkipEmpty())) {
     int64_t t = 0;
     if (absl::SimpleAtoi(c, &t) && t > 0) contexts.push_back(t);
   }
   const int64_t max_tokens = *std::max_element(contexts.begin(), contexts.end());
   const tandem::v1::KvLayout src_layout = K3Layout(absl::GetFlag(FLAGS_src_block_size));
   const tandem::v1::KvLayout dst_layout = K3Layout(absl::GetFlag(FLAGS_dst_block_size));
-  const int64_t src_blocks = (max_tokens + src_layout.block_size() - 1) / src_layout.block_size();
-  const int64_t dst_blocks = (max_tokens + dst_layout.block_size() - 1) / dst_layout.block_size();
+  const int64_t src_blocks =
+      (max_tokens + src_layout.block_size() - 1) / src_layout.block_size();
+  const int64_t dst_blocks =
+      (max_tokens + dst_layout.block_size() - 1) / dst_layout.block_size();
 
-  reply = child->Call(absl::StrCat("LAYOUT ", absl::BytesToHexString(dst_layout.SerializeAsString()),
-                                   " ", dst_blocks, " 1"),
-                      absl::Seconds(120));
+  reply = child->Call(
+      absl::StrCat("LAYOUT ", absl::BytesToHexString(dst_layout.SerializeAsString()),
+                   " ", dst_blocks, " 1"),
+      absl::Seconds(120));
   if (!absl::StartsWith(reply, "OK ")) {
     out["error"] = reply;
     return out;
@@ -186,15 +197,19 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
   for (int64_t tokens : contexts) {
     RankLayout src = ContiguousRankLayout(src_layout, src_blocks, 1, *src_region);
     RankLayout dst = ContiguousRankLayout(dst_layout, dst_blocks, 1, dst_region);
-    for (int64_t b = 0; b * src_layout.block_size() < tokens; ++b) src.block_ids.push_back(b);
-    for (int64_t b = 0; b * dst_layout.block_size() < tokens; ++b) dst.block_ids.push_back(b);
+    for (int64_t b = 0; b * src_layout.block_size() < tokens; ++b)
+      src.block_ids.push_back(b);
+    for (int64_t b = 0; b * dst_layout.block_size() < tokens; ++b)
+      dst.block_ids.push_back(b);
     std::vector<TransferPlan> plans;
     int64_t raw = 0, coalesced = 0;
     uint64_t bytes = 0, largest = 0;
-    for (int l = 0; l < src_layout.num_mla_layers() + src_layout.num_kda_layers(); ++l) {
-      const LayerRef layer = l < src_layout.num_mla_layers()
-                                 ? LayerRef{LayerKind::kMla, l}
-                                 : LayerRef{LayerKind::kKda, l - src_layout.num_mla_layers()};
+    for (int l = 0; l < src_layout.num_mla_layers() + src_layout.num_kda_layers();
+         ++l) {
+      const LayerRef layer =
+          l < src_layout.num_mla_layers()
+              ? LayerRef{LayerKind::kMla, l}
+              : LayerRef{LayerKind::kKda, l - src_layout.num_mla_layers()};
       auto plan = PlanLayer(src, dst, layer, tokens);
       if (!plan.ok()) {
         out["error"] = plan.status().ToString();
@@ -243,9 +258,10 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
     r["perftest_message_bytes"] = message;
     r["perftest_gb_per_s"] = perf_mbs / 1e3;
     r["ratio_vs_perftest"] = perf_mbs > 0 ? (bytes / best / 1e6) / perf_mbs : 0;
-    std::cerr << mode << " " << tokens << " tokens: " << bytes / 1e9 << " GB in " << best
-              << " s = " << bytes / best / 1e9 << " GB/s; ucx_perftest " << perf_mbs / 1e3
-              << " GB/s; segments " << raw << " -> " << coalesced << "\n";
+    std::cerr << mode << " " << tokens << " tokens: " << bytes / 1e9 << " GB in "
+              << best << " s = " << bytes / best / 1e9 << " GB/s; ucx_perftest "
+              << perf_mbs / 1e3 << " GB/s; segments " << raw << " -> " << coalesced
+              << "\n";
     runs.push_back(r);
   }
   out["runs"] = runs;
@@ -256,7 +272,8 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
   std::vector<double> us;
   for (int i = 0; i < samples; ++i) {
     const absl::Time t0 = absl::Now();
-    auto b = agent->PostWrite(*peer, {{*src_region, 0, dst_region, (i % 64) * small, small}});
+    auto b = agent->PostWrite(*peer,
+                              {{*src_region, 0, dst_region, (i % 64) * small, small}});
     if (!b.ok() || !agent->Wait(*b, absl::Now() + absl::Seconds(10)).ok()) break;
     us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
   }
@@ -272,8 +289,9 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
 }  // namespace tandem::kvtransfer
 
 int main(int argc, char** argv) {
-  tandem::InitProgram(argc, argv, "kvtransfer_bench",
-                      "Two-process KV-state transfer bandwidth and latency vs ucx_perftest.");
+  tandem::InitProgram(
+      argc, argv, "kvtransfer_bench",
+      "Two-process KV-state transfer bandwidth and latency vs ucx_perftest.");
   std::string peer = absl::GetFlag(FLAGS_peer_binary);
   if (peer.empty()) {
     std::string self = argv[0];
@@ -288,7 +306,8 @@ int main(int argc, char** argv) {
   result["src_block_size"] = absl::GetFlag(FLAGS_src_block_size);
   result["dst_block_size"] = absl::GetFlag(FLAGS_dst_block_size);
   nlohmann::json modes = nlohmann::json::array();
-  for (absl::string_view m : absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty())) {
+  for (absl::string_view m :
+       absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty())) {
     modes.push_back(tandem::kvtransfer::RunMode(std::string(m), peer));
   }
   result["modes"] = modes;

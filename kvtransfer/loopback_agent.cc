@@ -15,7 +15,8 @@ constexpr uint64_t kChunkBytes = 4 << 20;
 // agent's callback_mu_, then an agent's mu_; nobody takes g_registry_mu while
 // holding an agent lock.
 absl::Mutex g_registry_mu;
-std::map<uint64_t, LoopbackAgent*>& Registry() ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_registry_mu) {
+std::map<uint64_t, LoopbackAgent*>& Registry()
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_registry_mu) {
   static auto* agents = new std::map<uint64_t, LoopbackAgent*>();
   return *agents;
 }
@@ -100,7 +101,8 @@ absl::StatusOr<std::string> LoopbackAgent::LocalDescriptor(absl::string_view met
   d.metadata = std::string(metadata);
   absl::MutexLock l(&mu_);
   for (const auto& [id, r] : regions_) {
-    d.regions.push_back(RegionDescriptor{id, reinterpret_cast<uint64_t>(r.base), r.length, ""});
+    d.regions.push_back(
+        RegionDescriptor{id, reinterpret_cast<uint64_t>(r.base), r.length, ""});
   }
   return SerializeDescriptor(d);
 }
@@ -112,7 +114,8 @@ absl::StatusOr<PeerId> LoopbackAgent::Connect(absl::string_view peer_descriptor)
     return absl::InvalidArgumentError("descriptor is not a loopback agent's");
   }
   if (d->address != IdAddress(d->agent_id)) {
-    return absl::InvalidArgumentError("loopback descriptor address does not match its agent id");
+    return absl::InvalidArgumentError(
+        "loopback descriptor address does not match its agent id");
   }
   if (dead_) return absl::UnavailableError("this agent was killed");
   {
@@ -132,7 +135,8 @@ absl::Status LoopbackAgent::Disconnect(PeerId peer) {
   std::vector<std::pair<CompletionCallback, BatchId>> done;
   {
     absl::MutexLock l(&mu_);
-    if (peers_.erase(peer) == 0) return absl::NotFoundError(absl::StrCat("unknown peer ", peer));
+    if (peers_.erase(peer) == 0)
+      return absl::NotFoundError(absl::StrCat("unknown peer ", peer));
     for (auto& [id, b] : batches_) {
       if (b->peer == peer && !b->ended) b->cancel_requested = true;
     }
@@ -145,22 +149,26 @@ size_t LoopbackAgent::NumPeers() const {
   return peers_.size();
 }
 
-absl::StatusOr<BatchId> LoopbackAgent::PostWrite(PeerId peer, absl::Span<const Segment> segments,
+absl::StatusOr<BatchId> LoopbackAgent::PostWrite(PeerId peer,
+                                                 absl::Span<const Segment> segments,
                                                  CompletionCallback on_done) {
   return Post(peer, segments, /*write=*/true, std::move(on_done));
 }
 
-absl::StatusOr<BatchId> LoopbackAgent::PostRead(PeerId peer, absl::Span<const Segment> segments,
+absl::StatusOr<BatchId> LoopbackAgent::PostRead(PeerId peer,
+                                                absl::Span<const Segment> segments,
                                                 CompletionCallback on_done) {
   return Post(peer, segments, /*write=*/false, std::move(on_done));
 }
 
-absl::StatusOr<BatchId> LoopbackAgent::Post(PeerId peer, absl::Span<const Segment> segments,
+absl::StatusOr<BatchId> LoopbackAgent::Post(PeerId peer,
+                                            absl::Span<const Segment> segments,
                                             bool write, CompletionCallback on_done) {
   if (dead_) return absl::UnavailableError("this agent was killed");
   absl::MutexLock l(&mu_);
   auto it = peers_.find(peer);
-  if (it == peers_.end()) return absl::NotFoundError(absl::StrCat("unknown peer ", peer));
+  if (it == peers_.end())
+    return absl::NotFoundError(absl::StrCat("unknown peer ", peer));
   absl::Status st = CheckSegments(
       segments,
       [this](RegionId id) ABSL_NO_THREAD_SAFETY_ANALYSIS -> uint64_t {
@@ -211,7 +219,8 @@ bool LoopbackAgent::CopyChunk(const Batch& b, Segment* piece, absl::Status* stat
   target->mu_.Lock();
   g_registry_mu.Unlock();
   auto r = target->regions_.find(piece->remote_region);
-  if (r == target->regions_.end() || piece->remote_offset + piece->length > r->second.length) {
+  if (r == target->regions_.end() ||
+      piece->remote_offset + piece->length > r->second.length) {
     target->mu_.Unlock();
     *status = absl::UnavailableError(
         absl::StrCat("peer region ", piece->remote_region, " is no longer registered"));
@@ -249,7 +258,8 @@ void LoopbackAgent::WorkerLoop() {
       if (stop_ || b->cancel_requested || dead_) {
         queue_.pop_front();
         Finish(b, dead_ ? absl::UnavailableError("this agent was killed")
-                        : absl::CancelledError(absl::StrCat("batch ", b->id, " cancelled")));
+                        : absl::CancelledError(
+                              absl::StrCat("batch ", b->id, " cancelled")));
         CompletionCallback cb = b->on_done;
         const BatchId id = b->id;
         const absl::Status st = b->status;
@@ -307,7 +317,8 @@ void LoopbackAgent::WorkerLoop() {
 absl::StatusOr<bool> LoopbackAgent::Poll(BatchId batch) {
   absl::MutexLock l(&mu_);
   auto it = batches_.find(batch);
-  if (it == batches_.end()) return absl::NotFoundError(absl::StrCat("unknown batch ", batch));
+  if (it == batches_.end())
+    return absl::NotFoundError(absl::StrCat("unknown batch ", batch));
   if (!it->second->ended) return false;
   absl::Status st = it->second->status;
   batches_.erase(it);
@@ -318,10 +329,12 @@ absl::StatusOr<bool> LoopbackAgent::Poll(BatchId batch) {
 absl::Status LoopbackAgent::Wait(BatchId batch, absl::Time deadline) {
   absl::MutexLock l(&mu_);
   auto it = batches_.find(batch);
-  if (it == batches_.end()) return absl::NotFoundError(absl::StrCat("unknown batch ", batch));
+  if (it == batches_.end())
+    return absl::NotFoundError(absl::StrCat("unknown batch ", batch));
   Batch* b = it->second.get();
   if (!mu_.AwaitWithDeadline(absl::Condition(&b->ended), deadline) && !b->ended) {
-    return absl::DeadlineExceededError(absl::StrCat("batch ", batch, " still running at deadline"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("batch ", batch, " still running at deadline"));
   }
   absl::Status st = b->status;
   batches_.erase(batch);
@@ -334,7 +347,8 @@ absl::Status LoopbackAgent::Cancel(BatchId batch) {
   {
     absl::MutexLock l(&mu_);
     auto it = batches_.find(batch);
-    if (it == batches_.end()) return absl::NotFoundError(absl::StrCat("unknown batch ", batch));
+    if (it == batches_.end())
+      return absl::NotFoundError(absl::StrCat("unknown batch ", batch));
     Batch* b = it->second.get();
     if (b->ended) return absl::OkStatus();
     b->cancel_requested = true;
@@ -358,16 +372,17 @@ absl::Status LoopbackAgent::Cancel(BatchId batch) {
 absl::Status LoopbackAgent::Notify(PeerId peer, absl::string_view request_id,
                                    absl::string_view payload, absl::Time deadline) {
   if (request_id.size() + payload.size() > kMaxNotificationBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("notification of ", request_id.size() +
-                                                   payload.size(), " bytes exceeds ",
-                                                   kMaxNotificationBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("notification of ", request_id.size() + payload.size(),
+                     " bytes exceeds ", kMaxNotificationBytes));
   }
   if (dead_) return absl::UnavailableError("this agent was killed");
   uint64_t target_id = 0;
   {
     absl::MutexLock l(&mu_);
     auto it = peers_.find(peer);
-    if (it == peers_.end()) return absl::NotFoundError(absl::StrCat("unknown peer ", peer));
+    if (it == peers_.end())
+      return absl::NotFoundError(absl::StrCat("unknown peer ", peer));
     target_id = it->second.agent_id;
     const BatchId horizon = next_batch_;
     struct Args {
@@ -382,7 +397,8 @@ absl::Status LoopbackAgent::Notify(PeerId peer, absl::string_view request_id,
       return true;
     };
     if (!mu_.AwaitWithDeadline(absl::Condition(prior_ended, &args), deadline)) {
-      return absl::DeadlineExceededError("earlier batches to the peer still running at deadline");
+      return absl::DeadlineExceededError(
+          "earlier batches to the peer still running at deadline");
     }
   }
   Notification n{agent_id_, std::string(request_id), std::string(payload)};
@@ -390,7 +406,8 @@ absl::Status LoopbackAgent::Notify(PeerId peer, absl::string_view request_id,
   auto t = Registry().find(target_id);
   if (t == Registry().end() || t->second->dead_) {
     g_registry_mu.Unlock();
-    return absl::UnavailableError(absl::StrCat("loopback peer ", absl::Hex(target_id), " died"));
+    return absl::UnavailableError(
+        absl::StrCat("loopback peer ", absl::Hex(target_id), " died"));
   }
   LoopbackAgent* target = t->second;
   target->callback_mu_.Lock();

@@ -52,8 +52,8 @@ class LoopbackAgent final : public TransferAgent {
   absl::StatusOr<bool> Poll(BatchId batch) override;
   absl::Status Wait(BatchId batch, absl::Time deadline) override;
   absl::Status Cancel(BatchId batch) override;
-  absl::Status Notify(PeerId peer, absl::string_view request_id, absl::string_view payload,
-                      absl::Time deadline) override;
+  absl::Status Notify(PeerId peer, absl::string_view request_id,
+                      absl::string_view payload, absl::Time deadline) override;
   void SetNotificationCallback(NotificationCallback callback) override;
   std::vector<Notification> PollNotifications() override;
   std::string Transport(PeerId peer) override;
@@ -85,12 +85,13 @@ class LoopbackAgent final : public TransferAgent {
     absl::Status status;
   };
 
-  absl::StatusOr<BatchId> Post(PeerId peer, absl::Span<const Segment> segments, bool write,
-                               CompletionCallback on_done);
+  absl::StatusOr<BatchId> Post(PeerId peer, absl::Span<const Segment> segments,
+                               bool write, CompletionCallback on_done);
   void WorkerLoop();
   // Copies one chunk of `batch` (worker thread, mu_ not held). Returns false and
   // sets *status when the batch ends with an error; *stalled when the target is paused.
-  bool CopyChunk(const Batch& snapshot, Segment* piece, absl::Status* status, bool* stalled);
+  bool CopyChunk(const Batch& snapshot, Segment* piece, absl::Status* status,
+                 bool* stalled);
   void Finish(Batch* batch, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Deliver(Notification n);
 

@@ -41,7 +41,8 @@ TEST_F(LoopbackFaultTest, PausedPeerHitsTheDeadlineThenCompletes) {
   EXPECT_GE(absl::Now() - t0, absl::Milliseconds(50));
   EXPECT_EQ(a_.Poll(*batch).value_or(true), false);
   // The region is still in use.
-  EXPECT_EQ(a_.DeregisterMemory(src_region_).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(a_.DeregisterMemory(src_region_).code(),
+            absl::StatusCode::kFailedPrecondition);
   // Notify cannot overtake the stalled batch.
   EXPECT_EQ(a_.Notify(peer_, "r", "", absl::Now() + absl::Milliseconds(20)).code(),
             absl::StatusCode::kDeadlineExceeded);
@@ -75,7 +76,8 @@ TEST_F(LoopbackFaultTest, KilledPeerFailsUnavailable) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(a_.Wait(*again, Soon()).code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(a_.Notify(peer_, "r", "", Soon()).code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(a_.Connect(*b_.LocalDescriptor()).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(a_.Connect(*b_.LocalDescriptor()).status().code(),
+            absl::StatusCode::kUnavailable);
   EXPECT_TRUE(a_.Disconnect(peer_).ok());
   EXPECT_TRUE(a_.DeregisterMemory(src_region_).ok());
   EXPECT_EQ(a_.NumPeers(), 0u);
@@ -94,7 +96,8 @@ TEST_F(LoopbackFaultTest, DestroyedPeerIsUnreachable) {
 TEST_F(LoopbackFaultTest, CallbackReceivesQueuedNotifications) {
   ASSERT_TRUE(a_.Notify(peer_, "early", "x", Soon()).ok());
   std::vector<std::string> seen;
-  b_.SetNotificationCallback([&](const Notification& n) { seen.push_back(n.request_id); });
+  b_.SetNotificationCallback(
+      [&](const Notification& n) { seen.push_back(n.request_id); });
   ASSERT_EQ(seen.size(), 1u);  // handed over at registration
   ASSERT_TRUE(a_.Notify(peer_, "late", "y", Soon()).ok());
   EXPECT_EQ(seen, (std::vector<std::string>{"early", "late"}));

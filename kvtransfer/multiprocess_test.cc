@@ -35,9 +35,9 @@ tandem::v1::KvLayout K3Layout(int block_size, int mla_layers, int kda_layers) {
   l.set_block_size(block_size);
   l.set_num_mla_layers(mla_layers);
   l.set_num_kda_layers(kda_layers);
-  l.set_mla_token_bytes((512 + 64) * 2);                  // 576 BF16 values
-  l.set_kda_state_bytes(96LL * 128 * 128 * 4);             // 96 heads x 128 x 128 FP32
-  l.set_kda_conv_bytes(3LL * (4 - 1) * 96 * 128 * 4);      // 3 projections, kernel 4
+  l.set_mla_token_bytes((512 + 64) * 2);               // 576 BF16 values
+  l.set_kda_state_bytes(96LL * 128 * 128 * 4);         // 96 heads x 128 x 128 FP32
+  l.set_kda_conv_bytes(3LL * (4 - 1) * 96 * 128 * 4);  // 3 projections, kernel 4
   l.set_tp_rank(0);
   l.set_tp_size(1);
   l.set_mla_dtype("bf16");
@@ -76,12 +76,13 @@ TEST_P(KvStateTransferTest, ArrivesBitExact) {
   const int64_t dst_needed = (c.tokens + c.dst_block - 1) / c.dst_block;
   const int64_t dst_blocks = dst_needed * 2 + 1, dst_slots = 3;
   tandem::v1::RankTarget target;
-  for (int64_t i = 0; i < dst_needed; ++i) target.add_block_ids((i * 2 + 1) % dst_blocks);
+  for (int64_t i = 0; i < dst_needed; ++i)
+    target.add_block_ids((i * 2 + 1) % dst_blocks);
   target.set_state_slot(2);
   *target.mutable_layout() = dst_layout;
-  std::string reply = child->Call(absl::StrCat("LAYOUT ",
-                                               absl::BytesToHexString(dst_layout.SerializeAsString()),
-                                               " ", dst_blocks, " ", dst_slots));
+  std::string reply = child->Call(
+      absl::StrCat("LAYOUT ", absl::BytesToHexString(dst_layout.SerializeAsString()),
+                   " ", dst_blocks, " ", dst_slots));
   ASSERT_TRUE(absl::StartsWith(reply, "OK ")) << reply;
   std::vector<std::string> words = absl::StrSplit(reply, ' ');
   uint32_t dst_region = 0;
@@ -122,7 +123,8 @@ TEST_P(KvStateTransferTest, ArrivesBitExact) {
   int64_t raw = 0, posted = 0;
   const absl::Time start = absl::Now();
   for (int l = 0; l < kMla + kKda; ++l) {
-    const LayerRef layer = l < kMla ? LayerRef{LayerKind::kMla, l} : LayerRef{LayerKind::kKda, l - kMla};
+    const LayerRef layer =
+        l < kMla ? LayerRef{LayerKind::kMla, l} : LayerRef{LayerKind::kKda, l - kMla};
     auto plan = PlanLayer(src, dst, layer, c.tokens);
     ASSERT_TRUE(plan.ok()) << plan.status();
     raw += plan->segments_before_coalescing;
@@ -134,17 +136,20 @@ TEST_P(KvStateTransferTest, ArrivesBitExact) {
   for (BatchId b : batches) {
     ASSERT_TRUE((*agent)->Wait(b, absl::Now() + absl::Seconds(30)).ok());
   }
-  ASSERT_TRUE((*agent)->Notify(*peer, "req-mp", "done", absl::Now() + absl::Seconds(10)).ok());
+  ASSERT_TRUE(
+      (*agent)->Notify(*peer, "req-mp", "done", absl::Now() + absl::Seconds(10)).ok());
   const absl::Duration took = absl::Now() - start;
   reply = child->Call("WAITNOTE 10000");
   ASSERT_EQ(reply, absl::StrCat("NOTE ", absl::BytesToHexString("req-mp"), " ",
                                 absl::BytesToHexString("done"), " "));
 
   auto want = ComputeChecksums(src, c.tokens, [&](RegionId r) {
-    return r == *src_region ? absl::Span<const uint8_t>(mem) : absl::Span<const uint8_t>();
+    return r == *src_region ? absl::Span<const uint8_t>(mem)
+                            : absl::Span<const uint8_t>();
   });
   ASSERT_TRUE(want.ok()) << want.status();
-  reply = child->Call(absl::StrCat("CHECKSUM ", absl::BytesToHexString(target.SerializeAsString()),
+  reply = child->Call(absl::StrCat("CHECKSUM ",
+                                   absl::BytesToHexString(target.SerializeAsString()),
                                    " ", c.tokens, " ", dst_blocks, " ", dst_slots));
   ASSERT_TRUE(absl::StartsWith(reply, "SUM ")) << reply;
   tandem::v1::StateChecksums got;
@@ -203,8 +208,9 @@ void WireRaw(const std::string& tls, uint64_t bytes, Wired* w) {
   l.set_num_mla_layers(1);
   l.set_mla_token_bytes(4096);
   l.set_tp_size(1);
-  std::string reply = w->child->Call(absl::StrCat(
-      "LAYOUT ", absl::BytesToHexString(l.SerializeAsString()), " ", bytes / 4096, " 0"));
+  std::string reply = w->child->Call(
+      absl::StrCat("LAYOUT ", absl::BytesToHexString(l.SerializeAsString()), " ",
+                   bytes / 4096, " 0"));
   ASSERT_TRUE(absl::StartsWith(reply, "OK ")) << reply;
   std::vector<std::string> words = absl::StrSplit(reply, ' ');
   ASSERT_TRUE(absl::SimpleAtoi(words[1], &w->remote));
@@ -226,7 +232,8 @@ void WireRaw(const std::string& tls, uint64_t bytes, Wired* w) {
 
 std::vector<Segment> Chunks(const Wired& w, uint64_t bytes, uint64_t chunk) {
   std::vector<Segment> segs;
-  for (uint64_t off = 0; off < bytes; off += chunk) segs.push_back({w.local, off, w.remote, off, chunk});
+  for (uint64_t off = 0; off < bytes; off += chunk)
+    segs.push_back({w.local, off, w.remote, off, chunk});
   return segs;
 }
 
@@ -256,10 +263,12 @@ TEST(PeerFailureTest, StoppedPeerMissesDeadlineKilledPeerFailsUnavailable) {
             absl::StatusCode::kDeadlineExceeded);
   EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
   // Notify cannot overtake it either.
-  EXPECT_EQ(w.agent->Notify(w.peer, "r", "", absl::Now() + absl::Milliseconds(100)).code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(
+      w.agent->Notify(w.peer, "r", "", absl::Now() + absl::Milliseconds(100)).code(),
+      absl::StatusCode::kDeadlineExceeded);
   // The region is in use by the stalled batch.
-  EXPECT_EQ(w.agent->DeregisterMemory(w.local).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(w.agent->DeregisterMemory(w.local).code(),
+            absl::StatusCode::kFailedPrecondition);
   w.child->Signal(SIGKILL);
   w.child->Reap();
   t0 = absl::Now();

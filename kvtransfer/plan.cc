@@ -8,28 +8,36 @@ namespace {
 using tandem::v1::KvLayout;
 
 uint64_t BlockBytes(const KvLayout& l) {
-  return static_cast<uint64_t>(l.block_size()) * static_cast<uint64_t>(l.mla_token_bytes());
+  return static_cast<uint64_t>(l.block_size()) *
+         static_cast<uint64_t>(l.mla_token_bytes());
 }
 uint64_t BlockStride(const RankLayout& s, const MlaPool& p) {
   return p.block_stride ? p.block_stride : BlockBytes(s.layout);
 }
 uint64_t ConvOffset(const RankLayout& s, const KdaPool& p) {
-  return p.conv_offset ? p.conv_offset : static_cast<uint64_t>(s.layout.kda_state_bytes());
+  return p.conv_offset ? p.conv_offset
+                       : static_cast<uint64_t>(s.layout.kda_state_bytes());
 }
 uint64_t SlotStride(const RankLayout& s, const KdaPool& p) {
   return p.slot_stride ? p.slot_stride
-                       : static_cast<uint64_t>(s.layout.kda_state_bytes() + s.layout.kda_conv_bytes());
+                       : static_cast<uint64_t>(s.layout.kda_state_bytes() +
+                                               s.layout.kda_conv_bytes());
 }
-std::string Dtype(const KvLayout& l) { return l.mla_dtype().empty() ? "bf16" : l.mla_dtype(); }
+std::string Dtype(const KvLayout& l) {
+  return l.mla_dtype().empty() ? "bf16" : l.mla_dtype();
+}
 
 absl::Status Bad(absl::string_view side, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(side, " layout: ", what));
 }
 
-absl::Status ValidateSide(const RankLayout& s, int64_t num_tokens, absl::string_view name) {
+absl::Status ValidateSide(const RankLayout& s, int64_t num_tokens,
+                          absl::string_view name) {
   const KvLayout& l = s.layout;
-  if (num_tokens < 0) return Bad(name, absl::StrCat("negative token count ", num_tokens));
-  if (l.num_mla_layers() < 0 || l.num_kda_layers() < 0) return Bad(name, "negative layer count");
+  if (num_tokens < 0)
+    return Bad(name, absl::StrCat("negative token count ", num_tokens));
+  if (l.num_mla_layers() < 0 || l.num_kda_layers() < 0)
+    return Bad(name, "negative layer count");
   if (static_cast<int64_t>(s.mla.size()) != l.num_mla_layers()) {
     return Bad(name, absl::StrCat(s.mla.size(), " MLA pools for ", l.num_mla_layers(),
                                   " MLA layers (layer count mismatch)"));
@@ -39,28 +47,33 @@ absl::Status ValidateSide(const RankLayout& s, int64_t num_tokens, absl::string_
                                   " KDA layers (layer count mismatch)"));
   }
   if (l.tp_size() < 1 || l.tp_rank() < 0 || l.tp_rank() >= l.tp_size()) {
-    return Bad(name, absl::StrCat("tp_rank ", l.tp_rank(), " of tp_size ", l.tp_size()));
+    return Bad(name,
+               absl::StrCat("tp_rank ", l.tp_rank(), " of tp_size ", l.tp_size()));
   }
   if (l.num_mla_layers() > 0) {
-    if (l.block_size() < 1) return Bad(name, absl::StrCat("block_size ", l.block_size()));
+    if (l.block_size() < 1)
+      return Bad(name, absl::StrCat("block_size ", l.block_size()));
     if (l.mla_token_bytes() < 1) {
       return Bad(name, absl::StrCat("mla_token_bytes ", l.mla_token_bytes()));
     }
     const int64_t needed = (num_tokens + l.block_size() - 1) / l.block_size();
     if (static_cast<int64_t>(s.block_ids.size()) < needed) {
-      return Bad(name, absl::StrCat("block table too short: ", s.block_ids.size(), " blocks for ",
-                                    num_tokens, " tokens at block_size ", l.block_size(),
-                                    " (need ", needed, ")"));
+      return Bad(name,
+                 absl::StrCat("block table too short: ", s.block_ids.size(),
+                              " blocks for ", num_tokens, " tokens at block_size ",
+                              l.block_size(), " (need ", needed, ")"));
     }
     for (size_t i = 0; i < s.mla.size(); ++i) {
       const MlaPool& p = s.mla[i];
       if (BlockStride(s, p) < BlockBytes(l)) {
-        return Bad(name, absl::StrCat("MLA layer ", i, " block stride smaller than a block"));
+        return Bad(name,
+                   absl::StrCat("MLA layer ", i, " block stride smaller than a block"));
       }
       for (int64_t b = 0; b < needed; ++b) {
         if (s.block_ids[b] < 0 || s.block_ids[b] >= p.num_blocks) {
           return Bad(name, absl::StrCat("block id ", s.block_ids[b], " at position ", b,
-                                        " outside MLA layer ", i, "'s ", p.num_blocks, " blocks"));
+                                        " outside MLA layer ", i, "'s ", p.num_blocks,
+                                        " blocks"));
         }
       }
     }
@@ -74,26 +87,31 @@ absl::Status ValidateSide(const RankLayout& s, int64_t num_tokens, absl::string_
       const uint64_t conv = ConvOffset(s, p);
       const uint64_t state = l.kda_state_bytes();
       if (l.kda_conv_bytes() > 0 && conv < state) {
-        return Bad(name, absl::StrCat("KDA layer ", i, " conv tails overlap the state"));
+        return Bad(name,
+                   absl::StrCat("KDA layer ", i, " conv tails overlap the state"));
       }
       if (SlotStride(s, p) < conv + l.kda_conv_bytes()) {
-        return Bad(name, absl::StrCat("KDA layer ", i, " slot stride smaller than a slot"));
+        return Bad(name,
+                   absl::StrCat("KDA layer ", i, " slot stride smaller than a slot"));
       }
       if (s.state_slot < 0 || s.state_slot >= p.num_slots) {
-        return Bad(name, absl::StrCat("state slot ", s.state_slot, " outside KDA layer ", i, "'s ",
-                                      p.num_slots, " slots"));
+        return Bad(name,
+                   absl::StrCat("state slot ", s.state_slot, " outside KDA layer ", i,
+                                "'s ", p.num_slots, " slots"));
       }
     }
   }
   return absl::OkStatus();
 }
 
-void AppendRange(std::vector<ByteRange>* out, RegionId region, uint64_t offset, uint64_t length) {
+void AppendRange(std::vector<ByteRange>* out, RegionId region, uint64_t offset,
+                 uint64_t length) {
   if (length == 0) return;
   out->push_back(ByteRange{region, offset, length});
 }
 
-std::vector<ByteRange> RangesUnchecked(const RankLayout& s, LayerRef layer, int64_t num_tokens) {
+std::vector<ByteRange> RangesUnchecked(const RankLayout& s, LayerRef layer,
+                                       int64_t num_tokens) {
   std::vector<ByteRange> out;
   const KvLayout& l = s.layout;
   if (layer.kind == LayerKind::kMla) {
@@ -106,7 +124,8 @@ std::vector<ByteRange> RangesUnchecked(const RankLayout& s, LayerRef layer, int6
     }
   } else {
     const KdaPool& p = s.kda[layer.index];
-    const uint64_t slot = p.offset + static_cast<uint64_t>(s.state_slot) * SlotStride(s, p);
+    const uint64_t slot =
+        p.offset + static_cast<uint64_t>(s.state_slot) * SlotStride(s, p);
     AppendRange(&out, p.region, slot, l.kda_state_bytes());
     AppendRange(&out, p.region, slot + ConvOffset(s, p), l.kda_conv_bytes());
   }
@@ -114,11 +133,12 @@ std::vector<ByteRange> RangesUnchecked(const RankLayout& s, LayerRef layer, int6
 }
 
 absl::Status CheckLayerIndex(const RankLayout& s, LayerRef layer) {
-  const int n = layer.kind == LayerKind::kMla ? s.layout.num_mla_layers() : s.layout.num_kda_layers();
+  const int n = layer.kind == LayerKind::kMla ? s.layout.num_mla_layers()
+                                              : s.layout.num_kda_layers();
   if (layer.index < 0 || layer.index >= n) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        layer.kind == LayerKind::kMla ? "MLA" : "KDA", " layer ", layer.index, " out of range [0, ",
-        n, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(layer.kind == LayerKind::kMla ? "MLA" : "KDA", " layer ",
+                     layer.index, " out of range [0, ", n, ")"));
   }
   return absl::OkStatus();
 }
@@ -130,7 +150,8 @@ void Zip(const std::vector<ByteRange>& src, const std::vector<ByteRange>& dst,
   uint64_t si = 0, dj = 0;  // consumed within src[i], dst[j]
   while (i < src.size() && j < dst.size()) {
     const uint64_t n = std::min(src[i].length - si, dst[j].length - dj);
-    out->push_back(Segment{src[i].region, src[i].offset + si, dst[j].region, dst[j].offset + dj, n});
+    out->push_back(Segment{src[i].region, src[i].offset + si, dst[j].region,
+                           dst[j].offset + dj, n});
     si += n;
     dj += n;
     if (si == src[i].length) {
@@ -146,8 +167,9 @@ void Zip(const std::vector<ByteRange>& src, const std::vector<ByteRange>& dst,
 
 }  // namespace
 
-RankLayout ContiguousRankLayout(const KvLayout& layout, int64_t num_blocks, int64_t num_slots,
-                                RegionId region, uint64_t base_offset) {
+RankLayout ContiguousRankLayout(const KvLayout& layout, int64_t num_blocks,
+                                int64_t num_slots, RegionId region,
+                                uint64_t base_offset) {
   RankLayout s;
   s.layout = layout;
   uint64_t off = base_offset;
@@ -163,8 +185,10 @@ RankLayout ContiguousRankLayout(const KvLayout& layout, int64_t num_blocks, int6
   return s;
 }
 
-uint64_t ContiguousRegionBytes(const KvLayout& layout, int64_t num_blocks, int64_t num_slots) {
-  return static_cast<uint64_t>(layout.num_mla_layers()) * num_blocks * BlockBytes(layout) +
+uint64_t ContiguousRegionBytes(const KvLayout& layout, int64_t num_blocks,
+                               int64_t num_slots) {
+  return static_cast<uint64_t>(layout.num_mla_layers()) * num_blocks *
+             BlockBytes(layout) +
          static_cast<uint64_t>(layout.num_kda_layers()) * num_slots *
              (layout.kda_state_bytes() + layout.kda_conv_bytes());
 }
@@ -173,7 +197,8 @@ absl::Status ValidateRankLayout(const RankLayout& side, int64_t num_tokens) {
   return ValidateSide(side, num_tokens, "rank");
 }
 
-absl::Status ValidatePair(const RankLayout& src, const RankLayout& dst, int64_t num_tokens) {
+absl::Status ValidatePair(const RankLayout& src, const RankLayout& dst,
+                          int64_t num_tokens) {
   absl::Status st = ValidateSide(src, num_tokens, "sender");
   if (!st.ok()) return st;
   st = ValidateSide(dst, num_tokens, "receiver");
@@ -209,8 +234,8 @@ absl::Status ValidatePair(const RankLayout& src, const RankLayout& dst, int64_t 
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<ByteRange>> LayerRanges(const RankLayout& side, LayerRef layer,
-                                                   int64_t num_tokens) {
+absl::StatusOr<std::vector<ByteRange>> LayerRanges(const RankLayout& side,
+                                                   LayerRef layer, int64_t num_tokens) {
   absl::Status st = ValidateSide(side, num_tokens, "rank");
   if (!st.ok()) return st;
   st = CheckLayerIndex(side, layer);
@@ -257,8 +282,8 @@ absl::StatusOr<TransferPlan> PlanAll(const RankLayout& src, const RankLayout& ds
   if (!st.ok()) return st;
   TransferPlan plan;
   auto add = [&](LayerRef layer) {
-    Zip(RangesUnchecked(src, layer, num_tokens), RangesUnchecked(dst, layer, num_tokens),
-        &plan.segments);
+    Zip(RangesUnchecked(src, layer, num_tokens),
+        RangesUnchecked(dst, layer, num_tokens), &plan.segments);
   };
   for (int l = 0; l < src.layout.num_mla_layers(); ++l) add({LayerKind::kMla, l});
   for (int l = 0; l < src.layout.num_kda_layers(); ++l) add({LayerKind::kKda, l});

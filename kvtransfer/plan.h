@@ -50,7 +50,8 @@ struct RankLayout {
 // The standard placement: every pool of the rank back to back in one region
 // starting at `base_offset`: MLA layers in order, then KDA layers in order.
 RankLayout ContiguousRankLayout(const tandem::v1::KvLayout& layout, int64_t num_blocks,
-                                int64_t num_slots, RegionId region, uint64_t base_offset = 0);
+                                int64_t num_slots, RegionId region,
+                                uint64_t base_offset = 0);
 // Bytes ContiguousRankLayout occupies.
 uint64_t ContiguousRegionBytes(const tandem::v1::KvLayout& layout, int64_t num_blocks,
                                int64_t num_slots);
@@ -73,15 +74,16 @@ struct ByteRange {
 absl::Status ValidateRankLayout(const RankLayout& side, int64_t num_tokens);
 // Checks both sides and that they are compatible (layer counts, token bytes,
 // dtype, KDA sizes, TP size and rank).
-absl::Status ValidatePair(const RankLayout& src, const RankLayout& dst, int64_t num_tokens);
+absl::Status ValidatePair(const RankLayout& src, const RankLayout& dst,
+                          int64_t num_tokens);
 
 // The bytes of one layer of the sequence in token order (MLA: one range per block
 // piece; KDA: state then conv tails). Validates the side first.
-absl::StatusOr<std::vector<ByteRange>> LayerRanges(const RankLayout& side, LayerRef layer,
-                                                   int64_t num_tokens);
+absl::StatusOr<std::vector<ByteRange>> LayerRanges(const RankLayout& side,
+                                                   LayerRef layer, int64_t num_tokens);
 
 struct TransferPlan {
-  std::vector<Segment> segments;          // after coalescing
+  std::vector<Segment> segments;  // after coalescing
   int64_t segments_before_coalescing = 0;
   uint64_t bytes = 0;
 };

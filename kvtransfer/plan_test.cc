@@ -54,7 +54,8 @@ TEST_P(PlanLayerTest, SegmentsCoverTokensInOrder) {
   EXPECT_EQ(static_cast<int64_t>(plan->segments.size()), c.want_coalesced);
   EXPECT_EQ(plan->bytes, static_cast<uint64_t>(c.tokens) * 1152);
   // Every token byte lands where the receiver expects that token.
-  std::map<uint64_t, uint64_t> dst_of_src;  // src offset -> dst offset (per byte run start)
+  std::map<uint64_t, uint64_t>
+      dst_of_src;  // src offset -> dst offset (per byte run start)
   uint64_t covered = 0;
   for (const Segment& s : plan->segments) {
     EXPECT_EQ(s.local_region, 1u);
@@ -85,17 +86,22 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, PlanLayerTest,
     ::testing::Values(
         // Same block size, blocks adjacent on both sides: one segment.
-        PlanCase{"same_contiguous", 16, 16, 64, Ids({0, 1, 2, 3}), Ids({4, 5, 6, 7}), 4, 1},
+        PlanCase{"same_contiguous", 16, 16, 64, Ids({0, 1, 2, 3}), Ids({4, 5, 6, 7}), 4,
+                 1},
         // Same block size, receiver scattered: one per block.
-        PlanCase{"same_scattered", 16, 16, 64, Ids({0, 1, 2, 3}), Ids({7, 2, 5, 0}), 4, 4},
+        PlanCase{"same_scattered", 16, 16, 64, Ids({0, 1, 2, 3}), Ids({7, 2, 5, 0}), 4,
+                 4},
         // Partial last block.
         PlanCase{"partial_last", 16, 16, 40, Ids({3, 4, 5}), Ids({3, 4, 5}), 3, 1},
         // Different block sizes, contiguous both sides: still one segment.
-        PlanCase{"16_to_64_contiguous", 16, 64, 128, Ids({0, 1, 2, 3, 4, 5, 6, 7}), Ids({2, 3}), 8, 1},
+        PlanCase{"16_to_64_contiguous", 16, 64, 128, Ids({0, 1, 2, 3, 4, 5, 6, 7}),
+                 Ids({2, 3}), 8, 1},
         // 64 -> 16, receiver blocks scattered: cut at every receiver block.
-        PlanCase{"64_to_16_scattered", 64, 16, 100, Ids({1, 0}), Ids({9, 3, 8, 2, 7, 1, 6}), 7, 7},
+        PlanCase{"64_to_16_scattered", 64, 16, 100, Ids({1, 0}),
+                 Ids({9, 3, 8, 2, 7, 1, 6}), 7, 7},
         // 16 -> 64 with sender scattered.
-        PlanCase{"16_to_64_scattered", 16, 64, 80, Ids({5, 1, 9, 0, 3}), Ids({0, 1}), 5, 5},
+        PlanCase{"16_to_64_scattered", 16, 64, 80, Ids({5, 1, 9, 0, 3}), Ids({0, 1}), 5,
+                 5},
         // A single token.
         PlanCase{"one_token", 64, 16, 1, Ids({3}), Ids({11}), 1, 1},
         // Zero tokens: nothing to send.
@@ -167,10 +173,11 @@ TEST(PlanTest, PerLayerPlansConcatenateToPlanAll) {
 }
 
 TEST(PlanTest, CoalesceMergesOnlyWhenContiguousOnBothSides) {
-  std::vector<Segment> s = {{1, 0, 2, 100, 10}, {1, 10, 2, 110, 5},  // merge
-                            {1, 15, 2, 200, 5},                      // remote gap
-                            {1, 30, 2, 205, 5},                      // local gap
-                            {3, 35, 2, 210, 5}};                     // other region
+  std::vector<Segment> s = {{1, 0, 2, 100, 10},
+                            {1, 10, 2, 110, 5},   // merge
+                            {1, 15, 2, 200, 5},   // remote gap
+                            {1, 30, 2, 205, 5},   // local gap
+                            {3, 35, 2, 210, 5}};  // other region
   EXPECT_EQ(Coalesce(&s), 4u);
   EXPECT_EQ(s[0], (Segment{1, 0, 2, 100, 15}));
   EXPECT_EQ(s[3], (Segment{3, 35, 2, 210, 5}));
@@ -202,9 +209,11 @@ TEST_P(PlanValidationTest, Rejected) {
 INSTANTIATE_TEST_SUITE_P(
     Cases, PlanValidationTest,
     ::testing::Values(
-        BadCase{"short_block_table", [](RankLayout* s, RankLayout*) { s->block_ids.pop_back(); },
+        BadCase{"short_block_table",
+                [](RankLayout* s, RankLayout*) { s->block_ids.pop_back(); },
                 "block table too short"},
-        BadCase{"token_bytes", [](RankLayout*, RankLayout* d) { d->layout.set_mla_token_bytes(1024); },
+        BadCase{"token_bytes",
+                [](RankLayout*, RankLayout* d) { d->layout.set_mla_token_bytes(1024); },
                 "MLA token bytes mismatch"},
         BadCase{"mla_layers",
                 [](RankLayout*, RankLayout* d) {
@@ -214,19 +223,21 @@ INSTANTIATE_TEST_SUITE_P(
                 "MLA layer count mismatch"},
         BadCase{"pool_count", [](RankLayout* s, RankLayout*) { s->kda.pop_back(); },
                 "layer count mismatch"},
-        BadCase{"tp_size",
-                [](RankLayout*, RankLayout* d) { d->layout.set_tp_size(8); },
+        BadCase{"tp_size", [](RankLayout*, RankLayout* d) { d->layout.set_tp_size(8); },
                 "TP size mismatch"},
-        BadCase{"dtype", [](RankLayout*, RankLayout* d) { d->layout.set_mla_dtype("fp8_e4m3"); },
+        BadCase{"dtype",
+                [](RankLayout*, RankLayout* d) { d->layout.set_mla_dtype("fp8_e4m3"); },
                 "MLA dtype mismatch"},
         BadCase{"kda_state",
                 [](RankLayout*, RankLayout* d) { d->layout.set_kda_state_bytes(1024); },
                 "KDA state bytes mismatch"},
-        BadCase{"block_id_range", [](RankLayout*, RankLayout* d) { d->block_ids = {8}; },
+        BadCase{"block_id_range",
+                [](RankLayout*, RankLayout* d) { d->block_ids = {8}; },
                 "outside MLA layer"},
         BadCase{"slot_range", [](RankLayout*, RankLayout* d) { d->state_slot = 2; },
                 "state slot 2"},
-        BadCase{"block_size_zero", [](RankLayout* s, RankLayout*) { s->layout.set_block_size(0); },
+        BadCase{"block_size_zero",
+                [](RankLayout* s, RankLayout*) { s->layout.set_block_size(0); },
                 "block_size 0"}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return info.param.name; });
 
@@ -255,7 +266,8 @@ TEST(PlanTest, K3ScaleSegmentCounts) {
   // per KDA pool, the 4 KDA layers (state + conv) are back to back on both sides
   // and merge into a single segment.
   EXPECT_EQ(plan->segments.size(), 24u * 256 + 1u);
-  EXPECT_EQ(plan->bytes, 24ull * 4096 * 1152 + 4ull * (l.kda_state_bytes() + l.kda_conv_bytes()));
+  EXPECT_EQ(plan->bytes,
+            24ull * 4096 * 1152 + 4ull * (l.kda_state_bytes() + l.kda_conv_bytes()));
 }
 
 }  // namespace

@@ -11,21 +11,23 @@ bool Inside(uint64_t offset, uint64_t length, uint64_t region_length) {
 
 }  // namespace
 
-absl::Status CheckSegments(absl::Span<const Segment> segments, const LocalRegionLength& local,
+absl::Status CheckSegments(absl::Span<const Segment> segments,
+                           const LocalRegionLength& local,
                            const AgentDescriptor& remote) {
   if (segments.empty()) return absl::InvalidArgumentError("empty batch: no segments");
   for (size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
-    if (s.length == 0) return absl::InvalidArgumentError(absl::StrCat("segment ", i, " is empty"));
+    if (s.length == 0)
+      return absl::InvalidArgumentError(absl::StrCat("segment ", i, " is empty"));
     const uint64_t local_len = local(s.local_region);
     if (local_len == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("segment ", i, ": local region ", s.local_region, " is not registered"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "segment ", i, ": local region ", s.local_region, " is not registered"));
     }
     if (!Inside(s.local_offset, s.length, local_len)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "segment ", i, ": local [", s.local_offset, ", +", s.length, ") outside region ",
-          s.local_region, " of ", local_len, " bytes"));
+          "segment ", i, ": local [", s.local_offset, ", +", s.length,
+          ") outside region ", s.local_region, " of ", local_len, " bytes"));
     }
     const RegionDescriptor* r = remote.FindRegion(s.remote_region);
     if (r == nullptr) {
@@ -34,8 +36,8 @@ absl::Status CheckSegments(absl::Span<const Segment> segments, const LocalRegion
     }
     if (!Inside(s.remote_offset, s.length, r->length)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "segment ", i, ": remote [", s.remote_offset, ", +", s.length, ") outside region ",
-          s.remote_region, " of ", r->length, " bytes"));
+          "segment ", i, ": remote [", s.remote_offset, ", +", s.length,
+          ") outside region ", s.remote_region, " of ", r->length, " bytes"));
     }
   }
   return absl::OkStatus();

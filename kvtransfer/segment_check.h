@@ -18,7 +18,8 @@ using LocalRegionLength = std::function<uint64_t(RegionId id)>;
 
 // INVALID_ARGUMENT naming the first bad segment (empty batch, zero length,
 // unknown region, or [offset, offset + length) outside the region on either side).
-absl::Status CheckSegments(absl::Span<const Segment> segments, const LocalRegionLength& local,
+absl::Status CheckSegments(absl::Span<const Segment> segments,
+                           const LocalRegionLength& local,
                            const AgentDescriptor& remote);
 
 // Sum of segment lengths.

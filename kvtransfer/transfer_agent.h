@@ -92,7 +92,8 @@ class TransferAgent {
   virtual uint64_t AgentId() const = 0;
   // Serialised descriptor: the endpoint address and every live region (id, base,
   // length, remote key). `metadata` is carried verbatim (e.g. cache geometry).
-  virtual absl::StatusOr<std::string> LocalDescriptor(absl::string_view metadata = "") = 0;
+  virtual absl::StatusOr<std::string> LocalDescriptor(
+      absl::string_view metadata = "") = 0;
 
   // Connects to the agent described by `peer_descriptor`. INVALID_ARGUMENT for a
   // malformed descriptor or a different agent kind; UNAVAILABLE when unreachable.
@@ -106,9 +107,11 @@ class TransferAgent {
   // (read). Every segment is checked against the local registration and the
   // peer's descriptor before anything moves (INVALID_ARGUMENT otherwise). The
   // batch is complete when all bytes are visible at the destination.
-  virtual absl::StatusOr<BatchId> PostWrite(PeerId peer, absl::Span<const Segment> segments,
+  virtual absl::StatusOr<BatchId> PostWrite(PeerId peer,
+                                            absl::Span<const Segment> segments,
                                             CompletionCallback on_done = nullptr) = 0;
-  virtual absl::StatusOr<BatchId> PostRead(PeerId peer, absl::Span<const Segment> segments,
+  virtual absl::StatusOr<BatchId> PostRead(PeerId peer,
+                                           absl::Span<const Segment> segments,
                                            CompletionCallback on_done = nullptr) = 0;
 
   // Non-blocking: true when the batch completed OK, false while it runs, its error

@@ -1,11 +1,11 @@
 // transfer_peer: a UcxAgent in its own process, driven line by line over
 // stdin/stdout, for multi-process tests and the benchmark. Binary values travel
 // as hex. Commands and replies (one line each):
-//   INIT <tls|-> [noerr]                           OK   (noerr: no peer-failure detection)
-//   LAYOUT <KvLayout hex> <num_blocks> <num_slots> OK <region_id> <bytes>
+//   INIT <tls|-> [noerr]                           OK   (noerr: no peer-failure
+//   detection) LAYOUT <KvLayout hex> <num_blocks> <num_slots> OK <region_id> <bytes>
 //   DESC                                           DESC <descriptor hex>
-//   WAITNOTE <timeout_ms>                          NOTE <request_id hex> <payload hex> | ERR ...
-//   CHECKSUM <RankTarget hex> <tokens> <num_blocks> <num_slots>
+//   WAITNOTE <timeout_ms>                          NOTE <request_id hex> <payload hex>
+//   | ERR ... CHECKSUM <RankTarget hex> <tokens> <num_blocks> <num_slots>
 //                                                  SUM <StateChecksums hex> | ERR ...
 //   QUIT                                           (exits 0)
 // The region is the standard contiguous placement (plan.h ContiguousRankLayout),
@@ -19,10 +19,10 @@
 #include <string>
 
 #include "absl/strings/escaping.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "kvtransfer/checksum.h"
 #include "kvtransfer/plan.h"
@@ -54,13 +54,15 @@ class Peer {
     if (cmd == "LAYOUT" && w.size() == 4) {
       tandem::v1::KvLayout layout;
       int64_t blocks = 0, slots = 0;
-      if (!layout.ParseFromString(absl::HexStringToBytes(w[1])) || !absl::SimpleAtoi(w[2], &blocks) ||
-          !absl::SimpleAtoi(w[3], &slots) || blocks < 0 || slots < 0) {
+      if (!layout.ParseFromString(absl::HexStringToBytes(w[1])) ||
+          !absl::SimpleAtoi(w[2], &blocks) || !absl::SimpleAtoi(w[3], &slots) ||
+          blocks < 0 || slots < 0) {
         return "ERR bad LAYOUT arguments";
       }
       const uint64_t bytes = ContiguousRegionBytes(layout, blocks, slots);
       if (bytes == 0 || bytes > (64ull << 30)) return "ERR region size out of range";
-      void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (mem == MAP_FAILED) return "ERR mmap failed";
       // Touch every page now so transfers do not pay the first-touch faults.
       std::memset(mem, 0, bytes);
@@ -80,7 +82,8 @@ class Peer {
       int64_t ms = 0;
       if (!absl::SimpleAtoi(w[1], &ms)) return "ERR bad timeout";
       absl::MutexLock l(&mu_);
-      auto non_empty = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !pending_.empty(); };
+      auto non_empty = [this]()
+                           ABSL_NO_THREAD_SAFETY_ANALYSIS { return !pending_.empty(); };
       if (!mu_.AwaitWithTimeout(absl::Condition(&non_empty), absl::Milliseconds(ms))) {
         return "ERR no notification before the deadline";
       }
@@ -102,7 +105,8 @@ class Peer {
       side.block_ids.assign(target.block_ids().begin(), target.block_ids().end());
       side.state_slot = target.state_slot();
       auto sums = ComputeChecksums(side, tokens, [this](RegionId r) {
-        return r == region_ ? absl::Span<const uint8_t>(mem_, bytes_) : absl::Span<const uint8_t>();
+        return r == region_ ? absl::Span<const uint8_t>(mem_, bytes_)
+                            : absl::Span<const uint8_t>();
       });
       if (!sums.ok()) return absl::StrCat("ERR ", sums.status().ToString());
       return absl::StrCat("SUM ", absl::BytesToHexString(sums->SerializeAsString()));

@@ -23,10 +23,10 @@ struct UcxAgent::Peer {
   ucp_ep_h ep = nullptr;
   AgentDescriptor descriptor;
   std::map<uint32_t, ucp_rkey_h> rkeys;
-  absl::Status error;          // set once the endpoint failed
+  absl::Status error;  // set once the endpoint failed
   void* close_request = nullptr;
-  bool closed = false;         // ep released
-  bool disconnected = false;   // Disconnect() called: erase once closed
+  bool closed = false;        // ep released
+  bool disconnected = false;  // Disconnect() called: erase once closed
   std::string transport;
 };
 
@@ -84,7 +84,8 @@ uint64_t RandomId() {
 }
 
 void PutLe(std::string* out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  for (int i = 0; i < bytes; ++i)
+    out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
 bool GetLe(const uint8_t*& p, const uint8_t* end, int bytes, uint64_t* v) {
@@ -112,7 +113,9 @@ std::string ParseUcxTransports(absl::string_view ep_info) {
     while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
     const size_t idx = rest.find(':');
     const size_t slash = rest.find('/');
-    if (idx == absl::string_view::npos || slash == absl::string_view::npos || slash < idx) continue;
+    if (idx == absl::string_view::npos || slash == absl::string_view::npos ||
+        slash < idx)
+      continue;
     const std::string tl(rest.substr(idx + 1, slash - idx - 1));
     if (tl.empty()) continue;
     bool seen = false;
@@ -122,9 +125,11 @@ std::string ParseUcxTransports(absl::string_view ep_info) {
   return absl::StrJoin(found, ",");
 }
 
-UcxAgent::UcxAgent(const UcxAgentConfig& config) : config_(config), agent_id_(RandomId()) {}
+UcxAgent::UcxAgent(const UcxAgentConfig& config)
+    : config_(config), agent_id_(RandomId()) {}
 
-absl::StatusOr<std::unique_ptr<UcxAgent>> UcxAgent::Create(const UcxAgentConfig& config) {
+absl::StatusOr<std::unique_ptr<UcxAgent>> UcxAgent::Create(
+    const UcxAgentConfig& config) {
   if (config.max_inflight_ops < 1) {
     return absl::InvalidArgumentError("max_inflight_ops must be >= 1");
   }
@@ -140,9 +145,11 @@ absl::Status UcxAgent::Init() {
   if (s != UCS_OK) return FromUcs(s, "ucp_config_read");
   std::vector<std::pair<std::string, std::string>> options = config_.ucx_options;
   if (!config_.tls.empty()) options.emplace_back("TLS", config_.tls);
-  if (!config_.net_devices.empty()) options.emplace_back("NET_DEVICES", config_.net_devices);
-  options.emplace_back("KEEPALIVE_INTERVAL",
-                       absl::StrCat(absl::ToInt64Milliseconds(config_.keepalive_interval), "ms"));
+  if (!config_.net_devices.empty())
+    options.emplace_back("NET_DEVICES", config_.net_devices);
+  options.emplace_back(
+      "KEEPALIVE_INTERVAL",
+      absl::StrCat(absl::ToInt64Milliseconds(config_.keepalive_interval), "ms"));
   for (const auto& [name, value] : options) {
     s = ucp_config_modify(cfg, name.c_str(), value.c_str());
     if (s != UCS_OK) {
@@ -308,16 +315,18 @@ absl::StatusOr<std::string> UcxAgent::LocalDescriptor(absl::string_view metadata
 absl::StatusOr<PeerId> UcxAgent::Connect(absl::string_view peer_descriptor) {
   auto d = ParseDescriptor(peer_descriptor);
   if (!d.ok()) return d.status();
-  if (d->kind != AgentKind::kUcx) return absl::InvalidArgumentError("descriptor is not a UCX agent's");
-  if (d->address.empty()) return absl::InvalidArgumentError("descriptor has no worker address");
+  if (d->kind != AgentKind::kUcx)
+    return absl::InvalidArgumentError("descriptor is not a UCX agent's");
+  if (d->address.empty())
+    return absl::InvalidArgumentError("descriptor has no worker address");
   absl::MutexLock l(&mu_);
   auto peer = std::make_unique<Peer>();
   peer->agent = this;
   peer->id = next_peer_++;
   peer->descriptor = *std::move(d);
   ucp_ep_params_t ep{};
-  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   ep.address = reinterpret_cast<const ucp_address_t*>(peer->descriptor.address.data());
   ep.err_mode = config_.peer_failure_detection ? UCP_ERR_HANDLING_MODE_PEER
                                                : UCP_ERR_HANDLING_MODE_NONE;
@@ -327,7 +336,8 @@ absl::StatusOr<PeerId> UcxAgent::Connect(absl::string_view peer_descriptor) {
   if (s != UCS_OK) {
     // A garbled address that still passed the descriptor checksum, or a peer
     // with no transport in common.
-    return absl::UnavailableError(absl::StrCat("ucp_ep_create: ", ucs_status_string(s)));
+    return absl::UnavailableError(
+        absl::StrCat("ucp_ep_create: ", ucs_status_string(s)));
   }
   for (const RegionDescriptor& r : peer->descriptor.regions) {
     ucp_rkey_h rkey = nullptr;
@@ -357,13 +367,15 @@ absl::StatusOr<PeerId> UcxAgent::Connect(absl::string_view peer_descriptor) {
   } else {
     ++busy_waiters_;
     Wake();
-    st = AwaitOpLocked(op, peer.get(), absl::Now() + config_.connect_timeout, "connecting");
+    st = AwaitOpLocked(op, peer.get(), absl::Now() + config_.connect_timeout,
+                       "connecting");
     --busy_waiters_;
   }
   if (!st.ok()) {
     ReleasePeerLocked(peer.get());
     ClosePeerLocked(peer.get(), /*wait=*/true, absl::Now() + absl::Seconds(2));
-    if (st.code() != absl::StatusCode::kUnavailable) st = absl::UnavailableError(st.message());
+    if (st.code() != absl::StatusCode::kUnavailable)
+      st = absl::UnavailableError(st.message());
     return st;
   }
   const PeerId id = peer->id;
@@ -406,7 +418,8 @@ void UcxAgent::ClosePeerLocked(Peer* p, bool wait, absl::Time deadline) {
 absl::Status UcxAgent::Disconnect(PeerId peer) {
   absl::MutexLock l(&mu_);
   auto it = peers_.find(peer);
-  if (it == peers_.end()) return absl::NotFoundError(absl::StrCat("unknown peer ", peer));
+  if (it == peers_.end())
+    return absl::NotFoundError(absl::StrCat("unknown peer ", peer));
   Peer* p = it->second.get();
   for (auto& [id, b] : batches_) {
     if (b->peer == peer && !b->ended) {
@@ -431,18 +444,20 @@ size_t UcxAgent::NumPeers() const {
   return n;
 }
 
-absl::StatusOr<BatchId> UcxAgent::PostWrite(PeerId peer, absl::Span<const Segment> segments,
+absl::StatusOr<BatchId> UcxAgent::PostWrite(PeerId peer,
+                                            absl::Span<const Segment> segments,
                                             CompletionCallback on_done) {
   return Post(peer, segments, /*write=*/true, std::move(on_done));
 }
 
-absl::StatusOr<BatchId> UcxAgent::PostRead(PeerId peer, absl::Span<const Segment> segments,
+absl::StatusOr<BatchId> UcxAgent::PostRead(PeerId peer,
+                                           absl::Span<const Segment> segments,
                                            CompletionCallback on_done) {
   return Post(peer, segments, /*write=*/false, std::move(on_done));
 }
 
-absl::StatusOr<BatchId> UcxAgent::Post(PeerId peer, absl::Span<const Segment> segments, bool write,
-                                       CompletionCallback on_done) {
+absl::StatusOr<BatchId> UcxAgent::Post(PeerId peer, absl::Span<const Segment> segments,
+                                       bool write, CompletionCallback on_done) {
   BatchId id = 0;
   {
     absl::MutexLock l(&mu_);
@@ -480,7 +495,8 @@ void UcxAgent::OnBatchOp(void* request, ucs_status_t status, void* user_data) {
   auto* b = static_cast<Batch*>(user_data);
   --b->inflight;
   if (status != UCS_OK && b->status.ok()) {
-    b->status = FromUcs(status, absl::StrCat(b->write ? "write" : "read", " batch ", b->id));
+    b->status =
+        FromUcs(status, absl::StrCat(b->write ? "write" : "read", " batch ", b->id));
   }
   ucp_request_free(request);
 }
@@ -498,7 +514,8 @@ void UcxAgent::PumpLocked(Batch* b) {
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = &UcxAgent::OnBatchOp;
   param.user_data = b;
-  while (b->next_segment < b->segments.size() && b->inflight < config_.max_inflight_ops) {
+  while (b->next_segment < b->segments.size() &&
+         b->inflight < config_.max_inflight_ops) {
     const Segment& s = b->segments[b->next_segment];
     auto r = regions_.find(s.local_region);
     if (r == regions_.end()) {
@@ -509,8 +526,9 @@ void UcxAgent::PumpLocked(Batch* b) {
     const RegionDescriptor* rd = p->descriptor.FindRegion(s.remote_region);
     const uint64_t remote = rd->base + s.remote_offset;
     ucp_rkey_h rkey = p->rkeys.at(s.remote_region);
-    ucs_status_ptr_t req = b->write ? ucp_put_nbx(p->ep, local, s.length, remote, rkey, &param)
-                                    : ucp_get_nbx(p->ep, local, s.length, remote, rkey, &param);
+    ucs_status_ptr_t req =
+        b->write ? ucp_put_nbx(p->ep, local, s.length, remote, rkey, &param)
+                 : ucp_get_nbx(p->ep, local, s.length, remote, rkey, &param);
     ++b->next_segment;
     if (UCS_PTR_IS_ERR(req)) {
       b->status = FromUcs(UCS_PTR_STATUS(req), absl::StrCat("posting batch ", b->id));
@@ -629,7 +647,8 @@ void UcxAgent::ProgressLoop() {
 absl::StatusOr<bool> UcxAgent::Poll(BatchId batch) {
   absl::MutexLock l(&mu_);
   auto it = batches_.find(batch);
-  if (it == batches_.end()) return absl::NotFoundError(absl::StrCat("unknown batch ", batch));
+  if (it == batches_.end())
+    return absl::NotFoundError(absl::StrCat("unknown batch ", batch));
   if (!it->second->ended) return false;
   absl::Status st = it->second->status;
   batches_.erase(it);
@@ -640,12 +659,13 @@ absl::StatusOr<bool> UcxAgent::Poll(BatchId batch) {
 absl::Status UcxAgent::Wait(BatchId batch, absl::Time deadline) {
   absl::MutexLock l(&mu_);
   auto it = batches_.find(batch);
-  if (it == batches_.end()) return absl::NotFoundError(absl::StrCat("unknown batch ", batch));
+  if (it == batches_.end())
+    return absl::NotFoundError(absl::StrCat("unknown batch ", batch));
   Batch* b = it->second.get();
   if (!mu_.AwaitWithDeadline(absl::Condition(&b->ended), deadline) && !b->ended) {
     return absl::DeadlineExceededError(
-        absl::StrCat("batch ", batch, " still running at its deadline (", b->next_segment, "/",
-                     b->segments.size(), " segments posted)"));
+        absl::StrCat("batch ", batch, " still running at its deadline (",
+                     b->next_segment, "/", b->segments.size(), " segments posted)"));
   }
   absl::Status st = b->status;
   batches_.erase(batch);
@@ -656,7 +676,8 @@ absl::Status UcxAgent::Cancel(BatchId batch) {
   {
     absl::MutexLock l(&mu_);
     auto it = batches_.find(batch);
-    if (it == batches_.end()) return absl::NotFoundError(absl::StrCat("unknown batch ", batch));
+    if (it == batches_.end())
+      return absl::NotFoundError(absl::StrCat("unknown batch ", batch));
     Batch* b = it->second.get();
     if (b->ended) return absl::OkStatus();
     b->cancel_requested = true;
@@ -683,9 +704,10 @@ absl::Status UcxAgent::AwaitOpLocked(PendingOp* op, Peer* p, absl::Time deadline
     PendingOp* op;
     Peer* p;
   } args{op, p};
-  mu_.AwaitWithDeadline(absl::Condition(
-                            +[](Args* a) { return a->op->done || !a->p->error.ok(); }, &args),
-                        deadline);
+  mu_.AwaitWithDeadline(
+      absl::Condition(
+          +[](Args* a) { return a->op->done || !a->p->error.ok(); }, &args),
+      deadline);
   if (op->done) {
     absl::Status st = FromUcs(op->status, what);
     delete op;
@@ -693,15 +715,16 @@ absl::Status UcxAgent::AwaitOpLocked(PendingOp* op, Peer* p, absl::Time deadline
   }
   op->abandoned = true;  // freed by OnPendingOp
   if (!p->error.ok()) return p->error;
-  return absl::DeadlineExceededError(absl::StrCat(what, ": not complete at the deadline"));
+  return absl::DeadlineExceededError(
+      absl::StrCat(what, ": not complete at the deadline"));
 }
 
 absl::Status UcxAgent::Notify(PeerId peer, absl::string_view request_id,
                               absl::string_view payload, absl::Time deadline) {
   if (request_id.size() + payload.size() > kMaxNotificationBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("notification of ",
-                                                   request_id.size() + payload.size(),
-                                                   " bytes exceeds ", kMaxNotificationBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("notification of ", request_id.size() + payload.size(),
+                     " bytes exceeds ", kMaxNotificationBytes));
   }
   absl::MutexLock l(&mu_);
   auto it = peers_.find(peer);
@@ -726,7 +749,8 @@ absl::Status UcxAgent::Notify(PeerId peer, absl::string_view request_id,
   };
   absl::Status st;
   if (!mu_.AwaitWithDeadline(absl::Condition(prior_ended, &args), deadline)) {
-    st = absl::DeadlineExceededError("earlier batches to the peer still running at deadline");
+    st = absl::DeadlineExceededError(
+        "earlier batches to the peer still running at deadline");
   } else if (!p->error.ok()) {
     st = p->error;
   }
@@ -758,9 +782,8 @@ absl::Status UcxAgent::Notify(PeerId peer, absl::string_view request_id,
     param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
     param.flags = UCP_AM_SEND_FLAG_EAGER;
     param.user_data = op;
-    ucs_status_ptr_t req =
-        ucp_am_send_nbx(p->ep, kNotifyAmId, nullptr, 0, op->buffer.data(), op->buffer.size(),
-                        &param);
+    ucs_status_ptr_t req = ucp_am_send_nbx(
+        p->ep, kNotifyAmId, nullptr, 0, op->buffer.data(), op->buffer.size(), &param);
     if (UCS_PTR_IS_ERR(req)) {
       delete op;
       st = FromUcs(UCS_PTR_STATUS(req), "sending notification");
@@ -774,8 +797,9 @@ absl::Status UcxAgent::Notify(PeerId peer, absl::string_view request_id,
   return st;
 }
 
-ucs_status_t UcxAgent::OnActiveMessage(void* arg, const void* /*header*/, size_t /*header_length*/,
-                                       void* data, size_t length,
+ucs_status_t UcxAgent::OnActiveMessage(void* arg, const void* /*header*/,
+                                       size_t /*header_length*/, void* data,
+                                       size_t length,
                                        const ucp_am_recv_param_t* param) {
   auto* self = static_cast<UcxAgent*>(arg);
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return UCS_OK;  // never sent by us
@@ -803,9 +827,9 @@ ucs_status_t UcxAgent::OnActiveMessage(void* arg, const void* /*header*/, size_t
 void UcxAgent::OnPeerError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
   auto* p = static_cast<Peer*>(arg);
   if (p->error.ok()) {
-    p->error = absl::UnavailableError(
-        absl::StrCat("peer ", absl::Hex(p->descriptor.agent_id), " failed: ",
-                     ucs_status_string(status)));
+    p->error =
+        absl::UnavailableError(absl::StrCat("peer ", absl::Hex(p->descriptor.agent_id),
+                                            " failed: ", ucs_status_string(status)));
   }
 }
 

@@ -86,8 +86,8 @@ class UcxAgent final : public TransferAgent {
   absl::StatusOr<bool> Poll(BatchId batch) override;
   absl::Status Wait(BatchId batch, absl::Time deadline) override;
   absl::Status Cancel(BatchId batch) override;
-  absl::Status Notify(PeerId peer, absl::string_view request_id, absl::string_view payload,
-                      absl::Time deadline) override;
+  absl::Status Notify(PeerId peer, absl::string_view request_id,
+                      absl::string_view payload, absl::Time deadline) override;
   void SetNotificationCallback(NotificationCallback callback) override;
   std::vector<Notification> PollNotifications() override;
   std::string Transport(PeerId peer) override;
@@ -108,24 +108,26 @@ class UcxAgent final : public TransferAgent {
 
   explicit UcxAgent(const UcxAgentConfig& config);
   absl::Status Init();
-  absl::StatusOr<BatchId> Post(PeerId peer, absl::Span<const Segment> segments, bool write,
-                               CompletionCallback on_done);
+  absl::StatusOr<BatchId> Post(PeerId peer, absl::Span<const Segment> segments,
+                               bool write, CompletionCallback on_done);
   void ProgressLoop();
   void Wake();
   void PumpLocked(Batch* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeEndLocked(Batch* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ServiceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ClosePeerLocked(Peer* p, bool wait, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReleasePeerLocked(Peer* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status AwaitOpLocked(PendingOp* op, Peer* p, absl::Time deadline, absl::string_view what)
+  void ClosePeerLocked(Peer* p, bool wait, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleasePeerLocked(Peer* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AwaitOpLocked(PendingOp* op, Peer* p, absl::Time deadline,
+                             absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunCallbacks();
 
   static void OnBatchOp(void* request, ucs_status_t status, void* user_data);
   static void OnPendingOp(void* request, ucs_status_t status, void* user_data);
   static void OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
-  static ucs_status_t OnActiveMessage(void* arg, const void* header, size_t header_length,
-                                      void* data, size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t OnActiveMessage(void* arg, const void* header,
+                                      size_t header_length, void* data, size_t length,
+                                      const ucp_am_recv_param_t* param);
 
   const UcxAgentConfig config_;
   const uint64_t agent_id_;
@@ -145,17 +147,18 @@ class UcxAgent final : public TransferAgent {
   std::map<BatchId, std::unique_ptr<Batch>> batches_ ABSL_GUARDED_BY(mu_);
   BatchId next_batch_ ABSL_GUARDED_BY(mu_) = 1;
   int busy_waiters_ ABSL_GUARDED_BY(mu_) = 0;  // threads waiting on UCX ops
-  std::vector<std::pair<CompletionCallback, std::pair<BatchId, absl::Status>>> done_callbacks_
-      ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<CompletionCallback, std::pair<BatchId, absl::Status>>>
+      done_callbacks_ ABSL_GUARDED_BY(mu_);
   NotificationCallback notification_callback_ ABSL_GUARDED_BY(mu_);
-  std::vector<Notification> notifications_ ABSL_GUARDED_BY(mu_);      // for Poll
-  std::vector<Notification> to_dispatch_ ABSL_GUARDED_BY(mu_);        // for the callback
+  std::vector<Notification> notifications_ ABSL_GUARDED_BY(mu_);  // for Poll
+  std::vector<Notification> to_dispatch_ ABSL_GUARDED_BY(mu_);    // for the callback
   absl::Mutex callback_mu_;  // serialises notification callback invocations
 
   std::thread progress_;
 };
 
-// "tcp", "cma,posix" ...: transports named in ucp_ep_print_info output (exposed for tests).
+// "tcp", "cma,posix" ...: transports named in ucp_ep_print_info output (exposed for
+// tests).
 std::string ParseUcxTransports(absl::string_view ep_info);
 
 }  // namespace tandem::kvtransfer

@@ -11,12 +11,16 @@ namespace {
 TEST(UcxTransportsTest, ParsesLaneLines) {
   const char* info =
       "#\n# UCP endpoint\n#\n#               peer: <no debug data>\n"
-      "#                 lane[0]:  8:posix/memory.0 md[4]           -> md[4]/posix/sysdev[255] am am_bw#0\n"
-      "#                 lane[1]:  3:cma/memory.0 md[2]             -> md[2]/cma/sysdev[255] rma_bw#0\n"
-      "#                 lane[2]:  9:posix/memory.0 md[4]           -> md[4]/posix/sysdev[255] rma_bw#1\n"
+      "#                 lane[0]:  8:posix/memory.0 md[4]           -> "
+      "md[4]/posix/sysdev[255] am am_bw#0\n"
+      "#                 lane[1]:  3:cma/memory.0 md[2]             -> "
+      "md[2]/cma/sysdev[255] rma_bw#0\n"
+      "#                 lane[2]:  9:posix/memory.0 md[4]           -> "
+      "md[4]/posix/sysdev[255] rma_bw#1\n"
       "#\n#                tag_send: 0..<egr/short>..inf\n";
   EXPECT_EQ(ParseUcxTransports(info), "posix,cma");
-  EXPECT_EQ(ParseUcxTransports("#  lane[0]:  1:tcp/lo.0 md[1] -> md[1]/tcp am\n"), "tcp");
+  EXPECT_EQ(ParseUcxTransports("#  lane[0]:  1:tcp/lo.0 md[1] -> md[1]/tcp am\n"),
+            "tcp");
   EXPECT_EQ(ParseUcxTransports(""), "");
   EXPECT_EQ(ParseUcxTransports("lane[0]: garbage"), "");
 }
@@ -29,7 +33,8 @@ TEST(UcxAgentTest, RejectsBadConfig) {
   garbled.ucx_options = {{"RNDV_THRESH", "not-a-size"}};
   auto agent = UcxAgent::Create(garbled);
   ASSERT_FALSE(agent.ok());
-  EXPECT_NE(agent.status().message().find("RNDV_THRESH"), std::string::npos) << agent.status();
+  EXPECT_NE(agent.status().message().find("RNDV_THRESH"), std::string::npos)
+      << agent.status();
 }
 
 TEST(UcxAgentTest, TcpTransportIsReported) {
