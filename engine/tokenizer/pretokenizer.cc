@@ -19,6 +19,7 @@ bool DecodeCodePoints(absl::string_view text, std::vector<char32_t>* cps,
                       std::vector<uint32_t>* offsets) {
   cps->clear();
   offsets->clear();
+  if (text.size() >= UINT32_MAX) return false;  // offsets are 32-bit
   cps->reserve(text.size());
   offsets->reserve(text.size() + 1);
   const auto* p = reinterpret_cast<const uint8_t*>(text.data());
@@ -176,7 +177,7 @@ size_t MatchAt(const char32_t* c, size_t begin, size_t end, size_t i) {
 absl::Status SplitChunks(absl::string_view text, PreTokenizerScratch* scratch,
                          absl::FunctionRef<void(absl::string_view)> on_chunk) {
   if (!internal::DecodeCodePoints(text, &scratch->code_points, &scratch->offsets)) {
-    return InvalidArgument("text is not valid UTF-8");
+    return InvalidArgument("text is not valid UTF-8 (or is 4 GiB or more)");
   }
   std::vector<size_t> bounds;
   internal::ChunkBoundaries(scratch->code_points, &bounds);
@@ -209,7 +210,7 @@ void MatchRange(absl::string_view text, const std::vector<char32_t>& cps,
 absl::Status PreTokenizeChunk(absl::string_view chunk, PreTokenizerScratch* scratch,
                               absl::FunctionRef<void(absl::string_view)> on_piece) {
   if (!internal::DecodeCodePoints(chunk, &scratch->code_points, &scratch->offsets)) {
-    return InvalidArgument("text is not valid UTF-8");
+    return InvalidArgument("text is not valid UTF-8 (or is 4 GiB or more)");
   }
   MatchRange(chunk, scratch->code_points, scratch->offsets, 0,
              scratch->code_points.size(), on_piece);
@@ -219,7 +220,7 @@ absl::Status PreTokenizeChunk(absl::string_view chunk, PreTokenizerScratch* scra
 absl::Status PreTokenize(absl::string_view text, PreTokenizerScratch* scratch,
                          absl::FunctionRef<void(absl::string_view)> on_piece) {
   if (!internal::DecodeCodePoints(text, &scratch->code_points, &scratch->offsets)) {
-    return InvalidArgument("text is not valid UTF-8");
+    return InvalidArgument("text is not valid UTF-8 (or is 4 GiB or more)");
   }
   const std::vector<char32_t>& cps = scratch->code_points;
   const std::vector<uint32_t>& off = scratch->offsets;

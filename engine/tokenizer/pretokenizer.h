@@ -30,7 +30,7 @@ struct PreTokenizerScratch {
   std::vector<uint32_t> offsets;  // byte offset of each code point, plus the end
 };
 
-// Splits `text` (must be valid UTF-8, else InvalidArgument) into chunks and
+// Splits `text` (must be valid UTF-8 under 4 GiB, else InvalidArgument) into chunks and
 // calls `on_chunk(chunk)` for each, in order, with byte ranges of `text`.
 absl::Status SplitChunks(absl::string_view text, PreTokenizerScratch* scratch,
                          absl::FunctionRef<void(absl::string_view)> on_chunk);
@@ -49,7 +49,8 @@ absl::Status PreTokenizeToVector(absl::string_view text,
                                  std::vector<std::string>* pieces);
 
 namespace internal {
-// Decodes valid UTF-8 into code points and offsets; false if invalid.
+// Decodes valid UTF-8 into code points and offsets; false if invalid or if
+// the text has 2^32 bytes or more.
 bool DecodeCodePoints(absl::string_view text, std::vector<char32_t>* cps,
                       std::vector<uint32_t>* offsets);
 // The chunk boundaries (code-point indices, first 0, last cps.size()) of the
