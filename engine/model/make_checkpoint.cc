@@ -2,12 +2,17 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -411,36 +416,61 @@ absl::Status MakeCheckpoint(const MakeCheckpointOptions& options) {
   }
   const int n = static_cast<int>(nonempty.size());
 
+  const int threads =
+      options.num_threads > 0
+          ? options.num_threads
+          : std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
   nlohmann::json weight_map = nlohmann::json::object();
-  std::map<std::string, std::vector<uint8_t>> pending_scales;
   for (int i = 0; i < n; ++i) {
     const std::string shard = ShardName(i, n);
-    std::vector<TensorData> data;
-    data.reserve(nonempty[i].size());
-    for (const ExpectedTensor* t : nonempty[i]) {
-      weight_map[t->name] = shard;
-      if (t->kind == TensorKind::kMxfp4Scale) {
-        auto it = pending_scales.find(t->name);
-        if (it != pending_scales.end()) {  // made with its weight_packed partner
-          TensorData d{t->name, t->dtype, t->shape,
-                       std::string(it->second.begin(), it->second.end())};
-          data.push_back(std::move(d));
-          pending_scales.erase(it);
+    const std::vector<const ExpectedTensor*>& items = nonempty[i];
+    for (const ExpectedTensor* t : items) weight_map[t->name] = shard;
+    // A weight_packed item also fills its weight_scale partner's slot when the
+    // partner is in this shard (one float matrix, quantised once).
+    std::map<std::string, size_t, std::less<>> slot;
+    for (size_t k = 0; k < items.size(); ++k) slot.emplace(items[k]->name, k);
+    std::vector<size_t> partner(items.size(), SIZE_MAX);
+    std::vector<char> filled_by_partner(items.size(), 0);
+    for (size_t k = 0; k < items.size(); ++k) {
+      if (items[k]->kind != TensorKind::kMxfp4Packed) continue;
+      const std::string& name = items[k]->name;
+      auto it = slot.find(name.substr(0, name.rfind('.')) + ".weight_scale");
+      if (it != slot.end()) {
+        partner[k] = it->second;
+        filled_by_partner[it->second] = 1;
+      }
+    }
+    std::vector<TensorData> data(items.size());
+    std::vector<absl::Status> errors(items.size());
+    std::atomic<size_t> next{0};
+    auto work = [&]() {
+      for (size_t k = next++; k < items.size(); k = next++) {
+        if (filled_by_partner[k]) continue;
+        const ExpectedTensor& t = *items[k];
+        if (partner[k] != SIZE_MAX) {
+          std::vector<uint8_t> packed, scales;
+          errors[k] = ExpertWeight(t, options.seed, &packed, &scales);
+          if (!errors[k].ok()) continue;
+          data[k] = TensorData{t.name, t.dtype, t.shape,
+                               std::string(packed.begin(), packed.end())};
+          const ExpectedTensor& s = *items[partner[k]];
+          data[partner[k]] = TensorData{s.name, s.dtype, s.shape,
+                                        std::string(scales.begin(), scales.end())};
           continue;
         }
+        absl::StatusOr<TensorData> d = GenerateTensor(config, t, options.seed);
+        if (!d.ok()) {
+          errors[k] = d.status();
+          continue;
+        }
+        data[k] = *std::move(d);
       }
-      if (t->kind == TensorKind::kMxfp4Packed) {
-        std::vector<uint8_t> packed, scales;
-        TANDEM_RETURN_IF_ERROR(ExpertWeight(*t, options.seed, &packed, &scales));
-        const std::string base = t->name.substr(0, t->name.rfind('.'));
-        pending_scales[base + ".weight_scale"] = std::move(scales);
-        data.push_back(TensorData{t->name, t->dtype, t->shape,
-                                  std::string(packed.begin(), packed.end())});
-        continue;
-      }
-      TANDEM_ASSIGN_OR_RETURN(TensorData d, GenerateTensor(config, *t, options.seed));
-      data.push_back(std::move(d));
-    }
+    };
+    std::vector<std::thread> pool;
+    for (int w = 1; w < threads; ++w) pool.emplace_back(work);
+    work();
+    for (std::thread& th : pool) th.join();
+    for (const absl::Status& e : errors) TANDEM_RETURN_IF_ERROR(e);
     TANDEM_RETURN_IF_ERROR(WriteSafetensors(dir + shard, data));
   }
   nlohmann::json index = {{"metadata", {{"total_size", total}}},

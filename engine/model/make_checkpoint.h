@@ -43,6 +43,9 @@ struct MakeCheckpointOptions {
   // Directory holding tiktoken.model, tokenizer_config.json and pat_str.json;
   // empty: copy none.
   std::string tokenizer_dir;
+  // Generator threads (0: one per core, at most 16). The output does not depend
+  // on it.
+  int num_threads = 0;
 };
 
 // Files the generator writes for `num_shards` shards (relative names).

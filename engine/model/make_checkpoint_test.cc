@@ -112,9 +112,11 @@ TEST(MakeCheckpointTest, DeterministicPerSeed) {
   options.num_shards = 3;
   options.tokenizer_dir = kTokenizer;
   options.seed = 0;
+  options.num_threads = 1;
   options.out_dir = TempDir("seed0");
   ASSERT_TRUE(MakeCheckpoint(options).ok());
   options.seed = 1;
+  options.num_threads = 3;  // thread count does not change the bytes
   options.out_dir = TempDir("seed1");
   ASSERT_TRUE(MakeCheckpoint(options).ok());
   // Seed 0 here (library, this process) == seed 0 from the genrule (binary).
