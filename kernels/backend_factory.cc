@@ -1,5 +1,7 @@
 #include "kernels/backend_factory.h"
 
+#include <algorithm>
+
 #include "common/status.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
@@ -8,10 +10,19 @@
 namespace tandem::kernels {
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view name) {
-  if (name == "cpu") return CreateCpuBackend(ActiveIsa(), /*threads=*/0);
+  if (name == "cpu") {
+    // Exact mode: fp32 activations on every path, the same arithmetic whatever the
+    // batch shape, so a request's tokens do not depend on what it is batched with
+    // (docs/ARCHITECTURE.md, "Numerics"). The BF16-activation kernels and oneDNN
+    // round activations differently per GEMM shape: opt in with "cpu_bf16".
+    CpuIsa isa = static_cast<CpuIsa>(
+        std::min(static_cast<int>(ActiveIsa()), static_cast<int>(CpuIsa::kAvx512)));
+    return CreateCpuBackend(isa, /*threads=*/0, /*use_onednn=*/false);
+  }
+  if (name == "cpu_bf16") return CreateCpuBackend(ActiveIsa(), /*threads=*/0);
   if (name == "cpu_reference") return CreateReferenceBackend();
   return InvalidArgument("unknown kernel backend \"", name,
-                         "\" (known: cpu, cpu_reference)");
+                         "\" (known: cpu, cpu_bf16, cpu_reference)");
 }
 
 }  // namespace tandem::kernels

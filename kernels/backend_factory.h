@@ -10,8 +10,12 @@
 
 namespace tandem::kernels {
 
-// "cpu": optimised, best ISA of this machine capped by $TANDEM_CPU_ISA, one thread
-//        per hardware thread;
+// "cpu": optimised, exact mode: the best ISA of this machine up to AVX-512 (capped by
+//        $TANDEM_CPU_ISA), fp32 activations, one thread per hardware thread; its
+//        results for a row do not depend on the batch shape (batch invariance);
+// "cpu_bf16": the fastest kernels: AVX512_BF16 dot products on BF16-rounded
+//        activations and oneDNN for prefill-sized GEMMs. Faster, but results then
+//        depend on the GEMM shape, so batch invariance holds only within tolerance;
 // "cpu_reference": the oracle (plain loops, single thread).
 // Anything else: InvalidArgument (the CUDA backend registers under "cuda" in
 // --config=cuda builds, later).
