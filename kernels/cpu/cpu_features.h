@@ -10,9 +10,9 @@ namespace tandem::kernels {
 
 // Instruction-set levels, each implying the ones before it.
 enum class CpuIsa {
-  kGeneric = 0,  // SSE2 baseline of x86-64
-  kAvx2 = 1,     // AVX2 + FMA
-  kAvx512 = 2,   // AVX-512 F/BW/VL/DQ
+  kGeneric = 0,     // SSE2 baseline of x86-64
+  kAvx2 = 1,        // AVX2 + FMA
+  kAvx512 = 2,      // AVX-512 F/BW/VL/DQ
   kAvx512Bf16 = 3,  // kAvx512 + AVX512_BF16 (vdpbf16ps)
 };
 

@@ -10,8 +10,8 @@
 namespace tandem::kernels {
 
 // x, y: [rows, n] row-major (y may alias x); w: [n].
-void RmsNormReference(const float* x, const float* w, float* y, int64_t rows,
-                      int64_t n, float eps);
+void RmsNormReference(const float* x, const float* w, float* y, int64_t rows, int64_t n,
+                      float eps);
 
 // Dispatches to the best implementation for ActiveIsa().
 void RmsNorm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
