@@ -11,8 +11,10 @@
 #include "common/init.h"
 #include "common/logging.h"
 #include "common/signals.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "metrics/http_exposer.h"
 #include "metrics/registry.h"
+#include "router/handoff.h"
 #include "router/model_info.h"
 #include "router/router_service.h"
 #include "router/worker_registry.h"
@@ -27,6 +29,18 @@ ABSL_FLAG(int, metrics_port, 9100, "Port of the /metrics HTTP endpoint (0: any f
 ABSL_FLAG(double, heartbeat_interval_s, 1.0, "Heartbeat interval asked of workers.");
 ABSL_FLAG(double, heartbeat_timeout_s, 5.0,
           "Workers silent for this long are dropped from the registry.");
+ABSL_FLAG(int, colocate_below_tokens, 0,
+          "Prompts shorter than this are prefilled on the decode worker itself "
+          "(conditional disaggregation); 0: always disaggregate.");
+ABSL_FLAG(int, max_prefill_attempts, 3,
+          "Prefill attempts per request when prefill workers are lost.");
+ABSL_FLAG(int, max_in_flight, 256,
+          "Generate calls running at once; more get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(double, request_timeout_s, 600, "Deadline of a request that has none.");
+ABSL_FLAG(double, rpc_timeout_s, 5, "Deadline of Reserve and Release calls.");
+ABSL_FLAG(int, lease_ms, 30000, "Reservation lease asked of decode workers.");
+ABSL_FLAG(bool, kv_checksums, true,
+          "Checksum every transferred state (prefill computes, decode verifies).");
 
 int main(int argc, char** argv) {
   tandem::BlockTerminationSignals();
@@ -50,7 +64,27 @@ int main(int argc, char** argv) {
   tandem::router::RouterMetrics metrics(&metric_registry);
   tandem::router::WorkerRegistry workers(
       tandem::Clock::Real(), absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s)));
-  tandem::router::RouterService router(*model, &workers, &metrics);
+  std::unique_ptr<tandem::tokenizer::Tokenizer> tokenizer;
+  if (auto tok = tandem::tokenizer::Tokenizer::Load(model_dir); tok.ok()) {
+    tokenizer = std::move(*tok);
+  } else {
+    TLOG(WARNING, "no tokenizer in the model directory; prompt_text is refused")
+        .Kv("status", tok.status());
+  }
+  tandem::router::HandoffMetrics handoff_metrics(&metric_registry);
+  tandem::router::HandoffOptions ho;
+  ho.colocate_below_tokens = absl::GetFlag(FLAGS_colocate_below_tokens);
+  ho.max_prefill_attempts = absl::GetFlag(FLAGS_max_prefill_attempts);
+  ho.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
+  ho.lease_ms = absl::GetFlag(FLAGS_lease_ms);
+  ho.checksums = absl::GetFlag(FLAGS_kv_checksums);
+  ho.max_context_tokens = model->info.max_context_tokens();
+  tandem::router::Handoff handoff(&workers, &handoff_metrics, ho);
+  tandem::router::RouterServiceOptions ro;
+  ro.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
+  ro.request_timeout = absl::Seconds(absl::GetFlag(FLAGS_request_timeout_s));
+  tandem::router::RouterService router(*model, &workers, &metrics, &handoff, ro,
+                                       tokenizer.get());
   tandem::router::RegistryService registry(
       &workers, &metrics, model->fingerprint,
       absl::Seconds(absl::GetFlag(FLAGS_heartbeat_interval_s)));

@@ -1,8 +1,10 @@
 #include "router/router_service.h"
 
+#include "absl/random/random.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "metrics/buckets.h"
 
 namespace tandem::router {
 namespace {
@@ -29,7 +31,16 @@ T* OrDie(absl::StatusOr<T*> s) {
 RouterMetrics::RouterMetrics(metrics::Registry* registry)
     : requests(OrDie(registry->AddCounter(
           "tandem_router_requests_total",
-          "Generate requests by outcome (ok, invalid, unavailable, unimplemented)."))),
+          "Generate requests by outcome (ok, invalid, not_found, unavailable, "
+          "resource_exhausted, cancelled, deadline_exceeded, data_loss, error)."))),
+      in_flight(&OrDie(registry->AddGauge("tandem_router_requests_in_flight",
+                                          "Generate calls running now."))
+                     ->Add({})),
+      latency(&OrDie(registry->AddHistogram(
+                         "tandem_router_generate_duration_seconds",
+                         "Generate calls from arrival to the end, every outcome.",
+                         *metrics::ExponentialBuckets(0.001, 2, 16)))
+                   ->Add({})),
       registrations(OrDie(registry->AddCounter(
           "tandem_router_registrations_total",
           "Worker registrations by role and result (ok, rejected)."))),
@@ -37,46 +48,126 @@ RouterMetrics::RouterMetrics(metrics::Registry* registry)
                                        "Live registered workers by role."))) {
   // Children exist from the start, so every series is scraped (at 0) before the
   // first event and rate() works from the first scrape.
-  for (const char* outcome : {"ok", "invalid", "unavailable", "unimplemented"}) {
+  for (const char* outcome :
+       {"ok", "invalid", "not_found", "unavailable", "resource_exhausted", "cancelled",
+        "deadline_exceeded", "data_loss", "error"}) {
     requests->Add({{"outcome", outcome}});
   }
   for (const char* role : {"prefill", "decode"}) workers->Add({{"role", role}});
 }
 
 RouterService::RouterService(ServedModel model, WorkerRegistry* registry,
-                             RouterMetrics* metrics)
+                             RouterMetrics* metrics, Handoff* handoff,
+                             RouterServiceOptions options,
+                             const tokenizer::Tokenizer* tokenizer)
     : model_(std::move(model)),
       limits_{.vocab_size = model_.info.vocab_size(),
               .max_context_tokens = model_.info.max_context_tokens()},
       registry_(registry),
-      metrics_(metrics) {}
+      metrics_(metrics),
+      handoff_(handoff),
+      options_(options),
+      tokenizer_(tokenizer) {}
+
+namespace {
+
+const char* Outcome(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk:
+      return "ok";
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      return "invalid";
+    case absl::StatusCode::kNotFound:
+      return "not_found";
+    case absl::StatusCode::kUnavailable:
+      return "unavailable";
+    case absl::StatusCode::kResourceExhausted:
+      return "resource_exhausted";
+    case absl::StatusCode::kCancelled:
+      return "cancelled";
+    case absl::StatusCode::kDeadlineExceeded:
+      return "deadline_exceeded";
+    case absl::StatusCode::kDataLoss:
+      return "data_loss";
+    default:
+      return "error";
+  }
+}
+
+}  // namespace
+
+void RouterService::Done(const absl::Status& status, absl::Time started) {
+  metrics_->requests->Add({{"outcome", Outcome(status)}}).Increment();
+  metrics_->latency->Observe(absl::ToDoubleSeconds(absl::Now() - started));
+}
 
 grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* RouterService::Generate(
     grpc::CallbackServerContext* context, const tandem::v1::GenerateRequest* request) {
-  absl::Status status = ValidateGenerateRequest(*request, limits_);
-  if (status.ok() && !request->model().empty() &&
-      request->model() != model_.info.id()) {
-    status = NotFound("model '", request->model(), "' is not served here; served: '",
+  const absl::Time started = absl::Now();
+  tandem::v1::GenerateRequest req = *request;
+  absl::Status status = ValidateGenerateRequest(req, limits_);
+  if (status.ok() && !req.model().empty() && req.model() != model_.info.id()) {
+    status = NotFound("model '", req.model(), "' is not served here; served: '",
                       model_.info.id(), "'");
   }
-  const char* outcome = "invalid";
-  if (status.ok()) {
-    if (registry_->Live(tandem::v1::WORKER_ROLE_DECODE).empty()) {
-      status = Unavailable(
-          "no decode workers registered with this router; the request was not started");
-      outcome = "unavailable";
+  if (status.ok() && req.prompt_case() == tandem::v1::GenerateRequest::kPromptText) {
+    if (tokenizer_ == nullptr) {
+      status = InvalidArgument("this router has no tokenizer; send prompt_token_ids");
     } else {
-      status = Unimplemented(
-          "the prefill -> decode hand-off is not built yet in this version of Tandem");
-      outcome = "unimplemented";
+      absl::StatusOr<std::vector<int>> ids = tokenizer_->Encode(req.prompt_text());
+      if (!ids.ok()) {
+        status = InvalidArgument("prompt_text cannot be tokenised: ",
+                                 ids.status().message());
+      } else if (ids->empty()) {
+        status = InvalidArgument("prompt_text encodes to no tokens");
+      } else {
+        tandem::v1::TokenIds* t = req.mutable_prompt_token_ids();  // clears the text
+        for (int id : *ids) t->add_ids(id);
+        status = ValidateGenerateRequest(req, limits_);
+      }
     }
   }
-  metrics_->requests->Add({{"outcome", outcome}}).Increment();
-  TLOG(INFO, "generate refused")
-      .Kv("request_id", request->request_id())
-      .Kv("peer", context->peer())
-      .Kv("status", status);
-  return new FinishedWriter(ToGrpcStatus(status));
+  if (status.ok() && registry_->Live(tandem::v1::WORKER_ROLE_DECODE).empty()) {
+    status = Unavailable(
+        "no decode workers registered with this router; the request was not started");
+  }
+  if (status.ok() && in_flight_.load() >= options_.max_in_flight) {
+    status = ResourceExhausted("the router is running ", options_.max_in_flight,
+                               " requests (its limit); retry later");
+  }
+  if (!status.ok()) {
+    Done(status, started);
+    TLOG(INFO, "generate refused")
+        .Kv("request_id", req.request_id())
+        .Kv("peer", context->peer())
+        .Kv("status", status);
+    return new FinishedWriter(ToGrpcStatus(status));
+  }
+  if (req.request_id().empty()) req.set_request_id(ids_.Next("req-"));
+  if (req.sampling().temperature() >= 1e-5f && !req.sampling().has_seed()) {
+    absl::BitGen gen;
+    req.mutable_sampling()->set_seed(absl::Uniform<uint64_t>(gen));
+  }
+  absl::Time deadline = started + options_.request_timeout;
+  if (context->deadline() != std::chrono::system_clock::time_point::max()) {
+    deadline = std::min(deadline, absl::FromChrono(context->deadline()));
+  }
+  if (req.deadline_unix_ms() > 0) {
+    deadline = std::min(deadline, absl::FromUnixMillis(req.deadline_unix_ms()));
+  }
+  metrics_->in_flight->Set(++in_flight_);
+  TLOG(DEBUG, "generate")
+      .Kv("request_id", req.request_id())
+      .Kv("prompt_tokens", req.prompt_token_ids().ids_size());
+  auto* stream = new worker::ResponseStream();
+  handoff_->Start(std::move(req), stream, deadline, started,
+                  [this, started](const absl::Status& s) {
+                    metrics_->in_flight->Set(--in_flight_);
+                    Done(s, started);
+                  });
+  return stream;
 }
 
 grpc::ServerUnaryReactor* RouterService::ListModels(

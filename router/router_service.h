@@ -2,21 +2,29 @@
 //
 //   Generate(request)
 //     → ValidateGenerateRequest            INVALID_ARGUMENT on bad input
-//     → pick a decode worker from WorkerRegistry
-//                                          UNAVAILABLE when none is registered
-//     → hand-off (Reserve → Prefill → Decode) — not built yet: UNIMPLEMENTED
+//     → prompt_text tokenised (the model's tokenizer), length re-checked
+//     → in-flight limit                     RESOURCE_EXHAUSTED when full
+//     → no live decode worker               UNAVAILABLE
+//     → seed drawn when sampling without one; deadline = min(gRPC deadline,
+//       deadline_unix_ms, now + request_timeout)
+//     → Handoff::Start (handoff.h: Reserve → Prefill → Decode, or colocated),
+//       relaying the stream                 START → ... → FINISH
 //   ListModels → the served model (from config.json)
 //   Register / Heartbeat → WorkerRegistry
-//
-// Every RPC finishes inline (no RPC lifecycle beyond START → FINISH yet).
 #ifndef TANDEM_ROUTER_ROUTER_SERVICE_H_
 #define TANDEM_ROUTER_ROUTER_SERVICE_H_
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
+
+#include "absl/time/time.h"
+#include "common/ids.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "metrics/registry.h"
 #include "proto/router.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
+#include "router/handoff.h"
 #include "router/model_info.h"
 #include "router/request_validation.h"
 #include "router/worker_registry.h"
@@ -26,14 +34,26 @@ namespace tandem::router {
 struct RouterMetrics {
   explicit RouterMetrics(metrics::Registry* registry);
   metrics::Family<metrics::Counter>* requests;       // by outcome
+  metrics::Gauge* in_flight;                         // Generate calls running
+  metrics::Histogram* latency;                       // end to end, every outcome
   metrics::Family<metrics::Counter>* registrations;  // by role and result
   metrics::Family<metrics::Gauge>* workers;          // live workers by role
 };
 
+struct RouterServiceOptions {
+  // Generate calls running at once; more are refused with RESOURCE_EXHAUSTED.
+  int32_t max_in_flight = 256;
+  // Deadline of a request that carries none.
+  absl::Duration request_timeout = absl::Seconds(600);
+};
+
 class RouterService final : public tandem::v1::Router::CallbackService {
  public:
-  // `registry` and `metrics` are not owned and must outlive the service.
-  RouterService(ServedModel model, WorkerRegistry* registry, RouterMetrics* metrics);
+  // Not owned, must outlive the service: registry, metrics, handoff, tokenizer
+  // (may be null: prompt_text is then refused).
+  RouterService(ServedModel model, WorkerRegistry* registry, RouterMetrics* metrics,
+                Handoff* handoff, RouterServiceOptions options = {},
+                const tokenizer::Tokenizer* tokenizer = nullptr);
 
   grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context,
@@ -44,10 +64,18 @@ class RouterService final : public tandem::v1::Router::CallbackService {
       tandem::v1::ListModelsResponse* response) override;
 
  private:
+  // Counts a finished request by outcome.
+  void Done(const absl::Status& status, absl::Time started);
+
   const ServedModel model_;
   const ModelLimits limits_;
   WorkerRegistry* const registry_;  // not owned
   RouterMetrics* const metrics_;    // not owned
+  Handoff* const handoff_;          // not owned
+  const RouterServiceOptions options_;
+  const tokenizer::Tokenizer* const tokenizer_;  // not owned; may be null
+  std::atomic<int32_t> in_flight_{0};
+  IdGenerator ids_;
 };
 
 class RegistryService final : public tandem::v1::Registry::CallbackService {

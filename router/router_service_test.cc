@@ -16,7 +16,7 @@ class RouterServiceTest : public ::testing::Test {
     model_.info.set_max_context_tokens(4096);
     model_.info.add_eos_token_ids(163586);
     model_.fingerprint = "fp";
-    router_ = std::make_unique<RouterService>(model_, &workers_, &metrics_);
+    router_ = std::make_unique<RouterService>(model_, &workers_, &metrics_, &handoff_);
     registry_service_ =
         std::make_unique<RegistryService>(&workers_, &metrics_, "fp", absl::Seconds(1));
     grpc::ServerBuilder b;
@@ -70,6 +70,8 @@ class RouterServiceTest : public ::testing::Test {
   WorkerRegistry workers_{&clock_, absl::Seconds(10)};
   metrics::Registry metric_registry_;
   RouterMetrics metrics_{&metric_registry_};
+  HandoffMetrics handoff_metrics_{&metric_registry_};
+  Handoff handoff_{&workers_, &handoff_metrics_, HandoffOptions{}};
   ServedModel model_;
   std::unique_ptr<RouterService> router_;
   std::unique_ptr<RegistryService> registry_service_;
@@ -110,12 +112,26 @@ TEST_F(RouterServiceTest, UnknownModelIsNotFound) {
   EXPECT_EQ(Generate(req).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
-TEST_F(RouterServiceTest, NoWorkersIsUnavailableThenHandOffIsUnimplemented) {
+TEST_F(RouterServiceTest, NoWorkersThenUnreachableWorkerAreUnavailable) {
   EXPECT_EQ(Generate(Prompt()).error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(Requests("unavailable"), 1);
   ASSERT_TRUE(Register("decode-0", "fp").ok());
   EXPECT_EQ(metrics_.workers->Add({{"role", "decode"}}).Value(), 1);
-  EXPECT_EQ(Generate(Prompt()).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  // The registered worker listens nowhere: the call fails naming it, and the
+  // router drops it from its registry.
+  grpc::Status s = Generate(Prompt());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(s.error_message().find("decode-0"), std::string::npos) << s.error_message();
+  EXPECT_EQ(Requests("unavailable"), 2);
+  EXPECT_TRUE(workers_.Live(tandem::v1::WORKER_ROLE_DECODE).empty());
+}
+
+TEST_F(RouterServiceTest, PromptTextWithoutTokenizerIsInvalid) {
+  tandem::v1::GenerateRequest req;
+  req.set_prompt_text("hello");
+  grpc::Status s = Generate(req);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("tokenizer"), std::string::npos);
 }
 
 TEST_F(RouterServiceTest, RegistryRefusesOtherWeightsAndHeartbeatsReportKnown) {

@@ -1,0 +1,118 @@
+// The decode worker process: DecodeWorker gRPC service over one engine thread, a
+// UCX transfer agent whose landing pool receives prefilled state, registration
+// with the router, grpc.health.v1, /metrics.
+//
+//   decode_main --model=DIR --router=HOST:PORT [--port=0] [--metrics_port=0]
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "common/init.h"
+#include "common/logging.h"
+#include "common/signals.h"
+#include "decode/decode_service.h"
+#include "kvtransfer/ucx_agent.h"
+#include "metrics/registry.h"
+#include "worker/engine_loop.h"
+#include "worker/worker_metrics.h"
+#include "worker/worker_model.h"
+#include "worker/worker_server.h"
+
+ABSL_FLAG(std::string, model, "",
+          "Checkpoint directory (config.json, weights, tokenizer).");
+ABSL_FLAG(std::string, served_model_name, "", "Model id (default as the router's).");
+ABSL_FLAG(std::string, worker_id, "decode-0", "Worker id registered with the router.");
+ABSL_FLAG(std::string, router, "",
+          "Router gRPC address to register with (empty: none).");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on.");
+ABSL_FLAG(std::string, advertise_host, "", "Host the router dials (default: --host).");
+ABSL_FLAG(int, port, 0, "gRPC port (0: any free port, logged).");
+ABSL_FLAG(int, metrics_port, 0, "/metrics port (0: any free port, logged).");
+ABSL_FLAG(std::string, backend, "cpu", "Kernel backend: cpu | cpu_reference.");
+ABSL_FLAG(int, block_size, 16, "Engine KV cache block size (tokens).");
+ABSL_FLAG(int, num_slots, 8, "Concurrent sequences (KDA state slots).");
+ABSL_FLAG(int, num_blocks, 0, "Engine KV blocks (0: num_slots full contexts).");
+ABSL_FLAG(int64_t, max_context_tokens, 4096, "Prompt + output tokens per request.");
+ABSL_FLAG(int64_t, max_tokens_per_step, 256, "Engine token budget per step.");
+ABSL_FLAG(int, landing_blocks, 0,
+          "Landing-pool blocks for incoming state (0: as the engine).");
+ABSL_FLAG(int, landing_slots, 0, "Landing-pool KDA slots (0: --num_slots).");
+ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (UCX_TLS), empty: UCX chooses.");
+ABSL_FLAG(double, max_lease_s, 60, "Longest reservation lease granted.");
+
+int main(int argc, char** argv) {
+  tandem::BlockTerminationSignals();
+  tandem::InitProgram(argc, argv, "decode",
+                      "Tandem decode worker.\nusage: decode_main --model=DIR "
+                      "--router=HOST:PORT [--port=N] [--metrics_port=N]");
+  auto model = tandem::worker::LoadWorkerModel(absl::GetFlag(FLAGS_model),
+                                               absl::GetFlag(FLAGS_backend),
+                                               absl::GetFlag(FLAGS_served_model_name));
+  if (!model.ok()) {
+    TLOG(ERROR, "cannot load the model").Kv("status", model.status());
+    return 1;
+  }
+  tandem::runtime::EngineOptions eo;
+  eo.block_size = absl::GetFlag(FLAGS_block_size);
+  eo.num_slots = absl::GetFlag(FLAGS_num_slots);
+  eo.num_blocks = absl::GetFlag(FLAGS_num_blocks);
+  eo.max_context_tokens = absl::GetFlag(FLAGS_max_context_tokens);
+  eo.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
+  auto engine = tandem::worker::MakeEngine(model->get(), eo);
+  if (!engine.ok()) {
+    TLOG(ERROR, "cannot create the engine").Kv("status", engine.status());
+    return 1;
+  }
+  tandem::runtime::KvCacheOptions lo;
+  lo.block_size = eo.block_size;
+  lo.num_blocks = absl::GetFlag(FLAGS_landing_blocks) > 0
+                      ? absl::GetFlag(FLAGS_landing_blocks)
+                      : (*engine)->scheduler().config().num_blocks;
+  lo.num_slots = absl::GetFlag(FLAGS_landing_slots) > 0
+                     ? absl::GetFlag(FLAGS_landing_slots)
+                     : eo.num_slots;
+  auto landing = tandem::runtime::KvCache::Create((*model)->weights->config, lo);
+  if (!landing.ok()) {
+    TLOG(ERROR, "cannot allocate the landing pool").Kv("status", landing.status());
+    return 1;
+  }
+  tandem::kvtransfer::UcxAgentConfig uc;
+  uc.tls = absl::GetFlag(FLAGS_ucx_tls);
+  uc.name = absl::GetFlag(FLAGS_worker_id);
+  auto agent = tandem::kvtransfer::UcxAgent::Create(uc);
+  if (!agent.ok()) {
+    TLOG(ERROR, "cannot start the UCX agent").Kv("status", agent.status());
+    return 1;
+  }
+  tandem::metrics::Registry registry;
+  tandem::worker::WorkerMetrics metrics(&registry);
+  auto loop = std::make_unique<tandem::worker::EngineLoop>(std::move(*engine));
+  tandem::decode::DecodeServiceOptions dso;
+  dso.worker_id = absl::GetFlag(FLAGS_worker_id);
+  dso.max_lease = absl::Seconds(absl::GetFlag(FLAGS_max_lease_s));
+  auto service = tandem::decode::DecodeService::Create(loop.get(), landing->get(),
+                                                       agent->get(), &metrics, dso);
+  if (!service.ok()) {
+    TLOG(ERROR, "cannot start the decode service").Kv("status", service.status());
+    return 1;
+  }
+  tandem::worker::WorkerServerOptions so;
+  so.host = absl::GetFlag(FLAGS_host);
+  so.advertise_host = absl::GetFlag(FLAGS_advertise_host);
+  so.port = absl::GetFlag(FLAGS_port);
+  so.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  so.router = absl::GetFlag(FLAGS_router);
+  so.registration.set_worker_id(dso.worker_id);
+  so.registration.set_role(tandem::v1::WORKER_ROLE_DECODE);
+  so.registration.set_model_id((*model)->model_id);
+  so.registration.set_model_fingerprint((*model)->fingerprint);
+  so.registration.set_tp_size(1);
+  *so.registration.mutable_layout() = (*service)->layout();
+  tandem::decode::DecodeService* svc = service->get();
+  const int rc = tandem::worker::ServeWorker(
+      so, svc, &registry, [svc] { return svc->Load(); },
+      [&] { metrics.Update(loop->stats(), absl::Now()); });
+  loop.reset();  // no engine callbacks after this
+  service->reset();
+  return rc;
+}

@@ -1,0 +1,44 @@
+// Which prefill and which decode worker take a request. Pure functions over the
+// registry's records (load from heartbeats) plus the router's own count of
+// requests it has in flight on each worker since (heartbeats lag).
+//
+//   prefill: least (queued prefill tokens + tokens the router sent since), then
+//            fewest running, then id (stable)
+//   decode:  must have a free state slot and room for the prompt; most free KV
+//            tokens (free blocks * block size, minus what the router placed
+//            since), then fewest running (+ in flight), then id
+#ifndef TANDEM_ROUTER_PAIR_SELECTION_H_
+#define TANDEM_ROUTER_PAIR_SELECTION_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "router/worker_registry.h"
+
+namespace tandem::router {
+
+// What the router itself has placed on a worker and not seen finish.
+struct InFlight {
+  int32_t requests = 0;
+  int64_t tokens = 0;  // prompt tokens (prefill) or reserved tokens (decode)
+};
+using InFlightMap = absl::flat_hash_map<std::string, InFlight>;
+
+// Index into `workers` of the prefill worker to use, skipping `exclude`.
+std::optional<size_t> SelectPrefill(const std::vector<WorkerRecord>& workers,
+                                    const absl::flat_hash_set<std::string>& exclude,
+                                    const InFlightMap& in_flight);
+
+// Index into `workers` of the decode worker to use for a prompt of
+// `prompt_tokens`, skipping `exclude` and workers that cannot hold it.
+std::optional<size_t> SelectDecode(const std::vector<WorkerRecord>& workers,
+                                   const absl::flat_hash_set<std::string>& exclude,
+                                   const InFlightMap& in_flight, int64_t prompt_tokens);
+
+}  // namespace tandem::router
+
+#endif  // TANDEM_ROUTER_PAIR_SELECTION_H_

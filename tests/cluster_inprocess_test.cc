@@ -1,0 +1,392 @@
+// The disaggregated hand-off in one process: router (Router + Handoff), a prefill
+// worker and a decode worker, each a real gRPC server on 127.0.0.1, the KV state
+// moving through LoopbackAgents. Covers the orchestration state machine:
+//   - disaggregated output == colocated output, token for token (greedy and
+//     seeded sampling, mixed prompt lengths, prefill block 16 -> decode block 8)
+//   - a lost prefill worker: Release + retry on another
+//   - a corrupt transfer: DATA_LOSS, nothing leaked on either side
+//   - client cancel mid-stream: the decode engine's blocks return to idle
+//   - bad input: INVALID_ARGUMENT
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "common/clock.h"
+#include "decode/decode_service.h"
+#include "engine/runtime/engine.h"
+#include "engine/runtime/test_util.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "gtest/gtest.h"
+#include "kvtransfer/loopback_agent.h"
+#include "metrics/registry.h"
+#include "prefill/prefill_service.h"
+#include "router/handoff.h"
+#include "router/router_service.h"
+#include "router/worker_registry.h"
+#include "worker/engine_loop.h"
+#include "worker/worker_metrics.h"
+
+namespace tandem {
+namespace {
+
+using runtime::testing::TinyWeights;
+
+std::chrono::system_clock::time_point In(int seconds) {
+  return std::chrono::system_clock::now() + std::chrono::seconds(seconds);
+}
+
+const tokenizer::Tokenizer& Tok() {
+  static const tokenizer::Tokenizer* t =
+      tokenizer::Tokenizer::Load(runtime::testing::kTinyCheckpointDir)->release();
+  return *t;
+}
+
+std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address) {
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(service);
+  auto server = b.BuildAndStart();
+  *address = "127.0.0.1:" + std::to_string(port);
+  return server;
+}
+
+runtime::EngineOptions Options(int block_size) {
+  runtime::EngineOptions o;
+  o.block_size = block_size;
+  o.num_slots = 4;
+  o.max_context_tokens = 512;
+  o.max_tokens_per_step = 256;
+  return o;
+}
+
+// A prefill worker: engine thread, loopback agent, service, server.
+struct PrefillNode {
+  explicit PrefillNode(const std::string& id, bool corrupt = false) {
+    backend = runtime::testing::MakeBackend("cpu");
+    auto e =
+        runtime::Engine::Create(&TinyWeights(), backend.get(), &Tok(), Options(16));
+    cache = &(*e)->cache();
+    loop = std::make_unique<worker::EngineLoop>(std::move(*e));
+    prefill::PrefillServiceOptions o;
+    o.worker_id = id;
+    o.test_corrupt_transfer = corrupt;
+    service = *prefill::PrefillService::Create(loop.get(), cache, &agent, &metrics, o);
+    server = Serve(service.get(), &address);
+  }
+  ~PrefillNode() {
+    server->Shutdown(In(5));
+    loop.reset();
+  }
+  std::unique_ptr<kernels::Backend> backend;
+  runtime::KvCache* cache = nullptr;
+  kvtransfer::LoopbackAgent agent;
+  metrics::Registry registry;
+  worker::WorkerMetrics metrics{&registry};
+  std::unique_ptr<worker::EngineLoop> loop;
+  std::unique_ptr<prefill::PrefillService> service;
+  std::unique_ptr<grpc::Server> server;
+  std::string address;
+};
+
+struct DecodeNode {
+  DecodeNode() {
+    backend = runtime::testing::MakeBackend("cpu");
+    auto e = runtime::Engine::Create(&TinyWeights(), backend.get(), &Tok(), Options(8));
+    runtime::KvCacheOptions lo;
+    lo.block_size = 8;
+    lo.num_blocks = (*e)->scheduler().config().num_blocks;
+    lo.num_slots = 4;
+    landing = *runtime::KvCache::Create(TinyWeights().config, lo);
+    loop = std::make_unique<worker::EngineLoop>(std::move(*e));
+    decode::DecodeServiceOptions o;
+    o.worker_id = "decode-0";
+    service =
+        *decode::DecodeService::Create(loop.get(), landing.get(), &agent, &metrics, o);
+    server = Serve(service.get(), &address);
+    stub = tandem::v1::DecodeWorker::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  }
+  ~DecodeNode() {
+    server->Shutdown(In(5));
+    loop.reset();
+    service.reset();
+  }
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<runtime::KvCache> landing;
+  kvtransfer::LoopbackAgent agent;
+  metrics::Registry registry;
+  worker::WorkerMetrics metrics{&registry};
+  std::unique_ptr<worker::EngineLoop> loop;
+  std::unique_ptr<decode::DecodeService> service;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<tandem::v1::DecodeWorker::Stub> stub;
+  std::string address;
+};
+
+struct Result {
+  std::vector<int32_t> tokens;
+  std::string text;
+  tandem::v1::FinishReason finish = tandem::v1::FINISH_REASON_UNSPECIFIED;
+  int completion_tokens = 0;
+  grpc::Status status;
+  int messages = 0;
+};
+
+Result Drain(grpc::ClientReaderInterface<tandem::v1::GenerateResponse>* reader) {
+  Result r;
+  tandem::v1::GenerateResponse m;
+  while (reader->Read(&m)) {
+    ++r.messages;
+    r.tokens.insert(r.tokens.end(), m.token_ids().begin(), m.token_ids().end());
+    r.text += m.text();
+    if (m.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
+      r.finish = m.finish_reason();
+      r.completion_tokens = m.usage().completion_tokens();
+    }
+  }
+  r.status = reader->Finish();
+  return r;
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override { StartRouter(0); }
+
+  void StartRouter(int colocate_below) {
+    router::HandoffOptions ho;
+    ho.colocate_below_tokens = colocate_below;
+    ho.max_context_tokens = 512;
+    handoff_ = std::make_unique<router::Handoff>(&workers_, &handoff_metrics_, ho);
+    served_.info.set_id("kimi-k3");
+    served_.info.set_vocab_size(TinyWeights().config.text.vocab_size);
+    served_.info.set_max_context_tokens(512);
+    served_.fingerprint = "fp";
+    router_ = std::make_unique<router::RouterService>(
+        served_, &workers_, &router_metrics_, handoff_.get(),
+        router::RouterServiceOptions{}, &Tok());
+    router_server_ = Serve(router_.get(), &router_address_);
+    router_stub_ = tandem::v1::Router::NewStub(
+        grpc::CreateChannel(router_address_, grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override { router_server_->Shutdown(In(5)); }
+
+  void Register(const std::string& id, tandem::v1::WorkerRole role,
+                const std::string& address, const tandem::v1::WorkerLoad& load) {
+    tandem::v1::RegisterRequest r;
+    r.set_worker_id(id);
+    r.set_role(role);
+    r.set_grpc_address(address);
+    r.set_model_fingerprint("fp");
+    *r.mutable_load() = load;
+    ASSERT_TRUE(workers_.Register(r).ok());
+  }
+
+  Result RouterGenerate(const tandem::v1::GenerateRequest& req, int cancel_after = -1) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(60));
+    auto reader = router_stub_->Generate(&ctx, req);
+    if (cancel_after < 0) return Drain(reader.get());
+    Result r;
+    tandem::v1::GenerateResponse m;
+    while (r.messages < cancel_after && reader->Read(&m)) ++r.messages;
+    ctx.TryCancel();
+    while (reader->Read(&m)) {
+    }
+    r.status = reader->Finish();
+    return r;
+  }
+
+  double Paths(const char* path) {
+    return handoff_metrics_.paths->Add({{"path", path}}).Value();
+  }
+
+  FakeClock clock_;
+  router::WorkerRegistry workers_{&clock_, absl::Hours(1)};
+  metrics::Registry metric_registry_;
+  router::RouterMetrics router_metrics_{&metric_registry_};
+  router::HandoffMetrics handoff_metrics_{&metric_registry_};
+  std::unique_ptr<router::Handoff> handoff_;
+  router::ServedModel served_;
+  std::unique_ptr<router::RouterService> router_;
+  std::unique_ptr<grpc::Server> router_server_;
+  std::unique_ptr<tandem::v1::Router::Stub> router_stub_;
+  std::string router_address_;
+};
+
+tandem::v1::GenerateRequest Request(const std::vector<int32_t>& prompt, int max_tokens,
+                                    float temperature, uint64_t seed) {
+  tandem::v1::GenerateRequest req;
+  for (int32_t t : prompt) req.mutable_prompt_token_ids()->add_ids(t);
+  req.mutable_stop()->set_max_tokens(max_tokens);
+  req.mutable_sampling()->set_temperature(temperature);
+  if (temperature > 0) {
+    req.mutable_sampling()->set_seed(seed);
+    req.mutable_sampling()->set_top_p(0.9f);
+  }
+  req.set_return_text(true);
+  return req;
+}
+
+// The engine's free blocks and slots return to their totals (asynchronous
+// aborts): polled with a bounded deadline.
+bool EngineIdle(worker::EngineLoop* loop, absl::Duration timeout) {
+  const absl::Time end = absl::Now() + timeout;
+  while (absl::Now() < end) {
+    worker::EngineLoopStats s = loop->stats();
+    if (s.free_blocks == s.total_blocks && s.free_slots == s.total_slots &&
+        s.running == 0 && s.waiting == 0) {
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return false;
+}
+
+TEST_F(ClusterTest, DisaggregatedEqualsColocatedTokenForToken) {
+  PrefillNode prefill("prefill-0");
+  DecodeNode decode;
+  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address,
+           prefill.service->Load());
+  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
+           decode.service->Load());
+  const int kPrompts = 50;
+  int compared_tokens = 0;
+  for (int i = 0; i < kPrompts; ++i) {
+    // Mixed lengths: 1 .. ~120 tokens, across block boundaries of both sides.
+    const int len = 1 + (i * 37) % 121;
+    const std::vector<int32_t> prompt = runtime::testing::MakePrompt(len, 100 + i);
+    const float temperature = i % 2 == 0 ? 0.0f : 0.8f;
+    tandem::v1::GenerateRequest req = Request(prompt, 6 + i % 5, temperature, 7000 + i);
+    req.set_request_id("req-" + std::to_string(i));
+    Result disagg = RouterGenerate(req);
+    ASSERT_TRUE(disagg.status.ok()) << i << ": " << disagg.status.error_message();
+
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(60));
+    req.set_request_id("colocated-" + std::to_string(i));
+    Result colocated = Drain(decode.stub->Generate(&ctx, req).get());
+    ASSERT_TRUE(colocated.status.ok()) << colocated.status.error_message();
+
+    EXPECT_EQ(disagg.tokens, colocated.tokens)
+        << "prompt " << i << " (len " << len << ", temperature " << temperature << ")";
+    EXPECT_EQ(disagg.text, colocated.text) << i;
+    EXPECT_EQ(disagg.finish, colocated.finish) << i;
+    EXPECT_EQ(disagg.completion_tokens, static_cast<int>(disagg.tokens.size())) << i;
+    compared_tokens += colocated.tokens.size();
+  }
+  EXPECT_EQ(Paths("disaggregated"), kPrompts);
+  EXPECT_GT(compared_tokens, kPrompts * 3);
+  // Nothing leaked: landing pool and both engines idle.
+  EXPECT_TRUE(EngineIdle(decode.loop.get(), absl::Seconds(10)));
+  EXPECT_TRUE(EngineIdle(prefill.loop.get(), absl::Seconds(10)));
+  EXPECT_EQ(decode.service->num_reservations(), 0);
+  EXPECT_EQ(decode.service->landing_free_blocks(), decode.landing->num_blocks());
+  EXPECT_GT(prefill.metrics.transfer_bytes->Value(), 0);
+}
+
+TEST_F(ClusterTest, ShortPromptsAreColocatedBelowTheThreshold) {
+  router_server_->Shutdown(In(5));
+  StartRouter(/*colocate_below=*/10);
+  PrefillNode prefill("prefill-0");
+  DecodeNode decode;
+  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address,
+           prefill.service->Load());
+  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
+           decode.service->Load());
+  ASSERT_TRUE(
+      RouterGenerate(Request(runtime::testing::MakePrompt(5, 1), 4, 0, 0)).status.ok());
+  ASSERT_TRUE(RouterGenerate(Request(runtime::testing::MakePrompt(30, 2), 4, 0, 0))
+                  .status.ok());
+  EXPECT_EQ(Paths("colocated"), 1);
+  EXPECT_EQ(Paths("disaggregated"), 1);
+}
+
+TEST_F(ClusterTest, LostPrefillWorkerIsReleasedAndRetriedElsewhere) {
+  PrefillNode prefill("prefill-1");
+  DecodeNode decode;
+  // "prefill-0" is preferred (same load, lower id) but listens nowhere.
+  std::string dead_address;
+  {
+    PrefillNode dead("prefill-0");
+    dead_address = dead.address;
+  }
+  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, dead_address, {});
+  Register("prefill-1", tandem::v1::WORKER_ROLE_PREFILL, prefill.address,
+           prefill.service->Load());
+  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
+           decode.service->Load());
+  const std::vector<int32_t> prompt = runtime::testing::MakePrompt(40, 3);
+  Result r = RouterGenerate(Request(prompt, 5, 0, 0));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens.size(), 5u);
+  EXPECT_EQ(handoff_metrics_.retries->Add({{"reason", "prefill_unavailable"}}).Value(),
+            1);
+  EXPECT_EQ(workers_.Live(tandem::v1::WORKER_ROLE_PREFILL).size(), 1u);
+  EXPECT_EQ(decode.service->num_reservations(), 0);
+  EXPECT_EQ(decode.service->landing_free_blocks(), decode.landing->num_blocks());
+}
+
+TEST_F(ClusterTest, CorruptTransferIsDataLossAndNothingLeaks) {
+  PrefillNode prefill("prefill-0", /*corrupt=*/true);
+  DecodeNode decode;
+  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address,
+           prefill.service->Load());
+  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
+           decode.service->Load());
+  Result r = RouterGenerate(Request(runtime::testing::MakePrompt(33, 4), 5, 0, 0));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DATA_LOSS)
+      << r.status.error_message();
+  EXPECT_NE(r.status.error_message().find("corrupt"), std::string::npos);
+  EXPECT_TRUE(r.tokens.empty());
+  EXPECT_EQ(decode.service->num_reservations(), 0);
+  EXPECT_EQ(decode.service->landing_free_blocks(), decode.landing->num_blocks());
+  EXPECT_TRUE(EngineIdle(decode.loop.get(), absl::Seconds(10)));
+  EXPECT_TRUE(EngineIdle(prefill.loop.get(), absl::Seconds(10)));
+  EXPECT_EQ(router_metrics_.requests->Add({{"outcome", "data_loss"}}).Value(), 1);
+}
+
+TEST_F(ClusterTest, ClientCancelMidStreamFreesTheDecodeWorkersBlocks) {
+  PrefillNode prefill("prefill-0");
+  DecodeNode decode;
+  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address,
+           prefill.service->Load());
+  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
+           decode.service->Load());
+  tandem::v1::GenerateRequest req =
+      Request(runtime::testing::MakePrompt(50, 5), 400, 0, 0);
+  req.mutable_stop()->set_ignore_eos(true);
+  Result r = RouterGenerate(req, /*cancel_after=*/3);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(r.messages, 3);
+  EXPECT_TRUE(EngineIdle(decode.loop.get(), absl::Seconds(10)))
+      << decode.loop->stats().free_blocks << " of "
+      << decode.loop->stats().total_blocks;
+  EXPECT_EQ(decode.service->num_reservations(), 0);
+}
+
+TEST_F(ClusterTest, BadInputIsInvalidArgument) {
+  DecodeNode decode;
+  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
+           decode.service->Load());
+  tandem::v1::GenerateRequest req = Request({1, 2, -5}, 4, 0, 0);
+  Result r = RouterGenerate(req);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  req = Request({1, 2, 3}, 4, 0, 0);
+  req.mutable_sampling()->set_temperature(7);
+  EXPECT_EQ(RouterGenerate(req).status.error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // Text prompts are tokenised by the router.
+  tandem::v1::GenerateRequest text;
+  text.set_prompt_text("Hello, tandem!");
+  text.mutable_stop()->set_max_tokens(3);
+  Result t = RouterGenerate(text);
+  EXPECT_TRUE(t.status.ok()) << t.status.error_message();
+  EXPECT_EQ(t.tokens.size(), 3u);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,147 @@
+#include "worker/cache_layout.h"
+
+#include "common/status.h"
+#include "kvtransfer/descriptor.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::worker {
+namespace {
+
+uint8_t* KdaBase(runtime::KvCache& cache) {
+  return reinterpret_cast<uint8_t*>(cache.kda_recurrent(0, 0));
+}
+
+size_t KdaRecurrentBytes(runtime::KvCache& cache) {
+  return reinterpret_cast<uint8_t*>(cache.kda_conv(0, 0, 0)) -
+         reinterpret_cast<uint8_t*>(cache.kda_recurrent(0, 0));
+}
+
+}  // namespace
+
+tandem::v1::KvLayout KvLayoutOf(runtime::KvCache& cache) {
+  tandem::v1::KvLayout l;
+  l.set_block_size(static_cast<int32_t>(cache.block_size()));
+  l.set_num_mla_layers(cache.num_mla_layers());
+  l.set_num_kda_layers(cache.num_kda_layers());
+  l.set_mla_token_bytes(static_cast<int32_t>(cache.mla_width() * 2));
+  if (cache.num_kda_layers() > 0) {
+    const size_t rec = KdaRecurrentBytes(cache);
+    l.set_kda_state_bytes(static_cast<int64_t>(rec));
+    l.set_kda_conv_bytes(static_cast<int64_t>(cache.kda_bytes_per_layer() - rec));
+  }
+  l.set_tp_rank(0);
+  l.set_tp_size(1);
+  l.set_mla_dtype("bf16");
+  return l;
+}
+
+absl::StatusOr<CacheRegions> RegisterCache(kvtransfer::TransferAgent* agent,
+                                           runtime::KvCache* cache) {
+  CacheRegions r;
+  for (int m = 0; m < cache->num_mla_layers(); ++m) {
+    TANDEM_ASSIGN_OR_RETURN(
+        kvtransfer::RegionId id,
+        agent->RegisterMemory(cache->mla_layer(m), cache->mla_layer_bytes()));
+    r.mla.push_back(id);
+  }
+  if (cache->num_kda_layers() > 0) {
+    TANDEM_ASSIGN_OR_RETURN(
+        r.kda, agent->RegisterMemory(KdaBase(*cache),
+                                     cache->kda_bytes_per_slot() * cache->num_slots()));
+  }
+  return r;
+}
+
+kvtransfer::RankLayout CacheRankLayout(runtime::KvCache& cache,
+                                       const CacheRegions& regions,
+                                       absl::Span<const int32_t> block_ids,
+                                       int32_t slot) {
+  kvtransfer::RankLayout side;
+  side.layout = KvLayoutOf(cache);
+  for (int m = 0; m < cache.num_mla_layers(); ++m) {
+    kvtransfer::MlaPool p;
+    p.region = regions.mla[m];
+    p.offset = 0;
+    p.block_stride = 0;
+    p.num_blocks = cache.num_blocks();
+    side.mla.push_back(p);
+  }
+  uint8_t* base = cache.num_kda_layers() > 0 ? KdaBase(cache) : nullptr;
+  for (int k = 0; k < cache.num_kda_layers(); ++k) {
+    kvtransfer::KdaPool p;
+    p.region = regions.kda;
+    p.offset = reinterpret_cast<uint8_t*>(cache.kda_recurrent(0, k)) - base;
+    p.slot_stride = cache.kda_bytes_per_slot();
+    p.conv_offset = KdaRecurrentBytes(cache);
+    p.num_slots = cache.num_slots();
+    side.kda.push_back(p);
+  }
+  side.block_ids.assign(block_ids.begin(), block_ids.end());
+  side.state_slot = slot;
+  return side;
+}
+
+kvtransfer::RegionBytes CacheRegionBytes(runtime::KvCache* cache,
+                                         const CacheRegions& regions) {
+  return [cache, regions](kvtransfer::RegionId id) -> absl::Span<const uint8_t> {
+    for (size_t m = 0; m < regions.mla.size(); ++m) {
+      if (regions.mla[m] == id) {
+        return {reinterpret_cast<const uint8_t*>(cache->mla_layer(m)),
+                cache->mla_layer_bytes()};
+      }
+    }
+    if (cache->num_kda_layers() > 0 && regions.kda == id) {
+      return {KdaBase(*cache), cache->kda_bytes_per_slot() * cache->num_slots()};
+    }
+    return {};
+  };
+}
+
+std::string PoolsMetadata(const kvtransfer::RankLayout& side) {
+  nlohmann::json j;
+  j["mla"] = nlohmann::json::array();
+  for (const kvtransfer::MlaPool& p : side.mla) {
+    j["mla"].push_back({p.region, p.offset, p.block_stride, p.num_blocks});
+  }
+  j["kda"] = nlohmann::json::array();
+  for (const kvtransfer::KdaPool& p : side.kda) {
+    j["kda"].push_back({p.region, p.offset, p.slot_stride, p.conv_offset, p.num_slots});
+  }
+  return j.dump();
+}
+
+absl::StatusOr<kvtransfer::RankLayout> TargetRankLayout(
+    const tandem::v1::RankTarget& target) {
+  TANDEM_ASSIGN_OR_RETURN(kvtransfer::AgentDescriptor d,
+                          kvtransfer::ParseDescriptor(target.transfer_descriptor()));
+  kvtransfer::RankLayout side;
+  side.layout = target.layout();
+  side.block_ids.assign(target.block_ids().begin(), target.block_ids().end());
+  side.state_slot = target.state_slot();
+  try {
+    const nlohmann::json j = nlohmann::json::parse(d.metadata);
+    for (const auto& e : j.at("mla")) {
+      kvtransfer::MlaPool p;
+      p.region = e.at(0).get<kvtransfer::RegionId>();
+      p.offset = e.at(1).get<uint64_t>();
+      p.block_stride = e.at(2).get<uint64_t>();
+      p.num_blocks = e.at(3).get<int64_t>();
+      side.mla.push_back(p);
+    }
+    for (const auto& e : j.at("kda")) {
+      kvtransfer::KdaPool p;
+      p.region = e.at(0).get<kvtransfer::RegionId>();
+      p.offset = e.at(1).get<uint64_t>();
+      p.slot_stride = e.at(2).get<uint64_t>();
+      p.conv_offset = e.at(3).get<uint64_t>();
+      p.num_slots = e.at(4).get<int64_t>();
+      side.kda.push_back(p);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument("the target's descriptor metadata is not a pool geometry: ",
+                           e.what());
+  }
+  return side;
+}
+
+}  // namespace tandem::worker

@@ -1,0 +1,57 @@
+// How a worker's runtime::KvCache looks to kvtransfer: its buffers registered with
+// a TransferAgent (one region per MLA layer buffer, one for the KDA slot buffer),
+// the KvLayout proto, and a kvtransfer::RankLayout for one sequence (block ids +
+// slot), so plan.h and checksum.h work on the cache directly.
+#ifndef TANDEM_WORKER_CACHE_LAYOUT_H_
+#define TANDEM_WORKER_CACHE_LAYOUT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/runtime/kv_cache.h"
+#include "kvtransfer/checksum.h"
+#include "kvtransfer/plan.h"
+#include "kvtransfer/transfer_agent.h"
+#include "proto/worker.pb.h"
+
+namespace tandem::worker {
+
+// The cache's regions in an agent.
+struct CacheRegions {
+  std::vector<kvtransfer::RegionId> mla;  // one per MLA layer
+  kvtransfer::RegionId kda = 0;
+};
+
+// The KvLayout of `cache` (TP 1, rank 0, BF16 latents).
+tandem::v1::KvLayout KvLayoutOf(runtime::KvCache& cache);
+
+// Registers every buffer of `cache` with `agent` (both not owned; the cache must
+// outlive the registration).
+absl::StatusOr<CacheRegions> RegisterCache(kvtransfer::TransferAgent* agent,
+                                           runtime::KvCache* cache);
+
+// The layout of one sequence held in `cache` at `block_ids` and `slot`.
+kvtransfer::RankLayout CacheRankLayout(runtime::KvCache& cache,
+                                       const CacheRegions& regions,
+                                       absl::Span<const int32_t> block_ids,
+                                       int32_t slot);
+
+// Region id → the cache's bytes (for kvtransfer checksums).
+kvtransfer::RegionBytes CacheRegionBytes(runtime::KvCache* cache,
+                                         const CacheRegions& regions);
+
+// The pool geometry of `side` (regions, offsets, strides, counts; not the
+// sequence) as the metadata a decode worker publishes in its agent descriptor.
+std::string PoolsMetadata(const kvtransfer::RankLayout& side);
+// The receiver's layout from a KvTarget rank: pools from the descriptor's
+// metadata, layout, block ids and slot from the message. INVALID_ARGUMENT on a
+// malformed descriptor or metadata.
+absl::StatusOr<kvtransfer::RankLayout> TargetRankLayout(
+    const tandem::v1::RankTarget& target);
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_CACHE_LAYOUT_H_

@@ -1,0 +1,136 @@
+#include "worker/engine_loop.h"
+
+#include <utility>
+
+#include "common/logging.h"
+
+namespace tandem::worker {
+
+EngineLoop::EngineLoop(std::unique_ptr<runtime::Engine> engine)
+    : engine_(std::move(engine)) {
+  PublishStats(*engine_);
+  thread_ = std::thread([this] { Run(); });
+}
+
+EngineLoop::~EngineLoop() {
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+void EngineLoop::Post(Command command) {
+  absl::MutexLock l(&mu_);
+  commands_.push_back(std::move(command));
+}
+
+void EngineLoop::AddRequest(runtime::RequestId id, std::vector<int32_t> prompt,
+                            engine::SamplingParams params, OutputCallback on_output) {
+  Post([this, id, prompt = std::move(prompt), params = std::move(params),
+        cb = std::move(on_output)](runtime::Engine& e) mutable {
+    const int64_t n = prompt.size();
+    absl::Status s = e.AddRequest(id, std::move(prompt), params);
+    if (!s.ok()) {
+      cb(e, s);
+      return;
+    }
+    callbacks_[id] = std::move(cb);
+    queued_prompt_[id] = n;
+  });
+}
+
+void EngineLoop::WatchOnLoopThread(runtime::RequestId id, OutputCallback on_output) {
+  callbacks_[id] = std::move(on_output);
+}
+
+void EngineLoop::Abort(runtime::RequestId id) {
+  Post([this, id](runtime::Engine& e) {
+    callbacks_.erase(id);
+    queued_prompt_.erase(id);
+    e.Abort(id).IgnoreError();  // NotFound when it already ended
+  });
+}
+
+void EngineLoop::Cancel(runtime::RequestId id, std::function<void()> if_alive) {
+  Post([this, id, if_alive = std::move(if_alive)](runtime::Engine& e) {
+    if (callbacks_.erase(id) == 0) return;
+    queued_prompt_.erase(id);
+    e.Abort(id).IgnoreError();
+    if (if_alive) if_alive();
+  });
+}
+
+EngineLoopStats EngineLoop::stats() const {
+  absl::MutexLock l(&mu_);
+  return stats_;
+}
+
+void EngineLoop::PublishStats(runtime::Engine& e) {
+  EngineLoopStats s;
+  s.prefill_tokens = e.prefill_tokens();
+  s.decode_tokens = e.decode_tokens();
+  s.free_blocks = e.num_free_blocks();
+  s.total_blocks = e.scheduler().config().num_blocks;
+  s.free_slots = e.num_free_slots();
+  s.total_slots = e.scheduler().config().num_slots;
+  s.running = e.scheduler().num_running();
+  s.waiting = e.scheduler().num_waiting();
+  for (const auto& [id, n] : queued_prompt_) s.queued_prefill_tokens += n;
+  absl::MutexLock l(&mu_);
+  s.steps = stats_.steps;
+  stats_ = s;
+}
+
+void EngineLoop::Run() {
+  runtime::Engine& e = *engine_;
+  while (true) {
+    std::deque<Command> batch;
+    {
+      absl::MutexLock l(&mu_);
+      if (commands_.empty() && !e.HasWork() && !stop_) {
+        // Idle: park until a command arrives (bounded, so stop_ is always seen).
+        mu_.AwaitWithTimeout(absl::Condition(
+                                 +[](EngineLoop* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                   return !self->commands_.empty() || self->stop_;
+                                 },
+                                 this),
+                             absl::Milliseconds(100));
+      }
+      if (stop_) return;
+      batch.swap(commands_);
+    }
+    for (Command& c : batch) c(e);
+    if (!batch.empty()) PublishStats(e);
+    if (!e.HasWork()) continue;
+    absl::StatusOr<std::vector<runtime::RequestOutput>> outs = e.Step();
+    {
+      absl::MutexLock l(&mu_);
+      ++stats_.steps;
+    }
+    if (!outs.ok()) {
+      TLOG(ERROR, "engine step failed; failing every request")
+          .Kv("status", outs.status());
+      auto cbs = std::move(callbacks_);
+      callbacks_.clear();
+      queued_prompt_.clear();
+      for (auto& [id, cb] : cbs) {
+        e.Abort(id).IgnoreError();
+        cb(e, outs.status());
+      }
+      PublishStats(e);
+      continue;
+    }
+    for (const runtime::RequestOutput& o : *outs) {
+      queued_prompt_.erase(o.id);
+      auto it = callbacks_.find(o.id);
+      if (it == callbacks_.end()) continue;
+      OutputCallback cb = it->second;
+      if (o.finished) callbacks_.erase(it);
+      cb(e, o);
+    }
+    PublishStats(e);
+  }
+}
+
+}  // namespace tandem::worker

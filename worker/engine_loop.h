@@ -1,0 +1,96 @@
+// EngineLoop: one dedicated thread owns a runtime::Engine; everything else talks
+// to it through a command queue.
+//
+//   Post(command) / AddRequest(id, prompt, params, on_output) / Abort(id)
+//     → queue (mutex) → engine thread:
+//   loop: drain commands (each runs with the Engine&) → Step() if HasWork()
+//         → for each RequestOutput: its request's OnOutput callback (engine thread)
+//         → park on the condvar when idle (bounded wait, 100 ms)
+//
+// Output callbacks run on the engine thread and may use the Engine they are
+// given (ExportState, Locate, Abort); they must not block for long. A request
+// whose callback saw `finished` is forgotten. A failed Step() fails every
+// request (their callbacks get the error) and aborts them.
+// Thread-safe: every public method may be called from any thread.
+#ifndef TANDEM_WORKER_ENGINE_LOOP_H_
+#define TANDEM_WORKER_ENGINE_LOOP_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/runtime/engine.h"
+
+namespace tandem::worker {
+
+// Gets each output of a request, or one error; runs on the engine thread.
+using OutputCallback = std::function<void(
+    runtime::Engine& engine, const absl::StatusOr<runtime::RequestOutput>&)>;
+using Command = std::function<void(runtime::Engine& engine)>;
+
+// Counters the loop keeps (read from any thread).
+struct EngineLoopStats {
+  int64_t steps = 0;
+  int64_t prefill_tokens = 0;  // engine totals
+  int64_t decode_tokens = 0;
+  int32_t free_blocks = 0;
+  int32_t total_blocks = 0;
+  int32_t free_slots = 0;
+  int32_t total_slots = 0;
+  int32_t running = 0;
+  int32_t waiting = 0;
+  int64_t queued_prefill_tokens = 0;  // prompts added and not yet producing a token
+};
+
+class EngineLoop {
+ public:
+  // Starts the thread. The engine is owned by the loop.
+  explicit EngineLoop(std::unique_ptr<runtime::Engine> engine);
+  ~EngineLoop();  // stops the thread (pending commands are dropped)
+  EngineLoop(const EngineLoop&) = delete;
+  EngineLoop& operator=(const EngineLoop&) = delete;
+
+  // Runs `command` on the engine thread, before the next step.
+  void Post(Command command);
+  // AddRequest on the engine thread; an error from it reaches `on_output`.
+  void AddRequest(runtime::RequestId id, std::vector<int32_t> prompt,
+                  engine::SamplingParams params, OutputCallback on_output);
+  // Registers `on_output` for a request added by a command (e.g. a prefilled
+  // admission); call on the engine thread only (inside a Command).
+  void WatchOnLoopThread(runtime::RequestId id, OutputCallback on_output);
+  // Aborts the request (if still known) and drops its callback; its callback
+  // is not called again.
+  void Abort(runtime::RequestId id);
+
+  // On the engine thread: when the request still has its callback (it has not
+  // ended), aborts it, drops the callback and runs `if_alive` (e.g. closes its
+  // stream); otherwise does nothing.
+  void Cancel(runtime::RequestId id, std::function<void()> if_alive);
+
+  EngineLoopStats stats() const;
+
+ private:
+  void Run();
+  void PublishStats(runtime::Engine& e) ABSL_LOCKS_EXCLUDED(mu_);
+
+  std::unique_ptr<runtime::Engine> engine_;  // used on thread_ only
+  absl::flat_hash_map<runtime::RequestId, OutputCallback> callbacks_;  // thread_ only
+  absl::flat_hash_map<runtime::RequestId, int64_t> queued_prompt_;     // thread_ only
+  mutable absl::Mutex mu_;
+  std::deque<Command> commands_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  EngineLoopStats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_ENGINE_LOOP_H_

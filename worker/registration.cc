@@ -1,0 +1,96 @@
+#include "worker/registration.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/logging.h"
+
+namespace tandem::worker {
+namespace {
+
+std::chrono::system_clock::time_point Deadline(absl::Duration d) {
+  return std::chrono::system_clock::now() +
+         std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+}
+
+}  // namespace
+
+RegistrationClient::RegistrationClient(std::string router_address,
+                                       tandem::v1::RegisterRequest request,
+                                       std::function<tandem::v1::WorkerLoad()> load,
+                                       absl::Duration rpc_timeout)
+    : request_(std::move(request)), load_(std::move(load)), rpc_timeout_(rpc_timeout) {
+  stub_ = tandem::v1::Registry::NewStub(
+      grpc::CreateChannel(router_address, grpc::InsecureChannelCredentials()));
+  thread_ = std::thread([this] { Run(); });
+}
+
+RegistrationClient::~RegistrationClient() {
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+bool RegistrationClient::registered() const {
+  absl::MutexLock l(&mu_);
+  return registered_;
+}
+
+int64_t RegistrationClient::registrations() const {
+  absl::MutexLock l(&mu_);
+  return registrations_;
+}
+
+void RegistrationClient::Run() {
+  absl::Duration interval = absl::Milliseconds(200);  // until the router says
+  bool registered = false;
+  while (true) {
+    if (!registered) {
+      tandem::v1::RegisterRequest req = request_;
+      *req.mutable_load() = load_();
+      grpc::ClientContext ctx;
+      ctx.set_deadline(Deadline(rpc_timeout_));
+      tandem::v1::RegisterResponse resp;
+      grpc::Status s = stub_->Register(&ctx, req, &resp);
+      if (s.ok()) {
+        registered = true;
+        if (resp.heartbeat_interval_ms() > 0) {
+          interval = absl::Milliseconds(resp.heartbeat_interval_ms());
+        }
+        TLOG(INFO, "registered with the router")
+            .Kv("worker_id", request_.worker_id())
+            .Kv("heartbeat_ms", absl::ToInt64Milliseconds(interval));
+      } else {
+        TLOG(DEBUG, "registration failed; retrying")
+            .Kv("worker_id", request_.worker_id())
+            .Kv("status", s.error_message());
+      }
+      absl::MutexLock l(&mu_);
+      registered_ = registered;
+      if (registered) ++registrations_;
+    } else {
+      tandem::v1::HeartbeatRequest req;
+      req.set_worker_id(request_.worker_id());
+      *req.mutable_load() = load_();
+      grpc::ClientContext ctx;
+      ctx.set_deadline(Deadline(rpc_timeout_));
+      tandem::v1::HeartbeatResponse resp;
+      grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+      if (s.ok() && !resp.known()) {
+        TLOG(WARNING, "the router forgot this worker; registering again")
+            .Kv("worker_id", request_.worker_id());
+        registered = false;
+        absl::MutexLock l(&mu_);
+        registered_ = false;
+        continue;  // register at once
+      }
+    }
+    absl::MutexLock l(&mu_);
+    // Sleep for the interval, waking early on stop.
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), interval);
+    if (stop_) return;
+  }
+}
+
+}  // namespace tandem::worker

@@ -1,0 +1,51 @@
+// RegistrationClient: keeps a worker registered with the router's Registry.
+//
+//   thread: Register(request + current load) ──ok──> every heartbeat_interval:
+//             Heartbeat(load) ──known=false──> Register again
+//           any RPC error → retry after the interval (every RPC has a deadline)
+//
+// The load comes from a callback, called on the client's thread.
+#ifndef TANDEM_WORKER_REGISTRATION_H_
+#define TANDEM_WORKER_REGISTRATION_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/worker.grpc.pb.h"
+
+namespace tandem::worker {
+
+class RegistrationClient {
+ public:
+  // Starts registering with `router_address` at once.
+  RegistrationClient(std::string router_address, tandem::v1::RegisterRequest request,
+                     std::function<tandem::v1::WorkerLoad()> load,
+                     absl::Duration rpc_timeout = absl::Seconds(2));
+  ~RegistrationClient();  // stops the thread (bounded by one RPC deadline)
+
+  // Registered and the last heartbeat was acknowledged.
+  bool registered() const;
+  int64_t registrations() const;
+
+ private:
+  void Run();
+
+  const tandem::v1::RegisterRequest request_;
+  const std::function<tandem::v1::WorkerLoad()> load_;
+  const absl::Duration rpc_timeout_;
+  std::unique_ptr<tandem::v1::Registry::Stub> stub_;
+  mutable absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;
+};
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_REGISTRATION_H_

@@ -1,0 +1,66 @@
+// ResponseStream: a server-streaming reactor for GenerateResponse that any thread
+// may feed (the engine thread, a client reactor relaying another stream).
+//
+// RPC lifecycle:
+//   START (Create) → WRITING (Push: queued, one write in flight at a time)
+//     → CLOSING (Close(status): remaining queue written, then Finish(status))
+//     → FINISHED → DONE (OnDone)
+//   OnCancel (client gone or deadline) → the producer's cancel hook runs once;
+//     Finish(CANCELLED) as soon as no write is in flight; later Pushes are dropped.
+// Ownership: two references, gRPC's (dropped in OnDone) and the producer's
+// (dropped by Close); the object deletes itself when both are gone, so a
+// producer may Push/Close after the RPC ended.
+#ifndef TANDEM_WORKER_RESPONSE_STREAM_H_
+#define TANDEM_WORKER_RESPONSE_STREAM_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <deque>
+#include <functional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/router.pb.h"
+
+namespace tandem::worker {
+
+class ResponseStream final
+    : public grpc::ServerWriteReactor<tandem::v1::GenerateResponse> {
+ public:
+  ResponseStream() = default;
+
+  // Called once on cancellation (from a gRPC thread; must not block). Set it
+  // before handing the reactor to gRPC, or at any time: a hook set after the
+  // cancellation runs at once.
+  void SetOnCancel(std::function<void()> on_cancel);
+  // Queues a message (dropped after cancellation or Close).
+  void Push(tandem::v1::GenerateResponse message);
+  // Ends the stream with `status` after the queued messages; releases the
+  // producer's reference: do not touch the object afterwards.
+  void Close(const grpc::Status& status);
+  bool cancelled() const;
+
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  // Starts the next write or the Finish, as the state allows.
+  void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unref();
+
+  mutable absl::Mutex mu_;
+  std::deque<tandem::v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> on_cancel_ ABSL_GUARDED_BY(mu_);
+  int refs_ ABSL_GUARDED_BY(mu_) = 2;
+};
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_RESPONSE_STREAM_H_

@@ -1,0 +1,119 @@
+#include "worker/worker_metrics.h"
+
+#include <cstdlib>
+
+#include "common/logging.h"
+#include "metrics/buckets.h"
+
+namespace tandem::worker {
+namespace {
+
+template <typename T>
+T* OrDie(absl::StatusOr<T*> s) {
+  // Metric names here are constants: an error is a programming mistake.
+  if (!s.ok()) {
+    TLOG(ERROR, "bad worker metric definition").Kv("status", s.status());
+    std::abort();
+  }
+  return *s;
+}
+
+std::vector<double> LatencyBuckets() {
+  return *metrics::ExponentialBuckets(0.0005, 2, 16);  // 0.5 ms .. ~16 s
+}
+
+}  // namespace
+
+WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
+  requests = OrDie(
+      r->AddCounter("tandem_worker_requests_total", "Worker RPCs by rpc and outcome."));
+  ttft = &OrDie(r->AddHistogram("tandem_worker_time_to_first_token_seconds",
+                                "From Decode/Generate arrival to the first token sent.",
+                                LatencyBuckets()))
+              ->Add({});
+  inter_token = &OrDie(r->AddHistogram("tandem_worker_inter_token_latency_seconds",
+                                       "Time between consecutive streamed tokens.",
+                                       LatencyBuckets()))
+                     ->Add({});
+  prefill_seconds =
+      &OrDie(r->AddHistogram("tandem_worker_prefill_seconds",
+                             "Prefill compute time per request.", LatencyBuckets()))
+           ->Add({});
+  waiting = &OrDie(r->AddGauge("tandem_worker_waiting_requests",
+                               "Requests waiting for admission in the engine."))
+                 ->Add({});
+  running = &OrDie(r->AddGauge("tandem_worker_running_requests",
+                               "Requests running in the engine."))
+                 ->Add({});
+  queued_prefill_tokens =
+      &OrDie(r->AddGauge("tandem_worker_queued_prefill_tokens",
+                         "Prompt tokens added and not yet prefilled."))
+           ->Add({});
+  reservations = &OrDie(r->AddGauge("tandem_worker_reservations",
+                                    "Live KV reservations (decode worker)."))
+                      ->Add({});
+  kv_blocks = OrDie(r->AddGauge("tandem_worker_kv_cache_blocks",
+                                "Engine KV cache blocks by state (used, free)."));
+  slots = OrDie(r->AddGauge("tandem_worker_state_slots",
+                            "KDA state slots by state (used, free)."));
+  landing_blocks = OrDie(r->AddGauge(
+      "tandem_worker_landing_blocks",
+      "Decode worker landing-pool blocks (transfer targets) by state (used, free)."));
+  transfer_bytes = &OrDie(r->AddCounter("tandem_worker_transfer_bytes_total",
+                                        "KV/state bytes transferred."))
+                        ->Add({});
+  transfer_seconds = &OrDie(r->AddCounter("tandem_worker_transfer_seconds_total",
+                                          "Seconds spent in KV/state transfers."))
+                          ->Add({});
+  transfers = OrDie(
+      r->AddCounter("tandem_worker_transfers_total", "KV/state transfers by outcome."));
+  prefill_tokens = &OrDie(r->AddCounter("tandem_worker_prefill_tokens_total",
+                                        "Prompt tokens computed by the engine."))
+                        ->Add({});
+  decode_tokens = &OrDie(r->AddCounter("tandem_worker_decode_tokens_total",
+                                       "Decode tokens computed by the engine."))
+                       ->Add({});
+  prefill_tps = &OrDie(r->AddGauge("tandem_worker_prefill_tokens_per_second",
+                                   "Prefill throughput over the last interval."))
+                     ->Add({});
+  decode_tps = &OrDie(r->AddGauge("tandem_worker_decode_tokens_per_second",
+                                  "Decode throughput over the last interval."))
+                    ->Add({});
+  for (const char* st : {"used", "free"}) {
+    kv_blocks->Add({{"state", st}});
+    slots->Add({{"state", st}});
+    landing_blocks->Add({{"state", st}});
+  }
+  for (const char* o : {"ok", "error"}) transfers->Add({{"outcome", o}});
+}
+
+void WorkerMetrics::CountRequest(const char* rpc, const char* outcome) {
+  requests->Add({{"rpc", rpc}, {"outcome", outcome}}).Increment();
+}
+
+void WorkerMetrics::Update(const EngineLoopStats& s, absl::Time now) {
+  waiting->Set(s.waiting);
+  running->Set(s.running);
+  queued_prefill_tokens->Set(static_cast<double>(s.queued_prefill_tokens));
+  kv_blocks->Add({{"state", "free"}}).Set(s.free_blocks);
+  kv_blocks->Add({{"state", "used"}}).Set(s.total_blocks - s.free_blocks);
+  slots->Add({{"state", "free"}}).Set(s.free_slots);
+  slots->Add({{"state", "used"}}).Set(s.total_slots - s.free_slots);
+  absl::MutexLock l(&mu_);
+  const int64_t dp = s.prefill_tokens - last_prefill_;
+  const int64_t dd = s.decode_tokens - last_decode_;
+  if (dp > 0) prefill_tokens->Increment(static_cast<double>(dp));
+  if (dd > 0) decode_tokens->Increment(static_cast<double>(dd));
+  if (last_time_ != absl::InfinitePast()) {
+    const double secs = absl::ToDoubleSeconds(now - last_time_);
+    if (secs > 0) {
+      prefill_tps->Set(dp / secs);
+      decode_tps->Set(dd / secs);
+    }
+  }
+  last_time_ = now;
+  last_prefill_ = s.prefill_tokens;
+  last_decode_ = s.decode_tokens;
+}
+
+}  // namespace tandem::worker

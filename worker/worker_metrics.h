@@ -1,0 +1,62 @@
+// The metric families a worker exports on /metrics (registry injected).
+//   tandem_worker_requests_total{rpc, outcome}
+//   tandem_worker_time_to_first_token_seconds        (decode worker: Decode/Generate)
+//   tandem_worker_inter_token_latency_seconds        (decode worker)
+//   tandem_worker_prefill_seconds                    (prefill worker)
+//   tandem_worker_waiting_requests, tandem_worker_running_requests,
+//   tandem_worker_queued_prefill_tokens, tandem_worker_reservations
+//   tandem_worker_kv_cache_blocks{state=used|free}, tandem_worker_state_slots{state}
+//   tandem_worker_landing_blocks{state=used|free}    (decode worker's landing pool)
+//   tandem_worker_transfer_bytes_total, tandem_worker_transfer_seconds_total,
+//   tandem_worker_transfers_total{outcome}
+//   tandem_worker_prefill_tokens_total, tandem_worker_decode_tokens_total
+//   tandem_worker_prefill_tokens_per_second, tandem_worker_decode_tokens_per_second
+//     (over the interval between two Update() calls)
+#ifndef TANDEM_WORKER_WORKER_METRICS_H_
+#define TANDEM_WORKER_WORKER_METRICS_H_
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "metrics/registry.h"
+#include "worker/engine_loop.h"
+
+namespace tandem::worker {
+
+class WorkerMetrics {
+ public:
+  explicit WorkerMetrics(metrics::Registry* registry);
+
+  // Counts one finished RPC.
+  void CountRequest(const char* rpc, const char* outcome);
+  // Refreshes gauges and rates from the engine loop (call periodically).
+  void Update(const EngineLoopStats& s, absl::Time now);
+
+  metrics::Family<metrics::Counter>* requests;
+  metrics::Histogram* ttft;
+  metrics::Histogram* inter_token;
+  metrics::Histogram* prefill_seconds;
+  metrics::Gauge* waiting;
+  metrics::Gauge* running;
+  metrics::Gauge* queued_prefill_tokens;
+  metrics::Gauge* reservations;
+  metrics::Family<metrics::Gauge>* kv_blocks;
+  metrics::Family<metrics::Gauge>* slots;
+  metrics::Family<metrics::Gauge>* landing_blocks;
+  metrics::Counter* transfer_bytes;
+  metrics::Counter* transfer_seconds;
+  metrics::Family<metrics::Counter>* transfers;
+  metrics::Counter* prefill_tokens;
+  metrics::Counter* decode_tokens;
+  metrics::Gauge* prefill_tps;
+  metrics::Gauge* decode_tps;
+
+ private:
+  absl::Mutex mu_;
+  absl::Time last_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int64_t last_prefill_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_decode_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_WORKER_METRICS_H_

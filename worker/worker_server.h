@@ -1,0 +1,43 @@
+// The process shell shared by prefill_main and decode_main: a gRPC server (the
+// worker's service + grpc.health.v1), /metrics, registration and heartbeats with
+// the router, a periodic refresh of the metrics, and a clean stop on SIGINT or
+// SIGTERM (call BlockTerminationSignals() first thing in main).
+//
+//   start: listen (port 0: any) → /metrics → log "worker serving" → register
+//   run:   every refresh_period: refresh() (gauges); heartbeats carry load()
+//   stop:  signal → deregister thread stopped → server Shutdown (5 s grace)
+#ifndef TANDEM_WORKER_WORKER_SERVER_H_
+#define TANDEM_WORKER_WORKER_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <string>
+
+#include "absl/time/time.h"
+#include "metrics/registry.h"
+#include "proto/worker.pb.h"
+
+namespace tandem::worker {
+
+struct WorkerServerOptions {
+  std::string host = "127.0.0.1";
+  // Host the router should dial (default: host).
+  std::string advertise_host;
+  int port = 0;
+  int metrics_port = 0;
+  std::string router;  // empty: no registration
+  tandem::v1::RegisterRequest
+      registration;  // id, role, model, layout (addresses filled)
+  absl::Duration refresh_period = absl::Milliseconds(500);
+};
+
+// Blocks until SIGINT/SIGTERM; returns the process exit code.
+int ServeWorker(const WorkerServerOptions& options, grpc::Service* service,
+                metrics::Registry* registry,
+                std::function<tandem::v1::WorkerLoad()> load,
+                std::function<void()> refresh);
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_WORKER_SERVER_H_
