@@ -1,0 +1,61 @@
+// The tensor-parallel communicator: the collectives one TP group needs, behind a
+// narrow interface (Gloo over TCP on CPU, NCCL on GPU).
+//
+//   rank r of N ──AllReduceSum(partial sums)──> every rank holds the sum
+//              ──AllGather(my slice)──────────> every rank holds all slices, rank order
+//              ──Broadcast(root's bytes)───────> every rank holds root's bytes
+//              ──Barrier()─────────────────────> no rank leaves before all arrived
+//
+// Contract (every implementation):
+// - Collective: all N ranks call the same operations in the same order with the
+//   same sizes (n, bytes, root). A call with n == 0 / bytes == 0 returns OK at
+//   once on every rank without communicating.
+// - Pointers live in the communicator's memory space: host memory for Gloo,
+//   device memory of the communicator's GPU for NCCL. Calls are synchronous:
+//   when one returns OK its output is complete.
+// - Bounded waits: every call finishes within the communicator's timeout
+//   (configured at creation) plus a small slack. DEADLINE_EXCEEDED when the
+//   timeout passed (a peer never arrived); UNAVAILABLE when a peer is gone
+//   (connection closed, communicator aborted); INVALID_ARGUMENT for a bad root.
+//   After any DEADLINE_EXCEEDED or UNAVAILABLE the communicator is broken: every
+//   later call returns UNAVAILABLE naming the first error. Recreate the group.
+// - One thread at a time per communicator (not thread-safe); different
+//   communicators are independent.
+#ifndef TANDEM_PARALLEL_COMMUNICATOR_H_
+#define TANDEM_PARALLEL_COMMUNICATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace tandem::parallel {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The bound on each call's wait.
+  virtual absl::Duration timeout() const = 0;
+
+  // In place: data[i] = sum over ranks of data[i].
+  virtual absl::Status AllReduceSum(float* data, size_t n) = 0;
+  // Same for BF16 values (raw bits). Partial sums are formed in fp32 and rounded
+  // to BF16 (nearest-even) after each pairwise addition, so for N > 2 the result
+  // may differ from "sum in fp32, round once" by a rounding per step; every rank
+  // gets bit-identical values.
+  virtual absl::Status AllReduceSumBf16(uint16_t* data, size_t n) = 0;
+  // out[r * n_per_rank + i] = in[i] of rank r; `out` holds size() * n_per_rank
+  // values and must not overlap `in`.
+  virtual absl::Status AllGather(const float* in, size_t n_per_rank, float* out) = 0;
+  // Root's `bytes` bytes at `data` are copied to `data` on every rank.
+  virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
+  virtual absl::Status Barrier() = 0;
+};
+
+}  // namespace tandem::parallel
+
+#endif  // TANDEM_PARALLEL_COMMUNICATOR_H_
