@@ -1,0 +1,244 @@
+// End to end with real processes on localhost: router_main + prefill_main +
+// decode_main (UCX between the workers), checked through the router's gRPC API:
+//   - disaggregated output == colocated output (DecodeWorker.Generate)
+//   - SIGKILL of the prefill worker while it holds a request: the router
+//     releases the reservation and serves the request elsewhere (here: colocated
+//     on the decode worker, the only worker left)
+//   - SIGKILL of the decode worker mid-stream: the client gets UNAVAILABLE
+//     naming the worker, well within its deadline
+#include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <future>
+#include <map>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "metrics/http_get.h"
+#include "metrics/text_parse.h"
+#include "proto/router.grpc.pb.h"
+#include "proto/worker.grpc.pb.h"
+#include "tests/testing/subprocess.h"
+
+namespace tandem {
+namespace {
+
+// The port a child logged in its "<msg>" line (JSON logs), polled with a bound:
+// every process listens on port 0, so no port is ever raced for.
+int LoggedPort(const testing::Subprocess& proc, const std::string& msg,
+               const std::string& field, absl::Duration timeout = absl::Seconds(30)) {
+  const std::regex re("\"msg\":\"" + msg + "\".*\"" + field + "\":([0-9]+)");
+  const absl::Time end = absl::Now() + timeout;
+  while (absl::Now() < end) {
+    std::smatch m;
+    const std::string log = proc.ReadLog();
+    if (std::regex_search(log, m, re)) return std::stoi(m[1]);
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return 0;
+}
+
+std::chrono::system_clock::time_point In(int seconds) {
+  return std::chrono::system_clock::now() + std::chrono::seconds(seconds);
+}
+
+constexpr char kModel[] = "engine/model/tiny_checkpoint";
+
+absl::StatusOr<double> Metric(int port, const std::string& name,
+                              const std::map<std::string, std::string>& labels) {
+  auto get = metrics::HttpGet("127.0.0.1", port, "/metrics", absl::Seconds(5));
+  if (!get.ok()) return get.status();
+  auto parsed = metrics::ParseText(get->body);
+  if (!parsed.ok()) return parsed.status();
+  return parsed->Value(name, labels);
+}
+
+// Polls until the metric reaches `want` (bounded).
+bool WaitMetric(int port, const std::string& name,
+                const std::map<std::string, std::string>& labels, double want,
+                absl::Duration timeout = absl::Seconds(30)) {
+  const absl::Time end = absl::Now() + timeout;
+  while (absl::Now() < end) {
+    auto v = Metric(port, name, labels);
+    if (v.ok() && *v == want) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+struct Result {
+  std::vector<int32_t> tokens;
+  grpc::Status status;
+  int messages = 0;
+};
+
+Result Drain(grpc::ClientReaderInterface<tandem::v1::GenerateResponse>* reader,
+             std::function<void(int)> after_message = nullptr) {
+  Result r;
+  tandem::v1::GenerateResponse m;
+  while (reader->Read(&m)) {
+    ++r.messages;
+    r.tokens.insert(r.tokens.end(), m.token_ids().begin(), m.token_ids().end());
+    if (after_message) after_message(r.messages);
+  }
+  r.status = reader->Finish();
+  return r;
+}
+
+class ClusterProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tmp_ = std::getenv("TEST_TMPDIR");
+    auto router = testing::Subprocess::Start(
+        {testing::RunfilePath("router/router_main"), std::string("--model=") + kModel,
+         "--port=" + std::to_string(router_port_),
+         "--metrics_port=" + std::to_string(router_metrics_),
+         "--heartbeat_interval_s=0.2", "--heartbeat_timeout_s=30", "--log_format=json"},
+        tmp_ + "/router.log");
+    ASSERT_TRUE(router.ok()) << router.status();
+    router_ = std::make_unique<testing::Subprocess>(std::move(*router));
+    router_port_ = LoggedPort(*router_, "router serving", "grpc_port");
+    router_metrics_ = LoggedPort(*router_, "router serving", "metrics_port");
+    ASSERT_GT(router_port_, 0) << router_->ReadLog();
+    auto decode = StartWorker("decode");
+    ASSERT_TRUE(decode.ok()) << decode.status();
+    decode_ = std::make_unique<testing::Subprocess>(std::move(*decode));
+    auto prefill = StartWorker("prefill");
+    ASSERT_TRUE(prefill.ok()) << prefill.status();
+    prefill_ = std::make_unique<testing::Subprocess>(std::move(*prefill));
+    decode_port_ = LoggedPort(*decode_, "worker serving", "grpc_port");
+    decode_metrics_ = LoggedPort(*decode_, "worker serving", "metrics_port");
+    prefill_metrics_ = LoggedPort(*prefill_, "worker serving", "metrics_port");
+    ASSERT_GT(decode_port_, 0) << Logs();
+    ASSERT_GT(prefill_metrics_, 0) << Logs();
+    for (const char* role : {"prefill", "decode"}) {
+      ASSERT_TRUE(
+          WaitMetric(router_metrics_, "tandem_router_workers", {{"role", role}}, 1))
+          << role << " did not register\n"
+          << router_->ReadLog() << prefill_->ReadLog() << decode_->ReadLog();
+    }
+    auto ch = grpc::CreateChannel("127.0.0.1:" + std::to_string(router_port_),
+                                  grpc::InsecureChannelCredentials());
+    router_stub_ = tandem::v1::Router::NewStub(ch);
+    decode_stub_ = tandem::v1::DecodeWorker::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(decode_port_),
+                            grpc::InsecureChannelCredentials()));
+  }
+
+  absl::StatusOr<testing::Subprocess> StartWorker(const std::string& role) {
+    return testing::Subprocess::Start(
+        {testing::RunfilePath(role + "/" + role + "_main"),
+         std::string("--model=") + kModel, "--worker_id=" + role + "-0",
+         "--router=127.0.0.1:" + std::to_string(router_port_), "--port=0",
+         "--metrics_port=0", "--num_slots=4", "--max_context_tokens=1024",
+         "--log_format=json"},
+        tmp_ + "/" + role + ".log");
+  }
+
+  std::string Logs() {
+    return "--- router\n" + router_->ReadLog() + "--- prefill\n" + prefill_->ReadLog() +
+           "--- decode\n" + decode_->ReadLog();
+  }
+
+  static tandem::v1::GenerateRequest Request(int len, uint64_t seed, int max_tokens,
+                                             float temperature) {
+    tandem::v1::GenerateRequest req;
+    for (int i = 0; i < len; ++i) {
+      req.mutable_prompt_token_ids()->add_ids(
+          static_cast<int32_t>((seed * 7919 + i * 104729) % 100000));
+    }
+    req.mutable_stop()->set_max_tokens(max_tokens);
+    req.mutable_sampling()->set_temperature(temperature);
+    if (temperature > 0) req.mutable_sampling()->set_seed(seed);
+    return req;
+  }
+
+  Result Colocated(const tandem::v1::GenerateRequest& req) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(60));
+    return Drain(decode_stub_->Generate(&ctx, req).get());
+  }
+
+  std::string tmp_;
+  int router_port_ = 0, router_metrics_ = 0, decode_port_ = 0, decode_metrics_ = 0,
+      prefill_metrics_ = 0;
+  std::unique_ptr<testing::Subprocess> router_, prefill_, decode_;
+  std::unique_ptr<tandem::v1::Router::Stub> router_stub_;
+  std::unique_ptr<tandem::v1::DecodeWorker::Stub> decode_stub_;
+};
+
+TEST_F(ClusterProcessTest, DisaggregatedEqualsColocatedOverUcx) {
+  for (int i = 0; i < 8; ++i) {
+    tandem::v1::GenerateRequest req =
+        Request(3 + i * 13, 50 + i, 6, i % 2 ? 0.7f : 0.0f);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(60));
+    Result disagg = Drain(router_stub_->Generate(&ctx, req).get());
+    ASSERT_TRUE(disagg.status.ok()) << disagg.status.error_message() << Logs();
+    Result colocated = Colocated(req);
+    ASSERT_TRUE(colocated.status.ok()) << colocated.status.error_message();
+    EXPECT_EQ(disagg.tokens, colocated.tokens) << "prompt " << i;
+  }
+  EXPECT_EQ(*Metric(router_metrics_, "tandem_router_paths_total",
+                    {{"path", "disaggregated"}}),
+            8);
+  EXPECT_EQ(*Metric(decode_metrics_, "tandem_worker_requests_total",
+                    {{"rpc", "Decode"}, {"outcome", "ok"}}),
+            8);
+  EXPECT_GT(*Metric(prefill_metrics_, "tandem_worker_transfer_bytes_total", {}), 0);
+  // Every reservation and engine block is free again.
+  EXPECT_TRUE(WaitMetric(decode_metrics_, "tandem_worker_reservations", {}, 0));
+  EXPECT_TRUE(WaitMetric(decode_metrics_, "tandem_worker_kv_cache_blocks",
+                         {{"state", "used"}}, 0));
+}
+
+TEST_F(ClusterProcessTest, KilledPrefillWorkerIsRetriedElsewhere) {
+  // Freeze the prefill worker so that it holds the request, then kill it once
+  // the decode worker has reserved for it.
+  prefill_->Signal(SIGSTOP);
+  tandem::v1::GenerateRequest req = Request(40, 9, 5, 0.0f);
+  auto call = std::async(std::launch::async, [&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(60));
+    return Drain(router_stub_->Generate(&ctx, req).get());
+  });
+  ASSERT_TRUE(WaitMetric(decode_metrics_, "tandem_worker_reservations", {}, 1))
+      << Logs();
+  prefill_->Signal(SIGKILL);
+  Result r = call.get();
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message() << Logs();
+  EXPECT_EQ(r.tokens, Colocated(req).tokens);
+  EXPECT_EQ(*Metric(router_metrics_, "tandem_router_retries_total",
+                    {{"reason", "prefill_unavailable"}}),
+            1);
+  EXPECT_TRUE(WaitMetric(decode_metrics_, "tandem_worker_reservations", {}, 0));
+}
+
+TEST_F(ClusterProcessTest, KilledDecodeWorkerIsAClearStatusWithinTheDeadline) {
+  tandem::v1::GenerateRequest req = Request(20, 3, 100000, 0.0f);
+  req.mutable_stop()->set_max_tokens(900);
+  req.mutable_stop()->set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(30));
+  const absl::Time start = absl::Now();
+  Result r = Drain(router_stub_->Generate(&ctx, req).get(), [&](int n) {
+    if (n == 3) decode_->Signal(SIGKILL);
+  });
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << r.status.error_message();
+  EXPECT_NE(r.status.error_message().find("decode-0"), std::string::npos)
+      << r.status.error_message();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_GE(r.messages, 3);
+  EXPECT_LT(r.tokens.size(), 900u);
+}
+
+}  // namespace
+}  // namespace tandem
