@@ -1,0 +1,295 @@
+#include "parallel/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/time/clock.h"
+#include "common/status.h"
+
+namespace tandem::parallel {
+namespace {
+
+constexpr absl::Duration kMaxTimeout = absl::Hours(24);
+// How long the destructor lets ncclCommFinalize flush before aborting.
+constexpr absl::Duration kFinalizeTimeout = absl::Seconds(10);
+
+// Polling pause: short at first (a collective of a few KB finishes in
+// microseconds), growing to 1 ms so a long wait does not burn a core.
+class Backoff {
+ public:
+  void Pause() {
+    absl::SleepFor(pause_);
+    pause_ = std::min(pause_ * 2, absl::Milliseconds(1));
+  }
+
+ private:
+  absl::Duration pause_ = absl::Microseconds(5);
+};
+
+bool IsPeerFailure(ncclResult_t r) {
+  return r == ncclRemoteError || r == ncclSystemError;
+}
+
+}  // namespace
+
+struct NcclCommunicator::Impl {
+  int rank = 0;
+  int size = 1;
+  int device = 0;
+  absl::Duration timeout;
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  float* scratch = nullptr;  // one device float for Barrier
+  bool aborted = false;
+  absl::Status broken;
+
+  std::string Where(const char* what) const {
+    return absl::StrCat("nccl rank ", rank, "/", size, " (device ", device,
+                        "): ", what);
+  }
+
+  // Aborts the communicator and remembers `status` as the reason.
+  absl::Status Break(absl::Status status) {
+    if (comm != nullptr && !aborted) {
+      ncclCommAbort(comm);
+      aborted = true;
+    }
+    if (broken.ok()) broken = status;
+    return status;
+  }
+
+  absl::Status FromNccl(const char* what, ncclResult_t r) {
+    const std::string detail =
+        absl::StrCat(ncclGetErrorString(r),
+                     comm != nullptr ? absl::StrCat(" (", ncclGetLastError(comm), ")")
+                                     : std::string());
+    if (IsPeerFailure(r)) return Break(Unavailable(Where(what), ": ", detail));
+    return Break(Internal(Where(what), ": ", detail));
+  }
+
+  // Waits until the non-blocking communicator leaves ncclInProgress.
+  absl::Status WaitReady(const char* what, absl::Time deadline) {
+    Backoff backoff;
+    while (true) {
+      ncclResult_t state = ncclSuccess;
+      ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+      if (r != ncclSuccess) return FromNccl(what, r);
+      if (state == ncclSuccess) return absl::OkStatus();
+      if (state != ncclInProgress) return FromNccl(what, state);
+      if (absl::Now() >= deadline) {
+        return Break(DeadlineExceeded(Where(what), ": not ready within ",
+                                      absl::FormatDuration(timeout)));
+      }
+      backoff.Pause();
+    }
+  }
+
+  // Waits until everything enqueued on the stream has finished.
+  absl::Status WaitDone(const char* what, absl::Time deadline) {
+    Backoff backoff;
+    while (true) {
+      cudaError_t q = cudaStreamQuery(stream);
+      if (q == cudaSuccess) return absl::OkStatus();
+      if (q != cudaErrorNotReady) {
+        return Break(Internal(Where(what), ": CUDA: ", cudaGetErrorString(q)));
+      }
+      ncclResult_t state = ncclSuccess;
+      ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+      if (r != ncclSuccess) return FromNccl(what, r);
+      if (state != ncclSuccess && state != ncclInProgress) {
+        return FromNccl(what, state);
+      }
+      if (absl::Now() >= deadline) {
+        return Break(DeadlineExceeded(Where(what), ": not complete within ",
+                                      absl::FormatDuration(timeout),
+                                      " (a peer never joined the collective)"));
+      }
+      backoff.Pause();
+    }
+  }
+
+  // Enqueues one collective with `launch` (returns ncclResult_t) and waits.
+  template <typename Launch>
+  absl::Status Run(const char* what, Launch&& launch) {
+    if (!broken.ok()) {
+      return Unavailable(
+          Where(what),
+          ": communicator unusable after an earlier error: ", broken.message());
+    }
+    const absl::Time deadline = absl::Now() + timeout;
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) {
+      return Break(Internal(Where(what), ": cudaSetDevice: ", cudaGetErrorString(e)));
+    }
+    ncclResult_t r = launch();
+    if (r == ncclInProgress) {
+      TANDEM_RETURN_IF_ERROR(WaitReady(what, deadline));
+    } else if (r != ncclSuccess) {
+      return FromNccl(what, r);
+    }
+    return WaitDone(what, deadline);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
+    const NcclOptions& options) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return InvalidArgument("nccl communicator: rank ", options.rank, " of size ",
+                           options.size, " is out of range");
+  }
+  if (options.store == nullptr) {
+    return InvalidArgument("nccl communicator: no rendezvous store");
+  }
+  if (options.timeout <= absl::ZeroDuration() || options.timeout > kMaxTimeout) {
+    return InvalidArgument("nccl communicator: timeout must be in (0, 24h], got ",
+                           absl::FormatDuration(options.timeout));
+  }
+  const absl::Time deadline = absl::Now() + options.timeout;
+  auto impl = std::make_unique<Impl>();
+  impl->rank = options.rank;
+  impl->size = options.size;
+  impl->device = options.device;
+  impl->timeout = options.timeout;
+  // From here on the communicator owns what it created: ~NcclCommunicator
+  // releases it on every error path.
+  std::unique_ptr<NcclCommunicator> self(new NcclCommunicator(std::move(impl)));
+  Impl& m = *self->impl_;
+
+  cudaError_t e = cudaSetDevice(m.device);
+  if (e != cudaSuccess) {
+    return Unavailable(m.Where("cudaSetDevice"), ": ", cudaGetErrorString(e));
+  }
+  e = cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking);
+  if (e != cudaSuccess) {
+    m.stream = nullptr;
+    return Internal(m.Where("cudaStreamCreate"), ": ", cudaGetErrorString(e));
+  }
+  e = cudaMalloc(reinterpret_cast<void**>(&m.scratch), sizeof(float));
+  if (e != cudaSuccess) {
+    m.scratch = nullptr;
+    return Internal(m.Where("cudaMalloc"), ": ", cudaGetErrorString(e));
+  }
+
+  // The unique id travels through the store, like Gloo's addresses.
+  const std::string key = PrefixKey(options.group, "nccl_unique_id");
+  ncclUniqueId id;
+  if (options.rank == 0) {
+    ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) {
+      return Internal(m.Where("ncclGetUniqueId"), ": ", ncclGetErrorString(r));
+    }
+    TANDEM_RETURN_IF_ERROR(options.store->Set(
+        key, absl::string_view(reinterpret_cast<const char*>(&id), sizeof(id))));
+  } else {
+    absl::StatusOr<std::string> value =
+        options.store->Get(key, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    if (!value.ok()) {
+      return Annotate(value.status(), m.Where("rendezvous"));
+    }
+    if (value->size() != sizeof(id)) {
+      return Internal(m.Where("rendezvous"), ": unique id of ", value->size(),
+                      " bytes, want ", sizeof(id));
+    }
+    std::memcpy(&id, value->data(), sizeof(id));
+  }
+
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // so that a missing peer can be timed out and aborted
+  ncclResult_t r =
+      ncclCommInitRankConfig(&m.comm, options.size, id, options.rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    if (m.comm == nullptr) {
+      return Unavailable(m.Where("ncclCommInitRankConfig"), ": ",
+                         ncclGetErrorString(r));
+    }
+    return m.FromNccl("ncclCommInitRankConfig", r);
+  }
+  absl::Status ready = m.WaitReady("connecting to peers", deadline);
+  if (!ready.ok()) return ready;
+  return self;
+}
+
+NcclCommunicator::NcclCommunicator(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+
+NcclCommunicator::~NcclCommunicator() {
+  Impl& m = *impl_;
+  cudaSetDevice(m.device);
+  if (m.comm != nullptr) {
+    if (!m.aborted) {
+      // Flush what was issued, bounded; abort if it does not finish.
+      ncclResult_t r = ncclCommFinalize(m.comm);
+      bool clean = r == ncclSuccess || r == ncclInProgress;
+      if (clean) {
+        m.timeout = std::min(m.timeout, kFinalizeTimeout);
+        clean = m.WaitReady("finalize", absl::Now() + m.timeout).ok();
+      }
+      if (!m.aborted) {
+        if (clean) {
+          ncclCommDestroy(m.comm);
+        } else {
+          ncclCommAbort(m.comm);
+        }
+      }
+    }
+    m.comm = nullptr;
+  }
+  if (m.scratch != nullptr) cudaFree(m.scratch);
+  if (m.stream != nullptr) cudaStreamDestroy(m.stream);
+}
+
+int NcclCommunicator::rank() const { return impl_->rank; }
+int NcclCommunicator::size() const { return impl_->size; }
+absl::Duration NcclCommunicator::timeout() const { return impl_->timeout; }
+void* NcclCommunicator::stream() const { return impl_->stream; }
+
+absl::Status NcclCommunicator::AllReduceSum(float* data, size_t n) {
+  if (n == 0) return absl::OkStatus();
+  return impl_->Run("all-reduce", [&] {
+    return ncclAllReduce(data, data, n, ncclFloat32, ncclSum, impl_->comm,
+                         impl_->stream);
+  });
+}
+
+absl::Status NcclCommunicator::AllReduceSumBf16(uint16_t* data, size_t n) {
+  if (n == 0) return absl::OkStatus();
+  return impl_->Run("all-reduce bf16", [&] {
+    return ncclAllReduce(data, data, n, ncclBfloat16, ncclSum, impl_->comm,
+                         impl_->stream);
+  });
+}
+
+absl::Status NcclCommunicator::AllGather(const float* in, size_t n_per_rank,
+                                         float* out) {
+  if (n_per_rank == 0) return absl::OkStatus();
+  return impl_->Run("all-gather", [&] {
+    return ncclAllGather(in, out, n_per_rank, ncclFloat32, impl_->comm, impl_->stream);
+  });
+}
+
+absl::Status NcclCommunicator::Broadcast(void* data, size_t bytes, int root) {
+  if (root < 0 || root >= impl_->size) {
+    return InvalidArgument("broadcast root ", root, " is not a rank of a group of ",
+                           impl_->size);
+  }
+  if (bytes == 0) return absl::OkStatus();
+  return impl_->Run("broadcast", [&] {
+    return ncclBroadcast(data, data, bytes, ncclUint8, root, impl_->comm,
+                         impl_->stream);
+  });
+}
+
+absl::Status NcclCommunicator::Barrier() {
+  // NCCL has no barrier: a one-value all-reduce that every rank must join.
+  return impl_->Run("barrier", [&] {
+    return ncclAllReduce(impl_->scratch, impl_->scratch, 1, ncclFloat32, ncclSum,
+                         impl_->comm, impl_->stream);
+  });
+}
+
+}  // namespace tandem::parallel

@@ -1,0 +1,197 @@
+// NCCL communicator on real GPUs (tagged gpu + manual): exact collectives for a
+// group of one rank and, when the machine has several GPUs, groups of 2/4/8
+// ranks as threads (one device each); a rank that never joins ends Create with
+// DEADLINE_EXCEEDED within the timeout (runs on one GPU).
+#include "parallel/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "parallel/memory_store.h"
+
+namespace tandem::parallel {
+namespace {
+
+float Value(int rank, size_t i) {
+  return static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 101) - 50 + rank);
+}
+
+int DeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+// Device buffer holding `host`; copies back with Read().
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes_ > 0) cudaMalloc(&ptr_, bytes_);
+  }
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  template <typename T>
+  T* as() {
+    return static_cast<T*>(ptr_);
+  }
+  template <typename T>
+  void Write(const std::vector<T>& host) {
+    if (bytes_ > 0) cudaMemcpy(ptr_, host.data(), bytes_, cudaMemcpyHostToDevice);
+  }
+  template <typename T>
+  std::vector<T> Read() {
+    std::vector<T> host(bytes_ / sizeof(T));
+    if (bytes_ > 0) cudaMemcpy(host.data(), ptr_, bytes_, cudaMemcpyDeviceToHost);
+    return host;
+  }
+
+ private:
+  size_t bytes_;
+  void* ptr_ = nullptr;
+};
+
+// Every collective for one rank, against the sequential reference.
+absl::Status CheckCollectives(NcclCommunicator& comm) {
+  const int n = comm.size();
+  const int rank = comm.rank();
+  for (size_t len :
+       {size_t{0}, size_t{1}, size_t{7}, size_t{65537}, size_t{1 << 20} + 3}) {
+    std::vector<float> host(len);
+    for (size_t i = 0; i < len; ++i) host[i] = Value(rank, i);
+    DeviceBuffer buf(len * sizeof(float));
+    buf.Write(host);
+    if (auto s = comm.AllReduceSum(buf.as<float>(), len); !s.ok()) return s;
+    std::vector<float> got = buf.Read<float>();
+    for (size_t i = 0; i < len; ++i) {
+      float want = 0;
+      for (int r = 0; r < n; ++r) want += Value(r, i);
+      if (got[i] != want) {
+        return absl::InternalError(
+            absl::StrCat("all-reduce ", i, ": ", got[i], " want ", want));
+      }
+    }
+    buf.Write(host);
+    DeviceBuffer out(len * n * sizeof(float));
+    if (auto s = comm.AllGather(buf.as<float>(), len, out.as<float>()); !s.ok()) {
+      return s;
+    }
+    std::vector<float> all = out.Read<float>();
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < len; ++i) {
+        if (all[r * len + i] != Value(r, i)) {
+          return absl::InternalError(absl::StrCat("all-gather ", r, ",", i));
+        }
+      }
+    }
+    for (int root = 0; root < n; ++root) {
+      std::vector<uint8_t> bytes(len);
+      for (size_t i = 0; i < len; ++i) bytes[i] = static_cast<uint8_t>(i + rank);
+      DeviceBuffer b(len);
+      b.Write(bytes);
+      if (auto s = comm.Broadcast(b.as<void>(), len, root); !s.ok()) return s;
+      std::vector<uint8_t> back = b.Read<uint8_t>();
+      for (size_t i = 0; i < len; ++i) {
+        if (back[i] != static_cast<uint8_t>(i + root)) {
+          return absl::InternalError(absl::StrCat("broadcast ", root, ",", i));
+        }
+      }
+    }
+    // BF16: small integers are exact.
+    std::vector<uint16_t> h16(len);
+    auto bf16 = [](int v) {
+      float f = static_cast<float>(v);
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      return static_cast<uint16_t>(bits >> 16);
+    };
+    for (size_t i = 0; i < len; ++i) h16[i] = bf16(static_cast<int>(i % 9) - 4);
+    DeviceBuffer b16(len * 2);
+    b16.Write(h16);
+    if (auto s = comm.AllReduceSumBf16(b16.as<uint16_t>(), len); !s.ok()) {
+      return s;
+    }
+    std::vector<uint16_t> g16 = b16.Read<uint16_t>();
+    for (size_t i = 0; i < len; ++i) {
+      if (g16[i] != bf16(n * (static_cast<int>(i % 9) - 4))) {
+        return absl::InternalError(absl::StrCat("bf16 all-reduce ", i));
+      }
+    }
+  }
+  return comm.Barrier();
+}
+
+std::vector<absl::Status> RunNcclRanks(int n, absl::Duration timeout) {
+  MemoryStore store;
+  std::vector<absl::Status> statuses(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      NcclOptions o;
+      o.rank = r;
+      o.size = n;
+      o.store = &store;
+      o.device = r;
+      o.timeout = timeout;
+      auto comm = NcclCommunicator::Create(o);
+      statuses[r] = comm.ok() ? CheckCollectives(**comm) : comm.status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return statuses;
+}
+
+TEST(NcclCommunicatorTest, SingleRankCollectivesAreExact) {
+  ASSERT_GE(DeviceCount(), 1);
+  for (const absl::Status& s : RunNcclRanks(1, absl::Seconds(60))) {
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+TEST(NcclCommunicatorTest, MultiGpuCollectivesAreExact) {
+  const int devices = DeviceCount();
+  ASSERT_GE(devices, 1);
+  int groups = 0;
+  for (int n : {2, 4, 8}) {
+    if (n > devices) break;
+    ++groups;
+    for (const absl::Status& s : RunNcclRanks(n, absl::Seconds(60))) {
+      EXPECT_TRUE(s.ok()) << n << " ranks: " << s;
+    }
+  }
+  RecordProperty("multi_gpu_groups_run", groups);
+}
+
+TEST(NcclCommunicatorTest, RankThatNeverJoinsGivesDeadlineExceeded) {
+  ASSERT_GE(DeviceCount(), 1);
+  MemoryStore store;
+  NcclOptions o;
+  o.rank = 0;
+  o.size = 2;  // rank 1 never starts
+  o.store = &store;
+  o.timeout = absl::Seconds(3);
+  const absl::Time start = absl::Now();
+  absl::Status s = NcclCommunicator::Create(o).status();
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_LT(took, o.timeout + absl::Seconds(10));
+}
+
+TEST(NcclCommunicatorTest, MissingUniqueIdGivesDeadlineExceeded) {
+  MemoryStore store;
+  NcclOptions o;
+  o.rank = 1;  // rank 0 never publishes the id
+  o.size = 2;
+  o.store = &store;
+  o.timeout = absl::Milliseconds(300);
+  absl::Status s = NcclCommunicator::Create(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+}
+
+}  // namespace
+}  // namespace tandem::parallel
