@@ -2,7 +2,8 @@
 // this process (the CPU worker's layout, parallel/ranks.h), next to a memcpy of
 // the same buffer measured in the same run.
 //
-//   bazel run -c opt //parallel:allreduce_bench -- --ranks=2,4,8 --floats=7168,262144,4194304
+//   bazel run -c opt //parallel:allreduce_bench -- --ranks=2,4,8
+//   --floats=7168,262144,4194304
 //
 // For each group size and buffer: warm-up, then timed all-reduces (rank 0's
 // clock, between barriers). Reports time per call, algorithm bandwidth
@@ -105,11 +106,11 @@ int Main() {
 
   for (int64_t floats : sizes) {
     const size_t bytes = static_cast<size_t>(floats) * sizeof(float);
-    const int calls = static_cast<int>(std::clamp<double>(
-        budget * 2e9 / static_cast<double>(bytes), 5, 100000));
+    const int calls = static_cast<int>(
+        std::clamp<double>(budget * 2e9 / static_cast<double>(bytes), 5, 100000));
     const double t = MemcpySeconds(bytes, calls);
-    std::fprintf(stderr, "memcpy %10zu B: %9.2f us  %7.2f GB/s\n", bytes,
-                 t * 1e6, bytes / t / 1e9);
+    std::fprintf(stderr, "memcpy %10zu B: %9.2f us  %7.2f GB/s\n", bytes, t * 1e6,
+                 bytes / t / 1e9);
     memcpy_results.push_back(
         {{"bytes", bytes}, {"us", t * 1e6}, {"gbps", bytes / t / 1e9}});
   }
@@ -132,8 +133,7 @@ int Main() {
       std::fprintf(stderr,
                    "ranks %2lld %10zu B: %9.1f us  algbw %6.2f GB/s  busbw "
                    "%6.2f GB/s  (%d calls)\n",
-                   static_cast<long long>(n), bytes, t * 1e6, algbw, busbw,
-                   calls);
+                   static_cast<long long>(n), bytes, t * 1e6, algbw, busbw, calls);
       results.push_back({{"ranks", n},
                          {"bytes", bytes},
                          {"us", t * 1e6},

@@ -1,5 +1,7 @@
 #include "parallel/gloo_communicator.h"
 
+#include <signal.h>
+
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -105,6 +107,20 @@ void SumFloat(void* c, const void* a, const void* b, size_t n) {
   gloo::sum<float>(c, a, b, n);
 }
 
+// Gloo writes with writev(2): a write to a peer that has left raises SIGPIPE,
+// which by default kills the process. Ignore it (once, and only when nobody
+// installed a handler) so the write fails with EPIPE and becomes UNAVAILABLE.
+void IgnoreSigpipeOnce() {
+  static const bool done = [] {
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      signal(SIGPIPE, SIG_IGN);
+    }
+    return true;
+  }();
+  (void)done;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
@@ -120,6 +136,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     return InvalidArgument("gloo communicator: timeout must be in (0, 24h], got ",
                            absl::FormatDuration(options.timeout));
   }
+  IgnoreSigpipeOnce();
   const std::string where = absl::StrCat("gloo rank ", options.rank, "/", options.size,
                                          " group '", options.group, "'");
   const absl::Time start = absl::Now();

@@ -10,6 +10,10 @@
 // Gloo reports errors by throwing; every call here catches them and returns a
 // Status (DEADLINE_EXCEEDED for gloo's timeouts, UNAVAILABLE for closed or
 // failed connections), and marks the communicator broken.
+//
+// Process-wide effect: the first Create() sets SIGPIPE to ignored when it is
+// still at its default disposition (gloo writes with writev, and a write to a
+// peer that has left would otherwise kill the process).
 #ifndef TANDEM_PARALLEL_GLOO_COMMUNICATOR_H_
 #define TANDEM_PARALLEL_GLOO_COMMUNICATOR_H_
 
