@@ -28,7 +28,8 @@ def _cuda_configure_impl(rctx):
 package(default_visibility = ["//visibility:public"])
 cc_library(
     name = "cuda_headers",
-    hdrs = glob(["include/**/*.h", "include/**/*.hpp"], allow_empty = True),
+    # Every file: some CUDA headers include extension-less ones (<nv/target>).
+    hdrs = glob(["include/**"], allow_empty = True),
     includes = ["include"],
 )
 cc_library(
