@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "common/status.h"
+#include "engine/sampling/rejection_sampler.h"
+#include "engine/speculative/draft_model_proposer.h"
 
 namespace tandem::runtime {
 namespace {
@@ -40,6 +42,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   sc.max_context_tokens = std::min<int64_t>(
       options.max_context_tokens, weights->config.text.max_position_embeddings);
   sc.max_prefill_chunk = options.max_prefill_chunk;
+  const SpeculativeOptions& so = options.speculative;
+  if (so.method != SpeculativeMethod::kNone) {
+    if (so.num_speculative_tokens < 1) {
+      return InvalidArgument(
+          "speculative decoding needs num_speculative_tokens >= 1, got ",
+          so.num_speculative_tokens);
+    }
+    sc.num_speculative_tokens = so.num_speculative_tokens;
+  }
   TANDEM_ASSIGN_OR_RETURN(e->scheduler_, engine::Scheduler::Create(sc));
   KvCacheOptions co;
   co.block_size = sc.block_size;
@@ -50,6 +61,29 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   ro.mla_mode = options.mla_mode;
   e->runner_ = std::make_unique<ModelRunner>(weights, e->cache_.get(), backend, ro);
   e->sampler_ = std::make_unique<engine::Sampler>(weights->config.text.vocab_size);
+  switch (so.method) {
+    case SpeculativeMethod::kNone:
+      break;
+    case SpeculativeMethod::kNgram: {
+      TANDEM_ASSIGN_OR_RETURN(e->proposer_,
+                              speculative::NgramProposer::Create(so.ngram));
+      break;
+    }
+    case SpeculativeMethod::kDraft: {
+      if (so.draft_weights == nullptr) {
+        return InvalidArgument("speculative method 'draft' needs draft_weights");
+      }
+      speculative::DraftModelOptions dopt;
+      dopt.num_slots = sc.num_slots;
+      dopt.block_size = sc.block_size;
+      dopt.max_context_tokens = sc.max_context_tokens + so.num_speculative_tokens;
+      dopt.mla_mode = options.mla_mode;
+      TANDEM_ASSIGN_OR_RETURN(e->proposer_, speculative::DraftModelProposer::Create(
+                                                so.draft_weights, backend,
+                                                weights->config.text.vocab_size, dopt));
+      break;
+    }
+  }
   if (tokenizer != nullptr) {
     e->eos_ids_ = tokenizer->stop_ids();
   } else {
@@ -110,6 +144,7 @@ absl::Status Engine::Abort(RequestId id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return NotFound("request ", id, " not found");
   requests_.erase(it);
+  if (proposer_ != nullptr) proposer_->Release(id);
   return scheduler_->Abort(id);
 }
 
@@ -122,8 +157,12 @@ absl::Status Engine::Sample(Request* r, absl::Span<const float> logits,
   sr.suppressed_tokens = r->stop->SuppressedTokens();
   sr.position = r->num_generated();
   TANDEM_ASSIGN_OR_RETURN(engine::SampleResult res, sampler_->Sample(sr));
-  const int32_t tok = res.token_id;
-  if (r->params.logprobs) out->logprobs.push_back(res);
+  return Emit(r, res.token_id, &res, out);
+}
+
+absl::Status Engine::Emit(Request* r, int32_t tok, const engine::SampleResult* res,
+                          RequestOutput* out) {
+  if (r->params.logprobs && res != nullptr) out->logprobs.push_back(*res);
   r->tokens.push_back(tok);
   r->history.AddOutputToken(tok);
   out->new_tokens.push_back(tok);
@@ -144,6 +183,13 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   std::vector<RequestOutput> outputs;
   if (requests_.empty()) return outputs;
   TANDEM_ASSIGN_OR_RETURN(engine::StepPlan plan, scheduler_->Schedule());
+  // Preempted sequences recompute from position 0: their draft state and any
+  // pending replay go.
+  for (engine::SequenceId id : plan.preempted) {
+    if (proposer_ != nullptr) proposer_->Release(id);
+    auto it = requests_.find(id);
+    if (it != requests_.end()) it->second->replay_from = -1;
+  }
   if (plan.sequences.empty()) {
     TANDEM_RETURN_IF_ERROR(scheduler_->CompleteStep(plan, {}).status());
     return outputs;
@@ -153,11 +199,22 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   std::vector<std::vector<int32_t>> tables(plan.sequences.size());
   std::vector<Request*> reqs(plan.sequences.size());
   for (size_t i = 0; i < plan.sequences.size(); ++i) {
+    auto it = requests_.find(plan.sequences[i].id);
+    if (it == requests_.end()) {
+      return Internal("scheduled unknown request ", plan.sequences[i].id);
+    }
+    reqs[i] = it->second.get();
+    if (plan.sequences[i].resets_state) reqs[i]->replay_from = -1;
+  }
+  // Speculation: drafts, the tokens each entry feeds, KDA snapshots to roll back to.
+  std::vector<speculative::Proposal> proposals(plan.sequences.size());
+  if (proposer_ != nullptr)
+    TANDEM_RETURN_IF_ERROR(ProposeDrafts(plan, reqs, &proposals));
+  std::vector<std::vector<int32_t>> fed(plan.sequences.size());
+  std::vector<KdaSnapshot> snapshots(plan.sequences.size());
+  for (size_t i = 0; i < plan.sequences.size(); ++i) {
     const engine::ScheduledSequence& ss = plan.sequences[i];
-    auto it = requests_.find(ss.id);
-    if (it == requests_.end()) return Internal("scheduled unknown request ", ss.id);
-    Request* r = it->second.get();
-    reqs[i] = r;
+    Request* r = reqs[i];
     r->slot = ss.slot;
     if (ss.resets_state) {
       TANDEM_RETURN_IF_ERROR(cache_->ResetSlot(ss.slot));
@@ -172,20 +229,41 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       r->pending_import.clear();
       r->import_bytes.clear();
     }
-    if (ss.end > static_cast<int64_t>(r->tokens.size()) || ss.num_draft_tokens != 0) {
+    const int64_t known_end = ss.end - ss.num_draft_tokens;
+    const std::vector<int32_t>& drafts = proposals[i].tokens;
+    if (known_end > static_cast<int64_t>(r->tokens.size()) ||
+        static_cast<int32_t>(drafts.size()) > ss.num_draft_tokens) {
       return Internal("request ", ss.id, ": planned positions ", ss.start, "..", ss.end,
-                      " beyond its ", r->tokens.size(), " tokens");
+                      " beyond its ", r->tokens.size(), " tokens and ", drafts.size(),
+                      " drafts");
     }
+    // A rolled-back sequence replays its accepted tokens from replay_from.
+    const int64_t from = r->replay_from >= 0 ? r->replay_from : ss.start;
     SequenceInput& in = inputs[i];
-    in.tokens = absl::MakeConstSpan(r->tokens).subspan(ss.start, ss.end - ss.start);
-    in.start_pos = ss.start;
+    if (drafts.empty() && from == ss.start) {
+      in.tokens =
+          absl::MakeConstSpan(r->tokens).subspan(ss.start, known_end - ss.start);
+    } else {
+      fed[i].assign(r->tokens.begin() + from, r->tokens.begin() + known_end);
+      fed[i].insert(fed[i].end(), drafts.begin(), drafts.end());
+      in.tokens = fed[i];
+    }
+    in.start_pos = from;
     in.block_table = tables[i];
     in.kda_slot = ss.slot;
-    if (ss.samples) in.logits_indices = {static_cast<int32_t>(ss.end - ss.start - 1)};
+    if (ss.samples) {
+      // The last known token's row, then one per draft.
+      const int32_t t = static_cast<int32_t>(in.tokens.size());
+      const int32_t m = static_cast<int32_t>(drafts.size());
+      for (int32_t j = t - 1 - m; j < t; ++j) in.logits_indices.push_back(j);
+    }
+    if (!drafts.empty()) {
+      TANDEM_ASSIGN_OR_RETURN(snapshots[i], cache_->SnapshotSlot(ss.slot));
+    }
     if (r->num_generated() > 0 && ss.samples) {
-      decode_tokens_ += ss.end - ss.start;
+      decode_tokens_ += in.tokens.size();
     } else {
-      prefill_tokens_ += ss.end - ss.start;
+      prefill_tokens_ += in.tokens.size();
     }
   }
   std::vector<float> logits;
@@ -199,12 +277,35 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     if (!ss.samples) continue;
     RequestOutput out;
     out.id = ss.id;
-    TANDEM_RETURN_IF_ERROR(
-        Sample(reqs[i], absl::MakeConstSpan(logits).subspan(row * V, V), &out));
-    ++row;
+    Request* r = reqs[i];
+    const speculative::Proposal& prop = proposals[i];
+    const int64_t m = static_cast<int64_t>(prop.tokens.size());
+    r->replay_from = -1;  // this forward brought the KDA slot up to date
+    if (m == 0) {
+      TANDEM_RETURN_IF_ERROR(
+          Sample(r, absl::MakeConstSpan(logits).subspan(row * V, V), &out));
+    } else {
+      TANDEM_ASSIGN_OR_RETURN(
+          const int32_t accepted,
+          Verify(r, absl::MakeConstSpan(logits).subspan(row * V, (m + 1) * V), prop,
+                 &out));
+      ++spec_stats_.verifications;
+      spec_stats_.drafted_tokens += m;
+      spec_stats_.accepted_tokens += accepted;
+      spec_stats_.emitted_tokens += out.new_tokens.size();
+      if (accepted < m && !out.finished) {
+        // Hybrid-state rollback: the slot saw rejected drafts. Back to the state
+        // before this forward; the next forward replays [start, accepted..].
+        TANDEM_RETURN_IF_ERROR(cache_->RestoreSlot(ss.slot, snapshots[i]));
+        r->replay_from = inputs[i].start_pos;
+        ++spec_stats_.rollbacks;
+      }
+      proposer_->OnAccepted(ss.id, accepted, r->tokens.back());
+    }
+    row += m + 1;
     engine::SequenceOutcome oc;
     oc.id = ss.id;
-    oc.num_new_tokens = 1;
+    oc.num_new_tokens = static_cast<int32_t>(out.new_tokens.size());
     oc.finished = out.finished;
     outcomes.push_back(oc);
     outputs.push_back(std::move(out));
@@ -235,6 +336,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       out.text += rq->second->detok->Flush();
     }
     requests_.erase(out.id);
+    if (proposer_ != nullptr) proposer_->Release(out.id);
   }
   return outputs;
 }
@@ -246,6 +348,7 @@ absl::StatusOr<ExportedState> Engine::ExportState(RequestId id) {
   if (r->num_generated() < 1 || r->slot < 0) {
     return FailedPrecondition("request ", id, " has not finished its prefill");
   }
+  TANDEM_RETURN_IF_ERROR(CatchUp(r));
   ExportedState st;
   st.prompt = r->prompt;
   st.generated.assign(r->tokens.begin() + r->prompt.size(), r->tokens.end());
@@ -263,6 +366,7 @@ absl::StatusOr<StateLocation> Engine::Locate(RequestId id) {
   if (r->num_generated() < 1 || r->slot < 0) {
     return FailedPrecondition("request ", id, " has not finished its prefill");
   }
+  TANDEM_RETURN_IF_ERROR(CatchUp(r));
   StateLocation loc;
   TANDEM_ASSIGN_OR_RETURN(loc.block_ids, scheduler_->Blocks(id));
   loc.slot = r->slot;
@@ -340,6 +444,141 @@ absl::Status Engine::AddPrefilled(RequestId id, const ExportedState& state,
   absl::Status s = scheduler_->AdmitPrefilled(sr, state.generated.size());
   if (!s.ok()) requests_.erase(id);
   return s;
+}
+
+absl::Status Engine::ProposeDrafts(const engine::StepPlan& plan,
+                                   absl::Span<Request* const> reqs,
+                                   std::vector<speculative::Proposal>* proposals) {
+  std::vector<speculative::ProposeRequest> batch;
+  std::vector<size_t> where;
+  for (size_t i = 0; i < plan.sequences.size(); ++i) {
+    const engine::ScheduledSequence& ss = plan.sequences[i];
+    Request* r = reqs[i];
+    // Drafts for decoding sequences whose KDA slot is current. Random sampling
+    // with logprobs is not verified speculatively (RejectionSample reports no
+    // logprobs), so it decodes one token per step.
+    if (!ss.samples || ss.num_draft_tokens <= 0 || r->replay_from >= 0 ||
+        r->num_generated() < 1 ||
+        ss.start + 1 != static_cast<int64_t>(r->tokens.size()) ||
+        (!r->params.IsGreedy() && r->params.logprobs)) {
+      continue;
+    }
+    speculative::ProposeRequest pr;
+    pr.id = ss.id;
+    pr.tokens = r->tokens;
+    pr.num_prompt_tokens = static_cast<int64_t>(r->prompt.size());
+    pr.max_drafts = ss.num_draft_tokens;
+    pr.params = &r->params;
+    pr.history = &r->history;
+    pr.suppressed_tokens = r->stop->SuppressedTokens();
+    batch.push_back(pr);
+    where.push_back(i);
+  }
+  if (batch.empty()) return absl::OkStatus();
+  std::vector<speculative::Proposal> got;
+  TANDEM_RETURN_IF_ERROR(proposer_->Propose(batch, &got));
+  if (got.size() != batch.size()) {
+    return Internal("proposer '", proposer_->name(), "' returned ", got.size(),
+                    " proposals for ", batch.size(), " sequences");
+  }
+  const int64_t V = weights_->config.text.vocab_size;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    speculative::Proposal& p = got[b];
+    if (static_cast<int32_t>(p.tokens.size()) > batch[b].max_drafts ||
+        (!p.probs.empty() && static_cast<int64_t>(p.probs.size()) !=
+                                 static_cast<int64_t>(p.tokens.size()) * V)) {
+      return Internal("proposer '", proposer_->name(), "': bad proposal for request ",
+                      batch[b].id);
+    }
+    for (int32_t t : p.tokens) {
+      if (t < 0 || t >= V) {
+        return Internal("proposer '", proposer_->name(), "' drafted token ", t);
+      }
+    }
+    (*proposals)[where[b]] = std::move(p);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> Engine::Verify(Request* r, absl::Span<const float> logits,
+                                       const speculative::Proposal& proposal,
+                                       RequestOutput* out) {
+  const int64_t V = weights_->config.text.vocab_size;
+  const std::vector<int32_t>& drafts = proposal.tokens;
+  const int64_t m = static_cast<int64_t>(drafts.size());
+  const int64_t g = r->num_generated();  // output position of row 0
+  const bool greedy = r->params.IsGreedy();
+  const bool penalties = r->params.HasPenalties();
+  // Row j is the target's distribution for output position g + j, after the
+  // drafts before it: they join the penalty history (and leave it again).
+  std::vector<engine::SampleResult> argmax;  // greedy
+  std::vector<float> target, row_probs;      // random: (m + 1) rows
+  absl::Status status;
+  int64_t added = 0;
+  for (int64_t j = 0; j <= m && status.ok(); ++j) {
+    if (j > 0 && penalties) {
+      r->history.AddOutputToken(drafts[j - 1]);
+      ++added;
+    }
+    engine::SampleRequest sr;
+    sr.logits = logits.subspan(j * V, V);
+    sr.params = &r->params;
+    sr.history = &r->history;
+    if (g + j < r->params.min_tokens)
+      sr.suppressed_tokens = r->stop->SuppressedTokens();
+    sr.position = g + j;
+    if (greedy) {
+      absl::StatusOr<engine::SampleResult> res = sampler_->Sample(sr);
+      status = res.status();
+      if (res.ok()) argmax.push_back(*std::move(res));
+    } else {
+      status = sampler_->Distribution(sr, &row_probs);
+      target.insert(target.end(), row_probs.begin(), row_probs.end());
+    }
+  }
+  for (; added > 0; --added) r->history.RemoveOutputToken(drafts[added - 1]);
+  TANDEM_RETURN_IF_ERROR(status);
+
+  engine::SpecVerifyResult v;
+  if (greedy) {
+    std::vector<int32_t> ids;
+    for (const engine::SampleResult& res : argmax) ids.push_back(res.token_id);
+    TANDEM_ASSIGN_OR_RETURN(v, engine::GreedyVerify(ids, drafts));
+  } else {
+    std::vector<float> onehot;
+    absl::Span<const float> q = proposal.probs;
+    if (q.empty()) {  // deterministic drafts: q is one-hot at each draft
+      onehot.assign(m * V, 0.0f);
+      for (int64_t j = 0; j < m; ++j) onehot[j * V + drafts[j]] = 1.0f;
+      q = onehot;
+    }
+    TANDEM_ASSIGN_OR_RETURN(
+        v, engine::RejectionSample(target, q, drafts, V, *r->params.seed, g));
+  }
+  for (int32_t j = 0; j < v.num_accepted && !out->finished; ++j) {
+    TANDEM_RETURN_IF_ERROR(Emit(r, drafts[j], greedy ? &argmax[j] : nullptr, out));
+  }
+  if (!out->finished) {
+    TANDEM_RETURN_IF_ERROR(
+        Emit(r, v.next_token, greedy ? &argmax[v.num_accepted] : nullptr, out));
+  }
+  return v.num_accepted;
+}
+
+absl::Status Engine::CatchUp(Request* r) {
+  if (r->replay_from < 0) return absl::OkStatus();
+  TANDEM_ASSIGN_OR_RETURN(std::vector<int32_t> blocks, scheduler_->Blocks(r->id));
+  SequenceInput in;
+  const int64_t cached = static_cast<int64_t>(r->tokens.size()) - 1;
+  in.tokens =
+      absl::MakeConstSpan(r->tokens).subspan(r->replay_from, cached - r->replay_from);
+  in.start_pos = r->replay_from;
+  in.block_table = blocks;
+  in.kda_slot = r->slot;
+  std::vector<float> logits;
+  TANDEM_RETURN_IF_ERROR(runner_->Forward({&in, 1}, &logits));
+  r->replay_from = -1;
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::runtime

@@ -14,6 +14,16 @@
 //   ExportState / AddPrefilledRequest: a sequence's complete state as byte ranges
 //     and its admission on another engine (the disaggregated hand-off in-process).
 //
+// Speculative decoding (options.speculative, engine/speculative/): per step the
+// decoding sequences get up to k drafts from a Proposer (n-gram lookup or a draft
+// model); the target verifies [last token, d_1..d_k] in the same batched forward
+// (snapshot of the KDA slot first); GreedyVerify / RejectionSample accept a
+// prefix and emit one more token. On a partial acceptance the KDA slot is
+// restored and the sequence's accepted tokens are replayed by its NEXT forward
+// (the sequence skips drafting for that one step; its rejected MLA positions are
+// dropped by the scheduler's block-table truncation). docs/ARCHITECTURE.md,
+// "Speculative decoding and hybrid-state rollback", has the reasons.
+//
 // Not thread-safe: one thread owns the engine.
 #ifndef TANDEM_ENGINE_RUNTIME_ENGINE_H_
 #define TANDEM_ENGINE_RUNTIME_ENGINE_H_
@@ -35,6 +45,8 @@
 #include "engine/sampling/sampling_params.h"
 #include "engine/sampling/stop_checker.h"
 #include "engine/scheduler/scheduler.h"
+#include "engine/speculative/ngram_proposer.h"
+#include "engine/speculative/proposer.h"
 #include "engine/tokenizer/incremental_detokenizer.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "kernels/backend.h"
@@ -42,6 +54,42 @@
 namespace tandem::runtime {
 
 using RequestId = engine::SequenceId;
+
+enum class SpeculativeMethod { kNone, kNgram, kDraft };
+
+struct SpeculativeOptions {
+  SpeculativeMethod method = SpeculativeMethod::kNone;
+  // Drafts verified per decode step (k >= 1 when a method is set).
+  int32_t num_speculative_tokens = 0;
+  // kDraft: the draft model (same tokenizer and vocabulary); not owned, must
+  // outlive the engine. It runs on the engine's backend with its own cache.
+  const ModelWeights* draft_weights = nullptr;
+  // kNgram: suffix lengths and search window.
+  speculative::NgramOptions ngram;
+};
+
+// Plain counters (a worker exports them); per verifying sequence-step.
+struct SpeculativeStats {
+  int64_t verifications = 0;    // sequence-steps that verified >= 1 draft
+  int64_t drafted_tokens = 0;   // drafts verified
+  int64_t accepted_tokens = 0;  // drafts accepted
+  int64_t emitted_tokens = 0;   // tokens emitted by verifying steps (accepted + 1)
+  int64_t rollbacks = 0;        // partial acceptances (KDA slot restored)
+  double acceptance_rate() const {
+    return drafted_tokens > 0 ? static_cast<double>(accepted_tokens) / drafted_tokens
+                              : 0.0;
+  }
+  // Mean drafts accepted per verifying step (0..k).
+  double mean_accepted_length() const {
+    return verifications > 0 ? static_cast<double>(accepted_tokens) / verifications
+                             : 0.0;
+  }
+  // Mean tokens a verifying step emits (1..k+1).
+  double mean_tokens_per_verification() const {
+    return verifications > 0 ? static_cast<double>(emitted_tokens) / verifications
+                             : 0.0;
+  }
+};
 
 struct EngineOptions {
   int32_t block_size = 16;
@@ -54,6 +102,8 @@ struct EngineOptions {
   MlaMode mla_mode = MlaMode::kAuto;
   // Seeds requests that sample without a seed of their own.
   uint64_t seed = 0;
+  // Speculative decoding (off by default).
+  SpeculativeOptions speculative;
 };
 
 struct RequestOutput {
@@ -125,6 +175,9 @@ class Engine {
   // Tokens computed by forward passes so far (prefill, decode).
   int64_t prefill_tokens() const { return prefill_tokens_; }
   int64_t decode_tokens() const { return decode_tokens_; }
+  // Speculative decoding: counters, and the proposer (null when off).
+  const SpeculativeStats& speculative_stats() const { return spec_stats_; }
+  speculative::Proposer* proposer() { return proposer_.get(); }
 
  private:
   struct Request {
@@ -140,6 +193,9 @@ class Engine {
     std::vector<StateRange> pending_import;
     std::vector<std::string> import_bytes;  // owns pending_import's bytes
     int64_t import_tokens = 0;
+    // Speculation rolled the KDA slot back to the state after tokens[0 ..
+    // replay_from): the next forward feeds from there (-1: the slot is current).
+    int64_t replay_from = -1;
     int64_t num_generated() const { return tokens.size() - prompt.size(); }
   };
 
@@ -147,6 +203,23 @@ class Engine {
   absl::StatusOr<Request*> NewRequest(RequestId id, std::vector<int32_t> prompt,
                                       const engine::SamplingParams& params);
   absl::Status Sample(Request* r, absl::Span<const float> logits, RequestOutput* out);
+  // Appends one token to the request and its output (detokenise, stop check);
+  // `res` (may be null) supplies the logprobs.
+  absl::Status Emit(Request* r, int32_t token, const engine::SampleResult* res,
+                    RequestOutput* out);
+  // Speculative decoding: drafts for the plan's decoding entries (indexed like
+  // plan.sequences; empty where none).
+  absl::Status ProposeDrafts(const engine::StepPlan& plan,
+                             absl::Span<Request* const> reqs,
+                             std::vector<speculative::Proposal>* proposals);
+  // Verifies `proposal` against the target's m + 1 logits rows and emits the
+  // accepted drafts and the next token; returns the drafts accepted.
+  absl::StatusOr<int32_t> Verify(Request* r, absl::Span<const float> logits,
+                                 const speculative::Proposal& proposal,
+                                 RequestOutput* out);
+  // Replays a rolled-back request's accepted tokens now (before its state is
+  // exported or located).
+  absl::Status CatchUp(Request* r);
   // Shared by the AddPrefilledRequest variants; `out` null: the generated tokens'
   // stop results are ignored (the request is always admitted).
   absl::Status AddPrefilled(RequestId id, const ExportedState& state,
@@ -164,6 +237,8 @@ class Engine {
   uint64_t seed_state_ = 0;
   int64_t prefill_tokens_ = 0;
   int64_t decode_tokens_ = 0;
+  std::unique_ptr<speculative::Proposer> proposer_;  // null: speculation off
+  SpeculativeStats spec_stats_;
 };
 
 }  // namespace tandem::runtime
