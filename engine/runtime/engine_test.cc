@@ -201,3 +201,43 @@ TEST(EngineTest, PrefillOnOneEngineDecodeOnAnotherEqualsColocated) {
 
 }  // namespace
 }  // namespace tandem::runtime
+
+namespace tandem::runtime {
+namespace {
+
+// Running out of cache blocks preempts sequences (their blocks and slot are freed
+// and they recompute later from prompt + generated tokens): the tokens must be the
+// ones each request produces alone with plenty of blocks.
+TEST(EngineTest, PreemptionByRecomputeKeepsTokens) {
+  constexpr int kRequests = 6;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < kRequests; ++i) prompts.push_back(MakePrompt(18 + 5 * i, 90 + i));
+  std::map<RequestId, std::vector<int32_t>> alone;
+  for (int i = 0; i < kRequests; ++i) {
+    Rig r = MakeEngine();
+    ASSERT_TRUE(r.engine->AddRequest(i, prompts[i], Greedy(20)).ok());
+    alone[i] = RunAll(r.engine.get())[i];
+    ASSERT_EQ(alone[i].size(), 20u);
+  }
+  EngineOptions o;
+  o.block_size = 4;
+  // Each request needs up to (43 + 20) / 4 = 16 blocks; all six at once need ~90.
+  o.num_blocks = 24;
+  o.num_slots = kRequests;
+  o.max_tokens_per_step = 64;
+  o.max_context_tokens = 96;
+  Rig r = MakeEngine(o);
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(r.engine->AddRequest(i, prompts[i], Greedy(20)).ok());
+  }
+  auto together = RunAll(r.engine.get());
+  EXPECT_GT(r.engine->scheduler().num_preemptions(), 0)
+      << "the pool was meant to run out: the test no longer exercises preemption";
+  for (int i = 0; i < kRequests; ++i)
+    EXPECT_EQ(alone[i], together[i]) << "request " << i;
+  EXPECT_EQ(r.engine->num_free_blocks(), 24);
+  EXPECT_EQ(r.engine->num_free_slots(), kRequests);
+}
+
+}  // namespace
+}  // namespace tandem::runtime
