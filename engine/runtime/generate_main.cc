@@ -143,6 +143,7 @@ int main(int argc, char** argv) {
   } else {
     std::cout << "\n";
   }
+  std::cout.flush();  // the text line ends before the speeds on stderr
   std::fprintf(
       stderr,
       "prefill: %zu tokens, %.1f tokens/s; decode: %lld tokens, %.1f tokens/s\n",
