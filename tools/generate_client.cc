@@ -36,6 +36,28 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+const char* CodeName(grpc::StatusCode code) {
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
+  const int i = static_cast<int>(code);
+  return i >= 0 && i < 17 ? kNames[i] : "UNKNOWN_CODE";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -110,10 +132,7 @@ int main(int argc, char** argv) {
   const Clock::time_point end = Clock::now();
   if (!json && !text.empty()) fputc('\n', stdout);
   if (!status.ok()) {
-    fprintf(stderr, "generate_client: %s: %s\n",
-            status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED
-                ? "RESOURCE_EXHAUSTED"
-                : ("gRPC status " + std::to_string(status.error_code())).c_str(),
+    fprintf(stderr, "generate_client: %s: %s\n", CodeName(status.error_code()),
             status.error_message().c_str());
     return 1;
   }
