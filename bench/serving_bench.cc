@@ -16,7 +16,7 @@
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -254,21 +254,25 @@ void Print(const std::string& name, const nlohmann::json& r) {
 
 // --- spawned processes -------------------------------------------------------
 
-extern "C" char** environ;
-
 class Child {
  public:
   Child(const std::vector<std::string>& argv, const std::string& log) : log_(log) {
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
-    if (posix_spawn(&pid_, args[0], &fa, nullptr, args.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&fa);
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      // Only async-signal-safe calls here. The child dies with the benchmark,
+      // so an interrupted run leaves no cluster behind.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    close(fd);
   }
   ~Child() {
     if (pid_ > 0) {
