@@ -1,5 +1,6 @@
 #include "router/handoff.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <utility>
 
@@ -88,8 +89,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
 
   void OnStreamDone(const grpc::Status& status, const WorkerRecord& worker) {
     ClearActive();
-    h_->AddInFlight(worker.registration.worker_id(), -reserved_requests_,
-                    -reserved_tokens_);
+    h_->Unplace(worker.registration.worker_id(), req_.request_id());
     reserved_requests_ = 0;
     reserved_tokens_ = 0;
     if (status.ok()) return Finish(absl::OkStatus());
@@ -139,13 +139,20 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   std::optional<WorkerRecord> PickDecode() {
     std::vector<WorkerRecord> live =
         h_->registry()->Live(tandem::v1::WORKER_ROLE_DECODE);
-    auto i = SelectDecode(live, tried_decode_, h_->InFlightSnapshot(), prompt_tokens_);
+    auto i =
+        SelectDecode(live, tried_decode_, h_->InFlightSnapshot(live), prompt_tokens_);
     if (!i.has_value()) return std::nullopt;
     return live[*i];
   }
 
   void NoDecodeWorker() {
-    if (decode_full_) {
+    // A live decode worker that was not tried was skipped for lack of room: the
+    // cluster is full, not down.
+    bool skipped_full = false;
+    for (const WorkerRecord& w : h_->registry()->Live(tandem::v1::WORKER_ROLE_DECODE)) {
+      if (!tried_decode_.contains(w.registration.worker_id())) skipped_full = true;
+    }
+    if (decode_full_ || skipped_full) {
       return Finish(
           ResourceExhausted("every decode worker is full; retry later (prompt of ",
                             prompt_tokens_, " tokens)"));
@@ -187,7 +194,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
     if (status.ok()) {
       reserved_requests_ = 1;
       reserved_tokens_ = prompt_tokens_;
-      h_->AddInFlight(id, 1, prompt_tokens_);
+      h_->Place(decode_, req_.request_id(), prompt_tokens_);
       if (IsCancelled()) {
         ReleaseReservation();
         return Finish(absl::CancelledError("cancelled by the client"));
@@ -212,8 +219,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
 
   // RELEASING (fire and forget, bounded).
   void ReleaseReservation() {
-    h_->AddInFlight(decode_.registration.worker_id(), -reserved_requests_,
-                    -reserved_tokens_);
+    h_->Unplace(decode_.registration.worker_id(), req_.request_id());
     reserved_requests_ = 0;
     reserved_tokens_ = 0;
     struct Release {
@@ -240,7 +246,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   void Prefill() {
     std::vector<WorkerRecord> live =
         h_->registry()->Live(tandem::v1::WORKER_ROLE_PREFILL);
-    auto i = SelectPrefill(live, tried_prefill_, h_->InFlightSnapshot());
+    auto i = SelectPrefill(live, tried_prefill_, h_->InFlightSnapshot(live));
     if (!i.has_value()) {
       // No prefill worker left: prefill on the decode worker instead.
       ReleaseReservation();
@@ -265,7 +271,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
     }
     prefill_req_.set_checksums(h_->options().checksums);
     prefill_resp_.Clear();
-    h_->AddInFlight(prefill_.registration.worker_id(), 1, prompt_tokens_);
+    h_->Place(prefill_, req_.request_id(), prompt_tokens_);
     h_->PrefillStub(prefill_.registration.grpc_address())
         ->async()
         ->Prefill(prefill_ctx_.get(), &prefill_req_, &prefill_resp_,
@@ -275,7 +281,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   void OnPrefilled(const grpc::Status& status) {
     ClearActive();
     const std::string& pid = prefill_.registration.worker_id();
-    h_->AddInFlight(pid, -1, -prompt_tokens_);
+    h_->Unplace(pid, req_.request_id());
     if (status.ok()) {
       h_->metrics()->transfer_seconds->Observe(prefill_resp_.transfer().seconds());
       if (IsCancelled()) {
@@ -488,19 +494,44 @@ tandem::v1::DecodeWorker::StubInterface* Handoff::DecodeStub(
   return stub.get();
 }
 
-InFlightMap Handoff::InFlightSnapshot() {
+InFlightMap Handoff::InFlightSnapshot(const std::vector<WorkerRecord>& live) {
   absl::MutexLock l(&mu_);
-  return in_flight_;
+  InFlightMap out;
+  for (const WorkerRecord& w : live) {
+    auto it = placements_.find(w.registration.worker_id());
+    if (it == placements_.end()) continue;
+    // Placements a newer report already covers are dropped here for good.
+    auto& v = it->second;
+    v.erase(std::remove_if(
+                v.begin(), v.end(),
+                [&](const Placement& p) { return p.reports_at_placement < w.reports; }),
+            v.end());
+    InFlight f;
+    for (const Placement& p : v) {
+      f.requests += 1;
+      f.tokens += p.tokens;
+    }
+    if (f.requests > 0) out[w.registration.worker_id()] = f;
+  }
+  return out;
 }
 
-void Handoff::AddInFlight(const std::string& worker_id, int32_t requests,
-                          int64_t tokens) {
-  if (requests == 0 && tokens == 0) return;
+void Handoff::Place(const WorkerRecord& worker, const std::string& request_id,
+                    int64_t tokens) {
   absl::MutexLock l(&mu_);
-  InFlight& f = in_flight_[worker_id];
-  f.requests += requests;
-  f.tokens += tokens;
-  if (f.requests <= 0 && f.tokens <= 0) in_flight_.erase(worker_id);
+  placements_[worker.registration.worker_id()].push_back(
+      Placement{request_id, worker.reports, tokens});
+}
+
+void Handoff::Unplace(const std::string& worker_id, const std::string& request_id) {
+  absl::MutexLock l(&mu_);
+  auto it = placements_.find(worker_id);
+  if (it == placements_.end()) return;
+  auto& v = it->second;
+  auto p = std::find_if(v.begin(), v.end(),
+                        [&](const Placement& x) { return x.request_id == request_id; });
+  if (p != v.end()) v.erase(p);
+  if (v.empty()) placements_.erase(it);
 }
 
 }  // namespace tandem::router

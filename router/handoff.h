@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -66,8 +67,11 @@ struct HandoffMetrics {
   metrics::Histogram* transfer_seconds;
 };
 
-// Shared by every request: worker stubs (one channel per address), the router's
-// in-flight counts per worker (for pair selection between heartbeats).
+// Shared by every request: worker stubs (one channel per address), and what the
+// router has placed on each worker that the worker's load reports cannot show yet
+// (pair selection adds it to the reported load). A placement counts until the
+// worker's next report: that report includes it, so counting it too would count
+// every running request twice.
 class Handoff {
  public:
   // Not owned; must outlive the object.
@@ -83,8 +87,12 @@ class Handoff {
   // For GenerateCall.
   tandem::v1::PrefillWorker::StubInterface* PrefillStub(const std::string& address);
   tandem::v1::DecodeWorker::StubInterface* DecodeStub(const std::string& address);
-  InFlightMap InFlightSnapshot();
-  void AddInFlight(const std::string& worker_id, int32_t requests, int64_t tokens);
+  // Placements on `live` workers not yet covered by their load reports.
+  InFlightMap InFlightSnapshot(const std::vector<WorkerRecord>& live);
+  // Records / forgets request `request_id` (of `tokens` tokens) on `worker`.
+  // Unplace is idempotent.
+  void Place(const WorkerRecord& worker, const std::string& request_id, int64_t tokens);
+  void Unplace(const std::string& worker_id, const std::string& request_id);
   WorkerRegistry* registry() { return registry_; }
   HandoffMetrics* metrics() { return metrics_; }
   const HandoffOptions& options() const { return options_; }
@@ -100,7 +108,13 @@ class Handoff {
       prefill_stubs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<tandem::v1::DecodeWorker::Stub>>
       decode_stubs_ ABSL_GUARDED_BY(mu_);
-  InFlightMap in_flight_ ABSL_GUARDED_BY(mu_);
+  struct Placement {
+    std::string request_id;
+    uint64_t reports_at_placement = 0;  // WorkerRecord::reports when placed
+    int64_t tokens = 0;
+  };
+  absl::flat_hash_map<std::string, std::vector<Placement>> placements_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::router

@@ -41,6 +41,7 @@ absl::Status WorkerRegistry::Register(const tandem::v1::RegisterRequest& r) {
     }
   }
   WorkerRecord& rec = workers_[r.worker_id()];
+  rec.reports += 1;
   rec.registration = r;
   rec.load = r.load();
   rec.registered_at = clock_->Now();
@@ -56,6 +57,7 @@ bool WorkerRegistry::Heartbeat(const std::string& worker_id,
   if (it == workers_.end()) return false;
   it->second.load = load;
   it->second.last_seen = clock_->Now();
+  it->second.reports += 1;
   return true;
 }
 

@@ -25,6 +25,9 @@ struct WorkerRecord {
   tandem::v1::WorkerLoad load;
   absl::Time registered_at;
   absl::Time last_seen;
+  // Load reports received (registration + heartbeats). A placement the router made
+  // while this was N is reflected in the load from report N + 1 on.
+  uint64_t reports = 0;
 };
 
 class WorkerRegistry {

@@ -34,15 +34,14 @@ using testing::WaitMetric;
 
 TEST(ClusterConcurrencyTest, SixtyFourConcurrentStreamsMatchTheirSoloRuns) {
   ProcessCluster c;
-  // More slots than streams: the router skips a decode worker whose heartbeat
-  // free slots minus its own in-flight count reach 0, and both count running
-  // requests (see the report), so 64 slots would refuse some of 64 streams.
+  // Exactly as many decode slots as streams: the router must not count a running
+  // request twice (its own placements and the worker's reported load).
   // Every prompt is prefilled in one chunk however many arrive together: the
   // engine guarantees equal tokens for equal per-sequence chunk schedules,
   // while a different split of a prompt differs in fp32 rounding, enough to
   // flip a seeded sample now and then.
   const std::string err =
-      c.Start({}, /*decode_slots=*/160, {"--max_tokens_per_step=16384"});
+      c.Start({}, /*decode_slots=*/64, {"--max_tokens_per_step=16384"});
   ASSERT_EQ(err, "");
   constexpr int kStreams = 64;
   std::vector<tandem::v1::GenerateRequest> reqs;
