@@ -96,6 +96,7 @@ int main(int argc, char** argv) {
   so.registration.set_model_id((*model)->model_id);
   so.registration.set_model_fingerprint((*model)->fingerprint);
   so.registration.set_tp_size(1);
+  so.registration.set_max_context_tokens(absl::GetFlag(FLAGS_max_context_tokens));
   *so.registration.mutable_layout() = (*service)->layout();
   tandem::prefill::PrefillService* svc = service->get();
   const int rc = tandem::worker::ServeWorker(

@@ -69,6 +69,17 @@ RouterService::RouterService(ServedModel model, WorkerRegistry* registry,
       options_(options),
       tokenizer_(tokenizer) {}
 
+ModelLimits RouterService::Limits() const {
+  ModelLimits limits = limits_;
+  for (auto role : {tandem::v1::WORKER_ROLE_PREFILL, tandem::v1::WORKER_ROLE_DECODE}) {
+    for (const WorkerRecord& w : registry_->Live(role)) {
+      const int64_t c = w.registration.max_context_tokens();
+      if (c > 0 && c < limits.max_context_tokens) limits.max_context_tokens = c;
+    }
+  }
+  return limits;
+}
+
 namespace {
 
 const char* Outcome(const absl::Status& s) {
@@ -107,7 +118,8 @@ grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* RouterService::Generate(
     grpc::CallbackServerContext* context, const tandem::v1::GenerateRequest* request) {
   const absl::Time started = absl::Now();
   tandem::v1::GenerateRequest req = *request;
-  absl::Status status = ValidateGenerateRequest(req, limits_);
+  const ModelLimits limits = Limits();
+  absl::Status status = ValidateGenerateRequest(req, limits);
   if (status.ok() && !req.model().empty() && req.model() != model_.info.id()) {
     status = NotFound("model '", req.model(), "' is not served here; served: '",
                       model_.info.id(), "'");
@@ -125,7 +137,7 @@ grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* RouterService::Generate(
       } else {
         tandem::v1::TokenIds* t = req.mutable_prompt_token_ids();  // clears the text
         for (int id : *ids) t->add_ids(id);
-        status = ValidateGenerateRequest(req, limits_);
+        status = ValidateGenerateRequest(req, limits);
       }
     }
   }
@@ -173,7 +185,9 @@ grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* RouterService::Generate(
 grpc::ServerUnaryReactor* RouterService::ListModels(
     grpc::CallbackServerContext* context, const tandem::v1::ListModelsRequest*,
     tandem::v1::ListModelsResponse* response) {
-  *response->add_models() = model_.info;
+  tandem::v1::ModelInfo* info = response->add_models();
+  *info = model_.info;
+  info->set_max_context_tokens(Limits().max_context_tokens);
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

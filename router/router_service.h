@@ -67,6 +67,10 @@ class RouterService final : public tandem::v1::Router::CallbackService {
   // Counts a finished request by outcome.
   void Done(const absl::Status& status, absl::Time started);
 
+  // The model's limits, with the context shrunk to the smallest limit of the live
+  // workers (a worker may accept less than the model's max_position_embeddings).
+  ModelLimits Limits() const;
+
   const ServedModel model_;
   const ModelLimits limits_;
   WorkerRegistry* const registry_;  // not owned

@@ -48,8 +48,10 @@ class RouterServiceTest : public ::testing::Test {
     return reader->Finish();
   }
 
-  grpc::Status Register(const std::string& id, const std::string& fp) {
+  grpc::Status Register(const std::string& id, const std::string& fp,
+                        int64_t max_context_tokens = 0) {
     tandem::v1::RegisterRequest r;
+    r.set_max_context_tokens(max_context_tokens);
     r.set_worker_id(id);
     r.set_role(tandem::v1::WORKER_ROLE_DECODE);
     r.set_grpc_address("127.0.0.1:1");
@@ -95,6 +97,26 @@ TEST_F(RouterServiceTest, ListModels) {
   ASSERT_EQ(resp.models_size(), 1);
   EXPECT_EQ(resp.models(0).id(), "kimi-k3");
   EXPECT_EQ(resp.models(0).max_context_tokens(), 4096);
+}
+
+TEST_F(RouterServiceTest, ServedContextIsTheSmallestWorkerLimit) {
+  auto served_context = [&] {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    tandem::v1::ListModelsResponse resp;
+    EXPECT_TRUE(router_stub_->ListModels(&ctx, {}, &resp).ok());
+    return resp.models(0).max_context_tokens();
+  };
+  EXPECT_EQ(served_context(), 4096);  // the model's own
+  ASSERT_TRUE(Register("decode-0", "fp", /*max_context_tokens=*/100).ok());
+  ASSERT_TRUE(Register("decode-1", "fp", /*max_context_tokens=*/0).ok());  // model's
+  EXPECT_EQ(served_context(), 100);
+  tandem::v1::GenerateRequest req = Prompt();  // 1 prompt token
+  req.mutable_stop()->set_max_tokens(100);     // 101 > 100
+  grpc::Status s = Generate(req);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("100 tokens"), std::string::npos)
+      << s.error_message();
 }
 
 TEST_F(RouterServiceTest, BadInputIsInvalidArgument) {
