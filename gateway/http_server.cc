@@ -14,7 +14,8 @@
 #include <boost/beast/http.hpp>
 #include <cerrno>
 #include <chrono>
-#include <deque>
+#include <cstdio>
+#include <functional>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -142,12 +143,10 @@ class Session : public std::enable_shared_from_this<Session> {
     headers.emplace_back("X-Accel-Buffering", "no");
     Enqueue(Head(status, content_type, headers, keep_alive_, -1));
   }
-  void DoWrite(uint64_t seq, std::string data) {
-    if (!Current(seq) || state_ != State::kStreaming || data.empty()) return;
-    std::string chunk = absl::StrCat(absl::Hex(data.size()), "\r\n");
-    chunk += data;
-    chunk += "\r\n";
-    Enqueue(std::move(chunk));
+  // `chunks`: one or more writes, each already framed as an HTTP chunk.
+  void DoWriteChunks(uint64_t seq, absl::string_view chunks) {
+    if (!Current(seq) || state_ != State::kStreaming || chunks.empty()) return;
+    Enqueue(chunks);
   }
   void DoEnd(uint64_t seq) {
     if (!Current(seq) || state_ != State::kStreaming) return;
@@ -294,9 +293,11 @@ class Session : public std::enable_shared_from_this<Session> {
         });
   }
 
-  void Enqueue(std::string bytes) {
+  // Appends to what the next write takes; everything queued while a write is
+  // in flight goes out together when it completes (never held back waiting).
+  void Enqueue(absl::string_view bytes) {
     buffered_ += bytes.size();
-    out_.push_back(std::move(bytes));
+    out_.append(bytes.data(), bytes.size());
     if (buffered_ > core_->options.max_buffered_bytes) {
       TLOG(WARNING, "client too slow: dropping the connection")
           .Kv("buffered_bytes", buffered_);
@@ -308,10 +309,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void Flush() {
     if (writing_ || out_.empty() || closed_) return;
     writing_buf_.clear();
-    while (!out_.empty()) {
-      writing_buf_ += out_.front();
-      out_.pop_front();
-    }
+    writing_buf_.swap(out_);  // both keep their capacity: no allocation per write
     writing_ = true;
     stream_.expires_after(ToChrono(core_->options.write_timeout));
     asio::async_write(stream_, asio::buffer(writing_buf_),
@@ -401,7 +399,7 @@ class Session : public std::enable_shared_from_this<Session> {
   State state_ = State::kNone;
   std::function<void()> on_gone_;
 
-  std::deque<std::string> out_;
+  std::string out_;  // queued, not yet handed to the socket
   std::string writing_buf_;
   bool writing_ = false;
   size_t buffered_ = 0;
@@ -413,11 +411,29 @@ class Session : public std::enable_shared_from_this<Session> {
 
 namespace {
 
+// A writer's calls, in call order, waiting to be applied on the session's
+// strand. Consecutive Write()s share one entry (their chunks framed back to
+// back), and one posted drain applies everything queued by the time it runs:
+// a fast producer costs one strand hop per batch, not per token.
+struct WriterInbox {
+  struct Op {
+    std::string chunks;                            // framed writes, or
+    std::function<void(Session*, uint64_t)> call;  // any other call
+  };
+  absl::Mutex mu;
+  std::vector<Op> ops ABSL_GUARDED_BY(mu);
+  std::vector<Op> spare ABSL_GUARDED_BY(mu);  // drained vector, reused
+  bool scheduled ABSL_GUARDED_BY(mu) = false;
+};
+
 class Writer final : public ResponseWriter {
  public:
   Writer(std::shared_ptr<Session> session, uint64_t seq,
          std::shared_ptr<ServerCore> core)
-      : session_(std::move(session)), seq_(seq), core_(std::move(core)) {
+      : session_(std::move(session)),
+        seq_(seq),
+        core_(std::move(core)),
+        inbox_(std::make_shared<WriterInbox>()) {
     absl::MutexLock lock(&core_->mu);
     ++core_->writers;
   }
@@ -442,9 +458,22 @@ class Writer final : public ResponseWriter {
     });
   }
   void Write(std::string data) override {
-    Post([d = std::move(data)](Session* s, uint64_t seq) mutable {
-      s->DoWrite(seq, std::move(d));
-    });
+    if (data.empty()) return;
+    char size[2 * sizeof(size_t) + 1];
+    const int n = snprintf(size, sizeof(size), "%zx", data.size());
+    bool post = false;
+    {
+      absl::MutexLock lock(&inbox_->mu);
+      auto& ops = inbox_->ops;
+      if (ops.empty() || ops.back().call) ops.emplace_back();
+      std::string& out = ops.back().chunks;
+      out.append(size, static_cast<size_t>(n));
+      out += "\r\n";
+      out += data;
+      out += "\r\n";
+      post = !std::exchange(inbox_->scheduled, true);
+    }
+    if (post) ScheduleDrain();
   }
   void End() override {
     Post([](Session* s, uint64_t seq) { s->DoEnd(seq); });
@@ -458,13 +487,43 @@ class Writer final : public ResponseWriter {
  private:
   template <typename F>
   void Post(F f) {
-    asio::post(session_->executor(), [s = session_, seq = seq_,
-                                      f = std::move(f)]() mutable { f(s.get(), seq); });
+    bool post = false;
+    {
+      absl::MutexLock lock(&inbox_->mu);
+      inbox_->ops.push_back({.chunks = {}, .call = std::move(f)});
+      post = !std::exchange(inbox_->scheduled, true);
+    }
+    if (post) ScheduleDrain();
+  }
+
+  // Applies the inbox on the strand; calls queued while it runs are taken by
+  // the next drain (posted by whoever queues first after `scheduled` clears).
+  void ScheduleDrain() {
+    asio::post(session_->executor(), [s = session_, seq = seq_, inbox = inbox_] {
+      std::vector<WriterInbox::Op> ops;
+      {
+        absl::MutexLock lock(&inbox->mu);
+        ops.swap(inbox->ops);
+        inbox->ops.swap(inbox->spare);
+        inbox->scheduled = false;
+      }
+      for (WriterInbox::Op& op : ops) {
+        if (op.call) {
+          op.call(s.get(), seq);
+        } else {
+          s->DoWriteChunks(seq, op.chunks);
+        }
+      }
+      ops.clear();
+      absl::MutexLock lock(&inbox->mu);
+      if (inbox->spare.capacity() < ops.capacity()) inbox->spare.swap(ops);
+    });
   }
 
   std::shared_ptr<Session> session_;
   const uint64_t seq_;
   std::shared_ptr<ServerCore> core_;
+  std::shared_ptr<WriterInbox> inbox_;
 };
 
 }  // namespace

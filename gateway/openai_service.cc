@@ -12,6 +12,7 @@
 #include "engine/tokenizer/utf8.h"
 #include "gateway/auth.h"
 #include "gateway/choice_decoder.h"
+#include "gateway/json_escape.h"
 #include "gateway/request_parser.h"
 #include "gateway/sse.h"
 #include "metrics/buckets.h"
@@ -336,6 +337,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void WriteDelta(int i, const ChoiceDelta& delta, const char* finish_reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ChoiceState& st = *state_[i];
+    if (delta.tool_calls.empty() && delta.logprobs.empty()) {
+      return WriteTextDelta(i, st, delta, finish_reason);
+    }
     json c = {{"index", i}};
     if (chat_) {
       json d = json::object();
@@ -377,6 +381,75 @@ class Generation : public std::enable_shared_from_this<Generation> {
     }
     c["finish_reason"] = finish_reason == nullptr ? json(nullptr) : json(finish_reason);
     WriteChunk(std::move(c));
+  }
+
+  // WriteDelta for the common case (text only: no tool calls, no logprobs),
+  // rendered without a json object: the pre-rendered chunk tail plus the
+  // escaped text. Byte for byte what dumping the json of WriteDelta gives
+  // (nlohmann sorts keys: choices < created < id < model < object < usage;
+  // delta < finish_reason < index < logprobs < text; content <
+  // reasoning_content < role).
+  void WriteTextDelta(int i, ChoiceState& st, const ChoiceDelta& delta,
+                      const char* finish_reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::string out;
+    out.reserve(chunk_tail_.size() + delta.content.size() + delta.reasoning.size() +
+                128);
+    out += "data: {\"choices\":[{";
+    if (chat_) {
+      const bool role = !st.role_sent;
+      if (!role && delta.reasoning.empty() && delta.content.empty() &&
+          finish_reason == nullptr) {
+        return;
+      }
+      st.role_sent = true;
+      out += "\"delta\":{";
+      bool first = true;
+      if (role || !delta.content.empty()) {
+        out += "\"content\":";
+        AppendJsonString(&out, delta.content);
+        first = false;
+      }
+      if (!delta.reasoning.empty()) {
+        if (!first) out += ',';
+        out += "\"reasoning_content\":";
+        AppendJsonString(&out, delta.reasoning);
+        first = false;
+      }
+      if (role) {
+        if (!first) out += ',';
+        out += "\"role\":\"assistant\"";
+      }
+      out += "},";
+      AppendFinishIndex(&out, i, finish_reason);
+      out += ",\"logprobs\":null}";
+    } else {
+      if (delta.content.empty() && finish_reason == nullptr) return;
+      AppendFinishIndex(&out, i, finish_reason);
+      out += ",\"logprobs\":null,\"text\":";
+      AppendJsonString(&out, delta.content);
+      out += '}';
+    }
+    out += chunk_tail_;
+    ctx_->writer->Write(std::move(out));
+  }
+
+  static void AppendFinishIndex(std::string* out, int i, const char* finish_reason) {
+    *out += "\"finish_reason\":";
+    if (finish_reason == nullptr) {
+      *out += "null";
+    } else {
+      AppendJsonString(out, finish_reason);
+    }
+    absl::StrAppend(out, ",\"index\":", i);
+  }
+
+  // `],"created":...,"object":...[,"usage":null]}` and the SSE end: the part
+  // of every chunk after its choice.
+  std::string ChunkTail() const {
+    json base = ChunkBase();
+    if (fields_.include_usage) base["usage"] = nullptr;
+    std::string dumped = Dump(base);  // {"created":...}
+    return absl::StrCat("],", absl::string_view(dumped).substr(1), "\n\n");
   }
 
   json Usage() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -462,8 +535,11 @@ class Generation : public std::enable_shared_from_this<Generation> {
         service_->metrics_.ttft->Add({{"endpoint", ctx_->endpoint}})
             .Observe(absl::ToDoubleSeconds(absl::Now() - ctx_->start));
       }
-      service_->metrics_.tokens->Add({{"endpoint", ctx_->endpoint}})
-          .Increment(r.token_ids_size());
+      if (tokens_counter_ == nullptr) {  // looked up once, at the first message
+        tokens_counter_ =
+            &service_->metrics_.tokens->Add({{"endpoint", ctx_->endpoint}});
+      }
+      tokens_counter_->Increment(r.token_ids_size());
       ChoiceDelta delta;
       absl::Status s = st.decoder.Add(r, &delta);
       if (!s.ok()) {
@@ -524,6 +600,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   const GenerationFields fields_;
   const std::vector<Choice> choices_;
   const int prompt_tokens_;
+  const std::string chunk_tail_ = ChunkTail();
 
   absl::Mutex mu_;
   std::vector<std::unique_ptr<ChoiceState>> state_ ABSL_GUARDED_BY(mu_);
@@ -531,6 +608,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;  // the response is over
   bool streaming_ ABSL_GUARDED_BY(mu_) = false;
   bool first_token_seen_ ABSL_GUARDED_BY(mu_) = false;
+  metrics::Counter* tokens_counter_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 // ---------------------------------------------------------------------------

@@ -189,6 +189,54 @@ TEST_F(OpenAIServiceTest, StreamingChunksRoleDeltasUsageDone) {
   EXPECT_EQ(usage["usage"]["completion_tokens"], SentTokens());
 }
 
+// The streamed chunks are rendered without building json objects; each must
+// still be exactly what dumping its json gives (nlohmann's sorted keys and
+// escaping), for chat (reasoning, content, role) and completions, with and
+// without usage.
+TEST_F(OpenAIServiceTest, StreamedChunksAreCanonicalJson) {
+  const std::vector<std::pair<std::string, json>> requests = {
+      {"/v1/chat/completions", ChatBody("Hi", {{"stream", true}})},
+      {"/v1/chat/completions",
+       ChatBody("Hi \"quoted\"\n", {{"stream", true},
+                                    {"stream_options", {{"include_usage", true}}},
+                                    {"chat_template_kwargs", {{"thinking", false}}}})},
+      {"/v1/completions", json{{"model", "kimi-k3"},
+                               {"prompt", "Say something"},
+                               {"n", 2},
+                               {"stream", true}}},
+      {"/v1/completions", json{{"model", "kimi-k3"},
+                               {"prompt", "Say something"},
+                               {"stream", true},
+                               {"stream_options", {{"include_usage", true}}}}},
+  };
+  for (const auto& [path, body] : requests) {
+    auto r = Post(path, body);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->status_code, 200) << r->body;
+    SseParser parser;
+    std::vector<std::string> events;
+    parser.Feed(r->body, &events);
+    ASSERT_GE(events.size(), 3u) << r->body;
+    EXPECT_EQ(events.back(), "[DONE]");
+    bool saw_text = false, saw_finish = false;
+    for (size_t i = 0; i + 1 < events.size(); ++i) {
+      const json e = json::parse(events[i]);
+      EXPECT_EQ(e.dump(-1, ' ', false, json::error_handler_t::replace), events[i]);
+      EXPECT_EQ(e.contains("usage"), body.contains("stream_options")) << events[i];
+      if (e["choices"].empty()) continue;
+      const json& c = e["choices"][0];
+      if (c.contains("delta") ? c["delta"].contains("content") ||
+                                    c["delta"].contains("reasoning_content")
+                              : !c["text"].get<std::string>().empty()) {
+        saw_text = true;
+      }
+      if (!c["finish_reason"].is_null()) saw_finish = true;
+    }
+    EXPECT_TRUE(saw_text) << r->body;
+    EXPECT_TRUE(saw_finish) << r->body;
+  }
+}
+
 TEST_F(OpenAIServiceTest, CompletionsNWithSeedsAndStop) {
   auto r = Post("/v1/completions", json{{"model", "kimi-k3"},
                                         {"prompt", "Say something"},
