@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -143,7 +144,16 @@ absl::Status UcxAgent::Init() {
   ucp_config_t* cfg = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &cfg);
   if (s != UCS_OK) return FromUcs(s, "ucp_config_read");
-  std::vector<std::pair<std::string, std::string>> options = config_.ucx_options;
+  std::vector<std::pair<std::string, std::string>> options;
+  // UCX 1.13's default (v1) protocols route a put to a user buffer over shared
+  // memory through software RMA emulation once the context has UCP_FEATURE_AM: the
+  // data goes in 8 KiB active messages that the target copies in its progress loop
+  // (ucp_put_handler), ~0.15 GB/s. The v2 protocols put it with one cma
+  // (process_vm_writev) zero-copy operation instead. An explicit
+  // UCX_PROTO_ENABLE in the environment or in ucx_options still wins.
+  if (config_.use_proto_v2 && std::getenv("UCX_PROTO_ENABLE") == nullptr)
+    options.emplace_back("PROTO_ENABLE", "y");
+  options.insert(options.end(), config_.ucx_options.begin(), config_.ucx_options.end());
   if (!config_.tls.empty()) options.emplace_back("TLS", config_.tls);
   if (!config_.net_devices.empty())
     options.emplace_back("NET_DEVICES", config_.net_devices);

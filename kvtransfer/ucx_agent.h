@@ -58,6 +58,10 @@ struct UcxAgentConfig {
   absl::Duration connect_timeout = absl::Seconds(10);
   // Operations of one batch handed to UCX at a time.
   int max_inflight_ops = 128;
+  // Use UCX's v2 protocols (UCX_PROTO_ENABLE=y) unless the environment sets
+  // UCX_PROTO_ENABLE. With the v1 default, puts over shared memory fall back to
+  // active-message emulation (see docs/kvtransfer.md, "Bandwidth").
+  bool use_proto_v2 = true;
   // Other UCX configuration pairs (name without the UCX_ prefix, value).
   std::vector<std::pair<std::string, std::string>> ucx_options;
   // Worker name, for UCX logs.
