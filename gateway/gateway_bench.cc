@@ -6,6 +6,9 @@
 //      SSE read to [DONE]); p50/p99 of each and the difference (added).
 //   2. throughput: --concurrency clients streaming --stream_tokens-token
 //      completions for --seconds, directly and through the gateway; tokens/s.
+//      Both count the tokens the router sent (direct: token_ids received;
+//      gateway: the usage chunk's completion_tokens, stream_options
+//      include_usage), so the two figures count the same thing.
 // The gateway runs --io_threads I/O threads (default 2: "on 2 cores").
 // Ends with one JSON line {"bench":"gateway",...}.
 #include <grpcpp/grpcpp.h>
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/init.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -63,7 +67,9 @@ int DirectOnce(tandem::v1::Router::Stub* stub, const std::vector<int>& prompt) {
   return reader->Finish().ok() ? tokens : -1;
 }
 
-// One streamed completion through the gateway; returns SSE token chunks.
+// One streamed completion through the gateway; returns the tokens it carried
+// (the usage chunk's completion_tokens when the body asks for usage, so that
+// both paths count the same tokens; else the SSE chunks), -1 on error.
 int GatewayOnce(metrics::HttpConnection* conn, const std::string& body) {
   auto r =
       conn->Request("POST", "/v1/completions", {{"Content-Type", "application/json"}},
@@ -73,6 +79,13 @@ int GatewayOnce(metrics::HttpConnection* conn, const std::string& body) {
   std::vector<std::string> events;
   parser.Feed(r->body, &events);
   if (events.empty() || events.back() != "[DONE]") return -1;
+  if (events.size() >= 2 &&
+      absl::StrContains(events[events.size() - 2], "\"usage\":{")) {
+    json usage = json::parse(events[events.size() - 2], nullptr, false);
+    if (usage.is_discarded() || !usage["usage"]["completion_tokens"].is_number())
+      return -1;
+    return usage["usage"]["completion_tokens"].get<int>();
+  }
   return static_cast<int>(events.size()) - 1;  // one chunk per token
 }
 
@@ -108,16 +121,18 @@ int Main(int argc, char** argv) {
       &OpenAIService::FormatServerError);
   if (!http.Start().ok()) return 1;
 
-  auto prompt_for = [&](int n) {
+  // `usage`: ask for the usage chunk, whose completion_tokens the throughput
+  // run counts (the same tokens the direct run counts).
+  auto prompt_for = [&](int n, bool usage) {
     const std::string text = absl::StrCat("Bench #tokens:", n);
-    return std::make_pair(
-        *(*tokenizer)->Encode(text),
-        json{{"model", "kimi-k3"}, {"prompt", text}, {"stream", true}}.dump());
+    json body = {{"model", "kimi-k3"}, {"prompt", text}, {"stream", true}};
+    if (usage) body["stream_options"] = {{"include_usage", true}};
+    return std::make_pair(*(*tokenizer)->Encode(text), body.dump());
   };
 
   // 1. Latency, sequential, interleaved so both paths see the same machine.
   const int n_tokens = absl::GetFlag(FLAGS_tokens);
-  auto [ids, body] = prompt_for(n_tokens);
+  auto [ids, body] = prompt_for(n_tokens, /*usage=*/false);
   auto conn =
       metrics::HttpConnection::Connect("127.0.0.1", http.port(), absl::Seconds(10));
   if (!conn.ok()) return 1;
@@ -138,7 +153,8 @@ int Main(int argc, char** argv) {
   }
 
   // 2. Throughput with concurrent streams.
-  auto [big_ids, big_body] = prompt_for(absl::GetFlag(FLAGS_stream_tokens));
+  auto [big_ids, big_body] =
+      prompt_for(absl::GetFlag(FLAGS_stream_tokens), /*usage=*/true);
   const int concurrency = absl::GetFlag(FLAGS_concurrency);
   const absl::Duration duration = absl::Seconds(absl::GetFlag(FLAGS_seconds));
   auto run = [&](bool through_gateway) {
