@@ -29,6 +29,8 @@ class SseParser {
   void Feed(absl::string_view bytes, std::vector<std::string>* events);
 
  private:
+  void EndLine(std::vector<std::string>* events);  // line_ is complete
+
   std::string line_;
   std::string data_;
   bool has_data_ = false;
