@@ -8,7 +8,8 @@
 // shared memory without it) and each context length it writes a full-K3-shaped
 // state (MLA: layers x tokens x 1152 bytes; KDA: layers x (96*128*128*4 + conv
 // tails)) from this process into a transfer_peer child, one batch per layer,
-// and times first post to last completion. Ends with one JSON line
+// and times first post to last completion, after --warmup_iterations untimed
+// passes (ucx_perftest gets -w warm-up iterations moving as many bytes). Ends with one JSON line
 // {"bench":"kvtransfer",...}. Not part of the test suite.
 #include <unistd.h>
 
@@ -41,6 +42,10 @@ ABSL_FLAG(int, src_block_size, 16, "Sender (prefill) block size");
 ABSL_FLAG(int, dst_block_size, 64, "Receiver (decode) block size");
 ABSL_FLAG(int, iterations, 3,
           "Timed transfers per configuration (best and median reported)");
+ABSL_FLAG(int, warmup_iterations, 4,
+          "Untimed transfers per configuration before the timed ones (the first "
+          "passes over fresh memory are several times slower, see docs/kvtransfer.md); "
+          "their times are reported as seconds_warmup");
 ABSL_FLAG(int, latency_samples, 2000, "Small transfers timed for latency percentiles");
 ABSL_FLAG(int, latency_bytes, 4096, "Bytes per small transfer");
 ABSL_FLAG(std::string, modes, "tcp,shm",
@@ -76,7 +81,8 @@ double Percentile(std::vector<double> v, double p) {
 }
 
 // Runs ucx_perftest put bandwidth (server + client on loopback); MB/s overall.
-double PerftestPutBandwidth(const std::string& tls, uint64_t message, int iters) {
+double PerftestPutBandwidth(const std::string& tls, uint64_t message, int iters,
+                            int warmup) {
   const std::string bin = absl::GetFlag(FLAGS_perftest);
   if (bin.empty() || access(bin.c_str(), X_OK) != 0) return 0;
   std::mt19937 rng(getpid() ^ static_cast<uint32_t>(absl::ToUnixMicros(absl::Now())));
@@ -93,9 +99,9 @@ double PerftestPutBandwidth(const std::string& tls, uint64_t message, int iters)
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
     std::string out;
     while (absl::Now() < deadline) {
-      const std::string client =
-          absl::StrCat(env, "timeout 120 ", bin, " localhost -p ", port,
-                       " -t ucp_put_bw -s ", message, " -n ", iters, " 2>&1");
+      const std::string client = absl::StrCat(
+          env, "timeout 120 ", bin, " localhost -p ", port, " -t ucp_put_bw -s ",
+          message, " -n ", iters, " -w ", warmup, " 2>&1");
       FILE* c = popen(client.c_str(), "r");
       if (c == nullptr) break;
       out.clear();
@@ -221,9 +227,11 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
       for (const Segment& s : plan->segments) largest = std::max(largest, s.length);
       plans.push_back(*std::move(plan));
     }
-    std::vector<double> seconds;
+    std::vector<double> seconds, warmup_seconds;
     std::string error;
-    for (int it = 0; it < absl::GetFlag(FLAGS_iterations) && error.empty(); ++it) {
+    const int warmup = absl::GetFlag(FLAGS_warmup_iterations);
+    for (int it = 0; it < warmup + absl::GetFlag(FLAGS_iterations) && error.empty();
+         ++it) {
       const absl::Time t0 = absl::Now();
       std::vector<BatchId> batches;
       for (const TransferPlan& p : plans) {
@@ -238,7 +246,8 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
         absl::Status st = agent->Wait(b, absl::Now() + absl::Seconds(300));
         if (!st.ok() && error.empty()) error = st.ToString();
       }
-      seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+      (it < warmup ? warmup_seconds : seconds)
+          .push_back(absl::ToDoubleSeconds(absl::Now() - t0));
     }
     json r;
     r["tokens"] = tokens;
@@ -246,15 +255,28 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
     r["segments_before_coalescing"] = raw;
     r["segments_after_coalescing"] = coalesced;
     if (!error.empty()) r["error"] = error;
+    if (seconds.empty())
+      seconds.push_back(warmup_seconds.empty() ? 0 : warmup_seconds.back());
     const double best = *std::min_element(seconds.begin(), seconds.end());
     r["seconds_best"] = best;
     r["seconds_median"] = Percentile(seconds, 0.5);
+    r["seconds_each"] = seconds;
+    r["seconds_warmup"] = warmup_seconds;
+    if (!warmup_seconds.empty()) r["gb_per_s_first"] = bytes / warmup_seconds[0] / 1e9;
     r["gb_per_s"] = bytes / best / 1e9;
     // ucx_perftest with the same transports and the plan's typical message size
     // (the largest segment, capped to keep the run short), about 2 GB moved.
     const uint64_t message = std::min<uint64_t>(largest, 64ull << 20);
     const int iters = static_cast<int>(std::max<uint64_t>(8, (2ull << 30) / message));
-    const double perf_mbs = PerftestPutBandwidth(tcp ? "tcp" : "", message, iters);
+    // Warm-up iterations moving as many bytes as the agent's warm-up passes, so
+    // both sides are compared on memory that has been through cma before.
+    // Not over tcp, where perftest's put_bw moves only tens of MB/s.
+    const int perf_warmup =
+        tcp ? 0
+            : static_cast<int>(std::min<uint64_t>(
+                  1000, std::max<uint64_t>(8, warmup * bytes / message)));
+    const double perf_mbs =
+        PerftestPutBandwidth(tcp ? "tcp" : "", message, iters, perf_warmup);
     r["perftest_message_bytes"] = message;
     r["perftest_gb_per_s"] = perf_mbs / 1e3;
     r["ratio_vs_perftest"] = perf_mbs > 0 ? (bytes / best / 1e6) / perf_mbs : 0;
