@@ -9,7 +9,8 @@
 // state (MLA: layers x tokens x 1152 bytes; KDA: layers x (96*128*128*4 + conv
 // tails)) from this process into a transfer_peer child, one batch per layer,
 // and times first post to last completion, after --warmup_iterations untimed
-// passes (ucx_perftest gets -w warm-up iterations moving as many bytes). Ends with one JSON line
+// passes (ucx_perftest gets -w warm-up iterations moving as many bytes). Ends with one
+// JSON line
 // {"bench":"kvtransfer",...}. Not part of the test suite.
 #include <unistd.h>
 

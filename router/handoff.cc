@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -218,7 +219,10 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   }
 
   // RELEASING (fire and forget, bounded).
-  void ReleaseReservation() {
+  // Frees the reservation on the decode worker. `then`, when given, runs once the
+  // Release RPC has ended (either way): a retry that reserves again for the same
+  // request id must not race its own Release.
+  void ReleaseReservation(std::function<void()> then = nullptr) {
     h_->Unplace(decode_.registration.worker_id(), req_.request_id());
     reserved_requests_ = 0;
     reserved_tokens_ = 0;
@@ -233,12 +237,13 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
     const std::string rid = req_.request_id();
     h_->DecodeStub(decode_.registration.grpc_address())
         ->async()
-        ->Release(&r->ctx, &r->req, &r->resp, [r, rid](grpc::Status s) {
+        ->Release(&r->ctx, &r->req, &r->resp, [r, rid, then](grpc::Status s) {
           if (!s.ok()) {
             TLOG(INFO, "release failed (the lease frees it)")
                 .Kv("request_id", rid)
                 .Kv("status", s.error_message());
           }
+          if (then) then();
         });
   }
 
@@ -248,13 +253,14 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
         h_->registry()->Live(tandem::v1::WORKER_ROLE_PREFILL);
     auto i = SelectPrefill(live, tried_prefill_, h_->InFlightSnapshot(live));
     if (!i.has_value()) {
-      // No prefill worker left: prefill on the decode worker instead.
-      ReleaseReservation();
+      // No prefill worker left: prefill on the decode worker instead, once the
+      // reservation made for this request id is gone.
       h_->metrics()->retries->Add({{"reason", "colocated_fallback"}}).Increment();
       TLOG(INFO, "no prefill worker available; prefilling on a decode worker")
           .Kv("request_id", req_.request_id());
       tried_decode_.clear();
-      return Colocate();
+      auto self = shared_from_this();
+      return ReleaseReservation([self] { self->Colocate(); });
     }
     prefill_ = live[*i];
     ++prefill_attempts_;
@@ -290,8 +296,10 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
       }
       return Decode();
     }
-    ReleaseReservation();
-    if (IsCancelled()) return Finish(absl::CancelledError("cancelled by the client"));
+    if (IsCancelled()) {
+      ReleaseReservation();
+      return Finish(absl::CancelledError("cancelled by the client"));
+    }
     if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
       // The prefill worker (or its transfer) is gone: try another one.
       TLOG(WARNING, "prefill worker lost before the hand-off; retrying")
@@ -303,12 +311,15 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
       h_->metrics()->retries->Add({{"reason", "prefill_unavailable"}}).Increment();
       if (prefill_attempts_ < h_->options().max_prefill_attempts) {
         tried_decode_.clear();
-        return Reserve();
+        auto self = shared_from_this();
+        return ReleaseReservation([self] { self->Reserve(); });
       }
+      ReleaseReservation();
       return Finish(absl::UnavailableError(
           absl::StrCat("prefill failed on ", prefill_attempts_, " workers; last (", pid,
                        "): ", status.error_message())));
     }
+    ReleaseReservation();
     Finish(FromGrpcStatus(status));
   }
 
