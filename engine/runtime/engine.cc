@@ -60,6 +60,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   ModelRunnerOptions ro;
   ro.mla_mode = options.mla_mode;
   e->runner_ = std::make_unique<ModelRunner>(weights, e->cache_.get(), backend, ro);
+  Engine* self = e.get();
+  e->runner_->set_layer_done_hook([self](int layer) {
+    if (self->layer_progress_ && !self->progress_.empty()) {
+      self->layer_progress_(layer, self->progress_);
+    }
+  });
   e->sampler_ = std::make_unique<engine::Sampler>(weights->config.text.vocab_size);
   switch (so.method) {
     case SpeculativeMethod::kNone:
@@ -266,8 +272,24 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       prefill_tokens_ += in.tokens.size();
     }
   }
+  progress_.clear();
+  if (layer_progress_) {
+    for (size_t i = 0; i < plan.sequences.size(); ++i) {
+      if (reqs[i]->num_generated() > 0) continue;
+      LayerProgressEntry pe;
+      pe.id = plan.sequences[i].id;
+      pe.start_pos = inputs[i].start_pos;
+      pe.end_pos = inputs[i].start_pos + static_cast<int64_t>(inputs[i].tokens.size());
+      pe.block_table = tables[i];
+      pe.slot = inputs[i].kda_slot;
+      pe.completes_prefill = plan.sequences[i].samples;
+      progress_.push_back(pe);
+    }
+  }
   std::vector<float> logits;
-  TANDEM_RETURN_IF_ERROR(runner_->Forward(inputs, &logits));
+  const absl::Status forward = runner_->Forward(inputs, &logits);
+  progress_.clear();
+  TANDEM_RETURN_IF_ERROR(forward);
 
   const int64_t V = weights_->config.text.vocab_size;
   std::vector<engine::SequenceOutcome> outcomes;

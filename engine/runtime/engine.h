@@ -29,6 +29,7 @@
 #define TANDEM_ENGINE_RUNTIME_ENGINE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -132,6 +133,27 @@ struct ExportedState {
   std::vector<StateRange> ranges;  // valid until the sequence advances or ends
 };
 
+// One prefill sequence of the step being computed, as the layer-progress
+// callback sees it: after layer `layer` returns, that layer's attention state of
+// positions [start_pos, end_pos) is in the cache (MLA rows in `block_table`'s
+// blocks, the KDA slot after end_pos tokens).
+struct LayerProgressEntry {
+  RequestId id = 0;
+  int64_t start_pos = 0;
+  int64_t end_pos = 0;
+  absl::Span<const int32_t> block_table;  // valid during the callback only
+  int64_t slot = -1;
+  // This step computes the last prompt chunk: after it, the layer's state for
+  // the whole prompt is final (the request will sample its first token).
+  bool completes_prefill = false;
+};
+// Called on the engine thread during Step(), once per model layer, with the
+// step's prefill sequences (requests with no generated token yet); not called
+// for steps without one. Decode steps (and speculative drafts, which may be
+// rolled back) are never reported.
+using LayerProgressCallback =
+    std::function<void(int layer, absl::Span<const LayerProgressEntry> entries)>;
+
 class Engine {
  public:
   // weights, backend (and tokenizer, which may be null: no text, no stop
@@ -172,6 +194,11 @@ class Engine {
   const engine::Scheduler& scheduler() const { return *scheduler_; }
   KvCache& cache() { return *cache_; }
   ModelRunner& runner() { return *runner_; }
+  // Layer-by-layer progress of prefill chunks (see LayerProgressCallback); the
+  // KV hand-off streams each layer's state while the forward continues.
+  void set_layer_progress_callback(LayerProgressCallback cb) {
+    layer_progress_ = std::move(cb);
+  }
   // Tokens computed by forward passes so far (prefill, decode).
   int64_t prefill_tokens() const { return prefill_tokens_; }
   int64_t decode_tokens() const { return decode_tokens_; }
@@ -239,6 +266,8 @@ class Engine {
   int64_t decode_tokens_ = 0;
   std::unique_ptr<speculative::Proposer> proposer_;  // null: speculation off
   SpeculativeStats spec_stats_;
+  LayerProgressCallback layer_progress_;
+  std::vector<LayerProgressEntry> progress_;  // the current step's prefill entries
 };
 
 }  // namespace tandem::runtime

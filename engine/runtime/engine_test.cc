@@ -59,6 +59,72 @@ std::map<RequestId, std::vector<int32_t>> RunAll(
   return out;
 }
 
+// The layer-progress callback reports every prefill chunk once per layer, in
+// layer order, with ranges that tile the prompt; and the state a layer reports
+// is final when reported: the bytes seen in the callback for the prompt's last
+// chunk equal the cache after the step (the later layers and the FFNs do not
+// touch it).
+TEST(EngineTest, LayerProgressReportsFinalStatePerLayer) {
+  EngineOptions o;
+  o.max_tokens_per_step = 16;  // 40 tokens: chunks of 16, 16, 8
+  Rig r = MakeEngine(o);
+  Engine& e = *r.engine;
+  const int num_layers = static_cast<int>(TinyWeights().layers.size());
+  struct Seen {
+    int layer;
+    LayerProgressEntry entry;
+    std::vector<uint8_t> bytes;  // the layer's state of the whole prefix so far
+  };
+  std::vector<Seen> seen;
+  e.set_layer_progress_callback(
+      [&](int layer, absl::Span<const LayerProgressEntry> entries) {
+        ASSERT_EQ(entries.size(), 1u);
+        Seen s{layer, entries[0], {}};
+        auto ranges = e.cache().ExportSequence(entries[0].block_table,
+                                               entries[0].end_pos, entries[0].slot);
+        ASSERT_TRUE(ranges.ok()) << ranges.status();
+        for (const StateRange& sr : *ranges) {
+          if (sr.layer != layer) continue;
+          s.bytes.insert(s.bytes.end(), sr.data, sr.data + sr.bytes);
+        }
+        EXPECT_FALSE(s.bytes.empty());
+        s.entry.block_table = {};  // valid during the callback only
+        seen.push_back(std::move(s));
+      });
+  ASSERT_TRUE(e.AddRequest(7, MakePrompt(40, 3), Greedy(3)).ok());
+  // Prefill: 3 steps, each reporting every layer once, ascending.
+  for (int step = 0; step < 3; ++step) {
+    const size_t before = seen.size();
+    auto out = e.Step();
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(seen.size(), before + num_layers) << "step " << step;
+    for (int l = 0; l < num_layers; ++l) {
+      const Seen& s = seen[before + l];
+      EXPECT_EQ(s.layer, l);
+      EXPECT_EQ(s.entry.id, 7u);
+      EXPECT_EQ(s.entry.start_pos, 16 * step);
+      EXPECT_EQ(s.entry.end_pos, std::min(40, 16 * (step + 1)));
+      EXPECT_EQ(s.entry.completes_prefill, step == 2);
+    }
+  }
+  // The last chunk's per-layer bytes are the final state of the prompt.
+  auto loc = e.Locate(7);
+  ASSERT_TRUE(loc.ok()) << loc.status();
+  auto final_ranges = e.cache().ExportSequence(loc->block_ids, 40, loc->slot);
+  ASSERT_TRUE(final_ranges.ok());
+  for (int l = 0; l < num_layers; ++l) {
+    std::vector<uint8_t> now;
+    for (const StateRange& sr : *final_ranges) {
+      if (sr.layer == l) now.insert(now.end(), sr.data, sr.data + sr.bytes);
+    }
+    EXPECT_EQ(seen[2 * num_layers + l].bytes, now) << "layer " << l;
+  }
+  // Decode steps are not reported.
+  const size_t before = seen.size();
+  RunAll(&e);
+  EXPECT_EQ(seen.size(), before);
+}
+
 TEST(EngineTest, GreedyEqualsBareRunner) {
   const std::vector<int32_t> prompt = MakePrompt(45, 1);
   auto backend = MakeBackend("cpu");

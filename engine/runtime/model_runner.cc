@@ -142,6 +142,7 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
       TANDEM_RETURN_IF_ERROR(MlaLayer(lw, seqs, xn, attn_out));
     }
     Probe(l, "attn_out", attn_out, n, H);
+    if (layer_done_) layer_done_(l);
     float* p = res_[cur].data();
     if (!p_valid) {
       std::memcpy(p, attn_out, n * H * sizeof(float));

@@ -64,6 +64,15 @@ struct ActivationProbe {
 };
 using ActivationHook = std::function<void(const ActivationProbe&)>;
 
+// Called during Forward, once per model layer (ascending), as soon as that
+// layer's attention state for every sequence of the batch is written: the MLA
+// latent rows of the new tokens, or the KDA slot after the new tokens. The layer's
+// FFN and the later layers run after the hook returns, so a caller can start
+// moving the layer's state (layer-by-layer KV streaming) while the forward goes on.
+// The hook must not touch the runner or the cache's layout; it runs on the
+// forward's thread and should return quickly.
+using LayerDoneHook = std::function<void(int layer)>;
+
 struct ModelRunnerOptions {
   MlaMode mla_mode = MlaMode::kAuto;
   // KDA form: chunked for T > 1 unless this is set (then recurrent always).
@@ -83,6 +92,7 @@ class ModelRunner {
                        std::vector<float>* logits);
 
   void set_activation_hook(ActivationHook hook) { hook_ = std::move(hook); }
+  void set_layer_done_hook(LayerDoneHook hook) { layer_done_ = std::move(hook); }
   void set_options(const ModelRunnerOptions& options) { options_ = options; }
   const ModelWeights& weights() const { return *w_; }
   KvCache* cache() { return cache_; }
@@ -105,6 +115,7 @@ class ModelRunner {
   kernels::Backend* backend_;  // not owned
   ModelRunnerOptions options_;
   ActivationHook hook_;
+  LayerDoneHook layer_done_;
 
   // Scratch reused between calls (resized per Forward; grows to the largest N).
   std::vector<int64_t> row_start_;       // per sequence, first row
