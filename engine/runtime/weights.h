@@ -7,10 +7,14 @@
 //     small vectors only (norm gains, residual-mixer queries: H or fewer values
 //     each) are converted to fp32 copies, because the kernels take fp32 gains.
 //
-// Tensor parallelism (ShardSpec): size 1 is implemented. The intended splits for
-// size N (rank r), so that no weight is ever copied to shard it:
+// Tensor parallelism (ShardSpec{rank r, size N}; parallel::LayoutForRank gives
+// the ranges, sizes it refuses are refused here with its error). No weight is
+// ever copied to shard it: a row slice is a pointer offset into the mapping, a
+// column slice (o_proj, down) is a pointer offset plus the full tensor's leading
+// dimension (o_proj_ld / down_ld, passed to GemmBf16 as ldw).
 //   KDA:   heads [r*h/N, (r+1)*h/N): rows of q/k/v/g_proj, f_b_proj, b_proj,
 //          conv, dt_bias, A_log slices; o_proj columns; all-reduce after o_proj.
+//          f_a_proj and o_norm are replicated.
 //   MLA:   heads likewise: q_b_proj / kv_b_proj / g_proj rows, o_proj columns;
 //          q_a / kv_a (and the latent cache) are replicated.
 //   Dense MLP and shared experts: intermediate rows [r*I/N, (r+1)*I/N) of
@@ -18,7 +22,10 @@
 //   Routed experts: expert e lives on rank e % N (others: null pointers, which
 //          MoeMxfp4 skips); the router, latent down/up and norm are replicated;
 //          all-reduce of u before routed_expert_norm.
-//   Vocab: lm_head rows [r*V/N, (r+1)*V/N), all-gather of the logits.
+//   Vocab: embedding and lm_head rows [r*V/N, (r+1)*V/N); the embedding gathers
+//          the rank's rows (zeros for the others) and all-reduces, the logits
+//          are all-gathered and re-ordered to [rows, V].
+// Everything else (norms, residual mixers, router) is replicated.
 #ifndef TANDEM_ENGINE_RUNTIME_WEIGHTS_H_
 #define TANDEM_ENGINE_RUNTIME_WEIGHTS_H_
 
@@ -33,7 +40,7 @@
 
 namespace tandem::runtime {
 
-// Which part of the model this rank holds. Only size 1 is implemented.
+// Which part of the model this rank holds (the same pair as parallel::TpShard).
 struct ShardSpec {
   int rank = 0;
   int size = 1;
@@ -60,7 +67,9 @@ struct KdaWeights {
   const uint16_t* b_proj = nullptr;    // [h, H]
   const uint16_t* g_proj = nullptr;    // [P, H]
   const float* o_norm = nullptr;       // [d]
-  const uint16_t* o_proj = nullptr;    // [H, P]
+  const uint16_t* o_proj = nullptr;    // [H, P] columns of this rank
+  int64_t heads = 0;                   // this rank's heads (h / N); P = heads * d
+  int64_t o_proj_ld = 0;               // the full tensor's row length (h * d)
 };
 
 struct MlaWeights {
@@ -72,13 +81,16 @@ struct MlaWeights {
   const uint16_t* kv_b_proj = nullptr;  // [n * (nope + v), lora]
   const uint16_t* o_proj = nullptr;     // [H, n * v]
   const uint16_t* g_proj = nullptr;     // [n * v, H]
+  int64_t heads = 0;                    // this rank's heads n (of all N_h)
+  int64_t o_proj_ld = 0;                // the full tensor's row length (N_h * v)
 };
 
 struct DenseMlpWeights {
   const uint16_t* gate = nullptr;  // [I, H]
   const uint16_t* up = nullptr;    // [I, H]
-  const uint16_t* down = nullptr;  // [H, I]
-  int64_t inter = 0;
+  const uint16_t* down = nullptr;  // [H, I] columns of this rank
+  int64_t inter = 0;               // this rank's rows I
+  int64_t down_ld = 0;             // the full tensor's row length
 };
 
 struct MoeWeights {
@@ -107,19 +119,23 @@ struct LayerWeights {
 struct ModelWeights {
   model::ModelConfig config;
   ShardSpec shard;
-  const uint16_t* embed = nullptr;    // [V, H]
-  const uint16_t* lm_head = nullptr;  // [V, H]
+  // This rank's vocabulary rows [vocab_begin, vocab_begin + vocab_rows).
+  int64_t vocab_begin = 0;
+  int64_t vocab_rows = 0;
+  const uint16_t* embed = nullptr;    // [vocab_rows, H] (row vocab_begin)
+  const uint16_t* lm_head = nullptr;  // [vocab_rows, H]
   std::vector<float> final_norm;
   std::vector<float> output_res_norm, output_res_proj;
   std::vector<LayerWeights> layers;
-  // Bytes of the mapped weights one decode token reads at least (every dense
-  // matrix + top_k experts per MoE layer + lm_head + its embedding row): the
-  // numerator of the decode roofline.
+  // Bytes of the mapped weights (this rank's slices) one decode token reads at least
+  // (every dense matrix + top_k experts per MoE layer + lm_head + its embedding row):
+  // the numerator of the decode roofline.
   uint64_t dense_bytes = 0;        // all BF16/F32 weights except routed experts
   uint64_t expert_bytes_each = 0;  // one routed expert (w1+w2+w3, packed + scales)
 };
 
-// Builds the views; `checkpoint` must outlive the result. Errors name the tensor.
+// Builds the views of `shard`'s part; `checkpoint` must outlive the result.
+// Errors name the tensor; CheckTpSize's error for a size the config refuses.
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
     const model::Checkpoint& checkpoint, ShardSpec shard = {});
 
