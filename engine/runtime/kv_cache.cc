@@ -4,9 +4,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "common/status.h"
+#include "parallel/sharding.h"
 
 namespace tandem::runtime {
 namespace {
@@ -29,6 +31,11 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(
                            options.num_blocks, ", num_slots ", options.num_slots,
                            " (block_size must be > 0, counts >= 0)");
   }
+  TANDEM_RETURN_IF_ERROR(parallel::CheckTpSize(config, options.tp_size));
+  if (options.tp_rank < 0 || options.tp_rank >= options.tp_size) {
+    return InvalidArgument("kv cache: tensor-parallel rank ", options.tp_rank,
+                           " not in [0, ", options.tp_size, ")");
+  }
   auto cache = std::unique_ptr<KvCache>(new KvCache());
   cache->options_ = options;
   cache->layers_ = config.Layers();
@@ -36,9 +43,10 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(
   cache->mla_layer_bytes_ = static_cast<size_t>(options.num_blocks) *
                             options.block_size * cache->mla_width_ * sizeof(uint16_t);
   const auto& la = config.text.linear_attn_config;
-  cache->kda_recurrent_floats_ = la.num_heads * la.head_dim * la.head_dim;
-  cache->kda_conv_floats_ =
-      (la.short_conv_kernel_size - 1) * config.KdaProjectionSize();
+  cache->kda_heads_ = la.num_heads / options.tp_size;
+  cache->kda_channels_ = cache->kda_heads_ * la.head_dim;
+  cache->kda_recurrent_floats_ = cache->kda_heads_ * la.head_dim * la.head_dim;
+  cache->kda_conv_floats_ = (la.short_conv_kernel_size - 1) * cache->kda_channels_;
   cache->kda_layer_floats_ = cache->kda_recurrent_floats_ + 3 * cache->kda_conv_floats_;
   for (const model::LayerSpec& spec : cache->layers_) {
     if (spec.attention == model::AttentionKind::kMla) {
@@ -153,6 +161,7 @@ absl::StatusOr<std::vector<StateRange>> KvCache::ExportSequence(
       for (int64_t b = 0; b < needed; ++b) {
         const int64_t rows = std::min(bs, num_tokens - b * bs);
         StateRange r;
+        r.rank = options_.tp_rank;
         r.layer = static_cast<int>(i);
         r.kind = StateKind::kMla;
         r.data =
@@ -162,6 +171,7 @@ absl::StatusOr<std::vector<StateRange>> KvCache::ExportSequence(
       }
     } else {
       StateRange r;
+      r.rank = options_.tp_rank;
       r.layer = static_cast<int>(i);
       r.kind = StateKind::kKda;
       r.data = reinterpret_cast<uint8_t*>(kda_recurrent(slot, idx));
@@ -174,10 +184,14 @@ absl::StatusOr<std::vector<StateRange>> KvCache::ExportSequence(
 
 absl::Status CopyStateRanges(absl::Span<const StateRange> src,
                              absl::Span<const StateRange> dst) {
-  using Key = std::pair<int, int>;
+  using Key = std::tuple<int, int, int>;  // rank, layer, kind
   std::map<Key, std::vector<const StateRange*>> s, d;
-  for (const StateRange& r : src) s[{r.layer, static_cast<int>(r.kind)}].push_back(&r);
-  for (const StateRange& r : dst) d[{r.layer, static_cast<int>(r.kind)}].push_back(&r);
+  for (const StateRange& r : src) {
+    s[{r.rank, r.layer, static_cast<int>(r.kind)}].push_back(&r);
+  }
+  for (const StateRange& r : dst) {
+    d[{r.rank, r.layer, static_cast<int>(r.kind)}].push_back(&r);
+  }
   if (s.size() != d.size()) {
     return InvalidArgument("state copy: source has ", s.size(),
                            " layer streams, destination ", d.size());
@@ -185,15 +199,16 @@ absl::Status CopyStateRanges(absl::Span<const StateRange> src,
   for (const auto& [key, sr] : s) {
     auto it = d.find(key);
     if (it == d.end()) {
-      return InvalidArgument("state copy: layer ", key.first,
-                             " missing in the destination");
+      return InvalidArgument("state copy: rank ", std::get<0>(key), " layer ",
+                             std::get<1>(key), " missing in the destination");
     }
     size_t sb = 0, db = 0;
     for (const StateRange* r : sr) sb += r->bytes;
     for (const StateRange* r : it->second) db += r->bytes;
     if (sb != db) {
-      return InvalidArgument("state copy: layer ", key.first, " has ", sb,
-                             " bytes in the source, ", db, " in the destination");
+      return InvalidArgument("state copy: rank ", std::get<0>(key), " layer ",
+                             std::get<1>(key), " has ", sb, " bytes in the source, ",
+                             db, " in the destination");
     }
   }
   for (const auto& [key, sr] : s) {

@@ -17,6 +17,13 @@
 // the slot's whole state. CopyStateRanges() copies one such list into another
 // (matched by layer and kind, by logical byte offset), so source and destination
 // may use different block sizes.
+//
+// Tensor parallelism (KvCacheOptions::tp_rank / tp_size): a rank's cache holds
+// the KDA state of its heads only (recurrent [h/N, dk, dv], conv tails of its
+// h/N * d channels); the MLA latent cache is replicated (the same bytes on every
+// rank: q_a / kv_a are not split). Every range carries its rank; an executor
+// lists the ranges of all ranks rank-major, and CopyStateRanges matches
+// (rank, layer, kind). With tp_size 1 the layout is the unsharded one.
 #ifndef TANDEM_ENGINE_RUNTIME_KV_CACHE_H_
 #define TANDEM_ENGINE_RUNTIME_KV_CACHE_H_
 
@@ -36,12 +43,17 @@ struct KvCacheOptions {
   int64_t num_blocks = 0;   // MLA blocks per layer
   int64_t block_size = 16;  // tokens per block
   int64_t num_slots = 0;    // KDA state slots (concurrent sequences)
+  // This cache's tensor-parallel rank and group size (KDA heads split; sizes the
+  // config does not divide are refused with parallel::CheckTpSize's error).
+  int tp_rank = 0;
+  int tp_size = 1;
 };
 
 enum class StateKind { kMla, kKda };
 
 // One contiguous piece of a sequence's state.
 struct StateRange {
+  int rank = 0;   // tensor-parallel rank whose cache holds it
   int layer = 0;  // model layer index (0-based)
   StateKind kind = StateKind::kMla;
   uint8_t* data = nullptr;  // not owned: points into a KvCache buffer
@@ -68,6 +80,9 @@ class KvCache {
   int64_t mla_width() const { return mla_width_; }  // values per token
   int num_mla_layers() const { return static_cast<int>(mla_.size()); }
   int num_kda_layers() const { return num_kda_layers_; }
+  int tp_rank() const { return options_.tp_rank; }
+  int64_t kda_heads() const { return kda_heads_; }        // this rank's heads
+  int64_t kda_channels() const { return kda_channels_; }  // heads * head_dim
 
   // [num_blocks, block_size, mla_width] BF16 of MLA layer `mla_index`.
   uint16_t* mla_layer(int mla_index) { return mla_[mla_index]; }
@@ -106,6 +121,8 @@ class KvCache {
   size_t mla_layer_bytes_ = 0;
   std::vector<uint16_t*> mla_;  // owned (aligned allocations)
   int num_kda_layers_ = 0;
+  int64_t kda_heads_ = 0;
+  int64_t kda_channels_ = 0;
   int64_t kda_recurrent_floats_ = 0;
   int64_t kda_conv_floats_ = 0;  // one of q/k/v
   int64_t kda_layer_floats_ = 0;
@@ -113,7 +130,7 @@ class KvCache {
   size_t kda_total_bytes_ = 0;
 };
 
-// Copies the bytes described by `src` into `dst`: for every (layer, kind) the
+// Copies the bytes described by `src` into `dst`: for every (rank, layer, kind) the
 // ranges of each list are concatenated and the two streams must have equal
 // length; then the stream is copied. Errors when the lists do not describe the
 // same layers and sizes.

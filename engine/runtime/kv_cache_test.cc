@@ -92,5 +92,55 @@ TEST(KvCacheTest, ExportCopyAcrossBlockSizes) {
   EXPECT_FALSE(a->ExportSequence({6, 1, 99}, n, 1).ok());
 }
 
+// A TP rank's cache: KDA state of its heads only, MLA cache whole; TP 1 keeps
+// the unsharded layout; ranges carry the rank and copies match by it.
+TEST(KvCacheTest, TensorParallelShard) {
+  const model::ModelConfig cfg = model::TinyConfig();
+  const auto& la = cfg.text.linear_attn_config;
+  auto full = Make(4, 16, 2);
+  for (int size : {2, 4}) {
+    KvCacheOptions o{4, 16, 2};
+    o.tp_size = size;
+    o.tp_rank = size - 1;
+    auto c = KvCache::Create(cfg, o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ((*c)->kda_heads(), la.num_heads / size);
+    EXPECT_EQ((*c)->kda_bytes_per_layer() * size, full->kda_bytes_per_layer());
+    EXPECT_EQ((*c)->mla_layer_bytes(), full->mla_layer_bytes());
+    EXPECT_EQ((*c)->kda_conv(0, 0, 1) - (*c)->kda_conv(0, 0, 0),
+              (la.short_conv_kernel_size - 1) * la.head_dim * la.num_heads / size);
+    auto ranges = (*c)->ExportSequence({0, 1}, 20, 1);
+    ASSERT_TRUE(ranges.ok());
+    for (const StateRange& r : *ranges) EXPECT_EQ(r.rank, size - 1);
+  }
+  EXPECT_EQ(full->kda_heads(), la.num_heads);
+  KvCacheOptions bad{4, 16, 2};
+  bad.tp_size = 8;
+  auto refused = KvCache::Create(cfg, bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("num_heads = 4"), std::string::npos);
+  bad.tp_size = 2;
+  bad.tp_rank = 2;
+  EXPECT_FALSE(KvCache::Create(cfg, bad).ok());
+
+  // Ranges of rank 1 do not land in rank 0's streams.
+  KvCacheOptions o{4, 16, 2};
+  o.tp_size = 2;
+  o.tp_rank = 1;
+  auto r1 = KvCache::Create(cfg, o);
+  o.tp_rank = 0;
+  auto r0 = KvCache::Create(cfg, o);
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  auto from = (*r1)->ExportSequence({2}, 5, 0);
+  auto to0 = (*r0)->ExportSequence({3}, 5, 1);
+  ASSERT_TRUE(from.ok() && to0.ok());
+  EXPECT_FALSE(CopyStateRanges(*from, *to0).ok());
+  (*r1)->kda_recurrent(0, 1)[3] = 4.25f;
+  auto to1 = (*r1)->ExportSequence({3}, 5, 1);
+  ASSERT_TRUE(to1.ok());
+  ASSERT_TRUE(CopyStateRanges(*from, *to1).ok());
+  EXPECT_EQ((*r1)->kda_recurrent(1, 1)[3], 4.25f);
+}
+
 }  // namespace
 }  // namespace tandem::runtime
