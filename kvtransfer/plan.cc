@@ -110,17 +110,23 @@ void AppendRange(std::vector<ByteRange>* out, RegionId region, uint64_t offset,
   out->push_back(ByteRange{region, offset, length});
 }
 
-std::vector<ByteRange> RangesUnchecked(const RankLayout& s, LayerRef layer,
-                                       int64_t num_tokens) {
+// Rows [begin, end) of an MLA layer (one range per block piece), or the KDA
+// layer's slot state (begin/end ignored).
+std::vector<ByteRange> RowRangesUnchecked(const RankLayout& s, LayerRef layer,
+                                          int64_t begin, int64_t end) {
   std::vector<ByteRange> out;
   const KvLayout& l = s.layout;
   if (layer.kind == LayerKind::kMla) {
     const MlaPool& p = s.mla[layer.index];
     const uint64_t tb = l.mla_token_bytes();
-    for (int64_t t = 0; t < num_tokens; t += l.block_size()) {
-      const int64_t n = std::min<int64_t>(l.block_size(), num_tokens - t);
-      const uint64_t block = s.block_ids[t / l.block_size()];
-      AppendRange(&out, p.region, p.offset + block * BlockStride(s, p), n * tb);
+    const int64_t bs = l.block_size();
+    for (int64_t t = begin; t < end;) {
+      const int64_t in_block = t % bs;
+      const int64_t n = std::min<int64_t>(bs - in_block, end - t);
+      const uint64_t block = s.block_ids[t / bs];
+      AppendRange(&out, p.region, p.offset + block * BlockStride(s, p) + in_block * tb,
+                  n * tb);
+      t += n;
     }
   } else {
     const KdaPool& p = s.kda[layer.index];
@@ -130,6 +136,11 @@ std::vector<ByteRange> RangesUnchecked(const RankLayout& s, LayerRef layer,
     AppendRange(&out, p.region, slot + ConvOffset(s, p), l.kda_conv_bytes());
   }
   return out;
+}
+
+std::vector<ByteRange> RangesUnchecked(const RankLayout& s, LayerRef layer,
+                                       int64_t num_tokens) {
+  return RowRangesUnchecked(s, layer, 0, num_tokens);
 }
 
 absl::Status CheckLayerIndex(const RankLayout& s, LayerRef layer) {
@@ -270,6 +281,25 @@ absl::StatusOr<TransferPlan> PlanLayer(const RankLayout& src, const RankLayout& 
   TransferPlan plan;
   Zip(RangesUnchecked(src, layer, num_tokens), RangesUnchecked(dst, layer, num_tokens),
       &plan.segments);
+  plan.segments_before_coalescing = plan.segments.size();
+  for (const Segment& s : plan.segments) plan.bytes += s.length;
+  Coalesce(&plan.segments);
+  return plan;
+}
+
+absl::StatusOr<TransferPlan> PlanLayerRows(const RankLayout& src, const RankLayout& dst,
+                                           LayerRef layer, int64_t begin, int64_t end) {
+  if (begin < 0 || begin > end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row range [", begin, ", ", end, ") is not a range"));
+  }
+  absl::Status st = ValidatePair(src, dst, end);
+  if (!st.ok()) return st;
+  st = CheckLayerIndex(src, layer);
+  if (!st.ok()) return st;
+  TransferPlan plan;
+  Zip(RowRangesUnchecked(src, layer, begin, end),
+      RowRangesUnchecked(dst, layer, begin, end), &plan.segments);
   plan.segments_before_coalescing = plan.segments.size();
   for (const Segment& s : plan.segments) plan.bytes += s.length;
   Coalesce(&plan.segments);

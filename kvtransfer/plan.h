@@ -97,6 +97,17 @@ size_t Coalesce(std::vector<Segment>* segments);
 // receiver's (as in its descriptor).
 absl::StatusOr<TransferPlan> PlanLayer(const RankLayout& src, const RankLayout& dst,
                                        LayerRef layer, int64_t num_tokens);
+// Layer-by-layer streaming: the segments of ONE layer for the rows
+// [begin, end) that a prefill chunk has just made final. MLA: those tokens'
+// latent rows, cut at both sides' block boundaries (a chunk may start and end
+// inside a block of either side) and coalesced. KDA: the layer's whole slot
+// state (state, conv tails; the row range is ignored: the slot is final only
+// after the last chunk). Streaming the chunks [0, c1), [c1, c2), ..., [ck, n)
+// of every MLA layer plus each KDA layer once moves exactly the bytes of
+// PlanAll(src, dst, n): no byte twice, none missed (plan_test checks it).
+// Validates the pair for `end` tokens and 0 <= begin <= end.
+absl::StatusOr<TransferPlan> PlanLayerRows(const RankLayout& src, const RankLayout& dst,
+                                           LayerRef layer, int64_t begin, int64_t end);
 // Every MLA layer then every KDA layer, coalesced across layer boundaries too.
 absl::StatusOr<TransferPlan> PlanAll(const RankLayout& src, const RankLayout& dst,
                                      int64_t num_tokens);
