@@ -1,6 +1,7 @@
 #include "engine/runtime/model_runner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -21,8 +22,75 @@ constexpr float kL2NormEps = 1e-6f;
 }  // namespace
 
 ModelRunner::ModelRunner(const ModelWeights* weights, KvCache* cache,
-                         kernels::Backend* backend, ModelRunnerOptions options)
-    : w_(weights), cache_(cache), backend_(backend), options_(options) {}
+                         kernels::Backend* backend, ModelRunnerOptions options,
+                         parallel::Communicator* comm)
+    : w_(weights), cache_(cache), backend_(backend), options_(options), comm_(comm) {}
+
+absl::Status ModelRunner::AllReduce(float* data, int64_t n) {
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status s = comm_->AllReduceSum(data, static_cast<size_t>(n));
+  comm_stats_.seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++comm_stats_.calls;
+  comm_stats_.bytes += n * static_cast<int64_t>(sizeof(float));
+  return s;
+}
+
+absl::Status ModelRunner::AllGather(const float* in, int64_t n_per_rank, float* out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status s = comm_->AllGather(in, static_cast<size_t>(n_per_rank), out);
+  comm_stats_.seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++comm_stats_.calls;
+  comm_stats_.bytes += n_per_rank * static_cast<int64_t>(sizeof(float));
+  return s;
+}
+
+// Vocabulary-parallel embedding: this rank's rows, zeros for the others, summed
+// over the ranks (each row comes from exactly one rank, so the sum is exact).
+absl::Status ModelRunner::Embed(int64_t n, float* out) {
+  const int64_t H = w_->config.text.hidden_size, V = w_->config.text.vocab_size;
+  if (!tp()) return backend_->EmbeddingGather(w_->embed, V, H, ids_.data(), n, out);
+  const int64_t v0 = w_->vocab_begin, vr = w_->vocab_rows;
+  local_ids_.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t id = ids_[i];
+    if (id < 0 || id >= V) {
+      return InvalidArgument("embedding: token id ", id, " out of range [0, ", V, ")");
+    }
+    local_ids_[i] = (id >= v0 && id < v0 + vr) ? static_cast<int32_t>(id - v0) : 0;
+  }
+  TANDEM_RETURN_IF_ERROR(
+      backend_->EmbeddingGather(w_->embed, vr, H, local_ids_.data(), n, out));
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids_[i] < v0 || ids_[i] >= v0 + vr)
+      std::memset(out + i * H, 0, H * sizeof(float));
+  }
+  return AllReduce(out, n * H);
+}
+
+// lm_head over this rank's vocab rows, all-gathered ([rank][row][vocab slice])
+// and re-ordered into [row][V].
+absl::Status ModelRunner::LmHead(const float* rows, int64_t num_logits, float* logits) {
+  const int64_t H = w_->config.text.hidden_size, V = w_->config.text.vocab_size;
+  if (!tp()) {
+    return backend_->GemmBf16(rows, H, w_->lm_head, H, logits, V, num_logits, V, H,
+                              /*accumulate=*/false);
+  }
+  const int64_t vr = w_->vocab_rows, N = comm_->size();
+  float* local = Sized(&local_logits_, num_logits * vr);
+  TANDEM_RETURN_IF_ERROR(backend_->GemmBf16(rows, H, w_->lm_head, H, local, vr,
+                                            num_logits, vr, H, /*accumulate=*/false));
+  float* all = Sized(&gathered_, N * num_logits * vr);
+  TANDEM_RETURN_IF_ERROR(AllGather(local, num_logits * vr, all));
+  for (int64_t r = 0; r < N; ++r) {
+    for (int64_t i = 0; i < num_logits; ++i) {
+      std::memcpy(logits + i * V + r * vr, all + (r * num_logits + i) * vr,
+                  vr * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
 
 void ModelRunner::Probe(int layer, absl::string_view name, const float* data,
                         int64_t rows, int64_t cols) const {
@@ -82,6 +150,15 @@ absl::Status ModelRunner::Validate(absl::Span<const SequenceInput> seqs) const {
 absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
                                   std::vector<float>* logits) {
   TANDEM_RETURN_IF_ERROR(Validate(seqs));
+  const int tp_size = comm_ != nullptr ? comm_->size() : 1;
+  const int tp_rank = comm_ != nullptr ? comm_->rank() : 0;
+  if (w_->shard.size != tp_size || w_->shard.rank != tp_rank ||
+      cache_->tp_rank() != tp_rank) {
+    return FailedPrecondition("forward: weights of TP shard {", w_->shard.rank, ", ",
+                              w_->shard.size, "} and cache of rank ", cache_->tp_rank(),
+                              " do not match communicator rank ", tp_rank, " of ",
+                              tp_size);
+  }
   const model::TextConfig& t = w_->config.text;
   const int64_t H = t.hidden_size, V = t.vocab_size;
   const float eps = static_cast<float>(t.rms_norm_eps);
@@ -112,8 +189,7 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
   float* attn_out = Sized(&attn_out_, n * H);
   float* ffn_out = Sized(&ffn_out_, n * H);
 
-  TANDEM_RETURN_IF_ERROR(
-      be.EmbeddingGather(w_->embed, V, H, ids_.data(), n, res_[0].data()));
+  TANDEM_RETURN_IF_ERROR(Embed(n, res_[0].data()));
   Probe(-1, "embed", res_[0].data(), n, H);
 
   std::vector<const float*> bank;
@@ -178,8 +254,7 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
   TANDEM_RETURN_IF_ERROR(
       be.RmsNorm(rows, H, w_->final_norm.data(), rows, H, num_logits, H, eps));
   Probe(-1, "final", rows, num_logits, H);
-  return be.GemmBf16(rows, H, w_->lm_head, H, logits->data(), V, num_logits, V, H,
-                     /*accumulate=*/false);
+  return LmHead(rows, num_logits, logits->data());
 }
 
 absl::Status ModelRunner::KdaLayer(const LayerWeights& lw,
@@ -187,10 +262,11 @@ absl::Status ModelRunner::KdaLayer(const LayerWeights& lw,
                                    const float* xn, float* out) {
   const model::ModelConfig& c = w_->config;
   const auto& la = c.text.linear_attn_config;
-  const int64_t H = c.text.hidden_size, P = c.KdaProjectionSize();
-  const int64_t nh = la.num_heads, d = la.head_dim, K = la.short_conv_kernel_size;
-  const int64_t n = row_start_[seqs.size()];
   const KdaWeights& kw = lw.kda;
+  // This rank's heads (all of them at TP 1) and their channels.
+  const int64_t nh = kw.heads, d = la.head_dim, K = la.short_conv_kernel_size;
+  const int64_t H = c.text.hidden_size, P = nh * d;
+  const int64_t n = row_start_[seqs.size()];
   kernels::Backend& be = *backend_;
 
   float* q_raw = Sized(&t0_, n * P);
@@ -261,7 +337,9 @@ absl::Status ModelRunner::KdaLayer(const LayerWeights& lw,
   TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, kw.g_proj, H, gate, P, n, P, H, false));
   TANDEM_RETURN_IF_ERROR(be.KdaOutputGate(o, P, kw.o_norm, gate, P, o, P, n, nh, d,
                                           static_cast<float>(c.text.rms_norm_eps)));
-  return be.GemmBf16(o, P, kw.o_proj, P, out, H, n, H, P, false);
+  TANDEM_RETURN_IF_ERROR(
+      be.GemmBf16(o, P, kw.o_proj, kw.o_proj_ld, out, H, n, H, P, false));
+  return tp() ? AllReduce(out, n * H) : absl::OkStatus();
 }
 
 absl::Status ModelRunner::MlaLayer(const LayerWeights& lw,
@@ -269,7 +347,7 @@ absl::Status ModelRunner::MlaLayer(const LayerWeights& lw,
                                    const float* xn, float* out) {
   const model::ModelConfig& c = w_->config;
   const model::TextConfig& t = c.text;
-  const int64_t H = t.hidden_size, nh = t.num_attention_heads;
+  const int64_t H = t.hidden_size, nh = lw.mla.heads;  // this rank's heads
   const int64_t ql = t.q_lora_rank, lora = t.kv_lora_rank, rope = t.qk_rope_head_dim;
   const int64_t qd = c.QHeadDim(), W = lora + rope, vd = t.v_head_dim;
   const int64_t n = row_start_[seqs.size()];
@@ -368,7 +446,9 @@ absl::Status ModelRunner::MlaLayer(const LayerWeights& lw,
       be.GemmBf16(xn, H, mw.g_proj, H, gate, nh * vd, n, nh * vd, H, false));
   TANDEM_RETURN_IF_ERROR(
       be.MulSigmoid(att, nh * vd, gate, nh * vd, att, nh * vd, n, nh * vd));
-  return be.GemmBf16(att, nh * vd, mw.o_proj, nh * vd, out, H, n, H, nh * vd, false);
+  TANDEM_RETURN_IF_ERROR(
+      be.GemmBf16(att, nh * vd, mw.o_proj, mw.o_proj_ld, out, H, n, H, nh * vd, false));
+  return tp() ? AllReduce(out, n * H) : absl::OkStatus();
 }
 
 absl::Status ModelRunner::DenseMlp(const DenseMlpWeights& m, const float* x, float* out,
@@ -385,11 +465,15 @@ absl::Status ModelRunner::DenseMlp(const DenseMlpWeights& m, const float* x, flo
   TANDEM_RETURN_IF_ERROR(be.SituGlu(g, I, u, I, act, I, n, I,
                                     static_cast<float>(t.activation_situ_beta),
                                     static_cast<float>(t.activation_situ_linear_beta)));
-  return be.GemmBf16(act, I, m.down, I, out, H, n, H, I, accumulate);
+  return be.GemmBf16(act, I, m.down, m.down_ld, out, H, n, H, I, accumulate);
 }
 
 absl::Status ModelRunner::Ffn(const LayerWeights& lw, const float* xn, float* out) {
-  if (lw.spec.ffn == model::FfnKind::kDense) return DenseMlp(lw.dense, xn, out, false);
+  if (lw.spec.ffn == model::FfnKind::kDense) {
+    TANDEM_RETURN_IF_ERROR(DenseMlp(lw.dense, xn, out, false));
+    return tp() ? AllReduce(out, row_start_.back() * w_->config.text.hidden_size)
+                : absl::OkStatus();
+  }
   const model::TextConfig& t = w_->config.text;
   const int64_t H = t.hidden_size, L = t.routed_expert_hidden_size;
   const int64_t E = t.num_experts, k = t.num_experts_per_token;
@@ -403,7 +487,9 @@ absl::Status ModelRunner::Ffn(const LayerWeights& lw, const float* xn, float* ou
       xn, H, m.router, m.router_bias, n, H, E, k, t.moe_renormalize,
       static_cast<float>(t.routed_scaling_factor), expert_ids.data(), wts));
   float* z = Sized(&t0_, n * L);
-  float* u = Sized(&t1_, n * L);
+  // TP: u and the shared-expert partial side by side, reduced in one call.
+  float* u = tp() ? Sized(&moe_red_, n * (L + H)) : Sized(&t1_, n * L);
+  float* shared = u + n * L;  // TP only
   TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, m.latent_down, H, z, L, n, L, H, false));
   kernels::MoeArgs a;
   a.tokens = n;
@@ -421,11 +507,16 @@ absl::Status ModelRunner::Ffn(const LayerWeights& lw, const float* xn, float* ou
   a.out = u;
   a.ld_out = L;
   TANDEM_RETURN_IF_ERROR(be.MoeMxfp4(a));
+  if (tp()) {
+    TANDEM_RETURN_IF_ERROR(DenseMlp(m.shared, xn, shared, /*accumulate=*/false));
+    TANDEM_RETURN_IF_ERROR(AllReduce(u, n * (L + H)));
+  }
   if (t.latent_moe_use_norm) {
     TANDEM_RETURN_IF_ERROR(be.RmsNorm(u, L, m.latent_norm.data(), u, L, n, L,
                                       static_cast<float>(t.rms_norm_eps)));
   }
   TANDEM_RETURN_IF_ERROR(be.GemmBf16(u, L, m.latent_up, L, out, H, n, H, L, false));
+  if (tp()) return be.AddInPlace(out, shared, n * H);
   return DenseMlp(m.shared, xn, out, /*accumulate=*/true);
 }
 

@@ -20,6 +20,21 @@
 // roll back (speculation) snapshot the slot first (KvCache::SnapshotSlot).
 // Activation memory is O(N * (hidden * (res blocks + a few) + widest projection)):
 // callers bound N (the engine's token budget per step).
+//
+// Tensor parallelism: with a Communicator of size N (weights and cache of the
+// same rank's shard, weights.h / kv_cache.h) every rank runs Forward on the same
+// inputs at the same time; the collectives (all of them on the rank's thread):
+//   embedding: each rank gathers its vocab rows (zeros elsewhere) → all-reduce
+//   KDA / MLA: partial o_proj over the rank's heads → all-reduce
+//   dense MLP: partial down over the rank's rows → all-reduce
+//   MoE: [routed-expert sum u of the rank's experts | shared-expert partial]
+//        → one all-reduce of both (before routed_expert_norm; the replicated
+//        latent_up output is not reduced)
+//   lm_head: logits of the rank's vocab rows → all-gather → [rows, V]
+// Every rank gets the full logits. A collective's error (a peer gone or late
+// beyond the communicator's timeout) is returned by Forward. Without a
+// communicator (or size 1) nothing is communicated and the arithmetic is the
+// unsharded one, unchanged.
 #ifndef TANDEM_ENGINE_RUNTIME_MODEL_RUNNER_H_
 #define TANDEM_ENGINE_RUNTIME_MODEL_RUNNER_H_
 
@@ -33,6 +48,7 @@
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/weights.h"
 #include "kernels/backend.h"
+#include "parallel/communicator.h"
 
 namespace tandem::runtime {
 
@@ -79,11 +95,21 @@ struct ModelRunnerOptions {
   bool kda_recurrent_only = false;
 };
 
+// Time spent in the collectives of Forward (tensor parallelism), cumulative. The
+// time of a call includes waiting for the slowest rank to arrive.
+struct CommStats {
+  int64_t calls = 0;
+  int64_t bytes = 0;  // payload handed to the collectives (this rank's view)
+  double seconds = 0;
+};
+
 class ModelRunner {
  public:
-  // Not owned: weights, cache and backend must outlive the runner.
+  // Not owned: weights, cache, backend (and comm) must outlive the runner.
+  // comm: the TP group of this rank (null: TP 1, no collectives); its size and
+  // rank must match weights->shard (checked by Forward).
   ModelRunner(const ModelWeights* weights, KvCache* cache, kernels::Backend* backend,
-              ModelRunnerOptions options = {});
+              ModelRunnerOptions options = {}, parallel::Communicator* comm = nullptr);
 
   // Runs the batch. `logits` gets one row of vocab_size fp32 per requested index,
   // sequence after sequence, in the order of logits_indices. On error the state of
@@ -97,6 +123,9 @@ class ModelRunner {
   const ModelWeights& weights() const { return *w_; }
   KvCache* cache() { return cache_; }
   kernels::Backend* backend() { return backend_; }
+  parallel::Communicator* communicator() { return comm_; }
+  const CommStats& comm_stats() const { return comm_stats_; }
+  void reset_comm_stats() { comm_stats_ = {}; }
 
  private:
   absl::Status Validate(absl::Span<const SequenceInput> seqs) const;
@@ -107,6 +136,12 @@ class ModelRunner {
   absl::Status Ffn(const LayerWeights& lw, const float* xn, float* out);
   absl::Status DenseMlp(const DenseMlpWeights& m, const float* x, float* out,
                         bool accumulate);
+  bool tp() const { return comm_ != nullptr && comm_->size() > 1; }
+  // Timed collectives (counted in comm_stats_).
+  absl::Status AllReduce(float* data, int64_t n);
+  absl::Status AllGather(const float* in, int64_t n_per_rank, float* out);
+  absl::Status Embed(int64_t n, float* out);
+  absl::Status LmHead(const float* rows, int64_t num_logits, float* logits);
   void Probe(int layer, absl::string_view name, const float* data, int64_t rows,
              int64_t cols) const;
 
@@ -114,6 +149,8 @@ class ModelRunner {
   KvCache* cache_;             // not owned
   kernels::Backend* backend_;  // not owned
   ModelRunnerOptions options_;
+  parallel::Communicator* comm_;  // not owned; may be null
+  CommStats comm_stats_;
   ActivationHook hook_;
   LayerDoneHook layer_done_;
 
@@ -125,6 +162,8 @@ class ModelRunner {
   std::vector<float> gates_, betas_, topk_w_;
   std::vector<int32_t> ids_, slots_, seq_lens_, query_start_, tables_;
   std::vector<float> out_rows_;
+  std::vector<float> moe_red_, local_logits_, gathered_;  // TP only
+  std::vector<int32_t> local_ids_;                        // TP only
 };
 
 }  // namespace tandem::runtime
