@@ -3,6 +3,7 @@
 // router, grpc.health.v1, /metrics.
 //
 //   prefill_main --model=DIR --router=HOST:PORT [--port=0] [--metrics_port=0]
+//                [--kv_stream_layers=true]
 #include <memory>
 #include <string>
 
@@ -35,6 +36,9 @@ ABSL_FLAG(int, num_blocks, 0, "Engine KV blocks (0: num_slots full contexts).");
 ABSL_FLAG(int64_t, max_context_tokens, 4096, "Prompt + output tokens per request.");
 ABSL_FLAG(int64_t, max_tokens_per_step, 256, "Engine token budget per step.");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (UCX_TLS), empty: UCX chooses.");
+ABSL_FLAG(bool, kv_stream_layers, true,
+          "Stream each layer's KV/KDA state to the decode worker while the prefill "
+          "computes (false: the whole state after the prefill).");
 ABSL_FLAG(bool, test_corrupt_transfer, false,
           "TEST ONLY: flip one byte of every transfer after checksumming it.");
 
@@ -76,6 +80,7 @@ int main(int argc, char** argv) {
   tandem::prefill::PrefillServiceOptions pso;
   pso.worker_id = absl::GetFlag(FLAGS_worker_id);
   pso.test_corrupt_transfer = absl::GetFlag(FLAGS_test_corrupt_transfer);
+  pso.stream_layers = absl::GetFlag(FLAGS_kv_stream_layers);
   if (pso.test_corrupt_transfer) {
     TLOG(WARNING, "TEST ONLY --test_corrupt_transfer: every transfer is corrupted");
   }

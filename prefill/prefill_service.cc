@@ -65,6 +65,28 @@ struct PrefillService::Call {
   }
 };
 
+// A request's layer-by-layer transfer; engine thread only, except `failed`
+// (set by completion callbacks on the agent's thread).
+struct PrefillService::Stream {
+  std::shared_ptr<Call> call;
+  kvtransfer::PeerId peer = 0;
+  std::vector<int64_t> rows;                 // per model layer: rows posted
+  std::vector<kvtransfer::BatchId> batches;  // posted, not yet waited for
+  // A chunk restarted below the rows already posted (the request was preempted
+  // and recomputes): stop streaming; the whole state is sent after the prefill,
+  // once every earlier batch has ended.
+  bool restart = false;
+  absl::Status post_error;  // the first plan or PostWrite failure
+  std::shared_ptr<std::atomic<bool>> failed =
+      std::make_shared<std::atomic<bool>>(false);
+  uint64_t bytes = 0;
+  int64_t segments = 0;
+  absl::Time first_post = absl::InfiniteFuture();
+};
+
+// How long a cancelled batch may take to drain before its peer is dropped.
+constexpr absl::Duration kDrainGrace = absl::Seconds(2);
+
 absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
     worker::EngineLoop* loop, runtime::KvCache* cache, kvtransfer::TransferAgent* agent,
     worker::WorkerMetrics* metrics, PrefillServiceOptions options) {
@@ -72,7 +94,32 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
       new PrefillService(loop, cache, agent, metrics, std::move(options)));
   TANDEM_ASSIGN_OR_RETURN(s->regions_, worker::RegisterCache(agent, cache));
   s->layout_ = worker::KvLayoutOf(*cache);
+  s->src_pools_ = worker::CacheRankLayout(*cache, s->regions_, {}, 0);
+  int mla = 0, kda = 0;
+  for (const model::LayerSpec& spec : cache->layers()) {
+    if (spec.attention == model::AttentionKind::kKda) {
+      s->layer_refs_.push_back({kvtransfer::LayerKind::kKda, kda++});
+    } else {
+      s->layer_refs_.push_back({kvtransfer::LayerKind::kMla, mla++});
+    }
+  }
+  if (mla != cache->num_mla_layers() || kda != cache->num_kda_layers()) {
+    return Internal("the cache's layer schedule has ", mla, " MLA and ", kda,
+                    " KDA layers; its pools ", cache->num_mla_layers(), " and ",
+                    cache->num_kda_layers());
+  }
+  if (s->options_.stream_layers) {
+    PrefillService* self = s.get();
+    loop->SetLayerProgressCallback(
+        [self](int layer, absl::Span<const runtime::LayerProgressEntry> entries) {
+          self->OnLayer(layer, entries);
+        });
+  }
   return s;
+}
+
+PrefillService::~PrefillService() {
+  for (auto& [eid, stream] : streams_) EndStream(stream.get());
 }
 
 PrefillService::PrefillService(worker::EngineLoop* loop, runtime::KvCache* cache,
@@ -185,6 +232,31 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   reactor->on_cancel = [this, weak] {
     if (auto c = weak.lock()) CancelCall(c);
   };
+  if (options_.stream_layers) {
+    // Connected before the prefill starts: the first layer posts at once.
+    auto peer = PeerFor(req->target().ranks(0).transfer_descriptor());
+    if (!peer.ok()) {
+      done();
+      const absl::Status s(peer.status().code(),
+                           absl::StrCat("cannot connect to the decode worker at ",
+                                        req->target().ranks(0).transfer_address(), ": ",
+                                        peer.status().message()));
+      if (call->Finish(ToGrpcStatus(s))) {
+        Count("Prefill", absl::StatusCodeToString(s.code()).c_str());
+      }
+      TLOG(WARNING, "prefill failed").Kv("request_id", id).Kv("status", s);
+      return reactor;
+    }
+    auto stream = std::make_unique<Stream>();
+    stream->call = call;
+    stream->peer = *peer;
+    stream->rows.assign(layer_refs_.size(), 0);
+    loop_->Post(
+        [this, eid = call->eid,
+         stream = std::shared_ptr<Stream>(std::move(stream))](runtime::Engine&) {
+          streams_[eid] = std::make_unique<Stream>(std::move(*stream));
+        });
+  }
   std::vector<int32_t> prompt(req->prompt_token_ids().begin(),
                               req->prompt_token_ids().end());
   loop_->AddRequest(
@@ -197,7 +269,10 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
         // next step (commands run before it).
         loop_->Cancel(call->eid, nullptr);
         done();
-        if (s.ok()) s = Transfer(e, call.get(), *out);
+        std::unique_ptr<Stream> stream = TakeStream(call->eid);
+        if (s.ok()) s = Transfer(e, call.get(), *out, stream.get());
+        // Every path: no batch reads the blocks once the request is aborted.
+        if (stream != nullptr) EndStream(stream.get());
         if (!s.ok()) {
           if (call->Finish(ToGrpcStatus(s))) {
             Count("Prefill", absl::StatusCodeToString(s.code()).c_str());
@@ -212,8 +287,99 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   return reactor;
 }
 
+void PrefillService::OnLayer(int layer,
+                             absl::Span<const runtime::LayerProgressEntry> entries) {
+  for (const runtime::LayerProgressEntry& en : entries) {
+    auto it = streams_.find(en.id);
+    if (it == streams_.end()) continue;
+    Stream& st = *it->second;
+    if (st.restart || !st.post_error.ok() || st.failed->load()) continue;
+    if (layer < 0 || layer >= static_cast<int>(layer_refs_.size())) {
+      st.post_error =
+          Internal("layer progress for layer ", layer, " of ", layer_refs_.size());
+      continue;
+    }
+    if (en.start_pos != st.rows[layer]) {
+      // Recomputed from an earlier position (preempted): the rows posted so far
+      // may have been read from blocks freed since. Stop streaming; Transfer
+      // sends the whole state once every earlier batch has ended.
+      st.restart = true;
+      TLOG(INFO, "prefill recomputed; the transfer restarts after the prefill")
+          .Kv("request_id", st.call->request.request_id())
+          .Kv("layer", layer)
+          .Kv("start_pos", en.start_pos)
+          .Kv("rows_posted", st.rows[layer]);
+      continue;
+    }
+    st.rows[layer] = en.end_pos;
+    const kvtransfer::LayerRef ref = layer_refs_[layer];
+    // A KDA slot is final only after the prompt's last chunk.
+    if (ref.kind == kvtransfer::LayerKind::kKda && !en.completes_prefill) continue;
+    src_pools_.block_ids.assign(en.block_table.begin(), en.block_table.end());
+    src_pools_.state_slot = static_cast<int32_t>(en.slot);
+    absl::StatusOr<kvtransfer::TransferPlan> plan = kvtransfer::PlanLayerRows(
+        src_pools_, st.call->dst, ref, en.start_pos, en.end_pos);
+    if (!plan.ok()) {
+      st.post_error = plan.status();
+      continue;
+    }
+    if (plan->segments.empty()) continue;
+    if (st.first_post == absl::InfiniteFuture()) st.first_post = absl::Now();
+    std::shared_ptr<std::atomic<bool>> failed = st.failed;
+    absl::StatusOr<kvtransfer::BatchId> batch = agent_->PostWrite(
+        st.peer, plan->segments, [failed](kvtransfer::BatchId, const absl::Status& s) {
+          if (!s.ok()) failed->store(true);
+        });
+    if (!batch.ok()) {
+      st.post_error = batch.status();
+      continue;
+    }
+    st.batches.push_back(*batch);
+    st.bytes += plan->bytes;
+    st.segments += static_cast<int64_t>(plan->segments.size());
+    if (metrics_ != nullptr) metrics_->transfer_batches->Increment();
+  }
+}
+
+absl::Status PrefillService::WaitBatches(Stream* st, absl::Time deadline) {
+  absl::Status first;
+  for (kvtransfer::BatchId b : st->batches) {
+    if (first.ok()) {
+      first = agent_->Wait(b, deadline);
+      if (first.ok()) continue;
+      if (!absl::IsDeadlineExceeded(first)) continue;  // b has ended (failed)
+    }
+    // After the first error: stop the batch and let it drain.
+    agent_->Cancel(b).IgnoreError();
+    const absl::Status d = agent_->Wait(b, absl::Now() + kDrainGrace);
+    if (absl::IsDeadlineExceeded(d)) {
+      TLOG(WARNING, "a cancelled batch did not drain; dropping the peer")
+          .Kv("request_id", st->call->request.request_id());
+      DropPeer(st->peer);  // ends its in-flight batches
+    }
+  }
+  st->batches.clear();
+  return first;
+}
+
+void PrefillService::EndStream(Stream* st) {
+  if (st->batches.empty()) return;
+  for (kvtransfer::BatchId b : st->batches) agent_->Cancel(b).IgnoreError();
+  WaitBatches(st, absl::Now() + kDrainGrace).IgnoreError();
+}
+
+std::unique_ptr<PrefillService::Stream> PrefillService::TakeStream(
+    runtime::RequestId eid) {
+  auto it = streams_.find(eid);
+  if (it == streams_.end()) return nullptr;
+  std::unique_ptr<Stream> st = std::move(it->second);
+  streams_.erase(it);
+  return st;
+}
+
 absl::Status PrefillService::Transfer(runtime::Engine& e, Call* call,
-                                      const runtime::RequestOutput& out) {
+                                      const runtime::RequestOutput& out,
+                                      Stream* stream) {
   const tandem::v1::PrefillRequest& req = call->request;
   const int64_t n = req.prompt_token_ids_size();
   const absl::Time computed = absl::Now();
@@ -229,44 +395,95 @@ absl::Status PrefillService::Transfer(runtime::Engine& e, Call* call,
                           kvtransfer::PlanAll(src, call->dst, n));
   tandem::v1::PrefillResponse* resp = call->response;
   const kvtransfer::RegionBytes bytes = worker::CacheRegionBytes(cache_, regions_);
+  // With streaming, the last batches are in flight while the checksums run.
   if (req.checksums()) {
     TANDEM_ASSIGN_OR_RETURN(*resp->mutable_checksums(),
                             kvtransfer::ComputeChecksums(src, n, bytes));
   }
-  if (options_.test_corrupt_transfer) {
-    // TEST ONLY: damage the first byte the plan sends (after the checksums).
+  // Streamed: every layer must have had all its rows posted; otherwise (or when
+  // recomputed) the whole state goes now.
+  bool whole = stream == nullptr || stream->restart;
+  if (!whole) {
+    for (int64_t rows : stream->rows) {
+      if (rows != n) {
+        TLOG(WARNING, "a layer was not fully streamed; sending the whole state")
+            .Kv("request_id", req.request_id())
+            .Kv("rows", rows)
+            .Kv("prompt_tokens", n);
+        whole = true;
+        break;
+      }
+    }
+  }
+  kvtransfer::PeerId peer = 0;
+  if (stream != nullptr) {
+    peer = stream->peer;
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(peer, PeerFor(req.target().ranks(0).transfer_descriptor()));
+  }
+  absl::Time first_post = absl::InfiniteFuture();
+  uint64_t sent_bytes = 0;
+  int64_t sent_segments = 0;
+  int64_t sent_batches = 0;
+  absl::Status s;
+  if (stream != nullptr) {
+    first_post = stream->first_post;
+    sent_bytes = stream->bytes;
+    sent_segments = stream->segments;
+    sent_batches = static_cast<int64_t>(stream->batches.size());
+    // Also when restarting: the earlier batches end before anything is rewritten.
+    // After a failed post the caller's EndStream cancels the rest instead.
+    s = stream->post_error;
+    if (s.ok()) s = WaitBatches(stream, call->deadline);
+  }
+  auto post_and_wait = [&](absl::Span<const kvtransfer::Segment> segments) {
+    if (first_post == absl::InfiniteFuture()) first_post = absl::Now();
+    absl::StatusOr<kvtransfer::BatchId> batch = agent_->PostWrite(peer, segments);
+    if (!batch.ok()) return batch.status();
+    ++sent_batches;
+    if (metrics_ != nullptr) metrics_->transfer_batches->Increment();
+    for (const kvtransfer::Segment& g : segments) sent_bytes += g.length;
+    sent_segments += static_cast<int64_t>(segments.size());
+    absl::Status w = agent_->Wait(*batch, call->deadline);
+    if (!w.ok()) {
+      agent_->Cancel(*batch).IgnoreError();
+      if (absl::IsDeadlineExceeded(w) &&
+          absl::IsDeadlineExceeded(agent_->Wait(*batch, absl::Now() + kDrainGrace))) {
+        DropPeer(peer);
+      }
+    }
+    return w;
+  };
+  if (s.ok() && options_.test_corrupt_transfer && !plan.segments.empty()) {
+    // TEST ONLY: damage the first byte the plan sends (after the checksums); a
+    // streamed state has it sent again.
     const kvtransfer::Segment& s0 = plan.segments.front();
     absl::Span<const uint8_t> region = bytes(s0.local_region);
     const_cast<uint8_t*>(region.data())[s0.local_offset] ^= 0x5A;
     TLOG(WARNING, "TEST ONLY: corrupted one byte of the transfer")
         .Kv("request_id", req.request_id());
+    if (!whole) s = post_and_wait(absl::MakeConstSpan(&s0, 1));
   }
-  TANDEM_ASSIGN_OR_RETURN(kvtransfer::PeerId peer,
-                          PeerFor(req.target().ranks(0).transfer_descriptor()));
-  const absl::Time t0 = absl::Now();
-  absl::Status s;
-  absl::StatusOr<kvtransfer::BatchId> batch = agent_->PostWrite(peer, plan.segments);
-  if (!batch.ok()) {
-    s = batch.status();
-  } else {
-    s = agent_->Wait(*batch, call->deadline);
-    if (!s.ok()) agent_->Cancel(*batch).IgnoreError();
-  }
+  if (s.ok() && whole) s = post_and_wait(plan.segments);
+  const absl::Time landed = absl::Now();
   if (s.ok()) {
     s = agent_->Notify(peer, req.request_id(), "", call->deadline);
   }
-  const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+  if (first_post == absl::InfiniteFuture()) first_post = landed;
+  const double secs = absl::ToDoubleSeconds(landed - first_post);
+  const double exposed = absl::ToDoubleSeconds(landed - computed);
   tandem::v1::TransferStats* ts = resp->mutable_transfer();
   ts->set_status(TransferStatusOf(s));
-  ts->set_bytes(static_cast<int64_t>(plan.bytes));
-  ts->set_segments(static_cast<int32_t>(plan.segments.size()));
+  ts->set_bytes(static_cast<int64_t>(sent_bytes));
+  ts->set_segments(static_cast<int32_t>(sent_segments));
   ts->set_seconds(secs);
   ts->set_transport(agent_->Transport(peer));
   if (metrics_ != nullptr) {
     metrics_->transfers->Add({{"outcome", s.ok() ? "ok" : "error"}}).Increment();
     if (s.ok()) {
-      metrics_->transfer_bytes->Increment(static_cast<double>(plan.bytes));
+      metrics_->transfer_bytes->Increment(static_cast<double>(sent_bytes));
       metrics_->transfer_seconds->Increment(secs);
+      metrics_->exposed_transfer_seconds->Observe(exposed);
     }
     metrics_->prefill_seconds->Observe(absl::ToDoubleSeconds(computed - call->started));
   }
@@ -286,14 +503,22 @@ absl::Status PrefillService::Transfer(runtime::Engine& e, Call* call,
   TLOG(DEBUG, "prefill done")
       .Kv("request_id", req.request_id())
       .Kv("prompt_tokens", n)
-      .Kv("bytes", plan.bytes)
-      .Kv("segments", plan.segments.size())
-      .Kv("transfer_s", secs);
+      .Kv("streamed", !whole)
+      .Kv("batches", sent_batches)
+      .Kv("bytes", sent_bytes)
+      .Kv("segments", sent_segments)
+      .Kv("transfer_s", secs)
+      .Kv("exposed_s", exposed);
   return absl::OkStatus();
 }
 
 void PrefillService::CancelCall(std::shared_ptr<Call> call) {
-  loop_->Cancel(call->eid, [this, call] {
+  // One command: the stream's batches end before the request (and its blocks)
+  // goes, and no step runs in between.
+  loop_->Post([this, call](runtime::Engine& e) {
+    std::unique_ptr<Stream> stream = TakeStream(call->eid);
+    if (stream != nullptr) EndStream(stream.get());
+    if (!loop_->CancelOnLoopThread(e, call->eid)) return;
     {
       absl::MutexLock l(&mu_);
       active_.erase(call->request.request_id());

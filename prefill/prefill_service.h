@@ -4,31 +4,48 @@
 //   Prefill(id, prompt, sampling, target)                      START
 //     → target layout from the KvTarget (descriptor metadata = pool geometry)
 //       (INVALID_ARGUMENT when malformed or incompatible)
+//     → streaming on: Connect (cached per decode agent; UNAVAILABLE ends it),
+//       the request's Stream registered on the engine thread
 //     → engine thread: AddRequest (prefill-only parameters: the request's
 //       sampling, no stop conditions, so the first token is exactly the one a
 //       colocated run samples first)                           QUEUED → COMPUTING
+//     → per prefill chunk, per model layer, as soon as the layer's state is
+//       final (layer-progress callback, engine thread, inside Step):
+//         PlanLayerRows(rows [start, end) of an MLA layer; a KDA layer's slot
+//         on the last chunk) → PostWrite, one non-blocking batch  STREAMING
 //     → first token sampled (output callback, engine thread):
-//         Locate → PlanAll(src = own cache, dst = target) → checksums
-//         → Connect (cached per decode agent) → PostWrite → Wait(deadline)
-//         → Notify(id) → Cancel(id) frees the blocks at once  TRANSFERRED
+//         Locate → checksums (while the last batches fly) → Wait for every
+//         batch (deadline) → Notify(id) → Cancel(id) frees the blocks
+//                                                              TRANSFERRED
+//         (streaming off, or a recomputed request: PlanAll → PostWrite → Wait
+//         of the whole state here, after the earlier batches ended)
 //     → response: first token, logprob, checksums, TransferStats → FINISH
-//   client cancel / Cancel(id) → engine abort, CANCELLED
+//   client cancel / Cancel(id) → engine thread: cancel and drain the stream's
+//     batches, then abort the engine request                   CANCELLED
+//   a failed batch → no more posts; at the first token the others are
+//     cancelled and drained, the request fails (UNAVAILABLE / DEADLINE_EXCEEDED)
 //
-// The transfer runs after the whole prefill, on the engine thread (the engine
-// does not step while the state is read). Streaming layer by layer overlapped
-// with compute is the next step (kvtransfer::PlanLayer is ready for it).
+// The blocks and the slot are held by the engine request until every batch
+// has ended (completed, failed, or cancelled and drained): the stream is ended
+// on the engine thread before the request is aborted, on every path. The wait
+// at the first token runs on the engine thread (the engine cannot hold an
+// ended request's blocks without stepping it); with streaming it only covers
+// the transfer not already overlapped with compute (the "exposed" seconds).
 #ifndef TANDEM_PREFILL_PREFILL_SERVICE_H_
 #define TANDEM_PREFILL_PREFILL_SERVICE_H_
 
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "engine/runtime/engine.h"
 #include "engine/runtime/kv_cache.h"
+#include "kvtransfer/plan.h"
 #include "kvtransfer/transfer_agent.h"
 #include "proto/worker.grpc.pb.h"
 #include "worker/cache_layout.h"
@@ -44,6 +61,9 @@ struct PrefillServiceOptions {
   // TEST ONLY: flip one byte of the source state after computing the checksums,
   // so the decode worker must detect the corruption (DATA_LOSS).
   bool test_corrupt_transfer = false;
+  // Stream each layer's state while the prefill computes (overlapping transfer
+  // and compute); false: the whole state after the prefill (one batch).
+  bool stream_layers = true;
 };
 
 class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {
@@ -62,17 +82,35 @@ class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {
                                    const tandem::v1::CancelRequest* request,
                                    tandem::v1::CancelResponse* response) override;
 
+  // Destroy after the engine loop (no more engine callbacks); ends any batch
+  // still in flight.
+  ~PrefillService() override;
+
   tandem::v1::WorkerLoad Load() const;
   tandem::v1::KvLayout layout() const { return layout_; }
 
  private:
   struct Call;
+  struct Stream;
   PrefillService(worker::EngineLoop* loop, runtime::KvCache* cache,
                  kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
                  PrefillServiceOptions options);
-  // On the engine thread, after the first token: transfer and answer.
+  // On the engine thread, after the first token: finish the transfer (wait for
+  // the stream's batches, or send the whole state) and answer. `stream` is
+  // null when streaming is off.
   absl::Status Transfer(runtime::Engine& e, Call* call,
-                        const runtime::RequestOutput& out);
+                        const runtime::RequestOutput& out, Stream* stream);
+  // Engine thread: the layer-progress callback (posts this layer's segments).
+  void OnLayer(int layer, absl::Span<const runtime::LayerProgressEntry> entries);
+  // Engine thread: waits for the stream's batches in order (deadline); after
+  // the first error cancels and drains the rest. Returns the first error.
+  absl::Status WaitBatches(Stream* stream, absl::Time deadline);
+  // Engine thread: cancels and drains every batch left (a bounded wait; the
+  // peer is dropped when one does not drain), so no batch reads the blocks
+  // after this returns.
+  void EndStream(Stream* stream);
+  // Engine thread: removes the request's stream (null when none).
+  std::unique_ptr<Stream> TakeStream(runtime::RequestId eid);
   absl::StatusOr<kvtransfer::PeerId> PeerFor(const std::string& descriptor);
   void DropPeer(kvtransfer::PeerId peer);
   void Count(const char* rpc, const char* outcome);
@@ -87,6 +125,12 @@ class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {
   worker::CacheRegions regions_;
   tandem::v1::KvLayout layout_;
   std::atomic<int64_t> next_engine_id_{1};
+  // Model layer -> its MLA or KDA pool (the engine reports model layers).
+  std::vector<kvtransfer::LayerRef> layer_refs_;
+  // Engine thread only: the own cache's pools (the sequence set per use) and
+  // the streams of requests being prefilled with streaming on.
+  kvtransfer::RankLayout src_pools_;
+  absl::flat_hash_map<runtime::RequestId, std::unique_ptr<Stream>> streams_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, kvtransfer::PeerId> peers_ ABSL_GUARDED_BY(mu_);

@@ -54,10 +54,20 @@ void EngineLoop::Abort(runtime::RequestId id) {
 
 void EngineLoop::Cancel(runtime::RequestId id, std::function<void()> if_alive) {
   Post([this, id, if_alive = std::move(if_alive)](runtime::Engine& e) {
-    if (callbacks_.erase(id) == 0) return;
-    queued_prompt_.erase(id);
-    e.Abort(id).IgnoreError();
-    if (if_alive) if_alive();
+    if (CancelOnLoopThread(e, id) && if_alive) if_alive();
+  });
+}
+
+bool EngineLoop::CancelOnLoopThread(runtime::Engine& e, runtime::RequestId id) {
+  if (callbacks_.erase(id) == 0) return false;
+  queued_prompt_.erase(id);
+  e.Abort(id).IgnoreError();
+  return true;
+}
+
+void EngineLoop::SetLayerProgressCallback(runtime::LayerProgressCallback callback) {
+  Post([callback = std::move(callback)](runtime::Engine& e) mutable {
+    e.set_layer_progress_callback(std::move(callback));
   });
 }
 
@@ -115,8 +125,8 @@ void EngineLoop::Run() {
       callbacks_.clear();
       queued_prompt_.clear();
       for (auto& [id, cb] : cbs) {
+        cb(e, outs.status());  // before the abort: the blocks are still held
         e.Abort(id).IgnoreError();
-        cb(e, outs.status());
       }
       PublishStats(e);
       continue;

@@ -10,7 +10,11 @@
 // Output callbacks run on the engine thread and may use the Engine they are
 // given (ExportState, Locate, Abort); they must not block for long. A request
 // whose callback saw `finished` is forgotten. A failed Step() fails every
-// request (their callbacks get the error) and aborts them.
+// request: each callback gets the error while the request still holds its
+// blocks (so a callback can first stop transfers reading them), then the
+// request is aborted.
+// Layer progress (SetLayerProgressCallback) is reported from inside Step(), on
+// the engine thread, once per model layer of a step with prefill chunks.
 // Thread-safe: every public method may be called from any thread.
 #ifndef TANDEM_WORKER_ENGINE_LOOP_H_
 #define TANDEM_WORKER_ENGINE_LOOP_H_
@@ -74,6 +78,13 @@ class EngineLoop {
   // ended), aborts it, drops the callback and runs `if_alive` (e.g. closes its
   // stream); otherwise does nothing.
   void Cancel(runtime::RequestId id, std::function<void()> if_alive);
+  // The same, at once, on the engine thread (inside a Command or a callback):
+  // returns whether the request was still alive (and is now aborted).
+  bool CancelOnLoopThread(runtime::Engine& engine, runtime::RequestId id);
+
+  // Installs the engine's layer-progress callback (runtime::Engine::
+  // set_layer_progress_callback) before the next step; nullptr removes it.
+  void SetLayerProgressCallback(runtime::LayerProgressCallback callback);
 
   EngineLoopStats stats() const;
 

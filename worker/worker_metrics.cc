@@ -67,6 +67,15 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
                           ->Add({});
   transfers = OrDie(
       r->AddCounter("tandem_worker_transfers_total", "KV/state transfers by outcome."));
+  transfer_batches = &OrDie(r->AddCounter("tandem_worker_transfer_batches_total",
+                                          "KV/state write batches posted."))
+                          ->Add({});
+  exposed_transfer_seconds =
+      &OrDie(r->AddHistogram("tandem_worker_exposed_transfer_seconds",
+                             "Transfer time left after the prefill compute ended "
+                             "(first token sampled to the last byte landed).",
+                             LatencyBuckets()))
+           ->Add({});
   prefill_tokens = &OrDie(r->AddCounter("tandem_worker_prefill_tokens_total",
                                         "Prompt tokens computed by the engine."))
                         ->Add({});

@@ -9,6 +9,9 @@
 //   tandem_worker_landing_blocks{state=used|free}    (decode worker's landing pool)
 //   tandem_worker_transfer_bytes_total, tandem_worker_transfer_seconds_total,
 //   tandem_worker_transfers_total{outcome}
+//   tandem_worker_transfer_batches_total             (prefill worker: posted batches)
+//   tandem_worker_exposed_transfer_seconds           (prefill worker: transfer time
+//     left after the prefill compute ended, i.e. not overlapped with it)
 //   tandem_worker_prefill_tokens_total, tandem_worker_decode_tokens_total
 //   tandem_worker_prefill_tokens_per_second, tandem_worker_decode_tokens_per_second
 //     (over the interval between two Update() calls)
@@ -45,6 +48,8 @@ class WorkerMetrics {
   metrics::Counter* transfer_bytes;
   metrics::Counter* transfer_seconds;
   metrics::Family<metrics::Counter>* transfers;
+  metrics::Counter* transfer_batches;
+  metrics::Histogram* exposed_transfer_seconds;
   metrics::Counter* prefill_tokens;
   metrics::Counter* decode_tokens;
   metrics::Gauge* prefill_tps;
