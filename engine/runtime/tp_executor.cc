@@ -1,0 +1,383 @@
+#include "engine/runtime/tp_executor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/status.h"
+#include "kernels/backend_factory.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_features.h"
+#include "parallel/gloo_communicator.h"
+#include "parallel/memory_store.h"
+#include "parallel/sharding.h"
+
+namespace tandem::runtime {
+namespace {
+
+// The factory's backends with an explicit thread count: "cpu" and "cpu_bf16"
+// are the factory's choices (kernels/backend_factory.cc) with `threads` instead
+// of one per hardware thread, so N ranks share the machine instead of each
+// starting a full-width pool.
+absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeRankBackend(
+    const std::string& name, int threads) {
+  using kernels::CpuIsa;
+  if (name == "cpu") {
+    const CpuIsa isa = static_cast<CpuIsa>(std::min(
+        static_cast<int>(kernels::ActiveIsa()), static_cast<int>(CpuIsa::kAvx512)));
+    return kernels::CreateCpuBackend(isa, threads, /*use_onednn=*/false);
+  }
+  if (name == "cpu_bf16")
+    return kernels::CreateCpuBackend(kernels::ActiveIsa(), threads);
+  return kernels::CreateBackend(name);
+}
+
+bool IsCommError(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+}
+
+}  // namespace
+
+struct TpExecutor::Rank {
+  std::unique_ptr<ModelWeights> own_weights;
+  const ModelWeights* weights = nullptr;
+  std::unique_ptr<kernels::Backend> own_backend;
+  kernels::Backend* backend = nullptr;
+  std::unique_ptr<KvCache> cache;
+  std::unique_ptr<parallel::Communicator> comm;  // null at TP 1
+  std::unique_ptr<ModelRunner> runner;
+  std::thread thread;         // ranks >= 1 of a TP group
+  std::vector<float> logits;  // ranks >= 1: their (identical) copy, unused
+};
+
+struct TpExecutor::Shared {
+  parallel::MemoryStore store;
+  absl::Mutex mu;
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  int64_t step ABSL_GUARDED_BY(mu) = 0;  // the published step (1-based)
+  absl::Span<const SequenceInput> seqs ABSL_GUARDED_BY(mu);
+  // Per rank.
+  std::vector<bool> connected ABSL_GUARDED_BY(mu);
+  std::vector<int64_t> done ABSL_GUARDED_BY(mu);  // last finished step
+  std::vector<absl::Status> status ABSL_GUARDED_BY(mu);
+  std::vector<bool> exited ABSL_GUARDED_BY(mu);
+  std::vector<absl::Status> exit_status ABSL_GUARDED_BY(mu);
+};
+
+TpExecutor::TpExecutor() : shared_(std::make_unique<Shared>()) {}
+
+TpExecutor::~TpExecutor() {
+  {
+    absl::MutexLock l(&shared_->mu);
+    shared_->stop = true;
+  }
+  for (auto& r : ranks_) {
+    if (r->thread.joinable()) r->thread.join();
+  }
+}
+
+absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::CreateLocal(
+    const ModelWeights* weights, kernels::Backend* backend, const KvCacheOptions& cache,
+    const ModelRunnerOptions& runner) {
+  if (weights->shard.size != 1) {
+    return InvalidArgument("tp executor: CreateLocal needs unsharded weights, got TP ",
+                           weights->shard.size);
+  }
+  auto ex = std::unique_ptr<TpExecutor>(new TpExecutor());
+  ex->options_.cache = cache;
+  ex->options_.runner = runner;
+  auto r = std::make_unique<Rank>();
+  r->weights = weights;
+  r->backend = backend;
+  KvCacheOptions co = cache;
+  co.tp_rank = 0;
+  co.tp_size = 1;
+  TANDEM_ASSIGN_OR_RETURN(r->cache, KvCache::Create(weights->config, co));
+  r->runner = std::make_unique<ModelRunner>(weights, r->cache.get(), backend, runner);
+  ex->ranks_.push_back(std::move(r));
+  return ex;
+}
+
+absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::Create(
+    const model::Checkpoint& checkpoint, const TpExecutorOptions& options) {
+  const int n = options.tp_size;
+  TANDEM_RETURN_IF_ERROR(parallel::CheckTpSize(checkpoint.config(), n));
+  auto ex = std::unique_ptr<TpExecutor>(new TpExecutor());
+  ex->options_ = options;
+  const int hw = std::max(1u, std::thread::hardware_concurrency());
+  const int threads =
+      options.threads_per_rank > 0 ? options.threads_per_rank : std::max(1, hw / n);
+  for (int r = 0; r < n; ++r) {
+    auto rk = std::make_unique<Rank>();
+    TANDEM_ASSIGN_OR_RETURN(rk->own_weights,
+                            LoadModelWeights(checkpoint, ShardSpec{r, n}));
+    rk->weights = rk->own_weights.get();
+    TANDEM_ASSIGN_OR_RETURN(rk->own_backend, MakeRankBackend(options.backend, threads));
+    rk->backend = rk->own_backend.get();
+    KvCacheOptions co = options.cache;
+    co.tp_rank = r;
+    co.tp_size = n;
+    TANDEM_ASSIGN_OR_RETURN(rk->cache, KvCache::Create(checkpoint.config(), co));
+    ex->ranks_.push_back(std::move(rk));
+  }
+  if (n == 1) {
+    Rank& r0 = *ex->ranks_[0];
+    r0.runner = std::make_unique<ModelRunner>(r0.weights, r0.cache.get(), r0.backend,
+                                              options.runner);
+    return ex;
+  }
+
+  Shared& sh = *ex->shared_;
+  {
+    absl::MutexLock l(&sh.mu);
+    sh.connected.assign(n, false);
+    sh.done.assign(n, 0);
+    sh.status.assign(n, absl::OkStatus());
+    sh.exited.assign(n, false);
+    sh.exit_status.assign(n, absl::OkStatus());
+  }
+  auto gloo_options = [&options, n, &sh](int r) {
+    parallel::GlooOptions g;
+    g.rank = r;
+    g.size = n;
+    g.store = &sh.store;
+    g.group = "tp_executor";
+    g.hostname = options.hostname;
+    g.timeout = options.timeout;
+    return g;
+  };
+  TpExecutor* self = ex.get();
+  for (int r = 1; r < n; ++r) {
+    ex->ranks_[r]->thread = std::thread([self, r, g = gloo_options(r)] {
+      Shared& sh = *self->shared_;
+      Rank& rk = *self->ranks_[r];
+      const TpExecutorOptions& o = self->options_;
+      absl::Status exit_status;
+      auto comm = parallel::GlooCommunicator::Create(g);
+      if (!comm.ok()) {
+        exit_status = comm.status();
+      } else {
+        rk.comm = *std::move(comm);
+        rk.runner = std::make_unique<ModelRunner>(rk.weights, rk.cache.get(),
+                                                  rk.backend, o.runner, rk.comm.get());
+        {
+          absl::MutexLock l(&sh.mu);
+          sh.connected[r] = true;
+        }
+        int64_t seen = 0;
+        while (true) {
+          absl::Span<const SequenceInput> seqs;
+          {
+            absl::MutexLock l(&sh.mu);
+            auto ready = [&sh, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.mu) {
+              return sh.stop || sh.step > seen;
+            };
+            sh.mu.Await(absl::Condition(&ready));
+            if (sh.stop) break;
+            seen = sh.step;
+            seqs = sh.seqs;
+          }
+          if (r == o.fail_rank && seen - 1 == o.fail_rank_at_step) {
+            exit_status = Internal("injected failure (fail_rank ", r,
+                                   ", fail_rank_at_step ", o.fail_rank_at_step, ")");
+            break;
+          }
+          absl::Status s = rk.runner->Forward(seqs, &rk.logits);
+          absl::MutexLock l(&sh.mu);
+          sh.done[r] = seen;
+          sh.status[r] = std::move(s);
+        }
+      }
+      // Closing the connections fails the peers' pending collectives at once.
+      rk.comm.reset();
+      absl::MutexLock l(&sh.mu);
+      sh.exited[r] = true;
+      sh.exit_status[r] = exit_status;
+      sh.connected[r] = true;
+    });
+  }
+  // Rank 0 connects on this thread while the others connect on theirs.
+  auto comm0 = parallel::GlooCommunicator::Create(gloo_options(0));
+  if (!comm0.ok()) {
+    return Annotate(comm0.status(), "tensor-parallel rank 0: connecting");
+  }
+  Rank& r0 = *ex->ranks_[0];
+  r0.comm = *std::move(comm0);
+  r0.runner = std::make_unique<ModelRunner>(r0.weights, r0.cache.get(), r0.backend,
+                                            options.runner, r0.comm.get());
+  absl::MutexLock l(&sh.mu);
+  auto all_connected = [&sh]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.mu) {
+    return std::all_of(sh.connected.begin() + 1, sh.connected.end(),
+                       [](bool b) { return b; });
+  };
+  sh.mu.Await(absl::Condition(&all_connected));
+  for (int r = 1; r < n; ++r) {
+    if (sh.exited[r]) {
+      return Annotate(sh.exit_status[r],
+                      absl::StrCat("tensor-parallel rank ", r, ": connecting"));
+    }
+  }
+  return ex;
+}
+
+absl::Status TpExecutor::Broken() const {
+  return absl::UnavailableError(absl::StrCat(
+      "tensor-parallel executor is broken (recreate it): ", broken_.message()));
+}
+
+absl::Status TpExecutor::health() const { return broken_; }
+
+absl::Status TpExecutor::Forward(absl::Span<const SequenceInput> seqs,
+                                 std::vector<float>* logits) {
+  if (!broken_.ok()) return Broken();
+  const int n = tp_size();
+  const int64_t step = ++steps_;
+  if (n == 1) return ranks_[0]->runner->Forward(seqs, logits);
+  Shared& sh = *shared_;
+  {
+    absl::MutexLock l(&sh.mu);
+    sh.seqs = seqs;
+    sh.step = step;
+  }
+  const absl::Status s0 = ranks_[0]->runner->Forward(seqs, logits);
+
+  // Every other rank: finished this step, or its thread ended. The bound covers
+  // a rank that is still inside a collective when rank 0 left (at most one
+  // communicator timeout), with room for the compute after it.
+  const absl::Duration bound = 2 * options_.timeout + absl::Seconds(10);
+  std::vector<absl::Status> status(n);
+  std::vector<bool> exited(n, false);
+  std::vector<absl::Status> exit_status(n);
+  status[0] = s0;
+  bool finished = false;
+  {
+    absl::MutexLock l(&sh.mu);
+    auto all_in = [&sh, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.mu) {
+      for (size_t r = 1; r < sh.done.size(); ++r) {
+        if (sh.done[r] != step && !sh.exited[r]) return false;
+      }
+      return true;
+    };
+    finished = sh.mu.AwaitWithTimeout(absl::Condition(&all_in), bound);
+    for (int r = 1; r < n; ++r) {
+      if (sh.done[r] == step) {
+        status[r] = sh.status[r];
+      } else if (sh.exited[r]) {
+        exited[r] = true;
+        exit_status[r] = sh.exit_status[r];
+      } else {
+        status[r] = absl::DeadlineExceededError(absl::StrCat(
+            "did not finish step ", step, " within ", absl::FormatDuration(bound)));
+      }
+    }
+  }
+  // The root cause: a rank whose thread ended, else a rank with an error of its
+  // own (not a collective failing because of a peer), else the lowest failing.
+  int culprit = -1;
+  for (int r = 1; r < n && culprit < 0; ++r) {
+    if (exited[r]) culprit = r;
+  }
+  for (int r = 0; r < n && culprit < 0; ++r) {
+    if (!status[r].ok() && !IsCommError(status[r])) culprit = r;
+  }
+  for (int r = 0; r < n && culprit < 0; ++r) {
+    if (!status[r].ok()) culprit = r;
+  }
+  if (culprit < 0) return absl::OkStatus();
+  // The same invalid-input error on every rank (a batch Validate refused before
+  // any collective): the group is still in step, report it without breaking.
+  bool same_everywhere = finished && absl::IsInvalidArgument(status[0]);
+  for (int r = 1; r < n && same_everywhere; ++r) {
+    same_everywhere = status[r] == status[0];
+  }
+  if (same_everywhere) return status[0];
+  if (exited[culprit]) {
+    broken_ = absl::UnavailableError(
+        absl::StrCat("tensor-parallel rank ", culprit, " ended its thread at step ",
+                     step, ": ", exit_status[culprit].ToString()));
+  } else {
+    broken_ = absl::UnavailableError(absl::StrCat("tensor-parallel rank ", culprit,
+                                                  " failed at step ", step, ": ",
+                                                  status[culprit].ToString()));
+  }
+  return broken_;
+}
+
+absl::Status TpExecutor::ResetSlot(int64_t slot) {
+  if (!broken_.ok()) return Broken();
+  for (auto& r : ranks_) TANDEM_RETURN_IF_ERROR(r->cache->ResetSlot(slot));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<KdaSnapshot> TpExecutor::SnapshotSlot(int64_t slot) {
+  if (!broken_.ok()) return Broken();
+  if (ranks_.size() == 1) return ranks_[0]->cache->SnapshotSlot(slot);
+  KdaSnapshot all;
+  for (auto& r : ranks_) {
+    TANDEM_ASSIGN_OR_RETURN(KdaSnapshot one, r->cache->SnapshotSlot(slot));
+    all.values.insert(all.values.end(), one.values.begin(), one.values.end());
+  }
+  return all;
+}
+
+absl::Status TpExecutor::RestoreSlot(int64_t slot, const KdaSnapshot& snapshot) {
+  if (!broken_.ok()) return Broken();
+  if (ranks_.size() == 1) return ranks_[0]->cache->RestoreSlot(slot, snapshot);
+  size_t total = 0;
+  for (auto& r : ranks_) total += r->cache->kda_bytes_per_slot() / sizeof(float);
+  if (snapshot.values.size() != total) {
+    return InvalidArgument("tp executor: snapshot has ", snapshot.values.size(),
+                           " values, the ranks' slots hold ", total);
+  }
+  size_t off = 0;
+  KdaSnapshot one;
+  for (auto& r : ranks_) {
+    const size_t count = r->cache->kda_bytes_per_slot() / sizeof(float);
+    one.values.assign(snapshot.values.begin() + off,
+                      snapshot.values.begin() + off + count);
+    TANDEM_RETURN_IF_ERROR(r->cache->RestoreSlot(slot, one));
+    off += count;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TpExecutor::CopySlot(int64_t from, int64_t to) {
+  if (!broken_.ok()) return Broken();
+  for (auto& r : ranks_) TANDEM_RETURN_IF_ERROR(r->cache->CopySlot(from, to));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<StateRange>> TpExecutor::ExportSequence(
+    absl::Span<const int32_t> block_table, int64_t num_tokens, int64_t slot) {
+  if (!broken_.ok()) return Broken();
+  if (ranks_.size() == 1) {
+    return ranks_[0]->cache->ExportSequence(block_table, num_tokens, slot);
+  }
+  std::vector<StateRange> all;
+  for (auto& r : ranks_) {
+    TANDEM_ASSIGN_OR_RETURN(std::vector<StateRange> one,
+                            r->cache->ExportSequence(block_table, num_tokens, slot));
+    all.insert(all.end(), one.begin(), one.end());
+  }
+  return all;
+}
+
+const ModelWeights& TpExecutor::weights(int rank) const {
+  return *ranks_[rank]->weights;
+}
+KvCache& TpExecutor::cache(int rank) { return *ranks_[rank]->cache; }
+ModelRunner& TpExecutor::runner(int rank) { return *ranks_[rank]->runner; }
+kernels::Backend& TpExecutor::backend(int rank) { return *ranks_[rank]->backend; }
+
+CommStats TpExecutor::comm_stats() const { return ranks_[0]->runner->comm_stats(); }
+
+void TpExecutor::reset_comm_stats() {
+  for (auto& r : ranks_) {
+    if (r->runner != nullptr) r->runner->reset_comm_stats();
+  }
+}
+
+}  // namespace tandem::runtime
