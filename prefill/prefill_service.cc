@@ -51,6 +51,7 @@ struct PrefillService::Call {
   PrefillReactor* reactor = nullptr;                // valid until finished
   tandem::v1::PrefillResponse* response = nullptr;  // owned by gRPC, same
   std::atomic<bool> finished{false};
+  std::atomic<bool> cancel_requested{false};  // Cancel / client cancel seen
   tandem::v1::PrefillRequest request;
   kvtransfer::RankLayout dst;
   absl::Time deadline;
@@ -268,11 +269,11 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
         // The state must not move while it is read: stop the request before the
         // next step (commands run before it).
         loop_->Cancel(call->eid, nullptr);
-        done();
         std::unique_ptr<Stream> stream = TakeStream(call->eid);
         if (s.ok()) s = Transfer(e, call.get(), *out, stream.get());
         // Every path: no batch reads the blocks once the request is aborted.
         if (stream != nullptr) EndStream(stream.get());
+        done();  // after the transfer: a Cancel RPC can still stop its wait
         if (!s.ok()) {
           if (call->Finish(ToGrpcStatus(s))) {
             Count("Prefill", absl::StatusCodeToString(s.code()).c_str());
@@ -304,6 +305,7 @@ void PrefillService::OnLayer(int layer,
       // may have been read from blocks freed since. Stop streaming; Transfer
       // sends the whole state once every earlier batch has ended.
       st.restart = true;
+      if (metrics_ != nullptr) metrics_->transfer_restarts->Increment();
       TLOG(INFO, "prefill recomputed; the transfer restarts after the prefill")
           .Kv("request_id", st.call->request.request_id())
           .Kv("layer", layer)
@@ -345,9 +347,23 @@ absl::Status PrefillService::WaitBatches(Stream* st, absl::Time deadline) {
   absl::Status first;
   for (kvtransfer::BatchId b : st->batches) {
     if (first.ok()) {
-      first = agent_->Wait(b, deadline);
-      if (first.ok()) continue;
-      if (!absl::IsDeadlineExceeded(first)) continue;  // b has ended (failed)
+      // In slices, so that a cancelled call stops waiting at once.
+      bool ended = false;
+      while (true) {
+        const absl::Time until =
+            std::min(deadline, absl::Now() + absl::Milliseconds(20));
+        first = agent_->Wait(b, until);
+        if (!absl::IsDeadlineExceeded(first)) {
+          ended = true;
+          break;
+        }
+        if (until >= deadline) break;
+        if (st->call->cancel_requested.load()) {
+          first = absl::CancelledError("prefill cancelled");
+          break;
+        }
+      }
+      if (ended) continue;  // OK, or b failed (ended)
     }
     // After the first error: stop the batch and let it drain.
     agent_->Cancel(b).IgnoreError();
@@ -513,6 +529,7 @@ absl::Status PrefillService::Transfer(runtime::Engine& e, Call* call,
 }
 
 void PrefillService::CancelCall(std::shared_ptr<Call> call) {
+  call->cancel_requested.store(true);  // seen by a wait for the stream's batches
   // One command: the stream's batches end before the request (and its blocks)
   // goes, and no step runs in between.
   loop_->Post([this, call](runtime::Engine& e) {

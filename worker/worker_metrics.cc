@@ -70,6 +70,11 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
   transfer_batches = &OrDie(r->AddCounter("tandem_worker_transfer_batches_total",
                                           "KV/state write batches posted."))
                           ->Add({});
+  transfer_restarts =
+      &OrDie(r->AddCounter("tandem_worker_transfer_restarts_total",
+                           "Streamed transfers resent whole after the prefill was "
+                           "preempted and recomputed."))
+           ->Add({});
   exposed_transfer_seconds =
       &OrDie(r->AddHistogram("tandem_worker_exposed_transfer_seconds",
                              "Transfer time left after the prefill compute ended "

@@ -10,6 +10,8 @@
 //   tandem_worker_transfer_bytes_total, tandem_worker_transfer_seconds_total,
 //   tandem_worker_transfers_total{outcome}
 //   tandem_worker_transfer_batches_total             (prefill worker: posted batches)
+//   tandem_worker_transfer_restarts_total            (prefill worker: streamed
+//     transfers resent whole because the prefill was preempted and recomputed)
 //   tandem_worker_exposed_transfer_seconds           (prefill worker: transfer time
 //     left after the prefill compute ended, i.e. not overlapped with it)
 //   tandem_worker_prefill_tokens_total, tandem_worker_decode_tokens_total
@@ -49,6 +51,7 @@ class WorkerMetrics {
   metrics::Counter* transfer_seconds;
   metrics::Family<metrics::Counter>* transfers;
   metrics::Counter* transfer_batches;
+  metrics::Counter* transfer_restarts;
   metrics::Histogram* exposed_transfer_seconds;
   metrics::Counter* prefill_tokens;
   metrics::Counter* decode_tokens;
