@@ -1,6 +1,43 @@
 #include "worker/response_stream.h"
 
 namespace tandem::worker {
+namespace {
+
+bool LogprobsAligned(const tandem::v1::GenerateResponse& m) {
+  return m.logprobs_size() == 0 || m.logprobs_size() == m.token_ids_size();
+}
+
+}  // namespace
+
+bool CoalesceResponse(tandem::v1::GenerateResponse* pending,
+                      tandem::v1::GenerateResponse* next) {
+  if (pending->finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED ||
+      pending->has_usage() || !pending->matched_stop().empty()) {
+    return false;  // a last message stays last
+  }
+  if (pending->request_id() != next->request_id()) return false;
+  if (!LogprobsAligned(*pending) || !LogprobsAligned(*next)) return false;
+  // One with logprobs and one without (with tokens) would misalign them.
+  const bool pending_lp = pending->logprobs_size() > 0;
+  const bool next_lp = next->logprobs_size() > 0;
+  if (pending_lp != next_lp && pending->token_ids_size() > 0 &&
+      next->token_ids_size() > 0) {
+    return false;
+  }
+  if (pending->has_seed() && next->has_seed() && pending->seed() != next->seed()) {
+    return false;
+  }
+  pending->mutable_token_ids()->Add(next->token_ids().begin(), next->token_ids().end());
+  for (auto& lp : *next->mutable_logprobs()) {
+    *pending->add_logprobs() = std::move(lp);
+  }
+  pending->mutable_text()->append(next->text());
+  if (!pending->has_seed() && next->has_seed()) pending->set_seed(next->seed());
+  pending->set_finish_reason(next->finish_reason());
+  pending->set_matched_stop(next->matched_stop());
+  if (next->has_usage()) *pending->mutable_usage() = std::move(*next->mutable_usage());
+  return true;
+}
 
 void ResponseStream::SetOnCancel(std::function<void()> on_cancel) {
   bool run_now = false;
@@ -18,8 +55,19 @@ void ResponseStream::SetOnCancel(std::function<void()> on_cancel) {
 void ResponseStream::Push(tandem::v1::GenerateResponse message) {
   absl::MutexLock l(&mu_);
   if (cancelled_ || closing_ || write_failed_) return;
+  // queue_.front() is the message being written while writing_; anything
+  // behind it waits, and the newest waiting message absorbs this one.
+  if (writing_ && queue_.size() >= 2 && CoalesceResponse(&queue_.back(), &message)) {
+    ++coalesced_;
+    return;
+  }
   queue_.push_back(std::move(message));
   PumpLocked();
+}
+
+int64_t ResponseStream::coalesced() const {
+  absl::MutexLock l(&mu_);
+  return coalesced_;
 }
 
 void ResponseStream::Close(const grpc::Status& status) {
