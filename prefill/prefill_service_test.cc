@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "engine/runtime/engine.h"
@@ -49,9 +50,11 @@ class CountingAgent final : public kvtransfer::TransferAgent {
     absl::MutexLock l(&mu_);
     return posted_;
   }
+  // Batches known to have ended: a Wait returned something other than
+  // DEADLINE_EXCEEDED, or the completion callback ran.
   int ended() const {
     absl::MutexLock l(&mu_);
-    return ended_;
+    return static_cast<int>(ended_.size());
   }
   // Blocks until at least n Connect calls were made (bounded).
   bool AwaitConnects(int n, absl::Duration timeout) {
@@ -105,7 +108,7 @@ class CountingAgent final : public kvtransfer::TransferAgent {
         peer, segments, [this, on_done](kvtransfer::BatchId id, const absl::Status& s) {
           {
             absl::MutexLock l(&mu_);
-            ++ended_;
+            ended_.insert(id);
           }
           if (on_done) on_done(id, s);
         });
@@ -124,7 +127,12 @@ class CountingAgent final : public kvtransfer::TransferAgent {
     return inner_->Poll(batch);
   }
   absl::Status Wait(kvtransfer::BatchId batch, absl::Time deadline) override {
-    return inner_->Wait(batch, deadline);
+    absl::Status s = inner_->Wait(batch, deadline);
+    if (!absl::IsDeadlineExceeded(s)) {
+      absl::MutexLock l(&mu_);
+      ended_.insert(batch);
+    }
+    return s;
   }
   absl::Status Cancel(kvtransfer::BatchId batch) override {
     return inner_->Cancel(batch);
@@ -149,7 +157,7 @@ class CountingAgent final : public kvtransfer::TransferAgent {
   int connects_ ABSL_GUARDED_BY(mu_) = 0;
   int posts_seen_ ABSL_GUARDED_BY(mu_) = 0;
   int posted_ ABSL_GUARDED_BY(mu_) = 0;
-  int ended_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_set<kvtransfer::BatchId> ended_ ABSL_GUARDED_BY(mu_);
   int hook_at_ ABSL_GUARDED_BY(mu_) = -1;
   std::function<void()> hook_ ABSL_GUARDED_BY(mu_);
 };
