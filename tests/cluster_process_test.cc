@@ -6,6 +6,10 @@
 //     on the decode worker, the only worker left)
 //   - SIGKILL of the decode worker mid-stream: the client gets UNAVAILABLE
 //     naming the worker, well within its deadline
+//   - multi-chunk prompts (several engine steps each) streamed layer by layer:
+//     the decode worker verifies the state's checksums (DATA_LOSS otherwise) and
+//     the tokens equal the colocated ones; one batch per layer and chunk
+//   - the same with --kv_stream_layers=false (one whole-state batch per request)
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -133,13 +137,46 @@ class ClusterProcessTest : public ::testing::Test {
   }
 
   absl::StatusOr<testing::Subprocess> StartWorker(const std::string& role) {
-    return testing::Subprocess::Start(
-        {testing::RunfilePath(role + "/" + role + "_main"),
-         std::string("--model=") + kModel, "--worker_id=" + role + "-0",
-         "--router=127.0.0.1:" + std::to_string(router_port_), "--port=0",
-         "--metrics_port=0", "--num_slots=4", "--max_context_tokens=1024",
-         "--log_format=json"},
-        tmp_ + "/" + role + ".log");
+    std::vector<std::string> argv = {
+        testing::RunfilePath(role + "/" + role + "_main"),
+        std::string("--model=") + kModel,
+        "--worker_id=" + role + "-0",
+        "--router=127.0.0.1:" + std::to_string(router_port_),
+        "--port=0",
+        "--metrics_port=0",
+        "--num_slots=4",
+        "--max_context_tokens=1024",
+        "--log_format=json"};
+    if (role == "prefill") {
+      argv.insert(argv.end(), prefill_flags_.begin(), prefill_flags_.end());
+    }
+    return testing::Subprocess::Start(argv, tmp_ + "/" + role + ".log");
+  }
+
+  // Multi-chunk prompts (300..700 tokens; the prefill worker's step budget is
+  // 256 tokens) through the router: each equals the colocated run, and the
+  // decode worker verified the state's checksums (the router asks for them).
+  void ExpectMultiChunkPromptsMatchColocated(int count) {
+    for (int i = 0; i < count; ++i) {
+      tandem::v1::GenerateRequest req = Request(300 + i * 200, 80 + i, 4, 0.0f);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(120));
+      Result disagg = Drain(router_stub_->Generate(&ctx, req).get());
+      ASSERT_TRUE(disagg.status.ok()) << disagg.status.error_message() << Logs();
+      Result colocated = Colocated(req);
+      ASSERT_TRUE(colocated.status.ok()) << colocated.status.error_message();
+      EXPECT_EQ(disagg.tokens, colocated.tokens) << "prompt " << i;
+      EXPECT_EQ(disagg.tokens.size(), 4u);
+    }
+    EXPECT_EQ(*Metric(router_metrics_, "tandem_router_paths_total",
+                      {{"path", "disaggregated"}}),
+              count);
+    EXPECT_EQ(
+        *Metric(prefill_metrics_, "tandem_worker_transfers_total", {{"outcome", "ok"}}),
+        count);
+    EXPECT_TRUE(WaitMetric(decode_metrics_, "tandem_worker_reservations", {}, 0));
+    EXPECT_TRUE(WaitMetric(prefill_metrics_, "tandem_worker_kv_cache_blocks",
+                           {{"state", "used"}}, 0));
   }
 
   std::string Logs() {
@@ -166,6 +203,7 @@ class ClusterProcessTest : public ::testing::Test {
     return Drain(decode_stub_->Generate(&ctx, req).get());
   }
 
+  std::vector<std::string> prefill_flags_;  // extra prefill_main flags
   std::string tmp_;
   int router_port_ = 0, router_metrics_ = 0, decode_port_ = 0, decode_metrics_ = 0,
       prefill_metrics_ = 0;
@@ -238,6 +276,27 @@ TEST_F(ClusterProcessTest, KilledDecodeWorkerIsAClearStatusWithinTheDeadline) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
   EXPECT_GE(r.messages, 3);
   EXPECT_LT(r.tokens.size(), 900u);
+}
+
+TEST_F(ClusterProcessTest, MultiChunkPromptsStreamLayerByLayerBitExactOverUcx) {
+  ExpectMultiChunkPromptsMatchColocated(3);
+  // Streamed: one batch per layer and chunk (the tiny model has several layers
+  // and these prompts 2..3 chunks), far more than one per request.
+  EXPECT_GT(*Metric(prefill_metrics_, "tandem_worker_transfer_batches_total", {}),
+            3 * 4);
+  EXPECT_EQ(*Metric(prefill_metrics_, "tandem_worker_transfer_restarts_total", {}), 0);
+}
+
+// The same cluster with layer streaming off on the prefill worker.
+class ClusterProcessWholeTransferTest : public ClusterProcessTest {
+ protected:
+  ClusterProcessWholeTransferTest() { prefill_flags_ = {"--kv_stream_layers=false"}; }
+};
+
+TEST_F(ClusterProcessWholeTransferTest, DisaggregatedEqualsColocatedWithStreamingOff) {
+  ExpectMultiChunkPromptsMatchColocated(3);
+  // One whole-state batch per request.
+  EXPECT_EQ(*Metric(prefill_metrics_, "tandem_worker_transfer_batches_total", {}), 3);
 }
 
 }  // namespace
