@@ -6,9 +6,17 @@
 //   completions: ids → IncrementalDetokenizer (specials skipped) → stop
 //                strings → Delta (text)
 //
-// Each Add() returns what to send now (a streaming delta) and accumulates the
+// Each Add() returns what to send now (streaming deltas) and accumulates the
 // whole choice (for non-streaming responses). Not thread-safe: one stream's
 // messages arrive in order, the caller serialises.
+//
+// Multi-token messages (a speculative step, or tokens the router coalesced
+// behind a slow write) give multi-token deltas, as vLLM's do: one delta per
+// message, its text the concatenation of the tokens' text and its logprobs one
+// entry per token, in order. A message is split into several deltas only where
+// one chunk could not say it in order: at a change between reasoning, content
+// and tool-call output, and between different tool calls. The finish reason
+// (and usage) never share a delta: the caller sends them after the last one.
 #ifndef TANDEM_GATEWAY_CHOICE_DECODER_H_
 #define TANDEM_GATEWAY_CHOICE_DECODER_H_
 
@@ -71,12 +79,20 @@ class ChoiceDecoder {
   // `tokenizer` is not owned and must outlive the decoder.
   ChoiceDecoder(const tokenizer::Tokenizer* tokenizer, Options options);
 
-  // One router message. InvalidArgument for token ids outside the vocabulary.
-  // After a stop string matched, further messages are ignored (done() is true:
-  // the caller cancels the router call).
+  // One router message: appends its deltas (none, one, or more at the
+  // boundaries above) to `deltas`. InvalidArgument for token ids outside the
+  // vocabulary. A stop string that matches ends the choice at that token: the
+  // message's later tokens are neither shown nor counted, and further
+  // messages are ignored (done() is true: the caller cancels the router call).
+  absl::Status Add(const tandem::v1::GenerateResponse& response,
+                   std::vector<ChoiceDelta>* deltas);
+  // The same, every delta merged into `delta` (for callers that only
+  // accumulate).
   absl::Status Add(const tandem::v1::GenerateResponse& response, ChoiceDelta* delta);
-  // The stream ended normally: flushes held text; sets the finish reason from
-  // the last message (stop | length | tool_calls).
+  // The stream ended normally: flushes held text (appending deltas as Add
+  // does); sets the finish reason from the last message (stop | length |
+  // tool_calls).
+  void Finish(std::vector<ChoiceDelta>* deltas);
   void Finish(ChoiceDelta* delta);
 
   bool done() const { return done_; }
@@ -92,19 +108,25 @@ class ChoiceDecoder {
   const std::vector<std::string>& warnings() const { return warnings_; }
 
  private:
-  void AddText(std::string text, bool content, ChoiceDelta* delta);
-  void Apply(const chat::ChatEvent& event, ChoiceDelta* delta);
+  void AddText(std::string text, bool content, std::vector<ChoiceDelta>* deltas);
+  void Apply(const chat::ChatEvent& event, std::vector<ChoiceDelta>* deltas);
+  // The delta that output of `kind` goes into: the last one, or a new one
+  // when the last already holds output of another kind (or another call).
+  enum class Kind { kReasoning, kContent, kToolCall };
+  ChoiceDelta* DeltaFor(Kind kind, int tool_index, std::vector<ChoiceDelta>* deltas);
   LogprobEntry MakeLogprob(const tandem::v1::TokenLogprob& lp) const;
 
   const tokenizer::Tokenizer* tokenizer_;  // not owned
   const Options options_;
   std::optional<chat::ChatStreamParser> parser_;                  // chat
   std::optional<tokenizer::IncrementalDetokenizer> detokenizer_;  // completions
+  std::vector<chat::ChatEvent> events_;                           // reused
   StopMatcher stop_;
   bool done_ = false;
   std::string finish_reason_;
   tandem::v1::FinishReason last_reason_ = tandem::v1::FINISH_REASON_UNSPECIFIED;
   int completion_tokens_ = 0;
+  int64_t outputs_ = 0;  // visible output events so far (text, tool calls)
 
   std::string reasoning_;
   std::string content_;

@@ -1,11 +1,22 @@
 // Gateway overhead, measured in one run against the scripted test router
-// streaming at full speed (in process, loopback):
+// (in process, loopback):
+//   0. paced throughput (the headline): --paced_streams streams, each fed at
+//      --paced_rate tokens/s by the fixture's step clock (one token per stream
+//      per step, as a decode engine's batch step makes them; a token that is
+//      ready while the previous write is in flight is coalesced into the next
+//      message, as the router does), --paced_tokens tokens per request, new
+//      requests for --seconds, then drained. Through the gateway (an
+//      event-driven HTTP client, --client_threads threads) and directly
+//      (gRPC callback client); tokens/s delivered against offered, SSE events
+//      per token, inter-event gaps, request duration against the ideal.
 //   1. latency: the same request (a prompt that makes the fixture stream
 //      --tokens tokens) sent --requests times one after another, directly
 //      over gRPC and through the gateway (POST /v1/completions, stream=true,
 //      SSE read to [DONE]); p50/p99 of each and the difference (added).
-//   2. throughput: --concurrency clients streaming --stream_tokens-token
-//      completions for --seconds, directly and through the gateway; tokens/s.
+//   2. full-speed throughput (the worst case: the fixture writes one token per
+//      message as fast as gRPC takes them): --concurrency clients streaming
+//      --stream_tokens-token completions for --seconds, directly and through
+//      the gateway; tokens/s.
 //      Both count the tokens the router sent (direct: token_ids received;
 //      gateway: the usage chunk's completion_tokens, stream_options
 //      include_usage), so the two figures count the same thing.
@@ -15,13 +26,21 @@
 
 #include <algorithm>
 #include <atomic>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
 #include <cstdio>
 #include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/init.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gateway/http_server.h"
@@ -40,6 +59,13 @@ ABSL_FLAG(int, concurrency, 16, "Concurrent streams for the throughput figures."
 ABSL_FLAG(int, stream_tokens, 2000, "Tokens per request for the throughput figures.");
 ABSL_FLAG(double, seconds, 3, "Duration of each throughput run.");
 ABSL_FLAG(int, io_threads, 2, "Gateway I/O threads.");
+ABSL_FLAG(int, paced_streams, 1024, "Concurrent streams of the paced run (0: skip).");
+ABSL_FLAG(double, paced_rate, 100, "Tokens/s of each paced stream (the step clock).");
+ABSL_FLAG(int, paced_tokens, 200, "Tokens per request of the paced run.");
+ABSL_FLAG(bool, mutex_deadlock_detection, false,
+          "Leave Abseil's Mutex deadlock detection on (as before the gateway turned "
+          "it off).");
+ABSL_FLAG(int, client_threads, 1, "Threads of the paced run's HTTP client.");
 
 namespace tandem::gateway {
 namespace {
@@ -89,6 +115,326 @@ int GatewayOnce(metrics::HttpConnection* conn, const std::string& body) {
   return static_cast<int>(events.size()) - 1;  // one chunk per token
 }
 
+// --- paced run ---------------------------------------------------------------
+
+// What one paced run measured.
+struct PacedResult {
+  int64_t tokens = 0;  // usage.completion_tokens (gateway) / token ids (direct)
+  int64_t events = 0;  // SSE chunks carrying tokens / gRPC messages
+  int64_t requests = 0;
+  int64_t failures = 0;
+  double seconds = 0;
+  std::vector<double> gaps_ms;      // between consecutive events of a stream
+  std::vector<double> duration_ms;  // per request, to its end
+};
+
+json PacedJson(const PacedResult& r, double offered, double ideal_ms) {
+  const double tps = r.seconds > 0 ? r.tokens / r.seconds : 0;
+  return {{"tokens_per_s", tps},
+          {"offered_tokens_per_s", offered},
+          {"delivered_over_offered", offered > 0 ? tps / offered : 0},
+          {"events_per_token", r.tokens > 0 ? double(r.events) / r.tokens : 0},
+          {"gap_p50_ms", Percentile(r.gaps_ms, 0.5)},
+          {"gap_p99_ms", Percentile(r.gaps_ms, 0.99)},
+          {"request_p50_ms", Percentile(r.duration_ms, 0.5)},
+          {"request_p99_ms", Percentile(r.duration_ms, 0.99)},
+          {"request_ideal_ms", ideal_ms},
+          {"requests", r.requests},
+          {"failures", r.failures}};
+}
+
+// HTTP/1.1 chunked transfer decoding, incrementally: raw bytes in, body
+// bytes out; done() after the last (zero-size) chunk and its CRLF.
+class ChunkedDecoder {
+ public:
+  // Appends the body bytes of `in` to `out`; false on malformed framing.
+  bool Feed(absl::string_view in, std::string* out) {
+    while (!in.empty() && state_ != State::kDone) {
+      switch (state_) {
+        case State::kSize: {
+          const size_t nl = in.find('\n');
+          line_.append(in.data(), nl == absl::string_view::npos ? in.size() : nl);
+          if (nl == absl::string_view::npos) return true;
+          in.remove_prefix(nl + 1);
+          if (!line_.empty() && line_.back() == '\r') line_.pop_back();
+          if (!absl::SimpleHexAtoi(line_, &left_)) return false;
+          line_.clear();
+          state_ = left_ == 0 ? State::kTrailer : State::kData;
+          break;
+        }
+        case State::kData: {
+          const size_t n = std::min<size_t>(left_, in.size());
+          out->append(in.data(), n);
+          in.remove_prefix(n);
+          left_ -= n;
+          if (left_ == 0) state_ = State::kDataEnd;
+          break;
+        }
+        case State::kDataEnd:
+        case State::kTrailer: {
+          const size_t nl = in.find('\n');
+          if (nl == absl::string_view::npos) return true;
+          in.remove_prefix(nl + 1);
+          state_ = state_ == State::kDataEnd ? State::kSize : State::kDone;
+          break;
+        }
+        case State::kDone:
+          break;
+      }
+    }
+    return true;
+  }
+  bool done() const { return state_ == State::kDone; }
+
+ private:
+  enum class State { kSize, kData, kDataEnd, kTrailer, kDone };
+  State state_ = State::kSize;
+  std::string line_;
+  uint64_t left_ = 0;
+};
+
+// Many keep-alive connections to the gateway on an event loop, each sending
+// the same streamed completion again and again until `until`, reading the
+// SSE stream as it comes (chunked decoding + SseParser), counting the usage
+// chunk's completion_tokens and the time between token chunks.
+class PacedHttpClient {
+ public:
+  PacedHttpClient(int port, std::string body, int streams, int threads,
+                  absl::Time until)
+      : until_(until) {
+    request_ = absl::StrCat(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\nContent-Length: ",
+        body.size(), "\r\n\r\n", body);
+    endpoint_ = boost::asio::ip::tcp::endpoint(
+        boost::asio::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port));
+    for (int i = 0; i < streams; ++i) {
+      conns_.push_back(std::make_unique<Conn>(this, ioc_));
+    }
+    threads_ = std::max(threads, 1);
+  }
+
+  PacedResult Run() {
+    const absl::Time start = absl::Now();
+    for (auto& c : conns_) c->Start();
+    std::vector<std::thread> threads;
+    for (int i = 0; i < threads_; ++i) threads.emplace_back([this] { ioc_.run(); });
+    for (auto& t : threads) t.join();
+    PacedResult r;
+    r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    for (auto& c : conns_) {
+      r.tokens += c->result.tokens;
+      r.events += c->result.events;
+      r.requests += c->result.requests;
+      r.failures += c->result.failures;
+      r.gaps_ms.insert(r.gaps_ms.end(), c->result.gaps_ms.begin(),
+                       c->result.gaps_ms.end());
+      r.duration_ms.insert(r.duration_ms.end(), c->result.duration_ms.begin(),
+                           c->result.duration_ms.end());
+    }
+    return r;
+  }
+
+ private:
+  struct Conn {
+    Conn(PacedHttpClient* o, boost::asio::io_context& ioc)
+        : owner(o), socket(boost::asio::make_strand(ioc)) {}
+
+    void Start() {
+      socket.async_connect(owner->endpoint_, [this](boost::system::error_code ec) {
+        if (ec) return Fail();
+        socket.set_option(boost::asio::ip::tcp::no_delay(true));
+        Send();
+      });
+    }
+    void Send() {
+      if (absl::Now() >= owner->until_) return;  // done: the socket closes
+      head.clear();
+      in_body = false;
+      chunked = ChunkedDecoder();
+      sse = SseParser();
+      last_event = sent_at = absl::Now();
+      events_before = result.events;
+      boost::asio::async_write(socket, boost::asio::buffer(owner->request_),
+                               [this](boost::system::error_code ec, size_t) {
+                                 if (ec) return Fail();
+                                 Read();
+                               });
+    }
+    void Read() {
+      socket.async_read_some(boost::asio::buffer(buf),
+                             [this](boost::system::error_code ec, size_t n) {
+                               if (ec) return Fail();
+                               if (!OnBytes(absl::string_view(buf, n))) return Fail();
+                               if (chunked.done()) {
+                                 result.duration_ms.push_back(
+                                     absl::ToDoubleMilliseconds(absl::Now() - sent_at));
+                                 ++result.requests;
+                                 return Send();
+                               }
+                               Read();
+                             });
+    }
+    bool OnBytes(absl::string_view bytes) {
+      if (!in_body) {
+        head.append(bytes.data(), bytes.size());
+        const size_t end = head.find("\r\n\r\n");
+        if (end == std::string::npos) return true;
+        if (!absl::StartsWith(head, "HTTP/1.1 200")) return false;
+        bytes = absl::string_view(head).substr(end + 4);
+        in_body = true;
+        body.clear();
+        if (!chunked.Feed(bytes, &body)) return false;
+      } else {
+        body.clear();
+        if (!chunked.Feed(bytes, &body)) return false;
+      }
+      events.clear();
+      sse.Feed(body, &events);
+      if (events.empty()) return true;
+      const absl::Time now = absl::Now();
+      for (const std::string& e : events) {
+        if (e == "[DONE]") continue;
+        if (absl::StrContains(e, "\"usage\":{")) {
+          json u = json::parse(e, nullptr, false);
+          if (u.is_discarded() || !u["usage"]["completion_tokens"].is_number()) {
+            return false;
+          }
+          result.tokens += u["usage"]["completion_tokens"].get<int64_t>();
+          continue;
+        }
+        if (absl::StrContains(e, "\"text\":\"\"")) continue;  // finish chunk
+        if (result.events++ > events_before) {
+          result.gaps_ms.push_back(absl::ToDoubleMilliseconds(now - last_event));
+        }
+        last_event = now;
+      }
+      return true;
+    }
+    void Fail() {
+      ++result.failures;
+      boost::system::error_code ignored;
+      socket.close(ignored);
+    }
+
+    PacedHttpClient* owner;
+    boost::asio::ip::tcp::socket socket;
+    char buf[16384];
+    std::string head, body;
+    bool in_body = false;
+    ChunkedDecoder chunked;
+    SseParser sse;
+    std::vector<std::string> events;
+    absl::Time sent_at, last_event;
+    int64_t events_before = 0;
+    PacedResult result;
+  };
+
+  boost::asio::io_context ioc_;
+  const absl::Time until_;
+  std::string request_;
+  boost::asio::ip::tcp::endpoint endpoint_;
+  std::vector<std::unique_ptr<Conn>> conns_;
+  int threads_ = 1;
+};
+
+// The same load directly on the router's gRPC API (callback client, no
+// thread per stream).
+class PacedDirectClient {
+ public:
+  PacedDirectClient(tandem::v1::Router::Stub* stub, std::vector<int> prompt,
+                    int streams, absl::Time until)
+      : stub_(stub), prompt_(std::move(prompt)), until_(until), left_(streams) {
+    for (int i = 0; i < streams; ++i)
+      streams_.push_back(std::make_unique<Stream>(this));
+  }
+
+  PacedResult Run() {
+    const absl::Time start = absl::Now();
+    for (auto& s : streams_) s->Next();
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](int* left) { return *left == 0; }, &left_));
+    }
+    PacedResult r;
+    r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    for (auto& s : streams_) {
+      r.tokens += s->result.tokens;
+      r.events += s->result.events;
+      r.requests += s->result.requests;
+      r.failures += s->result.failures;
+      r.gaps_ms.insert(r.gaps_ms.end(), s->result.gaps_ms.begin(),
+                       s->result.gaps_ms.end());
+      r.duration_ms.insert(r.duration_ms.end(), s->result.duration_ms.begin(),
+                           s->result.duration_ms.end());
+    }
+    return r;
+  }
+
+ private:
+  // One stream: a request at a time; a call object per request.
+  struct Stream {
+    explicit Stream(PacedDirectClient* o) : owner(o) {}
+    struct Call : grpc::ClientReadReactor<tandem::v1::GenerateResponse> {
+      Stream* stream;
+      grpc::ClientContext context;
+      tandem::v1::GenerateRequest request;
+      tandem::v1::GenerateResponse response;
+      void OnReadDone(bool ok) override {
+        if (!ok) return;
+        const absl::Time now = absl::Now();
+        stream->result.tokens += response.token_ids_size();
+        if (stream->result.events++ > stream->events_before) {
+          stream->result.gaps_ms.push_back(
+              absl::ToDoubleMilliseconds(now - stream->last_event));
+        }
+        stream->last_event = now;
+        StartRead(&response);
+      }
+      void OnDone(const grpc::Status& s) override {
+        Stream* st = stream;
+        if (!s.ok()) ++st->result.failures;
+        st->result.duration_ms.push_back(
+            absl::ToDoubleMilliseconds(absl::Now() - st->sent_at));
+        ++st->result.requests;
+        delete this;
+        st->Next();
+      }
+    };
+    void Next() {
+      if (absl::Now() >= owner->until_) {
+        absl::MutexLock lock(&owner->mu_);
+        --owner->left_;
+        return;
+      }
+      auto* call = new Call;
+      call->stream = this;
+      call->context.set_deadline(std::chrono::system_clock::now() +
+                                 std::chrono::seconds(120));
+      call->request.set_model("kimi-k3");
+      call->request.mutable_prompt_token_ids()->mutable_ids()->Add(
+          owner->prompt_.begin(), owner->prompt_.end());
+      sent_at = last_event = absl::Now();
+      events_before = result.events;
+      owner->stub_->async()->Generate(&call->context, &call->request, call);
+      call->StartRead(&call->response);
+      call->StartCall();
+    }
+    PacedDirectClient* owner;
+    absl::Time sent_at, last_event;
+    int64_t events_before = 0;
+    PacedResult result;
+  };
+
+  tandem::v1::Router::Stub* const stub_;
+  const std::vector<int> prompt_;
+  const absl::Time until_;
+  absl::Mutex mu_;
+  int left_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Stream>> streams_;
+};
+
 int Main(int argc, char** argv) {
   std::string dir = absl::GetFlag(FLAGS_tokenizer_dir);
   if (dir.empty())
@@ -98,7 +444,11 @@ int Main(int argc, char** argv) {
     fprintf(stderr, "gateway_bench: %s\n", tokenizer.status().ToString().c_str());
     return 1;
   }
-  testing::ScriptedRouter fixture(tokenizer->get(), {}, nullptr);
+  const double paced_rate = absl::GetFlag(FLAGS_paced_rate);
+  testing::ScriptedRouter fixture(
+      tokenizer->get(),
+      {.step = paced_rate > 0 ? absl::Seconds(1 / paced_rate) : absl::ZeroDuration()},
+      nullptr);
   grpc::ServerBuilder builder;
   int grpc_port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
@@ -123,12 +473,52 @@ int Main(int argc, char** argv) {
 
   // `usage`: ask for the usage chunk, whose completion_tokens the throughput
   // run counts (the same tokens the direct run counts).
-  auto prompt_for = [&](int n, bool usage) {
-    const std::string text = absl::StrCat("Bench #tokens:", n);
+  auto prompt_for = [&](int n, bool usage, bool paced = false) {
+    const std::string text =
+        absl::StrCat(paced ? "Bench #paced" : "Bench", " #tokens:", n);
     json body = {{"model", "kimi-k3"}, {"prompt", text}, {"stream", true}};
     if (usage) body["stream_options"] = {{"include_usage", true}};
     return std::make_pair(*(*tokenizer)->Encode(text), body.dump());
   };
+
+  int errors = 0;
+  // 0. Paced: many streams at a modest rate each (the headline).
+  const int paced_streams = absl::GetFlag(FLAGS_paced_streams);
+  const int paced_tokens = absl::GetFlag(FLAGS_paced_tokens);
+  json paced = nullptr;
+  if (paced_streams > 0 && paced_rate > 0) {
+    // "#tokens:N" streams N filler tokens and [EOS].
+    auto [pids, pbody] = prompt_for(paced_tokens - 1, /*usage=*/true, /*paced=*/true);
+    const double offered = paced_streams * paced_rate;
+    const double ideal_ms = 1e3 * (paced_tokens - 1) / paced_rate;
+    const absl::Duration window = absl::Seconds(absl::GetFlag(FLAGS_seconds));
+    PacedResult direct =
+        PacedDirectClient(stub.get(), pids, paced_streams, absl::Now() + window).Run();
+    PacedResult through =
+        PacedHttpClient(http.port(), pbody, paced_streams,
+                        absl::GetFlag(FLAGS_client_threads), absl::Now() + window)
+            .Run();
+    paced = {{"streams", paced_streams},
+             {"rate_per_stream", paced_rate},
+             {"tokens_per_request", paced_tokens},
+             {"direct", PacedJson(direct, offered, ideal_ms)},
+             {"gateway", PacedJson(through, offered, ideal_ms)}};
+    errors += static_cast<int>(direct.failures + through.failures);
+    fprintf(stderr,
+            "paced (%d streams x %.0f tokens/s, %d tokens/request; offered %.0f "
+            "tokens/s): direct %.0f tokens/s; gateway SSE %.0f tokens/s (%.2f of "
+            "offered, %.3f SSE chunks/token, gap p50 %.1f ms p99 %.1f ms, request p50 "
+            "%.0f ms p99 %.0f ms, ideal %.0f ms)\n",
+            paced_streams, paced_rate, paced_tokens, offered,
+            paced["direct"]["tokens_per_s"].get<double>(),
+            paced["gateway"]["tokens_per_s"].get<double>(),
+            paced["gateway"]["delivered_over_offered"].get<double>(),
+            paced["gateway"]["events_per_token"].get<double>(),
+            paced["gateway"]["gap_p50_ms"].get<double>(),
+            paced["gateway"]["gap_p99_ms"].get<double>(),
+            paced["gateway"]["request_p50_ms"].get<double>(),
+            paced["gateway"]["request_p99_ms"].get<double>(), ideal_ms);
+  }
 
   // 1. Latency, sequential, interleaved so both paths see the same machine.
   const int n_tokens = absl::GetFlag(FLAGS_tokens);
@@ -141,7 +531,6 @@ int Main(int argc, char** argv) {
     GatewayOnce(conn->get(), body);
   }
   std::vector<double> direct_ms, gateway_ms;
-  int errors = 0;
   for (int i = 0; i < absl::GetFlag(FLAGS_requests); ++i) {
     absl::Time t0 = absl::Now();
     if (DirectOnce(stub.get(), ids) < 0) ++errors;
@@ -195,6 +584,9 @@ int Main(int argc, char** argv) {
 
   json out = {
       {"bench", "gateway"},
+      {"headline_paced_gateway_sse_tokens_per_s",
+       paced.is_null() ? json(nullptr) : paced["gateway"]["tokens_per_s"]},
+      {"paced", paced},
       {"io_threads", absl::GetFlag(FLAGS_io_threads)},
       {"latency_tokens_per_request", n_tokens},
       {"requests", absl::GetFlag(FLAGS_requests)},
@@ -213,7 +605,8 @@ int Main(int argc, char** argv) {
   fprintf(stderr,
           "latency (%d tokens/request, %d requests): direct p50 %.3f ms p99 %.3f ms; "
           "gateway p50 %.3f ms p99 %.3f ms\n"
-          "throughput (%d streams x %d tokens): direct %.0f tokens/s; gateway SSE %.0f "
+          "full speed (%d streams x %d tokens, one token per message): direct %.0f "
+          "tokens/s; gateway SSE %.0f "
           "tokens/s\n",
           n_tokens, absl::GetFlag(FLAGS_requests), out["direct_p50_ms"].get<double>(),
           out["direct_p99_ms"].get<double>(), out["gateway_p50_ms"].get<double>(),
@@ -233,5 +626,12 @@ int Main(int argc, char** argv) {
 int main(int argc, char** argv) {
   tandem::InitProgram(argc, argv, "gateway_bench",
                       "Gateway overhead vs calling the router directly.");
+  // Debian's Abseil is built without NDEBUG, which leaves Mutex deadlock
+  // detection on: a global graph update on every lock (5% of the gateway's
+  // CPU in the streaming benchmark). It is a debugging aid; turn it off.
+  // --mutex_deadlock_detection keeps it on (to compare with earlier builds).
+  if (!absl::GetFlag(FLAGS_mutex_deadlock_detection)) {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  }
   return tandem::gateway::Main(argc, argv);
 }

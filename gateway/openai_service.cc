@@ -540,8 +540,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
             &service_->metrics_.tokens->Add({{"endpoint", ctx_->endpoint}});
       }
       tokens_counter_->Increment(r.token_ids_size());
-      ChoiceDelta delta;
-      absl::Status s = st.decoder.Add(r, &delta);
+      deltas_.clear();
+      absl::Status s = st.decoder.Add(r, &deltas_);
       if (!s.ok()) {
         TLOG(ERROR, "bad router output").Kv("request_id", id_).Kv("status", s);
         ApiError e;
@@ -550,7 +550,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
         to_cancel = TakeCallsToCancel();
       } else if (fields_.stream) {
         StartStream();
-        WriteDelta(i, delta, nullptr);
+        for (const ChoiceDelta& delta : deltas_) WriteDelta(i, delta, nullptr);
       }
       if (s.ok() && st.decoder.done()) {  // a stop string matched: choice over
         st.finished = true;
@@ -570,12 +570,12 @@ class Generation : public std::enable_shared_from_this<Generation> {
       --remaining_;
       if (!closed_ && !st.finished) {
         if (status.ok()) {
-          ChoiceDelta delta;
-          st.decoder.Finish(&delta);
+          deltas_.clear();
+          st.decoder.Finish(&deltas_);
           st.finished = true;
           if (fields_.stream) {
             StartStream();
-            WriteDelta(i, delta, nullptr);
+            for (const ChoiceDelta& delta : deltas_) WriteDelta(i, delta, nullptr);
             WriteDelta(i, {}, st.decoder.finish_reason().c_str());
           }
         } else {
@@ -609,6 +609,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   bool streaming_ ABSL_GUARDED_BY(mu_) = false;
   bool first_token_seen_ ABSL_GUARDED_BY(mu_) = false;
   metrics::Counter* tokens_counter_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::vector<ChoiceDelta> deltas_ ABSL_GUARDED_BY(mu_);  // reused per message
 };
 
 // ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@
 
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gateway/http_server.h"
@@ -367,6 +368,235 @@ TEST_F(OpenAIServiceTest, ModelsHealthMetrics) {
             std::string::npos)
       << metrics->body;
   EXPECT_NE(metrics->body.find("tandem_gateway_active_streams"), std::string::npos);
+}
+
+// What a client reconstructs from one streamed response (choice 0), and the
+// order invariants every stream must keep.
+struct Streamed {
+  std::string reasoning, content;
+  json tool_calls = json::array();  // accumulated by index: id, name, arguments
+  json logprobs = json::array();    // chat: content entries; completions: tokens
+  std::vector<double> token_logprobs;
+  std::vector<size_t> text_offsets;
+  std::string finish_reason;
+  json usage;
+  int chunks = 0;  // chunks carrying output (not role-only, finish or usage)
+};
+
+// Parses an SSE body; fails the test when an order invariant is broken: the
+// finish chunk is the choice's last, usage follows every choice chunk,
+// [DONE] ends the stream, each chunk's logprobs are one per token it ends.
+Streamed Collect(const std::string& body, bool chat) {
+  Streamed s;
+  SseParser parser;
+  std::vector<std::string> events;
+  parser.Feed(body, &events);
+  EXPECT_FALSE(events.empty());
+  if (events.empty()) return s;
+  EXPECT_EQ(events.back(), "[DONE]");
+  bool finished = false, usage_seen = false;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const json e = json::parse(events[i]);
+    if (e.contains("usage") && !e["usage"].is_null()) {
+      EXPECT_FALSE(usage_seen);
+      usage_seen = true;
+      s.usage = e["usage"];
+      EXPECT_TRUE(e["choices"].empty());
+      continue;
+    }
+    EXPECT_FALSE(usage_seen) << "a chunk after the usage chunk: " << events[i];
+    EXPECT_FALSE(finished) << "a chunk after the finish chunk: " << events[i];
+    const json& c = e["choices"][0];
+    bool output = false;
+    if (chat) {
+      const json& d = c["delta"];
+      if (d.contains("reasoning_content")) {
+        s.reasoning += d["reasoning_content"].get<std::string>();
+        output = true;
+      }
+      if (d.contains("content") && !d["content"].get<std::string>().empty()) {
+        s.content += d["content"].get<std::string>();
+        output = true;
+      }
+      if (d.contains("tool_calls")) {
+        output = true;
+        for (const json& t : d["tool_calls"]) {
+          const size_t index = t["index"].get<size_t>();
+          while (s.tool_calls.size() <= index) {
+            s.tool_calls.push_back({{"id", ""}, {"name", ""}, {"arguments", ""}});
+          }
+          json& acc = s.tool_calls[index];
+          if (t.contains("id")) acc["id"] = t["id"];
+          if (t.contains("function") && t["function"].contains("name")) {
+            acc["name"] = t["function"]["name"];
+          }
+          acc["arguments"] = acc["arguments"].get<std::string>() +
+                             t["function"]["arguments"].get<std::string>();
+        }
+      }
+      if (!c["logprobs"].is_null()) {
+        for (const json& lp : c["logprobs"]["content"]) s.logprobs.push_back(lp);
+      }
+    } else {
+      const std::string text = c["text"].get<std::string>();
+      if (!text.empty()) output = true;
+      // The chunk's tokens start where the text so far ends (no stop string
+      // held anything back in these requests) and cover its text.
+      if (!c["logprobs"].is_null()) {
+        const json& lp = c["logprobs"];
+        EXPECT_EQ(lp["tokens"].size(), lp["token_logprobs"].size());
+        EXPECT_EQ(lp["tokens"].size(), lp["text_offset"].size());
+        for (size_t k = 0; k < lp["tokens"].size(); ++k) {
+          s.logprobs.push_back(lp["tokens"][k]);
+          s.token_logprobs.push_back(lp["token_logprobs"][k].get<double>());
+          s.text_offsets.push_back(lp["text_offset"][k].get<size_t>());
+        }
+      }
+      s.content += text;
+    }
+    if (output) ++s.chunks;
+    if (!c["finish_reason"].is_null()) {
+      finished = true;
+      s.finish_reason = c["finish_reason"];
+      EXPECT_FALSE(output) << "the finish chunk carries output: " << events[i];
+    }
+  }
+  EXPECT_TRUE(finished);
+  return s;
+}
+
+// The router may send several tokens per message (coalesced behind a slow
+// write, or a speculative step). A client must see the same choice token for
+// token: the same text, reasoning, tool calls, logprobs (one per token, in
+// order), finish reason and usage, in fewer chunks, finish and usage last.
+TEST_F(OpenAIServiceTest, MultiTokenMessagesStreamTheSameChoice) {
+  struct Case {
+    const char* name;
+    std::string path;
+    json body;  // its prompt / last message gets the "#per_message:K" tag
+  };
+  const std::vector<Case> cases = {
+      {"chat, thinking, logprobs", "/v1/chat/completions",
+       ChatBody("Hi", {{"stream", true},
+                       {"logprobs", true},
+                       {"top_logprobs", 2},
+                       {"seed", 5},
+                       {"stream_options", {{"include_usage", true}}}})},
+      {"chat, tool call", "/v1/chat/completions",
+       ChatBody("Weather? #tool",
+                {{"stream", true},
+                 {"stream_options", {{"include_usage", true}}},
+                 {"tools",
+                  json::array(
+                      {{{"type", "function"},
+                        {"function",
+                         {{"name", "get_weather"},
+                          {"parameters",
+                           {{"type", "object"},
+                            {"properties", {{"city", {{"type", "string"}}}}}}}}}}})}})},
+      {"completions, logprobs", "/v1/completions",
+       json{{"model", "kimi-k3"},
+            {"prompt", "Say something"},
+            {"stream", true},
+            {"logprobs", 2},
+            {"stream_options", {{"include_usage", true}}}}},
+      {"completions, max_tokens", "/v1/completions",
+       json{{"model", "kimi-k3"},
+            {"prompt", "Say something"},
+            {"stream", true},
+            {"max_tokens", 7},
+            {"stream_options", {{"include_usage", true}}}}},
+  };
+  for (const Case& c : cases) {
+    const bool chat = c.path == "/v1/chat/completions";
+    std::vector<Streamed> runs;
+    for (int k : {1, 3, 64}) {
+      json body = c.body;
+      const std::string tag = absl::StrCat(" #per_message:", k);
+      if (chat) {
+        body["messages"].back()["content"] =
+            body["messages"].back()["content"].get<std::string>() + tag;
+      } else {
+        body["prompt"] = body["prompt"].get<std::string>() + tag;
+      }
+      auto r = Post(c.path, body);
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_EQ(r->status_code, 200) << r->body;
+      runs.push_back(Collect(r->body, chat));
+    }
+    const Streamed& one = runs[0];
+    EXPECT_FALSE(one.content.empty() && one.tool_calls.empty()) << c.name;
+    for (size_t j = 1; j < runs.size(); ++j) {
+      const Streamed& many = runs[j];
+      SCOPED_TRACE(absl::StrCat(c.name, ", run ", j));
+      EXPECT_EQ(many.reasoning, one.reasoning);
+      EXPECT_EQ(many.content, one.content);
+      // Tool call ids are fresh per request: compare the rest, and the shape.
+      ASSERT_EQ(many.tool_calls.size(), one.tool_calls.size());
+      for (size_t t = 0; t < one.tool_calls.size(); ++t) {
+        EXPECT_EQ(many.tool_calls[t]["name"], one.tool_calls[t]["name"]);
+        EXPECT_EQ(many.tool_calls[t]["arguments"], one.tool_calls[t]["arguments"]);
+        EXPECT_EQ(many.tool_calls[t]["id"].get<std::string>().rfind("call_", 0), 0u);
+      }
+      EXPECT_EQ(many.logprobs, one.logprobs);
+      EXPECT_EQ(many.token_logprobs, one.token_logprobs);
+      EXPECT_EQ(many.text_offsets, one.text_offsets);
+      EXPECT_EQ(many.finish_reason, one.finish_reason);
+      EXPECT_EQ(many.usage["completion_tokens"], one.usage["completion_tokens"]);
+      EXPECT_EQ(many.usage["total_tokens"].get<int>() -
+                    many.usage["prompt_tokens"].get<int>(),
+                many.usage["completion_tokens"].get<int>());
+      EXPECT_LT(many.chunks, one.chunks);  // tokens did share chunks
+    }
+    // One logprob entry per generated token (completions; chat streams show
+    // the tokens with visible output).
+    if (!chat && c.body.contains("logprobs")) {
+      EXPECT_EQ(static_cast<int>(one.logprobs.size()),
+                one.usage["completion_tokens"].get<int>())
+          << c.name;
+    }
+    if (!chat && !one.text_offsets.empty()) {
+      // Offsets index the text: each token's text starts at its offset.
+      for (size_t k = 0; k < one.text_offsets.size(); ++k) {
+        const std::string token = one.logprobs[k].get<std::string>();
+        if (one.text_offsets[k] + token.size() <= one.content.size()) {
+          EXPECT_EQ(one.content.substr(one.text_offsets[k], token.size()), token);
+        }
+      }
+    }
+  }
+}
+
+// A stop string whose tokens arrive in one message (and one that straddles
+// two messages) ends the choice exactly where it does one token at a time:
+// same text, same completion_tokens, finish "stop" last.
+TEST_F(OpenAIServiceTest, StopStringsSpanningMergedTokens) {
+  for (const char* stop : {"brown fox", "fox jumps over", "The end"}) {
+    std::vector<Streamed> runs;
+    for (int k : {1, 2, 5, 64}) {
+      auto r = Post("/v1/completions",
+                    json{{"model", "kimi-k3"},
+                         {"prompt", absl::StrCat("Say something #per_message:", k)},
+                         {"stream", true},
+                         {"stop", {stop}},
+                         {"logprobs", 0},
+                         {"stream_options", {{"include_usage", true}}}});
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_EQ(r->status_code, 200) << r->body;
+      runs.push_back(Collect(r->body, /*chat=*/false));
+    }
+    const std::string full = " The quick brown fox jumps over the lazy dog. The end.";
+    EXPECT_EQ(runs[0].content, full.substr(0, full.find(stop))) << stop;
+    for (const Streamed& s : runs) {
+      SCOPED_TRACE(stop);
+      EXPECT_EQ(s.content, runs[0].content);
+      EXPECT_EQ(s.finish_reason, "stop");
+      EXPECT_EQ(s.usage["completion_tokens"], runs[0].usage["completion_tokens"]);
+      EXPECT_EQ(s.logprobs, runs[0].logprobs);
+      EXPECT_EQ(static_cast<int>(s.logprobs.size()),
+                s.usage["completion_tokens"].get<int>());
+    }
+  }
 }
 
 }  // namespace

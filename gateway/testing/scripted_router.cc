@@ -1,5 +1,6 @@
 #include "gateway/testing/scripted_router.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <utility>
 
@@ -45,14 +46,22 @@ grpc::StatusCode CodeByName(absl::string_view name) {
   return grpc::INTERNAL;
 }
 
-// Streams a Script one token per message.
-//   START → write token k (with logprobs) → OnWriteDone → ... → last message
+}  // namespace
+
+// Streams a Script. Full speed (the default): one token per message, each
+// written as soon as the previous write completed. "#per_message:K": K tokens
+// per message (as a router that coalesced them would send). "#paced" (with
+// Options::step > 0): the tokens come from the router's step clock, one per
+// step, like a decode engine's batch step; tokens that arrive while a write
+// is in flight go out together in the next message (the coalescing a real
+// router does).
+//   START → write tokens (with logprobs) → OnWriteDone → ... → last message
 //   carries finish_reason + usage → Finish(OK)
 //   cancelled (OnCancel / failed write) → Finish(CANCELLED); error → Finish(code)
 class ScriptedStream final
     : public grpc::ServerWriteReactor<tandem::v1::GenerateResponse> {
  public:
-  ScriptedStream(const ScriptedRouter* owner, grpc::CallbackServerContext* context,
+  ScriptedStream(ScriptedRouter* owner, grpc::CallbackServerContext* context,
                  const tandem::v1::GenerateRequest& request)
       : owner_(owner), context_(context), request_(request) {
     script_ = owner_->Plan(request_);
@@ -77,59 +86,102 @@ class ScriptedStream final
          {"logprobs", request_.sampling().logprobs()},
          {"top_logprobs", request_.sampling().top_logprobs()}});
     if (script_.fail_after < 0 && !script_.error.ok()) {
-      Finish(script_.error);
+      absl::MutexLock lock(&mu_);
+      FinishLocked(script_.error);
       return;
     }
-    Next();
+    per_message_ = std::max(1, script_.per_message);
+    paced_ = script_.paced && owner_->paced();
+    {
+      absl::MutexLock lock(&mu_);
+      available_ = paced_ ? 1 : limit_;  // paced: the first token comes at once
+      NextLocked();
+    }
+    if (paced_) owner_->AddPaced(this);
+  }
+
+  // One step of the router's clock: one more token is ready.
+  void Step() {
+    absl::MutexLock lock(&mu_);
+    if (finish_called_) return;
+    if (available_ < limit_) ++available_;
+    if (context_->IsCancelled()) {
+      if (!writing_) FinishLocked(grpc::Status(grpc::CANCELLED, "cancelled"));
+      return;
+    }
+    if (!writing_) NextLocked();
   }
 
   void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
     if (!ok || context_->IsCancelled()) {
-      Finish(grpc::Status(grpc::CANCELLED, "cancelled"));
+      FinishLocked(grpc::Status(grpc::CANCELLED, "cancelled"));
       return;
     }
     if (finished_writing_) {
-      Finish(grpc::Status::OK);
+      FinishLocked(grpc::Status::OK);
       return;
     }
-    Next();
+    NextLocked();
   }
 
   void OnCancel() override {
     owner_->Emit({{"event", "cancelled"}, {"request_id", request_.request_id()}});
+    absl::MutexLock lock(&mu_);
+    if (!writing_) FinishLocked(grpc::Status(grpc::CANCELLED, "cancelled"));
   }
 
   void OnDone() override {
+    if (paced_) owner_->RemovePaced(this);
+    int sent;
+    {
+      absl::MutexLock lock(&mu_);
+      sent = sent_;
+    }
     owner_->Emit(
-        {{"event", "done"}, {"request_id", request_.request_id()}, {"sent", sent_}});
+        {{"event", "done"}, {"request_id", request_.request_id()}, {"sent", sent}});
     delete this;
   }
 
  private:
-  void Next() {
+  void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finish_called_) return;
+    finish_called_ = true;
+    Finish(status);
+  }
+
+  // Writes the tokens that are ready (at most per_message_), if any.
+  void NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finish_called_ || writing_) return;
     if (script_.fail_after >= 0 && sent_ >= script_.fail_after) {
-      Finish(script_.error);
+      FinishLocked(script_.error);
       return;
     }
+    int end = paced_ ? available_ : std::min(available_, sent_ + per_message_);
+    if (script_.fail_after >= 0) end = std::min(end, script_.fail_after);
+    if (end <= sent_) return;  // paced: wait for the next step
     response_.Clear();
     response_.set_request_id(request_.request_id());
-    const int id = script_.ids[sent_];
-    response_.add_token_ids(id);
-    if (request_.sampling().logprobs()) {
-      auto* lp = response_.add_logprobs();
-      const float value = -0.5f - 0.1f * static_cast<float>(sent_ % 7);
-      lp->set_token_id(id);
-      lp->set_logprob(value);
-      for (int k = 0; k < request_.sampling().top_logprobs(); ++k) {
-        auto* top = lp->add_top();
-        top->set_token_id(k == 0 ? id : (id + k) % tokenizer::kNumBaseTokens);
-        top->set_logprob(value - static_cast<float>(k));
+    for (; sent_ < end; ++sent_) {
+      const int id = script_.ids[sent_];
+      response_.add_token_ids(id);
+      if (request_.sampling().logprobs()) {
+        auto* lp = response_.add_logprobs();
+        const float value = -0.5f - 0.1f * static_cast<float>(sent_ % 7);
+        lp->set_token_id(id);
+        lp->set_logprob(value);
+        for (int k = 0; k < request_.sampling().top_logprobs(); ++k) {
+          auto* top = lp->add_top();
+          top->set_token_id(k == 0 ? id : (id + k) % tokenizer::kNumBaseTokens);
+          top->set_logprob(value - static_cast<float>(k));
+        }
       }
     }
-    if (sent_ == 0 && request_.sampling().has_seed()) {
+    if (!seed_sent_ && request_.sampling().has_seed()) {
+      seed_sent_ = true;
       response_.set_seed(request_.sampling().seed());
     }
-    ++sent_;
     if (sent_ >= limit_) {
       finished_writing_ = true;
       const bool length = limit_ < static_cast<int>(script_.ids.size());
@@ -139,24 +191,75 @@ class ScriptedStream final
       usage->set_prompt_tokens(request_.prompt_token_ids().ids_size());
       usage->set_completion_tokens(sent_);
     }
+    writing_ = true;
     StartWrite(&response_);
   }
 
-  const ScriptedRouter* owner_;
-  grpc::CallbackServerContext* context_;
+  ScriptedRouter* const owner_;
+  grpc::CallbackServerContext* const context_;
   const tandem::v1::GenerateRequest request_;
   ScriptedRouter::Script script_;
   int limit_ = 0;
-  int sent_ = 0;
-  bool finished_writing_ = false;
-  tandem::v1::GenerateResponse response_;
-};
+  int per_message_ = 1;
+  bool paced_ = false;
 
-}  // namespace
+  absl::Mutex mu_;
+  int available_ ABSL_GUARDED_BY(mu_) = 0;  // tokens ready to send
+  int sent_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool seed_sent_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
+  tandem::v1::GenerateResponse response_ ABSL_GUARDED_BY(mu_);
+};
 
 ScriptedRouter::ScriptedRouter(const tokenizer::Tokenizer* tokenizer, Options options,
                                EventSink events)
-    : tokenizer_(tokenizer), options_(std::move(options)), events_(std::move(events)) {}
+    : tokenizer_(tokenizer), options_(std::move(options)), events_(std::move(events)) {
+  if (options_.step > absl::ZeroDuration()) {
+    stepper_ = std::thread([this] { StepLoop(); });
+  }
+}
+
+ScriptedRouter::~ScriptedRouter() {
+  {
+    absl::MutexLock lock(&paced_mu_);
+    stopping_ = true;
+  }
+  if (stepper_.joinable()) stepper_.join();
+}
+
+void ScriptedRouter::AddPaced(ScriptedStream* stream) {
+  absl::MutexLock lock(&paced_mu_);
+  paced_streams_.insert(stream);
+}
+
+void ScriptedRouter::RemovePaced(ScriptedStream* stream) {
+  absl::MutexLock lock(&paced_mu_);
+  paced_streams_.erase(stream);
+}
+
+// One step per Options::step; a late step is not made up for (a slow engine
+// just runs slower), so what the gateway receives is never more than one
+// token per stream per step.
+void ScriptedRouter::StepLoop() {
+  absl::Time next = absl::Now() + options_.step;
+  for (;;) {
+    {
+      absl::MutexLock lock(&paced_mu_);
+      paced_mu_.AwaitWithDeadline(absl::Condition(&stopping_), next);
+      if (stopping_) return;
+      for (ScriptedStream* s : paced_streams_) s->Step();
+      ++steps_;
+    }
+    next = std::max(next + options_.step, absl::Now());
+  }
+}
+
+int64_t ScriptedRouter::steps() const {
+  absl::MutexLock lock(&paced_mu_);
+  return steps_;
+}
 
 ScriptedRouter::Script ScriptedRouter::Plan(
     const tandem::v1::GenerateRequest& request) const {
@@ -218,6 +321,9 @@ ScriptedRouter::Script ScriptedRouter::Plan(
     }
     script.ids = Encode(*tokenizer_, body);
   }
+  script.per_message = static_cast<int>(std::min<int64_t>(
+      std::max<int64_t>(NumberAfter(text, "#per_message:"), 1), 1 << 20));
+  script.paced = absl::StrContains(text, "#paced");
   if (absl::StrContains(text, "#fail_midway")) {
     script.error = grpc::Status(grpc::UNAVAILABLE, "scripted failure mid-stream");
     script.fail_after = 3;

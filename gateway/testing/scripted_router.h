@@ -11,6 +11,13 @@
 //   contains "#error:CODE"                 → fails at once with gRPC CODE
 //   contains "#fail_midway"                → 3 tokens, then UNAVAILABLE
 //   contains "#tokens:N"                   → N filler tokens, then the end
+//   contains "#per_message:K"              → K tokens per message (default 1),
+//                                            as a coalescing router sends them
+//   contains "#paced" (Options::step > 0)  → one token per step of a shared
+//                                            step clock (a decode engine's
+//                                            batch step); tokens ready while a
+//                                            write is in flight are coalesced
+//                                            into the next message
 //   the seed (when set) is written into the text (" seed=S"), so seeded
 //   choices differ and repeat exactly.
 // Honours max_tokens (finish LENGTH), logprobs/top_logprobs (made-up values:
@@ -24,18 +31,28 @@
 
 #include <functional>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "proto/router.grpc.pb.h"
 
 namespace tandem::gateway::testing {
 
+class ScriptedStream;
+
 class ScriptedRouter final : public tandem::v1::Router::CallbackService {
  public:
   struct Options {
     std::string model_id = "kimi-k3";
     int64_t max_context_tokens = 4096;
+    // Period of the step clock of "#paced" requests; zero: no clock ("#paced"
+    // is ignored, the request streams at full speed).
+    absl::Duration step = absl::ZeroDuration();
   };
   using EventSink = std::function<void(const nlohmann::json& event)>;
 
@@ -43,6 +60,8 @@ class ScriptedRouter final : public tandem::v1::Router::CallbackService {
   // threads (concurrently).
   ScriptedRouter(const tokenizer::Tokenizer* tokenizer, Options options,
                  EventSink events);
+  // Stops the step clock; every call must have ended (server shut down).
+  ~ScriptedRouter() override;
 
   grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context,
@@ -59,6 +78,8 @@ class ScriptedRouter final : public tandem::v1::Router::CallbackService {
     std::vector<int> ids;
     grpc::Status error;
     int fail_after = -1;
+    int per_message = 1;
+    bool paced = false;
   };
   Script Plan(const tandem::v1::GenerateRequest& request) const;
 
@@ -66,10 +87,25 @@ class ScriptedRouter final : public tandem::v1::Router::CallbackService {
     if (events_) events_(event);
   }
 
+  bool paced() const { return options_.step > absl::ZeroDuration(); }
+  // Steps the clock has made so far.
+  int64_t steps() const;
+  // A "#paced" stream joins / leaves the step clock.
+  void AddPaced(ScriptedStream* stream);
+  void RemovePaced(ScriptedStream* stream);
+
  private:
+  void StepLoop();
+
   const tokenizer::Tokenizer* tokenizer_;  // not owned
   const Options options_;
   const EventSink events_;
+
+  mutable absl::Mutex paced_mu_;
+  absl::flat_hash_set<ScriptedStream*> paced_streams_ ABSL_GUARDED_BY(paced_mu_);
+  bool stopping_ ABSL_GUARDED_BY(paced_mu_) = false;
+  int64_t steps_ ABSL_GUARDED_BY(paced_mu_) = 0;
+  std::thread stepper_;
 };
 
 }  // namespace tandem::gateway::testing
