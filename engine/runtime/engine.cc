@@ -23,6 +23,16 @@ uint64_t SplitMix(uint64_t* state) {
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     const ModelWeights* weights, kernels::Backend* backend,
     const tokenizer::Tokenizer* tokenizer, const EngineOptions& options) {
+  const bool tp = options.tp.tp_size > 1;
+  if (tp && options.tp_checkpoint == nullptr) {
+    return InvalidArgument("tensor parallelism (tp.tp_size ", options.tp.tp_size,
+                           ") needs EngineOptions::tp_checkpoint");
+  }
+  if (!tp && (weights == nullptr || backend == nullptr)) {
+    return InvalidArgument("engine: weights and backend are required at TP 1");
+  }
+  const model::ModelConfig& config =
+      tp ? options.tp_checkpoint->config() : weights->config;
   auto e = std::unique_ptr<Engine>(new Engine());
   e->weights_ = weights;
   e->tokenizer_ = tokenizer;
@@ -39,8 +49,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
                                  ((options.max_context_tokens + bs - 1) / bs));
   sc.max_tokens_per_step = options.max_tokens_per_step;
   sc.max_running = options.num_slots;
-  sc.max_context_tokens = std::min<int64_t>(
-      options.max_context_tokens, weights->config.text.max_position_embeddings);
+  sc.max_context_tokens = std::min<int64_t>(options.max_context_tokens,
+                                            config.text.max_position_embeddings);
   sc.max_prefill_chunk = options.max_prefill_chunk;
   const SpeculativeOptions& so = options.speculative;
   if (so.method != SpeculativeMethod::kNone) {
@@ -56,12 +66,29 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   co.block_size = sc.block_size;
   co.num_blocks = sc.num_blocks;
   co.num_slots = sc.num_slots;
-  TANDEM_ASSIGN_OR_RETURN(e->cache_, KvCache::Create(weights->config, co));
   ModelRunnerOptions ro;
   ro.mla_mode = options.mla_mode;
-  e->runner_ = std::make_unique<ModelRunner>(weights, e->cache_.get(), backend, ro);
+  if (tp) {
+    // TP N: the executor loads each rank's shard and makes each rank's backend;
+    // the engine's own needs (config, vocab; the draft model's backend) use
+    // rank 0's, which runs on this thread.
+    TpExecutorOptions to = options.tp;
+    to.cache = co;
+    to.runner = ro;
+    TANDEM_ASSIGN_OR_RETURN(e->executor_,
+                            TpExecutor::Create(*options.tp_checkpoint, to));
+    weights = &e->executor_->weights(0);
+    backend = &e->executor_->backend(0);
+    e->weights_ = weights;
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(e->executor_,
+                            TpExecutor::CreateLocal(weights, backend, co, ro));
+  }
   Engine* self = e.get();
-  e->runner_->set_layer_done_hook([self](int layer) {
+  // Rank 0's runner (the caller's thread). With TP, rank 0 reports a layer after
+  // that layer's attention all-reduce, which every rank enters only after writing
+  // its own KDA heads / MLA rows: the layer's state is final on every rank.
+  e->executor_->runner(0).set_layer_done_hook([self](int layer) {
     if (self->layer_progress_ && !self->progress_.empty()) {
       self->layer_progress_(layer, self->progress_);
     }
@@ -188,6 +215,8 @@ absl::Status Engine::Emit(Request* r, int32_t tok, const engine::SampleResult* r
 absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   std::vector<RequestOutput> outputs;
   if (requests_.empty()) return outputs;
+  // A TP group whose rank failed cannot run steps: fail fast, naming the rank.
+  TANDEM_RETURN_IF_ERROR(executor_->health());
   TANDEM_ASSIGN_OR_RETURN(engine::StepPlan plan, scheduler_->Schedule());
   // Preempted sequences recompute from position 0: their draft state and any
   // pending replay go.
@@ -223,14 +252,14 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     Request* r = reqs[i];
     r->slot = ss.slot;
     if (ss.resets_state) {
-      TANDEM_RETURN_IF_ERROR(cache_->ResetSlot(ss.slot));
+      TANDEM_RETURN_IF_ERROR(executor_->ResetSlot(ss.slot));
       r->pending_import.clear();  // recomputed from its tokens instead
     }
     TANDEM_ASSIGN_OR_RETURN(tables[i], scheduler_->Blocks(ss.id));
     if (!r->pending_import.empty()) {
       TANDEM_ASSIGN_OR_RETURN(
           std::vector<StateRange> dst,
-          cache_->ExportSequence(tables[i], r->import_tokens, ss.slot));
+          executor_->ExportSequence(tables[i], r->import_tokens, ss.slot));
       TANDEM_RETURN_IF_ERROR(CopyStateRanges(r->pending_import, dst));
       r->pending_import.clear();
       r->import_bytes.clear();
@@ -264,7 +293,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       for (int32_t j = t - 1 - m; j < t; ++j) in.logits_indices.push_back(j);
     }
     if (!drafts.empty()) {
-      TANDEM_ASSIGN_OR_RETURN(snapshots[i], cache_->SnapshotSlot(ss.slot));
+      TANDEM_ASSIGN_OR_RETURN(snapshots[i], executor_->SnapshotSlot(ss.slot));
     }
     if (r->num_generated() > 0 && ss.samples) {
       decode_tokens_ += in.tokens.size();
@@ -287,7 +316,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     }
   }
   std::vector<float> logits;
-  const absl::Status forward = runner_->Forward(inputs, &logits);
+  const absl::Status forward = executor_->Forward(inputs, &logits);
   progress_.clear();
   TANDEM_RETURN_IF_ERROR(forward);
 
@@ -318,7 +347,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       if (accepted < m && !out.finished) {
         // Hybrid-state rollback: the slot saw rejected drafts. Back to the state
         // before this forward; the next forward replays [start, accepted..].
-        TANDEM_RETURN_IF_ERROR(cache_->RestoreSlot(ss.slot, snapshots[i]));
+        TANDEM_RETURN_IF_ERROR(executor_->RestoreSlot(ss.slot, snapshots[i]));
         r->replay_from = inputs[i].start_pos;
         ++spec_stats_.rollbacks;
       }
@@ -377,7 +406,7 @@ absl::StatusOr<ExportedState> Engine::ExportState(RequestId id) {
   st.num_cached_tokens = static_cast<int64_t>(r->tokens.size()) - 1;
   TANDEM_ASSIGN_OR_RETURN(std::vector<int32_t> blocks, scheduler_->Blocks(id));
   TANDEM_ASSIGN_OR_RETURN(
-      st.ranges, cache_->ExportSequence(blocks, st.num_cached_tokens, r->slot));
+      st.ranges, executor_->ExportSequence(blocks, st.num_cached_tokens, r->slot));
   return st;
 }
 
@@ -598,7 +627,7 @@ absl::Status Engine::CatchUp(Request* r) {
   in.block_table = blocks;
   in.kda_slot = r->slot;
   std::vector<float> logits;
-  TANDEM_RETURN_IF_ERROR(runner_->Forward({&in, 1}, &logits));
+  TANDEM_RETURN_IF_ERROR(executor_->Forward({&in, 1}, &logits));
   r->replay_from = -1;
   return absl::OkStatus();
 }

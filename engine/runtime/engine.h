@@ -40,6 +40,7 @@
 #include "absl/types/span.h"
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/model_runner.h"
+#include "engine/runtime/tp_executor.h"
 #include "engine/runtime/weights.h"
 #include "engine/sampling/penalty_state.h"
 #include "engine/sampling/sampler.h"
@@ -105,6 +106,13 @@ struct EngineOptions {
   uint64_t seed = 0;
   // Speculative decoding (off by default).
   SpeculativeOptions speculative;
+  // Tensor parallelism: tp.tp_size > 1 runs that many ranks (threads of this
+  // process, tp_executor.h) over `tp_checkpoint`'s shards, each with its own
+  // backend named tp.backend; tp.cache and tp.runner are filled from the options
+  // above. tp_size 1 (the default): the caller's weights and backend, exactly the
+  // single-rank engine (no threads, no communicator).
+  TpExecutorOptions tp;
+  const model::Checkpoint* tp_checkpoint = nullptr;  // not owned; outlives the engine
 };
 
 struct RequestOutput {
@@ -157,7 +165,10 @@ using LayerProgressCallback =
 class Engine {
  public:
   // weights, backend (and tokenizer, which may be null: no text, no stop
-  // strings) are not owned and must outlive the engine.
+  // strings) are not owned and must outlive the engine. With options.tp.tp_size
+  // > 1 weights and backend are not used (may be null): the executor loads the
+  // shards from options.tp_checkpoint; a step whose rank fails returns the
+  // executor's error (and every later step fails fast, naming the rank).
   static absl::StatusOr<std::unique_ptr<Engine>> Create(
       const ModelWeights* weights, kernels::Backend* backend,
       const tokenizer::Tokenizer* tokenizer, const EngineOptions& options);
@@ -192,8 +203,10 @@ class Engine {
   int32_t num_free_blocks() const { return scheduler_->num_free_blocks(); }
   int32_t num_free_slots() const { return scheduler_->num_free_slots(); }
   const engine::Scheduler& scheduler() const { return *scheduler_; }
-  KvCache& cache() { return *cache_; }
-  ModelRunner& runner() { return *runner_; }
+  // Rank 0's cache and runner (the only ones at TP 1).
+  KvCache& cache() { return executor_->cache(0); }
+  ModelRunner& runner() { return executor_->runner(0); }
+  TpExecutor& executor() { return *executor_; }
   // Layer-by-layer progress of prefill chunks (see LayerProgressCallback); the
   // KV hand-off streams each layer's state while the forward continues.
   void set_layer_progress_callback(LayerProgressCallback cb) {
@@ -256,8 +269,7 @@ class Engine {
   const tokenizer::Tokenizer* tokenizer_ = nullptr;  // not owned; may be null
   EngineOptions options_;
   std::unique_ptr<engine::Scheduler> scheduler_;
-  std::unique_ptr<KvCache> cache_;
-  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<TpExecutor> executor_;  // the ranks' caches and runners
   std::unique_ptr<engine::Sampler> sampler_;
   absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_;
   std::vector<int32_t> eos_ids_;

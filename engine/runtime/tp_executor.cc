@@ -228,7 +228,9 @@ absl::Status TpExecutor::Broken() const {
       "tensor-parallel executor is broken (recreate it): ", broken_.message()));
 }
 
-absl::Status TpExecutor::health() const { return broken_; }
+absl::Status TpExecutor::health() const {
+  return broken_.ok() ? absl::OkStatus() : Broken();
+}
 
 absl::Status TpExecutor::Forward(absl::Span<const SequenceInput> seqs,
                                  std::vector<float>* logits) {

@@ -115,7 +115,8 @@ class TpExecutor {
   // collective, so their times are close).
   CommStats comm_stats() const;
   void reset_comm_stats();
-  // OK while usable; the failure that broke the executor otherwise.
+  // OK while usable; else what every call returns: UNAVAILABLE naming the
+  // rank that failed and its error.
   absl::Status health() const;
 
  private:
