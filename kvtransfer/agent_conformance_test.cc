@@ -3,6 +3,7 @@
 // Two agents in one process play initiator and target.
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -112,6 +113,49 @@ TEST_P(AgentConformanceTest, WriteManySegmentsArrivesExactly) {
   EXPECT_EQ(dst, expected);
   // Reported once, then forgotten.
   EXPECT_EQ(initiator_->Wait(*batch, Soon()).code(), absl::StatusCode::kNotFound);
+}
+
+// A receiver cache from AllocateMemory: zero-filled, written and read like any
+// region (over shared memory UCX copies into it directly), freed on deregistration.
+TEST_P(AgentConformanceTest, AllocatedMemoryIsWrittenAndReadExactly) {
+  const size_t bytes = (3 << 20) + 123;
+  EXPECT_EQ(target_->AllocateMemory(0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto alloc = target_->AllocateMemory(bytes);
+  ASSERT_TRUE(alloc.ok()) << alloc.status();
+  auto* mem = static_cast<uint8_t*>(alloc->base);
+  EXPECT_TRUE(std::all_of(mem, mem + bytes, [](uint8_t b) { return b == 0; }));
+  std::vector<uint8_t> src = RandomBytes(bytes, 11);
+  auto s = initiator_->RegisterMemory(src.data(), src.size());
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto desc = target_->LocalDescriptor();
+  ASSERT_TRUE(desc.ok()) << desc.status();
+  auto peer = initiator_->Connect(*desc);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  // Small and large pieces (the large ones take UCX's bandwidth protocols).
+  std::vector<Segment> segs = Scatter(*s, alloc->region, bytes, 40, 12);
+  segs.push_back(Segment{*s, 0, alloc->region, bytes - 7, 7});
+  std::vector<uint8_t> expected(bytes, 0);
+  for (const Segment& g : segs) {
+    std::copy_n(src.begin() + g.local_offset, g.length,
+                expected.begin() + g.remote_offset);
+  }
+  auto batch = initiator_->PostWrite(*peer, segs);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_TRUE(initiator_->Wait(*batch, Soon()).ok());
+  EXPECT_TRUE(std::equal(expected.begin(), expected.end(), mem));
+  // Read it back into a fresh local buffer.
+  std::vector<uint8_t> back(bytes, 0);
+  auto b = initiator_->RegisterMemory(back.data(), back.size());
+  ASSERT_TRUE(b.ok()) << b.status();
+  batch = initiator_->PostRead(*peer, {{*b, 0, alloc->region, 0, bytes}});
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_TRUE(initiator_->Wait(*batch, Soon()).ok());
+  EXPECT_EQ(back, expected);
+  const size_t regions = target_->NumRegisteredRegions();
+  EXPECT_TRUE(target_->DeregisterMemory(alloc->region).ok());
+  EXPECT_EQ(target_->NumRegisteredRegions(), regions - 1);
+  EXPECT_TRUE(initiator_->Disconnect(*peer).ok());
 }
 
 TEST_P(AgentConformanceTest, ReadPullsRemoteBytes) {

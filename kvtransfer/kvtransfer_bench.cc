@@ -12,11 +12,16 @@
 // passes (ucx_perftest gets -w warm-up iterations moving as many bytes). Ends with one
 // JSON line
 // {"bench":"kvtransfer",...}. Not part of the test suite.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -30,8 +35,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/init.h"
+#include "kvtransfer/descriptor.h"
 #include "kvtransfer/peer_process.h"
 #include "kvtransfer/plan.h"
+#include "kvtransfer/put_baselines.h"
 #include "kvtransfer/ucx_agent.h"
 #include "nlohmann/json.hpp"
 
@@ -49,9 +56,26 @@ ABSL_FLAG(int, warmup_iterations, 4,
           "their times are reported as seconds_warmup");
 ABSL_FLAG(int, latency_samples, 2000, "Small transfers timed for latency percentiles");
 ABSL_FLAG(int, latency_bytes, 4096, "Bytes per small transfer");
-ABSL_FLAG(std::string, modes, "tcp,shm",
-          "Transport settings to run: tcp (UCX_TLS=tcp, peer "
-          "failure detection on) and/or shm (UCX default, off)");
+ABSL_FLAG(std::string, modes, "shm,shm_mmap,tcp",
+          "Transport settings to run: shm (UCX default transports, no peer failure "
+          "detection, receiver cache from UcxAgent::AllocateMemory), shm_mmap (the "
+          "same into plain mmap memory) and tcp (UCX_TLS=tcp, peer failure "
+          "detection on, AllocateMemory)");
+ABSL_FLAG(bool, huge_pages, false,
+          "Back both sides' buffers with transparent huge pages (MADV_HUGEPAGE), as "
+          "ucx_perftest's own buffers are; default: plain 4 KiB pages");
+ABSL_FLAG(bool, bandwidth_protocols, true,
+          "UcxAgentConfig.bandwidth_protocols (and the same flag on the plain UCP "
+          "put loop): false reproduces the agent before it existed");
+ABSL_FLAG(bool, plain_put, true,
+          "Also time a plain UCP put loop over the same segments and memory");
+ABSL_FLAG(bool, cma_ceiling, true,
+          "Also time process_vm_writev of the same segments (shm mode)");
+ABSL_FLAG(int, ceiling_threads, 2,
+          "Threads for the second process_vm_writev ceiling (<= 1: only one)");
+ABSL_FLAG(bool, memcpy_ceiling, true,
+          "Also time memcpy of the same segments into a local buffer of the "
+          "receiver's size");
 ABSL_FLAG(std::string, perftest, "/usr/bin/ucx_perftest",
           "ucx_perftest binary ('' to skip)");
 ABSL_FLAG(std::string, peer_binary, "",
@@ -79,6 +103,49 @@ double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[std::min<size_t>(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+
+constexpr int kPlainWindow = 128;               // as UcxAgentConfig's default
+constexpr uint64_t kCeilingPiece = 4ull << 20;  // work unit of the copy ceilings
+
+// Anonymous memory, optionally with transparent huge pages; unmapped on scope exit.
+class Mapping {
+ public:
+  Mapping(uint64_t bytes, bool huge) : bytes_(bytes) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+    if (p == MAP_FAILED) return;
+    if (huge) (void)madvise(p, bytes, MADV_HUGEPAGE);
+    data_ = static_cast<uint8_t*>(p);
+  }
+  ~Mapping() {
+    if (data_ != nullptr) munmap(data_, bytes_);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  uint8_t* data() const { return data_; }
+
+ private:
+  uint64_t bytes_;
+  uint8_t* data_ = nullptr;
+};
+
+struct Method {
+  std::string name;
+  std::function<absl::StatusOr<double>()> run;  // seconds for one pass
+};
+
+// Median, min and max GB/s of passes moving `bytes` each.
+json RateSummary(uint64_t bytes, const std::vector<double>& seconds) {
+  json x;
+  x["seconds_each"] = seconds;
+  if (seconds.empty()) return x;
+  const double lo = *std::min_element(seconds.begin(), seconds.end());
+  const double hi = *std::max_element(seconds.begin(), seconds.end());
+  x["gb_per_s_median"] = bytes / Percentile(seconds, 0.5) / 1e9;
+  x["gb_per_s_min"] = bytes / hi / 1e9;
+  x["gb_per_s_max"] = bytes / lo / 1e9;
+  return x;
 }
 
 // Runs ucx_perftest put bandwidth (server + client on loopback); MB/s overall.
@@ -135,8 +202,14 @@ struct ModeResult {
 
 json RunMode(const std::string& mode, const std::string& peer_binary) {
   const bool tcp = mode == "tcp";
+  const bool ucx_alloc = mode != "shm_mmap";
+  if (mode != "tcp" && mode != "shm" && mode != "shm_mmap") {
+    return json{{"mode", mode}, {"error", "unknown mode"}};
+  }
   json out;
   out["mode"] = mode;
+  out["dst_alloc"] = ucx_alloc ? "UcxAgent::AllocateMemory" : "mmap";
+  out["bandwidth_protocols"] = absl::GetFlag(FLAGS_bandwidth_protocols);
   out["ucx_tls"] = tcp ? "tcp" : "";
   out["peer_failure_detection"] = tcp;
   auto child = PeerProcess::Spawn(peer_binary);
@@ -152,6 +225,7 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
   UcxAgentConfig config;
   config.tls = tcp ? "tcp" : "";
   config.peer_failure_detection = tcp;
+  config.bandwidth_protocols = absl::GetFlag(FLAGS_bandwidth_protocols);
   auto agent_or = UcxAgent::Create(config);
   if (!agent_or.ok()) {
     out["error"] = agent_or.status().ToString();
@@ -175,7 +249,10 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
 
   reply = child->Call(
       absl::StrCat("LAYOUT ", absl::BytesToHexString(dst_layout.SerializeAsString()),
-                   " ", dst_blocks, " 1"),
+                   " ", dst_blocks, " 1",
+                   ucx_alloc                         ? " ucx"
+                   : absl::GetFlag(FLAGS_huge_pages) ? " huge"
+                                                     : ""),
       absl::Seconds(120));
   if (!absl::StartsWith(reply, "OK ")) {
     out["error"] = reply;
@@ -184,21 +261,61 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
   std::vector<std::string> w = absl::StrSplit(reply, ' ');
   uint32_t dst_region = 0;
   (void)absl::SimpleAtoi(w[1], &dst_region);
-  reply = child->Call("DESC");
-  auto peer = agent->Connect(absl::HexStringToBytes(reply.substr(5)));
+  const std::string desc_reply = child->Call("DESC");
+  if (!absl::StartsWith(desc_reply, "DESC ")) {
+    out["error"] = desc_reply;
+    return out;
+  }
+  auto peer = agent->Connect(absl::HexStringToBytes(desc_reply.substr(5)));
   if (!peer.ok()) {
     out["error"] = peer.status().ToString();
     return out;
   }
   const uint64_t src_bytes = ContiguousRegionBytes(src_layout, src_blocks, 1);
-  std::vector<uint8_t> mem(src_bytes);
-  for (size_t i = 0; i < mem.size(); i += 4096) mem[i] = static_cast<uint8_t>(i >> 12);
-  auto src_region = agent->RegisterMemory(mem.data(), mem.size());
+  const bool huge = absl::GetFlag(FLAGS_huge_pages);
+  Mapping src_map(src_bytes, huge);
+  uint8_t* mem = src_map.data();
+  if (mem == nullptr) {
+    out["error"] = "mmap of the source failed";
+    return out;
+  }
+  for (size_t i = 0; i < src_bytes; i += 4096) mem[i] = static_cast<uint8_t>(i >> 12);
+  auto src_region = agent->RegisterMemory(mem, src_bytes);
   if (!src_region.ok()) {
     out["error"] = src_region.status().ToString();
     return out;
   }
   out["transport"] = agent->Transport(*peer);
+  out["huge_pages"] = huge;
+  const std::string descriptor = absl::HexStringToBytes(desc_reply.substr(5));
+  const AgentDescriptor parsed = *ParseDescriptor(descriptor);
+  const RegionDescriptor* dst_desc = parsed.FindRegion(dst_region);
+  const uint64_t dst_base = dst_desc == nullptr ? 0 : dst_desc->base;
+  const uint64_t dst_bytes = dst_desc == nullptr ? 0 : dst_desc->length;
+
+  // Yardsticks (put_baselines.h): a plain UCP put loop with the agent's UCX
+  // settings, process_vm_writev, memcpy into a local buffer as big as the
+  // receiver's region.
+  std::unique_ptr<PlainUcpPut> plain;
+  if (absl::GetFlag(FLAGS_plain_put)) {
+    std::vector<std::pair<std::string, std::string>> options;
+    if (std::getenv("UCX_PROTO_ENABLE") == nullptr)
+      options.emplace_back("PROTO_ENABLE", "y");  // as UcxAgentConfig.use_proto_v2
+    if (tcp) options.emplace_back("TLS", "tcp");
+    auto p = PlainUcpPut::Create(options, descriptor, dst_region, mem, src_bytes);
+    if (p.ok()) {
+      plain = *std::move(p);
+    } else {
+      out["plain_ucp_put_error"] = p.status().ToString();
+    }
+  }
+  std::unique_ptr<Mapping> local_map;
+  uint8_t* local_dst = nullptr;
+  if (absl::GetFlag(FLAGS_memcpy_ceiling) && dst_bytes > 0) {
+    local_map = std::make_unique<Mapping>(dst_bytes, huge);
+    local_dst = local_map->data();
+    if (local_dst != nullptr) std::memset(local_dst, 0, dst_bytes);
+  }
 
   json runs = json::array();
   for (int64_t tokens : contexts) {
@@ -228,49 +345,98 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
       for (const Segment& s : plan->segments) largest = std::max(largest, s.length);
       plans.push_back(*std::move(plan));
     }
-    std::vector<double> seconds, warmup_seconds;
+    // The same bytes as flat (source offset, destination offset, length) triples
+    // for the yardsticks; the agent's segments are per layer.
+    std::vector<CopySegment> flat;
+    for (const TransferPlan& p : plans) {
+      for (const Segment& s : p.segments)
+        flat.push_back({s.local_offset, s.remote_offset, s.length});
+    }
+    // Every method moves the same bytes between the same buffers; one pass of
+    // each in turn per iteration, so machine load hits them alike.
+    std::vector<Method> methods;
+    methods.push_back({"agent", [&]() -> absl::StatusOr<double> {
+                         const absl::Time t0 = absl::Now();
+                         std::vector<BatchId> batches;
+                         for (const TransferPlan& p : plans) {
+                           auto b = agent->PostWrite(*peer, p.segments);
+                           if (!b.ok()) return b.status();
+                           batches.push_back(*b);
+                         }
+                         absl::Status first;
+                         for (BatchId b : batches) {
+                           absl::Status st =
+                               agent->Wait(b, absl::Now() + absl::Seconds(300));
+                           if (first.ok()) first = st;
+                         }
+                         if (!first.ok()) return first;
+                         return absl::ToDoubleSeconds(absl::Now() - t0);
+                       }});
+    if (plain != nullptr) {
+      methods.push_back({"plain_ucp_put", [&]() -> absl::StatusOr<double> {
+                           return plain->Run(flat, kPlainWindow,
+                                             absl::GetFlag(FLAGS_bandwidth_protocols),
+                                             300);
+                         }});
+    }
+    if (!tcp && absl::GetFlag(FLAGS_cma_ceiling)) {
+      methods.push_back({"cma_1thread", [&]() -> absl::StatusOr<double> {
+                           return CmaCopy(child->pid(), mem, dst_base, flat, 1,
+                                          kCeilingPiece);
+                         }});
+      const int threads = absl::GetFlag(FLAGS_ceiling_threads);
+      if (threads > 1) {
+        methods.push_back({absl::StrCat("cma_", threads, "threads"),
+                           [&, threads]() -> absl::StatusOr<double> {
+                             return CmaCopy(child->pid(), mem, dst_base, flat, threads,
+                                            kCeilingPiece);
+                           }});
+      }
+    }
+    if (local_dst != nullptr) {
+      methods.push_back({"memcpy_1thread", [&]() -> absl::StatusOr<double> {
+                           return MemcpyCopy(mem, local_dst, flat, 1, kCeilingPiece);
+                         }});
+    }
+    std::vector<std::vector<double>> timed(methods.size()), warm(methods.size());
     std::string error;
     const int warmup = absl::GetFlag(FLAGS_warmup_iterations);
     for (int it = 0; it < warmup + absl::GetFlag(FLAGS_iterations) && error.empty();
          ++it) {
-      const absl::Time t0 = absl::Now();
-      std::vector<BatchId> batches;
-      for (const TransferPlan& p : plans) {
-        auto b = agent->PostWrite(*peer, p.segments);
-        if (!b.ok()) {
-          error = b.status().ToString();
+      for (size_t m = 0; m < methods.size(); ++m) {
+        absl::StatusOr<double> sec = methods[m].run();
+        if (!sec.ok()) {
+          error = absl::StrCat(methods[m].name, ": ", sec.status().ToString());
           break;
         }
-        batches.push_back(*b);
+        (it < warmup ? warm : timed)[m].push_back(*sec);
       }
-      for (BatchId b : batches) {
-        absl::Status st = agent->Wait(b, absl::Now() + absl::Seconds(300));
-        if (!st.ok() && error.empty()) error = st.ToString();
-      }
-      (it < warmup ? warmup_seconds : seconds)
-          .push_back(absl::ToDoubleSeconds(absl::Now() - t0));
     }
     json r;
     r["tokens"] = tokens;
     r["bytes"] = bytes;
     r["segments_before_coalescing"] = raw;
     r["segments_after_coalescing"] = coalesced;
+    r["largest_segment_bytes"] = largest;
     if (!error.empty()) r["error"] = error;
-    if (seconds.empty())
-      seconds.push_back(warmup_seconds.empty() ? 0 : warmup_seconds.back());
-    const double best = *std::min_element(seconds.begin(), seconds.end());
-    r["seconds_best"] = best;
-    r["seconds_median"] = Percentile(seconds, 0.5);
-    r["seconds_each"] = seconds;
-    r["seconds_warmup"] = warmup_seconds;
-    if (!warmup_seconds.empty()) r["gb_per_s_first"] = bytes / warmup_seconds[0] / 1e9;
-    r["gb_per_s"] = bytes / best / 1e9;
-    // ucx_perftest with the same transports and the plan's typical message size
-    // (the largest segment, capped to keep the run short), about 2 GB moved.
+    json by_method = json::object();
+    std::map<std::string, double> median_gbs;
+    for (size_t m = 0; m < methods.size(); ++m) {
+      json x = RateSummary(bytes, timed[m]);
+      x["seconds_warmup"] = warm[m];
+      if (!warm[m].empty()) x["gb_per_s_first"] = bytes / warm[m][0] / 1e9;
+      median_gbs[methods[m].name] = x.value("gb_per_s_median", 0.0);
+      by_method[methods[m].name] = x;
+    }
+    r["methods"] = by_method;
+    const double agent_gbs = median_gbs["agent"];
+    r["gb_per_s"] = agent_gbs;
+    // ucx_perftest as usual: the same transports, the plan's largest segment
+    // (capped to keep the run short) as message size, one buffer reused, about
+    // 2 GB moved.
     const uint64_t message = std::min<uint64_t>(largest, 64ull << 20);
     const int iters = static_cast<int>(std::max<uint64_t>(8, (2ull << 30) / message));
-    // Warm-up iterations moving as many bytes as the agent's warm-up passes, so
-    // both sides are compared on memory that has been through cma before.
+    // Warm-up iterations moving as many bytes as the agent's warm-up passes.
     // Not over tcp, where perftest's put_bw moves only tens of MB/s.
     const int perf_warmup =
         tcp ? 0
@@ -280,11 +446,26 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
         PerftestPutBandwidth(tcp ? "tcp" : "", message, iters, perf_warmup);
     r["perftest_message_bytes"] = message;
     r["perftest_gb_per_s"] = perf_mbs / 1e3;
-    r["ratio_vs_perftest"] = perf_mbs > 0 ? (bytes / best / 1e6) / perf_mbs : 0;
-    std::cerr << mode << " " << tokens << " tokens: " << bytes / 1e9 << " GB in "
-              << best << " s = " << bytes / best / 1e9 << " GB/s; ucx_perftest "
-              << perf_mbs / 1e3 << " GB/s; segments " << raw << " -> " << coalesced
-              << "\n";
+    r["ratio_vs_perftest"] = perf_mbs > 0 ? agent_gbs / (perf_mbs / 1e3) : 0;
+    auto ratio_to = [&](const std::string& name) {
+      auto it = median_gbs.find(name);
+      return it == median_gbs.end() || it->second <= 0 ? 0.0 : agent_gbs / it->second;
+    };
+    r["ratio_vs_plain_ucp_put"] = ratio_to("plain_ucp_put");
+    r["ratio_vs_cma_1thread"] = ratio_to("cma_1thread");
+    r["ratio_vs_memcpy_1thread"] = ratio_to("memcpy_1thread");
+    std::cerr << mode << " " << tokens << " tokens, " << bytes / 1e9 << " GB, segments "
+              << raw << " -> " << coalesced << "; median GB/s [min-max]:";
+    for (size_t m = 0; m < methods.size(); ++m) {
+      const json& x = by_method[methods[m].name];
+      std::cerr << " " << methods[m].name << " " << x.value("gb_per_s_median", 0.0)
+                << " [" << x.value("gb_per_s_min", 0.0) << "-"
+                << x.value("gb_per_s_max", 0.0) << "]";
+    }
+    std::cerr << "; ucx_perftest (one " << message << "-byte buffer) " << perf_mbs / 1e3
+              << "; agent/plain " << r["ratio_vs_plain_ucp_put"].get<double>()
+              << ", agent/perftest " << r["ratio_vs_perftest"].get<double>()
+              << (error.empty() ? "" : " ERROR " + error) << "\n";
     runs.push_back(r);
   }
   out["runs"] = runs;
@@ -303,6 +484,7 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
   out["latency_bytes"] = small;
   out["latency_p50_us"] = Percentile(us, 0.5);
   out["latency_p99_us"] = Percentile(us, 0.99);
+  plain.reset();
   (void)agent->Disconnect(*peer);
   (void)agent->DeregisterMemory(*src_region);
   return out;

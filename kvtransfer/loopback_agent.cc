@@ -1,5 +1,7 @@
 #include "kvtransfer/loopback_agent.h"
 
+#include <sys/mman.h>
+
 #include <cstring>
 #include <random>
 
@@ -55,6 +57,9 @@ LoopbackAgent::~LoopbackAgent() {
   // Wait out notifications being delivered to us and copies touching our memory.
   absl::MutexLock c(&callback_mu_);
   absl::MutexLock l(&mu_);
+  for (const auto& [id, r] : regions_) {
+    if (r.owned) munmap(r.base, r.length);
+  }
 }
 
 absl::StatusOr<RegionId> LoopbackAgent::RegisterMemory(void* base, size_t len) {
@@ -65,6 +70,19 @@ absl::StatusOr<RegionId> LoopbackAgent::RegisterMemory(void* base, size_t len) {
   const RegionId id = next_region_++;
   regions_[id] = Region{static_cast<uint8_t*>(base), len};
   return id;
+}
+
+absl::StatusOr<Allocation> LoopbackAgent::AllocateMemory(size_t len) {
+  if (len == 0) return absl::InvalidArgumentError("AllocateMemory: empty region");
+  void* p =
+      mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat("mmap of ", len, " bytes failed"));
+  }
+  absl::MutexLock l(&mu_);
+  const RegionId id = next_region_++;
+  regions_[id] = Region{static_cast<uint8_t*>(p), len, /*owned=*/true};
+  return Allocation{id, p};
 }
 
 absl::Status LoopbackAgent::DeregisterMemory(RegionId region) {
@@ -81,6 +99,9 @@ absl::Status LoopbackAgent::DeregisterMemory(RegionId region) {
       }
     }
   }
+  // Peers copy into our regions under mu_ (CopyChunk), so unmapping here is safe.
+  const Region& r = regions_[region];
+  if (r.owned) munmap(r.base, r.length);
   regions_.erase(region);
   return absl::OkStatus();
 }

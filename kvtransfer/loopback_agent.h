@@ -38,6 +38,8 @@ class LoopbackAgent final : public TransferAgent {
   LoopbackAgent& operator=(const LoopbackAgent&) = delete;
 
   absl::StatusOr<RegionId> RegisterMemory(void* base, size_t len) override;
+  // Anonymous zero-filled pages (mmap), unmapped by DeregisterMemory or ~LoopbackAgent.
+  absl::StatusOr<Allocation> AllocateMemory(size_t len) override;
   absl::Status DeregisterMemory(RegionId region) override;
   size_t NumRegisteredRegions() const override;
   uint64_t AgentId() const override { return agent_id_; }
@@ -66,6 +68,7 @@ class LoopbackAgent final : public TransferAgent {
   struct Region {
     uint8_t* base;
     uint64_t length;
+    bool owned = false;  // from AllocateMemory: unmapped on deregistration
   };
   struct Peer {
     uint64_t agent_id;

@@ -25,6 +25,8 @@ class PeerProcess {
   // child does not answer within `timeout` or has exited.
   std::string Call(const std::string& cmd, absl::Duration timeout = absl::Seconds(20));
   void Signal(int sig);
+  // The child's process id (-1 once reaped).
+  pid_t pid() const { return pid_; }
   // Waits for the child to exit (after a fatal signal).
   void Reap();
 

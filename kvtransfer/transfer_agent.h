@@ -57,6 +57,12 @@ struct Segment {
   friend bool operator==(const Segment&, const Segment&) = default;
 };
 
+// Memory allocated and registered by an agent (AllocateMemory).
+struct Allocation {
+  RegionId region = 0;
+  void* base = nullptr;
+};
+
 // A small message delivered to the target after every prior write to it landed.
 struct Notification {
   // The sending agent's id (from its descriptor).
@@ -81,6 +87,15 @@ class TransferAgent {
 
   // Registers [base, base + len) for remote access. Regions may not be empty.
   virtual absl::StatusOr<RegionId> RegisterMemory(void* base, size_t len) = 0;
+  // Allocates `len` zero-filled bytes suited to this agent's transports and
+  // registers them (as RegisterMemory); DeregisterMemory frees them. A receiver's
+  // cache allocated this way is the fastest to write into: UcxAgent gets it from
+  // UCX, which on one host backs it with shared memory that the peer maps, so the
+  // peer's puts are plain memory copies (docs/kvtransfer.md, "Bandwidth").
+  // UNIMPLEMENTED unless the agent overrides it (UcxAgent and LoopbackAgent do).
+  virtual absl::StatusOr<Allocation> AllocateMemory(size_t len) {
+    return absl::UnimplementedError("AllocateMemory");
+  }
   // Releases a registration. FAILED_PRECONDITION while a live batch uses it.
   // Descriptors published earlier still name the region; peers writing to it
   // fail (INVALID_ARGUMENT / UNAVAILABLE), never corrupt other memory.

@@ -1,13 +1,16 @@
 // transfer_peer: a UcxAgent in its own process, driven line by line over
 // stdin/stdout, for multi-process tests and the benchmark. Binary values travel
-// as hex. Commands and replies (one line each):
-//   INIT <tls|-> [noerr]                           OK   (noerr: no peer-failure
-//   detection) LAYOUT <KvLayout hex> <num_blocks> <num_slots> OK <region_id> <bytes>
-//   DESC                                           DESC <descriptor hex>
-//   WAITNOTE <timeout_ms>                          NOTE <request_id hex> <payload hex>
-//   | ERR ... CHECKSUM <RankTarget hex> <tokens> <num_blocks> <num_slots>
-//                                                  SUM <StateChecksums hex> | ERR ...
-//   QUIT                                           (exits 0)
+// as hex. Commands, then their replies (one line each):
+//   INIT <tls|-> [noerr]        -> OK   (noerr: no peer-failure detection)
+//   LAYOUT <KvLayout hex> <num_blocks> <num_slots> [huge]
+//                               -> OK <region_id> <bytes>
+//                                  (huge: madvise(MADV_HUGEPAGE) before touching;
+//                                  ucx: allocated by UcxAgent::AllocateMemory)
+//   DESC                        -> DESC <descriptor hex>
+//   WAITNOTE <timeout_ms>       -> NOTE <request_id hex> <payload hex> | ERR ...
+//   CHECKSUM <RankTarget hex> <tokens> <num_blocks> <num_slots>
+//                               -> SUM <StateChecksums hex> | ERR ...
+//   QUIT                           (exits 0)
 // The region is the standard contiguous placement (plan.h ContiguousRankLayout),
 // zero-filled. Errors reply "ERR <message>"; the process never exits on bad input.
 #include <sys/mman.h>
@@ -51,7 +54,8 @@ class Peer {
       return "OK";
     }
     if (agent_ == nullptr) return "ERR not initialised";
-    if (cmd == "LAYOUT" && w.size() == 4) {
+    if (cmd == "LAYOUT" &&
+        (w.size() == 4 || (w.size() == 5 && (w[4] == "huge" || w[4] == "ucx")))) {
       tandem::v1::KvLayout layout;
       int64_t blocks = 0, slots = 0;
       if (!layout.ParseFromString(absl::HexStringToBytes(w[1])) ||
@@ -61,9 +65,21 @@ class Peer {
       }
       const uint64_t bytes = ContiguousRegionBytes(layout, blocks, slots);
       if (bytes == 0 || bytes > (64ull << 30)) return "ERR region size out of range";
+      if (w.size() == 5 && w[4] == "ucx") {
+        auto a = agent_->AllocateMemory(bytes);
+        if (!a.ok()) return absl::StrCat("ERR ", a.status().ToString());
+        std::memset(a->base, 0, bytes);
+        mem_ = static_cast<uint8_t*>(a->base);
+        bytes_ = bytes;
+        region_ = a->region;
+        return absl::StrCat("OK ", region_, " ", bytes);
+      }
       void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (mem == MAP_FAILED) return "ERR mmap failed";
+      // Transparent huge pages where the kernel allows them (fewer pages for
+      // process_vm_writev to pin and walk); advisory, so failure is ignored.
+      if (w.size() == 5) (void)madvise(mem, bytes, MADV_HUGEPAGE);
       // Touch every page now so transfers do not pay the first-touch faults.
       std::memset(mem, 0, bytes);
       auto region = agent_->RegisterMemory(mem, bytes);

@@ -275,6 +275,47 @@ absl::StatusOr<RegionId> UcxAgent::RegisterMemory(void* base, size_t len) {
   return id;
 }
 
+absl::StatusOr<Allocation> UcxAgent::AllocateMemory(size_t len) {
+  if (len == 0) return absl::InvalidArgumentError("AllocateMemory: empty region");
+  Region r{nullptr, len, nullptr, ""};
+  {
+    absl::MutexLock l(&mu_);
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                    UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    mp.address = nullptr;
+    mp.length = len;
+    mp.flags = UCP_MEM_MAP_ALLOCATE;
+    ucs_status_t s = ucp_mem_map(context_, &mp, &r.memh);
+    if (s != UCS_OK) return FromUcs(s, "ucp_mem_map(ALLOCATE)");
+    ucp_mem_attr_t attr{};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    s = ucp_mem_query(r.memh, &attr);
+    if (s != UCS_OK || attr.address == nullptr || attr.length < len) {
+      ucp_mem_unmap(context_, r.memh);
+      return absl::InternalError("ucp_mem_query on an allocated region failed");
+    }
+    r.base = attr.address;
+    void* rkey_buf = nullptr;
+    size_t rkey_len = 0;
+    s = ucp_rkey_pack(context_, r.memh, &rkey_buf, &rkey_len);
+    if (s != UCS_OK) {
+      ucp_mem_unmap(context_, r.memh);
+      return FromUcs(s, "ucp_rkey_pack");
+    }
+    r.rkey.assign(static_cast<const char*>(rkey_buf), rkey_len);
+    ucp_rkey_buffer_release(rkey_buf);
+  }
+  // UCX does not promise zeroed memory; cleared before anyone can name it, and
+  // without the agent lock (gigabytes take a while).
+  std::memset(r.base, 0, len);
+  absl::MutexLock l(&mu_);
+  const RegionId id = next_region_++;
+  void* base = r.base;
+  regions_[id] = std::move(r);
+  return Allocation{id, base};
+}
+
 absl::Status UcxAgent::DeregisterMemory(RegionId region) {
   absl::MutexLock l(&mu_);
   auto it = regions_.find(region);
@@ -524,6 +565,9 @@ void UcxAgent::PumpLocked(Batch* b) {
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = &UcxAgent::OnBatchOp;
   param.user_data = b;
+  // Data operations may use bandwidth-oriented protocols; the flush keeps `param`.
+  ucp_request_param_t bulk = param;
+  if (config_.bandwidth_protocols) bulk.op_attr_mask |= UCP_OP_ATTR_FLAG_MULTI_SEND;
   while (b->next_segment < b->segments.size() &&
          b->inflight < config_.max_inflight_ops) {
     const Segment& s = b->segments[b->next_segment];
@@ -537,8 +581,8 @@ void UcxAgent::PumpLocked(Batch* b) {
     const uint64_t remote = rd->base + s.remote_offset;
     ucp_rkey_h rkey = p->rkeys.at(s.remote_region);
     ucs_status_ptr_t req =
-        b->write ? ucp_put_nbx(p->ep, local, s.length, remote, rkey, &param)
-                 : ucp_get_nbx(p->ep, local, s.length, remote, rkey, &param);
+        b->write ? ucp_put_nbx(p->ep, local, s.length, remote, rkey, &bulk)
+                 : ucp_get_nbx(p->ep, local, s.length, remote, rkey, &bulk);
     ++b->next_segment;
     if (UCS_PTR_IS_ERR(req)) {
       b->status = FromUcs(UCS_PTR_STATUS(req), absl::StrCat("posting batch ", b->id));

@@ -58,6 +58,11 @@ struct UcxAgentConfig {
   absl::Duration connect_timeout = absl::Seconds(10);
   // Operations of one batch handed to UCX at a time.
   int max_inflight_ops = 128;
+  // Posts puts and gets with UCP_OP_ATTR_FLAG_MULTI_SEND, so UCX selects its
+  // protocols for bandwidth rather than single-operation latency. With UCX 1.13
+  // over shared memory this is what turns a put into a UCX-allocated peer region
+  // into a direct copy (without it: software emulation above 32 KiB).
+  bool bandwidth_protocols = true;
   // Use UCX's v2 protocols (UCX_PROTO_ENABLE=y) unless the environment sets
   // UCX_PROTO_ENABLE. With the v1 default, puts over shared memory fall back to
   // active-message emulation (see docs/kvtransfer.md, "Bandwidth").
@@ -76,6 +81,11 @@ class UcxAgent final : public TransferAgent {
   UcxAgent& operator=(const UcxAgent&) = delete;
 
   absl::StatusOr<RegionId> RegisterMemory(void* base, size_t len) override;
+  // ucp_mem_map with UCP_MEM_MAP_ALLOCATE: on one host UCX backs the memory with
+  // shared memory (sysv/posix) that a peer maps, so the peer's puts into it are
+  // memory copies by the sender (what ucx_perftest's own buffers get); puts into
+  // plain process memory are emulated with active messages by UCX 1.13.
+  absl::StatusOr<Allocation> AllocateMemory(size_t len) override;
   absl::Status DeregisterMemory(RegionId region) override;
   size_t NumRegisteredRegions() const override;
   uint64_t AgentId() const override { return agent_id_; }
