@@ -39,8 +39,10 @@ absl::Status ModelRunner::AllReduce(float* data, int64_t n) {
 absl::Status ModelRunner::AllGather(const float* in, int64_t n_per_rank, float* out) {
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status s = comm_->AllGather(in, static_cast<size_t>(n_per_rank), out);
-  comm_stats_.seconds +=
+  const double sec =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  comm_stats_.seconds += sec;
+  comm_stats_.all_gather_seconds += sec;
   ++comm_stats_.calls;
   comm_stats_.bytes += n_per_rank * static_cast<int64_t>(sizeof(float));
   return s;

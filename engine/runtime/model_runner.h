@@ -101,6 +101,7 @@ struct CommStats {
   int64_t calls = 0;
   int64_t bytes = 0;  // payload handed to the collectives (this rank's view)
   double seconds = 0;
+  double all_gather_seconds = 0;  // of which the logits all-gather
 };
 
 class ModelRunner {
