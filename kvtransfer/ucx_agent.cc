@@ -39,6 +39,8 @@ struct UcxAgent::Batch {
   CompletionCallback on_done;
   UcxAgent* agent;
   size_t next_segment = 0;
+  uint64_t next_offset = 0;  // bytes of segments[next_segment] already posted
+  uint64_t bytes = 0;        // total of the segments
   int inflight = 0;
   bool flush_posted = false;
   bool cancel_requested = false;
@@ -133,6 +135,9 @@ absl::StatusOr<std::unique_ptr<UcxAgent>> UcxAgent::Create(
     const UcxAgentConfig& config) {
   if (config.max_inflight_ops < 1) {
     return absl::InvalidArgumentError("max_inflight_ops must be >= 1");
+  }
+  if (config.max_op_bytes < 1) {
+    return absl::InvalidArgumentError("max_op_bytes must be >= 1");
   }
   std::unique_ptr<UcxAgent> agent(new UcxAgent(config));
   absl::Status st = agent->Init();
@@ -531,12 +536,18 @@ absl::StatusOr<BatchId> UcxAgent::Post(PeerId peer, absl::Span<const Segment> se
     b->peer = peer;
     b->write = write;
     b->segments.assign(segments.begin(), segments.end());
+    for (const Segment& seg : segments) b->bytes += seg.length;
     b->on_done = std::move(on_done);
     b->agent = this;
     Batch* raw = b.get();
     batches_[id] = std::move(b);
-    PumpLocked(raw);
-    MaybeEndLocked(raw);
+    // A small batch is posted here (its latency is one post + flush); a large one
+    // by the progress thread, so the caller returns at once.
+    if (raw->bytes <= config_.inline_post_bytes) {
+      uint64_t budget = raw->bytes + 1;
+      PumpLocked(raw, &budget);
+      MaybeEndLocked(raw);
+    }
   }
   Wake();
   return id;
@@ -552,7 +563,7 @@ void UcxAgent::OnBatchOp(void* request, ucs_status_t status, void* user_data) {
   ucp_request_free(request);
 }
 
-void UcxAgent::PumpLocked(Batch* b) {
+void UcxAgent::PumpLocked(Batch* b, uint64_t* budget) {
   auto it = peers_.find(b->peer);
   Peer* p = it == peers_.end() ? nullptr : it->second.get();
   if (p == nullptr || p->closed || p->close_request != nullptr) {
@@ -569,21 +580,32 @@ void UcxAgent::PumpLocked(Batch* b) {
   ucp_request_param_t bulk = param;
   if (config_.bandwidth_protocols) bulk.op_attr_mask |= UCP_OP_ATTR_FLAG_MULTI_SEND;
   while (b->next_segment < b->segments.size() &&
-         b->inflight < config_.max_inflight_ops) {
+         b->inflight<config_.max_inflight_ops&& * budget> 0) {
     const Segment& s = b->segments[b->next_segment];
     auto r = regions_.find(s.local_region);
     if (r == regions_.end()) {
       b->status = absl::InternalError("local region vanished during a transfer");
       return;
     }
-    void* local = static_cast<uint8_t*>(r->second.base) + s.local_offset;
+    // At most max_op_bytes per operation: over shared memory UCX copies inline,
+    // under mu_, so this bounds how long Wait deadlines, Cancel and other
+    // batches wait for the lock.
+    const uint64_t len =
+        std::min<uint64_t>(s.length - b->next_offset, config_.max_op_bytes);
+    void* local =
+        static_cast<uint8_t*>(r->second.base) + s.local_offset + b->next_offset;
     const RegionDescriptor* rd = p->descriptor.FindRegion(s.remote_region);
-    const uint64_t remote = rd->base + s.remote_offset;
+    const uint64_t remote = rd->base + s.remote_offset + b->next_offset;
     ucp_rkey_h rkey = p->rkeys.at(s.remote_region);
-    ucs_status_ptr_t req =
-        b->write ? ucp_put_nbx(p->ep, local, s.length, remote, rkey, &bulk)
-                 : ucp_get_nbx(p->ep, local, s.length, remote, rkey, &bulk);
-    ++b->next_segment;
+    ucs_status_ptr_t req = b->write
+                               ? ucp_put_nbx(p->ep, local, len, remote, rkey, &bulk)
+                               : ucp_get_nbx(p->ep, local, len, remote, rkey, &bulk);
+    *budget -= std::min(*budget, len);
+    b->next_offset += len;
+    if (b->next_offset == s.length) {
+      ++b->next_segment;
+      b->next_offset = 0;
+    }
     if (UCS_PTR_IS_ERR(req)) {
       b->status = FromUcs(UCS_PTR_STATUS(req), absl::StrCat("posting batch ", b->id));
       return;
@@ -630,9 +652,12 @@ void UcxAgent::ServiceLocked() {
       ++it;
     }
   }
+  // Batches are served in order, about max_op_bytes per pass, so the lock is
+  // released between operations that UCX completes inline.
+  uint64_t budget = config_.max_op_bytes;
   for (auto& [id, b] : batches_) {
     if (b->ended) continue;
-    PumpLocked(b.get());
+    PumpLocked(b.get(), &budget);
     MaybeEndLocked(b.get());
   }
 }

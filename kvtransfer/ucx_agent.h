@@ -58,6 +58,14 @@ struct UcxAgentConfig {
   absl::Duration connect_timeout = absl::Seconds(10);
   // Operations of one batch handed to UCX at a time.
   int max_inflight_ops = 128;
+  // Largest put/get handed to UCX; longer segments are posted in pieces. Over
+  // shared memory UCX copies inline, under the agent lock, so this bounds how
+  // late a Wait deadline, a Cancel or another batch is served (8 MiB: ~1-3 ms).
+  uint64_t max_op_bytes = 8 << 20;
+  // A batch of at most this many bytes is posted by PostWrite/PostRead itself
+  // (small-transfer latency); larger ones by the progress thread, so the caller
+  // returns at once (prefill keeps computing while its layers stream out).
+  uint64_t inline_post_bytes = 256 << 10;
   // Posts puts and gets with UCP_OP_ATTR_FLAG_MULTI_SEND, so UCX selects its
   // protocols for bandwidth rather than single-operation latency. With UCX 1.13
   // over shared memory this is what turns a put into a UCX-allocated peer region
@@ -126,7 +134,9 @@ class UcxAgent final : public TransferAgent {
                                bool write, CompletionCallback on_done);
   void ProgressLoop();
   void Wake();
-  void PumpLocked(Batch* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Posts operations of `b` until its window is full, it is all posted (then the
+  // flush), or `*budget` bytes were posted (decremented).
+  void PumpLocked(Batch* b, uint64_t* budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeEndLocked(Batch* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ServiceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ClosePeerLocked(Peer* p, bool wait, absl::Time deadline)

@@ -1,6 +1,7 @@
 // UcxAgent-specific checks (the shared behaviour is in agent_conformance_test).
 #include "kvtransfer/ucx_agent.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -29,6 +30,10 @@ TEST(UcxAgentTest, RejectsBadConfig) {
   UcxAgentConfig bad;
   bad.max_inflight_ops = 0;
   EXPECT_EQ(UcxAgent::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  UcxAgentConfig no_bytes;
+  no_bytes.max_op_bytes = 0;
+  EXPECT_EQ(UcxAgent::Create(no_bytes).status().code(),
+            absl::StatusCode::kInvalidArgument);
   UcxAgentConfig garbled;
   garbled.ucx_options = {{"RNDV_THRESH", "not-a-size"}};
   auto agent = UcxAgent::Create(garbled);
@@ -66,6 +71,61 @@ TEST(UcxAgentTest, BatchesAreForgottenOnceReported) {
   }
   EXPECT_EQ((*a)->NumBatchesForTesting(), 0u);
   EXPECT_EQ(src, dst);
+}
+
+// Segments longer than max_op_bytes go out in pieces, posted by the progress
+// thread (inline_post_bytes 0), through a small window; both into plain memory and
+// into UCX-allocated memory (the direct-copy path over shared memory), with and
+// without the bandwidth protocols.
+TEST(UcxAgentTest, LongSegmentsArePostedInPiecesAndArriveExactly) {
+  for (const bool allocate : {false, true}) {
+    for (const bool bandwidth : {false, true}) {
+      SCOPED_TRACE(testing::Message()
+                   << "allocate " << allocate << " bandwidth " << bandwidth);
+      UcxAgentConfig config;
+      config.peer_failure_detection = false;  // shared memory on one host
+      config.max_op_bytes = 4097;
+      config.inline_post_bytes = 0;
+      config.max_inflight_ops = 3;
+      config.bandwidth_protocols = bandwidth;
+      auto a = UcxAgent::Create(config);
+      auto b = UcxAgent::Create(config);
+      ASSERT_TRUE(a.ok() && b.ok());
+      const size_t n = (1 << 20) + 5;
+      std::vector<uint8_t> src(n), back(n, 0), plain(n, 0);
+      for (size_t i = 0; i < n; ++i) src[i] = static_cast<uint8_t>(i * 131 + 7);
+      uint8_t* dst = plain.data();
+      RegionId d = 0;
+      if (allocate) {
+        auto alloc = (*b)->AllocateMemory(n);
+        ASSERT_TRUE(alloc.ok()) << alloc.status();
+        dst = static_cast<uint8_t*>(alloc->base);
+        d = alloc->region;
+      } else {
+        auto r = (*b)->RegisterMemory(plain.data(), n);
+        ASSERT_TRUE(r.ok());
+        d = *r;
+      }
+      auto s = (*a)->RegisterMemory(src.data(), n);
+      auto k = (*a)->RegisterMemory(back.data(), n);
+      auto peer = (*a)->Connect(*(*b)->LocalDescriptor());
+      ASSERT_TRUE(s.ok() && k.ok() && peer.ok());
+      // Three segments, swapped halves, odd lengths.
+      const uint64_t h = n / 2;
+      auto batch = (*a)->PostWrite(
+          *peer,
+          {{*s, 0, d, h, n - h}, {*s, n - h, d, 1, h - 1}, {*s, n - 1, d, 0, 1}});
+      ASSERT_TRUE(batch.ok()) << batch.status();
+      ASSERT_TRUE((*a)->Wait(*batch, absl::Now() + absl::Seconds(20)).ok());
+      EXPECT_TRUE(std::equal(src.begin(), src.begin() + (n - h), dst + h));
+      EXPECT_TRUE(std::equal(src.begin() + (n - h), src.end() - 1, dst + 1));
+      EXPECT_EQ(dst[0], src[n - 1]);
+      batch = (*a)->PostRead(*peer, {{*k, 0, d, 0, n}});
+      ASSERT_TRUE(batch.ok()) << batch.status();
+      ASSERT_TRUE((*a)->Wait(*batch, absl::Now() + absl::Seconds(20)).ok());
+      EXPECT_TRUE(std::equal(back.begin(), back.end(), dst));
+    }
+  }
 }
 
 }  // namespace
