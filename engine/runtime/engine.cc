@@ -52,6 +52,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   sc.max_context_tokens = std::min<int64_t>(options.max_context_tokens,
                                             config.text.max_position_embeddings);
   sc.max_prefill_chunk = options.max_prefill_chunk;
+  // KdaChunked's chunk: prompts cut only at its multiples compute bit-identical
+  // state however the steps split them (chunk_alignment_test).
+  sc.prefill_chunk_alignment = 64;
   const SpeculativeOptions& so = options.speculative;
   if (so.method != SpeculativeMethod::kNone) {
     if (so.num_speculative_tokens < 1) {

@@ -5,6 +5,7 @@
 // colocated tokens.
 #include "engine/runtime/engine.h"
 
+#include <cstring>
 #include <map>
 
 #include "engine/runtime/test_util.h"
@@ -123,6 +124,48 @@ TEST(EngineTest, LayerProgressReportsFinalStatePerLayer) {
   const size_t before = seen.size();
   RunAll(&e);
   EXPECT_EQ(seen.size(), before);
+}
+
+// Seeded sampling does not depend on how the steps cut a prompt: the engine
+// aligns prefill chunks to the KDA chunk, so any token budget >= 64 computes
+// bit-identical state: the same seeded tokens with bit-identical logprobs
+// (unaligned cuts differ in the last bits of the logprobs).
+TEST(EngineTest, SeededTokensDoNotDependOnTheStepBudget) {
+  // Per request: (token, logprob bits) per generated token.
+  using Trace = std::vector<std::pair<int32_t, uint32_t>>;
+  std::map<RequestId, Trace> want;
+  for (int64_t budget : {64, 100, 256, 1024}) {
+    EngineOptions o;
+    o.max_tokens_per_step = budget;
+    Rig r = MakeEngine(o);
+    for (int i = 0; i < 3; ++i) {
+      engine::SamplingParams p = Greedy(8);
+      p.temperature = 1.0f;
+      p.seed = 77 + i;
+      p.logprobs = true;
+      ASSERT_TRUE(
+          r.engine->AddRequest(i + 1, MakePrompt(150 + 60 * i, 11 + i), p).ok());
+    }
+    std::map<RequestId, Trace> got;
+    for (int step = 0; r.engine->HasWork() && step < 1000; ++step) {
+      auto res = r.engine->Step();
+      ASSERT_TRUE(res.ok()) << res.status();
+      for (const RequestOutput& out : *res) {
+        ASSERT_EQ(out.logprobs.size(), out.new_tokens.size());
+        for (size_t j = 0; j < out.new_tokens.size(); ++j) {
+          uint32_t bits;
+          std::memcpy(&bits, &out.logprobs[j].logprob, sizeof(bits));
+          got[out.id].push_back({out.new_tokens[j], bits});
+        }
+      }
+    }
+    for (int i = 1; i <= 3; ++i) ASSERT_EQ(got[i].size(), 8u);
+    if (want.empty()) {
+      want = got;
+    } else {
+      EXPECT_EQ(got, want) << "budget " << budget;
+    }
+  }
 }
 
 TEST(EngineTest, GreedyEqualsBareRunner) {

@@ -27,6 +27,9 @@ absl::Status SchedulerConfig::Validate() const {
     return InvalidArgument("a decode step of 1 + ", num_speculative_tokens,
                            " tokens exceeds the step budget of ", max_tokens_per_step);
   }
+  if (prefill_chunk_alignment < 0) {
+    return InvalidArgument("prefill_chunk_alignment must be >= 0");
+  }
   if (max_prefill_chunk < 0) {
     return InvalidArgument("max_prefill_chunk must be >= 0");
   }
@@ -187,6 +190,17 @@ int64_t Scheduler::ChunkLimit(int64_t budget) const {
                                        : budget;
 }
 
+int64_t Scheduler::AlignChunk(int64_t start, int64_t chunk, int64_t remaining,
+                              bool plan_empty) const {
+  const int64_t a = config_.prefill_chunk_alignment;
+  if (a <= 0 || chunk >= remaining) return chunk;
+  const int64_t end = (start + chunk) / a * a;
+  if (end > start) return end - start;
+  // Less than the alignment left: wait for a later step, unless nothing else
+  // runs in this one (then progress beats alignment).
+  return plan_empty ? chunk : 0;
+}
+
 absl::StatusOr<StepPlan> Scheduler::Schedule() {
   if (step_in_flight_) {
     return FailedPrecondition("the previous step was not completed");
@@ -250,7 +264,10 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
       }
     }
     if (self_preempted) break;
-    const int64_t chunk = std::min({remaining, ChunkLimit(budget), fit});
+    const int64_t chunk =
+        AlignChunk(seq->num_computed, std::min({remaining, ChunkLimit(budget), fit}),
+                   remaining, plan.sequences.empty());
+    if (chunk == 0) continue;
     seq->table.Append(chunk, &blocks_).IgnoreError();  // fits: checked above
     add(seq, chunk, 0);
   }
@@ -262,7 +279,10 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     const int64_t usable =
         static_cast<int64_t>(blocks_.num_free()) - config_.watermark_blocks;
     if (usable <= 0) break;
-    const int64_t chunk = std::min({seq->num_tokens, ChunkLimit(budget), usable * bs});
+    const int64_t chunk =
+        AlignChunk(0, std::min({seq->num_tokens, ChunkLimit(budget), usable * bs}),
+                   seq->num_tokens, plan.sequences.empty());
+    if (chunk == 0) break;  // the head waits for a step with room
     waiting_.pop_front();
     seq->slot = *slots_.Acquire();                     // a slot is free: checked above
     seq->table.Append(chunk, &blocks_).IgnoreError();  // fits: checked above

@@ -50,7 +50,16 @@ struct SchedulerConfig {
   int64_t max_context_tokens = 131072;  // prompt + output, <= kMaxContextTokens
   int32_t num_speculative_tokens = 0;   // drafts verified per decode step
   int64_t max_prefill_chunk = 0;        // per-sequence chunk cap; 0 = the budget
-  int32_t watermark_blocks = 0;         // blocks admission leaves free
+  // When > 0, a prefill chunk that is not the prompt's last ends at a multiple
+  // of this many positions; a sequence that cannot get one this step (budget or
+  // blocks left below the next multiple) waits for the next, unless it is the
+  // step's only work (progress first: then it runs unaligned). The
+  // engine sets the KDA chunk length (64): a prompt split only at multiples of
+  // it computes bit-identical state however the steps cut it (see
+  // engine/runtime/chunk_alignment_test.cc), so seeded sampling does not depend
+  // on load.
+  int32_t prefill_chunk_alignment = 0;
+  int32_t watermark_blocks = 0;  // blocks admission leaves free
 
   absl::Status Validate() const;
 };
@@ -172,6 +181,11 @@ class Scheduler {
   SequenceId PreemptNewest(StepPlan* plan, int64_t* budget);
   void Erase(SequenceId id);
   int64_t ChunkLimit(int64_t budget) const;
+  // `chunk` tokens from `start`, `remaining` left: shortened to end at a multiple
+  // of prefill_chunk_alignment when it is not the last chunk and that keeps >= 1;
+  // 0 (wait) when it cannot and the plan already has work, else unchanged.
+  int64_t AlignChunk(int64_t start, int64_t chunk, int64_t remaining,
+                     bool plan_empty) const;
 
   SchedulerConfig config_;
   BlockAllocator blocks_;

@@ -96,6 +96,64 @@ TEST(SchedulerTest, PerSequenceChunkCap) {
   EXPECT_THAT(Entries(*p), ElementsAre(Entry{2, 3, 4, true}, Entry{1, 5, 10, false}));
 }
 
+// Non-final chunks end at multiples of the alignment when that keeps >= 1
+// token; a budget below the alignment still makes progress (unaligned), and
+// the next chunk realigns.
+TEST(SchedulerTest, PrefillChunksAlignToTheKdaChunk) {
+  SchedulerConfig c = Config(256, 16, 100);
+  c.prefill_chunk_alignment = 64;
+  auto s = Make(c);
+  ASSERT_TRUE(s->Submit({1, 300}).ok());
+  std::vector<Entry> got;
+  for (int i = 0; i < 6; ++i) {
+    auto p = s->Schedule();
+    ASSERT_TRUE(p.ok());
+    for (const Entry& e : Entries(*p)) got.push_back(e);
+    Complete(*s, *p);
+  }
+  EXPECT_THAT(got, ElementsAre(Entry{1, 0, 64, false}, Entry{1, 64, 128, false},
+                               Entry{1, 128, 192, false}, Entry{1, 192, 256, false},
+                               Entry{1, 256, 300, true}, Entry{1, 300, 301, true}));
+
+  SchedulerConfig small = Config(256, 16, 40);
+  small.prefill_chunk_alignment = 64;
+  auto t = Make(small);
+  ASSERT_TRUE(t->Submit({2, 150}).ok());
+  got.clear();
+  for (int i = 0; i < 5; ++i) {
+    auto p = t->Schedule();
+    ASSERT_TRUE(p.ok());
+    for (const Entry& e : Entries(*p)) got.push_back(e);
+    Complete(*t, *p);
+  }
+  EXPECT_THAT(got, ElementsAre(Entry{2, 0, 40, false}, Entry{2, 40, 64, false},
+                               Entry{2, 64, 104, false}, Entry{2, 104, 128, false},
+                               Entry{2, 128, 150, true}));
+
+  // With other work in the step, a chunk that cannot end aligned waits: B's
+  // admission would get 36 tokens (unaligned) next to A's 64, so B waits until a
+  // step leaves it a multiple of 64.
+  auto u = Make(c);
+  ASSERT_TRUE(u->Submit({3, 300}).ok());
+  ASSERT_TRUE(u->Submit({4, 100}).ok());
+  got.clear();
+  for (int i = 0; i < 7; ++i) {
+    auto p = u->Schedule();
+    ASSERT_TRUE(p.ok());
+    for (const Entry& e : Entries(*p)) got.push_back(e);
+    Complete(*u, *p);
+  }
+  EXPECT_THAT(got, ElementsAre(Entry{3, 0, 64, false}, Entry{3, 64, 128, false},
+                               Entry{3, 128, 192, false}, Entry{3, 192, 256, false},
+                               Entry{3, 256, 300, true}, Entry{3, 300, 301, true},
+                               Entry{4, 0, 64, false}, Entry{3, 301, 302, true},
+                               Entry{4, 64, 100, true}));
+
+  SchedulerConfig bad = Config(256, 16, 40);
+  bad.prefill_chunk_alignment = -1;
+  EXPECT_FALSE(Scheduler::Create(bad).ok());
+}
+
 TEST(SchedulerTest, DecodesFirstThenPrefillsThenAdmissionsFcfs) {
   auto s = Make(Config(64, 4, 6));
   ASSERT_TRUE(s->Submit({1, 2}).ok());
