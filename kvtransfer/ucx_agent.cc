@@ -636,7 +636,7 @@ void UcxAgent::MaybeEndLocked(Batch* b) {
   if (b->on_done) done_callbacks_.push_back({b->on_done, {b->id, b->status}});
 }
 
-void UcxAgent::ServiceLocked() {
+bool UcxAgent::ServiceLocked() {
   for (auto it = peers_.begin(); it != peers_.end();) {
     Peer* p = it->second.get();
     if (!p->error.ok() && !p->closed) ClosePeerLocked(p, /*wait=*/false, absl::Now());
@@ -660,6 +660,7 @@ void UcxAgent::ServiceLocked() {
     PumpLocked(b.get(), &budget);
     MaybeEndLocked(b.get());
   }
+  return budget < config_.max_op_bytes;
 }
 
 void UcxAgent::RunCallbacks() {
@@ -697,7 +698,9 @@ void UcxAgent::ProgressLoop() {
         if (ucp_worker_progress(worker_) == 0) break;
         progressed = true;
       }
-      ServiceLocked();
+      // Posting is progress too: no yield between pieces of a transfer (on a
+      // loaded machine a yield per piece hands the core to other processes).
+      progressed |= ServiceLocked();
       active = busy_waiters_ > 0;
       for (const auto& [id, b] : batches_) active |= !b->ended;
       for (const auto& [id, p] : peers_) active |= p->close_request != nullptr;

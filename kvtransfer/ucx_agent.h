@@ -138,7 +138,8 @@ class UcxAgent final : public TransferAgent {
   // flush), or `*budget` bytes were posted (decremented).
   void PumpLocked(Batch* b, uint64_t* budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeEndLocked(Batch* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ServiceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes failed peers, pumps and ends batches; true when it posted bytes.
+  bool ServiceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ClosePeerLocked(Peer* p, bool wait, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleasePeerLocked(Peer* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
