@@ -23,6 +23,7 @@
 // The gateway runs --io_threads I/O threads (default 2: "on 2 cores").
 // Ends with one JSON line {"bench":"gateway",...}.
 #include <grpcpp/grpcpp.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -65,6 +66,9 @@ ABSL_FLAG(int, paced_tokens, 200, "Tokens per request of the paced run.");
 ABSL_FLAG(bool, mutex_deadlock_detection, false,
           "Leave Abseil's Mutex deadlock detection on (as before the gateway turned "
           "it off).");
+ABSL_FLAG(bool, direct_writes, true,
+          "HttpServerOptions::direct_writes (false: every SSE write through the "
+          "connection's strand, as before).");
 ABSL_FLAG(int, client_threads, 1, "Threads of the paced run's HTTP client.");
 
 namespace tandem::gateway {
@@ -118,19 +122,33 @@ int GatewayOnce(metrics::HttpConnection* conn, const std::string& body) {
 // --- paced run ---------------------------------------------------------------
 
 // What one paced run measured.
+// CPU time this process has used (every thread: the fixture, the gateway,
+// the clients), in seconds. On a shared machine, CPU per token is the steady
+// figure; wall-clock tokens/s moves with the other load.
+double ProcessCpuSeconds() {
+  struct rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec +
+         1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 struct PacedResult {
   int64_t tokens = 0;  // usage.completion_tokens (gateway) / token ids (direct)
   int64_t events = 0;  // SSE chunks carrying tokens / gRPC messages
   int64_t requests = 0;
   int64_t failures = 0;
   double seconds = 0;
+  double cpu_seconds = 0;           // the process's, during the run
   std::vector<double> gaps_ms;      // between consecutive events of a stream
   std::vector<double> duration_ms;  // per request, to its end
 };
 
 json PacedJson(const PacedResult& r, double offered, double ideal_ms) {
   const double tps = r.seconds > 0 ? r.tokens / r.seconds : 0;
+  const double cpu_us = r.tokens > 0 ? 1e6 * r.cpu_seconds / r.tokens : 0;
   return {{"tokens_per_s", tps},
+          {"cpu_us_per_token", cpu_us},
+          {"tokens_per_cpu_s", cpu_us > 0 ? 1e6 / cpu_us : 0},
           {"offered_tokens_per_s", offered},
           {"delivered_over_offered", offered > 0 ? tps / offered : 0},
           {"events_per_token", r.tokens > 0 ? double(r.events) / r.tokens : 0},
@@ -216,12 +234,14 @@ class PacedHttpClient {
 
   PacedResult Run() {
     const absl::Time start = absl::Now();
+    const double cpu0 = ProcessCpuSeconds();
     for (auto& c : conns_) c->Start();
     std::vector<std::thread> threads;
     for (int i = 0; i < threads_; ++i) threads.emplace_back([this] { ioc_.run(); });
     for (auto& t : threads) t.join();
     PacedResult r;
     r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    r.cpu_seconds = ProcessCpuSeconds() - cpu0;
     for (auto& c : conns_) {
       r.tokens += c->result.tokens;
       r.events += c->result.events;
@@ -351,6 +371,7 @@ class PacedDirectClient {
 
   PacedResult Run() {
     const absl::Time start = absl::Now();
+    const double cpu0 = ProcessCpuSeconds();
     for (auto& s : streams_) s->Next();
     {
       absl::MutexLock lock(&mu_);
@@ -359,6 +380,7 @@ class PacedDirectClient {
     }
     PacedResult r;
     r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    r.cpu_seconds = ProcessCpuSeconds() - cpu0;
     for (auto& s : streams_) {
       r.tokens += s->result.tokens;
       r.events += s->result.events;
@@ -464,7 +486,8 @@ int Main(int argc, char** argv) {
   metrics::Registry registry;
   OpenAIService service({}, tokenizer->get(), &client, &registry);
   HttpServer http(
-      {.io_threads = absl::GetFlag(FLAGS_io_threads)},
+      {.io_threads = absl::GetFlag(FLAGS_io_threads),
+       .direct_writes = absl::GetFlag(FLAGS_direct_writes)},
       [&service](HttpRequest r, std::shared_ptr<ResponseWriter> w) {
         service.Handle(std::move(r), std::move(w));
       },
@@ -506,12 +529,16 @@ int Main(int argc, char** argv) {
     errors += static_cast<int>(direct.failures + through.failures);
     fprintf(stderr,
             "paced (%d streams x %.0f tokens/s, %d tokens/request; offered %.0f "
-            "tokens/s): direct %.0f tokens/s; gateway SSE %.0f tokens/s (%.2f of "
+            "tokens/s): direct %.0f tokens/s (%.1f us CPU/token); gateway SSE %.0f "
+            "tokens/s (%.1f us CPU/token = %.0f tokens per CPU second; %.2f of "
             "offered, %.3f SSE chunks/token, gap p50 %.1f ms p99 %.1f ms, request p50 "
             "%.0f ms p99 %.0f ms, ideal %.0f ms)\n",
             paced_streams, paced_rate, paced_tokens, offered,
             paced["direct"]["tokens_per_s"].get<double>(),
+            paced["direct"]["cpu_us_per_token"].get<double>(),
             paced["gateway"]["tokens_per_s"].get<double>(),
+            paced["gateway"]["cpu_us_per_token"].get<double>(),
+            paced["gateway"]["tokens_per_cpu_s"].get<double>(),
             paced["gateway"]["delivered_over_offered"].get<double>(),
             paced["gateway"]["events_per_token"].get<double>(),
             paced["gateway"]["gap_p50_ms"].get<double>(),
@@ -550,6 +577,7 @@ int Main(int argc, char** argv) {
     std::atomic<int64_t> tokens{0};
     std::atomic<int> failures{0};
     const absl::Time start = absl::Now();
+    const double cpu0 = ProcessCpuSeconds();
     std::vector<std::thread> threads;
     for (int c = 0; c < concurrency; ++c) {
       threads.emplace_back([&] {
@@ -577,10 +605,12 @@ int Main(int argc, char** argv) {
     for (auto& t : threads) t.join();
     const double secs = absl::ToDoubleSeconds(absl::Now() - start);
     errors += failures.load();
-    return tokens.load() / secs;
+    return std::make_pair(
+        tokens.load() / secs,
+        tokens.load() > 0 ? 1e6 * (ProcessCpuSeconds() - cpu0) / tokens.load() : 0.0);
   };
-  const double direct_tps = run(false);
-  const double gateway_tps = run(true);
+  const auto [direct_tps, direct_cpu_us] = run(false);
+  const auto [gateway_tps, gateway_cpu_us] = run(true);
 
   json out = {
       {"bench", "gateway"},
@@ -600,18 +630,21 @@ int Main(int argc, char** argv) {
       {"stream_tokens_per_request", absl::GetFlag(FLAGS_stream_tokens)},
       {"direct_tokens_per_s", direct_tps},
       {"gateway_sse_tokens_per_s", gateway_tps},
+      {"direct_cpu_us_per_token", direct_cpu_us},
+      {"gateway_cpu_us_per_token", gateway_cpu_us},
       {"errors", errors},
   };
   fprintf(stderr,
           "latency (%d tokens/request, %d requests): direct p50 %.3f ms p99 %.3f ms; "
           "gateway p50 %.3f ms p99 %.3f ms\n"
           "full speed (%d streams x %d tokens, one token per message): direct %.0f "
-          "tokens/s; gateway SSE %.0f "
-          "tokens/s\n",
+          "tokens/s (%.1f us CPU/token); gateway SSE %.0f tokens/s (%.1f us "
+          "CPU/token)\n",
           n_tokens, absl::GetFlag(FLAGS_requests), out["direct_p50_ms"].get<double>(),
           out["direct_p99_ms"].get<double>(), out["gateway_p50_ms"].get<double>(),
           out["gateway_p99_ms"].get<double>(), concurrency,
-          absl::GetFlag(FLAGS_stream_tokens), direct_tps, gateway_tps);
+          absl::GetFlag(FLAGS_stream_tokens), direct_tps, direct_cpu_us, gateway_tps,
+          gateway_cpu_us);
   conn->reset();
   http.Shutdown(absl::Seconds(2));
   service.CancelAll(absl::Seconds(5));

@@ -16,7 +16,8 @@
 //            that closes fires the writer's OnClientGone callback
 //          → writer.Send() | StartStream() Write()* End()   (each write flushed,
 //            write_timeout each; a client too slow to take max_buffered_bytes
-//            is dropped)
+//            is dropped; a Write() with nothing queued before it is sent
+//            from the caller's thread, see direct_writes)
 //          → keep-alive: next request | close
 // Errors found by the server itself (malformed 400, too large 413/431) are
 // answered through the error formatter and the connection is closed; a read
@@ -49,6 +50,10 @@ struct HttpServerOptions {
   absl::Duration write_timeout = absl::Seconds(30);  // each write
   int max_connections = 10000;           // further connections are closed at once
   size_t max_buffered_bytes = 16 << 20;  // per connection, not yet written
+  // A streamed chunk is sent from the writer's thread when nothing of the
+  // response waits to be written (no hop to an I/O thread); false: every
+  // write goes through the connection's strand.
+  bool direct_writes = true;
 };
 
 class HttpServer {
