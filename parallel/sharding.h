@@ -4,14 +4,15 @@
 //
 // Splits (the ones engine/runtime/weights.h documents for ShardSpec):
 //   KDA heads, MLA heads, dense-MLP rows (intermediate_size), shared-expert rows
-//   (moe_intermediate_size * num_shared_experts), vocab rows: contiguous even
+//   (moe_intermediate_size * num_shared_experts), vocab rows (lm_head and the
+//   embedding table: vocabulary-parallel embedding): contiguous even
 //   blocks [r*T/N, (r+1)*T/N). Contiguous keeps each rank's rows one slice of
 //   the mapped tensor (no copy) and makes the logits all-gather rank-ordered.
 //   Routed experts: round-robin, expert e on rank e % N (expert parallel inside
 //   the TP group). Round-robin rather than contiguous because it matches
 //   ShardSpec::OwnsExpert and spreads experts that were trained next to each
 //   other; either is balanced only on average, per token it depends on routing.
-//   Replicated on every rank: embeddings, norms, residual mixers, KDA f_a_proj,
+//   Replicated on every rank: norms, residual mixers, KDA f_a_proj,
 //   MLA q_a / kv_a projections (so the MLA latent cache is the same on every
 //   rank), the MoE router and latent down/up projections.
 // Sizes that do not divide every split are refused (CheckTpSize), naming the
@@ -65,7 +66,8 @@ struct RankLayout {
                                  // head), o_proj columns
   Range dense_rows;              // of intermediate_size: gate/up rows, down columns
   Range shared_rows;             // of moe_intermediate_size * num_shared_experts
-  Range vocab;                   // of vocab_size: lm_head rows, logits slice
+  Range vocab;                   // of vocab_size: lm_head and embedding rows,
+                                 // logits slice
   std::vector<int64_t> experts;  // owned routed experts, ascending
 };
 

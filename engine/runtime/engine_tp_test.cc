@@ -2,7 +2,8 @@
 // batched mixed prefill/decode gives the TP 1 tokens; a TP 2 engine's exported
 // state (every rank's KDA heads + MLA rows) imported into another TP 2 engine
 // continues identically; the layer-progress callback fires per layer on rank 0
-// with every rank's state final; a failing rank fails the step (no hang) and
+// with every rank's state final; n-gram speculation (snapshot/rollback of every
+// rank) gives the plain tokens; a failing rank fails the step (no hang) and
 // every later step fails fast naming it.
 #include <cstring>
 #include <map>
@@ -228,6 +229,43 @@ TEST(EngineTpTest, RankFailureFailsTheStepCleanly) {
   EXPECT_NE(later.message().find("rank 1"), std::string::npos) << later;
 }
 
+// Speculative decoding on a TP 2 engine: the KDA snapshot and rollback cover
+// both ranks, so greedy n-gram speculation gives the plain TP 1 tokens. Prompts
+// repeat a phrase and a repetition boost (penalty < 1) makes the random model
+// loop, so drafts are proposed, some accepted and some rolled back.
+TEST(EngineTpTest, SpeculativeNgramOnTp2GivesThePlainTokens) {
+  auto run = [](const EngineOptions& o, SpeculativeStats* stats) {
+    Rig r = MakeEngine(o);
+    std::map<RequestId, std::vector<int32_t>> out;
+    for (int i = 0; i < 6; ++i) {
+      std::vector<int32_t> phrase = MakePrompt(3 + i % 4, 300 + i), prompt;
+      for (int k = 0; k < 3; ++k)
+        prompt.insert(prompt.end(), phrase.begin(), phrase.end());
+      engine::SamplingParams p = Greedy(16);
+      p.repetition_penalty = 0.2f;
+      EXPECT_TRUE(r.engine->AddRequest(i, prompt, p).ok());
+    }
+    while (r.engine->HasWork()) {
+      auto res = r.engine->Step();
+      EXPECT_TRUE(res.ok()) << res.status();
+      if (!res.ok()) break;
+      for (const RequestOutput& o : *res)
+        out[o.id].insert(out[o.id].end(), o.new_tokens.begin(), o.new_tokens.end());
+    }
+    if (stats != nullptr) *stats = r.engine->speculative_stats();
+    return out;
+  };
+  const auto want = run(Options(1), nullptr);
+  EngineOptions o = Options(2);
+  o.speculative.method = SpeculativeMethod::kNgram;
+  o.speculative.num_speculative_tokens = 3;
+  SpeculativeStats st;
+  const auto got = run(o, &st);
+  EXPECT_EQ(got, want);
+  EXPECT_GT(st.accepted_tokens, 0);
+  EXPECT_GT(st.rollbacks, 0);
+}
+
 TEST(EngineTpTest, CreateRefusesBadTpSettings) {
   EngineOptions o = Options(2);
   o.tp_checkpoint = nullptr;
@@ -237,6 +275,10 @@ TEST(EngineTpTest, CreateRefusesBadTpSettings) {
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("num_heads = 4"), std::string::npos)
       << e.status();
+  o = Options(2);
+  o.tp.fail_rank = 0;  // rank 0 is the caller's thread: not injectable
+  o.tp.fail_rank_at_step = 1;
+  EXPECT_FALSE(Engine::Create(nullptr, nullptr, nullptr, o).ok());
 }
 
 }  // namespace

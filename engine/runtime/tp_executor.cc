@@ -105,6 +105,10 @@ absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::Create(
     const model::Checkpoint& checkpoint, const TpExecutorOptions& options) {
   const int n = options.tp_size;
   TANDEM_RETURN_IF_ERROR(parallel::CheckTpSize(checkpoint.config(), n));
+  if (options.fail_rank == 0 || options.fail_rank >= n) {
+    return InvalidArgument("tp executor: fail_rank ", options.fail_rank,
+                           " is not a rank thread (1..", n - 1, ")");
+  }
   auto ex = std::unique_ptr<TpExecutor>(new TpExecutor());
   ex->options_ = options;
   const int hw = std::max(1u, std::thread::hardware_concurrency());
