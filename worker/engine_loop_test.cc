@@ -1,6 +1,7 @@
 // EngineLoop on the tiny model: outputs reach the request's callback on the engine
 // thread and match a direct Engine run; bad requests get their error; Cancel frees
-// the blocks and runs its hook exactly once, only while the request is alive.
+// the blocks and runs its hook exactly once, only while the request is alive;
+// the layer-progress callback reaches the engine.
 #include "worker/engine_loop.h"
 
 #include <vector>
@@ -100,6 +101,54 @@ TEST(EngineLoopTest, CancelFreesBlocksAndRunsItsHookOnce) {
   ASSERT_TRUE(second.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(hooks, 1);
   EXPECT_LT(outputs, 200);
+}
+
+// The layer-progress callback installed through the loop sees each layer of a
+// prefill once, in order, on the engine thread; CancelOnLoopThread aborts a live
+// request once (true), then reports it gone (false).
+TEST(EngineLoopTest, LayerProgressAndCancelOnLoopThread) {
+  Rig rig;
+  EngineLoop loop(rig.Make());
+  std::vector<int> layers;
+  std::vector<runtime::LayerProgressEntry> seen;
+  loop.SetLayerProgressCallback(
+      [&](int layer, absl::Span<const runtime::LayerProgressEntry> entries) {
+        layers.push_back(layer);
+        for (runtime::LayerProgressEntry e : entries) {
+          e.block_table = {};  // valid during the callback only
+          seen.push_back(e);
+        }
+      });
+  absl::Notification first;
+  loop.AddRequest(
+      9, runtime::testing::MakePrompt(40, 2), Greedy(50),
+      [&](runtime::Engine&, const absl::StatusOr<runtime::RequestOutput>& o) {
+        if (o.ok() && !o->new_tokens.empty() && !first.HasBeenNotified()) {
+          first.Notify();
+        }
+      });
+  ASSERT_TRUE(first.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  absl::Notification done;
+  bool alive = false, again = true;
+  loop.Post([&](runtime::Engine& e) {
+    alive = loop.CancelOnLoopThread(e, 9);
+    again = loop.CancelOnLoopThread(e, 9);
+    EXPECT_EQ(e.num_free_blocks(), e.scheduler().config().num_blocks);
+    done.Notify();
+  });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(alive);
+  EXPECT_FALSE(again);
+  const int num_layers =
+      static_cast<int>(runtime::testing::TinyWeights().layers.size());
+  ASSERT_EQ(static_cast<int>(layers.size()), num_layers);  // one chunk, no decodes
+  for (int l = 0; l < num_layers; ++l) {
+    EXPECT_EQ(layers[l], l);
+    EXPECT_EQ(seen[l].id, 9);
+    EXPECT_EQ(seen[l].start_pos, 0);
+    EXPECT_EQ(seen[l].end_pos, 40);
+    EXPECT_TRUE(seen[l].completes_prefill);
+  }
 }
 
 }  // namespace
