@@ -382,12 +382,13 @@ TEST(PrefillServiceTest, CancelMidStreamEndsEveryBatch) {
   EXPECT_TRUE(receiver.agent.PollNotifications().empty());
 }
 
-// Two prompts that need 20 blocks of a 14-block pool, prefilled side by side in
-// chunks of 16: the newer is preempted and recomputed from position 0. Its
-// stream stops at the recompute, and the whole state is sent after its prefill
-// (once the earlier batches ended): both land bit-exact.
+// Two prompts of 300 tokens (19 blocks each) in a 28-block pool, prefilled side
+// by side in chunks of 64: at the 4th chunk the newer one finds no free block
+// and is preempted, then recomputed from position 0 once the older one is done.
+// Its stream stops at the recompute, and the whole state is sent after its
+// prefill (once the earlier batches ended): both land bit-exact.
 TEST(PrefillServiceTest, PreemptedPrefillRestartsTheTransferWhole) {
-  Sender sender(/*stream=*/true, /*num_blocks=*/14, /*max_prefill_chunk=*/16);
+  Sender sender(/*stream=*/true, /*num_blocks=*/28, /*max_prefill_chunk=*/64);
   Receiver ra, rb;
   // Hold the engine until both requests have arrived, so both run together.
   sender.loop->Post([&](runtime::Engine&) {
@@ -395,15 +396,15 @@ TEST(PrefillServiceTest, PreemptedPrefillRestartsTheTransferWhole) {
   });
   tandem::v1::PrefillResponse resp_a, resp_b;
   grpc::Status st_a, st_b;
-  std::thread a([&] { st_a = Call(sender, MakeRequest("a", 150, ra, 21), &resp_a); });
-  std::thread b([&] { st_b = Call(sender, MakeRequest("b", 150, rb, 22), &resp_b); });
+  std::thread a([&] { st_a = Call(sender, MakeRequest("a", 300, ra, 21), &resp_a); });
+  std::thread b([&] { st_b = Call(sender, MakeRequest("b", 300, rb, 22), &resp_b); });
   a.join();
   b.join();
   ASSERT_TRUE(st_a.ok()) << st_a.error_message();
   ASSERT_TRUE(st_b.ok()) << st_b.error_message();
   EXPECT_EQ(sender.metrics.transfer_restarts->Value(), 1);
-  EXPECT_TRUE(kvtransfer::Verify(resp_a.checksums(), ra.Landed(150)).ok());
-  EXPECT_TRUE(kvtransfer::Verify(resp_b.checksums(), rb.Landed(150)).ok());
+  EXPECT_TRUE(kvtransfer::Verify(resp_a.checksums(), ra.Landed(300)).ok());
+  EXPECT_TRUE(kvtransfer::Verify(resp_b.checksums(), rb.Landed(300)).ok());
   EXPECT_EQ(sender.agent.ended(), sender.agent.posted());
   EXPECT_TRUE(sender.Idle());
 }
