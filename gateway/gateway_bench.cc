@@ -23,7 +23,12 @@
 // The gateway runs --io_threads I/O threads (default 2: "on 2 cores").
 // Ends with one JSON line {"bench":"gateway",...}.
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -34,13 +39,16 @@
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/init.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -69,6 +77,9 @@ ABSL_FLAG(bool, mutex_deadlock_detection, false,
 ABSL_FLAG(bool, direct_writes, true,
           "HttpServerOptions::direct_writes (false: every SSE write through the "
           "connection's strand, as before).");
+ABSL_FLAG(bool, fixture_process, true,
+          "Run the scripted router as its own process (scripted_router_main), so "
+          "that this process's CPU is the gateway's and the clients' only.");
 ABSL_FLAG(int, client_threads, 1, "Threads of the paced run's HTTP client.");
 
 namespace tandem::gateway {
@@ -125,6 +136,71 @@ int GatewayOnce(metrics::HttpConnection* conn, const std::string& body) {
 // CPU time this process has used (every thread: the fixture, the gateway,
 // the clients), in seconds. On a shared machine, CPU per token is the steady
 // figure; wall-clock tokens/s moves with the other load.
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+// CPU time of another process (utime + stime from /proc), 0 if unreadable.
+double ChildCpuSeconds(pid_t pid) {
+  if (pid <= 0) return 0;
+  std::FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/stat").c_str(), "r");
+  if (f == nullptr) return 0;
+  char buf[1024];
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  const char* p = std::strrchr(buf, ')');  // after the command name
+  if (p == nullptr || p[1] == 0) return 0;
+  // Fields after ")": state(3) ... utime(14) stime(15).
+  std::vector<absl::string_view> fields = absl::StrSplit(p + 2, ' ');
+  if (fields.size() < 13) return 0;
+  double utime = 0, stime = 0;
+  if (!absl::SimpleAtod(fields[11], &utime) || !absl::SimpleAtod(fields[12], &stime))
+    return 0;
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// The scripted router as a child process (killed with us); its port.
+struct FixtureProcess {
+  pid_t pid = -1;
+  int port = 0;
+};
+
+FixtureProcess SpawnFixture(const std::string& binary, const std::string& model,
+                            double step_ms) {
+  FixtureProcess out;
+  int fds[2];
+  if (pipe(fds) != 0) return out;
+  const std::string model_flag = "--model=" + model;
+  const std::string step_flag = absl::StrCat("--step_ms=", step_ms);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(fds[1], 1);
+    close(fds[0]);
+    close(fds[1]);
+    execl(binary.c_str(), binary.c_str(), model_flag.c_str(), step_flag.c_str(),
+          "--quiet", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
+  if (pid < 0) {
+    close(fds[0]);
+    return out;
+  }
+  out.pid = pid;
+  std::FILE* f = fdopen(fds[0], "r");
+  char line[256];
+  if (f != nullptr && std::fgets(line, sizeof(line), f) != nullptr) {
+    json j = json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j["port"].is_number()) out.port = j["port"].get<int>();
+  }
+  if (f != nullptr) std::fclose(f);
+  return out;
+}
+
 double ProcessCpuSeconds() {
   struct rusage u;
   getrusage(RUSAGE_SELF, &u);
@@ -138,7 +214,9 @@ struct PacedResult {
   int64_t requests = 0;
   int64_t failures = 0;
   double seconds = 0;
-  double cpu_seconds = 0;           // the process's, during the run
+  double cpu_seconds = 0;           // this process's, during the run, less the client's
+  double client_cpu_seconds = 0;    // the HTTP client's threads (gateway runs)
+  double fixture_cpu_seconds = 0;   // the fixture process's, when it is one
   std::vector<double> gaps_ms;      // between consecutive events of a stream
   std::vector<double> duration_ms;  // per request, to its end
 };
@@ -149,6 +227,10 @@ json PacedJson(const PacedResult& r, double offered, double ideal_ms) {
   return {{"tokens_per_s", tps},
           {"cpu_us_per_token", cpu_us},
           {"tokens_per_cpu_s", cpu_us > 0 ? 1e6 / cpu_us : 0},
+          {"client_cpu_us_per_token",
+           r.tokens > 0 ? 1e6 * r.client_cpu_seconds / r.tokens : 0},
+          {"fixture_cpu_us_per_token",
+           r.tokens > 0 ? 1e6 * r.fixture_cpu_seconds / r.tokens : 0},
           {"offered_tokens_per_s", offered},
           {"delivered_over_offered", offered > 0 ? tps / offered : 0},
           {"events_per_token", r.tokens > 0 ? double(r.events) / r.tokens : 0},
@@ -237,11 +319,21 @@ class PacedHttpClient {
     const double cpu0 = ProcessCpuSeconds();
     for (auto& c : conns_) c->Start();
     std::vector<std::thread> threads;
-    for (int i = 0; i < threads_; ++i) threads.emplace_back([this] { ioc_.run(); });
+    absl::Mutex cpu_mu;
+    double client_cpu = 0;
+    for (int i = 0; i < threads_; ++i) {
+      threads.emplace_back([this, &cpu_mu, &client_cpu] {
+        const double t0 = ThreadCpuSeconds();
+        ioc_.run();
+        absl::MutexLock lock(&cpu_mu);
+        client_cpu += ThreadCpuSeconds() - t0;
+      });
+    }
     for (auto& t : threads) t.join();
     PacedResult r;
     r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    r.cpu_seconds = ProcessCpuSeconds() - cpu0;
+    r.client_cpu_seconds = client_cpu;
+    r.cpu_seconds = ProcessCpuSeconds() - cpu0 - client_cpu;
     for (auto& c : conns_) {
       r.tokens += c->result.tokens;
       r.events += c->result.events;
@@ -467,16 +559,32 @@ int Main(int argc, char** argv) {
     return 1;
   }
   const double paced_rate = absl::GetFlag(FLAGS_paced_rate);
-  testing::ScriptedRouter fixture(
-      tokenizer->get(),
-      {.step = paced_rate > 0 ? absl::Seconds(1 / paced_rate) : absl::ZeroDuration()},
-      nullptr);
-  grpc::ServerBuilder builder;
+  const absl::Duration step =
+      paced_rate > 0 ? absl::Seconds(1 / paced_rate) : absl::ZeroDuration();
+  // The fixture: a child process (forked before any thread starts here), or
+  // in process.
+  FixtureProcess child;
+  std::unique_ptr<testing::ScriptedRouter> fixture;
+  std::unique_ptr<grpc::Server> grpc_server;
   int grpc_port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &grpc_port);
-  builder.RegisterService(&fixture);
-  auto grpc_server = builder.BuildAndStart();
+  if (absl::GetFlag(FLAGS_fixture_process)) {
+    child = SpawnFixture(
+        std::string(argv[0]) + ".runfiles/tandem/gateway/scripted_router_main", dir,
+        absl::ToDoubleMilliseconds(step));
+    grpc_port = child.port;
+    if (grpc_port == 0) {
+      fprintf(stderr, "gateway_bench: the scripted router process did not start\n");
+      return 1;
+    }
+  } else {
+    fixture = std::make_unique<testing::ScriptedRouter>(
+        tokenizer->get(), testing::ScriptedRouter::Options{.step = step}, nullptr);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &grpc_port);
+    builder.RegisterService(fixture.get());
+    grpc_server = builder.BuildAndStart();
+  }
   auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(grpc_port),
                                      grpc::InsecureChannelCredentials());
   auto stub = tandem::v1::Router::NewStub(channel);
@@ -515,12 +623,16 @@ int Main(int argc, char** argv) {
     const double offered = paced_streams * paced_rate;
     const double ideal_ms = 1e3 * (paced_tokens - 1) / paced_rate;
     const absl::Duration window = absl::Seconds(absl::GetFlag(FLAGS_seconds));
+    double f0 = ChildCpuSeconds(child.pid);
     PacedResult direct =
         PacedDirectClient(stub.get(), pids, paced_streams, absl::Now() + window).Run();
+    direct.fixture_cpu_seconds = ChildCpuSeconds(child.pid) - f0;
+    f0 = ChildCpuSeconds(child.pid);
     PacedResult through =
         PacedHttpClient(http.port(), pbody, paced_streams,
                         absl::GetFlag(FLAGS_client_threads), absl::Now() + window)
             .Run();
+    through.fixture_cpu_seconds = ChildCpuSeconds(child.pid) - f0;
     paced = {{"streams", paced_streams},
              {"rate_per_stream", paced_rate},
              {"tokens_per_request", paced_tokens},
@@ -530,7 +642,8 @@ int Main(int argc, char** argv) {
     fprintf(stderr,
             "paced (%d streams x %.0f tokens/s, %d tokens/request; offered %.0f "
             "tokens/s): direct %.0f tokens/s (%.1f us CPU/token); gateway SSE %.0f "
-            "tokens/s (%.1f us CPU/token = %.0f tokens per CPU second; %.2f of "
+            "tokens/s (gateway %.1f us CPU/token = %.0f tokens per CPU second; "
+            "client %.1f, router fixture %.1f us CPU/token; %.2f of "
             "offered, %.3f SSE chunks/token, gap p50 %.1f ms p99 %.1f ms, request p50 "
             "%.0f ms p99 %.0f ms, ideal %.0f ms)\n",
             paced_streams, paced_rate, paced_tokens, offered,
@@ -539,6 +652,8 @@ int Main(int argc, char** argv) {
             paced["gateway"]["tokens_per_s"].get<double>(),
             paced["gateway"]["cpu_us_per_token"].get<double>(),
             paced["gateway"]["tokens_per_cpu_s"].get<double>(),
+            paced["gateway"]["client_cpu_us_per_token"].get<double>(),
+            paced["gateway"]["fixture_cpu_us_per_token"].get<double>(),
             paced["gateway"]["delivered_over_offered"].get<double>(),
             paced["gateway"]["events_per_token"].get<double>(),
             paced["gateway"]["gap_p50_ms"].get<double>(),
@@ -578,9 +693,17 @@ int Main(int argc, char** argv) {
     std::atomic<int> failures{0};
     const absl::Time start = absl::Now();
     const double cpu0 = ProcessCpuSeconds();
+    absl::Mutex cpu_mu;
+    double client_cpu = 0;  // the HTTP client threads' (gateway runs)
     std::vector<std::thread> threads;
     for (int c = 0; c < concurrency; ++c) {
       threads.emplace_back([&] {
+        const double t0 = ThreadCpuSeconds();
+        auto count_cpu = absl::MakeCleanup([&] {
+          if (!through_gateway) return;
+          absl::MutexLock lock(&cpu_mu);
+          client_cpu += ThreadCpuSeconds() - t0;
+        });
         std::unique_ptr<metrics::HttpConnection> http_conn;
         if (through_gateway) {
           auto cc = metrics::HttpConnection::Connect("127.0.0.1", http.port(),
@@ -607,7 +730,9 @@ int Main(int argc, char** argv) {
     errors += failures.load();
     return std::make_pair(
         tokens.load() / secs,
-        tokens.load() > 0 ? 1e6 * (ProcessCpuSeconds() - cpu0) / tokens.load() : 0.0);
+        tokens.load() > 0
+            ? 1e6 * (ProcessCpuSeconds() - cpu0 - client_cpu) / tokens.load()
+            : 0.0);
   };
   const auto [direct_tps, direct_cpu_us] = run(false);
   const auto [gateway_tps, gateway_cpu_us] = run(true);
@@ -648,7 +773,13 @@ int Main(int argc, char** argv) {
   conn->reset();
   http.Shutdown(absl::Seconds(2));
   service.CancelAll(absl::Seconds(5));
-  grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (grpc_server) {
+    grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  }
+  if (child.pid > 0) {
+    kill(child.pid, SIGTERM);
+    waitpid(child.pid, nullptr, 0);
+  }
   printf("%s\n", out.dump().c_str());
   return errors == 0 ? 0 : 1;
 }
