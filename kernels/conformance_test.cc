@@ -778,6 +778,105 @@ TEST_P(Conformance, AttnResMix) {
 INSTANTIATE_TEST_SUITE_P(AllBackends, Conformance, ::testing::ValuesIn(BackendNames()),
                          [](const auto& info) { return info.param; });
 
+// Batch invariance of the exact backends (every optimised ISA except the opt-in
+// BF16-activation one): a row's GEMM output and a token's MoE output are bit for
+// bit the same whether computed alone or inside a larger batch, across the GEMV
+// (M <= 3) and blocked kernels, K blocks (> 2048), tails, thread splits and
+// work-claiming order.
+TEST(ExactBatchInvariance, GemmRowsAndMoeTokensDoNotDependOnTheBatch) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (CpuIsa isa : {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (static_cast<int>(isa) > static_cast<int>(HardwareIsa())) continue;
+    for (int threads : {1, 2, 3}) {
+      auto be = CreateCpuBackend(isa, threads, /*use_onednn=*/false);
+      ASSERT_TRUE(be.ok());
+      const std::string what =
+          std::string(IsaName(isa)) + " threads " + std::to_string(threads);
+      for (GemmShape s : {GemmShape{13, 200, 40}, GemmShape{9, 77, 1000},
+                          GemmShape{7, 33, 4200}, GemmShape{70, 130, 96}}) {
+        std::vector<float> x(s.m * s.k), big(s.m * s.n), one(s.n);
+        std::vector<uint16_t> w(s.n * s.k);
+        for (float& v : x) v = nd(rng);
+        for (uint16_t& v : w) v = F32ToBf16(nd(rng));
+        ASSERT_TRUE((*be)
+                        ->GemmBf16(x.data(), s.k, w.data(), s.k, big.data(), s.n, s.m,
+                                   s.n, s.k, false)
+                        .ok());
+        for (int64_t r = 0; r < s.m; ++r) {
+          ASSERT_TRUE((*be)
+                          ->GemmBf16(x.data() + r * s.k, s.k, w.data(), s.k, one.data(),
+                                     s.n, 1, s.n, s.k, false)
+                          .ok());
+          for (int64_t j = 0; j < s.n; ++j) {
+            ASSERT_EQ(one[j], big[r * s.n + j])
+                << what << " m " << s.m << " n " << s.n << " k " << s.k << " row " << r
+                << " col " << j;
+          }
+          // Every sub-batch size that contains row r gives the same bits too.
+          const int64_t sub = 1 + (r % 5);
+          if (r + sub <= s.m) {
+            std::vector<float> part(sub * s.n);
+            ASSERT_TRUE((*be)
+                            ->GemmBf16(x.data() + r * s.k, s.k, w.data(), s.k,
+                                       part.data(), s.n, sub, s.n, s.k, false)
+                            .ok());
+            for (int64_t j = 0; j < s.n; ++j)
+              ASSERT_EQ(part[j], big[r * s.n + j]) << what;
+          }
+        }
+      }
+      // MoE: 6 tokens, 4 experts, top 2, against each token alone.
+      const int64_t hidden = 128, inter = 96, tokens = 6, ne = 4, top_k = 2;
+      std::vector<Mxfp4Weights> store;
+      std::vector<Mxfp4Expert> experts(ne);
+      for (int64_t e = 0; e < ne; ++e)
+        store.push_back(RandomExpert(rng, hidden, inter));
+      for (int64_t e = 0; e < ne; ++e) {
+        experts[e] = {store[e].packed[0].data(), store[e].scale[0].data(),
+                      store[e].packed[1].data(), store[e].scale[1].data(),
+                      store[e].packed[2].data(), store[e].scale[2].data()};
+      }
+      std::vector<float> z(tokens * hidden), wts(tokens * top_k);
+      std::vector<int32_t> ids(tokens * top_k);
+      for (float& v : z) v = 0.5f * nd(rng);
+      for (int64_t t = 0; t < tokens; ++t) {
+        ids[t * top_k] = static_cast<int32_t>(t % ne);
+        ids[t * top_k + 1] = static_cast<int32_t>((t + 1 + t / 2) % ne);
+        wts[t * top_k] = 0.6f;
+        wts[t * top_k + 1] = 0.3f + 0.01f * t;
+      }
+      MoeArgs a;
+      a.tokens = tokens;
+      a.hidden = hidden;
+      a.inter = inter;
+      a.top_k = top_k;
+      a.num_experts = ne;
+      a.experts = experts.data();
+      a.z = z.data();
+      a.ld_z = hidden;
+      a.ids = ids.data();
+      a.weights = wts.data();
+      std::vector<float> all(tokens * hidden), alone(hidden);
+      a.out = all.data();
+      a.ld_out = hidden;
+      ASSERT_TRUE((*be)->MoeMxfp4(a).ok());
+      for (int64_t t = 0; t < tokens; ++t) {
+        MoeArgs b = a;
+        b.tokens = 1;
+        b.z = z.data() + t * hidden;
+        b.ids = ids.data() + t * top_k;
+        b.weights = wts.data() + t * top_k;
+        b.out = alone.data();
+        ASSERT_TRUE((*be)->MoeMxfp4(b).ok());
+        for (int64_t i = 0; i < hidden; ++i) {
+          ASSERT_EQ(alone[i], all[t * hidden + i]) << what << " moe token " << t;
+        }
+      }
+    }
+  }
+}
+
 TEST(BackendFactoryTest, KnownAndUnknownNames) {
   auto cpu = CreateBackend("cpu");
   ASSERT_TRUE(cpu.ok());

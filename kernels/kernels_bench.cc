@@ -22,9 +22,11 @@
 
 #include "dnnl.hpp"
 #include "kernels/backend.h"
+#include "kernels/backend_factory.h"
 #include "kernels/bf16.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/gemm_yardstick.h"
 
 namespace tandem::kernels {
 namespace {
@@ -88,7 +90,44 @@ struct Row {
   double ours, onednn, openblas, backend;  // GFLOP/s
 };
 
-int Main() {
+// The exact "cpu" backend (fp32 activations) against oneDNN f32 (like for like),
+// oneDNN bf16 (what "cpu_bf16" computes; not like for like) and OpenBLAS sgemm, on
+// prefill shapes of the mid checkpoint (hidden 1024) and the K3-sized ones above.
+void ExactGemmSection(std::map<std::string, double>* json) {
+  auto exact = CreateBackend("cpu");
+  if (!exact.ok()) return;
+  struct Shape {
+    const char* name;
+    int64_t m, n, k;
+  };
+  std::printf(
+      "exact \"cpu\" GEMM (%s) vs yardsticks, GFLOP/s; ratio = ours / yardstick\n"
+      "%-28s %8s %8s %8s %8s %9s %9s %9s\n",
+      std::string((*exact)->name()).c_str(), "shape", "ours", "dnn_f32", "dnn_bf16",
+      "blas_f32", "/dnn_f32", "/dnn_bf16", "/blas_f32");
+  for (Shape s : {Shape{"exact_m128_1024x1024", 128, 1024, 1024},
+                  Shape{"exact_m128_5632x1024", 128, 5632, 1024},
+                  Shape{"exact_m128_1024x2816", 128, 1024, 2816},
+                  Shape{"exact_m1024_1024x1024", 1024, 1024, 1024},
+                  Shape{"exact_m256_2048x2048", 256, 2048, 2048},
+                  Shape{"exact_m512_4096x1024", 512, 4096, 1024}}) {
+    const GemmShapeTimes t = TimeGemmShape(**exact, s.m, s.n, s.k);
+    const double ours = t.flops / t.backend_s / 1e9;
+    auto rate = [&](double sec) { return sec > 0 ? t.flops / sec / 1e9 : 0.0; };
+    const double f32 = rate(t.onednn_f32_s), bf16 = rate(t.onednn_bf16_s),
+                 blas = rate(t.openblas_f32_s);
+    std::printf("%-28s %8.1f %8.1f %8.1f %8.1f %9.2f %9.2f %9.2f\n", s.name, ours, f32,
+                bf16, blas, f32 > 0 ? ours / f32 : 0, bf16 > 0 ? ours / bf16 : 0,
+                blas > 0 ? ours / blas : 0);
+    const std::string key(s.name);
+    (*json)[key + "_gflops"] = ours;
+    (*json)[key + "_vs_onednn_f32"] = f32 > 0 ? ours / f32 : 0;
+    (*json)[key + "_vs_onednn_bf16"] = bf16 > 0 ? ours / bf16 : 0;
+    (*json)[key + "_vs_openblas_f32"] = blas > 0 ? ours / blas : 0;
+  }
+}
+
+int Main(bool gemm_only) {
   const int threads = static_cast<int>(std::thread::hardware_concurrency());
   const CpuIsa isa = ActiveIsa();
   auto created = CreateCpuBackend(isa, threads);
@@ -142,6 +181,9 @@ int Main() {
     std::printf("memcpy 256 MiB: %.1f GB/s (read + write); read-only sum: %.1f GB/s\n",
                 json["copy_gbs"], json["read_gbs"]);
   }
+
+  ExactGemmSection(&json);
+  if (gemm_only) return 0;
 
   OneDnn dnn;
   std::vector<Row> rows;
@@ -311,4 +353,7 @@ int Main() {
 }  // namespace
 }  // namespace tandem::kernels
 
-int main() { return tandem::kernels::Main(); }
+// kernels_bench [gemm]: "gemm" runs only the copy baseline and the exact GEMM table.
+int main(int argc, char** argv) {
+  return tandem::kernels::Main(argc > 1 && std::string(argv[1]) == "gemm");
+}

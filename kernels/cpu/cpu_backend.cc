@@ -37,7 +37,7 @@ class CpuBackend final : public Backend {
   absl::string_view name() const override { return name_; }
 
   // ---- GEMM -----------------------------------------------------------------
-  // Threads split N (in multiples of 4 rows of W) when N is large enough,
+  // Threads split N (in multiples of 8 rows of W) when N is large enough,
   // else M. With AVX512_BF16, X is first rounded to BF16 rows.
   absl::Status GemmBf16(const float* x, int64_t ldx, const uint16_t* w, int64_t ldw,
                         float* y, int64_t ldy, int64_t m, int64_t n, int64_t k,
@@ -466,74 +466,130 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  // Three parallel passes per call whatever the number of experts: (1) w1/w3
+  // rows of every routed expert, (2) SiTU, (3) w2 rows, then a combine that adds
+  // each token's experts in increasing expert id. Every (expert, token) product
+  // uses the same arithmetic whatever else is routed, so a token's output does
+  // not depend on the batch.
   absl::Status MoeMxfp4(const MoeArgs& a) override {
     TANDEM_RETURN_IF_ERROR(CheckMoe(a));
     const int64_t hd = a.hidden, in = a.inter;
-    for (int64_t t = 0; t < a.tokens; ++t) {
-      std::fill(a.out + t * a.ld_out, a.out + t * a.ld_out + hd, 0.0f);
-    }
-    // Group (token, weight) pairs by expert.
-    std::vector<std::vector<std::pair<int64_t, float>>> routed(a.num_experts);
+    MoeScratch& sc = moe_;
+    // Group (token, weight) pairs by expert, experts in increasing id.
+    sc.count.assign(a.num_experts, 0);
     for (int64_t t = 0; t < a.tokens; ++t) {
       for (int64_t i = 0; i < a.top_k; ++i) {
         const int32_t e = a.ids[t * a.top_k + i];
         if (e < 0 || a.experts[e].w1_packed == nullptr) continue;
-        routed[e].push_back({t, a.weights[t * a.top_k + i]});
+        ++sc.count[e];
       }
     }
-    std::vector<float> ze, zo, h1, h3, ae, ao, y;
+    sc.active.clear();
+    sc.start.assign(a.num_experts + 1, 0);
     for (int64_t e = 0; e < a.num_experts; ++e) {
-      const auto& list = routed[e];
-      const int64_t nt = static_cast<int64_t>(list.size());
-      if (nt == 0) continue;
-      const Mxfp4Expert& ex = a.experts[e];
-      // De-interleave the expert's inputs (even / odd elements), as the packed
-      // nibbles hold element pairs.
-      ze.resize(nt * hd / 2);
-      zo.resize(nt * hd / 2);
-      for (int64_t i = 0; i < nt; ++i) {
-        const float* z = a.z + list[i].first * a.ld_z;
+      sc.start[e + 1] = sc.start[e] + sc.count[e];
+      if (sc.count[e] > 0) sc.active.push_back(e);
+    }
+    const int64_t pairs = sc.start[a.num_experts];
+    sc.pair_token.resize(pairs);
+    sc.pair_weight.resize(pairs);
+    sc.fill.assign(sc.start.begin(), sc.start.end() - 1);
+    for (int64_t t = 0; t < a.tokens; ++t) {
+      for (int64_t i = 0; i < a.top_k; ++i) {
+        const int32_t e = a.ids[t * a.top_k + i];
+        if (e < 0 || a.experts[e].w1_packed == nullptr) continue;
+        const int64_t p = sc.fill[e]++;
+        sc.pair_token[p] = t;
+        sc.pair_weight[p] = a.weights[t * a.top_k + i];
+      }
+    }
+    // Per pair: the token's input de-interleaved (even / odd elements, as the
+    // packed nibbles hold element pairs), h1, h3, the activation, the output.
+    sc.ze.resize(pairs * hd / 2);
+    sc.zo.resize(pairs * hd / 2);
+    sc.h1.resize(pairs * in);
+    sc.h3.resize(pairs * in);
+    sc.ae.resize(pairs * in / 2);
+    sc.ao.resize(pairs * in / 2);
+    sc.y.resize(pairs * hd);
+    Rows(pairs, hd, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const float* z = a.z + sc.pair_token[p] * a.ld_z;
         for (int64_t j = 0; j < hd / 2; ++j) {
-          ze[i * hd / 2 + j] = z[2 * j];
-          zo[i * hd / 2 + j] = z[2 * j + 1];
+          sc.ze[p * hd / 2 + j] = z[2 * j];
+          sc.zo[p * hd / 2 + j] = z[2 * j + 1];
         }
       }
-      h1.resize(nt * in);
-      h3.resize(nt * in);
-      RowsOf(in, nt * hd, [&](int64_t r0, int64_t r1) {
-        for (int64_t t = 0; t < nt; t += 4) {
-          const int n4 = static_cast<int>(std::min<int64_t>(4, nt - t));
-          vec_.mxfp4_rows(ex.w1_packed, ex.w1_scale, hd, &ze[t * hd / 2],
-                          &zo[t * hd / 2], hd / 2, n4, &h1[t * in], in, r0, r1);
-          vec_.mxfp4_rows(ex.w3_packed, ex.w3_scale, hd, &ze[t * hd / 2],
-                          &zo[t * hd / 2], hd / 2, n4, &h3[t * in], in, r0, r1);
+    });
+    // Work units: (active expert, block of kMoeRows output rows).
+    constexpr int64_t kMoeRows = 64;
+    const int64_t nact = static_cast<int64_t>(sc.active.size());
+    auto rows_pass = [&](int64_t rows, int64_t cols, auto&& run) {
+      const int64_t blocks = (rows + kMoeRows - 1) / kMoeRows;
+      const int64_t units = nact * blocks;
+      auto body = [&](int64_t u0, int64_t u1) {
+        for (int64_t u = u0; u < u1; ++u) {
+          const int64_t e = sc.active[u / blocks];
+          const int64_t r0 = (u % blocks) * kMoeRows;
+          run(e, r0, std::min(rows, r0 + kMoeRows));
         }
-      });
-      ae.resize(nt * in / 2);
-      ao.resize(nt * in / 2);
+      };
+      const int64_t work = pairs * rows * cols;
+      if (work < kParallelMacs || pool_.size() == 1) {
+        body(0, units);
+      } else {
+        pool_.ParallelFor(
+            units, [&](int64_t u0, int64_t u1, int) { body(u0, u1); },
+            std::min<int64_t>(units, 4 * pool_.size()));
+      }
+    };
+    rows_pass(in, 2 * hd, [&](int64_t e, int64_t r0, int64_t r1) {
+      const Mxfp4Expert& ex = a.experts[e];
+      for (int64_t p = sc.start[e]; p < sc.start[e + 1]; p += 4) {
+        const int n4 = static_cast<int>(std::min<int64_t>(4, sc.start[e + 1] - p));
+        vec_.mxfp4_rows(ex.w1_packed, ex.w1_scale, hd, &sc.ze[p * hd / 2],
+                        &sc.zo[p * hd / 2], hd / 2, n4, &sc.h1[p * in], in, r0, r1);
+        vec_.mxfp4_rows(ex.w3_packed, ex.w3_scale, hd, &sc.ze[p * hd / 2],
+                        &sc.zo[p * hd / 2], hd / 2, n4, &sc.h3[p * in], in, r0, r1);
+      }
+    });
+    Rows(pairs, in * 16, [&](int64_t p0, int64_t p1) {
       std::vector<float> act(in);
-      for (int64_t i = 0; i < nt; ++i) {
-        SituRow(&h1[i * in], &h3[i * in], act.data(), in, a.situ_beta,
+      for (int64_t p = p0; p < p1; ++p) {
+        SituRow(&sc.h1[p * in], &sc.h3[p * in], act.data(), in, a.situ_beta,
                 a.situ_linear_beta);
         for (int64_t j = 0; j < in / 2; ++j) {
-          ae[i * in / 2 + j] = act[2 * j];
-          ao[i * in / 2 + j] = act[2 * j + 1];
+          sc.ae[p * in / 2 + j] = act[2 * j];
+          sc.ao[p * in / 2 + j] = act[2 * j + 1];
         }
       }
-      y.resize(nt * hd);
-      RowsOf(hd, nt * in, [&](int64_t r0, int64_t r1) {
-        for (int64_t t = 0; t < nt; t += 4) {
-          const int n4 = static_cast<int>(std::min<int64_t>(4, nt - t));
-          vec_.mxfp4_rows(ex.w2_packed, ex.w2_scale, in, &ae[t * in / 2],
-                          &ao[t * in / 2], in / 2, n4, &y[t * hd], hd, r0, r1);
-        }
-        for (int64_t i = 0; i < nt; ++i) {
-          float* out = a.out + list[i].first * a.ld_out;
-          const float wt = list[i].second;
-          for (int64_t r = r0; r < r1; ++r) out[r] += wt * y[i * hd + r];
-        }
-      });
+    });
+    rows_pass(hd, in, [&](int64_t e, int64_t r0, int64_t r1) {
+      const Mxfp4Expert& ex = a.experts[e];
+      for (int64_t p = sc.start[e]; p < sc.start[e + 1]; p += 4) {
+        const int n4 = static_cast<int>(std::min<int64_t>(4, sc.start[e + 1] - p));
+        vec_.mxfp4_rows(ex.w2_packed, ex.w2_scale, in, &sc.ae[p * in / 2],
+                        &sc.ao[p * in / 2], in / 2, n4, &sc.y[p * hd], hd, r0, r1);
+      }
+    });
+    // Combine: out[t] = sum over t's experts in increasing id of weight * y.
+    sc.token_pairs.assign(a.tokens, {});
+    for (int64_t e : sc.active) {
+      for (int64_t p = sc.start[e]; p < sc.start[e + 1]; ++p) {
+        sc.token_pairs[sc.pair_token[p]].push_back(p);
+      }
     }
+    Rows(a.tokens, hd * a.top_k, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        float* out = a.out + t * a.ld_out;
+        std::fill(out, out + hd, 0.0f);
+        for (int64_t p : sc.token_pairs[t]) {
+          const float wt = sc.pair_weight[p];
+          const float* yp = &sc.y[p * hd];
+          for (int64_t r = 0; r < hd; ++r) out[r] += wt * yp[r];
+        }
+      }
+    });
     return absl::OkStatus();
   }
 
@@ -595,7 +651,7 @@ class CpuBackend final : public Backend {
     Rows(rows, cost_per_row, fn);
   }
 
-  // GEMM work split: by W rows (units of 4) when N is wide, else by X rows.
+  // GEMM work split: by W rows (units of 8) when N is wide, else by X rows.
   template <typename Fn>
   void Split(int64_t m, int64_t n, int64_t k, const Fn& fn) {
     const int64_t threads = pool_.size();
@@ -603,11 +659,14 @@ class CpuBackend final : public Backend {
       fn(0, m, 0, n);
       return;
     }
-    const int64_t units = (n + 3) / 4;
+    // Units of 8 W rows: the GEMV kernel's row group.
+    const int64_t units = (n + 7) / 8;
     if (units >= 2 * threads || m < threads) {
-      pool_.ParallelFor(units, [&](int64_t b, int64_t e, int) {
-        fn(0, m, b * 4, std::min(n, e * 4));
-      });
+      // GEMV-like: stream W in a few chunks per thread (late threads leave theirs).
+      pool_.ParallelFor(
+          units,
+          [&](int64_t b, int64_t e, int) { fn(0, m, b * 8, std::min(n, e * 8)); },
+          std::min<int64_t>(units, 4 * threads));
     } else {
       pool_.ParallelFor(m, [&](int64_t b, int64_t e, int) { fn(b, e, 0, n); });
     }
@@ -734,6 +793,13 @@ class CpuBackend final : public Backend {
   const VecOps& vec_;
   ThreadPool pool_;
   std::vector<uint16_t> xbuf_;
+  // MoeMxfp4 scratch, reused across calls (grows to the largest batch seen).
+  struct MoeScratch {
+    std::vector<int64_t> count, start, fill, active, pair_token;
+    std::vector<float> pair_weight, ze, zo, h1, h3, ae, ao, y;
+    std::vector<std::vector<int64_t>> token_pairs;
+  };
+  MoeScratch moe_;
   OneDnnGemm onednn_;  // BF16 copy of X for the vdpbf16ps GEMM
 };
 

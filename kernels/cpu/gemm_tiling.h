@@ -9,6 +9,13 @@
 #include "kernels/cpu/gemm_kernels.h"
 
 namespace tandem::kernels::internal {
+// Everything here has internal linkage on purpose: each kernel TU instantiates
+// these templates with its own ISA flags and its own anonymous-namespace Micro
+// kernels, which GCC mangles identically across TUs; as ordinary (weak) template
+// instantiations they were merged by the linker, so one ISA's GEMM silently ran
+// another ISA's micro-kernels (the exact AVX-512 backend ran AVX2 code, and an
+// AVX2-only machine could have been handed AVX-512 code).
+namespace {
 
 // MicroTable: MicroTable::Get(mr, nr) returns a function
 //   void(const XT* x, int64_t ldx, const WT* w, int64_t ldw, float* y, int64_t ldy,
@@ -45,11 +52,12 @@ void BlockedGemm(const XT* x, int64_t ldx, const WT* w, int64_t ldw, float* y,
 }
 
 // Builds the 4 x 4 table of Micro<MR, NR> instantiations.
+// A plain local table, not a function-local static (see the namespace comment).
 template <template <int, int> class Micro>
 struct MicroTable4x4 {
   using Fn = decltype(&Micro<1, 1>::Run);
   static Fn Get(int64_t mr, int64_t nr) {
-    static constexpr Fn kTable[4][4] = {
+    const Fn kTable[4][4] = {
         {&Micro<1, 1>::Run, &Micro<1, 2>::Run, &Micro<1, 3>::Run, &Micro<1, 4>::Run},
         {&Micro<2, 1>::Run, &Micro<2, 2>::Run, &Micro<2, 3>::Run, &Micro<2, 4>::Run},
         {&Micro<3, 1>::Run, &Micro<3, 2>::Run, &Micro<3, 3>::Run, &Micro<3, 4>::Run},
@@ -58,6 +66,7 @@ struct MicroTable4x4 {
   }
 };
 
+}  // namespace
 }  // namespace tandem::kernels::internal
 
 #endif  // TANDEM_KERNELS_CPU_GEMM_TILING_H_

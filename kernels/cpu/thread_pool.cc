@@ -1,8 +1,28 @@
 #include "kernels/cpu/thread_pool.h"
 
+#include <chrono>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TANDEM_PAUSE() _mm_pause()
+#else
+#define TANDEM_PAUSE() \
+  do {                 \
+  } while (0)
+#endif
+
 namespace tandem::kernels {
 namespace {
+
 thread_local bool tls_in_pool_task = false;
+
+// How long an idle worker spins before it blocks, and how long the caller spins
+// on unfinished chunks before it yields the core.
+constexpr std::chrono::microseconds kWorkerSpin{100};
+constexpr int kCallerSpinPolls = 4096;
+
+using SteadyClock = std::chrono::steady_clock;
+
 }  // namespace
 
 ThreadPool::ThreadPool(int threads) {
@@ -15,38 +35,54 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    stopping_.store(true);
   }
   start_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
 
-void ThreadPool::RunChunk(int index) {
-  const int64_t parts = size();
-  const int64_t begin = n_ * index / parts, end = n_ * (index + 1) / parts;
-  if (begin < end) {
-    tls_in_pool_task = true;
-    (*fn_)(begin, end, index);
-    tls_in_pool_task = false;
+void ThreadPool::RunChunks(int participant) {
+  const bool nested = tls_in_pool_task;
+  tls_in_pool_task = true;
+  for (;;) {
+    const int64_t c = next_chunk_.fetch_add(1);
+    if (c >= chunks_) break;
+    const int64_t begin = n_ * c / chunks_, end = n_ * (c + 1) / chunks_;
+    if (begin < end) (*fn_)(begin, end, participant);
+    done_chunks_.fetch_add(1);
   }
+  tls_in_pool_task = nested;
 }
 
 void ThreadPool::WorkerLoop(int index) {
-  int64_t seen = 0;
+  uint64_t seen = 0;
   for (;;) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+    // Spin briefly for the next job, then sleep.
+    const auto spin_until = SteadyClock::now() + kWorkerSpin;
+    int polls = 0;
+    while (epoch_.load() == seen && !stopping_.load()) {
+      TANDEM_PAUSE();
+      if (++polls % 64 == 0 && SteadyClock::now() > spin_until) {
+        std::unique_lock<std::mutex> lock(mu_);
+        sleepers_.fetch_add(1);
+        start_cv_.wait(lock, [&] { return stop_ || epoch_.load() != seen; });
+        sleepers_.fetch_sub(1);
+        break;
+      }
     }
-    RunChunk(index);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (--pending_ == 0) done_cv_.notify_one();
+    if (stopping_.load()) return;
+    seen = epoch_.load();
+    // Join the job only while it is open; the caller waits for busy_ == 0 after
+    // closing it, so a late worker never touches a finished (or the next) job.
+    busy_.fetch_add(1);
+    if (open_.load()) RunChunks(index);
+    busy_.fetch_sub(1);
   }
 }
 
 void ThreadPool::ParallelFor(int64_t n,
-                             const std::function<void(int64_t, int64_t, int)>& fn) {
+                             const std::function<void(int64_t, int64_t, int)>& fn,
+                             int64_t chunks) {
   if (n <= 0) return;
   if (workers_.empty() || n == 1 || tls_in_pool_task) {
     const bool nested = tls_in_pool_task;
@@ -55,18 +91,31 @@ void ThreadPool::ParallelFor(int64_t n,
     tls_in_pool_task = nested;
     return;
   }
+  if (chunks <= 0) chunks = size();
+  if (chunks > n) chunks = n;
   std::lock_guard<std::mutex> call_lock(call_mu_);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    n_ = n;
-    fn_ = &fn;
-    pending_ = static_cast<int>(workers_.size());
-    ++generation_;
+  n_ = n;
+  chunks_ = chunks;
+  fn_ = &fn;
+  next_chunk_.store(0);
+  done_chunks_.store(0);
+  open_.store(true);
+  epoch_.fetch_add(1);
+  if (sleepers_.load() > 0) {
+    { std::lock_guard<std::mutex> lock(mu_); }
+    start_cv_.notify_all();
   }
-  start_cv_.notify_all();
-  RunChunk(0);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  RunChunks(0);
+  // Chunks claimed by workers may still be running.
+  for (int polls = 0; done_chunks_.load() < chunks; ++polls) {
+    if (polls < kCallerSpinPolls) {
+      TANDEM_PAUSE();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+  open_.store(false);
+  while (busy_.load() > 0) TANDEM_PAUSE();
   fn_ = nullptr;
 }
 

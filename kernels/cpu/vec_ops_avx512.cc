@@ -134,37 +134,50 @@ void ExpNonpos(const float* x, float* y, int64_t n) {
   }
 }
 
-template <int NT>
+// RR rows per pass (independent FMA chains and memory streams); each row's
+// arithmetic is the same whatever RR and NT.
+template <int NT, int RR>
 void Mxfp4RowsT(const uint8_t* packed, const uint8_t* scale, int64_t cols,
                 const float* xe, const float* xo, int64_t ldx, float* y, int64_t ldy,
                 int64_t r0, int64_t r1) {
   const int64_t half = cols / 2, groups = cols / 32;
   const __m512 lut = _mm512_loadu_ps(kE2m1);
   const __m512i low4 = _mm512_set1_epi32(0xf);
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* p = packed + r * half;
-    const uint8_t* s = scale + r * groups;
-    __m512 acc_lo[NT], acc_hi[NT];
-    for (int t = 0; t < NT; ++t) acc_lo[t] = acc_hi[t] = _mm512_setzero_ps();
+  int64_t r = r0;
+  for (; r + RR <= r1; r += RR) {
+    __m512 acc_lo[RR][NT], acc_hi[RR][NT];
+    for (int q = 0; q < RR; ++q)
+      for (int t = 0; t < NT; ++t) acc_lo[q][t] = acc_hi[q][t] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
-      const __m512i v = _mm512_cvtepu8_epi32(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + g * 16)));
-      const __m512 sc = _mm512_set1_ps(kScales.v[s[g]]);
-      const __m512 wl =
-          _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_and_si512(v, low4), lut), sc);
-      const __m512 wh =
-          _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut), sc);
+      __m512 xev[NT], xov[NT];
       for (int t = 0; t < NT; ++t) {
-        acc_lo[t] =
-            _mm512_fmadd_ps(wl, _mm512_loadu_ps(xe + t * ldx + g * 16), acc_lo[t]);
-        acc_hi[t] =
-            _mm512_fmadd_ps(wh, _mm512_loadu_ps(xo + t * ldx + g * 16), acc_hi[t]);
+        xev[t] = _mm512_loadu_ps(xe + t * ldx + g * 16);
+        xov[t] = _mm512_loadu_ps(xo + t * ldx + g * 16);
+      }
+      for (int q = 0; q < RR; ++q) {
+        const uint8_t* p = packed + (r + q) * half;
+        const __m512i v = _mm512_cvtepu8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + g * 16)));
+        const __m512 sc = _mm512_set1_ps(kScales.v[scale[(r + q) * groups + g]]);
+        const __m512 wl =
+            _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_and_si512(v, low4), lut), sc);
+        const __m512 wh =
+            _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut), sc);
+        for (int t = 0; t < NT; ++t) {
+          acc_lo[q][t] = _mm512_fmadd_ps(wl, xev[t], acc_lo[q][t]);
+          acc_hi[q][t] = _mm512_fmadd_ps(wh, xov[t], acc_hi[q][t]);
+        }
       }
     }
-    for (int t = 0; t < NT; ++t) {
-      y[t * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc_lo[t], acc_hi[t]));
+    for (int q = 0; q < RR; ++q) {
+      for (int t = 0; t < NT; ++t) {
+        y[t * ldy + r + q] =
+            _mm512_reduce_add_ps(_mm512_add_ps(acc_lo[q][t], acc_hi[q][t]));
+      }
     }
   }
+  if (RR > 1 && r < r1)
+    Mxfp4RowsT<NT, 1>(packed, scale, cols, xe, xo, ldx, y, ldy, r, r1);
 }
 
 void Mxfp4Rows(const uint8_t* packed, const uint8_t* scale, int64_t cols,
@@ -172,13 +185,13 @@ void Mxfp4Rows(const uint8_t* packed, const uint8_t* scale, int64_t cols,
                int64_t ldy, int64_t r0, int64_t r1) {
   switch (nt) {
     case 1:
-      return Mxfp4RowsT<1>(packed, scale, cols, xe, xo, ldx, y, ldy, r0, r1);
+      return Mxfp4RowsT<1, 4>(packed, scale, cols, xe, xo, ldx, y, ldy, r0, r1);
     case 2:
-      return Mxfp4RowsT<2>(packed, scale, cols, xe, xo, ldx, y, ldy, r0, r1);
+      return Mxfp4RowsT<2, 2>(packed, scale, cols, xe, xo, ldx, y, ldy, r0, r1);
     case 3:
-      return Mxfp4RowsT<3>(packed, scale, cols, xe, xo, ldx, y, ldy, r0, r1);
+      return Mxfp4RowsT<3, 1>(packed, scale, cols, xe, xo, ldx, y, ldy, r0, r1);
     default:
-      return Mxfp4RowsT<4>(packed, scale, cols, xe, xo, ldx, y, ldy, r0, r1);
+      return Mxfp4RowsT<4, 1>(packed, scale, cols, xe, xo, ldx, y, ldy, r0, r1);
   }
 }
 
