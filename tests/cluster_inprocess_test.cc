@@ -3,6 +3,8 @@
 // moving through LoopbackAgents. Covers the orchestration state machine:
 //   - disaggregated output == colocated output, token for token (greedy and
 //     seeded sampling, mixed prompt lengths, prefill block 16 -> decode block 8)
+//   - the same for multi-chunk prompts, whose state streams layer by layer
+//     while the prefill computes (the decode worker verifies the checksums)
 //   - a lost prefill worker: Release + retry on another
 //   - a corrupt transfer: DATA_LOSS, nothing leaked on either side
 //   - client cancel mid-stream: the decode engine's blocks return to idle
@@ -386,6 +388,39 @@ TEST_F(ClusterTest, BadInputIsInvalidArgument) {
   Result t = RouterGenerate(text);
   EXPECT_TRUE(t.status.ok()) << t.status.error_message();
   EXPECT_EQ(t.tokens.size(), 3u);
+}
+
+TEST_F(ClusterTest, MultiChunkPromptsStreamedLayerByLayerEqualColocated) {
+  PrefillNode prefill("prefill-0");
+  DecodeNode decode;
+  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address,
+           prefill.service->Load());
+  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
+           decode.service->Load());
+  // 300..480 tokens: 2 chunks of the prefill engine's 256-token steps.
+  for (int i = 0; i < 4; ++i) {
+    const std::vector<int32_t> prompt =
+        runtime::testing::MakePrompt(300 + 60 * i, 500 + i);
+    const float temperature = i % 2 == 0 ? 0.0f : 0.8f;
+    tandem::v1::GenerateRequest req = Request(prompt, 5, temperature, 9000 + i);
+    req.set_request_id("long-" + std::to_string(i));
+    Result disagg = RouterGenerate(req);
+    ASSERT_TRUE(disagg.status.ok()) << i << ": " << disagg.status.error_message();
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(60));
+    req.set_request_id("long-colocated-" + std::to_string(i));
+    Result colocated = Drain(decode.stub->Generate(&ctx, req).get());
+    ASSERT_TRUE(colocated.status.ok()) << colocated.status.error_message();
+    EXPECT_EQ(disagg.tokens, colocated.tokens) << "prompt " << i;
+  }
+  EXPECT_EQ(Paths("disaggregated"), 4);
+  // Streamed: more than one batch per request (one per layer and chunk).
+  EXPECT_GT(prefill.metrics.transfer_batches->Value(), 4 * 4);
+  EXPECT_EQ(prefill.metrics.transfer_restarts->Value(), 0);
+  EXPECT_EQ(prefill.metrics.exposed_transfer_seconds->Count(), 4u);
+  EXPECT_TRUE(EngineIdle(decode.loop.get(), absl::Seconds(10)));
+  EXPECT_TRUE(EngineIdle(prefill.loop.get(), absl::Seconds(10)));
+  EXPECT_EQ(decode.service->num_reservations(), 0);
 }
 
 }  // namespace
