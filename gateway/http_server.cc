@@ -454,8 +454,6 @@ namespace {
 // strand. Consecutive Write()s share one entry (their chunks framed back to
 // back), and one posted drain applies everything queued by the time it runs:
 // a fast producer costs one strand hop per batch, not per token.
-constexpr std::chrono::steady_clock::duration kBurstGap = std::chrono::milliseconds(5);
-
 struct WriterInbox {
   struct Op {
     std::string chunks;                            // framed writes, or
@@ -476,7 +474,8 @@ class Writer final : public ResponseWriter {
       : session_(std::move(session)),
         seq_(seq),
         core_(std::move(core)),
-        inbox_(std::make_shared<WriterInbox>()) {
+        inbox_(std::make_shared<WriterInbox>()),
+        min_gap_(ToChrono(core_->options.direct_write_min_gap)) {
     absl::MutexLock lock(&core_->mu);
     ++core_->writers;
   }
@@ -504,10 +503,10 @@ class Writer final : public ResponseWriter {
   // strand, the chunk is sent from this thread at once (no strand hop, no
   // wake-up of an I/O thread); what the socket does not take, and every
   // write while anything waits, goes through the inbox in order. A chunk
-  // that follows the previous one within kBurstGap is part of a burst (a
-  // stream faster than 200 chunks/s): it goes through the strand, which
-  // sends everything queued behind an in-flight write in one go, so a burst
-  // costs fewer syscalls than one send per chunk.
+  // that follows the previous one within direct_write_min_gap is part of a
+  // burst (by default a stream faster than 200 chunks/s): it goes through the
+  // strand, which sends everything queued behind an in-flight write in one
+  // go, so a burst costs fewer syscalls than one send per chunk.
   void Write(std::string data) override {
     if (data.empty()) return;
     char size[2 * sizeof(size_t) + 1];
@@ -517,7 +516,7 @@ class Writer final : public ResponseWriter {
       absl::MutexLock lock(&inbox_->mu);
       auto& ops = inbox_->ops;
       const auto now = std::chrono::steady_clock::now();
-      const bool burst = now - inbox_->last_write < kBurstGap;
+      const bool burst = now - inbox_->last_write < min_gap_;
       inbox_->last_write = now;
       if (!inbox_->scheduled && ops.empty() && !burst && core_->options.direct_writes) {
         std::string& framed = inbox_->direct;
@@ -599,6 +598,7 @@ class Writer final : public ResponseWriter {
   const uint64_t seq_;
   std::shared_ptr<ServerCore> core_;
   std::shared_ptr<WriterInbox> inbox_;
+  const std::chrono::steady_clock::duration min_gap_;
 };
 
 }  // namespace

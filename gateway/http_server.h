@@ -54,6 +54,10 @@ struct HttpServerOptions {
   // response waits to be written (no hop to an I/O thread); false: every
   // write goes through the connection's strand.
   bool direct_writes = true;
+  // A write that follows the previous one of its response by less than this
+  // is part of a burst and goes through the strand, which batches (fewer
+  // syscalls than one send per chunk).
+  absl::Duration direct_write_min_gap = absl::Milliseconds(5);
 };
 
 class HttpServer {

@@ -6,6 +6,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <thread>
+#include <vector>
+
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gateway/sse.h"
@@ -44,6 +47,15 @@ std::string ReadAll(int fd, int timeout_ms) {
   return out;
 }
 
+constexpr int kBigChunks = 200;
+
+// Chunk i of /big: 32 KiB, its index first, then a letter pattern.
+std::string BigChunk(int i) {
+  std::string out = std::to_string(i) + ":";
+  out.resize(32 << 10, static_cast<char>('a' + i % 26));
+  return out;
+}
+
 class HttpServerTest : public ::testing::Test {
  protected:
   void StartServer(HttpServerOptions options) {
@@ -54,10 +66,13 @@ class HttpServerTest : public ::testing::Test {
     ASSERT_TRUE(server_->Start().ok());
   }
   void TearDown() override {
+    std::vector<std::thread> producers;
     {
       absl::MutexLock lock(&mu_);
       held_.reset();
+      producers.swap(producers_);
     }
+    for (auto& t : producers) t.join();
     if (server_) server_->Shutdown(absl::Seconds(1));
   }
 
@@ -72,6 +87,15 @@ class HttpServerTest : public ::testing::Test {
       for (int i = 0; i < 3; ++i) w->Write(SseEvent("event" + std::to_string(i)));
       w->Write(std::string(kSseDone));
       w->End();
+    } else if (req.path == "/big") {
+      // Large chunks from another thread, faster than the client reads: the
+      // socket fills, sends go partial, the rest queues on the strand.
+      w->StartStream(200, "application/octet-stream", {});
+      absl::MutexLock lock(&mu_);
+      producers_.emplace_back([w] {
+        for (int i = 0; i < kBigChunks; ++i) w->Write(BigChunk(i));
+        w->End();
+      });
     } else if (req.path == "/hang") {
       w->OnClientGone([this] { gone_.Notify(); });
       w->StartStream(200, "text/event-stream", {});
@@ -88,6 +112,7 @@ class HttpServerTest : public ::testing::Test {
   std::unique_ptr<HttpServer> server_;
   absl::Mutex mu_;
   std::shared_ptr<ResponseWriter> held_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> producers_ ABSL_GUARDED_BY(mu_);
   absl::Notification gone_;
 };
 
@@ -127,6 +152,34 @@ TEST_F(HttpServerTest, StreamIsChunkedSse) {
   auto again = (*conn)->Request("POST", "/echo", {}, "x", absl::Seconds(5));
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->body, "x|");
+}
+
+// Writes from another thread keep their order and bytes whichever way each
+// goes out: sent at once from the writer's thread, partly (a full socket),
+// or queued behind an in-flight write on the strand.
+TEST_F(HttpServerTest, LargeStreamArrivesInOrderWithAndWithoutDirectWrites) {
+  std::string expected;
+  for (int i = 0; i < kBigChunks; ++i) expected += BigChunk(i);
+  for (bool direct : {true, false}) {
+    SCOPED_TRACE(direct ? "direct writes" : "strand only");
+    StartServer({.direct_writes = direct,
+                 .direct_write_min_gap = absl::ZeroDuration()});  // never a burst
+    auto conn = metrics::HttpConnection::Connect("127.0.0.1", server_->port(),
+                                                 absl::Seconds(5));
+    ASSERT_TRUE(conn.ok()) << conn.status();
+    auto r = (*conn)->Get("/big", absl::Seconds(30));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status_code, 200);
+    ASSERT_EQ(r->body.size(), expected.size());
+    EXPECT_TRUE(r->body == expected);
+    // The connection is still usable (keep-alive after the stream ended).
+    auto again = (*conn)->Get("/stream", absl::Seconds(5));
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->status_code, 200);
+    conn->reset();
+    TearDown();
+    server_.reset();
+  }
 }
 
 TEST_F(HttpServerTest, OversizedBodyIs413) {
