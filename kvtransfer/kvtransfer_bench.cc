@@ -1,17 +1,21 @@
 // kvtransfer_bench: bandwidth and latency of KV-state hand-offs between two
-// processes on this host, next to ucx_perftest's put bandwidth with the same
-// transports and message size, measured in the same run.
+// processes on this host, against yardsticks measured in the same run.
 //
 //   bazel run //kvtransfer:kvtransfer_bench -- --contexts=32768,131072
 //
-// For each transport setting (tcp with peer-failure detection, as deployed; and
-// shared memory without it) and each context length it writes a full-K3-shaped
-// state (MLA: layers x tokens x 1152 bytes; KDA: layers x (96*128*128*4 + conv
-// tails)) from this process into a transfer_peer child, one batch per layer,
-// and times first post to last completion, after --warmup_iterations untimed
-// passes (ucx_perftest gets -w warm-up iterations moving as many bytes). Ends with one
-// JSON line
-// {"bench":"kvtransfer",...}. Not part of the test suite.
+// For each mode (shm: UCX's default transports into a receiver cache from
+// UcxAgent::AllocateMemory; shm_mmap: the same into plain mmap memory; tcp:
+// UCX_TLS=tcp with peer-failure detection) and each context length it writes a
+// full-K3-shaped state (MLA: layers x tokens x 1152 bytes; KDA: layers x
+// (96*128*128*4 + conv tails)) from this process into a transfer_peer child, one
+// batch per layer. Each iteration times, one after the other, the agent and the
+// yardsticks over exactly the same segments and memory (put_baselines.h): a plain
+// UCP put loop, process_vm_writev (1 and --ceiling_threads threads) and memcpy
+// into a local buffer (1 and N threads); after --warmup_iterations untimed
+// iterations, medians and ranges of --iterations are reported. ucx_perftest
+// ucp_put_bw as usual (one buffer of the largest segment's size, reused) runs
+// after them. Ends with one JSON line {"bench":"kvtransfer",...}. Not part of the
+// test suite.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -67,12 +71,15 @@ ABSL_FLAG(bool, huge_pages, false,
 ABSL_FLAG(bool, bandwidth_protocols, true,
           "UcxAgentConfig.bandwidth_protocols (and the same flag on the plain UCP "
           "put loop): false reproduces the agent before it existed");
+ABSL_FLAG(uint64_t, max_op_bytes, tandem::kvtransfer::UcxAgentConfig{}.max_op_bytes,
+          "UcxAgentConfig.max_op_bytes of the sending agent");
 ABSL_FLAG(bool, plain_put, true,
           "Also time a plain UCP put loop over the same segments and memory");
 ABSL_FLAG(bool, cma_ceiling, true,
           "Also time process_vm_writev of the same segments (shm mode)");
 ABSL_FLAG(int, ceiling_threads, 2,
-          "Threads for the second process_vm_writev ceiling (<= 1: only one)");
+          "Threads for the second process_vm_writev and memcpy ceilings (<= 1: "
+          "only the single-threaded ones)");
 ABSL_FLAG(bool, memcpy_ceiling, true,
           "Also time memcpy of the same segments into a local buffer of the "
           "receiver's size");
@@ -226,6 +233,7 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
   config.tls = tcp ? "tcp" : "";
   config.peer_failure_detection = tcp;
   config.bandwidth_protocols = absl::GetFlag(FLAGS_bandwidth_protocols);
+  config.max_op_bytes = absl::GetFlag(FLAGS_max_op_bytes);
   auto agent_or = UcxAgent::Create(config);
   if (!agent_or.ok()) {
     out["error"] = agent_or.status().ToString();
@@ -397,13 +405,24 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
       methods.push_back({"memcpy_1thread", [&]() -> absl::StatusOr<double> {
                            return MemcpyCopy(mem, local_dst, flat, 1, kCeilingPiece);
                          }});
+      const int threads = absl::GetFlag(FLAGS_ceiling_threads);
+      if (threads > 1) {
+        methods.push_back({absl::StrCat("memcpy_", threads, "threads"),
+                           [&, threads]() -> absl::StatusOr<double> {
+                             return MemcpyCopy(mem, local_dst, flat, threads,
+                                               kCeilingPiece);
+                           }});
+      }
     }
     std::vector<std::vector<double>> timed(methods.size()), warm(methods.size());
     std::string error;
     const int warmup = absl::GetFlag(FLAGS_warmup_iterations);
     for (int it = 0; it < warmup + absl::GetFlag(FLAGS_iterations) && error.empty();
          ++it) {
-      for (size_t m = 0; m < methods.size(); ++m) {
+      // Every other iteration in reverse order, so no method always runs right
+      // after the same neighbour.
+      for (size_t k = 0; k < methods.size(); ++k) {
+        const size_t m = it % 2 == 0 ? k : methods.size() - 1 - k;
         absl::StatusOr<double> sec = methods[m].run();
         if (!sec.ok()) {
           error = absl::StrCat(methods[m].name, ": ", sec.status().ToString());

@@ -58,6 +58,9 @@ struct TransferCase {
   int64_t tokens;
   int src_block;
   int dst_block;
+  // The receiver's cache from UcxAgent::AllocateMemory (shared memory: the
+  // sender's puts are direct copies) instead of plain mmap memory.
+  bool dst_allocated = false;
 };
 
 class KvStateTransferTest : public ::testing::TestWithParam<TransferCase> {};
@@ -82,7 +85,7 @@ TEST_P(KvStateTransferTest, ArrivesBitExact) {
   *target.mutable_layout() = dst_layout;
   std::string reply = child->Call(
       absl::StrCat("LAYOUT ", absl::BytesToHexString(dst_layout.SerializeAsString()),
-                   " ", dst_blocks, " ", dst_slots));
+                   " ", dst_blocks, " ", dst_slots, c.dst_allocated ? " ucx" : ""));
   ASSERT_TRUE(absl::StartsWith(reply, "OK ")) << reply;
   std::vector<std::string> words = absl::StrSplit(reply, ' ');
   uint32_t dst_region = 0;
@@ -179,13 +182,17 @@ TEST_P(KvStateTransferTest, ArrivesBitExact) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, KvStateTransferTest,
-    ::testing::Values(TransferCase{"default_1_token", "", true, 1, 16, 64},
-                      TransferCase{"default_100_tokens", "", true, 100, 64, 16},
-                      TransferCase{"default_4096_tokens", "", true, 4096, 16, 64},
-                      TransferCase{"tcp_100_tokens", "tcp", true, 100, 16, 16},
-                      TransferCase{"tcp_4096_tokens", "tcp", true, 4096, 64, 16},
-                      TransferCase{"shm_1_token", "", false, 1, 64, 16},
-                      TransferCase{"shm_4096_tokens", "", false, 4096, 16, 64}),
+    ::testing::Values(
+        TransferCase{"default_1_token", "", true, 1, 16, 64},
+        TransferCase{"default_100_tokens", "", true, 100, 64, 16},
+        TransferCase{"default_4096_tokens", "", true, 4096, 16, 64},
+        TransferCase{"tcp_100_tokens", "tcp", true, 100, 16, 16},
+        TransferCase{"tcp_4096_tokens", "tcp", true, 4096, 64, 16},
+        TransferCase{"shm_1_token", "", false, 1, 64, 16},
+        TransferCase{"shm_4096_tokens", "", false, 4096, 16, 64},
+        TransferCase{"shm_allocated_100_tokens", "", false, 100, 64, 16, true},
+        TransferCase{"shm_allocated_4096_tokens", "", false, 4096, 16, 64, true},
+        TransferCase{"tcp_allocated_4096_tokens", "tcp", true, 4096, 64, 16, true}),
     [](const ::testing::TestParamInfo<TransferCase>& info) { return info.param.name; });
 
 // Registers a plain region of `bytes` in the child and connects to it.
