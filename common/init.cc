@@ -8,6 +8,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 
 ABSL_FLAG(std::string, log_format, "text", "Log line format: text or json.");
@@ -46,6 +47,10 @@ std::vector<char*> InitProgram(int argc, char** argv, absl::string_view process,
     std::exit(2);
   }
   log::Init(options);
+  // Debian builds Abseil with mutex deadlock detection on: a graph update on
+  // every lock, ~5% of the gateway's CPU per streamed token (docs/benchmarks.md,
+  // gateway). Lock-order problems are for the sanitizers (--config=asan).
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   return args;
 }
 
