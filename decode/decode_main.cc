@@ -3,6 +3,7 @@
 // with the router, grpc.health.v1, /metrics.
 //
 //   decode_main --model=DIR --router=HOST:PORT [--port=0] [--metrics_port=0]
+//               [--tp=N] [--tp_fail_rank_at_step=R:S]
 #include <memory>
 #include <string>
 
@@ -37,6 +38,15 @@ ABSL_FLAG(int64_t, max_tokens_per_step, 256, "Engine token budget per step.");
 ABSL_FLAG(int, landing_blocks, 0,
           "Landing-pool blocks for incoming state (0: as the engine).");
 ABSL_FLAG(int, landing_slots, 0, "Landing-pool KDA slots (0: --num_slots).");
+ABSL_FLAG(int, tp, 1,
+          "Tensor-parallel size: ranks run as threads of this process, one cache "
+          "shard each, all registered with the one UCX agent. Prefill and decode "
+          "workers of one router must use the same size (the router refuses "
+          "others at registration and this worker exits).");
+ABSL_FLAG(std::string, tp_fail_rank_at_step, "",
+          "FAILURE DRILL: 'R:S' makes TP rank R (>= 1) die instead of running its "
+          "forward step S (0-based); the worker fails its requests UNAVAILABLE and "
+          "stops taking work (health NOT_SERVING, no more heartbeats).");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (UCX_TLS), empty: UCX chooses.");
 ABSL_FLAG(double, max_lease_s, 60, "Longest reservation lease granted.");
 
@@ -58,6 +68,17 @@ int main(int argc, char** argv) {
   eo.num_blocks = absl::GetFlag(FLAGS_num_blocks);
   eo.max_context_tokens = absl::GetFlag(FLAGS_max_context_tokens);
   eo.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
+  if (absl::Status s = tandem::worker::ApplyTpFlags(
+          absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_tp_fail_rank_at_step), &eo);
+      !s.ok()) {
+    TLOG(ERROR, "bad tensor-parallel flags").Kv("status", s);
+    return 1;
+  }
+  if (eo.tp.fail_rank >= 0) {
+    TLOG(WARNING, "FAILURE DRILL --tp_fail_rank_at_step: a TP rank will die")
+        .Kv("rank", eo.tp.fail_rank)
+        .Kv("step", eo.tp.fail_rank_at_step);
+  }
   auto engine = tandem::worker::MakeEngine(model->get(), eo);
   if (!engine.ok()) {
     TLOG(ERROR, "cannot create the engine").Kv("status", engine.status());
@@ -71,10 +92,21 @@ int main(int argc, char** argv) {
   lo.num_slots = absl::GetFlag(FLAGS_landing_slots) > 0
                      ? absl::GetFlag(FLAGS_landing_slots)
                      : eo.num_slots;
-  auto landing = tandem::runtime::KvCache::Create((*model)->weights->config, lo);
-  if (!landing.ok()) {
-    TLOG(ERROR, "cannot allocate the landing pool").Kv("status", landing.status());
-    return 1;
+  // One landing pool per TP rank, shaped like that rank's engine cache.
+  std::vector<std::unique_ptr<tandem::runtime::KvCache>> landing;
+  std::vector<tandem::runtime::KvCache*> landing_ptrs;
+  for (int r = 0; r < eo.tp.tp_size; ++r) {
+    lo.tp_rank = r;
+    lo.tp_size = eo.tp.tp_size;
+    auto pool = tandem::runtime::KvCache::Create((*model)->weights->config, lo);
+    if (!pool.ok()) {
+      TLOG(ERROR, "cannot allocate the landing pool")
+          .Kv("rank", r)
+          .Kv("status", pool.status());
+      return 1;
+    }
+    landing_ptrs.push_back(pool->get());
+    landing.push_back(std::move(*pool));
   }
   tandem::kvtransfer::UcxAgentConfig uc;
   uc.tls = absl::GetFlag(FLAGS_ucx_tls);
@@ -90,7 +122,7 @@ int main(int argc, char** argv) {
   tandem::decode::DecodeServiceOptions dso;
   dso.worker_id = absl::GetFlag(FLAGS_worker_id);
   dso.max_lease = absl::Seconds(absl::GetFlag(FLAGS_max_lease_s));
-  auto service = tandem::decode::DecodeService::Create(loop.get(), landing->get(),
+  auto service = tandem::decode::DecodeService::Create(loop.get(), landing_ptrs,
                                                        agent->get(), &metrics, dso);
   if (!service.ok()) {
     TLOG(ERROR, "cannot start the decode service").Kv("status", service.status());
@@ -106,9 +138,10 @@ int main(int argc, char** argv) {
   so.registration.set_role(tandem::v1::WORKER_ROLE_DECODE);
   so.registration.set_model_id((*model)->model_id);
   so.registration.set_model_fingerprint((*model)->fingerprint);
-  so.registration.set_tp_size(1);
+  so.registration.set_tp_size(absl::GetFlag(FLAGS_tp));
   so.registration.set_max_context_tokens(absl::GetFlag(FLAGS_max_context_tokens));
   *so.registration.mutable_layout() = (*service)->layout();
+  so.health = [l = loop.get()] { return l->health(); };
   tandem::decode::DecodeService* svc = service->get();
   const int rc = tandem::worker::ServeWorker(
       so, svc, &registry, [svc] { return svc->Load(); },

@@ -30,14 +30,37 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(
     worker::EngineLoop* loop, runtime::KvCache* landing,
     kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
     DecodeServiceOptions options) {
+  return Create(loop, std::vector<runtime::KvCache*>{landing}, agent, metrics,
+                std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(
+    worker::EngineLoop* loop, std::vector<runtime::KvCache*> landing,
+    kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
+    DecodeServiceOptions options) {
+  if (landing.empty()) return InvalidArgument("no landing pool");
+  for (runtime::KvCache* c : landing) {
+    if (c->num_blocks() != landing[0]->num_blocks() ||
+        c->num_slots() != landing[0]->num_slots()) {
+      return InvalidArgument("the ranks' landing pools differ in blocks or slots");
+    }
+  }
   auto s = std::unique_ptr<DecodeService>(
-      new DecodeService(loop, landing, agent, metrics, std::move(options)));
-  TANDEM_ASSIGN_OR_RETURN(s->regions_, worker::RegisterCache(agent, landing));
-  s->layout_ = worker::KvLayoutOf(*landing);
-  const kvtransfer::RankLayout geometry =
-      worker::CacheRankLayout(*landing, s->regions_, {}, 0);
-  TANDEM_ASSIGN_OR_RETURN(s->descriptor_,
-                          agent->LocalDescriptor(worker::PoolsMetadata(geometry)));
+      new DecodeService(loop, std::move(landing), agent, metrics, std::move(options)));
+  // Every rank's pool first, so each descriptor carries every region's key.
+  for (runtime::KvCache* c : s->landing_) {
+    TANDEM_ASSIGN_OR_RETURN(worker::CacheRegions r, worker::RegisterCache(agent, c));
+    s->regions_.push_back(std::move(r));
+    s->layouts_.push_back(worker::KvLayoutOf(*c));
+  }
+  for (int r = 0; r < s->tp(); ++r) {
+    const kvtransfer::RankLayout geometry =
+        worker::CacheRankLayout(*s->landing_[r], s->regions_[r], {}, 0);
+    TANDEM_ASSIGN_OR_RETURN(std::string d,
+                            agent->LocalDescriptor(worker::PoolsMetadata(geometry)));
+    s->descriptors_.push_back(std::move(d));
+  }
+  s->layout_ = s->layouts_[0];
   DecodeService* raw = s.get();
   agent->SetNotificationCallback(
       [raw](const kvtransfer::Notification& n) { raw->OnNotification(n); });
@@ -45,17 +68,26 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(
   return s;
 }
 
-DecodeService::DecodeService(worker::EngineLoop* loop, runtime::KvCache* landing,
+DecodeService::DecodeService(worker::EngineLoop* loop,
+                             std::vector<runtime::KvCache*> landing,
                              kvtransfer::TransferAgent* agent,
                              worker::WorkerMetrics* metrics,
                              DecodeServiceOptions options)
     : loop_(loop),
-      landing_(landing),
+      landing_(std::move(landing)),
       agent_(agent),
       metrics_(metrics),
       options_(std::move(options)),
-      blocks_(static_cast<int32_t>(landing->num_blocks())),
-      slots_(static_cast<int32_t>(landing->num_slots())) {}
+      blocks_(static_cast<int32_t>(landing_[0]->num_blocks())),
+      slots_(static_cast<int32_t>(landing_[0]->num_slots())) {}
+
+absl::Status DecodeService::Usable() const {
+  const absl::Status h = loop_->health();
+  if (h.ok()) return h;
+  return absl::UnavailableError(
+      absl::StrCat("decode worker ", options_.worker_id,
+                   " is not taking work: its engine failed: ", h.message()));
+}
 
 DecodeService::~DecodeService() {
   agent_->SetNotificationCallback(nullptr);
@@ -86,16 +118,16 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
     if (req->prompt_tokens() <= 0) {
       return InvalidArgument("prompt_tokens must be > 0, got ", req->prompt_tokens());
     }
-    if (req->prefill_tp_size() > 1) {
-      return FailedPrecondition("prefill tp_size ", req->prefill_tp_size(),
-                                " cannot be re-laid out onto this TP 1 worker");
-    }
-    const int64_t bs = landing_->block_size();
+    TANDEM_RETURN_IF_ERROR(Usable());
+    // prefill_tp_size is not checked here: the router's registry only pairs
+    // equal TP sizes, and the prefill worker refuses a target with another
+    // number of ranks (FAILED_PRECONDITION naming both sizes).
+    const int64_t bs = landing_[0]->block_size();
     const int64_t need = (req->prompt_tokens() + bs - 1) / bs;
-    if (need > landing_->num_blocks()) {
+    if (need > landing_[0]->num_blocks()) {
       return InvalidArgument("prompt of ", req->prompt_tokens(),
                              " tokens is larger than this worker's landing pool (",
-                             landing_->num_blocks() * bs, " tokens)");
+                             landing_[0]->num_blocks() * bs, " tokens)");
     }
     absl::Duration lease =
         req->lease_ms() > 0
@@ -125,12 +157,14 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
     resp->set_request_id(req->request_id());
     resp->set_decode_worker_id(options_.worker_id);
     resp->set_lease_expiry_unix_ms(absl::ToUnixMillis(r.lease_expiry));
-    tandem::v1::RankTarget* t = resp->add_ranks();
-    t->set_transfer_descriptor(descriptor_);
-    t->set_transfer_address(absl::StrFormat("agent:%016x", agent_->AgentId()));
-    for (int32_t b : r.blocks) t->add_block_ids(b);
-    t->set_state_slot(r.slot);
-    *t->mutable_layout() = layout_;
+    for (int k = 0; k < tp(); ++k) {  // the same blocks and slot in every rank
+      tandem::v1::RankTarget* t = resp->add_ranks();
+      t->set_transfer_descriptor(descriptors_[k]);
+      t->set_transfer_address(absl::StrFormat("agent:%016x", agent_->AgentId()));
+      for (int32_t b : r.blocks) t->add_block_ids(b);
+      t->set_state_slot(r.slot);
+      *t->mutable_layout() = layouts_[k];
+    }
     reservations_.emplace(req->request_id(), std::move(r));
     return absl::OkStatus();
   }();
@@ -245,12 +279,17 @@ void DecodeService::StartDecode(std::string id, Reservation r) {
   };
   const tandem::v1::StateChecksums& want = req.checksums();
   if (want.mla_layer_size() + want.kda_layer_size() > 0) {
-    const kvtransfer::RankLayout side =
-        worker::CacheRankLayout(*landing_, regions_, r.blocks, r.slot);
-    auto got = kvtransfer::ComputeChecksums(
-        side, r.prompt_tokens, worker::CacheRegionBytes(landing_, regions_));
-    if (!got.ok()) return fail(got.status(), "error");
-    if (absl::Status v = kvtransfer::Verify(want, *got); !v.ok()) {
+    std::vector<tandem::v1::StateChecksums> ranks;
+    for (int k = 0; k < tp(); ++k) {
+      const kvtransfer::RankLayout side =
+          worker::CacheRankLayout(*landing_[k], regions_[k], r.blocks, r.slot);
+      auto got = kvtransfer::ComputeChecksums(
+          side, r.prompt_tokens, worker::CacheRegionBytes(landing_[k], regions_[k]));
+      if (!got.ok()) return fail(got.status(), "error");
+      ranks.push_back(std::move(*got));
+    }
+    const tandem::v1::StateChecksums got = worker::MergeRankChecksums(ranks);
+    if (absl::Status v = kvtransfer::Verify(want, got); !v.ok()) {
       return fail(
           absl::DataLossError(absl::StrCat(
               "request ", id, ": the transferred state is corrupt: ", v.message())),
@@ -269,9 +308,11 @@ void DecodeService::StartDecode(std::string id, Reservation r) {
   state.prompt.assign(req.prompt_token_ids().begin(), req.prompt_token_ids().end());
   state.generated = {req.first_token_id()};
   state.num_cached_tokens = r.prompt_tokens;
-  auto ranges = landing_->ExportSequence(r.blocks, r.prompt_tokens, r.slot);
-  if (!ranges.ok()) return fail(ranges.status(), "error");
-  state.ranges = std::move(*ranges);
+  for (runtime::KvCache* pool : landing_) {  // rank-major, each range its rank's
+    auto ranges = pool->ExportSequence(r.blocks, r.prompt_tokens, r.slot);
+    if (!ranges.ok()) return fail(ranges.status(), "error");
+    state.ranges.insert(state.ranges.end(), ranges->begin(), ranges->end());
+  }
   loop_->Post([this, id, eid, stream, r = std::move(r), state = std::move(state),
                params = *params](runtime::Engine& e) mutable {
     const tandem::v1::DecodeRequest& req = r.pending;
@@ -326,6 +367,11 @@ grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* DecodeService::Generate(
     stream->Close(
         Grpc(InvalidArgument("the decode worker takes prompt_token_ids (the router "
                              "tokenises prompt_text)")));
+    return stream;
+  }
+  if (absl::Status u = Usable(); !u.ok()) {
+    Count("Generate", "unavailable");
+    stream->Close(Grpc(u));
     return stream;
   }
   auto params = engine::SamplingParamsFromProto(req->sampling(), req->stop());

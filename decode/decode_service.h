@@ -21,6 +21,15 @@
 // at start; the state is copied into the engine's own cache on admission (one
 // memcpy of the prompt's state). Writing straight into engine blocks needs a
 // "reserved, not yet runnable" state in the scheduler: next step.
+//
+// Tensor parallelism: a TP N worker has one landing pool per rank (each shaped
+// like that rank's engine cache: its KDA heads, the replicated MLA latents),
+// all registered with the one agent; a reservation is the same block ids and
+// slot in every rank's pool, published as N RankTargets (one descriptor per
+// rank, its pool geometry in the metadata). The checksums verified are every
+// rank's, merged rank-major (worker::MergeRankChecksums); admission imports the
+// ranks' ranges rank-major. Once the engine's TP group broke (a rank died),
+// Reserve and Generate answer UNAVAILABLE (the router drops the worker).
 #ifndef TANDEM_DECODE_DECODE_SERVICE_H_
 #define TANDEM_DECODE_DECODE_SERVICE_H_
 
@@ -65,6 +74,11 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
       worker::EngineLoop* loop, runtime::KvCache* landing,
       kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
       DecodeServiceOptions options);
+  // TP: one landing pool per rank, rank order (same blocks and slots each).
+  static absl::StatusOr<std::unique_ptr<DecodeService>> Create(
+      worker::EngineLoop* loop, std::vector<runtime::KvCache*> landing,
+      kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
+      DecodeServiceOptions options);
   ~DecodeService() override;
 
   grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* context,
@@ -100,9 +114,12 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
     absl::Time decode_started;
   };
 
-  DecodeService(worker::EngineLoop* loop, runtime::KvCache* landing,
+  DecodeService(worker::EngineLoop* loop, std::vector<runtime::KvCache*> landing,
                 kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
                 DecodeServiceOptions options);
+  int tp() const { return static_cast<int>(landing_.size()); }
+  // UNAVAILABLE once the engine's TP group broke; OK otherwise.
+  absl::Status Usable() const;
   void OnNotification(const kvtransfer::Notification& n);
   // Verifies and admits a landed reservation (taken out of the table).
   void StartDecode(std::string id, Reservation r);
@@ -110,14 +127,15 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
   void Janitor();
   void Count(const char* rpc, const char* outcome);
 
-  worker::EngineLoop* const loop_;          // not owned
-  runtime::KvCache* const landing_;         // not owned
-  kvtransfer::TransferAgent* const agent_;  // not owned
-  worker::WorkerMetrics* const metrics_;    // not owned; may be null
+  worker::EngineLoop* const loop_;                // not owned
+  const std::vector<runtime::KvCache*> landing_;  // not owned; one per rank
+  kvtransfer::TransferAgent* const agent_;        // not owned
+  worker::WorkerMetrics* const metrics_;          // not owned; may be null
   const DecodeServiceOptions options_;
-  worker::CacheRegions regions_;
-  tandem::v1::KvLayout layout_;
-  std::string descriptor_;
+  std::vector<worker::CacheRegions> regions_;  // per rank
+  std::vector<tandem::v1::KvLayout> layouts_;  // per rank
+  std::vector<std::string> descriptors_;       // per rank
+  tandem::v1::KvLayout layout_;                // rank 0's
   std::atomic<int64_t> next_engine_id_{1};
 
   mutable absl::Mutex mu_;

@@ -3,7 +3,7 @@
 // router, grpc.health.v1, /metrics.
 //
 //   prefill_main --model=DIR --router=HOST:PORT [--port=0] [--metrics_port=0]
-//                [--kv_stream_layers=true]
+//                [--kv_stream_layers=true] [--tp=N] [--tp_fail_rank_at_step=R:S]
 #include <memory>
 #include <string>
 
@@ -35,6 +35,15 @@ ABSL_FLAG(int, num_slots, 8, "Concurrent sequences (KDA state slots).");
 ABSL_FLAG(int, num_blocks, 0, "Engine KV blocks (0: num_slots full contexts).");
 ABSL_FLAG(int64_t, max_context_tokens, 4096, "Prompt + output tokens per request.");
 ABSL_FLAG(int64_t, max_tokens_per_step, 256, "Engine token budget per step.");
+ABSL_FLAG(int, tp, 1,
+          "Tensor-parallel size: ranks run as threads of this process, one cache "
+          "shard each, all registered with the one UCX agent. Prefill and decode "
+          "workers of one router must use the same size (the router refuses "
+          "others at registration and this worker exits).");
+ABSL_FLAG(std::string, tp_fail_rank_at_step, "",
+          "FAILURE DRILL: 'R:S' makes TP rank R (>= 1) die instead of running its "
+          "forward step S (0-based); the worker fails its requests UNAVAILABLE and "
+          "stops taking work (health NOT_SERVING, no more heartbeats).");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (UCX_TLS), empty: UCX chooses.");
 ABSL_FLAG(bool, kv_stream_layers, true,
           "Stream each layer's KV/KDA state to the decode worker while the prefill "
@@ -60,12 +69,23 @@ int main(int argc, char** argv) {
   eo.num_blocks = absl::GetFlag(FLAGS_num_blocks);
   eo.max_context_tokens = absl::GetFlag(FLAGS_max_context_tokens);
   eo.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
+  if (absl::Status s = tandem::worker::ApplyTpFlags(
+          absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_tp_fail_rank_at_step), &eo);
+      !s.ok()) {
+    TLOG(ERROR, "bad tensor-parallel flags").Kv("status", s);
+    return 1;
+  }
+  if (eo.tp.fail_rank >= 0) {
+    TLOG(WARNING, "FAILURE DRILL --tp_fail_rank_at_step: a TP rank will die")
+        .Kv("rank", eo.tp.fail_rank)
+        .Kv("step", eo.tp.fail_rank_at_step);
+  }
   auto engine = tandem::worker::MakeEngine(model->get(), eo);
   if (!engine.ok()) {
     TLOG(ERROR, "cannot create the engine").Kv("status", engine.status());
     return 1;
   }
-  tandem::runtime::KvCache* cache = &(*engine)->cache();
+  std::vector<tandem::runtime::KvCache*> caches = tandem::worker::RankCaches(**engine);
   tandem::kvtransfer::UcxAgentConfig uc;
   uc.tls = absl::GetFlag(FLAGS_ucx_tls);
   uc.name = absl::GetFlag(FLAGS_worker_id);
@@ -84,7 +104,7 @@ int main(int argc, char** argv) {
   if (pso.test_corrupt_transfer) {
     TLOG(WARNING, "TEST ONLY --test_corrupt_transfer: every transfer is corrupted");
   }
-  auto service = tandem::prefill::PrefillService::Create(loop.get(), cache,
+  auto service = tandem::prefill::PrefillService::Create(loop.get(), caches,
                                                          agent->get(), &metrics, pso);
   if (!service.ok()) {
     TLOG(ERROR, "cannot start the prefill service").Kv("status", service.status());
@@ -100,9 +120,10 @@ int main(int argc, char** argv) {
   so.registration.set_role(tandem::v1::WORKER_ROLE_PREFILL);
   so.registration.set_model_id((*model)->model_id);
   so.registration.set_model_fingerprint((*model)->fingerprint);
-  so.registration.set_tp_size(1);
+  so.registration.set_tp_size(absl::GetFlag(FLAGS_tp));
   so.registration.set_max_context_tokens(absl::GetFlag(FLAGS_max_context_tokens));
   *so.registration.mutable_layout() = (*service)->layout();
+  so.health = [l = loop.get()] { return l->health(); };
   tandem::prefill::PrefillService* svc = service->get();
   const int rc = tandem::worker::ServeWorker(
       so, svc, &registry, [svc] { return svc->Load(); },

@@ -53,7 +53,7 @@ struct PrefillService::Call {
   std::atomic<bool> finished{false};
   std::atomic<bool> cancel_requested{false};  // Cancel / client cancel seen
   tandem::v1::PrefillRequest request;
-  kvtransfer::RankLayout dst;
+  std::vector<kvtransfer::RankLayout> dst;  // per rank
   absl::Time deadline;
   absl::Time started;
   runtime::RequestId eid = 0;
@@ -70,7 +70,7 @@ struct PrefillService::Call {
 // (set by completion callbacks on the agent's thread).
 struct PrefillService::Stream {
   std::shared_ptr<Call> call;
-  kvtransfer::PeerId peer = 0;
+  std::vector<kvtransfer::PeerId> peers;     // per rank (usually one agent)
   std::vector<int64_t> rows;                 // per model layer: rows posted
   std::vector<kvtransfer::BatchId> batches;  // posted, not yet waited for
   // A chunk restarted below the rows already posted (the request was preempted
@@ -91,11 +91,25 @@ constexpr absl::Duration kDrainGrace = absl::Seconds(2);
 absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
     worker::EngineLoop* loop, runtime::KvCache* cache, kvtransfer::TransferAgent* agent,
     worker::WorkerMetrics* metrics, PrefillServiceOptions options) {
+  return Create(loop, std::vector<runtime::KvCache*>{cache}, agent, metrics,
+                std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
+    worker::EngineLoop* loop, std::vector<runtime::KvCache*> caches,
+    kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
+    PrefillServiceOptions options) {
+  if (caches.empty()) return InvalidArgument("no caches");
+  runtime::KvCache* cache = caches[0];
   auto s = std::unique_ptr<PrefillService>(
-      new PrefillService(loop, cache, agent, metrics, std::move(options)));
-  TANDEM_ASSIGN_OR_RETURN(s->regions_, worker::RegisterCache(agent, cache));
+      new PrefillService(loop, std::move(caches), agent, metrics, std::move(options)));
+  // Every rank's buffers in the one agent (ranks are threads of this process).
+  for (runtime::KvCache* c : s->caches_) {
+    TANDEM_ASSIGN_OR_RETURN(worker::CacheRegions r, worker::RegisterCache(agent, c));
+    s->src_pools_.push_back(worker::CacheRankLayout(*c, r, {}, 0));
+    s->regions_.push_back(std::move(r));
+  }
   s->layout_ = worker::KvLayoutOf(*cache);
-  s->src_pools_ = worker::CacheRankLayout(*cache, s->regions_, {}, 0);
   int mla = 0, kda = 0;
   for (const model::LayerSpec& spec : cache->layers()) {
     if (spec.attention == model::AttentionKind::kKda) {
@@ -123,12 +137,13 @@ PrefillService::~PrefillService() {
   for (auto& [eid, stream] : streams_) EndStream(stream.get());
 }
 
-PrefillService::PrefillService(worker::EngineLoop* loop, runtime::KvCache* cache,
+PrefillService::PrefillService(worker::EngineLoop* loop,
+                               std::vector<runtime::KvCache*> caches,
                                kvtransfer::TransferAgent* agent,
                                worker::WorkerMetrics* metrics,
                                PrefillServiceOptions options)
     : loop_(loop),
-      cache_(cache),
+      caches_(std::move(caches)),
       agent_(agent),
       metrics_(metrics),
       options_(std::move(options)) {}
@@ -188,21 +203,29 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   };
   if (req->request_id().empty()) return refuse(InvalidArgument("request_id is empty"));
   if (req->prompt_token_ids_size() == 0) return refuse(InvalidArgument("empty prompt"));
-  if (req->target().ranks_size() != 1) {
-    return refuse(InvalidArgument("the target has ", req->target().ranks_size(),
-                                  " ranks; this prefill worker (TP 1) needs 1"));
+  if (absl::Status h = loop_->health(); !h.ok()) {
+    Count("Prefill", "unavailable");
+    call->Finish(ToGrpcStatus(absl::UnavailableError(
+        absl::StrCat("prefill worker ", options_.worker_id,
+                     " is not taking work: its engine failed: ", h.message()))));
+    return reactor;
   }
-  auto dst = worker::TargetRankLayout(req->target().ranks(0));
-  if (!dst.ok()) return refuse(dst.status());
-  {
-    kvtransfer::RankLayout src = worker::CacheRankLayout(*cache_, regions_, {}, 0);
-    absl::Status pair = kvtransfer::ValidatePair(src, *dst, 0);
+  if (req->target().ranks_size() != tp()) {
+    return refuse(
+        FailedPrecondition("the target has ", req->target().ranks_size(),
+                           " ranks (decode TP size) but this prefill worker runs TP ",
+                           tp(), ": prefill and decode TP sizes must be equal"));
+  }
+  for (int r = 0; r < tp(); ++r) {
+    auto dst = worker::TargetRankLayout(req->target().ranks(r));
+    if (!dst.ok()) return refuse(dst.status());
+    absl::Status pair = kvtransfer::ValidatePair(src_pools_[r], *dst, 0);
     if (!pair.ok()) return refuse(pair);
     absl::Status one =
         kvtransfer::ValidateRankLayout(*dst, req->prompt_token_ids_size());
     if (!one.ok()) return refuse(one);
+    call->dst.push_back(std::move(*dst));
   }
-  call->dst = std::move(*dst);
   // Prefill-only parameters: the request's sampling; stop conditions are the
   // decode worker's business (the router sends requests with min_tokens > 0 to
   // the colocated path, so no stop token is masked at the first token).
@@ -235,22 +258,25 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   };
   if (options_.stream_layers) {
     // Connected before the prefill starts: the first layer posts at once.
-    auto peer = PeerFor(req->target().ranks(0).transfer_descriptor());
-    if (!peer.ok()) {
-      done();
-      const absl::Status s(peer.status().code(),
-                           absl::StrCat("cannot connect to the decode worker at ",
-                                        req->target().ranks(0).transfer_address(), ": ",
-                                        peer.status().message()));
-      if (call->Finish(ToGrpcStatus(s))) {
-        Count("Prefill", absl::StatusCodeToString(s.code()).c_str());
-      }
-      TLOG(WARNING, "prefill failed").Kv("request_id", id).Kv("status", s);
-      return reactor;
-    }
     auto stream = std::make_unique<Stream>();
+    for (int r = 0; r < tp(); ++r) {
+      auto peer = PeerFor(req->target().ranks(r).transfer_descriptor());
+      if (!peer.ok()) {
+        done();
+        const absl::Status s(
+            peer.status().code(),
+            absl::StrCat("cannot connect to the decode worker at ",
+                         req->target().ranks(r).transfer_address(), " (rank ", r,
+                         "): ", peer.status().message()));
+        if (call->Finish(ToGrpcStatus(s))) {
+          Count("Prefill", absl::StatusCodeToString(s.code()).c_str());
+        }
+        TLOG(WARNING, "prefill failed").Kv("request_id", id).Kv("status", s);
+        return reactor;
+      }
+      stream->peers.push_back(*peer);
+    }
     stream->call = call;
-    stream->peer = *peer;
     stream->rows.assign(layer_refs_.size(), 0);
     loop_->Post(
         [this, eid = call->eid,
@@ -317,29 +343,35 @@ void PrefillService::OnLayer(int layer,
     const kvtransfer::LayerRef ref = layer_refs_[layer];
     // A KDA slot is final only after the prompt's last chunk.
     if (ref.kind == kvtransfer::LayerKind::kKda && !en.completes_prefill) continue;
-    src_pools_.block_ids.assign(en.block_table.begin(), en.block_table.end());
-    src_pools_.state_slot = static_cast<int32_t>(en.slot);
-    absl::StatusOr<kvtransfer::TransferPlan> plan = kvtransfer::PlanLayerRows(
-        src_pools_, st.call->dst, ref, en.start_pos, en.end_pos);
-    if (!plan.ok()) {
-      st.post_error = plan.status();
-      continue;
+    // Every rank's rows of the layer to the same rank of the target (the
+    // callback fires after the layer's all-reduce: final on every rank).
+    for (int r = 0; r < tp() && st.post_error.ok(); ++r) {
+      kvtransfer::RankLayout& src = src_pools_[r];
+      src.block_ids.assign(en.block_table.begin(), en.block_table.end());
+      src.state_slot = static_cast<int32_t>(en.slot);
+      absl::StatusOr<kvtransfer::TransferPlan> plan = kvtransfer::PlanLayerRows(
+          src, st.call->dst[r], ref, en.start_pos, en.end_pos);
+      if (!plan.ok()) {
+        st.post_error = plan.status();
+        break;
+      }
+      if (plan->segments.empty()) continue;
+      if (st.first_post == absl::InfiniteFuture()) st.first_post = absl::Now();
+      std::shared_ptr<std::atomic<bool>> failed = st.failed;
+      absl::StatusOr<kvtransfer::BatchId> batch =
+          agent_->PostWrite(st.peers[r], plan->segments,
+                            [failed](kvtransfer::BatchId, const absl::Status& s) {
+                              if (!s.ok()) failed->store(true);
+                            });
+      if (!batch.ok()) {
+        st.post_error = batch.status();
+        break;
+      }
+      st.batches.push_back(*batch);
+      st.bytes += plan->bytes;
+      st.segments += static_cast<int64_t>(plan->segments.size());
+      if (metrics_ != nullptr) metrics_->transfer_batches->Increment();
     }
-    if (plan->segments.empty()) continue;
-    if (st.first_post == absl::InfiniteFuture()) st.first_post = absl::Now();
-    std::shared_ptr<std::atomic<bool>> failed = st.failed;
-    absl::StatusOr<kvtransfer::BatchId> batch = agent_->PostWrite(
-        st.peer, plan->segments, [failed](kvtransfer::BatchId, const absl::Status& s) {
-          if (!s.ok()) failed->store(true);
-        });
-    if (!batch.ok()) {
-      st.post_error = batch.status();
-      continue;
-    }
-    st.batches.push_back(*batch);
-    st.bytes += plan->bytes;
-    st.segments += static_cast<int64_t>(plan->segments.size());
-    if (metrics_ != nullptr) metrics_->transfer_batches->Increment();
   }
 }
 
@@ -371,7 +403,13 @@ absl::Status PrefillService::WaitBatches(Stream* st, absl::Time deadline) {
     if (absl::IsDeadlineExceeded(d)) {
       TLOG(WARNING, "a cancelled batch did not drain; dropping the peer")
           .Kv("request_id", st->call->request.request_id());
-      DropPeer(st->peer);  // ends its in-flight batches
+      // Ends their in-flight batches.
+      for (size_t r = 0; r < st->peers.size(); ++r) {
+        if (std::find(st->peers.begin(), st->peers.begin() + r, st->peers[r]) ==
+            st->peers.begin() + r) {
+          DropPeer(st->peers[r]);
+        }
+      }
     }
   }
   st->batches.clear();
@@ -405,17 +443,27 @@ absl::Status PrefillService::Transfer(runtime::Engine& e, Call* call,
     return Internal("request ", req.request_id(), ": ", loc.num_cached_tokens,
                     " cached tokens after prefill, expected ", n);
   }
-  const kvtransfer::RankLayout src = worker::CacheRankLayout(
-      *cache_, regions_, loc.block_ids, static_cast<int32_t>(loc.slot));
-  TANDEM_ASSIGN_OR_RETURN(kvtransfer::TransferPlan plan,
-                          kvtransfer::PlanAll(src, call->dst, n));
-  tandem::v1::PrefillResponse* resp = call->response;
-  const kvtransfer::RegionBytes bytes = worker::CacheRegionBytes(cache_, regions_);
-  // With streaming, the last batches are in flight while the checksums run.
-  if (req.checksums()) {
-    TANDEM_ASSIGN_OR_RETURN(*resp->mutable_checksums(),
-                            kvtransfer::ComputeChecksums(src, n, bytes));
+  // Per rank: the sequence in the rank's cache, its whole-state plan to the
+  // target's same rank, its checksums.
+  std::vector<kvtransfer::TransferPlan> plans;
+  std::vector<tandem::v1::StateChecksums> sums;
+  for (int r = 0; r < tp(); ++r) {
+    const kvtransfer::RankLayout src = worker::CacheRankLayout(
+        *caches_[r], regions_[r], loc.block_ids, static_cast<int32_t>(loc.slot));
+    TANDEM_ASSIGN_OR_RETURN(kvtransfer::TransferPlan plan,
+                            kvtransfer::PlanAll(src, call->dst[r], n));
+    plans.push_back(std::move(plan));
+    // With streaming, the last batches are in flight while the checksums run.
+    if (req.checksums()) {
+      TANDEM_ASSIGN_OR_RETURN(
+          tandem::v1::StateChecksums c,
+          kvtransfer::ComputeChecksums(
+              src, n, worker::CacheRegionBytes(caches_[r], regions_[r])));
+      sums.push_back(std::move(c));
+    }
   }
+  tandem::v1::PrefillResponse* resp = call->response;
+  if (req.checksums()) *resp->mutable_checksums() = worker::MergeRankChecksums(sums);
   // Streamed: every layer must have had all its rows posted; otherwise (or when
   // recomputed) the whole state goes now.
   bool whole = stream == nullptr || stream->restart;
@@ -431,12 +479,17 @@ absl::Status PrefillService::Transfer(runtime::Engine& e, Call* call,
       }
     }
   }
-  kvtransfer::PeerId peer = 0;
+  std::vector<kvtransfer::PeerId> peers;
   if (stream != nullptr) {
-    peer = stream->peer;
+    peers = stream->peers;
   } else {
-    TANDEM_ASSIGN_OR_RETURN(peer, PeerFor(req.target().ranks(0).transfer_descriptor()));
+    for (int r = 0; r < tp(); ++r) {
+      TANDEM_ASSIGN_OR_RETURN(kvtransfer::PeerId p,
+                              PeerFor(req.target().ranks(r).transfer_descriptor()));
+      peers.push_back(p);
+    }
   }
+  const kvtransfer::PeerId peer = peers[0];  // the notification goes to rank 0's
   absl::Time first_post = absl::InfiniteFuture();
   uint64_t sent_bytes = 0;
   int64_t sent_segments = 0;
@@ -452,9 +505,10 @@ absl::Status PrefillService::Transfer(runtime::Engine& e, Call* call,
     s = stream->post_error;
     if (s.ok()) s = WaitBatches(stream, call->deadline);
   }
-  auto post_and_wait = [&](absl::Span<const kvtransfer::Segment> segments) {
+  auto post_and_wait = [&](kvtransfer::PeerId to,
+                           absl::Span<const kvtransfer::Segment> segments) {
     if (first_post == absl::InfiniteFuture()) first_post = absl::Now();
-    absl::StatusOr<kvtransfer::BatchId> batch = agent_->PostWrite(peer, segments);
+    absl::StatusOr<kvtransfer::BatchId> batch = agent_->PostWrite(to, segments);
     if (!batch.ok()) return batch.status();
     ++sent_batches;
     if (metrics_ != nullptr) metrics_->transfer_batches->Increment();
@@ -465,22 +519,25 @@ absl::Status PrefillService::Transfer(runtime::Engine& e, Call* call,
       agent_->Cancel(*batch).IgnoreError();
       if (absl::IsDeadlineExceeded(w) &&
           absl::IsDeadlineExceeded(agent_->Wait(*batch, absl::Now() + kDrainGrace))) {
-        DropPeer(peer);
+        DropPeer(to);
       }
     }
     return w;
   };
-  if (s.ok() && options_.test_corrupt_transfer && !plan.segments.empty()) {
-    // TEST ONLY: damage the first byte the plan sends (after the checksums); a
-    // streamed state has it sent again.
-    const kvtransfer::Segment& s0 = plan.segments.front();
-    absl::Span<const uint8_t> region = bytes(s0.local_region);
+  if (s.ok() && options_.test_corrupt_transfer && !plans[0].segments.empty()) {
+    // TEST ONLY: damage the first byte rank 0's plan sends (after the
+    // checksums); a streamed state has it sent again.
+    const kvtransfer::Segment& s0 = plans[0].segments.front();
+    absl::Span<const uint8_t> region =
+        worker::CacheRegionBytes(caches_[0], regions_[0])(s0.local_region);
     const_cast<uint8_t*>(region.data())[s0.local_offset] ^= 0x5A;
     TLOG(WARNING, "TEST ONLY: corrupted one byte of the transfer")
         .Kv("request_id", req.request_id());
-    if (!whole) s = post_and_wait(absl::MakeConstSpan(&s0, 1));
+    if (!whole) s = post_and_wait(peers[0], absl::MakeConstSpan(&s0, 1));
   }
-  if (s.ok() && whole) s = post_and_wait(plan.segments);
+  for (int r = 0; r < tp() && s.ok() && whole; ++r) {
+    s = post_and_wait(peers[r], plans[r].segments);
+  }
   const absl::Time landed = absl::Now();
   if (s.ok()) {
     s = agent_->Notify(peer, req.request_id(), "", call->deadline);
@@ -504,7 +561,14 @@ absl::Status PrefillService::Transfer(runtime::Engine& e, Call* call,
     metrics_->prefill_seconds->Observe(absl::ToDoubleSeconds(computed - call->started));
   }
   if (!s.ok()) {
-    if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) DropPeer(peer);
+    if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
+      for (size_t r = 0; r < peers.size(); ++r) {
+        if (std::find(peers.begin(), peers.begin() + r, peers[r]) ==
+            peers.begin() + r) {
+          DropPeer(peers[r]);
+        }
+      }
+    }
     return absl::Status(s.code(),
                         absl::StrCat("transfer of request ", req.request_id(), " to ",
                                      req.target().ranks(0).transfer_address(),

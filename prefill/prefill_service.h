@@ -31,6 +31,13 @@
 // at the first token runs on the engine thread (the engine cannot hold an
 // ended request's blocks without stepping it); with streaming it only covers
 // the transfer not already overlapped with compute (the "exposed" seconds).
+//
+// Tensor parallelism: a TP N worker registers every rank's cache with its one
+// agent and needs a target with N ranks (FAILED_PRECONDITION otherwise); rank r
+// is written to the target's rank r (one plan and batch per rank, per layer
+// when streaming), and the checksums are every rank's, merged rank-major
+// (worker::MergeRankChecksums). Once the engine's TP group broke (a rank
+// died) every Prefill is refused UNAVAILABLE.
 #ifndef TANDEM_PREFILL_PREFILL_SERVICE_H_
 #define TANDEM_PREFILL_PREFILL_SERVICE_H_
 
@@ -74,6 +81,11 @@ class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {
       worker::EngineLoop* loop, runtime::KvCache* cache,
       kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
       PrefillServiceOptions options);
+  // TP: every rank's cache, rank order (the engine executor's cache(r)).
+  static absl::StatusOr<std::unique_ptr<PrefillService>> Create(
+      worker::EngineLoop* loop, std::vector<runtime::KvCache*> caches,
+      kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
+      PrefillServiceOptions options);
 
   grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* context,
                                     const tandem::v1::PrefillRequest* request,
@@ -92,9 +104,10 @@ class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {
  private:
   struct Call;
   struct Stream;
-  PrefillService(worker::EngineLoop* loop, runtime::KvCache* cache,
+  PrefillService(worker::EngineLoop* loop, std::vector<runtime::KvCache*> caches,
                  kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
                  PrefillServiceOptions options);
+  int tp() const { return static_cast<int>(caches_.size()); }
   // On the engine thread, after the first token: finish the transfer (wait for
   // the stream's batches, or send the whole state) and answer. `stream` is
   // null when streaming is off.
@@ -117,19 +130,19 @@ class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {
   // Stops the call's engine work and ends it CANCELLED (unless it already ended).
   void CancelCall(std::shared_ptr<Call> call);
 
-  worker::EngineLoop* const loop_;          // not owned
-  runtime::KvCache* const cache_;           // not owned
-  kvtransfer::TransferAgent* const agent_;  // not owned
-  worker::WorkerMetrics* const metrics_;    // not owned; may be null
+  worker::EngineLoop* const loop_;               // not owned
+  const std::vector<runtime::KvCache*> caches_;  // not owned; one per rank
+  kvtransfer::TransferAgent* const agent_;       // not owned
+  worker::WorkerMetrics* const metrics_;         // not owned; may be null
   const PrefillServiceOptions options_;
-  worker::CacheRegions regions_;
-  tandem::v1::KvLayout layout_;
+  std::vector<worker::CacheRegions> regions_;  // per rank
+  tandem::v1::KvLayout layout_;                // rank 0's
   std::atomic<int64_t> next_engine_id_{1};
   // Model layer -> its MLA or KDA pool (the engine reports model layers).
   std::vector<kvtransfer::LayerRef> layer_refs_;
-  // Engine thread only: the own cache's pools (the sequence set per use) and
-  // the streams of requests being prefilled with streaming on.
-  kvtransfer::RankLayout src_pools_;
+  // Engine thread only: the own caches' pools per rank (the sequence set per
+  // use) and the streams of requests being prefilled with streaming on.
+  std::vector<kvtransfer::RankLayout> src_pools_;
   absl::flat_hash_map<runtime::RequestId, std::unique_ptr<Stream>> streams_;
 
   mutable absl::Mutex mu_;

@@ -39,6 +39,19 @@ absl::Status WorkerRegistry::Register(const tandem::v1::RegisterRequest& r) {
           w.registration.model_fingerprint(),
           "': all workers of one router must serve the same weights");
     }
+    // Prefill and decode exchange state rank to rank: their TP sizes must be
+    // equal (re-layout across sizes is not implemented). 0 means 1.
+    const int32_t tp = std::max(r.tp_size(), 1);
+    const int32_t other_tp = std::max(w.registration.tp_size(), 1);
+    if (w.registration.role() != r.role() && tp != other_tp) {
+      const bool prefill = r.role() == tandem::v1::WORKER_ROLE_PREFILL;
+      return FailedPrecondition(
+          "worker ", r.worker_id(), " (", prefill ? "prefill" : "decode", ", TP ", tp,
+          ") cannot be paired with ", prefill ? "decode" : "prefill", " worker ", id,
+          " (TP ", other_tp,
+          "): prefill and decode workers must use the same tensor-parallel size "
+          "(--tp); transfer across TP sizes is not supported");
+    }
   }
   WorkerRecord& rec = workers_[r.worker_id()];
   rec.reports += 1;

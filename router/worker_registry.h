@@ -37,7 +37,9 @@ class WorkerRegistry {
 
   // Validates and records a worker (replacing a record with the same id). Refuses a
   // worker whose model fingerprint differs from the already registered ones, so
-  // prefill and decode workers with different weights are never paired.
+  // prefill and decode workers with different weights are never paired, and
+  // (FAILED_PRECONDITION naming both sizes) a worker whose TP size differs from
+  // a live worker of the other role (the KV hand-off moves rank r to rank r).
   absl::Status Register(const tandem::v1::RegisterRequest& request);
   // Updates load and liveness; false when the id is unknown (expired or never seen).
   bool Heartbeat(const std::string& worker_id, const tandem::v1::WorkerLoad& load);

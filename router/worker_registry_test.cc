@@ -64,5 +64,30 @@ TEST(WorkerRegistryTest, RefusesMixedModelsButAllowsReRegistration) {
   EXPECT_FALSE(reg.Remove("d0"));
 }
 
+TEST(WorkerRegistryTest, RefusesTpSizeMismatchAcrossRoles) {
+  FakeClock clock;
+  WorkerRegistry reg(&clock, absl::Seconds(10));
+  auto d2 = Worker("d0", tandem::v1::WORKER_ROLE_DECODE);
+  d2.set_tp_size(2);
+  ASSERT_TRUE(reg.Register(d2).ok());
+  // Same role, other size: allowed (never paired with each other).
+  auto d1 = Worker("d1", tandem::v1::WORKER_ROLE_DECODE);
+  EXPECT_TRUE(reg.Register(d1).ok());
+  EXPECT_TRUE(reg.Remove("d1"));
+  absl::Status s = reg.Register(Worker("p0", tandem::v1::WORKER_ROLE_PREFILL));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("TP 1"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("TP 2"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("d0"), absl::string_view::npos) << s;
+  EXPECT_TRUE(reg.Live(tandem::v1::WORKER_ROLE_PREFILL).empty());
+  auto p2 = Worker("p0", tandem::v1::WORKER_ROLE_PREFILL);
+  p2.set_tp_size(2);
+  EXPECT_TRUE(reg.Register(p2).ok());
+  // tp_size 0 (an older worker) counts as 1: refused against TP 2.
+  auto p_old = Worker("p1", tandem::v1::WORKER_ROLE_PREFILL);
+  p_old.set_tp_size(0);
+  EXPECT_EQ(reg.Register(p_old).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace tandem::router

@@ -29,10 +29,24 @@ tandem::v1::KvLayout KvLayoutOf(runtime::KvCache& cache) {
     l.set_kda_state_bytes(static_cast<int64_t>(rec));
     l.set_kda_conv_bytes(static_cast<int64_t>(cache.kda_bytes_per_layer() - rec));
   }
-  l.set_tp_rank(0);
-  l.set_tp_size(1);
+  l.set_tp_rank(cache.options().tp_rank);
+  l.set_tp_size(cache.options().tp_size);
   l.set_mla_dtype("bf16");
   return l;
+}
+
+tandem::v1::StateChecksums MergeRankChecksums(
+    absl::Span<const tandem::v1::StateChecksums> ranks) {
+  if (ranks.size() == 1) return ranks[0];
+  tandem::v1::StateChecksums out;
+  for (const tandem::v1::StateChecksums& r : ranks) {
+    for (uint64_t c : r.mla_layer()) out.add_mla_layer(c);
+  }
+  for (const tandem::v1::StateChecksums& r : ranks) {
+    for (uint64_t c : r.kda_layer()) out.add_kda_layer(c);
+  }
+  out.set_total(kvtransfer::TotalChecksum(out));
+  return out;
 }
 
 absl::StatusOr<CacheRegions> RegisterCache(kvtransfer::TransferAgent* agent,

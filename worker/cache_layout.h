@@ -25,8 +25,14 @@ struct CacheRegions {
   kvtransfer::RegionId kda = 0;
 };
 
-// The KvLayout of `cache` (TP 1, rank 0, BF16 latents).
+// The KvLayout of `cache` (its TP rank and size, BF16 latents).
 tandem::v1::KvLayout KvLayoutOf(runtime::KvCache& cache);
+
+// The checksums of a TP group's state from each rank's (rank order): the
+// per-layer lists concatenated rank after rank (rank 0's MLA layers, rank 1's,
+// ...; the same for KDA) and the total over the result. One rank: unchanged.
+tandem::v1::StateChecksums MergeRankChecksums(
+    absl::Span<const tandem::v1::StateChecksums> ranks);
 
 // Registers every buffer of `cache` with `agent` (both not owned; the cache must
 // outlive the registration).

@@ -71,6 +71,11 @@ void EngineLoop::SetLayerProgressCallback(runtime::LayerProgressCallback callbac
   });
 }
 
+absl::Status EngineLoop::health() const {
+  absl::MutexLock l(&mu_);
+  return health_;
+}
+
 EngineLoopStats EngineLoop::stats() const {
   absl::MutexLock l(&mu_);
   return stats_;
@@ -121,6 +126,10 @@ void EngineLoop::Run() {
     if (!outs.ok()) {
       TLOG(ERROR, "engine step failed; failing every request")
           .Kv("status", outs.status());
+      if (absl::Status h = e.executor().health(); !h.ok()) {
+        absl::MutexLock l(&mu_);
+        health_ = h;
+      }
       auto cbs = std::move(callbacks_);
       callbacks_.clear();
       queued_prompt_.clear();

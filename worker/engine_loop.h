@@ -12,7 +12,8 @@
 // whose callback saw `finished` is forgotten. A failed Step() fails every
 // request: each callback gets the error while the request still holds its
 // blocks (so a callback can first stop transfers reading them), then the
-// request is aborted.
+// request is aborted. A failed step that broke the TP group (a dead rank)
+// also makes health() return the error.
 // Layer progress (SetLayerProgressCallback) is reported from inside Step(), on
 // the engine thread, once per model layer of a step with prefill chunks.
 // Thread-safe: every public method may be called from any thread.
@@ -87,6 +88,11 @@ class EngineLoop {
   void SetLayerProgressCallback(runtime::LayerProgressCallback callback);
 
   EngineLoopStats stats() const;
+  // OK while the engine can step; after a step failed because the engine's
+  // tensor-parallel group broke (a rank died), the executor's error
+  // (UNAVAILABLE naming the rank): every later step fails the same way, so the
+  // worker should stop taking work.
+  absl::Status health() const;
 
  private:
   void Run();
@@ -99,6 +105,7 @@ class EngineLoop {
   std::deque<Command> commands_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   EngineLoopStats stats_ ABSL_GUARDED_BY(mu_);
+  absl::Status health_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -14,22 +14,30 @@ std::chrono::system_clock::time_point Deadline(absl::Duration d) {
 
 }  // namespace
 
-RegistrationClient::RegistrationClient(std::string router_address,
-                                       tandem::v1::RegisterRequest request,
-                                       std::function<tandem::v1::WorkerLoad()> load,
-                                       absl::Duration rpc_timeout)
-    : request_(std::move(request)), load_(std::move(load)), rpc_timeout_(rpc_timeout) {
+RegistrationClient::RegistrationClient(
+    std::string router_address, tandem::v1::RegisterRequest request,
+    std::function<tandem::v1::WorkerLoad()> load, absl::Duration rpc_timeout,
+    std::function<void(const std::string&)> on_refused)
+    : request_(std::move(request)),
+      load_(std::move(load)),
+      rpc_timeout_(rpc_timeout),
+      on_refused_(std::move(on_refused)) {
   stub_ = tandem::v1::Registry::NewStub(
       grpc::CreateChannel(router_address, grpc::InsecureChannelCredentials()));
   thread_ = std::thread([this] { Run(); });
 }
 
-RegistrationClient::~RegistrationClient() {
+RegistrationClient::~RegistrationClient() { Stop(); }
+
+void RegistrationClient::Stop() {
   {
     absl::MutexLock l(&mu_);
     stop_ = true;
+    registered_ = false;
   }
-  thread_.join();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) {
+    thread_.join();
+  }
 }
 
 bool RegistrationClient::registered() const {
@@ -61,6 +69,13 @@ void RegistrationClient::Run() {
         TLOG(INFO, "registered with the router")
             .Kv("worker_id", request_.worker_id())
             .Kv("heartbeat_ms", absl::ToInt64Milliseconds(interval));
+      } else if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+                 on_refused_) {
+        TLOG(ERROR, "the router refused this worker")
+            .Kv("worker_id", request_.worker_id())
+            .Kv("status", s.error_message());
+        on_refused_(s.error_message());
+        return;
       } else {
         TLOG(DEBUG, "registration failed; retrying")
             .Kv("worker_id", request_.worker_id())

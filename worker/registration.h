@@ -3,6 +3,9 @@
 //   thread: Register(request + current load) ──ok──> every heartbeat_interval:
 //             Heartbeat(load) ──known=false──> Register again
 //           any RPC error → retry after the interval (every RPC has a deadline)
+//           Register refused with FAILED_PRECONDITION (a configuration the
+//           router will never accept: other weights, another TP size) →
+//           on_refused(status), the thread ends (the worker exits loudly)
 //
 // The load comes from a callback, called on the client's thread.
 #ifndef TANDEM_WORKER_REGISTRATION_H_
@@ -25,8 +28,12 @@ class RegistrationClient {
   // Starts registering with `router_address` at once.
   RegistrationClient(std::string router_address, tandem::v1::RegisterRequest request,
                      std::function<tandem::v1::WorkerLoad()> load,
-                     absl::Duration rpc_timeout = absl::Seconds(2));
-  ~RegistrationClient();  // stops the thread (bounded by one RPC deadline)
+                     absl::Duration rpc_timeout = absl::Seconds(2),
+                     std::function<void(const std::string&)> on_refused = nullptr);
+  ~RegistrationClient();  // Stop()
+  // Stops registering and heartbeating (bounded by one RPC deadline); the
+  // router forgets the worker at its heartbeat timeout. Idempotent.
+  void Stop();
 
   // Registered and the last heartbeat was acknowledged.
   bool registered() const;
@@ -38,6 +45,7 @@ class RegistrationClient {
   const tandem::v1::RegisterRequest request_;
   const std::function<tandem::v1::WorkerLoad()> load_;
   const absl::Duration rpc_timeout_;
+  const std::function<void(const std::string&)> on_refused_;
   std::unique_ptr<tandem::v1::Registry::Stub> stub_;
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/model/checkpoint.h"
@@ -21,6 +22,7 @@ struct WorkerModel {
   std::unique_ptr<runtime::ModelWeights> weights;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
   std::unique_ptr<kernels::Backend> backend;
+  std::string backend_name;  // what `backend` was created as (the TP ranks' too)
   std::string model_id;
   std::string fingerprint;
 };
@@ -30,9 +32,23 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(
     const std::string& dir, const std::string& backend_name,
     const std::string& served_model_name);
 
-// An engine over `model` (not owned; must outlive the engine).
+// An engine over `model` (not owned; must outlive the engine). With
+// options.tp.tp_size > 1 the engine runs that many ranks (threads of this
+// process) over the model's checkpoint, each with a backend of the model's
+// backend name; options.tp_checkpoint and options.tp.backend are filled here.
 absl::StatusOr<std::unique_ptr<runtime::Engine>> MakeEngine(
     WorkerModel* model, const runtime::EngineOptions& options);
+
+// The workers' tensor-parallel flags into `options`: `tp` ranks (>= 1; threads
+// of this process) and the failure drill `fail_at` ("" or "R:S": rank R >= 1
+// ends its thread instead of running its forward step S, counted from 0, as if
+// it had crashed; TpExecutorOptions::fail_rank / fail_rank_at_step).
+// INVALID_ARGUMENT for a malformed drill, R outside [1, tp), or tp < 1.
+absl::Status ApplyTpFlags(int tp, const std::string& fail_at,
+                          runtime::EngineOptions* options);
+
+// Every rank's cache of `engine`, rank order (one at TP 1).
+std::vector<runtime::KvCache*> RankCaches(runtime::Engine& engine);
 
 }  // namespace tandem::worker
 

@@ -1,6 +1,8 @@
 #include "worker/worker_server.h"
 
 #include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <memory>
@@ -42,26 +44,45 @@ int ServeWorker(const WorkerServerOptions& options, grpc::Service* service,
       .Kv("grpc_port", port)
       .Kv("metrics_port", exposer.port());
 
-  absl::Notification stop;
-  std::thread refresher([&] {
-    while (!stop.WaitForNotificationWithTimeout(options.refresh_period)) refresh();
-  });
+  std::atomic<bool> refused{false};
   std::unique_ptr<RegistrationClient> registration;
   if (!options.router.empty()) {
     tandem::v1::RegisterRequest req = options.registration;
     req.set_grpc_address(host + ":" + std::to_string(port));
     req.set_metrics_address(host + ":" + std::to_string(exposer.port()));
-    registration = std::make_unique<RegistrationClient>(options.router, req, load);
+    registration = std::make_unique<RegistrationClient>(
+        options.router, req, load, absl::Seconds(2),
+        [&refused](const std::string& why) {
+          refused.store(true);
+          TLOG(ERROR, "registration refused by the router; exiting").Kv("status", why);
+          kill(getpid(), SIGTERM);  // WaitForTerminationSignal below returns
+        });
   }
+  absl::Notification stop;
+  std::thread refresher([&] {
+    bool unhealthy = false;
+    while (!stop.WaitForNotificationWithTimeout(options.refresh_period)) {
+      refresh();
+      if (unhealthy || !options.health) continue;
+      const absl::Status h = options.health();
+      if (h.ok()) continue;
+      unhealthy = true;
+      TLOG(ERROR, "worker unhealthy: no longer taking work")
+          .Kv("worker_id", options.registration.worker_id())
+          .Kv("status", h);
+      server->GetHealthCheckService()->SetServingStatus(false);
+      if (registration != nullptr) registration->Stop();
+    }
+  });
 
   int sig = WaitForTerminationSignal();
   TLOG(INFO, "shutting down").Kv("signal", sig);
-  registration.reset();
   stop.Notify();
   refresher.join();
+  registration.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   exposer.Stop();
-  return 0;
+  return refused.load() ? 1 : 0;
 }
 
 }  // namespace tandem::worker

@@ -14,6 +14,7 @@
 #include <functional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "metrics/registry.h"
 #include "proto/worker.pb.h"
@@ -30,9 +31,17 @@ struct WorkerServerOptions {
   tandem::v1::RegisterRequest
       registration;  // id, role, model, layout (addresses filled)
   absl::Duration refresh_period = absl::Milliseconds(500);
+  // Polled every refresh_period when set: once it returns an error (e.g. a
+  // tensor-parallel rank died) the worker stops taking work for good: the
+  // health service answers NOT_SERVING, registration and heartbeats stop (the
+  // router forgets the worker at its heartbeat timeout, or at once when an RPC
+  // to it fails UNAVAILABLE). The process keeps running until signalled.
+  std::function<absl::Status()> health;
 };
 
-// Blocks until SIGINT/SIGTERM; returns the process exit code.
+// Blocks until SIGINT/SIGTERM; returns the process exit code: 0, or 1 when the
+// router refused the registration (FAILED_PRECONDITION: other weights, another
+// TP size), which also ends the process at once.
 int ServeWorker(const WorkerServerOptions& options, grpc::Service* service,
                 metrics::Registry* registry,
                 std::function<tandem::v1::WorkerLoad()> load,

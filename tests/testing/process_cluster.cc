@@ -76,7 +76,8 @@ tandem::v1::GenerateRequest MakeRequest(int len, uint64_t seed, int max_tokens,
 
 std::string ProcessCluster::Start(const std::vector<std::string>& router_flags,
                                   int decode_slots,
-                                  const std::vector<std::string>& prefill_flags) {
+                                  const std::vector<std::string>& prefill_flags,
+                                  const std::vector<std::string>& decode_flags) {
   tmp_ = std::getenv("TEST_TMPDIR");
   std::vector<std::string> argv = {RunfilePath("router/router_main"),
                                    std::string("--model=") + kTinyModel,
@@ -105,12 +106,15 @@ std::string ProcessCluster::Start(const std::vector<std::string>& router_flags,
         "--log_format=json"};
     if (role == "prefill")
       wargv.insert(wargv.end(), prefill_flags.begin(), prefill_flags.end());
+    if (role == "decode")
+      wargv.insert(wargv.end(), decode_flags.begin(), decode_flags.end());
     auto w = Subprocess::Start(wargv, tmp_ + "/" + role + ".log");
     if (!w.ok()) return std::string(w.status().message());
     (role == "decode" ? decode_ : prefill_) =
         std::make_unique<Subprocess>(std::move(*w));
   }
   decode_metrics_ = LoggedPort(*decode_, "worker serving", "metrics_port");
+  decode_port_ = LoggedPort(*decode_, "worker serving", "grpc_port");
   prefill_metrics_ = LoggedPort(*prefill_, "worker serving", "metrics_port");
   if (decode_metrics_ == 0 || prefill_metrics_ == 0)
     return "no worker ports\n" + Logs();

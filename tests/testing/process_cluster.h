@@ -59,7 +59,8 @@ class ProcessCluster {
   // Starts the three processes in $TEST_TMPDIR and waits until both workers have
   // registered. Returns "" when up, else what went wrong (with the logs).
   std::string Start(const std::vector<std::string>& router_flags, int decode_slots,
-                    const std::vector<std::string>& prefill_flags = {});
+                    const std::vector<std::string>& prefill_flags = {},
+                    const std::vector<std::string>& decode_flags = {});
 
   StreamResult Generate(const tandem::v1::GenerateRequest& req,
                         std::function<void(int)> after_message = nullptr);
@@ -68,12 +69,15 @@ class ProcessCluster {
   int router_port() const { return router_port_; }
   int router_metrics() const { return router_metrics_; }
   int decode_metrics() const { return decode_metrics_; }
+  int decode_port() const { return decode_port_; }  // the decode worker's gRPC
   int prefill_metrics() const { return prefill_metrics_; }
   Subprocess& decode() { return *decode_; }
+  Subprocess& prefill() { return *prefill_; }
 
  private:
   std::string tmp_;
-  int router_port_ = 0, router_metrics_ = 0, decode_metrics_ = 0, prefill_metrics_ = 0;
+  int router_port_ = 0, router_metrics_ = 0, decode_metrics_ = 0, prefill_metrics_ = 0,
+      decode_port_ = 0;
   std::unique_ptr<Subprocess> router_, prefill_, decode_;
   std::unique_ptr<tandem::v1::Router::Stub> stub_;
 };
