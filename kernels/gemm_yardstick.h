@@ -8,7 +8,9 @@
 //     what the opt-in "cpu_bf16" backend computes; twice the arithmetic rate of
 //     fp32 on AVX512_BF16 hardware, so NOT like for like with the exact backend;
 //   - OpenBLAS cblas_sgemm (W widened to fp32 beforehand).
-// Each figure is the best of repeated runs (at least 3, at least min_seconds).
+// The four run in turn, round after round (at least 3 rounds, at least
+// min_seconds each), and each figure is that candidate's fastest run, so that
+// all of them see the same load on a shared machine.
 #ifndef TANDEM_KERNELS_GEMM_YARDSTICK_H_
 #define TANDEM_KERNELS_GEMM_YARDSTICK_H_
 
@@ -26,9 +28,11 @@ struct GemmShapeTimes {
   double flops = 0;  // 2 m n k
 };
 
-// Random data; the backend is timed first, then the libraries.
+// Random data. single_thread: the libraries run on one thread (the caller passes
+// a one-thread backend) and times are the calling thread's CPU time, which a
+// busy, shared machine barely disturbs: the kernels' own efficiency.
 GemmShapeTimes TimeGemmShape(Backend& backend, int64_t m, int64_t n, int64_t k,
-                             double min_seconds = 0.2);
+                             double min_seconds = 0.2, bool single_thread = false);
 
 }  // namespace tandem::kernels
 

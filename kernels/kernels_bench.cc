@@ -96,34 +96,44 @@ struct Row {
 void ExactGemmSection(std::map<std::string, double>* json) {
   auto exact = CreateBackend("cpu");
   if (!exact.ok()) return;
+  // The same kernels on one thread, for the CPU-time table.
+  const CpuIsa exact_isa = static_cast<CpuIsa>(
+      std::min(static_cast<int>(ActiveIsa()), static_cast<int>(CpuIsa::kAvx512)));
+  auto single = CreateCpuBackend(exact_isa, 1, /*use_onednn=*/false);
+  if (!single.ok()) return;
   struct Shape {
     const char* name;
     int64_t m, n, k;
   };
-  std::printf(
-      "exact \"cpu\" GEMM (%s) vs yardsticks, GFLOP/s; ratio = ours / yardstick\n"
-      "%-28s %8s %8s %8s %8s %9s %9s %9s\n",
-      std::string((*exact)->name()).c_str(), "shape", "ours", "dnn_f32", "dnn_bf16",
-      "blas_f32", "/dnn_f32", "/dnn_bf16", "/blas_f32");
-  for (Shape s : {Shape{"exact_m128_1024x1024", 128, 1024, 1024},
-                  Shape{"exact_m128_5632x1024", 128, 5632, 1024},
-                  Shape{"exact_m128_1024x2816", 128, 1024, 2816},
-                  Shape{"exact_m1024_1024x1024", 1024, 1024, 1024},
-                  Shape{"exact_m256_2048x2048", 256, 2048, 2048},
-                  Shape{"exact_m512_4096x1024", 512, 4096, 1024}}) {
-    const GemmShapeTimes t = TimeGemmShape(**exact, s.m, s.n, s.k);
-    const double ours = t.flops / t.backend_s / 1e9;
-    auto rate = [&](double sec) { return sec > 0 ? t.flops / sec / 1e9 : 0.0; };
-    const double f32 = rate(t.onednn_f32_s), bf16 = rate(t.onednn_bf16_s),
-                 blas = rate(t.openblas_f32_s);
-    std::printf("%-28s %8.1f %8.1f %8.1f %8.1f %9.2f %9.2f %9.2f\n", s.name, ours, f32,
-                bf16, blas, f32 > 0 ? ours / f32 : 0, bf16 > 0 ? ours / bf16 : 0,
-                blas > 0 ? ours / blas : 0);
-    const std::string key(s.name);
-    (*json)[key + "_gflops"] = ours;
-    (*json)[key + "_vs_onednn_f32"] = f32 > 0 ? ours / f32 : 0;
-    (*json)[key + "_vs_onednn_bf16"] = bf16 > 0 ? ours / bf16 : 0;
-    (*json)[key + "_vs_openblas_f32"] = blas > 0 ? ours / blas : 0;
+  for (bool one_thread : {false, true}) {
+    std::printf(
+        "exact \"cpu\" GEMM (%s) vs yardsticks, %s; GFLOP/s, ratio = ours / "
+        "yardstick\n%-26s %8s %8s %8s %8s %9s %9s %9s\n",
+        std::string((*exact)->name()).c_str(),
+        one_thread ? "1 thread, thread CPU time" : "all threads, wall time", "shape",
+        "ours", "dnn_f32", "dnn_bf16", "blas_f32", "/dnn_f32", "/dnn_bf16",
+        "/blas_f32");
+    for (Shape s : {Shape{"m128_1024x1024", 128, 1024, 1024},
+                    Shape{"m128_5632x1024", 128, 5632, 1024},
+                    Shape{"m128_1024x2816", 128, 1024, 2816},
+                    Shape{"m1024_1024x1024", 1024, 1024, 1024},
+                    Shape{"m256_2048x2048", 256, 2048, 2048},
+                    Shape{"m512_4096x1024", 512, 4096, 1024}}) {
+      const GemmShapeTimes t = TimeGemmShape(one_thread ? **single : **exact, s.m, s.n,
+                                             s.k, 0.2, one_thread);
+      auto rate = [&](double sec) { return sec > 0 ? t.flops / sec / 1e9 : 0.0; };
+      const double ours = rate(t.backend_s), f32 = rate(t.onednn_f32_s),
+                   bf16 = rate(t.onednn_bf16_s), blas = rate(t.openblas_f32_s);
+      std::printf("%-26s %8.1f %8.1f %8.1f %8.1f %9.2f %9.2f %9.2f\n", s.name, ours,
+                  f32, bf16, blas, f32 > 0 ? ours / f32 : 0, bf16 > 0 ? ours / bf16 : 0,
+                  blas > 0 ? ours / blas : 0);
+      const std::string key =
+          std::string("exact_") + (one_thread ? "1t_" : "") + std::string(s.name);
+      (*json)[key + "_gflops"] = ours;
+      (*json)[key + "_vs_onednn_f32"] = f32 > 0 ? ours / f32 : 0;
+      (*json)[key + "_vs_onednn_bf16"] = bf16 > 0 ? ours / bf16 : 0;
+      (*json)[key + "_vs_openblas_f32"] = blas > 0 ? ours / blas : 0;
+    }
   }
 }
 
