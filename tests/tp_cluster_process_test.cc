@@ -3,7 +3,8 @@
 //   - prefill TP 2 -> decode TP 2 gives the greedy tokens of a colocated TP 1
 //     run, for short prompts and one of several prefill chunks (so the state is
 //     streamed layer by layer, rank r -> rank r); the decode worker verified
-//     every rank's checksums (the router asks for them; DATA_LOSS otherwise)
+//     every rank's checksums (the router asks for them; DATA_LOSS otherwise);
+//     the same with the whole-state transfer (--kv_stream_layers=false)
 //   - a TP 1 prefill worker next to a TP 2 decode worker is refused at
 //     registration with both sizes named, and exits non-zero
 //   - the rank-death drill (--tp_fail_rank_at_step) on the decode worker: the
@@ -101,6 +102,33 @@ TEST(TpClusterProcessTest, DisaggregatedTp2EqualsColocatedTp1) {
       n * 4 * 2);
   EXPECT_TRUE(
       WaitMetric(cluster.decode_metrics(), "tandem_worker_reservations", {}, 0));
+}
+
+TEST(TpClusterProcessTest, WholeStateTransferTp2EqualsColocatedTp1) {
+  Reference ref;
+  ASSERT_EQ(ref.Start(), "");
+  ProcessCluster cluster;
+  ASSERT_EQ(
+      cluster.Start({}, 4,
+                    {"--tp=2", "--max_tokens_per_step=64", "--kv_stream_layers=false"},
+                    {"--tp=2"}),
+      "");
+  const std::vector<int> lengths = {11, 150};
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const tandem::v1::GenerateRequest req = MakeRequest(lengths[i], 60 + i, 5, 0.0f);
+    StreamResult disagg = cluster.Generate(req);
+    ASSERT_TRUE(disagg.status.ok()) << disagg.status.error_message() << cluster.Logs();
+    StreamResult colocated = ref.Generate(req);
+    ASSERT_TRUE(colocated.status.ok()) << colocated.status.error_message();
+    EXPECT_EQ(disagg.tokens, colocated.tokens) << "prompt " << i;
+  }
+  // One whole-state batch per rank and request.
+  EXPECT_EQ(
+      *Metric(cluster.prefill_metrics(), "tandem_worker_transfer_batches_total", {}),
+      2.0 * lengths.size());
+  EXPECT_EQ(*Metric(cluster.decode_metrics(), "tandem_worker_requests_total",
+                    {{"rpc", "Decode"}, {"outcome", "ok"}}),
+            static_cast<double>(lengths.size()));
 }
 
 TEST(TpClusterProcessTest, MismatchedTpSizesAreRefusedAtRegistration) {

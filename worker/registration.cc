@@ -17,11 +17,13 @@ std::chrono::system_clock::time_point Deadline(absl::Duration d) {
 RegistrationClient::RegistrationClient(
     std::string router_address, tandem::v1::RegisterRequest request,
     std::function<tandem::v1::WorkerLoad()> load, absl::Duration rpc_timeout,
-    std::function<void(const std::string&)> on_refused)
+    std::function<void(const std::string&)> on_refused,
+    std::function<absl::Status()> health)
     : request_(std::move(request)),
       load_(std::move(load)),
       rpc_timeout_(rpc_timeout),
-      on_refused_(std::move(on_refused)) {
+      on_refused_(std::move(on_refused)),
+      health_(std::move(health)) {
   stub_ = tandem::v1::Registry::NewStub(
       grpc::CreateChannel(router_address, grpc::InsecureChannelCredentials()));
   thread_ = std::thread([this] { Run(); });
@@ -54,6 +56,16 @@ void RegistrationClient::Run() {
   absl::Duration interval = absl::Milliseconds(200);  // until the router says
   bool registered = false;
   while (true) {
+    if (health_) {
+      if (absl::Status h = health_(); !h.ok()) {
+        TLOG(WARNING, "worker unhealthy: no more registration or heartbeats")
+            .Kv("worker_id", request_.worker_id())
+            .Kv("status", h);
+        absl::MutexLock l(&mu_);
+        registered_ = false;
+        return;
+      }
+    }
     if (!registered) {
       tandem::v1::RegisterRequest req = request_;
       *req.mutable_load() = load_();

@@ -6,6 +6,9 @@
 //           Register refused with FAILED_PRECONDITION (a configuration the
 //           router will never accept: other weights, another TP size) →
 //           on_refused(status), the thread ends (the worker exits loudly)
+//           health() checked before every RPC: once it fails the thread ends
+//           (no more heartbeats, never registers again: a router that dropped
+//           the worker keeps it dropped)
 //
 // The load comes from a callback, called on the client's thread.
 #ifndef TANDEM_WORKER_REGISTRATION_H_
@@ -17,6 +20,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/worker.grpc.pb.h"
@@ -29,7 +33,8 @@ class RegistrationClient {
   RegistrationClient(std::string router_address, tandem::v1::RegisterRequest request,
                      std::function<tandem::v1::WorkerLoad()> load,
                      absl::Duration rpc_timeout = absl::Seconds(2),
-                     std::function<void(const std::string&)> on_refused = nullptr);
+                     std::function<void(const std::string&)> on_refused = nullptr,
+                     std::function<absl::Status()> health = nullptr);
   ~RegistrationClient();  // Stop()
   // Stops registering and heartbeating (bounded by one RPC deadline); the
   // router forgets the worker at its heartbeat timeout. Idempotent.
@@ -46,6 +51,7 @@ class RegistrationClient {
   const std::function<tandem::v1::WorkerLoad()> load_;
   const absl::Duration rpc_timeout_;
   const std::function<void(const std::string&)> on_refused_;
+  const std::function<absl::Status()> health_;
   std::unique_ptr<tandem::v1::Registry::Stub> stub_;
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -56,7 +56,8 @@ int ServeWorker(const WorkerServerOptions& options, grpc::Service* service,
           refused.store(true);
           TLOG(ERROR, "registration refused by the router; exiting").Kv("status", why);
           kill(getpid(), SIGTERM);  // WaitForTerminationSignal below returns
-        });
+        },
+        options.health);
   }
   absl::Notification stop;
   std::thread refresher([&] {
