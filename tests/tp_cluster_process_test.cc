@@ -9,7 +9,9 @@
 //     registration with both sizes named, and exits non-zero
 //   - the rank-death drill (--tp_fail_rank_at_step) on the decode worker: the
 //     client gets UNAVAILABLE naming the rank within its deadline, the worker
-//     reports itself unhealthy and refuses work, the router stops routing to it
+//     reports itself unhealthy and refuses work, the router stops routing to it;
+//     on the prefill worker: the router drops it and serves the request
+//     elsewhere (colocated on the decode worker, the only worker left)
 #include <grpcpp/grpcpp.h>
 #include <sys/wait.h>
 
@@ -233,6 +235,40 @@ TEST(TpClusterProcessTest, RankDeathFailsRequestsCleanlyAndStopsRouting) {
   }
   EXPECT_NE(cluster.decode().ReadLog().find("worker unhealthy"), std::string::npos)
       << cluster.decode().ReadLog();
+}
+
+TEST(TpClusterProcessTest, PrefillRankDeathIsRetriedElsewhere) {
+  ProcessCluster cluster;
+  // Prefill rank 1 dies at the first forward step.
+  ASSERT_EQ(cluster.Start({}, 4, {"--tp=2", "--tp_fail_rank_at_step=1:0"}, {"--tp=2"}),
+            "");
+  const absl::Time start = absl::Now();
+  StreamResult r = cluster.Generate(MakeRequest(30, 9, 5, 0.0f));
+  // The prefill worker failed the request UNAVAILABLE: the router dropped it and,
+  // with no prefill worker left, ran the request colocated on the decode worker.
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message() << cluster.Logs();
+  EXPECT_EQ(r.tokens.size(), 5u);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  EXPECT_EQ(*Metric(cluster.router_metrics(), "tandem_router_retries_total",
+                    {{"reason", "prefill_unavailable"}}),
+            1);
+  EXPECT_EQ(*Metric(cluster.router_metrics(), "tandem_router_paths_total",
+                    {{"path", "colocated"}}),
+            1);
+  EXPECT_TRUE(WaitMetric(cluster.router_metrics(), "tandem_router_workers",
+                         {{"role", "prefill"}}, 0))
+      << cluster.Logs();
+  const std::string log = cluster.prefill().ReadLog();
+  EXPECT_NE(log.find("tensor-parallel rank 1"), std::string::npos) << log;
+  // The next request does not go to the dead worker either.
+  StreamResult next = cluster.Generate(MakeRequest(12, 10, 3, 0.0f));
+  ASSERT_TRUE(next.status.ok()) << next.status.error_message();
+  EXPECT_EQ(*Metric(cluster.router_metrics(), "tandem_router_paths_total",
+                    {{"path", "colocated"}}),
+            2);
+  EXPECT_EQ(*Metric(cluster.router_metrics(), "tandem_router_retries_total",
+                    {{"reason", "prefill_unavailable"}}),
+            1);
 }
 
 }  // namespace

@@ -13,11 +13,14 @@ namespace tandem::worker {
 namespace {
 
 std::unique_ptr<runtime::KvCache> Cache(int64_t block_size, int64_t blocks,
-                                        int64_t slots) {
+                                        int64_t slots, int tp_rank = 0,
+                                        int tp_size = 1) {
   runtime::KvCacheOptions o;
   o.block_size = block_size;
   o.num_blocks = blocks;
   o.num_slots = slots;
+  o.tp_rank = tp_rank;
+  o.tp_size = tp_size;
   return *runtime::KvCache::Create(runtime::testing::TinyWeights().config, o);
 }
 
@@ -87,6 +90,92 @@ TEST(CacheLayoutTest, TransferThroughTargetLayoutKeepsChecksums) {
   ASSERT_TRUE(bad.ok());
   absl::Status v = kvtransfer::Verify(*want, *bad);
   EXPECT_EQ(v.code(), absl::StatusCode::kDataLoss) << v;
+}
+
+// TP 2 -> TP 2: each side's two rank caches registered with ONE agent (ranks
+// are threads of a worker), one descriptor per rank; rank r is planned to rank
+// r; the merged checksums agree, and a byte flipped on rank 1 only is DATA_LOSS.
+TEST(CacheLayoutTest, RankToRankTransferWithOneAgentPerSide) {
+  constexpr int kTp = 2;
+  std::vector<std::unique_ptr<runtime::KvCache>> src, dst;
+  for (int r = 0; r < kTp; ++r) {
+    src.push_back(Cache(16, 6, 2, r, kTp));
+    dst.push_back(Cache(8, 12, 3, r, kTp));
+  }
+  auto tp1 = Cache(16, 6, 2);
+  ASSERT_GT(src[0]->num_kda_layers(), 0);
+  // A rank holds half the KDA heads' state; the MLA rows are replicated.
+  EXPECT_EQ(KvLayoutOf(*src[1]).tp_rank(), 1);
+  EXPECT_EQ(KvLayoutOf(*src[1]).tp_size(), kTp);
+  EXPECT_EQ(KvLayoutOf(*src[0]).kda_state_bytes() * kTp,
+            KvLayoutOf(*tp1).kda_state_bytes());
+  EXPECT_EQ(KvLayoutOf(*src[0]).mla_token_bytes(), KvLayoutOf(*tp1).mla_token_bytes());
+  for (int r = 0; r < kTp; ++r) {
+    for (int m = 0; m < src[r]->num_mla_layers(); ++m) {
+      auto* p = reinterpret_cast<uint8_t*>(src[r]->mla_layer(m));
+      for (size_t i = 0; i < src[r]->mla_layer_bytes(); ++i) p[i] = (i * 7 + m) & 0xFF;
+    }
+    for (int k = 0; k < src[r]->num_kda_layers(); ++k) {
+      float* f = src[r]->kda_recurrent(1, k);
+      for (size_t i = 0; i < src[r]->kda_bytes_per_layer() / 4; ++i) {
+        f[i] = 0.25f * i + k + 100.0f * r;  // differs per rank
+      }
+    }
+  }
+  kvtransfer::LoopbackAgent a, b;
+  std::vector<CacheRegions> src_regions, dst_regions;
+  for (int r = 0; r < kTp; ++r) {
+    src_regions.push_back(*RegisterCache(&a, src[r].get()));
+    dst_regions.push_back(*RegisterCache(&b, dst[r].get()));
+  }
+  const int64_t n = 21;
+  const std::vector<int32_t> src_blocks = {4, 1};
+  const std::vector<int32_t> dst_blocks = {9, 0, 5};
+  std::vector<tandem::v1::StateChecksums> want, got;
+  for (int r = 0; r < kTp; ++r) {
+    tandem::v1::RankTarget target;
+    target.set_transfer_descriptor(*b.LocalDescriptor(
+        PoolsMetadata(CacheRankLayout(*dst[r], dst_regions[r], {}, 0))));
+    for (int32_t id : dst_blocks) target.add_block_ids(id);
+    target.set_state_slot(2);
+    *target.mutable_layout() = KvLayoutOf(*dst[r]);
+    auto dst_side = TargetRankLayout(target);
+    ASSERT_TRUE(dst_side.ok()) << dst_side.status();
+    const kvtransfer::RankLayout src_side =
+        CacheRankLayout(*src[r], src_regions[r], src_blocks, 1);
+    // Rank r never pairs with another rank's layout.
+    const kvtransfer::RankLayout other =
+        CacheRankLayout(*src[1 - r], src_regions[1 - r], src_blocks, 1);
+    EXPECT_FALSE(kvtransfer::PlanAll(other, *dst_side, n).ok());
+    auto plan = kvtransfer::PlanAll(src_side, *dst_side, n);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto peer = a.Connect(target.transfer_descriptor());
+    ASSERT_TRUE(peer.ok());
+    auto batch = a.PostWrite(*peer, plan->segments);
+    ASSERT_TRUE(batch.ok());
+    ASSERT_TRUE(a.Wait(*batch, absl::Now() + absl::Seconds(10)).ok());
+    want.push_back(*kvtransfer::ComputeChecksums(
+        src_side, n, CacheRegionBytes(src[r].get(), src_regions[r])));
+    got.push_back(*kvtransfer::ComputeChecksums(
+        CacheRankLayout(*dst[r], dst_regions[r], dst_blocks, 2), n,
+        CacheRegionBytes(dst[r].get(), dst_regions[r])));
+  }
+  const tandem::v1::StateChecksums merged_want = MergeRankChecksums(want);
+  EXPECT_EQ(merged_want.mla_layer_size(), kTp * src[0]->num_mla_layers());
+  EXPECT_EQ(merged_want.kda_layer_size(), kTp * src[0]->num_kda_layers());
+  EXPECT_NE(want[0].kda_layer(0), want[1].kda_layer(0));  // the ranks' heads differ
+  EXPECT_EQ(merged_want.kda_layer(src[0]->num_kda_layers()), want[1].kda_layer(0));
+  EXPECT_TRUE(kvtransfer::Verify(merged_want, MergeRankChecksums(got)).ok());
+  // One rank: unchanged.
+  EXPECT_EQ(MergeRankChecksums({want[0]}).total(), want[0].total());
+
+  // A byte flipped in rank 1's landed KDA state only.
+  reinterpret_cast<uint8_t*>(dst[1]->kda_recurrent(2, 0))[3] ^= 1;
+  got[1] = *kvtransfer::ComputeChecksums(
+      CacheRankLayout(*dst[1], dst_regions[1], dst_blocks, 2), n,
+      CacheRegionBytes(dst[1].get(), dst_regions[1]));
+  EXPECT_EQ(kvtransfer::Verify(merged_want, MergeRankChecksums(got)).code(),
+            absl::StatusCode::kDataLoss);
 }
 
 TEST(CacheLayoutTest, MalformedTargetsAreInvalidArgument) {
