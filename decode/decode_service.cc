@@ -119,9 +119,13 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
       return InvalidArgument("prompt_tokens must be > 0, got ", req->prompt_tokens());
     }
     TANDEM_RETURN_IF_ERROR(Usable());
-    // prefill_tp_size is not checked here: the router's registry only pairs
-    // equal TP sizes, and the prefill worker refuses a target with another
-    // number of ranks (FAILED_PRECONDITION naming both sizes).
+    // The router's registry only pairs equal TP sizes and the prefill worker
+    // refuses a target with another number of ranks; this is the third check.
+    if (req->prefill_tp_size() > 0 && req->prefill_tp_size() != tp()) {
+      return FailedPrecondition("prefill TP ", req->prefill_tp_size(),
+                                " cannot hand off to this decode worker's TP ", tp(),
+                                ": KV re-layout between TP sizes is not supported");
+    }
     const int64_t bs = landing_[0]->block_size();
     const int64_t need = (req->prompt_tokens() + bs - 1) / bs;
     if (need > landing_[0]->num_blocks()) {

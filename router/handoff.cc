@@ -180,7 +180,9 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
     reserve_req_.set_request_id(req_.request_id());
     reserve_req_.set_prompt_tokens(prompt_tokens_);
     reserve_req_.set_max_new_tokens(req_.stop().max_tokens());
-    reserve_req_.set_prefill_tp_size(1);
+    // The registry admits only workers whose TP size equals every live worker's
+    // of the other role, so the prefill worker picked next has the decode's size.
+    reserve_req_.set_prefill_tp_size(std::max(decode_.registration.tp_size(), 1));
     reserve_req_.set_lease_ms(h_->options().lease_ms);
     target_.Clear();
     h_->DecodeStub(decode_.registration.grpc_address())
