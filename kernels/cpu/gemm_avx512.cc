@@ -22,6 +22,32 @@ inline __m512 LoadWMasked(const float* p, __mmask16 m) {
   return _mm512_maskz_loadu_ps(m, p);
 }
 
+// Sums each of eight 16-lane accumulators to one float, bit for bit as
+// _mm512_reduce_add_ps does one at a time (GCC's tree: lanes i + i+8, then
+// i + i+4, then i + i+2, then the last pair; fp addition is commutative, so only
+// the pairing matters), in about a fifth of the instructions: the accumulators
+// are halved two at a time. Returns sums 0..7 in order.
+inline __m256 Reduce8(const __m512* a) {
+  __m512 b[4], c[2];
+  for (int p = 0; p < 4; ++p) {  // i + i+8: lower 256 bits + upper 256 bits
+    b[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xEE));
+  }
+  for (int p = 0; p < 2; ++p) {  // i + i+4: 128-bit lanes 0 + 1 and 2 + 3
+    c[p] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0xDD));
+  }
+  // c[0] lane L holds the four partials of sum L, c[1] lane L those of sum L + 4.
+  const __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x44),  // i + i+2
+                                 _mm512_shuffle_ps(c[0], c[1], 0xEE));
+  const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d, d, 0x88),  // the last pair
+                                 _mm512_shuffle_ps(d, d, 0xDD));
+  // e lane L = [sum L, sum L + 4, sum L, sum L + 4].
+  const __m512i order =
+      _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 13, 9, 5, 1, 12, 8, 4, 0);
+  return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, e));
+}
+
 template <typename WT>
 struct ForW {
   template <int MR, int NR>
@@ -51,7 +77,21 @@ struct ForW {
             acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
         }
       }
-      for (int i = 0; i < MR; ++i) {
+      int i0 = 0;
+      if constexpr (NR == 4) {
+        for (; i0 + 2 <= MR; i0 += 2) {
+          const __m512 pair[8] = {acc[i0][0],     acc[i0][1],     acc[i0][2],
+                                  acc[i0][3],     acc[i0 + 1][0], acc[i0 + 1][1],
+                                  acc[i0 + 1][2], acc[i0 + 1][3]};
+          const __m256 s = Reduce8(pair);
+          const __m128 s0 = _mm256_castps256_ps128(s), s1 = _mm256_extractf128_ps(s, 1);
+          float* y0 = y + i0 * ldy;
+          float* y1 = y0 + ldy;
+          _mm_storeu_ps(y0, add ? _mm_add_ps(_mm_loadu_ps(y0), s0) : s0);
+          _mm_storeu_ps(y1, add ? _mm_add_ps(_mm_loadu_ps(y1), s1) : s1);
+        }
+      }
+      for (int i = i0; i < MR; ++i) {
         for (int j = 0; j < NR; ++j) {
           const float s = _mm512_reduce_add_ps(acc[i][j]);
           y[i * ldy + j] = add ? y[i * ldy + j] + s : s;
@@ -117,9 +157,15 @@ void GemvRows(const float* x, int64_t ldx, const uint16_t* w, int64_t ldw, float
     }
   }
   for (int i = 0; i < MR; ++i) {
-    for (int r = 0; r < NR; ++r) {
-      const float sum = _mm512_reduce_add_ps(acc[i][r]);
-      y[i * ldy + r] = add ? y[i * ldy + r] + sum : sum;
+    if constexpr (NR == 8) {
+      const __m256 sum = Reduce8(acc[i]);
+      float* yi = y + i * ldy;
+      _mm256_storeu_ps(yi, add ? _mm256_add_ps(_mm256_loadu_ps(yi), sum) : sum);
+    } else {
+      for (int r = 0; r < NR; ++r) {
+        const float sum = _mm512_reduce_add_ps(acc[i][r]);
+        y[i * ldy + r] = add ? y[i * ldy + r] + sum : sum;
+      }
     }
   }
 }
