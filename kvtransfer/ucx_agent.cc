@@ -150,11 +150,11 @@ absl::Status UcxAgent::Init() {
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &cfg);
   if (s != UCS_OK) return FromUcs(s, "ucp_config_read");
   std::vector<std::pair<std::string, std::string>> options;
-  // UCX 1.13's default (v1) protocols route a put to a user buffer over shared
-  // memory through software RMA emulation once the context has UCP_FEATURE_AM: the
-  // data goes in 8 KiB active messages that the target copies in its progress loop
-  // (ucp_put_handler), ~0.15 GB/s. The v2 protocols put it with one cma
-  // (process_vm_writev) zero-copy operation instead. An explicit
+  // Over shared memory UCX 1.13 emulates a put into process memory it did not
+  // allocate with active messages (UCX_PROTO_INFO=y: "software emulation"): the
+  // data goes through the sysv FIFO and the target copies it out in its progress
+  // loop. The v2 protocols' emulation measured ~10x the v1 one; a put into memory
+  // from AllocateMemory is a direct copy under both (with MULTI_SEND). An explicit
   // UCX_PROTO_ENABLE in the environment or in ucx_options still wins.
   if (config_.use_proto_v2 && std::getenv("UCX_PROTO_ENABLE") == nullptr)
     options.emplace_back("PROTO_ENABLE", "y");

@@ -1,13 +1,15 @@
 // UcxAgent: TransferAgent over UCX (UCP): one context (RMA + AM + WAKEUP), one
 // worker, one progress thread per agent.
 //
-// → A write: PostWrite checks bounds, queues the batch and posts up to
-//   `max_inflight_ops` ucp_put_nbx operations; the progress thread refills the
-//   window as operations complete, then posts ucp_ep_flush_nbx; the batch is
-//   complete when the flush completes (remote visibility). Notify waits for the
-//   earlier batches to the peer, flushes the endpoint again and sends an active
-//   message (ucp_am_send_nbx, eager); the target's AM handler hands it to the
-//   notification callback or the PollNotifications queue.
+// → A write: PostWrite checks bounds and queues the batch; a small one (at most
+//   `inline_post_bytes`) it posts itself, a large one the progress thread posts in
+//   `max_op_bytes` pieces (ucp_put_nbx with MULTI_SEND, at most
+//   `max_inflight_ops` outstanding), then ucp_ep_flush_nbx; the batch is
+//   complete when the flush completes (remote visibility). Over shared memory a
+//   put into a peer region from AllocateMemory is a memcpy inside ucp_put_nbx.
+//   Notify waits for the earlier batches to the peer, flushes the endpoint again
+//   and sends an active message (ucp_am_send_nbx, eager); the target's AM handler
+//   hands it to the notification callback or the PollNotifications queue.
 //
 // Threading: every UCP call is made under `mu_` (worker created with
 // UCS_THREAD_MODE_SERIALIZED). The progress thread calls ucp_worker_progress in
@@ -72,8 +74,10 @@ struct UcxAgentConfig {
   // into a direct copy (without it: software emulation above 32 KiB).
   bool bandwidth_protocols = true;
   // Use UCX's v2 protocols (UCX_PROTO_ENABLE=y) unless the environment sets
-  // UCX_PROTO_ENABLE. With the v1 default, puts over shared memory fall back to
-  // active-message emulation (see docs/kvtransfer.md, "Bandwidth").
+  // UCX_PROTO_ENABLE. Over shared memory, puts into memory UCX did not allocate
+  // are emulated with active messages under either (v2's emulation was ~10x
+  // v1's); into AllocateMemory'd memory both give the direct copy (see
+  // docs/kvtransfer.md, "Bandwidth over shared memory").
   bool use_proto_v2 = true;
   // Other UCX configuration pairs (name without the UCX_ prefix, value).
   std::vector<std::pair<std::string, std::string>> ucx_options;
