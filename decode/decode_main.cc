@@ -84,7 +84,19 @@ int main(int argc, char** argv) {
     TLOG(ERROR, "cannot create the engine").Kv("status", engine.status());
     return 1;
   }
+  tandem::kvtransfer::UcxAgentConfig uc;
+  uc.tls = absl::GetFlag(FLAGS_ucx_tls);
+  uc.name = absl::GetFlag(FLAGS_worker_id);
+  auto agent = tandem::kvtransfer::UcxAgent::Create(uc);
+  if (!agent.ok()) {
+    TLOG(ERROR, "cannot start the UCX agent").Kv("status", agent.status());
+    return 1;
+  }
+  // The landing pools come from the agent (shared memory the prefill worker's
+  // puts copy straight into); declared after the agent, so freed before it.
+  tandem::worker::AgentAllocations allocations(agent->get());
   tandem::runtime::KvCacheOptions lo;
+  lo.allocator = allocations.Allocator();
   lo.block_size = eo.block_size;
   lo.num_blocks = absl::GetFlag(FLAGS_landing_blocks) > 0
                       ? absl::GetFlag(FLAGS_landing_blocks)
@@ -108,20 +120,13 @@ int main(int argc, char** argv) {
     landing_ptrs.push_back(pool->get());
     landing.push_back(std::move(*pool));
   }
-  tandem::kvtransfer::UcxAgentConfig uc;
-  uc.tls = absl::GetFlag(FLAGS_ucx_tls);
-  uc.name = absl::GetFlag(FLAGS_worker_id);
-  auto agent = tandem::kvtransfer::UcxAgent::Create(uc);
-  if (!agent.ok()) {
-    TLOG(ERROR, "cannot start the UCX agent").Kv("status", agent.status());
-    return 1;
-  }
   tandem::metrics::Registry registry;
   tandem::worker::WorkerMetrics metrics(&registry);
   auto loop = std::make_unique<tandem::worker::EngineLoop>(std::move(*engine));
   tandem::decode::DecodeServiceOptions dso;
   dso.worker_id = absl::GetFlag(FLAGS_worker_id);
   dso.max_lease = absl::Seconds(absl::GetFlag(FLAGS_max_lease_s));
+  dso.allocations = &allocations;
   auto service = tandem::decode::DecodeService::Create(loop.get(), landing_ptrs,
                                                        agent->get(), &metrics, dso);
   if (!service.ok()) {

@@ -49,7 +49,8 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(
       new DecodeService(loop, std::move(landing), agent, metrics, std::move(options)));
   // Every rank's pool first, so each descriptor carries every region's key.
   for (runtime::KvCache* c : s->landing_) {
-    TANDEM_ASSIGN_OR_RETURN(worker::CacheRegions r, worker::RegisterCache(agent, c));
+    TANDEM_ASSIGN_OR_RETURN(worker::CacheRegions r,
+                            worker::RegisterCache(agent, c, s->options_.allocations));
     s->regions_.push_back(std::move(r));
     s->layouts_.push_back(worker::KvLayoutOf(*c));
   }

@@ -64,6 +64,9 @@ struct DecodeServiceOptions {
   absl::Duration max_landing_wait = absl::Seconds(10);
   // How often the janitor looks for expired leases and waits.
   absl::Duration janitor_period = absl::Milliseconds(20);
+  // When the landing pools were allocated through the agent (AgentAllocations),
+  // their buffers are already registered: not owned, may be null.
+  const worker::AgentAllocations* allocations = nullptr;
 };
 
 class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {

@@ -1,5 +1,9 @@
 #include "worker/cache_layout.h"
 
+#include <cstdlib>
+#include <cstring>
+
+#include "common/logging.h"
 #include "common/status.h"
 #include "kvtransfer/descriptor.h"
 #include "nlohmann/json.hpp"
@@ -49,19 +53,84 @@ tandem::v1::StateChecksums MergeRankChecksums(
   return out;
 }
 
+runtime::KvCacheAllocator AgentAllocations::Allocator() {
+  runtime::KvCacheAllocator a;
+  a.allocate = [this](size_t bytes) { return Allocate(bytes); };
+  a.release = [this](void* p) { Release(p); };
+  return a;
+}
+
+absl::StatusOr<void*> AgentAllocations::Allocate(size_t bytes) {
+  absl::StatusOr<kvtransfer::Allocation> got = agent_->AllocateMemory(bytes);
+  absl::MutexLock l(&mu_);
+  if (got.ok() && reinterpret_cast<uintptr_t>(got->base) % 64 == 0) {
+    regions_[got->base] = got->region;
+    return got->base;
+  }
+  if (got.ok()) {  // not aligned enough for the kernels: give it back
+    agent_->DeregisterMemory(got->region).IgnoreError();
+    got = Internal("agent memory at ", reinterpret_cast<uintptr_t>(got->base),
+                   " is not 64-byte aligned");
+  }
+  TLOG(WARNING, "cache buffer from the heap: the transfer agent cannot allocate it")
+      .Kv("bytes", bytes)
+      .Kv("status", got.status());
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (p == nullptr) return ResourceExhausted("cannot allocate ", bytes, " bytes");
+  std::memset(p, 0, (bytes + 63) / 64 * 64);
+  heap_.insert(p);
+  return p;
+}
+
+void AgentAllocations::Release(void* p) {
+  absl::MutexLock l(&mu_);
+  if (auto it = regions_.find(p); it != regions_.end()) {
+    if (absl::Status s = agent_->DeregisterMemory(it->second); !s.ok()) {
+      TLOG(ERROR, "cannot free a cache buffer held by the transfer agent")
+          .Kv("status", s);
+    }
+    regions_.erase(it);
+  } else if (heap_.erase(p) > 0) {
+    std::free(p);
+  }
+}
+
+std::optional<kvtransfer::RegionId> AgentAllocations::RegionOf(const void* base) const {
+  absl::MutexLock l(&mu_);
+  auto it = regions_.find(base);
+  if (it == regions_.end()) return std::nullopt;
+  return it->second;
+}
+
+size_t AgentAllocations::num_agent_buffers() const {
+  absl::MutexLock l(&mu_);
+  return regions_.size();
+}
+
+size_t AgentAllocations::num_heap_buffers() const {
+  absl::MutexLock l(&mu_);
+  return heap_.size();
+}
+
 absl::StatusOr<CacheRegions> RegisterCache(kvtransfer::TransferAgent* agent,
-                                           runtime::KvCache* cache) {
+                                           runtime::KvCache* cache,
+                                           const AgentAllocations* allocations) {
+  auto region = [&](void* base, size_t len) -> absl::StatusOr<kvtransfer::RegionId> {
+    if (allocations != nullptr) {
+      if (std::optional<kvtransfer::RegionId> r = allocations->RegionOf(base))
+        return *r;
+    }
+    return agent->RegisterMemory(base, len);
+  };
   CacheRegions r;
   for (int m = 0; m < cache->num_mla_layers(); ++m) {
-    TANDEM_ASSIGN_OR_RETURN(
-        kvtransfer::RegionId id,
-        agent->RegisterMemory(cache->mla_layer(m), cache->mla_layer_bytes()));
+    TANDEM_ASSIGN_OR_RETURN(kvtransfer::RegionId id,
+                            region(cache->mla_layer(m), cache->mla_layer_bytes()));
     r.mla.push_back(id);
   }
   if (cache->num_kda_layers() > 0) {
-    TANDEM_ASSIGN_OR_RETURN(
-        r.kda, agent->RegisterMemory(KdaBase(*cache),
-                                     cache->kda_bytes_per_slot() * cache->num_slots()));
+    TANDEM_ASSIGN_OR_RETURN(r.kda, region(KdaBase(*cache), cache->kda_bytes_per_slot() *
+                                                               cache->num_slots()));
   }
   return r;
 }

@@ -6,10 +6,14 @@
 #define TANDEM_WORKER_CACHE_LAYOUT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "engine/runtime/kv_cache.h"
 #include "kvtransfer/checksum.h"
@@ -34,10 +38,48 @@ tandem::v1::KvLayout KvLayoutOf(runtime::KvCache& cache);
 tandem::v1::StateChecksums MergeRankChecksums(
     absl::Span<const tandem::v1::StateChecksums> ranks);
 
+// Cache buffers allocated by a transfer agent (TransferAgent::AllocateMemory):
+// on one host UCX backs them with shared memory the peer maps, so a prefill
+// worker's puts into a decode worker's landing pool are plain memory copies
+// instead of UCX's emulated puts (docs/kvtransfer.md, "Bandwidth").
+//
+//   AgentAllocations a(agent);
+//   options.allocator = a.Allocator();   // KvCache::Create(config, options)
+//   RegisterCache(agent, cache, &a);     // reuses the allocations' regions
+//
+// When the agent cannot allocate (UNIMPLEMENTED, /dev/shm full), the buffer
+// comes from the heap with a warning and RegisterCache registers it as usual.
+// The agent must outlive every cache allocated through this object, and this
+// object must outlive them too. Thread-safe.
+class AgentAllocations {
+ public:
+  explicit AgentAllocations(kvtransfer::TransferAgent* agent) : agent_(agent) {}
+  AgentAllocations(const AgentAllocations&) = delete;
+  AgentAllocations& operator=(const AgentAllocations&) = delete;
+
+  runtime::KvCacheAllocator Allocator();
+  // The region of a buffer this object allocated through the agent, if any.
+  std::optional<kvtransfer::RegionId> RegionOf(const void* base) const;
+  // Buffers currently held from the agent / from the heap fallback.
+  size_t num_agent_buffers() const;
+  size_t num_heap_buffers() const;
+
+ private:
+  absl::StatusOr<void*> Allocate(size_t bytes);
+  void Release(void* p);
+
+  kvtransfer::TransferAgent* const agent_;  // not owned
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<const void*, kvtransfer::RegionId> regions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<const void*> heap_ ABSL_GUARDED_BY(mu_);
+};
+
 // Registers every buffer of `cache` with `agent` (both not owned; the cache must
-// outlive the registration).
-absl::StatusOr<CacheRegions> RegisterCache(kvtransfer::TransferAgent* agent,
-                                           runtime::KvCache* cache);
+// outlive the registration). Buffers `allocations` (may be null) took from the
+// agent are already registered: their regions are reused.
+absl::StatusOr<CacheRegions> RegisterCache(
+    kvtransfer::TransferAgent* agent, runtime::KvCache* cache,
+    const AgentAllocations* allocations = nullptr);
 
 // The layout of one sequence held in `cache` at `block_ids` and `slot`.
 kvtransfer::RankLayout CacheRankLayout(runtime::KvCache& cache,

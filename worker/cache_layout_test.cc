@@ -92,6 +92,74 @@ TEST(CacheLayoutTest, TransferThroughTargetLayoutKeepsChecksums) {
   EXPECT_EQ(v.code(), absl::StatusCode::kDataLoss) << v;
 }
 
+// A landing pool allocated through the receiving agent: RegisterCache reuses
+// the allocations' regions (no second registration), a transfer into it lands
+// with matching checksums, and destroying the cache gives the memory back.
+TEST(CacheLayoutTest, AgentAllocatedCacheIsRegisteredOnceAndFreed) {
+  auto src = Cache(16, 8, 2);
+  for (int m = 0; m < src->num_mla_layers(); ++m) {
+    auto* p = reinterpret_cast<uint8_t*>(src->mla_layer(m));
+    for (size_t i = 0; i < src->mla_layer_bytes(); ++i) p[i] = (i * 7 + m) & 0xFF;
+  }
+  for (int k = 0; k < src->num_kda_layers(); ++k) {
+    float* r = src->kda_recurrent(0, k);
+    for (size_t i = 0; i < src->kda_bytes_per_layer() / 4; ++i) r[i] = 0.25f * i - k;
+  }
+  kvtransfer::LoopbackAgent a, b;
+  AgentAllocations allocations(&b);
+  {
+    runtime::KvCacheOptions o;
+    o.block_size = 8;
+    o.num_blocks = 12;
+    o.num_slots = 2;
+    o.allocator = allocations.Allocator();
+    auto dst = runtime::KvCache::Create(runtime::testing::TinyWeights().config, o);
+    ASSERT_TRUE(dst.ok()) << dst.status();
+    const size_t buffers = (*dst)->num_mla_layers() + 1;
+    EXPECT_EQ(allocations.num_agent_buffers(), buffers);
+    EXPECT_EQ(allocations.num_heap_buffers(), 0u);
+    EXPECT_EQ(b.NumRegisteredRegions(), buffers);
+    // Fresh cache memory is zero, as from the heap.
+    EXPECT_EQ(reinterpret_cast<const uint8_t*>((*dst)->mla_layer(0))[17], 0);
+
+    auto src_regions = RegisterCache(&a, src.get());
+    auto dst_regions = RegisterCache(&b, dst->get(), &allocations);
+    ASSERT_TRUE(src_regions.ok() && dst_regions.ok());
+    EXPECT_EQ(b.NumRegisteredRegions(), buffers);  // reused, not registered again
+    EXPECT_EQ(dst_regions->mla[0], *allocations.RegionOf((*dst)->mla_layer(0)));
+
+    const int64_t n = 29;
+    const std::vector<int32_t> src_blocks = {3, 6};
+    const std::vector<int32_t> dst_blocks = {11, 2, 5, 0};
+    tandem::v1::RankTarget target;
+    target.set_transfer_descriptor(
+        *b.LocalDescriptor(PoolsMetadata(CacheRankLayout(**dst, *dst_regions, {}, 0))));
+    for (int32_t id : dst_blocks) target.add_block_ids(id);
+    target.set_state_slot(1);
+    *target.mutable_layout() = KvLayoutOf(**dst);
+    auto dst_side = TargetRankLayout(target);
+    ASSERT_TRUE(dst_side.ok()) << dst_side.status();
+    const kvtransfer::RankLayout src_side =
+        CacheRankLayout(*src, *src_regions, src_blocks, 0);
+    auto plan = kvtransfer::PlanAll(src_side, *dst_side, n);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto peer = a.Connect(target.transfer_descriptor());
+    ASSERT_TRUE(peer.ok());
+    auto batch = a.PostWrite(*peer, plan->segments);
+    ASSERT_TRUE(batch.ok());
+    ASSERT_TRUE(a.Wait(*batch, absl::Now() + absl::Seconds(10)).ok());
+    auto want = kvtransfer::ComputeChecksums(src_side, n,
+                                             CacheRegionBytes(src.get(), *src_regions));
+    auto got = kvtransfer::ComputeChecksums(
+        CacheRankLayout(**dst, *dst_regions, dst_blocks, 1), n,
+        CacheRegionBytes(dst->get(), *dst_regions));
+    ASSERT_TRUE(want.ok() && got.ok());
+    EXPECT_TRUE(kvtransfer::Verify(*want, *got).ok());
+  }
+  EXPECT_EQ(allocations.num_agent_buffers(), 0u);
+  EXPECT_EQ(b.NumRegisteredRegions(), 0u);
+}
+
 // TP 2 -> TP 2: each side's two rank caches registered with ONE agent (ranks
 // are threads of a worker), one descriptor per rank; rank r is planned to rank
 // r; the merged checksums agree, and a byte flipped on rank 1 only is DATA_LOSS.

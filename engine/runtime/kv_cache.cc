@@ -1,6 +1,7 @@
 #include "engine/runtime/kv_cache.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -20,6 +21,25 @@ void* AlignedZeroed(size_t bytes) {
   void* p = std::aligned_alloc(kAlign, rounded == 0 ? kAlign : rounded);
   if (p != nullptr) std::memset(p, 0, rounded);
   return p;
+}
+
+// `bytes` zero-filled bytes from the options' allocator (or the heap); null
+// with `error` set on failure.
+void* Allocate(const KvCacheAllocator& a, size_t bytes, absl::Status* error) {
+  if (!a.allocate) return AlignedZeroed(bytes);
+  absl::StatusOr<void*> p = a.allocate(std::max(bytes, kAlign));
+  if (!p.ok()) {
+    *error = p.status();
+    return nullptr;
+  }
+  if (*p == nullptr || reinterpret_cast<uintptr_t>(*p) % kAlign != 0) {
+    *error =
+        Internal("kv cache allocator returned address ",
+                 reinterpret_cast<uintptr_t>(*p), ", not ", kAlign, "-byte aligned");
+    if (*p != nullptr && a.release) a.release(*p);
+    return nullptr;
+  }
+  return *p;
 }
 
 }  // namespace
@@ -51,10 +71,12 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(
   for (const model::LayerSpec& spec : cache->layers_) {
     if (spec.attention == model::AttentionKind::kMla) {
       cache->layer_index_.push_back(static_cast<int>(cache->mla_.size()));
-      auto* p = static_cast<uint16_t*>(AlignedZeroed(cache->mla_layer_bytes_));
+      absl::Status error;
+      auto* p = static_cast<uint16_t*>(
+          Allocate(options.allocator, cache->mla_layer_bytes_, &error));
       if (p == nullptr) {
         return ResourceExhausted("kv cache: cannot allocate ", cache->mla_layer_bytes_,
-                                 " bytes for an MLA layer");
+                                 " bytes for an MLA layer: ", error.ToString());
       }
       cache->mla_.push_back(p);
     } else {
@@ -64,17 +86,28 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(
   cache->kda_total_bytes_ = static_cast<size_t>(options.num_slots) *
                             cache->num_kda_layers_ * cache->kda_layer_floats_ *
                             sizeof(float);
-  cache->kda_ = static_cast<float*>(AlignedZeroed(cache->kda_total_bytes_));
+  absl::Status error;
+  cache->kda_ =
+      static_cast<float*>(Allocate(options.allocator, cache->kda_total_bytes_, &error));
   if (cache->kda_ == nullptr) {
     return ResourceExhausted("kv cache: cannot allocate ", cache->kda_total_bytes_,
-                             " bytes for the KDA state pool");
+                             " bytes for the KDA state pool: ", error.ToString());
   }
   return cache;
 }
 
 KvCache::~KvCache() {
-  for (uint16_t* p : mla_) std::free(p);
-  std::free(kda_);
+  const KvCacheAllocator& a = options_.allocator;
+  auto release = [&a](void* p) {
+    if (p == nullptr) return;
+    if (a.release) {
+      a.release(p);
+    } else {
+      std::free(p);
+    }
+  };
+  for (uint16_t* p : mla_) release(p);
+  release(kda_);
 }
 
 float* KvCache::kda_recurrent(int64_t slot, int kda_index) {

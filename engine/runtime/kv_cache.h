@@ -29,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -39,6 +40,16 @@
 
 namespace tandem::runtime {
 
+// Where a cache's buffers come from; empty functions: 64-byte-aligned heap
+// memory. A decode worker's landing pool takes them from its transfer agent
+// (worker/cache_layout.h, AgentAllocations) so that peers' puts are plain copies.
+struct KvCacheAllocator {
+  // `bytes` (> 0) zero-filled bytes aligned to at least 64, or an error.
+  std::function<absl::StatusOr<void*>(size_t bytes)> allocate;
+  // Gives back memory `allocate` returned.
+  std::function<void(void*)> release;
+};
+
 struct KvCacheOptions {
   int64_t num_blocks = 0;   // MLA blocks per layer
   int64_t block_size = 16;  // tokens per block
@@ -47,6 +58,7 @@ struct KvCacheOptions {
   // config does not divide are refused with parallel::CheckTpSize's error).
   int tp_rank = 0;
   int tp_size = 1;
+  KvCacheAllocator allocator;
 };
 
 enum class StateKind { kMla, kKda };
