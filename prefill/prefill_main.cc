@@ -45,6 +45,11 @@ ABSL_FLAG(std::string, tp_fail_rank_at_step, "",
           "forward step S (0-based); the worker fails its requests UNAVAILABLE and "
           "stops taking work (health NOT_SERVING, no more heartbeats).");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (UCX_TLS), empty: UCX chooses.");
+ABSL_FLAG(bool, ucx_peer_failure_detection, true,
+          "UCX endpoints with peer-failure detection (a dead peer fails transfers at "
+          "once). UCX 1.13 then uses only tcp/RDMA; false allows shared memory on one "
+          "host (much faster; a dead decode worker is then noticed by the router's "
+          "health checks, not the transfer). docs/kvtransfer.md.");
 ABSL_FLAG(bool, kv_stream_layers, true,
           "Stream each layer's KV/KDA state to the decode worker while the prefill "
           "computes (false: the whole state after the prefill).");
@@ -88,6 +93,7 @@ int main(int argc, char** argv) {
   std::vector<tandem::runtime::KvCache*> caches = tandem::worker::RankCaches(**engine);
   tandem::kvtransfer::UcxAgentConfig uc;
   uc.tls = absl::GetFlag(FLAGS_ucx_tls);
+  uc.peer_failure_detection = absl::GetFlag(FLAGS_ucx_peer_failure_detection);
   uc.name = absl::GetFlag(FLAGS_worker_id);
   auto agent = tandem::kvtransfer::UcxAgent::Create(uc);
   if (!agent.ok()) {
