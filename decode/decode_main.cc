@@ -4,6 +4,8 @@
 //
 //   decode_main --model=DIR --router=HOST:PORT [--port=0] [--metrics_port=0]
 //               [--tp=N] [--tp_fail_rank_at_step=R:S]
+//               [--speculative=ngram|draft [--draft_model=DIR]]
+//               [--num_speculative_tokens=K]
 #include <memory>
 #include <string>
 
@@ -47,6 +49,12 @@ ABSL_FLAG(std::string, tp_fail_rank_at_step, "",
           "FAILURE DRILL: 'R:S' makes TP rank R (>= 1) die instead of running its "
           "forward step S (0-based); the worker fails its requests UNAVAILABLE and "
           "stops taking work (health NOT_SERVING, no more heartbeats).");
+ABSL_FLAG(
+    std::string, speculative, "none",
+    "Speculative decoding: none | ngram (prompt lookup) | draft (--draft_model).");
+ABSL_FLAG(int, num_speculative_tokens, 3, "Drafts verified per decode step.");
+ABSL_FLAG(std::string, draft_model, "",
+          "Draft checkpoint for --speculative=draft (same tokenizer and vocabulary).");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (UCX_TLS), empty: UCX chooses.");
 ABSL_FLAG(bool, ucx_peer_failure_detection, true,
           "UCX endpoints with peer-failure detection (a dead peer fails transfers at "
@@ -77,6 +85,13 @@ int main(int argc, char** argv) {
           absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_tp_fail_rank_at_step), &eo);
       !s.ok()) {
     TLOG(ERROR, "bad tensor-parallel flags").Kv("status", s);
+    return 1;
+  }
+  if (absl::Status s = tandem::worker::ApplySpeculativeFlags(
+          absl::GetFlag(FLAGS_speculative), absl::GetFlag(FLAGS_num_speculative_tokens),
+          absl::GetFlag(FLAGS_draft_model), model->get(), &eo);
+      !s.ok()) {
+    TLOG(ERROR, "bad speculative-decoding flags").Kv("status", s);
     return 1;
   }
   if (eo.tp.fail_rank >= 0) {

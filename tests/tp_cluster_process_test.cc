@@ -133,6 +133,49 @@ TEST(TpClusterProcessTest, WholeStateTransferTp2EqualsColocatedTp1) {
             static_cast<double>(lengths.size()));
 }
 
+// The decode worker of the issue: speculative (n-gram) and tensor-parallel (TP 2)
+// at once, fed by a TP 2 prefill worker; its greedy tokens equal a plain TP 1
+// colocated decode, and its speculative metrics show drafts were verified.
+TEST(TpClusterProcessTest, SpeculativeTp2DecodeWorkerEqualsPlainTp1) {
+  Reference ref;
+  ASSERT_EQ(ref.Start(), "");
+  ProcessCluster cluster;
+  ASSERT_EQ(
+      cluster.Start({}, 4, {"--tp=2"},
+                    {"--tp=2", "--speculative=ngram", "--num_speculative_tokens=3"}),
+      "");
+  for (int i = 0; i < 3; ++i) {
+    tandem::v1::GenerateRequest req = MakeRequest(20 + 30 * i, 80 + i, 24, 0.0f);
+    // A repetition penalty below 1 makes the tiny model loop, so the n-gram
+    // proposer finds matches and drafts get accepted and rejected.
+    req.mutable_sampling()->set_repetition_penalty(0.2f);
+    StreamResult spec = cluster.Generate(req);
+    ASSERT_TRUE(spec.status.ok()) << spec.status.error_message() << cluster.Logs();
+    StreamResult plain = ref.Generate(req);
+    ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+    EXPECT_EQ(spec.tokens.size(), 24u) << "prompt " << i;
+    EXPECT_EQ(spec.tokens, plain.tokens) << "prompt " << i;
+  }
+  EXPECT_TRUE(
+      WaitMetric(cluster.decode_metrics(), "tandem_worker_reservations", {}, 0));
+  // Metrics are refreshed with the heartbeat: wait for the drafts to show.
+  double drafted = 0;
+  for (int t = 0; t < 100 && drafted == 0; ++t) {
+    auto m =
+        Metric(cluster.decode_metrics(), "tandem_worker_spec_drafted_tokens_total", {});
+    drafted = m.ok() ? *m : 0;
+    if (drafted == 0) absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_GT(drafted, 0);
+  const double accepted =
+      *Metric(cluster.decode_metrics(), "tandem_worker_spec_accepted_tokens_total", {});
+  EXPECT_LE(accepted, drafted);
+  const double rate =
+      *Metric(cluster.decode_metrics(), "tandem_worker_spec_acceptance_rate", {});
+  EXPECT_GE(rate, 0.0);
+  EXPECT_LE(rate, 1.0);
+}
+
 TEST(TpClusterProcessTest, MismatchedTpSizesAreRefusedAtRegistration) {
   const std::string tmp = std::getenv("TEST_TMPDIR");
   auto router = testing::Subprocess::Start(

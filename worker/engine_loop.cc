@@ -85,6 +85,7 @@ void EngineLoop::PublishStats(runtime::Engine& e) {
   EngineLoopStats s;
   s.prefill_tokens = e.prefill_tokens();
   s.decode_tokens = e.decode_tokens();
+  s.speculative = e.speculative_stats();
   s.free_blocks = e.num_free_blocks();
   s.total_blocks = e.scheduler().config().num_blocks;
   s.free_slots = e.num_free_slots();

@@ -52,7 +52,8 @@ struct EngineLoopStats {
   int32_t total_slots = 0;
   int32_t running = 0;
   int32_t waiting = 0;
-  int64_t queued_prefill_tokens = 0;  // prompts added and not yet producing a token
+  int64_t queued_prefill_tokens = 0;      // prompts added and not yet producing a token
+  runtime::SpeculativeStats speculative;  // engine totals (zero when off)
 };
 
 class EngineLoop {

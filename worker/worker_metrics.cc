@@ -93,6 +93,24 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
   decode_tps = &OrDie(r->AddGauge("tandem_worker_decode_tokens_per_second",
                                   "Decode throughput over the last interval."))
                     ->Add({});
+  spec_drafted = &OrDie(r->AddCounter("tandem_worker_spec_drafted_tokens_total",
+                                      "Speculative drafts verified by the target."))
+                      ->Add({});
+  spec_accepted = &OrDie(r->AddCounter("tandem_worker_spec_accepted_tokens_total",
+                                       "Speculative drafts accepted."))
+                       ->Add({});
+  spec_verifications =
+      &OrDie(r->AddCounter("tandem_worker_spec_verifications_total",
+                           "Sequence-steps that verified at least one draft."))
+           ->Add({});
+  spec_acceptance_rate =
+      &OrDie(r->AddGauge("tandem_worker_spec_acceptance_rate",
+                         "Accepted / drafted since start (0 before any draft)."))
+           ->Add({});
+  spec_mean_accepted_length =
+      &OrDie(r->AddGauge("tandem_worker_spec_mean_accepted_length",
+                         "Mean drafts accepted per verifying step since start."))
+           ->Add({});
   for (const char* st : {"used", "free"}) {
     kv_blocks->Add({{"state", st}});
     slots->Add({{"state", st}});
@@ -128,6 +146,16 @@ void WorkerMetrics::Update(const EngineLoopStats& s, absl::Time now) {
   last_time_ = now;
   last_prefill_ = s.prefill_tokens;
   last_decode_ = s.decode_tokens;
+  const runtime::SpeculativeStats& sp = s.speculative;
+  auto bump = [](metrics::Counter* c, int64_t now_total, int64_t before) {
+    if (now_total > before) c->Increment(static_cast<double>(now_total - before));
+  };
+  bump(spec_drafted, sp.drafted_tokens, last_spec_.drafted_tokens);
+  bump(spec_accepted, sp.accepted_tokens, last_spec_.accepted_tokens);
+  bump(spec_verifications, sp.verifications, last_spec_.verifications);
+  spec_acceptance_rate->Set(sp.acceptance_rate());
+  spec_mean_accepted_length->Set(sp.mean_accepted_length());
+  last_spec_ = sp;
 }
 
 }  // namespace tandem::worker

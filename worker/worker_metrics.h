@@ -57,12 +57,21 @@ class WorkerMetrics {
   metrics::Counter* decode_tokens;
   metrics::Gauge* prefill_tps;
   metrics::Gauge* decode_tps;
+  // Speculative decoding (decode workers with --speculative): drafts verified,
+  // drafts accepted, verifying sequence-steps, and since start the acceptance
+  // rate and mean drafts accepted per verifying step.
+  metrics::Counter* spec_drafted;
+  metrics::Counter* spec_accepted;
+  metrics::Counter* spec_verifications;
+  metrics::Gauge* spec_acceptance_rate;
+  metrics::Gauge* spec_mean_accepted_length;
 
  private:
   absl::Mutex mu_;
   absl::Time last_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t last_prefill_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_decode_ ABSL_GUARDED_BY(mu_) = 0;
+  runtime::SpeculativeStats last_spec_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::worker

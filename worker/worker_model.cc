@@ -37,6 +37,49 @@ absl::StatusOr<std::unique_ptr<runtime::Engine>> MakeEngine(
                                  model->tokenizer.get(), o);
 }
 
+absl::Status ApplySpeculativeFlags(const std::string& method, int num_tokens,
+                                   const std::string& draft_dir, WorkerModel* model,
+                                   runtime::EngineOptions* options) {
+  runtime::SpeculativeOptions& so = options->speculative;
+  if (method == "none" || method.empty()) {
+    if (!draft_dir.empty()) {
+      return InvalidArgument("--draft_model needs --speculative=draft");
+    }
+    so.method = runtime::SpeculativeMethod::kNone;
+    return absl::OkStatus();
+  }
+  if (num_tokens < 1 || num_tokens > 16) {
+    return InvalidArgument("--num_speculative_tokens must be in [1, 16], got ",
+                           num_tokens);
+  }
+  so.num_speculative_tokens = num_tokens;
+  if (method == "ngram") {
+    if (!draft_dir.empty()) {
+      return InvalidArgument("--draft_model needs --speculative=draft, not ngram");
+    }
+    so.method = runtime::SpeculativeMethod::kNgram;
+    return absl::OkStatus();
+  }
+  if (method != "draft") {
+    return InvalidArgument("--speculative must be none, ngram or draft, got '", method,
+                           "'");
+  }
+  if (draft_dir.empty())
+    return InvalidArgument("--speculative=draft needs --draft_model");
+  TANDEM_ASSIGN_OR_RETURN(model->draft,
+                          LoadWorkerModel(draft_dir, model->backend_name, ""));
+  if (model->draft->weights->config.text.vocab_size !=
+      model->weights->config.text.vocab_size) {
+    return InvalidArgument("--draft_model ", draft_dir, " has a vocabulary of ",
+                           model->draft->weights->config.text.vocab_size,
+                           " tokens, the target ",
+                           model->weights->config.text.vocab_size);
+  }
+  so.method = runtime::SpeculativeMethod::kDraft;
+  so.draft_weights = model->draft->weights.get();
+  return absl::OkStatus();
+}
+
 absl::Status ApplyTpFlags(int tp, const std::string& fail_at,
                           runtime::EngineOptions* options) {
   if (tp < 1) return InvalidArgument("--tp must be >= 1, got ", tp);

@@ -25,6 +25,9 @@ struct WorkerModel {
   std::string backend_name;  // what `backend` was created as (the TP ranks' too)
   std::string model_id;
   std::string fingerprint;
+  // The draft model of draft-model speculative decoding (ApplySpeculativeFlags);
+  // null otherwise.
+  std::unique_ptr<WorkerModel> draft;
 };
 
 // Loads `dir` (config.json, safetensors, tokenizer) with backend `backend_name`.
@@ -44,6 +47,15 @@ absl::StatusOr<std::unique_ptr<runtime::Engine>> MakeEngine(
 // ends its thread instead of running its forward step S, counted from 0, as if
 // it had crashed; TpExecutorOptions::fail_rank / fail_rank_at_step).
 // INVALID_ARGUMENT for a malformed drill, R outside [1, tp), or tp < 1.
+// Speculative decoding from worker flags: `method` none | ngram | draft,
+// `num_tokens` drafts verified per step (>= 1 when a method is set), `draft_dir`
+// the draft checkpoint (method draft only; same vocabulary as the target). The
+// draft model is loaded into model->draft (which must outlive the engine).
+// INVALID_ARGUMENT naming the flag for bad values.
+absl::Status ApplySpeculativeFlags(const std::string& method, int num_tokens,
+                                   const std::string& draft_dir, WorkerModel* model,
+                                   runtime::EngineOptions* options);
+
 absl::Status ApplyTpFlags(int tp, const std::string& fail_at,
                           runtime::EngineOptions* options);
 

@@ -1,5 +1,10 @@
-// The workers' tensor-parallel flags: --tp and the --tp_fail_rank_at_step drill.
+// The workers' tensor-parallel flags (--tp and the --tp_fail_rank_at_step drill)
+// and speculative-decoding flags (--speculative, --num_speculative_tokens,
+// --draft_model).
 #include "worker/worker_model.h"
+
+#include <tuple>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -30,6 +35,37 @@ TEST(ApplyTpFlagsTest, RefusesBadValues) {
   EXPECT_NE(s.message().find("[1, 2)"), absl::string_view::npos) << s;
   EXPECT_EQ(ApplyTpFlags(2, "2:1", &o).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ApplyTpFlags(1, "1:0", &o).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ApplySpeculativeFlagsTest, MethodsAndBadValues) {
+  auto model = LoadWorkerModel("engine/model/tiny_checkpoint", "cpu", "");
+  ASSERT_TRUE(model.ok()) << model.status();
+  runtime::EngineOptions o;
+  ASSERT_TRUE(ApplySpeculativeFlags("none", 3, "", model->get(), &o).ok());
+  EXPECT_EQ(o.speculative.method, runtime::SpeculativeMethod::kNone);
+  ASSERT_TRUE(ApplySpeculativeFlags("ngram", 4, "", model->get(), &o).ok());
+  EXPECT_EQ(o.speculative.method, runtime::SpeculativeMethod::kNgram);
+  EXPECT_EQ(o.speculative.num_speculative_tokens, 4);
+  // The tiny checkpoint drafting for itself: loaded, same vocabulary.
+  ASSERT_TRUE(ApplySpeculativeFlags("draft", 2, "engine/model/tiny_checkpoint",
+                                    model->get(), &o)
+                  .ok());
+  EXPECT_EQ(o.speculative.method, runtime::SpeculativeMethod::kDraft);
+  ASSERT_NE((*model)->draft, nullptr);
+  EXPECT_EQ(o.speculative.draft_weights, (*model)->draft->weights.get());
+
+  runtime::EngineOptions bad;
+  for (auto [method, k, dir] : std::vector<std::tuple<const char*, int, const char*>>{
+           {"ngram", 0, ""},
+           {"ngram", 17, ""},
+           {"eagle", 3, ""},
+           {"draft", 3, ""},
+           {"none", 3, "engine/model/tiny_checkpoint"},
+           {"ngram", 3, "engine/model/tiny_checkpoint"},
+           {"draft", 3, "/nonexistent/checkpoint"}}) {
+    absl::Status s = ApplySpeculativeFlags(method, k, dir, model->get(), &bad);
+    EXPECT_FALSE(s.ok()) << method << " " << k << " " << dir;
+  }
 }
 
 }  // namespace
