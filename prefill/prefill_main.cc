@@ -15,41 +15,12 @@
 #include "metrics/registry.h"
 #include "prefill/prefill_service.h"
 #include "worker/engine_loop.h"
+#include "worker/worker_flags.h"
 #include "worker/worker_metrics.h"
 #include "worker/worker_model.h"
 #include "worker/worker_server.h"
 
-ABSL_FLAG(std::string, model, "",
-          "Checkpoint directory (config.json, weights, tokenizer).");
-ABSL_FLAG(std::string, served_model_name, "", "Model id (default as the router's).");
 ABSL_FLAG(std::string, worker_id, "prefill-0", "Worker id registered with the router.");
-ABSL_FLAG(std::string, router, "",
-          "Router gRPC address to register with (empty: none).");
-ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on.");
-ABSL_FLAG(std::string, advertise_host, "", "Host the router dials (default: --host).");
-ABSL_FLAG(int, port, 0, "gRPC port (0: any free port, logged).");
-ABSL_FLAG(int, metrics_port, 0, "/metrics port (0: any free port, logged).");
-ABSL_FLAG(std::string, backend, "cpu", "Kernel backend: cpu | cpu_reference.");
-ABSL_FLAG(int, block_size, 16, "Engine KV cache block size (tokens).");
-ABSL_FLAG(int, num_slots, 8, "Concurrent sequences (KDA state slots).");
-ABSL_FLAG(int, num_blocks, 0, "Engine KV blocks (0: num_slots full contexts).");
-ABSL_FLAG(int64_t, max_context_tokens, 4096, "Prompt + output tokens per request.");
-ABSL_FLAG(int64_t, max_tokens_per_step, 256, "Engine token budget per step.");
-ABSL_FLAG(int, tp, 1,
-          "Tensor-parallel size: ranks run as threads of this process, one cache "
-          "shard each, all registered with the one UCX agent. Prefill and decode "
-          "workers of one router must use the same size (the router refuses "
-          "others at registration and this worker exits).");
-ABSL_FLAG(std::string, tp_fail_rank_at_step, "",
-          "FAILURE DRILL: 'R:S' makes TP rank R (>= 1) die instead of running its "
-          "forward step S (0-based); the worker fails its requests UNAVAILABLE and "
-          "stops taking work (health NOT_SERVING, no more heartbeats).");
-ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (UCX_TLS), empty: UCX chooses.");
-ABSL_FLAG(bool, ucx_peer_failure_detection, true,
-          "UCX endpoints with peer-failure detection (a dead peer fails transfers at "
-          "once). UCX 1.13 then uses only tcp/RDMA; false allows shared memory on one "
-          "host (much faster; a dead decode worker is then noticed by the router's "
-          "health checks, not the transfer). docs/kvtransfer.md.");
 ABSL_FLAG(bool, kv_stream_layers, true,
           "Stream each layer's KV/KDA state to the decode worker while the prefill "
           "computes (false: the whole state after the prefill).");
