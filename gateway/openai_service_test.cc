@@ -100,8 +100,18 @@ class OpenAIServiceTest : public ::testing::Test {
     return mu_.AwaitWithTimeout(absl::Condition(&seen), absl::Seconds(20));
   }
 
-  int SentTokens() {
+  // Tokens the scripted router sent, once `streams` of its streams have ended:
+  // the router records "done" after its last write, which can reach the client
+  // (and end the HTTP response) before the record is made.
+  int SentTokens(int streams = 1) {
     absl::MutexLock lock(&mu_);
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      int n = 0;
+      for (const json& e : events_) n += e["event"] == "done";
+      return n >= streams;
+    };
+    EXPECT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(20)))
+        << "the scripted router did not end " << streams << " stream(s)";
     int total = 0;
     for (const json& e : events_) {
       if (e["event"] == "done") total += e["sent"].get<int>();
