@@ -33,6 +33,9 @@ ABSL_FLAG(int, num_speculative_tokens, 3, "Drafts verified per decode step.");
 ABSL_FLAG(std::string, draft_model, "",
           "Draft checkpoint for --speculative=draft (same tokenizer and vocabulary).");
 ABSL_FLAG(double, max_lease_s, 60, "Longest reservation lease granted.");
+ABSL_FLAG(double, unlanded_quarantine_s, 5,
+          "Seconds a reservation released before its state landed keeps its blocks "
+          "out of use (a prefill worker the router gave up on may still write).");
 
 int main(int argc, char** argv) {
   tandem::BlockTerminationSignals();
@@ -118,6 +121,7 @@ int main(int argc, char** argv) {
   tandem::decode::DecodeServiceOptions dso;
   dso.worker_id = absl::GetFlag(FLAGS_worker_id);
   dso.max_lease = absl::Seconds(absl::GetFlag(FLAGS_max_lease_s));
+  dso.unlanded_quarantine = absl::Seconds(absl::GetFlag(FLAGS_unlanded_quarantine_s));
   dso.allocations = &allocations;
   auto service = tandem::decode::DecodeService::Create(loop.get(), landing_ptrs,
                                                        agent->get(), &metrics, dso);

@@ -103,10 +103,26 @@ void DecodeService::Count(const char* rpc, const char* outcome) {
   if (metrics_ != nullptr) metrics_->CountRequest(rpc, outcome);
 }
 
+void DecodeService::ReleaseLocked(std::vector<int32_t>* blocks, int32_t* slot) {
+  for (int32_t b : *blocks) blocks_.Free(b).IgnoreError();
+  blocks->clear();
+  if (*slot >= 0) slots_.Release(*slot).IgnoreError();
+  *slot = -1;
+}
+
 void DecodeService::FreeLocked(Reservation* r) {
-  for (int32_t b : r->blocks) blocks_.Free(b).IgnoreError();
+  if (r->landed || options_.unlanded_quarantine <= absl::ZeroDuration() ||
+      (r->blocks.empty() && r->slot < 0)) {
+    ReleaseLocked(&r->blocks, &r->slot);
+    return;
+  }
+  // The prefill worker may still be writing: keep the memory out of use.
+  Quarantined q;
+  q.blocks = std::move(r->blocks);
+  q.slot = r->slot;
+  q.until = absl::Now() + options_.unlanded_quarantine;
+  quarantine_.push_back(std::move(q));
   r->blocks.clear();
-  if (r->slot >= 0) slots_.Release(r->slot).IgnoreError();
   r->slot = -1;
 }
 
@@ -444,6 +460,14 @@ void DecodeService::Janitor() {
       mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.janitor_period);
       if (stop_) return;
       const absl::Time now = absl::Now();
+      for (auto q = quarantine_.begin(); q != quarantine_.end();) {
+        if (now >= q->until) {
+          ReleaseLocked(&q->blocks, &q->slot);
+          q = quarantine_.erase(q);
+        } else {
+          ++q;
+        }
+      }
       for (auto it = reservations_.begin(); it != reservations_.end();) {
         Reservation& r = it->second;
         const bool wait_over = r.waiting != nullptr && now > r.wait_deadline;

@@ -64,6 +64,13 @@ struct DecodeServiceOptions {
   absl::Duration max_landing_wait = absl::Seconds(10);
   // How often the janitor looks for expired leases and waits.
   absl::Duration janitor_period = absl::Milliseconds(20);
+  // A reservation freed before its state landed (Release after a failed or
+  // cancelled prefill, lease or wait expiry) keeps its blocks and slot out of
+  // use this long: a prefill worker the router gave up on may still be writing
+  // into them (a cancelled prefill drains its writes within ~2 s). Writes that
+  // outlast it (a prefill worker cut off from the router until its deadline) are
+  // not fenced: docs/kvtransfer.md, "Failures".
+  absl::Duration unlanded_quarantine = absl::Seconds(5);
   // When the landing pools were allocated through the agent (AgentAllocations),
   // their buffers are already registered: not owned, may be null.
   const worker::AgentAllocations* allocations = nullptr;
@@ -126,7 +133,11 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
   void OnNotification(const kvtransfer::Notification& n);
   // Verifies and admits a landed reservation (taken out of the table).
   void StartDecode(std::string id, Reservation r);
+  // Frees r's blocks and slot now if its state landed (or nothing was sent),
+  // else quarantines them for options_.unlanded_quarantine.
   void FreeLocked(Reservation* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseLocked(std::vector<int32_t>* blocks, int32_t* slot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Janitor();
   void Count(const char* rpc, const char* outcome);
 
@@ -145,6 +156,14 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
   engine::BlockAllocator blocks_ ABSL_GUARDED_BY(mu_);
   engine::SlotPool slots_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Reservation> reservations_ ABSL_GUARDED_BY(mu_);
+  // Blocks and slots of reservations freed before their state landed, held
+  // until `until` (FreeLocked); the janitor releases them.
+  struct Quarantined {
+    std::vector<int32_t> blocks;
+    int32_t slot = -1;
+    absl::Time until;
+  };
+  std::vector<Quarantined> quarantine_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread janitor_;
 };

@@ -106,6 +106,8 @@ struct DecodeNode {
     loop = std::make_unique<worker::EngineLoop>(std::move(*e));
     decode::DecodeServiceOptions o;
     o.worker_id = "decode-0";
+    // Short, so that tests of failed hand-offs see the landing pool idle soon.
+    o.unlanded_quarantine = absl::Milliseconds(300);
     service =
         *decode::DecodeService::Create(loop.get(), landing.get(), &agent, &metrics, o);
     server = Serve(service.get(), &address);
@@ -235,6 +237,18 @@ tandem::v1::GenerateRequest Request(const std::vector<int32_t>& prompt, int max_
 
 // The engine's free blocks and slots return to their totals (asynchronous
 // aborts): polled with a bounded deadline.
+// Waits until every landing block of `service` is free again (failed hand-offs
+// hold theirs for the unlanded quarantine).
+bool LandingIdle(decode::DecodeService* service, int64_t total,
+                 absl::Duration timeout) {
+  const absl::Time end = absl::Now() + timeout;
+  while (absl::Now() < end) {
+    if (service->landing_free_blocks() == total) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return false;
+}
+
 bool EngineIdle(worker::EngineLoop* loop, absl::Duration timeout) {
   const absl::Time end = absl::Now() + timeout;
   while (absl::Now() < end) {
@@ -329,7 +343,52 @@ TEST_F(ClusterTest, LostPrefillWorkerIsReleasedAndRetriedElsewhere) {
             1);
   EXPECT_EQ(workers_.Live(tandem::v1::WORKER_ROLE_PREFILL).size(), 1u);
   EXPECT_EQ(decode.service->num_reservations(), 0);
-  EXPECT_EQ(decode.service->landing_free_blocks(), decode.landing->num_blocks());
+  // The first reservation was released before any state landed: quarantined
+  // (the lost prefill worker might still write), then freed.
+  EXPECT_TRUE(LandingIdle(decode.service.get(), decode.landing->num_blocks(),
+                          absl::Seconds(10)));
+}
+
+// A reservation released before its state landed keeps its memory out of use
+// for the quarantine (a prefill worker the router gave up on may still be
+// writing into it), then gets it back; a landed one is freed at once.
+TEST_F(ClusterTest, UnlandedReservationIsQuarantinedThenFreed) {
+  DecodeNode decode;
+  const int slots = decode.landing->num_slots();
+  auto reserve = [&](const std::string& id) {
+    tandem::v1::ReserveRequest rr;
+    rr.set_request_id(id);
+    rr.set_prompt_tokens(20);
+    tandem::v1::KvTarget target;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(10));
+    return decode.stub->Reserve(&ctx, rr, &target);
+  };
+  auto release = [&](const std::string& id) {
+    tandem::v1::ReleaseRequest rr;
+    rr.set_request_id(id);
+    tandem::v1::ReleaseResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(10));
+    return decode.stub->Release(&ctx, rr, &resp);
+  };
+  for (int i = 0; i < slots; ++i) {
+    ASSERT_TRUE(reserve("q" + std::to_string(i)).ok()) << i;
+  }
+  for (int i = 0; i < slots; ++i) {
+    ASSERT_TRUE(release("q" + std::to_string(i)).ok()) << i;
+  }
+  EXPECT_EQ(decode.service->num_reservations(), 0);
+  // Every slot is quarantined: a new reservation is refused for now...
+  grpc::Status held = reserve("next");
+  EXPECT_EQ(held.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << held.error_message();
+  EXPECT_LT(decode.service->landing_free_blocks(), decode.landing->num_blocks());
+  // ...and accepted once the quarantine (300 ms here) has passed.
+  EXPECT_TRUE(LandingIdle(decode.service.get(), decode.landing->num_blocks(),
+                          absl::Seconds(10)));
+  EXPECT_TRUE(reserve("next").ok());
+  EXPECT_TRUE(release("next").ok());
 }
 
 TEST_F(ClusterTest, CorruptTransferIsDataLossAndNothingLeaks) {
