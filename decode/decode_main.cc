@@ -42,25 +42,17 @@ int main(int argc, char** argv) {
   tandem::InitProgram(argc, argv, "decode",
                       "Tandem decode worker.\nusage: decode_main --model=DIR "
                       "--router=HOST:PORT [--port=N] [--metrics_port=N]");
-  auto model = tandem::worker::LoadWorkerModel(absl::GetFlag(FLAGS_model),
-                                               absl::GetFlag(FLAGS_backend),
-                                               absl::GetFlag(FLAGS_served_model_name));
+  auto model = tandem::worker::LoadWorkerModelFromFlags();
   if (!model.ok()) {
     TLOG(ERROR, "cannot load the model").Kv("status", model.status());
     return 1;
   }
-  tandem::runtime::EngineOptions eo;
-  eo.block_size = absl::GetFlag(FLAGS_block_size);
-  eo.num_slots = absl::GetFlag(FLAGS_num_slots);
-  eo.num_blocks = absl::GetFlag(FLAGS_num_blocks);
-  eo.max_context_tokens = absl::GetFlag(FLAGS_max_context_tokens);
-  eo.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
-  if (absl::Status s = tandem::worker::ApplyTpFlags(
-          absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_tp_fail_rank_at_step), &eo);
-      !s.ok()) {
-    TLOG(ERROR, "bad tensor-parallel flags").Kv("status", s);
+  auto options = tandem::worker::EngineOptionsFromFlags();
+  if (!options.ok()) {
+    TLOG(ERROR, "bad tensor-parallel flags").Kv("status", options.status());
     return 1;
   }
+  tandem::runtime::EngineOptions& eo = *options;
   if (absl::Status s = tandem::worker::ApplySpeculativeFlags(
           absl::GetFlag(FLAGS_speculative), absl::GetFlag(FLAGS_num_speculative_tokens),
           absl::GetFlag(FLAGS_draft_model), model->get(), &eo);
@@ -68,21 +60,13 @@ int main(int argc, char** argv) {
     TLOG(ERROR, "bad speculative-decoding flags").Kv("status", s);
     return 1;
   }
-  if (eo.tp.fail_rank >= 0) {
-    TLOG(WARNING, "FAILURE DRILL --tp_fail_rank_at_step: a TP rank will die")
-        .Kv("rank", eo.tp.fail_rank)
-        .Kv("step", eo.tp.fail_rank_at_step);
-  }
   auto engine = tandem::worker::MakeEngine(model->get(), eo);
   if (!engine.ok()) {
     TLOG(ERROR, "cannot create the engine").Kv("status", engine.status());
     return 1;
   }
-  tandem::kvtransfer::UcxAgentConfig uc;
-  uc.tls = absl::GetFlag(FLAGS_ucx_tls);
-  uc.peer_failure_detection = absl::GetFlag(FLAGS_ucx_peer_failure_detection);
-  uc.name = absl::GetFlag(FLAGS_worker_id);
-  auto agent = tandem::kvtransfer::UcxAgent::Create(uc);
+  auto agent = tandem::kvtransfer::UcxAgent::Create(
+      tandem::worker::UcxConfigFromFlags(absl::GetFlag(FLAGS_worker_id)));
   if (!agent.ok()) {
     TLOG(ERROR, "cannot start the UCX agent").Kv("status", agent.status());
     return 1;
@@ -129,19 +113,8 @@ int main(int argc, char** argv) {
     TLOG(ERROR, "cannot start the decode service").Kv("status", service.status());
     return 1;
   }
-  tandem::worker::WorkerServerOptions so;
-  so.host = absl::GetFlag(FLAGS_host);
-  so.advertise_host = absl::GetFlag(FLAGS_advertise_host);
-  so.port = absl::GetFlag(FLAGS_port);
-  so.metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  so.router = absl::GetFlag(FLAGS_router);
-  so.registration.set_worker_id(dso.worker_id);
-  so.registration.set_role(tandem::v1::WORKER_ROLE_DECODE);
-  so.registration.set_model_id((*model)->model_id);
-  so.registration.set_model_fingerprint((*model)->fingerprint);
-  so.registration.set_tp_size(absl::GetFlag(FLAGS_tp));
-  so.registration.set_max_context_tokens(absl::GetFlag(FLAGS_max_context_tokens));
-  *so.registration.mutable_layout() = (*service)->layout();
+  tandem::worker::WorkerServerOptions so = tandem::worker::ServerOptionsFromFlags(
+      dso.worker_id, tandem::v1::WORKER_ROLE_DECODE, **model, (*service)->layout());
   so.health = [l = loop.get()] { return l->health(); };
   tandem::decode::DecodeService* svc = service->get();
   const int rc = tandem::worker::ServeWorker(

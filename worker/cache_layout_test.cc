@@ -24,18 +24,37 @@ std::unique_ptr<runtime::KvCache> Cache(int64_t block_size, int64_t blocks,
   return *runtime::KvCache::Create(runtime::testing::TinyWeights().config, o);
 }
 
+// Recognisable bytes in every MLA layer and in `slot`'s KDA state of `c`.
+void FillRecognisable(runtime::KvCache* c, int64_t slot, int salt) {
+  for (int m = 0; m < c->num_mla_layers(); ++m) {
+    auto* p = reinterpret_cast<uint8_t*>(c->mla_layer(m));
+    for (size_t i = 0; i < c->mla_layer_bytes(); ++i) p[i] = (i * salt + m) & 0xFF;
+  }
+  for (int k = 0; k < c->num_kda_layers(); ++k) {
+    float* r = c->kda_recurrent(slot, k);
+    for (size_t i = 0; i < c->kda_bytes_per_layer() / 4; ++i)
+      r[i] = 0.5f * i + k + salt;
+  }
+}
+
+// What a decode worker publishes for `dst` (registered with `agent`): its pool
+// geometry in the descriptor's metadata, the blocks and the slot.
+tandem::v1::RankTarget Target(kvtransfer::TransferAgent& agent, runtime::KvCache& dst,
+                              const CacheRegions& regions,
+                              const std::vector<int32_t>& blocks, int32_t slot) {
+  tandem::v1::RankTarget target;
+  target.set_transfer_descriptor(
+      *agent.LocalDescriptor(PoolsMetadata(CacheRankLayout(dst, regions, {}, 0))));
+  for (int32_t id : blocks) target.add_block_ids(id);
+  target.set_state_slot(slot);
+  *target.mutable_layout() = KvLayoutOf(dst);
+  return target;
+}
+
 TEST(CacheLayoutTest, TransferThroughTargetLayoutKeepsChecksums) {
   auto src = Cache(16, 8, 2);
   auto dst = Cache(8, 20, 3);
-  // Recognisable source bytes.
-  for (int m = 0; m < src->num_mla_layers(); ++m) {
-    auto* p = reinterpret_cast<uint8_t*>(src->mla_layer(m));
-    for (size_t i = 0; i < src->mla_layer_bytes(); ++i) p[i] = (i * 31 + m) & 0xFF;
-  }
-  for (int k = 0; k < src->num_kda_layers(); ++k) {
-    float* r = src->kda_recurrent(1, k);
-    for (size_t i = 0; i < src->kda_bytes_per_layer() / 4; ++i) r[i] = 0.5f * i + k;
-  }
+  FillRecognisable(src.get(), 1, 31);
   kvtransfer::LoopbackAgent a, b;
   auto src_regions = RegisterCache(&a, src.get());
   auto dst_regions = RegisterCache(&b, dst.get());
@@ -44,13 +63,7 @@ TEST(CacheLayoutTest, TransferThroughTargetLayoutKeepsChecksums) {
   const std::vector<int32_t> src_blocks = {5, 2, 7};
   const std::vector<int32_t> dst_blocks = {19, 0, 4, 11, 3};
 
-  // The decode side publishes its geometry in the descriptor's metadata.
-  tandem::v1::RankTarget target;
-  target.set_transfer_descriptor(
-      *b.LocalDescriptor(PoolsMetadata(CacheRankLayout(*dst, *dst_regions, {}, 0))));
-  for (int32_t id : dst_blocks) target.add_block_ids(id);
-  target.set_state_slot(2);
-  *target.mutable_layout() = KvLayoutOf(*dst);
+  const tandem::v1::RankTarget target = Target(b, *dst, *dst_regions, dst_blocks, 2);
   auto dst_side = TargetRankLayout(target);
   ASSERT_TRUE(dst_side.ok()) << dst_side.status();
   const kvtransfer::RankLayout src_side =
@@ -97,14 +110,7 @@ TEST(CacheLayoutTest, TransferThroughTargetLayoutKeepsChecksums) {
 // with matching checksums, and destroying the cache gives the memory back.
 TEST(CacheLayoutTest, AgentAllocatedCacheIsRegisteredOnceAndFreed) {
   auto src = Cache(16, 8, 2);
-  for (int m = 0; m < src->num_mla_layers(); ++m) {
-    auto* p = reinterpret_cast<uint8_t*>(src->mla_layer(m));
-    for (size_t i = 0; i < src->mla_layer_bytes(); ++i) p[i] = (i * 7 + m) & 0xFF;
-  }
-  for (int k = 0; k < src->num_kda_layers(); ++k) {
-    float* r = src->kda_recurrent(0, k);
-    for (size_t i = 0; i < src->kda_bytes_per_layer() / 4; ++i) r[i] = 0.25f * i - k;
-  }
+  FillRecognisable(src.get(), 0, 7);
   kvtransfer::LoopbackAgent a, b;
   AgentAllocations allocations(&b);
   {
@@ -131,12 +137,7 @@ TEST(CacheLayoutTest, AgentAllocatedCacheIsRegisteredOnceAndFreed) {
     const int64_t n = 29;
     const std::vector<int32_t> src_blocks = {3, 6};
     const std::vector<int32_t> dst_blocks = {11, 2, 5, 0};
-    tandem::v1::RankTarget target;
-    target.set_transfer_descriptor(
-        *b.LocalDescriptor(PoolsMetadata(CacheRankLayout(**dst, *dst_regions, {}, 0))));
-    for (int32_t id : dst_blocks) target.add_block_ids(id);
-    target.set_state_slot(1);
-    *target.mutable_layout() = KvLayoutOf(**dst);
+    const tandem::v1::RankTarget target = Target(b, **dst, *dst_regions, dst_blocks, 1);
     auto dst_side = TargetRankLayout(target);
     ASSERT_TRUE(dst_side.ok()) << dst_side.status();
     const kvtransfer::RankLayout src_side =

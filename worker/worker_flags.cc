@@ -1,6 +1,8 @@
 #include "worker/worker_flags.h"
 
 #include "absl/flags/flag.h"
+#include "common/logging.h"
+#include "common/status.h"
 
 ABSL_FLAG(std::string, model, "",
           "Checkpoint directory (config.json, weights, tokenizer).");
@@ -32,3 +34,57 @@ ABSL_FLAG(bool, ucx_peer_failure_detection, true,
           "once). UCX 1.13 then uses only tcp/RDMA; false allows shared memory on one "
           "host (much faster; a dead decode worker is then noticed by the router's "
           "health checks, not the transfer). docs/kvtransfer.md.");
+
+namespace tandem::worker {
+
+absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModelFromFlags() {
+  return LoadWorkerModel(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_backend),
+                         absl::GetFlag(FLAGS_served_model_name));
+}
+
+absl::StatusOr<runtime::EngineOptions> EngineOptionsFromFlags() {
+  runtime::EngineOptions eo;
+  eo.block_size = absl::GetFlag(FLAGS_block_size);
+  eo.num_slots = absl::GetFlag(FLAGS_num_slots);
+  eo.num_blocks = absl::GetFlag(FLAGS_num_blocks);
+  eo.max_context_tokens = absl::GetFlag(FLAGS_max_context_tokens);
+  eo.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
+  TANDEM_RETURN_IF_ERROR(ApplyTpFlags(absl::GetFlag(FLAGS_tp),
+                                      absl::GetFlag(FLAGS_tp_fail_rank_at_step), &eo));
+  if (eo.tp.fail_rank >= 0) {
+    TLOG(WARNING, "FAILURE DRILL --tp_fail_rank_at_step: a TP rank will die")
+        .Kv("rank", eo.tp.fail_rank)
+        .Kv("step", eo.tp.fail_rank_at_step);
+  }
+  return eo;
+}
+
+kvtransfer::UcxAgentConfig UcxConfigFromFlags(const std::string& worker_id) {
+  kvtransfer::UcxAgentConfig uc;
+  uc.tls = absl::GetFlag(FLAGS_ucx_tls);
+  uc.peer_failure_detection = absl::GetFlag(FLAGS_ucx_peer_failure_detection);
+  uc.name = worker_id;
+  return uc;
+}
+
+WorkerServerOptions ServerOptionsFromFlags(const std::string& worker_id,
+                                           tandem::v1::WorkerRole role,
+                                           const WorkerModel& model,
+                                           const tandem::v1::KvLayout& layout) {
+  WorkerServerOptions so;
+  so.host = absl::GetFlag(FLAGS_host);
+  so.advertise_host = absl::GetFlag(FLAGS_advertise_host);
+  so.port = absl::GetFlag(FLAGS_port);
+  so.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  so.router = absl::GetFlag(FLAGS_router);
+  so.registration.set_worker_id(worker_id);
+  so.registration.set_role(role);
+  so.registration.set_model_id(model.model_id);
+  so.registration.set_model_fingerprint(model.fingerprint);
+  so.registration.set_tp_size(absl::GetFlag(FLAGS_tp));
+  so.registration.set_max_context_tokens(absl::GetFlag(FLAGS_max_context_tokens));
+  *so.registration.mutable_layout() = layout;
+  return so;
+}
+
+}  // namespace tandem::worker

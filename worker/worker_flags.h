@@ -9,6 +9,12 @@
 #include <string>
 
 #include "absl/flags/declare.h"
+#include "absl/status/statusor.h"
+#include "engine/runtime/engine.h"
+#include "kvtransfer/ucx_agent.h"
+#include "proto/worker.pb.h"
+#include "worker/worker_model.h"
+#include "worker/worker_server.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, served_model_name);
@@ -27,5 +33,24 @@ ABSL_DECLARE_FLAG(int, tp);
 ABSL_DECLARE_FLAG(std::string, tp_fail_rank_at_step);
 ABSL_DECLARE_FLAG(std::string, ucx_tls);
 ABSL_DECLARE_FLAG(bool, ucx_peer_failure_detection);
+
+namespace tandem::worker {
+
+// The model (--model, --backend, --served_model_name).
+absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModelFromFlags();
+// Engine options from --block_size, --num_slots, --num_blocks,
+// --max_context_tokens, --max_tokens_per_step, --tp and --tp_fail_rank_at_step
+// (logs a warning when the drill is armed); INVALID_ARGUMENT for bad TP flags.
+absl::StatusOr<runtime::EngineOptions> EngineOptionsFromFlags();
+// The UCX agent named `worker_id` (--ucx_tls, --ucx_peer_failure_detection).
+kvtransfer::UcxAgentConfig UcxConfigFromFlags(const std::string& worker_id);
+// Server and registration (--host, --advertise_host, --port, --metrics_port,
+// --router; id, role, model, --tp, --max_context_tokens, the cache layout).
+WorkerServerOptions ServerOptionsFromFlags(const std::string& worker_id,
+                                           tandem::v1::WorkerRole role,
+                                           const WorkerModel& model,
+                                           const tandem::v1::KvLayout& layout);
+
+}  // namespace tandem::worker
 
 #endif  // TANDEM_WORKER_WORKER_FLAGS_H_
