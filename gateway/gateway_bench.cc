@@ -22,10 +22,15 @@
 //      include_usage), so the two figures count the same thing.
 // The gateway runs --io_threads I/O threads (default 2: "on 2 cores").
 // Ends with one JSON line {"bench":"gateway",...}.
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
+#include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -81,6 +86,15 @@ ABSL_FLAG(bool, fixture_process, true,
           "Run the scripted router as its own process (scripted_router_main), so "
           "that this process's CPU is the gateway's and the clients' only.");
 ABSL_FLAG(int, client_threads, 1, "Threads of the paced run's HTTP client.");
+ABSL_FLAG(int, router_sessions, 2,
+          "The gateway's GenerateSession streams to the router (gateway_main's "
+          "--router_sessions); 0: one Generate call per request.");
+ABSL_FLAG(double, direct_write_min_gap_ms, 5,
+          "HttpServerOptions::direct_write_min_gap: a chunk this soon after the "
+          "previous one of its stream goes through the connection's strand.");
+ABSL_FLAG(bool, compare_per_request, true,
+          "Also run the paced load through a gateway with one Generate call per "
+          "request (the baseline of the sessions), in the same run.");
 
 namespace tandem::gateway {
 namespace {
@@ -293,38 +307,37 @@ class ChunkedDecoder {
   uint64_t left_ = 0;
 };
 
-// Many keep-alive connections to the gateway on an event loop, each sending
-// the same streamed completion again and again until `until`, reading the
-// SSE stream as it comes (chunked decoding + SseParser), counting the usage
-// chunk's completion_tokens and the time between token chunks.
+// Many keep-alive connections to the gateway, each sending the same streamed
+// completion again and again until `until`, reading the SSE stream as it
+// comes (chunked decoding + SseParser), counting the usage chunk's
+// completion_tokens and the time between token chunks. A lean load
+// generator (as wrk is): `threads` threads, each a level-triggered epoll
+// loop over its share of non-blocking sockets, one recv per readiness, so
+// that the client takes as little as possible of the CPU it shares with the
+// gateway.
 class PacedHttpClient {
  public:
   PacedHttpClient(int port, std::string body, int streams, int threads,
                   absl::Time until)
-      : until_(until) {
+      : until_(until), port_(port) {
     request_ = absl::StrCat(
         "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         "Content-Type: application/json\r\nContent-Length: ",
         body.size(), "\r\n\r\n", body);
-    endpoint_ = boost::asio::ip::tcp::endpoint(
-        boost::asio::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port));
-    for (int i = 0; i < streams; ++i) {
-      conns_.push_back(std::make_unique<Conn>(this, ioc_));
-    }
-    threads_ = std::max(threads, 1);
+    for (int i = 0; i < streams; ++i) conns_.push_back(std::make_unique<Conn>(this));
+    threads_ = std::max(1, std::min(threads, std::max(1, streams)));
   }
 
   PacedResult Run() {
     const absl::Time start = absl::Now();
     const double cpu0 = ProcessCpuSeconds();
-    for (auto& c : conns_) c->Start();
     std::vector<std::thread> threads;
     absl::Mutex cpu_mu;
     double client_cpu = 0;
-    for (int i = 0; i < threads_; ++i) {
-      threads.emplace_back([this, &cpu_mu, &client_cpu] {
+    for (int t = 0; t < threads_; ++t) {
+      threads.emplace_back([this, t, &cpu_mu, &client_cpu] {
         const double t0 = ThreadCpuSeconds();
-        ioc_.run();
+        Loop(t);
         absl::MutexLock lock(&cpu_mu);
         client_cpu += ThreadCpuSeconds() - t0;
       });
@@ -349,43 +362,66 @@ class PacedHttpClient {
 
  private:
   struct Conn {
-    Conn(PacedHttpClient* o, boost::asio::io_context& ioc)
-        : owner(o), socket(boost::asio::make_strand(ioc)) {}
-
-    void Start() {
-      socket.async_connect(owner->endpoint_, [this](boost::system::error_code ec) {
-        if (ec) return Fail();
-        socket.set_option(boost::asio::ip::tcp::no_delay(true));
-        Send();
-      });
+    explicit Conn(PacedHttpClient* o) : owner(o) {}
+    ~Conn() {
+      if (fd >= 0) close(fd);
     }
-    void Send() {
-      if (absl::Now() >= owner->until_) return;  // done: the socket closes
+
+    // Connects (blocking, loopback) and sends the first request; false on
+    // failure (counted).
+    bool Start(int epfd) {
+      fd = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons(static_cast<uint16_t>(owner->port_));
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (fd < 0 ||
+          connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+        return Fail();
+      }
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.ptr = this;
+      if (epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) != 0) return Fail();
+      return Send();
+    }
+    // Sends the request (it fits the socket buffer of a fresh exchange);
+    // false when the run is over (the socket is closed) or on failure.
+    bool Send() {
+      if (absl::Now() >= owner->until_) return Close();
       head.clear();
       in_body = false;
       chunked = ChunkedDecoder();
       sse = SseParser();
       last_event = sent_at = absl::Now();
       events_before = result.events;
-      boost::asio::async_write(socket, boost::asio::buffer(owner->request_),
-                               [this](boost::system::error_code ec, size_t) {
-                                 if (ec) return Fail();
-                                 Read();
-                               });
+      const std::string& r = owner->request_;
+      size_t off = 0;
+      while (off < r.size()) {
+        const ssize_t n = send(fd, r.data() + off, r.size() - off, MSG_NOSIGNAL);
+        if (n > 0) {
+          off += static_cast<size_t>(n);
+        } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
+          return Fail();
+        }
+      }
+      return true;
     }
-    void Read() {
-      socket.async_read_some(boost::asio::buffer(buf),
-                             [this](boost::system::error_code ec, size_t n) {
-                               if (ec) return Fail();
-                               if (!OnBytes(absl::string_view(buf, n))) return Fail();
-                               if (chunked.done()) {
-                                 result.duration_ms.push_back(
-                                     absl::ToDoubleMilliseconds(absl::Now() - sent_at));
-                                 ++result.requests;
-                                 return Send();
-                               }
-                               Read();
-                             });
+    // The socket is readable: one recv; false once the connection is done.
+    bool OnReadable() {
+      const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+      if (n <= 0) return Fail();  // the gateway closed mid-response
+      if (!OnBytes(absl::string_view(buf, static_cast<size_t>(n)))) return Fail();
+      if (chunked.done()) {
+        result.duration_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - sent_at));
+        ++result.requests;
+        return Send();
+      }
+      return true;
     }
     bool OnBytes(absl::string_view bytes) {
       if (!in_body) {
@@ -423,14 +459,18 @@ class PacedHttpClient {
       }
       return true;
     }
-    void Fail() {
+    bool Fail() {
       ++result.failures;
-      boost::system::error_code ignored;
-      socket.close(ignored);
+      return Close();
+    }
+    bool Close() {
+      if (fd >= 0) close(fd);  // also leaves the epoll set
+      fd = -1;
+      return false;
     }
 
     PacedHttpClient* owner;
-    boost::asio::ip::tcp::socket socket;
+    int fd = -1;
     char buf[16384];
     std::string head, body;
     bool in_body = false;
@@ -442,10 +482,31 @@ class PacedHttpClient {
     PacedResult result;
   };
 
-  boost::asio::io_context ioc_;
+  // Thread `t`: connections t, t + threads_, ...; until all are done.
+  void Loop(int t) {
+    const int epfd = epoll_create1(0);
+    int open = 0;
+    for (size_t i = t; i < conns_.size(); i += threads_) {
+      open += conns_[i]->Start(epfd) ? 1 : 0;
+    }
+    std::vector<epoll_event> ready(256);
+    while (open > 0) {
+      // A bounded wait: a connection whose response never ends is counted by
+      // the gateway's own deadlines, not waited for here forever.
+      const int n =
+          epoll_wait(epfd, ready.data(), static_cast<int>(ready.size()), 1000);
+      if (n < 0 && errno != EINTR) break;
+      if (n == 0 && absl::Now() > until_ + absl::Seconds(60)) break;
+      for (int i = 0; i < n; ++i) {
+        if (!static_cast<Conn*>(ready[i].data.ptr)->OnReadable()) --open;
+      }
+    }
+    close(epfd);
+  }
+
   const absl::Time until_;
+  const int port_;
   std::string request_;
-  boost::asio::ip::tcp::endpoint endpoint_;
   std::vector<std::unique_ptr<Conn>> conns_;
   int threads_ = 1;
 };
@@ -589,18 +650,47 @@ int Main(int argc, char** argv) {
                                      grpc::InsecureChannelCredentials());
   auto stub = tandem::v1::Router::NewStub(channel);
 
-  RouterClient client(grpc::CreateChannel("127.0.0.1:" + std::to_string(grpc_port),
-                                          grpc::InsecureChannelCredentials()));
-  metrics::Registry registry;
-  OpenAIService service({}, tokenizer->get(), &client, &registry);
-  HttpServer http(
-      {.io_threads = absl::GetFlag(FLAGS_io_threads),
-       .direct_writes = absl::GetFlag(FLAGS_direct_writes)},
-      [&service](HttpRequest r, std::shared_ptr<ResponseWriter> w) {
-        service.Handle(std::move(r), std::move(w));
-      },
-      &OpenAIService::FormatServerError);
-  if (!http.Start().ok()) return 1;
+  // A gateway (router client, OpenAI service, HTTP server) per transport to
+  // the router: `sessions` multiplexed streams, or 0: a call per request.
+  struct Gateway {
+    Gateway(int sessions, int grpc_port, const tokenizer::Tokenizer* tokenizer)
+        : client(
+              [&] {
+                grpc::ChannelArguments args;
+                args.SetMaxReceiveMessageSize(64 << 20);
+                // Its own connection (not shared with the other gateway's).
+                args.SetInt("bench.gateway_sessions", sessions);
+                return grpc::CreateCustomChannel(
+                    "127.0.0.1:" + std::to_string(grpc_port),
+                    grpc::InsecureChannelCredentials(), args);
+              }(),
+              RouterClient::Options{.sessions = sessions}),
+          service({}, tokenizer, &client, &registry),
+          http(
+              {.io_threads = absl::GetFlag(FLAGS_io_threads),
+               .direct_writes = absl::GetFlag(FLAGS_direct_writes)},
+              [this](HttpRequest r, std::shared_ptr<ResponseWriter> w) {
+                service.Handle(std::move(r), std::move(w));
+              },
+              &OpenAIService::FormatServerError) {}
+    ~Gateway() {
+      http.Shutdown(absl::Seconds(2));
+      service.CancelAll(absl::Seconds(5));
+    }
+    metrics::Registry registry;
+    RouterClient client;
+    OpenAIService service;
+    HttpServer http;
+  };
+  const int sessions = absl::GetFlag(FLAGS_router_sessions);
+  auto gateway = std::make_unique<Gateway>(sessions, grpc_port, tokenizer->get());
+  if (!gateway->http.Start().ok()) return 1;
+  std::unique_ptr<Gateway> per_request;
+  if (sessions > 0 && absl::GetFlag(FLAGS_compare_per_request)) {
+    per_request = std::make_unique<Gateway>(0, grpc_port, tokenizer->get());
+    if (!per_request->http.Start().ok()) return 1;
+  }
+  HttpServer& http = gateway->http;
 
   // `usage`: ask for the usage chunk, whose completion_tokens the throughput
   // run counts (the same tokens the direct run counts).
@@ -627,28 +717,55 @@ int Main(int argc, char** argv) {
     PacedResult direct =
         PacedDirectClient(stub.get(), pids, paced_streams, absl::Now() + window).Run();
     direct.fixture_cpu_seconds = ChildCpuSeconds(child.pid) - f0;
-    f0 = ChildCpuSeconds(child.pid);
-    PacedResult through =
-        PacedHttpClient(http.port(), pbody, paced_streams,
-                        absl::GetFlag(FLAGS_client_threads), absl::Now() + window)
-            .Run();
-    through.fixture_cpu_seconds = ChildCpuSeconds(child.pid) - f0;
+    auto through_gateway = [&](const Gateway& g) {
+      const double c0 = ChildCpuSeconds(child.pid);
+      PacedResult r =
+          PacedHttpClient(g.http.port(), pbody, paced_streams,
+                          absl::GetFlag(FLAGS_client_threads), absl::Now() + window)
+              .Run();
+      r.fixture_cpu_seconds = ChildCpuSeconds(child.pid) - c0;
+      return r;
+    };
+    PacedResult through = through_gateway(*gateway);
     paced = {{"streams", paced_streams},
              {"rate_per_stream", paced_rate},
              {"tokens_per_request", paced_tokens},
+             {"router_sessions", sessions},
              {"direct", PacedJson(direct, offered, ideal_ms)},
              {"gateway", PacedJson(through, offered, ideal_ms)}};
     errors += static_cast<int>(direct.failures + through.failures);
+    if (per_request != nullptr) {
+      PacedResult base = through_gateway(*per_request);
+      errors += static_cast<int>(base.failures);
+      paced["gateway_per_request_calls"] = PacedJson(base, offered, ideal_ms);
+      const double base_tps = paced["gateway_per_request_calls"]["tokens_per_s"];
+      const double base_cpu = paced["gateway_per_request_calls"]["cpu_us_per_token"];
+      paced["sessions_over_per_request_tokens_per_s"] =
+          base_tps > 0 ? paced["gateway"]["tokens_per_s"].get<double>() / base_tps : 0;
+      fprintf(
+          stderr,
+          "paced, baseline gateway with one Generate call per request: %.0f SSE "
+          "tokens/s (gateway %.1f us CPU/token; client %.1f, router fixture %.1f "
+          "us CPU/token); sessions / per-request calls: %.2fx tokens/s, %.2fx "
+          "gateway CPU per token\n",
+          base_tps, base_cpu,
+          paced["gateway_per_request_calls"]["client_cpu_us_per_token"].get<double>(),
+          paced["gateway_per_request_calls"]["fixture_cpu_us_per_token"].get<double>(),
+          paced["sessions_over_per_request_tokens_per_s"].get<double>(),
+          base_cpu > 0 ? paced["gateway"]["cpu_us_per_token"].get<double>() / base_cpu
+                       : 0.0);
+    }
     fprintf(stderr,
             "paced (%d streams x %.0f tokens/s, %d tokens/request; offered %.0f "
-            "tokens/s): direct %.0f tokens/s (%.1f us CPU/token); gateway SSE %.0f "
+            "tokens/s): direct %.0f tokens/s (%.1f us CPU/token); gateway (%d router "
+            "sessions) SSE %.0f "
             "tokens/s (gateway %.1f us CPU/token = %.0f tokens per CPU second; "
             "client %.1f, router fixture %.1f us CPU/token; %.2f of "
             "offered, %.3f SSE chunks/token, gap p50 %.1f ms p99 %.1f ms, request p50 "
             "%.0f ms p99 %.0f ms, ideal %.0f ms)\n",
             paced_streams, paced_rate, paced_tokens, offered,
             paced["direct"]["tokens_per_s"].get<double>(),
-            paced["direct"]["cpu_us_per_token"].get<double>(),
+            paced["direct"]["cpu_us_per_token"].get<double>(), sessions,
             paced["gateway"]["tokens_per_s"].get<double>(),
             paced["gateway"]["cpu_us_per_token"].get<double>(),
             paced["gateway"]["tokens_per_cpu_s"].get<double>(),
@@ -743,6 +860,7 @@ int Main(int argc, char** argv) {
        paced.is_null() ? json(nullptr) : paced["gateway"]["tokens_per_s"]},
       {"paced", paced},
       {"io_threads", absl::GetFlag(FLAGS_io_threads)},
+      {"router_sessions", sessions},
       {"latency_tokens_per_request", n_tokens},
       {"requests", absl::GetFlag(FLAGS_requests)},
       {"direct_p50_ms", Percentile(direct_ms, 0.5)},
@@ -771,8 +889,8 @@ int Main(int argc, char** argv) {
           absl::GetFlag(FLAGS_stream_tokens), direct_tps, direct_cpu_us, gateway_tps,
           gateway_cpu_us);
   conn->reset();
-  http.Shutdown(absl::Seconds(2));
-  service.CancelAll(absl::Seconds(5));
+  gateway.reset();
+  per_request.reset();
   if (grpc_server) {
     grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   }

@@ -2,6 +2,7 @@
 // router's gRPC API. /health and /metrics are served on the same port.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -40,6 +41,10 @@ ABSL_FLAG(double, idle_timeout_s, 60,
 ABSL_FLAG(double, write_timeout_s, 30, "Deadline for each write to a client.");
 ABSL_FLAG(double, request_timeout_s, 600, "Deadline of one generation (router calls).");
 ABSL_FLAG(double, router_rpc_timeout_s, 5, "Deadline of ListModels and health checks.");
+ABSL_FLAG(int, router_sessions, 2,
+          "Generate calls are multiplexed on this many Router.GenerateSession "
+          "streams (one gRPC message per router batch instead of per token); 0: "
+          "one Router.Generate call per request (for routers without sessions).");
 ABSL_FLAG(double, shutdown_grace_s, 10,
           "On SIGTERM, time given to requests in flight before they are cancelled.");
 
@@ -72,7 +77,8 @@ int main(int argc, char** argv) {
   args.SetMaxReceiveMessageSize(64 << 20);
   auto channel = grpc::CreateCustomChannel(absl::GetFlag(FLAGS_router),
                                            grpc::InsecureChannelCredentials(), args);
-  tandem::gateway::RouterClient router(channel);
+  tandem::gateway::RouterClient router(
+      channel, {.sessions = std::max(0, absl::GetFlag(FLAGS_router_sessions))});
   tandem::metrics::Registry registry;
   tandem::gateway::OpenAIService service(
       {.served_model_name = absl::GetFlag(FLAGS_served_model_name),

@@ -339,6 +339,23 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Flush() {
     if (writing_ || out_.empty() || closed_) return;
+    // The socket nearly always takes it all at once: send from the strand now
+    // (no composed write, no completion to wait for before direct sends may
+    // resume); what it does not take goes out asynchronously below.
+    {
+      absl::MutexLock lock(&direct_mu_);  // a direct send may be in progress
+      const ssize_t n =
+          ::send(fd_, out_.data(), out_.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        out_.erase(0, static_cast<size_t>(n));
+        buffered_ -= std::min(buffered_, static_cast<size_t>(n));
+      }
+      // An error: the asynchronous write below reports it (and closes).
+    }
+    if (out_.empty()) {
+      if (in_request_ && state_ == State::kEnded) return FinishRequest();
+      return UpdateDirect();
+    }
     writing_buf_.clear();
     writing_buf_.swap(out_);  // both keep their capacity: no allocation per write
     writing_ = true;

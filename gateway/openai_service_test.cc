@@ -27,7 +27,9 @@ namespace {
 
 using json = nlohmann::json;
 
-class OpenAIServiceTest : public ::testing::Test {
+// Parameter: RouterClient::Options::sessions (0: one Generate call per
+// choice; 2: multiplexed on GenerateSession streams, as gateway_main runs).
+class OpenAIServiceTest : public ::testing::TestWithParam<int> {
  protected:
   static void SetUpTestSuite() {
     auto t = tokenizer::Tokenizer::Load("third_party/kimi_k3_tokenizer");
@@ -48,8 +50,10 @@ class OpenAIServiceTest : public ::testing::Test {
     builder.RegisterService(router_service_.get());
     grpc_server_ = builder.BuildAndStart();
     ASSERT_NE(port, 0);
-    client_ = std::make_unique<RouterClient>(grpc::CreateChannel(
-        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+    client_ = std::make_unique<RouterClient>(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                            grpc::InsecureChannelCredentials()),
+        RouterClient::Options{.sessions = GetParam()});
     service_ =
         std::make_unique<OpenAIService>(OpenAIServiceOptions{.api_key = "sekrit"},
                                         tokenizer_, client_.get(), &registry_);
@@ -67,6 +71,7 @@ class OpenAIServiceTest : public ::testing::Test {
     service_->CancelAll(absl::Seconds(5));
     http_.reset();
     service_.reset();
+    client_.reset();  // closes its sessions
     grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   }
 
@@ -139,7 +144,13 @@ class OpenAIServiceTest : public ::testing::Test {
 
 tokenizer::Tokenizer* OpenAIServiceTest::tokenizer_ = nullptr;
 
-TEST_F(OpenAIServiceTest, ChatCompletionWithReasoningAndUsage) {
+INSTANTIATE_TEST_SUITE_P(RouterTransport, OpenAIServiceTest, ::testing::Values(0, 2),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param == 0 ? std::string("PerRequestCalls")
+                                                  : std::string("Sessions");
+                         });
+
+TEST_P(OpenAIServiceTest, ChatCompletionWithReasoningAndUsage) {
   auto r = Post("/v1/chat/completions", ChatBody("Hi", {{"seed", 7}}));
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->status_code, 200) << r->body;
@@ -167,7 +178,7 @@ TEST_F(OpenAIServiceTest, ChatCompletionWithReasoningAndUsage) {
   }
 }
 
-TEST_F(OpenAIServiceTest, StreamingChunksRoleDeltasUsageDone) {
+TEST_P(OpenAIServiceTest, StreamingChunksRoleDeltasUsageDone) {
   auto r = Post("/v1/chat/completions",
                 ChatBody("Hi", {{"stream", true},
                                 {"stream_options", {{"include_usage", true}}},
@@ -204,7 +215,7 @@ TEST_F(OpenAIServiceTest, StreamingChunksRoleDeltasUsageDone) {
 // still be exactly what dumping its json gives (nlohmann's sorted keys and
 // escaping), for chat (reasoning, content, role) and completions, with and
 // without usage.
-TEST_F(OpenAIServiceTest, StreamedChunksAreCanonicalJson) {
+TEST_P(OpenAIServiceTest, StreamedChunksAreCanonicalJson) {
   const std::vector<std::pair<std::string, json>> requests = {
       {"/v1/chat/completions", ChatBody("Hi", {{"stream", true}})},
       {"/v1/chat/completions",
@@ -248,7 +259,7 @@ TEST_F(OpenAIServiceTest, StreamedChunksAreCanonicalJson) {
   }
 }
 
-TEST_F(OpenAIServiceTest, CompletionsNWithSeedsAndStop) {
+TEST_P(OpenAIServiceTest, CompletionsNWithSeedsAndStop) {
   auto r = Post("/v1/completions", json{{"model", "kimi-k3"},
                                         {"prompt", "Say something"},
                                         {"n", 3},
@@ -274,7 +285,7 @@ TEST_F(OpenAIServiceTest, CompletionsNWithSeedsAndStop) {
   EXPECT_TRUE(seeds.count(11));
 }
 
-TEST_F(OpenAIServiceTest, ErrorCases) {
+TEST_P(OpenAIServiceTest, ErrorCases) {
   struct Case {
     std::string path;
     std::string body;
@@ -324,7 +335,7 @@ TEST_F(OpenAIServiceTest, ErrorCases) {
   }
 }
 
-TEST_F(OpenAIServiceTest, ClientDisconnectCancelsRouterCall) {
+TEST_P(OpenAIServiceTest, ClientDisconnectCancelsRouterCall) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -351,7 +362,7 @@ TEST_F(OpenAIServiceTest, ClientDisconnectCancelsRouterCall) {
   EXPECT_TRUE(WaitForEvent("done", "chatcmpl-"));
 }
 
-TEST_F(OpenAIServiceTest, ModelsHealthMetrics) {
+TEST_P(OpenAIServiceTest, ModelsHealthMetrics) {
   auto conn =
       metrics::HttpConnection::Connect("127.0.0.1", http_->port(), absl::Seconds(5));
   ASSERT_TRUE(conn.ok());
@@ -479,7 +490,7 @@ Streamed Collect(const std::string& body, bool chat) {
 // write, or a speculative step). A client must see the same choice token for
 // token: the same text, reasoning, tool calls, logprobs (one per token, in
 // order), finish reason and usage, in fewer chunks, finish and usage last.
-TEST_F(OpenAIServiceTest, MultiTokenMessagesStreamTheSameChoice) {
+TEST_P(OpenAIServiceTest, MultiTokenMessagesStreamTheSameChoice) {
   struct Case {
     const char* name;
     std::string path;
@@ -556,7 +567,15 @@ TEST_F(OpenAIServiceTest, MultiTokenMessagesStreamTheSameChoice) {
       EXPECT_EQ(many.usage["total_tokens"].get<int>() -
                     many.usage["prompt_tokens"].get<int>(),
                 many.usage["completion_tokens"].get<int>());
-      EXPECT_LT(many.chunks, one.chunks);  // tokens did share chunks
+      if (GetParam() == 0) {
+        // One call per choice keeps the fixture's message boundaries: the
+        // multi-token messages make fewer chunks.
+        EXPECT_LT(many.chunks, one.chunks);
+      } else if (j + 1 == runs.size()) {
+        // A session merges whatever queues behind a write, the one-token
+        // messages too; 64 tokens per message must share chunks.
+        EXPECT_LT(many.chunks, many.usage["completion_tokens"].get<int>());
+      }
     }
     // One logprob entry per generated token (completions; chat streams show
     // the tokens with visible output).
@@ -580,7 +599,7 @@ TEST_F(OpenAIServiceTest, MultiTokenMessagesStreamTheSameChoice) {
 // A stop string whose tokens arrive in one message (and one that straddles
 // two messages) ends the choice exactly where it does one token at a time:
 // same text, same completion_tokens, finish "stop" last.
-TEST_F(OpenAIServiceTest, StopStringsSpanningMergedTokens) {
+TEST_P(OpenAIServiceTest, StopStringsSpanningMergedTokens) {
   for (const char* stop : {"brown fox", "fox jumps over", "The end"}) {
     std::vector<Streamed> runs;
     for (int k : {1, 2, 5, 64}) {

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "common/grpc_status.h"
+#include "gateway/router_session.h"
 
 namespace tandem::gateway {
 namespace {
@@ -57,14 +58,26 @@ class GenerateReactor final
 
 }  // namespace
 
-RouterClient::RouterClient(std::shared_ptr<grpc::Channel> channel)
+RouterClient::RouterClient(std::shared_ptr<grpc::Channel> channel, Options options)
     : channel_(std::move(channel)),
       router_(tandem::v1::Router::NewStub(channel_)),
-      health_(grpc::health::v1::Health::NewStub(channel_)) {}
+      health_(grpc::health::v1::Health::NewStub(channel_)) {
+  if (options.sessions > 0) {
+    sessions_ = std::make_unique<SessionPool>(router_.get(), options.sessions);
+  }
+}
+
+RouterClient::RouterClient(std::shared_ptr<grpc::Channel> channel)
+    : RouterClient(std::move(channel), Options{}) {}
+
+RouterClient::~RouterClient() = default;
 
 std::shared_ptr<GenerateCall> RouterClient::Generate(
     tandem::v1::GenerateRequest request, absl::Time deadline,
     StreamCallbacks callbacks) {
+  if (sessions_ != nullptr) {
+    return sessions_->Generate(std::move(request), deadline, std::move(callbacks));
+  }
   auto call = std::make_shared<GenerateReactor>(std::move(request), deadline,
                                                 std::move(callbacks));
   call->Start(router_.get());

@@ -4,6 +4,9 @@
 // away, a stop string matched) so that the router and its workers free the
 // request.
 //
+// With Options::sessions > 0 the calls are multiplexed on GenerateSession
+// streams instead (router_session.h), with the same callbacks and guarantees.
+//
 // Lifecycle of one Generate (GenerateCall, a ClientReadReactor):
 //   START  StartRead + StartCall
 //   READ   OnReadDone(ok) → on_response(message) → StartRead   (repeats)
@@ -33,6 +36,8 @@ class GenerateCall {
   virtual void Cancel() = 0;
 };
 
+class SessionPool;
+
 class RouterClient {
  public:
   struct StreamCallbacks {
@@ -40,7 +45,15 @@ class RouterClient {
     std::function<void(const grpc::Status&)> on_done;
   };
 
+  struct Options {
+    // Generate calls go over this many multiplexed Router.GenerateSession
+    // streams (router_session.h); 0: one Router.Generate call each.
+    int sessions = 0;
+  };
+
   explicit RouterClient(std::shared_ptr<grpc::Channel> channel);
+  RouterClient(std::shared_ptr<grpc::Channel> channel, Options options);
+  ~RouterClient();
 
   // Starts a Generate stream with `deadline`.
   std::shared_ptr<GenerateCall> Generate(tandem::v1::GenerateRequest request,
@@ -62,6 +75,7 @@ class RouterClient {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<tandem::v1::Router::Stub> router_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+  std::unique_ptr<SessionPool> sessions_;  // when Options::sessions > 0
 };
 
 }  // namespace tandem::gateway

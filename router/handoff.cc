@@ -34,7 +34,7 @@ std::chrono::system_clock::time_point Chrono(absl::Time t) {
 class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
  public:
   GenerateCall(Handoff* h, tandem::v1::GenerateRequest request,
-               worker::ResponseStream* stream, absl::Time deadline, absl::Time started,
+               worker::ResponseSink* stream, absl::Time deadline, absl::Time started,
                std::function<void(const absl::Status&)> on_finish)
       : h_(h),
         req_(std::move(request)),
@@ -330,7 +330,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
 
   Handoff* const h_;  // not owned
   const tandem::v1::GenerateRequest req_;
-  worker::ResponseStream* const stream_;  // producer reference; Close()d in Finish
+  worker::ResponseSink* const stream_;  // producer reference; Close()d in Finish
   const absl::Time deadline_;
   const absl::Time started_;
   std::function<void(const absl::Status&)> on_finish_;
@@ -473,7 +473,7 @@ Handoff::Handoff(WorkerRegistry* registry, HandoffMetrics* metrics,
                  HandoffOptions options)
     : registry_(registry), metrics_(metrics), options_(std::move(options)) {}
 
-void Handoff::Start(tandem::v1::GenerateRequest request, worker::ResponseStream* stream,
+void Handoff::Start(tandem::v1::GenerateRequest request, worker::ResponseSink* stream,
                     absl::Time deadline, absl::Time started,
                     std::function<void(const absl::Status&)> on_finish) {
   auto call = std::make_shared<GenerateCall>(this, std::move(request), stream, deadline,

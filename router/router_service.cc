@@ -5,6 +5,8 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "metrics/buckets.h"
+#include "worker/response_stream.h"
+#include "worker/session_stream.h"
 
 namespace tandem::router {
 namespace {
@@ -45,7 +47,21 @@ RouterMetrics::RouterMetrics(metrics::Registry* registry)
           "tandem_router_registrations_total",
           "Worker registrations by role and result (ok, rejected)."))),
       workers(OrDie(registry->AddGauge("tandem_router_workers",
-                                       "Live registered workers by role."))) {
+                                       "Live registered workers by role."))),
+      sessions(&OrDie(registry->AddGauge(
+                          "tandem_router_generate_sessions",
+                          "Open GenerateSession calls (multiplexed clients such as "
+                          "the gateway)."))
+                    ->Add({})),
+      session_writes(
+          &OrDie(registry->AddCounter("tandem_router_session_writes_total",
+                                      "Messages written on GenerateSession calls."))
+               ->Add({})),
+      session_events(&OrDie(registry->AddCounter(
+                                "tandem_router_session_events_total",
+                                "Events (request messages and ends) in them; events / "
+                                "writes is the batching factor."))
+                          ->Add({})) {
   // Children exist from the start, so every series is scraped (at 0) before the
   // first event and rate() works from the first scrape.
   for (const char* outcome :
@@ -114,72 +130,109 @@ void RouterService::Done(const absl::Status& status, absl::Time started) {
   metrics_->latency->Observe(absl::ToDoubleSeconds(absl::Now() - started));
 }
 
-grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* RouterService::Generate(
-    grpc::CallbackServerContext* context, const tandem::v1::GenerateRequest* request) {
-  const absl::Time started = absl::Now();
-  tandem::v1::GenerateRequest req = *request;
+absl::StatusOr<tandem::v1::GenerateRequest> RouterService::Admit(
+    const tandem::v1::GenerateRequest& request) {
+  tandem::v1::GenerateRequest req = request;
   const ModelLimits limits = Limits();
-  absl::Status status = ValidateGenerateRequest(req, limits);
-  if (status.ok() && !req.model().empty() && req.model() != model_.info.id()) {
-    status = NotFound("model '", req.model(), "' is not served here; served: '",
-                      model_.info.id(), "'");
+  TANDEM_RETURN_IF_ERROR(ValidateGenerateRequest(req, limits));
+  if (!req.model().empty() && req.model() != model_.info.id()) {
+    return NotFound("model '", req.model(), "' is not served here; served: '",
+                    model_.info.id(), "'");
   }
-  if (status.ok() && req.prompt_case() == tandem::v1::GenerateRequest::kPromptText) {
+  if (req.prompt_case() == tandem::v1::GenerateRequest::kPromptText) {
     if (tokenizer_ == nullptr) {
-      status = InvalidArgument("this router has no tokenizer; send prompt_token_ids");
-    } else {
-      absl::StatusOr<std::vector<int>> ids = tokenizer_->Encode(req.prompt_text());
-      if (!ids.ok()) {
-        status = InvalidArgument("prompt_text cannot be tokenised: ",
-                                 ids.status().message());
-      } else if (ids->empty()) {
-        status = InvalidArgument("prompt_text encodes to no tokens");
-      } else {
-        tandem::v1::TokenIds* t = req.mutable_prompt_token_ids();  // clears the text
-        for (int id : *ids) t->add_ids(id);
-        status = ValidateGenerateRequest(req, limits);
-      }
+      return InvalidArgument("this router has no tokenizer; send prompt_token_ids");
     }
+    absl::StatusOr<std::vector<int>> ids = tokenizer_->Encode(req.prompt_text());
+    if (!ids.ok()) {
+      return InvalidArgument("prompt_text cannot be tokenised: ",
+                             ids.status().message());
+    }
+    if (ids->empty()) return InvalidArgument("prompt_text encodes to no tokens");
+    tandem::v1::TokenIds* t = req.mutable_prompt_token_ids();  // clears the text
+    for (int id : *ids) t->add_ids(id);
+    TANDEM_RETURN_IF_ERROR(ValidateGenerateRequest(req, limits));
   }
-  if (status.ok() && registry_->Live(tandem::v1::WORKER_ROLE_DECODE).empty()) {
-    status = Unavailable(
+  if (registry_->Live(tandem::v1::WORKER_ROLE_DECODE).empty()) {
+    return Unavailable(
         "no decode workers registered with this router; the request was not started");
   }
-  if (status.ok() && in_flight_.load() >= options_.max_in_flight) {
-    status = ResourceExhausted("the router is running ", options_.max_in_flight,
-                               " requests (its limit); retry later");
-  }
-  if (!status.ok()) {
-    Done(status, started);
-    TLOG(INFO, "generate refused")
-        .Kv("request_id", req.request_id())
-        .Kv("peer", context->peer())
-        .Kv("status", status);
-    return new FinishedWriter(ToGrpcStatus(status));
+  if (in_flight_.load() >= options_.max_in_flight) {
+    return ResourceExhausted("the router is running ", options_.max_in_flight,
+                             " requests (its limit); retry later");
   }
   if (req.request_id().empty()) req.set_request_id(ids_.Next("req-"));
   if (req.sampling().temperature() >= 1e-5f && !req.sampling().has_seed()) {
     absl::BitGen gen;
     req.mutable_sampling()->set_seed(absl::Uniform<uint64_t>(gen));
   }
-  absl::Time deadline = started + options_.request_timeout;
-  if (context->deadline() != std::chrono::system_clock::time_point::max()) {
-    deadline = std::min(deadline, absl::FromChrono(context->deadline()));
+  return req;
+}
+
+void RouterService::Run(const tandem::v1::GenerateRequest& request,
+                        worker::ResponseSink* sink, absl::Time grpc_deadline,
+                        const std::string& peer) {
+  const absl::Time started = absl::Now();
+  absl::StatusOr<tandem::v1::GenerateRequest> req = Admit(request);
+  if (!req.ok()) {
+    Done(req.status(), started);
+    TLOG(INFO, "generate refused")
+        .Kv("request_id", request.request_id())
+        .Kv("peer", peer)
+        .Kv("status", req.status());
+    sink->Close(ToGrpcStatus(req.status()));
+    return;
   }
-  if (req.deadline_unix_ms() > 0) {
-    deadline = std::min(deadline, absl::FromUnixMillis(req.deadline_unix_ms()));
+  absl::Time deadline = std::min(started + options_.request_timeout, grpc_deadline);
+  if (req->deadline_unix_ms() > 0) {
+    deadline = std::min(deadline, absl::FromUnixMillis(req->deadline_unix_ms()));
   }
   metrics_->in_flight->Set(++in_flight_);
   TLOG(DEBUG, "generate")
-      .Kv("request_id", req.request_id())
-      .Kv("prompt_tokens", req.prompt_token_ids().ids_size());
-  auto* stream = new worker::ResponseStream();
-  handoff_->Start(std::move(req), stream, deadline, started,
+      .Kv("request_id", req->request_id())
+      .Kv("prompt_tokens", req->prompt_token_ids().ids_size());
+  handoff_->Start(*std::move(req), sink, deadline, started,
                   [this, started](const absl::Status& s) {
                     metrics_->in_flight->Set(--in_flight_);
                     Done(s, started);
                   });
+}
+
+grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* RouterService::Generate(
+    grpc::CallbackServerContext* context, const tandem::v1::GenerateRequest* request) {
+  absl::Time grpc_deadline = absl::InfiniteFuture();
+  if (context->deadline() != std::chrono::system_clock::time_point::max()) {
+    grpc_deadline = absl::FromChrono(context->deadline());
+  }
+  auto* stream = new worker::ResponseStream();
+  Run(*request, stream, grpc_deadline, context->peer());
   return stream;
+}
+
+grpc::ServerBidiReactor<tandem::v1::SessionRequest, tandem::v1::SessionResponse>*
+RouterService::GenerateSession(grpc::CallbackServerContext* context) {
+  metrics_->sessions->Increment();
+  TLOG(INFO, "generate session opened").Kv("peer", context->peer());
+  return new worker::SessionStream(
+      [this, peer = context->peer()](tandem::v1::GenerateRequest request,
+                                     worker::ResponseSink* sink) {
+        Run(request, sink, absl::InfiniteFuture(), peer);
+      },
+      {.on_write =
+           [this](int64_t events) {
+             metrics_->session_writes->Increment();
+             metrics_->session_events->Increment(static_cast<double>(events));
+           },
+       .on_done =
+           [this, peer = context->peer()](const worker::SessionStream::Stats& stats) {
+             metrics_->sessions->Decrement();
+             TLOG(INFO, "generate session closed")
+                 .Kv("peer", peer)
+                 .Kv("requests", stats.started)
+                 .Kv("writes", stats.writes)
+                 .Kv("events", stats.events)
+                 .Kv("coalesced", stats.coalesced);
+           }});
 }
 
 grpc::ServerUnaryReactor* RouterService::ListModels(

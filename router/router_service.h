@@ -9,6 +9,8 @@
 //       deadline_unix_ms, now + request_timeout)
 //     → Handoff::Start (handoff.h: Reserve → Prefill → Decode, or colocated),
 //       relaying the stream                 START → ... → FINISH
+//   GenerateSession → many Generates on one stream (worker/session_stream.h);
+//     each start runs exactly as a Generate call (the request's own deadline)
 //   ListModels → the served model (from config.json)
 //   Register / Heartbeat → WorkerRegistry
 #ifndef TANDEM_ROUTER_ROUTER_SERVICE_H_
@@ -28,6 +30,7 @@
 #include "router/model_info.h"
 #include "router/request_validation.h"
 #include "router/worker_registry.h"
+#include "worker/response_sink.h"
 
 namespace tandem::router {
 
@@ -38,6 +41,9 @@ struct RouterMetrics {
   metrics::Histogram* latency;                       // end to end, every outcome
   metrics::Family<metrics::Counter>* registrations;  // by role and result
   metrics::Family<metrics::Gauge>* workers;          // live workers by role
+  metrics::Gauge* sessions;                          // open GenerateSession calls
+  metrics::Counter* session_writes;                  // messages written on them
+  metrics::Counter* session_events;                  // events in those messages
 };
 
 struct RouterServiceOptions {
@@ -58,12 +64,22 @@ class RouterService final : public tandem::v1::Router::CallbackService {
   grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context,
       const tandem::v1::GenerateRequest* request) override;
+  grpc::ServerBidiReactor<tandem::v1::SessionRequest, tandem::v1::SessionResponse>*
+  GenerateSession(grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* ListModels(
       grpc::CallbackServerContext* context,
       const tandem::v1::ListModelsRequest* request,
       tandem::v1::ListModelsResponse* response) override;
 
  private:
+  // Validates `request` and prepares it for the hand-off (prompt_text
+  // tokenised, request id and seed filled in), or says why it is refused.
+  absl::StatusOr<tandem::v1::GenerateRequest> Admit(
+      const tandem::v1::GenerateRequest& request);
+  // Admits `request` and starts its hand-off writing to `sink`, or Closes the
+  // sink with the refusal.
+  void Run(const tandem::v1::GenerateRequest& request, worker::ResponseSink* sink,
+           absl::Time grpc_deadline, const std::string& peer);
   // Counts a finished request by outcome.
   void Done(const absl::Status& status, absl::Time started);
 

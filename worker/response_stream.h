@@ -23,6 +23,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/router.pb.h"
+#include "worker/response_sink.h"
 
 namespace tandem::worker {
 
@@ -37,24 +38,25 @@ bool CoalesceResponse(tandem::v1::GenerateResponse* pending,
                       tandem::v1::GenerateResponse* next);
 
 class ResponseStream final
-    : public grpc::ServerWriteReactor<tandem::v1::GenerateResponse> {
+    : public grpc::ServerWriteReactor<tandem::v1::GenerateResponse>,
+      public ResponseSink {
  public:
   ResponseStream() = default;
 
   // Called once on cancellation (from a gRPC thread; must not block). Set it
   // before handing the reactor to gRPC, or at any time: a hook set after the
   // cancellation runs at once.
-  void SetOnCancel(std::function<void()> on_cancel);
+  void SetOnCancel(std::function<void()> on_cancel) override;
   // Queues a message (dropped after cancellation or Close). While a write is
   // in flight, tokens queued behind it go out as one message (coalesced), so a
   // slow client costs fewer, larger messages instead of a growing queue.
-  void Push(tandem::v1::GenerateResponse message);
+  void Push(tandem::v1::GenerateResponse message) override;
   // Messages merged into a queued one so far (for tests and metrics).
   int64_t coalesced() const;
   // Ends the stream with `status` after the queued messages; releases the
   // producer's reference: do not touch the object afterwards.
-  void Close(const grpc::Status& status);
-  bool cancelled() const;
+  void Close(const grpc::Status& status) override;
+  bool cancelled() const override;
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "worker/session_stream.h"
 
 namespace tandem::gateway::testing {
 namespace {
@@ -46,6 +47,61 @@ grpc::StatusCode CodeByName(absl::string_view name) {
   return grpc::INTERNAL;
 }
 
+// The message carrying script tokens [*sent, end) of `request` (with made-up
+// logprobs when asked, the seed on the first message, finish reason and usage
+// once `limit` tokens are out); advances *sent.
+void BuildMessage(const tandem::v1::GenerateRequest& request,
+                  const ScriptedRouter::Script& script, int limit, int end, int* sent,
+                  bool* seed_sent, tandem::v1::GenerateResponse* response) {
+  response->set_request_id(request.request_id());
+  for (; *sent < end; ++*sent) {
+    const int id = script.ids[*sent];
+    response->add_token_ids(id);
+    if (request.sampling().logprobs()) {
+      auto* lp = response->add_logprobs();
+      const float value = -0.5f - 0.1f * static_cast<float>(*sent % 7);
+      lp->set_token_id(id);
+      lp->set_logprob(value);
+      for (int k = 0; k < request.sampling().top_logprobs(); ++k) {
+        auto* top = lp->add_top();
+        top->set_token_id(k == 0 ? id : (id + k) % tokenizer::kNumBaseTokens);
+        top->set_logprob(value - static_cast<float>(k));
+      }
+    }
+  }
+  if (!*seed_sent && request.sampling().has_seed()) {
+    *seed_sent = true;
+    response->set_seed(request.sampling().seed());
+  }
+  if (*sent >= limit) {
+    const bool length = limit < static_cast<int>(script.ids.size());
+    response->set_finish_reason(length ? tandem::v1::FINISH_REASON_LENGTH
+                                       : tandem::v1::FINISH_REASON_STOP);
+    auto* usage = response->mutable_usage();
+    usage->set_prompt_tokens(request.prompt_token_ids().ids_size());
+    usage->set_completion_tokens(*sent);
+  }
+}
+
+json GenerateEvent(const tandem::v1::GenerateRequest& request) {
+  return {{"event", "generate"},
+          {"request_id", request.request_id()},
+          {"model", request.model()},
+          {"prompt_tokens", request.prompt_token_ids().ids_size()},
+          {"seed", request.sampling().has_seed() ? json(request.sampling().seed())
+                                                 : json(nullptr)},
+          {"temperature", request.sampling().temperature()},
+          {"top_p", request.sampling().top_p()},
+          {"presence_penalty", request.sampling().presence_penalty()},
+          {"frequency_penalty", request.sampling().frequency_penalty()},
+          {"max_tokens", request.stop().max_tokens()},
+          {"stop_strings",
+           json(std::vector<std::string>(request.stop().stop_strings().begin(),
+                                         request.stop().stop_strings().end()))},
+          {"logprobs", request.sampling().logprobs()},
+          {"top_logprobs", request.sampling().top_logprobs()}};
+}
+
 }  // namespace
 
 // Streams a Script. Full speed (the default): one token per message, each
@@ -68,23 +124,7 @@ class ScriptedStream final
     const int max_tokens = request_.stop().max_tokens();
     limit_ = static_cast<int>(script_.ids.size());
     if (max_tokens > 0 && max_tokens < limit_) limit_ = max_tokens;
-    owner_->Emit(
-        {{"event", "generate"},
-         {"request_id", request_.request_id()},
-         {"model", request_.model()},
-         {"prompt_tokens", request_.prompt_token_ids().ids_size()},
-         {"seed", request_.sampling().has_seed() ? json(request_.sampling().seed())
-                                                 : json(nullptr)},
-         {"temperature", request_.sampling().temperature()},
-         {"top_p", request_.sampling().top_p()},
-         {"presence_penalty", request_.sampling().presence_penalty()},
-         {"frequency_penalty", request_.sampling().frequency_penalty()},
-         {"max_tokens", request_.stop().max_tokens()},
-         {"stop_strings",
-          json(std::vector<std::string>(request_.stop().stop_strings().begin(),
-                                        request_.stop().stop_strings().end()))},
-         {"logprobs", request_.sampling().logprobs()},
-         {"top_logprobs", request_.sampling().top_logprobs()}});
+    owner_->Emit(GenerateEvent(request_));
     if (script_.fail_after < 0 && !script_.error.ok()) {
       absl::MutexLock lock(&mu_);
       FinishLocked(script_.error);
@@ -162,35 +202,8 @@ class ScriptedStream final
     if (script_.fail_after >= 0) end = std::min(end, script_.fail_after);
     if (end <= sent_) return;  // paced: wait for the next step
     response_.Clear();
-    response_.set_request_id(request_.request_id());
-    for (; sent_ < end; ++sent_) {
-      const int id = script_.ids[sent_];
-      response_.add_token_ids(id);
-      if (request_.sampling().logprobs()) {
-        auto* lp = response_.add_logprobs();
-        const float value = -0.5f - 0.1f * static_cast<float>(sent_ % 7);
-        lp->set_token_id(id);
-        lp->set_logprob(value);
-        for (int k = 0; k < request_.sampling().top_logprobs(); ++k) {
-          auto* top = lp->add_top();
-          top->set_token_id(k == 0 ? id : (id + k) % tokenizer::kNumBaseTokens);
-          top->set_logprob(value - static_cast<float>(k));
-        }
-      }
-    }
-    if (!seed_sent_ && request_.sampling().has_seed()) {
-      seed_sent_ = true;
-      response_.set_seed(request_.sampling().seed());
-    }
-    if (sent_ >= limit_) {
-      finished_writing_ = true;
-      const bool length = limit_ < static_cast<int>(script_.ids.size());
-      response_.set_finish_reason(length ? tandem::v1::FINISH_REASON_LENGTH
-                                         : tandem::v1::FINISH_REASON_STOP);
-      auto* usage = response_.mutable_usage();
-      usage->set_prompt_tokens(request_.prompt_token_ids().ids_size());
-      usage->set_completion_tokens(sent_);
-    }
+    BuildMessage(request_, script_, limit_, end, &sent_, &seed_sent_, &response_);
+    finished_writing_ = sent_ >= limit_;
     writing_ = true;
     StartWrite(&response_);
   }
@@ -213,6 +226,108 @@ class ScriptedStream final
   tandem::v1::GenerateResponse response_ ABSL_GUARDED_BY(mu_);
 };
 
+// A Script on one stream id of a GenerateSession: pushes into the session's
+// sink, which merges what queues behind a write in flight (as the router's
+// session does). "#paced": one token per step of the clock. Otherwise "full
+// speed": up to kBurstTokens tokens (in per_message-token messages) per
+// millisecond, so that a long script cannot pile up in the sink faster than
+// any client reads (a session has no per-request flow control).
+//   START → Push* → Close(OK | scripted error | CANCELLED on the cancel hook)
+class ScriptedSessionRequest final
+    : public std::enable_shared_from_this<ScriptedSessionRequest> {
+ public:
+  ScriptedSessionRequest(ScriptedRouter* owner, tandem::v1::GenerateRequest request,
+                         worker::ResponseSink* sink)
+      : owner_(owner), request_(std::move(request)), sink_(sink) {}
+
+  void Start() {
+    script_ = owner_->Plan(request_);
+    const int max_tokens = request_.stop().max_tokens();
+    limit_ = static_cast<int>(script_.ids.size());
+    if (max_tokens > 0 && max_tokens < limit_) limit_ = max_tokens;
+    owner_->Emit(GenerateEvent(request_));
+    std::weak_ptr<ScriptedSessionRequest> weak = weak_from_this();
+    sink_->SetOnCancel([weak] {
+      if (auto self = weak.lock()) self->Cancelled();
+    });
+    paced_ = script_.paced && owner_->paced();
+    absl::MutexLock lock(&mu_);
+    if (script_.fail_after < 0 && !script_.error.ok()) {
+      CloseLocked(script_.error);
+      return;
+    }
+    if (paced_) {
+      PushLocked(1);  // the first token comes at once
+    } else {
+      BurstLocked();
+    }
+  }
+
+  bool paced() const { return paced_; }
+
+  // One step of the clock: the next token (paced) or burst; false once the
+  // request is over.
+  bool Step() {
+    absl::MutexLock lock(&mu_);
+    if (paced_) {
+      if (!closed_) PushLocked(sent_ + 1);
+    } else {
+      BurstLocked();
+    }
+    return !closed_;
+  }
+
+  static constexpr int kBurstTokens = 64;
+  static constexpr absl::Duration kBurstPeriod = absl::Milliseconds(1);
+
+ private:
+  void Cancelled() {
+    owner_->Emit({{"event", "cancelled"}, {"request_id", request_.request_id()}});
+    absl::MutexLock lock(&mu_);
+    CloseLocked(grpc::Status(grpc::CANCELLED, "cancelled"));
+  }
+
+  void BurstLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int per_message = std::max(1, script_.per_message);
+    const int until = sent_ + kBurstTokens;
+    while (!closed_ && sent_ < until) PushLocked(std::min(until, sent_ + per_message));
+  }
+
+  // Pushes the tokens up to `end` (capped by the script's failure point and
+  // the limit); closes after the last one or at the failure.
+  void PushLocked(int end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (script_.fail_after >= 0 && sent_ >= script_.fail_after) {
+      CloseLocked(script_.error);
+      return;
+    }
+    end = std::min(end, limit_);
+    if (script_.fail_after >= 0) end = std::min(end, script_.fail_after);
+    tandem::v1::GenerateResponse m;
+    BuildMessage(request_, script_, limit_, end, &sent_, &seed_sent_, &m);
+    sink_->Push(std::move(m));
+    if (sent_ >= limit_) CloseLocked(grpc::Status::OK);
+  }
+
+  void CloseLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (closed_) return;
+    closed_ = true;
+    sink_->Close(status);
+    owner_->Emit(
+        {{"event", "done"}, {"request_id", request_.request_id()}, {"sent", sent_}});
+  }
+
+  ScriptedRouter* const owner_;
+  const tandem::v1::GenerateRequest request_;
+  worker::ResponseSink* const sink_;  // producer reference until Close
+  ScriptedRouter::Script script_;
+  int limit_ = 0;
+  bool paced_ = false;
+  absl::Mutex mu_;
+  int sent_ ABSL_GUARDED_BY(mu_) = 0;
+  bool seed_sent_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 ScriptedRouter::ScriptedRouter(const tokenizer::Tokenizer* tokenizer, Options options,
                                EventSink events)
     : tokenizer_(tokenizer), options_(std::move(options)), events_(std::move(events)) {
@@ -227,6 +342,12 @@ ScriptedRouter::~ScriptedRouter() {
     stopping_ = true;
   }
   if (stepper_.joinable()) stepper_.join();
+  std::thread burster;
+  {
+    absl::MutexLock lock(&paced_mu_);
+    burster.swap(burster_);
+  }
+  if (burster.joinable()) burster.join();
 }
 
 void ScriptedRouter::AddPaced(ScriptedStream* stream) {
@@ -250,9 +371,32 @@ void ScriptedRouter::StepLoop() {
       paced_mu_.AwaitWithDeadline(absl::Condition(&stopping_), next);
       if (stopping_) return;
       for (ScriptedStream* s : paced_streams_) s->Step();
+      for (auto it = paced_requests_.begin(); it != paced_requests_.end();) {
+        if ((*it)->Step()) {
+          ++it;
+        } else {
+          paced_requests_.erase(it++);
+        }
+      }
       ++steps_;
     }
     next = std::max(next + options_.step, absl::Now());
+  }
+}
+
+void ScriptedRouter::BurstLoop() {
+  for (;;) {
+    absl::MutexLock lock(&paced_mu_);
+    paced_mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                               ScriptedSessionRequest::kBurstPeriod);
+    if (stopping_) return;
+    for (auto it = burst_requests_.begin(); it != burst_requests_.end();) {
+      if ((*it)->Step()) {
+        ++it;
+      } else {
+        burst_requests_.erase(it++);
+      }
+    }
   }
 }
 
@@ -334,6 +478,22 @@ ScriptedRouter::Script ScriptedRouter::Plan(
 grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* ScriptedRouter::Generate(
     grpc::CallbackServerContext* context, const tandem::v1::GenerateRequest* request) {
   return new ScriptedStream(this, context, *request);
+}
+
+grpc::ServerBidiReactor<tandem::v1::SessionRequest, tandem::v1::SessionResponse>*
+ScriptedRouter::GenerateSession(grpc::CallbackServerContext*) {
+  return new worker::SessionStream([this](tandem::v1::GenerateRequest request,
+                                          worker::ResponseSink* sink) {
+    auto r = std::make_shared<ScriptedSessionRequest>(this, std::move(request), sink);
+    r->Start();
+    absl::MutexLock lock(&paced_mu_);
+    if (r->paced()) {
+      paced_requests_.insert(std::move(r));
+    } else {
+      burst_requests_.insert(std::move(r));
+      if (!burster_.joinable()) burster_ = std::thread([this] { BurstLoop(); });
+    }
+  });
 }
 
 grpc::ServerUnaryReactor* ScriptedRouter::ListModels(

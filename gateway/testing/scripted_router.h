@@ -22,7 +22,9 @@
 //   choices differ and repeat exactly.
 // Honours max_tokens (finish LENGTH), logprobs/top_logprobs (made-up values:
 // -0.5 - 0.1 * (k % 7), alternatives below it). Ignores stop strings on
-// purpose: the gateway must apply them itself. Every call is reported to
+// purpose: the gateway must apply them itself. GenerateSession runs the same
+// scripts per stream id (worker/session_stream.h merges what queues behind a
+// write). Every call is reported to
 // `events` (generate / cancelled / done) so tests can see what arrived.
 #ifndef TANDEM_GATEWAY_TESTING_SCRIPTED_ROUTER_H_
 #define TANDEM_GATEWAY_TESTING_SCRIPTED_ROUTER_H_
@@ -30,6 +32,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,6 +47,7 @@
 namespace tandem::gateway::testing {
 
 class ScriptedStream;
+class ScriptedSessionRequest;
 
 class ScriptedRouter final : public tandem::v1::Router::CallbackService {
  public:
@@ -66,6 +70,8 @@ class ScriptedRouter final : public tandem::v1::Router::CallbackService {
   grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context,
       const tandem::v1::GenerateRequest* request) override;
+  grpc::ServerBidiReactor<tandem::v1::SessionRequest, tandem::v1::SessionResponse>*
+  GenerateSession(grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* ListModels(
       grpc::CallbackServerContext* context,
       const tandem::v1::ListModelsRequest* request,
@@ -96,6 +102,7 @@ class ScriptedRouter final : public tandem::v1::Router::CallbackService {
 
  private:
   void StepLoop();
+  void BurstLoop();
 
   const tokenizer::Tokenizer* tokenizer_;  // not owned
   const Options options_;
@@ -103,6 +110,13 @@ class ScriptedRouter final : public tandem::v1::Router::CallbackService {
 
   mutable absl::Mutex paced_mu_;
   absl::flat_hash_set<ScriptedStream*> paced_streams_ ABSL_GUARDED_BY(paced_mu_);
+  // Paced requests of GenerateSession calls, until they end.
+  absl::flat_hash_set<std::shared_ptr<ScriptedSessionRequest>> paced_requests_
+      ABSL_GUARDED_BY(paced_mu_);
+  // Full-speed requests of GenerateSession calls, stepped every millisecond.
+  absl::flat_hash_set<std::shared_ptr<ScriptedSessionRequest>> burst_requests_
+      ABSL_GUARDED_BY(paced_mu_);
+  std::thread burster_ ABSL_GUARDED_BY(paced_mu_);
   bool stopping_ ABSL_GUARDED_BY(paced_mu_) = false;
   int64_t steps_ ABSL_GUARDED_BY(paced_mu_) = 0;
   std::thread stepper_;
