@@ -3,6 +3,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <map>
+#include <utility>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace tandem::router {
@@ -154,6 +158,47 @@ TEST_F(RouterServiceTest, PromptTextWithoutTokenizerIsInvalid) {
   grpc::Status s = Generate(req);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("tokenizer"), std::string::npos);
+}
+
+TEST_F(RouterServiceTest, SessionAnswersEachStreamAsGenerateWould) {
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  auto session = router_stub_->GenerateSession(&ctx);
+  tandem::v1::SessionRequest r;
+  tandem::v1::GenerateRequest bad = Prompt();
+  bad.mutable_prompt_token_ids()->add_ids(999999);
+  tandem::v1::GenerateRequest unknown = Prompt();
+  unknown.set_model("gpt-9");
+  const std::vector<std::pair<tandem::v1::GenerateRequest, grpc::StatusCode>> cases = {
+      {bad, grpc::StatusCode::INVALID_ARGUMENT},
+      {unknown, grpc::StatusCode::NOT_FOUND},
+      {Prompt(), grpc::StatusCode::UNAVAILABLE},  // no decode worker registered
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    auto* start = r.add_starts();
+    start->set_stream_id(100 + i);
+    *start->mutable_request() = cases[i].first;
+  }
+  ASSERT_TRUE(session->Write(r));
+  ASSERT_TRUE(session->WritesDone());
+  std::map<uint64_t, tandem::v1::SessionEnd> ends;
+  tandem::v1::SessionResponse resp;
+  while (session->Read(&resp)) {
+    for (const auto& e : resp.events()) {
+      ASSERT_TRUE(e.has_end()) << "a refused request streams nothing";
+      EXPECT_TRUE(ends.emplace(e.stream_id(), e.end()).second) << "two ends";
+    }
+  }
+  EXPECT_TRUE(session->Finish().ok());  // half-closed with nothing running
+  ASSERT_EQ(ends.size(), cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(ends[100 + i].code(), cases[i].second) << ends[100 + i].message();
+  }
+  EXPECT_NE(ends[100].message().find("999999"), std::string::npos);
+  EXPECT_EQ(Requests("invalid"), 1);
+  EXPECT_EQ(Requests("not_found"), 1);
+  EXPECT_EQ(Requests("unavailable"), 1);
+  EXPECT_GE(metrics_.session_events->Value(), 3);  // counted before each write
 }
 
 TEST_F(RouterServiceTest, RegistryRefusesOtherWeightsAndHeartbeatsReportKnown) {

@@ -1,0 +1,240 @@
+#include "gateway/router_session.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "proto/router.grpc.pb.h"
+#include "worker/session_stream.h"
+
+namespace tandem::gateway {
+namespace {
+
+using tandem::v1::GenerateRequest;
+using tandem::v1::GenerateResponse;
+
+// A router whose sessions hand each request's sink to the test, and record
+// cancellations.
+class HeldRouter final : public tandem::v1::Router::CallbackService {
+ public:
+  grpc::ServerBidiReactor<tandem::v1::SessionRequest, tandem::v1::SessionResponse>*
+  GenerateSession(grpc::CallbackServerContext*) override {
+    return new worker::SessionStream(
+        [this](GenerateRequest request, worker::ResponseSink* sink) {
+          sink->SetOnCancel([this, id = request.request_id()] {
+            absl::MutexLock l(&mu_);
+            cancelled_.push_back(id);
+          });
+          absl::MutexLock l(&mu_);
+          sinks_[request.request_id()] = sink;
+        });
+  }
+
+  worker::ResponseSink* WaitForSink(const std::string& id) {
+    absl::MutexLock l(&mu_);
+    auto has = [&]()
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return sinks_.count(id) > 0; };
+    mu_.AwaitWithTimeout(absl::Condition(&has), absl::Seconds(10));
+    return sinks_.count(id) ? sinks_[id] : nullptr;
+  }
+  bool WaitForCancel(const std::string& id) {
+    absl::MutexLock l(&mu_);
+    auto has = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return std::find(cancelled_.begin(), cancelled_.end(), id) != cancelled_.end();
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&has), absl::Seconds(10));
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, worker::ResponseSink*> sinks_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> cancelled_ ABSL_GUARDED_BY(mu_);
+};
+
+// What one call received.
+struct Received {
+  absl::Mutex mu;
+  std::vector<int> tokens ABSL_GUARDED_BY(mu);
+  int responses_after_done ABSL_GUARDED_BY(mu) = 0;
+  int dones ABSL_GUARDED_BY(mu) = 0;
+  grpc::Status status ABSL_GUARDED_BY(mu);
+
+  RouterClient::StreamCallbacks Callbacks() {
+    return {.on_response =
+                [this](const GenerateResponse& r) {
+                  absl::MutexLock l(&mu);
+                  if (dones > 0) ++responses_after_done;
+                  tokens.insert(tokens.end(), r.token_ids().begin(),
+                                r.token_ids().end());
+                },
+            .on_done =
+                [this](const grpc::Status& s) {
+                  absl::MutexLock l(&mu);
+                  ++dones;
+                  status = s;
+                }};
+  }
+  // Waits (10 s at most) for the end; its status.
+  grpc::Status Wait() {
+    absl::MutexLock l(&mu);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return dones > 0; };
+    if (!mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10))) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, "the call never ended");
+    }
+    return status;
+  }
+};
+
+GenerateRequest Request(const std::string& id) {
+  GenerateRequest r;
+  r.set_request_id(id);
+  return r;
+}
+
+class RouterSessionTest : public ::testing::Test {
+ protected:
+  void SetUp() override { StartServer(0); }
+  void TearDown() override {
+    pool_.reset();
+    if (server_) server_->Shutdown(std::chrono::system_clock::now());
+  }
+  void StartServer(int port) {
+    router_ = std::make_unique<HeldRouter>();
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:" + std::to_string(port),
+                             grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(router_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    if (stub_ == nullptr) {
+      stub_ = tandem::v1::Router::NewStub(grpc::CreateChannel(
+          "127.0.0.1:" + std::to_string(port_), grpc::InsecureChannelCredentials()));
+      pool_ = std::make_unique<SessionPool>(stub_.get(), 2);
+    }
+  }
+
+  std::unique_ptr<HeldRouter> router_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::unique_ptr<tandem::v1::Router::Stub> stub_;
+  std::unique_ptr<SessionPool> pool_;
+};
+
+TEST_F(RouterSessionTest, ManyCallsGetTheirOwnTokensInOrderAndOneEnd) {
+  constexpr int kCalls = 100;
+  constexpr int kTokens = 20;
+  std::vector<std::unique_ptr<Received>> got;
+  std::vector<std::shared_ptr<GenerateCall>> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    got.push_back(std::make_unique<Received>());
+    calls.push_back(pool_->Generate(Request("r" + std::to_string(i)),
+                                    absl::Now() + absl::Seconds(30),
+                                    got.back()->Callbacks()));
+  }
+  std::vector<worker::ResponseSink*> sinks;
+  for (int i = 0; i < kCalls; ++i) {
+    sinks.push_back(router_->WaitForSink("r" + std::to_string(i)));
+    ASSERT_NE(sinks.back(), nullptr);
+  }
+  // Interleaved, as a decode step makes them: token t of every call, then t+1.
+  for (int t = 0; t < kTokens; ++t) {
+    for (int i = 0; i < kCalls; ++i) {
+      GenerateResponse m;
+      m.set_request_id("r" + std::to_string(i));
+      m.add_token_ids(i * 1000 + t);
+      sinks[i]->Push(m);
+    }
+  }
+  for (int i = 0; i < kCalls; ++i) {
+    sinks[i]->Close(i % 10 == 9
+                        ? grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "x")
+                        : grpc::Status::OK);
+  }
+  for (int i = 0; i < kCalls; ++i) {
+    const grpc::Status s = got[i]->Wait();
+    EXPECT_EQ(s.error_code(),
+              i % 10 == 9 ? grpc::StatusCode::RESOURCE_EXHAUSTED : grpc::StatusCode::OK)
+        << i;
+    absl::MutexLock l(&got[i]->mu);
+    ASSERT_EQ(got[i]->tokens.size(), static_cast<size_t>(kTokens)) << i;
+    for (int t = 0; t < kTokens; ++t) EXPECT_EQ(got[i]->tokens[t], i * 1000 + t);
+    EXPECT_EQ(got[i]->dones, 1);
+  }
+  const SessionPool::Stats stats = pool_->stats();
+  EXPECT_EQ(stats.sessions_opened, 2);  // round robin over two slots
+  EXPECT_LE(stats.messages_received, stats.events_received);
+}
+
+TEST_F(RouterSessionTest, CancelEndsTheCallAtOnceAndCancelsItUpstream) {
+  Received got;
+  auto call =
+      pool_->Generate(Request("c"), absl::Now() + absl::Seconds(30), got.Callbacks());
+  worker::ResponseSink* sink = router_->WaitForSink("c");
+  ASSERT_NE(sink, nullptr);
+  call->Cancel();
+  EXPECT_EQ(got.Wait().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(router_->WaitForCancel("c"));
+  GenerateResponse late;
+  late.set_request_id("c");
+  late.add_token_ids(1);
+  sink->Push(late);  // dropped: the sink was cancelled
+  sink->Close(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+  call->Cancel();  // idempotent
+  absl::MutexLock l(&got.mu);
+  EXPECT_EQ(got.dones, 1);
+  EXPECT_EQ(got.responses_after_done, 0);
+}
+
+TEST_F(RouterSessionTest, TheGatewayEndsACallPastItsDeadlineTheRouterNeverAnswers) {
+  Received got;
+  const absl::Time start = absl::Now();
+  auto call =
+      pool_->Generate(Request("d"), start + absl::Milliseconds(300), got.Callbacks());
+  ASSERT_NE(router_->WaitForSink("d"), nullptr);  // started, then silent
+  EXPECT_EQ(got.Wait().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+  EXPECT_TRUE(router_->WaitForCancel("d"));  // and the router was told
+  router_->WaitForSink("d")->Close(grpc::Status::OK);
+}
+
+TEST_F(RouterSessionTest, ALostSessionFailsItsCallsAndTheNextCallOpensANewOne) {
+  Received first;
+  auto call =
+      pool_->Generate(Request("a"), absl::Now() + absl::Seconds(30), first.Callbacks());
+  worker::ResponseSink* sink = router_->WaitForSink("a");
+  ASSERT_NE(sink, nullptr);
+  // The router goes away (its calls are cancelled at once).
+  server_->Shutdown(std::chrono::system_clock::now());
+  const grpc::Status lost = first.Wait();
+  EXPECT_EQ(lost.error_code(), grpc::StatusCode::UNAVAILABLE) << lost.error_message();
+  sink->Close(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+  server_.reset();
+  // A router is back on the same port: the next call opens a new session.
+  const int port = port_;
+  StartServer(port);
+  ASSERT_EQ(port_, port);
+  const int64_t opened = pool_->stats().sessions_opened;
+  Received second;
+  auto again = pool_->Generate(Request("b"), absl::Now() + absl::Seconds(30),
+                               second.Callbacks());
+  worker::ResponseSink* b = router_->WaitForSink("b");
+  ASSERT_NE(b, nullptr);
+  GenerateResponse m;
+  m.set_request_id("b");
+  m.add_token_ids(7);
+  b->Push(m);
+  b->Close(grpc::Status::OK);
+  EXPECT_TRUE(second.Wait().ok());
+  EXPECT_EQ(pool_->stats().sessions_opened, opened + 1);
+  absl::MutexLock l(&second.mu);
+  EXPECT_EQ(second.tokens, std::vector<int>{7});
+}
+
+}  // namespace
+}  // namespace tandem::gateway
