@@ -122,6 +122,34 @@ int DirectOnce(tandem::v1::Router::Stub* stub, const std::vector<int>& prompt) {
   return reader->Finish().ok() ? tokens : -1;
 }
 
+// One Generate over a GenerateSession (`client` multiplexes), read to the end;
+// returns tokens received (-1 on error).
+int DirectSessionOnce(RouterClient* client, const std::vector<int>& prompt) {
+  tandem::v1::GenerateRequest req;
+  req.set_model("kimi-k3");
+  req.mutable_prompt_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  req.set_deadline_unix_ms(absl::ToUnixMillis(deadline));
+  absl::Mutex mu;
+  int tokens = 0;
+  bool done = false, ok = false;
+  auto call = client->Generate(std::move(req), deadline,
+                               {.on_response =
+                                    [&](const tandem::v1::GenerateResponse& r) {
+                                      absl::MutexLock l(&mu);
+                                      tokens += r.token_ids_size();
+                                    },
+                                .on_done =
+                                    [&](const grpc::Status& s) {
+                                      absl::MutexLock l(&mu);
+                                      done = true;
+                                      ok = s.ok();
+                                    }});
+  absl::MutexLock l(&mu);
+  mu.Await(absl::Condition(&done));  // the call ends by its deadline at the latest
+  return ok ? tokens : -1;
+}
+
 // One streamed completion through the gateway; returns the tokens it carried
 // (the usage chunk's completion_tokens when the body asks for usage, so that
 // both paths count the same tokens; else the SSE chunks), -1 on error.
@@ -780,27 +808,59 @@ int Main(int argc, char** argv) {
   }
 
   // 1. Latency, sequential, interleaved so both paths see the same machine.
+  // Like for like: the gateway on sessions against a direct client on
+  // sessions (the same fixture behaviour: a session's messages merge), and
+  // the per-request gateway against direct Generate calls.
   const int n_tokens = absl::GetFlag(FLAGS_tokens);
   auto [ids, body] = prompt_for(n_tokens, /*usage=*/false);
-  auto conn =
-      metrics::HttpConnection::Connect("127.0.0.1", http.port(), absl::Seconds(10));
-  if (!conn.ok()) return 1;
-  for (int i = 0; i < 20; ++i) {  // warm-up
-    DirectOnce(stub.get(), ids);
-    GatewayOnce(conn->get(), body);
+  auto latency = [&](HttpServer& server, const std::function<int()>& direct,
+                     std::vector<double>* direct_ms, std::vector<double>* gateway_ms) {
+    auto conn =
+        metrics::HttpConnection::Connect("127.0.0.1", server.port(), absl::Seconds(10));
+    if (!conn.ok()) {
+      ++errors;
+      return;
+    }
+    for (int i = 0; i < 20; ++i) {  // warm-up
+      direct();
+      GatewayOnce(conn->get(), body);
+    }
+    for (int i = 0; i < absl::GetFlag(FLAGS_requests); ++i) {
+      absl::Time t0 = absl::Now();
+      if (direct() < 0) ++errors;
+      absl::Time t1 = absl::Now();
+      if (GatewayOnce(conn->get(), body) < 0) ++errors;
+      absl::Time t2 = absl::Now();
+      direct_ms->push_back(absl::ToDoubleMilliseconds(t1 - t0));
+      gateway_ms->push_back(absl::ToDoubleMilliseconds(t2 - t1));
+    }
+  };
+  std::unique_ptr<RouterClient> direct_sessions;
+  if (sessions > 0) {
+    direct_sessions = std::make_unique<RouterClient>(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(grpc_port),
+                            grpc::InsecureChannelCredentials()),
+        RouterClient::Options{.sessions = sessions});
   }
   std::vector<double> direct_ms, gateway_ms;
-  for (int i = 0; i < absl::GetFlag(FLAGS_requests); ++i) {
-    absl::Time t0 = absl::Now();
-    if (DirectOnce(stub.get(), ids) < 0) ++errors;
-    absl::Time t1 = absl::Now();
-    if (GatewayOnce(conn->get(), body) < 0) ++errors;
-    absl::Time t2 = absl::Now();
-    direct_ms.push_back(absl::ToDoubleMilliseconds(t1 - t0));
-    gateway_ms.push_back(absl::ToDoubleMilliseconds(t2 - t1));
+  latency(
+      http,
+      [&, &ids = ids] {
+        return direct_sessions ? DirectSessionOnce(direct_sessions.get(), ids)
+                               : DirectOnce(stub.get(), ids);
+      },
+      &direct_ms, &gateway_ms);
+  std::vector<double> direct_call_ms, gateway_call_ms;  // per-request baseline
+  if (per_request != nullptr) {
+    latency(
+        per_request->http, [&, &ids = ids] { return DirectOnce(stub.get(), ids); },
+        &direct_call_ms, &gateway_call_ms);
   }
 
-  // 2. Throughput with concurrent streams.
+  // 2. Throughput with concurrent streams, one token per gRPC message: the
+  // per-request gateway (on a session the fixture's messages merge, so "one
+  // token per message" has no meaning there).
+  HttpServer& full_speed_http = per_request ? per_request->http : http;
   auto [big_ids, big_body] =
       prompt_for(absl::GetFlag(FLAGS_stream_tokens), /*usage=*/true);
   const int concurrency = absl::GetFlag(FLAGS_concurrency);
@@ -823,8 +883,8 @@ int Main(int argc, char** argv) {
         });
         std::unique_ptr<metrics::HttpConnection> http_conn;
         if (through_gateway) {
-          auto cc = metrics::HttpConnection::Connect("127.0.0.1", http.port(),
-                                                     absl::Seconds(10));
+          auto cc = metrics::HttpConnection::Connect(
+              "127.0.0.1", full_speed_http.port(), absl::Seconds(10));
           if (!cc.ok()) {
             failures.fetch_add(1);
             return;
@@ -869,6 +929,16 @@ int Main(int argc, char** argv) {
       {"gateway_p99_ms", Percentile(gateway_ms, 0.99)},
       {"added_p50_ms", Percentile(gateway_ms, 0.5) - Percentile(direct_ms, 0.5)},
       {"added_p99_ms", Percentile(gateway_ms, 0.99) - Percentile(direct_ms, 0.99)},
+      {"latency_transport", sessions > 0 ? "sessions" : "per_request_calls"},
+      {"per_request_calls_added_p50_ms",
+       direct_call_ms.empty()
+           ? json(nullptr)
+           : json(Percentile(gateway_call_ms, 0.5) - Percentile(direct_call_ms, 0.5))},
+      {"per_request_calls_direct_p50_ms",
+       direct_call_ms.empty() ? json(nullptr) : json(Percentile(direct_call_ms, 0.5))},
+      {"per_request_calls_gateway_p50_ms",
+       gateway_call_ms.empty() ? json(nullptr)
+                               : json(Percentile(gateway_call_ms, 0.5))},
       {"concurrency", concurrency},
       {"stream_tokens_per_request", absl::GetFlag(FLAGS_stream_tokens)},
       {"direct_tokens_per_s", direct_tps},
@@ -877,18 +947,34 @@ int Main(int argc, char** argv) {
       {"gateway_cpu_us_per_token", gateway_cpu_us},
       {"errors", errors},
   };
-  fprintf(stderr,
-          "latency (%d tokens/request, %d requests): direct p50 %.3f ms p99 %.3f ms; "
-          "gateway p50 %.3f ms p99 %.3f ms\n"
-          "full speed (%d streams x %d tokens, one token per message): direct %.0f "
-          "tokens/s (%.1f us CPU/token); gateway SSE %.0f tokens/s (%.1f us "
-          "CPU/token)\n",
-          n_tokens, absl::GetFlag(FLAGS_requests), out["direct_p50_ms"].get<double>(),
-          out["direct_p99_ms"].get<double>(), out["gateway_p50_ms"].get<double>(),
-          out["gateway_p99_ms"].get<double>(), concurrency,
-          absl::GetFlag(FLAGS_stream_tokens), direct_tps, direct_cpu_us, gateway_tps,
-          gateway_cpu_us);
-  conn->reset();
+  fprintf(
+      stderr,
+      "latency (%d tokens/request, %d requests, %s): direct p50 %.3f ms p99 %.3f "
+      "ms; gateway p50 %.3f ms p99 %.3f ms; added p50 %.3f ms%s\n"
+      "full speed (%d streams x %d tokens, %s): direct %.0f "
+      "tokens/s (%.1f us CPU/token); gateway SSE %.0f tokens/s (%.1f us "
+      "CPU/token)\n",
+      n_tokens, absl::GetFlag(FLAGS_requests),
+      sessions > 0 ? "sessions, direct client on sessions too" : "per-request calls",
+      out["direct_p50_ms"].get<double>(), out["direct_p99_ms"].get<double>(),
+      out["gateway_p50_ms"].get<double>(), out["gateway_p99_ms"].get<double>(),
+      out["added_p50_ms"].get<double>(),
+      direct_call_ms.empty()
+          ? ""
+          : absl::StrCat(
+                "; per-request calls: direct p50 ",
+                absl::SixDigits(Percentile(direct_call_ms, 0.5)), " ms, gateway p50 ",
+                absl::SixDigits(Percentile(gateway_call_ms, 0.5)), " ms, added ",
+                absl::SixDigits(Percentile(gateway_call_ms, 0.5) -
+                                Percentile(direct_call_ms, 0.5)),
+                " ms")
+                .c_str(),
+      concurrency, absl::GetFlag(FLAGS_stream_tokens),
+      per_request != nullptr || sessions == 0
+          ? "one token per message, per-request gateway"
+          : "gateway on sessions: the fixture's messages merge",
+      direct_tps, direct_cpu_us, gateway_tps, gateway_cpu_us);
+  direct_sessions.reset();
   gateway.reset();
   per_request.reset();
   if (grpc_server) {
