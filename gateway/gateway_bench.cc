@@ -92,6 +92,8 @@ ABSL_FLAG(int, router_sessions, 2,
 ABSL_FLAG(double, direct_write_min_gap_ms, 5,
           "HttpServerOptions::direct_write_min_gap: a chunk this soon after the "
           "previous one of its stream goes through the connection's strand.");
+ABSL_FLAG(int, stream_interval, 1,
+          "The gateway's --stream_interval (tokens per SSE chunk, at least).");
 ABSL_FLAG(bool, compare_per_request, true,
           "Also run the paced load through a gateway with one Generate call per "
           "request (the baseline of the sessions), in the same run.");
@@ -693,7 +695,9 @@ int Main(int argc, char** argv) {
                     grpc::InsecureChannelCredentials(), args);
               }(),
               RouterClient::Options{.sessions = sessions}),
-          service({}, tokenizer, &client, &registry),
+          service(
+              {.stream_interval = std::max(1, absl::GetFlag(FLAGS_stream_interval))},
+              tokenizer, &client, &registry),
           http(
               {.io_threads = absl::GetFlag(FLAGS_io_threads),
                .direct_writes = absl::GetFlag(FLAGS_direct_writes)},
@@ -921,6 +925,7 @@ int Main(int argc, char** argv) {
       {"paced", paced},
       {"io_threads", absl::GetFlag(FLAGS_io_threads)},
       {"router_sessions", sessions},
+      {"stream_interval", absl::GetFlag(FLAGS_stream_interval)},
       {"latency_tokens_per_request", n_tokens},
       {"requests", absl::GetFlag(FLAGS_requests)},
       {"direct_p50_ms", Percentile(direct_ms, 0.5)},

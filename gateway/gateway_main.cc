@@ -41,6 +41,10 @@ ABSL_FLAG(double, idle_timeout_s, 60,
 ABSL_FLAG(double, write_timeout_s, 30, "Deadline for each write to a client.");
 ABSL_FLAG(double, request_timeout_s, 600, "Deadline of one generation (router calls).");
 ABSL_FLAG(double, router_rpc_timeout_s, 5, "Deadline of ListModels and health checks.");
+ABSL_FLAG(int, stream_interval, 1,
+          "Streamed tokens go out in chunks of this many (the last of a choice may "
+          "be shorter): fewer, larger SSE chunks for less work per token. 1: as "
+          "soon as the router sends them.");
 ABSL_FLAG(int, router_sessions, 2,
           "Generate calls are multiplexed on this many Router.GenerateSession "
           "streams (one gRPC message per router batch instead of per token); 0: "
@@ -84,7 +88,8 @@ int main(int argc, char** argv) {
       {.served_model_name = absl::GetFlag(FLAGS_served_model_name),
        .api_key = api_key,
        .request_timeout = absl::Seconds(absl::GetFlag(FLAGS_request_timeout_s)),
-       .router_rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_router_rpc_timeout_s))},
+       .router_rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_router_rpc_timeout_s)),
+       .stream_interval = std::max(1, absl::GetFlag(FLAGS_stream_interval))},
       tokenizer->get(), &router, &registry);
 
   tandem::gateway::HttpServer server(

@@ -19,6 +19,7 @@
 #include "metrics/http_exposer.h"
 #include "metrics/text_format.h"
 #include "nlohmann/json.hpp"
+#include "worker/response_stream.h"
 
 namespace tandem::gateway {
 
@@ -255,6 +256,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
     bool role_sent = false;
     bool finished = false;
     size_t text_offset = 0;
+    // Router output held back by stream_interval (has_pending: something is).
+    tandem::v1::GenerateResponse pending;
+    bool has_pending = false;
   };
 
   tandem::v1::GenerateRequest BuildRequest(int i, absl::Time deadline) const {
@@ -530,6 +534,40 @@ class Generation : public std::enable_shared_from_this<Generation> {
       absl::MutexLock lock(&mu_);
       ChoiceState& st = *state_[i];
       if (closed_ || st.finished) return;
+      const int interval = service_->options_.stream_interval;
+      if (fields_.stream && interval > 1) {
+        // Hold tokens until `interval` of them (or the last message) are here.
+        const bool last =
+            r.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED || r.has_usage();
+        if (st.has_pending) {
+          tandem::v1::GenerateResponse next = r;
+          if (!worker::CoalesceResponse(&st.pending, &next)) {
+            ApplyLocked(i, st.pending, &to_cancel);
+            st.pending = std::move(next);
+          }
+        } else {
+          st.pending = r;
+          st.has_pending = true;
+        }
+        if (last || st.pending.token_ids_size() >= interval) {
+          st.has_pending = false;
+          ApplyLocked(i, st.pending, &to_cancel);
+        }
+      } else {
+        ApplyLocked(i, r, &to_cancel);
+      }
+    }
+    for (auto& c : to_cancel) c->Cancel();
+  }
+
+  // Feeds router output `r` of choice i to its decoder and streams the deltas.
+  void ApplyLocked(int i, const tandem::v1::GenerateResponse& r,
+                   std::vector<std::shared_ptr<GenerateCall>>* to_cancel_out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<std::shared_ptr<GenerateCall>>& to_cancel = *to_cancel_out;
+    {
+      ChoiceState& st = *state_[i];
+      if (closed_ || st.finished) return;
       if (!first_token_seen_ && r.token_ids_size() > 0) {
         first_token_seen_ = true;
         service_->metrics_.ttft->Add({{"endpoint", ctx_->endpoint}})
@@ -559,7 +597,6 @@ class Generation : public std::enable_shared_from_this<Generation> {
         if (st.call) to_cancel.push_back(st.call);
       }
     }
-    for (auto& c : to_cancel) c->Cancel();
   }
 
   void OnDone(int i, const grpc::Status& status) {
@@ -567,6 +604,10 @@ class Generation : public std::enable_shared_from_this<Generation> {
     {
       absl::MutexLock lock(&mu_);
       ChoiceState& st = *state_[i];
+      if (st.has_pending) {  // held back by stream_interval: it goes out first
+        st.has_pending = false;
+        ApplyLocked(i, st.pending, &to_cancel);
+      }
       --remaining_;
       if (!closed_ && !st.finished) {
         if (status.ok()) {

@@ -27,9 +27,15 @@ namespace {
 
 using json = nlohmann::json;
 
-// Parameter: RouterClient::Options::sessions (0: one Generate call per
-// choice; 2: multiplexed on GenerateSession streams, as gateway_main runs).
-class OpenAIServiceTest : public ::testing::TestWithParam<int> {
+// Parameters: RouterClient::Options::sessions (0: one Generate call per
+// choice; 2: multiplexed on GenerateSession streams, as gateway_main runs) and
+// OpenAIServiceOptions::stream_interval.
+struct Transport {
+  int sessions = 0;
+  int stream_interval = 1;
+};
+
+class OpenAIServiceTest : public ::testing::TestWithParam<Transport> {
  protected:
   static void SetUpTestSuite() {
     auto t = tokenizer::Tokenizer::Load("third_party/kimi_k3_tokenizer");
@@ -53,10 +59,11 @@ class OpenAIServiceTest : public ::testing::TestWithParam<int> {
     client_ = std::make_unique<RouterClient>(
         grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
                             grpc::InsecureChannelCredentials()),
-        RouterClient::Options{.sessions = GetParam()});
-    service_ =
-        std::make_unique<OpenAIService>(OpenAIServiceOptions{.api_key = "sekrit"},
-                                        tokenizer_, client_.get(), &registry_);
+        RouterClient::Options{.sessions = GetParam().sessions});
+    service_ = std::make_unique<OpenAIService>(
+        OpenAIServiceOptions{.api_key = "sekrit",
+                             .stream_interval = GetParam().stream_interval},
+        tokenizer_, client_.get(), &registry_);
     http_ = std::make_unique<HttpServer>(
         HttpServerOptions{},
         [this](HttpRequest r, std::shared_ptr<ResponseWriter> w) {
@@ -144,11 +151,68 @@ class OpenAIServiceTest : public ::testing::TestWithParam<int> {
 
 tokenizer::Tokenizer* OpenAIServiceTest::tokenizer_ = nullptr;
 
-INSTANTIATE_TEST_SUITE_P(RouterTransport, OpenAIServiceTest, ::testing::Values(0, 2),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return info.param == 0 ? std::string("PerRequestCalls")
-                                                  : std::string("Sessions");
-                         });
+// --stream_interval: a streamed choice's tokens go out in chunks of at least
+// `interval` tokens (the last may be shorter), exactly `interval` when the
+// router sends one token per message; every token once, in order.
+TEST_P(OpenAIServiceTest, StreamIntervalHoldsTokensUntilEnoughAreReady) {
+  const int interval = GetParam().stream_interval;
+  const json body = {{"model", "kimi-k3"},
+                     {"prompt", "Say something #tokens:37 #per_message:1"},
+                     {"stream", true},
+                     {"logprobs", 0},
+                     {"stream_options", {{"include_usage", true}}}};
+  auto r = Post("/v1/completions", body);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->status_code, 200) << r->body;
+  SseParser parser;
+  std::vector<std::string> events;
+  parser.Feed(r->body, &events);
+  std::vector<int> per_chunk;  // tokens in each text chunk
+  std::string text;
+  int completion_tokens = -1;
+  for (const std::string& e : events) {
+    if (e == "[DONE]") continue;
+    const json j = json::parse(e);
+    if (j.contains("usage") && !j["usage"].is_null()) {
+      completion_tokens = j["usage"]["completion_tokens"].get<int>();
+      continue;
+    }
+    const json& c = j["choices"][0];
+    if (!c["finish_reason"].is_null() && c["text"].get<std::string>().empty()) continue;
+    per_chunk.push_back(static_cast<int>(c["logprobs"]["tokens"].size()));
+    text += c["text"].get<std::string>();
+  }
+  ASSERT_FALSE(per_chunk.empty());
+  int total = 0;
+  for (size_t k = 0; k < per_chunk.size(); ++k) {
+    total += per_chunk[k];
+    if (k + 1 == per_chunk.size()) break;  // the last may be shorter
+    if (GetParam().sessions == 0) {
+      EXPECT_EQ(per_chunk[k], interval) << "chunk " << k;  // one token per message
+    } else {
+      EXPECT_GE(per_chunk[k], interval) << "chunk " << k;  // merged messages
+    }
+  }
+  EXPECT_EQ(total, completion_tokens);
+  EXPECT_EQ(completion_tokens, 38);  // 37 filler tokens (" la" each) and [EOS]
+  std::string expected;
+  for (int k = 0; k < 37; ++k) expected += " la";
+  EXPECT_EQ(text, expected);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    RouterTransport, OpenAIServiceTest,
+    ::testing::Values(Transport{.sessions = 0}, Transport{.sessions = 2},
+                      Transport{.sessions = 0, .stream_interval = 4},
+                      Transport{.sessions = 2, .stream_interval = 4}),
+    [](const ::testing::TestParamInfo<Transport>& info) {
+      if (info.param.stream_interval > 1) {
+        return std::string(info.param.sessions == 0 ? "PerRequestCallsStreamInterval4"
+                                                    : "SessionsStreamInterval4");
+      }
+      return info.param.sessions == 0 ? std::string("PerRequestCalls")
+                                      : std::string("Sessions");
+    });
 
 TEST_P(OpenAIServiceTest, ChatCompletionWithReasoningAndUsage) {
   auto r = Post("/v1/chat/completions", ChatBody("Hi", {{"seed", 7}}));
@@ -567,7 +631,7 @@ TEST_P(OpenAIServiceTest, MultiTokenMessagesStreamTheSameChoice) {
       EXPECT_EQ(many.usage["total_tokens"].get<int>() -
                     many.usage["prompt_tokens"].get<int>(),
                 many.usage["completion_tokens"].get<int>());
-      if (GetParam() == 0) {
+      if (GetParam().sessions == 0 && GetParam().stream_interval == 1) {
         // One call per choice keeps the fixture's message boundaries: the
         // multi-token messages make fewer chunks.
         EXPECT_LT(many.chunks, one.chunks);
