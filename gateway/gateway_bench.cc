@@ -73,7 +73,10 @@ ABSL_FLAG(int, concurrency, 16, "Concurrent streams for the throughput figures."
 ABSL_FLAG(int, stream_tokens, 2000, "Tokens per request for the throughput figures.");
 ABSL_FLAG(double, seconds, 3, "Duration of each throughput run.");
 ABSL_FLAG(int, io_threads, 2, "Gateway I/O threads.");
-ABSL_FLAG(int, paced_streams, 1024, "Concurrent streams of the paced run (0: skip).");
+ABSL_FLAG(int, paced_streams, 1280,
+          "Concurrent streams of the paced run (0: skip); with --paced_rate, the "
+          "offered load (default 128,000 tokens/s: above the 100k target, so that "
+          "the run can show it).");
 ABSL_FLAG(double, paced_rate, 100, "Tokens/s of each paced stream (the step clock).");
 ABSL_FLAG(int, paced_tokens, 200, "Tokens per request of the paced run.");
 ABSL_FLAG(bool, mutex_deadlock_detection, false,
