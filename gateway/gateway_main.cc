@@ -81,9 +81,10 @@ int main(int argc, char** argv) {
   args.SetMaxReceiveMessageSize(64 << 20);
   auto channel = grpc::CreateCustomChannel(absl::GetFlag(FLAGS_router),
                                            grpc::InsecureChannelCredentials(), args);
-  tandem::gateway::RouterClient router(
-      channel, {.sessions = std::max(0, absl::GetFlag(FLAGS_router_sessions))});
   tandem::metrics::Registry registry;
+  tandem::gateway::RouterClient router(
+      channel, {.sessions = std::max(0, absl::GetFlag(FLAGS_router_sessions)),
+                .registry = &registry});
   tandem::gateway::OpenAIService service(
       {.served_model_name = absl::GetFlag(FLAGS_served_model_name),
        .api_key = api_key,

@@ -63,7 +63,8 @@ RouterClient::RouterClient(std::shared_ptr<grpc::Channel> channel, Options optio
       router_(tandem::v1::Router::NewStub(channel_)),
       health_(grpc::health::v1::Health::NewStub(channel_)) {
   if (options.sessions > 0) {
-    sessions_ = std::make_unique<SessionPool>(router_.get(), options.sessions);
+    sessions_ = std::make_unique<SessionPool>(router_.get(), options.sessions,
+                                              options.registry);
   }
 }
 

@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "metrics/registry.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/router.grpc.pb.h"
 
@@ -49,6 +50,9 @@ class RouterClient {
     // Generate calls go over this many multiplexed Router.GenerateSession
     // streams (router_session.h); 0: one Router.Generate call each.
     int sessions = 0;
+    // Where the sessions' counters go (tandem_gateway_router_session_*); may
+    // be null.
+    metrics::Registry* registry = nullptr;
   };
 
   explicit RouterClient(std::shared_ptr<grpc::Channel> channel);

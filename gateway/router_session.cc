@@ -28,6 +28,10 @@ struct SessionPoolCore {
   std::atomic<int64_t> sessions_opened{0};
   std::atomic<int64_t> messages_received{0};
   std::atomic<int64_t> events_received{0};
+  // The same, exported (null without a registry).
+  metrics::Counter* opened_counter = nullptr;
+  metrics::Counter* messages_counter = nullptr;
+  metrics::Counter* events_counter = nullptr;
 
   void ScheduleFinish(std::shared_ptr<SessionCall> call) {
     absl::MutexLock l(&mu);
@@ -202,6 +206,10 @@ class RouterSession final : public grpc::ClientBidiReactor<tandem::v1::SessionRe
     core_->messages_received.fetch_add(1, std::memory_order_relaxed);
     core_->events_received.fetch_add(response_.events_size(),
                                      std::memory_order_relaxed);
+    if (core_->messages_counter != nullptr) {
+      core_->messages_counter->Increment();
+      core_->events_counter->Increment(static_cast<double>(response_.events_size()));
+    }
     {
       absl::MutexLock l(&mu_);
       for (const tandem::v1::SessionEvent& e : response_.events()) {
@@ -292,8 +300,36 @@ void SessionCall::Abort(const grpc::Status& status) {
   core_->ScheduleFinish(shared_from_this());
 }
 
-SessionPool::SessionPool(tandem::v1::Router::Stub* stub, int sessions)
+namespace {
+
+metrics::Counter* SessionCounter(metrics::Registry* registry, const char* name,
+                                 const char* help) {
+  if (registry == nullptr) return nullptr;
+  absl::StatusOr<metrics::Family<metrics::Counter>*> family =
+      registry->AddCounter(name, help);
+  // A second pool on the same registry shares the family.
+  return family.ok() ? &(*family)->Add({}) : nullptr;
+}
+
+}  // namespace
+
+SessionPool::SessionPool(tandem::v1::Router::Stub* stub, int sessions,
+                         metrics::Registry* registry)
     : stub_(stub), core_(std::make_shared<SessionPoolCore>()) {
+  core_->opened_counter =
+      SessionCounter(registry, "tandem_gateway_router_sessions_opened_total",
+                     "GenerateSession streams opened to the router (more than "
+                     "--router_sessions: sessions were lost and replaced).");
+  core_->messages_counter =
+      SessionCounter(registry, "tandem_gateway_router_session_messages_total",
+                     "Messages received on the router sessions.");
+  core_->events_counter =
+      SessionCounter(registry, "tandem_gateway_router_session_events_total",
+                     "Events in them (request messages and ends); events / messages "
+                     "is the batching factor.");
+  if (core_->messages_counter == nullptr || core_->events_counter == nullptr) {
+    core_->messages_counter = core_->events_counter = nullptr;
+  }
   {
     absl::MutexLock l(&core_->mu);
     core_->sessions.resize(std::max(1, sessions));
@@ -348,6 +384,7 @@ std::shared_ptr<GenerateCall> SessionPool::Generate(
       slot = std::make_shared<RouterSession>(core_);
       ++core_->live_sessions;
       core_->sessions_opened.fetch_add(1, std::memory_order_relaxed);
+      if (core_->opened_counter != nullptr) core_->opened_counter->Increment();
       start = true;
     }
     session = slot;

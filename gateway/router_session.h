@@ -29,6 +29,7 @@
 
 #include "absl/time/time.h"
 #include "gateway/router_client.h"
+#include "metrics/registry.h"
 #include "proto/router.grpc.pb.h"
 
 namespace tandem::gateway {
@@ -46,7 +47,11 @@ class SessionPool {
   };
 
   // `stub` is not owned and must outlive the pool. `sessions` >= 1.
-  SessionPool(tandem::v1::Router::Stub* stub, int sessions);
+  // `registry` (may be null, else must outlive the pool) gets the counters
+  // tandem_gateway_router_sessions_opened_total and
+  // tandem_gateway_router_session_{messages,events}_total.
+  SessionPool(tandem::v1::Router::Stub* stub, int sessions,
+              metrics::Registry* registry = nullptr);
   // Cancels the sessions (calls still running end UNAVAILABLE, their
   // on_done runs before this returns, within 5 s) and stops the reaper.
   ~SessionPool();

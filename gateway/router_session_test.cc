@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "metrics/registry.h"
 #include "proto/router.grpc.pb.h"
 #include "worker/session_stream.h"
 
@@ -115,10 +116,16 @@ class RouterSessionTest : public ::testing::Test {
     if (stub_ == nullptr) {
       stub_ = tandem::v1::Router::NewStub(grpc::CreateChannel(
           "127.0.0.1:" + std::to_string(port_), grpc::InsecureChannelCredentials()));
-      pool_ = std::make_unique<SessionPool>(stub_.get(), 2);
+      pool_ = std::make_unique<SessionPool>(stub_.get(), 2, &registry_);
     }
   }
 
+  double Counter(const char* name) {
+    auto family = registry_.AddCounter(name, "");  // the pool's family
+    return family.ok() ? (*family)->Add({}).Value() : -1;
+  }
+
+  metrics::Registry registry_;
   std::unique_ptr<HeldRouter> router_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
@@ -169,6 +176,12 @@ TEST_F(RouterSessionTest, ManyCallsGetTheirOwnTokensInOrderAndOneEnd) {
   const SessionPool::Stats stats = pool_->stats();
   EXPECT_EQ(stats.sessions_opened, 2);  // round robin over two slots
   EXPECT_LE(stats.messages_received, stats.events_received);
+  // The exported counters say the same.
+  EXPECT_EQ(Counter("tandem_gateway_router_sessions_opened_total"), 2);
+  EXPECT_EQ(Counter("tandem_gateway_router_session_messages_total"),
+            stats.messages_received);
+  EXPECT_EQ(Counter("tandem_gateway_router_session_events_total"),
+            stats.events_received);
 }
 
 TEST_F(RouterSessionTest, CancelEndsTheCallAtOnceAndCancelsItUpstream) {
