@@ -79,6 +79,14 @@ int main(int argc, char** argv) {
 
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
+  // The GenerateSession streams live as long as the gateway: keepalive pings
+  // notice a router that vanished without closing the connection (a host
+  // gone, a partition) within ~30 s, and the next request opens a new
+  // session, instead of every request waiting out its deadline on a dead one.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   auto channel = grpc::CreateCustomChannel(absl::GetFlag(FLAGS_router),
                                            grpc::InsecureChannelCredentials(), args);
   tandem::metrics::Registry registry;

@@ -259,6 +259,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     // Router output held back by stream_interval (has_pending: something is).
     tandem::v1::GenerateResponse pending;
     bool has_pending = false;
+    bool output_sent = false;  // some of this choice's output went out
   };
 
   tandem::v1::GenerateRequest BuildRequest(int i, absl::Time deadline) const {
@@ -549,8 +550,10 @@ class Generation : public std::enable_shared_from_this<Generation> {
           st.pending = r;
           st.has_pending = true;
         }
-        if (last || st.pending.token_ids_size() >= interval) {
+        // The first tokens go at once (time to first token is not traded).
+        if (last || !st.output_sent || st.pending.token_ids_size() >= interval) {
           st.has_pending = false;
+          st.output_sent = true;
           ApplyLocked(i, st.pending, &to_cancel);
         }
       } else {

@@ -49,10 +49,11 @@ struct OpenAIServiceOptions {
   absl::Duration router_rpc_timeout = absl::Seconds(5);
   // How long a ListModels answer is reused.
   absl::Duration models_ttl = absl::Seconds(5);
-  // Streamed responses: tokens are held until this many of a choice are ready
-  // (or it ends), then go out as one chunk (SGLang's and vLLM's
-  // --stream-interval). 1: every router message at once. The content is the
-  // same either way; larger values trade smoothness for less work per token.
+  // Streamed responses: after a choice's first output (sent at once), tokens
+  // are held until this many are ready (or it ends), then go out as one chunk
+  // (SGLang's and vLLM's --stream-interval). 1: every router message at once. The
+  // content is the same either way; larger values trade smoothness for less work per
+  // token.
   int stream_interval = 1;
 };
 

@@ -151,9 +151,10 @@ class OpenAIServiceTest : public ::testing::TestWithParam<Transport> {
 
 tokenizer::Tokenizer* OpenAIServiceTest::tokenizer_ = nullptr;
 
-// --stream_interval: a streamed choice's tokens go out in chunks of at least
-// `interval` tokens (the last may be shorter), exactly `interval` when the
-// router sends one token per message; every token once, in order.
+// --stream_interval: after the first (sent at once), a streamed choice's tokens
+// go out in chunks of at least `interval` tokens (the last may be shorter),
+// exactly `interval` when the router sends one token per message; every token
+// once, in order.
 TEST_P(OpenAIServiceTest, StreamIntervalHoldsTokensUntilEnoughAreReady) {
   const int interval = GetParam().stream_interval;
   const json body = {{"model", "kimi-k3"},
@@ -184,8 +185,10 @@ TEST_P(OpenAIServiceTest, StreamIntervalHoldsTokensUntilEnoughAreReady) {
   }
   ASSERT_FALSE(per_chunk.empty());
   int total = 0;
+  if (GetParam().sessions == 0) EXPECT_EQ(per_chunk[0], 1);  // the first at once
   for (size_t k = 0; k < per_chunk.size(); ++k) {
     total += per_chunk[k];
+    if (k == 0) continue;
     if (k + 1 == per_chunk.size()) break;  // the last may be shorter
     if (GetParam().sessions == 0) {
       EXPECT_EQ(per_chunk[k], interval) << "chunk " << k;  // one token per message

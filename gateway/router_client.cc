@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "gateway/router_session.h"
 
@@ -33,7 +34,12 @@ class GenerateReactor final
     StartCall();
   }
 
-  void Cancel() override { context_.TryCancel(); }
+  // TryCancel is only valid before OnDone (gRPC has released the call by
+  // then); a caller may cancel from inside on_done (a choice that ends others).
+  void Cancel() override {
+    absl::MutexLock l(&done_mu_);
+    if (!done_) context_.TryCancel();
+  }
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream ended; OnDone follows
@@ -43,6 +49,10 @@ class GenerateReactor final
   }
 
   void OnDone(const grpc::Status& status) override {
+    {
+      absl::MutexLock l(&done_mu_);
+      done_ = true;
+    }
     callbacks_.on_done(status);
     callbacks_ = {};
     std::shared_ptr<GenerateReactor> keep = std::move(self_);
@@ -54,6 +64,8 @@ class GenerateReactor final
   tandem::v1::GenerateResponse response_;
   RouterClient::StreamCallbacks callbacks_;
   std::shared_ptr<GenerateReactor> self_;
+  absl::Mutex done_mu_;
+  bool done_ ABSL_GUARDED_BY(done_mu_) = false;
 };
 
 }  // namespace

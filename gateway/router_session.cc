@@ -33,12 +33,8 @@ struct SessionPoolCore {
   metrics::Counter* messages_counter = nullptr;
   metrics::Counter* events_counter = nullptr;
 
-  void ScheduleFinish(std::shared_ptr<SessionCall> call) {
-    absl::MutexLock l(&mu);
-    // Stopping: the sessions are being cancelled, and their OnDone finishes
-    // every call still on them.
-    if (!stopping) to_finish.push_back(std::move(call));
-  }
+  // Defined after SessionCall.
+  void ScheduleFinish(std::shared_ptr<SessionCall> call);
 };
 
 // One request on a session.
@@ -76,12 +72,17 @@ class SessionCall final : public GenerateCall,
   void Deliver(const tandem::v1::SessionEvent& event) {
     absl::MutexLock l(&cb_mu_);
     if (done_) return;
+    if (aborted()) {
+      // Its output was cut where it was aborted: whatever the router ends it
+      // with, it ends with the abort's status (never OK with tokens missing).
+      if (event.has_end()) FinishLocked(AbortStatus());
+      return;
+    }
     if (event.has_end()) {
       FinishLocked(grpc::Status(static_cast<grpc::StatusCode>(event.end().code()),
                                 event.end().message()));
       return;
     }
-    if (aborted()) return;  // its on_done is on the way
     callbacks_.on_response(event.response());
   }
 
@@ -90,16 +91,15 @@ class SessionCall final : public GenerateCall,
     absl::MutexLock l(&cb_mu_);
     FinishLocked(status);
   }
-  void FinishAborted() {
-    grpc::Status status;
-    {
-      absl::MutexLock l(&abort_mu_);
-      status = abort_status_;
-    }
-    Finish(status);
-  }
+  void FinishAborted() { Finish(AbortStatus()); }
+  bool on_session() const { return session_ != nullptr; }
 
  private:
+  grpc::Status AbortStatus() {
+    absl::MutexLock l(&abort_mu_);
+    return abort_status_;
+  }
+
   void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(cb_mu_) {
     if (done_) return;
     done_ = true;
@@ -134,6 +134,10 @@ class RouterSession final : public grpc::ClientBidiReactor<tandem::v1::SessionRe
   void Start(tandem::v1::Router::Stub* stub) {
     self_ = shared_from_this();
     stub->async()->GenerateSession(&context_, this);
+    // Writes start from outside reactions (Submit, SendCancel on any thread):
+    // the hold keeps the call (and OnDone) back until the read side has
+    // failed and no write can start any more (OnReadDone(false)).
+    AddHold();
     StartRead(&response_);
     StartCall();
     absl::MutexLock l(&mu_);
@@ -202,7 +206,14 @@ class RouterSession final : public grpc::ClientBidiReactor<tandem::v1::SessionRe
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) return;  // the call ended: OnDone follows
+    if (!ok) {  // the call is ending: no new write may start, then OnDone
+      {
+        absl::MutexLock l(&mu_);
+        dead_ = true;
+      }
+      RemoveHold();
+      return;
+    }
     core_->messages_received.fetch_add(1, std::memory_order_relaxed);
     core_->events_received.fetch_add(response_.events_size(),
                                      std::memory_order_relaxed);
@@ -288,6 +299,20 @@ class RouterSession final : public grpc::ClientBidiReactor<tandem::v1::SessionRe
   bool dead_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+void SessionPoolCore::ScheduleFinish(std::shared_ptr<SessionCall> call) {
+  {
+    absl::MutexLock l(&mu);
+    if (!stopping) {
+      to_finish.push_back(std::move(call));
+      return;
+    }
+  }
+  // Stopping (no reaper any more): the sessions are being cancelled and their
+  // OnDone ends every call on them; a call on none ends here. (Such a call is
+  // aborted only by Generate, never from inside its own callbacks.)
+  if (!call->on_session()) call->FinishAborted();
+}
+
 void SessionCall::Abort(const grpc::Status& status) {
   {
     absl::MutexLock l(&abort_mu_);
@@ -363,31 +388,30 @@ std::shared_ptr<GenerateCall> SessionPool::Generate(
   std::shared_ptr<SessionCall> call;
   std::shared_ptr<RouterSession> session;
   bool start = false;
-  bool stopping = false;
   {
+    // One critical section with the destructor's: a session made here is
+    // one the destructor shuts down.
     absl::MutexLock l(&core_->mu);
     call = std::make_shared<SessionCall>(core_, core_->next_stream_id++, deadline,
                                          std::move(callbacks));
-    stopping = core_->stopping;
+    if (!core_->stopping) {
+      // Round robin over the slots; a slot whose session ended gets a new one.
+      std::shared_ptr<RouterSession>& slot =
+          core_->sessions[core_->next_session++ % core_->sessions.size()];
+      if (slot == nullptr || slot->dead()) {
+        slot = std::make_shared<RouterSession>(core_);
+        ++core_->live_sessions;
+        core_->sessions_opened.fetch_add(1, std::memory_order_relaxed);
+        if (core_->opened_counter != nullptr) core_->opened_counter->Increment();
+        start = true;
+      }
+      session = slot;
+    }
   }
-  if (stopping) {  // no reaper any more: end it here
+  if (session == nullptr) {  // stopping, and no reaper any more: end it here
     call->Finish(
         grpc::Status(grpc::StatusCode::UNAVAILABLE, "the gateway is stopping"));
     return call;
-  }
-  {
-    absl::MutexLock l(&core_->mu);
-    // Round robin over the slots; a slot whose session ended gets a new one.
-    std::shared_ptr<RouterSession>& slot =
-        core_->sessions[core_->next_session++ % core_->sessions.size()];
-    if (slot == nullptr || slot->dead()) {
-      slot = std::make_shared<RouterSession>(core_);
-      ++core_->live_sessions;
-      core_->sessions_opened.fetch_add(1, std::memory_order_relaxed);
-      if (core_->opened_counter != nullptr) core_->opened_counter->Increment();
-      start = true;
-    }
-    session = slot;
   }
   if (start) session->Start(stub_);
   if (!session->Submit(call, std::move(request))) {

@@ -103,6 +103,12 @@ int main(int argc, char** argv) {
   const std::string address =
       absl::GetFlag(FLAGS_host) + ":" + std::to_string(absl::GetFlag(FLAGS_port));
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  // Clients that hold long-lived GenerateSession streams (the gateway) ping
+  // every 20 s to notice a half-open connection; accept that rate, with or
+  // without calls in flight (gRPC's default answers it with GOAWAY).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.RegisterService(&router);
   builder.RegisterService(&registry);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

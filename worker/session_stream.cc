@@ -1,5 +1,6 @@
 #include "worker/session_stream.h"
 
+#include <deque>
 #include <utility>
 #include <vector>
 
@@ -20,9 +21,13 @@ struct SessionStream::Core {
   absl::Mutex mu;
   SessionStream* reactor ABSL_GUARDED_BY(mu);  // null after OnDone
   absl::flat_hash_map<uint64_t, std::shared_ptr<SessionSink>> live ABSL_GUARDED_BY(mu);
-  tandem::v1::SessionResponse outbox ABSL_GUARDED_BY(mu);   // the next batch
+  tandem::v1::SessionResponse outbox ABSL_GUARDED_BY(mu);  // the open batch
+  size_t outbox_bytes ABSL_GUARDED_BY(mu) = 0;             // about, of `outbox`
+  // Batches closed at kMaxBatchBytes, waiting for their write (in order,
+  // before `outbox`): no message grows past what a client may receive.
+  std::deque<tandem::v1::SessionResponse> full ABSL_GUARDED_BY(mu);
   tandem::v1::SessionResponse writing ABSL_GUARDED_BY(mu);  // the write in flight
-  uint64_t batch ABSL_GUARDED_BY(mu) = 0;  // number of the outbox's batch
+  uint64_t batch ABSL_GUARDED_BY(mu) = 0;                   // number of the open batch
   bool write_in_flight ABSL_GUARDED_BY(mu) = false;
   bool reads_done ABSL_GUARDED_BY(mu) = false;
   bool cancelled ABSL_GUARDED_BY(mu) = false;
@@ -35,10 +40,24 @@ struct SessionStream::Core {
   // Queues the end event of `id`.
   void EndLocked(uint64_t id, const grpc::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    tandem::v1::SessionEvent* e = outbox.add_events();
+    tandem::v1::SessionEvent* e = AddEventLocked(64 + status.error_message().size());
     e->set_stream_id(id);
     e->mutable_end()->set_code(static_cast<int32_t>(status.error_code()));
     e->mutable_end()->set_message(status.error_message());
+  }
+  // A new event of about `bytes` in the open batch, closing it first when it
+  // would pass kMaxBatchBytes.
+  tandem::v1::SessionEvent* AddEventLocked(size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    constexpr size_t kMaxBatchBytes = 1 << 20;  // gRPC's default limit is 4 MiB
+    if (outbox.events_size() > 0 && outbox_bytes + bytes > kMaxBatchBytes) {
+      full.push_back(std::move(outbox));
+      outbox.Clear();
+      outbox_bytes = 0;
+      ++batch;  // what sinks remember of the old one is void
+    }
+    outbox_bytes += bytes;
+    return outbox.add_events();
   }
   // Marks the session cancelled; returns the live requests' cancel hooks (to
   // run outside the lock).
@@ -76,13 +95,15 @@ class SessionSink final : public ResponseSink {
     if (pending_batch_ == c.batch && pending_index_ >= 0 &&
         pending_index_ < c.outbox.events_size()) {
       tandem::v1::SessionEvent* e = c.outbox.mutable_events(pending_index_);
+      const size_t bytes = message.ByteSizeLong();
       if (e->stream_id() == id_ && e->has_response() &&
           CoalesceResponse(e->mutable_response(), &message)) {
         ++c.stats.coalesced;
+        c.outbox_bytes += bytes;
         return;
       }
     }
-    tandem::v1::SessionEvent* e = c.outbox.add_events();
+    tandem::v1::SessionEvent* e = c.AddEventLocked(16 + message.ByteSizeLong());
     e->set_stream_id(id_);
     *e->mutable_response() = std::move(message);
     pending_index_ = c.outbox.events_size() - 1;
@@ -140,13 +161,25 @@ void SessionStream::Core::PumpLocked() {
   if (cancelled) {
     finished = true;
     outbox.Clear();
+    full.clear();
     reactor->Finish(
         grpc::Status(grpc::StatusCode::CANCELLED, "the session was cancelled"));
+    return;
+  }
+  if (!full.empty()) {
+    writing = std::move(full.front());
+    full.pop_front();
+    ++stats.writes;
+    stats.events += writing.events_size();
+    write_in_flight = true;
+    if (on_write) on_write(writing.events_size());
+    reactor->StartWrite(&writing);
     return;
   }
   if (outbox.events_size() > 0) {
     writing.Clear();
     writing.Swap(&outbox);  // the outbox keeps the cleared events' memory
+    outbox_bytes = 0;
     ++batch;
     ++stats.writes;
     stats.events += writing.events_size();
@@ -223,6 +256,10 @@ void SessionStream::OnReadDone(bool ok) {
     if (hook) hook();
   }
   request_.Clear();
+  {
+    absl::MutexLock l(&core_->mu);
+    if (core_->cancelled || core_->finished) return;  // no more reads wanted
+  }
   StartRead(&request_);
 }
 

@@ -254,6 +254,40 @@ TEST_F(SessionStreamTest, EveryPushArrivesOnceEitherAsAnEventOrMergedIntoOne) {
   EXPECT_EQ(router_.written_events(), stats->events);
 }
 
+TEST_F(SessionStreamTest, BigBatchesAreSplitUnderTheClientsMessageLimit) {
+  // 48 requests x ~120 KB pushed at once: one batch would pass the 4 MiB a
+  // gRPC client takes by default (this test's client) and break the session.
+  constexpr int kRequests = 48;
+  constexpr int kTokens = 40000;
+  std::vector<ResponseSink*> sinks;
+  for (int i = 0; i < kRequests; ++i) {
+    Start(i + 1, "big" + std::to_string(i));
+    sinks.push_back(router_.Sink("big" + std::to_string(i)));
+    ASSERT_NE(sinks.back(), nullptr);
+  }
+  for (int i = 0; i < kRequests; ++i) {
+    GenerateResponse m;
+    m.set_request_id("big" + std::to_string(i));
+    for (int t = 0; t < kTokens; ++t) m.add_token_ids(100000 + i);  // 3 bytes each
+    sinks[i]->Push(std::move(m));
+    sinks[i]->Close(grpc::Status::OK);
+  }
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < kRequests; ++i) ids.push_back(i + 1);
+  std::map<uint64_t, int> tokens;
+  for (const SessionEvent& e : ReadUntilEnded(ids)) {
+    if (e.has_end()) {
+      EXPECT_EQ(e.end().code(), 0);
+      continue;
+    }
+    for (int t : e.response().token_ids()) {
+      ASSERT_EQ(t, 100000 + static_cast<int>(e.stream_id()) - 1);
+    }
+    tokens[e.stream_id()] += e.response().token_ids_size();
+  }
+  for (int i = 0; i < kRequests; ++i) EXPECT_EQ(tokens[i + 1], kTokens) << i;
+}
+
 TEST_F(SessionStreamTest, ClientCancellingTheSessionCancelsEveryRunningRequest) {
   Start(1, "x");
   Start(2, "y");
