@@ -83,6 +83,7 @@ const gatewayPort = await new Promise((resolve) => {
   gateway = start(process.env.GATEWAY_BIN, [
     `--model=${tokenizerDir}`, `--router=127.0.0.1:${routerPort}`, '--port=0',
     `--api_key=${API_KEY}`, '--io_threads=2', '--log_format=json', '--max_body_bytes=1048576',
+    '--shutdown_grace_s=1',
   ], (stream, line) => {
     if (stream !== 'stderr' || !line.startsWith('{')) return;
     const e = JSON.parse(line);
@@ -377,8 +378,34 @@ for (const t of tests) {
   }
 }
 
+// Shutdown with a stream in flight (on a router session): SIGTERM stops new
+// work, the running stream is cancelled upstream after --shutdown_grace_s, the
+// client's stream ends, and the gateway exits 0.
 stopping = true;
-gateway.kill('SIGTERM');
+let liveId = null, liveChunks = 0;
+try {
+  const live = await client.chat.completions.create({
+    model: MODEL, messages: [{ role: 'user', content: 'Go #tokens:100000000' }], stream: true,
+  });
+  const drained = (async () => {
+    try {
+      for await (const chunk of live) {
+        liveId = chunk.id;
+        if (++liveChunks === 3) gateway.kill('SIGTERM');
+      }
+    } catch (err) { /* the stream may end with an error: either is an end */ }
+    return 'ended';
+  })();
+  const ended = await Promise.race([drained, new Promise((r) => setTimeout(() => r('timeout'), 20_000))]);
+  assert.equal(ended, 'ended', 'the stream in flight did not end after SIGTERM');
+  assert.ok(liveChunks >= 3, `chunks before SIGTERM: ${liveChunks}`);
+  await waitForEvent((e) => e.event === 'cancelled' && e.request_id === `${liveId}-0`, `cancelled ${liveId}`);
+  console.log('PASS shutdown with a stream in flight cancels it upstream');
+} catch (err) {
+  failed++;
+  console.error(`FAIL shutdown with a stream in flight: ${err.stack ?? err}`);
+  gateway.kill('SIGTERM');
+}
 const g = await Promise.race([gateway.exited, new Promise((r) => setTimeout(() => r({ code: 'timeout' }), 20_000))]);
 if (g.code !== 0) { failed++; console.error(`FAIL gateway did not exit cleanly on SIGTERM: ${JSON.stringify(g)}`); }
 children[0].kill('SIGTERM');
