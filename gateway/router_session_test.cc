@@ -4,7 +4,9 @@
 
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -182,6 +184,85 @@ TEST_F(RouterSessionTest, ManyCallsGetTheirOwnTokensInOrderAndOneEnd) {
             stats.messages_received);
   EXPECT_EQ(Counter("tandem_gateway_router_session_events_total"),
             stats.events_received);
+}
+
+// Many calls, some cancelled by the gateway at random moments, some past a
+// short deadline, the rest ended by the router while tokens still flow: every
+// call ends exactly once, with the status its fate says, and nothing is
+// delivered after its end.
+TEST_F(RouterSessionTest, RandomCancelsDeadlinesAndEndsEndEveryCallOnce) {
+  constexpr int kCalls = 300;
+  std::mt19937 rng(7);
+  enum Fate { kRouterEnds, kCancelled, kDeadline };
+  std::vector<Fate> fate(kCalls);
+  std::vector<std::unique_ptr<Received>> got;
+  std::vector<std::shared_ptr<GenerateCall>> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    fate[i] = static_cast<Fate>(rng() % 3);
+    got.push_back(std::make_unique<Received>());
+    const absl::Duration timeout = fate[i] == kDeadline
+                                       ? absl::Milliseconds(100 + rng() % 200)
+                                       : absl::Seconds(30);
+    calls.push_back(pool_->Generate(Request("x" + std::to_string(i)),
+                                    absl::Now() + timeout, got.back()->Callbacks()));
+  }
+  std::vector<worker::ResponseSink*> sinks;
+  for (int i = 0; i < kCalls; ++i) {
+    sinks.push_back(router_->WaitForSink("x" + std::to_string(i)));
+    ASSERT_NE(sinks.back(), nullptr);
+  }
+  // Tokens for everyone while the gateway cancels a third of the calls.
+  std::thread canceller([&] {
+    for (int i = 0; i < kCalls; ++i) {
+      if (fate[i] == kCancelled) calls[i]->Cancel();
+    }
+  });
+  for (int t = 0; t < 10; ++t) {
+    for (int i = 0; i < kCalls; ++i) {
+      GenerateResponse m;
+      m.set_request_id("x" + std::to_string(i));
+      m.add_token_ids(t);
+      sinks[i]->Push(m);
+    }
+  }
+  canceller.join();
+  for (int i = 0; i < kCalls; ++i) {
+    if (fate[i] == kRouterEnds) sinks[i]->Close(grpc::Status::OK);
+  }
+  for (int i = 0; i < kCalls; ++i) {
+    const grpc::Status s = got[i]->Wait();
+    switch (fate[i]) {
+      case kRouterEnds:
+        EXPECT_TRUE(s.ok()) << i << ": " << s.error_message();
+        break;
+      case kCancelled:
+        EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << i;
+        break;
+      case kDeadline:
+        EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << i;
+        break;
+    }
+  }
+  // The router saw every cancel and deadline as a cancel; it closes them now.
+  for (int i = 0; i < kCalls; ++i) {
+    if (fate[i] != kRouterEnds) {
+      EXPECT_TRUE(router_->WaitForCancel("x" + std::to_string(i))) << i;
+      sinks[i]->Close(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+    }
+  }
+  for (int i = 0; i < kCalls; ++i) {
+    absl::MutexLock l(&got[i]->mu);
+    EXPECT_EQ(got[i]->dones, 1) << i;
+    EXPECT_EQ(got[i]->responses_after_done, 0) << i;
+    if (fate[i] == kRouterEnds) {
+      ASSERT_EQ(got[i]->tokens.size(), 10u) << i;
+      for (int t = 0; t < 10; ++t) EXPECT_EQ(got[i]->tokens[t], t) << i;
+    } else {
+      // A prefix of the tokens, in order.
+      for (size_t t = 0; t < got[i]->tokens.size(); ++t)
+        EXPECT_EQ(got[i]->tokens[t], t);
+    }
+  }
 }
 
 TEST_F(RouterSessionTest, CancelEndsTheCallAtOnceAndCancelsItUpstream) {
