@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/logging.h"
 
 namespace tandem::gateway {
 
@@ -248,6 +249,17 @@ class RouterSession final : public grpc::ClientBidiReactor<tandem::v1::SessionRe
         grpc::StatusCode::UNAVAILABLE,
         absl::StrCat("the gateway's session with the router ended (",
                      status.error_code(), ": ", status.error_message(), ")"));
+    bool stopping;
+    {
+      absl::MutexLock l(&core_->mu);
+      stopping = core_->stopping;
+    }
+    if (!stopping) {
+      TLOG(WARNING, "the gateway's session with the router ended")
+          .Kv("status", static_cast<int>(status.error_code()))
+          .Kv("message", status.error_message())
+          .Kv("calls_failed", calls.size());
+    }
     for (auto& [id, call] : calls) call->Finish(lost);
     calls.clear();
     {
