@@ -15,9 +15,13 @@
 //           answering cannot hold a request past it); or UNAVAILABLE when
 //           its session breaks.
 // Cancel() (any thread, also from inside on_response) sends the cancel to the
-// router and completes the call with CANCELLED; later events are dropped.
-// One call's callbacks never overlap. Callbacks run on gRPC threads (events)
-// or on the pool's reaper thread (cancel, deadline).
+// router and completes the call with CANCELLED; later events are dropped, and
+// an aborted call ends with its abort status whatever the router's end says.
+// One call's callbacks never overlap. Callbacks run on gRPC threads (events,
+// a lost session), on the pool's reaper thread (cancel, deadline), or, while
+// the pool is being destroyed, on the thread that calls Generate.
+// Each session holds its gRPC call (AddHold) until its read side fails, since
+// writes (starts, cancels) begin on any thread, outside gRPC's reactions.
 #ifndef TANDEM_GATEWAY_ROUTER_SESSION_H_
 #define TANDEM_GATEWAY_ROUTER_SESSION_H_
 
