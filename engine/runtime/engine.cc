@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
+#include <thread>
 #include <utility>
 
 #include "common/status.h"
@@ -97,6 +99,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     }
   });
   e->sampler_ = std::make_unique<engine::Sampler>(weights->config.text.vocab_size);
+  {
+    int threads = options.sampling_threads;
+    if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
+    if (threads > 1) {
+      e->sample_pool_ = std::make_unique<kernels::ThreadPool>(threads);
+      for (int t = 0; t < e->sample_pool_->size(); ++t) {
+        e->row_samplers_.push_back(
+            std::make_unique<engine::Sampler>(weights->config.text.vocab_size));
+      }
+    }
+  }
   switch (so.method) {
     case SpeculativeMethod::kNone:
       break;
@@ -318,12 +331,45 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       progress_.push_back(pe);
     }
   }
-  std::vector<float> logits;
+  std::vector<float>& logits = logits_;
   const absl::Status forward = executor_->Forward(inputs, &logits);
   progress_.clear();
   TANDEM_RETURN_IF_ERROR(forward);
 
   const int64_t V = weights_->config.text.vocab_size;
+  // Rows without drafts are sampled up front, in parallel: a row reads only its
+  // request's parameters, history and position, which nothing changes before
+  // its Emit below, so the results are those of sampling them one by one.
+  std::vector<std::optional<absl::StatusOr<engine::SampleResult>>> presampled(
+      plan.sequences.size());
+  if (sample_pool_ != nullptr) {
+    std::vector<std::pair<size_t, int64_t>> plain;  // (sequence, logits row)
+    int64_t r0 = 0;
+    for (size_t i = 0; i < plan.sequences.size(); ++i) {
+      if (!plan.sequences[i].samples) continue;
+      const int64_t m = static_cast<int64_t>(proposals[i].tokens.size());
+      if (m == 0) plain.emplace_back(i, r0);
+      r0 += m + 1;
+    }
+    if (plain.size() > 1) {
+      sample_pool_->ParallelFor(
+          static_cast<int64_t>(plain.size()),
+          [&](int64_t b, int64_t e, int participant) {
+            engine::Sampler& sampler = *row_samplers_[participant];
+            for (int64_t k = b; k < e; ++k) {
+              const auto [i, prow] = plain[k];
+              Request* r = reqs[i];
+              engine::SampleRequest sr;
+              sr.logits = absl::MakeConstSpan(logits).subspan(prow * V, V);
+              sr.params = &r->params;
+              sr.history = &r->history;
+              sr.suppressed_tokens = r->stop->SuppressedTokens();
+              sr.position = r->num_generated();
+              presampled[i] = sampler.Sample(sr);
+            }
+          });
+    }
+  }
   std::vector<engine::SequenceOutcome> outcomes;
   int64_t row = 0;
   for (size_t i = 0; i < plan.sequences.size(); ++i) {
@@ -335,7 +381,10 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     const speculative::Proposal& prop = proposals[i];
     const int64_t m = static_cast<int64_t>(prop.tokens.size());
     r->replay_from = -1;  // this forward brought the KDA slot up to date
-    if (m == 0) {
+    if (m == 0 && presampled[i].has_value()) {
+      TANDEM_ASSIGN_OR_RETURN(engine::SampleResult res, *std::move(presampled[i]));
+      TANDEM_RETURN_IF_ERROR(Emit(r, res.token_id, &res, &out));
+    } else if (m == 0) {
       TANDEM_RETURN_IF_ERROR(
           Sample(r, absl::MakeConstSpan(logits).subspan(row * V, V), &out));
     } else {

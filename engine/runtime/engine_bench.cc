@@ -31,7 +31,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/init.h"
+#include "common/status.h"
 #include "engine/model/checkpoint.h"
+#include "engine/runtime/engine.h"
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/model_runner.h"
 #include "engine/runtime/weights.h"
@@ -48,6 +50,10 @@ ABSL_FLAG(int32_t, chunk, 128, "Prefill chunk per sequence per forward");
 ABSL_FLAG(int32_t, decode_steps, 16, "Decode steps per batch size");
 ABSL_FLAG(std::string, batches, "1,8,32", "Batch sizes");
 ABSL_FLAG(std::string, backend, "cpu", "Kernel backend");
+ABSL_FLAG(bool, engine_step, true,
+          "Also time Engine::Step decode with sampling (temperature 1, every row "
+          "sampled over the whole vocabulary), rows sampled one by one and in "
+          "parallel (EngineOptions::sampling_threads 1 and 0), in the same run.");
 ABSL_FLAG(bool, gemm_yardstick, true,
           "Also time the model's prefill GEMM shapes against oneDNN and OpenBLAS");
 
@@ -220,6 +226,47 @@ int main(int argc, char** argv) {
         best_step_s > 0 ? roofline_s / best_step_s : 0;
     r["bytes_per_decode_step"] = bytes;
     r["state_bytes_per_sequence"] = mem_per_seq;
+    if (absl::GetFlag(FLAGS_engine_step)) {
+      // Decode tokens/s through Engine::Step (forward + sampling + stop
+      // checks) with `threads` sampling threads.
+      auto engine_decode = [&](int threads) -> absl::StatusOr<double> {
+        tandem::runtime::EngineOptions eo;
+        eo.num_slots = B;
+        eo.max_context_tokens = ctx + 1;
+        eo.max_tokens_per_step = std::max<int64_t>(256, B * prompt_len);
+        eo.sampling_threads = threads;
+        TANDEM_ASSIGN_OR_RETURN(auto engine, tandem::runtime::Engine::Create(
+                                                 &w, backend->get(), nullptr, eo));
+        for (int q = 0; q < B; ++q) {
+          tandem::engine::SamplingParams p;
+          p.temperature = 1.0f;
+          p.seed = 1000 + q;
+          p.max_tokens = steps + 1;
+          p.ignore_eos = true;
+          TANDEM_RETURN_IF_ERROR(engine->AddRequest(q, prompts[q], p));
+        }
+        // The first step prefills (and samples each first token); time the rest.
+        TANDEM_RETURN_IF_ERROR(engine->Step().status());
+        int64_t tokens = 0;
+        const auto e0 = Clock::now();
+        while (engine->HasWork()) {
+          TANDEM_ASSIGN_OR_RETURN(auto outs, engine->Step());
+          for (const auto& o : outs)
+            tokens += static_cast<int64_t>(o.new_tokens.size());
+        }
+        return tokens / Seconds(e0, Clock::now());
+      };
+      auto seq = engine_decode(1);
+      auto par = engine_decode(0);
+      if (!seq.ok()) return Fail(seq.status());
+      if (!par.ok()) return Fail(par.status());
+      r["engine_decode_tokens_per_s_sequential_sampling"] = *seq;
+      r["engine_decode_tokens_per_s"] = *par;
+      std::fprintf(stderr,
+                   "batch %3d: Engine::Step decode with sampling (temperature 1): %.1f "
+                   "tok/s with rows sampled in parallel, %.1f one by one (x%.2f)\n",
+                   B, *par, *seq, *seq > 0 ? *par / *seq : 0.0);
+    }
     std::fprintf(stderr,
                  "batch %3d: prefill %9.1f tok/s, decode %9.1f tok/s, step %.2f ms "
                  "(median %.2f, best %.2f; roofline %.3f ms: %.2f of the mean step, "
