@@ -266,6 +266,16 @@ struct PacedResult {
   double fixture_cpu_seconds = 0;   // the fixture process's, when it is one
   std::vector<double> gaps_ms;      // between consecutive events of a stream
   std::vector<double> duration_ms;  // per request, to its end
+
+  // Adds one stream's counts and samples.
+  void Add(const PacedResult& o) {
+    tokens += o.tokens;
+    events += o.events;
+    requests += o.requests;
+    failures += o.failures;
+    gaps_ms.insert(gaps_ms.end(), o.gaps_ms.begin(), o.gaps_ms.end());
+    duration_ms.insert(duration_ms.end(), o.duration_ms.begin(), o.duration_ms.end());
+  }
 };
 
 json PacedJson(const PacedResult& r, double offered, double ideal_ms) {
@@ -380,16 +390,7 @@ class PacedHttpClient {
     r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
     r.client_cpu_seconds = client_cpu;
     r.cpu_seconds = ProcessCpuSeconds() - cpu0 - client_cpu;
-    for (auto& c : conns_) {
-      r.tokens += c->result.tokens;
-      r.events += c->result.events;
-      r.requests += c->result.requests;
-      r.failures += c->result.failures;
-      r.gaps_ms.insert(r.gaps_ms.end(), c->result.gaps_ms.begin(),
-                       c->result.gaps_ms.end());
-      r.duration_ms.insert(r.duration_ms.end(), c->result.duration_ms.begin(),
-                           c->result.duration_ms.end());
-    }
+    for (auto& c : conns_) r.Add(c->result);
     return r;
   }
 
@@ -567,16 +568,7 @@ class PacedDirectClient {
     PacedResult r;
     r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
     r.cpu_seconds = ProcessCpuSeconds() - cpu0;
-    for (auto& s : streams_) {
-      r.tokens += s->result.tokens;
-      r.events += s->result.events;
-      r.requests += s->result.requests;
-      r.failures += s->result.failures;
-      r.gaps_ms.insert(r.gaps_ms.end(), s->result.gaps_ms.begin(),
-                       s->result.gaps_ms.end());
-      r.duration_ms.insert(r.duration_ms.end(), s->result.duration_ms.begin(),
-                           s->result.duration_ms.end());
-    }
+    for (auto& s : streams_) r.Add(s->result);
     return r;
   }
 

@@ -177,6 +177,11 @@ TEST_F(RouterSessionTest, ManyCallsGetTheirOwnTokensInOrderAndOneEnd) {
   }
   const SessionPool::Stats stats = pool_->stats();
   EXPECT_EQ(stats.sessions_opened, 2);  // round robin over two slots
+  // Every call got its end and at least one message of tokens; at most one
+  // event per push and end; never an empty message.
+  EXPECT_GE(stats.events_received, 2 * kCalls);
+  EXPECT_LE(stats.events_received, kCalls * (kTokens + 1));
+  EXPECT_GE(stats.messages_received, 1);
   EXPECT_LE(stats.messages_received, stats.events_received);
   // The exported counters say the same.
   EXPECT_EQ(Counter("tandem_gateway_router_sessions_opened_total"), 2);

@@ -92,10 +92,10 @@ class SessionSink final : public ResponseSink {
     SessionStream::Core& c = *core_;
     absl::MutexLock l(&c.mu);
     if (closed_ || cancelled_ || c.cancelled || c.finished) return;
+    const size_t bytes = message.ByteSizeLong();  // once: it walks the message
     if (pending_batch_ == c.batch && pending_index_ >= 0 &&
         pending_index_ < c.outbox.events_size()) {
       tandem::v1::SessionEvent* e = c.outbox.mutable_events(pending_index_);
-      const size_t bytes = message.ByteSizeLong();
       if (e->stream_id() == id_ && e->has_response() &&
           CoalesceResponse(e->mutable_response(), &message)) {
         ++c.stats.coalesced;
@@ -103,7 +103,7 @@ class SessionSink final : public ResponseSink {
         return;
       }
     }
-    tandem::v1::SessionEvent* e = c.AddEventLocked(16 + message.ByteSizeLong());
+    tandem::v1::SessionEvent* e = c.AddEventLocked(16 + bytes);
     e->set_stream_id(id_);
     *e->mutable_response() = std::move(message);
     pending_index_ = c.outbox.events_size() - 1;
@@ -166,21 +166,17 @@ void SessionStream::Core::PumpLocked() {
         grpc::Status(grpc::StatusCode::CANCELLED, "the session was cancelled"));
     return;
   }
-  if (!full.empty()) {
-    writing = std::move(full.front());
-    full.pop_front();
-    ++stats.writes;
-    stats.events += writing.events_size();
-    write_in_flight = true;
-    if (on_write) on_write(writing.events_size());
-    reactor->StartWrite(&writing);
-    return;
-  }
-  if (outbox.events_size() > 0) {
-    writing.Clear();
-    writing.Swap(&outbox);  // the outbox keeps the cleared events' memory
-    outbox_bytes = 0;
-    ++batch;
+  // The oldest batch first: a full one, else the open one.
+  if (!full.empty() || outbox.events_size() > 0) {
+    if (!full.empty()) {
+      writing = std::move(full.front());
+      full.pop_front();
+    } else {
+      writing.Clear();
+      writing.Swap(&outbox);  // the outbox keeps the cleared events' memory
+      outbox_bytes = 0;
+      ++batch;
+    }
     ++stats.writes;
     stats.events += writing.events_size();
     write_in_flight = true;

@@ -197,16 +197,15 @@ absl::Status Engine::Abort(RequestId id) {
   return scheduler_->Abort(id);
 }
 
-absl::Status Engine::Sample(Request* r, absl::Span<const float> logits,
-                            RequestOutput* out) {
+absl::StatusOr<engine::SampleResult> Engine::SampleNext(
+    engine::Sampler* sampler, const Request& r, absl::Span<const float> logits) {
   engine::SampleRequest sr;
   sr.logits = logits;
-  sr.params = &r->params;
-  sr.history = &r->history;
-  sr.suppressed_tokens = r->stop->SuppressedTokens();
-  sr.position = r->num_generated();
-  TANDEM_ASSIGN_OR_RETURN(engine::SampleResult res, sampler_->Sample(sr));
-  return Emit(r, res.token_id, &res, out);
+  sr.params = &r.params;
+  sr.history = &r.history;
+  sr.suppressed_tokens = r.stop->SuppressedTokens();
+  sr.position = r.num_generated();
+  return sampler->Sample(sr);
 }
 
 absl::Status Engine::Emit(Request* r, int32_t tok, const engine::SampleResult* res,
@@ -358,14 +357,8 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
             engine::Sampler& sampler = *row_samplers_[participant];
             for (int64_t k = b; k < e; ++k) {
               const auto [i, prow] = plain[k];
-              Request* r = reqs[i];
-              engine::SampleRequest sr;
-              sr.logits = absl::MakeConstSpan(logits).subspan(prow * V, V);
-              sr.params = &r->params;
-              sr.history = &r->history;
-              sr.suppressed_tokens = r->stop->SuppressedTokens();
-              sr.position = r->num_generated();
-              presampled[i] = sampler.Sample(sr);
+              presampled[i] = SampleNext(
+                  &sampler, *reqs[i], absl::MakeConstSpan(logits).subspan(prow * V, V));
             }
           });
     }
@@ -381,12 +374,13 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     const speculative::Proposal& prop = proposals[i];
     const int64_t m = static_cast<int64_t>(prop.tokens.size());
     r->replay_from = -1;  // this forward brought the KDA slot up to date
-    if (m == 0 && presampled[i].has_value()) {
+    if (m == 0) {
+      if (!presampled[i].has_value()) {  // not sampled up front (one row, one thread)
+        presampled[i] = SampleNext(sampler_.get(), *r,
+                                   absl::MakeConstSpan(logits).subspan(row * V, V));
+      }
       TANDEM_ASSIGN_OR_RETURN(engine::SampleResult res, *std::move(presampled[i]));
       TANDEM_RETURN_IF_ERROR(Emit(r, res.token_id, &res, &out));
-    } else if (m == 0) {
-      TANDEM_RETURN_IF_ERROR(
-          Sample(r, absl::MakeConstSpan(logits).subspan(row * V, V), &out));
     } else {
       TANDEM_ASSIGN_OR_RETURN(
           const int32_t accepted,

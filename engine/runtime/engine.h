@@ -247,7 +247,10 @@ class Engine {
   Engine() = default;
   absl::StatusOr<Request*> NewRequest(RequestId id, std::vector<int32_t> prompt,
                                       const engine::SamplingParams& params);
-  absl::Status Sample(Request* r, absl::Span<const float> logits, RequestOutput* out);
+  // Samples `r`'s next token from its `logits` row with `sampler` (scratch of
+  // the calling thread); reads only `r`'s parameters, history and position.
+  static absl::StatusOr<engine::SampleResult> SampleNext(
+      engine::Sampler* sampler, const Request& r, absl::Span<const float> logits);
   // Appends one token to the request and its output (detokenise, stop check);
   // `res` (may be null) supplies the logprobs.
   absl::Status Emit(Request* r, int32_t token, const engine::SampleResult* res,
