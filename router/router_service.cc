@@ -11,13 +11,6 @@
 namespace tandem::router {
 namespace {
 
-// A stream that ends at once with `status`.
-class FinishedWriter : public grpc::ServerWriteReactor<tandem::v1::GenerateResponse> {
- public:
-  explicit FinishedWriter(const grpc::Status& status) { Finish(status); }
-  void OnDone() override { delete this; }
-};
-
 template <typename T>
 T* OrDie(absl::StatusOr<T*> s) {
   // Metric names here are constants: an error is a programming mistake.
