@@ -201,7 +201,7 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
 
 grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* DecodeService::Decode(
     grpc::CallbackServerContext* context, const tandem::v1::DecodeRequest* req) {
-  auto* stream = new worker::ResponseStream();
+  auto* stream = new rpc::ResponseStream();
   const std::string id = req->request_id();
   const runtime::RequestId eid = next_engine_id_.fetch_add(1);
   absl::Time deadline =
@@ -285,7 +285,7 @@ void DecodeService::OnNotification(const kvtransfer::Notification& n) {
 }
 
 void DecodeService::StartDecode(std::string id, Reservation r) {
-  worker::ResponseStream* stream = r.waiting;
+  rpc::ResponseStream* stream = r.waiting;
   const tandem::v1::DecodeRequest& req = r.pending;
   runtime::RequestId eid = 0;
   absl::SimpleAtoi(req.request_id(), &eid);
@@ -382,7 +382,7 @@ void DecodeService::StartDecode(std::string id, Reservation r) {
 
 grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* DecodeService::Generate(
     grpc::CallbackServerContext* context, const tandem::v1::GenerateRequest* req) {
-  auto* stream = new worker::ResponseStream();
+  auto* stream = new rpc::ResponseStream();
   if (!req->has_prompt_token_ids() || req->prompt_token_ids().ids_size() == 0) {
     Count("Generate", "invalid");
     stream->Close(
@@ -430,7 +430,7 @@ grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* DecodeService::Generate(
 grpc::ServerUnaryReactor* DecodeService::Release(grpc::CallbackServerContext* context,
                                                  const tandem::v1::ReleaseRequest* req,
                                                  tandem::v1::ReleaseResponse* resp) {
-  worker::ResponseStream* waiting = nullptr;
+  rpc::ResponseStream* waiting = nullptr;
   {
     absl::MutexLock l(&mu_);
     auto it = reservations_.find(req->request_id());
@@ -454,7 +454,7 @@ grpc::ServerUnaryReactor* DecodeService::Release(grpc::CallbackServerContext* co
 
 void DecodeService::Janitor() {
   while (true) {
-    std::vector<std::pair<std::string, worker::ResponseStream*>> timed_out;
+    std::vector<std::pair<std::string, rpc::ResponseStream*>> timed_out;
     {
       absl::MutexLock l(&mu_);
       mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.janitor_period);

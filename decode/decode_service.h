@@ -47,9 +47,9 @@
 #include "engine/runtime/kv_cache.h"
 #include "kvtransfer/transfer_agent.h"
 #include "proto/worker.grpc.pb.h"
+#include "rpc/response_stream.h"
 #include "worker/cache_layout.h"
 #include "worker/engine_loop.h"
-#include "worker/response_stream.h"
 #include "worker/worker_metrics.h"
 
 namespace tandem::decode {
@@ -118,7 +118,7 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
     absl::Time lease_expiry;
     bool landed = false;
     // A Decode waiting for the notification.
-    worker::ResponseStream* waiting = nullptr;  // not owned (producer reference)
+    rpc::ResponseStream* waiting = nullptr;  // not owned (producer reference)
     tandem::v1::DecodeRequest pending;
     absl::Time wait_deadline;
     absl::Time decode_started;

@@ -19,7 +19,7 @@
 #include "metrics/http_exposer.h"
 #include "metrics/text_format.h"
 #include "nlohmann/json.hpp"
-#include "worker/response_stream.h"
+#include "rpc/response_stream.h"
 
 namespace tandem::gateway {
 
@@ -542,7 +542,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
             r.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED || r.has_usage();
         if (st.has_pending) {
           tandem::v1::GenerateResponse next = r;
-          if (!worker::CoalesceResponse(&st.pending, &next)) {
+          if (!rpc::CoalesceResponse(&st.pending, &next)) {
             ApplyLocked(i, st.pending, &to_cancel);
             st.pending = std::move(next);
           }

@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "metrics/registry.h"
 #include "proto/router.grpc.pb.h"
-#include "worker/session_stream.h"
+#include "rpc/session_stream.h"
 
 namespace tandem::gateway {
 namespace {
@@ -28,8 +28,8 @@ class HeldRouter final : public tandem::v1::Router::CallbackService {
  public:
   grpc::ServerBidiReactor<tandem::v1::SessionRequest, tandem::v1::SessionResponse>*
   GenerateSession(grpc::CallbackServerContext*) override {
-    return new worker::SessionStream(
-        [this](GenerateRequest request, worker::ResponseSink* sink) {
+    return new rpc::SessionStream(
+        [this](GenerateRequest request, rpc::ResponseSink* sink) {
           sink->SetOnCancel([this, id = request.request_id()] {
             absl::MutexLock l(&mu_);
             cancelled_.push_back(id);
@@ -39,7 +39,7 @@ class HeldRouter final : public tandem::v1::Router::CallbackService {
         });
   }
 
-  worker::ResponseSink* WaitForSink(const std::string& id) {
+  rpc::ResponseSink* WaitForSink(const std::string& id) {
     absl::MutexLock l(&mu_);
     auto has = [&]()
                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return sinks_.count(id) > 0; };
@@ -56,7 +56,7 @@ class HeldRouter final : public tandem::v1::Router::CallbackService {
 
  private:
   absl::Mutex mu_;
-  std::map<std::string, worker::ResponseSink*> sinks_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, rpc::ResponseSink*> sinks_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> cancelled_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -146,7 +146,7 @@ TEST_F(RouterSessionTest, ManyCallsGetTheirOwnTokensInOrderAndOneEnd) {
                                     absl::Now() + absl::Seconds(30),
                                     got.back()->Callbacks()));
   }
-  std::vector<worker::ResponseSink*> sinks;
+  std::vector<rpc::ResponseSink*> sinks;
   for (int i = 0; i < kCalls; ++i) {
     sinks.push_back(router_->WaitForSink("r" + std::to_string(i)));
     ASSERT_NE(sinks.back(), nullptr);
@@ -211,7 +211,7 @@ TEST_F(RouterSessionTest, RandomCancelsDeadlinesAndEndsEndEveryCallOnce) {
     calls.push_back(pool_->Generate(Request("x" + std::to_string(i)),
                                     absl::Now() + timeout, got.back()->Callbacks()));
   }
-  std::vector<worker::ResponseSink*> sinks;
+  std::vector<rpc::ResponseSink*> sinks;
   for (int i = 0; i < kCalls; ++i) {
     sinks.push_back(router_->WaitForSink("x" + std::to_string(i)));
     ASSERT_NE(sinks.back(), nullptr);
@@ -274,7 +274,7 @@ TEST_F(RouterSessionTest, CancelEndsTheCallAtOnceAndCancelsItUpstream) {
   Received got;
   auto call =
       pool_->Generate(Request("c"), absl::Now() + absl::Seconds(30), got.Callbacks());
-  worker::ResponseSink* sink = router_->WaitForSink("c");
+  rpc::ResponseSink* sink = router_->WaitForSink("c");
   ASSERT_NE(sink, nullptr);
   call->Cancel();
   EXPECT_EQ(got.Wait().error_code(), grpc::StatusCode::CANCELLED);
@@ -306,7 +306,7 @@ TEST_F(RouterSessionTest, ALostSessionFailsItsCallsAndTheNextCallOpensANewOne) {
   Received first;
   auto call =
       pool_->Generate(Request("a"), absl::Now() + absl::Seconds(30), first.Callbacks());
-  worker::ResponseSink* sink = router_->WaitForSink("a");
+  rpc::ResponseSink* sink = router_->WaitForSink("a");
   ASSERT_NE(sink, nullptr);
   // The router goes away (its calls are cancelled at once).
   server_->Shutdown(std::chrono::system_clock::now());
@@ -322,7 +322,7 @@ TEST_F(RouterSessionTest, ALostSessionFailsItsCallsAndTheNextCallOpensANewOne) {
   Received second;
   auto again = pool_->Generate(Request("b"), absl::Now() + absl::Seconds(30),
                                second.Callbacks());
-  worker::ResponseSink* b = router_->WaitForSink("b");
+  rpc::ResponseSink* b = router_->WaitForSink("b");
   ASSERT_NE(b, nullptr);
   GenerateResponse m;
   m.set_request_id("b");

@@ -1,5 +1,7 @@
 #include "metrics/registry.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -116,6 +118,12 @@ std::vector<FamilySnapshot> Registry::Collect() const {
   out.reserve(families_.size());
   for (const auto& family : families_) out.push_back(family->Collect());
   return out;
+}
+
+void DieOnBadDefinition(const absl::Status& status) {
+  std::fprintf(stderr, "tandem: bad metric definition: %s\n",
+               status.ToString().c_str());
+  std::abort();
 }
 
 }  // namespace tandem::metrics

@@ -71,6 +71,19 @@ class Registry {
   absl::flat_hash_map<std::string, FamilyBase*> series_ ABSL_GUARDED_BY(mu_);
 };
 
+// For metric definitions that are constants of the program (a fixed name, help
+// and buckets): a registration error is a programming mistake, so it is logged to
+// stderr with the status and the process aborts. Use the StatusOr form wherever a
+// name comes from configuration.
+//   Counter* c = &OrDie(registry.AddCounter("tandem_x_total", "X."))->Add({});
+[[noreturn]] void DieOnBadDefinition(const absl::Status& status);
+
+template <typename T>
+T* OrDie(absl::StatusOr<T*> family) {
+  if (!family.ok()) DieOnBadDefinition(family.status());
+  return *family;
+}
+
 }  // namespace tandem::metrics
 
 #endif  // TANDEM_METRICS_REGISTRY_H_

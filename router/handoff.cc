@@ -16,14 +16,7 @@ namespace {
 
 using tandem::v1::GenerateResponse;
 
-template <typename T>
-T* OrDie(absl::StatusOr<T*> s) {
-  if (!s.ok()) {
-    TLOG(ERROR, "bad router metric definition").Kv("status", s.status());
-    std::abort();
-  }
-  return *s;
-}
+using metrics::OrDie;
 
 std::chrono::system_clock::time_point Chrono(absl::Time t) {
   if (t == absl::InfiniteFuture()) return std::chrono::system_clock::time_point::max();
@@ -34,7 +27,7 @@ std::chrono::system_clock::time_point Chrono(absl::Time t) {
 class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
  public:
   GenerateCall(Handoff* h, tandem::v1::GenerateRequest request,
-               worker::ResponseSink* stream, absl::Time deadline, absl::Time started,
+               rpc::ResponseSink* stream, absl::Time deadline, absl::Time started,
                std::function<void(const absl::Status&)> on_finish)
       : h_(h),
         req_(std::move(request)),
@@ -330,7 +323,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
 
   Handoff* const h_;  // not owned
   const tandem::v1::GenerateRequest req_;
-  worker::ResponseSink* const stream_;  // producer reference; Close()d in Finish
+  rpc::ResponseSink* const stream_;  // producer reference; Close()d in Finish
   const absl::Time deadline_;
   const absl::Time started_;
   std::function<void(const absl::Status&)> on_finish_;
@@ -473,7 +466,7 @@ Handoff::Handoff(WorkerRegistry* registry, HandoffMetrics* metrics,
                  HandoffOptions options)
     : registry_(registry), metrics_(metrics), options_(std::move(options)) {}
 
-void Handoff::Start(tandem::v1::GenerateRequest request, worker::ResponseSink* stream,
+void Handoff::Start(tandem::v1::GenerateRequest request, rpc::ResponseSink* stream,
                     absl::Time deadline, absl::Time started,
                     std::function<void(const absl::Status&)> on_finish) {
   auto call = std::make_shared<GenerateCall>(this, std::move(request), stream, deadline,

@@ -39,7 +39,7 @@
 #include "proto/worker.grpc.pb.h"
 #include "router/pair_selection.h"
 #include "router/worker_registry.h"
-#include "worker/response_sink.h"
+#include "rpc/response_sink.h"
 
 namespace tandem::router {
 
@@ -80,7 +80,7 @@ class Handoff {
   // Runs `request` (validated; prompt_token_ids set; seed set when sampling),
   // writing to `stream` (its producer reference passes to the call) until
   // `deadline`. `on_finish(status)` runs once at the end (metrics, bookkeeping).
-  void Start(tandem::v1::GenerateRequest request, worker::ResponseSink* stream,
+  void Start(tandem::v1::GenerateRequest request, rpc::ResponseSink* stream,
              absl::Time deadline, absl::Time started,
              std::function<void(const absl::Status&)> on_finish);
 

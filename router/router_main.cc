@@ -11,11 +11,11 @@
 #include "common/init.h"
 #include "common/logging.h"
 #include "common/signals.h"
+#include "engine/model/served_model.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "metrics/http_exposer.h"
 #include "metrics/registry.h"
 #include "router/handoff.h"
-#include "router/model_info.h"
 #include "router/router_service.h"
 #include "router/worker_registry.h"
 
@@ -53,8 +53,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   auto model =
-      tandem::router::LoadServedModel(model_dir, absl::GetFlag(FLAGS_served_model_name),
-                                      absl::ToUnixSeconds(absl::Now()));
+      tandem::model::LoadServedModel(model_dir, absl::GetFlag(FLAGS_served_model_name),
+                                     absl::ToUnixSeconds(absl::Now()));
   if (!model.ok()) {
     TLOG(ERROR, "cannot load the model description").Kv("status", model.status());
     return 1;

@@ -5,21 +5,13 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "metrics/buckets.h"
-#include "worker/response_stream.h"
-#include "worker/session_stream.h"
+#include "rpc/response_stream.h"
+#include "rpc/session_stream.h"
 
 namespace tandem::router {
 namespace {
 
-template <typename T>
-T* OrDie(absl::StatusOr<T*> s) {
-  // Metric names here are constants: an error is a programming mistake.
-  if (!s.ok()) {
-    TLOG(ERROR, "bad router metric definition").Kv("status", s.status());
-    std::abort();
-  }
-  return *s;
-}
+using metrics::OrDie;
 
 }  // namespace
 
@@ -65,7 +57,7 @@ RouterMetrics::RouterMetrics(metrics::Registry* registry)
   for (const char* role : {"prefill", "decode"}) workers->Add({{"role", role}});
 }
 
-RouterService::RouterService(ServedModel model, WorkerRegistry* registry,
+RouterService::RouterService(model::ServedModel model, WorkerRegistry* registry,
                              RouterMetrics* metrics, Handoff* handoff,
                              RouterServiceOptions options,
                              const tokenizer::Tokenizer* tokenizer)
@@ -163,7 +155,7 @@ absl::StatusOr<tandem::v1::GenerateRequest> RouterService::Admit(
 }
 
 void RouterService::Run(const tandem::v1::GenerateRequest& request,
-                        worker::ResponseSink* sink, absl::Time grpc_deadline,
+                        rpc::ResponseSink* sink, absl::Time grpc_deadline,
                         const std::string& peer) {
   const absl::Time started = absl::Now();
   absl::StatusOr<tandem::v1::GenerateRequest> req = Admit(request);
@@ -197,7 +189,7 @@ grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* RouterService::Generate(
   if (context->deadline() != std::chrono::system_clock::time_point::max()) {
     grpc_deadline = absl::FromChrono(context->deadline());
   }
-  auto* stream = new worker::ResponseStream();
+  auto* stream = new rpc::ResponseStream();
   Run(*request, stream, grpc_deadline, context->peer());
   return stream;
 }
@@ -206,9 +198,9 @@ grpc::ServerBidiReactor<tandem::v1::SessionRequest, tandem::v1::SessionResponse>
 RouterService::GenerateSession(grpc::CallbackServerContext* context) {
   metrics_->sessions->Increment();
   TLOG(INFO, "generate session opened").Kv("peer", context->peer());
-  return new worker::SessionStream(
+  return new rpc::SessionStream(
       [this, peer = context->peer()](tandem::v1::GenerateRequest request,
-                                     worker::ResponseSink* sink) {
+                                     rpc::ResponseSink* sink) {
         Run(request, sink, absl::InfiniteFuture(), peer);
       },
       {.on_write =
@@ -217,7 +209,7 @@ RouterService::GenerateSession(grpc::CallbackServerContext* context) {
              metrics_->session_events->Increment(static_cast<double>(events));
            },
        .on_done =
-           [this, peer = context->peer()](const worker::SessionStream::Stats& stats) {
+           [this, peer = context->peer()](const rpc::SessionStream::Stats& stats) {
              metrics_->sessions->Decrement();
              TLOG(INFO, "generate session closed")
                  .Kv("peer", peer)

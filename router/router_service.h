@@ -9,7 +9,7 @@
 //       deadline_unix_ms, now + request_timeout)
 //     → Handoff::Start (handoff.h: Reserve → Prefill → Decode, or colocated),
 //       relaying the stream                 START → ... → FINISH
-//   GenerateSession → many Generates on one stream (worker/session_stream.h);
+//   GenerateSession → many Generates on one stream (rpc/session_stream.h);
 //     each start runs exactly as a Generate call (the request's own deadline)
 //   ListModels → the served model (from config.json)
 //   Register / Heartbeat → WorkerRegistry
@@ -22,15 +22,15 @@
 
 #include "absl/time/time.h"
 #include "common/ids.h"
+#include "engine/model/served_model.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "metrics/registry.h"
 #include "proto/router.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
 #include "router/handoff.h"
-#include "router/model_info.h"
 #include "router/request_validation.h"
 #include "router/worker_registry.h"
-#include "worker/response_sink.h"
+#include "rpc/response_sink.h"
 
 namespace tandem::router {
 
@@ -57,8 +57,9 @@ class RouterService final : public tandem::v1::Router::CallbackService {
  public:
   // Not owned, must outlive the service: registry, metrics, handoff, tokenizer
   // (may be null: prompt_text is then refused).
-  RouterService(ServedModel model, WorkerRegistry* registry, RouterMetrics* metrics,
-                Handoff* handoff, RouterServiceOptions options = {},
+  RouterService(model::ServedModel model, WorkerRegistry* registry,
+                RouterMetrics* metrics, Handoff* handoff,
+                RouterServiceOptions options = {},
                 const tokenizer::Tokenizer* tokenizer = nullptr);
 
   grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* Generate(
@@ -78,7 +79,7 @@ class RouterService final : public tandem::v1::Router::CallbackService {
       const tandem::v1::GenerateRequest& request);
   // Admits `request` and starts its hand-off writing to `sink`, or Closes the
   // sink with the refusal.
-  void Run(const tandem::v1::GenerateRequest& request, worker::ResponseSink* sink,
+  void Run(const tandem::v1::GenerateRequest& request, rpc::ResponseSink* sink,
            absl::Time grpc_deadline, const std::string& peer);
   // Counts a finished request by outcome.
   void Done(const absl::Status& status, absl::Time started);
@@ -87,7 +88,7 @@ class RouterService final : public tandem::v1::Router::CallbackService {
   // workers (a worker may accept less than the model's max_position_embeddings).
   ModelLimits Limits() const;
 
-  const ServedModel model_;
+  const model::ServedModel model_;
   const ModelLimits limits_;
   WorkerRegistry* const registry_;  // not owned
   RouterMetrics* const metrics_;    // not owned

@@ -78,7 +78,7 @@ class RouterServiceTest : public ::testing::Test {
   RouterMetrics metrics_{&metric_registry_};
   HandoffMetrics handoff_metrics_{&metric_registry_};
   Handoff handoff_{&workers_, &handoff_metrics_, HandoffOptions{}};
-  ServedModel model_;
+  model::ServedModel model_;
   std::unique_ptr<RouterService> router_;
   std::unique_ptr<RegistryService> registry_service_;
   std::unique_ptr<grpc::Server> server_;

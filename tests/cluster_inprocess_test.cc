@@ -214,7 +214,7 @@ class ClusterTest : public ::testing::Test {
   router::RouterMetrics router_metrics_{&metric_registry_};
   router::HandoffMetrics handoff_metrics_{&metric_registry_};
   std::unique_ptr<router::Handoff> handoff_;
-  router::ServedModel served_;
+  model::ServedModel served_;
   std::unique_ptr<router::RouterService> router_;
   std::unique_ptr<grpc::Server> router_server_;
   std::unique_ptr<tandem::v1::Router::Stub> router_stub_;

@@ -21,7 +21,7 @@ tandem::v1::GenerateResponse OutputToMessage(const std::string& request_id,
   return m;
 }
 
-OutputCallback StreamEngineOutputs(ResponseStream* stream, WorkerMetrics* metrics,
+OutputCallback StreamEngineOutputs(rpc::ResponseStream* stream, WorkerMetrics* metrics,
                                    EngineStreamOptions options) {
   struct State {
     EngineStreamOptions o;

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "rpc/response_stream.h"
 #include "worker/engine_loop.h"
-#include "worker/response_stream.h"
 #include "worker/worker_metrics.h"
 
 namespace tandem::worker {
@@ -29,7 +29,7 @@ struct EngineStreamOptions {
 
 // `stream` and `metrics` (may be null) are not owned; the stream must stay open
 // until the callback saw the request end (the callback Closes it).
-OutputCallback StreamEngineOutputs(ResponseStream* stream, WorkerMetrics* metrics,
+OutputCallback StreamEngineOutputs(rpc::ResponseStream* stream, WorkerMetrics* metrics,
                                    EngineStreamOptions options);
 
 // One engine output as a message (no usage).

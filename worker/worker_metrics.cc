@@ -8,15 +8,7 @@
 namespace tandem::worker {
 namespace {
 
-template <typename T>
-T* OrDie(absl::StatusOr<T*> s) {
-  // Metric names here are constants: an error is a programming mistake.
-  if (!s.ok()) {
-    TLOG(ERROR, "bad worker metric definition").Kv("status", s.status());
-    std::abort();
-  }
-  return *s;
-}
+using metrics::OrDie;
 
 std::vector<double> LatencyBuckets() {
   return *metrics::ExponentialBuckets(0.0005, 2, 16);  // 0.5 ms .. ~16 s

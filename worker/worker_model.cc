@@ -4,8 +4,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
+#include "engine/model/served_model.h"
 #include "kernels/backend_factory.h"
-#include "router/model_info.h"
 
 namespace tandem::worker {
 
@@ -13,9 +13,9 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(
     const std::string& dir, const std::string& backend_name,
     const std::string& served_model_name) {
   auto m = std::make_unique<WorkerModel>();
-  TANDEM_ASSIGN_OR_RETURN(router::ServedModel served,
-                          router::LoadServedModel(dir, served_model_name,
-                                                  absl::ToUnixSeconds(absl::Now())));
+  TANDEM_ASSIGN_OR_RETURN(
+      model::ServedModel served,
+      model::LoadServedModel(dir, served_model_name, absl::ToUnixSeconds(absl::Now())));
   m->model_id = served.info.id();
   m->fingerprint = served.fingerprint;
   TANDEM_ASSIGN_OR_RETURN(m->checkpoint, model::Checkpoint::Open(dir));

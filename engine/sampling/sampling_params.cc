@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/random/random.h"
 #include "common/status.h"
 
 namespace tandem::engine {
@@ -75,6 +76,15 @@ absl::Status SamplingParams::ValidateForVocab(int64_t vocab_size) const {
     }
   }
   return absl::OkStatus();
+}
+
+uint64_t FreshSeed() {
+  absl::BitGen gen;
+  return absl::Uniform<uint64_t>(gen);
+}
+
+void EnsureSeed(SamplingParams* params) {
+  if (!params->IsGreedy() && !params->seed.has_value()) params->seed = FreshSeed();
 }
 
 }  // namespace tandem::engine

@@ -72,6 +72,13 @@ struct SamplingParams {
   absl::Status ValidateForVocab(int64_t vocab_size) const;
 };
 
+// Seed derivation, one rule for every process: a request that samples without a
+// seed gets a fresh random one (reported back to the client, so that the request
+// can be replayed exactly); a greedy request keeps none.
+uint64_t FreshSeed();
+// Sets params->seed to FreshSeed() when it samples and has no seed.
+void EnsureSeed(SamplingParams* params);
+
 }  // namespace tandem::engine
 
 #endif  // TANDEM_ENGINE_SAMPLING_SAMPLING_PARAMS_H_

@@ -87,5 +87,25 @@ TEST(SamplingParamsTest, VocabCheckNamesTokenAndVocab) {
                                      "vocabulary of 100 tokens"));
 }
 
+TEST(SamplingParamsTest, EnsureSeedSeedsSamplingRequestsOnly) {
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  EnsureSeed(&greedy);
+  EXPECT_FALSE(greedy.seed.has_value());
+
+  SamplingParams given;
+  given.temperature = 1.0f;
+  given.seed = 7;
+  EnsureSeed(&given);
+  EXPECT_EQ(given.seed, 7u);
+
+  SamplingParams a, b;
+  a.temperature = b.temperature = 0.8f;
+  EnsureSeed(&a);
+  EnsureSeed(&b);
+  ASSERT_TRUE(a.seed.has_value() && b.seed.has_value());
+  EXPECT_NE(*a.seed, *b.seed);  // 2^-64 chance of a false failure
+}
+
 }  // namespace
 }  // namespace tandem::engine

@@ -8,7 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "worker/session_stream.h"
+#include "rpc/session_stream.h"
 
 namespace tandem::gateway::testing {
 namespace {
@@ -237,7 +237,7 @@ class ScriptedSessionRequest final
     : public std::enable_shared_from_this<ScriptedSessionRequest> {
  public:
   ScriptedSessionRequest(ScriptedRouter* owner, tandem::v1::GenerateRequest request,
-                         worker::ResponseSink* sink)
+                         rpc::ResponseSink* sink)
       : owner_(owner), request_(std::move(request)), sink_(sink) {}
 
   void Start() {
@@ -318,7 +318,7 @@ class ScriptedSessionRequest final
 
   ScriptedRouter* const owner_;
   const tandem::v1::GenerateRequest request_;
-  worker::ResponseSink* const sink_;  // producer reference until Close
+  rpc::ResponseSink* const sink_;  // producer reference until Close
   ScriptedRouter::Script script_;
   int limit_ = 0;
   bool paced_ = false;
@@ -482,8 +482,8 @@ grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* ScriptedRouter::Generate
 
 grpc::ServerBidiReactor<tandem::v1::SessionRequest, tandem::v1::SessionResponse>*
 ScriptedRouter::GenerateSession(grpc::CallbackServerContext*) {
-  return new worker::SessionStream([this](tandem::v1::GenerateRequest request,
-                                          worker::ResponseSink* sink) {
+  return new rpc::SessionStream([this](tandem::v1::GenerateRequest request,
+                                       rpc::ResponseSink* sink) {
     auto r = std::make_shared<ScriptedSessionRequest>(this, std::move(request), sink);
     r->Start();
     absl::MutexLock lock(&paced_mu_);

@@ -23,7 +23,7 @@
 // Honours max_tokens (finish LENGTH), logprobs/top_logprobs (made-up values:
 // -0.5 - 0.1 * (k % 7), alternatives below it). Ignores stop strings on
 // purpose: the gateway must apply them itself. GenerateSession runs the same
-// scripts per stream id (worker/session_stream.h merges what queues behind a
+// scripts per stream id (rpc/session_stream.h merges what queues behind a
 // write). Every call is reported to
 // `events` (generate / cancelled / done) so tests can see what arrived.
 #ifndef TANDEM_GATEWAY_TESTING_SCRIPTED_ROUTER_H_

@@ -1,14 +1,14 @@
 // What the router tells clients about the served model, read from the checkpoint's
 // config.json (the router owns no weights).
-#ifndef TANDEM_ROUTER_MODEL_INFO_H_
-#define TANDEM_ROUTER_MODEL_INFO_H_
+#ifndef TANDEM_MODEL_SERVED_MODEL_H_
+#define TANDEM_MODEL_SERVED_MODEL_H_
 
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "proto/router.pb.h"
 
-namespace tandem::router {
+namespace tandem::model {
 
 struct ServedModel {
   tandem::v1::ModelInfo info;
@@ -23,6 +23,6 @@ absl::StatusOr<ServedModel> LoadServedModel(const std::string& model_dir,
                                             const std::string& served_name,
                                             int64_t created_unix);
 
-}  // namespace tandem::router
+}  // namespace tandem::model
 
-#endif  // TANDEM_ROUTER_MODEL_INFO_H_
+#endif  // TANDEM_MODEL_SERVED_MODEL_H_

@@ -12,8 +12,8 @@
 // Ownership: two references, gRPC's (dropped in OnDone) and the producer's
 // (dropped by Close); the object deletes itself when both are gone, so a
 // producer may Push/Close after the RPC ended.
-#ifndef TANDEM_WORKER_RESPONSE_STREAM_H_
-#define TANDEM_WORKER_RESPONSE_STREAM_H_
+#ifndef TANDEM_RPC_RESPONSE_STREAM_H_
+#define TANDEM_RPC_RESPONSE_STREAM_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -23,9 +23,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/router.pb.h"
-#include "worker/response_sink.h"
+#include "rpc/response_sink.h"
 
-namespace tandem::worker {
+namespace tandem::rpc {
 
 // Appends `next` to `pending` when both are parts of one token stream that a
 // client cannot tell apart from the two messages: `pending` is not a last
@@ -80,6 +80,6 @@ class ResponseStream final
   int64_t coalesced_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-}  // namespace tandem::worker
+}  // namespace tandem::rpc
 
-#endif  // TANDEM_WORKER_RESPONSE_STREAM_H_
+#endif  // TANDEM_RPC_RESPONSE_STREAM_H_

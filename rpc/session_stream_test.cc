@@ -1,4 +1,4 @@
-#include "worker/session_stream.h"
+#include "rpc/session_stream.h"
 
 #include <grpcpp/grpcpp.h>
 
@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "proto/router.grpc.pb.h"
 
-namespace tandem::worker {
+namespace tandem::rpc {
 namespace {
 
 using tandem::v1::GenerateRequest;
@@ -308,4 +308,4 @@ TEST_F(SessionStreamTest, ClientCancellingTheSessionCancelsEveryRunningRequest) 
 }
 
 }  // namespace
-}  // namespace tandem::worker
+}  // namespace tandem::rpc

@@ -1,4 +1,4 @@
-#include "router/model_info.h"
+#include "engine/model/served_model.h"
 
 #include <fstream>
 #include <set>
@@ -9,7 +9,7 @@
 #include "nlohmann/json.hpp"
 #include "xxhash.h"
 
-namespace tandem::router {
+namespace tandem::model {
 namespace {
 
 absl::StatusOr<int64_t> GetInt(const nlohmann::json& obj, const char* key,
@@ -80,4 +80,4 @@ absl::StatusOr<ServedModel> LoadServedModel(const std::string& model_dir,
   return out;
 }
 
-}  // namespace tandem::router
+}  // namespace tandem::model

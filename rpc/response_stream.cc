@@ -1,6 +1,6 @@
-#include "worker/response_stream.h"
+#include "rpc/response_stream.h"
 
-namespace tandem::worker {
+namespace tandem::rpc {
 namespace {
 
 bool LogprobsAligned(const tandem::v1::GenerateResponse& m) {
@@ -137,4 +137,4 @@ void ResponseStream::Unref() {
   if (last) delete this;
 }
 
-}  // namespace tandem::worker
+}  // namespace tandem::rpc

@@ -1,4 +1,4 @@
-#include "worker/session_stream.h"
+#include "rpc/session_stream.h"
 
 #include <deque>
 #include <utility>
@@ -8,9 +8,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "worker/response_stream.h"
+#include "rpc/response_stream.h"
 
-namespace tandem::worker {
+namespace tandem::rpc {
 namespace {
 
 class SessionSink;
@@ -296,4 +296,4 @@ void SessionStream::OnDone() {
   delete this;
 }
 
-}  // namespace tandem::worker
+}  // namespace tandem::rpc

@@ -1,4 +1,4 @@
-#include "worker/response_stream.h"
+#include "rpc/response_stream.h"
 
 #include <grpcpp/grpcpp.h>
 
@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "proto/router.grpc.pb.h"
 
-namespace tandem::worker {
+namespace tandem::rpc {
 namespace {
 
 using tandem::v1::GenerateResponse;
@@ -186,4 +186,4 @@ TEST(ResponseStreamTest, CoalescedStreamCarriesEveryTokenInOrderAndEndsOnce) {
 }
 
 }  // namespace
-}  // namespace tandem::worker
+}  // namespace tandem::rpc

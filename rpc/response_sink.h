@@ -8,8 +8,8 @@
 // not be touched afterwards. The cancel hook runs at most once, on any thread,
 // when the consumer goes away; Pushes after that are dropped, and the producer
 // still Closes.
-#ifndef TANDEM_WORKER_RESPONSE_SINK_H_
-#define TANDEM_WORKER_RESPONSE_SINK_H_
+#ifndef TANDEM_RPC_RESPONSE_SINK_H_
+#define TANDEM_RPC_RESPONSE_SINK_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -17,7 +17,7 @@
 
 #include "proto/router.pb.h"
 
-namespace tandem::worker {
+namespace tandem::rpc {
 
 class ResponseSink {
  public:
@@ -35,6 +35,6 @@ class ResponseSink {
   ~ResponseSink() = default;  // owned by the transport, never deleted through this
 };
 
-}  // namespace tandem::worker
+}  // namespace tandem::rpc
 
-#endif  // TANDEM_WORKER_RESPONSE_SINK_H_
+#endif  // TANDEM_RPC_RESPONSE_SINK_H_

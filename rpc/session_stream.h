@@ -21,8 +21,8 @@
 // the status; a cancel for its id runs its cancel hook (the producer still
 // Closes, and the end event says CANCELLED or whatever it closed with). A
 // start whose id is running already ends at once with INVALID_ARGUMENT.
-#ifndef TANDEM_WORKER_SESSION_STREAM_H_
-#define TANDEM_WORKER_SESSION_STREAM_H_
+#ifndef TANDEM_RPC_SESSION_STREAM_H_
+#define TANDEM_RPC_SESSION_STREAM_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -31,9 +31,9 @@
 #include <memory>
 
 #include "proto/router.pb.h"
-#include "worker/response_sink.h"
+#include "rpc/response_sink.h"
 
-namespace tandem::worker {
+namespace tandem::rpc {
 
 class SessionStream final
     : public grpc::ServerBidiReactor<tandem::v1::SessionRequest,
@@ -79,6 +79,6 @@ class SessionStream final
   tandem::v1::SessionRequest request_;  // the read in flight
 };
 
-}  // namespace tandem::worker
+}  // namespace tandem::rpc
 
-#endif  // TANDEM_WORKER_SESSION_STREAM_H_
+#endif  // TANDEM_RPC_SESSION_STREAM_H_

@@ -1,4 +1,4 @@
-#include "router/model_info.h"
+#include "engine/model/served_model.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -6,7 +6,7 @@
 
 #include "gtest/gtest.h"
 
-namespace tandem::router {
+namespace tandem::model {
 namespace {
 
 std::string WriteConfig(const std::string& name, const std::string& json) {
@@ -56,4 +56,4 @@ TEST(ModelInfoTest, Errors) {
 }
 
 }  // namespace
-}  // namespace tandem::router
+}  // namespace tandem::model
