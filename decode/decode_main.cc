@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
     TLOG(ERROR, "bad tensor-parallel flags").Kv("status", options.status());
     return 1;
   }
-  tandem::runtime::EngineOptions& eo = *options;
+  tandem::engine::EngineOptions& eo = *options;
   if (absl::Status s = tandem::worker::ApplySpeculativeFlags(
           absl::GetFlag(FLAGS_speculative), absl::GetFlag(FLAGS_num_speculative_tokens),
           absl::GetFlag(FLAGS_draft_model), model->get(), &eo);
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   // The landing pools come from the agent (shared memory the prefill worker's
   // puts copy straight into); declared after the agent, so freed before it.
   tandem::worker::AgentAllocations allocations(agent->get());
-  tandem::runtime::KvCacheOptions lo;
+  tandem::engine::KvCacheOptions lo;
   lo.allocator = allocations.Allocator();
   lo.block_size = eo.block_size;
   lo.num_blocks = absl::GetFlag(FLAGS_landing_blocks) > 0
@@ -84,12 +84,12 @@ int main(int argc, char** argv) {
                      ? absl::GetFlag(FLAGS_landing_slots)
                      : eo.num_slots;
   // One landing pool per TP rank, shaped like that rank's engine cache.
-  std::vector<std::unique_ptr<tandem::runtime::KvCache>> landing;
-  std::vector<tandem::runtime::KvCache*> landing_ptrs;
+  std::vector<std::unique_ptr<tandem::engine::KvCache>> landing;
+  std::vector<tandem::engine::KvCache*> landing_ptrs;
   for (int r = 0; r < eo.tp.tp_size; ++r) {
     lo.tp_rank = r;
     lo.tp_size = eo.tp.tp_size;
-    auto pool = tandem::runtime::KvCache::Create((*model)->weights->config, lo);
+    auto pool = tandem::engine::KvCache::Create((*model)->weights->config, lo);
     if (!pool.ok()) {
       TLOG(ERROR, "cannot allocate the landing pool")
           .Kv("rank", r)

@@ -27,19 +27,19 @@ grpc::Status Grpc(const absl::Status& s) { return ToGrpcStatus(s); }
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(
-    worker::EngineLoop* loop, runtime::KvCache* landing,
+    worker::EngineLoop* loop, engine::KvCache* landing,
     kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
     DecodeServiceOptions options) {
-  return Create(loop, std::vector<runtime::KvCache*>{landing}, agent, metrics,
+  return Create(loop, std::vector<engine::KvCache*>{landing}, agent, metrics,
                 std::move(options));
 }
 
 absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(
-    worker::EngineLoop* loop, std::vector<runtime::KvCache*> landing,
+    worker::EngineLoop* loop, std::vector<engine::KvCache*> landing,
     kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
     DecodeServiceOptions options) {
   if (landing.empty()) return InvalidArgument("no landing pool");
-  for (runtime::KvCache* c : landing) {
+  for (engine::KvCache* c : landing) {
     if (c->num_blocks() != landing[0]->num_blocks() ||
         c->num_slots() != landing[0]->num_slots()) {
       return InvalidArgument("the ranks' landing pools differ in blocks or slots");
@@ -48,7 +48,7 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(
   auto s = std::unique_ptr<DecodeService>(
       new DecodeService(loop, std::move(landing), agent, metrics, std::move(options)));
   // Every rank's pool first, so each descriptor carries every region's key.
-  for (runtime::KvCache* c : s->landing_) {
+  for (engine::KvCache* c : s->landing_) {
     TANDEM_ASSIGN_OR_RETURN(worker::CacheRegions r,
                             worker::RegisterCache(agent, c, s->options_.allocations));
     s->regions_.push_back(std::move(r));
@@ -70,7 +70,7 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(
 }
 
 DecodeService::DecodeService(worker::EngineLoop* loop,
-                             std::vector<runtime::KvCache*> landing,
+                             std::vector<engine::KvCache*> landing,
                              kvtransfer::TransferAgent* agent,
                              worker::WorkerMetrics* metrics,
                              DecodeServiceOptions options)
@@ -203,7 +203,7 @@ grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* DecodeService::Decode(
     grpc::CallbackServerContext* context, const tandem::v1::DecodeRequest* req) {
   auto* stream = new rpc::ResponseStream();
   const std::string id = req->request_id();
-  const runtime::RequestId eid = next_engine_id_.fetch_add(1);
+  const engine::RequestId eid = next_engine_id_.fetch_add(1);
   absl::Time deadline =
       std::min(absl::Now() + options_.max_landing_wait, ContextDeadline(context));
   if (req->deadline_unix_ms() > 0) {
@@ -287,7 +287,7 @@ void DecodeService::OnNotification(const kvtransfer::Notification& n) {
 void DecodeService::StartDecode(std::string id, Reservation r) {
   rpc::ResponseStream* stream = r.waiting;
   const tandem::v1::DecodeRequest& req = r.pending;
-  runtime::RequestId eid = 0;
+  engine::RequestId eid = 0;
   absl::SimpleAtoi(req.request_id(), &eid);
   auto fail = [&](const absl::Status& s, const char* outcome) {
     {
@@ -325,17 +325,17 @@ void DecodeService::StartDecode(std::string id, Reservation r) {
                         " tokens but ", r.prompt_tokens, " were reserved"),
         "invalid");
   }
-  runtime::ExportedState state;
+  engine::ExportedState state;
   state.prompt.assign(req.prompt_token_ids().begin(), req.prompt_token_ids().end());
   state.generated = {req.first_token_id()};
   state.num_cached_tokens = r.prompt_tokens;
-  for (runtime::KvCache* pool : landing_) {  // rank-major, each range its rank's
+  for (engine::KvCache* pool : landing_) {  // rank-major, each range its rank's
     auto ranges = pool->ExportSequence(r.blocks, r.prompt_tokens, r.slot);
     if (!ranges.ok()) return fail(ranges.status(), "error");
     state.ranges.insert(state.ranges.end(), ranges->begin(), ranges->end());
   }
   loop_->Post([this, id, eid, stream, r = std::move(r), state = std::move(state),
-               params = *params](runtime::Engine& e) mutable {
+               params = *params](engine::Engine& e) mutable {
     const tandem::v1::DecodeRequest& req = r.pending;
     auto out = e.AddPrefilledRequestWithOutput(eid, state, params);
     {
@@ -405,7 +405,7 @@ grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* DecodeService::Generate(
     absl::BitGen gen;
     params->seed = absl::Uniform<uint64_t>(gen);
   }
-  const runtime::RequestId eid = next_engine_id_.fetch_add(1);
+  const engine::RequestId eid = next_engine_id_.fetch_add(1);
   std::vector<int32_t> prompt(req->prompt_token_ids().ids().begin(),
                               req->prompt_token_ids().ids().end());
   worker::EngineStreamOptions so;

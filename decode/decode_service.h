@@ -81,12 +81,12 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
   // Not owned, must outlive the service: the loop (engine thread), the landing
   // cache and the agent it is registered with, metrics (may be null).
   static absl::StatusOr<std::unique_ptr<DecodeService>> Create(
-      worker::EngineLoop* loop, runtime::KvCache* landing,
+      worker::EngineLoop* loop, engine::KvCache* landing,
       kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
       DecodeServiceOptions options);
   // TP: one landing pool per rank, rank order (same blocks and slots each).
   static absl::StatusOr<std::unique_ptr<DecodeService>> Create(
-      worker::EngineLoop* loop, std::vector<runtime::KvCache*> landing,
+      worker::EngineLoop* loop, std::vector<engine::KvCache*> landing,
       kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
       DecodeServiceOptions options);
   ~DecodeService() override;
@@ -124,7 +124,7 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
     absl::Time decode_started;
   };
 
-  DecodeService(worker::EngineLoop* loop, std::vector<runtime::KvCache*> landing,
+  DecodeService(worker::EngineLoop* loop, std::vector<engine::KvCache*> landing,
                 kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
                 DecodeServiceOptions options);
   int tp() const { return static_cast<int>(landing_.size()); }
@@ -141,10 +141,10 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
   void Janitor();
   void Count(const char* rpc, const char* outcome);
 
-  worker::EngineLoop* const loop_;                // not owned
-  const std::vector<runtime::KvCache*> landing_;  // not owned; one per rank
-  kvtransfer::TransferAgent* const agent_;        // not owned
-  worker::WorkerMetrics* const metrics_;          // not owned; may be null
+  worker::EngineLoop* const loop_;               // not owned
+  const std::vector<engine::KvCache*> landing_;  // not owned; one per rank
+  kvtransfer::TransferAgent* const agent_;       // not owned
+  worker::WorkerMetrics* const metrics_;         // not owned; may be null
   const DecodeServiceOptions options_;
   std::vector<worker::CacheRegions> regions_;  // per rank
   std::vector<tandem::v1::KvLayout> layouts_;  // per rank

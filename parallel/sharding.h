@@ -36,7 +36,7 @@
 
 namespace tandem::parallel {
 
-// Rank `rank` of a TP group of `size`; the same pair as runtime::ShardSpec.
+// Rank `rank` of a TP group of `size`; the same pair as engine::ShardSpec.
 struct TpShard {
   int rank = 0;
   int size = 1;

@@ -42,13 +42,13 @@ int main(int argc, char** argv) {
     TLOG(ERROR, "bad tensor-parallel flags").Kv("status", options.status());
     return 1;
   }
-  tandem::runtime::EngineOptions& eo = *options;
+  tandem::engine::EngineOptions& eo = *options;
   auto engine = tandem::worker::MakeEngine(model->get(), eo);
   if (!engine.ok()) {
     TLOG(ERROR, "cannot create the engine").Kv("status", engine.status());
     return 1;
   }
-  std::vector<tandem::runtime::KvCache*> caches = tandem::worker::RankCaches(**engine);
+  std::vector<tandem::engine::KvCache*> caches = tandem::worker::RankCaches(**engine);
   auto agent = tandem::kvtransfer::UcxAgent::Create(
       tandem::worker::UcxConfigFromFlags(absl::GetFlag(FLAGS_worker_id)));
   if (!agent.ok()) {

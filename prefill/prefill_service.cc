@@ -56,7 +56,7 @@ struct PrefillService::Call {
   std::vector<kvtransfer::RankLayout> dst;  // per rank
   absl::Time deadline;
   absl::Time started;
-  runtime::RequestId eid = 0;
+  engine::RequestId eid = 0;
 
   // The first caller wins; later ones do nothing.
   bool Finish(const grpc::Status& status) {
@@ -89,22 +89,22 @@ struct PrefillService::Stream {
 constexpr absl::Duration kDrainGrace = absl::Seconds(2);
 
 absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
-    worker::EngineLoop* loop, runtime::KvCache* cache, kvtransfer::TransferAgent* agent,
+    worker::EngineLoop* loop, engine::KvCache* cache, kvtransfer::TransferAgent* agent,
     worker::WorkerMetrics* metrics, PrefillServiceOptions options) {
-  return Create(loop, std::vector<runtime::KvCache*>{cache}, agent, metrics,
+  return Create(loop, std::vector<engine::KvCache*>{cache}, agent, metrics,
                 std::move(options));
 }
 
 absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
-    worker::EngineLoop* loop, std::vector<runtime::KvCache*> caches,
+    worker::EngineLoop* loop, std::vector<engine::KvCache*> caches,
     kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
     PrefillServiceOptions options) {
   if (caches.empty()) return InvalidArgument("no caches");
-  runtime::KvCache* cache = caches[0];
+  engine::KvCache* cache = caches[0];
   auto s = std::unique_ptr<PrefillService>(
       new PrefillService(loop, std::move(caches), agent, metrics, std::move(options)));
   // Every rank's buffers in the one agent (ranks are threads of this process).
-  for (runtime::KvCache* c : s->caches_) {
+  for (engine::KvCache* c : s->caches_) {
     TANDEM_ASSIGN_OR_RETURN(worker::CacheRegions r, worker::RegisterCache(agent, c));
     s->src_pools_.push_back(worker::CacheRankLayout(*c, r, {}, 0));
     s->regions_.push_back(std::move(r));
@@ -126,7 +126,7 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
   if (s->options_.stream_layers) {
     PrefillService* self = s.get();
     loop->SetLayerProgressCallback(
-        [self](int layer, absl::Span<const runtime::LayerProgressEntry> entries) {
+        [self](int layer, absl::Span<const engine::LayerProgressEntry> entries) {
           self->OnLayer(layer, entries);
         });
   }
@@ -138,7 +138,7 @@ PrefillService::~PrefillService() {
 }
 
 PrefillService::PrefillService(worker::EngineLoop* loop,
-                               std::vector<runtime::KvCache*> caches,
+                               std::vector<engine::KvCache*> caches,
                                kvtransfer::TransferAgent* agent,
                                worker::WorkerMetrics* metrics,
                                PrefillServiceOptions options)
@@ -278,18 +278,17 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
     }
     stream->call = call;
     stream->rows.assign(layer_refs_.size(), 0);
-    loop_->Post(
-        [this, eid = call->eid,
-         stream = std::shared_ptr<Stream>(std::move(stream))](runtime::Engine&) {
-          streams_[eid] = std::make_unique<Stream>(std::move(*stream));
-        });
+    loop_->Post([this, eid = call->eid,
+                 stream = std::shared_ptr<Stream>(std::move(stream))](engine::Engine&) {
+      streams_[eid] = std::make_unique<Stream>(std::move(*stream));
+    });
   }
   std::vector<int32_t> prompt(req->prompt_token_ids().begin(),
                               req->prompt_token_ids().end());
   loop_->AddRequest(
       call->eid, std::move(prompt), *params,
-      [this, call, done](runtime::Engine& e,
-                         const absl::StatusOr<runtime::RequestOutput>& out) {
+      [this, call, done](engine::Engine& e,
+                         const absl::StatusOr<engine::RequestOutput>& out) {
         absl::Status s = out.status();
         if (s.ok() && out->new_tokens.empty()) return;  // not the first token yet
         // The state must not move while it is read: stop the request before the
@@ -315,8 +314,8 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
 }
 
 void PrefillService::OnLayer(int layer,
-                             absl::Span<const runtime::LayerProgressEntry> entries) {
-  for (const runtime::LayerProgressEntry& en : entries) {
+                             absl::Span<const engine::LayerProgressEntry> entries) {
+  for (const engine::LayerProgressEntry& en : entries) {
     auto it = streams_.find(en.id);
     if (it == streams_.end()) continue;
     Stream& st = *it->second;
@@ -423,7 +422,7 @@ void PrefillService::EndStream(Stream* st) {
 }
 
 std::unique_ptr<PrefillService::Stream> PrefillService::TakeStream(
-    runtime::RequestId eid) {
+    engine::RequestId eid) {
   auto it = streams_.find(eid);
   if (it == streams_.end()) return nullptr;
   std::unique_ptr<Stream> st = std::move(it->second);
@@ -431,14 +430,14 @@ std::unique_ptr<PrefillService::Stream> PrefillService::TakeStream(
   return st;
 }
 
-absl::Status PrefillService::Transfer(runtime::Engine& e, Call* call,
-                                      const runtime::RequestOutput& out,
+absl::Status PrefillService::Transfer(engine::Engine& e, Call* call,
+                                      const engine::RequestOutput& out,
                                       Stream* stream) {
   const tandem::v1::PrefillRequest& req = call->request;
   const int64_t n = req.prompt_token_ids_size();
   const absl::Time computed = absl::Now();
   if (call->finished.load()) return absl::CancelledError("prefill cancelled");
-  TANDEM_ASSIGN_OR_RETURN(runtime::StateLocation loc, e.Locate(call->eid));
+  TANDEM_ASSIGN_OR_RETURN(engine::StateLocation loc, e.Locate(call->eid));
   if (loc.num_cached_tokens != n) {
     return Internal("request ", req.request_id(), ": ", loc.num_cached_tokens,
                     " cached tokens after prefill, expected ", n);
@@ -596,7 +595,7 @@ void PrefillService::CancelCall(std::shared_ptr<Call> call) {
   call->cancel_requested.store(true);  // seen by a wait for the stream's batches
   // One command: the stream's batches end before the request (and its blocks)
   // goes, and no step runs in between.
-  loop_->Post([this, call](runtime::Engine& e) {
+  loop_->Post([this, call](engine::Engine& e) {
     std::unique_ptr<Stream> stream = TakeStream(call->eid);
     if (stream != nullptr) EndStream(stream.get());
     if (!loop_->CancelOnLoopThread(e, call->eid)) return;

@@ -78,12 +78,12 @@ class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {
   // Not owned, must outlive the service: the loop, the engine's cache (inside
   // the loop's engine), the agent, metrics (may be null).
   static absl::StatusOr<std::unique_ptr<PrefillService>> Create(
-      worker::EngineLoop* loop, runtime::KvCache* cache,
+      worker::EngineLoop* loop, engine::KvCache* cache,
       kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
       PrefillServiceOptions options);
   // TP: every rank's cache, rank order (the engine executor's cache(r)).
   static absl::StatusOr<std::unique_ptr<PrefillService>> Create(
-      worker::EngineLoop* loop, std::vector<runtime::KvCache*> caches,
+      worker::EngineLoop* loop, std::vector<engine::KvCache*> caches,
       kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
       PrefillServiceOptions options);
 
@@ -104,17 +104,17 @@ class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {
  private:
   struct Call;
   struct Stream;
-  PrefillService(worker::EngineLoop* loop, std::vector<runtime::KvCache*> caches,
+  PrefillService(worker::EngineLoop* loop, std::vector<engine::KvCache*> caches,
                  kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
                  PrefillServiceOptions options);
   int tp() const { return static_cast<int>(caches_.size()); }
   // On the engine thread, after the first token: finish the transfer (wait for
   // the stream's batches, or send the whole state) and answer. `stream` is
   // null when streaming is off.
-  absl::Status Transfer(runtime::Engine& e, Call* call,
-                        const runtime::RequestOutput& out, Stream* stream);
+  absl::Status Transfer(engine::Engine& e, Call* call, const engine::RequestOutput& out,
+                        Stream* stream);
   // Engine thread: the layer-progress callback (posts this layer's segments).
-  void OnLayer(int layer, absl::Span<const runtime::LayerProgressEntry> entries);
+  void OnLayer(int layer, absl::Span<const engine::LayerProgressEntry> entries);
   // Engine thread: waits for the stream's batches in order (deadline); after
   // the first error cancels and drains the rest. Returns the first error.
   absl::Status WaitBatches(Stream* stream, absl::Time deadline);
@@ -123,17 +123,17 @@ class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {
   // after this returns.
   void EndStream(Stream* stream);
   // Engine thread: removes the request's stream (null when none).
-  std::unique_ptr<Stream> TakeStream(runtime::RequestId eid);
+  std::unique_ptr<Stream> TakeStream(engine::RequestId eid);
   absl::StatusOr<kvtransfer::PeerId> PeerFor(const std::string& descriptor);
   void DropPeer(kvtransfer::PeerId peer);
   void Count(const char* rpc, const char* outcome);
   // Stops the call's engine work and ends it CANCELLED (unless it already ended).
   void CancelCall(std::shared_ptr<Call> call);
 
-  worker::EngineLoop* const loop_;               // not owned
-  const std::vector<runtime::KvCache*> caches_;  // not owned; one per rank
-  kvtransfer::TransferAgent* const agent_;       // not owned
-  worker::WorkerMetrics* const metrics_;         // not owned; may be null
+  worker::EngineLoop* const loop_;              // not owned
+  const std::vector<engine::KvCache*> caches_;  // not owned; one per rank
+  kvtransfer::TransferAgent* const agent_;      // not owned
+  worker::WorkerMetrics* const metrics_;        // not owned; may be null
   const PrefillServiceOptions options_;
   std::vector<worker::CacheRegions> regions_;  // per rank
   tandem::v1::KvLayout layout_;                // rank 0's
@@ -143,7 +143,7 @@ class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {
   // Engine thread only: the own caches' pools per rank (the sequence set per
   // use) and the streams of requests being prefilled with streaming on.
   std::vector<kvtransfer::RankLayout> src_pools_;
-  absl::flat_hash_map<runtime::RequestId, std::unique_ptr<Stream>> streams_;
+  absl::flat_hash_map<engine::RequestId, std::unique_ptr<Stream>> streams_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, kvtransfer::PeerId> peers_ ABSL_GUARDED_BY(mu_);

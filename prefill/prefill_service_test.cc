@@ -33,7 +33,7 @@
 namespace tandem::prefill {
 namespace {
 
-using runtime::testing::TinyWeights;
+using engine::testing::TinyWeights;
 
 // Forwards to a LoopbackAgent; counts posted and ended batches and can run a
 // hook before the n-th PostWrite (fault injection mid-stream).
@@ -167,8 +167,8 @@ constexpr int kChunk = 32;  // engine token budget per step: prompts span chunks
 // The sender: engine (block 16, steps of kChunk tokens) + service + server.
 struct Sender {
   explicit Sender(bool stream, int num_blocks = 0, int max_prefill_chunk = 0) {
-    backend = runtime::testing::MakeBackend("cpu");
-    runtime::EngineOptions o;
+    backend = engine::testing::MakeBackend("cpu");
+    engine::EngineOptions o;
     o.block_size = 16;
     o.num_slots = 2;
     o.max_context_tokens = 512;
@@ -178,7 +178,7 @@ struct Sender {
       o.max_prefill_chunk = max_prefill_chunk;
       o.max_tokens_per_step = 4 * max_prefill_chunk;
     }
-    auto e = runtime::Engine::Create(&TinyWeights(), backend.get(), nullptr, o);
+    auto e = engine::Engine::Create(&TinyWeights(), backend.get(), nullptr, o);
     cache = &(*e)->cache();
     loop = std::make_unique<worker::EngineLoop>(std::move(*e));
     PrefillServiceOptions po;
@@ -210,7 +210,7 @@ struct Sender {
     return false;
   }
   std::unique_ptr<kernels::Backend> backend;
-  runtime::KvCache* cache = nullptr;
+  engine::KvCache* cache = nullptr;
   kvtransfer::LoopbackAgent inner;
   CountingAgent agent{&inner};
   metrics::Registry registry;
@@ -224,11 +224,11 @@ struct Sender {
 // The receiver: a landing cache of block size 8 registered with its agent.
 struct Receiver {
   Receiver() {
-    runtime::KvCacheOptions lo;
+    engine::KvCacheOptions lo;
     lo.block_size = 8;
     lo.num_blocks = 80;
     lo.num_slots = 3;
-    landing = *runtime::KvCache::Create(TinyWeights().config, lo);
+    landing = *engine::KvCache::Create(TinyWeights().config, lo);
     regions = *worker::RegisterCache(&agent, landing.get());
   }
   // A target for n tokens: scattered blocks (descending), slot 2.
@@ -253,7 +253,7 @@ struct Receiver {
     return *kvtransfer::ComputeChecksums(
         side, n, worker::CacheRegionBytes(landing.get(), regions));
   }
-  std::unique_ptr<runtime::KvCache> landing;
+  std::unique_ptr<engine::KvCache> landing;
   kvtransfer::LoopbackAgent agent;
   worker::CacheRegions regions;
   std::vector<int32_t> block_ids;
@@ -263,7 +263,7 @@ tandem::v1::PrefillRequest MakeRequest(const std::string& id, int n, Receiver& r
                                        uint64_t seed = 11) {
   tandem::v1::PrefillRequest req;
   req.set_request_id(id);
-  for (int32_t t : runtime::testing::MakePrompt(n, seed)) req.add_prompt_token_ids(t);
+  for (int32_t t : engine::testing::MakePrompt(n, seed)) req.add_prompt_token_ids(t);
   req.mutable_sampling()->set_temperature(0);
   *req.mutable_target()->add_ranks() = r.Target(n);
   req.mutable_target()->set_request_id(id);
@@ -391,7 +391,7 @@ TEST(PrefillServiceTest, PreemptedPrefillRestartsTheTransferWhole) {
   Sender sender(/*stream=*/true, /*num_blocks=*/28, /*max_prefill_chunk=*/64);
   Receiver ra, rb;
   // Hold the engine until both requests have arrived, so both run together.
-  sender.loop->Post([&](runtime::Engine&) {
+  sender.loop->Post([&](engine::Engine&) {
     EXPECT_TRUE(sender.agent.AwaitConnects(2, absl::Seconds(30)));
   });
   tandem::v1::PrefillResponse resp_a, resp_b;

@@ -71,14 +71,14 @@ absl::StatusOr<std::unique_ptr<Sender>> MakeSender(bool stream, int64_t max_len)
   auto s = std::make_unique<Sender>();
   TANDEM_ASSIGN_OR_RETURN(
       s->model, worker::LoadWorkerModel(absl::GetFlag(FLAGS_model), "cpu", ""));
-  runtime::EngineOptions eo;
+  engine::EngineOptions eo;
   eo.block_size = absl::GetFlag(FLAGS_block_size);
   eo.num_slots = 2;
   eo.max_context_tokens = max_len + 16;
   eo.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
-  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine,
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                           worker::MakeEngine(s->model.get(), eo));
-  runtime::KvCache* cache = &engine->cache();
+  engine::KvCache* cache = &engine->cache();
   kvtransfer::UcxAgentConfig uc;
   uc.tls = absl::GetFlag(FLAGS_ucx_tls);
   uc.name = stream ? "bench-stream" : "bench-whole";
@@ -139,11 +139,11 @@ int Main() {
     return 1;
   }
   const int lbs = absl::GetFlag(FLAGS_landing_block_size);
-  runtime::KvCacheOptions lo;
+  engine::KvCacheOptions lo;
   lo.block_size = lbs;
   lo.num_blocks = (max_len + lbs - 1) / lbs + 1;
   lo.num_slots = 1;
-  auto landing = runtime::KvCache::Create((*on)->model->weights->config, lo);
+  auto landing = engine::KvCache::Create((*on)->model->weights->config, lo);
   if (!landing.ok()) return 1;
   auto regions = worker::RegisterCache(receiver->get(), landing->get());
   if (!regions.ok()) return 1;

@@ -34,7 +34,7 @@
 namespace tandem {
 namespace {
 
-using runtime::testing::TinyWeights;
+using engine::testing::TinyWeights;
 
 std::chrono::system_clock::time_point In(int seconds) {
   return std::chrono::system_clock::now() + std::chrono::seconds(seconds);
@@ -42,7 +42,7 @@ std::chrono::system_clock::time_point In(int seconds) {
 
 const tokenizer::Tokenizer& Tok() {
   static const tokenizer::Tokenizer* t =
-      tokenizer::Tokenizer::Load(runtime::testing::kTinyCheckpointDir)->release();
+      tokenizer::Tokenizer::Load(engine::testing::kTinyCheckpointDir)->release();
   return *t;
 }
 
@@ -56,8 +56,8 @@ std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address
   return server;
 }
 
-runtime::EngineOptions Options(int block_size) {
-  runtime::EngineOptions o;
+engine::EngineOptions Options(int block_size) {
+  engine::EngineOptions o;
   o.block_size = block_size;
   o.num_slots = 4;
   o.max_context_tokens = 512;
@@ -68,9 +68,8 @@ runtime::EngineOptions Options(int block_size) {
 // A prefill worker: engine thread, loopback agent, service, server.
 struct PrefillNode {
   explicit PrefillNode(const std::string& id, bool corrupt = false) {
-    backend = runtime::testing::MakeBackend("cpu");
-    auto e =
-        runtime::Engine::Create(&TinyWeights(), backend.get(), &Tok(), Options(16));
+    backend = engine::testing::MakeBackend("cpu");
+    auto e = engine::Engine::Create(&TinyWeights(), backend.get(), &Tok(), Options(16));
     cache = &(*e)->cache();
     loop = std::make_unique<worker::EngineLoop>(std::move(*e));
     prefill::PrefillServiceOptions o;
@@ -84,7 +83,7 @@ struct PrefillNode {
     loop.reset();
   }
   std::unique_ptr<kernels::Backend> backend;
-  runtime::KvCache* cache = nullptr;
+  engine::KvCache* cache = nullptr;
   kvtransfer::LoopbackAgent agent;
   metrics::Registry registry;
   worker::WorkerMetrics metrics{&registry};
@@ -96,13 +95,13 @@ struct PrefillNode {
 
 struct DecodeNode {
   DecodeNode() {
-    backend = runtime::testing::MakeBackend("cpu");
-    auto e = runtime::Engine::Create(&TinyWeights(), backend.get(), &Tok(), Options(8));
-    runtime::KvCacheOptions lo;
+    backend = engine::testing::MakeBackend("cpu");
+    auto e = engine::Engine::Create(&TinyWeights(), backend.get(), &Tok(), Options(8));
+    engine::KvCacheOptions lo;
     lo.block_size = 8;
     lo.num_blocks = (*e)->scheduler().config().num_blocks;
     lo.num_slots = 4;
-    landing = *runtime::KvCache::Create(TinyWeights().config, lo);
+    landing = *engine::KvCache::Create(TinyWeights().config, lo);
     loop = std::make_unique<worker::EngineLoop>(std::move(*e));
     decode::DecodeServiceOptions o;
     o.worker_id = "decode-0";
@@ -120,7 +119,7 @@ struct DecodeNode {
     service.reset();
   }
   std::unique_ptr<kernels::Backend> backend;
-  std::unique_ptr<runtime::KvCache> landing;
+  std::unique_ptr<engine::KvCache> landing;
   kvtransfer::LoopbackAgent agent;
   metrics::Registry registry;
   worker::WorkerMetrics metrics{&registry};
@@ -274,7 +273,7 @@ TEST_F(ClusterTest, DisaggregatedEqualsColocatedTokenForToken) {
   for (int i = 0; i < kPrompts; ++i) {
     // Mixed lengths: 1 .. ~120 tokens, across block boundaries of both sides.
     const int len = 1 + (i * 37) % 121;
-    const std::vector<int32_t> prompt = runtime::testing::MakePrompt(len, 100 + i);
+    const std::vector<int32_t> prompt = engine::testing::MakePrompt(len, 100 + i);
     const float temperature = i % 2 == 0 ? 0.0f : 0.8f;
     tandem::v1::GenerateRequest req = Request(prompt, 6 + i % 5, temperature, 7000 + i);
     req.set_request_id("req-" + std::to_string(i));
@@ -314,9 +313,9 @@ TEST_F(ClusterTest, ShortPromptsAreColocatedBelowTheThreshold) {
   Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
            decode.service->Load());
   ASSERT_TRUE(
-      RouterGenerate(Request(runtime::testing::MakePrompt(5, 1), 4, 0, 0)).status.ok());
-  ASSERT_TRUE(RouterGenerate(Request(runtime::testing::MakePrompt(30, 2), 4, 0, 0))
-                  .status.ok());
+      RouterGenerate(Request(engine::testing::MakePrompt(5, 1), 4, 0, 0)).status.ok());
+  ASSERT_TRUE(
+      RouterGenerate(Request(engine::testing::MakePrompt(30, 2), 4, 0, 0)).status.ok());
   EXPECT_EQ(Paths("colocated"), 1);
   EXPECT_EQ(Paths("disaggregated"), 1);
 }
@@ -335,7 +334,7 @@ TEST_F(ClusterTest, LostPrefillWorkerIsReleasedAndRetriedElsewhere) {
            prefill.service->Load());
   Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
            decode.service->Load());
-  const std::vector<int32_t> prompt = runtime::testing::MakePrompt(40, 3);
+  const std::vector<int32_t> prompt = engine::testing::MakePrompt(40, 3);
   Result r = RouterGenerate(Request(prompt, 5, 0, 0));
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.tokens.size(), 5u);
@@ -398,7 +397,7 @@ TEST_F(ClusterTest, CorruptTransferIsDataLossAndNothingLeaks) {
            prefill.service->Load());
   Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
            decode.service->Load());
-  Result r = RouterGenerate(Request(runtime::testing::MakePrompt(33, 4), 5, 0, 0));
+  Result r = RouterGenerate(Request(engine::testing::MakePrompt(33, 4), 5, 0, 0));
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DATA_LOSS)
       << r.status.error_message();
   EXPECT_NE(r.status.error_message().find("corrupt"), std::string::npos);
@@ -418,7 +417,7 @@ TEST_F(ClusterTest, ClientCancelMidStreamFreesTheDecodeWorkersBlocks) {
   Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
            decode.service->Load());
   tandem::v1::GenerateRequest req =
-      Request(runtime::testing::MakePrompt(50, 5), 400, 0, 0);
+      Request(engine::testing::MakePrompt(50, 5), 400, 0, 0);
   req.mutable_stop()->set_ignore_eos(true);
   Result r = RouterGenerate(req, /*cancel_after=*/3);
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::CANCELLED);
@@ -459,7 +458,7 @@ TEST_F(ClusterTest, MultiChunkPromptsStreamedLayerByLayerEqualColocated) {
   // 300..480 tokens: 2 chunks of the prefill engine's 256-token steps.
   for (int i = 0; i < 4; ++i) {
     const std::vector<int32_t> prompt =
-        runtime::testing::MakePrompt(300 + 60 * i, 500 + i);
+        engine::testing::MakePrompt(300 + 60 * i, 500 + i);
     const float temperature = i % 2 == 0 ? 0.0f : 0.8f;
     tandem::v1::GenerateRequest req = Request(prompt, 5, temperature, 9000 + i);
     req.set_request_id("long-" + std::to_string(i));

@@ -11,18 +11,18 @@
 namespace tandem::worker {
 namespace {
 
-uint8_t* KdaBase(runtime::KvCache& cache) {
+uint8_t* KdaBase(engine::KvCache& cache) {
   return reinterpret_cast<uint8_t*>(cache.kda_recurrent(0, 0));
 }
 
-size_t KdaRecurrentBytes(runtime::KvCache& cache) {
+size_t KdaRecurrentBytes(engine::KvCache& cache) {
   return reinterpret_cast<uint8_t*>(cache.kda_conv(0, 0, 0)) -
          reinterpret_cast<uint8_t*>(cache.kda_recurrent(0, 0));
 }
 
 }  // namespace
 
-tandem::v1::KvLayout KvLayoutOf(runtime::KvCache& cache) {
+tandem::v1::KvLayout KvLayoutOf(engine::KvCache& cache) {
   tandem::v1::KvLayout l;
   l.set_block_size(static_cast<int32_t>(cache.block_size()));
   l.set_num_mla_layers(cache.num_mla_layers());
@@ -53,8 +53,8 @@ tandem::v1::StateChecksums MergeRankChecksums(
   return out;
 }
 
-runtime::KvCacheAllocator AgentAllocations::Allocator() {
-  runtime::KvCacheAllocator a;
+engine::KvCacheAllocator AgentAllocations::Allocator() {
+  engine::KvCacheAllocator a;
   a.allocate = [this](size_t bytes) { return Allocate(bytes); };
   a.release = [this](void* p) { Release(p); };
   return a;
@@ -113,7 +113,7 @@ size_t AgentAllocations::num_heap_buffers() const {
 }
 
 absl::StatusOr<CacheRegions> RegisterCache(kvtransfer::TransferAgent* agent,
-                                           runtime::KvCache* cache,
+                                           engine::KvCache* cache,
                                            const AgentAllocations* allocations) {
   auto region = [&](void* base, size_t len) -> absl::StatusOr<kvtransfer::RegionId> {
     if (allocations != nullptr) {
@@ -135,7 +135,7 @@ absl::StatusOr<CacheRegions> RegisterCache(kvtransfer::TransferAgent* agent,
   return r;
 }
 
-kvtransfer::RankLayout CacheRankLayout(runtime::KvCache& cache,
+kvtransfer::RankLayout CacheRankLayout(engine::KvCache& cache,
                                        const CacheRegions& regions,
                                        absl::Span<const int32_t> block_ids,
                                        int32_t slot) {
@@ -164,7 +164,7 @@ kvtransfer::RankLayout CacheRankLayout(runtime::KvCache& cache,
   return side;
 }
 
-kvtransfer::RegionBytes CacheRegionBytes(runtime::KvCache* cache,
+kvtransfer::RegionBytes CacheRegionBytes(engine::KvCache* cache,
                                          const CacheRegions& regions) {
   return [cache, regions](kvtransfer::RegionId id) -> absl::Span<const uint8_t> {
     for (size_t m = 0; m < regions.mla.size(); ++m) {

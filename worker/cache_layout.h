@@ -1,4 +1,4 @@
-// How a worker's runtime::KvCache looks to kvtransfer: its buffers registered with
+// How a worker's engine::KvCache looks to kvtransfer: its buffers registered with
 // a TransferAgent (one region per MLA layer buffer, one for the KDA slot buffer),
 // the KvLayout proto, and a kvtransfer::RankLayout for one sequence (block ids +
 // slot), so plan.h and checksum.h work on the cache directly.
@@ -30,7 +30,7 @@ struct CacheRegions {
 };
 
 // The KvLayout of `cache` (its TP rank and size, BF16 latents).
-tandem::v1::KvLayout KvLayoutOf(runtime::KvCache& cache);
+tandem::v1::KvLayout KvLayoutOf(engine::KvCache& cache);
 
 // The checksums of a TP group's state from each rank's (rank order): the
 // per-layer lists concatenated rank after rank (rank 0's MLA layers, rank 1's,
@@ -57,7 +57,7 @@ class AgentAllocations {
   AgentAllocations(const AgentAllocations&) = delete;
   AgentAllocations& operator=(const AgentAllocations&) = delete;
 
-  runtime::KvCacheAllocator Allocator();
+  engine::KvCacheAllocator Allocator();
   // The region of a buffer this object allocated through the agent, if any.
   std::optional<kvtransfer::RegionId> RegionOf(const void* base) const;
   // Buffers currently held from the agent / from the heap fallback.
@@ -78,17 +78,17 @@ class AgentAllocations {
 // outlive the registration). Buffers `allocations` (may be null) took from the
 // agent are already registered: their regions are reused.
 absl::StatusOr<CacheRegions> RegisterCache(
-    kvtransfer::TransferAgent* agent, runtime::KvCache* cache,
+    kvtransfer::TransferAgent* agent, engine::KvCache* cache,
     const AgentAllocations* allocations = nullptr);
 
 // The layout of one sequence held in `cache` at `block_ids` and `slot`.
-kvtransfer::RankLayout CacheRankLayout(runtime::KvCache& cache,
+kvtransfer::RankLayout CacheRankLayout(engine::KvCache& cache,
                                        const CacheRegions& regions,
                                        absl::Span<const int32_t> block_ids,
                                        int32_t slot);
 
 // Region id → the cache's bytes (for kvtransfer checksums).
-kvtransfer::RegionBytes CacheRegionBytes(runtime::KvCache* cache,
+kvtransfer::RegionBytes CacheRegionBytes(engine::KvCache* cache,
                                          const CacheRegions& regions);
 
 // The pool geometry of `side` (regions, offsets, strides, counts; not the

@@ -12,20 +12,20 @@
 namespace tandem::worker {
 namespace {
 
-std::unique_ptr<runtime::KvCache> Cache(int64_t block_size, int64_t blocks,
-                                        int64_t slots, int tp_rank = 0,
-                                        int tp_size = 1) {
-  runtime::KvCacheOptions o;
+std::unique_ptr<engine::KvCache> Cache(int64_t block_size, int64_t blocks,
+                                       int64_t slots, int tp_rank = 0,
+                                       int tp_size = 1) {
+  engine::KvCacheOptions o;
   o.block_size = block_size;
   o.num_blocks = blocks;
   o.num_slots = slots;
   o.tp_rank = tp_rank;
   o.tp_size = tp_size;
-  return *runtime::KvCache::Create(runtime::testing::TinyWeights().config, o);
+  return *engine::KvCache::Create(engine::testing::TinyWeights().config, o);
 }
 
 // Recognisable bytes in every MLA layer and in `slot`'s KDA state of `c`.
-void FillRecognisable(runtime::KvCache* c, int64_t slot, int salt) {
+void FillRecognisable(engine::KvCache* c, int64_t slot, int salt) {
   for (int m = 0; m < c->num_mla_layers(); ++m) {
     auto* p = reinterpret_cast<uint8_t*>(c->mla_layer(m));
     for (size_t i = 0; i < c->mla_layer_bytes(); ++i) p[i] = (i * salt + m) & 0xFF;
@@ -39,7 +39,7 @@ void FillRecognisable(runtime::KvCache* c, int64_t slot, int salt) {
 
 // What a decode worker publishes for `dst` (registered with `agent`): its pool
 // geometry in the descriptor's metadata, the blocks and the slot.
-tandem::v1::RankTarget Target(kvtransfer::TransferAgent& agent, runtime::KvCache& dst,
+tandem::v1::RankTarget Target(kvtransfer::TransferAgent& agent, engine::KvCache& dst,
                               const CacheRegions& regions,
                               const std::vector<int32_t>& blocks, int32_t slot) {
   tandem::v1::RankTarget target;
@@ -114,12 +114,12 @@ TEST(CacheLayoutTest, AgentAllocatedCacheIsRegisteredOnceAndFreed) {
   kvtransfer::LoopbackAgent a, b;
   AgentAllocations allocations(&b);
   {
-    runtime::KvCacheOptions o;
+    engine::KvCacheOptions o;
     o.block_size = 8;
     o.num_blocks = 12;
     o.num_slots = 2;
     o.allocator = allocations.Allocator();
-    auto dst = runtime::KvCache::Create(runtime::testing::TinyWeights().config, o);
+    auto dst = engine::KvCache::Create(engine::testing::TinyWeights().config, o);
     ASSERT_TRUE(dst.ok()) << dst.status();
     const size_t buffers = (*dst)->num_mla_layers() + 1;
     EXPECT_EQ(allocations.num_agent_buffers(), buffers);
@@ -166,7 +166,7 @@ TEST(CacheLayoutTest, AgentAllocatedCacheIsRegisteredOnceAndFreed) {
 // r; the merged checksums agree, and a byte flipped on rank 1 only is DATA_LOSS.
 TEST(CacheLayoutTest, RankToRankTransferWithOneAgentPerSide) {
   constexpr int kTp = 2;
-  std::vector<std::unique_ptr<runtime::KvCache>> src, dst;
+  std::vector<std::unique_ptr<engine::KvCache>> src, dst;
   for (int r = 0; r < kTp; ++r) {
     src.push_back(Cache(16, 6, 2, r, kTp));
     dst.push_back(Cache(8, 12, 3, r, kTp));

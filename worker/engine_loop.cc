@@ -6,7 +6,7 @@
 
 namespace tandem::worker {
 
-EngineLoop::EngineLoop(std::unique_ptr<runtime::Engine> engine)
+EngineLoop::EngineLoop(std::unique_ptr<engine::Engine> engine)
     : engine_(std::move(engine)) {
   PublishStats(*engine_);
   thread_ = std::thread([this] { Run(); });
@@ -25,10 +25,10 @@ void EngineLoop::Post(Command command) {
   commands_.push_back(std::move(command));
 }
 
-void EngineLoop::AddRequest(runtime::RequestId id, std::vector<int32_t> prompt,
+void EngineLoop::AddRequest(engine::RequestId id, std::vector<int32_t> prompt,
                             engine::SamplingParams params, OutputCallback on_output) {
   Post([this, id, prompt = std::move(prompt), params = std::move(params),
-        cb = std::move(on_output)](runtime::Engine& e) mutable {
+        cb = std::move(on_output)](engine::Engine& e) mutable {
     const int64_t n = prompt.size();
     absl::Status s = e.AddRequest(id, std::move(prompt), params);
     if (!s.ok()) {
@@ -40,33 +40,33 @@ void EngineLoop::AddRequest(runtime::RequestId id, std::vector<int32_t> prompt,
   });
 }
 
-void EngineLoop::WatchOnLoopThread(runtime::RequestId id, OutputCallback on_output) {
+void EngineLoop::WatchOnLoopThread(engine::RequestId id, OutputCallback on_output) {
   callbacks_[id] = std::move(on_output);
 }
 
-void EngineLoop::Abort(runtime::RequestId id) {
-  Post([this, id](runtime::Engine& e) {
+void EngineLoop::Abort(engine::RequestId id) {
+  Post([this, id](engine::Engine& e) {
     callbacks_.erase(id);
     queued_prompt_.erase(id);
     e.Abort(id).IgnoreError();  // NotFound when it already ended
   });
 }
 
-void EngineLoop::Cancel(runtime::RequestId id, std::function<void()> if_alive) {
-  Post([this, id, if_alive = std::move(if_alive)](runtime::Engine& e) {
+void EngineLoop::Cancel(engine::RequestId id, std::function<void()> if_alive) {
+  Post([this, id, if_alive = std::move(if_alive)](engine::Engine& e) {
     if (CancelOnLoopThread(e, id) && if_alive) if_alive();
   });
 }
 
-bool EngineLoop::CancelOnLoopThread(runtime::Engine& e, runtime::RequestId id) {
+bool EngineLoop::CancelOnLoopThread(engine::Engine& e, engine::RequestId id) {
   if (callbacks_.erase(id) == 0) return false;
   queued_prompt_.erase(id);
   e.Abort(id).IgnoreError();
   return true;
 }
 
-void EngineLoop::SetLayerProgressCallback(runtime::LayerProgressCallback callback) {
-  Post([callback = std::move(callback)](runtime::Engine& e) mutable {
+void EngineLoop::SetLayerProgressCallback(engine::LayerProgressCallback callback) {
+  Post([callback = std::move(callback)](engine::Engine& e) mutable {
     e.set_layer_progress_callback(std::move(callback));
   });
 }
@@ -81,7 +81,7 @@ EngineLoopStats EngineLoop::stats() const {
   return stats_;
 }
 
-void EngineLoop::PublishStats(runtime::Engine& e) {
+void EngineLoop::PublishStats(engine::Engine& e) {
   EngineLoopStats s;
   s.prefill_tokens = e.prefill_tokens();
   s.decode_tokens = e.decode_tokens();
@@ -99,7 +99,7 @@ void EngineLoop::PublishStats(runtime::Engine& e) {
 }
 
 void EngineLoop::Run() {
-  runtime::Engine& e = *engine_;
+  engine::Engine& e = *engine_;
   while (true) {
     std::deque<Command> batch;
     {
@@ -119,7 +119,7 @@ void EngineLoop::Run() {
     for (Command& c : batch) c(e);
     if (!batch.empty()) PublishStats(e);
     if (!e.HasWork()) continue;
-    absl::StatusOr<std::vector<runtime::RequestOutput>> outs = e.Step();
+    absl::StatusOr<std::vector<engine::RequestOutput>> outs = e.Step();
     {
       absl::MutexLock l(&mu_);
       ++stats_.steps;
@@ -141,7 +141,7 @@ void EngineLoop::Run() {
       PublishStats(e);
       continue;
     }
-    for (const runtime::RequestOutput& o : *outs) {
+    for (const engine::RequestOutput& o : *outs) {
       queued_prompt_.erase(o.id);
       auto it = callbacks_.find(o.id);
       if (it == callbacks_.end()) continue;

@@ -1,4 +1,4 @@
-// EngineLoop: one dedicated thread owns a runtime::Engine; everything else talks
+// EngineLoop: one dedicated thread owns a engine::Engine; everything else talks
 // to it through a command queue.
 //
 //   Post(command) / AddRequest(id, prompt, params, on_output) / Abort(id)
@@ -38,8 +38,8 @@ namespace tandem::worker {
 
 // Gets each output of a request, or one error; runs on the engine thread.
 using OutputCallback = std::function<void(
-    runtime::Engine& engine, const absl::StatusOr<runtime::RequestOutput>&)>;
-using Command = std::function<void(runtime::Engine& engine)>;
+    engine::Engine& engine, const absl::StatusOr<engine::RequestOutput>&)>;
+using Command = std::function<void(engine::Engine& engine)>;
 
 // Counters the loop keeps (read from any thread).
 struct EngineLoopStats {
@@ -52,14 +52,14 @@ struct EngineLoopStats {
   int32_t total_slots = 0;
   int32_t running = 0;
   int32_t waiting = 0;
-  int64_t queued_prefill_tokens = 0;      // prompts added and not yet producing a token
-  runtime::SpeculativeStats speculative;  // engine totals (zero when off)
+  int64_t queued_prefill_tokens = 0;     // prompts added and not yet producing a token
+  engine::SpeculativeStats speculative;  // engine totals (zero when off)
 };
 
 class EngineLoop {
  public:
   // Starts the thread. The engine is owned by the loop.
-  explicit EngineLoop(std::unique_ptr<runtime::Engine> engine);
+  explicit EngineLoop(std::unique_ptr<engine::Engine> engine);
   ~EngineLoop();  // stops the thread (pending commands are dropped)
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
@@ -67,26 +67,26 @@ class EngineLoop {
   // Runs `command` on the engine thread, before the next step.
   void Post(Command command);
   // AddRequest on the engine thread; an error from it reaches `on_output`.
-  void AddRequest(runtime::RequestId id, std::vector<int32_t> prompt,
+  void AddRequest(engine::RequestId id, std::vector<int32_t> prompt,
                   engine::SamplingParams params, OutputCallback on_output);
   // Registers `on_output` for a request added by a command (e.g. a prefilled
   // admission); call on the engine thread only (inside a Command).
-  void WatchOnLoopThread(runtime::RequestId id, OutputCallback on_output);
+  void WatchOnLoopThread(engine::RequestId id, OutputCallback on_output);
   // Aborts the request (if still known) and drops its callback; its callback
   // is not called again.
-  void Abort(runtime::RequestId id);
+  void Abort(engine::RequestId id);
 
   // On the engine thread: when the request still has its callback (it has not
   // ended), aborts it, drops the callback and runs `if_alive` (e.g. closes its
   // stream); otherwise does nothing.
-  void Cancel(runtime::RequestId id, std::function<void()> if_alive);
+  void Cancel(engine::RequestId id, std::function<void()> if_alive);
   // The same, at once, on the engine thread (inside a Command or a callback):
   // returns whether the request was still alive (and is now aborted).
-  bool CancelOnLoopThread(runtime::Engine& engine, runtime::RequestId id);
+  bool CancelOnLoopThread(engine::Engine& engine, engine::RequestId id);
 
-  // Installs the engine's layer-progress callback (runtime::Engine::
+  // Installs the engine's layer-progress callback (engine::Engine::
   // set_layer_progress_callback) before the next step; nullptr removes it.
-  void SetLayerProgressCallback(runtime::LayerProgressCallback callback);
+  void SetLayerProgressCallback(engine::LayerProgressCallback callback);
 
   EngineLoopStats stats() const;
   // OK while the engine can step; after a step failed because the engine's
@@ -97,11 +97,11 @@ class EngineLoop {
 
  private:
   void Run();
-  void PublishStats(runtime::Engine& e) ABSL_LOCKS_EXCLUDED(mu_);
+  void PublishStats(engine::Engine& e) ABSL_LOCKS_EXCLUDED(mu_);
 
-  std::unique_ptr<runtime::Engine> engine_;  // used on thread_ only
-  absl::flat_hash_map<runtime::RequestId, OutputCallback> callbacks_;  // thread_ only
-  absl::flat_hash_map<runtime::RequestId, int64_t> queued_prompt_;     // thread_ only
+  std::unique_ptr<engine::Engine> engine_;  // used on thread_ only
+  absl::flat_hash_map<engine::RequestId, OutputCallback> callbacks_;  // thread_ only
+  absl::flat_hash_map<engine::RequestId, int64_t> queued_prompt_;     // thread_ only
   mutable absl::Mutex mu_;
   std::deque<Command> commands_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

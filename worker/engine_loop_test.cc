@@ -14,13 +14,13 @@ namespace tandem::worker {
 namespace {
 
 struct Rig {
-  std::unique_ptr<kernels::Backend> backend = runtime::testing::MakeBackend("cpu");
-  std::unique_ptr<runtime::Engine> Make() {
-    runtime::EngineOptions o;
+  std::unique_ptr<kernels::Backend> backend = engine::testing::MakeBackend("cpu");
+  std::unique_ptr<engine::Engine> Make() {
+    engine::EngineOptions o;
     o.num_slots = 2;
     o.max_context_tokens = 256;
-    return *runtime::Engine::Create(&runtime::testing::TinyWeights(), backend.get(),
-                                    nullptr, o);
+    return *engine::Engine::Create(&engine::testing::TinyWeights(), backend.get(),
+                                   nullptr, o);
   }
 };
 
@@ -33,7 +33,7 @@ engine::SamplingParams Greedy(int n) {
 
 TEST(EngineLoopTest, StreamsOutputsLikeADirectRun) {
   Rig rig;
-  const std::vector<int32_t> prompt = runtime::testing::MakePrompt(21, 3);
+  const std::vector<int32_t> prompt = engine::testing::MakePrompt(21, 3);
   auto direct = rig.Make();
   ASSERT_TRUE(direct->AddRequest(1, prompt, Greedy(6)).ok());
   std::vector<int32_t> want;
@@ -47,13 +47,12 @@ TEST(EngineLoopTest, StreamsOutputsLikeADirectRun) {
   EngineLoop loop(rig.Make());
   std::vector<int32_t> got;  // written on the engine thread only
   absl::Notification done;
-  loop.AddRequest(
-      9, prompt, Greedy(6),
-      [&](runtime::Engine&, const absl::StatusOr<runtime::RequestOutput>& o) {
-        ASSERT_TRUE(o.ok());
-        got.insert(got.end(), o->new_tokens.begin(), o->new_tokens.end());
-        if (o->finished) done.Notify();
-      });
+  loop.AddRequest(9, prompt, Greedy(6),
+                  [&](engine::Engine&, const absl::StatusOr<engine::RequestOutput>& o) {
+                    ASSERT_TRUE(o.ok());
+                    got.insert(got.end(), o->new_tokens.begin(), o->new_tokens.end());
+                    if (o->finished) done.Notify();
+                  });
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
   EXPECT_EQ(got, want);
 }
@@ -63,12 +62,11 @@ TEST(EngineLoopTest, BadRequestGetsItsError) {
   EngineLoop loop(rig.Make());
   absl::Notification done;
   absl::Status status;
-  loop.AddRequest(
-      1, {}, Greedy(3),
-      [&](runtime::Engine&, const absl::StatusOr<runtime::RequestOutput>& o) {
-        status = o.status();
-        done.Notify();
-      });
+  loop.AddRequest(1, {}, Greedy(3),
+                  [&](engine::Engine&, const absl::StatusOr<engine::RequestOutput>& o) {
+                    status = o.status();
+                    done.Notify();
+                  });
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
 }
@@ -78,11 +76,10 @@ TEST(EngineLoopTest, CancelFreesBlocksAndRunsItsHookOnce) {
   EngineLoop loop(rig.Make());
   absl::Notification first;
   int outputs = 0;
-  loop.AddRequest(
-      4, runtime::testing::MakePrompt(40, 1), Greedy(200),
-      [&](runtime::Engine&, const absl::StatusOr<runtime::RequestOutput>& o) {
-        if (++outputs == 1) first.Notify();
-      });
+  loop.AddRequest(4, engine::testing::MakePrompt(40, 1), Greedy(200),
+                  [&](engine::Engine&, const absl::StatusOr<engine::RequestOutput>& o) {
+                    if (++outputs == 1) first.Notify();
+                  });
   ASSERT_TRUE(first.WaitForNotificationWithTimeout(absl::Seconds(30)));
   int hooks = 0;
   absl::Notification cancelled, second;
@@ -93,7 +90,7 @@ TEST(EngineLoopTest, CancelFreesBlocksAndRunsItsHookOnce) {
   ASSERT_TRUE(cancelled.WaitForNotificationWithTimeout(absl::Seconds(10)));
   // A second cancel of the ended request does nothing; a later command proves it ran.
   loop.Cancel(4, [&] { ++hooks; });
-  loop.Post([&](runtime::Engine& e) {
+  loop.Post([&](engine::Engine& e) {
     EXPECT_EQ(e.num_free_blocks(), e.scheduler().config().num_blocks);
     EXPECT_FALSE(e.HasWork());
     second.Notify();
@@ -110,27 +107,26 @@ TEST(EngineLoopTest, LayerProgressAndCancelOnLoopThread) {
   Rig rig;
   EngineLoop loop(rig.Make());
   std::vector<int> layers;
-  std::vector<runtime::LayerProgressEntry> seen;
+  std::vector<engine::LayerProgressEntry> seen;
   loop.SetLayerProgressCallback(
-      [&](int layer, absl::Span<const runtime::LayerProgressEntry> entries) {
+      [&](int layer, absl::Span<const engine::LayerProgressEntry> entries) {
         layers.push_back(layer);
-        for (runtime::LayerProgressEntry e : entries) {
+        for (engine::LayerProgressEntry e : entries) {
           e.block_table = {};  // valid during the callback only
           seen.push_back(e);
         }
       });
   absl::Notification first;
-  loop.AddRequest(
-      9, runtime::testing::MakePrompt(40, 2), Greedy(50),
-      [&](runtime::Engine&, const absl::StatusOr<runtime::RequestOutput>& o) {
-        if (o.ok() && !o->new_tokens.empty() && !first.HasBeenNotified()) {
-          first.Notify();
-        }
-      });
+  loop.AddRequest(9, engine::testing::MakePrompt(40, 2), Greedy(50),
+                  [&](engine::Engine&, const absl::StatusOr<engine::RequestOutput>& o) {
+                    if (o.ok() && !o->new_tokens.empty() && !first.HasBeenNotified()) {
+                      first.Notify();
+                    }
+                  });
   ASSERT_TRUE(first.WaitForNotificationWithTimeout(absl::Seconds(30)));
   absl::Notification done;
   bool alive = false, again = true;
-  loop.Post([&](runtime::Engine& e) {
+  loop.Post([&](engine::Engine& e) {
     alive = loop.CancelOnLoopThread(e, 9);
     again = loop.CancelOnLoopThread(e, 9);
     EXPECT_EQ(e.num_free_blocks(), e.scheduler().config().num_blocks);
@@ -139,8 +135,7 @@ TEST(EngineLoopTest, LayerProgressAndCancelOnLoopThread) {
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_TRUE(alive);
   EXPECT_FALSE(again);
-  const int num_layers =
-      static_cast<int>(runtime::testing::TinyWeights().layers.size());
+  const int num_layers = static_cast<int>(engine::testing::TinyWeights().layers.size());
   ASSERT_EQ(static_cast<int>(layers.size()), num_layers);  // one chunk, no decodes
   for (int l = 0; l < num_layers; ++l) {
     EXPECT_EQ(layers[l], l);

@@ -8,7 +8,7 @@
 namespace tandem::worker {
 
 tandem::v1::GenerateResponse OutputToMessage(const std::string& request_id,
-                                             const runtime::RequestOutput& out,
+                                             const engine::RequestOutput& out,
                                              bool return_text) {
   tandem::v1::GenerateResponse m;
   m.set_request_id(request_id);
@@ -34,8 +34,8 @@ OutputCallback StreamEngineOutputs(rpc::ResponseStream* stream, WorkerMetrics* m
   // With a first token already sent, the next one is an inter-token interval.
   if (options.tokens_already_sent > 0) st->last = absl::Now();
   st->o = std::move(options);
-  return [stream, metrics, st](runtime::Engine&,
-                               const absl::StatusOr<runtime::RequestOutput>& out) {
+  return [stream, metrics, st](engine::Engine&,
+                               const absl::StatusOr<engine::RequestOutput>& out) {
     if (!out.ok()) {
       if (metrics) metrics->CountRequest(st->o.rpc, "error");
       stream->Close(ToGrpcStatus(out.status()));

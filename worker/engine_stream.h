@@ -34,7 +34,7 @@ OutputCallback StreamEngineOutputs(rpc::ResponseStream* stream, WorkerMetrics* m
 
 // One engine output as a message (no usage).
 tandem::v1::GenerateResponse OutputToMessage(const std::string& request_id,
-                                             const runtime::RequestOutput& out,
+                                             const engine::RequestOutput& out,
                                              bool return_text);
 
 }  // namespace tandem::worker

@@ -42,8 +42,8 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModelFromFlags() {
                          absl::GetFlag(FLAGS_served_model_name));
 }
 
-absl::StatusOr<runtime::EngineOptions> EngineOptionsFromFlags() {
-  runtime::EngineOptions eo;
+absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
+  engine::EngineOptions eo;
   eo.block_size = absl::GetFlag(FLAGS_block_size);
   eo.num_slots = absl::GetFlag(FLAGS_num_slots);
   eo.num_blocks = absl::GetFlag(FLAGS_num_blocks);

@@ -41,7 +41,7 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModelFromFlags();
 // Engine options from --block_size, --num_slots, --num_blocks,
 // --max_context_tokens, --max_tokens_per_step, --tp and --tp_fail_rank_at_step
 // (logs a warning when the drill is armed); INVALID_ARGUMENT for bad TP flags.
-absl::StatusOr<runtime::EngineOptions> EngineOptionsFromFlags();
+absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags();
 // The UCX agent named `worker_id` (--ucx_tls, --ucx_peer_failure_detection).
 kvtransfer::UcxAgentConfig UcxConfigFromFlags(const std::string& worker_id);
 // Server and registration (--host, --advertise_host, --port, --metrics_port,

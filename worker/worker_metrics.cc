@@ -138,7 +138,7 @@ void WorkerMetrics::Update(const EngineLoopStats& s, absl::Time now) {
   last_time_ = now;
   last_prefill_ = s.prefill_tokens;
   last_decode_ = s.decode_tokens;
-  const runtime::SpeculativeStats& sp = s.speculative;
+  const engine::SpeculativeStats& sp = s.speculative;
   auto bump = [](metrics::Counter* c, int64_t now_total, int64_t before) {
     if (now_total > before) c->Increment(static_cast<double>(now_total - before));
   };

@@ -71,7 +71,7 @@ class WorkerMetrics {
   absl::Time last_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t last_prefill_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_decode_ ABSL_GUARDED_BY(mu_) = 0;
-  runtime::SpeculativeStats last_spec_ ABSL_GUARDED_BY(mu_);
+  engine::SpeculativeStats last_spec_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::worker

@@ -19,33 +19,33 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(
   m->model_id = served.info.id();
   m->fingerprint = served.fingerprint;
   TANDEM_ASSIGN_OR_RETURN(m->checkpoint, model::Checkpoint::Open(dir));
-  TANDEM_ASSIGN_OR_RETURN(m->weights, runtime::LoadModelWeights(*m->checkpoint));
+  TANDEM_ASSIGN_OR_RETURN(m->weights, engine::LoadModelWeights(*m->checkpoint));
   TANDEM_ASSIGN_OR_RETURN(m->tokenizer, tokenizer::Tokenizer::Load(dir));
   TANDEM_ASSIGN_OR_RETURN(m->backend, kernels::CreateBackend(backend_name));
   m->backend_name = backend_name;
   return m;
 }
 
-absl::StatusOr<std::unique_ptr<runtime::Engine>> MakeEngine(
-    WorkerModel* model, const runtime::EngineOptions& options) {
-  runtime::EngineOptions o = options;
+absl::StatusOr<std::unique_ptr<engine::Engine>> MakeEngine(
+    WorkerModel* model, const engine::EngineOptions& options) {
+  engine::EngineOptions o = options;
   if (o.tp.tp_size > 1) {
     o.tp_checkpoint = model->checkpoint.get();
     o.tp.backend = model->backend_name;
   }
-  return runtime::Engine::Create(model->weights.get(), model->backend.get(),
-                                 model->tokenizer.get(), o);
+  return engine::Engine::Create(model->weights.get(), model->backend.get(),
+                                model->tokenizer.get(), o);
 }
 
 absl::Status ApplySpeculativeFlags(const std::string& method, int num_tokens,
                                    const std::string& draft_dir, WorkerModel* model,
-                                   runtime::EngineOptions* options) {
-  runtime::SpeculativeOptions& so = options->speculative;
+                                   engine::EngineOptions* options) {
+  engine::SpeculativeOptions& so = options->speculative;
   if (method == "none" || method.empty()) {
     if (!draft_dir.empty()) {
       return InvalidArgument("--draft_model needs --speculative=draft");
     }
-    so.method = runtime::SpeculativeMethod::kNone;
+    so.method = engine::SpeculativeMethod::kNone;
     return absl::OkStatus();
   }
   if (num_tokens < 1 || num_tokens > 16) {
@@ -57,7 +57,7 @@ absl::Status ApplySpeculativeFlags(const std::string& method, int num_tokens,
     if (!draft_dir.empty()) {
       return InvalidArgument("--draft_model needs --speculative=draft, not ngram");
     }
-    so.method = runtime::SpeculativeMethod::kNgram;
+    so.method = engine::SpeculativeMethod::kNgram;
     return absl::OkStatus();
   }
   if (method != "draft") {
@@ -75,13 +75,13 @@ absl::Status ApplySpeculativeFlags(const std::string& method, int num_tokens,
                            " tokens, the target ",
                            model->weights->config.text.vocab_size);
   }
-  so.method = runtime::SpeculativeMethod::kDraft;
+  so.method = engine::SpeculativeMethod::kDraft;
   so.draft_weights = model->draft->weights.get();
   return absl::OkStatus();
 }
 
 absl::Status ApplyTpFlags(int tp, const std::string& fail_at,
-                          runtime::EngineOptions* options) {
+                          engine::EngineOptions* options) {
   if (tp < 1) return InvalidArgument("--tp must be >= 1, got ", tp);
   options->tp.tp_size = tp;
   if (fail_at.empty()) return absl::OkStatus();
@@ -102,8 +102,8 @@ absl::Status ApplyTpFlags(int tp, const std::string& fail_at,
   return absl::OkStatus();
 }
 
-std::vector<runtime::KvCache*> RankCaches(runtime::Engine& engine) {
-  std::vector<runtime::KvCache*> out;
+std::vector<engine::KvCache*> RankCaches(engine::Engine& engine) {
+  std::vector<engine::KvCache*> out;
   for (int r = 0; r < engine.executor().tp_size(); ++r) {
     out.push_back(&engine.executor().cache(r));
   }

@@ -19,7 +19,7 @@ namespace tandem::worker {
 
 struct WorkerModel {
   std::unique_ptr<model::Checkpoint> checkpoint;
-  std::unique_ptr<runtime::ModelWeights> weights;
+  std::unique_ptr<engine::ModelWeights> weights;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
   std::unique_ptr<kernels::Backend> backend;
   std::string backend_name;  // what `backend` was created as (the TP ranks' too)
@@ -39,8 +39,8 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(
 // options.tp.tp_size > 1 the engine runs that many ranks (threads of this
 // process) over the model's checkpoint, each with a backend of the model's
 // backend name; options.tp_checkpoint and options.tp.backend are filled here.
-absl::StatusOr<std::unique_ptr<runtime::Engine>> MakeEngine(
-    WorkerModel* model, const runtime::EngineOptions& options);
+absl::StatusOr<std::unique_ptr<engine::Engine>> MakeEngine(
+    WorkerModel* model, const engine::EngineOptions& options);
 
 // The workers' tensor-parallel flags into `options`: `tp` ranks (>= 1; threads
 // of this process) and the failure drill `fail_at` ("" or "R:S": rank R >= 1
@@ -54,13 +54,13 @@ absl::StatusOr<std::unique_ptr<runtime::Engine>> MakeEngine(
 // INVALID_ARGUMENT naming the flag for bad values.
 absl::Status ApplySpeculativeFlags(const std::string& method, int num_tokens,
                                    const std::string& draft_dir, WorkerModel* model,
-                                   runtime::EngineOptions* options);
+                                   engine::EngineOptions* options);
 
 absl::Status ApplyTpFlags(int tp, const std::string& fail_at,
-                          runtime::EngineOptions* options);
+                          engine::EngineOptions* options);
 
 // Every rank's cache of `engine`, rank order (one at TP 1).
-std::vector<runtime::KvCache*> RankCaches(runtime::Engine& engine);
+std::vector<engine::KvCache*> RankCaches(engine::Engine& engine);
 
 }  // namespace tandem::worker
 

@@ -12,7 +12,7 @@ namespace tandem::worker {
 namespace {
 
 TEST(ApplyTpFlagsTest, SizeAndDrill) {
-  runtime::EngineOptions o;
+  engine::EngineOptions o;
   ASSERT_TRUE(ApplyTpFlags(1, "", &o).ok());
   EXPECT_EQ(o.tp.tp_size, 1);
   EXPECT_LT(o.tp.fail_rank, 0);  // drill off
@@ -23,7 +23,7 @@ TEST(ApplyTpFlagsTest, SizeAndDrill) {
 }
 
 TEST(ApplyTpFlagsTest, RefusesBadValues) {
-  runtime::EngineOptions o;
+  engine::EngineOptions o;
   EXPECT_EQ(ApplyTpFlags(0, "", &o).code(), absl::StatusCode::kInvalidArgument);
   for (const char* bad : {"1", "1:", ":3", "a:b", "1:2:3", "1:-1"}) {
     EXPECT_EQ(ApplyTpFlags(2, bad, &o).code(), absl::StatusCode::kInvalidArgument)
@@ -40,21 +40,21 @@ TEST(ApplyTpFlagsTest, RefusesBadValues) {
 TEST(ApplySpeculativeFlagsTest, MethodsAndBadValues) {
   auto model = LoadWorkerModel("engine/model/tiny_checkpoint", "cpu", "");
   ASSERT_TRUE(model.ok()) << model.status();
-  runtime::EngineOptions o;
+  engine::EngineOptions o;
   ASSERT_TRUE(ApplySpeculativeFlags("none", 3, "", model->get(), &o).ok());
-  EXPECT_EQ(o.speculative.method, runtime::SpeculativeMethod::kNone);
+  EXPECT_EQ(o.speculative.method, engine::SpeculativeMethod::kNone);
   ASSERT_TRUE(ApplySpeculativeFlags("ngram", 4, "", model->get(), &o).ok());
-  EXPECT_EQ(o.speculative.method, runtime::SpeculativeMethod::kNgram);
+  EXPECT_EQ(o.speculative.method, engine::SpeculativeMethod::kNgram);
   EXPECT_EQ(o.speculative.num_speculative_tokens, 4);
   // The tiny checkpoint drafting for itself: loaded, same vocabulary.
   ASSERT_TRUE(ApplySpeculativeFlags("draft", 2, "engine/model/tiny_checkpoint",
                                     model->get(), &o)
                   .ok());
-  EXPECT_EQ(o.speculative.method, runtime::SpeculativeMethod::kDraft);
+  EXPECT_EQ(o.speculative.method, engine::SpeculativeMethod::kDraft);
   ASSERT_NE((*model)->draft, nullptr);
   EXPECT_EQ(o.speculative.draft_weights, (*model)->draft->weights.get());
 
-  runtime::EngineOptions bad;
+  engine::EngineOptions bad;
   for (auto [method, k, dir] : std::vector<std::tuple<const char*, int, const char*>>{
            {"ngram", 0, ""},
            {"ngram", 17, ""},

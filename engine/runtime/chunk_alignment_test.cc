@@ -8,7 +8,7 @@
 #include "engine/runtime/test_util.h"
 #include "gtest/gtest.h"
 
-namespace tandem::runtime {
+namespace tandem::engine {
 namespace {
 
 using testing::BlockRange;
@@ -61,4 +61,4 @@ TEST(ChunkAlignmentTest, AlignedSplitsAreBitIdentical) {
 }
 
 }  // namespace
-}  // namespace tandem::runtime
+}  // namespace tandem::engine

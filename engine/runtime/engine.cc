@@ -10,7 +10,7 @@
 #include "engine/sampling/rejection_sampler.h"
 #include "engine/speculative/draft_model_proposer.h"
 
-namespace tandem::runtime {
+namespace tandem::engine {
 namespace {
 
 uint64_t SplitMix(uint64_t* state) {
@@ -678,4 +678,4 @@ absl::Status Engine::CatchUp(Request* r) {
   return absl::OkStatus();
 }
 
-}  // namespace tandem::runtime
+}  // namespace tandem::engine

@@ -54,7 +54,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/thread_pool.h"
 
-namespace tandem::runtime {
+namespace tandem::engine {
 
 using RequestId = engine::SequenceId;
 
@@ -295,6 +295,6 @@ class Engine {
   std::vector<LayerProgressEntry> progress_;  // the current step's prefill entries
 };
 
-}  // namespace tandem::runtime
+}  // namespace tandem::engine
 
 #endif  // TANDEM_ENGINE_RUNTIME_ENGINE_H_

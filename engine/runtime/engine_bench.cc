@@ -60,9 +60,9 @@ ABSL_FLAG(bool, gemm_yardstick, true,
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using tandem::runtime::KvCache;
-using tandem::runtime::ModelRunner;
-using tandem::runtime::SequenceInput;
+using tandem::engine::KvCache;
+using tandem::engine::ModelRunner;
+using tandem::engine::SequenceInput;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
     dir = std::string(argv[0]) + ".runfiles/tandem/engine/model/tiny_checkpoint";
   auto ckpt = tandem::model::Checkpoint::Open(dir);
   if (!ckpt.ok()) return Fail(ckpt.status());
-  auto weights = tandem::runtime::LoadModelWeights(**ckpt);
+  auto weights = tandem::engine::LoadModelWeights(**ckpt);
   if (!weights.ok()) return Fail(weights.status());
   const auto& w = **weights;
   const auto& cfg = w.config;
@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
   nlohmann::json results = nlohmann::json::array();
   const int64_t V = cfg.text.vocab_size;
   for (int B : batches) {
-    tandem::runtime::KvCacheOptions co;
+    tandem::engine::KvCacheOptions co;
     co.block_size = block_size;
     co.num_blocks = B * blocks_per_seq;
     co.num_slots = B;
@@ -230,12 +230,12 @@ int main(int argc, char** argv) {
       // Decode tokens/s through Engine::Step (forward + sampling + stop
       // checks) with `threads` sampling threads.
       auto engine_decode = [&](int threads) -> absl::StatusOr<double> {
-        tandem::runtime::EngineOptions eo;
+        tandem::engine::EngineOptions eo;
         eo.num_slots = B;
         eo.max_context_tokens = ctx + 1;
         eo.max_tokens_per_step = std::max<int64_t>(256, B * prompt_len);
         eo.sampling_threads = threads;
-        TANDEM_ASSIGN_OR_RETURN(auto engine, tandem::runtime::Engine::Create(
+        TANDEM_ASSIGN_OR_RETURN(auto engine, tandem::engine::Engine::Create(
                                                  &w, backend->get(), nullptr, eo));
         for (int q = 0; q < B; ++q) {
           tandem::engine::SamplingParams p;

@@ -11,7 +11,7 @@
 #include "engine/runtime/test_util.h"
 #include "gtest/gtest.h"
 
-namespace tandem::runtime {
+namespace tandem::engine {
 namespace {
 
 using testing::BlockRange;
@@ -359,9 +359,9 @@ TEST(EngineTest, PrefillOnOneEngineDecodeOnAnotherEqualsColocated) {
 }
 
 }  // namespace
-}  // namespace tandem::runtime
+}  // namespace tandem::engine
 
-namespace tandem::runtime {
+namespace tandem::engine {
 namespace {
 
 // Running out of cache blocks preempts sequences (their blocks and slot are freed
@@ -399,4 +399,4 @@ TEST(EngineTest, PreemptionByRecomputeKeepsTokens) {
 }
 
 }  // namespace
-}  // namespace tandem::runtime
+}  // namespace tandem::engine

@@ -14,7 +14,7 @@
 #include "engine/runtime/test_util.h"
 #include "gtest/gtest.h"
 
-namespace tandem::runtime {
+namespace tandem::engine {
 namespace {
 
 using testing::MakeBackend;
@@ -282,4 +282,4 @@ TEST(EngineTpTest, CreateRefusesBadTpSettings) {
 }
 
 }  // namespace
-}  // namespace tandem::runtime
+}  // namespace tandem::engine

@@ -38,7 +38,7 @@ ABSL_FLAG(int32_t, block_size, 16, "MLA cache block size (tokens)");
 
 namespace {
 
-using tandem::runtime::Engine;
+using tandem::engine::Engine;
 using Clock = std::chrono::steady_clock;
 
 int Fail(const absl::Status& s) {
@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   if (dir.empty()) return Fail(absl::InvalidArgumentError("--model is required"));
   auto ckpt = tandem::model::Checkpoint::Open(dir);
   if (!ckpt.ok()) return Fail(ckpt.status());
-  auto weights = tandem::runtime::LoadModelWeights(**ckpt);
+  auto weights = tandem::engine::LoadModelWeights(**ckpt);
   if (!weights.ok()) return Fail(weights.status());
   auto tok = tandem::tokenizer::Tokenizer::Load(dir);
   if (!tok.ok()) return Fail(tok.status());
@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
   if (ids.empty())
     return Fail(absl::InvalidArgumentError("the prompt encodes to no tokens"));
 
-  tandem::runtime::EngineOptions eo;
+  tandem::engine::EngineOptions eo;
   eo.num_slots = 1;
   eo.block_size = absl::GetFlag(FLAGS_block_size);
   eo.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);

@@ -11,7 +11,7 @@
 #include "common/status.h"
 #include "parallel/sharding.h"
 
-namespace tandem::runtime {
+namespace tandem::engine {
 namespace {
 
 constexpr size_t kAlign = 64;
@@ -264,4 +264,4 @@ absl::Status CopyStateRanges(absl::Span<const StateRange> src,
   return absl::OkStatus();
 }
 
-}  // namespace tandem::runtime
+}  // namespace tandem::engine

@@ -38,7 +38,7 @@
 #include "absl/types/span.h"
 #include "engine/model/config.h"
 
-namespace tandem::runtime {
+namespace tandem::engine {
 
 // Where a cache's buffers come from; empty functions: 64-byte-aligned heap
 // memory. A decode worker's landing pool takes them from its transfer agent
@@ -149,6 +149,6 @@ class KvCache {
 absl::Status CopyStateRanges(absl::Span<const StateRange> src,
                              absl::Span<const StateRange> dst);
 
-}  // namespace tandem::runtime
+}  // namespace tandem::engine
 
 #endif  // TANDEM_ENGINE_RUNTIME_KV_CACHE_H_

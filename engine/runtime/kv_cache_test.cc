@@ -6,7 +6,7 @@
 #include "engine/model/make_checkpoint.h"
 #include "gtest/gtest.h"
 
-namespace tandem::runtime {
+namespace tandem::engine {
 namespace {
 
 std::unique_ptr<KvCache> Make(int64_t blocks, int64_t bs, int64_t slots) {
@@ -143,4 +143,4 @@ TEST(KvCacheTest, TensorParallelShard) {
 }
 
 }  // namespace
-}  // namespace tandem::runtime
+}  // namespace tandem::engine

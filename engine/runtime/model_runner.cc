@@ -8,7 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "common/status.h"
 
-namespace tandem::runtime {
+namespace tandem::engine {
 namespace {
 
 float* Sized(std::vector<float>* v, int64_t n) {
@@ -522,4 +522,4 @@ absl::Status ModelRunner::Ffn(const LayerWeights& lw, const float* xn, float* ou
   return DenseMlp(m.shared, xn, out, /*accumulate=*/true);
 }
 
-}  // namespace tandem::runtime
+}  // namespace tandem::engine

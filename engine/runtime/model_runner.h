@@ -50,7 +50,7 @@
 #include "kernels/backend.h"
 #include "parallel/communicator.h"
 
-namespace tandem::runtime {
+namespace tandem::engine {
 
 // Which MLA attention form to use.
 enum class MlaMode {
@@ -167,6 +167,6 @@ class ModelRunner {
   std::vector<int32_t> local_ids_;                        // TP only
 };
 
-}  // namespace tandem::runtime
+}  // namespace tandem::engine
 
 #endif  // TANDEM_ENGINE_RUNTIME_MODEL_RUNNER_H_

@@ -13,7 +13,7 @@
 #include "engine/runtime/test_util.h"
 #include "gtest/gtest.h"
 
-namespace tandem::runtime {
+namespace tandem::engine {
 namespace {
 
 using testing::Argmax;
@@ -366,4 +366,4 @@ TEST(ModelRunnerTest, RejectsBadInputs) {
 }
 
 }  // namespace
-}  // namespace tandem::runtime
+}  // namespace tandem::engine

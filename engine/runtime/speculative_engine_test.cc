@@ -21,7 +21,7 @@
 #include "engine/speculative/draft_model_proposer.h"
 #include "gtest/gtest.h"
 
-namespace tandem::runtime {
+namespace tandem::engine {
 namespace {
 
 using testing::Argmax;
@@ -509,4 +509,4 @@ TEST(SpeculativeEngineTest, RejectsBadOptions) {
 }
 
 }  // namespace
-}  // namespace tandem::runtime
+}  // namespace tandem::engine

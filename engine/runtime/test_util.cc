@@ -6,7 +6,7 @@
 
 #include "kernels/backend_factory.h"
 
-namespace tandem::runtime::testing {
+namespace tandem::engine::testing {
 namespace {
 
 template <typename T>
@@ -108,4 +108,4 @@ std::vector<int32_t> MakePrompt(int n, uint64_t seed) {
   return p;
 }
 
-}  // namespace tandem::runtime::testing
+}  // namespace tandem::engine::testing

@@ -15,7 +15,7 @@
 #include "engine/runtime/weights.h"
 #include "kernels/backend.h"
 
-namespace tandem::runtime::testing {
+namespace tandem::engine::testing {
 
 // engine/model/tiny_checkpoint, relative to the runfiles root.
 inline constexpr char kTinyCheckpointDir[] = "engine/model/tiny_checkpoint";
@@ -59,6 +59,6 @@ absl::StatusOr<std::vector<int32_t>> GreedyGenerate(ModelRunner* runner,
 // A deterministic prompt of `n` token ids below 100000 seeded by `seed`.
 std::vector<int32_t> MakePrompt(int n, uint64_t seed);
 
-}  // namespace tandem::runtime::testing
+}  // namespace tandem::engine::testing
 
 #endif  // TANDEM_ENGINE_RUNTIME_TEST_UTIL_H_

@@ -44,8 +44,8 @@ ABSL_FLAG(int32_t, threads_per_rank, 0, "Kernel threads per rank (0: cores / TP)
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using tandem::runtime::SequenceInput;
-using tandem::runtime::TpExecutor;
+using tandem::engine::SequenceInput;
+using tandem::engine::TpExecutor;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
       refused.push_back({{"tp", tp}, {"reason", std::string(ok.message())}});
       continue;
     }
-    tandem::runtime::TpExecutorOptions o;
+    tandem::engine::TpExecutorOptions o;
     o.tp_size = tp;
     o.backend = absl::GetFlag(FLAGS_backend);
     o.threads_per_rank = absl::GetFlag(FLAGS_threads_per_rank);

@@ -15,7 +15,7 @@
 #include "parallel/memory_store.h"
 #include "parallel/sharding.h"
 
-namespace tandem::runtime {
+namespace tandem::engine {
 namespace {
 
 // The factory's backends with an explicit thread count: "cpu" and "cpu_bf16"
@@ -386,4 +386,4 @@ void TpExecutor::reset_comm_stats() {
   }
 }
 
-}  // namespace tandem::runtime
+}  // namespace tandem::engine

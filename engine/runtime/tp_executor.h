@@ -49,7 +49,7 @@
 #include "engine/runtime/weights.h"
 #include "kernels/backend.h"
 
-namespace tandem::runtime {
+namespace tandem::engine {
 
 struct TpExecutorOptions {
   int tp_size = 1;
@@ -132,6 +132,6 @@ class TpExecutor {
   absl::Status broken_;  // OK while usable
 };
 
-}  // namespace tandem::runtime
+}  // namespace tandem::engine
 
 #endif  // TANDEM_ENGINE_RUNTIME_TP_EXECUTOR_H_

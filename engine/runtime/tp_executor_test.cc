@@ -16,7 +16,7 @@
 #include "gtest/gtest.h"
 #include "parallel/sharding.h"
 
-namespace tandem::runtime {
+namespace tandem::engine {
 namespace {
 
 using testing::Argmax;
@@ -297,4 +297,4 @@ TEST(TpExecutorTest, InvalidInputDoesNotBreakTheGroup) {
 }
 
 }  // namespace
-}  // namespace tandem::runtime
+}  // namespace tandem::engine

@@ -8,7 +8,7 @@
 #include "engine/model/bf16.h"
 #include "parallel/sharding.h"
 
-namespace tandem::runtime {
+namespace tandem::engine {
 namespace {
 
 using model::DType;
@@ -276,4 +276,4 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
   return w;
 }
 
-}  // namespace tandem::runtime
+}  // namespace tandem::engine

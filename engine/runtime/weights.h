@@ -38,7 +38,7 @@
 #include "engine/model/config.h"
 #include "kernels/backend.h"
 
-namespace tandem::runtime {
+namespace tandem::engine {
 
 // Which part of the model this rank holds (the same pair as parallel::TpShard).
 struct ShardSpec {
@@ -139,6 +139,6 @@ struct ModelWeights {
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
     const model::Checkpoint& checkpoint, ShardSpec shard = {});
 
-}  // namespace tandem::runtime
+}  // namespace tandem::engine
 
 #endif  // TANDEM_ENGINE_RUNTIME_WEIGHTS_H_

@@ -8,7 +8,7 @@
 #include "engine/runtime/test_util.h"
 #include "gtest/gtest.h"
 
-namespace tandem::runtime {
+namespace tandem::engine {
 namespace {
 
 TEST(WeightsTest, ViewsPointIntoTheCheckpoint) {
@@ -152,4 +152,4 @@ TEST(ShardSpecTest, EvenSplitsCoverEverything) {
 }
 
 }  // namespace
-}  // namespace tandem::runtime
+}  // namespace tandem::engine

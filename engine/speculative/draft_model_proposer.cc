@@ -9,7 +9,7 @@
 
 namespace tandem::speculative {
 
-DraftModelProposer::DraftModelProposer(const runtime::ModelWeights* weights,
+DraftModelProposer::DraftModelProposer(const engine::ModelWeights* weights,
                                        const DraftModelOptions& o)
     : weights_(weights),
       options_(o),
@@ -18,7 +18,7 @@ DraftModelProposer::DraftModelProposer(const runtime::ModelWeights* weights,
       slots_(o.num_slots) {}
 
 absl::StatusOr<std::unique_ptr<DraftModelProposer>> DraftModelProposer::Create(
-    const runtime::ModelWeights* weights, kernels::Backend* backend,
+    const engine::ModelWeights* weights, kernels::Backend* backend,
     int64_t target_vocab_size, const DraftModelOptions& options) {
   if (weights == nullptr || backend == nullptr) {
     return InvalidArgument("draft model: weights and backend are required");
@@ -37,15 +37,15 @@ absl::StatusOr<std::unique_ptr<DraftModelProposer>> DraftModelProposer::Create(
   o.max_context_tokens = std::min<int64_t>(
       o.max_context_tokens, weights->config.text.max_position_embeddings);
   auto p = std::unique_ptr<DraftModelProposer>(new DraftModelProposer(weights, o));
-  runtime::KvCacheOptions co;
+  engine::KvCacheOptions co;
   co.block_size = o.block_size;
   co.num_blocks = p->blocks_.num_blocks();
   co.num_slots = o.num_slots;
-  TANDEM_ASSIGN_OR_RETURN(p->cache_, runtime::KvCache::Create(weights->config, co));
-  runtime::ModelRunnerOptions ro;
+  TANDEM_ASSIGN_OR_RETURN(p->cache_, engine::KvCache::Create(weights->config, co));
+  engine::ModelRunnerOptions ro;
   ro.mla_mode = o.mla_mode;
   p->runner_ =
-      std::make_unique<runtime::ModelRunner>(weights, p->cache_.get(), backend, ro);
+      std::make_unique<engine::ModelRunner>(weights, p->cache_.get(), backend, ro);
   p->sampler_ = std::make_unique<engine::Sampler>(V);
   return p;
 }
@@ -149,12 +149,12 @@ absl::Status DraftModelProposer::Propose(absl::Span<const ProposeRequest> reques
   };
 
   // Forward 0: the committed tokens the draft has not seen.
-  std::vector<runtime::SequenceInput> inputs;
+  std::vector<engine::SequenceInput> inputs;
   std::vector<float> logits;
   inputs.reserve(work.size());
   for (const Work& w : work) {
     const ProposeRequest& rq = requests[w.req];
-    runtime::SequenceInput in;
+    engine::SequenceInput in;
     const int64_t start = static_cast<int64_t>(w.seq->cached.size());
     in.tokens = rq.tokens.subspan(start);
     in.start_pos = start;
@@ -185,7 +185,7 @@ absl::Status DraftModelProposer::Propose(absl::Span<const ProposeRequest> reques
       Work& w = work[i];
       if (w.k <= j) continue;
       const std::vector<int32_t>& drafts = (*proposals)[w.req].tokens;
-      runtime::SequenceInput in;
+      engine::SequenceInput in;
       in.tokens = absl::MakeConstSpan(drafts).subspan(j - 1, 1);
       in.start_pos = w.len + j - 1;
       in.block_table = w.seq->table.blocks();

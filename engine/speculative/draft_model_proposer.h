@@ -50,7 +50,7 @@ struct DraftModelOptions {
   // Tokens per sequence the draft cache holds (history + drafts); sequences
   // beyond it get no drafts.
   int64_t max_context_tokens = 4096;
-  runtime::MlaMode mla_mode = runtime::MlaMode::kAuto;
+  engine::MlaMode mla_mode = engine::MlaMode::kAuto;
 };
 
 class DraftModelProposer : public Proposer {
@@ -58,7 +58,7 @@ class DraftModelProposer : public Proposer {
   // weights and backend are not owned and must outlive the proposer.
   // `target_vocab_size`: the draft must share the target's vocabulary.
   static absl::StatusOr<std::unique_ptr<DraftModelProposer>> Create(
-      const runtime::ModelWeights* weights, kernels::Backend* backend,
+      const engine::ModelWeights* weights, kernels::Backend* backend,
       int64_t target_vocab_size, const DraftModelOptions& options);
 
   absl::Status Propose(absl::Span<const ProposeRequest> requests,
@@ -72,7 +72,7 @@ class DraftModelProposer : public Proposer {
   int32_t num_free_slots() const { return slots_.num_free(); }
   int32_t num_free_blocks() const { return blocks_.num_free(); }
   int64_t forward_passes() const { return forward_passes_; }
-  runtime::KvCache& cache() { return *cache_; }
+  engine::KvCache& cache() { return *cache_; }
 
  private:
   struct Seq {
@@ -81,21 +81,21 @@ class DraftModelProposer : public Proposer {
     // Tokens whose state the slot and the MLA rows hold (positions 0..n-1).
     std::vector<int32_t> cached;
     // The KDA slot after cached[0..snapshot_len) (taken at the last proposal).
-    runtime::KdaSnapshot snapshot;
+    engine::KdaSnapshot snapshot;
     int64_t snapshot_len = -1;
     int32_t last_drafts = 0;  // drafts in the last proposal
   };
 
-  DraftModelProposer(const runtime::ModelWeights* weights, const DraftModelOptions& o);
+  DraftModelProposer(const engine::ModelWeights* weights, const DraftModelOptions& o);
   absl::StatusOr<Seq*> GetOrCreate(int64_t id);
   // Rolls the draft state back to the longest prefix of `tokens` it can
   // reproduce (the snapshot, or nothing); always leaves >= 1 token to feed.
   absl::Status Sync(Seq* s, absl::Span<const int32_t> tokens);
 
-  const runtime::ModelWeights* weights_;  // not owned
+  const engine::ModelWeights* weights_;  // not owned
   DraftModelOptions options_;
-  std::unique_ptr<runtime::KvCache> cache_;
-  std::unique_ptr<runtime::ModelRunner> runner_;
+  std::unique_ptr<engine::KvCache> cache_;
+  std::unique_ptr<engine::ModelRunner> runner_;
   std::unique_ptr<engine::Sampler> sampler_;
   engine::BlockAllocator blocks_;
   engine::SlotPool slots_;

@@ -13,13 +13,13 @@
 namespace tandem::speculative {
 namespace {
 
-using runtime::testing::BlockRange;
-using runtime::testing::GreedyGenerate;
-using runtime::testing::MakeBackend;
-using runtime::testing::MakeCache;
-using runtime::testing::MakePrompt;
-using runtime::testing::TestSequence;
-using runtime::testing::TinyWeights;
+using engine::testing::BlockRange;
+using engine::testing::GreedyGenerate;
+using engine::testing::MakeBackend;
+using engine::testing::MakeCache;
+using engine::testing::MakePrompt;
+using engine::testing::TestSequence;
+using engine::testing::TinyWeights;
 
 std::unique_ptr<DraftModelProposer> MakeProposer(kernels::Backend* backend,
                                                  int32_t slots = 4) {
@@ -48,7 +48,7 @@ TEST(DraftModelProposerTest, GreedyDraftsEqualTheModelsGreedyContinuation) {
   auto backend = MakeBackend("cpu");
   const std::vector<int32_t> prompt = MakePrompt(23, 5);
   auto cache = MakeCache(TinyWeights(), 8, 16, 1);
-  runtime::ModelRunner runner(&TinyWeights(), cache.get(), backend.get());
+  engine::ModelRunner runner(&TinyWeights(), cache.get(), backend.get());
   TestSequence s{BlockRange(0, 8), 0, 0};
   auto want = GreedyGenerate(&runner, &s, prompt, 1000, 9);
   ASSERT_TRUE(want.ok());

@@ -46,9 +46,9 @@ ABSL_FLAG(std::string, backend, "cpu", "Kernel backend");
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using tandem::runtime::Engine;
-using tandem::runtime::EngineOptions;
-using tandem::runtime::SpeculativeMethod;
+using tandem::engine::Engine;
+using tandem::engine::EngineOptions;
+using tandem::engine::SpeculativeMethod;
 
 int Fail(const absl::Status& s) {
   std::cerr << "speculative_bench: " << s << "\n";
@@ -74,10 +74,10 @@ struct RunResult {
   double decode_seconds = 0;
   int64_t decode_tokens = 0;
   int64_t steps = 0;
-  tandem::runtime::SpeculativeStats stats;
+  tandem::engine::SpeculativeStats stats;
 };
 
-absl::StatusOr<RunResult> Run(const tandem::runtime::ModelWeights* w,
+absl::StatusOr<RunResult> Run(const tandem::engine::ModelWeights* w,
                               tandem::kernels::Backend* backend,
                               const EngineOptions& options) {
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
@@ -127,17 +127,17 @@ int main(int argc, char** argv) {
   }
   auto ckpt = tandem::model::Checkpoint::Open(dir);
   if (!ckpt.ok()) return Fail(ckpt.status());
-  auto weights = tandem::runtime::LoadModelWeights(**ckpt);
+  auto weights = tandem::engine::LoadModelWeights(**ckpt);
   if (!weights.ok()) return Fail(weights.status());
-  const tandem::runtime::ModelWeights* draft = weights->get();
+  const tandem::engine::ModelWeights* draft = weights->get();
   std::unique_ptr<tandem::model::Checkpoint> draft_ckpt;
-  std::unique_ptr<tandem::runtime::ModelWeights> draft_weights;
+  std::unique_ptr<tandem::engine::ModelWeights> draft_weights;
   const std::string draft_dir = absl::GetFlag(FLAGS_draft_model);
   if (!draft_dir.empty()) {
     auto c = tandem::model::Checkpoint::Open(draft_dir);
     if (!c.ok()) return Fail(c.status());
     draft_ckpt = std::move(c).value();
-    auto dw = tandem::runtime::LoadModelWeights(*draft_ckpt);
+    auto dw = tandem::engine::LoadModelWeights(*draft_ckpt);
     if (!dw.ok()) return Fail(dw.status());
     draft_weights = std::move(dw).value();
     draft = draft_weights.get();
