@@ -227,12 +227,41 @@ absl::Status Engine::Emit(Request* r, int32_t tok, const engine::SampleResult* r
   return absl::OkStatus();
 }
 
+// One step's batch as it moves through the phases: the plan, each planned
+// sequence's request, drafts, forward input (block tables are copies: the
+// scheduler owns the live ones) and KDA snapshot, then the outcomes the
+// scheduler is told.
+struct Engine::StepBatch {
+  engine::StepPlan plan;
+  std::vector<Request*> reqs;                     // indexed like plan.sequences
+  std::vector<speculative::Proposal> proposals;   // empty where no drafts
+  std::vector<SequenceInput> inputs;              // what the forward computes
+  std::vector<std::vector<int32_t>> tables;       // inputs' block tables
+  std::vector<std::vector<int32_t>> fed;          // inputs' tokens when not a prefix
+  std::vector<KdaSnapshot> snapshots;             // taken before verifying drafts
+  std::vector<engine::SequenceOutcome> outcomes;  // one per sampling sequence
+};
+
 absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   std::vector<RequestOutput> outputs;
   if (requests_.empty()) return outputs;
   // A TP group whose rank failed cannot run steps: fail fast, naming the rank.
   TANDEM_RETURN_IF_ERROR(executor_->health());
-  TANDEM_ASSIGN_OR_RETURN(engine::StepPlan plan, scheduler_->Schedule());
+  StepBatch batch;
+  TANDEM_RETURN_IF_ERROR(PlanStep(&batch));
+  if (batch.plan.sequences.empty()) {
+    TANDEM_RETURN_IF_ERROR(scheduler_->CompleteStep(batch.plan, {}).status());
+    return outputs;
+  }
+  TANDEM_RETURN_IF_ERROR(ForwardStep(batch));
+  TANDEM_RETURN_IF_ERROR(SampleStep(&batch, &outputs));
+  TANDEM_RETURN_IF_ERROR(FinishStep(batch, &outputs));
+  return outputs;
+}
+
+absl::Status Engine::PlanStep(StepBatch* batch) {
+  TANDEM_ASSIGN_OR_RETURN(batch->plan, scheduler_->Schedule());
+  const engine::StepPlan& plan = batch->plan;
   // Preempted sequences recompute from position 0: their draft state and any
   // pending replay go.
   for (engine::SequenceId id : plan.preempted) {
@@ -240,152 +269,166 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     auto it = requests_.find(id);
     if (it != requests_.end()) it->second->replay_from = -1;
   }
-  if (plan.sequences.empty()) {
-    TANDEM_RETURN_IF_ERROR(scheduler_->CompleteStep(plan, {}).status());
-    return outputs;
-  }
-  // Inputs. Block tables are copied: the scheduler owns the live ones.
-  std::vector<SequenceInput> inputs(plan.sequences.size());
-  std::vector<std::vector<int32_t>> tables(plan.sequences.size());
-  std::vector<Request*> reqs(plan.sequences.size());
-  for (size_t i = 0; i < plan.sequences.size(); ++i) {
+  if (plan.sequences.empty()) return absl::OkStatus();
+  const size_t n = plan.sequences.size();
+  batch->reqs.resize(n);
+  for (size_t i = 0; i < n; ++i) {
     auto it = requests_.find(plan.sequences[i].id);
     if (it == requests_.end()) {
       return Internal("scheduled unknown request ", plan.sequences[i].id);
     }
-    reqs[i] = it->second.get();
-    if (plan.sequences[i].resets_state) reqs[i]->replay_from = -1;
+    batch->reqs[i] = it->second.get();
+    if (plan.sequences[i].resets_state) batch->reqs[i]->replay_from = -1;
   }
   // Speculation: drafts, the tokens each entry feeds, KDA snapshots to roll back to.
-  std::vector<speculative::Proposal> proposals(plan.sequences.size());
-  if (proposer_ != nullptr)
-    TANDEM_RETURN_IF_ERROR(ProposeDrafts(plan, reqs, &proposals));
-  std::vector<std::vector<int32_t>> fed(plan.sequences.size());
-  std::vector<KdaSnapshot> snapshots(plan.sequences.size());
-  for (size_t i = 0; i < plan.sequences.size(); ++i) {
-    const engine::ScheduledSequence& ss = plan.sequences[i];
-    Request* r = reqs[i];
-    r->slot = ss.slot;
-    if (ss.resets_state) {
-      TANDEM_RETURN_IF_ERROR(executor_->ResetSlot(ss.slot));
-      r->pending_import.clear();  // recomputed from its tokens instead
-    }
-    TANDEM_ASSIGN_OR_RETURN(tables[i], scheduler_->Blocks(ss.id));
-    if (!r->pending_import.empty()) {
-      TANDEM_ASSIGN_OR_RETURN(
-          std::vector<StateRange> dst,
-          executor_->ExportSequence(tables[i], r->import_tokens, ss.slot));
-      TANDEM_RETURN_IF_ERROR(CopyStateRanges(r->pending_import, dst));
-      r->pending_import.clear();
-      r->import_bytes.clear();
-    }
-    const int64_t known_end = ss.end - ss.num_draft_tokens;
-    const std::vector<int32_t>& drafts = proposals[i].tokens;
-    if (known_end > static_cast<int64_t>(r->tokens.size()) ||
-        static_cast<int32_t>(drafts.size()) > ss.num_draft_tokens) {
-      return Internal("request ", ss.id, ": planned positions ", ss.start, "..", ss.end,
-                      " beyond its ", r->tokens.size(), " tokens and ", drafts.size(),
-                      " drafts");
-    }
-    // A rolled-back sequence replays its accepted tokens from replay_from.
-    const int64_t from = r->replay_from >= 0 ? r->replay_from : ss.start;
-    SequenceInput& in = inputs[i];
-    if (drafts.empty() && from == ss.start) {
-      in.tokens =
-          absl::MakeConstSpan(r->tokens).subspan(ss.start, known_end - ss.start);
-    } else {
-      fed[i].assign(r->tokens.begin() + from, r->tokens.begin() + known_end);
-      fed[i].insert(fed[i].end(), drafts.begin(), drafts.end());
-      in.tokens = fed[i];
-    }
-    in.start_pos = from;
-    in.block_table = tables[i];
-    in.kda_slot = ss.slot;
-    if (ss.samples) {
-      // The last known token's row, then one per draft.
-      const int32_t t = static_cast<int32_t>(in.tokens.size());
-      const int32_t m = static_cast<int32_t>(drafts.size());
-      for (int32_t j = t - 1 - m; j < t; ++j) in.logits_indices.push_back(j);
-    }
-    if (!drafts.empty()) {
-      TANDEM_ASSIGN_OR_RETURN(snapshots[i], executor_->SnapshotSlot(ss.slot));
-    }
-    if (r->num_generated() > 0 && ss.samples) {
-      decode_tokens_ += in.tokens.size();
-    } else {
-      prefill_tokens_ += in.tokens.size();
-    }
+  batch->proposals.resize(n);
+  if (proposer_ != nullptr) {
+    TANDEM_RETURN_IF_ERROR(ProposeDrafts(plan, batch->reqs, &batch->proposals));
   }
+  batch->inputs.resize(n);
+  batch->tables.resize(n);
+  batch->fed.resize(n);
+  batch->snapshots.resize(n);
+  for (size_t i = 0; i < n; ++i) TANDEM_RETURN_IF_ERROR(PlanInput(i, batch));
+  return absl::OkStatus();
+}
+
+absl::Status Engine::PlanInput(size_t i, StepBatch* batch) {
+  const engine::ScheduledSequence& ss = batch->plan.sequences[i];
+  Request* r = batch->reqs[i];
+  r->slot = ss.slot;
+  if (ss.resets_state) {
+    TANDEM_RETURN_IF_ERROR(executor_->ResetSlot(ss.slot));
+    r->pending_import.clear();  // recomputed from its tokens instead
+  }
+  std::vector<int32_t>& table = batch->tables[i];
+  TANDEM_ASSIGN_OR_RETURN(table, scheduler_->Blocks(ss.id));
+  if (!r->pending_import.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(
+        std::vector<StateRange> dst,
+        executor_->ExportSequence(table, r->import_tokens, ss.slot));
+    TANDEM_RETURN_IF_ERROR(CopyStateRanges(r->pending_import, dst));
+    r->pending_import.clear();
+    r->import_bytes.clear();
+  }
+  const int64_t known_end = ss.end - ss.num_draft_tokens;
+  const std::vector<int32_t>& drafts = batch->proposals[i].tokens;
+  if (known_end > static_cast<int64_t>(r->tokens.size()) ||
+      static_cast<int32_t>(drafts.size()) > ss.num_draft_tokens) {
+    return Internal("request ", ss.id, ": planned positions ", ss.start, "..", ss.end,
+                    " beyond its ", r->tokens.size(), " tokens and ", drafts.size(),
+                    " drafts");
+  }
+  // A rolled-back sequence replays its accepted tokens from replay_from.
+  const int64_t from = r->replay_from >= 0 ? r->replay_from : ss.start;
+  SequenceInput& in = batch->inputs[i];
+  if (drafts.empty() && from == ss.start) {
+    in.tokens = absl::MakeConstSpan(r->tokens).subspan(ss.start, known_end - ss.start);
+  } else {
+    std::vector<int32_t>& fed = batch->fed[i];
+    fed.assign(r->tokens.begin() + from, r->tokens.begin() + known_end);
+    fed.insert(fed.end(), drafts.begin(), drafts.end());
+    in.tokens = fed;
+  }
+  in.start_pos = from;
+  in.block_table = table;
+  in.kda_slot = ss.slot;
+  if (ss.samples) {
+    // The last known token's row, then one per draft.
+    const int32_t t = static_cast<int32_t>(in.tokens.size());
+    const int32_t m = static_cast<int32_t>(drafts.size());
+    for (int32_t j = t - 1 - m; j < t; ++j) in.logits_indices.push_back(j);
+  }
+  if (!drafts.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(batch->snapshots[i], executor_->SnapshotSlot(ss.slot));
+  }
+  if (r->num_generated() > 0 && ss.samples) {
+    decode_tokens_ += in.tokens.size();
+  } else {
+    prefill_tokens_ += in.tokens.size();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::ForwardStep(const StepBatch& batch) {
+  // The prefill entries the layer-progress callback reports during the forward.
   progress_.clear();
   if (layer_progress_) {
-    for (size_t i = 0; i < plan.sequences.size(); ++i) {
-      if (reqs[i]->num_generated() > 0) continue;
+    for (size_t i = 0; i < batch.plan.sequences.size(); ++i) {
+      if (batch.reqs[i]->num_generated() > 0) continue;
+      const SequenceInput& in = batch.inputs[i];
       LayerProgressEntry pe;
-      pe.id = plan.sequences[i].id;
-      pe.start_pos = inputs[i].start_pos;
-      pe.end_pos = inputs[i].start_pos + static_cast<int64_t>(inputs[i].tokens.size());
-      pe.block_table = tables[i];
-      pe.slot = inputs[i].kda_slot;
-      pe.completes_prefill = plan.sequences[i].samples;
+      pe.id = batch.plan.sequences[i].id;
+      pe.start_pos = in.start_pos;
+      pe.end_pos = in.start_pos + static_cast<int64_t>(in.tokens.size());
+      pe.block_table = batch.tables[i];
+      pe.slot = in.kda_slot;
+      pe.completes_prefill = batch.plan.sequences[i].samples;
       progress_.push_back(pe);
     }
   }
-  std::vector<float>& logits = logits_;
-  const absl::Status forward = executor_->Forward(inputs, &logits);
+  const absl::Status forward = executor_->Forward(batch.inputs, &logits_);
   progress_.clear();
-  TANDEM_RETURN_IF_ERROR(forward);
+  return forward;
+}
 
+std::vector<std::optional<absl::StatusOr<engine::SampleResult>>> Engine::PresampleRows(
+    const StepBatch& batch) {
   const int64_t V = weights_->config.text.vocab_size;
   // Rows without drafts are sampled up front, in parallel: a row reads only its
   // request's parameters, history and position, which nothing changes before
-  // its Emit below, so the results are those of sampling them one by one.
+  // its Emit in SampleStep, so the results are those of sampling them one by one.
   std::vector<std::optional<absl::StatusOr<engine::SampleResult>>> presampled(
-      plan.sequences.size());
-  if (sample_pool_ != nullptr) {
-    std::vector<std::pair<size_t, int64_t>> plain;  // (sequence, logits row)
-    int64_t r0 = 0;
-    for (size_t i = 0; i < plan.sequences.size(); ++i) {
-      if (!plan.sequences[i].samples) continue;
-      const int64_t m = static_cast<int64_t>(proposals[i].tokens.size());
-      if (m == 0) plain.emplace_back(i, r0);
-      r0 += m + 1;
-    }
-    if (plain.size() > 1) {
-      sample_pool_->ParallelFor(
-          static_cast<int64_t>(plain.size()),
-          [&](int64_t b, int64_t e, int participant) {
-            engine::Sampler& sampler = *row_samplers_[participant];
-            for (int64_t k = b; k < e; ++k) {
-              const auto [i, prow] = plain[k];
-              presampled[i] = SampleNext(
-                  &sampler, *reqs[i], absl::MakeConstSpan(logits).subspan(prow * V, V));
-            }
-          });
-    }
+      batch.plan.sequences.size());
+  if (sample_pool_ == nullptr) return presampled;
+  std::vector<std::pair<size_t, int64_t>> plain;  // (sequence, logits row)
+  int64_t r0 = 0;
+  for (size_t i = 0; i < batch.plan.sequences.size(); ++i) {
+    if (!batch.plan.sequences[i].samples) continue;
+    const int64_t m = static_cast<int64_t>(batch.proposals[i].tokens.size());
+    if (m == 0) plain.emplace_back(i, r0);
+    r0 += m + 1;
   }
-  std::vector<engine::SequenceOutcome> outcomes;
+  if (plain.size() > 1) {
+    sample_pool_->ParallelFor(
+        static_cast<int64_t>(plain.size()), [&](int64_t b, int64_t e, int participant) {
+          engine::Sampler& sampler = *row_samplers_[participant];
+          for (int64_t k = b; k < e; ++k) {
+            const auto [i, prow] = plain[k];
+            presampled[i] =
+                SampleNext(&sampler, *batch.reqs[i],
+                           absl::MakeConstSpan(logits_).subspan(prow * V, V));
+          }
+        });
+  }
+  return presampled;
+}
+
+absl::Status Engine::SampleStep(StepBatch* batch, std::vector<RequestOutput>* outputs) {
+  const int64_t V = weights_->config.text.vocab_size;
+  const absl::Span<const float> logits = logits_;
+  std::vector<std::optional<absl::StatusOr<engine::SampleResult>>> presampled =
+      PresampleRows(*batch);
   int64_t row = 0;
-  for (size_t i = 0; i < plan.sequences.size(); ++i) {
-    const engine::ScheduledSequence& ss = plan.sequences[i];
+  for (size_t i = 0; i < batch->plan.sequences.size(); ++i) {
+    const engine::ScheduledSequence& ss = batch->plan.sequences[i];
     if (!ss.samples) continue;
     RequestOutput out;
     out.id = ss.id;
-    Request* r = reqs[i];
-    const speculative::Proposal& prop = proposals[i];
+    Request* r = batch->reqs[i];
+    const speculative::Proposal& prop = batch->proposals[i];
     const int64_t m = static_cast<int64_t>(prop.tokens.size());
     r->replay_from = -1;  // this forward brought the KDA slot up to date
     if (m == 0) {
       if (!presampled[i].has_value()) {  // not sampled up front (one row, one thread)
-        presampled[i] = SampleNext(sampler_.get(), *r,
-                                   absl::MakeConstSpan(logits).subspan(row * V, V));
+        presampled[i] = SampleNext(sampler_.get(), *r, logits.subspan(row * V, V));
       }
       TANDEM_ASSIGN_OR_RETURN(engine::SampleResult res, *std::move(presampled[i]));
       TANDEM_RETURN_IF_ERROR(Emit(r, res.token_id, &res, &out));
     } else {
       TANDEM_ASSIGN_OR_RETURN(
           const int32_t accepted,
-          Verify(r, absl::MakeConstSpan(logits).subspan(row * V, (m + 1) * V), prop,
-                 &out));
+          Verify(r, logits.subspan(row * V, (m + 1) * V), prop, &out));
       ++spec_stats_.verifications;
       spec_stats_.drafted_tokens += m;
       spec_stats_.accepted_tokens += accepted;
@@ -393,8 +436,8 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       if (accepted < m && !out.finished) {
         // Hybrid-state rollback: the slot saw rejected drafts. Back to the state
         // before this forward; the next forward replays [start, accepted..].
-        TANDEM_RETURN_IF_ERROR(executor_->RestoreSlot(ss.slot, snapshots[i]));
-        r->replay_from = inputs[i].start_pos;
+        TANDEM_RETURN_IF_ERROR(executor_->RestoreSlot(ss.slot, batch->snapshots[i]));
+        r->replay_from = batch->inputs[i].start_pos;
         ++spec_stats_.rollbacks;
       }
       proposer_->OnAccepted(ss.id, accepted, r->tokens.back());
@@ -404,18 +447,25 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     oc.id = ss.id;
     oc.num_new_tokens = static_cast<int32_t>(out.new_tokens.size());
     oc.finished = out.finished;
-    outcomes.push_back(oc);
-    outputs.push_back(std::move(out));
+    batch->outcomes.push_back(oc);
+    outputs->push_back(std::move(out));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::FinishStep(const StepBatch& batch,
+                                std::vector<RequestOutput>* outputs) {
+  // The scheduler advances the sequences and frees the blocks and slot of those
+  // that ended; an ending the outputs did not see is the length limit.
   TANDEM_ASSIGN_OR_RETURN(std::vector<engine::SequenceId> ended,
-                          scheduler_->CompleteStep(plan, outcomes));
+                          scheduler_->CompleteStep(batch.plan, batch.outcomes));
   for (engine::SequenceId id : ended) {
-    auto it = std::find_if(outputs.begin(), outputs.end(),
+    auto it = std::find_if(outputs->begin(), outputs->end(),
                            [&](const RequestOutput& o) { return o.id == id; });
-    if (it == outputs.end()) {
-      outputs.emplace_back();
-      outputs.back().id = id;
-      it = outputs.end() - 1;
+    if (it == outputs->end()) {
+      outputs->emplace_back();
+      outputs->back().id = id;
+      it = outputs->end() - 1;
     }
     if (!it->finished) {
       auto rq = requests_.find(id);
@@ -425,7 +475,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       it->finish_reason = engine::FinishReason::kLength;
     }
   }
-  for (RequestOutput& out : outputs) {
+  for (RequestOutput& out : *outputs) {
     if (!out.finished) continue;
     auto rq = requests_.find(out.id);
     if (rq != requests_.end() && rq->second->detok != nullptr &&
@@ -435,7 +485,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     requests_.erase(out.id);
     if (proposer_ != nullptr) proposer_->Release(out.id);
   }
-  return outputs;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ExportedState> Engine::ExportState(RequestId id) {

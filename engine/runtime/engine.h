@@ -2,13 +2,20 @@
 // step over everything the scheduler planned.
 //
 //   AddRequest(id, prompt, params) → Scheduler::Submit
-//   Step():
-//     Scheduler::Schedule() → StepPlan (decodes first, then prefill chunks)
-//     → reset the KDA slot of sequences starting at position 0
-//     → ModelRunner::Forward over all planned sequences (one batch)
-//     → per sampling sequence: Sampler (seeded per request) → detokenise
-//       (IncrementalDetokenizer, when a tokenizer is given) → StopChecker
-//     → Scheduler::CompleteStep (frees finished sequences' blocks and slot)
+//   Step() = PlanStep → ForwardStep → SampleStep → FinishStep:
+//     PlanStep:    Scheduler::Schedule() → StepPlan (decodes first, then prefill
+//                  chunks) → drafts (ProposeDrafts) → per sequence (PlanInput):
+//                  reset the KDA slot of sequences starting at position 0, place
+//                  an imported state, the tokens to feed, KDA snapshot if drafts
+//     ForwardStep: ModelRunner::Forward over all planned sequences (one batch;
+//                  layer-progress reports for prefill entries)
+//     SampleStep:  per sampling sequence: Sampler (seeded per request; rows
+//                  without drafts up front in parallel, PresampleRows) or Verify
+//                  (drafts; KDA rollback on a partial acceptance) → Emit:
+//                  detokenise (IncrementalDetokenizer, when a tokenizer is given)
+//                  → StopChecker
+//     FinishStep:  Scheduler::CompleteStep (frees finished sequences' blocks and
+//                  slot) → length endings flushed → finished requests dropped
 //     → RequestOutput per sequence that produced a token or finished
 //   Abort(id) → Scheduler::Abort (blocks and slot freed at once)
 //   ExportState / AddPrefilledRequest: a sequence's complete state as byte ranges
@@ -31,6 +38,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -244,9 +252,24 @@ class Engine {
     int64_t num_generated() const { return tokens.size() - prompt.size(); }
   };
 
+  // The batch one Step() moves through its phases (engine.cc).
+  struct StepBatch;
+
   Engine() = default;
   absl::StatusOr<Request*> NewRequest(RequestId id, std::vector<int32_t> prompt,
                                       const engine::SamplingParams& params);
+  // Step()'s phases, in order. PlanStep: schedule, drafts, each sequence's input
+  // (PlanInput: entry i). ForwardStep: the batched forward into logits_.
+  // SampleStep: sample or verify each sampling sequence (PresampleRows: the rows
+  // without drafts, in parallel), appending outputs and the scheduler's outcomes.
+  // FinishStep: the scheduler completes the step; finished requests go.
+  absl::Status PlanStep(StepBatch* batch);
+  absl::Status PlanInput(size_t i, StepBatch* batch);
+  absl::Status ForwardStep(const StepBatch& batch);
+  std::vector<std::optional<absl::StatusOr<engine::SampleResult>>> PresampleRows(
+      const StepBatch& batch);
+  absl::Status SampleStep(StepBatch* batch, std::vector<RequestOutput>* outputs);
+  absl::Status FinishStep(const StepBatch& batch, std::vector<RequestOutput>* outputs);
   // Samples `r`'s next token from its `logits` row with `sampler` (scratch of
   // the calling thread); reads only `r`'s parameters, history and position.
   static absl::StatusOr<engine::SampleResult> SampleNext(
