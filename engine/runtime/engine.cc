@@ -7,8 +7,8 @@
 #include <utility>
 
 #include "common/status.h"
+#include "engine/runtime/draft_model_proposer.h"
 #include "engine/sampling/rejection_sampler.h"
-#include "engine/speculative/draft_model_proposer.h"
 
 namespace tandem::engine {
 namespace {
@@ -122,12 +122,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
       if (so.draft_weights == nullptr) {
         return InvalidArgument("speculative method 'draft' needs draft_weights");
       }
-      speculative::DraftModelOptions dopt;
+      DraftModelOptions dopt;
       dopt.num_slots = sc.num_slots;
       dopt.block_size = sc.block_size;
       dopt.max_context_tokens = sc.max_context_tokens + so.num_speculative_tokens;
       dopt.mla_mode = options.mla_mode;
-      TANDEM_ASSIGN_OR_RETURN(e->proposer_, speculative::DraftModelProposer::Create(
+      TANDEM_ASSIGN_OR_RETURN(e->proposer_, DraftModelProposer::Create(
                                                 so.draft_weights, backend,
                                                 weights->config.text.vocab_size, dopt));
       break;

@@ -15,10 +15,10 @@
 
 #include "engine/model/bf16.h"
 #include "engine/model/checkpoint.h"
+#include "engine/runtime/draft_model_proposer.h"
 #include "engine/runtime/engine.h"
 #include "engine/runtime/test_util.h"
 #include "engine/sampling/sampler.h"
-#include "engine/speculative/draft_model_proposer.h"
 #include "gtest/gtest.h"
 
 namespace tandem::engine {
@@ -236,7 +236,9 @@ TEST(SpeculativeEngineTest, SeededSamplingWithMismatchedDraftIsValidAndReproduci
       EXPECT_EQ(a[i], b[i]);
       for (int32_t t : a[i]) EXPECT_TRUE(t >= 0 && t < V);
     }
-    if (m == SpeculativeMethod::kDraft) EXPECT_GT(st.drafted_tokens, 0);
+    if (m == SpeculativeMethod::kDraft) {
+      EXPECT_GT(st.drafted_tokens, 0);
+    }
   }
 }
 
@@ -487,7 +489,7 @@ TEST(SpeculativeEngineTest, NoLeaksThroughPreemptionAndAborts) {
     EXPECT_EQ(r.engine->num_free_blocks(), blocks);
     EXPECT_EQ(r.engine->num_free_slots(), o.num_slots);
     if (m == SpeculativeMethod::kDraft) {
-      auto* d = static_cast<speculative::DraftModelProposer*>(r.engine->proposer());
+      auto* d = static_cast<DraftModelProposer*>(r.engine->proposer());
       EXPECT_EQ(d->num_sequences(), 0);
       EXPECT_EQ(d->num_free_slots(), o.num_slots);
     }

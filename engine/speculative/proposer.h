@@ -10,8 +10,9 @@
 //   request ends (finish, abort, preemption) → Proposer::Release(id)
 //
 // Implementations: NgramProposer (prompt lookup in the sequence's own history,
-// deterministic), DraftModelProposer (a smaller model of the same architecture
-// and tokenizer with its own cache).
+// deterministic; here), engine::DraftModelProposer (a smaller model of the same
+// architecture and tokenizer with its own cache; engine/runtime, since it runs a
+// ModelRunner). This package includes nothing from engine/runtime.
 #ifndef TANDEM_ENGINE_SPECULATIVE_PROPOSER_H_
 #define TANDEM_ENGINE_SPECULATIVE_PROPOSER_H_
 

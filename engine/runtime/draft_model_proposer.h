@@ -22,8 +22,8 @@
 // and speculation reproduces the non-speculative output (up to floating-point
 // differences between the batched forms).
 // Not thread-safe: the engine's thread owns it.
-#ifndef TANDEM_ENGINE_SPECULATIVE_DRAFT_MODEL_PROPOSER_H_
-#define TANDEM_ENGINE_SPECULATIVE_DRAFT_MODEL_PROPOSER_H_
+#ifndef TANDEM_ENGINE_RUNTIME_DRAFT_MODEL_PROPOSER_H_
+#define TANDEM_ENGINE_RUNTIME_DRAFT_MODEL_PROPOSER_H_
 
 #include <cstdint>
 #include <memory>
@@ -42,7 +42,7 @@
 #include "engine/speculative/proposer.h"
 #include "kernels/backend.h"
 
-namespace tandem::speculative {
+namespace tandem::engine {
 
 struct DraftModelOptions {
   int32_t num_slots = 8;  // sequences drafted at once (the engine's slots)
@@ -53,7 +53,7 @@ struct DraftModelOptions {
   engine::MlaMode mla_mode = engine::MlaMode::kAuto;
 };
 
-class DraftModelProposer : public Proposer {
+class DraftModelProposer : public speculative::Proposer {
  public:
   // weights and backend are not owned and must outlive the proposer.
   // `target_vocab_size`: the draft must share the target's vocabulary.
@@ -61,8 +61,8 @@ class DraftModelProposer : public Proposer {
       const engine::ModelWeights* weights, kernels::Backend* backend,
       int64_t target_vocab_size, const DraftModelOptions& options);
 
-  absl::Status Propose(absl::Span<const ProposeRequest> requests,
-                       std::vector<Proposal>* proposals) override;
+  absl::Status Propose(absl::Span<const speculative::ProposeRequest> requests,
+                       std::vector<speculative::Proposal>* proposals) override;
   void OnAccepted(int64_t id, int32_t num_accepted, int32_t next_token) override;
   void Release(int64_t id) override;
   absl::string_view name() const override { return "draft"; }
@@ -103,6 +103,6 @@ class DraftModelProposer : public Proposer {
   int64_t forward_passes_ = 0;
 };
 
-}  // namespace tandem::speculative
+}  // namespace tandem::engine
 
-#endif  // TANDEM_ENGINE_SPECULATIVE_DRAFT_MODEL_PROPOSER_H_
+#endif  // TANDEM_ENGINE_RUNTIME_DRAFT_MODEL_PROPOSER_H_

@@ -3,14 +3,14 @@
 // the draft state back exactly (the next proposal equals a fresh proposer's),
 // random drafts come with their distribution rows, and Release frees the
 // draft's slot and blocks.
-#include "engine/speculative/draft_model_proposer.h"
+#include "engine/runtime/draft_model_proposer.h"
 
 #include <vector>
 
 #include "engine/runtime/test_util.h"
 #include "gtest/gtest.h"
 
-namespace tandem::speculative {
+namespace tandem::engine {
 namespace {
 
 using engine::testing::BlockRange;
@@ -33,9 +33,10 @@ std::unique_ptr<DraftModelProposer> MakeProposer(kernels::Backend* backend,
   return std::move(p).value();
 }
 
-ProposeRequest Req(int64_t id, const std::vector<int32_t>& tokens, int32_t k,
-                   const engine::SamplingParams* params, int64_t prompt_len) {
-  ProposeRequest r;
+speculative::ProposeRequest Req(int64_t id, const std::vector<int32_t>& tokens,
+                                int32_t k, const engine::SamplingParams* params,
+                                int64_t prompt_len) {
+  speculative::ProposeRequest r;
   r.id = id;
   r.tokens = tokens;
   r.num_prompt_tokens = prompt_len;
@@ -59,7 +60,7 @@ TEST(DraftModelProposerTest, GreedyDraftsEqualTheModelsGreedyContinuation) {
   // next proposal continues from the target's bonus token.
   std::vector<int32_t> h = prompt;
   h.push_back((*want)[0]);
-  std::vector<Proposal> out;
+  std::vector<speculative::Proposal> out;
   ASSERT_TRUE(p->Propose({Req(1, h, 4, &greedy, prompt.size())}, &out).ok());
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].tokens, std::vector<int32_t>(want->begin() + 1, want->begin() + 5));
@@ -75,7 +76,7 @@ TEST(DraftModelProposerTest, RejectionRollsTheDraftStateBack) {
   const std::vector<int32_t> prompt = MakePrompt(30, 6);
   engine::SamplingParams greedy;
   auto p = MakeProposer(backend.get());
-  std::vector<Proposal> out;
+  std::vector<speculative::Proposal> out;
   ASSERT_TRUE(p->Propose({Req(3, prompt, 5, &greedy, 29)}, &out).ok());
   ASSERT_EQ(out[0].tokens.size(), 5u);
   // Accept 1 draft; the target chose another token than draft 2.
@@ -84,7 +85,7 @@ TEST(DraftModelProposerTest, RejectionRollsTheDraftStateBack) {
   std::vector<int32_t> h = prompt;
   h.push_back(out[0].tokens[0]);
   h.push_back(other);
-  std::vector<Proposal> got, fresh;
+  std::vector<speculative::Proposal> got, fresh;
   ASSERT_TRUE(p->Propose({Req(3, h, 4, &greedy, 29)}, &got).ok());
   auto q = MakeProposer(backend.get());
   ASSERT_TRUE(q->Propose({Req(3, h, 4, &greedy, 29)}, &fresh).ok());
@@ -120,7 +121,7 @@ TEST(DraftModelProposerTest, RandomDraftsCarryTheirDistribution) {
   sp.top_k = 20;
   sp.seed = 77;
   const std::vector<int32_t> prompt = MakePrompt(12, 7);
-  std::vector<Proposal> out;
+  std::vector<speculative::Proposal> out;
   ASSERT_TRUE(p->Propose({Req(9, prompt, 3, &sp, 11)}, &out).ok());
   ASSERT_EQ(out[0].tokens.size(), 3u);
   ASSERT_EQ(out[0].probs.size(), static_cast<size_t>(3 * V));
@@ -137,7 +138,7 @@ TEST(DraftModelProposerTest, RandomDraftsCarryTheirDistribution) {
   }
   // Same seed, fresh proposer: the same drafts.
   auto q = MakeProposer(backend.get());
-  std::vector<Proposal> again;
+  std::vector<speculative::Proposal> again;
   ASSERT_TRUE(q->Propose({Req(9, prompt, 3, &sp, 11)}, &again).ok());
   EXPECT_EQ(again[0].tokens, out[0].tokens);
 }
@@ -149,9 +150,9 @@ TEST(DraftModelProposerTest, SlotsAreBoundedAndReleased) {
   engine::SamplingParams greedy;
   std::vector<std::vector<int32_t>> prompts = {MakePrompt(5, 1), MakePrompt(40, 2),
                                                MakePrompt(7, 3)};
-  std::vector<ProposeRequest> reqs;
+  std::vector<speculative::ProposeRequest> reqs;
   for (int i = 0; i < 3; ++i) reqs.push_back(Req(i, prompts[i], 2, &greedy, 1));
-  std::vector<Proposal> out;
+  std::vector<speculative::Proposal> out;
   ASSERT_TRUE(p->Propose(reqs, &out).ok());
   EXPECT_EQ(out[0].tokens.size(), 2u);
   EXPECT_EQ(out[1].tokens.size(), 2u);
@@ -179,4 +180,4 @@ TEST(DraftModelProposerTest, RejectsAnotherVocabulary) {
 }
 
 }  // namespace
-}  // namespace tandem::speculative
+}  // namespace tandem::engine

@@ -1,4 +1,4 @@
-#include "engine/speculative/draft_model_proposer.h"
+#include "engine/runtime/draft_model_proposer.h"
 
 #include <algorithm>
 #include <utility>
@@ -7,7 +7,7 @@
 #include "engine/sampling/counter_rng.h"
 #include "engine/sampling/rejection_sampler.h"
 
-namespace tandem::speculative {
+namespace tandem::engine {
 
 DraftModelProposer::DraftModelProposer(const engine::ModelWeights* weights,
                                        const DraftModelOptions& o)
@@ -82,10 +82,11 @@ absl::Status DraftModelProposer::Sync(Seq* s, absl::Span<const int32_t> tokens) 
   return absl::OkStatus();
 }
 
-absl::Status DraftModelProposer::Propose(absl::Span<const ProposeRequest> requests,
-                                         std::vector<Proposal>* proposals) {
+absl::Status DraftModelProposer::Propose(
+    absl::Span<const speculative::ProposeRequest> requests,
+    std::vector<speculative::Proposal>* proposals) {
   const int64_t V = weights_->config.text.vocab_size;
-  proposals->assign(requests.size(), Proposal{});
+  proposals->assign(requests.size(), speculative::Proposal{});
   struct Work {
     size_t req;
     Seq* seq;
@@ -96,7 +97,7 @@ absl::Status DraftModelProposer::Propose(absl::Span<const ProposeRequest> reques
   };
   std::vector<Work> work;
   for (size_t i = 0; i < requests.size(); ++i) {
-    const ProposeRequest& rq = requests[i];
+    const speculative::ProposeRequest& rq = requests[i];
     const int64_t len = static_cast<int64_t>(rq.tokens.size());
     if (rq.max_drafts <= 0 || len == 0) continue;
     // Positions written: up to len + k - 2; the table reserves len + k - 1.
@@ -120,7 +121,7 @@ absl::Status DraftModelProposer::Propose(absl::Span<const ProposeRequest> reques
   std::vector<float> q;
   engine::SamplingParams greedy;
   auto choose = [&](Work& w, absl::Span<const float> row, int32_t j) -> absl::Status {
-    const ProposeRequest& rq = requests[w.req];
+    const speculative::ProposeRequest& rq = requests[w.req];
     const engine::SamplingParams* params = rq.params != nullptr ? rq.params : &greedy;
     const bool penalties = params->HasPenalties() && rq.history != nullptr;
     engine::SampleRequest sr;
@@ -130,7 +131,7 @@ absl::Status DraftModelProposer::Propose(absl::Span<const ProposeRequest> reques
     const int64_t position = w.generated + j;
     if (position < params->min_tokens) sr.suppressed_tokens = rq.suppressed_tokens;
     sr.position = position;
-    Proposal& out = (*proposals)[w.req];
+    speculative::Proposal& out = (*proposals)[w.req];
     int32_t token = 0;
     if (params->IsGreedy()) {
       TANDEM_ASSIGN_OR_RETURN(engine::SampleResult res, sampler_->Sample(sr));
@@ -153,7 +154,7 @@ absl::Status DraftModelProposer::Propose(absl::Span<const ProposeRequest> reques
   std::vector<float> logits;
   inputs.reserve(work.size());
   for (const Work& w : work) {
-    const ProposeRequest& rq = requests[w.req];
+    const speculative::ProposeRequest& rq = requests[w.req];
     engine::SequenceInput in;
     const int64_t start = static_cast<int64_t>(w.seq->cached.size());
     in.tokens = rq.tokens.subspan(start);
@@ -233,4 +234,4 @@ void DraftModelProposer::Release(int64_t id) {
   seqs_.erase(it);
 }
 
-}  // namespace tandem::speculative
+}  // namespace tandem::engine
