@@ -100,6 +100,7 @@ absl::Status Scheduler::Submit(const SequenceRequest& r) {
     limit = std::min(limit, r.num_prompt_tokens + r.max_new_tokens);
   }
   seq->max_total_tokens = limit;
+  seq->num_prompt_tokens = r.num_prompt_tokens;
   seqs_.emplace(r.id, std::move(seq));
   waiting_.push_back(r.id);
   return absl::OkStatus();
@@ -107,6 +108,12 @@ absl::Status Scheduler::Submit(const SequenceRequest& r) {
 
 absl::Status Scheduler::AdmitPrefilled(const SequenceRequest& r,
                                        int64_t num_generated_tokens) {
+  TANDEM_RETURN_IF_ERROR(Reserve(r, num_generated_tokens));
+  return AdmitReserved(r.id, r.max_new_tokens);
+}
+
+absl::Status Scheduler::Reserve(const SequenceRequest& r,
+                                int64_t num_generated_tokens) {
   if (num_generated_tokens < 1) {
     return InvalidArgument("a prefilled sequence has generated >= 1 token");
   }
@@ -124,9 +131,10 @@ absl::Status Scheduler::AdmitPrefilled(const SequenceRequest& r,
                                 " tokens exceeds its limit of ",
                                 seq->max_total_tokens));
   }
-  if (num_running() >= config_.max_running) {
+  if (num_running() + num_reserved() >= config_.max_running) {
     return undo(ResourceExhausted("running cap of ", config_.max_running,
-                                  " sequences reached"));
+                                  " sequences reached (", num_reserved(),
+                                  " of them reserved)"));
   }
   absl::StatusOr<SlotId> slot = slots_.Acquire();
   if (!slot.ok()) return undo(slot.status());
@@ -139,8 +147,33 @@ absl::Status Scheduler::AdmitPrefilled(const SequenceRequest& r,
   }
   seq->num_computed = seq->num_tokens - 1;
   seq->prefill_done = true;
+  seq->state = SequenceState::kReserved;
+  reserved_.insert(r.id);
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::AdmitReserved(SequenceId id, int64_t max_new_tokens) {
+  Sequence* seq = Find(id);
+  if (seq == nullptr) return NotFound("no sequence ", id);
+  if (seq->state != SequenceState::kReserved) {
+    return FailedPrecondition("sequence ", id, " is not reserved");
+  }
+  if (max_new_tokens < 0) {
+    return InvalidArgument("max_new_tokens must be >= 0, got ", max_new_tokens);
+  }
+  if (max_new_tokens > 0) {
+    // Counted from the prompt, as Submit counts it.
+    const int64_t limit =
+        std::min(seq->max_total_tokens, seq->num_prompt_tokens + max_new_tokens);
+    if (seq->num_tokens > limit) {
+      return InvalidArgument("sequence of ", seq->num_tokens,
+                             " tokens exceeds its limit of ", limit);
+    }
+    seq->max_total_tokens = limit;
+  }
+  reserved_.erase(id);
   seq->state = SequenceState::kRunning;
-  running_.push_back(r.id);
+  running_.push_back(id);
   return absl::OkStatus();
 }
 
@@ -157,6 +190,8 @@ void Scheduler::Erase(SequenceId id) {
   ReleaseResources(seq);
   if (seq->state == SequenceState::kRunning) {
     running_.erase(std::find(running_.begin(), running_.end(), id));
+  } else if (seq->state == SequenceState::kReserved) {
+    reserved_.erase(id);
   } else {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
   }
@@ -381,9 +416,9 @@ absl::StatusOr<int64_t> Scheduler::Room(SequenceId id) const {
 absl::Status Scheduler::CheckInvariants() const {
   TANDEM_RETURN_IF_ERROR(blocks_.CheckInvariants());
   TANDEM_RETURN_IF_ERROR(slots_.CheckInvariants());
-  if (running_.size() + waiting_.size() != seqs_.size()) {
-    return Internal(running_.size(), " running + ", waiting_.size(),
-                    " waiting != ", seqs_.size(), " sequences");
+  if (running_.size() + waiting_.size() + reserved_.size() != seqs_.size()) {
+    return Internal(running_.size(), " running + ", waiting_.size(), " waiting + ",
+                    reserved_.size(), " reserved != ", seqs_.size(), " sequences");
   }
   int64_t blocks_held = 0;
   absl::flat_hash_set<BlockId> seen;
@@ -410,6 +445,26 @@ absl::Status Scheduler::CheckInvariants() const {
     }
     blocks_held += seq->table.blocks().size();
   }
+  for (SequenceId id : reserved_) {
+    const Sequence* seq = Find(id);
+    if (seq == nullptr || seq->state != SequenceState::kReserved) {
+      return Internal("reserved set holds sequence ", id, " not reserved");
+    }
+    if (!slots_.in_use(seq->slot)) {
+      return Internal("reserved sequence ", id, " has no slot");
+    }
+    if (seq->table.num_tokens() != seq->num_computed ||
+        seq->num_computed != seq->num_tokens - 1) {
+      return Internal("reserved sequence ", id, " holds ", seq->table.num_tokens(),
+                      " positions for ", seq->num_tokens, " tokens");
+    }
+    for (BlockId b : seq->table.blocks()) {
+      if (!seen.insert(b).second) {
+        return Internal("block ", b, " is in two sequences");
+      }
+    }
+    blocks_held += seq->table.blocks().size();
+  }
   for (SequenceId id : waiting_) {
     const Sequence* seq = Find(id);
     if (seq == nullptr || seq->state != SequenceState::kWaiting) {
@@ -423,9 +478,9 @@ absl::Status Scheduler::CheckInvariants() const {
     return Internal("sequences hold ", blocks_held, " blocks, allocator has ",
                     blocks_.num_used(), " in use");
   }
-  if (static_cast<int32_t>(running_.size()) != slots_.num_used()) {
-    return Internal(running_.size(), " running but ", slots_.num_used(),
-                    " slots in use");
+  if (static_cast<int32_t>(running_.size() + reserved_.size()) != slots_.num_used()) {
+    return Internal(running_.size(), " running and ", reserved_.size(),
+                    " reserved but ", slots_.num_used(), " slots in use");
   }
   return absl::OkStatus();
 }

@@ -15,6 +15,9 @@
 //   are freed and it goes back to the FRONT of the waiting queue with all its
 //   tokens (prompt + generated) as the new prompt. No admissions happen in a
 //   step that preempted.
+// Reserve(): a sequence whose state a peer writes in place (the decode worker's
+//   reservation) holds its blocks and slot, RESERVED, outside both queues:
+//   never scheduled, never preempted, until AdmitReserved() makes it running.
 // The scheduler tracks token counts only; the engine owns the token ids.
 // Not thread-safe: one engine loop drives it.
 #ifndef TANDEM_ENGINE_SCHEDULER_SCHEDULER_H_
@@ -108,7 +111,9 @@ struct SequenceOutcome {
   bool finished = false;
 };
 
-enum class SequenceState { kWaiting, kRunning };
+// kReserved: holds blocks and a slot for state written in place (Reserve), not
+// schedulable until AdmitReserved.
+enum class SequenceState { kWaiting, kRunning, kReserved };
 
 class Scheduler {
  public:
@@ -123,9 +128,21 @@ class Scheduler {
   // prefill): it already generated num_generated_tokens (>= 1) and needs KV
   // blocks for all positions but the last token's, plus a slot, now.
   // ResourceExhausted when they are not available. Blocks(id) then tells where
-  // the transferred KV goes.
+  // the transferred KV goes. Reserve + AdmitReserved in one call.
   absl::Status AdmitPrefilled(const SequenceRequest& request,
                               int64_t num_generated_tokens);
+
+  // Holds, for a sequence whose state a peer will write in place, the KV blocks
+  // of all positions but the last token's and a slot: RESERVED. A reserved
+  // sequence is never scheduled or preempted; it counts against max_running
+  // (so that its admission cannot fail on the cap). AdmitReserved makes it
+  // running (decoding, nothing to prefill); Abort frees it. The errors of
+  // AdmitPrefilled; request.max_new_tokens may be 0 (known at admission).
+  absl::Status Reserve(const SequenceRequest& request, int64_t num_generated_tokens);
+  // RESERVED → running. max_new_tokens (0: up to the context limit) bounds it
+  // from now on; InvalidArgument when the sequence already exceeds it (it stays
+  // reserved), NotFound / FailedPrecondition when `id` is not reserved.
+  absl::Status AdmitReserved(SequenceId id, int64_t max_new_tokens);
 
   // Plans the next step. FailedPrecondition if the previous plan was not
   // completed.
@@ -150,6 +167,7 @@ class Scheduler {
   absl::StatusOr<int64_t> Room(SequenceId id) const;
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  int32_t num_reserved() const { return static_cast<int32_t>(reserved_.size()); }
   int32_t num_free_blocks() const { return blocks_.num_free(); }
   int32_t num_free_slots() const { return slots_.num_free(); }
   int64_t num_preemptions() const { return num_preemptions_; }
@@ -168,6 +186,7 @@ class Scheduler {
     SequenceState state = SequenceState::kWaiting;
     SlotId slot = -1;
     BlockTable table;
+    int64_t num_prompt_tokens = 0;  // as submitted (max_new_tokens counts from it)
   };
 
   explicit Scheduler(const SchedulerConfig& config);
@@ -193,6 +212,7 @@ class Scheduler {
   absl::flat_hash_map<SequenceId, std::unique_ptr<Sequence>> seqs_;
   std::deque<SequenceId> waiting_;
   std::vector<SequenceId> running_;  // admission order
+  absl::flat_hash_set<SequenceId> reserved_;
   bool step_in_flight_ = false;
   // Aborted while the current step is in flight: their plan entries are
   // ignored, and their ids may not be reused until CompleteStep.

@@ -362,6 +362,85 @@ TEST(SchedulerTest, AdmitPrefilledReservesBlocksForTheTransfer) {
   EXPECT_TRUE(s->CheckInvariants().ok());
 }
 
+// A reserved sequence holds its blocks and slot but is never scheduled and
+// never preempted; admitted, it decodes at once.
+TEST(SchedulerTest, ReservedIsNeitherScheduledNorPreemptedUntilAdmitted) {
+  auto s = Make(Config(6, 4, 16));
+  ASSERT_TRUE(s->Reserve({7, 10}, 1).ok());  // 10 positions: 3 blocks
+  EXPECT_EQ(*s->State(7), SequenceState::kReserved);
+  EXPECT_EQ(s->Blocks(7)->size(), 3u);
+  EXPECT_EQ(s->num_reserved(), 1);
+  EXPECT_EQ(s->num_running(), 0);
+  EXPECT_EQ(s->num_free_blocks(), 3);
+  EXPECT_EQ(s->num_free_slots(), 7);
+  ASSERT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
+  // A sequence that runs out of blocks preempts itself, never the reservation.
+  ASSERT_TRUE(s->Submit({1, 12}).ok());  // 12 + growth > the 3 free blocks
+  auto p = s->Schedule();
+  ASSERT_TRUE(p.ok());
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 0, 12, true}));
+  Complete(*s, *p);
+  p = s->Schedule();  // sequence 1 needs a 4th block: none free
+  ASSERT_TRUE(p.ok());
+  EXPECT_THAT(p->preempted, ElementsAre(1));
+  EXPECT_THAT(Entries(*p), IsEmpty());
+  Complete(*s, *p);
+  EXPECT_EQ(*s->State(7), SequenceState::kReserved);
+  EXPECT_EQ(s->Blocks(7)->size(), 3u);
+  ASSERT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
+  // Admitted: decodes from position 10, and its limit is the one given now.
+  ASSERT_TRUE(s->AdmitReserved(7, 2).ok());
+  EXPECT_EQ(*s->State(7), SequenceState::kRunning);
+  EXPECT_EQ(s->num_reserved(), 0);
+  EXPECT_EQ(*s->Room(7), 1);  // 10 + 2 allowed, 11 known
+  ASSERT_TRUE(s->Abort(1).ok());
+  p = s->Schedule();
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{7, 10, 11, true}));
+  EXPECT_FALSE(p->sequences[0].resets_state);  // the landed state stays
+  auto ended = s->CompleteStep(*p, {{7, 1, false}});
+  ASSERT_TRUE(ended.ok());
+  EXPECT_THAT(*ended, ElementsAre(7));  // reached 10 + 2 tokens
+  EXPECT_EQ(s->num_free_blocks(), 6);
+  EXPECT_TRUE(s->CheckInvariants().ok());
+}
+
+TEST(SchedulerTest, ReserveErrorsAndAbort) {
+  auto s = Make(Config(6, 4, 16));
+  EXPECT_EQ(s->Reserve({1, 30}, 1).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(s->Reserve({1, 10}, 1).ok());
+  EXPECT_EQ(s->Reserve({1, 4}, 1).code(), absl::StatusCode::kAlreadyExists);
+  // 3 blocks left: 16 positions need 4.
+  EXPECT_EQ(s->Reserve({2, 16}, 1).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(s->Contains(2));
+  EXPECT_EQ(s->AdmitReserved(2, 0).code(), absl::StatusCode::kNotFound);
+  // Admitted once: not reserved any more.
+  EXPECT_TRUE(s->AdmitReserved(1, 0).ok());
+  EXPECT_EQ(s->AdmitReserved(1, 0).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(s->Reserve({3, 4}, 1).ok());
+  EXPECT_EQ(s->AdmitReserved(3, -1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(*s->State(3), SequenceState::kReserved);
+  // Abort frees a reservation at once.
+  ASSERT_TRUE(s->Abort(3).ok());
+  EXPECT_FALSE(s->Contains(3));
+  EXPECT_EQ(s->num_reserved(), 0);
+  EXPECT_EQ(s->num_free_blocks(), 3);
+  EXPECT_EQ(s->num_free_slots(), 7);
+  EXPECT_TRUE(s->CheckInvariants().ok());
+}
+
+TEST(SchedulerTest, ReservationsCountAgainstTheRunningCap) {
+  SchedulerConfig c = Config(16, 4, 16);
+  c.max_running = 2;
+  auto s = Make(c);
+  ASSERT_TRUE(s->Reserve({1, 4}, 1).ok());
+  ASSERT_TRUE(s->AdmitPrefilled({2, 4}, 1).ok());
+  EXPECT_EQ(s->Reserve({3, 4}, 1).code(), absl::StatusCode::kResourceExhausted);
+  // Admission of the reserved one cannot fail on the cap.
+  EXPECT_TRUE(s->AdmitReserved(1, 0).ok());
+  EXPECT_EQ(s->num_running(), 2);
+  EXPECT_TRUE(s->CheckInvariants().ok());
+}
+
 TEST(SchedulerTest, ScheduleAndCompleteMustAlternate) {
   auto s = Make(Config(8, 4, 8));
   ASSERT_TRUE(s->Submit({1, 3}).ok());
