@@ -12,17 +12,14 @@ namespace tandem::parallel {
 namespace {
 
 // (name, total) of every dimension a TP group splits.
-std::vector<std::pair<std::string, int64_t>> SplitDims(
-    const model::ModelConfig& config) {
-  const model::TextConfig& t = config.text;
+std::vector<std::pair<std::string, int64_t>> SplitDims(const ShardDims& dims) {
   return {
-      {"linear_attn_config.num_heads", t.linear_attn_config.num_heads},
-      {"num_attention_heads", t.num_attention_heads},
-      {"intermediate_size", t.intermediate_size},
-      {"moe_intermediate_size * num_shared_experts",
-       t.moe_intermediate_size * t.num_shared_experts},
-      {"num_experts", t.num_experts},
-      {"vocab_size", t.vocab_size},
+      {"linear_attn_config.num_heads", dims.kda_heads},
+      {"num_attention_heads", dims.mla_heads},
+      {"intermediate_size", dims.dense_rows},
+      {"moe_intermediate_size * num_shared_experts", dims.shared_rows},
+      {"num_experts", dims.num_experts},
+      {"vocab_size", dims.vocab_size},
   };
 }
 
@@ -32,12 +29,12 @@ Range EvenBlock(int64_t total, TpShard shard) {
   return Range{total * shard.rank / shard.size, total * (shard.rank + 1) / shard.size};
 }
 
-absl::Status CheckTpSize(const model::ModelConfig& config, int size) {
+absl::Status CheckTpSize(const ShardDims& dims, int size) {
   if (size < 1) {
     return InvalidArgument("tensor-parallel size must be >= 1, got ", size);
   }
   std::vector<std::string> bad;
-  for (const auto& [name, total] : SplitDims(config)) {
+  for (const auto& [name, total] : SplitDims(dims)) {
     if (total % size != 0) bad.push_back(absl::StrCat(name, " = ", total));
   }
   if (!bad.empty()) {
@@ -47,34 +44,33 @@ absl::Status CheckTpSize(const model::ModelConfig& config, int size) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<RankLayout> LayoutForRank(const model::ModelConfig& config,
-                                         TpShard shard) {
-  TANDEM_RETURN_IF_ERROR(CheckTpSize(config, shard.size));
+absl::StatusOr<RankShard> ShardForRank(const ShardDims& dims, TpShard shard) {
+  TANDEM_RETURN_IF_ERROR(CheckTpSize(dims, shard.size));
   if (shard.rank < 0 || shard.rank >= shard.size) {
     return InvalidArgument("tensor-parallel rank ", shard.rank, " is outside [0, ",
                            shard.size, ")");
   }
-  const model::TextConfig& t = config.text;
-  RankLayout layout;
-  layout.shard = shard;
-  layout.kda_heads = EvenBlock(t.linear_attn_config.num_heads, shard);
-  layout.kda_channels = Range{layout.kda_heads.begin * t.linear_attn_config.head_dim,
-                              layout.kda_heads.end * t.linear_attn_config.head_dim};
-  layout.mla_heads = EvenBlock(t.num_attention_heads, shard);
-  layout.dense_rows = EvenBlock(t.intermediate_size, shard);
-  layout.shared_rows = EvenBlock(t.moe_intermediate_size * t.num_shared_experts, shard);
-  layout.vocab = EvenBlock(t.vocab_size, shard);
-  for (int64_t e = shard.rank; e < t.num_experts; e += shard.size) {
-    layout.experts.push_back(e);
+  RankShard owned;
+  owned.shard = shard;
+  owned.kda_heads = EvenBlock(dims.kda_heads, shard);
+  owned.kda_channels = Range{owned.kda_heads.begin * dims.kda_head_dim,
+                             owned.kda_heads.end * dims.kda_head_dim};
+  owned.mla_heads = EvenBlock(dims.mla_heads, shard);
+  owned.dense_rows = EvenBlock(dims.dense_rows, shard);
+  owned.shared_rows = EvenBlock(dims.shared_rows, shard);
+  owned.vocab = EvenBlock(dims.vocab_size, shard);
+  for (int64_t e = shard.rank; e < dims.num_experts; e += shard.size) {
+    owned.experts.push_back(e);
   }
-  return layout;
+  return owned;
 }
 
-absl::StatusOr<std::vector<KdaStateMove>> PlanKdaStateRelayout(
-    const model::ModelConfig& config, int prefill_tp, int decode_tp) {
-  TANDEM_RETURN_IF_ERROR(Annotate(CheckTpSize(config, prefill_tp), "prefill"));
-  TANDEM_RETURN_IF_ERROR(Annotate(CheckTpSize(config, decode_tp), "decode"));
-  const int64_t heads = config.text.linear_attn_config.num_heads;
+absl::StatusOr<std::vector<KdaStateMove>> PlanKdaStateRelayout(const ShardDims& dims,
+                                                               int prefill_tp,
+                                                               int decode_tp) {
+  TANDEM_RETURN_IF_ERROR(Annotate(CheckTpSize(dims, prefill_tp), "prefill"));
+  TANDEM_RETURN_IF_ERROR(Annotate(CheckTpSize(dims, decode_tp), "decode"));
+  const int64_t heads = dims.kda_heads;
   std::vector<KdaStateMove> moves;
   for (int d = 0; d < decode_tp; ++d) {
     const Range want = EvenBlock(heads, TpShard{d, decode_tp});

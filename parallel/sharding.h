@@ -1,6 +1,8 @@
 // Which part of the model each tensor-parallel rank owns: pure functions of
-// the model config and (rank, size), so they are table-tested and every rank,
-// the loader and the transfer planner compute the same answer.
+// the model's split dimensions (ShardDims) and (rank, size), so they are
+// table-tested and every rank, the loader and the transfer planner compute the
+// same answer. This package does not know the engine's model config: the
+// engine fills ShardDims from it (engine/runtime/shard_dims.h, ShardDimsOf).
 //
 // Splits (the ones engine/runtime/weights.h documents for ShardSpec):
 //   KDA heads, MLA heads, dense-MLP rows (intermediate_size), shared-expert rows
@@ -19,11 +21,14 @@
 // dimensions: an uneven split would unbalance the ranks and break the
 // equal-chunk all-gather.
 //
-// Prefill TP != decode TP is supported by re-layout (PlanKdaStateRelayout,
-// MlaLatentSources), not refused: KDA state is split by heads, so each decode
-// rank assembles its heads from the prefill ranks that own them; the MLA
-// latent cache is replicated, so each decode rank copies it whole from one
-// prefill rank.
+// Prefill TP != decode TP: the router refuses it today (a worker whose TP size
+// differs from a live worker of the other role fails registration,
+// router/worker_registry.cc), and the decode worker refuses such a Reserve.
+// The planner for a future re-layout is here (PlanKdaStateRelayout,
+// MlaLatentSources) but the hand-off does not use it yet: KDA state is split by
+// heads, so each decode rank would assemble its heads from the prefill ranks
+// that own them; the MLA latent cache is replicated, so each decode rank would
+// copy it whole from one prefill rank.
 #ifndef TANDEM_PARALLEL_SHARDING_H_
 #define TANDEM_PARALLEL_SHARDING_H_
 
@@ -32,7 +37,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/model/config.h"
 
 namespace tandem::parallel {
 
@@ -57,7 +61,22 @@ inline int ExpertOwner(int64_t expert, int size) {
   return static_cast<int>(expert % size);
 }
 
-struct RankLayout {
+// The model dimensions a TP group splits; each names the model-config field it
+// comes from (the errors below use those names).
+struct ShardDims {
+  int64_t kda_heads = 0;     // linear_attn_config.num_heads
+  int64_t kda_head_dim = 0;  // linear_attn_config.head_dim
+  int64_t mla_heads = 0;     // num_attention_heads
+  int64_t dense_rows = 0;    // intermediate_size
+  int64_t shared_rows = 0;   // moe_intermediate_size * num_shared_experts
+  int64_t num_experts = 0;   // num_experts (routed)
+  int64_t vocab_size = 0;    // vocab_size
+  bool operator==(const ShardDims&) const = default;
+};
+
+// What one rank owns. (Not kvtransfer::RankLayout, which is where a rank's
+// cache bytes are.)
+struct RankShard {
   TpShard shard;
   Range kda_heads;               // of linear_attn_config.num_heads
   Range kda_channels;            // kda_heads * head_dim: q/k/v/g_proj, f_b_proj, conv,
@@ -71,14 +90,13 @@ struct RankLayout {
   std::vector<int64_t> experts;  // owned routed experts, ascending
 };
 
-// OK when `size` divides every split of `config`; else INVALID_ARGUMENT naming
+// OK when `size` divides every split of `dims`; else INVALID_ARGUMENT naming
 // each dimension that does not divide, with its value.
-absl::Status CheckTpSize(const model::ModelConfig& config, int size);
+absl::Status CheckTpSize(const ShardDims& dims, int size);
 
-// The layout of `shard`; CheckTpSize's errors, or INVALID_ARGUMENT for a rank
+// What `shard` owns; CheckTpSize's errors, or INVALID_ARGUMENT for a rank
 // outside [0, size).
-absl::StatusOr<RankLayout> LayoutForRank(const model::ModelConfig& config,
-                                         TpShard shard);
+absl::StatusOr<RankShard> ShardForRank(const ShardDims& dims, TpShard shard);
 
 // One copy of a sequence's KDA state (recurrent state and conv tails, every
 // KDA layer) for heads [heads.begin, heads.end): from prefill rank `src` to
@@ -93,8 +111,9 @@ struct KdaStateMove {
 // The moves that give every decode rank exactly its heads, ordered by dst then
 // head; each move's heads lie inside one prefill rank's block. Equal sizes give
 // one move per rank (src == dst). Errors: either size fails CheckTpSize.
-absl::StatusOr<std::vector<KdaStateMove>> PlanKdaStateRelayout(
-    const model::ModelConfig& config, int prefill_tp, int decode_tp);
+absl::StatusOr<std::vector<KdaStateMove>> PlanKdaStateRelayout(const ShardDims& dims,
+                                                               int prefill_tp,
+                                                               int decode_tp);
 
 // The MLA latent cache is replicated: decode rank d copies it from prefill rank
 // d % prefill_tp (spreads the reads). Result[d] is that prefill rank; empty

@@ -3,7 +3,6 @@
 #include <string>
 #include <vector>
 
-#include "engine/model/make_checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -12,10 +11,35 @@ namespace {
 
 using ::testing::HasSubstr;
 
-model::ModelConfig Config(const std::string& name) {
-  if (name == "k3") return model::PublishedK3Config();
-  if (name == "mid") return model::MidConfig();
-  return model::TinyConfig();
+// The split dimensions of the engine's three configs, by hand (this package
+// knows no model config; engine/runtime:shard_dims_test checks that ShardDimsOf
+// gives exactly these for PublishedK3Config, MidConfig and TinyConfig).
+ShardDims Config(const std::string& name) {
+  if (name == "k3") {
+    return ShardDims{.kda_heads = 96,
+                     .kda_head_dim = 128,
+                     .mla_heads = 96,
+                     .dense_rows = 33792,
+                     .shared_rows = 2 * 3072,
+                     .num_experts = 896,
+                     .vocab_size = 163840};
+  }
+  if (name == "mid") {
+    return ShardDims{.kda_heads = 8,
+                     .kda_head_dim = 128,
+                     .mla_heads = 8,
+                     .dense_rows = 2816,
+                     .shared_rows = 2 * 512,
+                     .num_experts = 64,
+                     .vocab_size = 163840};
+  }
+  return ShardDims{.kda_heads = 4,
+                   .kda_head_dim = 16,
+                   .mla_heads = 4,
+                   .dense_rows = 128,
+                   .shared_rows = 2 * 64,
+                   .num_experts = 16,
+                   .vocab_size = 163840};
 }
 
 struct SizeCase {
@@ -72,7 +96,7 @@ class LayoutTest : public ::testing::TestWithParam<LayoutCase> {};
 
 TEST_P(LayoutTest, MatchesTable) {
   const LayoutCase& c = GetParam();
-  absl::StatusOr<RankLayout> l = LayoutForRank(Config(c.config), c.shard);
+  absl::StatusOr<RankShard> l = ShardForRank(Config(c.config), c.shard);
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_EQ(l->kda_heads, c.kda_heads);
   EXPECT_EQ(l->kda_channels, c.kda_channels);
@@ -146,42 +170,42 @@ INSTANTIATE_TEST_SUITE_P(Table, LayoutTest,
 // every expert has exactly one owner.
 TEST(LayoutTest, RanksPartitionEveryDimension) {
   for (const std::string name : {"k3", "mid", "tiny"}) {
-    const model::ModelConfig config = Config(name);
+    const ShardDims config = Config(name);
     for (int size : {1, 2, 4, 8}) {
       if (!CheckTpSize(config, size).ok()) continue;
-      std::vector<int> expert_owners(config.text.num_experts, 0);
+      std::vector<int> expert_owners(config.num_experts, 0);
       int64_t next_head = 0, next_vocab = 0, next_dense = 0;
       for (int r = 0; r < size; ++r) {
-        absl::StatusOr<RankLayout> l = LayoutForRank(config, {r, size});
+        absl::StatusOr<RankShard> l = ShardForRank(config, {r, size});
         ASSERT_TRUE(l.ok()) << l.status();
         EXPECT_EQ(l->kda_heads.begin, next_head) << name << " " << size;
-        EXPECT_EQ(l->kda_heads.size(), config.text.linear_attn_config.num_heads / size);
+        EXPECT_EQ(l->kda_heads.size(), config.kda_heads / size);
         next_head = l->kda_heads.end;
         EXPECT_EQ(l->vocab.begin, next_vocab);
         next_vocab = l->vocab.end;
         EXPECT_EQ(l->dense_rows.begin, next_dense);
         next_dense = l->dense_rows.end;
-        EXPECT_EQ(l->experts.size(), config.text.num_experts / size);
+        EXPECT_EQ(l->experts.size(), config.num_experts / size);
         for (int64_t e : l->experts) {
           ++expert_owners[e];
           EXPECT_EQ(ExpertOwner(e, size), r);
         }
       }
-      EXPECT_EQ(next_head, config.text.linear_attn_config.num_heads);
-      EXPECT_EQ(next_vocab, config.text.vocab_size);
-      EXPECT_EQ(next_dense, config.text.intermediate_size);
+      EXPECT_EQ(next_head, config.kda_heads);
+      EXPECT_EQ(next_vocab, config.vocab_size);
+      EXPECT_EQ(next_dense, config.dense_rows);
       for (int count : expert_owners) EXPECT_EQ(count, 1);
     }
   }
 }
 
 TEST(LayoutTest, RefusesRankOutsideGroupAndBadSize) {
-  const model::ModelConfig k3 = Config("k3");
-  EXPECT_EQ(LayoutForRank(k3, {8, 8}).status().code(),
+  const ShardDims k3 = Config("k3");
+  EXPECT_EQ(ShardForRank(k3, {8, 8}).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(LayoutForRank(k3, {-1, 8}).status().code(),
+  EXPECT_EQ(ShardForRank(k3, {-1, 8}).status().code(),
             absl::StatusCode::kInvalidArgument);
-  absl::Status s = LayoutForRank(k3, {0, 3}).status();
+  absl::Status s = ShardForRank(k3, {0, 3}).status();
   EXPECT_THAT(std::string(s.message()), HasSubstr("vocab_size = 163840"));
 }
 
@@ -230,8 +254,8 @@ INSTANTIATE_TEST_SUITE_P(
 // For every pair of valid sizes: each decode rank's moves tile its block in
 // order, and each move lies inside its source's block.
 TEST(RelayoutTest, MovesTileEveryDecodeBlock) {
-  const model::ModelConfig k3 = Config("k3");
-  const int64_t heads = k3.text.linear_attn_config.num_heads;
+  const ShardDims k3 = Config("k3");
+  const int64_t heads = k3.kda_heads;
   for (int p : {1, 2, 4, 8, 16}) {
     for (int d : {1, 2, 4, 8, 16}) {
       absl::StatusOr<std::vector<KdaStateMove>> moves = PlanKdaStateRelayout(k3, p, d);

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "common/status.h"
+#include "engine/runtime/shard_dims.h"
 #include "parallel/sharding.h"
 
 namespace tandem::engine {
@@ -51,7 +52,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(
                            options.num_blocks, ", num_slots ", options.num_slots,
                            " (block_size must be > 0, counts >= 0)");
   }
-  TANDEM_RETURN_IF_ERROR(parallel::CheckTpSize(config, options.tp_size));
+  TANDEM_RETURN_IF_ERROR(parallel::CheckTpSize(ShardDimsOf(config), options.tp_size));
   if (options.tp_rank < 0 || options.tp_rank >= options.tp_size) {
     return InvalidArgument("kv cache: tensor-parallel rank ", options.tp_rank,
                            " not in [0, ", options.tp_size, ")");

@@ -27,6 +27,7 @@
 #include "common/init.h"
 #include "common/status.h"
 #include "engine/model/checkpoint.h"
+#include "engine/runtime/shard_dims.h"
 #include "engine/runtime/tp_executor.h"
 #include "nlohmann/json.hpp"
 #include "parallel/sharding.h"
@@ -158,7 +159,8 @@ int main(int argc, char** argv) {
   nlohmann::json refused = nlohmann::json::array();
   Figures base;
   for (int tp : sizes) {
-    absl::Status ok = tandem::parallel::CheckTpSize((*ckpt)->config(), tp);
+    absl::Status ok = tandem::parallel::CheckTpSize(
+        tandem::engine::ShardDimsOf((*ckpt)->config()), tp);
     if (!ok.ok()) {
       std::fprintf(stderr, "TP %d: refused: %s\n", tp,
                    std::string(ok.message()).c_str());

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status.h"
+#include "engine/runtime/shard_dims.h"
 #include "kernels/backend_factory.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
@@ -104,7 +105,7 @@ absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::CreateLocal(
 absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::Create(
     const model::Checkpoint& checkpoint, const TpExecutorOptions& options) {
   const int n = options.tp_size;
-  TANDEM_RETURN_IF_ERROR(parallel::CheckTpSize(checkpoint.config(), n));
+  TANDEM_RETURN_IF_ERROR(parallel::CheckTpSize(ShardDimsOf(checkpoint.config()), n));
   if (options.fail_rank == 0 || options.fail_rank >= n) {
     return InvalidArgument("tp executor: fail_rank ", options.fail_rank,
                            " is not a rank thread (1..", n - 1, ")");

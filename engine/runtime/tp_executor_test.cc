@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "engine/model/make_checkpoint.h"
+#include "engine/runtime/shard_dims.h"
 #include "engine/runtime/test_util.h"
 #include "gtest/gtest.h"
 #include "parallel/sharding.h"
@@ -155,7 +156,7 @@ TEST(TpExecutorTest, Tp8MatchesTp1OnAnEightHeadVariant) {
   c.text.linear_attn_config.head_dim = 8;
   c.text.num_attention_heads = 8;
   c.text.num_key_value_heads = 8;
-  ASSERT_TRUE(parallel::CheckTpSize(c, 8).ok());
+  ASSERT_TRUE(parallel::CheckTpSize(ShardDimsOf(c), 8).ok());
   const char* tmp = std::getenv("TEST_TMPDIR");
   model::MakeCheckpointOptions mo;
   mo.out_dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/tiny8";

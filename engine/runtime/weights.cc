@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "engine/model/bf16.h"
+#include "engine/runtime/shard_dims.h"
 #include "parallel/sharding.h"
 
 namespace tandem::engine {
@@ -99,9 +100,9 @@ class Loader {
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
     const model::Checkpoint& checkpoint, ShardSpec shard) {
-  TANDEM_ASSIGN_OR_RETURN(
-      const parallel::RankLayout lay,
-      parallel::LayoutForRank(checkpoint.config(), {shard.rank, shard.size}));
+  TANDEM_ASSIGN_OR_RETURN(const parallel::RankShard lay,
+                          parallel::ShardForRank(ShardDimsOf(checkpoint.config()),
+                                                 {shard.rank, shard.size}));
   auto w = std::make_unique<ModelWeights>();
   w->config = checkpoint.config();
   w->shard = shard;

@@ -7,7 +7,7 @@
 //     small vectors only (norm gains, residual-mixer queries: H or fewer values
 //     each) are converted to fp32 copies, because the kernels take fp32 gains.
 //
-// Tensor parallelism (ShardSpec{rank r, size N}; parallel::LayoutForRank gives
+// Tensor parallelism (ShardSpec{rank r, size N}; parallel::ShardForRank gives
 // the ranges, sizes it refuses are refused here with its error). No weight is
 // ever copied to shard it: a row slice is a pointer offset into the mapping, a
 // column slice (o_proj, down) is a pointer offset plus the full tensor's leading

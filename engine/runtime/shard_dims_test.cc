@@ -1,0 +1,75 @@
+// ShardDimsOf on the engine's three configs gives exactly the dimensions that
+// parallel/sharding_test builds by hand (so its tables hold for the real
+// models), and the config's TP checks follow from them.
+#include "engine/runtime/shard_dims.h"
+
+#include <string>
+
+#include "engine/model/make_checkpoint.h"
+#include "gtest/gtest.h"
+
+namespace tandem::engine {
+namespace {
+
+TEST(ShardDimsTest, PublishedK3) {
+  const parallel::ShardDims want{.kda_heads = 96,
+                                 .kda_head_dim = 128,
+                                 .mla_heads = 96,
+                                 .dense_rows = 33792,
+                                 .shared_rows = 2 * 3072,
+                                 .num_experts = 896,
+                                 .vocab_size = 163840};
+  EXPECT_EQ(ShardDimsOf(model::PublishedK3Config()), want);
+}
+
+TEST(ShardDimsTest, Mid) {
+  const parallel::ShardDims want{.kda_heads = 8,
+                                 .kda_head_dim = 128,
+                                 .mla_heads = 8,
+                                 .dense_rows = 2816,
+                                 .shared_rows = 2 * 512,
+                                 .num_experts = 64,
+                                 .vocab_size = 163840};
+  EXPECT_EQ(ShardDimsOf(model::MidConfig()), want);
+}
+
+TEST(ShardDimsTest, Tiny) {
+  const parallel::ShardDims want{.kda_heads = 4,
+                                 .kda_head_dim = 16,
+                                 .mla_heads = 4,
+                                 .dense_rows = 128,
+                                 .shared_rows = 2 * 64,
+                                 .num_experts = 16,
+                                 .vocab_size = 163840};
+  EXPECT_EQ(ShardDimsOf(model::TinyConfig()), want);
+}
+
+TEST(ShardDimsTest, EachFieldComesFromItsConfigField) {
+  model::ModelConfig c = model::TinyConfig();
+  c.text.linear_attn_config.num_heads = 6;
+  c.text.linear_attn_config.head_dim = 7;
+  c.text.num_attention_heads = 10;
+  c.text.intermediate_size = 12;
+  c.text.moe_intermediate_size = 5;
+  c.text.num_shared_experts = 4;
+  c.text.num_experts = 14;
+  c.text.vocab_size = 18;
+  const parallel::ShardDims d = ShardDimsOf(c);
+  EXPECT_EQ(d.kda_heads, 6);
+  EXPECT_EQ(d.kda_head_dim, 7);
+  EXPECT_EQ(d.mla_heads, 10);
+  EXPECT_EQ(d.dense_rows, 12);
+  EXPECT_EQ(d.shared_rows, 20);
+  EXPECT_EQ(d.num_experts, 14);
+  EXPECT_EQ(d.vocab_size, 18);
+  // TP 2 divides every dimension; TP 4 does not divide the 6 KDA heads.
+  EXPECT_TRUE(parallel::CheckTpSize(d, 2).ok());
+  const absl::Status s = parallel::CheckTpSize(d, 4);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("linear_attn_config.num_heads = 6"),
+            std::string::npos)
+      << s;
+}
+
+}  // namespace
+}  // namespace tandem::engine
