@@ -19,7 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kvtransfer/transfer_agent.h"
-#include "proto/worker.pb.h"
+#include "proto/kv_state.pb.h"
 
 namespace tandem::kvtransfer {
 
