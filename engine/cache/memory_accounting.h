@@ -4,8 +4,10 @@
 // key, (kv_lora_rank + qk_rope_head_dim) values; K3: 24 layers * 576 * 2 bytes
 // (BF16) = 27,648 bytes per token. KDA (per sequence, per KDA layer): the
 // recurrent state S, heads * d_k * d_v values (fp32), plus the short-conv tails
-// of q, k and v, 3 * (kernel - 1) * heads * d values. See
-// /work/shared/reference/kimi-k3/ARCHITECTURE.md, "Memory".
+// of q, k and v, 3 * (kernel - 1) * heads * d values. The figures follow the
+// "Memory" section of the published Kimi K3 architecture notes (in the project's
+// reference set, not in this repository); docs/model_format.md has the config
+// fields they read.
 #ifndef TANDEM_ENGINE_CACHE_MEMORY_ACCOUNTING_H_
 #define TANDEM_ENGINE_CACHE_MEMORY_ACCOUNTING_H_
 
