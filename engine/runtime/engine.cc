@@ -71,6 +71,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   co.block_size = sc.block_size;
   co.num_blocks = sc.num_blocks;
   co.num_slots = sc.num_slots;
+  co.allocator = options.cache_allocator;
   ModelRunnerOptions ro;
   ro.mla_mode = options.mla_mode;
   if (tp) {
@@ -191,7 +192,10 @@ absl::Status Engine::AddRequest(RequestId id, std::vector<int32_t> prompt,
 
 absl::Status Engine::Abort(RequestId id) {
   auto it = requests_.find(id);
-  if (it == requests_.end()) return NotFound("request ", id, " not found");
+  if (it == requests_.end()) {
+    if (reserved_.erase(id) > 0) return scheduler_->Abort(id);  // a reservation
+    return NotFound("request ", id, " not found");
+  }
   requests_.erase(it);
   if (proposer_ != nullptr) proposer_->Release(id);
   return scheduler_->Abort(id);
@@ -534,9 +538,9 @@ absl::StatusOr<RequestOutput> Engine::AddPrefilledRequestWithOutput(
   return out;
 }
 
-absl::Status Engine::AddPrefilled(RequestId id, const ExportedState& state,
-                                  const engine::SamplingParams& params,
-                                  RequestOutput* out) {
+absl::StatusOr<Engine::Request*> Engine::NewPrefilledRequest(
+    RequestId id, const ExportedState& state, const engine::SamplingParams& params,
+    RequestOutput* out) {
   if (state.generated.empty() ||
       state.num_cached_tokens !=
           static_cast<int64_t>(state.prompt.size() + state.generated.size()) - 1) {
@@ -573,8 +577,16 @@ absl::Status Engine::AddPrefilled(RequestId id, const ExportedState& state,
       out->text += r->detok->Flush();
     }
     requests_.erase(id);
-    return absl::OkStatus();
+    return nullptr;
   }
+  return r;
+}
+
+absl::Status Engine::AddPrefilled(RequestId id, const ExportedState& state,
+                                  const engine::SamplingParams& params,
+                                  RequestOutput* out) {
+  TANDEM_ASSIGN_OR_RETURN(Request * r, NewPrefilledRequest(id, state, params, out));
+  if (r == nullptr) return absl::OkStatus();  // ended by its generated tokens
   // Own a copy of the source bytes until the first step places them.
   r->import_tokens = state.num_cached_tokens;
   r->import_bytes.reserve(state.ranges.size());
@@ -591,6 +603,48 @@ absl::Status Engine::AddPrefilled(RequestId id, const ExportedState& state,
   absl::Status s = scheduler_->AdmitPrefilled(sr, state.generated.size());
   if (!s.ok()) requests_.erase(id);
   return s;
+}
+
+absl::StatusOr<StateLocation> Engine::Reserve(RequestId id, int64_t num_prompt_tokens) {
+  if (requests_.contains(id) || reserved_.contains(id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request ", id, " already exists"));
+  }
+  engine::SequenceRequest sr;
+  sr.id = id;
+  sr.num_prompt_tokens = num_prompt_tokens;
+  TANDEM_RETURN_IF_ERROR(scheduler_->Reserve(sr, /*num_generated_tokens=*/1));
+  reserved_[id] = num_prompt_tokens;
+  StateLocation loc;
+  TANDEM_ASSIGN_OR_RETURN(loc.block_ids, scheduler_->Blocks(id));
+  TANDEM_ASSIGN_OR_RETURN(loc.slot, scheduler_->Slot(id));
+  loc.num_cached_tokens = num_prompt_tokens;
+  return loc;
+}
+
+absl::StatusOr<RequestOutput> Engine::AdmitReserved(
+    RequestId id, const ExportedState& state, const engine::SamplingParams& params) {
+  auto it = reserved_.find(id);
+  if (it == reserved_.end()) return NotFound("request ", id, " has no reservation");
+  if (static_cast<int64_t>(state.prompt.size()) != it->second ||
+      state.generated.size() != 1) {
+    return InvalidArgument("request ", id, " reserved a prompt of ", it->second,
+                           " tokens and its first generated token; got ",
+                           state.prompt.size(), " and ", state.generated.size());
+  }
+  RequestOutput out;
+  out.id = id;
+  TANDEM_ASSIGN_OR_RETURN(Request * r, NewPrefilledRequest(id, state, params, &out));
+  if (r == nullptr) {  // ended by its first token: the reservation goes
+    reserved_.erase(id);
+    TANDEM_RETURN_IF_ERROR(scheduler_->Abort(id));
+    return out;
+  }
+  if (absl::Status s = scheduler_->AdmitReserved(id, r->params.max_tokens); !s.ok()) {
+    requests_.erase(id);
+    return s;
+  }
+  reserved_.erase(id);
+  return out;
 }
 
 absl::Status Engine::ProposeDrafts(const engine::StepPlan& plan,

@@ -126,6 +126,9 @@ struct EngineOptions {
   // results do not depend on it). 0: one per hardware thread; 1: on the engine
   // thread. Full-vocabulary sampling costs 0.2-3 ms per row on a CPU core.
   int32_t sampling_threads = 0;
+  // Where every rank's cache buffers come from (a decode worker's: its transfer
+  // agent, so that a peer's puts land in memory it maps); empty: the heap.
+  KvCacheAllocator cache_allocator;
 };
 
 struct RequestOutput {
@@ -192,7 +195,8 @@ class Engine {
                           const engine::SamplingParams& params);
   // Runs one step; an empty result when there is nothing to do.
   absl::StatusOr<std::vector<RequestOutput>> Step();
-  // Cancels a request in any state and frees its blocks and slot.
+  // Cancels a request in any state (a reservation included) and frees its
+  // blocks and slot.
   absl::Status Abort(RequestId id);
 
   // Disaggregation: the state of a running request whose prefill is done.
@@ -211,6 +215,24 @@ class Engine {
   // The block table, slot and cached length of a request whose prefill is done
   // (what ExportState describes as byte ranges).
   absl::StatusOr<StateLocation> Locate(RequestId id);
+
+  // Disaggregation, landing in place (the decode worker's reservation): holds
+  // this engine's KV blocks for a prompt of num_prompt_tokens positions and a
+  // KDA slot for request `id`, whose state a peer then writes straight into
+  // them (every rank's cache: the same blocks and slot). The sequence is neither
+  // scheduled nor preempted until AdmitReserved; Abort frees it.
+  // ResourceExhausted when the memory (or the running cap) is not free,
+  // InvalidArgument when the prompt cannot fit, AlreadyExists for a known id.
+  absl::StatusOr<StateLocation> Reserve(RequestId id, int64_t num_prompt_tokens);
+  // Admits reserved request `id` whose state is in place: `state` gives its
+  // prompt (num_prompt_tokens of them), its first generated token and
+  // num_cached_tokens (= the prompt's); its ranges are not used (nothing is
+  // copied). Reports what the generated token yields, as
+  // AddPrefilledRequestWithOutput: when it already ends the request, the
+  // reservation is freed and the output is `finished`. On an error the
+  // reservation stays (Abort frees it).
+  absl::StatusOr<RequestOutput> AdmitReserved(RequestId id, const ExportedState& state,
+                                              const engine::SamplingParams& params);
 
   bool HasWork() const { return !requests_.empty(); }
   int32_t num_free_blocks() const { return scheduler_->num_free_blocks(); }
@@ -295,6 +317,12 @@ class Engine {
   // stop results are ignored (the request is always admitted).
   absl::Status AddPrefilled(RequestId id, const ExportedState& state,
                             const engine::SamplingParams& params, RequestOutput* out);
+  // The request of a prefilled `state` (its generated tokens appended, stop
+  // checks run; `out`, when given, gets what they yield). Null when they already
+  // end it (out->finished): nothing is kept.
+  absl::StatusOr<Request*> NewPrefilledRequest(RequestId id, const ExportedState& state,
+                                               const engine::SamplingParams& params,
+                                               RequestOutput* out);
 
   const ModelWeights* weights_ = nullptr;            // not owned
   const tokenizer::Tokenizer* tokenizer_ = nullptr;  // not owned; may be null
@@ -308,6 +336,9 @@ class Engine {
   std::vector<std::unique_ptr<engine::Sampler>> row_samplers_;
   std::vector<float> logits_;  // the step's logits, reused (no per-step allocation)
   absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_;
+  // Reserved ids (Reserve) → their prompt's tokens; in the scheduler, not in
+  // requests_ until AdmitReserved.
+  absl::flat_hash_map<RequestId, int64_t> reserved_;
   std::vector<int32_t> eos_ids_;
   uint64_t seed_state_ = 0;
   int64_t prefill_tokens_ = 0;

@@ -407,6 +407,12 @@ absl::StatusOr<std::vector<BlockId>> Scheduler::Blocks(SequenceId id) const {
   return seq->table.blocks();
 }
 
+absl::StatusOr<SlotId> Scheduler::Slot(SequenceId id) const {
+  const Sequence* seq = Find(id);
+  if (seq == nullptr) return NotFound("no sequence ", id);
+  return seq->slot;
+}
+
 absl::StatusOr<int64_t> Scheduler::Room(SequenceId id) const {
   const Sequence* seq = Find(id);
   if (seq == nullptr) return NotFound("no sequence ", id);

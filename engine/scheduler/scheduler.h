@@ -163,6 +163,8 @@ class Scheduler {
   bool Contains(SequenceId id) const { return seqs_.contains(id); }
   absl::StatusOr<SequenceState> State(SequenceId id) const;
   absl::StatusOr<std::vector<BlockId>> Blocks(SequenceId id) const;
+  // Its KDA state slot (-1 while waiting).
+  absl::StatusOr<SlotId> Slot(SequenceId id) const;
   // Tokens the sequence may still generate (for the StopChecker).
   absl::StatusOr<int64_t> Room(SequenceId id) const;
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
