@@ -3,14 +3,13 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/random/random.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "engine/sampling/proto_convert.h"
-#include "kvtransfer/checksum.h"
-#include "kvtransfer/descriptor.h"
+#include "engine/sampling/sampling_params.h"
 #include "kvtransfer/plan.h"
+#include "rpc/deadline.h"
 
 namespace tandem::prefill {
 namespace {
@@ -24,39 +23,18 @@ class PrefillReactor final : public grpc::ServerUnaryReactor {
   void OnDone() override { delete this; }
 };
 
-absl::Time ContextDeadline(grpc::CallbackServerContext* context) {
-  const auto d = context->deadline();
-  if (d == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
-  return absl::FromChrono(d);
-}
-
-tandem::v1::TransferStatus TransferStatusOf(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kOk:
-      return tandem::v1::TRANSFER_STATUS_OK;
-    case absl::StatusCode::kDeadlineExceeded:
-      return tandem::v1::TRANSFER_STATUS_DEADLINE_EXCEEDED;
-    case absl::StatusCode::kCancelled:
-      return tandem::v1::TRANSFER_STATUS_CANCELLED;
-    case absl::StatusCode::kInvalidArgument:
-      return tandem::v1::TRANSFER_STATUS_INVALID_TARGET;
-    default:
-      return tandem::v1::TRANSFER_STATUS_PEER_UNREACHABLE;
-  }
-}
-
 }  // namespace
 
+// One Prefill RPC: its reactor and response, and the request's SendSession.
 struct PrefillService::Call {
   PrefillReactor* reactor = nullptr;                // valid until finished
   tandem::v1::PrefillResponse* response = nullptr;  // owned by gRPC, same
   std::atomic<bool> finished{false};
-  std::atomic<bool> cancel_requested{false};  // Cancel / client cancel seen
   tandem::v1::PrefillRequest request;
-  std::vector<kvtransfer::RankLayout> dst;  // per rank
-  absl::Time deadline;
-  absl::Time started;
   engine::RequestId eid = 0;
+  // Set before the call is visible to Cancel; engine thread only, except its
+  // thread-safe Cancel().
+  std::shared_ptr<SendSession> session;
 
   // The first caller wins; later ones do nothing.
   bool Finish(const grpc::Status& status) {
@@ -65,28 +43,6 @@ struct PrefillService::Call {
     return true;
   }
 };
-
-// A request's layer-by-layer transfer; engine thread only, except `failed`
-// (set by completion callbacks on the agent's thread).
-struct PrefillService::Stream {
-  std::shared_ptr<Call> call;
-  std::vector<kvtransfer::PeerId> peers;     // per rank (usually one agent)
-  std::vector<int64_t> rows;                 // per model layer: rows posted
-  std::vector<kvtransfer::BatchId> batches;  // posted, not yet waited for
-  // A chunk restarted below the rows already posted (the request was preempted
-  // and recomputes): stop streaming; the whole state is sent after the prefill,
-  // once every earlier batch has ended.
-  bool restart = false;
-  absl::Status post_error;  // the first plan or PostWrite failure
-  std::shared_ptr<std::atomic<bool>> failed =
-      std::make_shared<std::atomic<bool>>(false);
-  uint64_t bytes = 0;
-  int64_t segments = 0;
-  absl::Time first_post = absl::InfiniteFuture();
-};
-
-// How long a cancelled batch may take to drain before its peer is dropped.
-constexpr absl::Duration kDrainGrace = absl::Seconds(2);
 
 absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
     worker::EngineLoop* loop, engine::KvCache* cache, kvtransfer::TransferAgent* agent,
@@ -106,16 +62,20 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
   // Every rank's buffers in the one agent (ranks are threads of this process).
   for (engine::KvCache* c : s->caches_) {
     TANDEM_ASSIGN_OR_RETURN(worker::CacheRegions r, worker::RegisterCache(agent, c));
-    s->src_pools_.push_back(worker::CacheRankLayout(*c, r, {}, 0));
     s->regions_.push_back(std::move(r));
+  }
+  for (size_t r = 0; r < s->caches_.size(); ++r) {
+    s->send_.sources.push_back(
+        {worker::CacheRankLayout(*s->caches_[r], s->regions_[r], {}, 0),
+         worker::CacheRegionBytes(s->caches_[r], s->regions_[r])});
   }
   s->layout_ = worker::KvLayoutOf(*cache);
   int mla = 0, kda = 0;
   for (const model::LayerSpec& spec : cache->layers()) {
     if (spec.attention == model::AttentionKind::kKda) {
-      s->layer_refs_.push_back({kvtransfer::LayerKind::kKda, kda++});
+      s->send_.layers.push_back({kvtransfer::LayerKind::kKda, kda++});
     } else {
-      s->layer_refs_.push_back({kvtransfer::LayerKind::kMla, mla++});
+      s->send_.layers.push_back({kvtransfer::LayerKind::kMla, mla++});
     }
   }
   if (mla != cache->num_mla_layers() || kda != cache->num_kda_layers()) {
@@ -134,7 +94,7 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
 }
 
 PrefillService::~PrefillService() {
-  for (auto& [eid, stream] : streams_) EndStream(stream.get());
+  for (auto& [eid, session] : sessions_) session->End();
 }
 
 PrefillService::PrefillService(worker::EngineLoop* loop,
@@ -146,38 +106,18 @@ PrefillService::PrefillService(worker::EngineLoop* loop,
       caches_(std::move(caches)),
       agent_(agent),
       metrics_(metrics),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
+      peers_(agent) {
+  send_.agent = agent_;
+  send_.peers = &peers_;
+  send_.clock = clock_;
+  send_.metrics = metrics_;
+  send_.test_corrupt_transfer = options_.test_corrupt_transfer;
+}
 
 void PrefillService::Count(const char* rpc, const char* outcome) {
   if (metrics_ != nullptr) metrics_->CountRequest(rpc, outcome);
-}
-
-absl::StatusOr<kvtransfer::PeerId> PrefillService::PeerFor(
-    const std::string& descriptor) {
-  TANDEM_ASSIGN_OR_RETURN(kvtransfer::AgentDescriptor d,
-                          kvtransfer::ParseDescriptor(descriptor));
-  {
-    absl::MutexLock l(&mu_);
-    auto it = peers_.find(d.agent_id);
-    if (it != peers_.end()) return it->second;
-  }
-  TANDEM_ASSIGN_OR_RETURN(kvtransfer::PeerId p, agent_->Connect(descriptor));
-  absl::MutexLock l(&mu_);
-  peers_[d.agent_id] = p;
-  return p;
-}
-
-void PrefillService::DropPeer(kvtransfer::PeerId peer) {
-  {
-    absl::MutexLock l(&mu_);
-    for (auto it = peers_.begin(); it != peers_.end(); ++it) {
-      if (it->second == peer) {
-        peers_.erase(it);
-        break;
-      }
-    }
-  }
-  agent_->Disconnect(peer).IgnoreError();
 }
 
 grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* context,
@@ -188,13 +128,10 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   call->reactor = reactor;
   call->response = resp;
   call->request = *req;
-  call->started = absl::Now();
-  call->deadline =
-      std::min(ContextDeadline(context), call->started + options_.default_deadline);
-  if (req->deadline_unix_ms() > 0) {
-    call->deadline =
-        std::min(call->deadline, absl::FromUnixMillis(req->deadline_unix_ms()));
-  }
+  const absl::Time deadline =
+      rpc::WithUnixMillis(std::min(rpc::ContextDeadline(*context),
+                                   clock_->Now() + options_.default_deadline),
+                          req->deadline_unix_ms());
   auto refuse = [&](const absl::Status& s) {
     Count("Prefill", "invalid");
     TLOG(INFO, "prefill refused").Kv("request_id", req->request_id()).Kv("status", s);
@@ -216,15 +153,23 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
                            " ranks (decode TP size) but this prefill worker runs TP ",
                            tp(), ": prefill and decode TP sizes must be equal"));
   }
+  SendSpec spec;
+  spec.request_id = req->request_id();
+  spec.num_tokens = req->prompt_token_ids_size();
+  spec.stream_layers = options_.stream_layers;
+  spec.checksums = req->checksums();
+  spec.deadline = deadline;
   for (int r = 0; r < tp(); ++r) {
-    auto dst = worker::TargetRankLayout(req->target().ranks(r));
+    const tandem::v1::RankTarget& t = req->target().ranks(r);
+    auto dst = worker::TargetRankLayout(t);
     if (!dst.ok()) return refuse(dst.status());
-    absl::Status pair = kvtransfer::ValidatePair(src_pools_[r], *dst, 0);
+    absl::Status pair = kvtransfer::ValidatePair(send_.sources[r].pools, *dst, 0);
     if (!pair.ok()) return refuse(pair);
     absl::Status one =
         kvtransfer::ValidateRankLayout(*dst, req->prompt_token_ids_size());
     if (!one.ok()) return refuse(one);
-    call->dst.push_back(std::move(*dst));
+    spec.targets.push_back(
+        {std::move(*dst), t.transfer_descriptor(), t.transfer_address()});
   }
   // Prefill-only parameters: the request's sampling; stop conditions are the
   // decode worker's business (the router sends requests with min_tokens > 0 to
@@ -233,21 +178,37 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   if (!params.ok()) return refuse(params.status());
   params->ignore_eos = true;
   params->max_tokens = 0;
-  if (!params->IsGreedy() && !params->seed.has_value()) {
-    absl::BitGen gen;
-    params->seed = absl::Uniform<uint64_t>(gen);
-  }
+  engine::EnsureSeed(&*params);
   if (params->seed.has_value()) resp->set_seed(*params->seed);
+  const std::string id = req->request_id();
+  {
+    absl::MutexLock l(&mu_);
+    if (active_.contains(id)) {
+      return refuse(absl::AlreadyExistsError(
+          absl::StrCat("request ", id, " is already being prefilled")));
+    }
+  }
+  // Streaming: connected before the prefill starts, so the first layer posts
+  // at once.
+  absl::StatusOr<std::unique_ptr<SendSession>> session =
+      SendSession::Create(&send_, std::move(spec));
+  if (!session.ok()) {
+    if (call->Finish(ToGrpcStatus(session.status()))) {
+      Count("Prefill", absl::StatusCodeToString(session.status().code()).c_str());
+    }
+    TLOG(WARNING, "prefill failed").Kv("request_id", id).Kv("status", session.status());
+    return reactor;
+  }
+  call->session = std::move(*session);
   call->eid = next_engine_id_.fetch_add(1);
   {
     absl::MutexLock l(&mu_);
-    if (active_.contains(req->request_id())) {
+    if (active_.contains(id)) {
       return refuse(absl::AlreadyExistsError(
-          absl::StrCat("request ", req->request_id(), " is already being prefilled")));
+          absl::StrCat("request ", id, " is already being prefilled")));
     }
-    active_[req->request_id()] = call;
+    active_[id] = call;
   }
-  const std::string id = req->request_id();
   auto done = [this, id] {
     absl::MutexLock l(&mu_);
     active_.erase(id);
@@ -257,30 +218,8 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
     if (auto c = weak.lock()) CancelCall(c);
   };
   if (options_.stream_layers) {
-    // Connected before the prefill starts: the first layer posts at once.
-    auto stream = std::make_unique<Stream>();
-    for (int r = 0; r < tp(); ++r) {
-      auto peer = PeerFor(req->target().ranks(r).transfer_descriptor());
-      if (!peer.ok()) {
-        done();
-        const absl::Status s(
-            peer.status().code(),
-            absl::StrCat("cannot connect to the decode worker at ",
-                         req->target().ranks(r).transfer_address(), " (rank ", r,
-                         "): ", peer.status().message()));
-        if (call->Finish(ToGrpcStatus(s))) {
-          Count("Prefill", absl::StatusCodeToString(s.code()).c_str());
-        }
-        TLOG(WARNING, "prefill failed").Kv("request_id", id).Kv("status", s);
-        return reactor;
-      }
-      stream->peers.push_back(*peer);
-    }
-    stream->call = call;
-    stream->rows.assign(layer_refs_.size(), 0);
-    loop_->Post([this, eid = call->eid,
-                 stream = std::shared_ptr<Stream>(std::move(stream))](engine::Engine&) {
-      streams_[eid] = std::make_unique<Stream>(std::move(*stream));
+    loop_->Post([this, eid = call->eid, session = call->session](engine::Engine&) {
+      sessions_[eid] = session;
     });
   }
   std::vector<int32_t> prompt(req->prompt_token_ids().begin(),
@@ -294,10 +233,10 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
         // The state must not move while it is read: stop the request before the
         // next step (commands run before it).
         loop_->Cancel(call->eid, nullptr);
-        std::unique_ptr<Stream> stream = TakeStream(call->eid);
-        if (s.ok()) s = Transfer(e, call.get(), *out, stream.get());
+        sessions_.erase(call->eid);
+        if (s.ok()) s = FinishTransfer(e, call.get(), *out);
         // Every path: no batch reads the blocks once the request is aborted.
-        if (stream != nullptr) EndStream(stream.get());
+        call->session->End();
         done();  // after the transfer: a Cancel RPC can still stop its wait
         if (!s.ok()) {
           if (call->Finish(ToGrpcStatus(s))) {
@@ -316,288 +255,50 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
 void PrefillService::OnLayer(int layer,
                              absl::Span<const engine::LayerProgressEntry> entries) {
   for (const engine::LayerProgressEntry& en : entries) {
-    auto it = streams_.find(en.id);
-    if (it == streams_.end()) continue;
-    Stream& st = *it->second;
-    if (st.restart || !st.post_error.ok() || st.failed->load()) continue;
-    if (layer < 0 || layer >= static_cast<int>(layer_refs_.size())) {
-      st.post_error =
-          Internal("layer progress for layer ", layer, " of ", layer_refs_.size());
-      continue;
-    }
-    if (en.start_pos != st.rows[layer]) {
-      // Recomputed from an earlier position (preempted): the rows posted so far
-      // may have been read from blocks freed since. Stop streaming; Transfer
-      // sends the whole state once every earlier batch has ended.
-      st.restart = true;
-      if (metrics_ != nullptr) metrics_->transfer_restarts->Increment();
-      TLOG(INFO, "prefill recomputed; the transfer restarts after the prefill")
-          .Kv("request_id", st.call->request.request_id())
-          .Kv("layer", layer)
-          .Kv("start_pos", en.start_pos)
-          .Kv("rows_posted", st.rows[layer]);
-      continue;
-    }
-    st.rows[layer] = en.end_pos;
-    const kvtransfer::LayerRef ref = layer_refs_[layer];
-    // A KDA slot is final only after the prompt's last chunk.
-    if (ref.kind == kvtransfer::LayerKind::kKda && !en.completes_prefill) continue;
-    // Every rank's rows of the layer to the same rank of the target (the
-    // callback fires after the layer's all-reduce: final on every rank).
-    for (int r = 0; r < tp() && st.post_error.ok(); ++r) {
-      kvtransfer::RankLayout& src = src_pools_[r];
-      src.block_ids.assign(en.block_table.begin(), en.block_table.end());
-      src.state_slot = static_cast<int32_t>(en.slot);
-      absl::StatusOr<kvtransfer::TransferPlan> plan = kvtransfer::PlanLayerRows(
-          src, st.call->dst[r], ref, en.start_pos, en.end_pos);
-      if (!plan.ok()) {
-        st.post_error = plan.status();
-        break;
-      }
-      if (plan->segments.empty()) continue;
-      if (st.first_post == absl::InfiniteFuture()) st.first_post = absl::Now();
-      std::shared_ptr<std::atomic<bool>> failed = st.failed;
-      absl::StatusOr<kvtransfer::BatchId> batch =
-          agent_->PostWrite(st.peers[r], plan->segments,
-                            [failed](kvtransfer::BatchId, const absl::Status& s) {
-                              if (!s.ok()) failed->store(true);
-                            });
-      if (!batch.ok()) {
-        st.post_error = batch.status();
-        break;
-      }
-      st.batches.push_back(*batch);
-      st.bytes += plan->bytes;
-      st.segments += static_cast<int64_t>(plan->segments.size());
-      if (metrics_ != nullptr) metrics_->transfer_batches->Increment();
-    }
+    auto it = sessions_.find(en.id);
+    if (it == sessions_.end()) continue;
+    it->second->OnLayer(layer, {.start = en.start_pos,
+                                .end = en.end_pos,
+                                .block_table = en.block_table,
+                                .slot = static_cast<int32_t>(en.slot),
+                                .completes_prefill = en.completes_prefill});
   }
 }
 
-absl::Status PrefillService::WaitBatches(Stream* st, absl::Time deadline) {
-  absl::Status first;
-  for (kvtransfer::BatchId b : st->batches) {
-    if (first.ok()) {
-      // In slices, so that a cancelled call stops waiting at once.
-      bool ended = false;
-      while (true) {
-        const absl::Time until =
-            std::min(deadline, absl::Now() + absl::Milliseconds(20));
-        first = agent_->Wait(b, until);
-        if (!absl::IsDeadlineExceeded(first)) {
-          ended = true;
-          break;
-        }
-        if (until >= deadline) break;
-        if (st->call->cancel_requested.load()) {
-          first = absl::CancelledError("prefill cancelled");
-          break;
-        }
-      }
-      if (ended) continue;  // OK, or b failed (ended)
-    }
-    // After the first error: stop the batch and let it drain.
-    agent_->Cancel(b).IgnoreError();
-    const absl::Status d = agent_->Wait(b, absl::Now() + kDrainGrace);
-    if (absl::IsDeadlineExceeded(d)) {
-      TLOG(WARNING, "a cancelled batch did not drain; dropping the peer")
-          .Kv("request_id", st->call->request.request_id());
-      // Ends their in-flight batches.
-      for (size_t r = 0; r < st->peers.size(); ++r) {
-        if (std::find(st->peers.begin(), st->peers.begin() + r, st->peers[r]) ==
-            st->peers.begin() + r) {
-          DropPeer(st->peers[r]);
-        }
-      }
-    }
-  }
-  st->batches.clear();
-  return first;
-}
-
-void PrefillService::EndStream(Stream* st) {
-  if (st->batches.empty()) return;
-  for (kvtransfer::BatchId b : st->batches) agent_->Cancel(b).IgnoreError();
-  WaitBatches(st, absl::Now() + kDrainGrace).IgnoreError();
-}
-
-std::unique_ptr<PrefillService::Stream> PrefillService::TakeStream(
-    engine::RequestId eid) {
-  auto it = streams_.find(eid);
-  if (it == streams_.end()) return nullptr;
-  std::unique_ptr<Stream> st = std::move(it->second);
-  streams_.erase(it);
-  return st;
-}
-
-absl::Status PrefillService::Transfer(engine::Engine& e, Call* call,
-                                      const engine::RequestOutput& out,
-                                      Stream* stream) {
-  const tandem::v1::PrefillRequest& req = call->request;
-  const int64_t n = req.prompt_token_ids_size();
-  const absl::Time computed = absl::Now();
-  if (call->finished.load()) return absl::CancelledError("prefill cancelled");
+absl::Status PrefillService::FinishTransfer(engine::Engine& e, Call* call,
+                                            const engine::RequestOutput& out) {
+  SendSession& session = *call->session;
   TANDEM_ASSIGN_OR_RETURN(engine::StateLocation loc, e.Locate(call->eid));
-  if (loc.num_cached_tokens != n) {
-    return Internal("request ", req.request_id(), ": ", loc.num_cached_tokens,
-                    " cached tokens after prefill, expected ", n);
-  }
-  // Per rank: the sequence in the rank's cache, its whole-state plan to the
-  // target's same rank, its checksums.
-  std::vector<kvtransfer::TransferPlan> plans;
-  std::vector<tandem::v1::StateChecksums> sums;
-  for (int r = 0; r < tp(); ++r) {
-    const kvtransfer::RankLayout src = worker::CacheRankLayout(
-        *caches_[r], regions_[r], loc.block_ids, static_cast<int32_t>(loc.slot));
-    TANDEM_ASSIGN_OR_RETURN(kvtransfer::TransferPlan plan,
-                            kvtransfer::PlanAll(src, call->dst[r], n));
-    plans.push_back(std::move(plan));
-    // With streaming, the last batches are in flight while the checksums run.
-    if (req.checksums()) {
-      TANDEM_ASSIGN_OR_RETURN(
-          tandem::v1::StateChecksums c,
-          kvtransfer::ComputeChecksums(
-              src, n, worker::CacheRegionBytes(caches_[r], regions_[r])));
-      sums.push_back(std::move(c));
-    }
-  }
+  session.Computed({.block_ids = loc.block_ids,
+                    .slot = static_cast<int32_t>(loc.slot),
+                    .num_cached_tokens = loc.num_cached_tokens});
+  TANDEM_RETURN_IF_ERROR(session.Run());
+  const tandem::v1::PrefillRequest& req = call->request;
   tandem::v1::PrefillResponse* resp = call->response;
-  if (req.checksums()) *resp->mutable_checksums() = worker::MergeRankChecksums(sums);
-  // Streamed: every layer must have had all its rows posted; otherwise (or when
-  // recomputed) the whole state goes now.
-  bool whole = stream == nullptr || stream->restart;
-  if (!whole) {
-    for (int64_t rows : stream->rows) {
-      if (rows != n) {
-        TLOG(WARNING, "a layer was not fully streamed; sending the whole state")
-            .Kv("request_id", req.request_id())
-            .Kv("rows", rows)
-            .Kv("prompt_tokens", n);
-        whole = true;
-        break;
-      }
-    }
-  }
-  std::vector<kvtransfer::PeerId> peers;
-  if (stream != nullptr) {
-    peers = stream->peers;
-  } else {
-    for (int r = 0; r < tp(); ++r) {
-      TANDEM_ASSIGN_OR_RETURN(kvtransfer::PeerId p,
-                              PeerFor(req.target().ranks(r).transfer_descriptor()));
-      peers.push_back(p);
-    }
-  }
-  const kvtransfer::PeerId peer = peers[0];  // the notification goes to rank 0's
-  absl::Time first_post = absl::InfiniteFuture();
-  uint64_t sent_bytes = 0;
-  int64_t sent_segments = 0;
-  int64_t sent_batches = 0;
-  absl::Status s;
-  if (stream != nullptr) {
-    first_post = stream->first_post;
-    sent_bytes = stream->bytes;
-    sent_segments = stream->segments;
-    sent_batches = static_cast<int64_t>(stream->batches.size());
-    // Also when restarting: the earlier batches end before anything is rewritten.
-    // After a failed post the caller's EndStream cancels the rest instead.
-    s = stream->post_error;
-    if (s.ok()) s = WaitBatches(stream, call->deadline);
-  }
-  auto post_and_wait = [&](kvtransfer::PeerId to,
-                           absl::Span<const kvtransfer::Segment> segments) {
-    if (first_post == absl::InfiniteFuture()) first_post = absl::Now();
-    absl::StatusOr<kvtransfer::BatchId> batch = agent_->PostWrite(to, segments);
-    if (!batch.ok()) return batch.status();
-    ++sent_batches;
-    if (metrics_ != nullptr) metrics_->transfer_batches->Increment();
-    for (const kvtransfer::Segment& g : segments) sent_bytes += g.length;
-    sent_segments += static_cast<int64_t>(segments.size());
-    absl::Status w = agent_->Wait(*batch, call->deadline);
-    if (!w.ok()) {
-      agent_->Cancel(*batch).IgnoreError();
-      if (absl::IsDeadlineExceeded(w) &&
-          absl::IsDeadlineExceeded(agent_->Wait(*batch, absl::Now() + kDrainGrace))) {
-        DropPeer(to);
-      }
-    }
-    return w;
-  };
-  if (s.ok() && options_.test_corrupt_transfer && !plans[0].segments.empty()) {
-    // TEST ONLY: damage the first byte rank 0's plan sends (after the
-    // checksums); a streamed state has it sent again.
-    const kvtransfer::Segment& s0 = plans[0].segments.front();
-    absl::Span<const uint8_t> region =
-        worker::CacheRegionBytes(caches_[0], regions_[0])(s0.local_region);
-    const_cast<uint8_t*>(region.data())[s0.local_offset] ^= 0x5A;
-    TLOG(WARNING, "TEST ONLY: corrupted one byte of the transfer")
-        .Kv("request_id", req.request_id());
-    if (!whole) s = post_and_wait(peers[0], absl::MakeConstSpan(&s0, 1));
-  }
-  for (int r = 0; r < tp() && s.ok() && whole; ++r) {
-    s = post_and_wait(peers[r], plans[r].segments);
-  }
-  const absl::Time landed = absl::Now();
-  if (s.ok()) {
-    s = agent_->Notify(peer, req.request_id(), "", call->deadline);
-  }
-  if (first_post == absl::InfiniteFuture()) first_post = landed;
-  const double secs = absl::ToDoubleSeconds(landed - first_post);
-  const double exposed = absl::ToDoubleSeconds(landed - computed);
+  const SendStats& st = session.stats();
+  if (req.checksums()) *resp->mutable_checksums() = session.checksums();
   tandem::v1::TransferStats* ts = resp->mutable_transfer();
-  ts->set_status(TransferStatusOf(s));
-  ts->set_bytes(static_cast<int64_t>(sent_bytes));
-  ts->set_segments(static_cast<int32_t>(sent_segments));
-  ts->set_seconds(secs);
-  ts->set_transport(agent_->Transport(peer));
-  if (metrics_ != nullptr) {
-    metrics_->transfers->Add({{"outcome", s.ok() ? "ok" : "error"}}).Increment();
-    if (s.ok()) {
-      metrics_->transfer_bytes->Increment(static_cast<double>(sent_bytes));
-      metrics_->transfer_seconds->Increment(secs);
-      metrics_->exposed_transfer_seconds->Observe(exposed);
-    }
-    metrics_->prefill_seconds->Observe(absl::ToDoubleSeconds(computed - call->started));
-  }
-  if (!s.ok()) {
-    if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
-      for (size_t r = 0; r < peers.size(); ++r) {
-        if (std::find(peers.begin(), peers.begin() + r, peers[r]) ==
-            peers.begin() + r) {
-          DropPeer(peers[r]);
-        }
-      }
-    }
-    return absl::Status(s.code(),
-                        absl::StrCat("transfer of request ", req.request_id(), " to ",
-                                     req.target().ranks(0).transfer_address(),
-                                     " failed: ", s.message()));
-  }
+  ts->set_status(tandem::v1::TRANSFER_STATUS_OK);
+  ts->set_bytes(static_cast<int64_t>(st.bytes));
+  ts->set_segments(static_cast<int32_t>(st.segments));
+  ts->set_seconds(absl::ToDoubleSeconds(st.transfer));
+  ts->set_transport(st.transport);
   resp->set_request_id(req.request_id());
   resp->set_first_token_id(out.new_tokens.front());
   if (!out.logprobs.empty()) {
     engine::SampleResultToProto(out.logprobs.front(), resp->mutable_first_logprob());
   }
-  resp->set_prefill_seconds(absl::ToDoubleSeconds(computed - call->started));
-  TLOG(DEBUG, "prefill done")
-      .Kv("request_id", req.request_id())
-      .Kv("prompt_tokens", n)
-      .Kv("streamed", !whole)
-      .Kv("batches", sent_batches)
-      .Kv("bytes", sent_bytes)
-      .Kv("segments", sent_segments)
-      .Kv("transfer_s", secs)
-      .Kv("exposed_s", exposed);
+  resp->set_prefill_seconds(absl::ToDoubleSeconds(st.prefill));
   return absl::OkStatus();
 }
 
 void PrefillService::CancelCall(std::shared_ptr<Call> call) {
-  call->cancel_requested.store(true);  // seen by a wait for the stream's batches
-  // One command: the stream's batches end before the request (and its blocks)
+  call->session->Cancel();  // seen by the session's wait at the first token
+  // One command: the session's batches end before the request (and its blocks)
   // goes, and no step runs in between.
   loop_->Post([this, call](engine::Engine& e) {
-    std::unique_ptr<Stream> stream = TakeStream(call->eid);
-    if (stream != nullptr) EndStream(stream.get());
+    sessions_.erase(call->eid);
+    call->session->End();
     if (!loop_->CancelOnLoopThread(e, call->eid)) return;
     {
       absl::MutexLock l(&mu_);
