@@ -253,7 +253,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   TANDEM_RETURN_IF_ERROR(executor_->health());
   StepBatch batch;
   TANDEM_RETURN_IF_ERROR(PlanStep(&batch));
-  if (batch.plan.sequences.empty()) {
+  if (batch.plan.sequences.empty()) {  // nothing fits now: close the empty step
     TANDEM_RETURN_IF_ERROR(scheduler_->CompleteStep(batch.plan, {}).status());
     return outputs;
   }

@@ -21,15 +21,16 @@
 //   ExportState / AddPrefilledRequest: a sequence's complete state as byte ranges
 //     and its admission on another engine (the disaggregated hand-off in-process).
 //
-// Speculative decoding (options.speculative, engine/speculative/): per step the
-// decoding sequences get up to k drafts from a Proposer (n-gram lookup or a draft
-// model); the target verifies [last token, d_1..d_k] in the same batched forward
-// (snapshot of the KDA slot first); GreedyVerify / RejectionSample accept a
-// prefix and emit one more token. On a partial acceptance the KDA slot is
-// restored and the sequence's accepted tokens are replayed by its NEXT forward
-// (the sequence skips drafting for that one step; its rejected MLA positions are
-// dropped by the scheduler's block-table truncation). docs/ARCHITECTURE.md,
-// "Speculative decoding and hybrid-state rollback", has the reasons.
+// Speculative decoding (options.speculative): per step the decoding sequences
+// get up to k drafts from a speculative::Proposer (n-gram lookup,
+// engine/speculative/, or a draft model, draft_model_proposer.h); the target verifies
+// [last token, d_1..d_k] in the same batched forward (snapshot of the KDA slot first);
+// GreedyVerify / RejectionSample accept a prefix and emit one more token. On a partial
+// acceptance the KDA slot is restored and the sequence's accepted tokens are replayed
+// by its NEXT forward (the sequence skips drafting for that one step; its rejected MLA
+// positions are dropped by the scheduler's block-table truncation).
+// docs/ARCHITECTURE.md, "Speculative decoding and hybrid-state rollback", has the
+// reasons.
 //
 // Not thread-safe: one thread owns the engine.
 #ifndef TANDEM_ENGINE_RUNTIME_ENGINE_H_
