@@ -1,6 +1,7 @@
 // The decode worker process: DecodeWorker gRPC service over one engine thread, a
-// UCX transfer agent whose landing pool receives prefilled state, registration
-// with the router, grpc.health.v1, /metrics.
+// UCX transfer agent with the engine's caches (every TP rank's, allocated through
+// the agent) registered, so prefilled state lands in the engine's own blocks;
+// registration with the router, grpc.health.v1, /metrics.
 //
 //   decode_main --model=DIR --router=HOST:PORT [--port=0] [--metrics_port=0]
 //               [--tp=N] [--tp_fail_rank_at_step=R:S]
@@ -23,9 +24,6 @@
 #include "worker/worker_server.h"
 
 ABSL_FLAG(std::string, worker_id, "decode-0", "Worker id registered with the router.");
-ABSL_FLAG(int, landing_blocks, 0,
-          "Landing-pool blocks for incoming state (0: as the engine).");
-ABSL_FLAG(int, landing_slots, 0, "Landing-pool KDA slots (0: --num_slots).");
 ABSL_FLAG(
     std::string, speculative, "none",
     "Speculative decoding: none | ngram (prompt lookup) | draft (--draft_model).");
@@ -60,45 +58,25 @@ int main(int argc, char** argv) {
     TLOG(ERROR, "bad speculative-decoding flags").Kv("status", s);
     return 1;
   }
-  auto engine = tandem::worker::MakeEngine(model->get(), eo);
-  if (!engine.ok()) {
-    TLOG(ERROR, "cannot create the engine").Kv("status", engine.status());
-    return 1;
-  }
   auto agent = tandem::kvtransfer::UcxAgent::Create(
       tandem::worker::UcxConfigFromFlags(absl::GetFlag(FLAGS_worker_id)));
   if (!agent.ok()) {
     TLOG(ERROR, "cannot start the UCX agent").Kv("status", agent.status());
     return 1;
   }
-  // The landing pools come from the agent (shared memory the prefill worker's
-  // puts copy straight into); declared after the agent, so freed before it.
+  // The engine's caches come from the agent (shared memory the prefill worker's
+  // puts copy straight into); declared after the agent, so freed before it, and
+  // before the engine (the loop below), so freed after it.
   tandem::worker::AgentAllocations allocations(agent->get());
-  tandem::engine::KvCacheOptions lo;
-  lo.allocator = allocations.Allocator();
-  lo.block_size = eo.block_size;
-  lo.num_blocks = absl::GetFlag(FLAGS_landing_blocks) > 0
-                      ? absl::GetFlag(FLAGS_landing_blocks)
-                      : (*engine)->scheduler().config().num_blocks;
-  lo.num_slots = absl::GetFlag(FLAGS_landing_slots) > 0
-                     ? absl::GetFlag(FLAGS_landing_slots)
-                     : eo.num_slots;
-  // One landing pool per TP rank, shaped like that rank's engine cache.
-  std::vector<std::unique_ptr<tandem::engine::KvCache>> landing;
-  std::vector<tandem::engine::KvCache*> landing_ptrs;
-  for (int r = 0; r < eo.tp.tp_size; ++r) {
-    lo.tp_rank = r;
-    lo.tp_size = eo.tp.tp_size;
-    auto pool = tandem::engine::KvCache::Create((*model)->weights->config, lo);
-    if (!pool.ok()) {
-      TLOG(ERROR, "cannot allocate the landing pool")
-          .Kv("rank", r)
-          .Kv("status", pool.status());
-      return 1;
-    }
-    landing_ptrs.push_back(pool->get());
-    landing.push_back(std::move(*pool));
+  eo.cache_allocator = allocations.Allocator();
+  auto engine = tandem::worker::MakeEngine(model->get(), eo);
+  if (!engine.ok()) {
+    TLOG(ERROR, "cannot create the engine").Kv("status", engine.status());
+    return 1;
   }
+  // One cache per TP rank, each registered with the agent by the service.
+  const std::vector<tandem::engine::KvCache*> caches =
+      tandem::worker::RankCaches(**engine);
   tandem::metrics::Registry registry;
   tandem::worker::WorkerMetrics metrics(&registry);
   auto loop = std::make_unique<tandem::worker::EngineLoop>(std::move(*engine));
@@ -107,8 +85,8 @@ int main(int argc, char** argv) {
   dso.max_lease = absl::Seconds(absl::GetFlag(FLAGS_max_lease_s));
   dso.unlanded_quarantine = absl::Seconds(absl::GetFlag(FLAGS_unlanded_quarantine_s));
   dso.allocations = &allocations;
-  auto service = tandem::decode::DecodeService::Create(loop.get(), landing_ptrs,
-                                                       agent->get(), &metrics, dso);
+  auto service = tandem::decode::DecodeService::Create(loop.get(), caches, agent->get(),
+                                                       &metrics, dso);
   if (!service.ok()) {
     TLOG(ERROR, "cannot start the decode service").Kv("status", service.status());
     return 1;

@@ -3,52 +3,51 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/random/random.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "engine/sampling/proto_convert.h"
+#include "engine/sampling/sampling_params.h"
 #include "kvtransfer/checksum.h"
+#include "rpc/deadline.h"
 #include "worker/engine_stream.h"
 
 namespace tandem::decode {
 namespace {
 
-absl::Time ContextDeadline(grpc::CallbackServerContext* context) {
-  const auto d = context->deadline();
-  if (d == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
-  return absl::FromChrono(d);
-}
-
 grpc::Status Grpc(const absl::Status& s) { return ToGrpcStatus(s); }
+
+grpc::Status Cancelled() {
+  return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+}
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(
-    worker::EngineLoop* loop, engine::KvCache* landing,
-    kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
-    DecodeServiceOptions options) {
-  return Create(loop, std::vector<engine::KvCache*>{landing}, agent, metrics,
-                std::move(options));
-}
+// The Decode call waiting on a reservation (owned by the table while LANDING).
+class DecodeService::DecodeWaiter final : public Waiter {
+ public:
+  DecodeWaiter(rpc::ResponseStream* stream, const tandem::v1::DecodeRequest& request)
+      : stream(stream), request(request) {}
+  rpc::ResponseStream* const stream;  // not owned (the producer's reference)
+  const tandem::v1::DecodeRequest request;
+};
 
 absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(
-    worker::EngineLoop* loop, std::vector<engine::KvCache*> landing,
+    worker::EngineLoop* loop, std::vector<engine::KvCache*> caches,
     kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
     DecodeServiceOptions options) {
-  if (landing.empty()) return InvalidArgument("no landing pool");
-  for (engine::KvCache* c : landing) {
-    if (c->num_blocks() != landing[0]->num_blocks() ||
-        c->num_slots() != landing[0]->num_slots()) {
-      return InvalidArgument("the ranks' landing pools differ in blocks or slots");
+  if (caches.empty()) return InvalidArgument("no engine cache");
+  for (engine::KvCache* c : caches) {
+    if (c->num_blocks() != caches[0]->num_blocks() ||
+        c->num_slots() != caches[0]->num_slots()) {
+      return InvalidArgument("the ranks' caches differ in blocks or slots");
     }
   }
   auto s = std::unique_ptr<DecodeService>(
-      new DecodeService(loop, std::move(landing), agent, metrics, std::move(options)));
-  // Every rank's pool first, so each descriptor carries every region's key.
-  for (engine::KvCache* c : s->landing_) {
+      new DecodeService(loop, std::move(caches), agent, metrics, std::move(options)));
+  // Every rank's cache first, so each descriptor carries every region's key.
+  for (engine::KvCache* c : s->caches_) {
     TANDEM_ASSIGN_OR_RETURN(worker::CacheRegions r,
                             worker::RegisterCache(agent, c, s->options_.allocations));
     s->regions_.push_back(std::move(r));
@@ -56,7 +55,7 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(
   }
   for (int r = 0; r < s->tp(); ++r) {
     const kvtransfer::RankLayout geometry =
-        worker::CacheRankLayout(*s->landing_[r], s->regions_[r], {}, 0);
+        worker::CacheRankLayout(*s->caches_[r], s->regions_[r], {}, 0);
     TANDEM_ASSIGN_OR_RETURN(std::string d,
                             agent->LocalDescriptor(worker::PoolsMetadata(geometry)));
     s->descriptors_.push_back(std::move(d));
@@ -65,30 +64,35 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(
   DecodeService* raw = s.get();
   agent->SetNotificationCallback(
       [raw](const kvtransfer::Notification& n) { raw->OnNotification(n); });
-  s->janitor_ = std::thread([raw] { raw->Janitor(); });
+  if (s->options_.start_janitor) {
+    s->janitor_ = std::thread([raw] {
+      while (true) {
+        {
+          absl::MutexLock l(&raw->mu_);
+          if (raw->mu_.AwaitWithTimeout(absl::Condition(&raw->stop_),
+                                        raw->options_.janitor_period)) {
+            return;
+          }
+        }
+        raw->Tick(raw->clock_->Now());
+      }
+    });
+  }
   return s;
 }
 
 DecodeService::DecodeService(worker::EngineLoop* loop,
-                             std::vector<engine::KvCache*> landing,
+                             std::vector<engine::KvCache*> caches,
                              kvtransfer::TransferAgent* agent,
                              worker::WorkerMetrics* metrics,
                              DecodeServiceOptions options)
     : loop_(loop),
-      landing_(std::move(landing)),
+      caches_(std::move(caches)),
       agent_(agent),
       metrics_(metrics),
       options_(std::move(options)),
-      blocks_(static_cast<int32_t>(landing_[0]->num_blocks())),
-      slots_(static_cast<int32_t>(landing_[0]->num_slots())) {}
-
-absl::Status DecodeService::Usable() const {
-  const absl::Status h = loop_->health();
-  if (h.ok()) return h;
-  return absl::UnavailableError(
-      absl::StrCat("decode worker ", options_.worker_id,
-                   " is not taking work: its engine failed: ", h.message()));
-}
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
+      table_(clock_, ReservationsOptions{options_.unlanded_quarantine}) {}
 
 DecodeService::~DecodeService() {
   agent_->SetNotificationCallback(nullptr);
@@ -99,38 +103,36 @@ DecodeService::~DecodeService() {
   if (janitor_.joinable()) janitor_.join();
 }
 
+absl::Status DecodeService::Usable() const {
+  const absl::Status h = loop_->health();
+  if (h.ok()) return h;
+  return absl::UnavailableError(
+      absl::StrCat("decode worker ", options_.worker_id,
+                   " is not taking work: its engine failed: ", h.message()));
+}
+
 void DecodeService::Count(const char* rpc, const char* outcome) {
   if (metrics_ != nullptr) metrics_->CountRequest(rpc, outcome);
 }
 
-void DecodeService::ReleaseLocked(std::vector<int32_t>* blocks, int32_t* slot) {
-  for (int32_t b : *blocks) blocks_.Free(b).IgnoreError();
-  blocks->clear();
-  if (*slot >= 0) slots_.Release(*slot).IgnoreError();
-  *slot = -1;
-}
-
-void DecodeService::FreeLocked(Reservation* r) {
-  if (r->landed || options_.unlanded_quarantine <= absl::ZeroDuration() ||
-      (r->blocks.empty() && r->slot < 0)) {
-    ReleaseLocked(&r->blocks, &r->slot);
-    return;
-  }
-  // The prefill worker may still be writing: keep the memory out of use.
-  Quarantined q;
-  q.blocks = std::move(r->blocks);
-  q.slot = r->slot;
-  q.until = absl::Now() + options_.unlanded_quarantine;
-  quarantine_.push_back(std::move(q));
-  r->blocks.clear();
-  r->slot = -1;
+void DecodeService::FreeInEngine(const ReservationInfo& info) {
+  loop_->Abort(info.engine_id);  // Engine::Abort frees a reservation
 }
 
 grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* context,
                                                  const tandem::v1::ReserveRequest* req,
                                                  tandem::v1::KvTarget* resp) {
   auto* reactor = context->DefaultReactor();
-  auto status = [&]() -> absl::Status {
+  auto finish = [this, reactor, req](const absl::Status& status) {
+    Count("Reserve",
+          status.ok() ? "ok" : absl::StatusCodeToString(status.code()).c_str());
+    TLOG(DEBUG, "reserve")
+        .Kv("request_id", req->request_id())
+        .Kv("prompt_tokens", req->prompt_tokens())
+        .Kv("status", status);
+    reactor->Finish(Grpc(status));
+  };
+  absl::Status status = [&]() -> absl::Status {
     if (req->request_id().empty()) return InvalidArgument("request_id is empty");
     if (req->prompt_tokens() <= 0) {
       return InvalidArgument("prompt_tokens must be > 0, got ", req->prompt_tokens());
@@ -143,169 +145,142 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
                                 " cannot hand off to this decode worker's TP ", tp(),
                                 ": KV re-layout between TP sizes is not supported");
     }
-    const int64_t bs = landing_[0]->block_size();
-    const int64_t need = (req->prompt_tokens() + bs - 1) / bs;
-    if (need > landing_[0]->num_blocks()) {
-      return InvalidArgument("prompt of ", req->prompt_tokens(),
-                             " tokens is larger than this worker's landing pool (",
-                             landing_[0]->num_blocks() * bs, " tokens)");
-    }
-    absl::Duration lease =
-        req->lease_ms() > 0
-            ? std::min(absl::Milliseconds(req->lease_ms()), options_.max_lease)
-            : options_.default_lease;
-    absl::MutexLock l(&mu_);
-    if (reservations_.contains(req->request_id())) {
+    if (table_.State(req->request_id()).has_value()) {
       return absl::AlreadyExistsError(
           absl::StrCat("request ", req->request_id(), " already has a reservation"));
     }
-    if (need > blocks_.num_free() || slots_.num_free() == 0) {
-      return ResourceExhausted("decode worker ", options_.worker_id, " cannot hold ",
-                               req->prompt_tokens(), " more tokens now (",
-                               blocks_.num_free(), " blocks, ", slots_.num_free(),
-                               " slots free)");
-    }
-    Reservation r;
-    TANDEM_RETURN_IF_ERROR(blocks_.AllocateN(need, &r.blocks));
-    auto slot = slots_.Acquire();
-    if (!slot.ok()) {
-      FreeLocked(&r);
-      return slot.status();
-    }
-    r.slot = *slot;
-    r.prompt_tokens = req->prompt_tokens();
-    r.lease_expiry = absl::Now() + lease;
-    resp->set_request_id(req->request_id());
-    resp->set_decode_worker_id(options_.worker_id);
-    resp->set_lease_expiry_unix_ms(absl::ToUnixMillis(r.lease_expiry));
-    for (int k = 0; k < tp(); ++k) {  // the same blocks and slot in every rank
-      tandem::v1::RankTarget* t = resp->add_ranks();
-      t->set_transfer_descriptor(descriptors_[k]);
-      t->set_transfer_address(absl::StrFormat("agent:%016x", agent_->AgentId()));
-      for (int32_t b : r.blocks) t->add_block_ids(b);
-      t->set_state_slot(r.slot);
-      *t->mutable_layout() = layouts_[k];
-    }
-    reservations_.emplace(req->request_id(), std::move(r));
     return absl::OkStatus();
   }();
-  Count("Reserve",
-        status.ok() ? "ok" : absl::StatusCodeToString(status.code()).c_str());
-  TLOG(DEBUG, "reserve")
-      .Kv("request_id", req->request_id())
-      .Kv("prompt_tokens", req->prompt_tokens())
-      .Kv("status", status);
-  reactor->Finish(Grpc(status));
+  if (!status.ok()) {
+    finish(status);
+    return reactor;
+  }
+  const absl::Duration lease =
+      req->lease_ms() > 0
+          ? std::min(absl::Milliseconds(req->lease_ms()), options_.max_lease)
+          : options_.default_lease;
+  const engine::RequestId eid = next_engine_id_.fetch_add(1);
+  // The allocation is the engine's: answered from its thread, between steps.
+  loop_->Post([this, req, resp, eid, lease, finish](engine::Engine& e) {
+    finish(ReserveOnLoop(e, *req, eid, lease, resp));
+  });
   return reactor;
+}
+
+absl::Status DecodeService::ReserveOnLoop(engine::Engine& e,
+                                          const tandem::v1::ReserveRequest& req,
+                                          engine::RequestId eid, absl::Duration lease,
+                                          tandem::v1::KvTarget* resp) {
+  absl::StatusOr<engine::StateLocation> loc = e.Reserve(eid, req.prompt_tokens());
+  if (!loc.ok()) {
+    if (absl::IsResourceExhausted(loc.status())) {
+      return ResourceExhausted("decode worker ", options_.worker_id, " cannot hold ",
+                               req.prompt_tokens(), " more tokens now (",
+                               e.num_free_blocks(), " blocks, ", e.num_free_slots(),
+                               " slots free): ", loc.status().message());
+    }
+    return loc.status();
+  }
+  ReservationInfo info;
+  info.request_id = req.request_id();
+  info.engine_id = eid;
+  info.blocks = loc->block_ids;
+  info.slot = static_cast<int32_t>(loc->slot);
+  info.prompt_tokens = req.prompt_tokens();
+  absl::StatusOr<ReservationInfo> added = table_.Add(std::move(info), lease);
+  if (!added.ok()) {  // a concurrent Reserve of the same id won
+    e.Abort(eid).IgnoreError();
+    return added.status();
+  }
+  resp->set_request_id(req.request_id());
+  resp->set_decode_worker_id(options_.worker_id);
+  resp->set_lease_expiry_unix_ms(absl::ToUnixMillis(added->lease_expiry));
+  for (int k = 0; k < tp(); ++k) {  // the same blocks and slot in every rank
+    tandem::v1::RankTarget* t = resp->add_ranks();
+    t->set_transfer_descriptor(descriptors_[k]);
+    t->set_transfer_address(absl::StrFormat("agent:%016x", agent_->AgentId()));
+    for (int32_t b : added->blocks) t->add_block_ids(b);
+    t->set_state_slot(added->slot);
+    *t->mutable_layout() = layouts_[k];
+  }
+  return absl::OkStatus();
 }
 
 grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* DecodeService::Decode(
     grpc::CallbackServerContext* context, const tandem::v1::DecodeRequest* req) {
   auto* stream = new rpc::ResponseStream();
   const std::string id = req->request_id();
-  const engine::RequestId eid = next_engine_id_.fetch_add(1);
-  absl::Time deadline =
-      std::min(absl::Now() + options_.max_landing_wait, ContextDeadline(context));
-  if (req->deadline_unix_ms() > 0) {
-    deadline = std::min(deadline, absl::FromUnixMillis(req->deadline_unix_ms()));
+  const absl::Time deadline =
+      rpc::WithUnixMillis(std::min(clock_->Now() + options_.max_landing_wait,
+                                   rpc::ContextDeadline(*context)),
+                          req->deadline_unix_ms());
+  engine::RequestId eid = 0;
+  absl::StatusOr<std::optional<Handoff>> ready =
+      table_.Decode(id, std::make_unique<DecodeWaiter>(stream, *req), deadline, &eid);
+  if (!ready.ok()) {
+    const bool missing = absl::IsNotFound(ready.status());
+    Count("Decode", missing ? "not_found" : "invalid");
+    stream->Close(Grpc(missing ? NotFound(ready.status().message(),
+                                          " on decode worker ", options_.worker_id)
+                               : ready.status()));
+    return stream;
   }
-  std::optional<Reservation> ready;
-  {
-    absl::MutexLock l(&mu_);
-    auto it = reservations_.find(id);
-    if (it == reservations_.end()) {
-      Count("Decode", "not_found");
-      stream->Close(Grpc(NotFound(
-          "no reservation for request '", id, "' on decode worker ", options_.worker_id,
-          " (never reserved, released, or its lease expired)")));
-      return stream;
-    }
-    Reservation& r = it->second;
-    if (r.waiting != nullptr) {
-      Count("Decode", "invalid");
-      stream->Close(Grpc(FailedPrecondition("request '", id, "' is already decoding")));
-      return stream;
-    }
-    r.waiting = stream;
-    r.pending = *req;
-    r.pending.set_request_id(absl::StrCat(eid));  // engine id rides along
-    r.wait_deadline = deadline;
-    r.decode_started = absl::Now();
-    if (r.landed) {
-      ready = std::move(r);
-      reservations_.erase(it);
-    }
-  }
-  // Cancellation: before admission the reservation is freed; after it the
-  // engine request is aborted (its blocks and slot freed).
-  stream->SetOnCancel([this, id, stream, eid] {
-    bool closed = false;
-    {
-      absl::MutexLock l(&mu_);
-      auto it = reservations_.find(id);
-      if (it != reservations_.end() && it->second.waiting == stream) {
-        FreeLocked(&it->second);
-        reservations_.erase(it);
-        closed = true;
-      }
-    }
-    if (closed) {
-      Count("Decode", "cancelled");
-      stream->Close(
-          grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
-      return;
-    }
-    loop_->Cancel(eid, [this, stream] {
-      Count("Decode", "cancelled");
-      stream->Close(
-          grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
-    });
-  });
-  if (ready.has_value()) StartDecode(id, std::move(*ready));
+  stream->SetOnCancel([this, id, eid, stream] { OnDecodeCancel(id, eid, stream); });
+  if (ready->has_value()) StartDecode(std::move(**ready));
   return stream;
 }
 
-void DecodeService::OnNotification(const kvtransfer::Notification& n) {
-  std::optional<Reservation> ready;
-  {
-    absl::MutexLock l(&mu_);
-    auto it = reservations_.find(n.request_id);
-    if (it == reservations_.end()) {
-      TLOG(WARNING, "state arrived for an unknown reservation")
-          .Kv("request_id", n.request_id);
-      return;
-    }
-    it->second.landed = true;
-    if (it->second.waiting != nullptr) {
-      ready = std::move(it->second);
-      reservations_.erase(it);
-    }
+void DecodeService::OnDecodeCancel(const std::string& id, engine::RequestId eid,
+                                   rpc::ResponseStream* stream) {
+  Removal c = table_.Cancel(id, eid);
+  if (c.found && c.was == ReservationState::kLanding) {
+    // Before the state landed: quarantined (or freed with no quarantine).
+    if (c.free_now) FreeInEngine(c.info);
+    Count("Decode", "cancelled");
+    stream->Close(Cancelled());
+    return;
   }
-  if (ready.has_value()) StartDecode(n.request_id, std::move(*ready));
+  // ADMITTED (or ended meanwhile): the engine's. The admission itself checks
+  // for a cancel it overtook (StartDecode).
+  loop_->Cancel(eid, [this, id, eid, stream] {
+    table_.Finish(id, eid);
+    Count("Decode", "cancelled");
+    stream->Close(Cancelled());
+  });
 }
 
-void DecodeService::StartDecode(std::string id, Reservation r) {
-  rpc::ResponseStream* stream = r.waiting;
-  const tandem::v1::DecodeRequest& req = r.pending;
-  engine::RequestId eid = 0;
-  absl::SimpleAtoi(req.request_id(), &eid);
+void DecodeService::OnNotification(const kvtransfer::Notification& n) {
+  absl::StatusOr<std::optional<Handoff>> ready = table_.Landed(n.request_id);
+  if (!ready.ok()) {
+    TLOG(WARNING, "state notification not taken")
+        .Kv("request_id", n.request_id)
+        .Kv("status", ready.status());
+    return;
+  }
+  if (ready->has_value()) StartDecode(std::move(**ready));
+}
+
+void DecodeService::StartDecode(Handoff h) {
+  std::shared_ptr<DecodeWaiter> w(static_cast<DecodeWaiter*>(h.waiter.release()));
+  rpc::ResponseStream* stream = w->stream;
+  const tandem::v1::DecodeRequest& req = w->request;
+  const ReservationInfo& r = h.info;
+  const std::string& id = r.request_id;
   auto fail = [&](const absl::Status& s, const char* outcome) {
-    {
-      absl::MutexLock l(&mu_);
-      FreeLocked(&r);
-    }
+    if (table_.Refuse(id, r.engine_id).free_now) FreeInEngine(r);
     Count("Decode", outcome);
     TLOG(WARNING, "decode refused").Kv("request_id", id).Kv("status", s);
     stream->Close(Grpc(s));
   };
+  // The reserved blocks are not touched by the engine's steps: read them here.
   const tandem::v1::StateChecksums& want = req.checksums();
   if (want.mla_layer_size() + want.kda_layer_size() > 0) {
     std::vector<tandem::v1::StateChecksums> ranks;
     for (int k = 0; k < tp(); ++k) {
       const kvtransfer::RankLayout side =
-          worker::CacheRankLayout(*landing_[k], regions_[k], r.blocks, r.slot);
+          worker::CacheRankLayout(*caches_[k], regions_[k], r.blocks, r.slot);
       auto got = kvtransfer::ComputeChecksums(
-          side, r.prompt_tokens, worker::CacheRegionBytes(landing_[k], regions_[k]));
+          side, r.prompt_tokens, worker::CacheRegionBytes(caches_[k], regions_[k]));
       if (!got.ok()) return fail(got.status(), "error");
       ranks.push_back(std::move(*got));
     }
@@ -325,28 +300,28 @@ void DecodeService::StartDecode(std::string id, Reservation r) {
                         " tokens but ", r.prompt_tokens, " were reserved"),
         "invalid");
   }
-  engine::ExportedState state;
+  engine::ExportedState state;  // no ranges: the state is in the engine's blocks
   state.prompt.assign(req.prompt_token_ids().begin(), req.prompt_token_ids().end());
   state.generated = {req.first_token_id()};
   state.num_cached_tokens = r.prompt_tokens;
-  for (engine::KvCache* pool : landing_) {  // rank-major, each range its rank's
-    auto ranges = pool->ExportSequence(r.blocks, r.prompt_tokens, r.slot);
-    if (!ranges.ok()) return fail(ranges.status(), "error");
-    state.ranges.insert(state.ranges.end(), ranges->begin(), ranges->end());
-  }
-  loop_->Post([this, id, eid, stream, r = std::move(r), state = std::move(state),
-               params = *params](engine::Engine& e) mutable {
-    const tandem::v1::DecodeRequest& req = r.pending;
-    auto out = e.AddPrefilledRequestWithOutput(eid, state, params);
-    {
-      absl::MutexLock l(&mu_);
-      FreeLocked(&r);  // the state was copied into the engine's cache
-    }
+  loop_->Post([this, w, info = r, started = h.decode_started, state = std::move(state),
+               params = *params](engine::Engine& e) {
+    rpc::ResponseStream* stream = w->stream;
+    const tandem::v1::DecodeRequest& req = w->request;
+    const std::string& id = info.request_id;
+    const engine::RequestId eid = info.engine_id;
+    auto refuse = [&](const grpc::Status& s, const char* outcome) {
+      table_.Refuse(id, eid);
+      e.Abort(eid).IgnoreError();  // the reservation, on this thread
+      Count("Decode", outcome);
+      stream->Close(s);
+    };
+    // A cancel that came before this command found nothing to cancel.
+    if (stream->cancelled()) return refuse(Cancelled(), "cancelled");
+    absl::StatusOr<engine::RequestOutput> out = e.AdmitReserved(eid, state, params);
     if (!out.ok()) {
-      Count("Decode", "error");
       TLOG(WARNING, "admission failed").Kv("request_id", id).Kv("status", out.status());
-      stream->Close(Grpc(out.status()));
-      return;
+      return refuse(Grpc(out.status()), "error");
     }
     tandem::v1::GenerateResponse m =
         worker::OutputToMessage(id, *out, req.return_text());
@@ -354,13 +329,13 @@ void DecodeService::StartDecode(std::string id, Reservation r) {
       *m.add_logprobs() = req.first_logprob();
     }
     if (params.seed.has_value()) m.set_seed(*params.seed);
-    const absl::Time now = absl::Now();
     if (metrics_ != nullptr) {
-      metrics_->ttft->Observe(absl::ToDoubleSeconds(now - r.decode_started));
+      metrics_->ttft->Observe(absl::ToDoubleSeconds(clock_->Now() - started));
     }
     TLOG(DEBUG, "decode admitted").Kv("request_id", id).Kv("engine_id", eid);
-    if (out->finished) {
-      m.mutable_usage()->set_prompt_tokens(r.prompt_tokens);
+    if (out->finished) {  // the first token ended it; the reservation is freed
+      table_.Finish(id, eid);
+      m.mutable_usage()->set_prompt_tokens(info.prompt_tokens);
       m.mutable_usage()->set_completion_tokens(
           static_cast<int32_t>(out->new_tokens.size()));
       stream->Push(std::move(m));
@@ -371,12 +346,18 @@ void DecodeService::StartDecode(std::string id, Reservation r) {
     stream->Push(std::move(m));
     worker::EngineStreamOptions so;
     so.request_id = id;
-    so.prompt_tokens = r.prompt_tokens;
+    so.prompt_tokens = info.prompt_tokens;
     so.return_text = req.return_text();
     so.rpc = "Decode";
-    so.started = r.decode_started;
+    so.started = started;
     so.tokens_already_sent = 1;
-    loop_->WatchOnLoopThread(eid, worker::StreamEngineOutputs(stream, metrics_, so));
+    worker::OutputCallback inner = worker::StreamEngineOutputs(stream, metrics_, so);
+    loop_->WatchOnLoopThread(
+        eid, [this, id, eid, inner = std::move(inner)](
+                 engine::Engine& e, const absl::StatusOr<engine::RequestOutput>& o) {
+          if (!o.ok() || o->finished) table_.Finish(id, eid);  // FINISHED
+          inner(e, o);
+        });
   });
 }
 
@@ -401,10 +382,7 @@ grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* DecodeService::Generate(
     stream->Close(Grpc(params.status()));
     return stream;
   }
-  if (!params->IsGreedy() && !params->seed.has_value()) {
-    absl::BitGen gen;
-    params->seed = absl::Uniform<uint64_t>(gen);
-  }
+  engine::EnsureSeed(&*params);
   const engine::RequestId eid = next_engine_id_.fetch_add(1);
   std::vector<int32_t> prompt(req->prompt_token_ids().ids().begin(),
                               req->prompt_token_ids().ids().end());
@@ -414,14 +392,13 @@ grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* DecodeService::Generate(
   so.return_text = req->return_text();
   so.seed = params->seed;
   so.rpc = "Generate";
-  so.started = absl::Now();
+  so.started = clock_->Now();
   loop_->AddRequest(eid, std::move(prompt), *params,
                     worker::StreamEngineOutputs(stream, metrics_, so));
   stream->SetOnCancel([this, eid, stream] {
     loop_->Cancel(eid, [this, stream] {
       Count("Generate", "cancelled");
-      stream->Close(
-          grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+      stream->Close(Cancelled());
     });
   });
   return stream;
@@ -430,21 +407,15 @@ grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* DecodeService::Generate(
 grpc::ServerUnaryReactor* DecodeService::Release(grpc::CallbackServerContext* context,
                                                  const tandem::v1::ReleaseRequest* req,
                                                  tandem::v1::ReleaseResponse* resp) {
-  rpc::ResponseStream* waiting = nullptr;
-  {
-    absl::MutexLock l(&mu_);
-    auto it = reservations_.find(req->request_id());
-    if (it != reservations_.end()) {
-      resp->set_found(true);
-      waiting = it->second.waiting;
-      FreeLocked(&it->second);
-      reservations_.erase(it);
-    }
-  }
-  if (waiting != nullptr) {
-    waiting->Close(
-        grpc::Status(grpc::StatusCode::ABORTED,
-                     "the reservation was released before the state arrived"));
+  Removal r = table_.Release(req->request_id());
+  // An ADMITTED one is the engine's (its Decode runs): nothing to release.
+  resp->set_found(r.found && r.was != ReservationState::kAdmitted);
+  if (r.free_now) FreeInEngine(r.info);
+  if (r.waiter != nullptr) {
+    static_cast<DecodeWaiter*>(r.waiter.get())
+        ->stream->Close(
+            grpc::Status(grpc::StatusCode::ABORTED,
+                         "the reservation was released before the state arrived"));
   }
   Count("Release", resp->found() ? "ok" : "not_found");
   auto* reactor = context->DefaultReactor();
@@ -452,49 +423,28 @@ grpc::ServerUnaryReactor* DecodeService::Release(grpc::CallbackServerContext* co
   return reactor;
 }
 
-void DecodeService::Janitor() {
-  while (true) {
-    std::vector<std::pair<std::string, rpc::ResponseStream*>> timed_out;
-    {
-      absl::MutexLock l(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.janitor_period);
-      if (stop_) return;
-      const absl::Time now = absl::Now();
-      for (auto q = quarantine_.begin(); q != quarantine_.end();) {
-        if (now >= q->until) {
-          ReleaseLocked(&q->blocks, &q->slot);
-          q = quarantine_.erase(q);
-        } else {
-          ++q;
-        }
-      }
-      for (auto it = reservations_.begin(); it != reservations_.end();) {
-        Reservation& r = it->second;
-        const bool wait_over = r.waiting != nullptr && now > r.wait_deadline;
-        const bool lease_over = r.waiting == nullptr && now > r.lease_expiry;
-        if (wait_over || lease_over) {
-          if (wait_over) timed_out.emplace_back(it->first, r.waiting);
-          if (lease_over) {
-            TLOG(INFO, "reservation lease expired").Kv("request_id", it->first);
-          }
-          FreeLocked(&r);
-          reservations_.erase(it++);
-        } else {
-          ++it;
-        }
-      }
-      if (metrics_ != nullptr) {
-        metrics_->reservations->Set(static_cast<double>(reservations_.size()));
-        metrics_->landing_blocks->Add({{"state", "free"}}).Set(blocks_.num_free());
-        metrics_->landing_blocks->Add({{"state", "used"}}).Set(blocks_.num_used());
-      }
-    }
-    for (auto& [id, stream] : timed_out) {
+void DecodeService::Tick(absl::Time now) {
+  TickResult t = table_.Tick(now);
+  for (const ReservationInfo& q : t.unquarantined) FreeInEngine(q);
+  for (Removal& r : t.expired) {
+    if (r.free_now) FreeInEngine(r.info);
+    if (r.waiter != nullptr) {
       Count("Decode", "deadline_exceeded");
-      stream->Close(Grpc(absl::DeadlineExceededError(
-          absl::StrCat("request ", id,
-                       ": the prefilled state did not arrive before the deadline"))));
+      static_cast<DecodeWaiter*>(r.waiter.get())
+          ->stream->Close(Grpc(absl::DeadlineExceededError(absl::StrCat(
+              "request ", r.info.request_id,
+              ": the prefilled state did not arrive before the deadline"))));
+    } else {
+      TLOG(INFO, "reservation lease expired")
+          .Kv("request_id", r.info.request_id)
+          .Kv("state", ReservationStateName(r.was));
     }
+  }
+  if (metrics_ != nullptr) {
+    metrics_->reservations->Set(static_cast<double>(table_.size()));
+    metrics_->landing_blocks->Add({{"state", "used"}})
+        .Set(static_cast<double>(table_.held_blocks()));
+    metrics_->landing_blocks->Add({{"state", "free"}}).Set(loop_->stats().free_blocks);
   }
 }
 
@@ -504,25 +454,13 @@ tandem::v1::WorkerLoad DecodeService::Load() const {
   load.set_queued_prefill_tokens(s.queued_prefill_tokens);
   load.set_running_requests(s.running);
   load.set_waiting_requests(s.waiting);
-  absl::MutexLock l(&mu_);
-  load.set_free_kv_blocks(
-      std::max(0, std::min(s.free_blocks - blocks_.num_used(), blocks_.num_free())));
+  // The engine's own counts: reserved and quarantined memory is not free.
+  load.set_free_kv_blocks(s.free_blocks);
   load.set_total_kv_blocks(s.total_blocks);
-  load.set_free_state_slots(
-      std::max(0, std::min(s.free_slots - slots_.num_used(), slots_.num_free())));
+  load.set_free_state_slots(s.free_slots);
   load.set_total_state_slots(s.total_slots);
   load.set_kv_block_size(layout_.block_size());
   return load;
-}
-
-int64_t DecodeService::num_reservations() const {
-  absl::MutexLock l(&mu_);
-  return reservations_.size();
-}
-
-int32_t DecodeService::landing_free_blocks() const {
-  absl::MutexLock l(&mu_);
-  return blocks_.num_free();
 }
 
 }  // namespace tandem::decode

@@ -1,35 +1,42 @@
-// DecodeWorker service: receives a request's state from a prefill worker into a
-// reservation, then decodes it in the continuous batch and streams tokens.
+// DecodeWorker service: thin RPC glue over Reservations (reservations.h, the
+// lifecycle) and the engine loop. A request's state lands straight in the
+// engine's own KV blocks and KDA slot, reserved for it; admission copies nothing.
 //
 //   Reserve(id, prompt_tokens)
-//     → landing blocks + a KDA slot from the landing pool (RESOURCE_EXHAUSTED
-//       when full) → KvTarget{agent descriptor (pool geometry in its metadata),
-//       block ids, slot, layout, lease expiry}            state RESERVED
-//   (prefill worker writes over kvtransfer, then Notify(id))    → LANDED
+//     → engine thread: Engine::Reserve (blocks + a KDA slot, held, never
+//       scheduled or preempted; RESOURCE_EXHAUSTED when not free) → the reply,
+//       from the engine thread: KvTarget{agent descriptor (the engine cache's
+//       geometry in its metadata), the engine's block ids, slot, layout, lease
+//       expiry}                                                    RESERVED
+//   (prefill worker writes over kvtransfer into those blocks, then Notify(id))
+//                                                    RESERVED → LANDED
 //   Decode(id, prompt, first token, checksums)
-//     → wait (bounded by the deadline) for LANDED              → WAITING
-//     → verify checksums over the landed bytes (DATA_LOSS, freed)
-//     → engine thread: AddPrefilledRequestWithOutput (copies the state into the
-//       engine's cache at position prompt_len) → landing freed  → DECODING
-//     → first message = the prefilled token (+ text, logprob, seed)
-//     → engine outputs streamed until finish_reason            → FINISHED
-//     client cancel (OnCancel) → engine Abort (blocks and slot freed)
-//   Release(id) / lease expiry (janitor thread) → reservation freed
+//     → RESERVED → LANDING: waits (bounded by the deadline) for the notification
+//     → LANDED / LANDING + notification → ADMITTED:
+//       verify checksums over the engine's blocks (DATA_LOSS: freed)
+//       → engine thread: Engine::AdmitReserved (nothing copied: the sequence
+//         becomes runnable where it is)
+//       → first message = the prefilled token (+ text, logprob, seed)
+//       → engine outputs streamed until finish_reason        → FINISHED
+//     client cancel: LANDING → quarantined; ADMITTED → engine Cancel
+//   Release(id): RESERVED / LANDING → quarantined, LANDED → freed
+//   janitor thread: Reservations::Tick(now): lease expiry (RESERVED, LANDED),
+//     wait expiry (LANDING: DEADLINE_EXCEEDED), quarantine end → the memory goes
+//     back to the engine (EngineLoop::Abort of the reservation's engine id)
 //   Generate(request) → colocated prefill + decode on this engine (short prompts)
 //
-// The landing pool is a second KvCache registered with the transfer agent once
-// at start; the state is copied into the engine's own cache on admission (one
-// memcpy of the prompt's state). Writing straight into engine blocks needs a
-// "reserved, not yet runnable" state in the scheduler: next step.
+// Memory: every reservation holds engine blocks and a slot (Load() reports them
+// as used); a quarantined one keeps them out of the engine's free list until
+// the quarantine ends. Reservations count against the engine's running cap (its
+// slots), so a reserved request's admission cannot fail for room.
 //
-// Tensor parallelism: a TP N worker has one landing pool per rank (each shaped
-// like that rank's engine cache: its KDA heads, the replicated MLA latents),
-// all registered with the one agent; a reservation is the same block ids and
-// slot in every rank's pool, published as N RankTargets (one descriptor per
-// rank, its pool geometry in the metadata). The checksums verified are every
-// rank's, merged rank-major (worker::MergeRankChecksums); admission imports the
-// ranks' ranges rank-major. Once the engine's TP group broke (a rank died),
-// Reserve and Generate answer UNAVAILABLE (the router drops the worker).
+// Tensor parallelism: every rank's engine cache is registered with the one
+// agent (each rank's KDA heads, the replicated MLA latents); a reservation is
+// the same block ids and slot in every rank's cache, published as N RankTargets
+// (one descriptor per rank, its cache geometry in the metadata). The checksums
+// verified are every rank's, merged rank-major (worker::MergeRankChecksums).
+// Once the engine's TP group broke (a rank died), Reserve and Generate answer
+// UNAVAILABLE (the router drops the worker).
 #ifndef TANDEM_DECODE_DECODE_SERVICE_H_
 #define TANDEM_DECODE_DECODE_SERVICE_H_
 
@@ -37,13 +44,13 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "engine/cache/block_allocator.h"
-#include "engine/cache/slot_pool.h"
+#include "common/clock.h"
+#include "decode/reservations.h"
 #include "engine/runtime/kv_cache.h"
 #include "kvtransfer/transfer_agent.h"
 #include "proto/worker.grpc.pb.h"
@@ -62,7 +69,7 @@ struct DecodeServiceOptions {
   // Longest a Decode waits for the state's notification (also bounded by its
   // deadline).
   absl::Duration max_landing_wait = absl::Seconds(10);
-  // How often the janitor looks for expired leases and waits.
+  // How often the janitor runs Tick.
   absl::Duration janitor_period = absl::Milliseconds(20);
   // A reservation freed before its state landed (Release after a failed or
   // cancelled prefill, lease or wait expiry) keeps its blocks and slot out of
@@ -71,22 +78,24 @@ struct DecodeServiceOptions {
   // outlast it (a prefill worker cut off from the router until its deadline) are
   // not fenced: docs/kvtransfer.md, "Failures".
   absl::Duration unlanded_quarantine = absl::Seconds(5);
-  // When the landing pools were allocated through the agent (AgentAllocations),
-  // their buffers are already registered: not owned, may be null.
+  // When the engine's caches were allocated through the agent
+  // (EngineOptions::cache_allocator from AgentAllocations), their buffers are
+  // already registered: not owned, may be null.
   const worker::AgentAllocations* allocations = nullptr;
+  // Leases, waits and quarantines; not owned, null: the real clock.
+  Clock* clock = nullptr;
+  // Start the janitor thread (false: the owner calls Tick, e.g. tests).
+  bool start_janitor = true;
 };
 
 class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
  public:
-  // Not owned, must outlive the service: the loop (engine thread), the landing
-  // cache and the agent it is registered with, metrics (may be null).
+  // Not owned, must outlive the service: the loop (engine thread) and its
+  // engine's caches, one per TP rank in rank order (worker::RankCaches), the
+  // agent they are registered with, metrics (may be null). The loop must be
+  // stopped before the service is destroyed (its commands call the service).
   static absl::StatusOr<std::unique_ptr<DecodeService>> Create(
-      worker::EngineLoop* loop, engine::KvCache* landing,
-      kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
-      DecodeServiceOptions options);
-  // TP: one landing pool per rank, rank order (same blocks and slots each).
-  static absl::StatusOr<std::unique_ptr<DecodeService>> Create(
-      worker::EngineLoop* loop, std::vector<engine::KvCache*> landing,
+      worker::EngineLoop* loop, std::vector<engine::KvCache*> caches,
       kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
       DecodeServiceOptions options);
   ~DecodeService() override;
@@ -104,66 +113,55 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
                                     const tandem::v1::ReleaseRequest* request,
                                     tandem::v1::ReleaseResponse* response) override;
 
-  // Load for heartbeats (engine + landing pool).
+  // What the janitor runs every janitor_period: expiries and quarantine ends
+  // (their memory back to the engine, expired Decodes ended), metrics.
+  void Tick(absl::Time now);
+
+  // Load for heartbeats: the engine's (reserved blocks and slots are not free).
   tandem::v1::WorkerLoad Load() const;
   tandem::v1::KvLayout layout() const { return layout_; }
-  int64_t num_reservations() const;
-  int32_t landing_free_blocks() const;
+  // Reservations not yet finished (RESERVED, LANDING, LANDED, ADMITTED).
+  int64_t num_reservations() const { return table_.size(); }
+  // Engine blocks held for hand-offs not yet admitted (quarantined included).
+  int64_t reserved_blocks() const { return table_.held_blocks(); }
+  int64_t quarantined() const { return table_.num_quarantined(); }
 
  private:
-  struct Reservation {
-    std::vector<int32_t> blocks;
-    int32_t slot = -1;
-    int32_t prompt_tokens = 0;
-    absl::Time lease_expiry;
-    bool landed = false;
-    // A Decode waiting for the notification.
-    rpc::ResponseStream* waiting = nullptr;  // not owned (producer reference)
-    tandem::v1::DecodeRequest pending;
-    absl::Time wait_deadline;
-    absl::Time decode_started;
-  };
+  class DecodeWaiter;
 
-  DecodeService(worker::EngineLoop* loop, std::vector<engine::KvCache*> landing,
+  DecodeService(worker::EngineLoop* loop, std::vector<engine::KvCache*> caches,
                 kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
                 DecodeServiceOptions options);
-  int tp() const { return static_cast<int>(landing_.size()); }
+  int tp() const { return static_cast<int>(caches_.size()); }
   // UNAVAILABLE once the engine's TP group broke; OK otherwise.
   absl::Status Usable() const;
+  // On the engine thread: the reservation, the reply, the table entry.
+  absl::Status ReserveOnLoop(engine::Engine& e, const tandem::v1::ReserveRequest& req,
+                             engine::RequestId eid, absl::Duration lease,
+                             tandem::v1::KvTarget* resp);
   void OnNotification(const kvtransfer::Notification& n);
-  // Verifies and admits a landed reservation (taken out of the table).
-  void StartDecode(std::string id, Reservation r);
-  // Frees r's blocks and slot now if its state landed (or nothing was sent),
-  // else quarantines them for options_.unlanded_quarantine.
-  void FreeLocked(Reservation* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReleaseLocked(std::vector<int32_t>* blocks, int32_t* slot)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Janitor();
+  void OnDecodeCancel(const std::string& id, engine::RequestId eid,
+                      rpc::ResponseStream* stream);
+  // Verifies and admits an ADMITTED reservation (the hand-off).
+  void StartDecode(Handoff h);
+  // Gives a reservation's memory back to the engine (from any thread).
+  void FreeInEngine(const ReservationInfo& info);
   void Count(const char* rpc, const char* outcome);
 
-  worker::EngineLoop* const loop_;               // not owned
-  const std::vector<engine::KvCache*> landing_;  // not owned; one per rank
-  kvtransfer::TransferAgent* const agent_;       // not owned
-  worker::WorkerMetrics* const metrics_;         // not owned; may be null
+  worker::EngineLoop* const loop_;              // not owned
+  const std::vector<engine::KvCache*> caches_;  // not owned; the engine's, per rank
+  kvtransfer::TransferAgent* const agent_;      // not owned
+  worker::WorkerMetrics* const metrics_;        // not owned; may be null
   const DecodeServiceOptions options_;
+  Clock* const clock_;                         // not owned
   std::vector<worker::CacheRegions> regions_;  // per rank
   std::vector<tandem::v1::KvLayout> layouts_;  // per rank
   std::vector<std::string> descriptors_;       // per rank
   tandem::v1::KvLayout layout_;                // rank 0's
   std::atomic<int64_t> next_engine_id_{1};
+  Reservations table_;
 
-  mutable absl::Mutex mu_;
-  engine::BlockAllocator blocks_ ABSL_GUARDED_BY(mu_);
-  engine::SlotPool slots_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, Reservation> reservations_ ABSL_GUARDED_BY(mu_);
-  // Blocks and slots of reservations freed before their state landed, held
-  // until `until` (FreeLocked); the janitor releases them.
-  struct Quarantined {
-    std::vector<int32_t> blocks;
-    int32_t slot = -1;
-    absl::Time until;
-  };
-  std::vector<Quarantined> quarantine_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread janitor_;
 };

@@ -97,18 +97,14 @@ struct DecodeNode {
   DecodeNode() {
     backend = engine::testing::MakeBackend("cpu");
     auto e = engine::Engine::Create(&TinyWeights(), backend.get(), &Tok(), Options(8));
-    engine::KvCacheOptions lo;
-    lo.block_size = 8;
-    lo.num_blocks = (*e)->scheduler().config().num_blocks;
-    lo.num_slots = 4;
-    landing = *engine::KvCache::Create(TinyWeights().config, lo);
+    engine = e->get();
     loop = std::make_unique<worker::EngineLoop>(std::move(*e));
     decode::DecodeServiceOptions o;
     o.worker_id = "decode-0";
-    // Short, so that tests of failed hand-offs see the landing pool idle soon.
+    // Short, so that tests of failed hand-offs see the reserved blocks free soon.
     o.unlanded_quarantine = absl::Milliseconds(300);
-    service =
-        *decode::DecodeService::Create(loop.get(), landing.get(), &agent, &metrics, o);
+    service = *decode::DecodeService::Create(loop.get(), {&engine->cache()}, &agent,
+                                             &metrics, o);
     server = Serve(service.get(), &address);
     stub = tandem::v1::DecodeWorker::NewStub(
         grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
@@ -118,8 +114,9 @@ struct DecodeNode {
     loop.reset();
     service.reset();
   }
+  int32_t num_slots() const { return engine->scheduler().config().num_slots; }
   std::unique_ptr<kernels::Backend> backend;
-  std::unique_ptr<engine::KvCache> landing;
+  engine::Engine* engine = nullptr;  // owned by the loop
   kvtransfer::LoopbackAgent agent;
   metrics::Registry registry;
   worker::WorkerMetrics metrics{&registry};
@@ -234,20 +231,19 @@ tandem::v1::GenerateRequest Request(const std::vector<int32_t>& prompt, int max_
   return req;
 }
 
-// The engine's free blocks and slots return to their totals (asynchronous
-// aborts): polled with a bounded deadline.
-// Waits until every landing block of `service` is free again (failed hand-offs
-// hold theirs for the unlanded quarantine).
-bool LandingIdle(decode::DecodeService* service, int64_t total,
-                 absl::Duration timeout) {
+// Waits until no engine block of `service` is held for a hand-off any more
+// (failed hand-offs hold theirs for the unlanded quarantine).
+bool ReservedIdle(decode::DecodeService* service, absl::Duration timeout) {
   const absl::Time end = absl::Now() + timeout;
   while (absl::Now() < end) {
-    if (service->landing_free_blocks() == total) return true;
+    if (service->reserved_blocks() == 0) return true;
     absl::SleepFor(absl::Milliseconds(5));
   }
   return false;
 }
 
+// The engine's free blocks and slots return to their totals (asynchronous
+// aborts): polled with a bounded deadline.
 bool EngineIdle(worker::EngineLoop* loop, absl::Duration timeout) {
   const absl::Time end = absl::Now() + timeout;
   while (absl::Now() < end) {
@@ -295,11 +291,11 @@ TEST_F(ClusterTest, DisaggregatedEqualsColocatedTokenForToken) {
   }
   EXPECT_EQ(Paths("disaggregated"), kPrompts);
   EXPECT_GT(compared_tokens, kPrompts * 3);
-  // Nothing leaked: landing pool and both engines idle.
+  // Nothing leaked: no reserved blocks, both engines idle.
   EXPECT_TRUE(EngineIdle(decode.loop.get(), absl::Seconds(10)));
   EXPECT_TRUE(EngineIdle(prefill.loop.get(), absl::Seconds(10)));
   EXPECT_EQ(decode.service->num_reservations(), 0);
-  EXPECT_EQ(decode.service->landing_free_blocks(), decode.landing->num_blocks());
+  EXPECT_EQ(decode.service->reserved_blocks(), 0);
   EXPECT_GT(prefill.metrics.transfer_bytes->Value(), 0);
 }
 
@@ -344,8 +340,8 @@ TEST_F(ClusterTest, LostPrefillWorkerIsReleasedAndRetriedElsewhere) {
   EXPECT_EQ(decode.service->num_reservations(), 0);
   // The first reservation was released before any state landed: quarantined
   // (the lost prefill worker might still write), then freed.
-  EXPECT_TRUE(LandingIdle(decode.service.get(), decode.landing->num_blocks(),
-                          absl::Seconds(10)));
+  EXPECT_TRUE(ReservedIdle(decode.service.get(), absl::Seconds(10)));
+  EXPECT_TRUE(EngineIdle(decode.loop.get(), absl::Seconds(10)));
 }
 
 // A reservation released before its state landed keeps its memory out of use
@@ -353,7 +349,7 @@ TEST_F(ClusterTest, LostPrefillWorkerIsReleasedAndRetriedElsewhere) {
 // writing into it), then gets it back; a landed one is freed at once.
 TEST_F(ClusterTest, UnlandedReservationIsQuarantinedThenFreed) {
   DecodeNode decode;
-  const int slots = decode.landing->num_slots();
+  const int slots = decode.num_slots();
   auto reserve = [&](const std::string& id) {
     tandem::v1::ReserveRequest rr;
     rr.set_request_id(id);
@@ -382,10 +378,12 @@ TEST_F(ClusterTest, UnlandedReservationIsQuarantinedThenFreed) {
   grpc::Status held = reserve("next");
   EXPECT_EQ(held.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << held.error_message();
-  EXPECT_LT(decode.service->landing_free_blocks(), decode.landing->num_blocks());
+  EXPECT_GT(decode.service->reserved_blocks(), 0);
+  EXPECT_EQ(decode.service->quarantined(), slots);
+  EXPECT_EQ(decode.service->Load().free_state_slots(), 0);  // held, not free
   // ...and accepted once the quarantine (300 ms here) has passed.
-  EXPECT_TRUE(LandingIdle(decode.service.get(), decode.landing->num_blocks(),
-                          absl::Seconds(10)));
+  EXPECT_TRUE(ReservedIdle(decode.service.get(), absl::Seconds(10)));
+  EXPECT_TRUE(EngineIdle(decode.loop.get(), absl::Seconds(10)));
   EXPECT_TRUE(reserve("next").ok());
   EXPECT_TRUE(release("next").ok());
 }
@@ -403,7 +401,7 @@ TEST_F(ClusterTest, CorruptTransferIsDataLossAndNothingLeaks) {
   EXPECT_NE(r.status.error_message().find("corrupt"), std::string::npos);
   EXPECT_TRUE(r.tokens.empty());
   EXPECT_EQ(decode.service->num_reservations(), 0);
-  EXPECT_EQ(decode.service->landing_free_blocks(), decode.landing->num_blocks());
+  EXPECT_EQ(decode.service->reserved_blocks(), 0);
   EXPECT_TRUE(EngineIdle(decode.loop.get(), absl::Seconds(10)));
   EXPECT_TRUE(EngineIdle(prefill.loop.get(), absl::Seconds(10)));
   EXPECT_EQ(router_metrics_.requests->Add({{"outcome", "data_loss"}}).Value(), 1);
