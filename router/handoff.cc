@@ -1,71 +1,181 @@
 #include "router/handoff.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <functional>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
-#include "common/status.h"
-#include "metrics/buckets.h"
+#include "rpc/deadline.h"
 
 namespace tandem::router {
 namespace {
 
 using tandem::v1::GenerateResponse;
+using Kind = Placement::Action::Kind;
 
-using metrics::OrDie;
-
-std::chrono::system_clock::time_point Chrono(absl::Time t) {
-  if (t == absl::InfiniteFuture()) return std::chrono::system_clock::time_point::max();
-  return absl::ToChronoTime(t);
-}
-
-// One request's hand-off (handoff.h has the state map).
-class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
+// One request's hand-off: runs its Placement's actions as gRPC calls and feeds
+// their ends back as events (handoff.h has the flow, placement.h the states).
+class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
  public:
-  GenerateCall(Handoff* h, tandem::v1::GenerateRequest request,
-               rpc::ResponseSink* stream, absl::Time deadline, absl::Time started,
-               std::function<void(const absl::Status&)> on_finish)
+  HandoffCall(Handoff* h, tandem::v1::GenerateRequest request,
+              rpc::ResponseSink* stream, absl::Time deadline, absl::Time started,
+              std::function<void(const absl::Status&)> on_finish)
       : h_(h),
         req_(std::move(request)),
         stream_(stream),
-        deadline_(deadline),
         started_(started),
-        on_finish_(std::move(on_finish)) {
-    prompt_tokens_ = req_.prompt_token_ids().ids_size();
-  }
+        on_finish_(std::move(on_finish)),
+        placement_(h->deps(), h->options(),
+                   PlacementRequest{
+                       .request_id = req_.request_id(),
+                       .prompt_tokens = req_.prompt_token_ids().ids_size(),
+                       .min_tokens = static_cast<int32_t>(req_.stop().min_tokens()),
+                       .deadline = deadline,
+                       .started = started,
+                   }) {}
 
   void Start() {
-    std::weak_ptr<GenerateCall> weak = shared_from_this();
+    std::weak_ptr<HandoffCall> weak = shared_from_this();
     stream_->SetOnCancel([weak] {
-      if (auto self = weak.lock()) self->Cancel();
+      if (auto self = weak.lock()) self->Step([](Placement& p) { return p.Cancel(); });
     });
-    const HandoffOptions& o = h_->options();
-    const bool colocate =
-        prompt_tokens_ < o.colocate_below_tokens || req_.stop().min_tokens() > 0 ||
-        (o.max_context_tokens > 0 && prompt_tokens_ + 1 >= o.max_context_tokens) ||
-        h_->registry()->Live(tandem::v1::WORKER_ROLE_PREFILL).empty();
-    if (colocate) {
-      Colocate();
-    } else {
-      Reserve();
+    Step([](Placement& p) { return p.Start(); });
+  }
+
+ private:
+  class RelayReactor;
+
+  // Feeds one event to the placement and runs the actions it returns. The
+  // call in flight is cancelled under the lock (it is the one `active_` names).
+  template <typename Event>
+  void Step(Event event) {
+    Placement::Actions actions;
+    {
+      absl::MutexLock l(&mu_);
+      actions = event(placement_);
+      for (const Placement::Action& a : actions) {
+        if (a.kind == Kind::kCancelCall && active_ != nullptr) active_->TryCancel();
+      }
+    }
+    for (Placement::Action& a : actions) Run(std::move(a));
+  }
+
+  void Run(Placement::Action a) {
+    switch (a.kind) {
+      case Kind::kReserve:
+        return Reserve(a);
+      case Kind::kPrefill:
+        return Prefill(a);
+      case Kind::kRelease:
+        return Release(a);
+      case Kind::kDecode:
+        return Decode(a);
+      case Kind::kColocate:
+        return Colocate(a);
+      case Kind::kCancelCall:
+        return;  // done in Step
+      case Kind::kFinish:
+        return Finish(a.status);
     }
   }
 
-  // Client went away (or its deadline passed).
-  void Cancel() {
+  // Makes `ctx` the call a client cancel reaches (cancelling it at once when the
+  // client is already gone).
+  void SetActive(grpc::ClientContext* ctx, absl::Time deadline) {
+    ctx->set_deadline(rpc::ToGrpcDeadline(deadline));
     absl::MutexLock l(&mu_);
-    cancelled_ = true;
-    if (active_ != nullptr) active_->TryCancel();
+    active_ = ctx;
+    if (placement_.cancelled()) ctx->TryCancel();
+  }
+  void ClearActive() {
+    absl::MutexLock l(&mu_);
+    active_ = nullptr;
   }
 
-  // Relayed stream events (RelayReactor).
+  void Reserve(const Placement::Action& a) {
+    auto self = shared_from_this();
+    reserve_ctx_ = std::make_unique<grpc::ClientContext>();
+    SetActive(reserve_ctx_.get(), a.deadline);
+    reserve_req_.set_request_id(req_.request_id());
+    reserve_req_.set_prompt_tokens(req_.prompt_token_ids().ids_size());
+    reserve_req_.set_max_new_tokens(req_.stop().max_tokens());
+    // The registry admits only workers whose TP size equals every live worker's
+    // of the other role, so the prefill worker picked next has the decode's size.
+    reserve_req_.set_prefill_tp_size(std::max(a.worker.registration.tp_size(), 1));
+    reserve_req_.set_lease_ms(h_->options().lease_ms);
+    target_.Clear();
+    h_->DecodeStub(a.worker.registration.grpc_address())
+        ->async()
+        ->Reserve(reserve_ctx_.get(), &reserve_req_, &target_, [self](grpc::Status s) {
+          self->ClearActive();
+          self->Step([&](Placement& p) { return p.OnReserved(FromGrpcStatus(s)); });
+        });
+  }
+
+  void Prefill(const Placement::Action& a) {
+    auto self = shared_from_this();
+    prefill_ctx_ = std::make_unique<grpc::ClientContext>();
+    SetActive(prefill_ctx_.get(), a.deadline);
+    prefill_req_.Clear();
+    prefill_req_.set_request_id(req_.request_id());
+    *prefill_req_.mutable_prompt_token_ids() = req_.prompt_token_ids().ids();
+    *prefill_req_.mutable_sampling() = req_.sampling();
+    *prefill_req_.mutable_target() = target_;
+    prefill_req_.set_deadline_unix_ms(rpc::ToUnixMillisOrZero(a.deadline));
+    prefill_req_.set_checksums(h_->options().checksums);
+    prefill_resp_.Clear();
+    h_->PrefillStub(a.worker.registration.grpc_address())
+        ->async()
+        ->Prefill(prefill_ctx_.get(), &prefill_req_, &prefill_resp_,
+                  [self](grpc::Status s) {
+                    self->ClearActive();
+                    if (s.ok()) {
+                      self->h_->metrics()->transfer_seconds->Observe(
+                          self->prefill_resp_.transfer().seconds());
+                    }
+                    self->Step(
+                        [&](Placement& p) { return p.OnPrefilled(FromGrpcStatus(s)); });
+                  });
+  }
+
+  // Frees the reservation on the decode worker (bounded by rpc_timeout). An
+  // awaited Release feeds OnReleased: a retry that reserves again for the same
+  // request id must not race its own Release.
+  void Release(const Placement::Action& a) {
+    struct Call {
+      grpc::ClientContext ctx;
+      tandem::v1::ReleaseRequest req;
+      tandem::v1::ReleaseResponse resp;
+    };
+    auto r = std::make_shared<Call>();
+    r->ctx.set_deadline(rpc::ToGrpcDeadline(a.deadline));
+    r->req.set_request_id(req_.request_id());
+    std::shared_ptr<HandoffCall> self;
+    if (a.await) self = shared_from_this();
+    h_->DecodeStub(a.worker.registration.grpc_address())
+        ->async()
+        ->Release(&r->ctx, &r->req, &r->resp,
+                  [r, self, rid = req_.request_id()](grpc::Status s) {
+                    if (!s.ok()) {
+                      TLOG(INFO, "release failed (the lease frees it)")
+                          .Kv("request_id", rid)
+                          .Kv("status", s.error_message());
+                    }
+                    if (self != nullptr) {
+                      self->Step([&](Placement& p) {
+                        return p.OnReleased(FromGrpcStatus(s));
+                      });
+                    }
+                  });
+  }
+
+  void Decode(const Placement::Action& a);
+  void Colocate(const Placement::Action& a);
+
+  // Relayed stream events (RelayReactor), one relay at a time.
   void OnMessage(GenerateResponse m) {
     m.set_request_id(req_.request_id());
-    const absl::Time now = absl::Now();
+    const absl::Time now = h_->clock()->Now();
     if (!first_sent_ && m.token_ids_size() > 0) {
       first_sent_ = true;
       first_at_ = now;
@@ -73,56 +183,19 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
     }
     if (m.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
       tandem::v1::Usage* u = m.mutable_usage();
-      u->set_prompt_tokens(prompt_tokens_);
+      u->set_prompt_tokens(req_.prompt_token_ids().ids_size());
       u->set_ttft_seconds(first_sent_ ? absl::ToDoubleSeconds(first_at_ - started_)
                                       : 0);
       u->set_total_seconds(absl::ToDoubleSeconds(now - started_));
     }
     stream_->Push(std::move(m));
   }
-
-  void OnStreamDone(const grpc::Status& status, const WorkerRecord& worker) {
+  void OnStreamDone(const grpc::Status& status) {
     ClearActive();
-    h_->Unplace(worker.registration.worker_id(), req_.request_id());
-    reserved_requests_ = 0;
-    reserved_tokens_ = 0;
-    if (status.ok()) return Finish(absl::OkStatus());
-    absl::Status s = FromGrpcStatus(status);
-    if (IsCancelled()) return Finish(absl::CancelledError("cancelled by the client"));
-    if (absl::IsUnavailable(s)) {
-      h_->registry()->Remove(worker.registration.worker_id());
-      s = absl::UnavailableError(absl::StrCat(
-          "decode worker ", worker.registration.worker_id(), " (",
-          worker.registration.grpc_address(),
-          ") failed or became unreachable during the request: ", s.message()));
-    }
-    Finish(s);
-  }
-
- private:
-  class RelayReactor;
-
-  bool IsCancelled() {
-    absl::MutexLock l(&mu_);
-    return cancelled_;
-  }
-
-  // Makes `ctx` the call a client cancel reaches (cancelling it at once when the
-  // client is already gone).
-  void SetActive(grpc::ClientContext* ctx) {
-    ctx->set_deadline(Chrono(deadline_));
-    absl::MutexLock l(&mu_);
-    active_ = ctx;
-    if (cancelled_) ctx->TryCancel();
-  }
-  void ClearActive() {
-    absl::MutexLock l(&mu_);
-    active_ = nullptr;
+    Step([&](Placement& p) { return p.OnStreamDone(FromGrpcStatus(status)); });
   }
 
   void Finish(const absl::Status& s) {
-    if (finished_) return;
-    finished_ = true;
     if (!s.ok()) {
       TLOG(INFO, "generate failed").Kv("request_id", req_.request_id()).Kv("status", s);
     }
@@ -130,219 +203,19 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
     stream_->Close(ToGrpcStatus(s));
   }
 
-  std::optional<WorkerRecord> PickDecode() {
-    std::vector<WorkerRecord> live =
-        h_->registry()->Live(tandem::v1::WORKER_ROLE_DECODE);
-    auto i =
-        SelectDecode(live, tried_decode_, h_->InFlightSnapshot(live), prompt_tokens_);
-    if (!i.has_value()) return std::nullopt;
-    return live[*i];
-  }
-
-  void NoDecodeWorker() {
-    // A live decode worker that was not tried was skipped for lack of room: the
-    // cluster is full, not down.
-    bool skipped_full = false;
-    for (const WorkerRecord& w : h_->registry()->Live(tandem::v1::WORKER_ROLE_DECODE)) {
-      if (!tried_decode_.contains(w.registration.worker_id())) skipped_full = true;
-    }
-    if (decode_full_ || skipped_full) {
-      return Finish(
-          ResourceExhausted("every decode worker is full; retry later (prompt of ",
-                            prompt_tokens_, " tokens)"));
-    }
-    Finish(absl::UnavailableError(
-        absl::StrCat("no decode worker can take this request (prompt of ",
-                     prompt_tokens_, " tokens); the request was not started")));
-  }
-
-  // COLOCATED: prefill + decode on one decode worker.
-  void Colocate();
-
-  // RESERVING
-  void Reserve() {
-    if (IsCancelled()) return Finish(absl::CancelledError("cancelled by the client"));
-    std::optional<WorkerRecord> d = PickDecode();
-    if (!d.has_value()) return NoDecodeWorker();
-    decode_ = *d;
-    auto self = shared_from_this();
-    reserve_ctx_ = std::make_unique<grpc::ClientContext>();
-    SetActive(reserve_ctx_.get());
-    reserve_ctx_->set_deadline(
-        Chrono(std::min(deadline_, absl::Now() + h_->options().rpc_timeout)));
-    reserve_req_.set_request_id(req_.request_id());
-    reserve_req_.set_prompt_tokens(prompt_tokens_);
-    reserve_req_.set_max_new_tokens(req_.stop().max_tokens());
-    // The registry admits only workers whose TP size equals every live worker's
-    // of the other role, so the prefill worker picked next has the decode's size.
-    reserve_req_.set_prefill_tp_size(std::max(decode_.registration.tp_size(), 1));
-    reserve_req_.set_lease_ms(h_->options().lease_ms);
-    target_.Clear();
-    h_->DecodeStub(decode_.registration.grpc_address())
-        ->async()
-        ->Reserve(reserve_ctx_.get(), &reserve_req_, &target_,
-                  [self](grpc::Status s) { self->OnReserved(s); });
-  }
-
-  void OnReserved(const grpc::Status& status) {
-    ClearActive();
-    const std::string& id = decode_.registration.worker_id();
-    if (status.ok()) {
-      reserved_requests_ = 1;
-      reserved_tokens_ = prompt_tokens_;
-      h_->Place(decode_, req_.request_id(), prompt_tokens_);
-      if (IsCancelled()) {
-        ReleaseReservation();
-        return Finish(absl::CancelledError("cancelled by the client"));
-      }
-      return Prefill();
-    }
-    if (IsCancelled()) return Finish(absl::CancelledError("cancelled by the client"));
-    tried_decode_.insert(id);
-    switch (status.error_code()) {
-      case grpc::StatusCode::RESOURCE_EXHAUSTED:
-        decode_full_ = true;
-        h_->metrics()->retries->Add({{"reason", "decode_full"}}).Increment();
-        return Reserve();
-      case grpc::StatusCode::UNAVAILABLE:
-        h_->registry()->Remove(id);
-        h_->metrics()->retries->Add({{"reason", "decode_unavailable"}}).Increment();
-        return Reserve();
-      default:
-        return Finish(FromGrpcStatus(status));
-    }
-  }
-
-  // RELEASING (fire and forget, bounded).
-  // Frees the reservation on the decode worker. `then`, when given, runs once the
-  // Release RPC has ended (either way): a retry that reserves again for the same
-  // request id must not race its own Release.
-  void ReleaseReservation(std::function<void()> then = nullptr) {
-    h_->Unplace(decode_.registration.worker_id(), req_.request_id());
-    reserved_requests_ = 0;
-    reserved_tokens_ = 0;
-    struct Release {
-      grpc::ClientContext ctx;
-      tandem::v1::ReleaseRequest req;
-      tandem::v1::ReleaseResponse resp;
-    };
-    auto r = std::make_shared<Release>();
-    r->ctx.set_deadline(Chrono(absl::Now() + h_->options().rpc_timeout));
-    r->req.set_request_id(req_.request_id());
-    const std::string rid = req_.request_id();
-    h_->DecodeStub(decode_.registration.grpc_address())
-        ->async()
-        ->Release(&r->ctx, &r->req, &r->resp, [r, rid, then](grpc::Status s) {
-          if (!s.ok()) {
-            TLOG(INFO, "release failed (the lease frees it)")
-                .Kv("request_id", rid)
-                .Kv("status", s.error_message());
-          }
-          if (then) then();
-        });
-  }
-
-  // PREFILLING
-  void Prefill() {
-    std::vector<WorkerRecord> live =
-        h_->registry()->Live(tandem::v1::WORKER_ROLE_PREFILL);
-    auto i = SelectPrefill(live, tried_prefill_, h_->InFlightSnapshot(live));
-    if (!i.has_value()) {
-      // No prefill worker left: prefill on the decode worker instead, once the
-      // reservation made for this request id is gone.
-      h_->metrics()->retries->Add({{"reason", "colocated_fallback"}}).Increment();
-      TLOG(INFO, "no prefill worker available; prefilling on a decode worker")
-          .Kv("request_id", req_.request_id());
-      tried_decode_.clear();
-      auto self = shared_from_this();
-      return ReleaseReservation([self] { self->Colocate(); });
-    }
-    prefill_ = live[*i];
-    ++prefill_attempts_;
-    auto self = shared_from_this();
-    prefill_ctx_ = std::make_unique<grpc::ClientContext>();
-    SetActive(prefill_ctx_.get());
-    prefill_req_.Clear();
-    prefill_req_.set_request_id(req_.request_id());
-    *prefill_req_.mutable_prompt_token_ids() = req_.prompt_token_ids().ids();
-    *prefill_req_.mutable_sampling() = req_.sampling();
-    *prefill_req_.mutable_target() = target_;
-    if (deadline_ != absl::InfiniteFuture()) {
-      prefill_req_.set_deadline_unix_ms(absl::ToUnixMillis(deadline_));
-    }
-    prefill_req_.set_checksums(h_->options().checksums);
-    prefill_resp_.Clear();
-    h_->Place(prefill_, req_.request_id(), prompt_tokens_);
-    h_->PrefillStub(prefill_.registration.grpc_address())
-        ->async()
-        ->Prefill(prefill_ctx_.get(), &prefill_req_, &prefill_resp_,
-                  [self](grpc::Status s) { self->OnPrefilled(s); });
-  }
-
-  void OnPrefilled(const grpc::Status& status) {
-    ClearActive();
-    const std::string& pid = prefill_.registration.worker_id();
-    h_->Unplace(pid, req_.request_id());
-    if (status.ok()) {
-      h_->metrics()->transfer_seconds->Observe(prefill_resp_.transfer().seconds());
-      if (IsCancelled()) {
-        ReleaseReservation();
-        return Finish(absl::CancelledError("cancelled by the client"));
-      }
-      return Decode();
-    }
-    if (IsCancelled()) {
-      ReleaseReservation();
-      return Finish(absl::CancelledError("cancelled by the client"));
-    }
-    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      // The prefill worker (or its transfer) is gone: try another one.
-      TLOG(WARNING, "prefill worker lost before the hand-off; retrying")
-          .Kv("request_id", req_.request_id())
-          .Kv("worker_id", pid)
-          .Kv("status", status.error_message());
-      h_->registry()->Remove(pid);
-      tried_prefill_.insert(pid);
-      h_->metrics()->retries->Add({{"reason", "prefill_unavailable"}}).Increment();
-      if (prefill_attempts_ < h_->options().max_prefill_attempts) {
-        tried_decode_.clear();
-        auto self = shared_from_this();
-        return ReleaseReservation([self] { self->Reserve(); });
-      }
-      ReleaseReservation();
-      return Finish(absl::UnavailableError(
-          absl::StrCat("prefill failed on ", prefill_attempts_, " workers; last (", pid,
-                       "): ", status.error_message())));
-    }
-    ReleaseReservation();
-    Finish(FromGrpcStatus(status));
-  }
-
-  // DECODING
-  void Decode();
-
   Handoff* const h_;  // not owned
   const tandem::v1::GenerateRequest req_;
   rpc::ResponseSink* const stream_;  // producer reference; Close()d in Finish
-  const absl::Time deadline_;
   const absl::Time started_;
-  std::function<void(const absl::Status&)> on_finish_;
-  int32_t prompt_tokens_ = 0;
+  const std::function<void(const absl::Status&)> on_finish_;
 
   absl::Mutex mu_;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  Placement placement_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* active_ ABSL_GUARDED_BY(mu_) = nullptr;
 
-  // Touched by one callback at a time (the chain is sequential).
-  bool finished_ = false;
+  // Touched by one call's callbacks at a time (the calls are sequential).
   bool first_sent_ = false;
   absl::Time first_at_;
-  bool decode_full_ = false;
-  int prefill_attempts_ = 0;
-  int32_t reserved_requests_ = 0;
-  int64_t reserved_tokens_ = 0;
-  absl::flat_hash_set<std::string> tried_decode_, tried_prefill_;
-  WorkerRecord decode_, prefill_;
   std::unique_ptr<grpc::ClientContext> reserve_ctx_, prefill_ctx_;
   tandem::v1::ReserveRequest reserve_req_;
   tandem::v1::KvTarget target_;
@@ -351,23 +224,22 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
 };
 
 // Relays a worker's response stream (Decode or Generate) into the call.
-class GenerateCall::RelayReactor final
+class HandoffCall::RelayReactor final
     : public grpc::ClientReadReactor<GenerateResponse> {
  public:
-  RelayReactor(std::shared_ptr<GenerateCall> call, WorkerRecord worker)
-      : call_(std::move(call)), worker_(std::move(worker)) {}
+  explicit RelayReactor(std::shared_ptr<HandoffCall> call) : call_(std::move(call)) {}
 
   void StartDecode(tandem::v1::DecodeWorker::StubInterface* stub,
-                   tandem::v1::DecodeRequest req) {
+                   tandem::v1::DecodeRequest req, absl::Time deadline) {
     decode_req_ = std::move(req);
-    call_->SetActive(&ctx_);
+    call_->SetActive(&ctx_, deadline);
     stub->async()->Decode(&ctx_, &decode_req_, this);
     Begin();
   }
   void StartGenerate(tandem::v1::DecodeWorker::StubInterface* stub,
-                     const tandem::v1::GenerateRequest& req) {
+                     const tandem::v1::GenerateRequest& req, absl::Time deadline) {
     generate_req_ = req;
-    call_->SetActive(&ctx_);
+    call_->SetActive(&ctx_, deadline);
     stub->async()->Generate(&ctx_, &generate_req_, this);
     Begin();
   }
@@ -379,7 +251,7 @@ class GenerateCall::RelayReactor final
     StartRead(&msg_);
   }
   void OnDone(const grpc::Status& status) override {
-    call_->OnStreamDone(status, worker_);
+    call_->OnStreamDone(status);
     delete this;
   }
 
@@ -389,8 +261,7 @@ class GenerateCall::RelayReactor final
     StartCall();
   }
 
-  std::shared_ptr<GenerateCall> call_;
-  const WorkerRecord worker_;
+  std::shared_ptr<HandoffCall> call_;
   grpc::ClientContext ctx_;
   tandem::v1::DecodeRequest decode_req_;
   tandem::v1::GenerateRequest generate_req_;
@@ -398,18 +269,14 @@ class GenerateCall::RelayReactor final
 };
 
 // COLOCATED: prefill + decode on one decode worker.
-void GenerateCall::Colocate() {
-  std::optional<WorkerRecord> d = PickDecode();
-  if (!d.has_value()) return NoDecodeWorker();
-  h_->metrics()->paths->Add({{"path", "colocated"}}).Increment();
-  decode_ = *d;
-  auto* relay = new RelayReactor(shared_from_this(), decode_);
-  relay->StartGenerate(h_->DecodeStub(decode_.registration.grpc_address()), req_);
+void HandoffCall::Colocate(const Placement::Action& a) {
+  auto* relay = new RelayReactor(shared_from_this());
+  relay->StartGenerate(h_->DecodeStub(a.worker.registration.grpc_address()), req_,
+                       a.deadline);
 }
 
-// DECODING
-void GenerateCall::Decode() {
-  h_->metrics()->paths->Add({{"path", "disaggregated"}}).Increment();
+// DECODING: the first token and the seed come from Prefill.
+void HandoffCall::Decode(const Placement::Action& a) {
   tandem::v1::DecodeRequest dr;
   dr.set_request_id(req_.request_id());
   *dr.mutable_prompt_token_ids() = req_.prompt_token_ids().ids();
@@ -424,66 +291,43 @@ void GenerateCall::Decode() {
   *dr.mutable_stop() = req_.stop();
   if (prefill_resp_.has_checksums())
     *dr.mutable_checksums() = prefill_resp_.checksums();
-  if (deadline_ != absl::InfiniteFuture()) {
-    dr.set_deadline_unix_ms(absl::ToUnixMillis(deadline_));
-  }
+  dr.set_deadline_unix_ms(rpc::ToUnixMillisOrZero(a.deadline));
   dr.set_return_text(req_.return_text());
-  auto* relay = new RelayReactor(shared_from_this(), decode_);
-  relay->StartDecode(h_->DecodeStub(decode_.registration.grpc_address()),
-                     std::move(dr));
+  auto* relay = new RelayReactor(shared_from_this());
+  relay->StartDecode(h_->DecodeStub(a.worker.registration.grpc_address()),
+                     std::move(dr), a.deadline);
 }
 
 }  // namespace
 
-HandoffMetrics::HandoffMetrics(metrics::Registry* r) {
-  const std::vector<double> buckets = *metrics::ExponentialBuckets(0.0005, 2, 18);
-  retries =
-      OrDie(r->AddCounter("tandem_router_retries_total",
-                          "Hand-off retries by reason (prefill_unavailable, "
-                          "decode_full, decode_unavailable, colocated_fallback)."));
-  paths = OrDie(r->AddCounter("tandem_router_paths_total",
-                              "Requests by path (disaggregated, colocated)."));
-  ttft = &OrDie(r->AddHistogram("tandem_router_time_to_first_token_seconds",
-                                "From Generate arrival to the first token relayed.",
-                                buckets))
-              ->Add({});
-  latency =
-      &OrDie(r->AddHistogram("tandem_router_request_duration_seconds",
-                             "End-to-end Generate latency (every outcome).", buckets))
-           ->Add({});
-  transfer_seconds =
-      &OrDie(r->AddHistogram("tandem_router_transfer_seconds",
-                             "KV/state transfer time reported by prefill.", buckets))
-           ->Add({});
-  for (const char* reason : {"prefill_unavailable", "decode_full", "decode_unavailable",
-                             "colocated_fallback"}) {
-    retries->Add({{"reason", reason}});
-  }
-  for (const char* p : {"disaggregated", "colocated"}) paths->Add({{"path", p}});
-}
-
 Handoff::Handoff(WorkerRegistry* registry, HandoffMetrics* metrics,
-                 HandoffOptions options)
-    : registry_(registry), metrics_(metrics), options_(std::move(options)) {}
+                 HandoffOptions options, Clock* clock)
+    : registry_(registry),
+      metrics_(metrics),
+      options_(std::move(options)),
+      clock_(clock) {}
 
 void Handoff::Start(tandem::v1::GenerateRequest request, rpc::ResponseSink* stream,
                     absl::Time deadline, absl::Time started,
                     std::function<void(const absl::Status&)> on_finish) {
-  auto call = std::make_shared<GenerateCall>(this, std::move(request), stream, deadline,
-                                             started, std::move(on_finish));
+  auto call = std::make_shared<HandoffCall>(this, std::move(request), stream, deadline,
+                                            started, std::move(on_finish));
   call->Start();
+}
+
+std::shared_ptr<grpc::Channel> Handoff::ChannelLocked(const std::string& address) {
+  auto& ch = channels_[address];
+  if (ch == nullptr)
+    ch = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  return ch;
 }
 
 tandem::v1::PrefillWorker::StubInterface* Handoff::PrefillStub(
     const std::string& address) {
   absl::MutexLock l(&mu_);
   auto& stub = prefill_stubs_[address];
-  if (stub == nullptr) {
-    auto& ch = channels_[address];
-    if (ch == nullptr)
-      ch = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-    stub = tandem::v1::PrefillWorker::NewStub(ch);
-  }
+  if (stub == nullptr)
+    stub = tandem::v1::PrefillWorker::NewStub(ChannelLocked(address));
   return stub.get();
 }
 
@@ -491,53 +335,8 @@ tandem::v1::DecodeWorker::StubInterface* Handoff::DecodeStub(
     const std::string& address) {
   absl::MutexLock l(&mu_);
   auto& stub = decode_stubs_[address];
-  if (stub == nullptr) {
-    auto& ch = channels_[address];
-    if (ch == nullptr)
-      ch = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-    stub = tandem::v1::DecodeWorker::NewStub(ch);
-  }
+  if (stub == nullptr) stub = tandem::v1::DecodeWorker::NewStub(ChannelLocked(address));
   return stub.get();
-}
-
-InFlightMap Handoff::InFlightSnapshot(const std::vector<WorkerRecord>& live) {
-  absl::MutexLock l(&mu_);
-  InFlightMap out;
-  for (const WorkerRecord& w : live) {
-    auto it = placements_.find(w.registration.worker_id());
-    if (it == placements_.end()) continue;
-    // Placements a newer report already covers are dropped here for good.
-    auto& v = it->second;
-    v.erase(std::remove_if(
-                v.begin(), v.end(),
-                [&](const Placement& p) { return p.reports_at_placement < w.reports; }),
-            v.end());
-    InFlight f;
-    for (const Placement& p : v) {
-      f.requests += 1;
-      f.tokens += p.tokens;
-    }
-    if (f.requests > 0) out[w.registration.worker_id()] = f;
-  }
-  return out;
-}
-
-void Handoff::Place(const WorkerRecord& worker, const std::string& request_id,
-                    int64_t tokens) {
-  absl::MutexLock l(&mu_);
-  placements_[worker.registration.worker_id()].push_back(
-      Placement{request_id, worker.reports, tokens});
-}
-
-void Handoff::Unplace(const std::string& worker_id, const std::string& request_id) {
-  absl::MutexLock l(&mu_);
-  auto it = placements_.find(worker_id);
-  if (it == placements_.end()) return;
-  auto& v = it->second;
-  auto p = std::find_if(v.begin(), v.end(),
-                        [&](const Placement& x) { return x.request_id == request_id; });
-  if (p != v.end()) v.erase(p);
-  if (v.empty()) placements_.erase(it);
 }
 
 }  // namespace tandem::router

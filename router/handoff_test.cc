@@ -1,55 +1,341 @@
-// The router's placement bookkeeping: a request placed on a worker counts against
-// it only until the worker's next load report (which includes it), so running
-// requests are never counted twice.
+// The hand-off's gRPC glue against scripted prefill and decode workers on an
+// in-process server: each Placement action becomes the right call with the right
+// fields, each call's end goes back as the right event, and the request ends
+// once (sink closed, on_finish, one latency sample).
 #include "router/handoff.h"
 
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "metrics/registry.h"
+#include "proto/worker.grpc.pb.h"
 
 namespace tandem::router {
 namespace {
 
-tandem::v1::RegisterRequest Decode(const std::string& id) {
-  tandem::v1::RegisterRequest r;
-  r.set_worker_id(id);
-  r.set_role(tandem::v1::WORKER_ROLE_DECODE);
-  r.set_grpc_address("127.0.0.1:1");
-  r.set_model_fingerprint("fp");
-  return r;
+using tandem::v1::GenerateResponse;
+
+constexpr absl::Duration kWait = absl::Seconds(30);
+
+// A worker's response stream: the scripted messages, or (hold) nothing until the
+// client cancels.
+class ScriptedStream final : public grpc::ServerWriteReactor<GenerateResponse> {
+ public:
+  ScriptedStream(bool hold, absl::Notification* cancelled)
+      : hold_(hold), cancelled_(cancelled) {
+    if (hold_) return;
+    GenerateResponse a, b;
+    a.add_token_ids(42);  // the first token (from Prefill on the disaggregated path)
+    b.add_token_ids(43);
+    b.set_finish_reason(tandem::v1::FINISH_REASON_LENGTH);
+    messages_ = {a, b};
+    Next();
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status(grpc::StatusCode::UNKNOWN, "write failed"));
+    Next();
+  }
+  void OnCancel() override {
+    if (cancelled_ != nullptr && !cancelled_->HasBeenNotified()) cancelled_->Notify();
+    if (hold_) Finish(grpc::Status::CANCELLED);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Next() {
+    if (next_ == messages_.size()) return Finish(grpc::Status::OK);
+    StartWrite(&messages_[next_++]);
+  }
+  const bool hold_;
+  absl::Notification* const cancelled_;
+  std::vector<GenerateResponse> messages_;
+  size_t next_ = 0;
+};
+
+// One fake process that is both a prefill and a decode worker.
+class FakeWorker final : public tandem::v1::DecodeWorker::CallbackService,
+                         public tandem::v1::PrefillWorker::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* ctx,
+                                    const tandem::v1::ReserveRequest* req,
+                                    tandem::v1::KvTarget* target) override {
+    absl::MutexLock l(&mu);
+    reserves.push_back(*req);
+    target->set_request_id(req->request_id());
+    target->set_decode_worker_id("d0");
+    auto* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx,
+                                    const tandem::v1::ReleaseRequest* req,
+                                    tandem::v1::ReleaseResponse*) override {
+    absl::MutexLock l(&mu);
+    releases.push_back(req->request_id());
+    auto* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+  grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* ctx,
+                                    const tandem::v1::PrefillRequest* req,
+                                    tandem::v1::PrefillResponse* resp) override {
+    absl::MutexLock l(&mu);
+    prefills.push_back(*req);
+    resp->set_request_id(req->request_id());
+    resp->set_first_token_id(42);
+    resp->set_seed(7);
+    resp->mutable_transfer()->set_seconds(0.25);
+    auto* r = ctx->DefaultReactor();
+    r->Finish(prefill_unavailable ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "lost")
+                                  : grpc::Status::OK);
+    return r;
+  }
+  grpc::ServerWriteReactor<GenerateResponse>* Decode(
+      grpc::CallbackServerContext*, const tandem::v1::DecodeRequest* req) override {
+    absl::MutexLock l(&mu);
+    decodes.push_back(*req);
+    if (hold && !stream_started.HasBeenNotified()) stream_started.Notify();
+    return new ScriptedStream(hold, &stream_cancelled);
+  }
+  grpc::ServerWriteReactor<GenerateResponse>* Generate(
+      grpc::CallbackServerContext*, const tandem::v1::GenerateRequest* req) override {
+    absl::MutexLock l(&mu);
+    generates.push_back(*req);
+    if (hold && !stream_started.HasBeenNotified()) stream_started.Notify();
+    return new ScriptedStream(hold, &stream_cancelled);
+  }
+
+  absl::Mutex mu;
+  std::vector<tandem::v1::ReserveRequest> reserves ABSL_GUARDED_BY(mu);
+  std::vector<std::string> releases ABSL_GUARDED_BY(mu);
+  std::vector<tandem::v1::PrefillRequest> prefills ABSL_GUARDED_BY(mu);
+  std::vector<tandem::v1::DecodeRequest> decodes ABSL_GUARDED_BY(mu);
+  std::vector<tandem::v1::GenerateRequest> generates ABSL_GUARDED_BY(mu);
+  std::atomic<bool> prefill_unavailable{false};
+  std::atomic<bool> hold{false};  // streams wait for the client's cancel
+  absl::Notification stream_started, stream_cancelled;
+};
+
+// Records what the hand-off writes; Cancel() plays the client going away.
+class RecordingSink final : public rpc::ResponseSink {
+ public:
+  void SetOnCancel(std::function<void()> on_cancel) override {
+    absl::MutexLock l(&mu_);
+    on_cancel_ = std::move(on_cancel);
+  }
+  void Push(GenerateResponse message) override {
+    absl::MutexLock l(&mu_);
+    messages_.push_back(std::move(message));
+  }
+  void Close(const grpc::Status& status) override {
+    absl::MutexLock l(&mu_);
+    ++closes_;
+    status_ = status;
+    if (!closed_.HasBeenNotified()) closed_.Notify();
+  }
+  bool cancelled() const override { return cancelled_.load(); }
+
+  void Cancel() {
+    std::function<void()> hook;
+    {
+      absl::MutexLock l(&mu_);
+      hook = on_cancel_;
+    }
+    cancelled_ = true;
+    if (hook) hook();
+  }
+  bool WaitClosed() { return closed_.WaitForNotificationWithTimeout(kWait); }
+  grpc::Status status() {
+    absl::MutexLock l(&mu_);
+    return status_;
+  }
+  std::vector<GenerateResponse> messages() {
+    absl::MutexLock l(&mu_);
+    return messages_;
+  }
+  int closes() {
+    absl::MutexLock l(&mu_);
+    return closes_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::function<void()> on_cancel_ ABSL_GUARDED_BY(mu_);
+  std::vector<GenerateResponse> messages_ ABSL_GUARDED_BY(mu_);
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+  int closes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> cancelled_{false};
+  absl::Notification closed_;
+};
+
+class HandoffTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(static_cast<tandem::v1::DecodeWorker::CallbackService*>(&fake_));
+    b.RegisterService(static_cast<tandem::v1::PrefillWorker::CallbackService*>(&fake_));
+    server_ = b.BuildAndStart();
+    ASSERT_GT(port, 0);
+    address_ = "127.0.0.1:" + std::to_string(port);
+  }
+  void TearDown() override { server_->Shutdown(absl::ToChronoTime(absl::Now())); }
+
+  void Register(const std::string& id, tandem::v1::WorkerRole role,
+                const std::string& address) {
+    tandem::v1::RegisterRequest r;
+    r.set_worker_id(id);
+    r.set_role(role);
+    r.set_grpc_address(address);
+    r.set_model_fingerprint("fp");
+    ASSERT_TRUE(registry_.Register(r).ok());
+  }
+
+  // Starts request "r1" (3 prompt tokens) on the hand-off, writing to sink_.
+  void Start(absl::Duration timeout = kWait) {
+    tandem::v1::GenerateRequest req;
+    req.set_request_id("r1");
+    for (int t : {1, 2, 3}) req.mutable_prompt_token_ids()->add_ids(t);
+    req.mutable_stop()->set_max_tokens(2);
+    const absl::Time now = absl::Now();
+    handoff_.Start(req, &sink_, now + timeout, now, [this](const absl::Status& s) {
+      absl::MutexLock l(&mu_);
+      finishes_.push_back(s);
+    });
+  }
+  std::vector<absl::Status> Finishes() {
+    absl::MutexLock l(&mu_);
+    return finishes_;
+  }
+  double Retries(const char* reason) {
+    return metrics_.retries->Add({{"reason", reason}}).Value();
+  }
+
+  FakeWorker fake_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  FakeClock registry_clock_;
+  WorkerRegistry registry_{&registry_clock_, absl::Hours(1)};
+  metrics::Registry metric_registry_;
+  HandoffMetrics metrics_{&metric_registry_};
+  Handoff handoff_{&registry_, &metrics_, HandoffOptions{}};
+  RecordingSink sink_;
+  absl::Mutex mu_;
+  std::vector<absl::Status> finishes_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(HandoffTest, DisaggregatedCallsCarryTheHandOff) {
+  Register("d0", tandem::v1::WORKER_ROLE_DECODE, address_);
+  Register("p0", tandem::v1::WORKER_ROLE_PREFILL, address_);
+  Start();
+  ASSERT_TRUE(sink_.WaitClosed());
+  EXPECT_TRUE(sink_.status().ok()) << sink_.status().error_message();
+  {
+    absl::MutexLock l(&fake_.mu);
+    ASSERT_EQ(fake_.reserves.size(), 1u);
+    EXPECT_EQ(fake_.reserves[0].request_id(), "r1");
+    EXPECT_EQ(fake_.reserves[0].prompt_tokens(), 3);
+    EXPECT_EQ(fake_.reserves[0].max_new_tokens(), 2);
+    EXPECT_EQ(fake_.reserves[0].prefill_tp_size(), 1);
+    ASSERT_EQ(fake_.prefills.size(), 1u);
+    EXPECT_EQ(fake_.prefills[0].target().decode_worker_id(), "d0");  // from Reserve
+    EXPECT_EQ(fake_.prefills[0].prompt_token_ids_size(), 3);
+    EXPECT_GT(fake_.prefills[0].deadline_unix_ms(), 0);
+    EXPECT_TRUE(fake_.prefills[0].checksums());
+    ASSERT_EQ(fake_.decodes.size(), 1u);
+    EXPECT_EQ(fake_.decodes[0].first_token_id(), 42);  // from Prefill
+    EXPECT_EQ(fake_.decodes[0].sampling().seed(), 7);
+    EXPECT_EQ(fake_.decodes[0].deadline_unix_ms(),
+              fake_.prefills[0].deadline_unix_ms());
+    EXPECT_TRUE(fake_.releases.empty());
+    EXPECT_TRUE(fake_.generates.empty());
+  }
+  const std::vector<GenerateResponse> m = sink_.messages();
+  ASSERT_EQ(m.size(), 2u);
+  for (const GenerateResponse& r : m) EXPECT_EQ(r.request_id(), "r1");
+  EXPECT_EQ(m[1].usage().prompt_tokens(), 3);  // the router's usage on the last
+  EXPECT_GT(m[1].usage().total_seconds(), 0);
+  EXPECT_GE(m[1].usage().total_seconds(), m[1].usage().ttft_seconds());
+  EXPECT_EQ(sink_.closes(), 1);
+  ASSERT_EQ(Finishes().size(), 1u);
+  EXPECT_TRUE(Finishes()[0].ok());
+  EXPECT_EQ(metrics_.latency->Count(), 1u);
+  EXPECT_EQ(metrics_.ttft->Count(), 1u);
+  EXPECT_EQ(metrics_.transfer_seconds->Count(), 1u);
+  EXPECT_DOUBLE_EQ(metrics_.transfer_seconds->Sum(), 0.25);
+  EXPECT_EQ(metrics_.paths->Add({{"path", "disaggregated"}}).Value(), 1);
 }
 
-TEST(HandoffTest, PlacementsCountUntilTheNextLoadReport) {
-  FakeClock clock;
-  WorkerRegistry registry(&clock, absl::Seconds(10));
-  metrics::Registry metric_registry;
-  HandoffMetrics metrics(&metric_registry);
-  Handoff handoff(&registry, &metrics, HandoffOptions{});
-  ASSERT_TRUE(registry.Register(Decode("d0")).ok());
-  ASSERT_TRUE(registry.Register(Decode("d1")).ok());
+TEST_F(HandoffTest, LostPrefillWorkerIsReleasedThenColocated) {
+  fake_.prefill_unavailable = true;
+  Register("d0", tandem::v1::WORKER_ROLE_DECODE, address_);
+  Register("p0", tandem::v1::WORKER_ROLE_PREFILL, address_);
+  Start();
+  ASSERT_TRUE(sink_.WaitClosed());
+  EXPECT_TRUE(sink_.status().ok()) << sink_.status().error_message();
+  {
+    absl::MutexLock l(&fake_.mu);
+    // Reserve, Prefill (lost), Release; Reserve again, no prefill worker left:
+    // Release, then Generate on the decode worker.
+    EXPECT_EQ(fake_.reserves.size(), 2u);
+    EXPECT_EQ(fake_.prefills.size(), 1u);
+    EXPECT_EQ(fake_.releases, (std::vector<std::string>{"r1", "r1"}));
+    ASSERT_EQ(fake_.generates.size(), 1u);
+    EXPECT_EQ(fake_.generates[0].request_id(), "r1");
+    EXPECT_TRUE(fake_.decodes.empty());
+  }
+  EXPECT_EQ(Retries("prefill_unavailable"), 1);
+  EXPECT_EQ(Retries("colocated_fallback"), 1);
+  EXPECT_TRUE(registry_.Live(tandem::v1::WORKER_ROLE_PREFILL).empty());
+  EXPECT_EQ(sink_.messages().size(), 2u);
+  EXPECT_EQ(metrics_.latency->Count(), 1u);
+}
 
-  auto live = registry.Live(tandem::v1::WORKER_ROLE_DECODE);
-  handoff.Place(live[0], "a", 100);
-  handoff.Place(live[0], "b", 50);
-  InFlightMap f = handoff.InFlightSnapshot(live);
-  EXPECT_EQ(f["d0"].requests, 2);
-  EXPECT_EQ(f["d0"].tokens, 150);
-  EXPECT_FALSE(f.contains("d1"));
+TEST_F(HandoffTest, ClientCancelWhileDecodingCancelsTheStream) {
+  fake_.hold = true;
+  Register("d0", tandem::v1::WORKER_ROLE_DECODE, address_);
+  Register("p0", tandem::v1::WORKER_ROLE_PREFILL, address_);
+  Start();
+  ASSERT_TRUE(fake_.stream_started.WaitForNotificationWithTimeout(kWait));
+  sink_.Cancel();
+  ASSERT_TRUE(sink_.WaitClosed());
+  EXPECT_EQ(sink_.status().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(fake_.stream_cancelled.WaitForNotificationWithTimeout(kWait));
+  ASSERT_EQ(Finishes().size(), 1u);
+  EXPECT_TRUE(absl::IsCancelled(Finishes()[0]));
+  EXPECT_EQ(metrics_.latency->Count(), 1u);
+  EXPECT_EQ(registry_.Live(tandem::v1::WORKER_ROLE_DECODE).size(), 1u);  // not lost
+}
 
-  handoff.Unplace("d0", "b");
-  handoff.Unplace("d0", "b");  // idempotent
-  f = handoff.InFlightSnapshot(registry.Live(tandem::v1::WORKER_ROLE_DECODE));
-  EXPECT_EQ(f["d0"].requests, 1);
-  EXPECT_EQ(f["d0"].tokens, 100);
+TEST_F(HandoffTest, DeadlineWhileColocatedIsDeadlineExceeded) {
+  fake_.hold = true;
+  Register("d0", tandem::v1::WORKER_ROLE_DECODE, address_);  // no prefill: colocated
+  Start(absl::Milliseconds(300));
+  ASSERT_TRUE(sink_.WaitClosed());
+  EXPECT_EQ(sink_.status().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(metrics_.latency->Count(), 1u);
+  EXPECT_GE(metrics_.latency->Sum(), 0.3);
+}
 
-  // d0 reports its load: "a" is in that report now, so it no longer counts.
-  ASSERT_TRUE(registry.Heartbeat("d0", {}));
-  live = registry.Live(tandem::v1::WORKER_ROLE_DECODE);
-  EXPECT_TRUE(handoff.InFlightSnapshot(live).empty());
-  handoff.Place(live[0], "c", 7);  // placed after that report: counts again
-  f = handoff.InFlightSnapshot(live);
-  EXPECT_EQ(f["d0"].requests, 1);
-  EXPECT_EQ(f["d0"].tokens, 7);
-  handoff.Unplace("d0", "a");  // already dropped: nothing happens
-  EXPECT_EQ(handoff.InFlightSnapshot(live)["d0"].requests, 1);
+TEST_F(HandoffTest, UnreachableDecodeWorkerIsUnavailableAndRemoved) {
+  server_->Shutdown(absl::ToChronoTime(absl::Now()));  // nothing listens there now
+  Register("d0", tandem::v1::WORKER_ROLE_DECODE, address_);
+  Start();
+  ASSERT_TRUE(sink_.WaitClosed());
+  EXPECT_EQ(sink_.status().error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(sink_.status().error_message().find("decode worker d0"), std::string::npos)
+      << sink_.status().error_message();
+  EXPECT_TRUE(registry_.Live(tandem::v1::WORKER_ROLE_DECODE).empty());
+  EXPECT_EQ(metrics_.latency->Count(), 1u);
 }
 
 }  // namespace

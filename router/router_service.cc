@@ -1,10 +1,11 @@
 #include "router/router_service.h"
 
-#include "absl/random/random.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "engine/sampling/sampling_params.h"
 #include "metrics/buckets.h"
+#include "rpc/deadline.h"
 #include "rpc/response_stream.h"
 #include "rpc/session_stream.h"
 
@@ -147,9 +148,9 @@ absl::StatusOr<tandem::v1::GenerateRequest> RouterService::Admit(
                              " requests (its limit); retry later");
   }
   if (req.request_id().empty()) req.set_request_id(ids_.Next("req-"));
-  if (req.sampling().temperature() >= 1e-5f && !req.sampling().has_seed()) {
-    absl::BitGen gen;
-    req.mutable_sampling()->set_seed(absl::Uniform<uint64_t>(gen));
+  if (req.sampling().temperature() >= engine::kGreedyTemperature &&
+      !req.sampling().has_seed()) {
+    req.mutable_sampling()->set_seed(engine::FreshSeed());
   }
   return req;
 }
@@ -168,10 +169,9 @@ void RouterService::Run(const tandem::v1::GenerateRequest& request,
     sink->Close(ToGrpcStatus(req.status()));
     return;
   }
-  absl::Time deadline = std::min(started + options_.request_timeout, grpc_deadline);
-  if (req->deadline_unix_ms() > 0) {
-    deadline = std::min(deadline, absl::FromUnixMillis(req->deadline_unix_ms()));
-  }
+  const absl::Time deadline =
+      rpc::WithUnixMillis(std::min(started + options_.request_timeout, grpc_deadline),
+                          req->deadline_unix_ms());
   metrics_->in_flight->Set(++in_flight_);
   TLOG(DEBUG, "generate")
       .Kv("request_id", req->request_id())
@@ -185,12 +185,8 @@ void RouterService::Run(const tandem::v1::GenerateRequest& request,
 
 grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* RouterService::Generate(
     grpc::CallbackServerContext* context, const tandem::v1::GenerateRequest* request) {
-  absl::Time grpc_deadline = absl::InfiniteFuture();
-  if (context->deadline() != std::chrono::system_clock::time_point::max()) {
-    grpc_deadline = absl::FromChrono(context->deadline());
-  }
   auto* stream = new rpc::ResponseStream();
-  Run(*request, stream, grpc_deadline, context->peer());
+  Run(*request, stream, rpc::ContextDeadline(*context), context->peer());
   return stream;
 }
 

@@ -64,7 +64,9 @@ class RouterServiceTest : public ::testing::Test {
     Deadline(&ctx);
     tandem::v1::RegisterResponse resp;
     grpc::Status s = registry_stub_->Register(&ctx, r, &resp);
-    if (s.ok()) EXPECT_EQ(resp.heartbeat_interval_ms(), 1000);
+    if (s.ok()) {
+      EXPECT_EQ(resp.heartbeat_interval_ms(), 1000);
+    }
     return s;
   }
 

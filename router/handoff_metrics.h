@@ -1,0 +1,21 @@
+// The hand-off's metrics (one set per router process, shared by every request).
+#ifndef TANDEM_ROUTER_HANDOFF_METRICS_H_
+#define TANDEM_ROUTER_HANDOFF_METRICS_H_
+
+#include "metrics/registry.h"
+
+namespace tandem::router {
+
+struct HandoffMetrics {
+  // Registers the families on `registry` (not owned; must outlive this).
+  explicit HandoffMetrics(metrics::Registry* registry);
+  metrics::Family<metrics::Counter>* retries;  // by reason
+  metrics::Family<metrics::Counter>* paths;    // disaggregated | colocated
+  metrics::Histogram* ttft;                    // arrival -> first token relayed
+  metrics::Histogram* latency;                 // arrival -> end, once per request
+  metrics::Histogram* transfer_seconds;        // as reported by prefill
+};
+
+}  // namespace tandem::router
+
+#endif  // TANDEM_ROUTER_HANDOFF_METRICS_H_

@@ -1,0 +1,273 @@
+#include "router/placement.h"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "router/pair_selection.h"
+
+namespace tandem::router {
+
+using Kind = Placement::Action::Kind;
+
+const char* PlacementStateName(Placement::State state) {
+  switch (state) {
+    case Placement::State::kStart:
+      return "START";
+    case Placement::State::kReserving:
+      return "RESERVING";
+    case Placement::State::kPrefilling:
+      return "PREFILLING";
+    case Placement::State::kReleasing:
+      return "RELEASING";
+    case Placement::State::kDecoding:
+      return "DECODING";
+    case Placement::State::kColocated:
+      return "COLOCATED";
+    case Placement::State::kFinished:
+      return "FINISHED";
+  }
+  return "?";
+}
+
+Placement::Placement(PlacementDeps deps, const HandoffOptions& options,
+                     PlacementRequest request)
+    : deps_(deps), options_(options), request_(std::move(request)) {}
+
+namespace {
+
+absl::Status ClientCancelled() {
+  return absl::CancelledError("cancelled by the client");
+}
+
+}  // namespace
+
+bool Placement::Expired() const { return deps_.clock->Now() >= request_.deadline; }
+
+Placement::Action Placement::Call(Kind kind, const WorkerRecord& worker,
+                                  absl::Time deadline) {
+  Action a{.kind = kind};
+  a.worker = worker;
+  a.deadline = deadline;
+  return a;
+}
+
+Placement::Actions Placement::Start() {
+  if (state_ != State::kStart) return {};
+  if (cancelled_) return Finish(ClientCancelled());
+  if (Expired()) return Expire(/*holds_reservation=*/false);
+  const int32_t prompt = request_.prompt_tokens;
+  const bool colocate =
+      prompt < options_.colocate_below_tokens || request_.min_tokens > 0 ||
+      (options_.max_context_tokens > 0 && prompt + 1 >= options_.max_context_tokens) ||
+      deps_.registry->Live(tandem::v1::WORKER_ROLE_PREFILL).empty();
+  return colocate ? Colocate() : Reserve();
+}
+
+Placement::Actions Placement::Cancel() {
+  if (state_ == State::kFinished || cancelled_) return {};
+  cancelled_ = true;
+  switch (state_) {
+    case State::kStart:
+      return {};  // Start finishes it
+    case State::kReleasing:
+      // The Release goes on by itself; nothing else is in flight.
+      return Finish(ClientCancelled());
+    default:
+      // The call's end (CANCELLED, or OK if it won the race) finishes it.
+      return {Action{.kind = Kind::kCancelCall}};
+  }
+}
+
+// RESERVING
+Placement::Actions Placement::Reserve() {
+  state_ = State::kReserving;
+  if (cancelled_) return Finish(ClientCancelled());
+  if (Expired()) return Expire(/*holds_reservation=*/false);
+  std::vector<WorkerRecord> live = deps_.registry->Live(tandem::v1::WORKER_ROLE_DECODE);
+  std::optional<size_t> i = SelectDecode(
+      live, tried_decode_, deps_.ledger->Snapshot(live), request_.prompt_tokens);
+  if (!i.has_value()) return NoDecodeWorker();
+  decode_ = live[*i];
+  return {Call(Kind::kReserve, decode_,
+               std::min(request_.deadline, deps_.clock->Now() + options_.rpc_timeout))};
+}
+
+Placement::Actions Placement::OnReserved(const absl::Status& status) {
+  if (state_ != State::kReserving) return {};
+  const std::string id = decode_.registration.worker_id();
+  if (status.ok()) {
+    if (cancelled_) return ReleaseAndFinish(ClientCancelled());
+    deps_.ledger->Place(decode_, request_.request_id, request_.prompt_tokens);
+    return Prefill();
+  }
+  if (cancelled_) return Finish(ClientCancelled());
+  tried_decode_.insert(id);
+  switch (status.code()) {
+    case absl::StatusCode::kResourceExhausted:
+      decode_full_ = true;
+      deps_.metrics->retries->Add({{"reason", "decode_full"}}).Increment();
+      return Reserve();
+    case absl::StatusCode::kUnavailable:
+      deps_.registry->Remove(id);
+      deps_.metrics->retries->Add({{"reason", "decode_unavailable"}}).Increment();
+      return Reserve();
+    default:
+      return Finish(status);
+  }
+}
+
+Placement::Actions Placement::NoDecodeWorker() {
+  // A live decode worker that was not tried was skipped for lack of room: the
+  // cluster is full, not down.
+  bool skipped_full = false;
+  for (const WorkerRecord& w : deps_.registry->Live(tandem::v1::WORKER_ROLE_DECODE)) {
+    if (!tried_decode_.contains(w.registration.worker_id())) skipped_full = true;
+  }
+  if (decode_full_ || skipped_full) {
+    return Finish(
+        ResourceExhausted("every decode worker is full; retry later (prompt of ",
+                          request_.prompt_tokens, " tokens)"));
+  }
+  return Finish(absl::UnavailableError(
+      absl::StrCat("no decode worker can take this request (prompt of ",
+                   request_.prompt_tokens, " tokens); the request was not started")));
+}
+
+// PREFILLING
+Placement::Actions Placement::Prefill() {
+  if (Expired()) return Expire(/*holds_reservation=*/true);
+  std::vector<WorkerRecord> live =
+      deps_.registry->Live(tandem::v1::WORKER_ROLE_PREFILL);
+  std::optional<size_t> i =
+      SelectPrefill(live, tried_prefill_, deps_.ledger->Snapshot(live));
+  if (!i.has_value()) {
+    // No prefill worker left: prefill on a decode worker instead, once the
+    // reservation made for this request id is gone.
+    deps_.metrics->retries->Add({{"reason", "colocated_fallback"}}).Increment();
+    TLOG(INFO, "no prefill worker available; prefilling on a decode worker")
+        .Kv("request_id", request_.request_id);
+    tried_decode_.clear();
+    return ReleaseThen(AfterRelease::kColocate);
+  }
+  prefill_ = live[*i];
+  ++prefill_attempts_;
+  deps_.ledger->Place(prefill_, request_.request_id, request_.prompt_tokens);
+  state_ = State::kPrefilling;
+  return {Call(Kind::kPrefill, prefill_, request_.deadline)};
+}
+
+Placement::Actions Placement::OnPrefilled(const absl::Status& status) {
+  if (state_ != State::kPrefilling) return {};
+  const std::string pid = prefill_.registration.worker_id();
+  deps_.ledger->Unplace(pid, request_.request_id);
+  if (cancelled_) return ReleaseAndFinish(ClientCancelled());
+  if (status.ok()) return Decode();
+  if (absl::IsUnavailable(status)) {
+    // The prefill worker (or its transfer) is gone: try another one.
+    TLOG(WARNING, "prefill worker lost before the hand-off; retrying")
+        .Kv("request_id", request_.request_id)
+        .Kv("worker_id", pid)
+        .Kv("status", status.message());
+    deps_.registry->Remove(pid);
+    tried_prefill_.insert(pid);
+    deps_.metrics->retries->Add({{"reason", "prefill_unavailable"}}).Increment();
+    if (prefill_attempts_ < options_.max_prefill_attempts) {
+      tried_decode_.clear();
+      return ReleaseThen(AfterRelease::kReserve);
+    }
+    return ReleaseAndFinish(absl::UnavailableError(
+        absl::StrCat("prefill failed on ", prefill_attempts_, " workers; last (", pid,
+                     "): ", status.message())));
+  }
+  return ReleaseAndFinish(status);
+}
+
+// RELEASING
+Placement::Action Placement::ReleaseAction(bool await) {
+  deps_.ledger->Unplace(decode_.registration.worker_id(), request_.request_id);
+  Action a = Call(Kind::kRelease, decode_, deps_.clock->Now() + options_.rpc_timeout);
+  a.await = await;
+  return a;
+}
+
+Placement::Actions Placement::ReleaseThen(AfterRelease next) {
+  state_ = State::kReleasing;
+  after_release_ = next;
+  return {ReleaseAction(/*await=*/true)};
+}
+
+Placement::Actions Placement::ReleaseAndFinish(absl::Status status) {
+  Actions out = {ReleaseAction(/*await=*/false)};
+  for (Action& a : Finish(std::move(status))) out.push_back(std::move(a));
+  return out;
+}
+
+Placement::Actions Placement::OnReleased(const absl::Status&) {
+  // A failed Release is left to the lease; the next step is the same.
+  if (state_ != State::kReleasing) return {};
+  if (cancelled_) return Finish(ClientCancelled());
+  return after_release_ == AfterRelease::kReserve ? Reserve() : Colocate();
+}
+
+// COLOCATED
+Placement::Actions Placement::Colocate() {
+  if (cancelled_) return Finish(ClientCancelled());
+  if (Expired()) return Expire(/*holds_reservation=*/false);
+  std::vector<WorkerRecord> live = deps_.registry->Live(tandem::v1::WORKER_ROLE_DECODE);
+  std::optional<size_t> i = SelectDecode(
+      live, tried_decode_, deps_.ledger->Snapshot(live), request_.prompt_tokens);
+  if (!i.has_value()) return NoDecodeWorker();
+  deps_.metrics->paths->Add({{"path", "colocated"}}).Increment();
+  decode_ = live[*i];
+  state_ = State::kColocated;
+  return {Call(Kind::kColocate, decode_, request_.deadline)};
+}
+
+// DECODING
+Placement::Actions Placement::Decode() {
+  if (Expired()) return Expire(/*holds_reservation=*/true);
+  deps_.metrics->paths->Add({{"path", "disaggregated"}}).Increment();
+  state_ = State::kDecoding;
+  return {Call(Kind::kDecode, decode_, request_.deadline)};
+}
+
+Placement::Actions Placement::OnStreamDone(const absl::Status& status) {
+  if (state_ != State::kDecoding && state_ != State::kColocated) return {};
+  const WorkerRecord& w = decode_;
+  deps_.ledger->Unplace(w.registration.worker_id(), request_.request_id);
+  if (status.ok()) return Finish(absl::OkStatus());
+  if (cancelled_) return Finish(ClientCancelled());
+  if (absl::IsUnavailable(status)) {
+    deps_.registry->Remove(w.registration.worker_id());
+    return Finish(absl::UnavailableError(absl::StrCat(
+        "decode worker ", w.registration.worker_id(), " (",
+        w.registration.grpc_address(),
+        ") failed or became unreachable during the request: ", status.message())));
+  }
+  return Finish(status);
+}
+
+Placement::Actions Placement::Expire(bool holds_reservation) {
+  absl::Status s = absl::DeadlineExceededError(
+      absl::StrCat("the request's deadline passed in ", PlacementStateName(state_),
+                   " (request ", request_.request_id, ")"));
+  if (holds_reservation) return ReleaseAndFinish(std::move(s));
+  return Finish(std::move(s));
+}
+
+// FINISHED
+Placement::Actions Placement::Finish(absl::Status status) {
+  if (state_ == State::kFinished) return {};
+  state_ = State::kFinished;
+  deps_.metrics->latency->Observe(
+      absl::ToDoubleSeconds(deps_.clock->Now() - request_.started));
+  Action a{.kind = Kind::kFinish};
+  a.status = std::move(status);
+  return {std::move(a)};
+}
+
+}  // namespace tandem::router

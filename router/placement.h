@@ -1,0 +1,169 @@
+// Placement: one Generate request's prefill -> decode hand-off as data. No RPC
+// types inside: events come in as absl::Status, actions go out ("reserve on W",
+// "prefill on P", ...), and the RPC glue (handoff.cc) turns each action into a
+// call and feeds its end back as the next event.
+//
+//   START ──colocate?──────────────────────────────────> COLOCATED ──> FINISHED
+//     │  (prompt < colocate_below_tokens, min_tokens > 0,     Colocate(W):
+//     │   no room after the prompt, no prefill worker)        prefill + decode
+//     v                                                       on one worker
+//   RESERVING  Reserve(W), W = the decode worker with the most free cache
+//     │  RESOURCE_EXHAUSTED / UNAVAILABLE ──> Reserve(next W); none left:
+//     │    FINISHED(RESOURCE_EXHAUSTED if one was full, else UNAVAILABLE)
+//     │  OK, no prefill worker left ──> RELEASING ──> COLOCATED (fallback)
+//     v
+//   PREFILLING  Prefill(P) with W's target, P = the least-loaded prefill worker
+//     │  UNAVAILABLE (P lost) ──> RELEASING(W) ──> RESERVING again, P excluded
+//     │    (at most max_prefill_attempts; then Release(W), FINISHED(UNAVAILABLE))
+//     │  other error ──> Release(W), FINISHED(that error)
+//     v
+//   DECODING  Decode(W) (first token from Prefill), the glue relays the stream
+//     │  UNAVAILABLE ──> W removed, FINISHED(UNAVAILABLE naming W)
+//     v
+//   FINISHED(status)  exactly one Finish action; later events are ignored
+//
+//   Cancel() in any state: CancelCall (the call in flight ends CANCELLED; its
+//     end then Releases an unused reservation) → FINISHED(CANCELLED); in
+//     RELEASING (no call to cancel) FINISHED(CANCELLED) at once.
+//   Deadline (injected clock): every call carries it (Reserve and Release:
+//     at most rpc_timeout); a call about to start after it → Release of an
+//     unused reservation, FINISHED(DEADLINE_EXCEEDED).
+//
+// While a request holds a reservation or runs a prefill, the worker is in the
+// PlacementLedger (until its next load report covers it). Not thread-safe: the
+// glue steps one Placement from one thread at a time.
+#ifndef TANDEM_ROUTER_PLACEMENT_H_
+#define TANDEM_ROUTER_PLACEMENT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "router/handoff_metrics.h"
+#include "router/placement_ledger.h"
+#include "router/worker_registry.h"
+
+namespace tandem::router {
+
+struct HandoffOptions {
+  // Prompts shorter than this prefill on the decode worker (DecodeWorker.Generate).
+  int32_t colocate_below_tokens = 0;
+  // Prefill attempts per request (the first plus retries on other workers).
+  int max_prefill_attempts = 3;
+  // Reserve / Release deadline.
+  absl::Duration rpc_timeout = absl::Seconds(5);
+  // Lease asked of the decode worker.
+  int32_t lease_ms = 30000;
+  // Ask for state checksums (prefill computes, decode verifies).
+  bool checksums = true;
+  // The model's context (prompt + 1 must fit for the disaggregated path).
+  int64_t max_context_tokens = 0;
+};
+
+// What Placement needs of the request.
+struct PlacementRequest {
+  std::string request_id;
+  int32_t prompt_tokens = 0;
+  int32_t min_tokens = 0;  // > 0: colocated (the decode worker enforces it)
+  absl::Time deadline = absl::InfiniteFuture();
+  absl::Time started;  // arrival, for the request's latency
+};
+
+// Shared by every request's Placement; not owned, must outlive it.
+struct PlacementDeps {
+  WorkerRegistry* registry;  // picks workers; lost ones are removed from it
+  PlacementLedger* ledger;
+  HandoffMetrics* metrics;
+  Clock* clock;
+};
+
+class Placement {
+ public:
+  enum class State {
+    kStart,
+    kReserving,
+    kPrefilling,
+    kReleasing,  // waiting for a Release before reserving again or colocating
+    kDecoding,
+    kColocated,
+    kFinished,
+  };
+
+  struct Action {
+    enum class Kind {
+      kReserve,     // DecodeWorker.Reserve on `worker`; then OnReserved
+      kPrefill,     // PrefillWorker.Prefill on `worker` (the target from Reserve)
+      kRelease,     // DecodeWorker.Release on `worker`; OnReleased if `await`
+      kDecode,      // DecodeWorker.Decode on `worker`; relay; then OnStreamDone
+      kColocate,    // DecodeWorker.Generate on `worker`; relay; then OnStreamDone
+      kCancelCall,  // cancel the call in flight (its end still comes as an event)
+      kFinish,      // close the request with `status`
+    };
+    Kind kind;
+    WorkerRecord worker;  // the worker called (not for kCancelCall, kFinish)
+    absl::Time deadline;  // of that call
+    bool await = false;   // kRelease: the next step waits for its end
+    absl::Status status;  // kFinish
+  };
+  using Actions = std::vector<Action>;
+
+  Placement(PlacementDeps deps, const HandoffOptions& options,
+            PlacementRequest request);
+
+  // Events. Each returns the actions to run now, in order.
+  Actions Start();
+  Actions Cancel();  // the client went away
+  Actions OnReserved(const absl::Status& status);
+  Actions OnPrefilled(const absl::Status& status);
+  Actions OnReleased(const absl::Status& status);    // an awaited Release ended
+  Actions OnStreamDone(const absl::Status& status);  // Decode or Colocate ended
+
+  State state() const { return state_; }
+  bool cancelled() const { return cancelled_; }
+  int prefill_attempts() const { return prefill_attempts_; }
+  // The decode / prefill worker of the latest call to one.
+  const WorkerRecord& decode_worker() const { return decode_; }
+  const WorkerRecord& prefill_worker() const { return prefill_; }
+  const PlacementRequest& request() const { return request_; }
+
+ private:
+  // What follows an awaited Release.
+  enum class AfterRelease { kReserve, kColocate };
+
+  bool Expired() const;
+  Actions Reserve();
+  Actions Prefill();
+  Actions Colocate();
+  Actions Decode();
+  Actions NoDecodeWorker();
+  // Release of the reservation on decode_ (fire and forget), then Finish.
+  Actions ReleaseAndFinish(absl::Status status);
+  // Release of the reservation on decode_, then `next` once it has ended.
+  Actions ReleaseThen(AfterRelease next);
+  Action ReleaseAction(bool await);
+  Actions Finish(absl::Status status);
+  Actions Expire(bool holds_reservation);
+  Action Call(Action::Kind kind, const WorkerRecord& worker, absl::Time deadline);
+
+  const PlacementDeps deps_;
+  const HandoffOptions options_;
+  const PlacementRequest request_;
+
+  State state_ = State::kStart;
+  bool cancelled_ = false;
+  bool decode_full_ = false;  // a decode worker refused with RESOURCE_EXHAUSTED
+  int prefill_attempts_ = 0;
+  AfterRelease after_release_ = AfterRelease::kReserve;
+  absl::flat_hash_set<std::string> tried_decode_, tried_prefill_;
+  WorkerRecord decode_, prefill_;
+};
+
+const char* PlacementStateName(Placement::State state);
+
+}  // namespace tandem::router
+
+#endif  // TANDEM_ROUTER_PLACEMENT_H_

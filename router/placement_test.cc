@@ -1,0 +1,543 @@
+// The router's per-request state machine, stepped by hand: each test puts a
+// request in a state, feeds it an event and checks the actions it asks for, the
+// ledger, the registry and the metrics. No RPCs, no threads, a fake clock.
+#include "router/placement.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/clock.h"
+#include "gtest/gtest.h"
+#include "metrics/registry.h"
+
+namespace tandem::router {
+namespace {
+
+using State = Placement::State;
+using Kind = Placement::Action::Kind;
+
+tandem::v1::RegisterRequest Worker(const std::string& id, tandem::v1::WorkerRole role) {
+  tandem::v1::RegisterRequest r;
+  r.set_worker_id(id);
+  r.set_role(role);
+  r.set_grpc_address(id + ".local:1");
+  r.set_model_fingerprint("fp");
+  return r;
+}
+
+// "reserve d0", "release d0 (await)", "finish CANCELLED", ... joined by ", ".
+std::string Str(const Placement::Actions& actions) {
+  std::vector<std::string> out;
+  for (const Placement::Action& a : actions) {
+    const std::string& w = a.worker.registration.worker_id();
+    switch (a.kind) {
+      case Kind::kReserve:
+        out.push_back("reserve " + w);
+        break;
+      case Kind::kPrefill:
+        out.push_back("prefill " + w);
+        break;
+      case Kind::kRelease:
+        out.push_back(absl::StrCat("release ", w, a.await ? " (await)" : ""));
+        break;
+      case Kind::kDecode:
+        out.push_back("decode " + w);
+        break;
+      case Kind::kColocate:
+        out.push_back("colocate " + w);
+        break;
+      case Kind::kCancelCall:
+        out.push_back("cancel");
+        break;
+      case Kind::kFinish:
+        out.push_back("finish " + absl::StatusCodeToString(a.status.code()));
+        break;
+    }
+  }
+  return absl::StrJoin(out, ", ");
+}
+
+absl::Status Code(absl::StatusCode code) {
+  return code == absl::StatusCode::kOk ? absl::OkStatus()
+                                       : absl::Status(code, "from the worker");
+}
+
+class PlacementTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    AddWorker("d0", tandem::v1::WORKER_ROLE_DECODE);
+    AddWorker("d1", tandem::v1::WORKER_ROLE_DECODE);
+    AddWorker("p0", tandem::v1::WORKER_ROLE_PREFILL);
+    AddWorker("p1", tandem::v1::WORKER_ROLE_PREFILL);
+  }
+
+  void AddWorker(const std::string& id, tandem::v1::WorkerRole role,
+                 const tandem::v1::WorkerLoad& load = {}) {
+    tandem::v1::RegisterRequest r = Worker(id, role);
+    *r.mutable_load() = load;
+    ASSERT_TRUE(registry_.Register(r).ok());
+  }
+  bool Live(const std::string& id) {
+    for (auto role :
+         {tandem::v1::WORKER_ROLE_PREFILL, tandem::v1::WORKER_ROLE_DECODE}) {
+      for (const WorkerRecord& w : registry_.Live(role)) {
+        if (w.registration.worker_id() == id) return true;
+      }
+    }
+    return false;
+  }
+  // Requests the router has placed on `id` (ledger).
+  int32_t Placed(const std::string& id) {
+    std::vector<WorkerRecord> all = registry_.Live(tandem::v1::WORKER_ROLE_DECODE);
+    for (WorkerRecord& w : registry_.Live(tandem::v1::WORKER_ROLE_PREFILL)) {
+      all.push_back(w);
+    }
+    InFlightMap f = ledger_.Snapshot(all);
+    auto it = f.find(id);
+    return it == f.end() ? 0 : it->second.requests;
+  }
+  bool LedgerEmpty() {
+    return Placed("d0") + Placed("d1") + Placed("p0") + Placed("p1") == 0;
+  }
+  double Retries(const char* reason) {
+    return metrics_.retries->Add({{"reason", reason}}).Value();
+  }
+  double Paths(const char* path) {
+    return metrics_.paths->Add({{"path", path}}).Value();
+  }
+
+  std::unique_ptr<Placement> Make(int32_t prompt_tokens = 10, int32_t min_tokens = 0,
+                                  absl::Duration timeout = absl::Seconds(60)) {
+    return std::make_unique<Placement>(
+        PlacementDeps{&registry_, &ledger_, &metrics_, &clock_}, options_,
+        PlacementRequest{.request_id = "req-1",
+                         .prompt_tokens = prompt_tokens,
+                         .min_tokens = min_tokens,
+                         .deadline = clock_.Now() + timeout,
+                         .started = clock_.Now()});
+  }
+
+  // Steps `p` (fresh) on the plain path into `state`; kReleasing is reached by
+  // losing the first prefill worker, kColocated by a request with min_tokens.
+  void Drive(Placement* p, State state) {
+    if (state == State::kStart) return;
+    if (state == State::kColocated) {
+      ASSERT_EQ(Str(p->Start()), "colocate d0");
+      return;
+    }
+    ASSERT_EQ(Str(p->Start()), "reserve d0");
+    if (state == State::kReserving) return;
+    ASSERT_EQ(Str(p->OnReserved(absl::OkStatus())), "prefill p0");
+    if (state == State::kPrefilling) return;
+    if (state == State::kReleasing) {
+      ASSERT_EQ(Str(p->OnPrefilled(absl::UnavailableError("p0 died"))),
+                "release d0 (await)");
+      return;
+    }
+    ASSERT_EQ(Str(p->OnPrefilled(absl::OkStatus())), "decode d0");
+    if (state == State::kDecoding) return;
+    ASSERT_EQ(Str(p->OnStreamDone(absl::OkStatus())), "finish OK");
+  }
+  std::unique_ptr<Placement> MakeIn(State state,
+                                    absl::Duration timeout = absl::Seconds(60)) {
+    auto p = Make(10, state == State::kColocated ? 1 : 0, timeout);
+    Drive(p.get(), state);
+    EXPECT_EQ(p->state(), state);
+    return p;
+  }
+
+  // The event the call in flight in `state` produces when it ends with `status`.
+  static Placement::Actions End(Placement* p, State state, const absl::Status& status) {
+    switch (state) {
+      case State::kStart:
+        return p->Start();
+      case State::kReserving:
+        return p->OnReserved(status);
+      case State::kPrefilling:
+        return p->OnPrefilled(status);
+      case State::kReleasing:
+        return p->OnReleased(status);
+      case State::kDecoding:
+      case State::kColocated:
+        return p->OnStreamDone(status);
+      case State::kFinished:
+        return p->OnStreamDone(status);
+    }
+    return {};
+  }
+
+  FakeClock clock_;
+  WorkerRegistry registry_{&clock_, absl::Hours(1)};
+  PlacementLedger ledger_;
+  metrics::Registry metric_registry_;
+  HandoffMetrics metrics_{&metric_registry_};
+  HandoffOptions options_;
+};
+
+TEST_F(PlacementTest, DisaggregatedPathReservesPrefillsDecodesAndFinishesOnce) {
+  auto p = Make();
+  const absl::Time t0 = clock_.Now();
+  Placement::Actions a = p->Start();
+  ASSERT_EQ(Str(a), "reserve d0");
+  EXPECT_EQ(a[0].deadline, t0 + options_.rpc_timeout);  // Reserve: rpc_timeout
+  EXPECT_EQ(p->state(), State::kReserving);
+  EXPECT_TRUE(LedgerEmpty());  // nothing reserved yet
+
+  a = p->OnReserved(absl::OkStatus());
+  ASSERT_EQ(Str(a), "prefill p0");
+  EXPECT_EQ(a[0].deadline, t0 + absl::Seconds(60));  // the request's deadline
+  EXPECT_EQ(Placed("d0"), 1);
+  EXPECT_EQ(Placed("p0"), 1);
+  EXPECT_EQ(p->prefill_attempts(), 1);
+
+  clock_.Advance(absl::Seconds(2));
+  a = p->OnPrefilled(absl::OkStatus());
+  ASSERT_EQ(Str(a), "decode d0");
+  EXPECT_EQ(a[0].deadline, t0 + absl::Seconds(60));
+  EXPECT_EQ(Placed("p0"), 0);
+  EXPECT_EQ(Placed("d0"), 1);  // until d0's next load report or the end
+  EXPECT_EQ(Paths("disaggregated"), 1);
+  EXPECT_EQ(Paths("colocated"), 0);
+
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(metrics_.latency->Count(), 0u);
+  EXPECT_EQ(Str(p->OnStreamDone(absl::OkStatus())), "finish OK");
+  EXPECT_EQ(p->state(), State::kFinished);
+  EXPECT_TRUE(LedgerEmpty());
+  EXPECT_EQ(metrics_.latency->Count(), 1u);
+  EXPECT_DOUBLE_EQ(metrics_.latency->Sum(), 3.0);
+
+  // Whatever comes later is ignored: one Finish, one latency sample.
+  EXPECT_EQ(Str(p->OnStreamDone(absl::OkStatus())), "");
+  EXPECT_EQ(Str(p->OnReserved(absl::OkStatus())), "");
+  EXPECT_EQ(Str(p->OnPrefilled(absl::OkStatus())), "");
+  EXPECT_EQ(Str(p->OnReleased(absl::OkStatus())), "");
+  EXPECT_EQ(Str(p->Cancel()), "");
+  EXPECT_EQ(Str(p->Start()), "");
+  EXPECT_EQ(metrics_.latency->Count(), 1u);
+}
+
+struct ColocateCase {
+  const char* name;
+  int32_t colocate_below;
+  int64_t max_context;
+  int32_t prompt;
+  int32_t min_tokens;
+  bool prefill_workers;
+  std::string want;
+};
+
+TEST_F(PlacementTest, ColocateRulesTable) {
+  const std::vector<ColocateCase> cases = {
+      {"default: disaggregated", 0, 0, 10, 0, true, "reserve d0"},
+      {"prompt below the threshold", 11, 0, 10, 0, true, "colocate d0"},
+      {"prompt at the threshold", 10, 0, 10, 0, true, "reserve d0"},
+      {"min_tokens", 0, 0, 10, 1, true, "colocate d0"},
+      {"no room after the prompt", 0, 11, 10, 0, true, "colocate d0"},
+      {"room for one token", 0, 12, 10, 0, true, "reserve d0"},
+      {"no prefill worker", 0, 0, 10, 0, false, "colocate d0"},
+  };
+  for (const ColocateCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    if (!c.prefill_workers) {
+      registry_.Remove("p0");
+      registry_.Remove("p1");
+    }
+    options_.colocate_below_tokens = c.colocate_below;
+    options_.max_context_tokens = c.max_context;
+    auto p = Make(c.prompt, c.min_tokens);
+    EXPECT_EQ(Str(p->Start()), c.want);
+    if (c.want == "colocate d0") {
+      EXPECT_EQ(p->state(), State::kColocated);
+      EXPECT_TRUE(LedgerEmpty());  // a colocated request reserves nothing
+    }
+    AddWorker("p0", tandem::v1::WORKER_ROLE_PREFILL);
+    AddWorker("p1", tandem::v1::WORKER_ROLE_PREFILL);
+  }
+  EXPECT_EQ(Paths("colocated"), 4);
+}
+
+struct StepCase {
+  const char* name;
+  State state;                 // where the request is
+  std::string want_on_event;   // actions of the interrupting event (cancel)
+  absl::StatusCode call_ends;  // then the call in flight ends with this
+  std::string want_at_end;     // and the actions of that end
+};
+
+TEST_F(PlacementTest, ClientCancelInEachState) {
+  using C = absl::StatusCode;
+  const std::vector<StepCase> cases = {
+      {"start: Start finishes", State::kStart, "", C::kOk, "finish CANCELLED"},
+      {"reserving", State::kReserving, "cancel", C::kCancelled, "finish CANCELLED"},
+      {"reserving, the reservation won the race", State::kReserving, "cancel", C::kOk,
+       "release d0, finish CANCELLED"},
+      {"prefilling", State::kPrefilling, "cancel", C::kCancelled,
+       "release d0, finish CANCELLED"},
+      {"prefilling, prefill won the race", State::kPrefilling, "cancel", C::kOk,
+       "release d0, finish CANCELLED"},
+      {"releasing: no call to cancel", State::kReleasing, "finish CANCELLED", C::kOk,
+       ""},
+      {"decoding", State::kDecoding, "cancel", C::kCancelled, "finish CANCELLED"},
+      {"decoding, the stream ended first", State::kDecoding, "cancel", C::kOk,
+       "finish OK"},
+      {"colocated", State::kColocated, "cancel", C::kCancelled, "finish CANCELLED"},
+      {"finished: nothing", State::kFinished, "", C::kOk, ""},
+  };
+  for (const StepCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const uint64_t finished_before = metrics_.latency->Count();
+    auto p = MakeIn(c.state);
+    EXPECT_EQ(Str(p->Cancel()), c.want_on_event);
+    EXPECT_EQ(Str(p->Cancel()), "");  // a second cancel changes nothing
+    EXPECT_EQ(Str(End(p.get(), c.state, Code(c.call_ends))), c.want_at_end);
+    EXPECT_EQ(p->state(), State::kFinished);
+    EXPECT_TRUE(p->cancelled() || c.state == State::kFinished);
+    EXPECT_EQ(metrics_.latency->Count(), finished_before + 1);  // once per request
+    EXPECT_TRUE(LedgerEmpty());
+    EXPECT_TRUE(Live("d0"));  // a cancel is not a lost worker
+    EXPECT_TRUE(Live("d1"));
+    // kReleasing was reached by losing p0; bring it back for the next case.
+    if (!Live("p0")) AddWorker("p0", tandem::v1::WORKER_ROLE_PREFILL);
+  }
+}
+
+TEST_F(PlacementTest, DeadlineInEachState) {
+  using C = absl::StatusCode;
+  // The clock passes the request's deadline while the request is in `state`;
+  // then the call in flight ends (DEADLINE_EXCEEDED: gRPC enforced the deadline
+  // it carried; OK: it ended just before), and no further call starts.
+  const std::vector<StepCase> cases = {
+      {"start", State::kStart, "", C::kOk, "finish DEADLINE_EXCEEDED"},
+      {"reserving", State::kReserving, "", C::kDeadlineExceeded,
+       "finish DEADLINE_EXCEEDED"},
+      {"reserving, reserved just before", State::kReserving, "", C::kOk,
+       "release d0, finish DEADLINE_EXCEEDED"},
+      {"prefilling", State::kPrefilling, "", C::kDeadlineExceeded,
+       "release d0, finish DEADLINE_EXCEEDED"},
+      {"prefilling, prefilled just before", State::kPrefilling, "", C::kOk,
+       "release d0, finish DEADLINE_EXCEEDED"},
+      {"releasing: no new Reserve", State::kReleasing, "", C::kOk,
+       "finish DEADLINE_EXCEEDED"},
+      {"decoding", State::kDecoding, "", C::kDeadlineExceeded,
+       "finish DEADLINE_EXCEEDED"},
+      {"decoding, the stream ended just before", State::kDecoding, "", C::kOk,
+       "finish OK"},
+      {"colocated", State::kColocated, "", C::kDeadlineExceeded,
+       "finish DEADLINE_EXCEEDED"},
+  };
+  for (const StepCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto p = MakeIn(c.state, absl::Seconds(10));
+    clock_.Advance(absl::Seconds(11));
+    EXPECT_EQ(Str(End(p.get(), c.state, Code(c.call_ends))), c.want_at_end);
+    EXPECT_EQ(p->state(), State::kFinished);
+    EXPECT_TRUE(LedgerEmpty());
+    EXPECT_TRUE(Live("d0"));
+    if (c.state == State::kReleasing) AddWorker("p0", tandem::v1::WORKER_ROLE_PREFILL);
+  }
+  EXPECT_EQ(metrics_.latency->Count(), cases.size());
+}
+
+TEST_F(PlacementTest, CallsCarryTheRequestDeadlineAndReleaseItsOwn) {
+  auto p = Make(10, 0, absl::Seconds(2));  // shorter than rpc_timeout
+  const absl::Time t0 = clock_.Now();
+  Placement::Actions a = p->Start();
+  ASSERT_EQ(Str(a), "reserve d0");
+  EXPECT_EQ(a[0].deadline, t0 + absl::Seconds(2));
+  a = p->OnReserved(absl::OkStatus());
+  ASSERT_EQ(Str(a), "prefill p0");
+  EXPECT_EQ(a[0].deadline, t0 + absl::Seconds(2));
+  clock_.Advance(absl::Seconds(1));
+  a = p->OnPrefilled(absl::InternalError("boom"));
+  ASSERT_EQ(Str(a), "release d0, finish INTERNAL");
+  // The Release is bounded by rpc_timeout from now, not by the request.
+  EXPECT_EQ(a[0].deadline, clock_.Now() + options_.rpc_timeout);
+  EXPECT_EQ(a[1].status.message(), "boom");
+}
+
+struct LossCase {
+  const char* name;
+  State state;
+  std::string want;     // actions after UNAVAILABLE from the worker called
+  std::string removed;  // the worker dropped from the registry ("" none)
+  const char* retry_reason;
+};
+
+TEST_F(PlacementTest, PeerLossInEachState) {
+  const std::vector<LossCase> cases = {
+      {"reserving: next decode worker", State::kReserving, "reserve d1", "d0",
+       "decode_unavailable"},
+      {"prefilling: release, then reserve again", State::kPrefilling,
+       "release d0 (await)", "p0", "prefill_unavailable"},
+      {"releasing: the lease frees it, go on", State::kReleasing, "reserve d0", "",
+       nullptr},
+      {"decoding: the request fails", State::kDecoding, "finish UNAVAILABLE", "d0",
+       nullptr},
+      {"colocated: the request fails", State::kColocated, "finish UNAVAILABLE", "d0",
+       nullptr},
+  };
+  for (const LossCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const double retries_before = c.retry_reason ? Retries(c.retry_reason) : 0;
+    auto p = MakeIn(c.state);
+    Placement::Actions a = End(p.get(), c.state, absl::UnavailableError("gone"));
+    EXPECT_EQ(Str(a), c.want);
+    if (!c.removed.empty()) {
+      EXPECT_FALSE(Live(c.removed));
+    }
+    EXPECT_TRUE(Live("d1"));
+    if (c.retry_reason) {
+      EXPECT_EQ(Retries(c.retry_reason), retries_before + 1);
+    }
+    if (c.want == "finish UNAVAILABLE") {
+      // The error names the worker and its address.
+      EXPECT_NE(a[0].status.message().find("decode worker d0 (d0.local:1)"),
+                std::string::npos)
+          << a[0].status;
+      EXPECT_TRUE(LedgerEmpty());
+    }
+    // Back to four live workers for the next case.
+    if (!Live("d0")) AddWorker("d0", tandem::v1::WORKER_ROLE_DECODE);
+    if (!Live("p0")) AddWorker("p0", tandem::v1::WORKER_ROLE_PREFILL);
+  }
+}
+
+TEST_F(PlacementTest, LostPrefillWorkerIsExcludedOnTheRetry) {
+  auto p = MakeIn(State::kPrefilling);
+  ASSERT_EQ(Str(p->OnPrefilled(absl::UnavailableError("gone"))), "release d0 (await)");
+  EXPECT_EQ(Placed("d0"), 0);  // released: no longer counted against d0
+  AddWorker("p0", tandem::v1::WORKER_ROLE_PREFILL);  // back, but tried already
+  ASSERT_EQ(Str(p->OnReleased(absl::OkStatus())), "reserve d0");
+  EXPECT_EQ(Str(p->OnReserved(absl::OkStatus())), "prefill p1");
+  EXPECT_EQ(p->prefill_attempts(), 2);
+  EXPECT_EQ(Str(p->OnPrefilled(absl::OkStatus())), "decode d0");
+}
+
+TEST_F(PlacementTest, PrefillRetriesStopAtMaxAttempts) {
+  options_.max_prefill_attempts = 2;
+  auto p = MakeIn(State::kPrefilling);
+  ASSERT_EQ(Str(p->OnPrefilled(absl::UnavailableError("p0 gone"))),
+            "release d0 (await)");
+  ASSERT_EQ(Str(p->OnReleased(absl::OkStatus())), "reserve d0");
+  ASSERT_EQ(Str(p->OnReserved(absl::OkStatus())), "prefill p1");
+  Placement::Actions a = p->OnPrefilled(absl::UnavailableError("p1 gone"));
+  ASSERT_EQ(Str(a), "release d0, finish UNAVAILABLE");
+  EXPECT_EQ(a[1].status.message(), "prefill failed on 2 workers; last (p1): p1 gone");
+  EXPECT_EQ(Retries("prefill_unavailable"), 2);
+  EXPECT_FALSE(Live("p0"));
+  EXPECT_FALSE(Live("p1"));
+  EXPECT_TRUE(LedgerEmpty());
+}
+
+TEST_F(PlacementTest, NoPrefillWorkerLeftFallsBackToColocated) {
+  registry_.Remove("p1");
+  auto p = MakeIn(State::kPrefilling);
+  ASSERT_EQ(Str(p->OnPrefilled(absl::UnavailableError("gone"))), "release d0 (await)");
+  ASSERT_EQ(Str(p->OnReleased(absl::OkStatus())), "reserve d0");
+  // Reserved again, but no prefill worker is left: release, then colocate.
+  ASSERT_EQ(Str(p->OnReserved(absl::OkStatus())), "release d0 (await)");
+  EXPECT_EQ(p->state(), State::kReleasing);
+  EXPECT_EQ(Retries("colocated_fallback"), 1);
+  EXPECT_EQ(Placed("d0"), 0);
+  ASSERT_EQ(Str(p->OnReleased(absl::OkStatus())), "colocate d0");
+  EXPECT_EQ(Paths("colocated"), 1);
+  EXPECT_EQ(Paths("disaggregated"), 0);
+  EXPECT_EQ(Str(p->OnStreamDone(absl::OkStatus())), "finish OK");
+}
+
+TEST_F(PlacementTest, FullDecodeWorkersAreSkippedThenResourceExhausted) {
+  auto p = MakeIn(State::kReserving);
+  ASSERT_EQ(Str(p->OnReserved(absl::ResourceExhaustedError("full"))), "reserve d1");
+  Placement::Actions a = p->OnReserved(absl::ResourceExhaustedError("full"));
+  ASSERT_EQ(Str(a), "finish RESOURCE_EXHAUSTED");
+  EXPECT_EQ(Retries("decode_full"), 2);
+  EXPECT_TRUE(Live("d0"));  // full is not lost
+  EXPECT_TRUE(Live("d1"));
+  EXPECT_TRUE(LedgerEmpty());
+}
+
+TEST_F(PlacementTest, OneFullOneLostIsStillResourceExhausted) {
+  auto p = MakeIn(State::kReserving);
+  ASSERT_EQ(Str(p->OnReserved(absl::ResourceExhaustedError("full"))), "reserve d1");
+  EXPECT_EQ(Str(p->OnReserved(absl::UnavailableError("gone"))),
+            "finish RESOURCE_EXHAUSTED");
+  EXPECT_FALSE(Live("d1"));
+}
+
+TEST_F(PlacementTest, EveryDecodeWorkerLostIsUnavailable) {
+  auto p = MakeIn(State::kReserving);
+  ASSERT_EQ(Str(p->OnReserved(absl::UnavailableError("gone"))), "reserve d1");
+  Placement::Actions a = p->OnReserved(absl::UnavailableError("gone"));
+  ASSERT_EQ(Str(a), "finish UNAVAILABLE");
+  EXPECT_NE(a[0].status.message().find("no decode worker can take this request"),
+            std::string::npos);
+  EXPECT_EQ(Retries("decode_unavailable"), 2);
+}
+
+TEST_F(PlacementTest, DecodeWorkersWithoutRoomAreResourceExhaustedAtOnce) {
+  tandem::v1::WorkerLoad full;
+  full.set_total_kv_blocks(10);
+  full.set_free_kv_blocks(0);
+  AddWorker("d0", tandem::v1::WORKER_ROLE_DECODE, full);  // replaces the records
+  AddWorker("d1", tandem::v1::WORKER_ROLE_DECODE, full);
+  auto p = Make();
+  EXPECT_EQ(Str(p->Start()), "finish RESOURCE_EXHAUSTED");
+  EXPECT_EQ(metrics_.latency->Count(), 1u);
+}
+
+TEST_F(PlacementTest, OtherErrorsEndTheRequestWithoutRetry) {
+  {
+    auto p = MakeIn(State::kReserving);
+    EXPECT_EQ(Str(p->OnReserved(absl::InvalidArgumentError("bad"))),
+              "finish INVALID_ARGUMENT");  // nothing was reserved: no Release
+  }
+  {
+    auto p = MakeIn(State::kPrefilling);
+    EXPECT_EQ(Str(p->OnPrefilled(absl::DataLossError("checksum"))),
+              "release d0, finish DATA_LOSS");
+  }
+  {
+    auto p = MakeIn(State::kDecoding);
+    EXPECT_EQ(Str(p->OnStreamDone(absl::DataLossError("checksum"))),
+              "finish DATA_LOSS");
+    EXPECT_TRUE(Live("d0"));
+  }
+  EXPECT_EQ(Retries("decode_full") + Retries("decode_unavailable") +
+                Retries("prefill_unavailable") + Retries("colocated_fallback"),
+            0);
+  EXPECT_TRUE(LedgerEmpty());
+}
+
+TEST_F(PlacementTest, PlacementsSteerTheNextRequestBeforeLoadReports) {
+  // d0 and d1 look the same in their reports; a request reserving on d0 makes
+  // the next one pick d1 (the most free cache once the ledger is counted).
+  tandem::v1::WorkerLoad load;
+  load.set_total_kv_blocks(100);
+  load.set_free_kv_blocks(100);
+  load.set_kv_block_size(1);
+  AddWorker("d0", tandem::v1::WORKER_ROLE_DECODE, load);
+  AddWorker("d1", tandem::v1::WORKER_ROLE_DECODE, load);
+  auto first = Make(20);
+  ASSERT_EQ(Str(first->Start()), "reserve d0");
+  ASSERT_EQ(Str(first->OnReserved(absl::OkStatus())), "prefill p0");
+  auto second = Make(20);
+  EXPECT_EQ(Str(second->Start()), "reserve d1");
+  EXPECT_EQ(Str(second->OnReserved(absl::OkStatus())), "prefill p1");  // p0 busy
+}
+
+TEST(PlacementStateNameTest, EveryState) {
+  EXPECT_STREQ(PlacementStateName(State::kStart), "START");
+  EXPECT_STREQ(PlacementStateName(State::kReserving), "RESERVING");
+  EXPECT_STREQ(PlacementStateName(State::kPrefilling), "PREFILLING");
+  EXPECT_STREQ(PlacementStateName(State::kReleasing), "RELEASING");
+  EXPECT_STREQ(PlacementStateName(State::kDecoding), "DECODING");
+  EXPECT_STREQ(PlacementStateName(State::kColocated), "COLOCATED");
+  EXPECT_STREQ(PlacementStateName(State::kFinished), "FINISHED");
+}
+
+}  // namespace
+}  // namespace tandem::router
