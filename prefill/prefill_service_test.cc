@@ -3,7 +3,7 @@
 //   - a multi-chunk prompt's streamed state arrives bit-exact (the receiver's
 //     checksums over its landing cache == the sender's), in one batch per MLA
 //     layer and chunk plus one per KDA layer; streaming off lands the same bytes
-//   - a batch failing mid-stream (the receiver dies) fails the request
+//   - a batch failing while the layers are sent (the receiver dies) fails the request
 //     UNAVAILABLE, every posted batch has ended by the answer, nothing leaks
 //   - a stalled receiver: the deadline and a Cancel each end the request, every
 //     batch ended, the engine's blocks free
@@ -36,7 +36,7 @@ namespace {
 using engine::testing::TinyWeights;
 
 // Forwards to a LoopbackAgent; counts posted and ended batches and can run a
-// hook before the n-th PostWrite (fault injection mid-stream).
+// hook before the n-th PostWrite (fault injection mid-transfer).
 class CountingAgent final : public kvtransfer::TransferAgent {
  public:
   explicit CountingAgent(kvtransfer::TransferAgent* inner) : inner_(inner) {}
@@ -322,7 +322,7 @@ TEST(PrefillServiceTest, StreamedMultiChunkStateArrivesBitExact) {
   EXPECT_EQ(receiver2.Landed(n).total(), receiver.Landed(n).total());
 }
 
-TEST(PrefillServiceTest, BatchFailingMidStreamFailsTheRequestAndLeaksNothing) {
+TEST(PrefillServiceTest, BatchFailingWhileStreamingFailsTheRequestAndLeaksNothing) {
   Sender sender(/*stream=*/true);
   Receiver receiver;
   // The receiver dies just before the 5th batch (chunk 1 of the first layers).
@@ -359,7 +359,7 @@ TEST(PrefillServiceTest, StalledReceiverEndsAtTheDeadlineWithEveryBatchEnded) {
   EXPECT_TRUE(receiver.agent.PollNotifications().empty());
 }
 
-TEST(PrefillServiceTest, CancelMidStreamEndsEveryBatch) {
+TEST(PrefillServiceTest, CancelWhileStreamingEndsEveryBatch) {
   Sender sender(/*stream=*/true);
   Receiver receiver;
   receiver.agent.SetPaused(true);  // batches stay in flight
@@ -385,8 +385,9 @@ TEST(PrefillServiceTest, CancelMidStreamEndsEveryBatch) {
 // Two prompts of 300 tokens (19 blocks each) in a 28-block pool, prefilled side
 // by side in chunks of 64: at the 4th chunk the newer one finds no free block
 // and is preempted, then recomputed from position 0 once the older one is done.
-// Its stream stops at the recompute, and the whole state is sent after its
-// prefill (once the earlier batches ended): both land bit-exact.
+// Its SendSession stops streaming at the recompute (RESTARTED), and the whole
+// state is sent after its prefill (once the earlier batches ended): both land
+// bit-exact.
 TEST(PrefillServiceTest, PreemptedPrefillRestartsTheTransferWhole) {
   Sender sender(/*stream=*/true, /*num_blocks=*/28, /*max_prefill_chunk=*/64);
   Receiver ra, rb;

@@ -86,7 +86,7 @@ void SendSession::Cancel() { cancel_requested_.store(true); }
 void SendSession::ObserveCancelAndFailures() {
   if (!Live()) return;
   if (cancel_requested_.load()) {
-    EndCancelled(absl::CancelledError("prefill cancelled"));
+    Terminate(SendState::kCancelled, absl::CancelledError("prefill cancelled"));
     return;
   }
   absl::Status failed;
@@ -105,16 +105,12 @@ void SendSession::ObserveDeadline() {
 }
 
 void SendSession::Fail(absl::Status status) {
-  if (!Live()) return;
-  state_ = SendState::kFailed;
-  status_ = std::move(status);
-  CancelInFlight();
-  Record();
+  Terminate(SendState::kFailed, std::move(status));
 }
 
-void SendSession::EndCancelled(absl::Status status) {
+void SendSession::Terminate(SendState end, absl::Status status) {
   if (!Live()) return;
-  state_ = SendState::kCancelled;
+  state_ = end;
   status_ = std::move(status);
   CancelInFlight();
   Record();
@@ -381,8 +377,9 @@ absl::Status SendSession::Run() {
 }
 
 void SendSession::End() {
-  EndCancelled(absl::CancelledError(absl::StrCat(
-      "the transfer of request ", spec_.request_id, " ended before it finished")));
+  Terminate(SendState::kCancelled, absl::CancelledError(absl::StrCat(
+                                       "the transfer of request ", spec_.request_id,
+                                       " ended before it finished")));
   if (!pending_.empty()) {
     CancelInFlight();
     bool stuck = false;

@@ -211,7 +211,9 @@ class SendSession {
   void ObserveCancelAndFailures();
   void ObserveDeadline();
   void Fail(absl::Status status);
-  void EndCancelled(absl::Status status);
+  // Live only: to CANCELLED or FAILED with `status`, cancelling the batches in
+  // flight.
+  void Terminate(SendState end, absl::Status status);
   // Cancels the batches in flight (non-blocking; End() drains them).
   void CancelInFlight();
   absl::Status Post(int rank, absl::Span<const kvtransfer::Segment> segments);
