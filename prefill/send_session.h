@@ -4,24 +4,24 @@
 // segments and checksums, a restart. No gRPC inside; the transfer agent, the
 // peer cache, the clock and the metrics are injected (SendContext).
 //
-//            OnLayer: a layer's rows are final → PlanLayerRows → PostWrite
-//  COMPUTING ──────────────────────────────────────────────────▶ STREAMING
-//      │   OnLayer: a chunk starts below the rows already posted     │
-//      │   (preempted, recomputed): no more streaming                │
-//      ├───────────────────────────▶ RESTARTED ◀─────────────────────┤
-//      │                                 │                           │
-//      └──────────── Computed(the state at the first token) ─────────┘
-//                    checksums; PlanAll per rank; whole state due?
-//                                        ▼
-//                                    DRAINING   Step: the streamed batches land
-//                                        │ every one ended OK
-//           ┌────────────────────────────┤ whole state due (streaming off,
-//           │ nothing left to send       ▼ restarted, a layer short) or the
-//           │                        FINISHING  TEST ONLY corrupt piece posted;
-//           │                            │ they land
-//           └────────────┬───────────────┘
-//                        ▼ Notify(rank 0's peer, request_id)
-//                      DONE
+//  COMPUTING ──OnLayer: rows final → PlanLayerRows → PostWrite──▶ STREAMING
+//      │                                                              │
+//      │  OnLayer: a chunk starts below the rows already posted       │
+//      │  (preempted, recomputed): no more streaming                  │
+//      ├────────────────────────────▶ RESTARTED ◀─────────────────────┤
+//      │                                  │                           │
+//      │   Computed (first token): checksums, PlanAll per rank        │
+//      └──────────────────────────────────┼───────────────────────────┘
+//                                         ▼
+//                                     DRAINING   Step: the streamed batches land
+//                                         │ every one ended OK
+//              nothing left to send ┌─────┴─────┐ whole state due (streaming off,
+//                                   │           ▼ restarted, a layer short) or
+//                                   │       FINISHING  the TEST ONLY piece:
+//                                   │           │      posted, they land
+//                                   └─────┬─────┘
+//                                         ▼ Notify(rank 0's peer, request_id)
+//                                       DONE
 //
 //   any state before DONE:  Cancel() (any thread)             → CANCELLED
 //                           a batch fails, a plan / PostWrite
