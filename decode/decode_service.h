@@ -42,6 +42,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -125,6 +126,9 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
   // Engine blocks held for hand-offs not yet admitted (quarantined included).
   int64_t reserved_blocks() const { return table_.held_blocks(); }
   int64_t quarantined() const { return table_.num_quarantined(); }
+  std::optional<ReservationState> state(const std::string& request_id) const {
+    return table_.State(request_id);
+  }
 
  private:
   class DecodeWaiter;

@@ -1,0 +1,330 @@
+// DecodeService over gRPC with a LoopbackAgent, the tiny model and a FakeClock
+// (the janitor off: the test calls Tick): a reservation is the engine's own
+// blocks and slot (Load shows them used), the state written there and notified
+// decodes exactly like the colocated Generate, and lease expiry, wait expiry,
+// release and quarantine give the memory back to the engine when they should.
+#include "decode/decode_service.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "common/clock.h"
+#include "engine/runtime/engine.h"
+#include "engine/runtime/test_util.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "kvtransfer/loopback_agent.h"
+#include "metrics/registry.h"
+#include "worker/engine_loop.h"
+#include "worker/worker_metrics.h"
+
+namespace tandem::decode {
+namespace {
+
+using engine::testing::MakePrompt;
+using engine::testing::TinyWeights;
+
+constexpr absl::Duration kQuarantine = absl::Seconds(5);
+constexpr int kTokens = 6;
+
+std::chrono::system_clock::time_point In(int seconds) {
+  return std::chrono::system_clock::now() + std::chrono::seconds(seconds);
+}
+
+struct Output {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+};
+
+class DecodeServiceTest : public ::testing::Test {
+ protected:
+  DecodeServiceTest() : clock_(absl::Now()) {
+    backend_ = engine::testing::MakeBackend("cpu");
+    engine::EngineOptions o;
+    o.block_size = 8;
+    o.num_slots = 3;
+    o.max_context_tokens = 256;
+    auto e = engine::Engine::Create(&TinyWeights(), backend_.get(), nullptr, o);
+    EXPECT_TRUE(e.ok()) << e.status();
+    engine_ = e->get();
+    loop_ = std::make_unique<worker::EngineLoop>(std::move(*e));
+    DecodeServiceOptions so;
+    so.unlanded_quarantine = kQuarantine;
+    so.default_lease = absl::Seconds(10);
+    so.max_landing_wait = absl::Seconds(3);
+    so.clock = &clock_;
+    so.start_janitor = false;
+    auto s =
+        DecodeService::Create(loop_.get(), {&engine_->cache()}, &agent_, &metrics_, so);
+    EXPECT_TRUE(s.ok()) << s.status();
+    service_ = std::move(*s);
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(service_.get());
+    server_ = b.BuildAndStart();
+    stub_ = tandem::v1::DecodeWorker::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  }
+  ~DecodeServiceTest() override {
+    server_->Shutdown(In(5));
+    loop_.reset();
+    service_.reset();
+  }
+
+  // Runs on the engine thread after everything posted before: a barrier.
+  void Sync() {
+    absl::Notification done;
+    loop_->Post([&](engine::Engine&) { done.Notify(); });
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  }
+  int32_t FreeBlocks() {
+    Sync();
+    return service_->Load().free_kv_blocks();
+  }
+  // Polls the reservation's state (bounded): RPCs reach the service on its
+  // threads.
+  bool WaitForState(const std::string& id, ReservationState want) {
+    const absl::Time end = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < end) {
+      if (service_->state(id) == want) return true;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return false;
+  }
+  int32_t TotalBlocks() { return service_->Load().total_kv_blocks(); }
+
+  grpc::Status Reserve(const std::string& id, int prompt_tokens,
+                       tandem::v1::KvTarget* target) {
+    tandem::v1::ReserveRequest r;
+    r.set_request_id(id);
+    r.set_prompt_tokens(prompt_tokens);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(10));
+    return stub_->Reserve(&ctx, r, target);
+  }
+  bool Release(const std::string& id) {
+    tandem::v1::ReleaseRequest r;
+    r.set_request_id(id);
+    tandem::v1::ReleaseResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(10));
+    EXPECT_TRUE(stub_->Release(&ctx, r, &resp).ok());
+    return resp.found();
+  }
+  static void Greedy(tandem::v1::SamplingParams* s, tandem::v1::StopConditions* stop) {
+    s->set_temperature(0);
+    stop->set_max_tokens(kTokens);
+    stop->set_ignore_eos(true);
+  }
+  template <typename Reader>
+  static Output ReadAll(Reader* reader) {
+    Output out;
+    tandem::v1::GenerateResponse m;
+    while (reader->Read(&m)) {
+      out.tokens.insert(out.tokens.end(), m.token_ids().begin(), m.token_ids().end());
+    }
+    out.status = reader->Finish();
+    return out;
+  }
+  Output Generate(const std::vector<int32_t>& prompt) {
+    tandem::v1::GenerateRequest r;
+    r.set_request_id("colocated");
+    for (int32_t t : prompt) r.mutable_prompt_token_ids()->add_ids(t);
+    Greedy(r.mutable_sampling(), r.mutable_stop());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(30));
+    auto reader = stub_->Generate(&ctx, r);
+    return ReadAll(reader.get());
+  }
+  tandem::v1::DecodeRequest DecodeRequest(const std::string& id,
+                                          const std::vector<int32_t>& prompt,
+                                          int32_t first) {
+    tandem::v1::DecodeRequest r;
+    r.set_request_id(id);
+    for (int32_t t : prompt) r.add_prompt_token_ids(t);
+    r.set_first_token_id(first);
+    Greedy(r.mutable_sampling(), r.mutable_stop());
+    return r;
+  }
+  // What a prefill worker sends: the prompt's state and its first token.
+  struct Prefilled {
+    std::unique_ptr<kernels::Backend> backend;
+    std::unique_ptr<engine::Engine> engine;
+    engine::ExportedState state;
+  };
+  static Prefilled Prefill(const std::vector<int32_t>& prompt) {
+    Prefilled p;
+    p.backend = engine::testing::MakeBackend("cpu");
+    p.engine = *engine::Engine::Create(&TinyWeights(), p.backend.get(), nullptr, {});
+    engine::SamplingParams sp;
+    sp.max_tokens = kTokens;
+    sp.ignore_eos = true;
+    EXPECT_TRUE(p.engine->AddRequest(1, prompt, sp).ok());
+    for (int step = 0; step < 100 && !p.engine->ExportState(1).ok(); ++step) {
+      EXPECT_TRUE(p.engine->Step().ok());
+    }
+    p.state = *p.engine->ExportState(1);
+    return p;
+  }
+  // The prefill worker's puts (into the target's blocks and slot of this
+  // engine's cache) and its notification through a peer agent.
+  void Land(const std::string& id, const tandem::v1::KvTarget& target,
+            const engine::ExportedState& state) {
+    const tandem::v1::RankTarget& t = target.ranks(0);
+    std::vector<int32_t> blocks(t.block_ids().begin(), t.block_ids().end());
+    auto dst = engine_->cache().ExportSequence(blocks, state.num_cached_tokens,
+                                               t.state_slot());
+    ASSERT_TRUE(dst.ok()) << dst.status();
+    ASSERT_TRUE(engine::CopyStateRanges(state.ranges, *dst).ok());
+    auto peer = sender_.Connect(t.transfer_descriptor());
+    ASSERT_TRUE(peer.ok()) << peer.status();
+    ASSERT_TRUE(sender_.Notify(*peer, id, "", absl::Now() + absl::Seconds(10)).ok());
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<kernels::Backend> backend_;
+  engine::Engine* engine_ = nullptr;  // owned by the loop
+  kvtransfer::LoopbackAgent agent_;
+  kvtransfer::LoopbackAgent sender_;
+  metrics::Registry registry_;
+  worker::WorkerMetrics metrics_{&registry_};
+  std::unique_ptr<worker::EngineLoop> loop_;
+  std::unique_ptr<DecodeService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<tandem::v1::DecodeWorker::Stub> stub_;
+};
+
+TEST_F(DecodeServiceTest, StateLandsInTheEnginesBlocksAndDecodesLikeColocated) {
+  const std::vector<int32_t> prompt = MakePrompt(29, 5);
+  const Output want = Generate(prompt);
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  ASSERT_EQ(want.tokens.size(), static_cast<size_t>(kTokens));
+  const int32_t total = TotalBlocks();
+  ASSERT_EQ(FreeBlocks(), total);
+
+  tandem::v1::KvTarget target;
+  ASSERT_TRUE(Reserve("r1", 29, &target).ok());
+  ASSERT_EQ(target.ranks_size(), 1);
+  EXPECT_EQ(target.ranks(0).block_ids_size(), 4);  // 29 positions, blocks of 8
+  // The reservation is the engine's memory: not free, not schedulable.
+  EXPECT_EQ(FreeBlocks(), total - 4);
+  EXPECT_EQ(service_->Load().free_state_slots(), 2);
+  EXPECT_EQ(service_->reserved_blocks(), 4);
+  EXPECT_EQ(engine_->scheduler().num_reserved(), 1);
+  tandem::v1::KvTarget again;
+  EXPECT_EQ(Reserve("r1", 29, &again).error_code(), grpc::StatusCode::ALREADY_EXISTS);
+
+  Prefilled p = Prefill(prompt);
+  ASSERT_EQ(p.state.generated.size(), 1u);
+  Land("r1", target, p.state);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(30));
+  auto reader = stub_->Decode(&ctx, DecodeRequest("r1", prompt, p.state.generated[0]));
+  const Output got = ReadAll(reader.get());
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(service_->num_reservations(), 0);
+  EXPECT_EQ(service_->reserved_blocks(), 0);
+  EXPECT_EQ(FreeBlocks(), total);
+  EXPECT_EQ(engine_->scheduler().num_reserved(), 0);
+}
+
+TEST_F(DecodeServiceTest, DecodeWaitsForTheNotification) {
+  const std::vector<int32_t> prompt = MakePrompt(17, 6);
+  const Output want = Generate(prompt);
+  tandem::v1::KvTarget target;
+  ASSERT_TRUE(Reserve("r2", 17, &target).ok());
+  Prefilled p = Prefill(prompt);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(30));
+  auto reader = stub_->Decode(&ctx, DecodeRequest("r2", prompt, p.state.generated[0]));
+  EXPECT_TRUE(WaitForState("r2", ReservationState::kLanding));
+  Land("r2", target, p.state);  // LANDING → ADMITTED
+  const Output got = ReadAll(reader.get());
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.tokens, want.tokens);
+}
+
+TEST_F(DecodeServiceTest, LeaseExpiryQuarantinesThenReturnsTheBlocks) {
+  const int32_t total = TotalBlocks();
+  tandem::v1::KvTarget target;
+  ASSERT_TRUE(Reserve("r3", 20, &target).ok());
+  clock_.Advance(absl::Seconds(10) + absl::Milliseconds(1));
+  service_->Tick(clock_.Now());
+  EXPECT_EQ(service_->num_reservations(), 0);
+  EXPECT_EQ(service_->quarantined(), 1);
+  EXPECT_EQ(FreeBlocks(), total - 3);  // held out of the engine's free list
+  clock_.Advance(kQuarantine);
+  service_->Tick(clock_.Now());
+  EXPECT_EQ(service_->quarantined(), 0);
+  EXPECT_EQ(FreeBlocks(), total);
+  EXPECT_EQ(engine_->scheduler().num_reserved(), 0);
+}
+
+// Peer loss: the state never arrives; the Decode ends at its wait deadline.
+TEST_F(DecodeServiceTest, WaitExpiryIsDeadlineExceededAndQuarantines) {
+  const int32_t total = TotalBlocks();
+  tandem::v1::KvTarget target;
+  ASSERT_TRUE(Reserve("r4", 20, &target).ok());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(30));
+  auto reader = stub_->Decode(&ctx, DecodeRequest("r4", MakePrompt(20, 1), 3));
+  // Once the Decode waits (LANDING), its wait can expire.
+  ASSERT_TRUE(WaitForState("r4", ReservationState::kLanding));
+  clock_.Advance(absl::Seconds(3));
+  service_->Tick(clock_.Now());
+  EXPECT_EQ(service_->state("r4"), ReservationState::kLanding);  // at the deadline
+  clock_.Advance(absl::Milliseconds(1));
+  service_->Tick(clock_.Now());
+  const Output got = ReadAll(reader.get());
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << got.status.error_message();
+  EXPECT_EQ(service_->quarantined(), 1);
+  EXPECT_EQ(FreeBlocks(), total - 3);
+  clock_.Advance(kQuarantine);
+  service_->Tick(clock_.Now());
+  EXPECT_EQ(FreeBlocks(), total);
+}
+
+TEST_F(DecodeServiceTest, ReleaseBeforeLandingQuarantinesAfterLandingFrees) {
+  const int32_t total = TotalBlocks();
+  tandem::v1::KvTarget a, b;
+  ASSERT_TRUE(Reserve("unlanded", 20, &a).ok());
+  ASSERT_TRUE(Reserve("landed", 20, &b).ok());
+  const std::vector<int32_t> prompt = MakePrompt(20, 2);
+  Prefilled p = Prefill(prompt);
+  Land("landed", b, p.state);
+  EXPECT_TRUE(Release("unlanded"));
+  EXPECT_TRUE(Release("landed"));
+  EXPECT_FALSE(Release("nobody"));
+  EXPECT_EQ(service_->num_reservations(), 0);
+  EXPECT_EQ(service_->quarantined(), 1);
+  EXPECT_EQ(FreeBlocks(), total - 3);  // only the unlanded one is held
+  clock_.Advance(kQuarantine);
+  service_->Tick(clock_.Now());
+  EXPECT_EQ(FreeBlocks(), total);
+}
+
+TEST_F(DecodeServiceTest, FullEngineRefusesAndUnknownNotificationIsIgnored) {
+  tandem::v1::KvTarget t;
+  for (int i = 0; i < 3; ++i) {  // every slot
+    ASSERT_TRUE(Reserve("s" + std::to_string(i), 8, &t).ok()) << i;
+  }
+  grpc::Status full = Reserve("s3", 8, &t);
+  EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << full.error_message();
+  auto peer = sender_.Connect(t.ranks(0).transfer_descriptor());
+  ASSERT_TRUE(peer.ok());
+  ASSERT_TRUE(sender_.Notify(*peer, "nobody", "", absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_EQ(service_->num_reservations(), 3);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(10));
+  auto reader = stub_->Decode(&ctx, DecodeRequest("nobody", {1, 2}, 3));
+  EXPECT_EQ(ReadAll(reader.get()).status.error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+}  // namespace
+}  // namespace tandem::decode
