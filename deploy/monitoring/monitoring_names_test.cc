@@ -13,8 +13,9 @@
 //   - each label in the selector's matchers (other than the target labels the
 //     scrape configs attach) is on some exported sample of that name.
 // Renaming a metric or a label in the code fails this test until the rules and
-// the dashboard follow. It also checks that the dashboard takes its data source
-// from a variable.
+// the dashboard follow. The router's end-to-end latency histogram must also have
+// a sample per request sent (a registered, never observed one fails). It also checks
+// that the dashboard takes its data source from a variable.
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -264,6 +265,17 @@ TEST_F(MonitoringNamesTest, RulesAndDashboardReadOnlyExportedSeries) {
   ASSERT_TRUE(transfers.ok()) << transfers.status();
   EXPECT_GE(*transfers, 1);
   EXPECT_EQ(ex.texts["gateway"].Find("tandem_gateway_requests_total").empty(), false);
+  // The end-to-end latency the p50/p99 rules and the latency panel read has a
+  // sample for every request the router ran (3 gRPC + 2 through the gateway,
+  // all ok): a histogram that is registered but never observed fails here.
+  auto duration_count =
+      ex.texts["router"].Value("tandem_router_request_duration_seconds_count");
+  ASSERT_TRUE(duration_count.ok()) << duration_count.status();
+  EXPECT_GE(*duration_count, 5);
+  auto router_ok =
+      ex.texts["router"].Value("tandem_router_requests_total", {{"outcome", "ok"}});
+  ASSERT_TRUE(router_ok.ok()) << router_ok.status();
+  EXPECT_EQ(*duration_count, *router_ok);
 
   // Every selector of every expression.
   std::set<std::string> used;
