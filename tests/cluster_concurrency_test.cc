@@ -3,7 +3,7 @@
 //   - 64 concurrent Generate streams (mixed prompt lengths, greedy and seeded)
 //     all complete, and each stream's tokens equal the same request run alone
 //     afterwards: no token is lost, duplicated or mixed between streams;
-//   - afterwards every KV block, landing block and reservation is free again;
+//   - afterwards every KV block, reserved block and reservation is free again;
 //   - a router with --max_in_flight=2 refuses excess requests with
 //     RESOURCE_EXHAUSTED while the admitted ones complete.
 #include <grpcpp/grpcpp.h>
@@ -79,7 +79,7 @@ TEST(ClusterConcurrencyTest, SixtyFourConcurrentStreamsMatchTheirSoloRuns) {
   EXPECT_EQ(*Metric(c.router_metrics(), "tandem_router_paths_total",
                     {{"path", "disaggregated"}}),
             2 * kStreams);
-  // Every engine block, landing block and reservation is free again.
+  // Every engine block, reserved block and reservation is free again.
   for (int port : {c.decode_metrics(), c.prefill_metrics()}) {
     EXPECT_TRUE(
         WaitMetric(port, "tandem_worker_kv_cache_blocks", {{"state", "used"}}, 0))

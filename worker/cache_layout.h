@@ -40,11 +40,11 @@ tandem::v1::StateChecksums MergeRankChecksums(
 
 // Cache buffers allocated by a transfer agent (TransferAgent::AllocateMemory):
 // on one host UCX backs them with shared memory the peer maps, so a prefill
-// worker's puts into a decode worker's landing pool are plain memory copies
+// worker's puts into a decode worker's engine cache are plain memory copies
 // instead of UCX's emulated puts (docs/kvtransfer.md, "Bandwidth").
 //
 //   AgentAllocations a(agent);
-//   options.allocator = a.Allocator();   // KvCache::Create(config, options)
+//   engine_options.cache_allocator = a.Allocator();  // every rank's KvCache
 //   RegisterCache(agent, cache, &a);     // reuses the allocations' regions
 //
 // When the agent cannot allocate (UNIMPLEMENTED, /dev/shm full), the buffer

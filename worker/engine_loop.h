@@ -8,7 +8,9 @@
 //         → park on the condvar when idle (bounded wait, 100 ms)
 //
 // Output callbacks run on the engine thread and may use the Engine they are
-// given (ExportState, Locate, Abort); they must not block for long. A request
+// given (ExportState, Locate, Abort); they must not block for long. Commands
+// may also hold memory for state written in place (Engine::Reserve, the decode
+// worker's reservations): not work, never stepped, until admitted. A request
 // whose callback saw `finished` is forgotten. A failed Step() fails every
 // request: each callback gets the error while the request still holds its
 // blocks (so a callback can first stop transfers reading them), then the
@@ -72,8 +74,10 @@ class EngineLoop {
   // Registers `on_output` for a request added by a command (e.g. a prefilled
   // admission); call on the engine thread only (inside a Command).
   void WatchOnLoopThread(engine::RequestId id, OutputCallback on_output);
-  // Aborts the request (if still known) and drops its callback; its callback
-  // is not called again.
+  // Aborts the request or frees the reservation (engine::Engine::Abort: any
+  // state, if still known) and drops its callback, which is not called again.
+  // The decode worker gives reservations back this way (lease expiry, Release,
+  // quarantine end, refused admission).
   void Abort(engine::RequestId id);
 
   // On the engine thread: when the request still has its callback (it has not

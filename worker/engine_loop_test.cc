@@ -100,6 +100,46 @@ TEST(EngineLoopTest, CancelFreesBlocksAndRunsItsHookOnce) {
   EXPECT_LT(outputs, 200);
 }
 
+// Abort drops a live request's callback (never called again) and frees a
+// reservation's blocks and slot (the decode worker's lease expiry, release and
+// quarantine end); stats() shows reserved memory as used until then.
+TEST(EngineLoopTest, AbortEndsARequestAndFreesAReservation) {
+  Rig rig;
+  EngineLoop loop(rig.Make());
+  absl::Notification first, reserved, checked;
+  int outputs = 0;
+  loop.AddRequest(5, engine::testing::MakePrompt(30, 2), Greedy(200),
+                  [&](engine::Engine&, const absl::StatusOr<engine::RequestOutput>& o) {
+                    if (++outputs == 1) first.Notify();
+                  });
+  ASSERT_TRUE(first.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  int32_t total = 0;
+  loop.Post([&](engine::Engine& e) {
+    total = e.scheduler().config().num_blocks;
+    EXPECT_TRUE(e.Reserve(6, 40).ok());
+    reserved.Notify();
+  });
+  ASSERT_TRUE(reserved.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  loop.Abort(5);
+  loop.Post([&](engine::Engine& e) { checked.Notify(); });  // stats published after
+  ASSERT_TRUE(checked.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  const int outputs_at_abort = outputs;
+  EngineLoopStats s = loop.stats();
+  EXPECT_EQ(s.running, 0);
+  EXPECT_EQ(s.free_blocks, total - 3);  // 40 positions in blocks of 16: held
+  EXPECT_EQ(s.free_slots, s.total_slots - 1);
+  loop.Abort(6);
+  absl::Notification freed;
+  loop.Post([&](engine::Engine& e) {
+    EXPECT_EQ(e.num_free_blocks(), total);
+    EXPECT_EQ(e.scheduler().num_reserved(), 0);
+    freed.Notify();
+  });
+  ASSERT_TRUE(freed.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(outputs, outputs_at_abort);
+  EXPECT_LT(outputs, 200);
+}
+
 // The layer-progress callback installed through the loop sees each layer of a
 // prefill once, in order, on the engine thread; CancelOnLoopThread aborts a live
 // request once (true), then reports it gone (false).

@@ -1,7 +1,7 @@
 // The flags prefill_main and decode_main share (the model, the server, the
 // engine and its tensor parallelism, the UCX agent), defined once so the two
 // workers cannot drift apart. Role-specific flags (--worker_id's default,
-// landing pool, speculation, streaming) stay in each main.
+// leases and quarantine, speculation, streaming) stay in each main.
 #ifndef TANDEM_WORKER_WORKER_FLAGS_H_
 #define TANDEM_WORKER_WORKER_FLAGS_H_
 

@@ -50,7 +50,8 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
                             "KDA state slots by state (used, free)."));
   landing_blocks = OrDie(r->AddGauge(
       "tandem_worker_landing_blocks",
-      "Decode worker landing-pool blocks (transfer targets) by state (used, free)."));
+      "Decode worker KV blocks: used = held as transfer targets (reservations not yet "
+      "admitted, quarantined), free = the engine's free blocks."));
   transfer_bytes = &OrDie(r->AddCounter("tandem_worker_transfer_bytes_total",
                                         "KV/state bytes transferred."))
                         ->Add({});

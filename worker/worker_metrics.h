@@ -6,7 +6,8 @@
 //   tandem_worker_waiting_requests, tandem_worker_running_requests,
 //   tandem_worker_queued_prefill_tokens, tandem_worker_reservations
 //   tandem_worker_kv_cache_blocks{state=used|free}, tandem_worker_state_slots{state}
-//   tandem_worker_landing_blocks{state=used|free}    (decode worker's landing pool)
+//   tandem_worker_landing_blocks{state=used|free}    (decode worker: engine blocks
+//                                                     held as transfer targets / free)
 //   tandem_worker_transfer_bytes_total, tandem_worker_transfer_seconds_total,
 //   tandem_worker_transfers_total{outcome}
 //   tandem_worker_transfer_batches_total             (prefill worker: posted batches)
