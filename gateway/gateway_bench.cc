@@ -57,11 +57,11 @@
 #include "absl/synchronization/mutex.h"
 #include "common/init.h"
 #include "engine/tokenizer/tokenizer.h"
-#include "gateway/http_server.h"
 #include "gateway/openai_service.h"
 #include "gateway/router_client.h"
 #include "gateway/sse.h"
 #include "gateway/testing/scripted_router.h"
+#include "http/server.h"
 #include "metrics/http_get.h"
 #include "metrics/registry.h"
 #include "nlohmann/json.hpp"
@@ -696,7 +696,7 @@ int Main(int argc, char** argv) {
           http(
               {.io_threads = absl::GetFlag(FLAGS_io_threads),
                .direct_writes = absl::GetFlag(FLAGS_direct_writes)},
-              [this](HttpRequest r, std::shared_ptr<ResponseWriter> w) {
+              [this](http::HttpRequest r, std::shared_ptr<http::ResponseWriter> w) {
                 service.Handle(std::move(r), std::move(w));
               },
               &OpenAIService::FormatServerError) {}
@@ -707,7 +707,7 @@ int Main(int argc, char** argv) {
     metrics::Registry registry;
     RouterClient client;
     OpenAIService service;
-    HttpServer http;
+    http::HttpServer http;
   };
   const int sessions = absl::GetFlag(FLAGS_router_sessions);
   auto gateway = std::make_unique<Gateway>(sessions, grpc_port, tokenizer->get());
@@ -717,7 +717,7 @@ int Main(int argc, char** argv) {
     per_request = std::make_unique<Gateway>(0, grpc_port, tokenizer->get());
     if (!per_request->http.Start().ok()) return 1;
   }
-  HttpServer& http = gateway->http;
+  http::HttpServer& http = gateway->http;
 
   // `usage`: ask for the usage chunk, whose completion_tokens the throughput
   // run counts (the same tokens the direct run counts).
@@ -812,7 +812,7 @@ int Main(int argc, char** argv) {
   // the per-request gateway against direct Generate calls.
   const int n_tokens = absl::GetFlag(FLAGS_tokens);
   auto [ids, body] = prompt_for(n_tokens, /*usage=*/false);
-  auto latency = [&](HttpServer& server, const std::function<int()>& direct,
+  auto latency = [&](http::HttpServer& server, const std::function<int()>& direct,
                      std::vector<double>* direct_ms, std::vector<double>* gateway_ms) {
     auto conn =
         metrics::HttpConnection::Connect("127.0.0.1", server.port(), absl::Seconds(10));
@@ -859,7 +859,7 @@ int Main(int argc, char** argv) {
   // 2. Throughput with concurrent streams, one token per gRPC message: the
   // per-request gateway (on a session the fixture's messages merge, so "one
   // token per message" has no meaning there).
-  HttpServer& full_speed_http = per_request ? per_request->http : http;
+  http::HttpServer& full_speed_http = per_request ? per_request->http : http;
   auto [big_ids, big_body] =
       prompt_for(absl::GetFlag(FLAGS_stream_tokens), /*usage=*/true);
   const int concurrency = absl::GetFlag(FLAGS_concurrency);

@@ -14,9 +14,9 @@
 #include "common/logging.h"
 #include "common/signals.h"
 #include "engine/tokenizer/tokenizer.h"
-#include "gateway/http_server.h"
 #include "gateway/openai_service.h"
 #include "gateway/router_client.h"
+#include "http/server.h"
 #include "metrics/registry.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for all).");
@@ -101,8 +101,9 @@ int main(int argc, char** argv) {
        .stream_interval = std::max(1, absl::GetFlag(FLAGS_stream_interval))},
       tokenizer->get(), &router, &registry);
 
-  tandem::gateway::HttpServer server(
-      {.host = absl::GetFlag(FLAGS_host),
+  tandem::http::HttpServer server(
+      {.server_name = "tandem-gateway",
+       .host = absl::GetFlag(FLAGS_host),
        .port = absl::GetFlag(FLAGS_port),
        .io_threads = absl::GetFlag(FLAGS_io_threads),
        .max_body_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_max_body_bytes)),
@@ -111,8 +112,8 @@ int main(int argc, char** argv) {
        .idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_idle_timeout_s)),
        .write_timeout = absl::Seconds(absl::GetFlag(FLAGS_write_timeout_s)),
        .max_connections = absl::GetFlag(FLAGS_max_connections)},
-      [&service](tandem::gateway::HttpRequest request,
-                 std::shared_ptr<tandem::gateway::ResponseWriter> writer) {
+      [&service](tandem::http::HttpRequest request,
+                 std::shared_ptr<tandem::http::ResponseWriter> writer) {
         service.Handle(std::move(request), std::move(writer));
       },
       &tandem::gateway::OpenAIService::FormatServerError);

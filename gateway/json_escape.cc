@@ -95,4 +95,8 @@ void AppendJsonString(std::string* out, absl::string_view s) {
   out->push_back('"');
 }
 
+std::string DumpJson(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 }  // namespace tandem::gateway

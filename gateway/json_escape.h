@@ -5,12 +5,15 @@
 //
 //   std::string out = "{\"text\":";
 //   AppendJsonString(&out, delta);   // "\"a\\nb\""
+//
+// DumpJson is that dump itself, for the JSON objects the gateway writes whole.
 #ifndef TANDEM_GATEWAY_JSON_ESCAPE_H_
 #define TANDEM_GATEWAY_JSON_ESCAPE_H_
 
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
 
 namespace tandem::gateway {
 
@@ -18,6 +21,9 @@ namespace tandem::gateway {
 // onto `out`. Invalid UTF-8 is replaced with U+FFFD exactly as nlohmann does
 // (that rare case goes through nlohmann itself).
 void AppendJsonString(std::string* out, absl::string_view s);
+
+// `j` as compact text, not ASCII-escaped, invalid UTF-8 replaced with U+FFFD.
+std::string DumpJson(const nlohmann::json& j);
 
 }  // namespace tandem::gateway
 

@@ -13,6 +13,10 @@
 //   GET  /health             grpc.health.v1 Check of the router (no auth)
 //   GET  /metrics            this process's registry (no auth)
 //
+// One Generation (generation.h) per chat/completions request owns its router
+// calls and its response from the first router call on; the service keeps the
+// live ones (LiveGenerations) for CancelAll.
+//
 // Router errors: RESOURCE_EXHAUSTED → 429, UNAVAILABLE → 503 (Retry-After),
 // others via api_error.h. In a stream, the HTTP status is chosen when the
 // first token (or error) arrives, so an early router error is still a proper
@@ -25,14 +29,16 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/ids.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gateway/api_error.h"
-#include "gateway/http_types.h"
+#include "gateway/gateway_metrics.h"
+#include "gateway/generation.h"
+#include "gateway/request_context.h"
 #include "gateway/router_client.h"
+#include "http/handler.h"
 #include "metrics/registry.h"
 
 namespace tandem::gateway {
@@ -57,17 +63,6 @@ struct OpenAIServiceOptions {
   int stream_interval = 1;
 };
 
-struct GatewayMetrics {
-  explicit GatewayMetrics(metrics::Registry* registry);
-  metrics::Family<metrics::Counter>* requests;      // endpoint, status
-  metrics::Family<metrics::Histogram>* latency;     // endpoint
-  metrics::Family<metrics::Histogram>* ttft;        // endpoint
-  metrics::Family<metrics::Gauge>* active_streams;  // no labels
-  metrics::Family<metrics::Counter>* tokens;        // endpoint; generated tokens
-};
-
-class Generation;
-
 class OpenAIService {
  public:
   // Not owned; must outlive the service. `registry` is also what /metrics shows.
@@ -76,10 +71,9 @@ class OpenAIService {
   ~OpenAIService();
 
   // The HttpHandler.
-  void Handle(HttpRequest request, std::shared_ptr<ResponseWriter> writer);
+  void Handle(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer);
   // The HttpServer's error formatter (OpenAI-shaped bodies).
-  static HttpResponse ErrorResponse(const ApiError& error);
-  static HttpResponse FormatServerError(int status, std::string message);
+  static http::HttpResponse FormatServerError(int status, std::string message);
 
   // Cancels every generation in flight and waits (up to `wait`) until they
   // have released their writers. For shutdown.
@@ -87,22 +81,17 @@ class OpenAIService {
   int active_generations() const;
 
  private:
-  friend class Generation;
-  struct Context;
-
-  void HandleChat(std::shared_ptr<Context> ctx);
-  void HandleCompletions(std::shared_ptr<Context> ctx);
-  void HandleModels(std::shared_ptr<Context> ctx);
-  void HandleHealth(std::shared_ptr<Context> ctx);
+  void HandleChat(std::shared_ptr<RequestContext> ctx);
+  void HandleCompletions(std::shared_ptr<RequestContext> ctx);
+  void HandleModels(std::shared_ptr<RequestContext> ctx);
+  void HandleHealth(std::shared_ptr<RequestContext> ctx);
+  GenerationDeps Deps();
 
   // The router's models, from the cache when fresh; `done` may run inline.
   void WithModels(
       std::function<
           void(absl::StatusOr<std::shared_ptr<const tandem::v1::ListModelsResponse>>)>
           done);
-
-  void Register(Generation* g);
-  void Unregister(Generation* g);
 
   const OpenAIServiceOptions options_;
   const tokenizer::Tokenizer* const tokenizer_;  // not owned
@@ -120,9 +109,7 @@ class OpenAIService {
       void(absl::StatusOr<std::shared_ptr<const tandem::v1::ListModelsResponse>>)>>
       models_waiters_ ABSL_GUARDED_BY(models_mu_);
 
-  mutable absl::Mutex active_mu_;
-  absl::CondVar active_changed_;
-  absl::flat_hash_set<Generation*> active_ ABSL_GUARDED_BY(active_mu_);
+  LiveGenerations live_;
 };
 
 }  // namespace tandem::gateway

@@ -13,11 +13,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/tokenizer/tokenizer.h"
-#include "gateway/http_server.h"
 #include "gateway/router_client.h"
 #include "gateway/sse.h"
 #include "gateway/testing/scripted_router.h"
 #include "gtest/gtest.h"
+#include "http/server.h"
 #include "metrics/http_get.h"
 #include "metrics/registry.h"
 #include "nlohmann/json.hpp"
@@ -64,9 +64,9 @@ class OpenAIServiceTest : public ::testing::TestWithParam<Transport> {
         OpenAIServiceOptions{.api_key = "sekrit",
                              .stream_interval = GetParam().stream_interval},
         tokenizer_, client_.get(), &registry_);
-    http_ = std::make_unique<HttpServer>(
-        HttpServerOptions{},
-        [this](HttpRequest r, std::shared_ptr<ResponseWriter> w) {
+    http_ = std::make_unique<http::HttpServer>(
+        http::HttpServerOptions{},
+        [this](http::HttpRequest r, std::shared_ptr<http::ResponseWriter> w) {
           service_->Handle(std::move(r), std::move(w));
         },
         &OpenAIService::FormatServerError);
@@ -146,7 +146,7 @@ class OpenAIServiceTest : public ::testing::TestWithParam<Transport> {
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<RouterClient> client_;
   std::unique_ptr<OpenAIService> service_;
-  std::unique_ptr<HttpServer> http_;
+  std::unique_ptr<http::HttpServer> http_;
 };
 
 tokenizer::Tokenizer* OpenAIServiceTest::tokenizer_ = nullptr;

@@ -5,13 +5,10 @@
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "gateway/router_session.h"
+#include "rpc/deadline.h"
 
 namespace tandem::gateway {
 namespace {
-
-std::chrono::system_clock::time_point ToChrono(absl::Time t) {
-  return absl::ToChronoTime(t);
-}
 
 // Owns itself from StartCall until OnDone (self_), and is shared with the
 // caller's handle so that Cancel() is safe at any time: the ClientContext
@@ -24,7 +21,7 @@ class GenerateReactor final
   GenerateReactor(tandem::v1::GenerateRequest request, absl::Time deadline,
                   RouterClient::StreamCallbacks callbacks)
       : request_(std::move(request)), callbacks_(std::move(callbacks)) {
-    context_.set_deadline(ToChrono(deadline));
+    context_.set_deadline(rpc::ToGrpcDeadline(deadline));
   }
 
   void Start(tandem::v1::Router::Stub* stub) {
@@ -106,7 +103,7 @@ void RouterClient::ListModels(
     tandem::v1::ListModelsResponse response;
   };
   auto* state = new State;
-  state->context.set_deadline(ToChrono(deadline));
+  state->context.set_deadline(rpc::ToGrpcDeadline(deadline));
   router_->async()->ListModels(&state->context, &state->request, &state->response,
                                [state, done = std::move(done)](grpc::Status status) {
                                  std::unique_ptr<State> owned(state);
@@ -129,7 +126,7 @@ void RouterClient::CheckHealth(
     grpc::health::v1::HealthCheckResponse response;
   };
   auto* state = new State;
-  state->context.set_deadline(ToChrono(deadline));
+  state->context.set_deadline(rpc::ToGrpcDeadline(deadline));
   health_->async()->Check(&state->context, &state->request, &state->response,
                           [state, done = std::move(done)](grpc::Status status) {
                             std::unique_ptr<State> owned(state);

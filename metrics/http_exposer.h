@@ -9,14 +9,18 @@
 //          GET /healthz -> 200 "ok"
 //          other path   -> 404;  other method -> 405 (Allow: GET)
 // A request larger than max_request_bytes gets 431 (headers) or 413 (body) and
-// the connection is closed; a malformed one gets 400.
+// the connection is closed; a malformed one gets 400. A response to HEAD (405)
+// has no body.
 //
-// Flow: Start() binds and listens, then one background thread runs an
-// io_context: accept → read request (deadline read_timeout) → collect the
-// registries and serialise → write (deadline write_timeout) → read the next
+// Flow: the exposer is a handler on the shared HTTP server (http/server.h)
+// with one I/O thread: Start() binds and listens; accept → read request
+// (deadline read_timeout for the headers, again for the body; the same
+// deadline for an idle keep-alive connection) → collect the registries and
+// serialise, on the I/O thread → write (deadline write_timeout) → the next
 // request on the same connection (keep-alive) or close. Every wait has a
 // deadline, so an idle or stalled client is dropped after read_timeout.
-// Stop() closes the listener and every open connection, then joins the thread.
+// Stop() closes the listener and every open connection at once, then joins
+// the thread.
 //
 // Several registries: their families are written one after another in the
 // order given. Families of the same name and type in different registries are
@@ -40,8 +44,8 @@ struct HttpExposerOptions {
   std::string host = "127.0.0.1";  // "0.0.0.0" or "::" for every interface
   int port = 0;                    // 0: any free port, see HttpExposer::port()
   size_t max_request_bytes = 16 * 1024;
-  absl::Duration read_timeout =
-      absl::Seconds(30);  // a whole request, or idle keep-alive
+  // The headers, the body, or an idle keep-alive connection, each.
+  absl::Duration read_timeout = absl::Seconds(30);
   absl::Duration write_timeout = absl::Seconds(30);
   int max_connections = 64;  // further connections are closed at once
 };

@@ -131,6 +131,7 @@ absl::StatusOr<HttpResponse> HttpConnection::Request(
   http::response_parser<http::string_body> parser;
   parser.header_limit(64 * 1024);
   parser.body_limit(kMaxResponseBytes);
+  if (method == "HEAD") parser.skip(true);  // a response to HEAD has no body
   impl_->stream.expires_at(deadline);
   http::async_read(impl_->stream, impl_->buffer, parser,
                    [&](beast::error_code e, size_t) { ec = e; });

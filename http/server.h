@@ -1,4 +1,5 @@
-// An asynchronous HTTP/1.1 server on Boost.Beast for the OpenAI gateway:
+// The one HTTP/1.1 server of Tandem, on Boost.Beast: the OpenAI gateway and
+// every process's /metrics (metrics::HttpExposer) run on it.
 // N I/O threads share one io_context, each connection lives on its own strand
 // and costs no thread (thousands of concurrent SSE streams), keep-alive,
 // bounded request size, header/body/idle/write deadlines, graceful shutdown.
@@ -25,8 +26,8 @@
 //
 // Lifetime: writers must be released before the server is destroyed (the
 // destructor waits for them, bounded, after stopping).
-#ifndef TANDEM_GATEWAY_HTTP_SERVER_H_
-#define TANDEM_GATEWAY_HTTP_SERVER_H_
+#ifndef TANDEM_HTTP_SERVER_H_
+#define TANDEM_HTTP_SERVER_H_
 
 #include <cstddef>
 #include <memory>
@@ -34,13 +35,15 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "gateway/http_types.h"
+#include "http/handler.h"
 
-namespace tandem::gateway {
+namespace tandem::http {
 
 struct HttpServerOptions {
-  std::string host = "127.0.0.1";
-  int port = 0;  // 0: any free port, see port()
+  // Sent as the `Server:` header; also names the server in its logs and errors.
+  std::string server_name = "tandem";
+  std::string host = "127.0.0.1";  // "0.0.0.0" or "::" for every interface
+  int port = 0;                    // 0: any free port, see port()
   int io_threads = 2;
   size_t max_body_bytes = 4 << 20;
   size_t max_header_bytes = 64 << 10;
@@ -85,6 +88,6 @@ class HttpServer {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace tandem::gateway
+}  // namespace tandem::http
 
-#endif  // TANDEM_GATEWAY_HTTP_SERVER_H_
+#endif  // TANDEM_HTTP_SERVER_H_

@@ -1,9 +1,10 @@
-#include "gateway/http_server.h"
+#include "http/server.h"
 
 #include <sys/socket.h>
 
 #include <atomic>
 #include <boost/asio/bind_executor.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -27,12 +28,12 @@
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 
-namespace tandem::gateway {
+namespace tandem::http {
 namespace {
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
-namespace http = beast::http;
+namespace bhttp = beast::http;
 using tcp = asio::ip::tcp;
 
 std::chrono::steady_clock::duration ToChrono(absl::Duration d) {
@@ -46,21 +47,23 @@ constexpr auto kLingerTime = std::chrono::seconds(2);
 constexpr size_t kLingerMaxBytes = 1 << 20;
 
 bool IsHttpError(const beast::error_code& ec) {
-  return ec.category() == http::make_error_code(http::error::end_of_stream).category();
+  return ec.category() ==
+         bhttp::make_error_code(bhttp::error::end_of_stream).category();
 }
 
 std::string StatusLine(int status) {
-  beast::string_view reason = http::obsolete_reason(static_cast<http::status>(status));
+  beast::string_view reason =
+      bhttp::obsolete_reason(static_cast<bhttp::status>(status));
   return absl::StrCat("HTTP/1.1 ", status, " ",
                       absl::string_view(reason.data(), reason.size()), "\r\n");
 }
 
 // Status line and headers; `content_length` < 0 means chunked.
-std::string Head(int status, absl::string_view content_type,
-                 const HttpHeaderList& headers, bool keep_alive,
-                 int64_t content_length) {
+std::string Head(absl::string_view server_name, int status,
+                 absl::string_view content_type, const HttpHeaderList& headers,
+                 bool keep_alive, int64_t content_length) {
   std::string out = StatusLine(status);
-  absl::StrAppend(&out, "Server: tandem-gateway\r\n");
+  absl::StrAppend(&out, "Server: ", server_name, "\r\n");
   if (!content_type.empty())
     absl::StrAppend(&out, "Content-Type: ", content_type, "\r\n");
   for (const auto& [name, value] : headers) {
@@ -80,8 +83,6 @@ std::string Head(int status, absl::string_view content_type,
   out += "\r\n";
   return out;
 }
-
-}  // namespace
 
 class Session;
 
@@ -152,8 +153,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void DoSend(uint64_t seq, HttpResponse r) {
     if (!Current(seq) || state_ != State::kNone) return;
     state_ = State::kEnded;
-    std::string out = Head(r.status, r.content_type, r.headers, keep_alive_,
-                           static_cast<int64_t>(r.body.size()));
+    std::string out = Head(core_->options.server_name, r.status, r.content_type,
+                           r.headers, keep_alive_, static_cast<int64_t>(r.body.size()));
     if (method_ != "HEAD") out += r.body;
     Enqueue(std::move(out));
   }
@@ -163,7 +164,8 @@ class Session : public std::enable_shared_from_this<Session> {
     state_ = State::kStreaming;
     headers.emplace_back("Cache-Control", "no-cache");
     headers.emplace_back("X-Accel-Buffering", "no");
-    Enqueue(Head(status, content_type, headers, keep_alive_, -1));
+    Enqueue(Head(core_->options.server_name, status, content_type, headers, keep_alive_,
+                 -1));
   }
   // `chunks`: one or more writes, each already framed as an HTTP chunk.
   void DoWriteChunks(uint64_t seq, absl::string_view chunks) {
@@ -218,10 +220,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void ReadHeader() {
     stream_.expires_after(ToChrono(core_->options.header_timeout));
-    http::async_read_header(stream_, buffer_, *parser_,
-                            [self = shared_from_this()](beast::error_code ec, size_t) {
-                              self->OnHeader(ec);
-                            });
+    bhttp::async_read_header(stream_, buffer_, *parser_,
+                             [self = shared_from_this()](beast::error_code ec, size_t) {
+                               self->OnHeader(ec);
+                             });
   }
 
   // True when `ec` was answered or closed the connection.
@@ -230,13 +232,14 @@ class Session : public std::enable_shared_from_this<Session> {
     if (closed_) return true;
     if (ec == beast::error::timeout) {
       Close();  // the stream has closed the socket already: no 408 possible
-    } else if (ec == http::error::end_of_stream ||
+    } else if (ec == bhttp::error::end_of_stream ||
                ec == asio::error::operation_aborted) {
       Close();
-    } else if (ec == http::error::header_limit || ec == http::error::buffer_overflow) {
+    } else if (ec == bhttp::error::header_limit ||
+               ec == bhttp::error::buffer_overflow) {
       WriteError(431, absl::StrCat("request headers larger than ",
                                    core_->options.max_header_bytes, " bytes"));
-    } else if (ec == http::error::body_limit) {
+    } else if (ec == bhttp::error::body_limit) {
       WriteError(413, absl::StrCat("request body larger than ",
                                    core_->options.max_body_bytes, " bytes"));
     } else if (IsHttpError(ec)) {
@@ -250,7 +253,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnHeader(beast::error_code ec) {
     if (HandleReadError(ec)) return;
     const auto& req = parser_->get();
-    if (auto it = req.find(http::field::expect);
+    if (auto it = req.find(bhttp::field::expect);
         it != req.end() && beast::iequals(it->value(), "100-continue")) {
       stream_.expires_after(ToChrono(core_->options.write_timeout));
       asio::async_write(stream_, asio::buffer(kContinue.data(), kContinue.size()),
@@ -266,15 +269,15 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void ReadBody() {
     stream_.expires_after(ToChrono(core_->options.body_timeout));
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       if (self->HandleReadError(ec)) return;
-                       self->Dispatch();
-                     });
+    bhttp::async_read(stream_, buffer_, *parser_,
+                      [self = shared_from_this()](beast::error_code ec, size_t) {
+                        if (self->HandleReadError(ec)) return;
+                        self->Dispatch();
+                      });
   }
 
   void Dispatch() {
-    http::request<http::string_body> req = parser_->release();
+    bhttp::request<bhttp::string_body> req = parser_->release();
     parser_.reset();
     HttpRequest out;
     out.method = std::string(req.method_string());
@@ -385,8 +388,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // A response of the server's own (the request never reached the handler).
   void WriteError(int status, std::string message) {
     HttpResponse r = core_->formatter(status, std::move(message));
-    std::string bytes = Head(r.status, r.content_type, r.headers, /*keep_alive=*/false,
-                             static_cast<int64_t>(r.body.size()));
+    std::string bytes =
+        Head(core_->options.server_name, r.status, r.content_type, r.headers,
+             /*keep_alive=*/false, static_cast<int64_t>(r.body.size()));
     bytes += r.body;
     writing_buf_ = std::move(bytes);
     writing_ = true;
@@ -441,7 +445,7 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::tcp_stream stream_;
   std::shared_ptr<ServerCore> core_;
   beast::flat_buffer buffer_;
-  std::optional<http::request_parser<http::string_body>> parser_;
+  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
 
   uint64_t seq_ = 0;  // current request
   bool in_request_ = false;
@@ -464,8 +468,6 @@ class Session : public std::enable_shared_from_this<Session> {
   char scratch_[4096];
   size_t lingered_ = 0;
 };
-
-namespace {
 
 // A writer's calls, in call order, waiting to be applied on the session's
 // strand. Consecutive Write()s share one entry (their chunks framed back to
@@ -618,11 +620,11 @@ class Writer final : public ResponseWriter {
   const std::chrono::steady_clock::duration min_gap_;
 };
 
-}  // namespace
-
 std::shared_ptr<ResponseWriter> Session::MakeWriter() {
   return std::make_shared<Writer>(shared_from_this(), seq_, core_);
 }
+
+}  // namespace
 
 class HttpServer::Impl {
  public:
@@ -677,6 +679,11 @@ class HttpServer::Impl {
   bool stopped_ ABSL_GUARDED_BY(lifecycle_mu_) = false;
 
   asio::io_context ioc_;
+  // Keeps the I/O threads running from Start() until Shutdown() has waited
+  // out the sessions: once the listener is closed the io_context may run out
+  // of work between two handlers of a request still in flight, and threads
+  // that returned from run() would never run what a writer posts after.
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   tcp::acceptor acceptor_{asio::make_strand(ioc_)};
   asio::steady_timer accept_retry_{acceptor_.get_executor()};
   std::vector<std::thread> threads_;
@@ -687,7 +694,9 @@ void HttpServer::Impl::DoAccept() {
       asio::make_strand(ioc_), [this](beast::error_code ec, tcp::socket socket) {
         if (core_->stopping.load() || ec == asio::error::operation_aborted) return;
         if (ec) {
-          TLOG(WARNING, "gateway accept failed").Kv("error", ec.message());
+          TLOG(WARNING, "http accept failed")
+              .Kv("server", core_->options.server_name)
+              .Kv("error", ec.message());
           accept_retry_.expires_after(std::chrono::milliseconds(100));
           accept_retry_.async_wait([this](beast::error_code e) {
             if (!e && !core_->stopping.load()) DoAccept();
@@ -710,11 +719,13 @@ void HttpServer::Impl::DoAccept() {
 absl::Status HttpServer::Impl::Start() {
   absl::MutexLock lock(&lifecycle_mu_);
   if (started_ || stopped_)
-    return absl::FailedPreconditionError("http server already started");
+    return absl::FailedPreconditionError(
+        absl::StrCat(core_->options.server_name, ": already started"));
   const HttpServerOptions& o = core_->options;
   const std::string where = absl::StrCat(o.host, ":", o.port);
   if (o.port < 0 || o.port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("http server: bad port ", where));
+    return absl::InvalidArgumentError(
+        absl::StrCat(o.server_name, ": bad port ", where));
   }
   beast::error_code ec;
   tcp::endpoint endpoint;
@@ -726,8 +737,8 @@ absl::Status HttpServer::Impl::Start() {
     auto results =
         resolver.resolve(o.host, std::to_string(o.port), tcp::resolver::passive, ec);
     if (ec || results.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("http server: cannot resolve host ", where, ": ", ec.message()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          o.server_name, ": cannot resolve host ", where, ": ", ec.message()));
     }
     endpoint = results.begin()->endpoint();
   }
@@ -739,10 +750,11 @@ absl::Status HttpServer::Impl::Start() {
     beast::error_code ignored;
     acceptor_.close(ignored);
     return absl::UnavailableError(
-        absl::StrCat("http server: cannot listen on ", where, ": ", ec.message()));
+        absl::StrCat(o.server_name, ": cannot listen on ", where, ": ", ec.message()));
   }
   port_.store(acceptor_.local_endpoint(ec).port());
   started_ = true;
+  work_.emplace(ioc_.get_executor());
   DoAccept();
   const int n = o.io_threads > 0 ? o.io_threads : 1;
   for (int i = 0; i < n; ++i) threads_.emplace_back([this] { ioc_.run(); });
@@ -778,6 +790,7 @@ void HttpServer::Impl::Shutdown(absl::Duration grace) {
       if (core_->changed.WaitWithDeadline(&core_->mu, deadline)) break;
     }
   }
+  work_.reset();
   ioc_.stop();
   for (std::thread& t : threads_) t.join();
   threads_.clear();
@@ -793,4 +806,4 @@ void HttpServer::Shutdown(absl::Duration grace) { impl_->Shutdown(grace); }
 int HttpServer::port() const { return impl_->port(); }
 int HttpServer::open_connections() const { return impl_->open_connections(); }
 
-}  // namespace tandem::gateway
+}  // namespace tandem::http

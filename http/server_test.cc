@@ -1,4 +1,4 @@
-#include "gateway/http_server.h"
+#include "http/server.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -11,11 +11,10 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "gateway/sse.h"
 #include "gtest/gtest.h"
 #include "metrics/http_get.h"
 
-namespace tandem::gateway {
+namespace tandem::http {
 namespace {
 
 HttpResponse PlainError(int status, std::string message) {
@@ -84,8 +83,8 @@ class HttpServerTest : public ::testing::Test {
                .body = req.body + "|" + std::string(req.Header("x-test"))});
     } else if (req.path == "/stream") {
       w->StartStream(200, "text/event-stream", {});
-      for (int i = 0; i < 3; ++i) w->Write(SseEvent("event" + std::to_string(i)));
-      w->Write(std::string(kSseDone));
+      for (int i = 0; i < 3; ++i) w->Write("data: event" + std::to_string(i) + "\n\n");
+      w->Write("data: [DONE]\n\n");
       w->End();
     } else if (req.path == "/big") {
       // Large chunks from another thread, faster than the client reads: the
@@ -99,9 +98,13 @@ class HttpServerTest : public ::testing::Test {
     } else if (req.path == "/hang") {
       w->OnClientGone([this] { gone_.Notify(); });
       w->StartStream(200, "text/event-stream", {});
-      w->Write(SseEvent("first"));
+      w->Write("data: first\n\n");
       absl::MutexLock lock(&mu_);
       held_ = w;  // never ends
+    } else if (req.path == "/hold") {
+      absl::MutexLock lock(&mu_);
+      held_ = w;  // answered by the test
+      holding_.Notify();
     } else if (req.path == "/drop") {
       // Released without a response.
     } else {
@@ -114,6 +117,7 @@ class HttpServerTest : public ::testing::Test {
   std::shared_ptr<ResponseWriter> held_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> producers_ ABSL_GUARDED_BY(mu_);
   absl::Notification gone_;
+  absl::Notification holding_;  // /hold reached the handler
 };
 
 TEST_F(HttpServerTest, KeepAliveServesSeveralRequests) {
@@ -144,10 +148,10 @@ TEST_F(HttpServerTest, StreamIsChunkedSse) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->Header("Transfer-Encoding"), "chunked");
   EXPECT_EQ(r->Header("Content-Type"), "text/event-stream");
-  SseParser parser;
-  std::vector<std::string> events;
-  parser.Feed(r->body, &events);
-  EXPECT_EQ(events, (std::vector<std::string>{"event0", "event1", "event2", "[DONE]"}));
+  EXPECT_EQ(r->Header("Cache-Control"), "no-cache");
+  // De-chunked by the client: the writes back to back, in order.
+  EXPECT_EQ(r->body,
+            "data: event0\n\ndata: event1\n\ndata: event2\n\ndata: [DONE]\n\n");
   // The connection is reusable after a stream.
   auto again = (*conn)->Request("POST", "/echo", {}, "x", absl::Seconds(5));
   ASSERT_TRUE(again.ok());
@@ -253,5 +257,90 @@ TEST_F(HttpServerTest, ShutdownClosesIdleKeepAliveConnectionsPromptly) {
   EXPECT_TRUE((*conn)->WaitForClose(absl::Seconds(5)).ok());
 }
 
+TEST_F(HttpServerTest, ServerHeaderAndHeadWithoutBody) {
+  StartServer({.server_name = "tandem-test"});
+  auto conn =
+      metrics::HttpConnection::Connect("127.0.0.1", server_->port(), absl::Seconds(5));
+  ASSERT_TRUE(conn.ok());
+  auto get =
+      (*conn)->Request("GET", "/echo", {{"X-Test", "abc"}}, "", absl::Seconds(5));
+  ASSERT_TRUE(get.ok()) << get.status();
+  EXPECT_EQ(get->Header("Server"), "tandem-test");
+  EXPECT_EQ(get->body, "|abc");
+  // HEAD: the same headers (Content-Length of the body it would get), no body;
+  // the connection stays usable.
+  auto head =
+      (*conn)->Request("HEAD", "/echo", {{"X-Test", "abc"}}, "", absl::Seconds(5));
+  ASSERT_TRUE(head.ok()) << head.status();
+  EXPECT_EQ(head->status_code, 200);
+  EXPECT_EQ(head->Header("Content-Length"), "4");
+  EXPECT_EQ(head->Header("X-Method"), "HEAD");
+  EXPECT_EQ(head->body, "");
+  auto again = (*conn)->Request("POST", "/echo", {}, "y", absl::Seconds(5));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->body, "y|");
+}
+
+TEST_F(HttpServerTest, OversizedHeadersAre431) {
+  StartServer({.max_header_bytes = 1024});
+  auto conn =
+      metrics::HttpConnection::Connect("127.0.0.1", server_->port(), absl::Seconds(5));
+  ASSERT_TRUE(conn.ok());
+  auto r = (*conn)->Request("GET", "/echo", {{"X-Filler", std::string(4000, 'x')}}, "",
+                            absl::Seconds(5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status_code, 431);
+  EXPECT_EQ(r->Header("Connection"), "close");
+  EXPECT_EQ(r->body, "request headers larger than 1024 bytes");  // via PlainError
+}
+
+TEST_F(HttpServerTest, ConnectionsBeyondTheLimitAreClosed) {
+  StartServer({.max_connections = 1});
+  auto first =
+      metrics::HttpConnection::Connect("127.0.0.1", server_->port(), absl::Seconds(5));
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE((*first)->Get("/echo", absl::Seconds(5)).ok());  // accepted and counted
+  ASSERT_EQ(server_->open_connections(), 1);
+  auto second =
+      metrics::HttpConnection::Connect("127.0.0.1", server_->port(), absl::Seconds(5));
+  ASSERT_TRUE(second.ok());  // the kernel accepts; the server closes it at once
+  EXPECT_TRUE((*second)->WaitForClose(absl::Seconds(5)).ok());
+  auto r = (*first)->Get("/echo", absl::Seconds(5));  // the first one still works
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status_code, 200);
+}
+
+TEST_F(HttpServerTest, ShutdownLetsARequestInFlightFinishWithinGrace) {
+  StartServer({});
+  auto conn =
+      metrics::HttpConnection::Connect("127.0.0.1", server_->port(), absl::Seconds(5));
+  ASSERT_TRUE(conn.ok());
+  absl::StatusOr<metrics::HttpResponse> r;
+  std::thread client([&] { r = (*conn)->Get("/hold", absl::Seconds(20)); });
+  ASSERT_TRUE(holding_.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  const absl::Time start = absl::Now();
+  std::thread stopper([this] { server_->Shutdown(absl::Seconds(20)); });
+  // Shutdown has begun once the listener refuses new connections.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (
+      metrics::HttpConnection::Connect("127.0.0.1", server_->port(), absl::Seconds(1))
+          .ok()) {
+    ASSERT_LT(absl::Now(), deadline) << "the listener never closed";
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    held_->Send({.status = 200, .content_type = "text/plain", .body = "late"});
+    held_.reset();
+  }
+  client.join();
+  stopper.join();
+  ASSERT_TRUE(r.ok()) << r.status();  // answered in full, not cut by the stop
+  EXPECT_EQ(r->status_code, 200);
+  EXPECT_EQ(r->body, "late");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // not the whole grace
+  EXPECT_EQ(server_->open_connections(), 0);
+}
+
 }  // namespace
-}  // namespace tandem::gateway
+}  // namespace tandem::http

@@ -1,8 +1,9 @@
 // What an HTTP handler sees: the request, and a ResponseWriter to answer it
 // with a whole response or a stream (SSE). Kept free of Boost so that the
-// gateway's logic compiles without Beast (only http_server.cc includes it).
-#ifndef TANDEM_GATEWAY_HTTP_TYPES_H_
-#define TANDEM_GATEWAY_HTTP_TYPES_H_
+// handlers (the gateway's OpenAI API, the metrics exposer) compile without
+// Beast: only http/server.cc includes it.
+#ifndef TANDEM_HTTP_HANDLER_H_
+#define TANDEM_HTTP_HANDLER_H_
 
 #include <functional>
 #include <memory>
@@ -12,7 +13,7 @@
 
 #include "absl/strings/string_view.h"
 
-namespace tandem::gateway {
+namespace tandem::http {
 
 using HttpHeaderList = std::vector<std::pair<std::string, std::string>>;
 
@@ -67,6 +68,6 @@ using HttpHandler =
 // Formats the server's own error responses (413, 431, 400 malformed, 408, 500).
 using HttpErrorFormatter = std::function<HttpResponse(int status, std::string message)>;
 
-}  // namespace tandem::gateway
+}  // namespace tandem::http
 
-#endif  // TANDEM_GATEWAY_HTTP_TYPES_H_
+#endif  // TANDEM_HTTP_HANDLER_H_
