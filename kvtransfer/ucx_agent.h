@@ -1,5 +1,9 @@
 // UcxAgent: TransferAgent over UCX (UCP): one context (RMA + AM + WAKEUP), one
-// worker, one progress thread per agent.
+// worker, one progress thread per agent. It is an AgentCore (agent_core.h: the
+// batch table, posting in pieces through a window, Poll / Wait / Cancel,
+// callbacks, the notification fence and queue, peer failures) over the UCX
+// backend in ucx_agent.cc, which implements only the transport primitives
+// (memory registration, endpoints, put/get, flush, active messages, progress).
 //
 // → A write: PostWrite checks bounds and queues the batch; a small one (at most
 //   `inline_post_bytes`) it posts itself, a large one the progress thread posts in
@@ -11,13 +15,13 @@
 //   and sends an active message (ucp_am_send_nbx, eager); the target's AM handler
 //   hands it to the notification callback or the PollNotifications queue.
 //
-// Threading: every UCP call is made under `mu_` (worker created with
+// Threading: every UCP call is made under the agent lock (worker created with
 // UCS_THREAD_MODE_SERIALIZED). The progress thread calls ucp_worker_progress in
 // a busy loop while any batch, flush or notification is in flight, and otherwise
 // sleeps on the worker's event fd (ucp_worker_arm + epoll) so an idle agent costs
 // no CPU yet still serves peers whose transport needs target-side progress (tcp).
 // Public methods may be called from any thread. UCX callbacks run inside
-// ucp_worker_progress under `mu_` and only record state; user callbacks
+// ucp_worker_progress under the agent lock and only record state; user callbacks
 // (completion, notification) run on the progress thread with no lock held.
 //
 // Failure: endpoints use UCP_ERR_HANDLING_MODE_PEER; a dead peer fails every
@@ -26,19 +30,15 @@
 #ifndef TANDEM_KVTRANSFER_UCX_AGENT_H_
 #define TANDEM_KVTRANSFER_UCX_AGENT_H_
 
-#include <ucp/api/ucp.h>
-
-#include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
-#include "kvtransfer/descriptor.h"
-#include "kvtransfer/transfer_agent.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "kvtransfer/agent_core.h"
 
 namespace tandem::kvtransfer {
 
@@ -85,105 +85,19 @@ struct UcxAgentConfig {
   std::string name = "tandem-kv";
 };
 
-class UcxAgent final : public TransferAgent {
+class UcxAgent final : public AgentCore {
  public:
   static absl::StatusOr<std::unique_ptr<UcxAgent>> Create(const UcxAgentConfig& config);
-  ~UcxAgent() override;
-  UcxAgent(const UcxAgent&) = delete;
-  UcxAgent& operator=(const UcxAgent&) = delete;
+  ~UcxAgent() override = default;
 
-  absl::StatusOr<RegionId> RegisterMemory(void* base, size_t len) override;
-  // ucp_mem_map with UCP_MEM_MAP_ALLOCATE: on one host UCX backs the memory with
-  // shared memory (sysv/posix) that a peer maps, so the peer's puts into it are
-  // memory copies by the sender (what ucx_perftest's own buffers get); puts into
-  // plain process memory are emulated with active messages by UCX 1.13.
-  absl::StatusOr<Allocation> AllocateMemory(size_t len) override;
-  absl::Status DeregisterMemory(RegionId region) override;
-  size_t NumRegisteredRegions() const override;
-  uint64_t AgentId() const override { return agent_id_; }
-  absl::StatusOr<std::string> LocalDescriptor(absl::string_view metadata = "") override;
-  absl::StatusOr<PeerId> Connect(absl::string_view peer_descriptor) override;
-  absl::Status Disconnect(PeerId peer) override;
-  size_t NumPeers() const override;
-  absl::StatusOr<BatchId> PostWrite(PeerId peer, absl::Span<const Segment> segments,
-                                    CompletionCallback on_done = nullptr) override;
-  absl::StatusOr<BatchId> PostRead(PeerId peer, absl::Span<const Segment> segments,
-                                   CompletionCallback on_done = nullptr) override;
-  absl::StatusOr<bool> Poll(BatchId batch) override;
-  absl::Status Wait(BatchId batch, absl::Time deadline) override;
-  absl::Status Cancel(BatchId batch) override;
-  absl::Status Notify(PeerId peer, absl::string_view request_id,
-                      absl::string_view payload, absl::Time deadline) override;
-  void SetNotificationCallback(NotificationCallback callback) override;
-  std::vector<Notification> PollNotifications() override;
-  std::string Transport(PeerId peer) override;
-
-  // Number of batches still tracked (ended ones are dropped once reported).
-  size_t NumBatchesForTesting() const;
+  // AllocateMemory: ucp_mem_map with UCP_MEM_MAP_ALLOCATE: on one host UCX backs
+  // the memory with shared memory (sysv/posix) that a peer maps, so the peer's
+  // puts into it are memory copies by the sender (what ucx_perftest's own buffers
+  // get); puts into plain process memory are emulated with active messages by
+  // UCX 1.13.
 
  private:
-  struct Region {
-    void* base;
-    size_t length;
-    ucp_mem_h memh;
-    std::string rkey;
-  };
-  struct Peer;
-  struct Batch;
-  struct PendingOp;
-
-  explicit UcxAgent(const UcxAgentConfig& config);
-  absl::Status Init();
-  absl::StatusOr<BatchId> Post(PeerId peer, absl::Span<const Segment> segments,
-                               bool write, CompletionCallback on_done);
-  void ProgressLoop();
-  void Wake();
-  // Posts operations of `b` until its window is full, it is all posted (then the
-  // flush), or `*budget` bytes were posted (decremented).
-  void PumpLocked(Batch* b, uint64_t* budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MaybeEndLocked(Batch* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Closes failed peers, pumps and ends batches; true when it posted bytes.
-  bool ServiceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ClosePeerLocked(Peer* p, bool wait, absl::Time deadline)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReleasePeerLocked(Peer* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status AwaitOpLocked(PendingOp* op, Peer* p, absl::Time deadline,
-                             absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RunCallbacks();
-
-  static void OnBatchOp(void* request, ucs_status_t status, void* user_data);
-  static void OnPendingOp(void* request, ucs_status_t status, void* user_data);
-  static void OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
-  static ucs_status_t OnActiveMessage(void* arg, const void* header,
-                                      size_t header_length, void* data, size_t length,
-                                      const ucp_am_recv_param_t* param);
-
-  const UcxAgentConfig config_;
-  const uint64_t agent_id_;
-  ucp_context_h context_ = nullptr;
-  ucp_worker_h worker_ = nullptr;
-  int event_fd_ = -1;  // UCX worker's
-  int wake_fd_ = -1;   // eventfd to interrupt the progress thread's sleep
-  int epoll_fd_ = -1;
-  std::string worker_address_;
-
-  mutable absl::Mutex mu_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::map<RegionId, Region> regions_ ABSL_GUARDED_BY(mu_);
-  RegionId next_region_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<PeerId, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
-  PeerId next_peer_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<BatchId, std::unique_ptr<Batch>> batches_ ABSL_GUARDED_BY(mu_);
-  BatchId next_batch_ ABSL_GUARDED_BY(mu_) = 1;
-  int busy_waiters_ ABSL_GUARDED_BY(mu_) = 0;  // threads waiting on UCX ops
-  std::vector<std::pair<CompletionCallback, std::pair<BatchId, absl::Status>>>
-      done_callbacks_ ABSL_GUARDED_BY(mu_);
-  NotificationCallback notification_callback_ ABSL_GUARDED_BY(mu_);
-  std::vector<Notification> notifications_ ABSL_GUARDED_BY(mu_);  // for Poll
-  std::vector<Notification> to_dispatch_ ABSL_GUARDED_BY(mu_);    // for the callback
-  absl::Mutex callback_mu_;  // serialises notification callback invocations
-
-  std::thread progress_;
+  explicit UcxAgent(std::unique_ptr<Backend> backend);
 };
 
 // "tcp", "cma,posix" ...: transports named in ucp_ep_print_info output (exposed for
