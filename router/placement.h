@@ -25,9 +25,12 @@
 //   Cancel() in any state: CancelCall (the call in flight ends CANCELLED; its
 //     end then Releases an unused reservation) → FINISHED(CANCELLED); in
 //     RELEASING (no call to cancel) FINISHED(CANCELLED) at once.
-//   Deadline (injected clock): every call carries it (Reserve and Release:
-//     at most rpc_timeout); a call about to start after it → Release of an
-//     unused reservation, FINISHED(DEADLINE_EXCEEDED).
+//   Deadline (injected clock): Prefill, Decode and Colocate carry the
+//     request's; Reserve the earlier of it and now + rpc_timeout; Release
+//     now + rpc_timeout (it frees, whatever the request's deadline). A call
+//     about to start after the request's deadline → Release of an unused
+//     reservation, FINISHED(DEADLINE_EXCEEDED).
+//   FINISHED observes tandem_router_request_duration_seconds once (every outcome).
 //
 // While a request holds a reservation or runs a prefill, the worker is in the
 // PlacementLedger (until its next load report covers it). Not thread-safe: the
