@@ -98,6 +98,7 @@ int main(int argc, char** argv) {
   const int rc = tandem::worker::ServeWorker(
       so, svc, &registry, [svc] { return svc->Load(); },
       [&] { metrics.Update(loop->stats(), absl::Now()); });
+  svc->Stop();   // no janitor or notifications calling into the loop
   loop.reset();  // no engine callbacks after this
   service->reset();
   return rc;

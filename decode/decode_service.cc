@@ -94,7 +94,9 @@ DecodeService::DecodeService(worker::EngineLoop* loop,
       clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
       table_(clock_, ReservationsOptions{options_.unlanded_quarantine}) {}
 
-DecodeService::~DecodeService() {
+DecodeService::~DecodeService() { Stop(); }
+
+void DecodeService::Stop() {
   agent_->SetNotificationCallback(nullptr);
   {
     absl::MutexLock l(&mu_);

@@ -93,13 +93,17 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
  public:
   // Not owned, must outlive the service: the loop (engine thread) and its
   // engine's caches, one per TP rank in rank order (worker::RankCaches), the
-  // agent they are registered with, metrics (may be null). The loop must be
-  // stopped before the service is destroyed (its commands call the service).
+  // agent they are registered with, metrics (may be null). Shut down in this
+  // order: Stop(), the loop (its commands and callbacks call the service), the
+  // service.
   static absl::StatusOr<std::unique_ptr<DecodeService>> Create(
       worker::EngineLoop* loop, std::vector<engine::KvCache*> caches,
       kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
       DecodeServiceOptions options);
-  ~DecodeService() override;
+  ~DecodeService() override;  // Stop()s
+  // Ends the janitor and detaches the agent's notifications, so that nothing
+  // but the loop's own commands calls into the loop any more. Idempotent.
+  void Stop();
 
   grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* context,
                                     const tandem::v1::ReserveRequest* request,

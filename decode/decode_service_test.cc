@@ -70,6 +70,7 @@ class DecodeServiceTest : public ::testing::Test {
   }
   ~DecodeServiceTest() override {
     server_->Shutdown(In(5));
+    service_->Stop();
     loop_.reset();
     service_.reset();
   }

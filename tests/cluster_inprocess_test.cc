@@ -111,6 +111,7 @@ struct DecodeNode {
   }
   ~DecodeNode() {
     server->Shutdown(In(5));
+    service->Stop();
     loop.reset();
     service.reset();
   }

@@ -20,6 +20,8 @@
 //   Abort(id) → Scheduler::Abort (blocks and slot freed at once)
 //   ExportState / AddPrefilledRequest: a sequence's complete state as byte ranges
 //     and its admission on another engine (the disaggregated hand-off in-process).
+//   Reserve / AdmitReserved: blocks and a slot held for state a peer writes in
+//     place (the decode worker's reservation), then admitted without a copy.
 //
 // Speculative decoding (options.speculative): per step the decoding sequences
 // get up to k drafts from a speculative::Proposer (n-gram lookup,

@@ -41,7 +41,7 @@
 namespace tandem::engine {
 
 // Where a cache's buffers come from; empty functions: 64-byte-aligned heap
-// memory. A decode worker's landing pool takes them from its transfer agent
+// memory. A decode worker's engine cache takes them from its transfer agent
 // (worker/cache_layout.h, AgentAllocations) so that peers' puts are plain copies.
 struct KvCacheAllocator {
   // `bytes` (> 0) zero-filled bytes aligned to at least 64, or an error.
