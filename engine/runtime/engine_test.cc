@@ -44,6 +44,18 @@ engine::SamplingParams Greedy(int max_tokens) {
   return p;
 }
 
+// Steps until a request samples (its prefill's first token); returns the tokens.
+std::vector<int32_t> StepUntilFirstToken(Engine* e) {
+  std::vector<int32_t> first;
+  for (int step = 0; first.empty() && step < 1000; ++step) {
+    auto res = e->Step();
+    EXPECT_TRUE(res.ok()) << res.status();
+    if (!res.ok()) break;
+    for (const RequestOutput& o : *res) first = o.new_tokens;
+  }
+  return first;
+}
+
 // Runs until idle; returns every request's tokens and finish reason.
 std::map<RequestId, std::vector<int32_t>> RunAll(
     Engine* e, std::map<RequestId, engine::FinishReason>* reasons = nullptr) {
@@ -334,12 +346,8 @@ TEST(EngineTest, PrefillOnOneEngineDecodeOnAnotherEqualsColocated) {
   po.block_size = 16;
   Rig prefill = MakeEngine(po);
   ASSERT_TRUE(prefill.engine->AddRequest(7, prompt, Greedy(kTokens)).ok());
-  std::vector<int32_t> first;
-  while (first.empty()) {
-    auto res = prefill.engine->Step();
-    ASSERT_TRUE(res.ok());
-    for (const RequestOutput& o : *res) first = o.new_tokens;
-  }
+  const std::vector<int32_t> first = StepUntilFirstToken(prefill.engine.get());
+  ASSERT_FALSE(first.empty());
   auto state = prefill.engine->ExportState(7);
   ASSERT_TRUE(state.ok()) << state.status();
   EXPECT_EQ(state->num_cached_tokens, static_cast<int64_t>(prompt.size()));
@@ -372,12 +380,8 @@ TEST(EngineTest, ReservedStateWrittenInPlaceDecodesLikeColocated) {
 
   Rig prefill = MakeEngine();
   ASSERT_TRUE(prefill.engine->AddRequest(7, prompt, Greedy(kTokens)).ok());
-  std::vector<int32_t> first;
-  while (first.empty()) {
-    auto res = prefill.engine->Step();
-    ASSERT_TRUE(res.ok());
-    for (const RequestOutput& o : *res) first = o.new_tokens;
-  }
+  const std::vector<int32_t> first = StepUntilFirstToken(prefill.engine.get());
+  ASSERT_FALSE(first.empty());
   auto state = prefill.engine->ExportState(7);
   ASSERT_TRUE(state.ok()) << state.status();
 
@@ -460,11 +464,7 @@ TEST(EngineTest, AdmissionTimeLandingPoolVersusInPlace) {
   o.max_tokens_per_step = 1024;
   Rig prefill = MakeEngine(o);
   ASSERT_TRUE(prefill.engine->AddRequest(1, prompt, Greedy(4)).ok());
-  while (true) {
-    auto res = prefill.engine->Step();
-    ASSERT_TRUE(res.ok());
-    if (!res->empty()) break;
-  }
+  ASSERT_FALSE(StepUntilFirstToken(prefill.engine.get()).empty());
   auto state = prefill.engine->ExportState(1);
   ASSERT_TRUE(state.ok()) << state.status();
   size_t bytes = 0;
