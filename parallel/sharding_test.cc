@@ -5,41 +5,17 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parallel/sharding_test_dims.h"
 
 namespace tandem::parallel {
 namespace {
 
 using ::testing::HasSubstr;
 
-// The split dimensions of the engine's three configs, by hand (this package
-// knows no model config; engine/runtime:shard_dims_test checks that ShardDimsOf
-// gives exactly these for PublishedK3Config, MidConfig and TinyConfig).
 ShardDims Config(const std::string& name) {
-  if (name == "k3") {
-    return ShardDims{.kda_heads = 96,
-                     .kda_head_dim = 128,
-                     .mla_heads = 96,
-                     .dense_rows = 33792,
-                     .shared_rows = 2 * 3072,
-                     .num_experts = 896,
-                     .vocab_size = 163840};
-  }
-  if (name == "mid") {
-    return ShardDims{.kda_heads = 8,
-                     .kda_head_dim = 128,
-                     .mla_heads = 8,
-                     .dense_rows = 2816,
-                     .shared_rows = 2 * 512,
-                     .num_experts = 64,
-                     .vocab_size = 163840};
-  }
-  return ShardDims{.kda_heads = 4,
-                   .kda_head_dim = 16,
-                   .mla_heads = 4,
-                   .dense_rows = 128,
-                   .shared_rows = 2 * 64,
-                   .num_experts = 16,
-                   .vocab_size = 163840};
+  if (name == "k3") return testing::K3Dims();
+  if (name == "mid") return testing::MidDims();
+  return testing::TinyDims();
 }
 
 struct SizeCase {

@@ -1,47 +1,21 @@
 // ShardDimsOf on the engine's three configs gives exactly the dimensions that
-// parallel/sharding_test builds by hand (so its tables hold for the real
-// models), and the config's TP checks follow from them.
+// parallel/sharding_test uses (written by hand in parallel/sharding_test_dims.h),
+// so its tables hold for the real models; each field comes from its config field.
 #include "engine/runtime/shard_dims.h"
 
 #include <string>
 
 #include "engine/model/make_checkpoint.h"
 #include "gtest/gtest.h"
+#include "parallel/sharding_test_dims.h"
 
 namespace tandem::engine {
 namespace {
 
-TEST(ShardDimsTest, PublishedK3) {
-  const parallel::ShardDims want{.kda_heads = 96,
-                                 .kda_head_dim = 128,
-                                 .mla_heads = 96,
-                                 .dense_rows = 33792,
-                                 .shared_rows = 2 * 3072,
-                                 .num_experts = 896,
-                                 .vocab_size = 163840};
-  EXPECT_EQ(ShardDimsOf(model::PublishedK3Config()), want);
-}
-
-TEST(ShardDimsTest, Mid) {
-  const parallel::ShardDims want{.kda_heads = 8,
-                                 .kda_head_dim = 128,
-                                 .mla_heads = 8,
-                                 .dense_rows = 2816,
-                                 .shared_rows = 2 * 512,
-                                 .num_experts = 64,
-                                 .vocab_size = 163840};
-  EXPECT_EQ(ShardDimsOf(model::MidConfig()), want);
-}
-
-TEST(ShardDimsTest, Tiny) {
-  const parallel::ShardDims want{.kda_heads = 4,
-                                 .kda_head_dim = 16,
-                                 .mla_heads = 4,
-                                 .dense_rows = 128,
-                                 .shared_rows = 2 * 64,
-                                 .num_experts = 16,
-                                 .vocab_size = 163840};
-  EXPECT_EQ(ShardDimsOf(model::TinyConfig()), want);
+TEST(ShardDimsTest, TheConfigsGiveTheDimensionsShardingTestUses) {
+  EXPECT_EQ(ShardDimsOf(model::PublishedK3Config()), parallel::testing::K3Dims());
+  EXPECT_EQ(ShardDimsOf(model::MidConfig()), parallel::testing::MidDims());
+  EXPECT_EQ(ShardDimsOf(model::TinyConfig()), parallel::testing::TinyDims());
 }
 
 TEST(ShardDimsTest, EachFieldComesFromItsConfigField) {
