@@ -443,7 +443,9 @@ void DecodeService::Tick(absl::Time now) {
     }
   }
   if (metrics_ != nullptr) {
-    metrics_->reservations->Set(static_cast<double>(table_.size()));
+    // Reservations not yet admitted (RESERVED, LANDING, LANDED).
+    metrics_->reservations->Set(
+        static_cast<double>(table_.size() - table_.num_admitted()));
     metrics_->landing_blocks->Add({{"state", "used"}})
         .Set(static_cast<double>(table_.held_blocks()));
     metrics_->landing_blocks->Add({{"state", "free"}}).Set(loop_->stats().free_blocks);

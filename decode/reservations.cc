@@ -215,6 +215,13 @@ int64_t Reservations::size() const {
   return table_.size();
 }
 
+int64_t Reservations::num_admitted() const {
+  absl::MutexLock l(&mu_);
+  int64_t n = 0;
+  for (const auto& [id, e] : table_) n += e.state == ReservationState::kAdmitted;
+  return n;
+}
+
 int64_t Reservations::num_quarantined() const {
   absl::MutexLock l(&mu_);
   return quarantine_.size();

@@ -146,6 +146,7 @@ class Reservations {
   // Introspection.
   std::optional<ReservationState> State(const std::string& id) const;
   int64_t size() const;             // in the id table (not quarantined)
+  int64_t num_admitted() const;     // of them ADMITTED
   int64_t num_quarantined() const;  // quarantine entries
   // Blocks held for hand-offs not yet in the engine (RESERVED, LANDING, LANDED,
   // quarantined).

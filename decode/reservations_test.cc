@@ -323,6 +323,7 @@ TEST_F(ReservationsTest, HeldCountsEveryStateButAdmitted) {
   EXPECT_EQ(table_.held_blocks(), 8);
   EXPECT_EQ(table_.held_slots(), 4);
   EXPECT_EQ(table_.size(), 4);
+  EXPECT_EQ(table_.num_admitted(), 1);
 }
 
 TEST(ReservationStateName, Names) {
