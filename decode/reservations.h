@@ -4,16 +4,25 @@
 // No RPC types: the service turns RPCs into these calls and acts on what they
 // return (close a stream, free memory in the engine, admit).
 //
-//   Add ─► RESERVED ──Landed──────────► LANDED ──Decode──┐
-//             │                            │              ▼
-//             └─Decode─► LANDING ──Landed──┼─────────► ADMITTED ──Finish──► FINISHED
-//                          │               │  (hand-off:    │ Refuse (admission
-//                          │               │   the caller   │  failed: free now)
-//                          │               │   admits)      ▼
-//   Release / Cancel /     ▼               ▼             (removed)
-//   lease, wait expiry: QUARANTINED     EXPIRED, released: memory freed now
-//   (state never landed: the writer may still be putting; memory held until
-//    the quarantine ends, Tick then hands it back)
+//     Add
+//      │
+//      ▼          Landed                      Decode
+//   RESERVED ─────────────────► LANDED ───────────────────┐
+//      │  │ Decode                 │                       ▼
+//      │  ▼           Landed       │                   ADMITTED ──Finish──► FINISHED
+//      │ LANDING ──────────────────┼────────────────────► │
+//      │  │                        │                       │ Refuse (admission
+//      │  │ Release, Cancel,       │ Release,              │ failed)
+//      │  │ wait expiry (EXPIRED)  │ lease expiry          ▼
+//      │  ▼                        │ (EXPIRED)          freed now
+//      └─► QUARANTINED             ▼
+//   Release,   │                freed now
+//   lease      │ Tick: the quarantine is over
+//   expiry     ▼
+//   (EXPIRED) freed
+//
+// Freed before its state landed, memory is QUARANTINED: the writer may still be
+// putting into it. EXPIRED is how Tick reports a lease or wait that passed.
 //
 //   RESERVED  memory held, no state, no Decode   ends: lease expiry, Release
 //   LANDING   a Decode waits for the state       ends: wait deadline, Release, Cancel
