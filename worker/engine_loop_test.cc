@@ -121,8 +121,12 @@ TEST(EngineLoopTest, AbortEndsARequestAndFreesAReservation) {
   });
   ASSERT_TRUE(reserved.WaitForNotificationWithTimeout(absl::Seconds(10)));
   loop.Abort(5);
-  loop.Post([&](engine::Engine& e) { checked.Notify(); });  // stats published after
+  loop.Post([&](engine::Engine& e) { checked.Notify(); });
   ASSERT_TRUE(checked.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  // A command posted now runs in a later batch: the one above was published.
+  absl::Notification published;
+  loop.Post([&](engine::Engine& e) { published.Notify(); });
+  ASSERT_TRUE(published.WaitForNotificationWithTimeout(absl::Seconds(10)));
   const int outputs_at_abort = outputs;
   EngineLoopStats s = loop.stats();
   EXPECT_EQ(s.running, 0);
