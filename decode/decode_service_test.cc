@@ -75,11 +75,14 @@ class DecodeServiceTest : public ::testing::Test {
     service_.reset();
   }
 
-  // Runs on the engine thread after everything posted before: a barrier.
+  // A barrier: every command posted before has run and its batch's stats are
+  // published (the second command runs in a later batch than the first).
   void Sync() {
-    absl::Notification done;
-    loop_->Post([&](engine::Engine&) { done.Notify(); });
-    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    for (int i = 0; i < 2; ++i) {
+      absl::Notification done;
+      loop_->Post([&](engine::Engine&) { done.Notify(); });
+      ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    }
   }
   int32_t FreeBlocks() {
     Sync();
