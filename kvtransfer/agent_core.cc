@@ -378,7 +378,8 @@ void AgentCore::ProgressLoop() {
       // loaded machine a yield per piece hands the core to other processes).
       const PumpResult pumped = ServiceLocked();
       progressed |= pumped.posted;
-      active = busy_waiters_ > 0 || pumped.live || backend_->BusyLocked();
+      active = (busy_waiters_ > 0 && limits_.spin_while_waiting) || pumped.live ||
+               backend_->BusyLocked();
       stalled = pumped.stalled;
     }
     RunCallbacks();

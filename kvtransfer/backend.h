@@ -83,6 +83,10 @@ struct BackendLimits {
   // A batch of at most this many bytes is posted by PostWrite/PostRead itself;
   // larger ones by the progress thread (0: always the progress thread).
   uint64_t inline_post_bytes = 0;
+  // Keep the progress thread spinning while a caller waits (AwaitLocked, Notify's
+  // fence): the transport completes operations only when progressed (UCX). False
+  // where waits end by other means (loopback copies complete when posted).
+  bool spin_while_waiting = true;
 };
 
 // Called by a backend (agent lock held) when a pending piece or fence ended.

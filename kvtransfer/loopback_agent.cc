@@ -110,6 +110,7 @@ class LoopbackBackend final : public Backend {
     l.max_piece_bytes = kChunkBytes;
     l.max_inflight_ops = 1;  // pieces complete inline
     l.inline_post_bytes = 0;
+    l.spin_while_waiting = false;  // nothing completes by progressing
     return l;
   }
   absl::Status Usable() const override {
