@@ -22,7 +22,8 @@
 //          → keep-alive: next request | close
 // Errors found by the server itself (malformed 400, too large 413/431) are
 // answered through the error formatter and the connection is closed; a read
-// deadline that passes closes the connection without a response.
+// deadline that passes closes the connection without a response. A response
+// to HEAD goes out without its body (its Content-Length kept).
 //
 // Lifetime: writers must be released before the server is destroyed (the
 // destructor waits for them, bounded, after stopping).
