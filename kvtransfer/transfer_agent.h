@@ -17,7 +17,8 @@
 //   FAILED_PRECONDITION region still used by an in-flight batch
 //
 // Implementations: UcxAgent (ucx_agent.h) and LoopbackAgent (loopback_agent.h, in
-// process). Both are thread-safe; see docs/kvtransfer.md for the threading model.
+// process), each an AgentCore (agent_core.h) over its transport's backend. Both
+// are thread-safe; see docs/kvtransfer.md for the threading model.
 #ifndef TANDEM_KVTRANSFER_TRANSFER_AGENT_H_
 #define TANDEM_KVTRANSFER_TRANSFER_AGENT_H_
 
@@ -72,10 +73,11 @@ struct Notification {
 };
 
 // Called once when a batch ends (OK or with its error), on the agent's progress
-// thread (UcxAgent) or the thread that completed it (LoopbackAgent). Must not
-// block and must not call back into the agent's waits.
+// thread with no agent lock held; not called for batches still live when the agent
+// is destroyed. Must not block and must not call back into the agent's waits.
 using CompletionCallback = std::function<void(BatchId, const absl::Status&)>;
-// Called for each received notification, same threading rules.
+// Called for each received notification, same rules; on the progress thread
+// (UcxAgent) or the notifying thread (LoopbackAgent), one at a time.
 using NotificationCallback = std::function<void(const Notification&)>;
 
 // Largest request_id + payload accepted by Notify().
