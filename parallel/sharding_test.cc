@@ -60,7 +60,7 @@ INSTANTIATE_TEST_SUITE_P(
         SizeCase{"mid", 16, false,
                  "linear_attn_config.num_heads = 8, num_attention_heads = 8"}));
 
-struct LayoutCase {
+struct ShardCase {
   std::string config;
   TpShard shard;
   Range kda_heads, kda_channels, mla_heads, dense_rows, shared_rows, vocab;
@@ -68,10 +68,10 @@ struct LayoutCase {
   int64_t first_expert, last_expert;
 };
 
-class LayoutTest : public ::testing::TestWithParam<LayoutCase> {};
+class ShardForRankTest : public ::testing::TestWithParam<ShardCase> {};
 
-TEST_P(LayoutTest, MatchesTable) {
-  const LayoutCase& c = GetParam();
+TEST_P(ShardForRankTest, MatchesTable) {
+  const ShardCase& c = GetParam();
   absl::StatusOr<RankShard> l = ShardForRank(Config(c.config), c.shard);
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_EQ(l->kda_heads, c.kda_heads);
@@ -85,66 +85,66 @@ TEST_P(LayoutTest, MatchesTable) {
   EXPECT_EQ(l->experts.back(), c.last_expert);
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, LayoutTest,
-                         ::testing::Values(LayoutCase{"k3",
-                                                      {0, 1},
-                                                      {0, 96},
-                                                      {0, 12288},
-                                                      {0, 96},
-                                                      {0, 33792},
-                                                      {0, 6144},
-                                                      {0, 163840},
-                                                      896,
-                                                      0,
-                                                      895},
-                                           LayoutCase{"k3",
-                                                      {3, 8},
-                                                      {36, 48},
-                                                      {4608, 6144},
-                                                      {36, 48},
-                                                      {12672, 16896},
-                                                      {2304, 3072},
-                                                      {61440, 81920},
-                                                      112,
-                                                      3,
-                                                      891},
-                                           LayoutCase{"k3",
-                                                      {7, 8},
-                                                      {84, 96},
-                                                      {10752, 12288},
-                                                      {84, 96},
-                                                      {29568, 33792},
-                                                      {5376, 6144},
-                                                      {143360, 163840},
-                                                      112,
-                                                      7,
-                                                      895},
-                                           LayoutCase{"k3",
-                                                      {1, 2},
-                                                      {48, 96},
-                                                      {6144, 12288},
-                                                      {48, 96},
-                                                      {16896, 33792},
-                                                      {3072, 6144},
-                                                      {81920, 163840},
-                                                      448,
-                                                      1,
-                                                      895},
-                                           LayoutCase{"tiny",
-                                                      {2, 4},
-                                                      {2, 3},
-                                                      {32, 48},
-                                                      {2, 3},
-                                                      {64, 96},
-                                                      {64, 96},
-                                                      {81920, 122880},
-                                                      4,
-                                                      2,
-                                                      14}));
+INSTANTIATE_TEST_SUITE_P(Table, ShardForRankTest,
+                         ::testing::Values(ShardCase{"k3",
+                                                     {0, 1},
+                                                     {0, 96},
+                                                     {0, 12288},
+                                                     {0, 96},
+                                                     {0, 33792},
+                                                     {0, 6144},
+                                                     {0, 163840},
+                                                     896,
+                                                     0,
+                                                     895},
+                                           ShardCase{"k3",
+                                                     {3, 8},
+                                                     {36, 48},
+                                                     {4608, 6144},
+                                                     {36, 48},
+                                                     {12672, 16896},
+                                                     {2304, 3072},
+                                                     {61440, 81920},
+                                                     112,
+                                                     3,
+                                                     891},
+                                           ShardCase{"k3",
+                                                     {7, 8},
+                                                     {84, 96},
+                                                     {10752, 12288},
+                                                     {84, 96},
+                                                     {29568, 33792},
+                                                     {5376, 6144},
+                                                     {143360, 163840},
+                                                     112,
+                                                     7,
+                                                     895},
+                                           ShardCase{"k3",
+                                                     {1, 2},
+                                                     {48, 96},
+                                                     {6144, 12288},
+                                                     {48, 96},
+                                                     {16896, 33792},
+                                                     {3072, 6144},
+                                                     {81920, 163840},
+                                                     448,
+                                                     1,
+                                                     895},
+                                           ShardCase{"tiny",
+                                                     {2, 4},
+                                                     {2, 3},
+                                                     {32, 48},
+                                                     {2, 3},
+                                                     {64, 96},
+                                                     {64, 96},
+                                                     {81920, 122880},
+                                                     4,
+                                                     2,
+                                                     14}));
 
 // Over every rank of a group: blocks tile each dimension exactly once, and
 // every expert has exactly one owner.
-TEST(LayoutTest, RanksPartitionEveryDimension) {
+TEST(ShardForRankTest, RanksPartitionEveryDimension) {
   for (const std::string name : {"k3", "mid", "tiny"}) {
     const ShardDims config = Config(name);
     for (int size : {1, 2, 4, 8}) {
@@ -175,7 +175,7 @@ TEST(LayoutTest, RanksPartitionEveryDimension) {
   }
 }
 
-TEST(LayoutTest, RefusesRankOutsideGroupAndBadSize) {
+TEST(ShardForRankTest, RefusesRankOutsideGroupAndBadSize) {
   const ShardDims k3 = Config("k3");
   EXPECT_EQ(ShardForRank(k3, {8, 8}).status().code(),
             absl::StatusCode::kInvalidArgument);
