@@ -141,9 +141,13 @@ absl::Status Scheduler::Reserve(const SequenceRequest& r,
   seq->slot = *slot;
   const int64_t positions = seq->num_tokens - 1;
   const int64_t need = seq->table.BlocksNeededToAppend(positions);
-  if (!seq->table.Append(positions, &blocks_).ok()) {
+  // Like an admission, a reservation leaves the watermark free for the running
+  // sequences' growth (SGLang's decode prealloc keeps such headroom too).
+  if (need > static_cast<int64_t>(blocks_.num_free()) - config_.watermark_blocks ||
+      !seq->table.Append(positions, &blocks_).ok()) {
     return undo(ResourceExhausted("need ", need, " KV blocks for ", positions,
-                                  " tokens, ", blocks_.num_free(), " free"));
+                                  " tokens, ", blocks_.num_free(), " free (",
+                                  config_.watermark_blocks, " kept free)"));
   }
   seq->num_computed = seq->num_tokens - 1;
   seq->prefill_done = true;

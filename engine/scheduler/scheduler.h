@@ -135,7 +135,8 @@ class Scheduler {
   // Holds, for a sequence whose state a peer will write in place, the KV blocks
   // of all positions but the last token's and a slot: RESERVED. A reserved
   // sequence is never scheduled or preempted; it counts against max_running
-  // (so that its admission cannot fail on the cap). AdmitReserved makes it
+  // (so that its admission cannot fail on the cap) and, like an admission,
+  // leaves watermark_blocks free. AdmitReserved makes it
   // running (decoding, nothing to prefill); Abort frees it. The errors of
   // AdmitPrefilled; request.max_new_tokens may be 0 (known at admission).
   absl::Status Reserve(const SequenceRequest& request, int64_t num_generated_tokens);

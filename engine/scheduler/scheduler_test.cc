@@ -428,6 +428,18 @@ TEST(SchedulerTest, ReserveErrorsAndAbort) {
   EXPECT_TRUE(s->CheckInvariants().ok());
 }
 
+TEST(SchedulerTest, ReserveLeavesTheWatermarkFree) {
+  SchedulerConfig c = Config(8, 4, 16);
+  c.watermark_blocks = 2;
+  auto s = Make(c);
+  ASSERT_TRUE(s->Reserve({1, 16}, 1).ok());  // 4 blocks: 4 left
+  EXPECT_EQ(s->Reserve({2, 12}, 1).code(),   // 3 more would leave 1 < 2
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(s->Reserve({3, 8}, 1).ok());  // 2 more leave 2
+  EXPECT_EQ(s->num_free_blocks(), 2);
+  EXPECT_TRUE(s->CheckInvariants().ok());
+}
+
 TEST(SchedulerTest, ReservationsCountAgainstTheRunningCap) {
   SchedulerConfig c = Config(16, 4, 16);
   c.max_running = 2;
