@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/splitmix.h"
 #include "common/status.h"
 #include "engine/model/bf16.h"
 #include "engine/model/mxfp4.h"
@@ -26,17 +27,12 @@
 namespace tandem::model {
 namespace {
 
-// splitmix64: a tiny, well-mixed 64-bit generator whose output is fully defined
-// by its state (unlike std distributions).
-class SplitMix64 {
+// The generator's weight stream: SplitMix64 (common/splitmix.h) with the
+// float draws the initialisers need.
+class WeightRng {
  public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
+  explicit WeightRng(uint64_t seed) : mix_(seed) {}
+  uint64_t Next() { return mix_.Next(); }
   // Uniform in [0, 1) with 24 bits.
   float Uniform() { return static_cast<float>(Next() >> 40) * 0x1.0p-24f; }
   // Approximately N(0, 1): sum of four 16-bit uniforms in (0, 1), centred and
@@ -51,7 +47,7 @@ class SplitMix64 {
   }
 
  private:
-  uint64_t state_;
+  SplitMix64 mix_;
 };
 
 uint64_t StreamSeed(uint64_t seed, absl::string_view name) {
@@ -60,8 +56,7 @@ uint64_t StreamSeed(uint64_t seed, absl::string_view name) {
     h ^= static_cast<uint8_t>(c);
     h *= 0x100000001b3ull;
   }
-  SplitMix64 mix(seed ^ h);
-  return mix.Next();
+  return SplitMix64(seed ^ h).Next();
 }
 
 std::string Bf16Bytes(const std::vector<float>& values) {
@@ -95,7 +90,7 @@ absl::Status ExpertWeight(const ExpectedTensor& t, uint64_t seed,
   const int64_t rows = t.shape[0];
   const int64_t in = t.kind == TensorKind::kMxfp4Packed ? t.shape[1] * 2
                                                         : t.shape[1] * kMxfp4GroupSize;
-  SplitMix64 rng(StreamSeed(seed, base));
+  WeightRng rng(StreamSeed(seed, base));
   const float sigma = 1.0f / std::sqrt(static_cast<float>(in));
   std::vector<float> w(static_cast<size_t>(rows * in));
   for (float& x : w) x = rng.Normal() * sigma;
@@ -309,7 +304,7 @@ absl::StatusOr<TensorData> GenerateTensor(const ModelConfig& config,
   out.dtype = tensor.dtype;
   out.shape = tensor.shape;
   const uint64_t n = Elements(tensor.shape);
-  SplitMix64 rng(StreamSeed(seed, tensor.name));
+  WeightRng rng(StreamSeed(seed, tensor.name));
   std::vector<float> v;
   auto normal = [&](float sigma) {
     v.resize(n);

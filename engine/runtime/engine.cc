@@ -11,16 +11,6 @@
 #include "engine/sampling/rejection_sampler.h"
 
 namespace tandem::engine {
-namespace {
-
-uint64_t SplitMix(uint64_t* state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     const ModelWeights* weights, kernels::Backend* backend,
@@ -39,7 +29,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   e->weights_ = weights;
   e->tokenizer_ = tokenizer;
   e->options_ = options;
-  e->seed_state_ = options.seed;
+  e->seeds_ = SplitMix64(options.seed);
   const int64_t bs = options.block_size;
   engine::SchedulerConfig sc;
   sc.block_size = options.block_size;
@@ -160,9 +150,7 @@ absl::StatusOr<Engine::Request*> Engine::NewRequest(
   auto r = std::make_unique<Request>();
   r->id = id;
   r->params = params;
-  if (!r->params.IsGreedy() && !r->params.seed.has_value()) {
-    r->params.seed = SplitMix(&seed_state_);
-  }
+  EnsureSeed(&r->params, &seeds_);
   r->prompt = std::move(prompt);
   r->tokens = r->prompt;
   r->history.AddPromptTokens(r->prompt);

@@ -49,6 +49,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/splitmix.h"
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/model_runner.h"
 #include "engine/runtime/tp_executor.h"
@@ -343,7 +344,7 @@ class Engine {
   // requests_ until AdmitReserved.
   absl::flat_hash_map<RequestId, int64_t> reserved_;
   std::vector<int32_t> eos_ids_;
-  uint64_t seed_state_ = 0;
+  SplitMix64 seeds_;  // seeds for sampling requests that bring none
   int64_t prefill_tokens_ = 0;
   int64_t decode_tokens_ = 0;
   std::unique_ptr<speculative::Proposer> proposer_;  // null: speculation off

@@ -87,4 +87,8 @@ void EnsureSeed(SamplingParams* params) {
   if (!params->IsGreedy() && !params->seed.has_value()) params->seed = FreshSeed();
 }
 
+void EnsureSeed(SamplingParams* params, SplitMix64* seeds) {
+  if (!params->IsGreedy() && !params->seed.has_value()) params->seed = seeds->Next();
+}
+
 }  // namespace tandem::engine

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/splitmix.h"
 
 namespace tandem::engine {
 
@@ -78,6 +79,9 @@ struct SamplingParams {
 uint64_t FreshSeed();
 // Sets params->seed to FreshSeed() when it samples and has no seed.
 void EnsureSeed(SamplingParams* params);
+// The same from a deterministic stream (an engine created with a fixed seed gives
+// the same seeds to the same sequence of requests).
+void EnsureSeed(SamplingParams* params, SplitMix64* seeds);
 
 }  // namespace tandem::engine
 
