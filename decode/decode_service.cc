@@ -12,6 +12,7 @@
 #include "kvtransfer/checksum.h"
 #include "rpc/deadline.h"
 #include "worker/engine_stream.h"
+#include "worker/worker_load.h"
 
 namespace tandem::decode {
 namespace {
@@ -453,18 +454,8 @@ void DecodeService::Tick(absl::Time now) {
 }
 
 tandem::v1::WorkerLoad DecodeService::Load() const {
-  const worker::EngineLoopStats s = loop_->stats();
-  tandem::v1::WorkerLoad load;
-  load.set_queued_prefill_tokens(s.queued_prefill_tokens);
-  load.set_running_requests(s.running);
-  load.set_waiting_requests(s.waiting);
-  // The engine's own counts: reserved and quarantined memory is not free.
-  load.set_free_kv_blocks(s.free_blocks);
-  load.set_total_kv_blocks(s.total_blocks);
-  load.set_free_state_slots(s.free_slots);
-  load.set_total_state_slots(s.total_slots);
-  load.set_kv_block_size(layout_.block_size());
-  return load;
+  // The engine's own counts (worker/worker_load.h).
+  return worker::LoadOf(loop_->stats(), layout_.block_size());
 }
 
 }  // namespace tandem::decode

@@ -10,6 +10,7 @@
 #include "engine/sampling/sampling_params.h"
 #include "kvtransfer/plan.h"
 #include "rpc/deadline.h"
+#include "worker/worker_load.h"
 
 namespace tandem::prefill {
 namespace {
@@ -328,17 +329,8 @@ grpc::ServerUnaryReactor* PrefillService::Cancel(grpc::CallbackServerContext* co
 }
 
 tandem::v1::WorkerLoad PrefillService::Load() const {
-  const worker::EngineLoopStats s = loop_->stats();
-  tandem::v1::WorkerLoad load;
-  load.set_queued_prefill_tokens(s.queued_prefill_tokens);
-  load.set_running_requests(s.running);
-  load.set_waiting_requests(s.waiting);
-  load.set_free_kv_blocks(s.free_blocks);
-  load.set_total_kv_blocks(s.total_blocks);
-  load.set_free_state_slots(s.free_slots);
-  load.set_total_state_slots(s.total_slots);
-  load.set_kv_block_size(layout_.block_size());
-  return load;
+  // The engine's own counts (worker/worker_load.h).
+  return worker::LoadOf(loop_->stats(), layout_.block_size());
 }
 
 }  // namespace tandem::prefill
