@@ -164,7 +164,15 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
           : options_.default_lease;
   const engine::RequestId eid = next_engine_id_.fetch_add(1);
   // The allocation is the engine's: answered from its thread, between steps.
-  loop_->Post([this, req, resp, eid, lease, finish](engine::Engine& e) {
+  loop_->Post([this, context, req, resp, eid, lease, finish](engine::Engine& e) {
+    // The router may have given up while the command waited for a step (its
+    // deadline, or a cancel): it will not use, nor release, what is made now.
+    if (context->IsCancelled()) {
+      finish(absl::CancelledError(
+          absl::StrCat("request ", req->request_id(),
+                       ": Reserve cancelled before the engine ran it")));
+      return;
+    }
     finish(ReserveOnLoop(e, *req, eid, lease, resp));
   });
   return reactor;

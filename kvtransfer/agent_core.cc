@@ -157,7 +157,7 @@ bool AgentCore::PeerIdleLocked(PeerId peer) const {
 }
 
 absl::Status AgentCore::Disconnect(PeerId peer) {
-  absl::MutexLock l(&mu_);
+  absl::ReleasableMutexLock l(&mu_);
   auto it = peers_.find(peer);
   if (it == peers_.end())
     return absl::NotFoundError(absl::StrCat("unknown peer ", peer));
@@ -176,6 +176,8 @@ absl::Status AgentCore::Disconnect(PeerId peer) {
     if (b->peer == peer) MaybeEndLocked(b.get());
   }
   backend_->ForgetPeerLocked(peer);
+  l.Release();
+  backend_->Wake();  // the ended batches' callbacks run on the progress thread
   return absl::OkStatus();
 }
 
@@ -343,26 +345,31 @@ AgentCore::PumpResult AgentCore::ServiceLocked() {
 
 void AgentCore::RunCallbacks() {
   std::vector<std::pair<CompletionCallback, std::pair<BatchId, absl::Status>>> done;
+  bool notes_due = false;
+  {
+    absl::MutexLock l(&mu_);
+    done.swap(done_callbacks_);
+    notes_due = !to_dispatch_.empty();
+  }
+  for (auto& [cb, arg] : done) cb(arg.first, arg.second);
+  if (!notes_due) return;  // one queued later goes out on the next pass
+  // The notification callback is read under callback_mu_, the lock that
+  // SetNotificationCallback takes: once it returns, the old callback has run its
+  // last time (a service may be destroyed right after clearing it), and a
+  // notification taken here goes to the callback set now, or to the queue.
+  absl::MutexLock c(&callback_mu_);
   std::vector<Notification> notes;
   NotificationCallback ncb;
   {
     absl::MutexLock l(&mu_);
-    done.swap(done_callbacks_);
     notes.swap(to_dispatch_);
     ncb = notification_callback_;
-  }
-  for (auto& [cb, arg] : done) cb(arg.first, arg.second);
-  if (!notes.empty()) {
-    absl::MutexLock c(&callback_mu_);
-    for (const Notification& n : notes) {
-      if (ncb) {
-        ncb(n);
-      } else {
-        absl::MutexLock l(&mu_);
-        notifications_.push_back(n);
-      }
+    if (!ncb) {
+      for (Notification& n : notes) notifications_.push_back(std::move(n));
+      return;
     }
   }
+  for (const Notification& n : notes) ncb(n);
 }
 
 void AgentCore::ProgressLoop() {
@@ -418,14 +425,26 @@ absl::Status AgentCore::Wait(BatchId batch, absl::Time deadline) {
   auto it = batches_.find(batch);
   if (it == batches_.end())
     return absl::NotFoundError(absl::StrCat("unknown batch ", batch));
+  // The batch is looked up again after the wait: another caller's Poll or Wait
+  // may report (and forget) it meanwhile.
+  auto ended_or_gone = [this, batch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto f = batches_.find(batch);
+    return f == batches_.end() || f->second->ended;
+  };
+  const bool ended = mu_.AwaitWithDeadline(absl::Condition(&ended_or_gone), deadline);
+  it = batches_.find(batch);
+  if (it == batches_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("batch ", batch, " was reported to another caller"));
+  }
   Batch* b = it->second.get();
-  if (!mu_.AwaitWithDeadline(absl::Condition(&b->ended), deadline) && !b->ended) {
+  if (!ended && !b->ended) {
     return absl::DeadlineExceededError(
         absl::StrCat("batch ", batch, " still running at its deadline (",
                      b->next_segment, "/", b->segments.size(), " segments posted)"));
   }
   absl::Status st = b->status;
-  batches_.erase(batch);
+  batches_.erase(it);
   return st;
 }
 

@@ -629,6 +629,13 @@ absl::Status UcxBackend::SendNotificationLocked(PeerId peer, const Notification&
   // Fence: every byte written to the peer so far is visible before the message.
   absl::Status st = FlushAndWaitLocked(p, deadline, "flush before notification");
   if (!st.ok()) return st;
+  // The flush released the agent lock: a Disconnect may have closed the endpoint
+  // (the Peer outlives it while this thread waits on it) or it may have failed.
+  if (p->closed || p->forgotten || p->ep == nullptr) {
+    return absl::CancelledError(
+        absl::StrCat("peer ", peer, " disconnected before the notification"));
+  }
+  if (!p->error.ok()) return p->error;
   auto* op = new PendingOp();
   op->buffer.assign(kNotifyMagic, 4);
   PutLe(&op->buffer, n.sender_agent_id, 8);

@@ -14,11 +14,18 @@ absl::StatusOr<kvtransfer::PeerId> PeerCache::Get(absl::string_view descriptor) 
     if (it != peers_.end()) return it->second;
   }
   // Outside the lock: a connect may take a while. Two racing requests may both
-  // connect; the later one's connection is kept.
+  // connect; the first one stored is kept and the other closed.
   TANDEM_ASSIGN_OR_RETURN(kvtransfer::PeerId p, agent_->Connect(descriptor));
-  absl::MutexLock l(&mu_);
-  peers_[d.agent_id] = p;
-  return p;
+  {
+    absl::ReleasableMutexLock l(&mu_);
+    auto [it, inserted] = peers_.emplace(d.agent_id, p);
+    if (inserted) return p;
+    if (it->second == p) return p;
+    const kvtransfer::PeerId kept = it->second;
+    l.Release();
+    agent_->Disconnect(p).IgnoreError();
+    return kept;
+  }
 }
 
 void PeerCache::Drop(kvtransfer::PeerId peer) {

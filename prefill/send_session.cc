@@ -99,6 +99,7 @@ void SendSession::ObserveCancelAndFailures() {
 
 void SendSession::ObserveDeadline() {
   if (!Live() || context_->clock->Now() < spec_.deadline) return;
+  idle_deadline_ = pending_.empty();
   Fail(TransferError(absl::DeadlineExceededError(
       absl::StrCat("deadline passed in ", SendStateName(state_), " with ",
                    pending_.size(), " batches in flight"))));
@@ -394,7 +395,10 @@ void SendSession::End() {
     }
     pending_.clear();
   }
-  if (state_ == SendState::kFailed &&
+  // The peer is dropped when the transport failed or a deadline passed with
+  // bytes in flight to it (the connection may be wedged); a deadline that found
+  // nothing in flight keeps the connection every other request to it shares.
+  if (state_ == SendState::kFailed && !idle_deadline_ &&
       (absl::IsUnavailable(status_) || absl::IsDeadlineExceeded(status_))) {
     DropPeers();
   }

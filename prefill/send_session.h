@@ -244,6 +244,9 @@ class SendSession {
   bool computed_ = false;
   bool recorded_ = false;
   bool peers_dropped_ = false;
+  // FAILED by the session's own deadline with no batch in flight: nothing is
+  // stuck on the connection, which other requests share, so it is kept.
+  bool idle_deadline_ = false;
   absl::Time started_;
   absl::Time computed_at_ = absl::InfinitePast();
   absl::Time first_post_ = absl::InfiniteFuture();

@@ -507,7 +507,10 @@ TEST_P(LiveStateTest, CancelEndsCancelledAndDrainsEveryBatch) {
   EXPECT_EQ(h.agent.posts(), posts);
 }
 
-TEST_P(LiveStateTest, DeadlineOnTheClockFailsAndDropsThePeer) {
+// The peer is dropped only when bytes were in flight to it at the deadline: with
+// nothing in flight the connection (shared by every request to that decode
+// worker) is healthy and stays.
+TEST_P(LiveStateTest, DeadlineOnTheClockFailsAndDropsAPeerWithBytesInFlight) {
   Harness h;
   std::unique_ptr<SendSession> s = h.In(GetParam());
   const size_t running = h.agent.running().size();
@@ -523,8 +526,8 @@ TEST_P(LiveStateTest, DeadlineOnTheClockFailsAndDropsThePeer) {
   EXPECT_EQ(s->in_flight(), 0u);
   EXPECT_EQ(h.agent.unreported(), 0u);
   EXPECT_TRUE(h.agent.notified().empty());
-  EXPECT_EQ(h.agent.disconnects(), 1);
-  EXPECT_EQ(h.peers.size(), 0u);
+  EXPECT_EQ(h.agent.disconnects(), running > 0 ? 1 : 0);
+  EXPECT_EQ(h.peers.size(), running > 0 ? 0u : 1u);
 }
 
 TEST_P(LiveStateTest, PeerLossFailsUnavailableAndDropsThePeer) {

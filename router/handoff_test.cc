@@ -323,7 +323,7 @@ TEST_F(HandoffTest, DeadlineWhileColocatedIsDeadlineExceeded) {
   ASSERT_TRUE(sink_.WaitClosed());
   EXPECT_EQ(sink_.status().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_EQ(metrics_.latency->Count(), 1u);
-  EXPECT_GE(metrics_.latency->Sum(), 0.3);
+  EXPECT_GE(metrics_.latency->Sum(), 0.29);  // gRPC may fire microseconds early
 }
 
 TEST_F(HandoffTest, UnreachableDecodeWorkerIsUnavailableAndRemoved) {

@@ -104,7 +104,16 @@ Placement::Actions Placement::OnReserved(const absl::Status& status) {
     deps_.ledger->Place(decode_, request_.request_id, request_.prompt_tokens);
     return Prefill();
   }
-  if (cancelled_) return Finish(ClientCancelled());
+  // A Reserve that ended without its answer (cancelled, or its deadline) may
+  // still have reserved on the decode worker: release it (a Release of nothing
+  // is harmless) rather than leave it to the lease.
+  const bool maybe_reserved =
+      absl::IsCancelled(status) || absl::IsDeadlineExceeded(status);
+  if (cancelled_) {
+    return maybe_reserved ? ReleaseAndFinish(ClientCancelled())
+                          : Finish(ClientCancelled());
+  }
+  if (maybe_reserved) return ReleaseAndFinish(status);
   tried_decode_.insert(id);
   switch (status.code()) {
     case absl::StatusCode::kResourceExhausted:

@@ -22,6 +22,8 @@
 //     v
 //   FINISHED(status)  exactly one Finish action; later events are ignored
 //
+//   A Reserve that ends CANCELLED or DEADLINE_EXCEEDED may have reserved
+//     anyway: Release(W) (fire and forget), then FINISHED.
 //   Cancel() in any state: CancelCall (the call in flight ends CANCELLED; its
 //     end then Releases an unused reservation) → FINISHED(CANCELLED); in
 //     RELEASING (no call to cancel) FINISHED(CANCELLED) at once.

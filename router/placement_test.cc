@@ -272,7 +272,8 @@ TEST_F(PlacementTest, ClientCancelInEachState) {
   using C = absl::StatusCode;
   const std::vector<StepCase> cases = {
       {"start: Start finishes", State::kStart, "", C::kOk, "finish CANCELLED"},
-      {"reserving", State::kReserving, "cancel", C::kCancelled, "finish CANCELLED"},
+      {"reserving", State::kReserving, "cancel", C::kCancelled,
+       "release d0, finish CANCELLED"},
       {"reserving, the reservation won the race", State::kReserving, "cancel", C::kOk,
        "release d0, finish CANCELLED"},
       {"prefilling", State::kPrefilling, "cancel", C::kCancelled,
@@ -313,7 +314,7 @@ TEST_F(PlacementTest, DeadlineInEachState) {
   const std::vector<StepCase> cases = {
       {"start", State::kStart, "", C::kOk, "finish DEADLINE_EXCEEDED"},
       {"reserving", State::kReserving, "", C::kDeadlineExceeded,
-       "finish DEADLINE_EXCEEDED"},
+       "release d0, finish DEADLINE_EXCEEDED"},
       {"reserving, reserved just before", State::kReserving, "", C::kOk,
        "release d0, finish DEADLINE_EXCEEDED"},
       {"prefilling", State::kPrefilling, "", C::kDeadlineExceeded,

@@ -21,12 +21,19 @@ T OrDie(absl::StatusOr<T> v, const char* what) {
 }  // namespace
 
 const ModelWeights& TinyWeights() {
-  static const ModelWeights* weights = [] {
-    auto* ckpt =
-        OrDie(model::Checkpoint::Open(kTinyCheckpointDir), "open tiny").release();
-    return OrDie(LoadModelWeights(*ckpt), "load weights").release();
+  // Process-lifetime, held by one static pointer so that LeakSanitizer sees both
+  // the checkpoint and its weight views as reachable.
+  struct Tiny {
+    std::unique_ptr<model::Checkpoint> checkpoint;
+    std::unique_ptr<ModelWeights> weights;
+  };
+  static const Tiny* tiny = [] {
+    auto* t = new Tiny;
+    t->checkpoint = OrDie(model::Checkpoint::Open(kTinyCheckpointDir), "open tiny");
+    t->weights = OrDie(LoadModelWeights(*t->checkpoint), "load weights");
+    return t;
   }();
-  return *weights;
+  return *tiny->weights;
 }
 
 std::unique_ptr<kernels::Backend> MakeBackend(const char* name) {

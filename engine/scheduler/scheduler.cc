@@ -108,12 +108,19 @@ absl::Status Scheduler::Submit(const SequenceRequest& r) {
 
 absl::Status Scheduler::AdmitPrefilled(const SequenceRequest& r,
                                        int64_t num_generated_tokens) {
-  TANDEM_RETURN_IF_ERROR(Reserve(r, num_generated_tokens));
+  TANDEM_RETURN_IF_ERROR(Hold(r, num_generated_tokens, /*growth_headroom=*/0));
   return AdmitReserved(r.id, r.max_new_tokens);
 }
 
 absl::Status Scheduler::Reserve(const SequenceRequest& r,
                                 int64_t num_generated_tokens) {
+  // A reservation cannot be preempted, so it must not take the blocks the
+  // running sequences grow into at the next step (one each at most).
+  return Hold(r, num_generated_tokens, num_running());
+}
+
+absl::Status Scheduler::Hold(const SequenceRequest& r, int64_t num_generated_tokens,
+                             int64_t growth_headroom) {
   if (num_generated_tokens < 1) {
     return InvalidArgument("a prefilled sequence has generated >= 1 token");
   }
@@ -143,11 +150,12 @@ absl::Status Scheduler::Reserve(const SequenceRequest& r,
   const int64_t need = seq->table.BlocksNeededToAppend(positions);
   // Like an admission, a reservation leaves the watermark free for the running
   // sequences' growth (SGLang's decode prealloc keeps such headroom too).
-  if (need > static_cast<int64_t>(blocks_.num_free()) - config_.watermark_blocks ||
+  const int64_t kept = config_.watermark_blocks + growth_headroom;
+  if (need > static_cast<int64_t>(blocks_.num_free()) - kept ||
       !seq->table.Append(positions, &blocks_).ok()) {
     return undo(ResourceExhausted("need ", need, " KV blocks for ", positions,
-                                  " tokens, ", blocks_.num_free(), " free (",
-                                  config_.watermark_blocks, " kept free)"));
+                                  " tokens, ", blocks_.num_free(), " free (", kept,
+                                  " kept free for the running sequences)"));
   }
   seq->num_computed = seq->num_tokens - 1;
   seq->prefill_done = true;
@@ -313,7 +321,8 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
 
   // 3. Admissions, FCFS, never in a step that had to preempt.
   while (plan.preempted.empty() && !waiting_.empty() && budget > 0 &&
-         num_running() < config_.max_running && slots_.num_free() > 0) {
+         num_running() + num_reserved() < config_.max_running &&
+         slots_.num_free() > 0) {
     Sequence* seq = Find(waiting_.front());
     const int64_t usable =
         static_cast<int64_t>(blocks_.num_free()) - config_.watermark_blocks;

@@ -136,7 +136,9 @@ class Scheduler {
   // of all positions but the last token's and a slot: RESERVED. A reserved
   // sequence is never scheduled or preempted; it counts against max_running
   // (so that its admission cannot fail on the cap) and, like an admission,
-  // leaves watermark_blocks free. AdmitReserved makes it
+  // leaves watermark_blocks free, plus one block per running sequence (their
+  // growth at the next step: a reservation cannot be preempted to make room).
+  // AdmitReserved makes it
   // running (decoding, nothing to prefill); Abort frees it. The errors of
   // AdmitPrefilled; request.max_new_tokens may be 0 (known at admission).
   absl::Status Reserve(const SequenceRequest& request, int64_t num_generated_tokens);
@@ -180,6 +182,9 @@ class Scheduler {
   absl::Status CheckInvariants() const;
 
  private:
+  // Reserve with `growth_headroom` blocks kept free beyond the watermark.
+  absl::Status Hold(const SequenceRequest& request, int64_t num_generated_tokens,
+                    int64_t growth_headroom);
   struct Sequence {
     SequenceId id;
     int64_t num_tokens;  // prompt + generated

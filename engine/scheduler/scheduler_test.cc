@@ -453,6 +453,37 @@ TEST(SchedulerTest, ReservationsCountAgainstTheRunningCap) {
   EXPECT_TRUE(s->CheckInvariants().ok());
 }
 
+// A reservation cannot be preempted: it leaves each running sequence one block
+// to grow into (AdmitPrefilled, whose sequence runs at once, does not).
+TEST(SchedulerTest, ReserveLeavesAGrowthBlockPerRunningSequence) {
+  auto s = Make(Config(8, 4, 16));
+  ASSERT_TRUE(s->AdmitPrefilled({1, 4}, 1).ok());  // running, 1 block: 7 free
+  ASSERT_TRUE(s->AdmitPrefilled({2, 4}, 1).ok());  // running, 1 block: 6 free
+  ASSERT_EQ(s->num_running(), 2);
+  // A reservation holds the prompt's positions (prompt + 1 generated - 1).
+  EXPECT_EQ(s->Reserve({3, 20}, 1).code(),  // 5 blocks would leave 1 < 2
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(s->Reserve({4, 16}, 1).ok());  // 4 blocks leave 2
+  EXPECT_EQ(s->num_free_blocks(), 2);
+  EXPECT_TRUE(s->CheckInvariants().ok());
+}
+
+// Admissions from the waiting queue count reserved sequences against the cap.
+TEST(SchedulerTest, ScheduleCountsReservationsAgainstTheRunningCap) {
+  SchedulerConfig c = Config(16, 4, 16);
+  c.max_running = 2;
+  auto s = Make(c);
+  ASSERT_TRUE(s->Reserve({1, 4}, 1).ok());
+  ASSERT_TRUE(s->Submit({2, 3}).ok());
+  ASSERT_TRUE(s->Submit({3, 3}).ok());
+  auto p = s->Schedule();
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(s->num_running(), 1);  // 1 running + 1 reserved = the cap
+  ASSERT_TRUE(s->AdmitReserved(1, 0).ok());
+  EXPECT_LE(s->num_running(), 2);
+  EXPECT_TRUE(s->CheckInvariants().ok());
+}
+
 TEST(SchedulerTest, ScheduleAndCompleteMustAlternate) {
   auto s = Make(Config(8, 4, 8));
   ASSERT_TRUE(s->Submit({1, 3}).ok());
