@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -206,6 +207,8 @@ absl::Status DecodeService::ReserveOnLoop(engine::Engine& e,
   resp->set_request_id(req.request_id());
   resp->set_decode_worker_id(options_.worker_id);
   resp->set_lease_expiry_unix_ms(absl::ToUnixMillis(added->lease_expiry));
+  // The engine id is unique per reservation: the notification must carry it.
+  resp->set_reservation_token(static_cast<uint64_t>(eid));
   for (int k = 0; k < tp(); ++k) {  // the same blocks and slot in every rank
     tandem::v1::RankTarget* t = resp->add_ranks();
     t->set_transfer_descriptor(descriptors_[k]);
@@ -261,7 +264,20 @@ void DecodeService::OnDecodeCancel(const std::string& id, engine::RequestId eid,
 }
 
 void DecodeService::OnNotification(const kvtransfer::Notification& n) {
-  absl::StatusOr<std::optional<Handoff>> ready = table_.Landed(n.request_id);
+  // The payload names the reservation the state was written into (KvTarget's
+  // reservation_token); empty from a sender that has none.
+  std::optional<int64_t> token;
+  if (!n.payload.empty()) {
+    int64_t t = 0;
+    if (!absl::SimpleAtoi(n.payload, &t)) {
+      TLOG(WARNING, "state notification with a malformed reservation token dropped")
+          .Kv("request_id", n.request_id)
+          .Kv("payload_bytes", n.payload.size());
+      return;
+    }
+    token = t;
+  }
+  absl::StatusOr<std::optional<Handoff>> ready = table_.Landed(n.request_id, token);
   if (!ready.ok()) {
     TLOG(WARNING, "state notification not taken")
         .Kv("request_id", n.request_id)

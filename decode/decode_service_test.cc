@@ -185,7 +185,12 @@ class DecodeServiceTest : public ::testing::Test {
     ASSERT_TRUE(engine::CopyStateRanges(state.ranges, *dst).ok());
     auto peer = sender_.Connect(t.transfer_descriptor());
     ASSERT_TRUE(peer.ok()) << peer.status();
-    ASSERT_TRUE(sender_.Notify(*peer, id, "", absl::Now() + absl::Seconds(10)).ok());
+    // The notification carries the reservation's token, as a prefill worker's.
+    ASSERT_NE(target.reservation_token(), 0u);
+    ASSERT_TRUE(sender_
+                    .Notify(*peer, id, absl::StrCat(target.reservation_token()),
+                            absl::Now() + absl::Seconds(10))
+                    .ok());
   }
 
   FakeClock clock_;

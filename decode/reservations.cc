@@ -72,7 +72,8 @@ absl::StatusOr<std::optional<Handoff>> Reservations::Decode(
   return std::nullopt;
 }
 
-absl::StatusOr<std::optional<Handoff>> Reservations::Landed(const std::string& id) {
+absl::StatusOr<std::optional<Handoff>> Reservations::Landed(
+    const std::string& id, std::optional<int64_t> engine_id) {
   absl::MutexLock l(&mu_);
   auto it = table_.find(id);
   if (it == table_.end()) {
@@ -80,6 +81,11 @@ absl::StatusOr<std::optional<Handoff>> Reservations::Landed(const std::string& i
         absl::StrCat("state arrived for request '", id, "', which has no reservation"));
   }
   Entry& e = it->second;
+  if (engine_id.has_value() && *engine_id != e.info.engine_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "state arrived for an earlier reservation of request '", id, "' (token ",
+        *engine_id, ", this reservation's is ", e.info.engine_id, "): ignored"));
+  }
   switch (e.state) {
     case ReservationState::kReserved:
       e.state = ReservationState::kLanded;

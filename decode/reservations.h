@@ -129,7 +129,11 @@ class Reservations {
   // The transfer's notification: RESERVED → LANDED (nullopt); LANDING →
   // ADMITTED (the hand-off). NOT_FOUND for an unknown id (released, expired,
   // never reserved); FAILED_PRECONDITION when it had already landed.
-  absl::StatusOr<std::optional<Handoff>> Landed(const std::string& id);
+  // `engine_id`, when given, must be the reservation's (its token): a
+  // notification for an earlier reservation of the same id is refused
+  // (FAILED_PRECONDITION) and changes nothing.
+  absl::StatusOr<std::optional<Handoff>> Landed(
+      const std::string& id, std::optional<int64_t> engine_id = std::nullopt);
 
   // The router's Release: RESERVED and LANDING are quarantined (LANDING hands
   // back its waiter), LANDED is freed now, ADMITTED is left to the engine

@@ -122,6 +122,21 @@ TEST_F(ReservationsTest, NotificationForAnUnknownIdOrTwiceIsAnError) {
   EXPECT_EQ(StateOf("a"), ReservationState::kLanded);
 }
 
+// Released before its state landed, reserved again under the same id: the
+// abandoned prefill's late notification (the old reservation's token) must not
+// mark the new reservation landed; the new one's does.
+TEST_F(ReservationsTest, ALateNotificationForAnEarlierReservationIsIgnored) {
+  Reserve("a", 1);
+  EXPECT_FALSE(table_.Release("a").free_now);  // quarantined: not landed
+  Reserve("a", 2);
+  EXPECT_EQ(table_.Landed("a", /*engine_id=*/1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(StateOf("a"), ReservationState::kReserved);
+  auto r = table_.Landed("a", /*engine_id=*/2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(StateOf("a"), ReservationState::kLanded);
+}
+
 TEST_F(ReservationsTest, DecodeWithoutReservationOrTwice) {
   int64_t eid = 0;
   EXPECT_EQ(table_.Decode("nobody", std::make_unique<TestWaiter>(1), clock_.Now(), &eid)

@@ -160,6 +160,7 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   spec.stream_layers = options_.stream_layers;
   spec.checksums = req->checksums();
   spec.deadline = deadline;
+  spec.reservation_token = req->target().reservation_token();
   for (int r = 0; r < tp(); ++r) {
     const tandem::v1::RankTarget& t = req->target().ranks(r);
     auto dst = worker::TargetRankLayout(t);

@@ -339,7 +339,10 @@ void SendSession::Advance() {
 
 void SendSession::Notify() {
   const absl::Time landed = context_->clock->Now();
-  absl::Status s = context_->agent->Notify(peers_[0], spec_.request_id, "",
+  const std::string token = spec_.reservation_token == 0
+                                ? std::string()
+                                : absl::StrCat(spec_.reservation_token);
+  absl::Status s = context_->agent->Notify(peers_[0], spec_.request_id, token,
                                            AgentDeadline(absl::InfiniteDuration()));
   if (!s.ok()) {
     Fail(TransferError(s));

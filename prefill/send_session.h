@@ -123,6 +123,10 @@ struct SendSpec {
   bool stream_layers = true;
   bool checksums = false;
   absl::Time deadline = absl::InfiniteFuture();  // on the context's clock
+  // KvTarget.reservation_token: the notification's payload (decimal), so the
+  // decode worker can tell this reservation from an earlier one of the same id.
+  // 0: none (an empty payload).
+  uint64_t reservation_token = 0;
 };
 
 // A layer's rows [start, end) of the request are final in the source (the

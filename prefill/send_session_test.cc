@@ -93,6 +93,7 @@ class FakeAgent final : public kvtransfer::TransferAgent {
     return n;
   }
   const std::vector<std::string>& notified() const { return notified_; }
+  const std::vector<std::string>& payloads() const { return payloads_; }
   const Batch& batch(BatchId b) const { return batches_.at(b); }
   BatchId last_batch() const { return batches_.rbegin()->first; }
   // Batches not yet reported ended to the caller (Poll/Wait).
@@ -165,10 +166,11 @@ class FakeAgent final : public kvtransfer::TransferAgent {
     if (!stuck_) Complete(id, absl::CancelledError("cancelled"));
     return absl::OkStatus();
   }
-  absl::Status Notify(PeerId, absl::string_view request_id, absl::string_view,
+  absl::Status Notify(PeerId, absl::string_view request_id, absl::string_view payload,
                       absl::Time) override {
     if (!notify_error_.ok()) return notify_error_;
     notified_.emplace_back(request_id);
+    payloads_.emplace_back(payload);
     return absl::OkStatus();
   }
   void SetNotificationCallback(kvtransfer::NotificationCallback) override {}
@@ -196,6 +198,7 @@ class FakeAgent final : public kvtransfer::TransferAgent {
   int connects_ = 0;
   int disconnects_ = 0;
   std::vector<std::string> notified_;
+  std::vector<std::string> payloads_;
 };
 
 // Block size 4, MLA rows of 8 bytes, one KDA layer (16 state + 8 conv bytes);
@@ -255,6 +258,7 @@ struct Harness {
     SendSpec spec;
     spec.request_id = "r1";
     spec.num_tokens = kTokens;
+    spec.reservation_token = 4242;
     SendTarget t;
     t.layout = kvtransfer::ContiguousRankLayout(SmallLayout(), 8, 2, kDstRegion);
     t.layout.block_ids = {6, 3, 0};
@@ -371,6 +375,8 @@ TEST(SendSessionTest, StreamedTransferAccountsEveryPieceAndNotifiesOnce) {
   EXPECT_EQ(s->state(), SendState::kDone);
   EXPECT_TRUE(s->status().ok());
   EXPECT_EQ(h.agent.notified(), std::vector<std::string>{"r1"});
+  // The reservation's token rides on the notification (decode/reservations.h).
+  EXPECT_EQ(h.agent.payloads(), std::vector<std::string>{"4242"});
   EXPECT_EQ(h.agent.posts(), 5);  // nothing more after the prefill
   EXPECT_EQ(h.agent.unreported(), 0u);
   EXPECT_EQ(s->stats().prefill, absl::Seconds(3));
