@@ -9,10 +9,43 @@ the test and leaves the reproducer in the test's outputs (bazel-testlogs/.../out
     cc_fuzz_test(
         name = "safetensors_header_fuzz_test",
         srcs = ["safetensors_header_fuzz.cc", "safetensors.cc", "safetensors.h"],
-        linkopts = ["-labsl_strings"],
+        linkopts = ABSL_FUZZ_LINKOPTS,
         corpus = glob(["testdata/fuzz/*"]),
     )
 """
+
+# The Abseil shared libraries a harness that uses absl::Status, strings, time and
+# synchronisation links (the genrule links by hand, outside Bazel's cc rules).
+ABSL_FUZZ_LINKOPTS = [
+    "-labsl_statusor",
+    "-labsl_status",
+    "-labsl_cord",
+    "-labsl_cordz_info",
+    "-labsl_cord_internal",
+    "-labsl_cordz_functions",
+    "-labsl_cordz_handle",
+    "-labsl_exponential_biased",
+    "-labsl_synchronization",
+    "-labsl_graphcycles_internal",
+    "-labsl_stacktrace",
+    "-labsl_symbolize",
+    "-labsl_debugging_internal",
+    "-labsl_demangle_internal",
+    "-labsl_malloc_internal",
+    "-labsl_time",
+    "-labsl_civil_time",
+    "-labsl_time_zone",
+    "-labsl_str_format_internal",
+    "-labsl_strings",
+    "-labsl_strings_internal",
+    "-labsl_int128",
+    "-labsl_throw_delegate",
+    "-labsl_raw_logging_internal",
+    "-labsl_log_severity",
+    "-labsl_base",
+    "-labsl_spinlock_wait",
+]
+
 
 def cc_fuzz_test(name, srcs, linkopts = [], corpus = [], max_seconds = 20, copts = [], tags = []):
     ccs = [s for s in srcs if s.endswith(".cc") or s.endswith(".cpp")]
