@@ -2,10 +2,14 @@
 // (the janitor off: the test calls Tick): a reservation is the engine's own
 // blocks and slot (Load shows them used), the state written there and notified
 // decodes exactly like the colocated Generate, and lease expiry, wait expiry,
-// release and quarantine give the memory back to the engine when they should.
+// release and quarantine give the memory back to the engine when they should;
+// client cancels (LANDING, decoding), a checksum mismatch (DATA_LOSS), a
+// Release of a waiting Decode (ABORTED) and a first token that ends the request
+// each end the stream once and free or quarantine the memory.
 #include "decode/decode_service.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +40,7 @@ std::chrono::system_clock::time_point In(int seconds) {
 struct Output {
   grpc::Status status;
   std::vector<int32_t> tokens;
+  std::vector<tandem::v1::GenerateResponse> messages;
 };
 
 class DecodeServiceTest : public ::testing::Test {
@@ -99,6 +104,20 @@ class DecodeServiceTest : public ::testing::Test {
     return false;
   }
   int32_t TotalBlocks() { return service_->Load().total_kv_blocks(); }
+  // How many Decodes the service ended with `outcome` (its requests counter).
+  double Decodes(const char* outcome) {
+    return metrics_.requests->Add({{"rpc", "Decode"}, {"outcome", outcome}}).Value();
+  }
+  // Polls (bounded) until `want` Decodes ended with `outcome`: the service ends
+  // a stream on its own threads.
+  bool WaitForDecodes(const char* outcome, double want) {
+    const absl::Time end = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < end) {
+      if (Decodes(outcome) >= want) return Decodes(outcome) == want;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return false;
+  }
 
   grpc::Status Reserve(const std::string& id, int prompt_tokens,
                        tandem::v1::KvTarget* target) {
@@ -129,6 +148,7 @@ class DecodeServiceTest : public ::testing::Test {
     tandem::v1::GenerateResponse m;
     while (reader->Read(&m)) {
       out.tokens.insert(out.tokens.end(), m.token_ids().begin(), m.token_ids().end());
+      out.messages.push_back(m);
     }
     out.status = reader->Finish();
     return out;
@@ -333,6 +353,199 @@ TEST_F(DecodeServiceTest, FullEngineRefusesAndUnknownNotificationIsIgnored) {
   ctx.set_deadline(In(10));
   auto reader = stub_->Decode(&ctx, DecodeRequest("nobody", {1, 2}, 3));
   EXPECT_EQ(ReadAll(reader.get()).status.error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// The client gives up while its Decode waits for the state: the stream ends
+// CANCELLED once, and the memory stays quarantined (the prefill worker may
+// still be writing into it) until Tick ends the quarantine.
+TEST_F(DecodeServiceTest, CancelWhileLandingQuarantinesThenReturnsTheBlocks) {
+  const int32_t total = TotalBlocks();
+  tandem::v1::KvTarget target;
+  ASSERT_TRUE(Reserve("c1", 20, &target).ok());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(10));
+  auto reader = stub_->Decode(&ctx, DecodeRequest("c1", MakePrompt(20, 1), 3));
+  ASSERT_TRUE(WaitForState("c1", ReservationState::kLanding));
+  ctx.TryCancel();
+  const Output got = ReadAll(reader.get());
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::CANCELLED)
+      << got.status.error_message();
+  EXPECT_TRUE(got.messages.empty());
+  ASSERT_TRUE(WaitForDecodes("cancelled", 1));
+  EXPECT_EQ(service_->state("c1"), std::nullopt);
+  EXPECT_EQ(service_->num_reservations(), 0);
+  EXPECT_EQ(service_->quarantined(), 1);
+  EXPECT_EQ(service_->reserved_blocks(), 3);
+  EXPECT_EQ(FreeBlocks(), total - 3);  // not free at once
+  EXPECT_EQ(service_->Load().free_state_slots(), 2);
+  // The Decode's wait deadline (3 s) passes inside the quarantine: nothing is
+  // left to expire, the stream is not ended again.
+  clock_.Advance(kQuarantine - absl::Milliseconds(1));
+  service_->Tick(clock_.Now());
+  EXPECT_EQ(FreeBlocks(), total - 3);
+  clock_.Advance(absl::Milliseconds(1));
+  service_->Tick(clock_.Now());
+  EXPECT_EQ(service_->quarantined(), 0);
+  EXPECT_EQ(FreeBlocks(), total);
+  EXPECT_EQ(service_->Load().free_state_slots(), 3);
+  EXPECT_EQ(Decodes("cancelled"), 1);
+  EXPECT_EQ(Decodes("deadline_exceeded"), 0);
+}
+
+// The client gives up while its request decodes: the engine cancels it and its
+// blocks and slot (the reservation's, now the sequence's) come back.
+TEST_F(DecodeServiceTest, CancelWhileDecodingReturnsTheEnginesBlocksAndSlot) {
+  const int32_t total = TotalBlocks();
+  const std::vector<int32_t> prompt = MakePrompt(20, 7);
+  tandem::v1::KvTarget target;
+  ASSERT_TRUE(Reserve("c2", 20, &target).ok());
+  Prefilled p = Prefill(prompt);
+  Land("c2", target, p.state);
+  ASSERT_TRUE(WaitForState("c2", ReservationState::kLanded));
+  tandem::v1::DecodeRequest r = DecodeRequest("c2", prompt, p.state.generated[0]);
+  r.mutable_stop()->set_max_tokens(200);  // still decoding when the cancel comes
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(30));
+  auto reader = stub_->Decode(&ctx, r);
+  tandem::v1::GenerateResponse first;
+  ASSERT_TRUE(reader->Read(&first));  // admitted: the first token was sent
+  // Holds the engine between two steps while the client cancels (shared: the
+  // command may outlive a failed wait).
+  auto held = std::make_shared<absl::Notification>();
+  auto resume = std::make_shared<absl::Notification>();
+  loop_->Post([held, resume](engine::Engine&) {
+    held->Notify();
+    resume->WaitForNotificationWithTimeout(absl::Seconds(10));
+  });
+  const bool was_held = held->WaitForNotificationWithTimeout(absl::Seconds(10));
+  const std::optional<ReservationState> state = service_->state("c2");
+  ctx.TryCancel();
+  resume->Notify();
+  ASSERT_TRUE(was_held);
+  EXPECT_EQ(state, ReservationState::kAdmitted);
+  const Output got = ReadAll(reader.get());
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::CANCELLED)
+      << got.status.error_message();
+  ASSERT_TRUE(WaitForDecodes("cancelled", 1));
+  EXPECT_EQ(service_->num_reservations(), 0);
+  EXPECT_EQ(service_->reserved_blocks(), 0);
+  EXPECT_EQ(service_->quarantined(), 0);
+  EXPECT_EQ(FreeBlocks(), total);  // a barrier: the engine's stats are current
+  EXPECT_EQ(service_->Load().free_state_slots(), 3);
+  EXPECT_EQ(service_->Load().running_requests(), 0);
+  EXPECT_EQ(Decodes("cancelled"), 1);
+  EXPECT_EQ(Decodes("ok"), 0);
+}
+
+// Checksums that the landed bytes do not have (one per layer, as a prefill
+// worker sends): DATA_LOSS before admission, and the landed state is freed.
+TEST_F(DecodeServiceTest, ChecksumMismatchIsDataLossAndFreesTheBlocks) {
+  const int32_t total = TotalBlocks();
+  const std::vector<int32_t> prompt = MakePrompt(20, 8);
+  tandem::v1::KvTarget target;
+  ASSERT_TRUE(Reserve("d1", 20, &target).ok());
+  Prefilled p = Prefill(prompt);
+  Land("d1", target, p.state);
+  ASSERT_TRUE(WaitForState("d1", ReservationState::kLanded));
+  tandem::v1::DecodeRequest r = DecodeRequest("d1", prompt, p.state.generated[0]);
+  const tandem::v1::KvLayout& layout = target.ranks(0).layout();
+  ASSERT_GT(layout.num_mla_layers(), 0);
+  ASSERT_GT(layout.num_kda_layers(), 0);
+  for (int l = 0; l < layout.num_mla_layers(); ++l) {
+    r.mutable_checksums()->add_mla_layer(0x1000 + l);
+  }
+  for (int l = 0; l < layout.num_kda_layers(); ++l) {
+    r.mutable_checksums()->add_kda_layer(0x2000 + l);
+  }
+  r.mutable_checksums()->set_total(0x3000);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(10));
+  auto reader = stub_->Decode(&ctx, r);
+  const Output got = ReadAll(reader.get());
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::DATA_LOSS)
+      << got.status.error_message();
+  EXPECT_TRUE(got.messages.empty());
+  ASSERT_TRUE(WaitForDecodes("data_loss", 1));
+  EXPECT_EQ(service_->num_reservations(), 0);
+  EXPECT_EQ(service_->quarantined(), 0);  // it had landed: freed now
+  EXPECT_EQ(service_->reserved_blocks(), 0);
+  EXPECT_EQ(FreeBlocks(), total);
+  EXPECT_EQ(service_->Load().free_state_slots(), 3);
+}
+
+// The router releases a reservation whose Decode waits for the state (the
+// prefill failed): the Decode ends ABORTED and the memory is quarantined.
+TEST_F(DecodeServiceTest, ReleaseWhileLandingAbortsTheDecode) {
+  const int32_t total = TotalBlocks();
+  tandem::v1::KvTarget target;
+  ASSERT_TRUE(Reserve("l1", 20, &target).ok());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(10));
+  auto reader = stub_->Decode(&ctx, DecodeRequest("l1", MakePrompt(20, 3), 3));
+  ASSERT_TRUE(WaitForState("l1", ReservationState::kLanding));
+  EXPECT_TRUE(Release("l1"));
+  const Output got = ReadAll(reader.get());
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::ABORTED)
+      << got.status.error_message();
+  EXPECT_TRUE(got.messages.empty());
+  EXPECT_EQ(service_->state("l1"), std::nullopt);
+  EXPECT_EQ(service_->quarantined(), 1);
+  EXPECT_EQ(FreeBlocks(), total - 3);
+  clock_.Advance(kQuarantine);
+  service_->Tick(clock_.Now());
+  EXPECT_EQ(FreeBlocks(), total);
+  EXPECT_EQ(Decodes("cancelled"), 0);
+  EXPECT_EQ(Decodes("deadline_exceeded"), 0);
+}
+
+// The prefilled token alone ends the request (max_tokens 1, or it is a stop
+// token): one message with the finish reason and usage, then OK, and the
+// reservation's memory goes back to the engine.
+TEST_F(DecodeServiceTest, FirstTokenThatEndsTheRequestIsOneMessageThenOk) {
+  const int32_t total = TotalBlocks();
+  const std::vector<int32_t> prompt = MakePrompt(20, 9);
+  Prefilled p = Prefill(prompt);
+  const int32_t first = p.state.generated[0];
+  struct Case {
+    std::string id;
+    bool stop_token;  // false: max_tokens 1
+    tandem::v1::FinishReason want;
+  };
+  const std::vector<Case> cases = {
+      {"max-tokens-1", false, tandem::v1::FINISH_REASON_LENGTH},
+      {"stop-token", true, tandem::v1::FINISH_REASON_STOP},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SCOPED_TRACE(c.id);
+    tandem::v1::KvTarget target;
+    ASSERT_TRUE(Reserve(c.id, 20, &target).ok());
+    Land(c.id, target, p.state);
+    ASSERT_TRUE(WaitForState(c.id, ReservationState::kLanded));
+    tandem::v1::DecodeRequest r = DecodeRequest(c.id, prompt, first);
+    if (c.stop_token) {
+      r.mutable_stop()->add_stop_token_ids(first);
+    } else {
+      r.mutable_stop()->set_max_tokens(1);
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(10));
+    auto reader = stub_->Decode(&ctx, r);
+    const Output got = ReadAll(reader.get());
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    ASSERT_EQ(got.messages.size(), 1u);
+    const tandem::v1::GenerateResponse& m = got.messages[0];
+    EXPECT_EQ(got.tokens, std::vector<int32_t>{first});
+    EXPECT_EQ(m.finish_reason(), c.want);
+    ASSERT_TRUE(m.has_usage());
+    EXPECT_EQ(m.usage().prompt_tokens(), 20);
+    EXPECT_EQ(m.usage().completion_tokens(), 1);
+    EXPECT_EQ(Decodes("ok"), static_cast<double>(i + 1));
+    EXPECT_EQ(service_->num_reservations(), 0);
+    EXPECT_EQ(service_->reserved_blocks(), 0);
+    EXPECT_EQ(FreeBlocks(), total);
+    EXPECT_EQ(service_->Load().free_state_slots(), 3);
+  }
 }
 
 }  // namespace
