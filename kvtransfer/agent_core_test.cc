@@ -1,17 +1,25 @@
 // AgentCore over a scripted backend: every piece stays pending until the test
-// completes it, so the bookkeeping's states are stepped deterministically
-// (window, pieces, fence, cancel with operations pending, peer failure, the
-// notification fence, disconnect). The conformance suite runs the same core over
+// completes it and every notification arrives when the test says, so the
+// bookkeeping's states are stepped deterministically (window, pieces, fence,
+// cancel with operations pending, peer failure, the notification fence,
+// disconnect, clearing the notification callback, destruction with live batches,
+// racing reporters). The conformance suite runs the same core over
 // the real backends.
 #include "kvtransfer/agent_core.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <deque>
 #include <memory>
+#include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/backend.h"
@@ -19,7 +27,8 @@
 namespace tandem::kvtransfer {
 namespace {
 
-absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
+constexpr absl::Duration kWait = absl::Seconds(10);
+absl::Time Soon() { return absl::Now() + kWait; }
 
 struct PostedPiece {
   void* local;
@@ -38,6 +47,26 @@ class ScriptedBackend final : public Backend {
     absl::MutexLock l(&mu_);
     for (int i = 0; i < n; ++i) to_complete_.push_back(status);
     woken_ = true;
+  }
+  // `n` arrives from the peer, in the same progress pass as the next `complete`
+  // requested completions.
+  void Receive(Notification n, int complete = 0) {
+    absl::MutexLock l(&mu_);
+    incoming_.push_back(std::move(n));
+    for (int i = 0; i < complete; ++i) to_complete_.push_back(absl::OkStatus());
+    woken_ = true;
+  }
+  // Waits (bounded) until `n` notifications were handed to the agent.
+  bool AwaitReceived(size_t n) {
+    absl::MutexLock l(&mu_);
+    auto enough = [this, n]()
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return received_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), kWait);
+  }
+  // The agent's progress thread (the one thread that calls ProgressLocked).
+  std::thread::id progress_thread() {
+    absl::MutexLock l(&mu_);
+    return progress_thread_;
   }
   void FailPeer(PeerId peer) {
     absl::MutexLock l(&mu_);
@@ -129,9 +158,12 @@ class ScriptedBackend final : public Backend {
   }
   bool ProgressLocked() override {
     std::vector<std::pair<OpToken, absl::Status>> done;
+    std::vector<Notification> notes;
     PeerId failed = 0;
     {
       absl::MutexLock l(&mu_);
+      progress_thread_ = std::this_thread::get_id();
+      notes.swap(incoming_);
       while (!to_complete_.empty() && !pending_.empty()) {
         done.push_back({pending_.front().first, to_complete_.front()});
         pending_.pop_front();
@@ -141,7 +173,12 @@ class ScriptedBackend final : public Backend {
     }
     if (failed != 0) host_->PeerFailedLocked(failed, absl::UnavailableError("gone"));
     for (auto& [op, st] : done) ReportOpDone(op, st);
-    return !done.empty() || failed != 0;
+    for (Notification& n : notes) host_->NotificationReceivedLocked(std::move(n));
+    {
+      absl::MutexLock l(&mu_);
+      received_ += notes.size();
+    }
+    return !done.empty() || failed != 0 || !notes.empty();
   }
   absl::Duration ArmLocked() override { return absl::Milliseconds(100); }
   void Sleep(absl::Duration timeout) override {
@@ -164,6 +201,9 @@ class ScriptedBackend final : public Backend {
   std::deque<std::pair<OpToken, bool>> pending_ ABSL_GUARDED_BY(mu_);  // FIFO
   std::deque<absl::Status> to_complete_ ABSL_GUARDED_BY(mu_);
   PeerId fail_peer_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Notification> incoming_ ABSL_GUARDED_BY(mu_);
+  size_t received_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread::id progress_thread_ ABSL_GUARDED_BY(mu_);
   std::vector<PostedPiece> pieces_ ABSL_GUARDED_BY(mu_);
   int fences_ ABSL_GUARDED_BY(mu_) = 0;
   int max_pending_pieces_ ABSL_GUARDED_BY(mu_) = 0;
@@ -335,6 +375,291 @@ TEST_F(AgentCoreTest, DisconnectCancelsLiveBatches) {
   EXPECT_EQ(agent_->Wait(*batch, Soon()).code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(agent_->PostWrite(peer_, Seg(10)).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+Notification Note(absl::string_view request_id) {
+  return Notification{/*sender_agent_id=*/1, std::string(request_id), ""};
+}
+
+// Waits (bounded) until `*n` reaches `want`; `mu` guards it.
+bool AwaitCount(absl::Mutex* mu, const size_t* n, size_t want) {
+  absl::MutexLock l(mu);
+  struct Args {
+    const size_t* n;
+    size_t want;
+  } args{n, want};
+  return mu->AwaitWithTimeout(absl::Condition(
+                                  +[](Args* a) { return *a->n >= a->want; }, &args),
+                              kWait);
+}
+
+TEST_F(AgentCoreTest, ClearingTheNotificationCallbackWaitsForTheRunningCall) {
+  Make(Limits(1000, 2));
+  absl::Mutex mu;
+  std::vector<std::string> log;  // guarded by mu
+  absl::Notification entered, proceed, cleared;
+  // The agent goes before the locals its callback uses (also on early returns).
+  absl::Cleanup release = [&] {
+    if (!proceed.HasBeenNotified()) proceed.Notify();
+    agent_.reset();
+  };
+  agent_->SetNotificationCallback([&](const Notification& n) {
+    {
+      absl::MutexLock l(&mu);
+      log.push_back("call " + n.request_id);
+    }
+    if (n.request_id == "n1") {
+      entered.Notify();
+      proceed.WaitForNotificationWithTimeout(kWait);
+    }
+    absl::MutexLock l(&mu);
+    log.push_back("return " + n.request_id);
+  });
+  backend_->Receive(Note("n1"));
+  ASSERT_TRUE(entered.WaitForNotificationWithTimeout(kWait));
+  std::thread clearer([&] {
+    agent_->SetNotificationCallback(nullptr);
+    {
+      absl::MutexLock l(&mu);
+      log.push_back("cleared");
+    }
+    cleared.Notify();
+  });
+  // Clearing waits for the call on the progress thread to return.
+  EXPECT_FALSE(cleared.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  proceed.Notify();
+  EXPECT_TRUE(cleared.WaitForNotificationWithTimeout(kWait));
+  clearer.join();  // bounded: the callback waits at most kWait
+  // Notifications keep arriving: they go to the queue, not the old callback.
+  backend_->Receive(Note("n2"));
+  ASSERT_TRUE(backend_->AwaitReceived(2));
+  const std::vector<Notification> polled = agent_->PollNotifications();
+  ASSERT_EQ(polled.size(), 1u);
+  EXPECT_EQ(polled[0].request_id, "n2");
+  absl::MutexLock l(&mu);
+  EXPECT_EQ(log, (std::vector<std::string>{"call n1", "return n1", "cleared"}));
+}
+
+TEST_F(AgentCoreTest, NotificationTakenInBeforeTheClearGoesToTheQueue) {
+  Make(Limits(1000, 2));
+  absl::Mutex mu;
+  std::vector<std::string> calls;  // guarded by mu
+  absl::Notification done_entered, proceed, second_done;
+  absl::Cleanup release = [&] {
+    if (!proceed.HasBeenNotified()) proceed.Notify();
+    agent_.reset();
+  };
+  agent_->SetNotificationCallback([&](const Notification& n) {
+    absl::MutexLock l(&mu);
+    calls.push_back(n.request_id);
+  });
+  auto first = agent_->PostWrite(peer_, Seg(500), [&](BatchId, const absl::Status&) {
+    done_entered.Notify();
+    proceed.WaitForNotificationWithTimeout(kWait);
+  });
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(backend_->AwaitPieces(1));  // the piece and the fence are pending
+  // "n" arrives (a callback is set: it is taken in for the callback) in the pass
+  // that ends the batch; the progress thread then blocks in the batch's
+  // completion callback, before it dispatches "n".
+  backend_->Receive(Note("n"), /*complete=*/2);
+  ASSERT_TRUE(done_entered.WaitForNotificationWithTimeout(kWait));
+  agent_->SetNotificationCallback(nullptr);  // no notification call running
+  proceed.Notify();
+  // A later pass (this batch is posted by the progress thread after "n" went out).
+  auto second = agent_->PostWrite(
+      peer_, Seg(500), [&](BatchId, const absl::Status&) { second_done.Notify(); });
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(backend_->AwaitPieces(2));
+  backend_->CompleteOldest(2);
+  ASSERT_TRUE(second_done.WaitForNotificationWithTimeout(kWait));
+  {
+    absl::MutexLock l(&mu);
+    EXPECT_TRUE(calls.empty()) << "the cleared callback got " << calls[0];
+  }
+  const std::vector<Notification> polled = agent_->PollNotifications();
+  ASSERT_EQ(polled.size(), 1u);
+  EXPECT_EQ(polled[0].request_id, "n");
+  EXPECT_TRUE(agent_->Wait(*first, Soon()).ok());
+  EXPECT_TRUE(agent_->Wait(*second, Soon()).ok());
+}
+
+TEST_F(AgentCoreTest, NotificationsQueuedWithoutACallbackGoToTheNextOne) {
+  Make(Limits(1000, 2));
+  absl::Mutex mu;
+  std::vector<std::pair<std::string, std::thread::id>> calls;  // guarded by mu
+  size_t num_calls = 0;                                        // guarded by mu
+  absl::Cleanup release = [&] { agent_.reset(); };
+  backend_->Receive(Note("n1"));
+  backend_->Receive(Note("n2"));
+  ASSERT_TRUE(backend_->AwaitReceived(2));  // queued: no callback yet
+  agent_->SetNotificationCallback([&](const Notification& n) {
+    absl::MutexLock l(&mu);
+    calls.push_back({n.request_id, std::this_thread::get_id()});
+    ++num_calls;
+  });
+  const std::thread::id test_thread = std::this_thread::get_id();
+  {
+    // Delivered in order by SetNotificationCallback itself, before it returned.
+    absl::MutexLock l(&mu);
+    EXPECT_EQ(calls, (std::vector<std::pair<std::string, std::thread::id>>{
+                         {"n1", test_thread}, {"n2", test_thread}}));
+  }
+  EXPECT_TRUE(agent_->PollNotifications().empty());
+  // Later ones go to it from the progress thread.
+  backend_->Receive(Note("n3"));
+  ASSERT_TRUE(AwaitCount(&mu, &num_calls, 3));
+  absl::MutexLock l(&mu);
+  ASSERT_EQ(calls.size(), 3u);
+  EXPECT_EQ(calls[2].first, "n3");
+  EXPECT_EQ(calls[2].second, backend_->progress_thread());
+}
+
+TEST_F(AgentCoreTest, DestroyingTheAgentDropsLiveBatchesWithoutTheirCallbacks) {
+  Make(Limits(1000, 2));
+  std::atomic<int> calls{0};
+  auto count = [&](BatchId, const absl::Status&) { ++calls; };
+  auto running = agent_->PostWrite(peer_, Seg(4500), count);
+  ASSERT_TRUE(running.ok()) << running.status();
+  auto cancelled = agent_->PostRead(peer_, Seg(2000), count);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  ASSERT_TRUE(backend_->AwaitPieces(4));         // two of each, all pending
+  ASSERT_TRUE(agent_->Cancel(*cancelled).ok());  // still draining its pieces
+  EXPECT_EQ(agent_->NumBatchesForTesting(), 2u);
+  absl::Notification destroyed;
+  std::thread destroyer([&] {
+    agent_.reset();
+    destroyed.Notify();
+  });
+  if (!destroyed.WaitForNotificationWithTimeout(kWait)) {
+    // Joining would hang the test; end it here instead.
+    ADD_FAILURE() << "destroying the agent with live batches did not return";
+    std::abort();
+  }
+  destroyer.join();
+  EXPECT_EQ(calls.load(), 0);
+}
+
+TEST_F(AgentCoreTest, CancelCallsBackOnceWithCancelledOnTheProgressThread) {
+  Make(Limits(1000, 2));
+  absl::Mutex mu;
+  std::vector<std::pair<absl::StatusCode, std::thread::id>> calls;  // guarded by mu
+  size_t num_calls = 0;                                             // guarded by mu
+  absl::Notification later_done;
+  absl::Cleanup release = [&] { agent_.reset(); };
+  auto batch =
+      agent_->PostWrite(peer_, Seg(4500), [&](BatchId id, const absl::Status& st) {
+        absl::MutexLock l(&mu);
+        calls.push_back({st.code(), std::this_thread::get_id()});
+        ++num_calls;
+      });
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_TRUE(backend_->AwaitPieces(2));
+  ASSERT_TRUE(agent_->Cancel(*batch).ok());
+  ASSERT_TRUE(agent_->Cancel(*batch).ok());  // again: no second end
+  backend_->CompleteOldest(2);               // the pending pieces drain
+  ASSERT_TRUE(AwaitCount(&mu, &num_calls, 1));
+  // A batch ended in a later pass: its callback comes after any second call.
+  auto later = agent_->PostWrite(
+      peer_, Seg(10), [&](BatchId, const absl::Status&) { later_done.Notify(); });
+  ASSERT_TRUE(later.ok()) << later.status();
+  ASSERT_TRUE(backend_->AwaitPieces(3));
+  backend_->CompleteOldest(2);
+  ASSERT_TRUE(later_done.WaitForNotificationWithTimeout(kWait));
+  {
+    absl::MutexLock l(&mu);
+    ASSERT_EQ(calls.size(), 1u);
+    EXPECT_EQ(calls[0].first, absl::StatusCode::kCancelled);
+    EXPECT_EQ(calls[0].second, backend_->progress_thread());
+    EXPECT_NE(calls[0].second, std::this_thread::get_id());
+  }
+  EXPECT_EQ(agent_->Wait(*batch, Soon()).code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(agent_->Wait(*later, Soon()).ok());
+}
+
+TEST_F(AgentCoreTest, CancelThatEndsTheBatchAtOnceStillCallsBackOnTheProgressThread) {
+  // Every piece waits for its target: nothing is pending when the cancel comes,
+  // so the batch ends inside Cancel.
+  Make(Limits(1000, 2), Backend::PostResult::kRetryLater);
+  absl::Mutex mu;
+  std::vector<std::pair<absl::StatusCode, std::thread::id>> calls;  // guarded by mu
+  absl::Notification later_done;
+  absl::Cleanup release = [&] { agent_.reset(); };
+  auto batch =
+      agent_->PostWrite(peer_, Seg(4500), [&](BatchId, const absl::Status& st) {
+        absl::MutexLock l(&mu);
+        calls.push_back({st.code(), std::this_thread::get_id()});
+      });
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_TRUE(backend_->AwaitPieces(1));  // tried, stalled
+  ASSERT_TRUE(agent_->Cancel(*batch).ok());
+  auto later = agent_->PostWrite(
+      peer_, Seg(10), [&](BatchId, const absl::Status&) { later_done.Notify(); });
+  ASSERT_TRUE(later.ok()) << later.status();
+  ASSERT_TRUE(agent_->Cancel(*later).ok());  // queued after the first's callback
+  ASSERT_TRUE(later_done.WaitForNotificationWithTimeout(kWait));
+  {
+    absl::MutexLock l(&mu);
+    ASSERT_EQ(calls.size(), 1u);
+    EXPECT_EQ(calls[0].first, absl::StatusCode::kCancelled);
+    EXPECT_EQ(calls[0].second, backend_->progress_thread());
+    EXPECT_NE(calls[0].second, std::this_thread::get_id());
+  }
+  EXPECT_EQ(agent_->Wait(*batch, Soon()).code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(agent_->Wait(*later, Soon()).code(), absl::StatusCode::kCancelled);
+}
+
+TEST_F(AgentCoreTest, WaitForABatchReportedElsewhereMeanwhileIsNotFound) {
+  Make(Limits(1000, 2));
+  // Two waiters and a poller race for each batch: exactly one reports it, the
+  // others get NOT_FOUND (not a read of the forgotten batch). Which one wins is
+  // up to the scheduler; whichever does, there is a loser that was waiting.
+  constexpr int kRounds = 5;
+  int poll_won = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    SCOPED_TRACE(round);
+    auto batch = agent_->PostWrite(peer_, Seg(500));
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    ASSERT_TRUE(backend_->AwaitPieces(round + 1));
+    absl::Status waited[2];
+    absl::Notification returned[2];
+    std::vector<std::thread> waiters;
+    for (int w = 0; w < 2; ++w) {
+      waiters.emplace_back([&, w] {
+        waited[w] = agent_->Wait(*batch, Soon());
+        returned[w].Notify();
+      });
+    }
+    // Both are waiting (the batch is still running).
+    EXPECT_FALSE(returned[0].WaitForNotificationWithTimeout(absl::Milliseconds(20)));
+    EXPECT_FALSE(returned[1].HasBeenNotified());
+    backend_->CompleteOldest(2);  // the piece and the fence
+    absl::StatusOr<bool> polled = false;
+    const absl::Time end = Soon();
+    while (polled.ok() && !*polled && absl::Now() < end) {
+      polled = agent_->Poll(*batch);
+      if (polled.ok() && !*polled) std::this_thread::yield();
+    }
+    for (std::thread& t : waiters) t.join();  // bounded by the Wait deadline
+    int reporters = 0;
+    if (polled.ok()) {
+      EXPECT_TRUE(*polled) << "still running at the deadline";
+      ++reporters;
+      ++poll_won;
+    } else {
+      EXPECT_EQ(polled.status().code(), absl::StatusCode::kNotFound) << polled.status();
+    }
+    for (const absl::Status& st : waited) {
+      if (st.ok()) {
+        ++reporters;
+      } else {
+        EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+      }
+    }
+    EXPECT_EQ(reporters, 1);
+  }
+  EXPECT_EQ(agent_->NumBatchesForTesting(), 0u);
+  RecordProperty("poll_won", poll_won);
 }
 
 }  // namespace

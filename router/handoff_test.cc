@@ -1,7 +1,8 @@
 // The hand-off's gRPC glue against scripted prefill and decode workers on an
 // in-process server: each Placement action becomes the right call with the right
 // fields, each call's end goes back as the right event, and the request ends
-// once (sink closed, on_finish, one latency sample).
+// once (sink closed, on_finish, one latency sample). The fake can hold Releases
+// until the test lets them go, to step the awaited Release of a prefill retry.
 #include "router/handoff.h"
 
 #include <grpcpp/grpcpp.h>
@@ -9,6 +10,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -69,6 +71,7 @@ class FakeWorker final : public tandem::v1::DecodeWorker::CallbackService,
                                     tandem::v1::KvTarget* target) override {
     absl::MutexLock l(&mu);
     reserves.push_back(*req);
+    calls.push_back("reserve");
     target->set_request_id(req->request_id());
     target->set_decode_worker_id("d0");
     auto* r = ctx->DefaultReactor();
@@ -80,7 +83,15 @@ class FakeWorker final : public tandem::v1::DecodeWorker::CallbackService,
                                     tandem::v1::ReleaseResponse*) override {
     absl::MutexLock l(&mu);
     releases.push_back(req->request_id());
+    calls.push_back("release");
     auto* r = ctx->DefaultReactor();
+    if (hold_releases > 0) {
+      --hold_releases;
+      held_releases_.push_back(r);
+      if (!release_held.HasBeenNotified()) release_held.Notify();
+      return r;
+    }
+    calls.push_back("release done");
     r->Finish(grpc::Status::OK);
     return r;
   }
@@ -89,6 +100,7 @@ class FakeWorker final : public tandem::v1::DecodeWorker::CallbackService,
                                     tandem::v1::PrefillResponse* resp) override {
     absl::MutexLock l(&mu);
     prefills.push_back(*req);
+    calls.push_back("prefill");
     resp->set_request_id(req->request_id());
     resp->set_first_token_id(42);
     resp->set_seed(7);
@@ -102,6 +114,7 @@ class FakeWorker final : public tandem::v1::DecodeWorker::CallbackService,
       grpc::CallbackServerContext*, const tandem::v1::DecodeRequest* req) override {
     absl::MutexLock l(&mu);
     decodes.push_back(*req);
+    calls.push_back("decode");
     if (hold && !stream_started.HasBeenNotified()) stream_started.Notify();
     return new ScriptedStream(hold, &stream_cancelled);
   }
@@ -109,11 +122,31 @@ class FakeWorker final : public tandem::v1::DecodeWorker::CallbackService,
       grpc::CallbackServerContext*, const tandem::v1::GenerateRequest* req) override {
     absl::MutexLock l(&mu);
     generates.push_back(*req);
+    calls.push_back("generate");
     if (hold && !stream_started.HasBeenNotified()) stream_started.Notify();
     return new ScriptedStream(hold, &stream_cancelled);
   }
 
+  // Ends the held Releases (OK).
+  void LetReleasesGo() {
+    std::vector<grpc::ServerUnaryReactor*> go;
+    {
+      absl::MutexLock l(&mu);
+      go.swap(held_releases_);
+      for (size_t i = 0; i < go.size(); ++i) calls.push_back("release done");
+    }
+    for (grpc::ServerUnaryReactor* r : go) r->Finish(grpc::Status::OK);
+  }
+  std::vector<std::string> Calls() {
+    absl::MutexLock l(&mu);
+    return calls;
+  }
+
   absl::Mutex mu;
+  // Every call in arrival order; "release done" when a Release's end is sent.
+  std::vector<std::string> calls ABSL_GUARDED_BY(mu);
+  int hold_releases ABSL_GUARDED_BY(mu) = 0;  // the next ones wait for LetReleasesGo
+  absl::Notification release_held;            // one was held
   std::vector<tandem::v1::ReserveRequest> reserves ABSL_GUARDED_BY(mu);
   std::vector<std::string> releases ABSL_GUARDED_BY(mu);
   std::vector<tandem::v1::PrefillRequest> prefills ABSL_GUARDED_BY(mu);
@@ -122,6 +155,9 @@ class FakeWorker final : public tandem::v1::DecodeWorker::CallbackService,
   std::atomic<bool> prefill_unavailable{false};
   std::atomic<bool> hold{false};  // streams wait for the client's cancel
   absl::Notification stream_started, stream_cancelled;
+
+ private:
+  std::vector<grpc::ServerUnaryReactor*> held_releases_ ABSL_GUARDED_BY(mu);
 };
 
 // Records what the hand-off writes; Cancel() plays the client going away.
@@ -188,7 +224,12 @@ class HandoffTest : public ::testing::Test {
     ASSERT_GT(port, 0);
     address_ = "127.0.0.1:" + std::to_string(port);
   }
-  void TearDown() override { server_->Shutdown(absl::ToChronoTime(absl::Now())); }
+  void TearDown() override {
+    fake_.LetReleasesGo();  // a held call would keep the server from shutting down
+    // The request is dropped before the fixture it points into goes.
+    if (started_) EXPECT_TRUE(call_gone_->WaitForNotificationWithTimeout(kWait));
+    server_->Shutdown(absl::ToChronoTime(absl::Now()));
+  }
 
   void Register(const std::string& id, tandem::v1::WorkerRole role,
                 const std::string& address) {
@@ -201,16 +242,26 @@ class HandoffTest : public ::testing::Test {
   }
 
   // Starts request "r1" (3 prompt tokens) on the hand-off, writing to sink_.
+  // *call_gone_ is notified once the hand-off has dropped the request (its last
+  // call ended and nothing was started after it).
   void Start(absl::Duration timeout = kWait) {
+    struct Gone {
+      explicit Gone(std::shared_ptr<absl::Notification> n) : n(std::move(n)) {}
+      ~Gone() { n->Notify(); }
+      const std::shared_ptr<absl::Notification> n;
+    };
+    auto gone = std::make_shared<Gone>(call_gone_);
+    started_ = true;
     tandem::v1::GenerateRequest req;
     req.set_request_id("r1");
     for (int t : {1, 2, 3}) req.mutable_prompt_token_ids()->add_ids(t);
     req.mutable_stop()->set_max_tokens(2);
     const absl::Time now = absl::Now();
-    handoff_.Start(req, &sink_, now + timeout, now, [this](const absl::Status& s) {
-      absl::MutexLock l(&mu_);
-      finishes_.push_back(s);
-    });
+    handoff_.Start(req, &sink_, now + timeout, now,
+                   [this, gone = std::move(gone)](const absl::Status& s) {
+                     absl::MutexLock l(&mu_);
+                     finishes_.push_back(s);
+                   });
   }
   std::vector<absl::Status> Finishes() {
     absl::MutexLock l(&mu_);
@@ -229,6 +280,10 @@ class HandoffTest : public ::testing::Test {
   HandoffMetrics metrics_{&metric_registry_};
   Handoff handoff_{&registry_, &metrics_, HandoffOptions{}};
   RecordingSink sink_;
+  // Shared with the request's token: notified when the hand-off drops it.
+  std::shared_ptr<absl::Notification> call_gone_ =
+      std::make_shared<absl::Notification>();
+  bool started_ = false;
   absl::Mutex mu_;
   std::vector<absl::Status> finishes_ ABSL_GUARDED_BY(mu_);
 };
@@ -336,6 +391,67 @@ TEST_F(HandoffTest, UnreachableDecodeWorkerIsUnavailableAndRemoved) {
       << sink_.status().error_message();
   EXPECT_TRUE(registry_.Live(tandem::v1::WORKER_ROLE_DECODE).empty());
   EXPECT_EQ(metrics_.latency->Count(), 1u);
+}
+
+TEST_F(HandoffTest, ClientCancelWhileReleasingFinishesOnceAndStartsNothingMore) {
+  fake_.prefill_unavailable = true;
+  {
+    absl::MutexLock l(&fake_.mu);
+    fake_.hold_releases = 1;
+  }
+  Register("d0", tandem::v1::WORKER_ROLE_DECODE, address_);
+  Register("p0", tandem::v1::WORKER_ROLE_PREFILL, address_);
+  Start();
+  // Prefill lost: RELEASING, the awaited Release held by the fake.
+  ASSERT_TRUE(fake_.release_held.WaitForNotificationWithTimeout(kWait));
+  sink_.Cancel();
+  // No call to cancel: the request ends at once (on the cancelling thread),
+  // with the Release still held.
+  ASSERT_EQ(sink_.closes(), 1);
+  EXPECT_EQ(sink_.status().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(fake_.Calls(), (std::vector<std::string>{"reserve", "prefill", "release"}));
+  fake_.LetReleasesGo();
+  // The Release's end is handled and the request dropped, nothing started after.
+  ASSERT_TRUE(call_gone_->WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(fake_.Calls(), (std::vector<std::string>{"reserve", "prefill", "release",
+                                                     "release done"}));
+  EXPECT_EQ(sink_.closes(), 1);
+  ASSERT_EQ(Finishes().size(), 1u);
+  EXPECT_TRUE(absl::IsCancelled(Finishes()[0])) << Finishes()[0];
+  EXPECT_EQ(metrics_.latency->Count(), 1u);
+  EXPECT_TRUE(sink_.messages().empty());
+}
+
+TEST_F(HandoffTest, PrefillRetryReservesAgainOnlyAfterTheReleaseEnded) {
+  fake_.prefill_unavailable = true;
+  {
+    absl::MutexLock l(&fake_.mu);
+    fake_.hold_releases = 1;  // the retry's Release; the fallback's is not held
+  }
+  Register("d0", tandem::v1::WORKER_ROLE_DECODE, address_);
+  Register("p0", tandem::v1::WORKER_ROLE_PREFILL, address_);
+  Start();
+  ASSERT_TRUE(fake_.release_held.WaitForNotificationWithTimeout(kWait));
+  {
+    // While the Release is held, no second Reserve comes (a bounded look: an
+    // unawaited Release would let it through within this time).
+    absl::MutexLock l(&fake_.mu);
+    auto second_reserve = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake_.mu) {
+      return fake_.reserves.size() >= 2;
+    };
+    EXPECT_FALSE(fake_.mu.AwaitWithTimeout(absl::Condition(&second_reserve),
+                                           absl::Milliseconds(100)));
+  }
+  fake_.LetReleasesGo();
+  ASSERT_TRUE(sink_.WaitClosed());
+  EXPECT_TRUE(sink_.status().ok()) << sink_.status().error_message();
+  // Reserve, Prefill (lost), Release; once it ended, Reserve again; no prefill
+  // worker left: Release, then Generate (colocated).
+  EXPECT_EQ(fake_.Calls(), (std::vector<std::string>{
+                               "reserve", "prefill", "release", "release done",
+                               "reserve", "release", "release done", "generate"}));
+  EXPECT_EQ(sink_.closes(), 1);
+  EXPECT_EQ(Finishes().size(), 1u);
 }
 
 }  // namespace
