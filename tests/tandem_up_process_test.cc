@@ -1,0 +1,203 @@
+// `./tandem up` end to end, as a user starts it: the script itself (with the
+// test's prebuilt binaries, TANDEM_BIN_DIR) brings up a router, a prefill and a
+// decode worker on free ports with the tiny model. `--speculative ngram` serves the
+// same greedy tokens as a cluster started without it, and the decode worker's
+// speculative metrics show that the option reached it and drafts were verified.
+//
+//   test → TandemUp::Start (tandem up ... &, waits for "cluster up") → Generate over
+//   the router's gRPC → decode worker /metrics → SIGTERM (tandem stops everything).
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "proto/router.grpc.pb.h"
+#include "tests/testing/process_cluster.h"
+#include "tests/testing/subprocess.h"
+
+namespace tandem {
+namespace {
+
+using testing::Metric;
+using testing::RunfilePath;
+using testing::StreamResult;
+using testing::Subprocess;
+
+// True when a TCP port on 127.0.0.1 can be bound now.
+bool PortFree(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+// A base port B with B + o free for every offset o (the kernel's ephemeral range
+// is avoided; a port taken between this check and the start fails the start).
+int FreeBase(const std::vector<int>& offsets) {
+  static int next = 20000 + static_cast<int>(getpid() % 500) * 40;
+  for (int tries = 0; tries < 500; ++tries, next += 23) {
+    if (next > 32000) next = 20000;
+    bool all = true;
+    for (int o : offsets) all = all && PortFree(next + o);
+    if (all) {
+      const int base = next;
+      next += 23;
+      return base;
+    }
+  }
+  return 0;
+}
+
+// One `./tandem up` (router, 1 prefill, 1 decode; no gateway), stopped with SIGTERM
+// (tandem then stops its processes) when it goes.
+class TandemUp {
+ public:
+  std::string Start(const std::string& name, const std::vector<std::string>& options) {
+    const std::string tmp = std::getenv("TEST_TMPDIR");
+    router_port_ = FreeBase({0});
+    metrics_port_ = FreeBase({0});
+    const int worker_base = FreeBase({0, 10});  // prefill-0, decode-0
+    const int worker_metrics = FreeBase({0, 1});
+    if (router_port_ == 0 || metrics_port_ == 0 || worker_base == 0 ||
+        worker_metrics == 0) {
+      return "no free ports";
+    }
+    decode_metrics_ = worker_metrics + 1;
+    // The script runs the binaries of this test's runfiles and keeps its logs here.
+    setenv("TANDEM_BIN_DIR", RunfilePath("").c_str(), 1);
+    setenv("TANDEM_CACHE_DIR", (tmp + "/" + name).c_str(), 1);
+    std::vector<std::string> argv = {
+        "/bin/bash",
+        RunfilePath("tandem"),
+        "up",
+        "--no-setup",
+        "--no-gateway",
+        "--model=" + RunfilePath(testing::kTinyModel),
+        absl::StrCat("--router-port=", router_port_),
+        absl::StrCat("--metrics-port=", metrics_port_),
+        absl::StrCat("--worker-port-base=", worker_base),
+        absl::StrCat("--worker-metrics-port-base=", worker_metrics),
+        "--decode-arg=--num_slots=4",
+        "--prefill-arg=--max_context_tokens=512",
+        "--decode-arg=--max_context_tokens=512",
+        "--router-arg=--heartbeat_interval_s=0.2"};
+    argv.insert(argv.end(), options.begin(), options.end());
+    auto proc = Subprocess::Start(argv, tmp + "/" + name + ".log");
+    if (!proc.ok()) return std::string(proc.status().message());
+    proc_ = std::make_unique<Subprocess>(std::move(*proc));
+    const absl::Time end = absl::Now() + absl::Seconds(60);
+    while (proc_->ReadLog().find("tandem: cluster up") == std::string::npos) {
+      if (absl::Now() > end) return "not up in 60 s\n" + proc_->ReadLog();
+      if (proc_->Wait(absl::Milliseconds(50)).ok()) {
+        return "tandem up exited\n" + proc_->ReadLog();
+      }
+    }
+    stub_ = v1::Router::NewStub(grpc::CreateChannel(
+        absl::StrCat("127.0.0.1:", router_port_), grpc::InsecureChannelCredentials()));
+    return "";
+  }
+
+  ~TandemUp() {
+    if (proc_ == nullptr) return;
+    proc_->Signal(SIGTERM);
+    auto status = proc_->Wait(absl::Seconds(30));
+    EXPECT_TRUE(status.ok()) << "tandem up did not stop\n" << proc_->ReadLog();
+  }
+
+  StreamResult Generate(const v1::GenerateRequest& req) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(testing::In(60));
+    return testing::Drain(stub_->Generate(&ctx, req).get());
+  }
+
+  // A counter of the decode worker, once its heartbeat-refreshed value is above 0
+  // (or 0 after a bounded wait).
+  double DecodeCounter(const std::string& name, absl::Duration wait) {
+    const absl::Time end = absl::Now() + wait;
+    double v = 0;
+    do {
+      auto m = Metric(decode_metrics_, name, {});
+      v = m.ok() ? *m : 0;
+      if (v > 0) break;
+      absl::SleepFor(absl::Milliseconds(50));
+    } while (absl::Now() < end);
+    return v;
+  }
+
+  std::string Log() const { return proc_ ? proc_->ReadLog() : ""; }
+
+ private:
+  int router_port_ = 0, metrics_port_ = 0, decode_metrics_ = 0;
+  std::unique_ptr<Subprocess> proc_;
+  std::unique_ptr<v1::Router::Stub> stub_;
+};
+
+std::vector<v1::GenerateRequest> Requests() {
+  std::vector<v1::GenerateRequest> reqs;
+  for (int i = 0; i < 2; ++i) {
+    v1::GenerateRequest req = testing::MakeRequest(20 + 30 * i, 90 + i, 24, 0.0f);
+    // A repetition penalty below 1 makes the tiny model loop, so the n-gram
+    // proposer finds matches and drafts get accepted and rejected.
+    req.mutable_sampling()->set_repetition_penalty(0.2f);
+    reqs.push_back(req);
+  }
+  return reqs;
+}
+
+TEST(TandemUpProcessTest, SpeculativeNgramServesThePlainGreedyTokens) {
+  std::vector<std::vector<int32_t>> plain_tokens;
+  {
+    TandemUp plain;
+    ASSERT_EQ(plain.Start("plain", {"--speculative", "none"}), "");
+    for (const v1::GenerateRequest& req : Requests()) {
+      StreamResult r = plain.Generate(req);
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message() << plain.Log();
+      ASSERT_EQ(r.tokens.size(), 24u);
+      plain_tokens.push_back(r.tokens);
+    }
+    EXPECT_EQ(
+        plain.DecodeCounter("tandem_worker_spec_verifications_total", absl::Seconds(1)),
+        0);
+  }
+  TandemUp spec;
+  ASSERT_EQ(
+      spec.Start("ngram", {"--speculative", "ngram", "--num-speculative-tokens", "3"}),
+      "");
+  const std::vector<v1::GenerateRequest> reqs = Requests();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    StreamResult r = spec.Generate(reqs[i]);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message() << spec.Log();
+    EXPECT_EQ(r.tokens, plain_tokens[i]) << "prompt " << i;
+  }
+  // Metrics are refreshed with the heartbeat: wait for the drafts to show.
+  const double drafted =
+      spec.DecodeCounter("tandem_worker_spec_drafted_tokens_total", absl::Seconds(10));
+  const double verifications =
+      spec.DecodeCounter("tandem_worker_spec_verifications_total", absl::Seconds(5));
+  const double accepted =
+      spec.DecodeCounter("tandem_worker_spec_accepted_tokens_total", absl::Seconds(5));
+  std::cout << "decode worker: " << drafted << " drafted, " << accepted << " accepted, "
+            << verifications << " verifications\n";
+  EXPECT_GT(drafted, 0) << spec.Log();
+  EXPECT_GT(verifications, 0);
+  EXPECT_GT(accepted, 0);
+  EXPECT_LE(accepted, drafted);
+}
+
+}  // namespace
+}  // namespace tandem
