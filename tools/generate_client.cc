@@ -1,7 +1,9 @@
 // A command-line client of tandem.v1.Router/Generate: sends one request, streams
 // the text deltas to stdout as they arrive and prints TTFT and tokens/s to stderr.
-// With --json it prints one JSON object (tokens, text, finish reason, usage,
-// timings) on stdout instead. Exits 1 with the gRPC status on error.
+// With --json it prints one JSON object on stdout instead, in the schema of the
+// local engine/runtime generate binary (kJsonSchema below; `./tandem generate
+// --help`). Flags may be hyphenated (--max-tokens 8). Exits 1 with the gRPC
+// status on error.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -11,9 +13,12 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/flag_names.h"
 #include "common/init.h"
 #include "nlohmann/json.hpp"
 #include "proto/router.grpc.pb.h"
@@ -33,6 +38,22 @@ ABSL_FLAG(double, timeout_s, 120, "Deadline of the whole call.");
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The --json object; engine/runtime/generate_main.cc prints the same keys.
+constexpr char kJsonSchema[] =
+    "--json prints one object: {\"request_id\": the router's id, \"token_ids\":\n"
+    "[generated ids], \"text\", \"finish_reason\": \"stop\" | \"length\" | ...,\n"
+    "\"prompt_tokens\", \"completion_tokens\", \"seed\" (the one used; null when\n"
+    "greedy), \"ttft_s\", \"total_s\", \"prefill_tokens_per_s\" (prompt\n"
+    "tokens / TTFT), \"decode_tokens_per_s\" (tokens after the first / time after\n"
+    "the first)}";
+
+// FINISH_REASON_LENGTH -> "length" (the OpenAI spelling); "" when unspecified.
+std::string FinishReasonName(tandem::v1::FinishReason r) {
+  if (r == tandem::v1::FINISH_REASON_UNSPECIFIED) return "";
+  return absl::AsciiStrToLower(
+      absl::StripPrefix(tandem::v1::FinishReason_Name(r), "FINISH_REASON_"));
+}
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -61,12 +82,16 @@ const char* CodeName(grpc::StatusCode code) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tandem::NormalizeFlagNames(argc, argv);
   tandem::InitProgram(
       argc, argv, "generate_client",
-      "Streams one Generate call of a Tandem router.\n"
-      "usage: generate_client [--router=HOST:PORT] (--prompt=TEXT | "
-      "--prompt_ids=1,2,3)\n"
-      "       [--max_tokens=N] [--temperature=T] [--top_p=P] [--seed=S] [--json]");
+      absl::StrCat("Streams one Generate call of a Tandem router.\n"
+                   "usage: generate_client [--router=HOST:PORT] (--prompt=TEXT | "
+                   "--prompt_ids=1,2,3)\n"
+                   "       [--max_tokens=N] [--temperature=T] [--top_p=P] [--seed=S] "
+                   "[--json]\n"
+                   "Flags may be hyphenated (--max-tokens N).\n",
+                   kJsonSchema));
   const std::string prompt = absl::GetFlag(FLAGS_prompt);
   const std::string prompt_ids = absl::GetFlag(FLAGS_prompt_ids);
   if (prompt.empty() == prompt_ids.empty()) {
@@ -124,7 +149,7 @@ int main(int argc, char** argv) {
     if (!m.request_id().empty()) request_id = m.request_id();
     if (m.has_seed()) seed = m.seed();
     if (m.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
-      finish_reason = tandem::v1::FinishReason_Name(m.finish_reason());
+      finish_reason = FinishReasonName(m.finish_reason());
     }
     if (m.has_usage()) usage = m.usage();
   }
@@ -143,15 +168,18 @@ int main(int argc, char** argv) {
   const double tps =
       tokens.size() > 1 && decode_s > 0 ? (tokens.size() - 1) / decode_s : 0;
   if (json) {
-    nlohmann::json j = {{"request_id", request_id},
-                        {"tokens", tokens},
-                        {"text", text},
-                        {"finish_reason", finish_reason},
-                        {"prompt_tokens", usage.prompt_tokens()},
-                        {"completion_tokens", usage.completion_tokens()},
-                        {"ttft_s", ttft},
-                        {"total_s", total},
-                        {"tokens_per_s", tps}};
+    const double prefill_tps = ttft > 0 ? usage.prompt_tokens() / ttft : 0;
+    nlohmann::ordered_json j = {{"request_id", request_id},
+                                {"token_ids", tokens},
+                                {"text", text},
+                                {"finish_reason", finish_reason},
+                                {"prompt_tokens", usage.prompt_tokens()},
+                                {"completion_tokens", usage.completion_tokens()},
+                                {"seed", nullptr},
+                                {"ttft_s", ttft},
+                                {"total_s", total},
+                                {"prefill_tokens_per_s", prefill_tps},
+                                {"decode_tokens_per_s", tps}};
     if (seed) j["seed"] = *seed;
     // Invalid UTF-8 cannot appear (the router never splits a character), but
     // replace rather than throw if it ever does.

@@ -4,10 +4,11 @@
 //   generate --model DIR --prompt TEXT [--max_tokens N] [--temperature T]
 //            [--seed S] [--raw] [--json] [--backend cpu|cpu_reference]
 //
-// Without --raw the prompt is chat-formatted (K3 XTML) as one user message
-// followed by the generation prompt; with --raw it is tokenised as plain text.
-// --json prints one object {ids, text, prompt_tokens, completion_tokens,
-// prefill_tokens_per_s, decode_tokens_per_s} instead of streaming.
+// Flags may be hyphenated (--max-tokens 8 is --max_tokens 8). Without --raw the
+// prompt is chat-formatted (K3 XTML) as one user message followed by the
+// generation prompt; with --raw it is tokenised as plain text. --json prints one
+// object instead of streaming, in the schema generate_client prints through a
+// router (kJsonSchema below; `./tandem generate --help`).
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -15,11 +16,14 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/flag_names.h"
 #include "common/init.h"
 #include "engine/chat/renderer.h"
 #include "engine/model/checkpoint.h"
 #include "engine/runtime/engine.h"
 #include "engine/runtime/weights.h"
+#include "engine/sampling/stop_checker.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "kernels/backend_factory.h"
 #include "nlohmann/json.hpp"
@@ -41,6 +45,30 @@ namespace {
 using tandem::engine::Engine;
 using Clock = std::chrono::steady_clock;
 
+// The --json object; tools/generate_client.cc prints the same keys.
+constexpr char kJsonSchema[] =
+    "--json prints one object: {\"request_id\": null (a router's id through a\n"
+    "router), \"token_ids\": [generated ids], \"text\", \"finish_reason\": \"stop\" |\n"
+    "\"length\", \"prompt_tokens\", \"completion_tokens\", \"seed\" (null when\n"
+    "greedy), \"ttft_s\", \"total_s\", \"prefill_tokens_per_s\" (prompt tokens /\n"
+    "TTFT), \"decode_tokens_per_s\" (tokens after the first / time after the first)}";
+
+const char* FinishReasonName(tandem::engine::FinishReason r) {
+  switch (r) {
+    case tandem::engine::FinishReason::kStop:
+      return "stop";
+    case tandem::engine::FinishReason::kLength:
+      return "length";
+    case tandem::engine::FinishReason::kCancelled:
+      return "cancelled";
+    case tandem::engine::FinishReason::kError:
+      return "error";
+    case tandem::engine::FinishReason::kNone:
+      break;
+  }
+  return "";
+}
+
 int Fail(const absl::Status& s) {
   std::cerr << "generate: " << s << "\n";
   return 1;
@@ -49,9 +77,14 @@ int Fail(const absl::Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  tandem::InitProgram(argc, argv, "generate",
-                      "generate --model DIR --prompt TEXT [--max_tokens N] "
-                      "[--temperature T] [--seed S] [--raw] [--json] [--backend B]");
+  tandem::NormalizeFlagNames(argc, argv);
+  tandem::InitProgram(
+      argc, argv, "generate",
+      absl::StrCat("generate --model DIR --prompt TEXT [--max_tokens N] "
+                   "[--temperature T] [--seed S] [--raw] [--json] "
+                   "[--backend B]\n"
+                   "Flags may be hyphenated (--max-tokens N).\n",
+                   kJsonSchema));
   const std::string dir = absl::GetFlag(FLAGS_model);
   if (dir.empty()) return Fail(absl::InvalidArgumentError("--model is required"));
   auto ckpt = tandem::model::Checkpoint::Open(dir);
@@ -102,6 +135,7 @@ int main(int argc, char** argv) {
   const bool json = absl::GetFlag(FLAGS_json);
   std::vector<int32_t> out_ids;
   std::string text;
+  std::string finish_reason;
   const auto t0 = Clock::now();
   Clock::time_point t_first;
   bool have_first = false;
@@ -111,6 +145,7 @@ int main(int argc, char** argv) {
     for (const auto& o : *res) {
       out_ids.insert(out_ids.end(), o.new_tokens.begin(), o.new_tokens.end());
       text += o.text;
+      if (o.finished) finish_reason = FinishReasonName(o.finish_reason);
       if (!json && !o.text.empty()) {
         std::fwrite(o.text.data(), 1, o.text.size(), stdout);
         std::fflush(stdout);
@@ -131,13 +166,20 @@ int main(int argc, char** argv) {
       out_ids.empty() ? 0 : static_cast<int64_t>(out_ids.size()) - 1;
   const double decode_tps = decode_s > 0 ? decoded / decode_s : 0;
   if (json) {
-    nlohmann::json j;
-    j["ids"] = out_ids;
-    j["text"] = text;
-    j["prompt_tokens"] = prompt.size();
-    j["completion_tokens"] = out_ids.size();
-    j["prefill_tokens_per_s"] = prefill_tps;
-    j["decode_tokens_per_s"] = decode_tps;
+    const double total_s = std::chrono::duration<double>(t1 - t0).count();
+    nlohmann::ordered_json j = {{"request_id", nullptr},
+                                {"token_ids", out_ids},
+                                {"text", text},
+                                {"finish_reason", finish_reason},
+                                {"prompt_tokens", prompt.size()},
+                                {"completion_tokens", out_ids.size()},
+                                {"seed", nullptr},
+                                {"ttft_s", prefill_s},
+                                {"total_s", total_s},
+                                {"prefill_tokens_per_s", prefill_tps},
+                                {"decode_tokens_per_s", decode_tps}};
+    // Greedy decoding draws nothing: no seed, as through a router.
+    if (params.temperature > 0) j["seed"] = absl::GetFlag(FLAGS_seed);
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
               << "\n";
   } else {

@@ -1,27 +1,40 @@
 #!/bin/bash
-# generate on the tiny checkpoint: --json output has the promised fields and
-# exactly --max_tokens ids (greedy, EOS is improbable but allowed to stop early:
-# then the count is <= max_tokens); the same seed gives the same ids; the
-# streaming mode prints the speeds on stderr.
+# generate on the tiny checkpoint: --json output has the keys of the schema
+# shared with //tools:generate_client (tests/generate_client_test holds the two
+# to the same key set) and at most --max_tokens ids (EOS is improbable but
+# allowed to stop early); the same seed gives the same ids; hyphenated flags
+# (--max-tokens 6) mean the same as absl's (--max_tokens=6); the streaming mode
+# prints the speeds on stderr.
 set -euo pipefail
 BIN=engine/runtime/generate
 MODEL=engine/model/tiny_checkpoint
 out1=$($BIN --model $MODEL --prompt "Hello there" --raw --json --max_tokens 6 --temperature 0.8 --seed 3 --log_level warning)
-out2=$($BIN --model $MODEL --prompt "Hello there" --raw --json --max_tokens 6 --temperature 0.8 --seed 3 --log_level warning)
-ids1=$(sed -E 's/.*"ids":(\[[^]]*\]).*/\1/' <<<"$out1")
-ids2=$(sed -E 's/.*"ids":(\[[^]]*\]).*/\1/' <<<"$out2")
-[[ "$ids1" == "$ids2" && "$ids1" == \[* ]] || { echo "same seed, different ids: $out1 vs $out2"; exit 1; }
-for key in ids text prompt_tokens completion_tokens prefill_tokens_per_s decode_tokens_per_s; do
+out2=$($BIN --model $MODEL --prompt "Hello there" --raw --json --max-tokens 6 --temperature 0.8 --seed=3 --log-level=warning)
+ids() { sed -E 's/.*"token_ids":(\[[^]]*\]).*/\1/' <<<"$1"; }
+ids1=$(ids "$out1")
+ids2=$(ids "$out2")
+[[ "$ids1" == "$ids2" && "$ids1" == \[* ]] || { echo "same seed (hyphenated flags), different ids: $out1 vs $out2"; exit 1; }
+for key in request_id token_ids text finish_reason prompt_tokens completion_tokens seed \
+           ttft_s total_s prefill_tokens_per_s decode_tokens_per_s; do
   grep -q "\"$key\"" <<<"$out1" || { echo "missing $key in $out1"; exit 1; }
 done
+grep -q '"request_id":null' <<<"$out1" || { echo "local request_id should be null: $out1"; exit 1; }
+grep -Eq '"finish_reason":"(stop|length)"' <<<"$out1" || { echo "finish_reason: $out1"; exit 1; }
+grep -q '"seed":3' <<<"$out1" || { echo "seed: $out1"; exit 1; }
 n=$(sed -E 's/.*"completion_tokens":([0-9]+).*/\1/' <<<"$out1")
 (( n >= 1 && n <= 6 )) || { echo "completion_tokens $n"; exit 1; }
 p=$(sed -E 's/.*"prompt_tokens":([0-9]+).*/\1/' <<<"$out1")
 (( p == 2 )) || { echo "raw 'Hello there' should be 2 tokens, got $p"; exit 1; }
+# A hyphenated flag's value is never rewritten, even when it looks like a flag.
+dash=$($BIN --model $MODEL --prompt --max-tokens --raw --json --max-tokens 1 --log_level warning)
+grep -q '"completion_tokens":1' <<<"$dash" || { echo "prompt '--max-tokens': $dash"; exit 1; }
 # Chat format: one user message plus the generation prompt is longer than raw.
 chat=$($BIN --model $MODEL --prompt "Hello there" --json --max_tokens 2 --log_level warning)
 pc=$(sed -E 's/.*"prompt_tokens":([0-9]+).*/\1/' <<<"$chat")
 (( pc > p + 5 )) || { echo "chat prompt has $pc tokens"; exit 1; }
+# The usage text documents the schema and the hyphenated spelling.
+help=$($BIN --help 2>&1 || true)
+grep -q 'token_ids' <<<"$help" && grep -q -- '--max-tokens' <<<"$help" || { echo "help: $help"; exit 1; }
 # Streaming mode reports speeds on stderr.
 $BIN --model $MODEL --prompt "Hi" --raw --max_tokens 3 --log_level warning 2>"$TEST_TMPDIR/err.txt" >/dev/null
 grep -q "tokens/s" "$TEST_TMPDIR/err.txt" || { echo "no speed line"; exit 1; }
