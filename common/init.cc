@@ -9,6 +9,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/synchronization/mutex.h"
+#include "common/flag_names.h"
 #include "common/logging.h"
 
 ABSL_FLAG(std::string, log_format, "text", "Log line format: text or json.");
@@ -30,6 +31,8 @@ std::vector<char*> InitProgram(int argc, char** argv, absl::string_view process,
   config.version_string = []() { return std::string("tandem 0.1.0\n"); };
   absl::SetFlagsUsageConfig(config);
   absl::SetProgramUsageMessage(usage);
+  // --max-tokens is --max_tokens: users type hyphens (issue 16, item 5).
+  NormalizeFlagNames(argc, argv);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
 
   log::Options options;

@@ -75,4 +75,4 @@ BENCHMARK(BM_CollectAndSerialize);
 }  // namespace
 }  // namespace tandem::metrics
 
-BENCHMARK_MAIN();
+// main(): //bench:benchmark_main (hyphenated flag names accepted).

@@ -76,4 +76,4 @@ BENCHMARK(BM_Logprobs20)->Unit(benchmark::kMicrosecond);
 }  // namespace
 }  // namespace tandem::engine
 
-BENCHMARK_MAIN();
+// main(): //bench:benchmark_main (hyphenated flag names accepted).
