@@ -74,6 +74,10 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
         return Colocate(a);
       case Kind::kCancelCall:
         return;  // done in Step
+      case Kind::kQueue:
+        return Queue(a);
+      case Kind::kDequeue:
+        return Dequeue();
       case Kind::kFinish:
         return Finish(a.status);
     }
@@ -172,6 +176,36 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
   void Decode(const Placement::Action& a);
   void Colocate(const Placement::Action& a);
 
+  // QUEUED: waits in the decode lane (keeping its place across waits).
+  void Queue(const Placement::Action& a) {
+    auto self = shared_from_this();
+    absl::StatusOr<uint64_t> ticket =
+        h_->queue()->Push(AdmissionQueue::Lane::kDecode, req_.priority(), a.deadline,
+                          &place_, [self](const absl::Status& s) {
+                            self->Step([&](Placement& p) { return p.OnQueueEnd(s); });
+                          });
+    if (!ticket.ok()) {
+      Step([&](Placement& p) { return p.OnQueueEnd(ticket.status()); });
+      return;
+    }
+    bool left;
+    {
+      absl::MutexLock l(&mu_);
+      ticket_ = *ticket;
+      // A cancel between the Push and now found no ticket to remove.
+      left = placement_.state() == Placement::State::kFinished;
+    }
+    if (left) h_->queue()->Remove(*ticket);
+  }
+  void Dequeue() {
+    uint64_t ticket;
+    {
+      absl::MutexLock l(&mu_);
+      ticket = ticket_;
+    }
+    if (ticket != 0) h_->queue()->Remove(ticket);
+  }
+
   // Relayed stream events (RelayReactor), one relay at a time.
   void OnMessage(GenerateResponse m) {
     m.set_request_id(req_.request_id());
@@ -212,6 +246,8 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
   absl::Mutex mu_;
   Placement placement_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* active_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;  // in the queue (QUEUED)
+  QueuePlace place_;                          // kept across waits
 
   // Touched by one call's callbacks at a time (the calls are sequential).
   bool first_sent_ = false;
@@ -305,7 +341,30 @@ Handoff::Handoff(WorkerRegistry* registry, HandoffMetrics* metrics,
     : registry_(registry),
       metrics_(metrics),
       options_(std::move(options)),
-      clock_(clock) {}
+      clock_(clock),
+      queue_(clock, &metrics->queue, options_.queue) {
+  ticker_ = std::thread([this] {
+    absl::MutexLock l(&tick_mu_);
+    while (
+        !tick_mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(20))) {
+      tick_mu_.Unlock();
+      queue_.Expire();
+      tick_mu_.Lock();
+    }
+  });
+}
+
+Handoff::~Handoff() {
+  {
+    absl::MutexLock l(&tick_mu_);
+    stop_ = true;
+  }
+  ticker_.join();
+}
+
+void Handoff::CapacityMayHaveFreed(int decode_slots) {
+  if (decode_slots > 0) queue_.Wake(AdmissionQueue::Lane::kDecode, decode_slots);
+}
 
 void Handoff::Start(tandem::v1::GenerateRequest request, rpc::ResponseSink* stream,
                     absl::Time deadline, absl::Time started,

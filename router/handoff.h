@@ -10,9 +10,12 @@
 //     → each call's end goes back in as an event (grpc::Status → absl::Status)
 //     → Finish(status): on_finish(status), sink->Close(status)
 //   sink cancelled → Placement::Cancel() → TryCancel of the call in flight
+//     (QUEUED: Remove from the queue)
+//   Queue (no decode worker with room) → AdmissionQueue::Push (decode lane)
+//     → Wake (CapacityMayHaveFreed) or Expire (a 20 ms ticker) → OnQueueEnd
 //
 // Handoff itself is shared by every request: the worker stubs (one channel per
-// address) and the PlacementLedger.
+// address), the PlacementLedger and the AdmissionQueue (with its expiry ticker).
 #ifndef TANDEM_ROUTER_HANDOFF_H_
 #define TANDEM_ROUTER_HANDOFF_H_
 
@@ -21,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -30,6 +34,7 @@
 #include "common/clock.h"
 #include "proto/router.pb.h"
 #include "proto/worker.grpc.pb.h"
+#include "router/admission_queue.h"
 #include "router/handoff_metrics.h"
 #include "router/placement.h"
 #include "router/placement_ledger.h"
@@ -44,6 +49,13 @@ class Handoff {
   // request's latency (its Now() must be wall-clock time for gRPC deadlines).
   Handoff(WorkerRegistry* registry, HandoffMetrics* metrics, HandoffOptions options,
           Clock* clock = Clock::Real());
+  ~Handoff();  // stops the ticker; every request must have finished
+
+  // Capacity may have freed (a request finished, a decode worker reported free
+  // slots): wakes up to `decode_slots` requests waiting for a decode worker.
+  void CapacityMayHaveFreed(int decode_slots);
+  // Shared with RouterService (the in-flight lane) and RegistryService.
+  AdmissionQueue* queue() { return &queue_; }
 
   // Runs `request` (validated; prompt_token_ids set; seed set when sampling),
   // writing to `stream` (its producer reference passes to the call) until
@@ -74,6 +86,10 @@ class Handoff {
   const HandoffOptions options_;
   Clock* const clock_;  // not owned
   PlacementLedger ledger_;
+  AdmissionQueue queue_;
+  absl::Mutex tick_mu_;
+  bool stop_ ABSL_GUARDED_BY(tick_mu_) = false;
+  std::thread ticker_;  // Expire()s the queue every 20 ms
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_
       ABSL_GUARDED_BY(mu_);

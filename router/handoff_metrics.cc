@@ -8,7 +8,7 @@ namespace tandem::router {
 
 using metrics::OrDie;
 
-HandoffMetrics::HandoffMetrics(metrics::Registry* r) {
+HandoffMetrics::HandoffMetrics(metrics::Registry* r) : queue(r) {
   const std::vector<double> buckets = *metrics::ExponentialBuckets(0.0005, 2, 18);
   retries =
       OrDie(r->AddCounter("tandem_router_retries_total",

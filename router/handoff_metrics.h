@@ -3,6 +3,7 @@
 #define TANDEM_ROUTER_HANDOFF_METRICS_H_
 
 #include "metrics/registry.h"
+#include "router/admission_queue.h"
 
 namespace tandem::router {
 
@@ -14,6 +15,7 @@ struct HandoffMetrics {
   metrics::Histogram* ttft;                    // arrival -> first token relayed
   metrics::Histogram* latency;                 // arrival -> end, once per request
   metrics::Histogram* transfer_seconds;        // as reported by prefill
+  AdmissionQueueMetrics queue;                 // the router's admission queue
 };
 
 }  // namespace tandem::router

@@ -72,9 +72,14 @@ class FakeWorker final : public tandem::v1::DecodeWorker::CallbackService,
     absl::MutexLock l(&mu);
     reserves.push_back(*req);
     calls.push_back("reserve");
+    auto* r = ctx->DefaultReactor();
+    if (full_reserves > 0) {
+      --full_reserves;
+      r->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "full"));
+      return r;
+    }
     target->set_request_id(req->request_id());
     target->set_decode_worker_id("d0");
-    auto* r = ctx->DefaultReactor();
     r->Finish(grpc::Status::OK);
     return r;
   }
@@ -146,6 +151,7 @@ class FakeWorker final : public tandem::v1::DecodeWorker::CallbackService,
   // Every call in arrival order; "release done" when a Release's end is sent.
   std::vector<std::string> calls ABSL_GUARDED_BY(mu);
   int hold_releases ABSL_GUARDED_BY(mu) = 0;  // the next ones wait for LetReleasesGo
+  int full_reserves ABSL_GUARDED_BY(mu) = 0;  // the next ones: RESOURCE_EXHAUSTED
   absl::Notification release_held;            // one was held
   std::vector<tandem::v1::ReserveRequest> reserves ABSL_GUARDED_BY(mu);
   std::vector<std::string> releases ABSL_GUARDED_BY(mu);
@@ -270,6 +276,15 @@ class HandoffTest : public ::testing::Test {
   double Retries(const char* reason) {
     return metrics_.retries->Add({{"reason", reason}}).Value();
   }
+  // Polls the queue's depth (the request is queued on a gRPC callback thread).
+  bool QueueDepthBecomes(size_t n) {
+    const absl::Time end = absl::Now() + kWait;
+    while (handoff_.queue()->depth() != n) {
+      if (absl::Now() > end) return false;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return true;
+  }
 
   FakeWorker fake_;
   std::unique_ptr<grpc::Server> server_;
@@ -353,6 +368,46 @@ TEST_F(HandoffTest, LostPrefillWorkerIsReleasedThenColocated) {
   EXPECT_TRUE(registry_.Live(tandem::v1::WORKER_ROLE_PREFILL).empty());
   EXPECT_EQ(sink_.messages().size(), 2u);
   EXPECT_EQ(metrics_.latency->Count(), 1u);
+}
+
+TEST_F(HandoffTest, FullDecodeWorkerQueuesTheRequestUntilCapacityFrees) {
+  {
+    absl::MutexLock l(&fake_.mu);
+    fake_.full_reserves = 1;
+  }
+  Register("d0", tandem::v1::WORKER_ROLE_DECODE, address_);
+  Register("p0", tandem::v1::WORKER_ROLE_PREFILL, address_);
+  Start();
+  ASSERT_TRUE(QueueDepthBecomes(1));
+  EXPECT_EQ(sink_.closes(), 0);  // waiting, not refused
+  handoff_.CapacityMayHaveFreed(1);
+  ASSERT_TRUE(sink_.WaitClosed());
+  EXPECT_TRUE(sink_.status().ok()) << sink_.status().error_message();
+  EXPECT_EQ(fake_.Calls()[0], "reserve");
+  EXPECT_EQ(fake_.Calls()[1], "reserve");  // again, once woken
+  EXPECT_EQ(handoff_.queue()->depth(), 0u);
+  EXPECT_EQ(metrics_.queue.wait_seconds->Count(), 1u);
+  EXPECT_EQ(Retries("decode_full"), 1);
+  ASSERT_EQ(Finishes().size(), 1u);
+}
+
+TEST_F(HandoffTest, ClientCancelWhileQueuedEndsAtOnceAndFreesThePlace) {
+  {
+    absl::MutexLock l(&fake_.mu);
+    fake_.full_reserves = 1;
+  }
+  Register("d0", tandem::v1::WORKER_ROLE_DECODE, address_);
+  Register("p0", tandem::v1::WORKER_ROLE_PREFILL, address_);
+  Start();
+  ASSERT_TRUE(QueueDepthBecomes(1));
+  sink_.Cancel();
+  ASSERT_TRUE(sink_.WaitClosed());
+  EXPECT_EQ(sink_.status().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(handoff_.queue()->depth(), 0u);
+  handoff_.CapacityMayHaveFreed(1);  // wakes nobody: it left
+  EXPECT_EQ(fake_.Calls(), std::vector<std::string>{"reserve"});
+  ASSERT_EQ(Finishes().size(), 1u);
+  EXPECT_TRUE(absl::IsCancelled(Finishes()[0]));
 }
 
 TEST_F(HandoffTest, ClientCancelWhileDecodingCancelsTheStream) {

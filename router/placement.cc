@@ -27,6 +27,8 @@ const char* PlacementStateName(Placement::State state) {
       return "DECODING";
     case Placement::State::kColocated:
       return "COLOCATED";
+    case Placement::State::kQueued:
+      return "QUEUED";
     case Placement::State::kFinished:
       return "FINISHED";
   }
@@ -76,6 +78,11 @@ Placement::Actions Placement::Cancel() {
     case State::kReleasing:
       // The Release goes on by itself; nothing else is in flight.
       return Finish(ClientCancelled());
+    case State::kQueued: {
+      Actions out = {Action{.kind = Kind::kDequeue}};
+      for (Action& a : Finish(ClientCancelled())) out.push_back(std::move(a));
+      return out;
+    }
     default:
       // The call's end (CANCELLED, or OK if it won the race) finishes it.
       return {Action{.kind = Kind::kCancelCall}};
@@ -90,7 +97,7 @@ Placement::Actions Placement::Reserve() {
   std::vector<WorkerRecord> live = deps_.registry->Live(tandem::v1::WORKER_ROLE_DECODE);
   std::optional<size_t> i = SelectDecode(
       live, tried_decode_, deps_.ledger->Snapshot(live), request_.prompt_tokens);
-  if (!i.has_value()) return NoDecodeWorker();
+  if (!i.has_value()) return NoDecodeWorker(AfterRelease::kReserve);
   decode_ = live[*i];
   return {Call(Kind::kReserve, decode_,
                std::min(request_.deadline, deps_.clock->Now() + options_.rpc_timeout))};
@@ -129,7 +136,7 @@ Placement::Actions Placement::OnReserved(const absl::Status& status) {
   }
 }
 
-Placement::Actions Placement::NoDecodeWorker() {
+Placement::Actions Placement::NoDecodeWorker(AfterRelease then) {
   // A live decode worker that was not tried was skipped for lack of room: the
   // cluster is full, not down.
   bool skipped_full = false;
@@ -137,13 +144,31 @@ Placement::Actions Placement::NoDecodeWorker() {
     if (!tried_decode_.contains(w.registration.worker_id())) skipped_full = true;
   }
   if (decode_full_ || skipped_full) {
-    return Finish(
-        ResourceExhausted("every decode worker is full; retry later (prompt of ",
-                          request_.prompt_tokens, " tokens)"));
+    state_ = State::kQueued;
+    after_queue_ = then;
+    Action a{.kind = Kind::kQueue};
+    a.deadline = request_.deadline;
+    return {std::move(a)};
   }
   return Finish(absl::UnavailableError(
       absl::StrCat("no decode worker can take this request (prompt of ",
                    request_.prompt_tokens, " tokens); the request was not started")));
+}
+
+// QUEUED
+Placement::Actions Placement::OnQueueEnd(const absl::Status& status) {
+  if (state_ != State::kQueued) return {};
+  if (cancelled_) return Finish(ClientCancelled());
+  if (absl::IsResourceExhausted(status)) {
+    return Finish(ResourceExhausted("every decode worker is full and ",
+                                    status.message(), " (prompt of ",
+                                    request_.prompt_tokens, " tokens)"));
+  }
+  if (!status.ok()) return Finish(status);
+  // Capacity may have freed anywhere: every worker is a candidate again.
+  tried_decode_.clear();
+  decode_full_ = false;
+  return after_queue_ == AfterRelease::kReserve ? Reserve() : Colocate();
 }
 
 // PREFILLING
@@ -229,7 +254,7 @@ Placement::Actions Placement::Colocate() {
   std::vector<WorkerRecord> live = deps_.registry->Live(tandem::v1::WORKER_ROLE_DECODE);
   std::optional<size_t> i = SelectDecode(
       live, tried_decode_, deps_.ledger->Snapshot(live), request_.prompt_tokens);
-  if (!i.has_value()) return NoDecodeWorker();
+  if (!i.has_value()) return NoDecodeWorker(AfterRelease::kColocate);
   deps_.metrics->paths->Add({{"path", "colocated"}}).Increment();
   decode_ = live[*i];
   state_ = State::kColocated;

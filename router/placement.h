@@ -9,7 +9,13 @@
 //     v                                                       on one worker
 //   RESERVING  Reserve(W), W = the decode worker with the most free cache
 //     │  RESOURCE_EXHAUSTED / UNAVAILABLE ──> Reserve(next W); none left:
-//     │    FINISHED(RESOURCE_EXHAUSTED if one was full, else UNAVAILABLE)
+//     │    one was full (or skipped for lack of room) ──> QUEUED; else
+//     │    FINISHED(UNAVAILABLE): a cluster that is down is not waited for
+//     │  QUEUED  Queue: the glue waits in the AdmissionQueue (decode lane)
+//     │    OnQueueEnd(OK) (capacity may have freed) ──> RESERVING (or
+//     │      COLOCATED, whichever found no room) with every worker untried
+//     │    OnQueueEnd(RESOURCE_EXHAUSTED: queue full or queue timeout,
+//     │      DEADLINE_EXCEEDED) ──> FINISHED(it)
 //     │  OK, no prefill worker left ──> RELEASING ──> COLOCATED (fallback)
 //     v
 //   PREFILLING  Prefill(P) with W's target, P = the least-loaded prefill worker
@@ -26,7 +32,8 @@
 //     anyway: Release(W) (fire and forget), then FINISHED.
 //   Cancel() in any state: CancelCall (the call in flight ends CANCELLED; its
 //     end then Releases an unused reservation) → FINISHED(CANCELLED); in
-//     RELEASING (no call to cancel) FINISHED(CANCELLED) at once.
+//     RELEASING (no call to cancel) FINISHED(CANCELLED) at once; in QUEUED
+//     Dequeue (frees its place) and FINISHED(CANCELLED) at once.
 //   Deadline (injected clock): Prefill, Decode and Colocate carry the
 //     request's; Reserve the earlier of it and now + rpc_timeout; Release
 //     now + rpc_timeout (it frees, whatever the request's deadline). A call
@@ -48,6 +55,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "router/admission_queue.h"
 #include "router/handoff_metrics.h"
 #include "router/placement_ledger.h"
 #include "router/worker_registry.h"
@@ -67,6 +75,9 @@ struct HandoffOptions {
   bool checksums = true;
   // The model's context (prompt + 1 must fit for the disaggregated path).
   int64_t max_context_tokens = 0;
+  // Where requests wait for a decode worker with room (and for the router's
+  // in-flight limit): --max_queued_requests, --queue_timeout_s.
+  AdmissionQueueOptions queue;
 };
 
 // What Placement needs of the request.
@@ -95,6 +106,7 @@ class Placement {
     kReleasing,  // waiting for a Release before reserving again or colocating
     kDecoding,
     kColocated,
+    kQueued,  // waiting in the AdmissionQueue for a decode worker with room
     kFinished,
   };
 
@@ -106,6 +118,8 @@ class Placement {
       kDecode,      // DecodeWorker.Decode on `worker`; relay; then OnStreamDone
       kColocate,    // DecodeWorker.Generate on `worker`; relay; then OnStreamDone
       kCancelCall,  // cancel the call in flight (its end still comes as an event)
+      kQueue,       // wait for capacity until `deadline`; then OnQueueEnd
+      kDequeue,     // leave the queue (no OnQueueEnd follows)
       kFinish,      // close the request with `status`
     };
     Kind kind;
@@ -126,6 +140,8 @@ class Placement {
   Actions OnPrefilled(const absl::Status& status);
   Actions OnReleased(const absl::Status& status);    // an awaited Release ended
   Actions OnStreamDone(const absl::Status& status);  // Decode or Colocate ended
+  // The wait of kQueue ended: OK when capacity may have freed, else why not.
+  Actions OnQueueEnd(const absl::Status& status);
 
   State state() const { return state_; }
   bool cancelled() const { return cancelled_; }
@@ -144,7 +160,9 @@ class Placement {
   Actions Prefill();
   Actions Colocate();
   Actions Decode();
-  Actions NoDecodeWorker();
+  // No decode worker took the request: QUEUED (`then` again once woken) when
+  // one is full, else FINISHED(UNAVAILABLE).
+  Actions NoDecodeWorker(AfterRelease then);
   // Release of the reservation on decode_ (fire and forget), then Finish.
   Actions ReleaseAndFinish(absl::Status status);
   // Release of the reservation on decode_, then `next` once it has ended.
@@ -163,6 +181,7 @@ class Placement {
   bool decode_full_ = false;  // a decode worker refused with RESOURCE_EXHAUSTED
   int prefill_attempts_ = 0;
   AfterRelease after_release_ = AfterRelease::kReserve;
+  AfterRelease after_queue_ = AfterRelease::kReserve;
   absl::flat_hash_set<std::string> tried_decode_, tried_prefill_;
   WorkerRecord decode_, prefill_;
 };

@@ -52,6 +52,12 @@ std::string Str(const Placement::Actions& actions) {
       case Kind::kCancelCall:
         out.push_back("cancel");
         break;
+      case Kind::kQueue:
+        out.push_back("queue");
+        break;
+      case Kind::kDequeue:
+        out.push_back("dequeue");
+        break;
       case Kind::kFinish:
         out.push_back("finish " + absl::StatusCodeToString(a.status.code()));
         break;
@@ -163,6 +169,8 @@ class PlacementTest : public ::testing::Test {
       case State::kDecoding:
       case State::kColocated:
         return p->OnStreamDone(status);
+      case State::kQueued:
+        return p->OnQueueEnd(status);
       case State::kFinished:
         return p->OnStreamDone(status);
     }
@@ -450,23 +458,92 @@ TEST_F(PlacementTest, NoPrefillWorkerLeftFallsBackToColocated) {
   EXPECT_EQ(Str(p->OnStreamDone(absl::OkStatus())), "finish OK");
 }
 
-TEST_F(PlacementTest, FullDecodeWorkersAreSkippedThenResourceExhausted) {
+TEST_F(PlacementTest, FullDecodeWorkersAreSkippedThenQueued) {
   auto p = MakeIn(State::kReserving);
   ASSERT_EQ(Str(p->OnReserved(absl::ResourceExhaustedError("full"))), "reserve d1");
   Placement::Actions a = p->OnReserved(absl::ResourceExhaustedError("full"));
-  ASSERT_EQ(Str(a), "finish RESOURCE_EXHAUSTED");
+  ASSERT_EQ(Str(a), "queue");
+  EXPECT_EQ(a[0].deadline, clock_.Now() + absl::Seconds(60));  // the request's
+  EXPECT_EQ(p->state(), State::kQueued);
   EXPECT_EQ(Retries("decode_full"), 2);
   EXPECT_TRUE(Live("d0"));  // full is not lost
   EXPECT_TRUE(Live("d1"));
   EXPECT_TRUE(LedgerEmpty());
+  EXPECT_EQ(metrics_.latency->Count(), 0u);  // not finished
 }
 
-TEST_F(PlacementTest, OneFullOneLostIsStillResourceExhausted) {
+TEST_F(PlacementTest, OneFullOneLostIsQueued) {
   auto p = MakeIn(State::kReserving);
   ASSERT_EQ(Str(p->OnReserved(absl::ResourceExhaustedError("full"))), "reserve d1");
-  EXPECT_EQ(Str(p->OnReserved(absl::UnavailableError("gone"))),
-            "finish RESOURCE_EXHAUSTED");
+  EXPECT_EQ(Str(p->OnReserved(absl::UnavailableError("gone"))), "queue");
   EXPECT_FALSE(Live("d1"));
+}
+
+TEST_F(PlacementTest, CapacityFreedRetriesEveryWorkerFromTheQueue) {
+  auto p = MakeIn(State::kReserving);
+  ASSERT_EQ(Str(p->OnReserved(absl::ResourceExhaustedError("full"))), "reserve d1");
+  ASSERT_EQ(Str(p->OnReserved(absl::ResourceExhaustedError("full"))), "queue");
+  clock_.Advance(absl::Seconds(3));
+  // Woken: d0 and d1 are candidates again; still full: back to the queue.
+  ASSERT_EQ(Str(p->OnQueueEnd(absl::OkStatus())), "reserve d0");
+  ASSERT_EQ(Str(p->OnReserved(absl::ResourceExhaustedError("full"))), "reserve d1");
+  ASSERT_EQ(Str(p->OnReserved(absl::ResourceExhaustedError("full"))), "queue");
+  // Woken again, and d0 has room now.
+  ASSERT_EQ(Str(p->OnQueueEnd(absl::OkStatus())), "reserve d0");
+  ASSERT_EQ(Str(p->OnReserved(absl::OkStatus())), "prefill p0");
+  ASSERT_EQ(Str(p->OnPrefilled(absl::OkStatus())), "decode d0");
+  EXPECT_EQ(Str(p->OnStreamDone(absl::OkStatus())), "finish OK");
+  EXPECT_DOUBLE_EQ(metrics_.latency->Sum(), 3.0);       // the wait counts
+  EXPECT_EQ(Str(p->OnQueueEnd(absl::OkStatus())), "");  // late: ignored
+}
+
+TEST_F(PlacementTest, QueueEndsTable) {
+  struct Case {
+    const char* name;
+    absl::Status end;
+    std::string want;
+    const char* message;  // in the Finish status
+  };
+  const std::vector<Case> cases = {
+      {"queue full", absl::ResourceExhaustedError("the router's queue is full"),
+       "finish RESOURCE_EXHAUSTED",
+       "every decode worker is full and the router's queue"},
+      {"queue timeout", absl::ResourceExhaustedError("no capacity freed"),
+       "finish RESOURCE_EXHAUSTED", "no capacity freed"},
+      {"deadline while queued", absl::DeadlineExceededError("deadline passed"),
+       "finish DEADLINE_EXCEEDED", "deadline passed"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto p = MakeIn(State::kReserving);
+    ASSERT_EQ(Str(p->OnReserved(absl::ResourceExhaustedError("full"))), "reserve d1");
+    ASSERT_EQ(Str(p->OnReserved(absl::ResourceExhaustedError("full"))), "queue");
+    Placement::Actions a = p->OnQueueEnd(c.end);
+    ASSERT_EQ(Str(a), c.want);
+    EXPECT_NE(a[0].status.message().find(c.message), std::string::npos)
+        << a[0].status.message();
+    EXPECT_EQ(p->state(), State::kFinished);
+    EXPECT_TRUE(LedgerEmpty());
+  }
+}
+
+TEST_F(PlacementTest, CancelWhileQueuedLeavesTheQueueAtOnce) {
+  auto p = MakeIn(State::kReserving);
+  ASSERT_EQ(Str(p->OnReserved(absl::ResourceExhaustedError("full"))), "reserve d1");
+  ASSERT_EQ(Str(p->OnReserved(absl::ResourceExhaustedError("full"))), "queue");
+  EXPECT_EQ(Str(p->Cancel()), "dequeue, finish CANCELLED");
+  EXPECT_EQ(Str(p->OnQueueEnd(absl::OkStatus())), "");  // a racing wake: ignored
+  EXPECT_EQ(metrics_.latency->Count(), 1u);
+}
+
+TEST_F(PlacementTest, DeadlinePassedWhileQueuedEndsOnWake) {
+  auto p = MakeIn(State::kReserving, absl::Seconds(5));
+  ASSERT_EQ(Str(p->OnReserved(absl::ResourceExhaustedError("full"))), "reserve d1");
+  ASSERT_EQ(Str(p->OnReserved(absl::ResourceExhaustedError("full"))), "queue");
+  clock_.Advance(absl::Seconds(5));
+  Placement::Actions a = p->OnQueueEnd(absl::OkStatus());
+  ASSERT_EQ(Str(a), "finish DEADLINE_EXCEEDED");
+  EXPECT_NE(a[0].status.message().find("RESERVING"), std::string::npos);
 }
 
 TEST_F(PlacementTest, EveryDecodeWorkerLostIsUnavailable) {
@@ -479,15 +556,33 @@ TEST_F(PlacementTest, EveryDecodeWorkerLostIsUnavailable) {
   EXPECT_EQ(Retries("decode_unavailable"), 2);
 }
 
-TEST_F(PlacementTest, DecodeWorkersWithoutRoomAreResourceExhaustedAtOnce) {
+TEST_F(PlacementTest, DecodeWorkersWithoutRoomQueueAtOnceAndColocateAgainWhenWoken) {
   tandem::v1::WorkerLoad full;
   full.set_total_kv_blocks(10);
   full.set_free_kv_blocks(0);
   AddWorker("d0", tandem::v1::WORKER_ROLE_DECODE, full);  // replaces the records
   AddWorker("d1", tandem::v1::WORKER_ROLE_DECODE, full);
   auto p = Make();
-  EXPECT_EQ(Str(p->Start()), "finish RESOURCE_EXHAUSTED");
-  EXPECT_EQ(metrics_.latency->Count(), 1u);
+  EXPECT_EQ(Str(p->Start()), "queue");  // no Reserve: the reports say full
+  EXPECT_EQ(metrics_.latency->Count(), 0u);
+  auto c = Make(10, /*min_tokens=*/1);
+  EXPECT_EQ(Str(c->Start()), "queue");
+  tandem::v1::WorkerLoad room;
+  room.set_total_kv_blocks(10);
+  room.set_free_kv_blocks(10);
+  room.set_kv_block_size(16);
+  room.set_free_state_slots(1);
+  room.set_total_state_slots(1);
+  ASSERT_TRUE(registry_.Heartbeat("d1", room));
+  EXPECT_EQ(Str(c->OnQueueEnd(absl::OkStatus())), "colocate d1");  // as it began
+  EXPECT_EQ(Str(p->OnQueueEnd(absl::OkStatus())), "reserve d1");
+}
+
+TEST_F(PlacementTest, NoDecodeWorkerAliveIsUnavailableNotQueued) {
+  ASSERT_TRUE(registry_.Remove("d0"));
+  ASSERT_TRUE(registry_.Remove("d1"));
+  auto p = Make();
+  EXPECT_EQ(Str(p->Start()), "finish UNAVAILABLE");
 }
 
 TEST_F(PlacementTest, OtherErrorsEndTheRequestWithoutRetry) {
@@ -537,6 +632,7 @@ TEST(PlacementStateNameTest, EveryState) {
   EXPECT_STREQ(PlacementStateName(State::kReleasing), "RELEASING");
   EXPECT_STREQ(PlacementStateName(State::kDecoding), "DECODING");
   EXPECT_STREQ(PlacementStateName(State::kColocated), "COLOCATED");
+  EXPECT_STREQ(PlacementStateName(State::kQueued), "QUEUED");
   EXPECT_STREQ(PlacementStateName(State::kFinished), "FINISHED");
 }
 

@@ -35,7 +35,13 @@ ABSL_FLAG(int, colocate_below_tokens, 0,
 ABSL_FLAG(int, max_prefill_attempts, 3,
           "Prefill attempts per request when prefill workers are lost.");
 ABSL_FLAG(int, max_in_flight, 256,
-          "Generate calls running at once; more get RESOURCE_EXHAUSTED.");
+          "Generate calls running at once; more wait in the admission queue.");
+ABSL_FLAG(int, max_queued_requests, 4096,
+          "Requests that may wait for capacity (the in-flight limit, or a decode "
+          "worker with room); beyond it RESOURCE_EXHAUSTED (HTTP 429). 0: none wait.");
+ABSL_FLAG(double, queue_timeout_s, 300,
+          "Longest wait in the admission queue (never past the request's own "
+          "deadline); then RESOURCE_EXHAUSTED (HTTP 429 with Retry-After).");
 ABSL_FLAG(double, request_timeout_s, 600, "Deadline of a request that has none.");
 ABSL_FLAG(double, rpc_timeout_s, 5, "Deadline of Reserve and Release calls.");
 ABSL_FLAG(int, lease_ms, 30000, "Reservation lease asked of decode workers.");
@@ -79,6 +85,8 @@ int main(int argc, char** argv) {
   ho.lease_ms = absl::GetFlag(FLAGS_lease_ms);
   ho.checksums = absl::GetFlag(FLAGS_kv_checksums);
   ho.max_context_tokens = model->info.max_context_tokens();
+  ho.queue.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
+  ho.queue.queue_timeout = absl::Seconds(absl::GetFlag(FLAGS_queue_timeout_s));
   tandem::router::Handoff handoff(&workers, &handoff_metrics, ho);
   tandem::router::RouterServiceOptions ro;
   ro.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
@@ -87,7 +95,7 @@ int main(int argc, char** argv) {
                                        tokenizer.get());
   tandem::router::RegistryService registry(
       &workers, &metrics, model->fingerprint,
-      absl::Seconds(absl::GetFlag(FLAGS_heartbeat_interval_s)));
+      absl::Seconds(absl::GetFlag(FLAGS_heartbeat_interval_s)), &handoff);
 
   tandem::metrics::HttpExposer exposer(
       {.host = absl::GetFlag(FLAGS_host), .port = absl::GetFlag(FLAGS_metrics_port)},

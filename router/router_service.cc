@@ -143,16 +143,35 @@ absl::StatusOr<tandem::v1::GenerateRequest> RouterService::Admit(
     return Unavailable(
         "no decode workers registered with this router; the request was not started");
   }
-  if (in_flight_.load() >= options_.max_in_flight) {
-    return ResourceExhausted("the router is running ", options_.max_in_flight,
-                             " requests (its limit); retry later");
-  }
   if (req.request_id().empty()) req.set_request_id(ids_.Next("req-"));
   if (req.sampling().temperature() >= engine::kGreedyTemperature &&
       !req.sampling().has_seed()) {
     req.mutable_sampling()->set_seed(engine::FreshSeed());
   }
   return req;
+}
+
+// A request waiting for an in-flight place.
+struct RouterService::Waiter {
+  tandem::v1::GenerateRequest req;
+  rpc::ResponseSink* sink;  // producer reference; Close()d when it ends here
+  absl::Time deadline, started;
+  QueuePlace place;
+  absl::Mutex mu;
+  uint64_t ticket ABSL_GUARDED_BY(mu) = 0;
+  bool queued ABSL_GUARDED_BY(mu) = false;
+  bool cancelled ABSL_GUARDED_BY(mu) = false;
+};
+
+bool RouterService::TryClaim() {
+  int32_t n = in_flight_.load();
+  while (n < options_.max_in_flight) {
+    if (in_flight_.compare_exchange_weak(n, n + 1)) {
+      metrics_->in_flight->Set(n + 1);
+      return true;
+    }
+  }
+  return false;
 }
 
 void RouterService::Run(const tandem::v1::GenerateRequest& request,
@@ -172,14 +191,92 @@ void RouterService::Run(const tandem::v1::GenerateRequest& request,
   const absl::Time deadline =
       rpc::WithUnixMillis(std::min(started + options_.request_timeout, grpc_deadline),
                           req->deadline_unix_ms());
-  metrics_->in_flight->Set(++in_flight_);
+  if (TryClaim()) {
+    StartHandoff(*std::move(req), sink, deadline, started);
+    return;
+  }
+  auto w = std::make_shared<Waiter>();
+  w->req = *std::move(req);
+  w->sink = sink;
+  w->deadline = deadline;
+  w->started = started;
+  // Set before the Push, so that a wake's hand-off (which sets its own hook)
+  // always comes after this one.
+  sink->SetOnCancel([this, w] {
+    uint64_t ticket;
+    {
+      absl::MutexLock l(&w->mu);
+      w->cancelled = true;
+      if (!w->queued) return;  // Wait() or the hand-off sees it
+      ticket = w->ticket;
+    }
+    if (handoff_->queue()->Remove(ticket)) {
+      const absl::Status s =
+          absl::CancelledError("cancelled by the client while queued");
+      Done(s, w->started);
+      w->sink->Close(ToGrpcStatus(s));
+    }
+  });
+  Wait(std::move(w));
+}
+
+void RouterService::Wait(std::shared_ptr<Waiter> w) {
+  absl::Status refused;
+  {
+    absl::MutexLock l(&w->mu);
+    if (w->cancelled) {
+      refused = absl::CancelledError("cancelled by the client while queued");
+    } else {
+      absl::StatusOr<uint64_t> ticket = handoff_->queue()->Push(
+          AdmissionQueue::Lane::kInFlight, w->req.priority(), w->deadline, &w->place,
+          [this, w](const absl::Status& s) {
+            {
+              absl::MutexLock l(&w->mu);
+              w->queued = false;
+            }
+            if (!s.ok()) {
+              Done(s, w->started);
+              TLOG(INFO, "generate refused after queueing")
+                  .Kv("request_id", w->req.request_id())
+                  .Kv("status", s);
+              w->sink->Close(ToGrpcStatus(s));
+            } else if (TryClaim()) {
+              StartHandoff(w->req, w->sink, w->deadline, w->started);
+            } else {
+              Wait(w);  // another took the place: back in line, same place
+            }
+          });
+      if (ticket.ok()) {
+        w->ticket = *ticket;
+        w->queued = true;
+        return;
+      }
+      refused = ticket.status();
+      if (absl::IsResourceExhausted(refused)) {
+        refused =
+            ResourceExhausted("the router is running ", options_.max_in_flight,
+                              " requests (--max_in_flight) and ", refused.message());
+      }
+    }
+  }
+  Done(refused, w->started);
+  w->sink->Close(ToGrpcStatus(refused));
+}
+
+void RouterService::StartHandoff(tandem::v1::GenerateRequest req,
+                                 rpc::ResponseSink* sink, absl::Time deadline,
+                                 absl::Time started) {
   TLOG(DEBUG, "generate")
-      .Kv("request_id", req->request_id())
-      .Kv("prompt_tokens", req->prompt_token_ids().ids_size());
-  handoff_->Start(*std::move(req), sink, deadline, started,
+      .Kv("request_id", req.request_id())
+      .Kv("prompt_tokens", req.prompt_token_ids().ids_size());
+  handoff_->Start(std::move(req), sink, deadline, started,
                   [this, started](const absl::Status& s) {
                     metrics_->in_flight->Set(--in_flight_);
                     Done(s, started);
+                    // Capacity may have freed: an in-flight place, and the
+                    // decode worker's room (its next report says how much).
+                    handoff_->queue()->Wake(AdmissionQueue::Lane::kInFlight, 1);
+                    handoff_->CapacityMayHaveFreed(1);
                   });
 }
 
@@ -229,11 +326,12 @@ grpc::ServerUnaryReactor* RouterService::ListModels(
 
 RegistryService::RegistryService(WorkerRegistry* registry, RouterMetrics* metrics,
                                  std::string model_fingerprint,
-                                 absl::Duration heartbeat_interval)
+                                 absl::Duration heartbeat_interval, Handoff* handoff)
     : registry_(registry),
       metrics_(metrics),
       model_fingerprint_(std::move(model_fingerprint)),
-      heartbeat_interval_(heartbeat_interval) {}
+      heartbeat_interval_(heartbeat_interval),
+      handoff_(handoff) {}
 
 grpc::ServerUnaryReactor* RegistryService::Register(
     grpc::CallbackServerContext* context, const tandem::v1::RegisterRequest* request,
@@ -271,6 +369,17 @@ grpc::ServerUnaryReactor* RegistryService::Heartbeat(
     tandem::v1::HeartbeatResponse* response) {
   response->set_known(registry_->Heartbeat(request->worker_id(), request->load()));
   UpdateWorkerGauges();
+  // A decode worker with free slots and blocks: that many queued requests retry.
+  const tandem::v1::WorkerLoad& load = request->load();
+  bool decode = false;
+  for (const WorkerRecord& w : registry_->Live(tandem::v1::WORKER_ROLE_DECODE)) {
+    decode = decode || w.registration.worker_id() == request->worker_id();
+  }
+  if (handoff_ != nullptr && decode &&
+      (load.total_kv_blocks() == 0 || load.free_kv_blocks() > 0)) {
+    const int slots = load.total_state_slots() > 0 ? load.free_state_slots() : 1;
+    handoff_->CapacityMayHaveFreed(slots);
+  }
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -3,8 +3,10 @@
 //   Generate(request)
 //     → ValidateGenerateRequest            INVALID_ARGUMENT on bad input
 //     → prompt_text tokenised (the model's tokenizer), length re-checked
-//     → in-flight limit                     RESOURCE_EXHAUSTED when full
-//     → no live decode worker               UNAVAILABLE
+//     → no live decode worker               UNAVAILABLE (not queued)
+//     → in-flight limit reached: waits in the AdmissionQueue (in-flight lane,
+//       woken when a request finishes); RESOURCE_EXHAUSTED only when the queue
+//       is full or --queue_timeout_s passes; cancel / deadline end it at once
 //     → seed drawn when sampling without one; deadline = min(gRPC deadline,
 //       deadline_unix_ms, now + request_timeout)
 //     → Handoff::Start (handoff.h: Reserve → Prefill → Decode, or colocated),
@@ -12,13 +14,15 @@
 //   GenerateSession → many Generates on one stream (rpc/session_stream.h);
 //     each start runs exactly as a Generate call (the request's own deadline)
 //   ListModels → the served model (from config.json)
-//   Register / Heartbeat → WorkerRegistry
+//   Register / Heartbeat → WorkerRegistry; a decode worker's report with free
+//     slots wakes that many requests queued for a decode worker
 #ifndef TANDEM_ROUTER_ROUTER_SERVICE_H_
 #define TANDEM_ROUTER_ROUTER_SERVICE_H_
 
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <memory>
 
 #include "absl/time/time.h"
 #include "common/ids.h"
@@ -47,7 +51,7 @@ struct RouterMetrics {
 };
 
 struct RouterServiceOptions {
-  // Generate calls running at once; more are refused with RESOURCE_EXHAUSTED.
+  // Generate calls running at once; more wait in the admission queue.
   int32_t max_in_flight = 256;
   // Deadline of a request that carries none.
   absl::Duration request_timeout = absl::Seconds(600);
@@ -83,6 +87,14 @@ class RouterService final : public tandem::v1::Router::CallbackService {
            absl::Time grpc_deadline, const std::string& peer);
   // Counts a finished request by outcome.
   void Done(const absl::Status& status, absl::Time started);
+  // Takes an in-flight place if one is free.
+  bool TryClaim();
+  // Starts the hand-off of an admitted request holding an in-flight place.
+  void StartHandoff(tandem::v1::GenerateRequest req, rpc::ResponseSink* sink,
+                    absl::Time deadline, absl::Time started);
+  struct Waiter;
+  // Queues `w` in the in-flight lane (again: it keeps its place), or ends it.
+  void Wait(std::shared_ptr<Waiter> w);
 
   // The model's limits, with the context shrunk to the smallest limit of the live
   // workers (a worker may accept less than the model's max_position_embeddings).
@@ -102,8 +114,10 @@ class RouterService final : public tandem::v1::Router::CallbackService {
 class RegistryService final : public tandem::v1::Registry::CallbackService {
  public:
   // Not owned; must outlive the service.
+  // `handoff` (may be null) hears of decode workers' free slots.
   RegistryService(WorkerRegistry* registry, RouterMetrics* metrics,
-                  std::string model_fingerprint, absl::Duration heartbeat_interval);
+                  std::string model_fingerprint, absl::Duration heartbeat_interval,
+                  Handoff* handoff = nullptr);
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const tandem::v1::RegisterRequest* request,
@@ -119,6 +133,7 @@ class RegistryService final : public tandem::v1::Registry::CallbackService {
   RouterMetrics* const metrics_;    // not owned
   const std::string model_fingerprint_;
   const absl::Duration heartbeat_interval_;
+  Handoff* const handoff_;  // not owned; may be null
 };
 
 }  // namespace tandem::router

@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <map>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -217,6 +218,125 @@ TEST_F(RouterServiceTest, RegistryRefusesOtherWeightsAndHeartbeatsReportKnown) {
     ASSERT_TRUE(registry_stub_->Heartbeat(&ctx, hb, &resp).ok());
     EXPECT_EQ(resp.known(), std::string(id) == "decode-1");
   }
+}
+
+}  // namespace
+}  // namespace tandem::router
+
+namespace tandem::router {
+namespace {
+
+// A router with no in-flight place (--max_in_flight=0): every request waits in
+// the admission queue (one place, a 200 ms timeout) and ends there.
+class RouterQueueTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_.info.set_id("kimi-k3");
+    model_.info.set_vocab_size(163840);
+    model_.info.set_max_context_tokens(4096);
+    model_.fingerprint = "fp";
+    tandem::v1::RegisterRequest w;
+    w.set_worker_id("decode-0");
+    w.set_role(tandem::v1::WORKER_ROLE_DECODE);
+    w.set_grpc_address("127.0.0.1:1");
+    w.set_model_fingerprint("fp");
+    ASSERT_TRUE(workers_.Register(w).ok());
+    router_ = std::make_unique<RouterService>(model_, &workers_, &metrics_, &handoff_,
+                                              RouterServiceOptions{.max_in_flight = 0});
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(router_.get());
+    server_ = b.BuildAndStart();
+    ASSERT_GT(port, 0);
+    stub_ = tandem::v1::Router::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override { server_->Shutdown(); }
+
+  static HandoffOptions Options() {
+    HandoffOptions o;
+    o.queue = {.max_queued_requests = 1, .queue_timeout = absl::Milliseconds(200)};
+    return o;
+  }
+  grpc::Status Generate(grpc::ClientContext* ctx) {
+    tandem::v1::GenerateRequest req;
+    req.mutable_prompt_token_ids()->add_ids(100);
+    req.mutable_stop()->set_max_tokens(8);
+    auto reader = stub_->Generate(ctx, req);
+    tandem::v1::GenerateResponse resp;
+    while (reader->Read(&resp)) {
+    }
+    return reader->Finish();
+  }
+  double Rejections(const std::string& reason) {
+    return handoff_metrics_.queue.rejections->Add({{"reason", reason}}).Value();
+  }
+  // Polls the queue depth (the queue is filled on the server's threads).
+  bool DepthBecomes(size_t n) {
+    const absl::Time end = absl::Now() + absl::Seconds(10);
+    while (handoff_.queue()->depth() != n) {
+      if (absl::Now() > end) return false;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return true;
+  }
+
+  FakeClock clock_;
+  WorkerRegistry workers_{&clock_, absl::Hours(1)};
+  metrics::Registry metric_registry_;
+  RouterMetrics metrics_{&metric_registry_};
+  HandoffMetrics handoff_metrics_{&metric_registry_};
+  Handoff handoff_{&workers_, &handoff_metrics_, Options()};
+  model::ServedModel model_;
+  std::unique_ptr<RouterService> router_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<tandem::v1::Router::Stub> stub_;
+};
+
+TEST_F(RouterQueueTest, AtTheInFlightLimitARequestWaitsThenTimesOut) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  const absl::Time t0 = absl::Now();
+  grpc::Status s = Generate(&ctx);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("queue timeout"), std::string::npos)
+      << s.error_message();
+  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(200));  // it waited
+  EXPECT_EQ(Rejections("queue_timeout"), 1);
+  EXPECT_EQ(handoff_.queue()->depth(), 0u);
+  EXPECT_EQ(handoff_metrics_.queue.wait_seconds->Count(), 1u);
+  EXPECT_EQ(metrics_.requests->Add({{"outcome", "resource_exhausted"}}).Value(), 1);
+}
+
+TEST_F(RouterQueueTest, AFullQueueRefusesAtOnceAndACancelFreesItsPlace) {
+  grpc::ClientContext waiting;
+  waiting.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  std::thread first([&] {
+    grpc::Status s = Generate(&waiting);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  });
+  ASSERT_TRUE(DepthBecomes(1));
+  grpc::ClientContext refused;
+  refused.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Status s = Generate(&refused);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("queue is full"), std::string::npos)
+      << s.error_message();
+  EXPECT_EQ(Rejections("queue_full"), 1);
+  waiting.TryCancel();
+  first.join();
+  EXPECT_TRUE(DepthBecomes(0));
+  EXPECT_EQ(Rejections("queue_timeout"), 0);
+}
+
+TEST_F(RouterQueueTest, TheRequestsDeadlineWhileQueuedIsDeadlineExceeded) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(50));
+  grpc::Status s = Generate(&ctx);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  EXPECT_TRUE(DepthBecomes(0));
+  EXPECT_EQ(Rejections("queue_timeout"), 0);  // its own deadline, not the queue's
 }
 
 }  // namespace

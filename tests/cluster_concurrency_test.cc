@@ -4,8 +4,9 @@
 //     all complete, and each stream's tokens equal the same request run alone
 //     afterwards: no token is lost, duplicated or mixed between streams;
 //   - afterwards every KV block, reserved block and reservation is free again;
-//   - a router with --max_in_flight=2 refuses excess requests with
-//     RESOURCE_EXHAUSTED while the admitted ones complete.
+//   - a router with --max_in_flight=2 queues excess requests (up to
+//     --max_queued_requests=3) and refuses the rest with RESOURCE_EXHAUSTED
+//     while the admitted ones complete; the queued ones complete after them.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
@@ -92,9 +93,10 @@ TEST(ClusterConcurrencyTest, SixtyFourConcurrentStreamsMatchTheirSoloRuns) {
       WaitMetric(c.router_metrics(), "tandem_router_requests_in_flight", {}, 0));
 }
 
-TEST(ClusterConcurrencyTest, ExcessRequestsGetResourceExhausted) {
+TEST(ClusterConcurrencyTest, ExcessRequestsQueueThenGetResourceExhausted) {
   ProcessCluster c;
-  const std::string err = c.Start({"--max_in_flight=2"}, /*decode_slots=*/4);
+  const std::string err =
+      c.Start({"--max_in_flight=2", "--max_queued_requests=3"}, /*decode_slots=*/4);
   ASSERT_EQ(err, "");
   // Two long streams take the router's two places; once both have streamed a
   // token the decode worker is frozen (SIGSTOP), so they stay in flight...
@@ -114,23 +116,33 @@ TEST(ClusterConcurrencyTest, ExcessRequestsGetResourceExhausted) {
   const absl::Time end = absl::Now() + absl::Seconds(30);
   while (started.load() < 2 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(5));
   ASSERT_EQ(started.load(), 2) << c.Logs();
-  // ...and concurrent extra requests are refused.
+  // ...and of six concurrent extra requests three wait, three are refused.
   std::vector<std::future<StreamResult>> extra;
   for (int i = 0; i < 6; ++i) {
     extra.push_back(std::async(std::launch::async, [&c, i] {
       return c.Generate(MakeRequest(5, 100 + i, 4, 0.0f));
     }));
   }
-  for (auto& f : extra) {
-    StreamResult r = f.get();
-    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
-        << r.status.error_message();
-    EXPECT_NE(r.status.error_message().find("limit"), std::string::npos)
-        << r.status.error_message();
-    EXPECT_TRUE(r.tokens.empty());
-  }
+  ASSERT_TRUE(WaitMetric(c.router_metrics(), "tandem_router_rejections_total",
+                         {{"reason", "queue_full"}}, 3))
+      << c.Logs();
+  EXPECT_EQ(*Metric(c.router_metrics(), "tandem_router_queue_depth", {}), 3);
   EXPECT_EQ(*Metric(c.router_metrics(), "tandem_router_requests_in_flight", {}), 2);
   c.decode().Signal(SIGCONT);
+  int refused = 0;
+  for (auto& f : extra) {
+    StreamResult r = f.get();
+    if (r.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++refused;
+      EXPECT_NE(r.status.error_message().find("queue is full"), std::string::npos)
+          << r.status.error_message();
+      EXPECT_TRUE(r.tokens.empty());
+    } else {
+      EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+      EXPECT_EQ(r.tokens.size(), 4u);
+    }
+  }
+  EXPECT_EQ(refused, 3);
   for (auto& f : admitted) {
     StreamResult r = f.get();
     ASSERT_TRUE(r.status.ok()) << r.status.error_message() << c.Logs();
@@ -143,7 +155,7 @@ TEST(ClusterConcurrencyTest, ExcessRequestsGetResourceExhausted) {
   EXPECT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(*Metric(c.router_metrics(), "tandem_router_requests_total",
                     {{"outcome", "resource_exhausted"}}),
-            6);
+            3);
 }
 
 }  // namespace
