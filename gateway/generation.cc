@@ -200,6 +200,7 @@ tandem::v1::GenerateRequest Generation::BuildRequest(int i, absl::Time deadline)
   stop->set_ignore_eos(fields_.ignore_eos);
   stop->set_min_tokens(fields_.min_tokens);
   req.set_deadline_unix_ms(rpc::ToUnixMillisOrZero(deadline));
+  req.set_priority(fields_.priority);
   return req;
 }
 

@@ -187,6 +187,9 @@ absl::StatusOr<GenerationFields> ParseFields(const json& body, bool chat) {
   TANDEM_ASSIGN_OR_RETURN(f.ignore_eos, OptBool(body, "ignore_eos"));
   TANDEM_ASSIGN_OR_RETURN(auto min_tokens, OptInteger(body, "min_tokens", 0, 1 << 30));
   if (min_tokens) f.min_tokens = static_cast<int>(*min_tokens);
+  TANDEM_ASSIGN_OR_RETURN(auto priority,
+                          OptInteger(body, "priority", -(1 << 30), 1 << 30));
+  if (priority) f.priority = static_cast<int>(*priority);
   if (f.max_tokens && f.min_tokens > *f.max_tokens) {
     return InvalidArgument("min_tokens: must not exceed max_tokens");
   }

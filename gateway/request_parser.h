@@ -46,6 +46,8 @@ struct GenerationFields {
   bool ignore_eos = false;
   int min_tokens = 0;
   std::vector<int> stop_token_ids;
+  // vLLM's priority scheduling: lower waits less in the router's queue.
+  int priority = 0;
 };
 
 struct ChatCompletionRequest {

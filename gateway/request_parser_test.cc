@@ -23,6 +23,7 @@ TEST(ChatRequestTest, MinimalDefaults) {
   EXPECT_FALSE(r->fields.temperature.has_value());
   EXPECT_FALSE(r->fields.max_tokens.has_value());
   EXPECT_FALSE(r->fields.stream);
+  EXPECT_EQ(r->fields.priority, 0);
   ASSERT_EQ(r->messages.size(), 1u);
   EXPECT_EQ(r->messages[0].ContentText(), "hi");
   EXPECT_TRUE(r->options.thinking);
@@ -33,7 +34,7 @@ TEST(ChatRequestTest, AllFields) {
       R"("temperature":0.7,"top_p":0.9,"n":3,"max_tokens":10,"max_completion_tokens":20,)"
       R"("stop":["a","b"],"seed":-1,"presence_penalty":1.5,"frequency_penalty":-2,)"
       R"("logprobs":true,"top_logprobs":5,"stream":true,)"
-      R"("stream_options":{"include_usage":true},"user":"u1",)"
+      R"("stream_options":{"include_usage":true},"user":"u1","priority":-5,)"
       R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],)"
       R"("tool_choice":{"type":"function","function":{"name":"f"}},)"
       R"("chat_template_kwargs":{"thinking":false})"));
@@ -52,6 +53,7 @@ TEST(ChatRequestTest, AllFields) {
   EXPECT_TRUE(f.stream);
   EXPECT_TRUE(f.include_usage);
   EXPECT_EQ(f.user, "u1");
+  EXPECT_EQ(f.priority, -5);  // vLLM's priority scheduling: lower first
   ASSERT_EQ(r->tools.size(), 1u);
   EXPECT_EQ(r->options.tool_choice, chat::ToolChoice::kNamed);
   EXPECT_FALSE(r->options.thinking);
@@ -131,7 +133,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{Chat(R"("stream_options":{"include_usage":true})"), "stream_options"},
         BadCase{Chat(R"("stream":true,"stream_options":{"include_usage":1})"),
                 "stream_options.include_usage"},
-        BadCase{Chat(R"("user":7)"), "user"}, BadCase{Chat(R"("tools":{})"), "tools"},
+        BadCase{Chat(R"("user":7)"), "user"},
+        BadCase{Chat(R"("priority":"high")"), "priority"},
+        BadCase{Chat(R"("priority":1.5)"), "priority"},
+        BadCase{Chat(R"("tools":{})"), "tools"},
         BadCase{Chat(R"("tool_choice":"required")"), "tool_choice"},
         BadCase{Chat(R"("tool_choice":"sometimes")"), "tool_choice"},
         BadCase{
