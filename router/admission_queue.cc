@@ -1,5 +1,6 @@
 #include "router/admission_queue.h"
 
+#include <deque>
 #include <utility>
 #include <vector>
 
@@ -48,7 +49,10 @@ absl::StatusOr<uint64_t> AdmissionQueue::Push(Lane lane, int32_t priority,
         absl::StrCat("no capacity freed within the queue timeout (",
                      absl::FormatDuration(options_.queue_timeout), "); retry later"));
   }
-  if (static_cast<int64_t>(tickets_.size()) >= options_.max_queued_requests) {
+  // The cap is for arrivals: a request back in line after a wake (place->seq set)
+  // keeps its place even if a newcomer took the room it left.
+  if (place->seq == 0 &&
+      static_cast<int64_t>(tickets_.size()) >= options_.max_queued_requests) {
     metrics_->rejections->Add({{"reason", "queue_full"}}).Increment();
     return absl::ResourceExhaustedError(
         absl::StrCat("the router's queue is full (", options_.max_queued_requests,
@@ -85,6 +89,33 @@ void AdmissionQueue::SetDepthLocked() {
 }
 
 int AdmissionQueue::Wake(Lane lane, int n) {
+  // A woken request may finish on this very stack (no worker alive, say) and
+  // wake the next from its on_end: such nested wakes are queued for the
+  // outermost call on this thread, which runs them in a loop, so a deep queue
+  // drains iteratively instead of recursing once per waiter.
+  struct Nested {
+    AdmissionQueue* queue;
+    Lane lane;
+    int n;
+  };
+  thread_local bool waking = false;
+  thread_local std::deque<Nested> nested;
+  if (waking) {
+    nested.push_back({this, lane, n});
+    return 0;
+  }
+  waking = true;
+  const int woken = WakeNow(lane, n);
+  while (!nested.empty()) {
+    const Nested next = nested.front();
+    nested.pop_front();
+    next.queue->WakeNow(next.lane, next.n);
+  }
+  waking = false;
+  return woken;
+}
+
+int AdmissionQueue::WakeNow(Lane lane, int n) {
   std::vector<OnEnd> woken;
   {
     absl::MutexLock l(&mu_);

@@ -70,7 +70,9 @@ class AdmissionQueue {
   // on_end is never called from inside Push.
   absl::StatusOr<uint64_t> Push(Lane lane, int32_t priority, absl::Time deadline,
                                 QueuePlace* place, OnEnd on_end);
-  // Wakes the first `n` waiters of `lane`; returns how many.
+  // Wakes the first `n` waiters of `lane`; returns how many. Called again from
+  // a woken waiter's on_end (on the same thread), the nested wake runs after the
+  // outer one's, in a loop (no recursion) and returns 0.
   int Wake(Lane lane, int n);
   // Ends every waiter past its expiry; returns how many.
   int Expire();
@@ -90,6 +92,8 @@ class AdmissionQueue {
     absl::Time queued;  // this wait's start
   };
 
+  // Wake's work: takes the first `n` of `lane` and runs their on_end.
+  int WakeNow(Lane lane, int n);
   // Takes `key` out of `lane` (and its ticket), observing its wait.
   Entry TakeLocked(Lane lane, const Key& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetDepthLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

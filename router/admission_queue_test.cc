@@ -2,6 +2,7 @@
 // request's deadline, cancel, and keeping one's place across waits.
 #include "router/admission_queue.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -154,6 +155,50 @@ TEST_F(AdmissionQueueTest, AWaiterPushedAgainKeepsItsPlaceAndExpiry) {
   places_["b"].expires = clock_.Now();
   queue_.Remove(places_["b"].seq);
   EXPECT_EQ(Push("b").status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+// A woken waiter that ends at once and wakes the next from its on_end (every
+// request failing fast while no worker is alive) must not recurse once per
+// waiter: nested wakes run in the outermost call's loop.
+TEST(AdmissionQueueWakeTest, WakesFromOnEndRunInALoopNotARecursion) {
+  FakeClock clock;
+  metrics::Registry registry;
+  AdmissionQueueMetrics metrics(&registry);
+  AdmissionQueue queue(
+      &clock, &metrics,
+      {.max_queued_requests = 5000, .queue_timeout = absl::Seconds(10)});
+  constexpr int kWaiters = 3000;
+  std::vector<QueuePlace> places(kWaiters);
+  int depth = 0, max_depth = 0, ended = 0;
+  for (int i = 0; i < kWaiters; ++i) {
+    ASSERT_TRUE(queue
+                    .Push(Lane::kDecode, 0, absl::InfiniteFuture(), &places[i],
+                          [&](const absl::Status&) {
+                            max_depth = std::max(max_depth, ++depth);
+                            ++ended;
+                            EXPECT_EQ(queue.Wake(Lane::kDecode, 1), 0);  // nested
+                            --depth;
+                          })
+                    .ok());
+  }
+  EXPECT_EQ(queue.Wake(Lane::kDecode, 1), 1);
+  EXPECT_EQ(ended, kWaiters);  // the nested wakes drained the rest
+  EXPECT_EQ(max_depth, 1);
+  EXPECT_EQ(queue.depth(), 0u);
+}
+
+// The bound is for arrivals: a woken request that must wait again keeps its
+// place even when a newcomer took the room it left.
+TEST_F(AdmissionQueueTest, AWokenRequestBackInLineIsNotRefusedAsFull) {
+  ASSERT_TRUE(Push("a").ok());
+  ASSERT_TRUE(Push("b").ok());
+  ASSERT_TRUE(Push("c").ok());
+  EXPECT_EQ(queue_.Wake(Lane::kDecode, 1), 1);  // a leaves: 2 waiting
+  ASSERT_TRUE(Push("d").ok());                  // a newcomer fills the bound
+  EXPECT_EQ(Push("e").status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Push("a").ok());  // a is back, in its old place (first)
+  EXPECT_EQ(queue_.Wake(Lane::kDecode, 1), 1);
+  EXPECT_EQ(ended_.back(), "a:OK");
 }
 
 }  // namespace

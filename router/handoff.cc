@@ -1,6 +1,7 @@
 #include "router/handoff.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "common/grpc_status.h"
@@ -349,6 +350,13 @@ Handoff::Handoff(WorkerRegistry* registry, HandoffMetrics* metrics,
         !tick_mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(20))) {
       tick_mu_.Unlock();
       queue_.Expire();
+      // A decode worker can vanish without a last word (hung, partitioned: its
+      // heartbeats stop and the registry drops it). Waiters for decode room are
+      // then woken to find no worker and end UNAVAILABLE at once, rather than
+      // wait out the queue timeout for capacity that cannot come.
+      if (registry_->Live(tandem::v1::WORKER_ROLE_DECODE).empty()) {
+        queue_.Wake(AdmissionQueue::Lane::kDecode, std::numeric_limits<int>::max());
+      }
       tick_mu_.Lock();
     }
   });

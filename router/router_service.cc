@@ -222,6 +222,7 @@ void RouterService::Run(const tandem::v1::GenerateRequest& request,
 
 void RouterService::Wait(std::shared_ptr<Waiter> w) {
   absl::Status refused;
+  bool queued = false;
   {
     absl::MutexLock l(&w->mu);
     if (w->cancelled) {
@@ -249,15 +250,24 @@ void RouterService::Wait(std::shared_ptr<Waiter> w) {
       if (ticket.ok()) {
         w->ticket = *ticket;
         w->queued = true;
-        return;
+        queued = true;
       }
-      refused = ticket.status();
-      if (absl::IsResourceExhausted(refused)) {
+      if (!queued) refused = ticket.status();
+      if (!queued && absl::IsResourceExhausted(refused)) {
         refused =
             ResourceExhausted("the router is running ", options_.max_in_flight,
                               " requests (--max_in_flight) and ", refused.message());
       }
     }
+  }
+  if (queued) {
+    // The place may have freed between the failed claim and the Push (its finish
+    // found the lane empty): look again now that the request is in line, outside
+    // w->mu (the wake may run this waiter's on_end, which takes it).
+    if (in_flight_.load() < options_.max_in_flight) {
+      handoff_->queue()->Wake(AdmissionQueue::Lane::kInFlight, 1);
+    }
+    return;
   }
   Done(refused, w->started);
   w->sink->Close(ToGrpcStatus(refused));
