@@ -250,6 +250,17 @@ class HandoffTest : public ::testing::Test {
   // Starts request "r1" (3 prompt tokens) on the hand-off, writing to sink_.
   // *call_gone_ is notified once the hand-off has dropped the request (its last
   // call ended and nothing was started after it).
+  // The next `n` Reserves answer RESOURCE_EXHAUSTED.
+  void FillReserves(int n) {
+    absl::MutexLock l(&fake_.mu);
+    fake_.full_reserves = n;
+  }
+  // d0 (decode) and p0 (prefill), both this fake, then the request.
+  void StartOnOnePair() {
+    Register("d0", tandem::v1::WORKER_ROLE_DECODE, address_);
+    Register("p0", tandem::v1::WORKER_ROLE_PREFILL, address_);
+    Start();
+  }
   void Start(absl::Duration timeout = kWait) {
     struct Gone {
       explicit Gone(std::shared_ptr<absl::Notification> n) : n(std::move(n)) {}
@@ -304,9 +315,7 @@ class HandoffTest : public ::testing::Test {
 };
 
 TEST_F(HandoffTest, DisaggregatedCallsCarryTheHandOff) {
-  Register("d0", tandem::v1::WORKER_ROLE_DECODE, address_);
-  Register("p0", tandem::v1::WORKER_ROLE_PREFILL, address_);
-  Start();
+  StartOnOnePair();
   ASSERT_TRUE(sink_.WaitClosed());
   EXPECT_TRUE(sink_.status().ok()) << sink_.status().error_message();
   {
@@ -347,9 +356,7 @@ TEST_F(HandoffTest, DisaggregatedCallsCarryTheHandOff) {
 
 TEST_F(HandoffTest, LostPrefillWorkerIsReleasedThenColocated) {
   fake_.prefill_unavailable = true;
-  Register("d0", tandem::v1::WORKER_ROLE_DECODE, address_);
-  Register("p0", tandem::v1::WORKER_ROLE_PREFILL, address_);
-  Start();
+  StartOnOnePair();
   ASSERT_TRUE(sink_.WaitClosed());
   EXPECT_TRUE(sink_.status().ok()) << sink_.status().error_message();
   {
@@ -371,13 +378,8 @@ TEST_F(HandoffTest, LostPrefillWorkerIsReleasedThenColocated) {
 }
 
 TEST_F(HandoffTest, FullDecodeWorkerQueuesTheRequestUntilCapacityFrees) {
-  {
-    absl::MutexLock l(&fake_.mu);
-    fake_.full_reserves = 1;
-  }
-  Register("d0", tandem::v1::WORKER_ROLE_DECODE, address_);
-  Register("p0", tandem::v1::WORKER_ROLE_PREFILL, address_);
-  Start();
+  FillReserves(1);
+  StartOnOnePair();
   ASSERT_TRUE(QueueDepthBecomes(1));
   EXPECT_EQ(sink_.closes(), 0);  // waiting, not refused
   handoff_.CapacityMayHaveFreed(1);
@@ -392,13 +394,8 @@ TEST_F(HandoffTest, FullDecodeWorkerQueuesTheRequestUntilCapacityFrees) {
 }
 
 TEST_F(HandoffTest, ClientCancelWhileQueuedEndsAtOnceAndFreesThePlace) {
-  {
-    absl::MutexLock l(&fake_.mu);
-    fake_.full_reserves = 1;
-  }
-  Register("d0", tandem::v1::WORKER_ROLE_DECODE, address_);
-  Register("p0", tandem::v1::WORKER_ROLE_PREFILL, address_);
-  Start();
+  FillReserves(1);
+  StartOnOnePair();
   ASSERT_TRUE(QueueDepthBecomes(1));
   sink_.Cancel();
   ASSERT_TRUE(sink_.WaitClosed());
@@ -412,9 +409,7 @@ TEST_F(HandoffTest, ClientCancelWhileQueuedEndsAtOnceAndFreesThePlace) {
 
 TEST_F(HandoffTest, ClientCancelWhileDecodingCancelsTheStream) {
   fake_.hold = true;
-  Register("d0", tandem::v1::WORKER_ROLE_DECODE, address_);
-  Register("p0", tandem::v1::WORKER_ROLE_PREFILL, address_);
-  Start();
+  StartOnOnePair();
   ASSERT_TRUE(fake_.stream_started.WaitForNotificationWithTimeout(kWait));
   sink_.Cancel();
   ASSERT_TRUE(sink_.WaitClosed());
@@ -454,9 +449,7 @@ TEST_F(HandoffTest, ClientCancelWhileReleasingFinishesOnceAndStartsNothingMore) 
     absl::MutexLock l(&fake_.mu);
     fake_.hold_releases = 1;
   }
-  Register("d0", tandem::v1::WORKER_ROLE_DECODE, address_);
-  Register("p0", tandem::v1::WORKER_ROLE_PREFILL, address_);
-  Start();
+  StartOnOnePair();
   // Prefill lost: RELEASING, the awaited Release held by the fake.
   ASSERT_TRUE(fake_.release_held.WaitForNotificationWithTimeout(kWait));
   sink_.Cancel();
@@ -483,9 +476,7 @@ TEST_F(HandoffTest, PrefillRetryReservesAgainOnlyAfterTheReleaseEnded) {
     absl::MutexLock l(&fake_.mu);
     fake_.hold_releases = 1;  // the retry's Release; the fallback's is not held
   }
-  Register("d0", tandem::v1::WORKER_ROLE_DECODE, address_);
-  Register("p0", tandem::v1::WORKER_ROLE_PREFILL, address_);
-  Start();
+  StartOnOnePair();
   ASSERT_TRUE(fake_.release_held.WaitForNotificationWithTimeout(kWait));
   {
     // While the Release is held, no second Reserve comes (a bounded look: an

@@ -5,7 +5,6 @@
 // each stream's tokens equal the same request run alone.
 #include <grpcpp/grpcpp.h>
 
-#include <future>
 #include <string>
 #include <vector>
 
@@ -34,13 +33,7 @@ TEST(ClusterQueueingTest, SixteenRequestsOnTwoDecodeSlotsAllCompleteAsAlone) {
     req.set_request_id("queued-" + std::to_string(i));
     reqs.push_back(req);
   }
-  std::vector<std::future<StreamResult>> calls;
-  for (int i = 0; i < kStreams; ++i) {
-    calls.push_back(
-        std::async(std::launch::async, [&c, &reqs, i] { return c.Generate(reqs[i]); }));
-  }
-  std::vector<StreamResult> concurrent;
-  for (auto& f : calls) concurrent.push_back(f.get());
+  const std::vector<StreamResult> concurrent = c.GenerateAll(reqs);
   for (int i = 0; i < kStreams; ++i) {
     ASSERT_TRUE(concurrent[i].status.ok())
         << "stream " << i << ": " << concurrent[i].status.error_message() << c.Logs();

@@ -1,6 +1,7 @@
 #include "tests/testing/process_cluster.h"
 
 #include <cstdlib>
+#include <future>
 #include <regex>
 
 #include "absl/time/clock.h"
@@ -133,6 +134,17 @@ StreamResult ProcessCluster::Generate(const tandem::v1::GenerateRequest& req,
   grpc::ClientContext ctx;
   ctx.set_deadline(In(60));
   return Drain(stub_->Generate(&ctx, req).get(), std::move(after_message));
+}
+
+std::vector<StreamResult> ProcessCluster::GenerateAll(
+    const std::vector<tandem::v1::GenerateRequest>& reqs) {
+  std::vector<std::future<StreamResult>> calls;
+  for (const tandem::v1::GenerateRequest& r : reqs) {
+    calls.push_back(std::async(std::launch::async, [this, &r] { return Generate(r); }));
+  }
+  std::vector<StreamResult> out;
+  for (auto& f : calls) out.push_back(f.get());
+  return out;
 }
 
 std::string ProcessCluster::Logs() const {

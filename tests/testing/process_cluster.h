@@ -64,6 +64,9 @@ class ProcessCluster {
 
   StreamResult Generate(const tandem::v1::GenerateRequest& req,
                         std::function<void(int)> after_message = nullptr);
+  // Every request at once, one client thread each; results in request order.
+  std::vector<StreamResult> GenerateAll(
+      const std::vector<tandem::v1::GenerateRequest>& reqs);
   std::string Logs() const;
 
   int router_port() const { return router_port_; }
