@@ -12,6 +12,27 @@
 
 namespace tandem::engine {
 
+absl::StatusOr<CacheSizing> SizeCacheFromMemory(const model::ModelConfig& config,
+                                                const CacheMemoryOptions& memory,
+                                                EngineOptions* options) {
+  const int64_t tp = std::max(1, options->tp.tp_size);
+  CacheSizingInput in;
+  in.budget_bytes = memory.budget_bytes;
+  in.token_bytes = tp * config.NumMlaLayers() * config.MlaCacheBytesPerToken();
+  in.slot_bytes = config.NumKdaLayers() * config.KdaStateBytesPerSequence();
+  in.block_size = options->block_size;
+  in.max_num_seqs = memory.max_num_seqs;
+  in.max_model_len = memory.max_model_len;
+  in.model_max_len =
+      std::min<int64_t>(config.text.max_position_embeddings, kMaxContextTokens);
+  in.num_blocks_override = memory.num_blocks_override;
+  TANDEM_ASSIGN_OR_RETURN(CacheSizing s, SizeCache(in));
+  options->num_slots = s.num_slots;
+  options->num_blocks = static_cast<int32_t>(s.num_blocks);
+  options->max_context_tokens = s.max_model_len;
+  return s;
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     const ModelWeights* weights, kernels::Backend* backend,
     const tokenizer::Tokenizer* tokenizer, const EngineOptions& options) {
@@ -116,7 +137,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
       DraftModelOptions dopt;
       dopt.num_slots = sc.num_slots;
       dopt.block_size = sc.block_size;
-      dopt.max_context_tokens = sc.max_context_tokens + so.num_speculative_tokens;
+      // The draft's cache holds the sequences the target's holds: each slot up
+      // to its share of the target's blocks (a memory-sized target may hold
+      // far fewer than num_slots full contexts); longer ones get no drafts.
+      dopt.max_context_tokens =
+          std::min<int64_t>(sc.max_context_tokens + so.num_speculative_tokens,
+                            std::max<int64_t>(2, static_cast<int64_t>(sc.num_blocks) *
+                                                     bs / sc.num_slots));
       dopt.mla_mode = options.mla_mode;
       TANDEM_ASSIGN_OR_RETURN(e->proposer_, DraftModelProposer::Create(
                                                 so.draft_weights, backend,

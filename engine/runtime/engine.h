@@ -50,6 +50,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/splitmix.h"
+#include "engine/cache/cache_sizing.h"
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/model_runner.h"
 #include "engine/runtime/tp_executor.h"
@@ -134,6 +135,24 @@ struct EngineOptions {
   // agent, so that a peer's puts land in memory it maps); empty: the heap.
   KvCacheAllocator cache_allocator;
 };
+
+// The cache sized from a memory budget rather than from counts (a worker's
+// --kv_cache_memory, --max_num_seqs, --max_model_len, --num_blocks).
+struct CacheMemoryOptions {
+  int64_t budget_bytes = 0;         // every TP rank's cache together
+  int32_t max_num_seqs = 256;       // running sequences and KDA slots, at most
+  int64_t max_model_len = 0;        // 0: the model's max_position_embeddings
+  int64_t num_blocks_override = 0;  // > 0: this many MLA blocks, whatever the budget
+};
+
+// Sizes `options` (num_slots, num_blocks, max_context_tokens; block_size and
+// tp.tp_size as set) for `config` from `memory`: the MLA latent of one token
+// ((kv_lora_rank + qk_rope_head_dim) BF16 per MLA layer) is replicated on every
+// TP rank, one sequence's KDA state (heads * d_k * d_v fp32 + conv tails per KDA
+// layer) is split across them, as KvCache lays them out. The errors of SizeCache.
+absl::StatusOr<CacheSizing> SizeCacheFromMemory(const model::ModelConfig& config,
+                                                const CacheMemoryOptions& memory,
+                                                EngineOptions* options);
 
 struct RequestOutput {
   RequestId id = 0;

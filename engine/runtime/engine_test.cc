@@ -540,3 +540,62 @@ TEST(EngineTest, PreemptionByRecomputeKeepsTokens) {
 
 }  // namespace
 }  // namespace tandem::engine
+
+namespace tandem::engine {
+namespace {
+
+// The cache sized from a memory budget: what the engine allocates is what the
+// sizing promised and stays within the budget; the slots cap concurrency; a
+// prompt the cache could never hold is refused at once, one that does not fit
+// now waits.
+TEST(EngineTest, SizedFromMemory) {
+  const model::ModelConfig& c = TinyWeights().config;
+  EngineOptions o;
+  CacheMemoryOptions m;
+  m.budget_bytes = int64_t{4} << 20;  // 4 MiB
+  m.max_num_seqs = 3;
+  auto s = SizeCacheFromMemory(c, m, &o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(o.num_slots, 3);
+  EXPECT_EQ(o.num_blocks, s->num_blocks);
+  // 2 MLA layers of (32 + 8) BF16 values per token on the tiny model.
+  EXPECT_EQ(s->block_bytes, s->num_blocks * 16 * 2 * 40 * 2);
+  EXPECT_EQ(o.max_context_tokens, s->cache_tokens);  // 1M does not fit 4 MiB
+  EXPECT_TRUE(s->max_model_len_limited_by_memory);
+  Rig r = MakeEngine(o);
+  ASSERT_NE(r.engine, nullptr);
+  EXPECT_EQ(r.engine->scheduler().config().num_slots, 3);
+  EXPECT_EQ(r.engine->scheduler().config().num_blocks, s->num_blocks);
+  EXPECT_EQ(r.engine->scheduler().config().max_context_tokens, s->max_model_len);
+  // What the cache holds is exactly the sizing's bytes.
+  EXPECT_EQ(static_cast<int64_t>(r.engine->cache().total_bytes()), s->total_bytes());
+  EXPECT_LE(s->total_bytes(), m.budget_bytes);
+  // Longer than the cache could ever hold: refused, naming the limit.
+  absl::Status too_long =
+      r.engine->AddRequest(1, MakePrompt(s->cache_tokens + 1, 1), Greedy(1));
+  EXPECT_EQ(too_long.code(), absl::StatusCode::kInvalidArgument) << too_long;
+  // An explicit --max_model_len beyond the budget is an error at start.
+  CacheMemoryOptions big = m;
+  big.max_model_len = 1048576;
+  EngineOptions o2;
+  EXPECT_EQ(SizeCacheFromMemory(c, big, &o2).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// With TP the MLA latent is replicated on every rank: half the tokens per byte.
+TEST(EngineTest, SizedFromMemoryCountsReplicatedMlaPerRank) {
+  const model::ModelConfig& c = TinyWeights().config;
+  CacheMemoryOptions m;
+  m.budget_bytes = int64_t{64} << 20;
+  m.max_num_seqs = 4;
+  EngineOptions one, two;
+  two.tp.tp_size = 2;
+  auto s1 = SizeCacheFromMemory(c, m, &one);
+  auto s2 = SizeCacheFromMemory(c, m, &two);
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  EXPECT_EQ(s1->slot_bytes, s2->slot_bytes);  // KDA heads split, same total
+  EXPECT_NEAR(static_cast<double>(s2->num_blocks), s1->num_blocks / 2.0, 1.0);
+}
+
+}  // namespace
+}  // namespace tandem::engine
