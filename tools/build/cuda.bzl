@@ -8,7 +8,11 @@ CUDA, and the CUDA build says why it was skipped.
 
 load("@local_cuda//:defs.bzl", "HAS_CUDA", "NVCC")
 
-CUDA_ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
+# Hopper (H200: run and measured) and Blackwell (B300: compile-checked).
+CUDA_ARCH_FLAGS = [
+    "-gencode=arch=compute_90a,code=sm_90a",
+    "-gencode=arch=compute_100a,code=sm_100a",
+]
 
 def cuda_library(name, srcs, hdrs = [], deps = [], nvcc_flags = [], visibility = None):
     """A cc_library from .cu sources, built only under --config=cuda."""

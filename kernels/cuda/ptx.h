@@ -1,0 +1,77 @@
+// PTX instructions used by the kernels, each behind one small device function.
+// Under nvcc the function is the inline PTX; under cuda_sim it is a warp
+// collective that implements the PTX ISA's definition for the 32 lanes, fragment
+// layout included, so kernels written against the real layout compute the same
+// result on the emulator (and wrong ones when they get the layout wrong).
+//
+//   MmaBf16M16N8K16(d, a, b)   d[4] += A(16x16, row) * B(16x8, col), fp32 accumulate
+//     (mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32). With g = lane / 4 and
+//     t = lane % 4, each 32-bit register holds two BF16, the lower index in the low
+//     half:
+//       a[0] = A[g][2t..2t+1]     a[1] = A[g+8][2t..2t+1]
+//       a[2] = A[g][2t+8..2t+9]   a[3] = A[g+8][2t+8..2t+9]
+//       b[0] = B[2t..2t+1][g]     b[1] = B[2t+8..2t+9][g]
+//       d[0..1] = D[g][2t..2t+1]  d[2..3] = D[g+8][2t..2t+1]
+//   LdMatrixX4(r, smem_row)     ldmatrix.sync.aligned.m8n8.x4.shared.b16: lanes
+//     8i..8i+7 give the 8 row addresses (16 bytes each) of matrix i; lane l gets
+//     r[i] = matrix i's row l / 4, columns 2(l % 4)..2(l % 4)+1.
+//   CpAsync16(smem, gmem)       cp.async.cg.shared.global 16 bytes; CpAsyncCommit()
+//     closes a group, CpAsyncWait<N>() waits until at most N groups are pending.
+//     The emulator performs a group's copies only when it is waited for, so a
+//     kernel that reads before waiting reads stale data.
+#ifndef TANDEM_KERNELS_CUDA_PTX_H_
+#define TANDEM_KERNELS_CUDA_PTX_H_
+
+#include <cstdint>
+
+#include "kernels/cuda/vendor.h"
+
+namespace tandem::gpu {
+
+#if defined(TANDEM_GPU_NVCC)
+
+__device__ __forceinline__ void MmaBf16M16N8K16(float d[4], const uint32_t a[4],
+                                                const uint32_t b[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t r[4], const void* smem_row) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(gmem));
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+#else  // cuda_sim
+
+void MmaBf16M16N8K16(float d[4], const uint32_t a[4], const uint32_t b[2]);
+void LdMatrixX4(uint32_t r[4], const void* smem_row);
+void CpAsync16(void* smem, const void* gmem);
+void CpAsyncCommit();
+void CpAsyncWaitGroups(int n);
+template <int N>
+inline void CpAsyncWait() {
+  CpAsyncWaitGroups(N);
+}
+
+#endif
+
+}  // namespace tandem::gpu
+
+#endif  // TANDEM_KERNELS_CUDA_PTX_H_

@@ -1,0 +1,189 @@
+#include "kernels/cuda/sim/sim_device.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+constexpr size_t kAlignment = 256;
+
+class SimStream final : public Stream {
+ public:
+  // The emulator only needs a distinct, stable handle per stream.
+  void* native() override { return this; }
+  // Launches and copies run when they are enqueued.
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+};
+
+class SimEvent final : public Event {
+ public:
+  absl::Status Record(Stream&) override { return absl::OkStatus(); }
+  absl::Status MakeWait(Stream&) override { return absl::OkStatus(); }
+  absl::StatusOr<bool> Done() override { return true; }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+};
+
+int64_t CapacityFromEnv() {
+  const char* env = std::getenv("TANDEM_SIM_DEVICE_BYTES");
+  int64_t v = 0;
+  if (env != nullptr && absl::SimpleAtoi(env, &v) && v > 0) return v;
+  if (env != nullptr && *env != '\0') {
+    std::fprintf(stderr,
+                 "cuda_sim: ignoring TANDEM_SIM_DEVICE_BYTES=\"%s\" (want a positive "
+                 "byte count)\n",
+                 env);
+  }
+  return kDefaultSimDeviceBytes;
+}
+
+class SimDevice final : public Device {
+ public:
+  explicit SimDevice(int64_t capacity) : capacity_(capacity) {}
+  ~SimDevice() override {
+    absl::MutexLock lock(&mu_);
+    for (auto& [start, bytes] : live_) std::free(reinterpret_cast<void*>(start));
+  }
+
+  absl::string_view name() const override { return "cuda_sim"; }
+  bool host_addressable() const override { return true; }
+
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    const size_t rounded =
+        (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+    {
+      absl::MutexLock lock(&mu_);
+      if (static_cast<int64_t>(rounded) > capacity_ - reserved_) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "cuda_sim: out of device memory allocating ", bytes, " bytes (",
+            capacity_ - reserved_, " of ", capacity_, " bytes free)"));
+      }
+      reserved_ += static_cast<int64_t>(rounded);
+    }
+    void* p = std::aligned_alloc(kAlignment, rounded);
+    absl::MutexLock lock(&mu_);
+    if (p == nullptr) {
+      reserved_ -= static_cast<int64_t>(rounded);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cuda_sim: host allocation of ", bytes, " bytes failed"));
+    }
+    std::memset(p, 0xff, rounded);
+    live_[reinterpret_cast<uintptr_t>(p)] = bytes;
+    allocated_ += static_cast<int64_t>(bytes);
+    return p;
+  }
+
+  void Free(void* p) override {
+    if (p == nullptr) return;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = live_.find(reinterpret_cast<uintptr_t>(p));
+      if (it == live_.end()) {
+        std::fprintf(stderr,
+                     "cuda_sim: Free(%p): not the start of a live allocation of this "
+                     "device (double free, or a host pointer)\n",
+                     p);
+        std::abort();
+      }
+      const size_t rounded =
+          (std::max<size_t>(it->second, 1) + kAlignment - 1) / kAlignment * kAlignment;
+      reserved_ -= static_cast<int64_t>(rounded);
+      allocated_ -= static_cast<int64_t>(it->second);
+      live_.erase(it);
+    }
+    std::free(p);
+  }
+
+  bool Owns(const void* p, size_t bytes) const override {
+    if (p == nullptr) return false;
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    absl::MutexLock lock(&mu_);
+    auto it = live_.upper_bound(a);
+    if (it == live_.begin()) return false;
+    it = std::prev(it);
+    // p inside [start, start + size) and p + bytes <= start + size (the requested
+    // size, not the rounded one).
+    const size_t off = a - it->first;
+    if (off >= std::max<size_t>(it->second, 1)) return false;
+    return bytes <= it->second - off;
+  }
+
+  DeviceMemoryInfo MemoryInfo() const override {
+    absl::MutexLock lock(&mu_);
+    DeviceMemoryInfo info;
+    info.total_bytes = capacity_;
+    info.free_bytes = capacity_ - reserved_;
+    info.allocated_bytes = allocated_;
+    return info;
+  }
+
+  Stream& compute_stream() override { return stream_; }
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream() override {
+    return std::unique_ptr<Stream>(new SimStream());
+  }
+  absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
+    return std::unique_ptr<Event>(new SimEvent());
+  }
+
+  absl::Status CopyToDevice(void* dst, const void* host_src, size_t bytes,
+                            Stream*) override {
+    if (bytes == 0) return absl::OkStatus();
+    if (!Owns(dst, bytes)) return NotOwned("CopyToDevice destination", dst, bytes);
+    std::memmove(dst, host_src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes,
+                          Stream*) override {
+    if (bytes == 0) return absl::OkStatus();
+    if (!Owns(src, bytes)) return NotOwned("CopyToHost source", src, bytes);
+    std::memmove(host_dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes,
+                            Stream*) override {
+    if (bytes == 0) return absl::OkStatus();
+    if (!Owns(dst, bytes)) return NotOwned("CopyOnDevice destination", dst, bytes);
+    if (!Owns(src, bytes)) return NotOwned("CopyOnDevice source", src, bytes);
+    std::memmove(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status Memset(void* dst, uint8_t byte, size_t bytes, Stream*) override {
+    if (bytes == 0) return absl::OkStatus();
+    if (!Owns(dst, bytes)) return NotOwned("Memset destination", dst, bytes);
+    std::memset(dst, byte, bytes);
+    return absl::OkStatus();
+  }
+
+ private:
+  static absl::Status NotOwned(const char* what, const void* p, size_t bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda_sim: ", what, " [", absl::Hex(reinterpret_cast<uintptr_t>(p)), ", +",
+        bytes, ") is not inside one live device allocation"));
+  }
+
+  const int64_t capacity_;
+  SimStream stream_;
+  mutable absl::Mutex mu_;
+  std::map<uintptr_t, size_t> live_ ABSL_GUARDED_BY(mu_);  // start -> bytes
+  int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;              // rounded sizes
+  int64_t allocated_ ABSL_GUARDED_BY(mu_) = 0;             // requested sizes
+};
+
+}  // namespace
+
+std::unique_ptr<Device> CreateSimDevice(int64_t capacity_bytes) {
+  return std::make_unique<SimDevice>(capacity_bytes < 0 ? CapacityFromEnv()
+                                                        : capacity_bytes);
+}
+
+}  // namespace tandem::kernels::cuda

@@ -1,0 +1,26 @@
+// The emulated device of the "cuda_sim" backend: host memory that the device
+// tracks, so that a host pointer handed to a device op is caught (Owns), with
+// CUDA's allocation alignment (256 bytes) and a capacity of its own so that
+// out-of-memory paths are testable. Streams are distinct objects whose native()
+// handle cuda_sim::Launch accepts; the emulator runs a launch when it is enqueued,
+// so copies are synchronous and events are always complete. Thread-safe.
+#ifndef TANDEM_KERNELS_CUDA_SIM_SIM_DEVICE_H_
+#define TANDEM_KERNELS_CUDA_SIM_SIM_DEVICE_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "kernels/device.h"
+
+namespace tandem::kernels::cuda {
+
+inline constexpr int64_t kDefaultSimDeviceBytes = int64_t{16} << 30;  // 16 GiB
+
+// capacity_bytes < 0: $TANDEM_SIM_DEVICE_BYTES (a byte count) if set, else
+// kDefaultSimDeviceBytes. New allocations are filled with 0xFF bytes (fp32 NaN),
+// as uninitialised GPU memory holds garbage.
+std::unique_ptr<Device> CreateSimDevice(int64_t capacity_bytes = -1);
+
+}  // namespace tandem::kernels::cuda
+
+#endif  // TANDEM_KERNELS_CUDA_SIM_SIM_DEVICE_H_

@@ -1,0 +1,139 @@
+// Where a backend's tensors live: device memory, streams, events and copies.
+//
+// Every pointer handed to a kernels::Backend op is memory of that backend's
+// Device (the CPU backends: host memory; "cuda": GPU memory from cudaMallocAsync
+// pools, never managed memory; "cuda_sim": host memory that the emulated device
+// tracks, so that a host pointer passed by mistake is caught). Only scalars in
+// op arguments are host values. Ops are enqueued on the device's compute stream
+// in call order; results are visible to the host after Synchronize() (or a
+// CopyToHost, which synchronises).
+#ifndef TANDEM_KERNELS_DEVICE_H_
+#define TANDEM_KERNELS_DEVICE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tandem::kernels {
+
+class Device;
+
+// An in-order queue of device work.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  // cudaStream_t on CUDA, the emulator's stream under cuda_sim, nullptr on host.
+  virtual void* native() = 0;
+  // Blocks until the work enqueued so far has run; returns the first device
+  // error (a faulted kernel, a failed copy) since the last call.
+  virtual absl::Status Synchronize() = 0;
+};
+
+// A point in a stream's work, for ordering streams and for waiting.
+class Event {
+ public:
+  virtual ~Event() = default;
+  virtual absl::Status Record(Stream& stream) = 0;    // at the current end of `stream`
+  virtual absl::Status MakeWait(Stream& stream) = 0;  // `stream` waits for the event
+  virtual absl::StatusOr<bool> Done() = 0;            // non-blocking
+  virtual absl::Status Synchronize() = 0;             // host waits
+};
+
+struct DeviceMemoryInfo {
+  int64_t total_bytes = 0;      // device capacity
+  int64_t free_bytes = 0;       // what the device can still allocate now
+  int64_t allocated_bytes = 0;  // live allocations of this Device object
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual absl::string_view name() const = 0;  // "host", "cuda:0", "cuda_sim"
+  // True when host code may dereference device pointers (host and cuda_sim).
+  virtual bool host_addressable() const = 0;
+
+  // 256-byte aligned. ResourceExhausted names the size and what is free.
+  virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
+  virtual void Free(void* p) = 0;  // nullptr is a no-op
+  // True when [p, p + bytes) lies inside one live allocation of this device (the
+  // check that catches host pointers handed to device ops; CUDA answers from
+  // cudaPointerGetAttributes for the device, not the range).
+  virtual bool Owns(const void* p, size_t bytes) const = 0;
+  virtual DeviceMemoryInfo MemoryInfo() const = 0;
+
+  // The stream every backend op runs on.
+  virtual Stream& compute_stream() = 0;
+  virtual absl::StatusOr<std::unique_ptr<Stream>> CreateStream() = 0;
+  virtual absl::StatusOr<std::unique_ptr<Event>> CreateEvent() = 0;
+
+  // Copies enqueued on `stream` (nullptr: the compute stream). Host memory must
+  // stay valid until the stream has run the copy; CopyToHost returns after the
+  // data is on the host.
+  virtual absl::Status CopyToDevice(void* dst, const void* host_src, size_t bytes,
+                                    Stream* stream = nullptr) = 0;
+  virtual absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes,
+                                  Stream* stream = nullptr) = 0;
+  virtual absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes,
+                                    Stream* stream = nullptr) = 0;
+  virtual absl::Status Memset(void* dst, uint8_t byte, size_t bytes,
+                              Stream* stream = nullptr) = 0;
+  absl::Status Synchronize() { return compute_stream().Synchronize(); }
+};
+
+// Owns one allocation of a Device (move-only).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Device* device, void* data, size_t bytes)
+      : device_(device), data_(data), bytes_(bytes) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      device_ = std::exchange(o.device_, nullptr);
+      data_ = std::exchange(o.data_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { Reset(); }
+
+  static absl::StatusOr<DeviceBuffer> Allocate(Device* device, size_t bytes) {
+    if (bytes == 0) return DeviceBuffer(device, nullptr, 0);
+    absl::StatusOr<void*> p = device->Allocate(bytes);
+    if (!p.ok()) return p.status();
+    return DeviceBuffer(device, *p, bytes);
+  }
+  void Reset() {
+    if (device_ != nullptr && data_ != nullptr) device_->Free(data_);
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  size_t bytes() const { return bytes_; }
+  Device* device() const { return device_; }
+
+ private:
+  Device* device_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The host "device" of the CPU backends: malloc'd memory, synchronous copies,
+// no streams to speak of. Thread-safe.
+std::unique_ptr<Device> CreateHostDevice();
+
+}  // namespace tandem::kernels
+
+#endif  // TANDEM_KERNELS_DEVICE_H_
