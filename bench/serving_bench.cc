@@ -66,8 +66,10 @@ ABSL_FLAG(double, temperature, 0, "Sampling temperature (0: greedy).");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of the workload (lengths, prompts, arrivals).");
 ABSL_FLAG(double, slo_ttft_ms, 1000, "Goodput SLO: time to first token.");
 ABSL_FLAG(double, slo_tpot_ms, 100, "Goodput SLO: time per output token.");
-ABSL_FLAG(int, num_slots, 16, "--num_slots of spawned workers.");
-ABSL_FLAG(int, max_context_tokens, 1024, "--max_context_tokens of spawned workers.");
+ABSL_FLAG(int, max_num_seqs, 16, "--max_num_seqs of spawned workers.");
+ABSL_FLAG(int, max_model_len, 1024, "--max_model_len of spawned workers.");
+ABSL_FLAG(std::string, kv_cache_memory, "256MiB",
+          "--kv_cache_memory of spawned workers.");
 ABSL_FLAG(int, overhead_prompts, 16,
           "Prompts run one at a time through the router and directly on the decode "
           "worker to measure the router's latency (spawn mode).");
@@ -379,9 +381,9 @@ std::unique_ptr<Cluster> StartCluster(const std::string& name, int colocate_belo
             std::string("--worker_id=") + role + "-0",
             absl::StrCat("--router=127.0.0.1:", c->router_port), "--port=0",
             "--metrics_port=0",
-            absl::StrCat("--num_slots=", absl::GetFlag(FLAGS_num_slots)),
-            absl::StrCat("--max_context_tokens=",
-                         absl::GetFlag(FLAGS_max_context_tokens)),
+            absl::StrCat("--max_num_seqs=", absl::GetFlag(FLAGS_max_num_seqs)),
+            absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)),
+            absl::StrCat("--kv_cache_memory=", absl::GetFlag(FLAGS_kv_cache_memory)),
             "--log_format=json"},
         tmp + "/" + name + "_" + role + ".log");
     (std::string(role) == "decode" ? c->decode : c->prefill) = std::move(w);

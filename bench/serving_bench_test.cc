@@ -20,7 +20,7 @@ TEST(ServingBenchTest, SpawnsBothClustersAndReportsConsistentFigures) {
        "--model=" + testing::RunfilePath("engine/model/tiny_checkpoint"),
        "--num_prompts=6", "--request_rate=0", "--input_len_min=4", "--input_len_max=40",
        "--output_len_min=3", "--output_len_max=6", "--overhead_prompts=2",
-       "--num_slots=8", "--max_context_tokens=256", "--slo_ttft_ms=1e9",
+       "--max_num_seqs=8", "--max_model_len=256", "--slo_ttft_ms=1e9",
        "--slo_tpot_ms=1e9"},
       log);
   ASSERT_TRUE(proc.ok()) << proc.status();

@@ -45,9 +45,10 @@ int main(int argc, char** argv) {
     TLOG(ERROR, "cannot load the model").Kv("status", model.status());
     return 1;
   }
-  auto options = tandem::worker::EngineOptionsFromFlags();
+  tandem::engine::CacheSizing sizing;
+  auto options = tandem::worker::EngineOptionsFromFlags(**model, &sizing);
   if (!options.ok()) {
-    TLOG(ERROR, "bad tensor-parallel flags").Kv("status", options.status());
+    TLOG(ERROR, "bad engine flags").Kv("status", options.status());
     return 1;
   }
   tandem::engine::EngineOptions& eo = *options;
@@ -79,6 +80,7 @@ int main(int argc, char** argv) {
       tandem::worker::RankCaches(**engine);
   tandem::metrics::Registry registry;
   tandem::worker::WorkerMetrics metrics(&registry);
+  metrics.SetCacheSizing(sizing);
   auto loop = std::make_unique<tandem::worker::EngineLoop>(std::move(*engine));
   tandem::decode::DecodeServiceOptions dso;
   dso.worker_id = absl::GetFlag(FLAGS_worker_id);
@@ -92,7 +94,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   tandem::worker::WorkerServerOptions so = tandem::worker::ServerOptionsFromFlags(
-      dso.worker_id, tandem::v1::WORKER_ROLE_DECODE, **model, (*service)->layout());
+      dso.worker_id, tandem::v1::WORKER_ROLE_DECODE, **model, (*service)->layout(),
+      eo.max_context_tokens);
   so.health = [l = loop.get()] { return l->health(); };
   tandem::decode::DecodeService* svc = service->get();
   const int rc = tandem::worker::ServeWorker(

@@ -37,9 +37,10 @@ int main(int argc, char** argv) {
     TLOG(ERROR, "cannot load the model").Kv("status", model.status());
     return 1;
   }
-  auto options = tandem::worker::EngineOptionsFromFlags();
+  tandem::engine::CacheSizing sizing;
+  auto options = tandem::worker::EngineOptionsFromFlags(**model, &sizing);
   if (!options.ok()) {
-    TLOG(ERROR, "bad tensor-parallel flags").Kv("status", options.status());
+    TLOG(ERROR, "bad engine flags").Kv("status", options.status());
     return 1;
   }
   tandem::engine::EngineOptions& eo = *options;
@@ -57,6 +58,7 @@ int main(int argc, char** argv) {
   }
   tandem::metrics::Registry registry;
   tandem::worker::WorkerMetrics metrics(&registry);
+  metrics.SetCacheSizing(sizing);
   auto loop = std::make_unique<tandem::worker::EngineLoop>(std::move(*engine));
   tandem::prefill::PrefillServiceOptions pso;
   pso.worker_id = absl::GetFlag(FLAGS_worker_id);
@@ -72,7 +74,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   tandem::worker::WorkerServerOptions so = tandem::worker::ServerOptionsFromFlags(
-      pso.worker_id, tandem::v1::WORKER_ROLE_PREFILL, **model, (*service)->layout());
+      pso.worker_id, tandem::v1::WORKER_ROLE_PREFILL, **model, (*service)->layout(),
+      eo.max_context_tokens);
   so.health = [l = loop.get()] { return l->health(); };
   tandem::prefill::PrefillService* svc = service->get();
   const int rc = tandem::worker::ServeWorker(

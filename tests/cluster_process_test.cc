@@ -144,8 +144,9 @@ class ClusterProcessTest : public ::testing::Test {
         "--router=127.0.0.1:" + std::to_string(router_port_),
         "--port=0",
         "--metrics_port=0",
-        "--num_slots=4",
-        "--max_context_tokens=1024",
+        "--max_num_seqs=4",
+        "--max_model_len=1024",
+        "--kv_cache_memory=64MiB",
         "--log_format=json"};
     if (role == "prefill") {
       argv.insert(argv.end(), prefill_flags_.begin(), prefill_flags_.end());

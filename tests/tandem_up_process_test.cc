@@ -92,9 +92,6 @@ class TandemUp {
         absl::StrCat("--metrics-port=", metrics_port_),
         absl::StrCat("--worker-port-base=", worker_base),
         absl::StrCat("--worker-metrics-port-base=", worker_metrics),
-        "--decode-arg=--num_slots=4",
-        "--prefill-arg=--max_context_tokens=512",
-        "--decode-arg=--max_context_tokens=512",
         "--router-arg=--heartbeat_interval_s=0.2"};
     argv.insert(argv.end(), options.begin(), options.end());
     auto proc = Subprocess::Start(argv, tmp + "/" + name + ".log");
@@ -137,6 +134,12 @@ class TandemUp {
       absl::SleepFor(absl::Milliseconds(50));
     } while (absl::Now() < end);
     return v;
+  }
+
+  // A gauge of the decode worker (-1 when it cannot be read).
+  double DecodeGauge(const std::string& name) {
+    auto m = Metric(decode_metrics_, name, {});
+    return m.ok() ? *m : -1;
   }
 
   // The counters once they have stopped moving: the engine publishes its totals
@@ -182,7 +185,14 @@ TEST(TandemUpProcessTest, SpeculativeNgramServesThePlainGreedyTokens) {
   std::vector<std::vector<int32_t>> plain_tokens;
   {
     TandemUp plain;
+    // The default sizing (--kv_cache_memory's default share of the available
+    // memory): --max_num_seqs' 256 slots and the model's whole 1M context.
     ASSERT_EQ(plain.Start("plain", {"--speculative", "none"}), "");
+    EXPECT_EQ(plain.DecodeGauge("tandem_worker_state_slots_capacity"), 256);
+    EXPECT_EQ(plain.DecodeGauge("tandem_worker_max_model_len_tokens"), 1048576);
+    EXPECT_GT(plain.DecodeGauge("tandem_worker_kv_cache_capacity_tokens"), 1048576);
+    EXPECT_GT(plain.DecodeGauge("tandem_worker_kv_cache_budget_bytes"), 0);
+    EXPECT_NE(plain.Log().find("KV cache sized from memory"), std::string::npos);
     for (const v1::GenerateRequest& req : Requests()) {
       StreamResult r = plain.Generate(req);
       ASSERT_TRUE(r.status.ok()) << r.status.error_message() << plain.Log();
@@ -194,9 +204,10 @@ TEST(TandemUpProcessTest, SpeculativeNgramServesThePlainGreedyTokens) {
         0);
   }
   TandemUp spec;
-  ASSERT_EQ(
-      spec.Start("ngram", {"--speculative", "ngram", "--num-speculative-tokens", "3"}),
-      "");
+  ASSERT_EQ(spec.Start("ngram", {"--speculative", "ngram", "--num-speculative-tokens",
+                                 "3", "--prefill-arg=--kv_cache_memory=64MiB",
+                                 "--decode-arg=--kv_cache_memory=64MiB"}),
+            "");
   const std::vector<v1::GenerateRequest> reqs = Requests();
   for (size_t i = 0; i < reqs.size(); ++i) {
     StreamResult r = spec.Generate(reqs[i]);

@@ -45,8 +45,8 @@ class Reference {
     auto p = testing::Subprocess::Start(
         {testing::RunfilePath("decode/decode_main"),
          std::string("--model=") + testing::kTinyModel, "--worker_id=reference",
-         "--port=0", "--metrics_port=0", "--num_slots=4", "--max_context_tokens=512",
-         "--log_format=json"},
+         "--port=0", "--metrics_port=0", "--max_num_seqs=4", "--max_model_len=512",
+         "--kv_cache_memory=64MiB", "--log_format=json"},
         tmp + "/reference.log");
     if (!p.ok()) return std::string(p.status().message());
     proc_ = std::make_unique<testing::Subprocess>(std::move(*p));
@@ -192,8 +192,8 @@ TEST(TpClusterProcessTest, MismatchedTpSizesAreRefusedAtRegistration) {
         {testing::RunfilePath(role + "/" + role + "_main"),
          std::string("--model=") + testing::kTinyModel, "--worker_id=" + role + "-0",
          "--router=127.0.0.1:" + std::to_string(router_port), "--port=0",
-         "--metrics_port=0", "--num_slots=2", "--max_context_tokens=256",
-         "--tp=" + std::to_string(tp), "--log_format=json"},
+         "--metrics_port=0", "--max_num_seqs=2", "--max_model_len=256",
+         "--kv_cache_memory=64MiB", "--tp=" + std::to_string(tp), "--log_format=json"},
         tmp + "/" + role + ".log");
   };
   auto decode = worker("decode", 2);

@@ -3,6 +3,7 @@
 #include "absl/flags/flag.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "engine/cache/memory_budget.h"
 
 ABSL_FLAG(std::string, model, "",
           "Checkpoint directory (config.json, weights, tokenizer).");
@@ -15,9 +16,21 @@ ABSL_FLAG(int, port, 0, "gRPC port (0: any free port, logged).");
 ABSL_FLAG(int, metrics_port, 0, "/metrics port (0: any free port, logged).");
 ABSL_FLAG(std::string, backend, "cpu", "Kernel backend: cpu | cpu_reference.");
 ABSL_FLAG(int, block_size, 16, "Engine KV cache block size (tokens).");
-ABSL_FLAG(int, num_slots, 8, "Concurrent sequences (KDA state slots).");
-ABSL_FLAG(int, num_blocks, 0, "Engine KV blocks (0: num_slots full contexts).");
-ABSL_FLAG(int64_t, max_context_tokens, 4096, "Prompt + output tokens per request.");
+ABSL_FLAG(std::string, kv_cache_memory, "0.2",
+          "Memory for the KV cache and KDA state of all this worker's TP ranks: bytes "
+          "with a unit (8GiB, 512MiB) or a fraction in (0, 1] of the host memory "
+          "available at start (MemAvailable; 0.2 = 20%). The MLA blocks and KDA slots "
+          "are derived from it and the model's per-token and per-sequence sizes, and "
+          "logged at start.");
+ABSL_FLAG(int, max_num_seqs, 256,
+          "Sequences running at once at most (= KDA state slots; fewer when their "
+          "state would take more than half of --kv_cache_memory).");
+ABSL_FLAG(int64_t, max_model_len, 0,
+          "Prompt + output tokens of one request at most (0: the model's "
+          "max_position_embeddings, lowered to what the cache holds). A request "
+          "longer than this is refused (400 / INVALID_ARGUMENT).");
+ABSL_FLAG(int, num_blocks, 0,
+          "Override: exactly this many MLA cache blocks (0: from --kv_cache_memory).");
 ABSL_FLAG(int64_t, max_tokens_per_step, 256, "Engine token budget per step.");
 ABSL_FLAG(int, tp, 1,
           "Tensor-parallel size: ranks run as threads of this process, one cache "
@@ -42,19 +55,72 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModelFromFlags() {
                          absl::GetFlag(FLAGS_served_model_name));
 }
 
-absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
+absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(
+    const WorkerModel& model, engine::CacheSizing* sizing) {
   engine::EngineOptions eo;
   eo.block_size = absl::GetFlag(FLAGS_block_size);
-  eo.num_slots = absl::GetFlag(FLAGS_num_slots);
-  eo.num_blocks = absl::GetFlag(FLAGS_num_blocks);
-  eo.max_context_tokens = absl::GetFlag(FLAGS_max_context_tokens);
   eo.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
+  if (eo.block_size <= 0) {
+    return InvalidArgument("--block_size must be >= 1, got ", eo.block_size);
+  }
   TANDEM_RETURN_IF_ERROR(ApplyTpFlags(absl::GetFlag(FLAGS_tp),
                                       absl::GetFlag(FLAGS_tp_fail_rank_at_step), &eo));
   if (eo.tp.fail_rank >= 0) {
     TLOG(WARNING, "FAILURE DRILL --tp_fail_rank_at_step: a TP rank will die")
         .Kv("rank", eo.tp.fail_rank)
         .Kv("step", eo.tp.fail_rank_at_step);
+  }
+  const std::string spec = absl::GetFlag(FLAGS_kv_cache_memory);
+  absl::StatusOr<engine::MemoryBudget> budget = engine::ParseMemoryBudget(spec);
+  if (!budget.ok()) {
+    return InvalidArgument("--kv_cache_memory: ", budget.status().message());
+  }
+  int64_t available = 0;
+  if (budget->is_fraction()) {
+    absl::StatusOr<int64_t> a = engine::ReadMemAvailable("/proc/meminfo");
+    if (!a.ok()) {
+      return InvalidArgument("--kv_cache_memory=", spec,
+                             " is a fraction of the available memory, which cannot be "
+                             "read (",
+                             a.status().message(), "); give bytes, like 8GiB");
+    }
+    available = *a;
+  }
+  engine::CacheMemoryOptions m;
+  TANDEM_ASSIGN_OR_RETURN(m.budget_bytes,
+                          engine::ResolveMemoryBudget(*budget, available));
+  m.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  m.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  m.num_blocks_override = absl::GetFlag(FLAGS_num_blocks);
+  TANDEM_ASSIGN_OR_RETURN(
+      *sizing, engine::SizeCacheFromMemory(model.checkpoint->config(), m, &eo));
+  TLOG(INFO, "KV cache sized from memory")
+      .Kv("kv_cache_memory", spec)
+      .Kv("available_bytes", available)
+      .Kv("budget_bytes", sizing->budget_bytes)
+      .Kv("mla_blocks", sizing->num_blocks)
+      .Kv("block_size", eo.block_size)
+      .Kv("cache_tokens", sizing->cache_tokens)
+      .Kv("kda_slots", sizing->num_slots)
+      .Kv("max_model_len", sizing->max_model_len)
+      .Kv("mla_bytes", sizing->block_bytes)
+      .Kv("kda_bytes", sizing->slot_bytes)
+      .Kv("tp", eo.tp.tp_size)
+      .Kv("summary", sizing->Summary());
+  if (sizing->slots_limited_by_memory) {
+    TLOG(WARNING,
+         "fewer KDA slots than --max_num_seqs: their state would take more "
+         "than half of --kv_cache_memory")
+        .Kv("max_num_seqs", m.max_num_seqs)
+        .Kv("kda_slots", sizing->num_slots);
+  }
+  if (sizing->max_model_len_limited_by_memory) {
+    TLOG(WARNING,
+         "max_model_len lowered to what the cache holds (raise "
+         "--kv_cache_memory for the model's full context)")
+        .Kv("model_max_position_embeddings",
+            model.checkpoint->config().text.max_position_embeddings)
+        .Kv("max_model_len", sizing->max_model_len);
   }
   return eo;
 }
@@ -70,7 +136,8 @@ kvtransfer::UcxAgentConfig UcxConfigFromFlags(const std::string& worker_id) {
 WorkerServerOptions ServerOptionsFromFlags(const std::string& worker_id,
                                            tandem::v1::WorkerRole role,
                                            const WorkerModel& model,
-                                           const tandem::v1::KvLayout& layout) {
+                                           const tandem::v1::KvLayout& layout,
+                                           int64_t max_context_tokens) {
   WorkerServerOptions so;
   so.host = absl::GetFlag(FLAGS_host);
   so.advertise_host = absl::GetFlag(FLAGS_advertise_host);
@@ -82,7 +149,7 @@ WorkerServerOptions ServerOptionsFromFlags(const std::string& worker_id,
   so.registration.set_model_id(model.model_id);
   so.registration.set_model_fingerprint(model.fingerprint);
   so.registration.set_tp_size(absl::GetFlag(FLAGS_tp));
-  so.registration.set_max_context_tokens(absl::GetFlag(FLAGS_max_context_tokens));
+  so.registration.set_max_context_tokens(max_context_tokens);
   *so.registration.mutable_layout() = layout;
   return so;
 }

@@ -25,9 +25,10 @@ ABSL_DECLARE_FLAG(int, port);
 ABSL_DECLARE_FLAG(int, metrics_port);
 ABSL_DECLARE_FLAG(std::string, backend);
 ABSL_DECLARE_FLAG(int, block_size);
-ABSL_DECLARE_FLAG(int, num_slots);
+ABSL_DECLARE_FLAG(std::string, kv_cache_memory);
+ABSL_DECLARE_FLAG(int, max_num_seqs);
+ABSL_DECLARE_FLAG(int64_t, max_model_len);
 ABSL_DECLARE_FLAG(int, num_blocks);
-ABSL_DECLARE_FLAG(int64_t, max_context_tokens);
 ABSL_DECLARE_FLAG(int64_t, max_tokens_per_step);
 ABSL_DECLARE_FLAG(int, tp);
 ABSL_DECLARE_FLAG(std::string, tp_fail_rank_at_step);
@@ -38,18 +39,25 @@ namespace tandem::worker {
 
 // The model (--model, --backend, --served_model_name).
 absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModelFromFlags();
-// Engine options from --block_size, --num_slots, --num_blocks,
-// --max_context_tokens, --max_tokens_per_step, --tp and --tp_fail_rank_at_step
-// (logs a warning when the drill is armed); INVALID_ARGUMENT for bad TP flags.
-absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags();
+// Engine options from --block_size, --max_tokens_per_step, --tp and
+// --tp_fail_rank_at_step (logs a warning when the drill is armed), the cache
+// sized for `model` from --kv_cache_memory (bytes, or a fraction of MemAvailable
+// now), --max_num_seqs, --max_model_len and --num_blocks
+// (engine::SizeCacheFromMemory); the sizing is logged and returned in `sizing`.
+// INVALID_ARGUMENT for bad flags, the sizing's errors.
+absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(
+    const WorkerModel& model, engine::CacheSizing* sizing);
 // The UCX agent named `worker_id` (--ucx_tls, --ucx_peer_failure_detection).
 kvtransfer::UcxAgentConfig UcxConfigFromFlags(const std::string& worker_id);
 // Server and registration (--host, --advertise_host, --port, --metrics_port,
-// --router; id, role, model, --tp, --max_context_tokens, the cache layout).
+// --router; id, role, model, --tp, the longest request the cache holds
+// (`max_context_tokens`: the router refuses longer ones with INVALID_ARGUMENT),
+// the cache layout).
 WorkerServerOptions ServerOptionsFromFlags(const std::string& worker_id,
                                            tandem::v1::WorkerRole role,
                                            const WorkerModel& model,
-                                           const tandem::v1::KvLayout& layout);
+                                           const tandem::v1::KvLayout& layout,
+                                           int64_t max_context_tokens);
 
 }  // namespace tandem::worker
 

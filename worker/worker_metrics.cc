@@ -104,12 +104,44 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
       &OrDie(r->AddGauge("tandem_worker_spec_mean_accepted_length",
                          "Mean drafts accepted per verifying step since start."))
            ->Add({});
+  cache_budget_bytes = &OrDie(r->AddGauge("tandem_worker_kv_cache_budget_bytes",
+                                          "Memory budget of the KV cache and KDA state "
+                                          "(--kv_cache_memory resolved at start)."))
+                            ->Add({});
+  cache_bytes = OrDie(r->AddGauge("tandem_worker_kv_cache_bytes",
+                                  "Bytes allocated for the cache by part: mla (latent "
+                                  "blocks), kda (state slots)."));
+  cache_capacity_blocks = &OrDie(r->AddGauge("tandem_worker_kv_cache_capacity_blocks",
+                                             "MLA cache blocks the budget bought."))
+                               ->Add({});
+  cache_capacity_tokens =
+      &OrDie(r->AddGauge("tandem_worker_kv_cache_capacity_tokens",
+                         "Tokens of MLA cache (blocks * block size)."))
+           ->Add({});
+  slots_capacity = &OrDie(r->AddGauge("tandem_worker_state_slots_capacity",
+                                      "KDA state slots (sequences running at once)."))
+                        ->Add({});
+  max_model_len =
+      &OrDie(r->AddGauge("tandem_worker_max_model_len_tokens",
+                         "Longest request (prompt + output) this worker accepts."))
+           ->Add({});
+  for (const char* part : {"mla", "kda"}) cache_bytes->Add({{"part", part}});
   for (const char* st : {"used", "free"}) {
     kv_blocks->Add({{"state", st}});
     slots->Add({{"state", st}});
     landing_blocks->Add({{"state", st}});
   }
   for (const char* o : {"ok", "error"}) transfers->Add({{"outcome", o}});
+}
+
+void WorkerMetrics::SetCacheSizing(const engine::CacheSizing& sz) {
+  cache_budget_bytes->Set(static_cast<double>(sz.budget_bytes));
+  cache_bytes->Add({{"part", "mla"}}).Set(static_cast<double>(sz.block_bytes));
+  cache_bytes->Add({{"part", "kda"}}).Set(static_cast<double>(sz.slot_bytes));
+  cache_capacity_blocks->Set(static_cast<double>(sz.num_blocks));
+  cache_capacity_tokens->Set(static_cast<double>(sz.cache_tokens));
+  slots_capacity->Set(sz.num_slots);
+  max_model_len->Set(static_cast<double>(sz.max_model_len));
 }
 
 void WorkerMetrics::CountRequest(const char* rpc, const char* outcome) {

@@ -18,11 +18,16 @@
 //   tandem_worker_prefill_tokens_total, tandem_worker_decode_tokens_total
 //   tandem_worker_prefill_tokens_per_second, tandem_worker_decode_tokens_per_second
 //     (over the interval between two Update() calls)
+//   The cache's sizing, set once at start (SetCacheSizing; --kv_cache_memory):
+//   tandem_worker_kv_cache_budget_bytes, tandem_worker_kv_cache_bytes{part=mla|kda},
+//   tandem_worker_kv_cache_capacity_blocks, tandem_worker_kv_cache_capacity_tokens,
+//   tandem_worker_state_slots_capacity, tandem_worker_max_model_len_tokens
 #ifndef TANDEM_WORKER_WORKER_METRICS_H_
 #define TANDEM_WORKER_WORKER_METRICS_H_
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "engine/cache/cache_sizing.h"
 #include "metrics/registry.h"
 #include "worker/engine_loop.h"
 
@@ -36,6 +41,8 @@ class WorkerMetrics {
   void CountRequest(const char* rpc, const char* outcome);
   // Refreshes gauges and rates from the engine loop (call periodically).
   void Update(const EngineLoopStats& s, absl::Time now);
+  // The cache's sizing gauges (once, at start).
+  void SetCacheSizing(const engine::CacheSizing& sizing);
 
   metrics::Family<metrics::Counter>* requests;
   metrics::Histogram* ttft;
@@ -66,6 +73,12 @@ class WorkerMetrics {
   metrics::Counter* spec_verifications;
   metrics::Gauge* spec_acceptance_rate;
   metrics::Gauge* spec_mean_accepted_length;
+  metrics::Gauge* cache_budget_bytes;
+  metrics::Family<metrics::Gauge>* cache_bytes;
+  metrics::Gauge* cache_capacity_blocks;
+  metrics::Gauge* cache_capacity_tokens;
+  metrics::Gauge* slots_capacity;
+  metrics::Gauge* max_model_len;
 
  private:
   absl::Mutex mu_;

@@ -238,7 +238,7 @@ ModelConfig TinyConfig() {
   t.attn_res_block_size = 3;                 // blocks start at layers 0, 3, 6
   t.hidden_size = 64;
   t.intermediate_size = 128;
-  t.max_position_embeddings = 32768;
+  t.max_position_embeddings = 1048576;  // K3's context, as the published config
   t.linear_attn_config.num_heads = 4;
   t.linear_attn_config.head_dim = 16;
   t.num_attention_heads = 4;
@@ -264,7 +264,7 @@ ModelConfig MidConfig() {
   t.attn_res_block_size = 4;
   t.hidden_size = 1024;
   t.intermediate_size = 2816;
-  t.max_position_embeddings = 131072;
+  t.max_position_embeddings = 1048576;  // K3's context, as the published config
   t.linear_attn_config.num_heads = 8;
   t.linear_attn_config.head_dim = 128;
   t.num_attention_heads = 8;

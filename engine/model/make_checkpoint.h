@@ -28,6 +28,7 @@ namespace tandem::model {
 // The published K3 config (every field the release's config.json has).
 ModelConfig PublishedK3Config();
 // "tiny": 8 layers (KDA ×6, MLA at 4 and 8 1-based), hidden 64, full vocab,
+// K3's 1,048,576-token context (max_position_embeddings), as "mid" has,
 // 16 experts top-4; a ~45 MB checkpoint for tests.
 ModelConfig TinyConfig();
 // "mid": 16 layers, hidden 1024, 64 experts top-8; ~1.4 GB for benchmarks.

@@ -67,6 +67,9 @@ TEST(TinyConfigTest, HasTheShapeTestsNeed) {
   EXPECT_EQ(c.pad_token_id, p.pad_token_id);
   EXPECT_EQ(c.text.quantization_config, p.text.quantization_config);
   EXPECT_EQ(c.vision_config_json, p.vision_config_json);
+  // K3's own context, so that sizing and admission run at the real length.
+  EXPECT_EQ(c.text.max_position_embeddings, 1048576);
+  EXPECT_EQ(MidConfig().text.max_position_embeddings, 1048576);
 }
 
 TEST(MidConfigTest, IsValidAndSized) {
@@ -99,6 +102,7 @@ TEST(MakeCheckpointTest, TinyGenruleOutputLoadsAndValidates) {
   const std::string gen = ReadAll(std::string(kTiny) + "/generation_config.json");
   EXPECT_THAT(gen, ::testing::HasSubstr("\"eos_token_id\": 163586"));
   EXPECT_THAT(gen, ::testing::HasSubstr("\"bos_token_id\": 163584"));
+  EXPECT_EQ((*ckpt)->config().text.max_position_embeddings, 1048576);
   // The index total is the sum of tensor bytes.
   const std::string index =
       ReadAll(std::string(kTiny) + "/model.safetensors.index.json");

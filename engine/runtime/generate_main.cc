@@ -3,6 +3,7 @@
 //
 //   generate --model DIR --prompt TEXT [--max_tokens N] [--temperature T]
 //            [--seed S] [--raw] [--json] [--backend cpu|cpu_reference]
+//            [--kv_cache_memory 512MiB|0.2 [--max_model_len N]]
 //
 // Flags may be hyphenated (--max-tokens 8 is --max_tokens 8). Without --raw the
 // prompt is chat-formatted (K3 XTML) as one user message followed by the
@@ -19,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/flag_names.h"
 #include "common/init.h"
+#include "engine/cache/memory_budget.h"
 #include "engine/chat/renderer.h"
 #include "engine/model/checkpoint.h"
 #include "engine/runtime/engine.h"
@@ -39,6 +41,13 @@ ABSL_FLAG(bool, json, false, "Print one JSON object instead of streaming text");
 ABSL_FLAG(std::string, backend, "cpu", "Kernel backend: cpu | cpu_reference");
 ABSL_FLAG(int32_t, max_tokens_per_step, 512, "Prefill chunk budget per step (tokens)");
 ABSL_FLAG(int32_t, block_size, 16, "MLA cache block size (tokens)");
+ABSL_FLAG(std::string, kv_cache_memory, "",
+          "Memory for the KV cache and KDA state, as the workers take it: bytes with a "
+          "unit (8GiB, 512MiB) or a fraction of the available memory (0.2); empty: "
+          "exactly what this prompt and --max_tokens need");
+ABSL_FLAG(int64_t, max_model_len, 0,
+          "With --kv_cache_memory: prompt + output tokens at most (0: the model's "
+          "max_position_embeddings, lowered to what the cache holds)");
 
 namespace {
 
@@ -121,6 +130,27 @@ int main(int argc, char** argv) {
   eo.max_context_tokens =
       static_cast<int64_t>(ids.size()) + absl::GetFlag(FLAGS_max_tokens) + 1;
   eo.seed = absl::GetFlag(FLAGS_seed);
+  if (const std::string spec = absl::GetFlag(FLAGS_kv_cache_memory); !spec.empty()) {
+    auto budget = tandem::engine::ParseMemoryBudget(spec);
+    if (!budget.ok()) return Fail(budget.status());
+    int64_t available = 0;
+    if (budget->is_fraction()) {
+      auto a = tandem::engine::ReadMemAvailable("/proc/meminfo");
+      if (!a.ok()) return Fail(a.status());
+      available = *a;
+    }
+    tandem::engine::CacheMemoryOptions m;
+    auto bytes = tandem::engine::ResolveMemoryBudget(*budget, available);
+    if (!bytes.ok()) return Fail(bytes.status());
+    m.budget_bytes = *bytes;
+    m.max_num_seqs = 1;
+    m.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+    auto sizing = tandem::engine::SizeCacheFromMemory((*weights)->config, m, &eo);
+    if (!sizing.ok()) return Fail(sizing.status());
+    std::fprintf(stderr, "kv cache: %s\n", sizing->Summary().c_str());
+  } else if (absl::GetFlag(FLAGS_max_model_len) != 0) {
+    return Fail(absl::InvalidArgumentError("--max_model_len needs --kv_cache_memory"));
+  }
   auto engine = Engine::Create(weights->get(), backend->get(), tok->get(), eo);
   if (!engine.ok()) return Fail(engine.status());
 
@@ -130,7 +160,7 @@ int main(int argc, char** argv) {
   params.seed = absl::GetFlag(FLAGS_seed);
   std::vector<int32_t> prompt(ids.begin(), ids.end());
   if (absl::Status s = (*engine)->AddRequest(1, prompt, params); !s.ok())
-    return Fail(s);
+    return Fail(s);  // a prompt longer than the cache holds: INVALID_ARGUMENT
 
   const bool json = absl::GetFlag(FLAGS_json);
   std::vector<int32_t> out_ids;

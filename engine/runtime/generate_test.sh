@@ -38,4 +38,16 @@ grep -q 'token_ids' <<<"$help" && grep -q -- '--max-tokens' <<<"$help" || { echo
 # Streaming mode reports speeds on stderr.
 $BIN --model $MODEL --prompt "Hi" --raw --max_tokens 3 --log_level warning 2>"$TEST_TMPDIR/err.txt" >/dev/null
 grep -q "tokens/s" "$TEST_TMPDIR/err.txt" || { echo "no speed line"; exit 1; }
+# Sized from a memory budget: the sizing is reported; a prompt longer than the
+# cache holds is refused with INVALID_ARGUMENT; a bad budget names the text.
+$BIN --model $MODEL --prompt "Hi" --raw --max_tokens 2 --kv-cache-memory 8MiB --log_level warning 2>"$TEST_TMPDIR/err2.txt" >/dev/null
+grep -q "kv cache: .* KDA slots" "$TEST_TMPDIR/err2.txt" || { echo "no sizing line: $(cat $TEST_TMPDIR/err2.txt)"; exit 1; }
+if $BIN --model $MODEL --prompt "Hello there" --raw --max_tokens 2 --kv_cache_memory 8MiB --max_model_len 2 --log_level warning 2>"$TEST_TMPDIR/err3.txt" >/dev/null; then
+  echo "a prompt longer than --max_model_len ran"; exit 1
+fi
+grep -q "INVALID_ARGUMENT" "$TEST_TMPDIR/err3.txt" || { echo "long prompt: $(cat $TEST_TMPDIR/err3.txt)"; exit 1; }
+if $BIN --model $MODEL --prompt "Hi" --raw --kv_cache_memory 8parsecs --log_level warning 2>"$TEST_TMPDIR/err4.txt" >/dev/null; then
+  echo "a bad --kv_cache_memory was taken"; exit 1
+fi
+grep -q '"8parsecs"' "$TEST_TMPDIR/err4.txt" || { echo "bad budget: $(cat $TEST_TMPDIR/err4.txt)"; exit 1; }
 echo PASS

@@ -131,7 +131,7 @@ await Promise.all(['prefill', 'decode'].map(async (role) => {
   try {
     const w = await loggedValue(role, bin, [
       `--model=${MODEL_DIR}`, `--worker_id=${role}-0`, `--router=127.0.0.1:${routerPort}`,
-      '--port=0', '--metrics_port=0', '--num_slots=4', '--max_context_tokens=1024',
+      '--port=0', '--metrics_port=0', '--max_num_seqs=4', '--max_model_len=1024', '--kv_cache_memory=64MiB',
       '--log_format=json',
     ], 'worker serving', 'metrics_port');
     workerPorts[role] = w.value.metrics_port;
@@ -308,8 +308,8 @@ test('abort mid-stream frees the decode worker and counts a 499', async () => {
 test('a prompt longer than the model context is 400 context_length_exceeded', async () => {
   const requestsBefore = routerPrompts.size;
   const maxLen = (await (await fetch(`${base}/v1/models`, { headers: { authorization: `Bearer ${API_KEY}` } })).json()).data[0].max_model_len;
-  // The workers run with --max_context_tokens=1024, below the tiny checkpoint's
-  // max_position_embeddings (32768): the router serves the smaller limit.
+  // The workers run with --max_model_len=1024, below the tiny checkpoint's
+  // max_position_embeddings (1048576): the router serves the smaller limit.
   assert.equal(maxLen, 1024);
   const long = 'word '.repeat(maxLen + 100);
   const e = await expectApiError(client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: long }] }),

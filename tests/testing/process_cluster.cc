@@ -102,8 +102,9 @@ std::string ProcessCluster::Start(const std::vector<std::string>& router_flags,
         "--router=127.0.0.1:" + std::to_string(router_port_),
         "--port=0",
         "--metrics_port=0",
-        "--num_slots=" + std::to_string(role == "decode" ? decode_slots : 8),
-        "--max_context_tokens=512",
+        "--max_num_seqs=" + std::to_string(role == "decode" ? decode_slots : 8),
+        "--max_model_len=512",
+        "--kv_cache_memory=64MiB",
         "--log_format=json"};
     if (role == "prefill")
       wargv.insert(wargv.end(), prefill_flags.begin(), prefill_flags.end());
