@@ -1,0 +1,154 @@
+// GpuBackend: the elementwise ops (kernels in elementwise.cu). Each method checks
+// shapes as the CPU backends do (kernels/op_checks.h, the same messages), treats an
+// empty problem as a no-op, then enqueues the launch on the compute stream. Index
+// arrays (token ids, slots) are device memory: the kernels check them and record
+// errors in error_word() for the next Synchronize().
+#include "common/status.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/op_checks.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+// The launchers return the launch error themselves (they already took it from the
+// runtime, so Launched alone would miss it); Launched then reports any other.
+absl::Status Done(GpuBackend* be, const char* launch_error, const char* what) {
+  if (launch_error != nullptr) {
+    return Internal(be->name(), ": launching ", what, " failed: ", launch_error);
+  }
+  return be->Launched(what);
+}
+
+}  // namespace
+
+absl::Status GpuBackend::RmsNorm(const float* x, int64_t ldx, const float* w, float* y,
+                                 int64_t ldy, int64_t rows, int64_t n, float eps) {
+  TANDEM_RETURN_IF_ERROR(CheckRows(rows, n, ldx, "rmsnorm"));
+  TANDEM_RETURN_IF_ERROR(CheckRows(rows, n, ldy, "rmsnorm"));
+  if (rows == 0 || n == 0) return absl::OkStatus();
+  return Done(this, LaunchRmsNorm(x, ldx, w, y, ldy, rows, n, eps, stream()),
+              "rmsnorm");
+}
+
+absl::Status GpuBackend::L2NormHeads(const float* x, int64_t ldx, float* y, int64_t ldy,
+                                     int64_t rows, int64_t heads, int64_t d, float eps,
+                                     float scale) {
+  TANDEM_RETURN_IF_ERROR(CheckRows(rows, heads * d, ldx, "l2norm"));
+  TANDEM_RETURN_IF_ERROR(CheckRows(rows, heads * d, ldy, "l2norm"));
+  if (rows == 0 || heads <= 0 || d <= 0) return absl::OkStatus();
+  return Done(this,
+              LaunchL2NormHeads(x, ldx, y, ldy, rows, heads, d, eps, scale, stream()),
+              "l2norm");
+}
+
+absl::Status GpuBackend::SituGlu(const float* g, int64_t ldg, const float* u,
+                                 int64_t ldu, float* out, int64_t ldo, int64_t rows,
+                                 int64_t n, float beta, float lbeta) {
+  TANDEM_RETURN_IF_ERROR(CheckRows(rows, n, ldg, "situ"));
+  TANDEM_RETURN_IF_ERROR(CheckRows(rows, n, ldu, "situ"));
+  TANDEM_RETURN_IF_ERROR(CheckRows(rows, n, ldo, "situ"));
+  if (rows == 0 || n == 0) return absl::OkStatus();
+  return Done(this,
+              LaunchSituGlu(g, ldg, u, ldu, out, ldo, rows, n, beta, lbeta, stream()),
+              "situ");
+}
+
+absl::Status GpuBackend::MulSigmoid(const float* x, int64_t ldx, const float* gate,
+                                    int64_t ldg, float* out, int64_t ldo, int64_t rows,
+                                    int64_t n) {
+  TANDEM_RETURN_IF_ERROR(CheckRows(rows, n, ldx, "mul_sigmoid"));
+  TANDEM_RETURN_IF_ERROR(CheckRows(rows, n, ldg, "mul_sigmoid"));
+  TANDEM_RETURN_IF_ERROR(CheckRows(rows, n, ldo, "mul_sigmoid"));
+  if (rows == 0 || n == 0) return absl::OkStatus();
+  return Done(this, LaunchMulSigmoid(x, ldx, gate, ldg, out, ldo, rows, n, stream()),
+              "mul_sigmoid");
+}
+
+absl::Status GpuBackend::AddInPlace(float* y, const float* x, int64_t n) {
+  if (n <= 0) return absl::OkStatus();
+  return Done(this, LaunchAddInPlace(y, x, n, stream()), "add_in_place");
+}
+
+absl::Status GpuBackend::EmbeddingGather(const uint16_t* table, int64_t vocab,
+                                         int64_t hidden, const int32_t* ids,
+                                         int64_t tokens, float* out) {
+  if (tokens <= 0 || hidden <= 0) return absl::OkStatus();
+  return Done(this,
+              LaunchEmbeddingGather(table, vocab, hidden, ids, tokens, out,
+                                    error_word(), stream()),
+              "embedding");
+}
+
+absl::Status GpuBackend::CausalConv1dSilu(const float* x, int64_t ldx, const float* w,
+                                          int64_t kernel, float* state, float* y,
+                                          int64_t ldy, int64_t tokens,
+                                          int64_t channels) {
+  if (kernel < 1) return InvalidArgument("conv1d: kernel must be >= 1");
+  TANDEM_RETURN_IF_ERROR(CheckRows(tokens, channels, ldx, "conv1d"));
+  TANDEM_RETURN_IF_ERROR(CheckRows(tokens, channels, ldy, "conv1d"));
+  if (tokens == 0 || channels == 0) return absl::OkStatus();
+  return Done(this,
+              LaunchCausalConv1dSilu(x, ldx, w, kernel, state, y, ldy, tokens, channels,
+                                     stream()),
+              "conv1d");
+}
+
+absl::Status GpuBackend::KdaGates(const float* graw, int64_t ld_graw,
+                                  const float* a_log, const float* dt_bias,
+                                  const float* braw, int64_t ld_braw, float lower_bound,
+                                  int64_t tokens, int64_t heads, int64_t d, float* g,
+                                  float* beta) {
+  TANDEM_RETURN_IF_ERROR(CheckRows(tokens, heads * d, ld_graw, "kda_gates"));
+  TANDEM_RETURN_IF_ERROR(CheckRows(tokens, heads, ld_braw, "kda_gates"));
+  if (tokens == 0 || heads <= 0 || d <= 0) return absl::OkStatus();
+  return Done(this,
+              LaunchKdaGates(graw, ld_graw, a_log, dt_bias, braw, ld_braw, lower_bound,
+                             tokens, heads, d, g, beta, stream()),
+              "kda_gates");
+}
+
+absl::Status GpuBackend::KdaOutputGate(const float* o, int64_t ld_o,
+                                       const float* norm_w, const float* gate,
+                                       int64_t ld_gate, float* out, int64_t ld_out,
+                                       int64_t tokens, int64_t heads, int64_t d,
+                                       float eps) {
+  TANDEM_RETURN_IF_ERROR(CheckRows(tokens, heads * d, ld_o, "kda_output_gate"));
+  TANDEM_RETURN_IF_ERROR(CheckRows(tokens, heads * d, ld_gate, "kda_output_gate"));
+  TANDEM_RETURN_IF_ERROR(CheckRows(tokens, heads * d, ld_out, "kda_output_gate"));
+  if (tokens == 0 || heads <= 0 || d <= 0) return absl::OkStatus();
+  return Done(this,
+              LaunchKdaOutputGate(o, ld_o, norm_w, gate, ld_gate, out, ld_out, tokens,
+                                  heads, d, eps, stream()),
+              "kda_output_gate");
+}
+
+absl::Status GpuBackend::PagedCacheWrite(const float* src, int64_t ld_src,
+                                         const int32_t* slots, int64_t tokens,
+                                         int64_t width, uint16_t* cache,
+                                         int64_t num_slots) {
+  TANDEM_RETURN_IF_ERROR(CheckRows(tokens, width, ld_src, "cache_write"));
+  if (tokens == 0 || width == 0) return absl::OkStatus();
+  return Done(this,
+              LaunchPagedCacheWrite(src, ld_src, slots, tokens, width, cache, num_slots,
+                                    error_word(), stream()),
+              "cache_write");
+}
+
+absl::Status GpuBackend::AttnResMix(const float* const* bank, int64_t bank_size,
+                                    const float* p, const float* proj_w,
+                                    const float* norm_w, float eps, int64_t tokens,
+                                    int64_t hidden, float* out) {
+  if (bank_size < 0 || tokens < 0 || hidden <= 0) {
+    return InvalidArgument("attn_res_mix: bad shape");
+  }
+  if (tokens == 0) return absl::OkStatus();
+  TANDEM_ASSIGN_OR_RETURN(void* scratch,
+                          Scratch(AttnResMixScratchBytes(tokens, bank_size)));
+  return Done(this,
+              LaunchAttnResMix(bank, bank_size, p, proj_w, norm_w, eps, tokens, hidden,
+                               out, static_cast<float*>(scratch), stream()),
+              "attn_res_mix");
+}
+
+}  // namespace tandem::kernels::cuda
