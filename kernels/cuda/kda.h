@@ -1,0 +1,88 @@
+// Launchers of the kda kernels (kda.cu). Plain C++ types only (nvcc-compiled code
+// includes no project headers beyond kernels/cuda/). Device pointers; `stream` is
+// the native stream handle. Each returns nullptr on success or the launch error.
+//
+// KDA (Kimi Delta Attention) over T tokens of one sequence, per head h and token t
+// (kernels/backend.h, KdaArgs):
+//   S_h = diag(exp(g_t)) S_h;  S_h += beta_t k_t (v_t - S_h^T k_t)^T;  o_t = S_h^T q_t
+// q, k [T, h, d_k] with row stride ld_qk; v [T, h, d_v] ld_v; g [T, h, d_k] and
+// beta [T, h] contiguous; state [h, d_k, d_v] fp32 in/out; out [T, h, d_v] ld_out.
+//
+// Limits of these kernels: 1 <= d_k <= kKdaMaxHeadDimK (512), d_v >= 1 (any).
+//
+// ---- KdaRecurrentLaunch (decode, and small T) ---------------------------------
+// One block per (head, 32-column tile of d_v); 8 warps (32 for d_k > 128). Lane l
+// owns column l of the tile, warp w the rows i = w + W*r of S: the state tile lives
+// in registers for all T tokens (read once, written once, both coalesced: a warp's
+// 32 lanes touch one 128-byte row segment). Per token: k, q, g staged in shared
+// memory; decay; S^T k and S^T q reduce over d_k inside each thread's rows and then
+// across warps through shared memory. Numerics: fp32 FMA throughout, expf on
+// g <= 0: the CPU backend's arithmetic, error ~1e-6 relative to max|want|.
+//
+// ---- KdaChunkedLaunch (prefill): chunk 16, two kernels --------------------------
+// (the structure FlashKDA publishes). With G_t the cumulative log-decay inside a
+// chunk (G_t = sum_{s<=t} g_s, <= 0) and S0 the state at the chunk start, the
+// delta-rule pseudo-values U solve the unit lower-triangular (UT) system
+//   (I + diag(beta) A) U = diag(beta) (V - Kg S0),  A_tj = sum_c k_tc e^{G_tc-G_jc}
+//   k_jc
+// (j < t), Kg_t = e^{G_t} k_t, so U = U' - W S0 with U' = T diag(beta) V,
+// W = T diag(beta) Kg, T = (I + diag(beta) A)^-1 (the WY form), and
+//   O = Qg S0 + Qk U,  Qg_t = e^{G_t} q_t,  Qk_tj = sum_c q_tc e^{G_tc-G_jc} k_jc
+//   (j<=t) S = diag(e^{G_L}) S0 + KdT U,  KdT[c][j] = e^{G_Lc-G_jc} k_jc.
+// Only exps of non-positive arguments are formed (cumulative gates reach -320 in a
+// long chunk; -80 in one of 16 at gates of -5/token).
+//   kernel 1 (KdaChunkPrep), one block per (chunk, head), all chunks in parallel:
+//     cumulative gates, the decayed k.k and q.k matrices (a warp per (t, j) pair,
+//     lanes over d_k, warp-shuffle sums), forward substitution for W and U' (a
+//     thread per column, 16 rows), and Qg, KdT, e^{G_L}; fp32 SIMT with expf.
+//     Writes them to the scratch buffer.
+//   kernel 2 (KdaChunkState), one block per (head, 32-column tile of d_v), 4 warps,
+//     the state tile in mma accumulator registers across all chunks (fp32):
+//     X = W S0 and Y = Qg S0 (16 x 32, over d_k), U = U' - X, O = Y + Qk U,
+//     S = diag(e^{G_L}) S0 + KdT U, all with mma.sync m16n8k16 (BF16 in, fp32
+//     accumulate) on split-BF16 operands: x = hi + lo with hi = bf16(x),
+//     lo = bf16(x - hi), and a*b ~ hi_a hi_b + hi_a lo_b + lo_a hi_b (three mma per
+//     product; the dropped lo*lo and the residuals are <= ~3 * 2^-17 relative per
+//     term). A plain BF16 product (2^-9 relative) cannot meet the 1e-4 contract;
+//     split-BF16 does (kda_test measures <= ~2e-5 of max|want| over 130 tokens,
+//     strong decays, carried state, against the fp64 oracle).
+//   Scratch: KdaChunkedScratchBytes (about (48 d_k + 16 d_v + 256) floats per chunk
+//   of 16 tokens and head).
+#ifndef TANDEM_KERNELS_CUDA_KDA_H_
+#define TANDEM_KERNELS_CUDA_KDA_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tandem::kernels::cuda {
+
+inline constexpr int64_t kKdaMaxHeadDimK = 512;
+inline constexpr int64_t kKdaChunk = 16;
+
+struct KdaLaunchArgs {
+  int64_t tokens = 0, heads = 0, head_dim_k = 0, head_dim_v = 0;
+  const float* q = nullptr;
+  const float* k = nullptr;
+  int64_t ld_qk = 0;
+  const float* v = nullptr;
+  int64_t ld_v = 0;
+  const float* g = nullptr;
+  const float* beta = nullptr;
+  float* state = nullptr;
+  float* out = nullptr;
+  int64_t ld_out = 0;
+};
+
+// Token-by-token recurrence. tokens == 0 launches nothing.
+const char* KdaRecurrentLaunch(const KdaLaunchArgs& a, void* stream);
+
+// Bytes of device scratch KdaChunkedLaunch needs (0 for tokens == 0).
+size_t KdaChunkedScratchBytes(int64_t tokens, int64_t heads, int64_t head_dim_k,
+                              int64_t head_dim_v);
+// Chunked prefill; equals KdaRecurrentLaunch. `scratch`: KdaChunkedScratchBytes,
+// 16-byte aligned, device memory.
+const char* KdaChunkedLaunch(const KdaLaunchArgs& a, void* scratch, void* stream);
+
+}  // namespace tandem::kernels::cuda
+
+#endif  // TANDEM_KERNELS_CUDA_KDA_H_
