@@ -52,7 +52,7 @@ absl::Status CheckKda(const KdaArgs& a) {
   return absl::OkStatus();
 }
 
-absl::Status CheckMla(const MlaArgs& a) {
+absl::Status CheckMlaShape(const MlaArgs& a) {
   if (a.heads <= 0 || a.nope_dim < 0 || a.rope_dim < 0 || a.v_dim <= 0 ||
       a.kv_lora_rank <= 0 || a.num_seqs < 0 || a.block_size <= 0 || a.num_blocks < 0) {
     return InvalidArgument("mla: bad shape");
@@ -62,10 +62,16 @@ absl::Status CheckMla(const MlaArgs& a) {
       !a.q || !a.out) {
     return InvalidArgument("mla: null pointer");
   }
-  if (a.query_start[0] != 0) return InvalidArgument("mla: query_start[0] != 0");
   if (a.ld_q < a.heads * (a.nope_dim + a.rope_dim) || a.ld_out < a.heads * a.v_dim) {
     return InvalidArgument("mla: row stride too small");
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckMla(const MlaArgs& a) {
+  TANDEM_RETURN_IF_ERROR(CheckMlaShape(a));
+  if (a.num_seqs == 0) return absl::OkStatus();
+  if (a.query_start[0] != 0) return InvalidArgument("mla: query_start[0] != 0");
   for (int64_t s = 0; s < a.num_seqs; ++s) {
     const int64_t q_len = a.query_start[s + 1] - a.query_start[s];
     if (q_len < 0 || q_len > a.seq_lens[s]) {

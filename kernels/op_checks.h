@@ -14,7 +14,10 @@ absl::Status CheckGemm(const void* x, int64_t ldx, const void* w, int64_t ldw,
                        const float* y, int64_t ldy, int64_t m, int64_t n, int64_t k);
 absl::Status CheckRows(int64_t rows, int64_t n, int64_t ld, const char* what);
 absl::Status CheckKda(const KdaArgs& a);
-// Also checks every block id of every sequence's used blocks is in range.
+// CheckMla = CheckMlaShape (shapes, strides, null pointers: what a device backend
+// checks on the host) + query_start, seq_lens and every block id of every
+// sequence's used blocks (read on the host).
+absl::Status CheckMlaShape(const MlaArgs& a);
 absl::Status CheckMla(const MlaArgs& a);
 absl::Status CheckMoe(const MoeArgs& a);
 

@@ -1,0 +1,104 @@
+// Launchers of the mla kernels (mla.cu). Plain C++ types only (nvcc-compiled code
+// includes no project headers beyond kernels/cuda/). Device pointers; `stream` is
+// the native stream handle. Each returns nullptr on success or the launch error.
+//
+// MLA attention over the paged BF16 latent cache (kernels/backend.h, MlaArgs):
+// cache [num_blocks, block_size, lora + rope] BF16 (c_kv then k_rot per token);
+// sequence s has seq_lens[s] cached tokens and q_len_s = query_start[s+1] -
+// query_start[s] queries, its LAST q_len_s positions, causal among themselves.
+// kv_b_proj [heads * (nope + v), lora] BF16, per head [W_UK; W_UV].
+// Block tables, seq_lens and query_start are device memory: the kernels check
+// them and record kBlockIdOutOfRange / kBadSequenceLength in `error_word`
+// (device_errors.h), skipping what they cannot read. Grids are sized from host
+// values only (num_tokens, num_seqs, block_table_stride * block_size).
+//
+// Numerics: fp32 throughout (BF16 inputs widened exactly, fp32 FMA, expf), the
+// CPU backend's arithmetic in another association order: ~1e-6 of max|want| vs
+// the fp64 oracle, inside the 2e-5 contract. (A BF16-rounded q or p, as FlashMLA
+// uses, is ~2^-9 relative per product and cannot meet 2e-5; see mla.cu.)
+//
+// ---- Absorbed (decode, speculative verification): MlaAbsorbedLaunch -----------
+//   1. MlaAbsorbQ: q_abs[t,h] = scale * [W_UK_h^T q_nope | q_rope] (576 wide for
+//      K3), fp32 into scratch; one block per (8 tokens, head), W_UK streamed
+//      coalesced once per block.
+//   2. MlaAbsorbedSplitKv (the FlashMLA split-KV design): rows are the (query,
+//      head) pairs of one sequence, 16 per block (K3 at TP8: 12 heads x q_len);
+//      blockIdx.y picks one of `splits` ranges of the sequence's positions. MQA
+//      over [c | k_rot]: key tiles of 32 positions in shared memory (BF16, padded
+//      rows: conflict-free), lane = key for Q.K, online softmax per row, lane =
+//      latent column pair for P.C (C = the tile's own c: values are the keys'
+//      first lora columns). Writes unnormalised partial (max, sum, acc[lora]).
+//   3. MlaAbsorbedCombine: merges the splits' partials per (token, head) and
+//      applies W_UV (warp per output column, lanes over lora: coalesced rows).
+//   Splits: MlaAbsorbedSplits, from host values only.
+//
+// ---- Expanded (prefill): MlaExpandedLaunch ----------------------------------
+// The context is walked in chunks of `chunk` positions (host loop, so scratch is
+// bounded for any context): per chunk
+//   1. MlaExpandKv: [k_nope | v] = W_h c for every position of the chunk, head h
+//      (a 64 x 128 register-blocked SIMT GEMM per block, K-steps of 32 staged in
+//      shared memory), fp32 into scratch;
+//   2. MlaFlashChunk (FlashAttention-2): one block per (32-query tile of one
+//      sequence, head); key tiles of 32 with an online softmax, causal; the running
+//      (max, sum) lives in scratch and the running output, normalised, in `out`
+//      itself, so chunk k+1 resumes where chunk k stopped.
+//
+// Limits of these kernels: lora <= 512, v <= 128 (absorbed: any v), lora and
+// rope even; other shapes return an error string.
+#ifndef TANDEM_KERNELS_CUDA_MLA_H_
+#define TANDEM_KERNELS_CUDA_MLA_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tandem::kernels::cuda {
+
+inline constexpr int64_t kMlaMaxLora = 512;
+inline constexpr int64_t kMlaMaxVDimExpanded = 128;
+// Key positions per split granule, and the most splits one call uses.
+inline constexpr int64_t kMlaKeyTile = 32;
+inline constexpr int kMlaMaxSplits = 64;
+
+struct MlaLaunchArgs {
+  int64_t heads = 0, nope = 0, rope = 0, v = 0, lora = 0;
+  float scale = 0;
+  int64_t num_seqs = 0;
+  int64_t num_tokens = 0;                 // = query_start[num_seqs] (host copy)
+  const int32_t* seq_lens = nullptr;      // [num_seqs]
+  const int32_t* query_start = nullptr;   // [num_seqs + 1]
+  const int32_t* block_tables = nullptr;  // [num_seqs, block_table_stride]
+  int64_t block_table_stride = 0;
+  const uint16_t* kv_cache = nullptr;  // [num_blocks, block_size, lora + rope]
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;
+  const uint16_t* kv_b_proj = nullptr;  // [heads * (nope + v), lora]
+  const float* q = nullptr;             // [num_tokens, heads, nope + rope], ld_q
+  int64_t ld_q = 0;
+  float* out = nullptr;  // [num_tokens, heads, v], ld_out
+  int64_t ld_out = 0;
+  int32_t* error_word = nullptr;
+};
+
+// nullptr if the kernels support these dimensions, else why not.
+const char* MlaUnsupported(const MlaLaunchArgs& a, bool absorbed);
+
+// ---- Absorbed ----------------------------------------------------------------
+// Number of KV splits for a call: enough blocks to fill ~2 waves of `sm_count`
+// SMs, no split shorter than 4 key tiles of the largest possible context
+// (block_table_stride * block_size), at most kMlaMaxSplits.
+int MlaAbsorbedSplits(const MlaLaunchArgs& a, int sm_count);
+size_t MlaAbsorbedScratchBytes(const MlaLaunchArgs& a, int splits);
+const char* MlaAbsorbedLaunch(const MlaLaunchArgs& a, int splits, void* scratch,
+                              void* stream);
+
+// ---- Expanded ----------------------------------------------------------------
+// Context chunk (a multiple of 64) such that the scratch fits `budget_bytes`
+// (at least one 64-position chunk), no longer than the largest possible context.
+int64_t MlaExpandedChunk(const MlaLaunchArgs& a, size_t budget_bytes);
+size_t MlaExpandedScratchBytes(const MlaLaunchArgs& a, int64_t chunk);
+const char* MlaExpandedLaunch(const MlaLaunchArgs& a, int64_t chunk, void* scratch,
+                              void* stream);
+
+}  // namespace tandem::kernels::cuda
+
+#endif  // TANDEM_KERNELS_CUDA_MLA_H_

@@ -1,0 +1,320 @@
+// The mla kernels (mla.cu) on the SIMT emulator, launched directly on host vectors
+// (under cuda_sim device memory is host memory), against the fp64 oracle
+// (CreateReferenceBackend) at the conformance bound 2e-5 * max|want|.
+#include "kernels/cuda/mla.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/bf16.h"
+#include "kernels/cpu/reference_backend.h"
+#include "kernels/cuda/device_errors.h"
+#include "kernels/cuda/sim/simt.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+struct Case {
+  int64_t heads, nope, rope, v, lora;
+  std::vector<int32_t> ctx, q_len;
+};
+
+// One call's inputs: a paged cache with shuffled block ids (block 0 unused),
+// latents depending only on (sequence, position, seed).
+struct MlaCall {
+  Case c;
+  int64_t block_size = 0, max_blocks = 0, num_blocks = 0, tokens = 0;
+  std::vector<float> q;
+  std::vector<uint16_t> cache, kv_b;
+  std::vector<int32_t> seq_lens, query_start, tables;
+
+  MlaArgs Args(float* out) const {
+    MlaArgs a;
+    a.heads = c.heads;
+    a.nope_dim = c.nope;
+    a.rope_dim = c.rope;
+    a.v_dim = c.v;
+    a.kv_lora_rank = c.lora;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(c.nope + c.rope));
+    a.num_seqs = static_cast<int64_t>(c.ctx.size());
+    a.num_tokens = tokens;
+    a.seq_lens = seq_lens.data();
+    a.query_start = query_start.data();
+    a.block_tables = tables.data();
+    a.block_table_stride = max_blocks;
+    a.kv_cache = cache.data();
+    a.num_blocks = num_blocks;
+    a.block_size = block_size;
+    a.kv_b_proj = kv_b.data();
+    a.q = q.data();
+    a.ld_q = c.heads * (c.nope + c.rope);
+    a.out = out;
+    a.ld_out = c.heads * c.v;
+    return a;
+  }
+};
+
+MlaCall Make(const Case& c, int64_t block_size, uint32_t seed) {
+  MlaCall s;
+  s.c = c;
+  s.block_size = block_size;
+  const int64_t width = c.lora + c.rope, seqs = static_cast<int64_t>(c.ctx.size());
+  int64_t total = 1;
+  for (int64_t i = 0; i < seqs; ++i) {
+    const int64_t b = (c.ctx[i] + block_size - 1) / block_size;
+    s.max_blocks = std::max(s.max_blocks, b);
+    total += b;
+    s.tokens += c.q_len[i];
+  }
+  s.num_blocks = total;
+  std::vector<int32_t> ids(total - 1);
+  std::iota(ids.begin(), ids.end(), 1);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(seed + 1));
+  s.tables.assign(seqs * s.max_blocks, -1);
+  s.cache.assign(total * block_size * width, 0xffff);  // NaN where nothing is cached
+  s.query_start.push_back(0);
+  int64_t next = 0;
+  for (int64_t i = 0; i < seqs; ++i) {
+    s.seq_lens.push_back(c.ctx[i]);
+    s.query_start.push_back(s.query_start.back() + c.q_len[i]);
+    const int64_t b = (c.ctx[i] + block_size - 1) / block_size;
+    for (int64_t j = 0; j < b; ++j) s.tables[i * s.max_blocks + j] = ids[next++];
+    std::mt19937 lr(seed * 7 + i);
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    for (int64_t p = 0; p < c.ctx[i]; ++p) {
+      const int64_t slot =
+          s.tables[i * s.max_blocks + p / block_size] * block_size + p % block_size;
+      for (int64_t d = 0; d < width; ++d)
+        s.cache[slot * width + d] = F32ToBf16(n01(lr));
+    }
+  }
+  std::mt19937 qr(seed * 13);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  s.q.resize(s.tokens * c.heads * (c.nope + c.rope));
+  for (float& x : s.q) x = n01(qr);
+  std::mt19937 wr(seed * 17);
+  std::normal_distribution<float> nw(0.0f, 0.3f / std::sqrt(8.0f));
+  s.kv_b.resize(c.heads * (c.nope + c.v) * c.lora);
+  for (uint16_t& x : s.kv_b) x = F32ToBf16(nw(wr));
+  return s;
+}
+
+MlaLaunchArgs ToLaunch(const MlaArgs& m, int32_t* error_word) {
+  MlaLaunchArgs a;
+  a.heads = m.heads;
+  a.nope = m.nope_dim;
+  a.rope = m.rope_dim;
+  a.v = m.v_dim;
+  a.lora = m.kv_lora_rank;
+  a.scale = m.scale;
+  a.num_seqs = m.num_seqs;
+  a.num_tokens = m.num_tokens;
+  a.seq_lens = m.seq_lens;
+  a.query_start = m.query_start;
+  a.block_tables = m.block_tables;
+  a.block_table_stride = m.block_table_stride;
+  a.kv_cache = m.kv_cache;
+  a.num_blocks = m.num_blocks;
+  a.block_size = m.block_size;
+  a.kv_b_proj = m.kv_b_proj;
+  a.q = m.q;
+  a.ld_q = m.ld_q;
+  a.out = m.out;
+  a.ld_out = m.ld_out;
+  a.error_word = error_word;
+  return a;
+}
+
+std::vector<float> Oracle(const MlaCall& s) {
+  std::vector<float> out(s.tokens * s.c.heads * s.c.v, 0.0f);
+  auto ref = CreateReferenceBackend();
+  EXPECT_TRUE(ref->MlaAttentionExpanded(s.Args(out.data())).ok());
+  return out;
+}
+
+// splits <= 0: MlaAbsorbedSplits for 132 SMs.
+std::vector<float> Absorbed(const MlaCall& s, int splits, int32_t* error = nullptr) {
+  std::vector<float> out(s.tokens * s.c.heads * s.c.v, -7.0f);
+  int32_t word = 0;
+  const MlaLaunchArgs a = ToLaunch(s.Args(out.data()), &word);
+  if (splits <= 0) splits = MlaAbsorbedSplits(a, 132);
+  std::vector<char> scratch(MlaAbsorbedScratchBytes(a, splits) + 256);
+  const char* e = MlaAbsorbedLaunch(a, splits, scratch.data(), nullptr);
+  EXPECT_EQ(e, nullptr) << e;
+  if (error != nullptr) {
+    *error = word;
+  } else {
+    EXPECT_EQ(word, kDeviceOk);
+  }
+  return out;
+}
+
+// chunk <= 0: MlaExpandedChunk for a 256 MiB budget.
+std::vector<float> Expanded(const MlaCall& s, int64_t chunk, int32_t* error = nullptr) {
+  std::vector<float> out(s.tokens * s.c.heads * s.c.v, -7.0f);
+  int32_t word = 0;
+  const MlaLaunchArgs a = ToLaunch(s.Args(out.data()), &word);
+  if (chunk <= 0) chunk = MlaExpandedChunk(a, size_t{256} << 20);
+  std::vector<char> scratch(MlaExpandedScratchBytes(a, chunk) + 256);
+  const char* e = MlaExpandedLaunch(a, chunk, scratch.data(), nullptr);
+  EXPECT_EQ(e, nullptr) << e;
+  if (error != nullptr) {
+    *error = word;
+  } else {
+    EXPECT_EQ(word, kDeviceOk);
+  }
+  return out;
+}
+
+// max |got - want| / max |want|.
+double RelErr(const std::vector<float>& got, const std::vector<float>& want) {
+  double mx = 1e-20, err = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    mx = std::max(mx, static_cast<double>(std::fabs(want[i])));
+    const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (std::isnan(got[i])) {
+      err = INFINITY;
+    } else {
+      err = std::max(err, d);
+    }
+  }
+  return err / mx;
+}
+
+constexpr double kBound = 2e-5;
+
+TEST(MlaKernels, OddDimsPagedMixedSequences) {
+  // decode (q=1), prefill chunk with prefix (q=5), q == ctx (q=9), one long one.
+  const Case c{3, 16, 8, 12, 64, {1, 37, 300, 9}, {1, 5, 1, 9}};
+  for (int64_t bs : {1, 16, 64}) {
+    const MlaCall s = Make(c, bs, 5);
+    const std::vector<float> want = Oracle(s);
+    const std::string what = "block " + std::to_string(bs);
+    const std::vector<float> exp = Expanded(s, 0);
+    EXPECT_LE(RelErr(exp, want), kBound) << "expanded " << what;
+    const std::vector<float> abs = Absorbed(s, 0);
+    EXPECT_LE(RelErr(abs, want), kBound) << "absorbed " << what;
+    EXPECT_LE(RelErr(abs, exp), kBound) << "absorbed vs expanded " << what;
+  }
+}
+
+TEST(MlaKernels, SplitsAndChunksDoNotChangeTheResult) {
+  const Case c{2, 16, 8, 16, 32, {200, 65, 3}, {4, 1, 3}};
+  const MlaCall s = Make(c, 16, 11);
+  const std::vector<float> want = Oracle(s);
+  for (int splits : {1, 2, 3, 7, kMlaMaxSplits}) {
+    EXPECT_LE(RelErr(Absorbed(s, splits), want), kBound) << "splits " << splits;
+  }
+  for (int64_t chunk : {64, 128, 256}) {
+    EXPECT_LE(RelErr(Expanded(s, chunk), want), kBound) << "chunk " << chunk;
+  }
+}
+
+TEST(MlaKernels, K3HeadsPerRankRealDims) {
+  // K3 at TP8: 12 heads, nope 128, rope 64, v 128, latent 512 (576 cached), short
+  // contexts: a decode, a k = 4 draft verification, a prefill chunk q == ctx.
+  const Case c{12, 128, 64, 128, 512, {9, 40, 33}, {1, 4, 33}};
+  const MlaCall s = Make(c, 16, 3);
+  const std::vector<float> want = Oracle(s);
+  const std::vector<float> exp = Expanded(s, 0);
+  const std::vector<float> abs = Absorbed(s, 0);
+  EXPECT_LE(RelErr(exp, want), kBound);
+  EXPECT_LE(RelErr(abs, want), kBound);
+  EXPECT_LE(RelErr(abs, exp), kBound);
+  EXPECT_LE(RelErr(Absorbed(s, 3), want), kBound);
+}
+
+TEST(MlaKernels, SpeculativeQueriesAreCausal) {
+  // Query i of a k = 4 run equals a single-query run whose context ends at it.
+  const Case c{2, 16, 8, 16, 32, {40}, {4}};
+  const MlaCall s = Make(c, 16, 9);
+  const std::vector<float> all = Absorbed(s, 0);
+  const std::vector<float> all_exp = Expanded(s, 0);
+  const int64_t row = c.heads * c.v;
+  for (int32_t i = 0; i < 4; ++i) {
+    MlaCall one = Make(c, 16, 9);
+    one.seq_lens[0] = 40 - 3 + i;
+    one.query_start = {0, 1};
+    one.tokens = 1;
+    one.q.assign(s.q.begin() + i * c.heads * (c.nope + c.rope),
+                 s.q.begin() + (i + 1) * c.heads * (c.nope + c.rope));
+    const std::vector<float> want(all.begin() + i * row, all.begin() + (i + 1) * row);
+    EXPECT_LE(RelErr(Absorbed(one, 0), want), 1e-6) << "draft " << i;
+    const std::vector<float> want_exp(all_exp.begin() + i * row,
+                                      all_exp.begin() + (i + 1) * row);
+    EXPECT_LE(RelErr(Expanded(one, 0), want_exp), 1e-6) << "draft " << i;
+  }
+}
+
+TEST(MlaKernels, EmulatorSeeds) {
+  // Races between warps show up as seed-dependent results.
+  const Case c{3, 16, 8, 12, 64, {70, 5}, {6, 5}};
+  const MlaCall s = Make(c, 16, 21);
+  const std::vector<float> want = Oracle(s);
+  for (uint64_t seed : {1u, 2u, 3u, 4u}) {
+    cuda_sim::SetSeed(seed);
+    EXPECT_LE(RelErr(Absorbed(s, 3), want), kBound) << "seed " << seed;
+    EXPECT_LE(RelErr(Expanded(s, 64), want), kBound) << "seed " << seed;
+  }
+  cuda_sim::SetSeed(1);
+}
+
+TEST(MlaKernels, RecordsBadBlockIdsAndLengths) {
+  const Case c{1, 8, 8, 8, 32, {20}, {1}};
+  {
+    MlaCall s = Make(c, 8, 3);
+    s.tables[1] = static_cast<int32_t>(s.num_blocks);
+    int32_t err = -1;
+    Absorbed(s, 0, &err);
+    EXPECT_EQ(err, kBlockIdOutOfRange);
+    Expanded(s, 0, &err);
+    EXPECT_EQ(err, kBlockIdOutOfRange);
+    s.tables[1] = -3;
+    Absorbed(s, 0, &err);
+    EXPECT_EQ(err, kBlockIdOutOfRange);
+  }
+  {
+    MlaCall s = Make(c, 8, 3);
+    s.seq_lens[0] = 100;  // needs more blocks than the table holds
+    int32_t err = -1;
+    Absorbed(s, 0, &err);
+    EXPECT_EQ(err, kBlockIdOutOfRange);
+    Expanded(s, 0, &err);
+    EXPECT_EQ(err, kBlockIdOutOfRange);
+  }
+  {
+    MlaCall s = Make(c, 8, 3);
+    s.query_start = {0, 1};
+    s.seq_lens[0] = 0;  // a query but no context
+    int32_t err = -1;
+    Absorbed(s, 0, &err);
+    EXPECT_EQ(err, kBadSequenceLength);
+    Expanded(s, 0, &err);
+    EXPECT_EQ(err, kBadSequenceLength);
+  }
+}
+
+TEST(MlaKernels, UnsupportedShapesAreRefused) {
+  MlaLaunchArgs a;
+  a.heads = 1;
+  a.nope = 8;
+  a.rope = 8;
+  a.v = 8;
+  a.lora = 1024;
+  EXPECT_NE(MlaUnsupported(a, true), nullptr);
+  a.lora = 512;
+  EXPECT_EQ(MlaUnsupported(a, true), nullptr);
+  a.v = 256;
+  EXPECT_NE(MlaUnsupported(a, false), nullptr);
+  EXPECT_EQ(MlaUnsupported(a, true), nullptr);
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cuda
