@@ -1,0 +1,94 @@
+// GpuBackend: the KDA recurrences (kernels in kda.cu; design and error bounds in
+// kda.h).
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/kda.h"
+#include "kernels/op_checks.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+// Elements spanned by `rows` rows of `width` with stride ld.
+size_t Span(int64_t rows, int64_t width, int64_t ld) {
+  return rows <= 0 ? 0 : static_cast<size_t>((rows - 1) * ld + width);
+}
+
+KdaLaunchArgs ToLaunch(const KdaArgs& a) {
+  KdaLaunchArgs l;
+  l.tokens = a.tokens;
+  l.heads = a.heads;
+  l.head_dim_k = a.head_dim_k;
+  l.head_dim_v = a.head_dim_v;
+  l.q = a.q;
+  l.k = a.k;
+  l.ld_qk = a.ld_qk;
+  l.v = a.v;
+  l.ld_v = a.ld_v;
+  l.g = a.g;
+  l.beta = a.beta;
+  l.state = a.state;
+  l.out = a.out;
+  l.ld_out = a.ld_out;
+  return l;
+}
+
+// Shapes (CheckKda, the CPU backends' messages), the kernels' own limits, and
+// that every range is memory of this device. OK with *run = false: nothing to do.
+absl::Status PrepareKda(const GpuBackend& be, const KdaArgs& a, bool* run) {
+  *run = false;
+  TANDEM_RETURN_IF_ERROR(CheckKda(a));
+  if (a.tokens == 0) return absl::OkStatus();
+  if (a.head_dim_k > kKdaMaxHeadDimK) {
+    return absl::UnimplementedError(absl::StrCat("kda: head_dim_k ", a.head_dim_k,
+                                                 " above the GPU kernels' limit of ",
+                                                 kKdaMaxHeadDimK));
+  }
+  if (a.heads > 65535) {
+    return InvalidArgument("kda: ", a.heads, " heads exceed the launch grid");
+  }
+  const int64_t dk = a.head_dim_k, dv = a.head_dim_v, h = a.heads, t = a.tokens;
+  TANDEM_RETURN_IF_ERROR(
+      be.CheckResident(a.state, static_cast<size_t>(h * dk * dv) * 4, "kda state"));
+  TANDEM_RETURN_IF_ERROR(be.CheckResident(a.q, Span(t, h * dk, a.ld_qk) * 4, "kda q"));
+  TANDEM_RETURN_IF_ERROR(be.CheckResident(a.k, Span(t, h * dk, a.ld_qk) * 4, "kda k"));
+  TANDEM_RETURN_IF_ERROR(be.CheckResident(a.v, Span(t, h * dv, a.ld_v) * 4, "kda v"));
+  TANDEM_RETURN_IF_ERROR(
+      be.CheckResident(a.g, static_cast<size_t>(t * h * dk) * 4, "kda g"));
+  TANDEM_RETURN_IF_ERROR(
+      be.CheckResident(a.beta, static_cast<size_t>(t * h) * 4, "kda beta"));
+  TANDEM_RETURN_IF_ERROR(
+      be.CheckResident(a.out, Span(t, h * dv, a.ld_out) * 4, "kda out"));
+  *run = true;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status GpuBackend::KdaRecurrent(const KdaArgs& args) {
+  bool run = false;
+  TANDEM_RETURN_IF_ERROR(PrepareKda(*this, args, &run));
+  if (!run) return absl::OkStatus();
+  if (const char* e = KdaRecurrentLaunch(ToLaunch(args), stream())) {
+    return Internal(name(), ": launching KdaRecurrent failed: ", e);
+  }
+  return Launched("KdaRecurrent");
+}
+
+absl::Status GpuBackend::KdaChunked(const KdaArgs& args) {
+  bool run = false;
+  TANDEM_RETURN_IF_ERROR(PrepareKda(*this, args, &run));
+  if (!run) return absl::OkStatus();
+  TANDEM_ASSIGN_OR_RETURN(
+      void* scratch, Scratch(KdaChunkedScratchBytes(args.tokens, args.heads,
+                                                    args.head_dim_k, args.head_dim_v)));
+  if (const char* e = KdaChunkedLaunch(ToLaunch(args), scratch, stream())) {
+    return Internal(name(), ": launching KdaChunked failed: ", e);
+  }
+  return Launched("KdaChunked");
+}
+
+}  // namespace tandem::kernels::cuda
