@@ -2,9 +2,17 @@
 //
 // → The engine owns tensors and calls one method per op on raw pointers with
 //   explicit shapes and row strides ("ld" = elements between consecutive rows).
-//   A CPU backend takes host pointers; a CUDA backend takes device pointers on its
-//   stream. Every backend passes kernels/conformance_test.cc against the
-//   "cpu_reference" backend (plain loops, fp64 accumulation: the oracle).
+//   Every pointer in an op's arguments (including pointer tables such as
+//   MoeArgs::experts and AttnResMix's bank) is memory of the backend's Device
+//   (kernels/device.h): host memory for the CPU backends, GPU memory for "cuda",
+//   tracked host memory for "cuda_sim". Scalars are host values. Ops are enqueued
+//   on device().compute_stream() in call order and never read device memory from
+//   the host: the contents of index arrays (token ids, block ids, slots, expert
+//   ids) are checked by host-addressable backends when the op runs and by device
+//   backends in the kernel, which then records the error for the next
+//   Synchronize() (outputs of that op are unspecified). Every backend passes
+//   kernels/conformance_test.cc against the "cpu_reference" backend (plain loops,
+//   fp64 accumulation: the oracle).
 //
 // Conventions (all backends):
 // - BF16 values are uint16_t bit patterns (the high half of an fp32).
@@ -21,8 +29,36 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "kernels/device.h"
 
 namespace tandem::kernels {
+
+// The ops of the interface, for Backend::Supports: a model that needs an op its
+// backend lacks fails at load with an error naming it (never a silent fallback
+// to another device).
+enum class Op {
+  kGemmBf16,
+  kGemmF32,
+  kRmsNorm,
+  kL2NormHeads,
+  kSituGlu,
+  kMulSigmoid,
+  kAddInPlace,
+  kEmbeddingGather,
+  kCausalConv1dSilu,
+  kKdaGates,
+  kKdaRecurrent,
+  kKdaChunked,
+  kKdaOutputGate,
+  kPagedCacheWrite,
+  kMlaAttentionExpanded,
+  kMlaAttentionAbsorbed,
+  kRouterTopK,
+  kMoeMxfp4,
+  kAttnResMix,
+};
+inline constexpr int kNumOps = static_cast<int>(Op::kAttnResMix) + 1;
+absl::string_view OpName(Op op);
 
 // KDA (Kimi Delta Attention) recurrence over T tokens of ONE sequence.
 // Per head h and token t (q, k already L2-normalised and q scaled by the caller,
@@ -63,6 +99,9 @@ struct MlaArgs {
   int64_t kv_lora_rank = 0;  // 512
   float scale = 0;           // (nope_dim + rope_dim)^-0.5
   int64_t num_seqs = 0;
+  // Total query tokens, = query_start[num_seqs] (a host copy: device backends size
+  // their grids from it). 0 means "read query_start" (host-addressable only).
+  int64_t num_tokens = 0;
   const int32_t* seq_lens = nullptr;      // [num_seqs]
   const int32_t* query_start = nullptr;   // [num_seqs + 1], query_start[0] = 0
   const int32_t* block_tables = nullptr;  // [num_seqs, block_table_stride]
@@ -114,6 +153,13 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual absl::string_view name() const = 0;
+  // The memory every op's pointers refer to, and its compute stream.
+  virtual Device& device() = 0;
+  // Whether this backend implements `op` (all ops, unless it says otherwise).
+  virtual bool Supports(Op op) const { return true; }
+  // Waits for the ops enqueued so far; returns the first error a kernel recorded
+  // (e.g. a token id out of range) since the last call.
+  virtual absl::Status Synchronize() { return device().Synchronize(); }
 
   // ---- Dense algebra -------------------------------------------------------
   // Y[m, n] (+)= sum_k X[m, k] * W[n, k]; W BF16. accumulate=false overwrites Y.

@@ -19,9 +19,12 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(
   m->model_id = served.info.id();
   m->fingerprint = served.fingerprint;
   TANDEM_ASSIGN_OR_RETURN(m->checkpoint, model::Checkpoint::Open(dir));
-  TANDEM_ASSIGN_OR_RETURN(m->weights, engine::LoadModelWeights(*m->checkpoint));
-  TANDEM_ASSIGN_OR_RETURN(m->tokenizer, tokenizer::Tokenizer::Load(dir));
   TANDEM_ASSIGN_OR_RETURN(m->backend, kernels::CreateBackend(backend_name));
+  TANDEM_ASSIGN_OR_RETURN(m->weights, engine::LoadModelWeights(*m->checkpoint));
+  // Uploaded once to the backend's device (a no-op on the host).
+  TANDEM_ASSIGN_OR_RETURN(m->weights, engine::PlaceModelWeights(std::move(m->weights),
+                                                                m->backend->device()));
+  TANDEM_ASSIGN_OR_RETURN(m->tokenizer, tokenizer::Tokenizer::Load(dir));
   m->backend_name = backend_name;
   return m;
 }
@@ -68,6 +71,15 @@ absl::Status ApplySpeculativeFlags(const std::string& method, int num_tokens,
     return InvalidArgument("--speculative=draft needs --draft_model");
   TANDEM_ASSIGN_OR_RETURN(model->draft,
                           LoadWorkerModel(draft_dir, model->backend_name, ""));
+  // The draft runs on the target's backend (DraftModelProposer): its weights go
+  // to that backend's device.
+  if (model->backend->device().name() != "host") {
+    TANDEM_ASSIGN_OR_RETURN(model->draft->weights,
+                            engine::LoadModelWeights(*model->draft->checkpoint));
+    TANDEM_ASSIGN_OR_RETURN(model->draft->weights,
+                            engine::PlaceModelWeights(std::move(model->draft->weights),
+                                                      model->backend->device()));
+  }
   if (model->draft->weights->config.text.vocab_size !=
       model->weights->config.text.vocab_size) {
     return InvalidArgument("--draft_model ", draft_dir, " has a vocabulary of ",

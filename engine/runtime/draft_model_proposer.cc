@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<DraftModelProposer>> DraftModelProposer::Create(
   co.block_size = o.block_size;
   co.num_blocks = p->blocks_.num_blocks();
   co.num_slots = o.num_slots;
+  if (backend->device().name() != "host") co.device = &backend->device();
   TANDEM_ASSIGN_OR_RETURN(p->cache_, engine::KvCache::Create(weights->config, co));
   engine::ModelRunnerOptions ro;
   ro.mla_mode = o.mla_mode;

@@ -104,6 +104,9 @@ int main(int argc, char** argv) {
   if (!tok.ok()) return Fail(tok.status());
   auto backend = tandem::kernels::CreateBackend(absl::GetFlag(FLAGS_backend));
   if (!backend.ok()) return Fail(backend.status());
+  weights = tandem::engine::PlaceModelWeights(std::move(weights).value(),
+                                              (*backend)->device());
+  if (!weights.ok()) return Fail(weights.status());
 
   std::vector<int> ids;
   if (absl::GetFlag(FLAGS_raw)) {

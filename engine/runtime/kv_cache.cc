@@ -24,9 +24,28 @@ void* AlignedZeroed(size_t bytes) {
   return p;
 }
 
-// `bytes` zero-filled bytes from the options' allocator (or the heap); null
-// with `error` set on failure.
-void* Allocate(const KvCacheAllocator& a, size_t bytes, absl::Status* error) {
+bool OnDevice(const KvCacheOptions& o) {
+  return o.device != nullptr && o.device->name() != "host";
+}
+
+// `bytes` zero-filled bytes from the options' device, allocator or the heap;
+// null with `error` set on failure.
+void* Allocate(const KvCacheOptions& o, size_t bytes, absl::Status* error) {
+  if (OnDevice(o)) {
+    absl::StatusOr<void*> p = o.device->Allocate(std::max(bytes, kAlign));
+    if (!p.ok()) {
+      *error = p.status();
+      return nullptr;
+    }
+    absl::Status s = o.device->Memset(*p, 0, std::max(bytes, kAlign));
+    if (!s.ok()) {
+      o.device->Free(*p);
+      *error = s;
+      return nullptr;
+    }
+    return *p;
+  }
+  const KvCacheAllocator& a = o.allocator;
   if (!a.allocate) return AlignedZeroed(bytes);
   absl::StatusOr<void*> p = a.allocate(std::max(bytes, kAlign));
   if (!p.ok()) {
@@ -57,6 +76,10 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(
     return InvalidArgument("kv cache: tensor-parallel rank ", options.tp_rank,
                            " not in [0, ", options.tp_size, ")");
   }
+  if (OnDevice(options) && (options.allocator.allocate || options.allocator.release)) {
+    return InvalidArgument("kv cache: an allocator and device ", options.device->name(),
+                           " were both given (device memory comes from the device)");
+  }
   auto cache = std::unique_ptr<KvCache>(new KvCache());
   cache->options_ = options;
   cache->layers_ = config.Layers();
@@ -73,8 +96,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(
     if (spec.attention == model::AttentionKind::kMla) {
       cache->layer_index_.push_back(static_cast<int>(cache->mla_.size()));
       absl::Status error;
-      auto* p = static_cast<uint16_t*>(
-          Allocate(options.allocator, cache->mla_layer_bytes_, &error));
+      auto* p =
+          static_cast<uint16_t*>(Allocate(options, cache->mla_layer_bytes_, &error));
       if (p == nullptr) {
         return ResourceExhausted("kv cache: cannot allocate ", cache->mla_layer_bytes_,
                                  " bytes for an MLA layer: ", error.ToString());
@@ -88,8 +111,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(
                             cache->num_kda_layers_ * cache->kda_layer_floats_ *
                             sizeof(float);
   absl::Status error;
-  cache->kda_ =
-      static_cast<float*>(Allocate(options.allocator, cache->kda_total_bytes_, &error));
+  cache->kda_ = static_cast<float*>(Allocate(options, cache->kda_total_bytes_, &error));
   if (cache->kda_ == nullptr) {
     return ResourceExhausted("kv cache: cannot allocate ", cache->kda_total_bytes_,
                              " bytes for the KDA state pool: ", error.ToString());
@@ -99,9 +121,13 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(
 
 KvCache::~KvCache() {
   const KvCacheAllocator& a = options_.allocator;
-  auto release = [&a](void* p) {
+  const bool on_device = OnDevice(options_);
+  kernels::Device* device = options_.device;
+  auto release = [&a, on_device, device](void* p) {
     if (p == nullptr) return;
-    if (a.release) {
+    if (on_device) {
+      device->Free(p);
+    } else if (a.release) {
       a.release(p);
     } else {
       std::free(p);
@@ -129,6 +155,9 @@ absl::Status KvCache::ResetSlot(int64_t slot) {
     return InvalidArgument("kv cache: slot ", slot, " not in [0, ", options_.num_slots,
                            ")");
   }
+  if (OnDevice(options_)) {
+    return options_.device->Memset(kda_recurrent(slot, 0), 0, kda_bytes_per_slot());
+  }
   std::memset(kda_recurrent(slot, 0), 0, kda_bytes_per_slot());
   return absl::OkStatus();
 }
@@ -140,6 +169,12 @@ absl::StatusOr<KdaSnapshot> KvCache::SnapshotSlot(int64_t slot) const {
   }
   KdaSnapshot snap;
   const float* begin = kda_ + slot * num_kda_layers_ * kda_layer_floats_;
+  if (OnDevice(options_)) {
+    snap.values.resize(num_kda_layers_ * kda_layer_floats_);
+    TANDEM_RETURN_IF_ERROR(
+        options_.device->CopyToHost(snap.values.data(), begin, kda_bytes_per_slot()));
+    return snap;
+  }
   snap.values.assign(begin, begin + num_kda_layers_ * kda_layer_floats_);
   return snap;
 }
@@ -155,6 +190,10 @@ absl::Status KvCache::RestoreSlot(int64_t slot, const KdaSnapshot& snapshot) {
                            " values, a slot holds ",
                            num_kda_layers_ * kda_layer_floats_);
   }
+  if (OnDevice(options_)) {
+    return options_.device->CopyToDevice(kda_recurrent(slot, 0), snapshot.values.data(),
+                                         kda_bytes_per_slot());
+  }
   std::memcpy(kda_recurrent(slot, 0), snapshot.values.data(), kda_bytes_per_slot());
   return absl::OkStatus();
 }
@@ -164,8 +203,12 @@ absl::Status KvCache::CopySlot(int64_t from, int64_t to) {
     return InvalidArgument("kv cache: slots ", from, " -> ", to, " not in [0, ",
                            options_.num_slots, ")");
   }
-  if (from != to)
-    std::memcpy(kda_recurrent(to, 0), kda_recurrent(from, 0), kda_bytes_per_slot());
+  if (from == to) return absl::OkStatus();
+  if (OnDevice(options_)) {
+    return options_.device->CopyOnDevice(kda_recurrent(to, 0), kda_recurrent(from, 0),
+                                         kda_bytes_per_slot());
+  }
+  std::memcpy(kda_recurrent(to, 0), kda_recurrent(from, 0), kda_bytes_per_slot());
   return absl::OkStatus();
 }
 

@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/model/config.h"
+#include "kernels/device.h"
 
 namespace tandem::engine {
 
@@ -59,6 +60,11 @@ struct KvCacheOptions {
   int tp_rank = 0;
   int tp_size = 1;
   KvCacheAllocator allocator;
+  // The device the buffers live on (a backend's, kernels/device.h). Null or the
+  // host device: host memory (from `allocator` or the heap). Another device:
+  // its memory (zero-filled at creation); the slot operations below then run
+  // as device copies and fills, and `allocator` must be empty.
+  kernels::Device* device = nullptr;
 };
 
 enum class StateKind { kMla, kKda };

@@ -11,11 +11,6 @@
 namespace tandem::engine {
 namespace {
 
-float* Sized(std::vector<float>* v, int64_t n) {
-  if (static_cast<int64_t>(v->size()) < n) v->resize(n);
-  return v->data();
-}
-
 constexpr float kLoraNormEps = 1e-6f;  // q_a / kv_a layernorms (not rms_norm_eps)
 constexpr float kL2NormEps = 1e-6f;
 
@@ -24,9 +19,31 @@ constexpr float kL2NormEps = 1e-6f;
 ModelRunner::ModelRunner(const ModelWeights* weights, KvCache* cache,
                          kernels::Backend* backend, ModelRunnerOptions options,
                          parallel::Communicator* comm)
-    : w_(weights), cache_(cache), backend_(backend), options_(options), comm_(comm) {}
+    : w_(weights),
+      cache_(cache),
+      backend_(backend),
+      options_(options),
+      comm_(comm),
+      device_(&backend->device()),
+      host_device_(backend->device().name() == "host") {}
+
+template <typename T>
+absl::StatusOr<const T*> ModelRunner::Upload(const std::vector<T>& host,
+                                             DeviceScratch<T>& dev) {
+  if (host_device_) return host.data();
+  absl::Status st;
+  T* d = dev.Sized(device_, static_cast<int64_t>(host.size()), &st);
+  TANDEM_RETURN_IF_ERROR(st);
+  if (!host.empty()) {
+    TANDEM_RETURN_IF_ERROR(
+        device_->CopyToDevice(d, host.data(), host.size() * sizeof(T)));
+  }
+  return d;
+}
 
 absl::Status ModelRunner::AllReduce(float* data, int64_t n) {
+  // The host communicator reads the data: the kernels that wrote it must be done.
+  if (!host_device_) TANDEM_RETURN_IF_ERROR(backend_->Synchronize());
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status s = comm_->AllReduceSum(data, static_cast<size_t>(n));
   comm_stats_.seconds +=
@@ -52,7 +69,10 @@ absl::Status ModelRunner::AllGather(const float* in, int64_t n_per_rank, float* 
 // over the ranks (each row comes from exactly one rank, so the sum is exact).
 absl::Status ModelRunner::Embed(int64_t n, float* out) {
   const int64_t H = w_->config.text.hidden_size, V = w_->config.text.vocab_size;
-  if (!tp()) return backend_->EmbeddingGather(w_->embed, V, H, ids_.data(), n, out);
+  if (!tp()) {
+    TANDEM_ASSIGN_OR_RETURN(const int32_t* ids, Upload(ids_, d_ids_));
+    return backend_->EmbeddingGather(w_->embed, V, H, ids, n, out);
+  }
   const int64_t v0 = w_->vocab_begin, vr = w_->vocab_rows;
   local_ids_.resize(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -62,8 +82,10 @@ absl::Status ModelRunner::Embed(int64_t n, float* out) {
     }
     local_ids_[i] = (id >= v0 && id < v0 + vr) ? static_cast<int32_t>(id - v0) : 0;
   }
+  TANDEM_ASSIGN_OR_RETURN(const int32_t* local_ids, Upload(local_ids_, d_local_ids_));
   TANDEM_RETURN_IF_ERROR(
-      backend_->EmbeddingGather(w_->embed, vr, H, local_ids_.data(), n, out));
+      backend_->EmbeddingGather(w_->embed, vr, H, local_ids, n, out));
+  TANDEM_RETURN_IF_ERROR(backend_->Synchronize());  // the host zeroes rows below
   for (int64_t i = 0; i < n; ++i) {
     if (ids_[i] < v0 || ids_[i] >= v0 + vr)
       std::memset(out + i * H, 0, H * sizeof(float));
@@ -80,10 +102,12 @@ absl::Status ModelRunner::LmHead(const float* rows, int64_t num_logits, float* l
                               /*accumulate=*/false);
   }
   const int64_t vr = w_->vocab_rows, N = comm_->size();
-  float* local = Sized(&local_logits_, num_logits * vr);
+  float* local = S(local_logits_, num_logits * vr);
   TANDEM_RETURN_IF_ERROR(backend_->GemmBf16(rows, H, w_->lm_head, H, local, vr,
                                             num_logits, vr, H, /*accumulate=*/false));
-  float* all = Sized(&gathered_, N * num_logits * vr);
+  float* all = S(gathered_, N * num_logits * vr);
+  TANDEM_RETURN_IF_ERROR(scratch_status_);
+  TANDEM_RETURN_IF_ERROR(backend_->Synchronize());
   TANDEM_RETURN_IF_ERROR(AllGather(local, num_logits * vr, all));
   for (int64_t r = 0; r < N; ++r) {
     for (int64_t i = 0; i < num_logits; ++i) {
@@ -95,8 +119,16 @@ absl::Status ModelRunner::LmHead(const float* rows, int64_t num_logits, float* l
 }
 
 void ModelRunner::Probe(int layer, absl::string_view name, const float* data,
-                        int64_t rows, int64_t cols) const {
+                        int64_t rows, int64_t cols) {
   if (!hook_) return;
+  if (!backend_->Synchronize().ok()) return;  // the forward reports the error
+  if (!device_->host_addressable()) {
+    probe_host_.resize(rows * cols);
+    if (!device_->CopyToHost(probe_host_.data(), data, rows * cols * sizeof(float))
+             .ok())
+      return;
+    data = probe_host_.data();
+  }
   ActivationProbe p;
   p.layer = layer;
   p.name = name;
@@ -161,6 +193,17 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
                               " do not match communicator rank ", tp_rank, " of ",
                               tp_size);
   }
+  if (tp() && !device_->host_addressable()) {
+    return FailedPrecondition("forward: tensor parallelism on ", device_->name(),
+                              " needs device collectives (NCCL), not available yet");
+  }
+  if (w_->device != nullptr ? w_->device != device_ : !host_device_) {
+    return FailedPrecondition(
+        "forward: the weights are on ",
+        w_->device != nullptr ? w_->device->name() : absl::string_view("host"),
+        ", the backend runs on ", device_->name(), " (PlaceModelWeights)");
+  }
+  scratch_status_ = absl::OkStatus();
   const model::TextConfig& t = w_->config.text;
   const int64_t H = t.hidden_size, V = t.vocab_size;
   const float eps = static_cast<float>(t.rms_norm_eps);
@@ -185,24 +228,29 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
   }
   const int num_bufs = w_->config.NumResBlocks() + 1;
   if (static_cast<int>(res_.size()) < num_bufs) res_.resize(num_bufs);
-  for (auto& r : res_) Sized(&r, n * H);
-  float* h = Sized(&h_, n * H);
-  float* xn = Sized(&xn_, n * H);
-  float* attn_out = Sized(&attn_out_, n * H);
-  float* ffn_out = Sized(&ffn_out_, n * H);
+  bank_host_.clear();
+  for (auto& r : res_) bank_host_.push_back(S(r, n * H));
+  float* h = S(h_, n * H);
+  float* xn = S(xn_, n * H);
+  float* attn_out = S(attn_out_, n * H);
+  float* ffn_out = S(ffn_out_, n * H);
+  TANDEM_RETURN_IF_ERROR(scratch_status_);
+  // The residual bank is always a prefix of res_: one pointer table in device
+  // memory serves every layer.
+  TANDEM_ASSIGN_OR_RETURN(const float* const* bank_table, Upload(bank_host_, d_bank_));
 
   TANDEM_RETURN_IF_ERROR(Embed(n, res_[0].data()));
   Probe(-1, "embed", res_[0].data(), n, H);
 
-  std::vector<const float*> bank;
-  int cur = 0;          // index of the running P in res_
-  bool p_valid = true;  // false right after a block boundary (P = none)
+  std::vector<const float*> bank;  // host view: its size and entries
+  int cur = 0;                     // index of the running P in res_
+  bool p_valid = true;             // false right after a block boundary (P = none)
   for (const LayerWeights& lw : w_->layers) {
     const int l = lw.spec.index;
     // Attention-residual mix for the attention input.
     const float* hin = res_[cur].data();
     if (!bank.empty()) {
-      TANDEM_RETURN_IF_ERROR(be.AttnResMix(bank.data(), bank.size(), res_[cur].data(),
+      TANDEM_RETURN_IF_ERROR(be.AttnResMix(bank_table, bank.size(), res_[cur].data(),
                                            lw.attn_res_proj.data(),
                                            lw.attn_res_norm.data(), eps, n, H, h));
       hin = h;
@@ -223,12 +271,12 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
     if (layer_done_) layer_done_(l);
     float* p = res_[cur].data();
     if (!p_valid) {
-      std::memcpy(p, attn_out, n * H * sizeof(float));
+      TANDEM_RETURN_IF_ERROR(device_->CopyOnDevice(p, attn_out, n * H * sizeof(float)));
       p_valid = true;
     } else {
       TANDEM_RETURN_IF_ERROR(be.AddInPlace(p, attn_out, n * H));
     }
-    TANDEM_RETURN_IF_ERROR(be.AttnResMix(bank.data(), bank.size(), p,
+    TANDEM_RETURN_IF_ERROR(be.AttnResMix(bank_table, bank.size(), p,
                                          lw.mlp_res_proj.data(), lw.mlp_res_norm.data(),
                                          eps, n, H, h));
     Probe(l, "mlp_in", h, n, H);
@@ -241,22 +289,33 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
   }
 
   // Output mix over all rows (cheap), then norm + lm_head on the requested rows.
-  TANDEM_RETURN_IF_ERROR(be.AttnResMix(bank.data(), bank.size(), res_[cur].data(),
+  TANDEM_RETURN_IF_ERROR(be.AttnResMix(bank_table, bank.size(), res_[cur].data(),
                                        w_->output_res_proj.data(),
                                        w_->output_res_norm.data(), eps, n, H, h));
-  if (num_logits == 0) return absl::OkStatus();
-  float* rows = Sized(&out_rows_, num_logits * H);
+  if (num_logits == 0) return be.Synchronize();
+  float* rows = S(out_rows_, num_logits * H);
+  TANDEM_RETURN_IF_ERROR(scratch_status_);
   int64_t r = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
     for (int32_t i : seqs[s].logits_indices) {
-      std::memcpy(rows + r * H, h + (row_start_[s] + i) * H, H * sizeof(float));
+      TANDEM_RETURN_IF_ERROR(device_->CopyOnDevice(
+          rows + r * H, h + (row_start_[s] + i) * H, H * sizeof(float)));
       ++r;
     }
   }
   TANDEM_RETURN_IF_ERROR(
       be.RmsNorm(rows, H, w_->final_norm.data(), rows, H, num_logits, H, eps));
   Probe(-1, "final", rows, num_logits, H);
-  return LmHead(rows, num_logits, logits->data());
+  if (host_device_) {
+    TANDEM_RETURN_IF_ERROR(LmHead(rows, num_logits, logits->data()));
+    return be.Synchronize();
+  }
+  float* dev_logits = S(logits_, num_logits * V);
+  TANDEM_RETURN_IF_ERROR(scratch_status_);
+  TANDEM_RETURN_IF_ERROR(LmHead(rows, num_logits, dev_logits));
+  TANDEM_RETURN_IF_ERROR(be.Synchronize());  // a kernel's recorded error first
+  return device_->CopyToHost(logits->data(), dev_logits,
+                             num_logits * V * sizeof(float));
 }
 
 absl::Status ModelRunner::KdaLayer(const LayerWeights& lw,
@@ -271,12 +330,17 @@ absl::Status ModelRunner::KdaLayer(const LayerWeights& lw,
   const int64_t n = row_start_[seqs.size()];
   kernels::Backend& be = *backend_;
 
-  float* q_raw = Sized(&t0_, n * P);
-  float* k_raw = Sized(&t1_, n * P);
-  float* v_raw = Sized(&t2_, n * P);
-  float* q_c = Sized(&t3_, n * P);
-  float* k_c = Sized(&t4_, n * P);
-  float* v_c = Sized(&t5_, n * P);
+  float* q_raw = S(t0_, n * P);
+  float* k_raw = S(t1_, n * P);
+  float* v_raw = S(t2_, n * P);
+  float* q_c = S(t3_, n * P);
+  float* k_c = S(t4_, n * P);
+  float* v_c = S(t5_, n * P);
+  float* fa = S(t6_, n * d);
+  float* braw = S(t7_, n * nh);
+  float* g = S(gates_, n * P);
+  float* beta = S(betas_, n * nh);
+  TANDEM_RETURN_IF_ERROR(scratch_status_);
   TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, kw.q_proj, H, q_raw, P, n, P, H, false));
   TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, kw.k_proj, H, k_raw, P, n, P, H, false));
   TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, kw.v_proj, H, v_raw, P, n, P, H, false));
@@ -298,14 +362,10 @@ absl::Status ModelRunner::KdaLayer(const LayerWeights& lw,
                                         1.0f / std::sqrt(static_cast<float>(d))));
   TANDEM_RETURN_IF_ERROR(be.L2NormHeads(k_c, P, k_raw, P, n, nh, d, kL2NormEps, 1.0f));
   // Gates.
-  float* fa = Sized(&t6_, n * d);
   float* graw = q_c;  // q_c is free now
-  float* braw = Sized(&t7_, n * nh);
   TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, kw.f_a_proj, H, fa, d, n, d, H, false));
   TANDEM_RETURN_IF_ERROR(be.GemmBf16(fa, d, kw.f_b_proj, d, graw, P, n, P, d, false));
   TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, kw.b_proj, H, braw, nh, n, nh, H, false));
-  float* g = Sized(&gates_, n * P);
-  float* beta = Sized(&betas_, n * nh);
   TANDEM_RETURN_IF_ERROR(be.KdaGates(graw, P, kw.a_log, kw.dt_bias, braw, nh,
                                      static_cast<float>(la.gate_lower_bound), n, nh, d,
                                      g, beta));
@@ -357,11 +417,12 @@ absl::Status ModelRunner::MlaLayer(const LayerWeights& lw,
   const MlaWeights& mw = lw.mla;
   kernels::Backend& be = *backend_;
 
-  float* qa = Sized(&t0_, n * ql);
-  float* q = Sized(&t1_, n * nh * qd);
-  float* kv = Sized(&t2_, n * W);
-  float* att = Sized(&t3_, n * nh * vd);
-  float* gate = Sized(&t4_, n * nh * vd);
+  float* qa = S(t0_, n * ql);
+  float* q = S(t1_, n * nh * qd);
+  float* kv = S(t2_, n * W);
+  float* att = S(t3_, n * nh * vd);
+  float* gate = S(t4_, n * nh * vd);
+  TANDEM_RETURN_IF_ERROR(scratch_status_);
   TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, mw.q_a_proj, H, qa, ql, n, ql, H, false));
   TANDEM_RETURN_IF_ERROR(
       be.RmsNorm(qa, ql, mw.q_a_norm.data(), qa, ql, n, ql, kLoraNormEps));
@@ -382,8 +443,9 @@ absl::Status ModelRunner::MlaLayer(const LayerWeights& lw,
     }
   }
   uint16_t* cache = cache_->mla_layer(lw.mla_index);
+  TANDEM_ASSIGN_OR_RETURN(const int32_t* slots, Upload(slots_, d_slots_));
   TANDEM_RETURN_IF_ERROR(
-      be.PagedCacheWrite(kv, W, slots_.data(), n, W, cache, cache_->num_blocks() * bs));
+      be.PagedCacheWrite(kv, W, slots, n, W, cache, cache_->num_blocks() * bs));
 
   // Attention: runs of consecutive sequences sharing the form, one call each.
   auto absorbed_for = [&](const SequenceInput& sq) {
@@ -417,6 +479,10 @@ absl::Status ModelRunner::MlaLayer(const LayerWeights& lw,
       std::copy(seqs[s].block_table.begin(), seqs[s].block_table.end(),
                 tables_.begin() + j * stride);
     }
+    TANDEM_ASSIGN_OR_RETURN(const int32_t* seq_lens, Upload(seq_lens_, d_seq_lens_));
+    TANDEM_ASSIGN_OR_RETURN(const int32_t* query_start,
+                            Upload(query_start_, d_query_start_));
+    TANDEM_ASSIGN_OR_RETURN(const int32_t* tables, Upload(tables_, d_tables_));
     kernels::MlaArgs a;
     a.heads = nh;
     a.nope_dim = t.qk_nope_head_dim;
@@ -425,9 +491,10 @@ absl::Status ModelRunner::MlaLayer(const LayerWeights& lw,
     a.kv_lora_rank = lora;
     a.scale = 1.0f / std::sqrt(static_cast<float>(qd));
     a.num_seqs = num;
-    a.seq_lens = seq_lens_.data();
-    a.query_start = query_start_.data();
-    a.block_tables = tables_.data();
+    a.num_tokens = query_start_[num];
+    a.seq_lens = seq_lens;
+    a.query_start = query_start;
+    a.block_tables = tables;
     a.block_table_stride = stride;
     a.kv_cache = cache;
     a.num_blocks = cache_->num_blocks();
@@ -459,9 +526,10 @@ absl::Status ModelRunner::DenseMlp(const DenseMlpWeights& m, const float* x, flo
   const int64_t H = t.hidden_size, I = m.inter;
   const int64_t n = row_start_.back();
   kernels::Backend& be = *backend_;
-  float* g = Sized(&t5_, n * I);
-  float* u = Sized(&t6_, n * I);
-  float* act = Sized(&t7_, n * I);
+  float* g = S(t5_, n * I);
+  float* u = S(t6_, n * I);
+  float* act = S(t7_, n * I);
+  TANDEM_RETURN_IF_ERROR(scratch_status_);
   TANDEM_RETURN_IF_ERROR(be.GemmBf16(x, H, m.gate, H, g, I, n, I, H, false));
   TANDEM_RETURN_IF_ERROR(be.GemmBf16(x, H, m.up, H, u, I, n, I, H, false));
   TANDEM_RETURN_IF_ERROR(be.SituGlu(g, I, u, I, act, I, n, I,
@@ -482,15 +550,17 @@ absl::Status ModelRunner::Ffn(const LayerWeights& lw, const float* xn, float* ou
   const int64_t n = row_start_.back();
   const MoeWeights& m = lw.moe;
   kernels::Backend& be = *backend_;
-  float* wts = Sized(&topk_w_, n * k);
-  std::vector<int32_t>& expert_ids = slots_;
-  expert_ids.resize(n * k);
-  TANDEM_RETURN_IF_ERROR(be.RouterTopK(
-      xn, H, m.router, m.router_bias, n, H, E, k, t.moe_renormalize,
-      static_cast<float>(t.routed_scaling_factor), expert_ids.data(), wts));
-  float* z = Sized(&t0_, n * L);
+  float* wts = S(topk_w_, n * k);
+  absl::Status st;
+  int32_t* expert_ids = d_expert_ids_.Sized(device_, n * k, &st);
+  TANDEM_RETURN_IF_ERROR(st);
+  float* z = S(t0_, n * L);
   // TP: u and the shared-expert partial side by side, reduced in one call.
-  float* u = tp() ? Sized(&moe_red_, n * (L + H)) : Sized(&t1_, n * L);
+  float* u = tp() ? S(moe_red_, n * (L + H)) : S(t1_, n * L);
+  TANDEM_RETURN_IF_ERROR(scratch_status_);
+  TANDEM_RETURN_IF_ERROR(
+      be.RouterTopK(xn, H, m.router, m.router_bias, n, H, E, k, t.moe_renormalize,
+                    static_cast<float>(t.routed_scaling_factor), expert_ids, wts));
   float* shared = u + n * L;  // TP only
   TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, m.latent_down, H, z, L, n, L, H, false));
   kernels::MoeArgs a;
@@ -499,10 +569,10 @@ absl::Status ModelRunner::Ffn(const LayerWeights& lw, const float* xn, float* ou
   a.inter = t.moe_intermediate_size;
   a.top_k = k;
   a.num_experts = E;
-  a.experts = m.experts.data();
+  a.experts = m.expert_table();
   a.z = z;
   a.ld_z = L;
-  a.ids = expert_ids.data();
+  a.ids = expert_ids;
   a.weights = wts;
   a.situ_beta = static_cast<float>(t.activation_situ_beta);
   a.situ_linear_beta = static_cast<float>(t.activation_situ_linear_beta);

@@ -21,6 +21,14 @@
 // Activation memory is O(N * (hidden * (res blocks + a few) + widest projection)):
 // callers bound N (the engine's token budget per step).
 //
+// Memory: every buffer the backend reads or writes is in its Device's memory
+// (kernels/device.h): the weights (placed by PlaceModelWeights), the cache
+// (KvCacheOptions::device) and the runner's activations (device scratch, grown
+// on demand). The host builds the step's index arrays (token ids, cache slots,
+// block tables, sequence lengths) and uploads them once per use; only the
+// logits come back. On the host device nothing is copied: the arrays and the
+// logits are used in place.
+//
 // Tensor parallelism: with a Communicator of size N (weights and cache of the
 // same rank's shard, weights.h / kv_cache.h) every rank runs Forward on the same
 // inputs at the same time; the collectives (all of them on the rank's thread):
@@ -38,8 +46,10 @@
 #ifndef TANDEM_ENGINE_RUNTIME_MODEL_RUNNER_H_
 #define TANDEM_ENGINE_RUNTIME_MODEL_RUNNER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -48,6 +58,7 @@
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/weights.h"
 #include "kernels/backend.h"
+#include "kernels/device.h"
 #include "parallel/communicator.h"
 
 namespace tandem::engine {
@@ -104,6 +115,32 @@ struct CommStats {
   double all_gather_seconds = 0;  // of which the logits all-gather
 };
 
+// Device memory reused between calls; grown on demand (contents are not kept
+// across growth).
+template <typename T>
+class DeviceScratch {
+ public:
+  // A buffer of at least n elements, or null with the error in *status.
+  T* Sized(kernels::Device* device, int64_t n, absl::Status* status) {
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T);
+    if (buf_.bytes() < bytes || buf_.device() != device) {
+      buf_.Reset();
+      absl::StatusOr<kernels::DeviceBuffer> b =
+          kernels::DeviceBuffer::Allocate(device, bytes + bytes / 4);
+      if (!b.ok()) {
+        if (status->ok()) *status = b.status();
+        return nullptr;
+      }
+      buf_ = std::move(b).value();
+    }
+    return buf_.as<T>();
+  }
+  T* data() const { return buf_.as<T>(); }
+
+ private:
+  kernels::DeviceBuffer buf_;
+};
+
 class ModelRunner {
  public:
   // Not owned: weights, cache, backend (and comm) must outlive the runner.
@@ -144,7 +181,14 @@ class ModelRunner {
   absl::Status Embed(int64_t n, float* out);
   absl::Status LmHead(const float* rows, int64_t num_logits, float* logits);
   void Probe(int layer, absl::string_view name, const float* data, int64_t rows,
-             int64_t cols) const;
+             int64_t cols);
+  // Scratch of the backend's device (errors collect in scratch_status_).
+  float* S(DeviceScratch<float>& buf, int64_t n) {
+    return buf.Sized(device_, n, &scratch_status_);
+  }
+  // `host` in device memory: itself on the host device, else an upload into `dev`.
+  template <typename T>
+  absl::StatusOr<const T*> Upload(const std::vector<T>& host, DeviceScratch<T>& dev);
 
   const ModelWeights* w_;      // not owned
   KvCache* cache_;             // not owned
@@ -155,16 +199,24 @@ class ModelRunner {
   ActivationHook hook_;
   LayerDoneHook layer_done_;
 
-  // Scratch reused between calls (resized per Forward; grows to the largest N).
-  std::vector<int64_t> row_start_;       // per sequence, first row
-  std::vector<std::vector<float>> res_;  // bank entries + the running P
-  std::vector<float> h_, xn_, attn_out_, ffn_out_;
-  std::vector<float> t0_, t1_, t2_, t3_, t4_, t5_, t6_, t7_;  // per-op temporaries
-  std::vector<float> gates_, betas_, topk_w_;
-  std::vector<int32_t> ids_, slots_, seq_lens_, query_start_, tables_;
-  std::vector<float> out_rows_;
-  std::vector<float> moe_red_, local_logits_, gathered_;  // TP only
-  std::vector<int32_t> local_ids_;                        // TP only
+  kernels::Device* device_;  // the backend's
+  bool host_device_;         // device_ is the host: no uploads, logits in place
+  absl::Status scratch_status_;
+
+  // Host-side step data.
+  std::vector<int64_t> row_start_;  // per sequence, first row
+  std::vector<int32_t> ids_, slots_, seq_lens_, query_start_, tables_, local_ids_;
+  std::vector<const float*> bank_host_;
+  std::vector<float> probe_host_;
+  // Device scratch reused between calls (grows to the largest N).
+  std::vector<DeviceScratch<float>> res_;  // bank entries + the running P
+  DeviceScratch<float> h_, xn_, attn_out_, ffn_out_;
+  DeviceScratch<float> t0_, t1_, t2_, t3_, t4_, t5_, t6_, t7_;  // per-op temporaries
+  DeviceScratch<float> gates_, betas_, topk_w_, out_rows_, logits_;
+  DeviceScratch<float> moe_red_, local_logits_, gathered_;  // TP only
+  DeviceScratch<int32_t> d_ids_, d_slots_, d_seq_lens_, d_query_start_, d_tables_,
+      d_expert_ids_, d_local_ids_;
+  DeviceScratch<const float*> d_bank_;
 };
 
 }  // namespace tandem::engine

@@ -80,6 +80,26 @@ TpExecutor::~TpExecutor() {
   }
 }
 
+namespace {
+
+// The cache lives where the backend computes. A cache whose memory comes from a
+// transfer agent (host memory registered for the KV hand-off) works only with a
+// host backend: moving KV from device memory is the GPU engine's (issue 15).
+absl::Status PutCacheOnDevice(kernels::Backend* backend, KvCacheOptions* co) {
+  kernels::Device& d = backend->device();
+  if (d.name() == "host") return absl::OkStatus();
+  if (co->allocator.allocate) {
+    return FailedPrecondition("the KV cache for transfers is host memory; backend ",
+                              backend->name(), " computes in ", d.name(),
+                              " memory (KV transfer from device memory is not "
+                              "available yet)");
+  }
+  co->device = &d;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::CreateLocal(
     const ModelWeights* weights, kernels::Backend* backend, const KvCacheOptions& cache,
     const ModelRunnerOptions& runner) {
@@ -96,6 +116,7 @@ absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::CreateLocal(
   KvCacheOptions co = cache;
   co.tp_rank = 0;
   co.tp_size = 1;
+  TANDEM_RETURN_IF_ERROR(PutCacheOnDevice(backend, &co));
   TANDEM_ASSIGN_OR_RETURN(r->cache, KvCache::Create(weights->config, co));
   r->runner = std::make_unique<ModelRunner>(weights, r->cache.get(), backend, runner);
   ex->ranks_.push_back(std::move(r));
@@ -117,14 +138,18 @@ absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::Create(
       options.threads_per_rank > 0 ? options.threads_per_rank : std::max(1, hw / n);
   for (int r = 0; r < n; ++r) {
     auto rk = std::make_unique<Rank>();
-    TANDEM_ASSIGN_OR_RETURN(rk->own_weights,
-                            LoadModelWeights(checkpoint, ShardSpec{r, n}));
-    rk->weights = rk->own_weights.get();
     TANDEM_ASSIGN_OR_RETURN(rk->own_backend, MakeRankBackend(options.backend, threads));
     rk->backend = rk->own_backend.get();
+    TANDEM_ASSIGN_OR_RETURN(rk->own_weights,
+                            LoadModelWeights(checkpoint, ShardSpec{r, n}));
+    TANDEM_ASSIGN_OR_RETURN(
+        rk->own_weights,
+        PlaceModelWeights(std::move(rk->own_weights), rk->backend->device()));
+    rk->weights = rk->own_weights.get();
     KvCacheOptions co = options.cache;
     co.tp_rank = r;
     co.tp_size = n;
+    TANDEM_RETURN_IF_ERROR(PutCacheOnDevice(rk->backend, &co));
     TANDEM_ASSIGN_OR_RETURN(rk->cache, KvCache::Create(checkpoint.config(), co));
     ex->ranks_.push_back(std::move(rk));
   }

@@ -1,5 +1,7 @@
 #include "engine/runtime/weights.h"
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -274,6 +276,172 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
   // Embedding rows are gathered, not streamed: count lm_head once, not the table.
   w->dense_bytes = ld.bytes() - static_cast<uint64_t>(Vr) * H * 2;
   (void)expert_bytes_total;
+  return w;
+}
+
+namespace {
+
+// Bump allocation of uploaded tensors from large device allocations.
+class Uploader {
+ public:
+  Uploader(kernels::Device& device, ModelWeights* w) : device_(device), w_(w) {}
+
+  template <typename T>
+  absl::StatusOr<const T*> Put(const T* src, int64_t count) {
+    if (src == nullptr || count == 0) return static_cast<const T*>(nullptr);
+    const size_t bytes = static_cast<size_t>(count) * sizeof(T);
+    TANDEM_ASSIGN_OR_RETURN(void* dst, Reserve(bytes));
+    TANDEM_RETURN_IF_ERROR(device_.CopyToDevice(dst, src, bytes));
+    w_->device_bytes += bytes;
+    return static_cast<const T*>(dst);
+  }
+  // A [rows, cols] BF16 matrix with row stride *ld: packed to stride cols.
+  absl::Status Matrix(const uint16_t** p, int64_t rows, int64_t cols, int64_t* ld) {
+    if (*p == nullptr) return absl::OkStatus();
+    const int64_t stride = ld != nullptr ? *ld : cols;
+    if (stride == cols) {
+      TANDEM_ASSIGN_OR_RETURN(*p, Put(*p, rows * cols));
+      return absl::OkStatus();
+    }
+    std::vector<uint16_t> packed(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(packed.data() + r * cols, *p + r * stride, cols * sizeof(uint16_t));
+    }
+    TANDEM_ASSIGN_OR_RETURN(*p, Put(packed.data(), rows * cols));
+    *ld = cols;
+    return absl::OkStatus();
+  }
+  template <typename T>
+  absl::Status Array(const T** p, int64_t count) {
+    TANDEM_ASSIGN_OR_RETURN(*p, Put(*p, count));
+    return absl::OkStatus();
+  }
+  absl::Status Vec(F32Vec* v) {
+    TANDEM_ASSIGN_OR_RETURN(const float* d,
+                            Put(v->host().data(), static_cast<int64_t>(v->size())));
+    v->set_device(d);
+    return absl::OkStatus();
+  }
+
+ private:
+  static constexpr size_t kChunk = size_t{256} << 20;
+  static constexpr size_t kAlign = 256;
+  absl::StatusOr<void*> Reserve(size_t bytes) {
+    const size_t need = (bytes + kAlign - 1) / kAlign * kAlign;
+    if (need > left_) {
+      const size_t size = std::max(need, kChunk);
+      absl::StatusOr<kernels::DeviceBuffer> b =
+          kernels::DeviceBuffer::Allocate(&device_, size);
+      if (!b.ok()) {
+        return ResourceExhausted("placing the model on ", device_.name(), ": ",
+                                 b.status().message(), " (", w_->device_bytes,
+                                 " bytes of weights placed so far)");
+      }
+      cur_ = b->as<char>();
+      left_ = size;
+      w_->device_memory.push_back(std::move(b).value());
+    }
+    void* out = cur_;
+    cur_ += need;
+    left_ -= need;
+    return out;
+  }
+  kernels::Device& device_;
+  ModelWeights* w_;
+  char* cur_ = nullptr;
+  size_t left_ = 0;
+};
+
+absl::Status PlaceDense(Uploader& up, DenseMlpWeights* m, int64_t H) {
+  TANDEM_RETURN_IF_ERROR(up.Matrix(&m->gate, m->inter, H, nullptr));
+  TANDEM_RETURN_IF_ERROR(up.Matrix(&m->up, m->inter, H, nullptr));
+  return up.Matrix(&m->down, H, m->inter, &m->down_ld);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> PlaceModelWeights(
+    std::unique_ptr<ModelWeights> w, kernels::Device& device) {
+  if (w == nullptr) return InvalidArgument("PlaceModelWeights: no weights");
+  if (device.name() == "host") return w;
+  if (w->device != nullptr) {
+    return FailedPrecondition("PlaceModelWeights: the weights are already on ",
+                              w->device->name());
+  }
+  const model::ModelConfig& c = w->config;
+  const model::TextConfig& t = c.text;
+  const auto& la = t.linear_attn_config;
+  const int64_t H = t.hidden_size, d = la.head_dim, K = la.short_conv_kernel_size;
+  const int64_t ql = t.q_lora_rank, lora = t.kv_lora_rank, rope = t.qk_rope_head_dim;
+  const int64_t qd = c.QHeadDim(), vd = t.v_head_dim, nope = t.qk_nope_head_dim;
+  const int64_t L = t.routed_expert_hidden_size, M = t.moe_intermediate_size;
+  const int64_t E = t.num_experts;
+  Uploader up(device, w.get());
+  TANDEM_RETURN_IF_ERROR(up.Matrix(&w->embed, w->vocab_rows, H, nullptr));
+  TANDEM_RETURN_IF_ERROR(up.Matrix(&w->lm_head, w->vocab_rows, H, nullptr));
+  TANDEM_RETURN_IF_ERROR(up.Vec(&w->final_norm));
+  TANDEM_RETURN_IF_ERROR(up.Vec(&w->output_res_norm));
+  TANDEM_RETURN_IF_ERROR(up.Vec(&w->output_res_proj));
+  for (LayerWeights& lw : w->layers) {
+    for (F32Vec* v : {&lw.input_norm, &lw.post_attention_norm, &lw.attn_res_norm,
+                      &lw.attn_res_proj, &lw.mlp_res_norm, &lw.mlp_res_proj}) {
+      TANDEM_RETURN_IF_ERROR(up.Vec(v));
+    }
+    if (lw.spec.attention == model::AttentionKind::kKda) {
+      KdaWeights& k = lw.kda;
+      const int64_t P = k.heads * d;
+      for (const uint16_t** m : {&k.q_proj, &k.k_proj, &k.v_proj, &k.g_proj}) {
+        TANDEM_RETURN_IF_ERROR(up.Matrix(m, P, H, nullptr));
+      }
+      for (const float** cv : {&k.q_conv, &k.k_conv, &k.v_conv}) {
+        TANDEM_RETURN_IF_ERROR(up.Array(cv, P * K));
+      }
+      TANDEM_RETURN_IF_ERROR(up.Array(&k.a_log, k.heads));
+      TANDEM_RETURN_IF_ERROR(up.Matrix(&k.f_a_proj, d, H, nullptr));
+      TANDEM_RETURN_IF_ERROR(up.Matrix(&k.f_b_proj, P, d, nullptr));
+      TANDEM_RETURN_IF_ERROR(up.Array(&k.dt_bias, P));
+      TANDEM_RETURN_IF_ERROR(up.Matrix(&k.b_proj, k.heads, H, nullptr));
+      TANDEM_RETURN_IF_ERROR(up.Array(&k.o_norm, d));
+      TANDEM_RETURN_IF_ERROR(up.Matrix(&k.o_proj, H, P, &k.o_proj_ld));
+    } else {
+      MlaWeights& m = lw.mla;
+      TANDEM_RETURN_IF_ERROR(up.Matrix(&m.q_a_proj, ql, H, nullptr));
+      TANDEM_RETURN_IF_ERROR(up.Vec(&m.q_a_norm));
+      TANDEM_RETURN_IF_ERROR(up.Matrix(&m.q_b_proj, m.heads * qd, ql, nullptr));
+      TANDEM_RETURN_IF_ERROR(up.Matrix(&m.kv_a_proj, lora + rope, H, nullptr));
+      TANDEM_RETURN_IF_ERROR(up.Vec(&m.kv_a_norm));
+      TANDEM_RETURN_IF_ERROR(
+          up.Matrix(&m.kv_b_proj, m.heads * (nope + vd), lora, nullptr));
+      TANDEM_RETURN_IF_ERROR(up.Matrix(&m.o_proj, H, m.heads * vd, &m.o_proj_ld));
+      TANDEM_RETURN_IF_ERROR(up.Matrix(&m.g_proj, m.heads * vd, H, nullptr));
+    }
+    if (lw.spec.ffn == model::FfnKind::kDense) {
+      TANDEM_RETURN_IF_ERROR(PlaceDense(up, &lw.dense, H));
+    } else {
+      MoeWeights& moe = lw.moe;
+      TANDEM_RETURN_IF_ERROR(up.Matrix(&moe.router, E, H, nullptr));
+      TANDEM_RETURN_IF_ERROR(up.Array(&moe.router_bias, E));
+      TANDEM_RETURN_IF_ERROR(up.Matrix(&moe.latent_down, L, H, nullptr));
+      TANDEM_RETURN_IF_ERROR(up.Matrix(&moe.latent_up, H, L, nullptr));
+      TANDEM_RETURN_IF_ERROR(up.Vec(&moe.latent_norm));
+      TANDEM_RETURN_IF_ERROR(PlaceDense(up, &moe.shared, H));
+      std::vector<kernels::Mxfp4Expert> table = moe.experts;
+      for (kernels::Mxfp4Expert& ex : table) {
+        if (ex.w1_packed == nullptr) continue;  // another rank's
+        TANDEM_RETURN_IF_ERROR(up.Array(&ex.w1_packed, M * L / 2));
+        TANDEM_RETURN_IF_ERROR(up.Array(&ex.w1_scale, M * L / 32));
+        TANDEM_RETURN_IF_ERROR(up.Array(&ex.w3_packed, M * L / 2));
+        TANDEM_RETURN_IF_ERROR(up.Array(&ex.w3_scale, M * L / 32));
+        TANDEM_RETURN_IF_ERROR(up.Array(&ex.w2_packed, L * M / 2));
+        TANDEM_RETURN_IF_ERROR(up.Array(&ex.w2_scale, L * M / 32));
+      }
+      moe.experts = table;  // host copy of the device pointers
+      TANDEM_ASSIGN_OR_RETURN(moe.device_experts,
+                              up.Put(table.data(), static_cast<int64_t>(table.size())));
+    }
+  }
+  TANDEM_RETURN_IF_ERROR(device.Synchronize());
+  w->device = &device;
   return w;
 }
 

@@ -37,8 +37,33 @@
 #include "engine/model/checkpoint.h"
 #include "engine/model/config.h"
 #include "kernels/backend.h"
+#include "kernels/device.h"
 
 namespace tandem::engine {
+
+// A small fp32 vector (norm gain, residual-mixer query): its host values, and
+// the copy the kernels read once the weights are placed on a device
+// (PlaceModelWeights). data() is what to hand to a backend op.
+class F32Vec {
+ public:
+  F32Vec() = default;
+  F32Vec(std::vector<float> v) : host_(std::move(v)) {}  // NOLINT: implicit
+  F32Vec& operator=(std::vector<float> v) {
+    host_ = std::move(v);
+    device_ = nullptr;
+    return *this;
+  }
+  const float* data() const { return device_ != nullptr ? device_ : host_.data(); }
+  size_t size() const { return host_.size(); }
+  bool empty() const { return host_.empty(); }
+  float operator[](size_t i) const { return host_[i]; }
+  const std::vector<float>& host() const { return host_; }
+  void set_device(const float* p) { device_ = p; }
+
+ private:
+  std::vector<float> host_;
+  const float* device_ = nullptr;
+};
 
 // Which part of the model this rank holds (the same pair as parallel::TpShard).
 struct ShardSpec {
@@ -74,10 +99,10 @@ struct KdaWeights {
 
 struct MlaWeights {
   const uint16_t* q_a_proj = nullptr;   // [q_lora, H]
-  std::vector<float> q_a_norm;          // [q_lora]
+  F32Vec q_a_norm;                      // [q_lora]
   const uint16_t* q_b_proj = nullptr;   // [n * (nope + rope), q_lora]
   const uint16_t* kv_a_proj = nullptr;  // [lora + rope, H]
-  std::vector<float> kv_a_norm;         // [lora]
+  F32Vec kv_a_norm;                     // [lora]
   const uint16_t* kv_b_proj = nullptr;  // [n * (nope + v), lora]
   const uint16_t* o_proj = nullptr;     // [H, n * v]
   const uint16_t* g_proj = nullptr;     // [n * v, H]
@@ -98,18 +123,25 @@ struct MoeWeights {
   const float* router_bias = nullptr;         // [E]
   const uint16_t* latent_down = nullptr;      // [L, H]
   const uint16_t* latent_up = nullptr;        // [H, L]
-  std::vector<float> latent_norm;             // [L]
+  F32Vec latent_norm;                         // [L]
   std::vector<kernels::Mxfp4Expert> experts;  // [E]; null pointers: not owned here
-  DenseMlpWeights shared;                     // width moe_inter * num_shared
+  // The same table in device memory once placed (MoeArgs::experts is device
+  // memory); null: the weights are on the host.
+  const kernels::Mxfp4Expert* device_experts = nullptr;
+  DenseMlpWeights shared;  // width moe_inter * num_shared
+
+  const kernels::Mxfp4Expert* expert_table() const {
+    return device_experts != nullptr ? device_experts : experts.data();
+  }
 };
 
 struct LayerWeights {
   model::LayerSpec spec;
   int kda_index = -1;  // index among KDA layers (state pool), or -1
   int mla_index = -1;  // index among MLA layers (latent cache), or -1
-  std::vector<float> input_norm, post_attention_norm;
-  std::vector<float> attn_res_norm, attn_res_proj;
-  std::vector<float> mlp_res_norm, mlp_res_proj;
+  F32Vec input_norm, post_attention_norm;
+  F32Vec attn_res_norm, attn_res_proj;
+  F32Vec mlp_res_norm, mlp_res_proj;
   KdaWeights kda;
   MlaWeights mla;
   DenseMlpWeights dense;
@@ -124,9 +156,15 @@ struct ModelWeights {
   int64_t vocab_rows = 0;
   const uint16_t* embed = nullptr;    // [vocab_rows, H] (row vocab_begin)
   const uint16_t* lm_head = nullptr;  // [vocab_rows, H]
-  std::vector<float> final_norm;
-  std::vector<float> output_res_norm, output_res_proj;
+  F32Vec final_norm;
+  F32Vec output_res_norm, output_res_proj;
   std::vector<LayerWeights> layers;
+  // Where the pointers above point: null = host memory (the checkpoint's
+  // mapping and the F32Vec host values); else the device PlaceModelWeights
+  // uploaded to, which owns `device_memory`.
+  kernels::Device* device = nullptr;
+  std::vector<kernels::DeviceBuffer> device_memory;
+  uint64_t device_bytes = 0;  // uploaded
   // Bytes of the mapped weights (this rank's slices) one decode token reads at least
   // (every dense matrix + top_k experts per MoE layer + lm_head + its embedding row):
   // the numerator of the decode roofline.
@@ -138,6 +176,16 @@ struct ModelWeights {
 // Errors name the tensor; CheckTpSize's error for a size the config refuses.
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
     const model::Checkpoint& checkpoint, ShardSpec shard = {});
+
+// Uploads the weights once to `device`, in their checkpoint formats (BF16
+// matrices, MXFP4 packed nibbles + E8M0 scales, fp32 small tensors), into a few
+// large allocations; column slices of a TP shard (o_proj, down) are packed to
+// their own width (the *_ld fields then equal the slice width). The host
+// device ("host") needs no copy: `weights` is returned unchanged. On a device the
+// result no longer points into the checkpoint. ResourceExhausted names what did
+// not fit.
+absl::StatusOr<std::unique_ptr<ModelWeights>> PlaceModelWeights(
+    std::unique_ptr<ModelWeights> weights, kernels::Device& device);
 
 }  // namespace tandem::engine
 
