@@ -94,7 +94,7 @@ absl::Status CheckMla(const MlaArgs& a) {
   return absl::OkStatus();
 }
 
-absl::Status CheckMoe(const MoeArgs& a) {
+absl::Status CheckMoeShape(const MoeArgs& a) {
   if (a.tokens < 0 || a.hidden <= 0 || a.inter <= 0 || a.top_k < 0 ||
       a.num_experts < 0) {
     return InvalidArgument("moe: bad shape");
@@ -110,6 +110,12 @@ absl::Status CheckMoe(const MoeArgs& a) {
   if (a.ld_z < a.hidden || a.ld_out < a.hidden) {
     return InvalidArgument("moe: row stride too small");
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckMoe(const MoeArgs& a) {
+  TANDEM_RETURN_IF_ERROR(CheckMoeShape(a));
+  if (a.tokens == 0) return absl::OkStatus();
   for (int64_t i = 0; i < a.tokens * a.top_k; ++i) {
     if (a.ids[i] >= a.num_experts) {
       return InvalidArgument("moe: expert id ", a.ids[i], " >= ", a.num_experts);

@@ -19,6 +19,9 @@ absl::Status CheckKda(const KdaArgs& a);
 // sequence's used blocks (read on the host).
 absl::Status CheckMlaShape(const MlaArgs& a);
 absl::Status CheckMla(const MlaArgs& a);
+// CheckMoe = CheckMoeShape (shapes, strides, null pointers: what a device backend
+// checks on the host) + the expert ids < num_experts (read on the host).
+absl::Status CheckMoeShape(const MoeArgs& a);
 absl::Status CheckMoe(const MoeArgs& a);
 
 // E2M1 values of MXFP4 codes 0..15 and the E8M0 scale of a byte.

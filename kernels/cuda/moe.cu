@@ -1,0 +1,613 @@
+#include <cmath>
+
+#include "kernels/cuda/device_errors.h"
+#include "kernels/cuda/moe.h"
+#include "kernels/cuda/ptx.h"
+#include "kernels/cuda/vendor.h"
+
+// The router and the routed MoE; the design is described in moe.h.
+
+namespace tandem::kernels::cuda {
+namespace {
+
+using ::tandem::gpu::Bf16ToF32;
+using ::tandem::gpu::F32ToBf16;
+using ::tandem::gpu::kFullMask;
+using ::tandem::gpu::kWarpSize;
+
+struct alignas(16) U32x4 {
+  uint32_t v[4];
+};
+
+constexpr size_t Align256(size_t n) { return (n + 255) / 256 * 256; }
+
+// 16 bytes from global memory: one vector load when aligned, else bytewise.
+__device__ __forceinline__ U32x4 Load16(const uint8_t* p) {
+  if ((reinterpret_cast<uintptr_t>(p) & 15u) == 0) {
+    return *reinterpret_cast<const U32x4*>(p);
+  }
+  U32x4 r;
+  for (int w = 0; w < 4; ++w) {
+    r.v[w] = static_cast<uint32_t>(p[4 * w]) |
+             (static_cast<uint32_t>(p[4 * w + 1]) << 8) |
+             (static_cast<uint32_t>(p[4 * w + 2]) << 16) |
+             (static_cast<uint32_t>(p[4 * w + 3]) << 24);
+  }
+  return r;
+}
+
+// ============================ RouterTopK ======================================
+
+constexpr int kRouterWarps = 8;     // experts per logits block (one per warp)
+constexpr int kRouterTokens = 8;    // tokens per logits block
+constexpr int kRouterChunk = 1024;  // hidden elements staged per step
+constexpr int kTopKThreads = 256;
+
+// logits[t, e] = x[t] . gate[e] (fp32). kVec: hidden % 8 == 0 and gate 16-byte
+// aligned (each lane reads 8 BF16 at a time).
+template <bool kVec>
+__global__ void __launch_bounds__(kRouterWarps * 32)
+    RouterLogitsKernel(const float* x, int64_t ldx, const uint16_t* gate, int tokens,
+                       int hidden, int num_experts, float* logits) {
+  __shared__ __align__(16) float xs[kRouterTokens][kRouterChunk];
+  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int t0 = blockIdx.x * kRouterTokens;
+  const int nt = std::min(int{kRouterTokens}, tokens - t0);
+  const int e = blockIdx.y * kRouterWarps + warp;
+  const uint16_t* grow = gate + static_cast<int64_t>(e) * hidden;
+  float acc[kRouterTokens];
+  for (int n = 0; n < kRouterTokens; ++n) acc[n] = 0.0f;
+  for (int h0 = 0; h0 < hidden; h0 += kRouterChunk) {
+    const int len = std::min(int{kRouterChunk}, hidden - h0);
+    __syncthreads();  // the previous chunk is consumed
+    for (int idx = tid; idx < kRouterTokens * kRouterChunk; idx += blockDim.x) {
+      const int n = idx / kRouterChunk, i = idx % kRouterChunk;
+      xs[n][i] =
+          (n < nt && i < len) ? x[static_cast<int64_t>(t0 + n) * ldx + h0 + i] : 0.0f;
+    }
+    __syncthreads();
+    if (e < num_experts) {
+      if (kVec) {
+        for (int i = lane * 8; i < len; i += kWarpSize * 8) {
+          const U32x4 q = *reinterpret_cast<const U32x4*>(grow + h0 + i);
+          float w[8];
+          for (int j = 0; j < 4; ++j) {
+            w[2 * j] = Bf16ToF32(static_cast<uint16_t>(q.v[j] & 0xffffu));
+            w[2 * j + 1] = Bf16ToF32(static_cast<uint16_t>(q.v[j] >> 16));
+          }
+          for (int n = 0; n < kRouterTokens; ++n) {
+            float a = acc[n];
+            for (int j = 0; j < 8; ++j) a = fmaf(xs[n][i + j], w[j], a);
+            acc[n] = a;
+          }
+        }
+      } else {
+        for (int i = lane; i < len; i += kWarpSize) {
+          const float w = Bf16ToF32(grow[h0 + i]);
+          for (int n = 0; n < kRouterTokens; ++n) acc[n] = fmaf(xs[n][i], w, acc[n]);
+        }
+      }
+    }
+  }
+  if (e >= num_experts) return;  // warp-uniform
+  for (int n = 0; n < kRouterTokens; ++n) {
+    const float v = ::tandem::gpu::WarpSum(acc[n]);
+    if (lane == 0 && n < nt) logits[static_cast<int64_t>(t0 + n) * num_experts + e] = v;
+  }
+}
+
+// (key, id) order of the router: larger key first, ties to the lower id.
+__device__ __forceinline__ bool Better(float ka, int ia, float kb, int ib) {
+  return ka > kb || (ka == kb && ia < ib);
+}
+
+// One block per token: sigmoid, bias, top_k arg-max rounds, weights.
+__global__ void __launch_bounds__(kTopKThreads)
+    RouterSelectKernel(const float* logits, const float* bias, int num_experts,
+                       int top_k, bool renormalize, float scaling, int32_t* ids,
+                       float* weights) {
+  TANDEM_DYNAMIC_SMEM(float, smem);
+  float* key = smem;                                          // [E]
+  float* score = smem + num_experts;                          // [E]
+  int* sel = reinterpret_cast<int*>(smem + 2 * num_experts);  // [top_k]
+  __shared__ float warp_key[kTopKThreads / 32];
+  __shared__ int warp_id[kTopKThreads / 32];
+  const int t = blockIdx.x, tid = threadIdx.x, lane = tid % kWarpSize,
+            warp = tid / kWarpSize;
+  const int nwarps = blockDim.x / kWarpSize;
+  for (int e = tid; e < num_experts; e += blockDim.x) {
+    const float l = logits[static_cast<int64_t>(t) * num_experts + e];
+    const float s = 1.0f / (1.0f + expf(-l));
+    float k = s + (bias != nullptr ? bias[e] : 0.0f);
+    if (k != k) k = -INFINITY;  // NaN keys rank last
+    score[e] = s;
+    key[e] = k;
+  }
+  __syncthreads();
+  for (int r = 0; r < top_k; ++r) {
+    float bk = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int e = tid; e < num_experts; e += blockDim.x) {
+      const float k = key[e];
+      // Chosen experts are marked with a NaN key (never Better than anything).
+      if (k == k && Better(k, e, bk, bi)) {
+        bk = k;
+        bi = e;
+      }
+    }
+    for (int o = kWarpSize / 2; o > 0; o >>= 1) {
+      const float ok = __shfl_xor_sync(kFullMask, bk, o);
+      const int oi = __shfl_xor_sync(kFullMask, bi, o);
+      if (Better(ok, oi, bk, bi)) {
+        bk = ok;
+        bi = oi;
+      }
+    }
+    if (lane == 0) {
+      warp_key[warp] = bk;
+      warp_id[warp] = bi;
+    }
+    __syncthreads();
+    if (tid == 0) {
+      float k = warp_key[0];
+      int i = warp_id[0];
+      for (int w = 1; w < nwarps; ++w) {
+        if (Better(warp_key[w], warp_id[w], k, i)) {
+          k = warp_key[w];
+          i = warp_id[w];
+        }
+      }
+      sel[r] = i;
+      key[i] = NAN;
+    }
+    __syncthreads();
+  }
+  if (tid == 0) {
+    double sum = 0;
+    for (int r = 0; r < top_k; ++r) sum += score[sel[r]];
+    for (int r = 0; r < top_k; ++r) {
+      double w = score[sel[r]];
+      if (renormalize) w /= (sum + 1e-20);
+      ids[static_cast<int64_t>(t) * top_k + r] = sel[r];
+      weights[static_cast<int64_t>(t) * top_k + r] = static_cast<float>(w * scaling);
+    }
+  }
+}
+
+// ============================== MoeMxfp4 ======================================
+
+constexpr int kSortThreads = 1024;
+constexpr int kGemmWarps = 4;
+constexpr int kGemmThreads = kGemmWarps * 32;
+constexpr int kRowsPerBlock = kGemmWarps * 16;
+constexpr int kTileN = 32;    // pairs per tile (4 mma n-groups of 8)
+constexpr int kStageK = 512;  // k staged in shared memory per step
+constexpr int kZStride =
+    kStageK + 16;  // BF16 per staged row: 1056 bytes, conflict-free
+constexpr int kReduceThreads = 256;
+
+// Scratch layout of one launch.
+struct MoeScratch {
+  int* counts;      // [E]
+  int* cursor;      // [E]
+  int* offsets;     // [E + 1]
+  int* active;      // [E] active expert ids, ascending
+  int* num_active;  // [1]
+  int* sorted;      // [P] pair ids grouped by expert
+  uint16_t* act;    // [P, inter] BF16, sorted order
+  float* y;         // [P, hidden] by pair id
+  size_t bytes;
+};
+
+MoeScratch CarveMoeScratch(void* base, int64_t tokens, int64_t hidden, int64_t inter,
+                           int64_t top_k, int64_t num_experts) {
+  const int64_t pairs = tokens * top_k;
+  char* p = static_cast<char*>(base);
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    char* r = p == nullptr ? nullptr : p + off;
+    off += Align256(bytes);
+    return r;
+  };
+  MoeScratch s;
+  s.counts = reinterpret_cast<int*>(take(num_experts * sizeof(int)));
+  s.cursor = reinterpret_cast<int*>(take(num_experts * sizeof(int)));
+  s.offsets = reinterpret_cast<int*>(take((num_experts + 1) * sizeof(int)));
+  s.active = reinterpret_cast<int*>(take(num_experts * sizeof(int)));
+  s.num_active = reinterpret_cast<int*>(take(sizeof(int)));
+  s.sorted = reinterpret_cast<int*>(take(pairs * sizeof(int)));
+  s.act = reinterpret_cast<uint16_t*>(take(pairs * inter * sizeof(uint16_t)));
+  s.y = reinterpret_cast<float*>(take(pairs * hidden * sizeof(float)));
+  s.bytes = off;
+  return s;
+}
+
+__device__ __forceinline__ bool ValidExpert(const MoeExpertPtrs* experts, int e,
+                                            int num_experts) {
+  return e >= 0 && e < num_experts && experts[e].w1_packed != nullptr;
+}
+
+// One block: histogram -> exclusive scan -> active list -> scatter.
+__global__ void __launch_bounds__(kSortThreads)
+    MoeSortKernel(const int32_t* ids, int pairs, const MoeExpertPtrs* experts,
+                  int num_experts, int* counts, int* cursor, int* offsets, int* active,
+                  int* num_active, int* sorted, int32_t* error_word) {
+  __shared__ int warp_sum[kSortThreads / 32];
+  __shared__ int warp_act[kSortThreads / 32];
+  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int nthreads = blockDim.x, nwarps = nthreads / kWarpSize;
+  for (int e = tid; e < num_experts; e += nthreads) {
+    counts[e] = 0;
+    cursor[e] = 0;
+  }
+  __syncthreads();
+  for (int p = tid; p < pairs; p += nthreads) {
+    const int e = ids[p];
+    if (e >= num_experts) {
+      atomicCAS(error_word, static_cast<int32_t>(kDeviceOk),
+                static_cast<int32_t>(kExpertIdOutOfRange));
+    } else if (ValidExpert(experts, e, num_experts)) {
+      atomicAdd(&counts[e], 1);
+    }
+  }
+  __syncthreads();
+  // Each thread scans a contiguous range of experts.
+  const int per = (num_experts + nthreads - 1) / nthreads;
+  const int e0 = std::min(num_experts, tid * per), e1 = std::min(num_experts, e0 + per);
+  int my_sum = 0, my_act = 0;
+  for (int e = e0; e < e1; ++e) {
+    my_sum += counts[e];
+    my_act += counts[e] > 0;
+  }
+  int inc_sum = my_sum, inc_act = my_act;
+  for (int o = 1; o < kWarpSize; o <<= 1) {
+    const int s = __shfl_up_sync(kFullMask, inc_sum, o);
+    const int a = __shfl_up_sync(kFullMask, inc_act, o);
+    if (lane >= o) {
+      inc_sum += s;
+      inc_act += a;
+    }
+  }
+  if (lane == kWarpSize - 1) {
+    warp_sum[warp] = inc_sum;
+    warp_act[warp] = inc_act;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    int s = lane < nwarps ? warp_sum[lane] : 0;
+    int a = lane < nwarps ? warp_act[lane] : 0;
+    for (int o = 1; o < kWarpSize; o <<= 1) {
+      const int s2 = __shfl_up_sync(kFullMask, s, o);
+      const int a2 = __shfl_up_sync(kFullMask, a, o);
+      if (lane >= o) {
+        s += s2;
+        a += a2;
+      }
+    }
+    if (lane < nwarps) {
+      warp_sum[lane] = s;  // inclusive over warps
+      warp_act[lane] = a;
+    }
+  }
+  __syncthreads();
+  int run_sum = inc_sum - my_sum + (warp > 0 ? warp_sum[warp - 1] : 0);
+  int run_act = inc_act - my_act + (warp > 0 ? warp_act[warp - 1] : 0);
+  for (int e = e0; e < e1; ++e) {
+    offsets[e] = run_sum;
+    if (counts[e] > 0) active[run_act++] = e;
+    run_sum += counts[e];
+  }
+  if (tid == 0) {
+    offsets[num_experts] = warp_sum[nwarps - 1];
+    *num_active = warp_act[nwarps - 1];
+  }
+  __syncthreads();
+  for (int p = tid; p < pairs; p += nthreads) {
+    const int e = ids[p];
+    if (ValidExpert(experts, e, num_experts)) {
+      sorted[offsets[e] + atomicAdd(&cursor[e], 1)] = p;
+    }
+  }
+}
+
+__device__ __forceinline__ float E8m0Scale(uint32_t s) {
+  if (s == 0xffu) return NAN;
+  if (s == 0u) return 5.877471754111438e-39f;  // 2^-127 (subnormal)
+  return __uint_as_float(s << 23);
+}
+
+// The BF16 bits of E2M1 code `c` (4 bits) times 2^(s-127), s the E8M0 byte. Fast
+// path (2 <= s <= 252, every scale a checkpoint has): integer exponent arithmetic,
+// exact (E2M1 has one mantissa bit); other scales through fp32.
+__device__ __forceinline__ uint32_t DecodeE2m1(uint32_t c, uint32_t s) {
+  const uint32_t mag = c & 7u;
+  if (s - 2u <= 250u) {
+    const uint32_t bits =
+        mag == 0 ? 0u : (mag << 6) + ((s - 1u) << 7) - (mag == 1 ? 64u : 0u);
+    return bits | ((c & 8u) << 12);
+  }
+  const float v = (mag < 2 ? 0.5f * mag
+                           : ((mag & 1u) ? 1.5f : 1.0f) *
+                                 static_cast<float>(1 << ((mag >> 1) - 1)));
+  return F32ToBf16(((c & 8u) ? -v : v) * E8m0Scale(s));
+}
+
+// Two BF16 (one register) from one byte of nibbles: low nibble in the low half.
+__device__ __forceinline__ uint32_t DecodeByte(uint32_t byte, uint32_t s) {
+  return DecodeE2m1(byte & 0xfu, s) | (DecodeE2m1(byte >> 4, s) << 16);
+}
+
+// A lane's 32 weights of one row (one scale group) and their E8M0 scale byte.
+struct RowGroup {
+  U32x4 q;
+  uint32_t s;
+};
+
+__device__ __forceinline__ RowGroup LoadRowGroup(const uint8_t* packed,
+                                                 const uint8_t* scales, int64_t row,
+                                                 int K, int k, bool has) {
+  RowGroup r;
+  if (has) {
+    r.q = Load16(packed + row * (K / 2) + k / 2);
+    r.s = scales[row * (K / 32) + k / 32];
+  } else {
+    r.q.v[0] = r.q.v[1] = r.q.v[2] = r.q.v[3] = 0u;
+    r.s = 127u;
+  }
+  return r;
+}
+
+// Byte i (0..15) of a RowGroup's 16 bytes.
+__device__ __forceinline__ uint32_t GroupByte(const RowGroup& r, int i) {
+  return (r.q.v[i >> 2] >> (8 * (i & 3))) & 0xffu;
+}
+
+// Where element c (0..kStageK) of a staged row lives: inside each 128-element
+// chunk, lane t's 32 elements (32t..32t+31) are interleaved so that k-step j of
+// every lane reads 8 consecutive bytes at j * 16 + t * 4.
+__device__ __forceinline__ int StagePos(int c) {
+  const int chunk = c / 128, r = c % 128;
+  const int t = r / 32, j = (r % 32) / 4, q = r % 4;
+  return chunk * 128 + j * 16 + t * 4 + q;
+}
+
+__device__ __forceinline__ float SiTU(float g, float u, float beta, float lbeta) {
+  const float sig = 1.0f / (1.0f + expf(-g));
+  return beta * tanhf(g / beta) * sig * (lbeta * tanhf(u / lbeta));
+}
+
+// The grouped GEMM of one (active expert, kRowsPerBlock rows) block over all of
+// the expert's pairs, kTileN at a time: D[row, pair] = sum_k W[row, k] B[k, pair].
+// kGlu: W = w1 and w3 (rows = inter, K = hidden), B = bf16(z[pair / top_k]),
+//   act[pos, row] = bf16(SiTU(D1, D3)).
+// !kGlu: W = w2 (rows = hidden, K = inter), B = act[pos], y[pair, row] = D.
+template <bool kGlu>
+__global__ void __launch_bounds__(kGemmThreads)
+    MoeGemmKernel(const MoeExpertPtrs* experts, const int* active,
+                  const int* num_active, const int* offsets, const int* sorted,
+                  const float* z, int64_t ld_z, int top_k, const uint16_t* act_in,
+                  int rows, int K, uint16_t* act_out, float beta, float lbeta,
+                  float* y) {
+  __shared__ __align__(16) uint16_t bs[kTileN * kZStride];
+  __shared__ int tile_pair[kTileN];
+  const int slot = blockIdx.y;
+  if (slot >= *num_active) return;  // block-uniform, before any barrier
+  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const int e = active[slot];
+  const int begin = offsets[e], count = offsets[e + 1] - begin;
+  const MoeExpertPtrs ex = experts[e];
+  const uint8_t* wa = kGlu ? ex.w1_packed : ex.w2_packed;
+  const uint8_t* sa = kGlu ? ex.w1_scale : ex.w2_scale;
+  const uint8_t* wb = ex.w3_packed;
+  const uint8_t* sb = ex.w3_scale;
+  const int row0 = blockIdx.x * kRowsPerBlock + warp * 16;
+  const bool warp_rows = row0 < rows;  // rows % 16 == 0: the whole 16 or none
+  const int64_t rg = row0 + g, rg8 = row0 + g + 8;
+
+  for (int n0 = 0; n0 < count; n0 += kTileN) {
+    const int nt = std::min(int{kTileN}, count - n0);
+    const int groups = (nt + 7) / 8;  // mma n-groups in use
+    const int staged_rows = groups * 8;
+    __syncthreads();  // the previous tile's tile_pair / bs are consumed
+    if (tid < kTileN) tile_pair[tid] = tid < nt ? sorted[begin + n0 + tid] : 0;
+    float acc1[kTileN / 8][4], acc3[kTileN / 8][4];
+#pragma unroll
+    for (int n = 0; n < kTileN / 8; ++n) {
+      for (int i = 0; i < 4; ++i) acc1[n][i] = acc3[n][i] = 0.0f;
+    }
+    for (int kc0 = 0; kc0 < K; kc0 += kStageK) {
+      // This stage's weights, issued before the staging barrier (in flight while B
+      // is staged): up to 4 chunks of 128 k, rows g and g+8 (of w1 and w3).
+      RowGroup a1[4][2], a3[4][2];
+      if (warp_rows) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int k = kc0 + 128 * c + 32 * t;
+          const bool has = k < K;
+          a1[c][0] = LoadRowGroup(wa, sa, rg, K, k, has);
+          a1[c][1] = LoadRowGroup(wa, sa, rg8, K, k, has);
+          if (kGlu) {
+            a3[c][0] = LoadRowGroup(wb, sb, rg, K, k, has);
+            a3[c][1] = LoadRowGroup(wb, sb, rg8, K, k, has);
+          }
+        }
+      }
+      __syncthreads();  // tile_pair written; the previous stage's bs consumed
+      for (int idx = tid; idx < staged_rows * kStageK; idx += blockDim.x) {
+        const int n = idx / kStageK, c = idx % kStageK, k = kc0 + c;
+        uint16_t v = 0;
+        if (n < nt && k < K) {
+          if (kGlu) {
+            v = F32ToBf16(z[static_cast<int64_t>(tile_pair[n] / top_k) * ld_z + k]);
+          } else {
+            v = act_in[static_cast<int64_t>(begin + n0 + n) * K + k];
+          }
+        }
+        bs[n * kZStride + StagePos(c)] = v;
+      }
+      __syncthreads();
+      if (!warp_rows) continue;  // warp-uniform; barriers are outside
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (kc0 + 128 * c >= K) continue;  // block-uniform
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          uint32_t a[4], a3r[4];
+          a[0] = DecodeByte(GroupByte(a1[c][0], 2 * j), a1[c][0].s);
+          a[1] = DecodeByte(GroupByte(a1[c][1], 2 * j), a1[c][1].s);
+          a[2] = DecodeByte(GroupByte(a1[c][0], 2 * j + 1), a1[c][0].s);
+          a[3] = DecodeByte(GroupByte(a1[c][1], 2 * j + 1), a1[c][1].s);
+          if (kGlu) {
+            a3r[0] = DecodeByte(GroupByte(a3[c][0], 2 * j), a3[c][0].s);
+            a3r[1] = DecodeByte(GroupByte(a3[c][1], 2 * j), a3[c][1].s);
+            a3r[2] = DecodeByte(GroupByte(a3[c][0], 2 * j + 1), a3[c][0].s);
+            a3r[3] = DecodeByte(GroupByte(a3[c][1], 2 * j + 1), a3[c][1].s);
+          }
+#pragma unroll
+          for (int n = 0; n < kTileN / 8; ++n) {
+            if (n >= groups) continue;  // block-uniform
+            const uint32_t* src = reinterpret_cast<const uint32_t*>(
+                bs + (n * 8 + g) * kZStride + c * 128 + j * 16 + t * 4);
+            const uint32_t b[2] = {src[0], src[1]};
+            ::tandem::gpu::MmaBf16M16N8K16(acc1[n], a, b);
+            if (kGlu) ::tandem::gpu::MmaBf16M16N8K16(acc3[n], a3r, b);
+          }
+        }
+      }
+    }
+    if (!warp_rows) continue;
+      // Epilogue: d[0..1] = D[g][2t..2t+1], d[2..3] = D[g+8][2t..2t+1].
+#pragma unroll
+    for (int n = 0; n < kTileN / 8; ++n) {
+      if (n >= groups) continue;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = n * 8 + 2 * t + (i & 1);
+        if (col >= nt) continue;
+        const int64_t row = (i < 2) ? rg : rg8;
+        if (kGlu) {
+          act_out[static_cast<int64_t>(begin + n0 + col) * rows + row] =
+              F32ToBf16(SiTU(acc1[n][i], acc3[n][i], beta, lbeta));
+        } else {
+          y[static_cast<int64_t>(tile_pair[col]) * rows + row] = acc1[n][i];
+        }
+      }
+    }
+  }
+}
+
+// out[t, c] = sum over valid slots, in slot order, of weights[t, s] * y[t*K+s, c].
+__global__ void __launch_bounds__(kReduceThreads)
+    MoeReduceKernel(const int32_t* ids, const float* weights,
+                    const MoeExpertPtrs* experts, int num_experts, int top_k,
+                    const float* y, int hidden, float* out, int64_t ld_out) {
+  TANDEM_DYNAMIC_SMEM(float, w);  // [top_k], 0 weight + flag for skipped slots
+  int* valid = reinterpret_cast<int*>(w + top_k);
+  const int t = blockIdx.x;
+  for (int s = threadIdx.x; s < top_k; s += blockDim.x) {
+    const int64_t p = static_cast<int64_t>(t) * top_k + s;
+    valid[s] = ValidExpert(experts, ids[p], num_experts);
+    w[s] = weights[p];
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
+    float acc = 0.0f;
+    for (int s = 0; s < top_k; ++s) {
+      if (valid[s])
+        acc = fmaf(w[s], y[(static_cast<int64_t>(t) * top_k + s) * hidden + c], acc);
+    }
+    out[static_cast<int64_t>(t) * ld_out + c] = acc;
+  }
+}
+
+}  // namespace
+
+// ---- Launchers ----------------------------------------------------------------
+
+size_t RouterScratchBytes(int64_t tokens, int64_t num_experts) {
+  return Align256(static_cast<size_t>(tokens * num_experts) * sizeof(float));
+}
+
+const char* LaunchRouterTopK(const float* x, int64_t ldx, const uint16_t* gate,
+                             const float* bias, int64_t tokens, int64_t hidden,
+                             int64_t num_experts, int64_t top_k, bool renormalize,
+                             float scaling, int32_t* ids, float* weights, void* scratch,
+                             void* stream) {
+  if (tokens == 0 || top_k == 0) return nullptr;
+  float* logits = static_cast<float*>(scratch);
+  const dim3 grid(
+      static_cast<unsigned>((tokens + kRouterTokens - 1) / kRouterTokens),
+      static_cast<unsigned>((num_experts + kRouterWarps - 1) / kRouterWarps));
+  const bool vec = hidden % 8 == 0 && (reinterpret_cast<uintptr_t>(gate) & 15u) == 0;
+  if (vec) {
+    TANDEM_LAUNCH(RouterLogitsKernel<true>, grid, dim3(kRouterWarps * 32), 0, stream, x,
+                  ldx, gate, static_cast<int>(tokens), static_cast<int>(hidden),
+                  static_cast<int>(num_experts), logits);
+  } else {
+    TANDEM_LAUNCH(RouterLogitsKernel<false>, grid, dim3(kRouterWarps * 32), 0, stream,
+                  x, ldx, gate, static_cast<int>(tokens), static_cast<int>(hidden),
+                  static_cast<int>(num_experts), logits);
+  }
+  if (const char* err = ::tandem::gpu::LaunchError()) return err;
+  const size_t smem = static_cast<size_t>(2 * num_experts + top_k) * sizeof(float);
+  if (smem > 48 * 1024) {
+    if (const char* err = ::tandem::gpu::AllowDynamicSmem(RouterSelectKernel, smem)) {
+      return err;
+    }
+  }
+  TANDEM_LAUNCH(RouterSelectKernel, dim3(static_cast<unsigned>(tokens)),
+                dim3(kTopKThreads), smem, stream, logits, bias,
+                static_cast<int>(num_experts), static_cast<int>(top_k), renormalize,
+                scaling, ids, weights);
+  return ::tandem::gpu::LaunchError();
+}
+
+size_t MoeScratchBytes(int64_t tokens, int64_t hidden, int64_t inter, int64_t top_k,
+                       int64_t num_experts) {
+  return CarveMoeScratch(nullptr, tokens, hidden, inter, top_k, num_experts).bytes;
+}
+
+const char* LaunchMoeMxfp4(const MoeLaunchArgs& a, void* scratch, int32_t* error_word,
+                           void* stream) {
+  if (a.tokens == 0) return nullptr;
+  if (a.tokens > kMoeChunkTokens) return "moe: launch over kMoeChunkTokens tokens";
+  const int64_t pairs = a.tokens * a.top_k;
+  const MoeScratch s =
+      CarveMoeScratch(scratch, a.tokens, a.hidden, a.inter, a.top_k, a.num_experts);
+  const int E = static_cast<int>(a.num_experts), K = static_cast<int>(a.top_k);
+  if (pairs > 0 && E > 0) {
+    TANDEM_LAUNCH(MoeSortKernel, dim3(1), dim3(kSortThreads), 0, stream, a.ids,
+                  static_cast<int>(pairs), a.experts, E, s.counts, s.cursor, s.offsets,
+                  s.active, s.num_active, s.sorted, error_word);
+    if (const char* err = ::tandem::gpu::LaunchError()) return err;
+    const int64_t max_active = std::min<int64_t>(a.num_experts, pairs);
+    if (max_active > 65535) return "moe: more than 65535 active experts per launch";
+    const dim3 grid1(
+        static_cast<unsigned>((a.inter + kRowsPerBlock - 1) / kRowsPerBlock),
+        static_cast<unsigned>(max_active));
+    TANDEM_LAUNCH(MoeGemmKernel<true>, grid1, dim3(kGemmThreads), 0, stream, a.experts,
+                  s.active, s.num_active, s.offsets, s.sorted, a.z, a.ld_z, K,
+                  static_cast<const uint16_t*>(nullptr), static_cast<int>(a.inter),
+                  static_cast<int>(a.hidden), s.act, a.situ_beta, a.situ_linear_beta,
+                  static_cast<float*>(nullptr));
+    if (const char* err = ::tandem::gpu::LaunchError()) return err;
+    const dim3 grid2(
+        static_cast<unsigned>((a.hidden + kRowsPerBlock - 1) / kRowsPerBlock),
+        static_cast<unsigned>(max_active));
+    TANDEM_LAUNCH(
+        MoeGemmKernel<false>, grid2, dim3(kGemmThreads), 0, stream, a.experts, s.active,
+        s.num_active, s.offsets, s.sorted, static_cast<const float*>(nullptr),
+        int64_t{0}, K, static_cast<const uint16_t*>(s.act), static_cast<int>(a.hidden),
+        static_cast<int>(a.inter), static_cast<uint16_t*>(nullptr), 0.0f, 0.0f, s.y);
+    if (const char* err = ::tandem::gpu::LaunchError()) return err;
+  }
+  const size_t smem = static_cast<size_t>(K) * (sizeof(float) + sizeof(int));
+  TANDEM_LAUNCH(MoeReduceKernel, dim3(static_cast<unsigned>(a.tokens)),
+                dim3(kReduceThreads), smem, stream, a.ids, a.weights, a.experts, E, K,
+                static_cast<const float*>(s.y), static_cast<int>(a.hidden), a.out,
+                a.ld_out);
+  return ::tandem::gpu::LaunchError();
+}
+
+}  // namespace tandem::kernels::cuda

@@ -1,0 +1,105 @@
+// Launchers of the moe kernels (moe.cu). Plain C++ types only (nvcc-compiled code
+// includes no project headers beyond kernels/cuda/). Device pointers; `stream` is
+// the native stream handle. Each returns nullptr on success or the launch error.
+//
+// RouterTopK (noaux_tc sigmoid router), two kernels:
+//   1. logits[t, e] = x[t] . fp32(gate[e]) in fp32 (x is NOT rounded to BF16, so
+//      the chosen ids match the fp64 oracle except at near-ties closer than fp32
+//      rounding of a hidden-long dot product). Grid over (8 experts, 8 tokens) per
+//      block, one warp per expert, the block's x tile staged in shared memory: the
+//      BF16 gate (12.8 MiB for K3) is streamed once per 8 tokens by ~112 blocks,
+//      which is what decode needs (one block per token would read it through
+//      one SM).
+//   2. one block per token: s = sigmoid(logit), key = s + bias, top_k rounds of a
+//      block arg-max (ties: lower expert id), weights from the chosen s
+//      (renormalised in fp64 by sum + 1e-20 when asked, times scaling).
+//
+// MoeMxfp4 (routed experts, MXFP4 weights), five launches on one stream:
+//   1. sort (one block): histogram of valid expert ids -> exclusive scan ->
+//      offsets, the list of active experts (ascending id) and a scatter of the
+//      (token, slot) pair ids grouped by expert. An id < 0 or an expert with a null
+//      w1_packed is skipped; an id >= num_experts records kExpertIdOutOfRange in
+//      the error word and is skipped. The order inside an expert's group depends
+//      on the scheduling, the numbers do not (every output column of a tile
+//      depends only on its own pair).
+//   2. gate/up grouped GEMM: per (active expert, 64 rows of inter) block, 4 warps
+//      of 16 rows, the expert's pairs in tiles of 32: the w1 and w3 E2M1 nibbles
+//      and E8M0 scales are loaded straight from global memory (16 bytes per lane:
+//      one 32-element scale group), decoded to BF16 in registers and fed as the A
+//      operand of mma.m16n8k16 (weights on the M side, tokens on N: a decode
+//      token costs an 8-column tile, and every weight byte is read once per 32
+//      pairs of that expert: the GEMV regime streams the weights once), z rounded
+//      to BF16 and staged in shared memory as B; SiTU-GLU in the epilogue; the
+//      activation stored as BF16 [pairs, inter] (sorted order).
+//   3. down grouped GEMM, the same kernel over w2 with K = inter: y[pair, hidden]
+//      fp32, indexed by pair id t * top_k + slot.
+//   4. reduce: out[t] = sum over slots in slot order of weights[t, slot] *
+//      y[t * top_k + slot] for the valid slots (fixed order: no float atomics,
+//      results do not depend on scheduling); 0 for tokens with no valid slot.
+// Large batches are processed in chunks of at most kMoeChunkTokens tokens (the
+// backend method loops), bounding the scratch.
+//
+// Numerics: z and the SiTU activations are rounded to BF16 for the tensor cores
+// (MXFP4 weights are exact in BF16 for scales 2^-125..2^124, which decode by
+// integer exponent arithmetic; other scales through fp32), products accumulate
+// in fp32. Bound vs the fp32 dequantise-then-GEMM oracle: the BF16 GEMM bound,
+// |err| <= 1e-2 * max|out| (the CPU 1e-4 contract does not apply to GPU
+// backends; moe_test measures ~2e-3).
+#ifndef TANDEM_KERNELS_CUDA_MOE_H_
+#define TANDEM_KERNELS_CUDA_MOE_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tandem::kernels::cuda {
+
+// Layout-identical to kernels/backend.h's Mxfp4Expert (backend_moe.cc asserts it).
+struct MoeExpertPtrs {
+  const uint8_t* w1_packed;
+  const uint8_t* w1_scale;
+  const uint8_t* w3_packed;
+  const uint8_t* w3_scale;
+  const uint8_t* w2_packed;
+  const uint8_t* w2_scale;
+};
+
+// ---- RouterTopK ---------------------------------------------------------------
+// Scratch (device, 256-byte aligned) RouterTopK needs.
+size_t RouterScratchBytes(int64_t tokens, int64_t num_experts);
+// ids [tokens, top_k], weights [tokens, top_k]; 0 < top_k <= num_experts.
+const char* LaunchRouterTopK(const float* x, int64_t ldx, const uint16_t* gate,
+                             const float* bias, int64_t tokens, int64_t hidden,
+                             int64_t num_experts, int64_t top_k, bool renormalize,
+                             float scaling, int32_t* ids, float* weights, void* scratch,
+                             void* stream);
+
+// ---- MoeMxfp4 -------------------------------------------------------------------
+inline constexpr int64_t kMoeChunkTokens = 2048;
+
+struct MoeLaunchArgs {
+  int64_t tokens = 0;  // <= kMoeChunkTokens per launch
+  int64_t hidden = 0;  // multiple of 32
+  int64_t inter = 0;   // multiple of 32
+  int64_t top_k = 0;
+  int64_t num_experts = 0;
+  const MoeExpertPtrs* experts = nullptr;  // device array [num_experts]
+  const float* z = nullptr;
+  int64_t ld_z = 0;
+  const int32_t* ids = nullptr;  // [tokens, top_k]
+  const float* weights = nullptr;
+  float situ_beta = 4.0f;
+  float situ_linear_beta = 25.0f;
+  float* out = nullptr;
+  int64_t ld_out = 0;
+};
+
+// Scratch (device, 256-byte aligned) one launch of `tokens` tokens needs.
+size_t MoeScratchBytes(int64_t tokens, int64_t hidden, int64_t inter, int64_t top_k,
+                       int64_t num_experts);
+// The routed MoE for args.tokens tokens; bad ids recorded in *error_word.
+const char* LaunchMoeMxfp4(const MoeLaunchArgs& args, void* scratch,
+                           int32_t* error_word, void* stream);
+
+}  // namespace tandem::kernels::cuda
+
+#endif  // TANDEM_KERNELS_CUDA_MOE_H_
