@@ -36,28 +36,36 @@ __host__ __device__ __forceinline__ int RoundUp(int x, int m) {
 
 // ---- Recurrent ------------------------------------------------------------------
 
-// grid (ceil(d_v / 32), heads), block 32 * warps. Thread (lane, warp w) owns
-// S[i][tile + lane] for i = w + warps * r, r < kRows, in registers.
+// grid (ceil(d_v / 8), heads), block 32 * warps. A warp covers 4 rows x 8 columns
+// (lane = 8 * row group + column): its loads and stores of S are 4 full 32-byte
+// sectors; 8-column tiles give K3's 12 heads x 128 columns 192 blocks. Thread
+// (warp w, lane) owns S[i][tile + lane % 8] for i = 4w + lane / 8 + 4 * warps * r,
+// r < kRows, in registers for all T tokens.
+constexpr int kRecCols = 8;
+constexpr int kRecGroups = kWarpSize / kRecCols;
 template <int kRows>
 __global__ void KdaRecurrentKernel(KdaLaunchArgs a, int warps) {
   const int dk = static_cast<int>(a.head_dim_k), dv = static_cast<int>(a.head_dim_v);
   const int heads = static_cast<int>(a.heads);
   const int h = blockIdx.y;
   const int lane = threadIdx.x % kWarpSize, w = threadIdx.x / kWarpSize;
-  const int j = blockIdx.x * kTile + lane;
+  const int col = lane % kRecCols;
+  const int row0 = w * kRecGroups + lane / kRecCols;
+  const int row_step = warps * kRecGroups;
+  const int j = blockIdx.x * kRecCols + col;
   const bool col_ok = j < dv;
   TANDEM_DYNAMIC_SMEM(float, smem);
   float* sk = smem;
   float* sq = sk + dk;
   float* sdecay = sq + dk;
-  float* red_k = sdecay + dk;                // [warps][32]
-  float* red_o = red_k + warps * kWarpSize;  // [warps][32]
+  float* red_k = sdecay + dk;               // [warps][8]
+  float* red_o = red_k + warps * kRecCols;  // [warps][8]
 
   float* st = a.state + static_cast<int64_t>(h) * dk * dv;
   float s[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    const int i = w + warps * r;
+    const int i = row0 + row_step * r;
     s[r] = (i < dk && col_ok) ? st[static_cast<int64_t>(i) * dv + j] : 0.0f;
   }
   for (int64_t t = 0; t < a.tokens; ++t) {
@@ -72,40 +80,51 @@ __global__ void KdaRecurrentKernel(KdaLaunchArgs a, int warps) {
     const float beta = a.beta[t * heads + h];
     const float vj = col_ok ? a.v[t * a.ld_v + static_cast<int64_t>(h) * dv + j] : 0.0f;
     __syncthreads();
+    // S = diag(e^g) S; (S^T k)_j over this thread's rows, the warp's row groups,
+    // then the warps.
     float part = 0.0f;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const int i = w + warps * r;
+      const int i = row0 + row_step * r;
       if (i < dk) {
         s[r] *= sdecay[i];
         part = fmaf(s[r], sk[i], part);
       }
     }
-    red_k[w * kWarpSize + lane] = part;
+#pragma unroll
+    for (int o = kRecCols; o < kWarpSize; o *= 2) {
+      part += __shfl_xor_sync(::tandem::gpu::kFullMask, part, o);
+    }
+    if (lane < kRecCols) red_k[w * kRecCols + lane] = part;
     __syncthreads();
     float ks = 0.0f;
-    for (int ww = 0; ww < warps; ++ww) ks += red_k[ww * kWarpSize + lane];
+    for (int ww = 0; ww < warps; ++ww) ks += red_k[ww * kRecCols + col];
+    // S += beta k (v - S^T k)^T; o = S^T q.
     const float delta = beta * (vj - ks);
     float po = 0.0f;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const int i = w + warps * r;
+      const int i = row0 + row_step * r;
       if (i < dk) {
         s[r] = fmaf(sk[i], delta, s[r]);
         po = fmaf(s[r], sq[i], po);
       }
     }
-    red_o[w * kWarpSize + lane] = po;
+#pragma unroll
+    for (int o = kRecCols; o < kWarpSize; o *= 2) {
+      po += __shfl_xor_sync(::tandem::gpu::kFullMask, po, o);
+    }
+    if (lane < kRecCols) red_o[w * kRecCols + lane] = po;
     __syncthreads();
-    if (w == 0 && col_ok) {
+    if (threadIdx.x < kRecCols && col_ok) {
       float o = 0.0f;
-      for (int ww = 0; ww < warps; ++ww) o += red_o[ww * kWarpSize + lane];
+      for (int ww = 0; ww < warps; ++ww) o += red_o[ww * kRecCols + col];
       a.out[t * a.ld_out + static_cast<int64_t>(h) * dv + j] = o;
     }
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    const int i = w + warps * r;
+    const int i = row0 + row_step * r;
     if (i < dk && col_ok) st[static_cast<int64_t>(i) * dv + j] = s[r];
   }
 }
@@ -458,11 +477,12 @@ const char* KdaRecurrentLaunch(const KdaLaunchArgs& a, void* stream) {
   if (a.head_dim_k > kKdaMaxHeadDimK) return "kda: head_dim_k above 512";
   const int dk = static_cast<int>(a.head_dim_k);
   const int warps = dk <= 128 ? 8 : 32;
-  const int rows = PowerOfTwoAtLeast((dk + warps - 1) / warps);
-  const dim3 grid(static_cast<unsigned>((a.head_dim_v + kTile - 1) / kTile),
+  const int rows =
+      PowerOfTwoAtLeast((dk + warps * kRecGroups - 1) / (warps * kRecGroups));
+  const dim3 grid(static_cast<unsigned>((a.head_dim_v + kRecCols - 1) / kRecCols),
                   static_cast<unsigned>(a.heads));
   const dim3 block(warps * kWarpSize);
-  const size_t smem = (3 * dk + 2 * warps * kWarpSize) * sizeof(float);
+  const size_t smem = (3 * dk + 2 * warps * kRecCols) * sizeof(float);
   switch (rows) {
     case 1:
       TANDEM_LAUNCH(KdaRecurrentKernel<1>, grid, block, smem, stream, a, warps);
@@ -470,14 +490,8 @@ const char* KdaRecurrentLaunch(const KdaLaunchArgs& a, void* stream) {
     case 2:
       TANDEM_LAUNCH(KdaRecurrentKernel<2>, grid, block, smem, stream, a, warps);
       break;
-    case 4:
-      TANDEM_LAUNCH(KdaRecurrentKernel<4>, grid, block, smem, stream, a, warps);
-      break;
-    case 8:
-      TANDEM_LAUNCH(KdaRecurrentKernel<8>, grid, block, smem, stream, a, warps);
-      break;
     default:
-      TANDEM_LAUNCH(KdaRecurrentKernel<16>, grid, block, smem, stream, a, warps);
+      TANDEM_LAUNCH(KdaRecurrentKernel<4>, grid, block, smem, stream, a, warps);
       break;
   }
   return ::tandem::gpu::LaunchError();

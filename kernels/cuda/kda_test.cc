@@ -221,6 +221,7 @@ TEST(KdaCuda, ChunkedMatchesTheOracle) {
       {1, 1, 16, 16, true, 0},   {15, 2, 16, 16, true, 2},  {16, 1, 32, 32, true, 0},
       {17, 3, 16, 32, false, 0}, {63, 1, 32, 16, true, 0},  {64, 2, 16, 16, true, 1},
       {65, 1, 24, 40, true, 0},  {130, 1, 32, 32, true, 0}, {33, 1, 70, 20, false, 0},
+      {18, 1, 512, 8, true, 0},  {20, 1, 256, 8, true, 0},  // 8 and 4 m-tiles a warp
   };
   uint64_t sim_seed = 11;
   for (const Case& c : cases) CheckCase(Form::kChunked, c, 9, sim_seed++);
