@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <numeric>
 #include <random>
 #include <string>
@@ -190,6 +191,13 @@ double RelErr(const std::vector<float>& got, const std::vector<float>& want) {
 
 constexpr double kBound = 2e-5;
 
+void ExpectWithin(const std::vector<float>& got, const std::vector<float>& want,
+                  double bound, const std::string& what) {
+  const double err = RelErr(got, want);
+  std::printf("  %-44s %.3g of max|want|\n", what.c_str(), err);
+  EXPECT_LE(err, bound) << what;
+}
+
 TEST(MlaKernels, OddDimsPagedMixedSequences) {
   // decode (q=1), prefill chunk with prefix (q=5), q == ctx (q=9), one long one.
   const Case c{3, 16, 8, 12, 64, {1, 37, 300, 9}, {1, 5, 1, 9}};
@@ -198,10 +206,10 @@ TEST(MlaKernels, OddDimsPagedMixedSequences) {
     const std::vector<float> want = Oracle(s);
     const std::string what = "block " + std::to_string(bs);
     const std::vector<float> exp = Expanded(s, 0);
-    EXPECT_LE(RelErr(exp, want), kBound) << "expanded " << what;
+    ExpectWithin(exp, want, kBound, std::string("expanded ") + what);
     const std::vector<float> abs = Absorbed(s, 0);
-    EXPECT_LE(RelErr(abs, want), kBound) << "absorbed " << what;
-    EXPECT_LE(RelErr(abs, exp), kBound) << "absorbed vs expanded " << what;
+    ExpectWithin(abs, want, kBound, std::string("absorbed ") + what);
+    ExpectWithin(abs, exp, kBound, std::string("absorbed vs expanded ") + what);
   }
 }
 
@@ -210,10 +218,12 @@ TEST(MlaKernels, SplitsAndChunksDoNotChangeTheResult) {
   const MlaCall s = Make(c, 16, 11);
   const std::vector<float> want = Oracle(s);
   for (int splits : {1, 2, 3, 7, kMlaMaxSplits}) {
-    EXPECT_LE(RelErr(Absorbed(s, splits), want), kBound) << "splits " << splits;
+    ExpectWithin(Absorbed(s, splits), want, kBound,
+                 std::string("absorbed splits ") + std::to_string(splits));
   }
   for (int64_t chunk : {64, 128, 256}) {
-    EXPECT_LE(RelErr(Expanded(s, chunk), want), kBound) << "chunk " << chunk;
+    ExpectWithin(Expanded(s, chunk), want, kBound,
+                 std::string("expanded chunk ") + std::to_string(chunk));
   }
 }
 
@@ -225,10 +235,10 @@ TEST(MlaKernels, K3HeadsPerRankRealDims) {
   const std::vector<float> want = Oracle(s);
   const std::vector<float> exp = Expanded(s, 0);
   const std::vector<float> abs = Absorbed(s, 0);
-  EXPECT_LE(RelErr(exp, want), kBound);
-  EXPECT_LE(RelErr(abs, want), kBound);
-  EXPECT_LE(RelErr(abs, exp), kBound);
-  EXPECT_LE(RelErr(Absorbed(s, 3), want), kBound);
+  ExpectWithin(exp, want, kBound, "K3 expanded");
+  ExpectWithin(abs, want, kBound, "K3 absorbed");
+  ExpectWithin(abs, exp, kBound, "K3 absorbed vs expanded");
+  ExpectWithin(Absorbed(s, 3), want, kBound, "K3 absorbed, 3 splits");
 }
 
 TEST(MlaKernels, SpeculativeQueriesAreCausal) {
@@ -246,10 +256,12 @@ TEST(MlaKernels, SpeculativeQueriesAreCausal) {
     one.q.assign(s.q.begin() + i * c.heads * (c.nope + c.rope),
                  s.q.begin() + (i + 1) * c.heads * (c.nope + c.rope));
     const std::vector<float> want(all.begin() + i * row, all.begin() + (i + 1) * row);
-    EXPECT_LE(RelErr(Absorbed(one, 0), want), 1e-6) << "draft " << i;
+    ExpectWithin(Absorbed(one, 0), want, 1e-6,
+                 std::string("absorbed draft ") + std::to_string(i));
     const std::vector<float> want_exp(all_exp.begin() + i * row,
                                       all_exp.begin() + (i + 1) * row);
-    EXPECT_LE(RelErr(Expanded(one, 0), want_exp), 1e-6) << "draft " << i;
+    ExpectWithin(Expanded(one, 0), want_exp, 1e-6,
+                 std::string("expanded draft ") + std::to_string(i));
   }
 }
 
@@ -260,8 +272,10 @@ TEST(MlaKernels, EmulatorSeeds) {
   const std::vector<float> want = Oracle(s);
   for (uint64_t seed : {1u, 2u, 3u, 4u}) {
     cuda_sim::SetSeed(seed);
-    EXPECT_LE(RelErr(Absorbed(s, 3), want), kBound) << "seed " << seed;
-    EXPECT_LE(RelErr(Expanded(s, 64), want), kBound) << "seed " << seed;
+    ExpectWithin(Absorbed(s, 3), want, kBound,
+                 std::string("absorbed seed ") + std::to_string(seed));
+    ExpectWithin(Expanded(s, 64), want, kBound,
+                 std::string("expanded seed ") + std::to_string(seed));
   }
   cuda_sim::SetSeed(1);
 }
