@@ -12,8 +12,9 @@
 //     safe once the reduction (which every thread of the segment joins) is done.
 //     float4 loads/stores when every pointer is 16-byte aligned and the width and
 //     strides are multiples of 4; scalar (still coalesced) otherwise.
-//   - binary element-wise ops (SiTU-GLU, MulSigmoid, KDA gates, AddInPlace): a flat
-//     grid-stride loop over rows x columns (float4 units where aligned).
+//   - binary element-wise ops (SiTU-GLU, MulSigmoid, KDA gates): a 2-D grid of
+//     column chunks x rows (float4 units where aligned), no per-element division;
+//     AddInPlace: a flat grid-stride loop (float4 body, scalar tail).
 //   - row copies (EmbeddingGather, PagedCacheWrite): a block per token; the index
 //     is checked once per block and a bad one is recorded in the error word.
 //   - CausalConv1dSilu: a thread per channel and chunk of >= kernel-1 tokens, with a
@@ -259,15 +260,15 @@ struct MulSigmoidOp {
   }
 };
 
+// Blocks (column chunk, row group): no per-element division; rows beyond the grid's
+// 65535 loop.
 template <typename Op, bool kVec>
 __global__ void BinaryKernel(const float* a, int64_t lda, const float* b, int64_t ldb,
                              float* out, int64_t ldo, int64_t rows, int64_t n, Op op) {
   const int64_t units = kVec ? n / 4 : n;
-  const int64_t total = rows * units;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < total; i += step) {
-    const int64_t r = i / units, c = i % units;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= units) return;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     if constexpr (kVec) {
       const F4 av = reinterpret_cast<const F4*>(a + r * lda)[c];
       const F4 bv = reinterpret_cast<const F4*>(b + r * ldb)[c];
@@ -283,6 +284,13 @@ __global__ void BinaryKernel(const float* a, int64_t lda, const float* b, int64_
   }
 }
 
+// A 2-D grid over `rows` x `units` columns: x column chunks, y rows (looped past
+// 65535).
+inline dim3 RowGrid(int64_t rows, int64_t units, int threads) {
+  return dim3(static_cast<unsigned>((units + threads - 1) / threads),
+              static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+}
+
 template <typename Op>
 const char* LaunchBinary(const float* a, int64_t lda, const float* b, int64_t ldb,
                          float* out, int64_t ldo, int64_t rows, int64_t n, Op op,
@@ -290,8 +298,8 @@ const char* LaunchBinary(const float* a, int64_t lda, const float* b, int64_t ld
   if (rows <= 0 || n <= 0) return nullptr;
   const bool vec = n % 4 == 0 && RowsAligned16(a, lda, rows) &&
                    RowsAligned16(b, ldb, rows) && RowsAligned16(out, ldo, rows);
-  const int64_t units = rows * (vec ? n / 4 : n);
-  const dim3 grid(GridFor(units, kElementwiseThreads)), block(kElementwiseThreads);
+  constexpr int kThreads = 128;
+  const dim3 grid = RowGrid(rows, vec ? n / 4 : n, kThreads), block(kThreads);
   if (vec) {
     TANDEM_LAUNCH((BinaryKernel<Op, true>), grid, block, 0, stream, a, lda, b, ldb, out,
                   ldo, rows, n, op);
@@ -327,14 +335,14 @@ __global__ void KdaGatesKernel(const float* graw, int64_t ld_graw, const float* 
                                const float* dt_bias, const float* braw, int64_t ld_braw,
                                float lower_bound, int64_t tokens, int64_t heads,
                                int64_t d, float* g, float* beta) {
-  const int64_t width = heads * d, total = tokens * width, nbeta = tokens * heads;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < total; i += step) {
-    const int64_t t = i / width, j = i % width;
-    const float a = expf(a_log[j / d]);
-    g[i] = lower_bound * Sigmoid(a * (graw[t * ld_graw + j] + dt_bias[j]));
-    if (i < nbeta) beta[i] = Sigmoid(braw[(i / heads) * ld_braw + i % heads]);
+  // Blocks (column chunk, token group); the columns (h * d + c) fit in 32 bits.
+  const int width = static_cast<int>(heads * d);
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= width) return;
+  const float bias = dt_bias[j], a = expf(a_log[j / static_cast<int>(d)]);
+  for (int64_t t = blockIdx.y; t < tokens; t += gridDim.y) {
+    g[t * width + j] = lower_bound * Sigmoid(a * (graw[t * ld_graw + j] + bias));
+    if (j < heads) beta[t * heads + j] = Sigmoid(braw[t * ld_braw + j]);
   }
 }
 
@@ -700,9 +708,11 @@ const char* LaunchKdaGates(const float* graw, int64_t ld_graw, const float* a_lo
                            float lower_bound, int64_t tokens, int64_t heads, int64_t d,
                            float* g, float* beta, void* stream) {
   if (tokens <= 0 || heads <= 0 || d <= 0) return nullptr;
-  TANDEM_LAUNCH(KdaGatesKernel, dim3(GridFor(tokens * heads * d, kElementwiseThreads)),
-                dim3(kElementwiseThreads), 0, stream, graw, ld_graw, a_log, dt_bias,
-                braw, ld_braw, lower_bound, tokens, heads, d, g, beta);
+  if (heads * d > (int64_t{1} << 30)) return "kda_gates: heads * d too large";
+  constexpr int kThreads = 128;
+  TANDEM_LAUNCH(KdaGatesKernel, RowGrid(tokens, heads * d, kThreads), dim3(kThreads), 0,
+                stream, graw, ld_graw, a_log, dt_bias, braw, ld_braw, lower_bound,
+                tokens, heads, d, g, beta);
   return ::tandem::gpu::LaunchError();
 }
 
