@@ -272,8 +272,23 @@ Placement::Actions Placement::Decode() {
 Placement::Actions Placement::OnStreamDone(const absl::Status& status) {
   if (state_ != State::kDecoding && state_ != State::kColocated) return {};
   const WorkerRecord& w = decode_;
+  if (status.ok()) {
+    // Its slot and blocks are free on the worker now: credited at once, so a
+    // request queued for that room is placed without waiting for the worker's
+    // next load report (the worker's record as of now: its report count).
+    bool credited = false;
+    for (const WorkerRecord& now :
+         deps_.registry->Live(tandem::v1::WORKER_ROLE_DECODE)) {
+      if (now.registration.worker_id() != w.registration.worker_id()) continue;
+      deps_.ledger->Finished(now, request_.request_id, request_.prompt_tokens,
+                             /*reports_at_start=*/w.reports);
+      credited = true;
+    }
+    if (!credited)
+      deps_.ledger->Unplace(w.registration.worker_id(), request_.request_id);
+    return Finish(absl::OkStatus());
+  }
   deps_.ledger->Unplace(w.registration.worker_id(), request_.request_id);
-  if (status.ok()) return Finish(absl::OkStatus());
   if (cancelled_) return Finish(ClientCancelled());
   if (absl::IsUnavailable(status)) {
     deps_.registry->Remove(w.registration.worker_id());

@@ -42,7 +42,9 @@
 //   FINISHED observes tandem_router_request_duration_seconds once (every outcome).
 //
 // While a request holds a reservation or runs a prefill, the worker is in the
-// PlacementLedger (until its next load report covers it). Not thread-safe: the
+// PlacementLedger (until its next load report covers it); when its decode (or
+// colocated) stream ends OK the ledger credits the room it left until that
+// worker's next report (PlacementLedger::Finished). Not thread-safe: the
 // glue steps one Placement from one thread at a time.
 #ifndef TANDEM_ROUTER_PLACEMENT_H_
 #define TANDEM_ROUTER_PLACEMENT_H_

@@ -17,10 +17,29 @@ void PlacementLedger::Unplace(const std::string& worker_id,
   auto it = entries_.find(worker_id);
   if (it == entries_.end()) return;
   auto& v = it->second;
-  auto e = std::find_if(v.begin(), v.end(),
-                        [&](const Entry& x) { return x.request_id == request_id; });
+  auto e = std::find_if(v.begin(), v.end(), [&](const Entry& x) {
+    return !x.credit && x.request_id == request_id;
+  });
   if (e != v.end()) v.erase(e);
   if (v.empty()) entries_.erase(it);
+}
+
+void PlacementLedger::Finished(const WorkerRecord& worker,
+                               const std::string& request_id, int64_t tokens,
+                               uint64_t reports_at_start) {
+  absl::MutexLock l(&mu_);
+  const std::string& id = worker.registration.worker_id();
+  auto& v = entries_[id];
+  auto e = std::find_if(v.begin(), v.end(), [&](const Entry& x) {
+    return !x.credit && x.request_id == request_id;
+  });
+  if (e != v.end()) v.erase(e);
+  // No report since it started: none counted it, so forgetting its placement
+  // is the whole correction.
+  if (worker.reports > reports_at_start) {
+    v.push_back(Entry{request_id, worker.reports, tokens, /*credit=*/true});
+  }
+  if (v.empty()) entries_.erase(id);
 }
 
 InFlightMap PlacementLedger::Snapshot(const std::vector<WorkerRecord>& live) {
@@ -40,8 +59,8 @@ InFlightMap PlacementLedger::Snapshot(const std::vector<WorkerRecord>& live) {
     }
     InFlight f;
     for (const Entry& e : v) {
-      f.requests += 1;
-      f.tokens += e.tokens;
+      f.requests += e.credit ? -1 : 1;
+      f.tokens += e.credit ? -e.tokens : e.tokens;
     }
     out[w.registration.worker_id()] = f;
   }

@@ -94,5 +94,43 @@ TEST_F(PlacementLedgerTest, DuplicateRequestIdsCountTwiceAndUnplaceOneAtATime) {
   EXPECT_TRUE(ledger_.Snapshot(live).empty());
 }
 
+// A request that ends after its worker's report counted it leaves room the
+// reports do not show yet: credited until the next report, which has it.
+TEST_F(PlacementLedgerTest, AFinishedRequestIsCreditedUntilTheNextReport) {
+  const uint64_t at_start = Live()[0].reports;
+  ledger_.Place(Live()[0], "a", 100);
+  ASSERT_TRUE(registry_.Heartbeat("d0", {}));  // the report counts "a"
+  ledger_.Finished(Live()[0], "a", 100, at_start);
+  InFlightMap f = ledger_.Snapshot(Live());
+  EXPECT_EQ(f["d0"].requests, -1);
+  EXPECT_EQ(f["d0"].tokens, -100);
+  ledger_.Unplace("d0", "a");  // an Unplace never takes a credit back
+  EXPECT_EQ(ledger_.Snapshot(Live())["d0"].requests, -1);
+  // A new placement and the credit add up.
+  ledger_.Place(Live()[0], "b", 30);
+  f = ledger_.Snapshot(Live());
+  EXPECT_EQ(f["d0"].requests, 0);
+  EXPECT_EQ(f["d0"].tokens, -70);
+  // The next report no longer has "a" (and now has "b"): both drop.
+  ASSERT_TRUE(registry_.Heartbeat("d0", {}));
+  EXPECT_TRUE(ledger_.Snapshot(Live()).empty());
+}
+
+// A request that started and ended between two reports was never counted by
+// one: forgetting its placement is the whole correction, no credit.
+TEST_F(PlacementLedgerTest, ARequestEndingBeforeAnyReportCountedItIsNotCredited) {
+  ledger_.Place(Live()[0], "a", 100);
+  ledger_.Finished(Live()[0], "a", 100, Live()[0].reports);
+  EXPECT_TRUE(ledger_.Snapshot(Live()).empty());
+  // A colocated request is never placed; a report since its start counted it.
+  const uint64_t at_start = Live()[1].reports;
+  ledger_.Finished(Live()[1], "c", 8, at_start);  // no report yet: nothing
+  EXPECT_TRUE(ledger_.Snapshot(Live()).empty());
+  ASSERT_TRUE(registry_.Heartbeat("d1", {}));
+  ledger_.Finished(Live()[1], "c", 8, at_start);
+  EXPECT_EQ(ledger_.Snapshot(Live())["d1"].requests, -1);
+  EXPECT_EQ(ledger_.Snapshot(Live())["d1"].tokens, -8);
+}
+
 }  // namespace
 }  // namespace tandem::router

@@ -578,6 +578,42 @@ TEST_F(PlacementTest, DecodeWorkersWithoutRoomQueueAtOnceAndColocateAgainWhenWok
   EXPECT_EQ(Str(p->OnQueueEnd(absl::OkStatus())), "reserve d1");
 }
 
+// A request finishing on a full worker frees its room at once for a request
+// queued for it: the ledger credits it, so the woken request reserves there
+// without waiting for the worker's next load report (heartbeat).
+TEST_F(PlacementTest, RoomFreedByAFinishedRequestIsUsedBeforeTheNextReport) {
+  ASSERT_TRUE(registry_.Remove("d1"));
+  tandem::v1::WorkerLoad one;  // one slot, free
+  one.set_total_kv_blocks(100);
+  one.set_free_kv_blocks(100);
+  one.set_kv_block_size(16);
+  one.set_total_state_slots(1);
+  one.set_free_state_slots(1);
+  AddWorker("d0", tandem::v1::WORKER_ROLE_DECODE, one);
+  auto a = Make();
+  Drive(a.get(), State::kDecoding);   // "a" runs on d0
+  tandem::v1::WorkerLoad full = one;  // d0's report now counts it
+  full.set_free_state_slots(0);
+  full.set_free_kv_blocks(99);
+  ASSERT_TRUE(registry_.Heartbeat("d0", full));
+  auto b = std::make_unique<Placement>(
+      PlacementDeps{&registry_, &ledger_, &metrics_, &clock_}, options_,
+      PlacementRequest{.request_id = "req-2",
+                       .prompt_tokens = 10,
+                       .deadline = clock_.Now() + absl::Seconds(60),
+                       .started = clock_.Now()});
+  EXPECT_EQ(Str(b->Start()), "queue");
+  // Woken while "a" still runs (another request ended elsewhere): no room.
+  EXPECT_EQ(Str(b->OnQueueEnd(absl::OkStatus())), "queue");
+  EXPECT_EQ(Str(a->OnStreamDone(absl::OkStatus())), "finish OK");
+  EXPECT_EQ(Placed("d0"), -1);  // the credit, until d0's next report
+  EXPECT_EQ(Str(b->OnQueueEnd(absl::OkStatus())), "reserve d0");
+  EXPECT_EQ(Str(b->OnReserved(absl::OkStatus())), "prefill p0");
+  // The next report shows "a" gone and "b" reserved: the credit is dropped.
+  ASSERT_TRUE(registry_.Heartbeat("d0", full));
+  EXPECT_EQ(Placed("d0"), 0);
+}
+
 TEST_F(PlacementTest, NoDecodeWorkerAliveIsUnavailableNotQueued) {
   ASSERT_TRUE(registry_.Remove("d0"));
   ASSERT_TRUE(registry_.Remove("d1"));
