@@ -6,6 +6,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/reference_backend.h"
+#include "kernels/cuda/cuda_backend.h"
 
 namespace tandem::kernels {
 
@@ -21,8 +22,12 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view name) {
   }
   if (name == "cpu_bf16") return CreateCpuBackend(ActiveIsa(), /*threads=*/0);
   if (name == "cpu_reference") return CreateReferenceBackend();
+  // Each is FailedPrecondition in the build that does not have it.
+  if (name == "cuda_sim") return cuda::CreateCudaSimBackend();
+  if (name == "cuda") return cuda::CreateCudaBackend(/*ordinal=*/0);
   return InvalidArgument("unknown kernel backend \"", name,
-                         "\" (known: cpu, cpu_bf16, cpu_reference)");
+                         "\" (known: cpu, cpu_bf16, cpu_reference, cuda_sim in the "
+                         "default build, cuda in --config=cuda builds)");
 }
 
 }  // namespace tandem::kernels

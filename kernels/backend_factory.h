@@ -16,9 +16,13 @@ namespace tandem::kernels {
 // "cpu_bf16": the fastest kernels: AVX512_BF16 dot products on BF16-rounded
 //        activations and oneDNN for prefill-sized GEMMs. Faster, but results then
 //        depend on the GEMM shape, so batch invariance holds only within tolerance;
-// "cpu_reference": the oracle (plain loops, single thread).
-// Anything else: InvalidArgument (the CUDA backend registers under "cuda" in
-// --config=cuda builds, later).
+// "cpu_reference": the oracle (plain loops, single thread);
+// "cuda_sim": the GPU backend's kernels on the CPU's SIMT emulator (default
+//        build; FailedPrecondition in --config=cuda builds);
+// "cuda": the GPU backend on GPU 0 (--config=cuda builds; FailedPrecondition
+//        elsewhere, or when no GPU is visible).
+// The device backends take device memory (Backend::device()).
+// Anything else: InvalidArgument.
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view name);
 
 }  // namespace tandem::kernels

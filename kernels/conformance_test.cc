@@ -3,7 +3,11 @@
 // stated at each test. Backends: cpu_reference itself (self-consistency and the
 // chunked-vs-recurrent / absorbed-vs-expanded identities), and the optimised CPU
 // backend at every ISA this machine supports (forced with CreateCpuBackend, not
-// the environment). A CUDA backend joins the list in --config=cuda builds.
+// the environment), and the device backends through kernels/staging_backend.h
+// (host vectors uploaded to buffers of exactly each op's extents, guard bytes
+// around every output): "cuda_sim" (the GPU kernels on the SIMT emulator, default
+// build) and "cuda" (--config=cuda builds where a GPU is visible). A device
+// backend's tests of ops it does not Support() yet are skipped, naming the ops.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -20,6 +24,9 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/reference_backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/device_errors.h"
+#include "kernels/staging_backend.h"
 
 namespace tandem::kernels {
 namespace {
@@ -34,11 +41,22 @@ std::vector<std::string> BackendNames() {
   }
   // The avx512_bf16 level routes M >= 64 GEMMs to oneDNN; also test its own kernel.
   if (HardwareIsa() == CpuIsa::kAvx512Bf16) names.push_back("cpu_avx512_bf16_own");
+  // Device backends: whichever this build has (each factory is FailedPrecondition
+  // in the other build; "cuda" also without a visible GPU).
+  if (cuda::CreateCudaSimBackend().ok()) names.push_back("cuda_sim");
+  if (cuda::CreateCudaBackend().ok()) names.push_back("cuda");
   return names;
 }
 
 std::unique_ptr<Backend> MakeBackend(const std::string& name) {
   if (name == "cpu_reference") return CreateReferenceBackend();
+  if (name == "cuda_sim" || name == "cuda") {
+    auto device =
+        name == "cuda" ? cuda::CreateCudaBackend() : cuda::CreateCudaSimBackend();
+    EXPECT_TRUE(device.ok()) << device.status();
+    if (!device.ok()) return nullptr;
+    return std::make_unique<StagingBackend>(std::move(device).value());
+  }
   const bool own = absl::EndsWith(name, "_own");
   CpuIsa isa;
   EXPECT_TRUE(ParseIsa(name.substr(4, name.size() - 4 - (own ? 4 : 0)), &isa)) << name;
@@ -55,7 +73,20 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     be_ = MakeBackend(GetParam());
     ASSERT_NE(be_, nullptr);
   }
-  bool IsBf16Gemm() const { return absl::StartsWith(GetParam(), "cpu_avx512_bf16"); }
+  // cuBLASLt rounds X to BF16 (kernels/cuda/blas_cublaslt.cc).
+  bool IsBf16Gemm() const {
+    return absl::StartsWith(GetParam(), "cpu_avx512_bf16") || GetParam() == "cuda";
+  }
+  // The ops of `ops` this backend does not implement yet, comma-separated.
+  std::string Missing(std::initializer_list<Op> ops) const {
+    std::string missing;
+    for (Op op : ops) {
+      if (be_->Supports(op)) continue;
+      if (!missing.empty()) missing += ", ";
+      missing += std::string(OpName(op));
+    }
+    return missing;
+  }
 
   std::vector<float> Normal(int64_t n, float sd = 1.0f) {
     std::normal_distribution<float> d(0.0f, sd);
@@ -74,6 +105,16 @@ class Conformance : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<Backend> ref_;
   std::unique_ptr<Backend> be_;
 };
+
+// Skips the test on a backend that does not Support() every listed op (device
+// backends whose op families are still being written).
+#define REQUIRE_OPS(...)                                                           \
+  do {                                                                             \
+    const std::string missing_ops = Missing({__VA_ARGS__});                        \
+    if (!missing_ops.empty()) {                                                    \
+      GTEST_SKIP() << GetParam() << " does not support " << missing_ops << " yet"; \
+    }                                                                              \
+  } while (0)
 
 // max_i |got - want| / (abs_floor + |scale_i|) <= bound, with a helpful message.
 void ExpectClose(const std::vector<float>& got, const std::vector<float>& want,
@@ -111,6 +152,7 @@ struct GemmShape {
 };
 
 TEST_P(Conformance, GemmBf16AndF32) {
+  REQUIRE_OPS(Op::kGemmBf16, Op::kGemmF32);
   // Bound: |err| <= tol * sum_k |x||w| (+1e-30). BF16 path (X rounded to BF16,
   // relative 2^-9 per product): tol 1e-2. fp32 paths: 1e-5.
   for (GemmShape s : {GemmShape{1, 7, 5}, GemmShape{3, 33, 100}, GemmShape{5, 130, 257},
@@ -166,6 +208,7 @@ TEST_P(Conformance, GemmBf16AndF32) {
 }
 
 TEST_P(Conformance, GemmRejectsBadStrides) {
+  REQUIRE_OPS(Op::kGemmBf16);
   std::vector<float> x(16), y(16);
   std::vector<uint16_t> w(16);
   EXPECT_FALSE(
@@ -177,6 +220,8 @@ TEST_P(Conformance, GemmRejectsBadStrides) {
 // ---- Norms and element-wise -------------------------------------------------
 
 TEST_P(Conformance, RmsNormL2NormAndElementwise) {
+  REQUIRE_OPS(Op::kRmsNorm, Op::kL2NormHeads, Op::kSituGlu, Op::kMulSigmoid,
+              Op::kAddInPlace);
   // fp32 vs fp64 reductions of <= 7168 terms: relative 1e-5 (tanh/exp: 1e-5).
   for (int64_t n : {1, 17, 128, 512, 1536, 7168}) {
     const int64_t rows = 5, ld = n + 3;
@@ -249,6 +294,7 @@ TEST_P(Conformance, RmsNormL2NormAndElementwise) {
 }
 
 TEST_P(Conformance, EmbeddingGather) {
+  REQUIRE_OPS(Op::kEmbeddingGather);
   const int64_t vocab = 50, hidden = 37;
   auto table = NormalBf16(vocab * hidden);
   std::vector<int32_t> ids = {0, 49, 7, 7, 13};
@@ -274,6 +320,7 @@ TEST_P(Conformance, EmbeddingGather) {
 // ---- KDA -----------------------------------------------------------------------
 
 TEST_P(Conformance, CausalConv1dCarriesStateAcrossCalls) {
+  REQUIRE_OPS(Op::kCausalConv1dSilu);
   // Bound 1e-5 relative. The same stream fed in pieces of 1, 2, 3, 5 and 17 tokens
   // (several shorter than kernel - 1) must equal the oracle fed in one piece.
   const int64_t channels = 37, kernel = 4, total = 28, ld = channels + 5;
@@ -309,6 +356,7 @@ TEST_P(Conformance, CausalConv1dCarriesStateAcrossCalls) {
 }
 
 TEST_P(Conformance, KdaGatesAndOutputGate) {
+  REQUIRE_OPS(Op::kKdaGates, Op::kKdaOutputGate);
   const int64_t tokens = 5, heads = 3, d = 16;
   auto graw = Normal(tokens * heads * d, 3.0f), a_log = Normal(heads, 0.5f),
        dt = Normal(heads * d), braw = Normal(tokens * heads, 2.0f);
@@ -396,6 +444,7 @@ KdaArgs ArgsFor(KdaInputs& in, std::vector<float>& state, std::vector<float>& ou
 }
 
 TEST_P(Conformance, KdaRecurrentAndChunkedEqualTheRecurrence) {
+  REQUIRE_OPS(Op::kKdaRecurrent, Op::kKdaChunked);
   // Both forms against the oracle's fp64 recurrence, norm-wise 1e-4 on outputs and
   // on the final state (carried initial state, strong and mild decays, partial
   // and exact chunks).
@@ -421,6 +470,7 @@ TEST_P(Conformance, KdaRecurrentAndChunkedEqualTheRecurrence) {
 }
 
 TEST_P(Conformance, KdaDecodeAfterChunkedPrefillEqualsOneRecurrence) {
+  REQUIRE_OPS(Op::kKdaRecurrent, Op::kKdaChunked);
   // Prefill 100 tokens chunked, then decode 3 tokens one at a time with the
   // recurrence from the carried state == the recurrence over all 103 tokens.
   KdaInputs all = MakeKda(rng_, *ref_, 103, 2, 32, 32, true);
@@ -533,6 +583,8 @@ MlaSetup MakeMla(const MlaCase& c, int64_t block_size, uint32_t seed, Backend& w
 }
 
 TEST_P(Conformance, MlaAbsorbedEqualsExpandedPagedEqualsContiguous) {
+  REQUIRE_OPS(Op::kPagedCacheWrite, Op::kMlaAttentionExpanded,
+              Op::kMlaAttentionAbsorbed);
   // Norm-wise 2e-5: the same fp32 math in different association orders.
   const std::vector<MlaCase> cases = {
       // odd small dims; decode (q=1), prefill chunk with prefix (q=5), q == ctx.
@@ -561,6 +613,7 @@ TEST_P(Conformance, MlaAbsorbedEqualsExpandedPagedEqualsContiguous) {
 }
 
 TEST_P(Conformance, MlaSpeculativeQueriesAreCausal) {
+  REQUIRE_OPS(Op::kPagedCacheWrite, Op::kMlaAttentionAbsorbed);
   // k = 4 query tokens: query i must equal a run whose context ends at its own
   // position (the later drafts are invisible to it).
   MlaCase c{2, 16, 8, 16, 32, {40}, {4}};
@@ -582,6 +635,8 @@ TEST_P(Conformance, MlaSpeculativeQueriesAreCausal) {
 }
 
 TEST_P(Conformance, MlaRejectsBadBlockIds) {
+  REQUIRE_OPS(Op::kPagedCacheWrite, Op::kMlaAttentionExpanded,
+              Op::kMlaAttentionAbsorbed);
   MlaCase c{1, 8, 8, 8, 32, {20}, {1}};
   MlaSetup s = MakeMla(c, 8, 3, *be_);
   s.tables[1] = static_cast<int32_t>(s.args.num_blocks);
@@ -593,6 +648,7 @@ TEST_P(Conformance, MlaRejectsBadBlockIds) {
 }
 
 TEST_P(Conformance, PagedCacheWriteRoundsToBf16AndSkipsPadding) {
+  REQUIRE_OPS(Op::kPagedCacheWrite);
   const int64_t width = 576, slots_n = 10;
   auto src = Normal(3 * width);
   std::vector<uint16_t> cache(slots_n * width, 0xAAAA);
@@ -615,6 +671,7 @@ TEST_P(Conformance, PagedCacheWriteRoundsToBf16AndSkipsPadding) {
 // ---- Router and MoE ----------------------------------------------------------------
 
 TEST_P(Conformance, RouterTopKMatchesOracle) {
+  REQUIRE_OPS(Op::kRouterTopK);
   const int64_t tokens = 9, hidden = 200, experts = 37, top_k = 6;
   auto x = Normal(tokens * hidden);
   auto gate = NormalBf16(experts * hidden, 0.1f);
@@ -669,6 +726,7 @@ Mxfp4Weights RandomExpert(std::mt19937& rng, int64_t hidden, int64_t inter) {
 }
 
 TEST_P(Conformance, MoeMxfp4EqualsDequantiseThenGemm) {
+  REQUIRE_OPS(Op::kMoeMxfp4);
   // Norm-wise 1e-4 (fp32 vs fp64 accumulation over <= 512-term sums of exactly
   // dequantised weights). Tokens routed to 1..7 experts, one id -1 (padding) and
   // one expert owned by another rank (null weights).
@@ -718,6 +776,7 @@ TEST_P(Conformance, MoeMxfp4EqualsDequantiseThenGemm) {
 }
 
 TEST_P(Conformance, MoeMxfp4KnownValues) {
+  REQUIRE_OPS(Op::kMoeMxfp4);
   // One expert, hidden = inter = 32: w1 = w3 = all code 2 (1.0) with scale 2^1,
   // w2 = code 9 (-0.5) at scale 2^0. z = 0.01 everywhere: h = 2 * 32 * 0.01 = 0.64.
   const int64_t n = 32;
@@ -753,6 +812,7 @@ TEST_P(Conformance, MoeMxfp4KnownValues) {
 // --------------------------------------------------------------
 
 TEST_P(Conformance, AttnResMix) {
+  REQUIRE_OPS(Op::kAttnResMix);
   // Relative 1e-5 per element.
   const int64_t tokens = 5, hidden = 100;
   auto proj = Normal(hidden, 0.3f), norm = Normal(hidden, 1.0f);
@@ -891,6 +951,203 @@ TEST(BackendFactoryTest, KnownAndUnknownNames) {
   ASSERT_TRUE(ref.ok());
   EXPECT_EQ((*ref)->name(), "cpu_reference");
   EXPECT_EQ(CreateBackend("tpu").status().code(), absl::StatusCode::kInvalidArgument);
+  // The device backends: each one is FailedPrecondition in the build without it
+  // ("cuda" also where no GPU is visible); the default build always has cuda_sim.
+  auto sim = CreateBackend("cuda_sim");
+  auto gpu = CreateBackend("cuda");
+  if (sim.ok()) {
+    EXPECT_EQ((*sim)->name(), "cuda_sim");
+    EXPECT_EQ((*sim)->device().name(), "cuda_sim");
+    EXPECT_FALSE(gpu.ok());
+    EXPECT_EQ(gpu.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(absl::StrContains(gpu.status().message(), "--config=cuda"))
+        << gpu.status();
+  } else {
+    EXPECT_EQ(sim.status().code(), absl::StatusCode::kFailedPrecondition);
+    if (!gpu.ok()) {
+      EXPECT_EQ(gpu.status().code(), absl::StatusCode::kFailedPrecondition);
+    }
+  }
+}
+
+// ---- Device backends: residency, the device error word, guard bytes --------------
+
+// The cuda_sim backend itself (not through the staging adapter), or nullptr in
+// --config=cuda builds.
+std::unique_ptr<Backend> RawCudaSim() {
+  auto be = cuda::CreateCudaSimBackend();
+  return be.ok() ? std::move(be).value() : nullptr;
+}
+
+TEST(DeviceBackend, HostPointersAreRejected) {
+  auto be = RawCudaSim();
+  if (be == nullptr) GTEST_SKIP() << "no cuda_sim in this build";
+  const int64_t m = 3, n = 5, k = 7;
+  std::vector<float> x(m * k, 1.0f), w(n * k, 0.5f), y(m * n, 0.0f);
+  absl::Status st = be->GemmF32(x.data(), k, w.data(), k, y.data(), n, m, n, k, false);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "not memory of device cuda_sim")) << st;
+  // The same op on device buffers runs; one buffer short by one element does not.
+  Device& dev = be->device();
+  auto dx = DeviceBuffer::Allocate(&dev, x.size() * sizeof(float));
+  auto dw = DeviceBuffer::Allocate(&dev, w.size() * sizeof(float));
+  auto dy = DeviceBuffer::Allocate(&dev, y.size() * sizeof(float));
+  ASSERT_TRUE(dx.ok() && dw.ok() && dy.ok());
+  ASSERT_TRUE(dev.CopyToDevice(dx->data(), x.data(), dx->bytes()).ok());
+  ASSERT_TRUE(dev.CopyToDevice(dw->data(), w.data(), dw->bytes()).ok());
+  ASSERT_TRUE(be->GemmF32(dx->as<float>(), k, dw->as<float>(), k, dy->as<float>(), n, m,
+                          n, k, false)
+                  .ok());
+  ASSERT_TRUE(be->Synchronize().ok());
+  ASSERT_TRUE(dev.CopyToHost(y.data(), dy->data(), dy->bytes()).ok());
+  for (float v : y) EXPECT_EQ(v, 0.5f * k);
+  st = be->GemmF32(dx->as<float>() + 1, k, dw->as<float>(), k, dy->as<float>(), n, m, n,
+                   k, false);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "gemm x")) << st;
+}
+
+TEST(DeviceBackend, DeviceErrorWordComesBackFromSynchronizeOnce) {
+  auto be = RawCudaSim();
+  if (be == nullptr) GTEST_SKIP() << "no cuda_sim in this build";
+  auto* gpu = static_cast<cuda::GpuBackend*>(be.get());
+  ASSERT_NE(gpu->error_word(), nullptr);
+  ASSERT_TRUE(be->Synchronize().ok());
+  // What a kernel does on a bad index: atomicCAS(error_word, 0, code).
+  const int32_t code = cuda::kSlotOutOfRange;
+  ASSERT_TRUE(be->device().CopyToDevice(gpu->error_word(), &code, sizeof code).ok());
+  absl::Status st = be->Synchronize();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "cache slot out of range")) << st;
+  EXPECT_TRUE(be->Synchronize().ok()) << "the error word is cleared once read";
+}
+
+TEST(DeviceBackend, KernelIndexChecksReachSynchronize) {
+  // The staging adapter without its host-side id checks: bad ids reach the
+  // kernels, which must record them in the error word for Synchronize.
+  auto raw = RawCudaSim();
+  if (raw == nullptr) GTEST_SKIP() << "no cuda_sim in this build";
+  StagingBackend::Options options;
+  options.check_contents = false;
+  StagingBackend be(std::move(raw), options);
+  int checked = 0;
+  if (be.Supports(Op::kEmbeddingGather)) {
+    std::vector<uint16_t> table(40 * 8, F32ToBf16(1.0f));
+    std::vector<float> out(2 * 8);
+    for (std::vector<int32_t> ids : {std::vector<int32_t>{3, 40}, {-1, 0}}) {
+      absl::Status st =
+          be.EmbeddingGather(table.data(), 40, 8, ids.data(), 2, out.data());
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+      EXPECT_TRUE(absl::StrContains(st.message(), "token id out of range")) << st;
+    }
+    ++checked;
+  }
+  if (be.Supports(Op::kPagedCacheWrite)) {
+    std::vector<float> src(2 * 16, 1.0f);
+    std::vector<uint16_t> cache(4 * 16);
+    std::vector<int32_t> slots = {1, 4};
+    absl::Status st =
+        be.PagedCacheWrite(src.data(), 16, slots.data(), 2, 16, cache.data(), 4);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), "cache slot out of range")) << st;
+    ++checked;
+  }
+  if (be.Supports(Op::kMoeMxfp4)) {
+    const int64_t n = 32;
+    std::vector<uint8_t> packed(n * n / 2, 0x22), scale(n, 127);
+    Mxfp4Expert ex = {packed.data(), scale.data(),  packed.data(),
+                      scale.data(),  packed.data(), scale.data()};
+    std::vector<float> z(n, 0.1f), out(n);
+    int32_t id = 1;  // only expert 0 exists
+    float wt = 1.0f;
+    MoeArgs a;
+    a.tokens = 1;
+    a.hidden = n;
+    a.inter = n;
+    a.top_k = 1;
+    a.num_experts = 1;
+    a.experts = &ex;
+    a.z = z.data();
+    a.ld_z = n;
+    a.ids = &id;
+    a.weights = &wt;
+    a.out = out.data();
+    a.ld_out = n;
+    absl::Status st = be.MoeMxfp4(a);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), "expert id out of range")) << st;
+    ++checked;
+  }
+  EXPECT_TRUE(be.Synchronize().ok());
+  if (checked == 0) {
+    GTEST_SKIP() << "cuda_sim supports none of EmbeddingGather, PagedCacheWrite, "
+                    "MoeMxfp4 yet";
+  }
+}
+
+// A device backend on the host device that writes one element past the end of
+// AddInPlace's output (every other op is unimplemented).
+class SloppyBackend final : public Backend {
+ public:
+  absl::string_view name() const override { return "sloppy"; }
+  Device& device() override { return *device_; }
+  absl::Status AddInPlace(float* y, const float* x, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+    y[n] = 0.0f;  // one past the end
+    return absl::OkStatus();
+  }
+#define SLOPPY_UNIMPLEMENTED(...) \
+  { return absl::UnimplementedError("sloppy"); }
+  absl::Status GemmBf16(const float*, int64_t, const uint16_t*, int64_t, float*,
+                        int64_t, int64_t, int64_t, int64_t, bool) override
+      SLOPPY_UNIMPLEMENTED() absl::Status
+      GemmF32(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t,
+              int64_t, int64_t, bool) override SLOPPY_UNIMPLEMENTED() absl::Status
+      RmsNorm(const float*, int64_t, const float*, float*, int64_t, int64_t, int64_t,
+              float) override SLOPPY_UNIMPLEMENTED() absl::Status
+      L2NormHeads(const float*, int64_t, float*, int64_t, int64_t, int64_t, int64_t,
+                  float, float) override SLOPPY_UNIMPLEMENTED() absl::Status
+      SituGlu(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t,
+              int64_t, float, float) override SLOPPY_UNIMPLEMENTED() absl::Status
+      MulSigmoid(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t,
+                 int64_t) override SLOPPY_UNIMPLEMENTED() absl::Status
+      EmbeddingGather(const uint16_t*, int64_t, int64_t, const int32_t*, int64_t,
+                      float*) override SLOPPY_UNIMPLEMENTED() absl::Status
+      CausalConv1dSilu(const float*, int64_t, const float*, int64_t, float*, float*,
+                       int64_t, int64_t, int64_t) override
+      SLOPPY_UNIMPLEMENTED() absl::Status
+      KdaGates(const float*, int64_t, const float*, const float*, const float*, int64_t,
+               float, int64_t, int64_t, int64_t, float*, float*) override
+      SLOPPY_UNIMPLEMENTED() absl::Status KdaRecurrent(const KdaArgs&) override
+      SLOPPY_UNIMPLEMENTED() absl::Status KdaChunked(const KdaArgs&) override
+      SLOPPY_UNIMPLEMENTED() absl::Status
+      KdaOutputGate(const float*, int64_t, const float*, const float*, int64_t, float*,
+                    int64_t, int64_t, int64_t, int64_t, float) override
+      SLOPPY_UNIMPLEMENTED() absl::Status
+      PagedCacheWrite(const float*, int64_t, const int32_t*, int64_t, int64_t,
+                      uint16_t*, int64_t) override SLOPPY_UNIMPLEMENTED() absl::Status
+      MlaAttentionExpanded(const MlaArgs&) override SLOPPY_UNIMPLEMENTED() absl::Status
+      MlaAttentionAbsorbed(const MlaArgs&) override SLOPPY_UNIMPLEMENTED() absl::Status
+      RouterTopK(const float*, int64_t, const uint16_t*, const float*, int64_t, int64_t,
+                 int64_t, int64_t, bool, float, int32_t*, float*) override
+      SLOPPY_UNIMPLEMENTED() absl::Status MoeMxfp4(const MoeArgs&) override
+      SLOPPY_UNIMPLEMENTED() absl::Status
+      AttnResMix(const float* const*, int64_t, const float*, const float*, const float*,
+                 float, int64_t, int64_t, float*) override SLOPPY_UNIMPLEMENTED()
+#undef SLOPPY_UNIMPLEMENTED
+
+          private : std::unique_ptr<Device> device_ = CreateHostDevice();
+};
+
+TEST(StagingBackend, GuardBytesCatchWritesPastAnOutput) {
+  StagingBackend be(std::make_unique<SloppyBackend>());
+  std::vector<float> y(10, 1.0f), x(10, 2.0f);
+  absl::Status st = be.AddInPlace(y.data(), x.data(), 10);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "AddInPlace wrote outside its output y"))
+      << st;
+  EXPECT_EQ(be.GemmF32(x.data(), 1, x.data(), 1, y.data(), 1, 1, 1, 1, false).code(),
+            absl::StatusCode::kUnimplemented);
 }
 
 }  // namespace

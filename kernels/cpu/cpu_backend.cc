@@ -35,6 +35,7 @@ class CpuBackend final : public Backend {
         pool_(threads) {}
 
   absl::string_view name() const override { return name_; }
+  Device& device() override { return *device_; }
 
   // ---- GEMM -----------------------------------------------------------------
   // Threads split N (in multiples of 8 rows of W) when N is large enough,
@@ -626,6 +627,7 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  std::unique_ptr<Device> device_ = CreateHostDevice();
   static void SituRow(const float* g, const float* u, float* out, int64_t n, float beta,
                       float lbeta) {
     for (int64_t i = 0; i < n; ++i) {

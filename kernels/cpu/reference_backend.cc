@@ -18,6 +18,7 @@ double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 class ReferenceBackend final : public Backend {
  public:
   absl::string_view name() const override { return "cpu_reference"; }
+  Device& device() override { return *device_; }
 
   absl::Status GemmBf16(const float* x, int64_t ldx, const uint16_t* w, int64_t ldw,
                         float* y, int64_t ldy, int64_t m, int64_t n, int64_t k,
@@ -455,6 +456,7 @@ class ReferenceBackend final : public Backend {
   }
 
  private:
+  std::unique_ptr<Device> device_ = CreateHostDevice();
   static void Dequant(const uint8_t* packed, const uint8_t* scale, int64_t rows,
                       int64_t cols, std::vector<float>* w) {
     w->resize(rows * cols);

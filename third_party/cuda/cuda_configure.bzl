@@ -38,6 +38,11 @@ cc_library(
     deps = [":cuda_headers"],
 )
 cc_library(
+    name = "cublaslt",
+    linkopts = ["-L{lib}", "-Wl,-rpath,{lib}", "-lcublasLt"],
+    deps = [":cudart"],
+)
+cc_library(
     name = "nccl",
     linkopts = ["-L{lib}", "-Wl,-rpath,{lib}", "-lnccl"],
     deps = [":cudart"],
@@ -49,6 +54,7 @@ cc_library(
 package(default_visibility = ["//visibility:public"])
 cc_library(name = "cuda_headers")
 cc_library(name = "cudart")
+cc_library(name = "cublaslt")
 cc_library(name = "nccl")
 """)
         rctx.file("defs.bzl", 'HAS_CUDA = False\nNVCC = ""\nCUDA_ROOT = ""\n')

@@ -1,0 +1,23 @@
+// A CUDA GPU as a kernels::Device (kernels/device.h). --config=cuda only.
+//
+// Memory: cudaMallocFromPoolAsync from a pool of this device's own (release
+// threshold: keep everything, so steady-state allocations never reach the driver),
+// ordered on the compute stream; never managed memory. Streams are non-blocking
+// (cudaStreamNonBlocking: no implicit sync with the legacy default stream).
+// Copies are cudaMemcpyAsync on the given stream; CopyToHost then waits for it.
+#ifndef TANDEM_KERNELS_CUDA_CUDA_DEVICE_H_
+#define TANDEM_KERNELS_CUDA_CUDA_DEVICE_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/device.h"
+
+namespace tandem::kernels::cuda {
+
+// GPU `ordinal`. FailedPrecondition when no such GPU is visible (or no driver).
+absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal);
+
+}  // namespace tandem::kernels::cuda
+
+#endif  // TANDEM_KERNELS_CUDA_CUDA_DEVICE_H_

@@ -1,0 +1,108 @@
+#include "kernels/cuda/sim/sim_device.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+TEST(SimDevice, AllocationsAreAlignedTrackedAndRangeChecked) {
+  auto dev = CreateSimDevice(1 << 20);
+  EXPECT_EQ(dev->name(), "cuda_sim");
+  EXPECT_TRUE(dev->host_addressable());
+  auto a = DeviceBuffer::Allocate(dev.get(), 100);
+  auto b = DeviceBuffer::Allocate(dev.get(), 1000);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a->data()) % 256, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b->data()) % 256, 0u);
+  const char* pa = a->as<char>();
+  EXPECT_TRUE(dev->Owns(pa, 100));
+  EXPECT_TRUE(dev->Owns(pa + 99, 1));
+  EXPECT_TRUE(dev->Owns(pa + 40, 60));
+  EXPECT_FALSE(dev->Owns(pa + 40, 61));  // past the requested size
+  EXPECT_FALSE(dev->Owns(pa + 100, 1));
+  EXPECT_FALSE(dev->Owns(pa - 1, 1));
+  std::vector<float> host(10);
+  EXPECT_FALSE(dev->Owns(host.data(), sizeof(float)));
+  EXPECT_FALSE(dev->Owns(nullptr, 0));
+  // A fresh allocation is garbage (0xFF: fp32 NaN), as on a GPU.
+  EXPECT_EQ(static_cast<unsigned char>(pa[7]), 0xffu);
+
+  DeviceMemoryInfo info = dev->MemoryInfo();
+  EXPECT_EQ(info.total_bytes, 1 << 20);
+  EXPECT_EQ(info.allocated_bytes, 1100);
+  EXPECT_EQ(info.free_bytes, (1 << 20) - 256 - 1024);
+  void* freed = a->data();
+  a->Reset();
+  EXPECT_FALSE(dev->Owns(freed, 1));
+  EXPECT_EQ(dev->MemoryInfo().allocated_bytes, 1000);
+}
+
+TEST(SimDevice, OutOfMemoryIsResourceExhaustedNamingSizes) {
+  auto dev = CreateSimDevice(4096);
+  auto a = DeviceBuffer::Allocate(dev.get(), 3000);
+  ASSERT_TRUE(a.ok());
+  auto b = DeviceBuffer::Allocate(dev.get(), 2000);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(b.status().message(), "2000 bytes")) << b.status();
+  EXPECT_TRUE(absl::StrContains(b.status().message(), "1024 of 4096")) << b.status();
+  a->Reset();
+  EXPECT_TRUE(DeviceBuffer::Allocate(dev.get(), 2000).ok());
+}
+
+TEST(SimDevice, CapacityFromTheEnvironment) {
+  ASSERT_EQ(setenv("TANDEM_SIM_DEVICE_BYTES", "12345", 1), 0);
+  EXPECT_EQ(CreateSimDevice()->MemoryInfo().total_bytes, 12345);
+  ASSERT_EQ(unsetenv("TANDEM_SIM_DEVICE_BYTES"), 0);
+  EXPECT_EQ(CreateSimDevice()->MemoryInfo().total_bytes, kDefaultSimDeviceBytes);
+}
+
+TEST(SimDevice, CopiesCheckThatDevicePointersAreDeviceMemory) {
+  auto dev = CreateSimDevice();
+  auto buf = DeviceBuffer::Allocate(dev.get(), 16 * sizeof(int32_t));
+  ASSERT_TRUE(buf.ok());
+  std::vector<int32_t> in(16), out(16, 0), host(16);
+  for (int i = 0; i < 16; ++i) in[i] = i * 3;
+  ASSERT_TRUE(dev->CopyToDevice(buf->data(), in.data(), 64).ok());
+  ASSERT_TRUE(dev->CopyOnDevice(buf->as<int32_t>() + 8, buf->data(), 32).ok());
+  ASSERT_TRUE(dev->Memset(buf->data(), 0, 4).ok());
+  ASSERT_TRUE(dev->CopyToHost(out.data(), buf->data(), 64).ok());
+  EXPECT_EQ(out[0], 0);
+  EXPECT_EQ(out[1], 3);
+  EXPECT_EQ(out[9], 3);
+  // Host memory where device memory is expected, and a copy running off the end.
+  EXPECT_EQ(dev->CopyToDevice(host.data(), in.data(), 64).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(dev->CopyToHost(out.data(), host.data(), 64).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(dev->CopyToHost(out.data(), buf->as<int32_t>() + 1, 64).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(dev->Memset(host.data(), 0, 4).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SimDevice, StreamsAreDistinctHandlesAndEventsComplete) {
+  auto dev = CreateSimDevice();
+  auto s1 = dev->CreateStream();
+  auto s2 = dev->CreateStream();
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  EXPECT_NE((*s1)->native(), nullptr);
+  EXPECT_NE((*s1)->native(), (*s2)->native());
+  EXPECT_NE((*s1)->native(), dev->compute_stream().native());
+  auto ev = dev->CreateEvent();
+  ASSERT_TRUE(ev.ok());
+  ASSERT_TRUE((*ev)->Record(**s1).ok());
+  ASSERT_TRUE((*ev)->MakeWait(dev->compute_stream()).ok());
+  auto done = (*ev)->Done();
+  ASSERT_TRUE(done.ok());
+  EXPECT_TRUE(*done);
+  EXPECT_TRUE((*ev)->Synchronize().ok());
+  EXPECT_TRUE(dev->Synchronize().ok());
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cuda
