@@ -137,6 +137,13 @@ StreamResult ProcessCluster::Generate(const tandem::v1::GenerateRequest& req,
   return Drain(stub_->Generate(&ctx, req).get(), std::move(after_message));
 }
 
+StreamResult ProcessCluster::GenerateWithin(const tandem::v1::GenerateRequest& req,
+                                            absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return Drain(stub_->Generate(&ctx, req).get());
+}
+
 std::vector<StreamResult> ProcessCluster::GenerateAll(
     const std::vector<tandem::v1::GenerateRequest>& reqs) {
   std::vector<std::future<StreamResult>> calls;

@@ -64,6 +64,9 @@ class ProcessCluster {
 
   StreamResult Generate(const tandem::v1::GenerateRequest& req,
                         std::function<void(int)> after_message = nullptr);
+  // Generate with a client deadline of `timeout` (Generate's is 60 s).
+  StreamResult GenerateWithin(const tandem::v1::GenerateRequest& req,
+                              absl::Duration timeout);
   // Every request at once, one client thread each; results in request order.
   std::vector<StreamResult> GenerateAll(
       const std::vector<tandem::v1::GenerateRequest>& reqs);
