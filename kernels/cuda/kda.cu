@@ -12,8 +12,12 @@ namespace tandem::kernels::cuda {
 namespace {
 
 using ::tandem::gpu::Bf16ToF32;
+using ::tandem::gpu::CpAsync16;
+using ::tandem::gpu::CpAsyncCommit;
+using ::tandem::gpu::CpAsyncWait;
 using ::tandem::gpu::F32ToBf16;
 using ::tandem::gpu::kWarpSize;
+using ::tandem::gpu::LdMatrixX4;
 using ::tandem::gpu::MmaBf16M16N8K16;
 using ::tandem::gpu::PackBf16x2;
 using ::tandem::gpu::WarpSum;
@@ -21,14 +25,6 @@ using ::tandem::gpu::WarpSum;
 constexpr int kTile = 32;  // d_v columns per block (both forms)
 constexpr int kC = static_cast<int>(kKdaChunk);
 constexpr size_t kDefaultSmem = 48 * 1024;
-
-// 8- and 16-byte vectors (the emulator has no float2 / float4).
-struct alignas(8) F2 {
-  float x, y;
-};
-struct alignas(16) F4 {
-  float x, y, z, w;
-};
 
 __host__ __device__ __forceinline__ int RoundUp(int x, int m) {
   return (x + m - 1) / m * m;
@@ -131,25 +127,47 @@ __global__ void KdaRecurrentKernel(KdaLaunchArgs a, int warps) {
 
 // ---- Chunked: per-(chunk, head) scratch layout ----------------------------------
 
+// x = hi + lo, both BF16.
+__device__ __forceinline__ void Split(float x, uint16_t& hi, uint16_t& lo) {
+  hi = F32ToBf16(x);
+  lo = F32ToBf16(x - Bf16ToF32(hi));
+}
+
+// Byte offsets inside one (chunk, head) record. The mma operands are stored split
+// (hi, lo BF16 planes), ready for the state pass; U' and e^{G_L} stay fp32.
 struct ChunkLayout {
-  int dkp, dvp;  // d_k rounded up to 16, d_v to 32
-  int w, qg, kdt, egl, qk, up, floats;
+  int dkp, dvp;                  // d_k rounded up to 16, d_v to 32
+  int w_hi, w_lo, qg_hi, qg_lo;  // [16][dkp] bf16: W = T diag(beta) e^G k, Qg = e^G q
+  int kdt_hi, kdt_lo;            // [dkp][16] bf16: KdT[c][j] = e^{G_L - G_j} k_j
+  int qk_hi, qk_lo;              // [16][16] bf16: decayed q.k, zero above the diagonal
+  int egl;                       // [dkp] f32: e^{G_L}
+  int up;                        // [16][dvp] f32: U' = T diag(beta) v
+  int bytes;
   __host__ __device__ explicit ChunkLayout(int dk, int dv) {
     dkp = RoundUp(dk, 16);
     dvp = RoundUp(dv, kTile);
-    w = 0;                 // W  [16][dkp]  T diag(beta) e^G k
-    qg = w + kC * dkp;     // Qg [16][dkp]  e^G q
-    kdt = qg + kC * dkp;   // KdT [dkp][16] e^{G_L - G_j} k_j
-    egl = kdt + dkp * kC;  // [dkp] e^{G_L}
-    qk = egl + dkp;        // [16][16] decayed q.k, zero above the diagonal
-    up = qk + kC * kC;     // U' [16][dvp]  T diag(beta) v
-    floats = RoundUp(up + kC * dvp, 4);
+    const int plane = kC * dkp * 2;
+    w_hi = 0;
+    w_lo = w_hi + plane;
+    qg_hi = w_lo + plane;
+    qg_lo = qg_hi + plane;
+    kdt_hi = qg_lo + plane;
+    kdt_lo = kdt_hi + plane;
+    qk_hi = kdt_lo + plane;
+    qk_lo = qk_hi + kC * kC * 2;
+    egl = qk_lo + kC * kC * 2;
+    up = egl + dkp * 4;
+    bytes = up + kC * dvp * 4;  // a multiple of 16
   }
+};
+
+struct alignas(16) U4 {
+  uint32_t x, y, z, w;
 };
 
 // grid (chunks, heads), block 256. Dynamic smem: k, q, G [16][dk], M [16][16], beta.
 constexpr int kPrepThreads = 256;
-__global__ void KdaChunkPrepKernel(KdaLaunchArgs a, float* scratch) {
+__global__ void KdaChunkPrepKernel(KdaLaunchArgs a, unsigned char* scratch) {
   const int dk = static_cast<int>(a.head_dim_k), dv = static_cast<int>(a.head_dim_v);
   const int heads = static_cast<int>(a.heads);
   const int64_t chunk = blockIdx.x;
@@ -157,7 +175,15 @@ __global__ void KdaChunkPrepKernel(KdaLaunchArgs a, float* scratch) {
   const int64_t t0 = chunk * kC;
   const int len = static_cast<int>(std::min<int64_t>(kC, a.tokens - t0));
   const ChunkLayout L(dk, dv);
-  float* base = scratch + (chunk * heads + h) * L.floats;
+  unsigned char* base = scratch + (chunk * heads + h) * L.bytes;
+  uint16_t* w_hi = reinterpret_cast<uint16_t*>(base + L.w_hi);
+  uint16_t* w_lo = reinterpret_cast<uint16_t*>(base + L.w_lo);
+  uint16_t* qg_hi = reinterpret_cast<uint16_t*>(base + L.qg_hi);
+  uint16_t* qg_lo = reinterpret_cast<uint16_t*>(base + L.qg_lo);
+  uint16_t* qk_hi = reinterpret_cast<uint16_t*>(base + L.qk_hi);
+  uint16_t* qk_lo = reinterpret_cast<uint16_t*>(base + L.qk_lo);
+  float* egl = reinterpret_cast<float*>(base + L.egl);
+  float* up = reinterpret_cast<float*>(base + L.up);
   TANDEM_DYNAMIC_SMEM(float, smem);
   float* sk = smem;             // [16][dk]
   float* sq = sk + kC * dk;     // [16][dk]
@@ -192,9 +218,8 @@ __global__ void KdaChunkPrepKernel(KdaLaunchArgs a, float* scratch) {
       sg[t * dk + c] = acc;
     }
   }
-  float* qk_out = base + L.qk;
   for (int idx = tid; idx < kC * kC; idx += blockDim.x) {
-    if (idx % kC > idx / kC) qk_out[idx] = 0.0f;
+    if (idx % kC > idx / kC) qk_hi[idx] = qk_lo[idx] = 0;
   }
   __syncthreads();
   // Decayed products for the 136 pairs j <= t: a warp per pair, lanes over d_k.
@@ -212,7 +237,7 @@ __global__ void KdaChunkPrepKernel(KdaLaunchArgs a, float* scratch) {
     qk = WarpSum(qk);
     kk = WarpSum(kk);
     if (lane == 0) {
-      qk_out[t * kC + jj] = qk;
+      Split(qk, qk_hi[t * kC + jj], qk_lo[t * kC + jj]);
       sm[t * kC + jj] = jj < t ? sbeta[t] * kk : 0.0f;
     }
   }
@@ -227,22 +252,29 @@ __global__ void KdaChunkPrepKernel(KdaLaunchArgs a, float* scratch) {
     if (is_k) {
       const bool ok = c < dk;
       const float gl = ok ? glast[c] : 0.0f;
-      float kdt[kC];
+      uint16_t kd_hi[kC], kd_lo[kC];
 #pragma unroll
       for (int t = 0; t < kC; ++t) {
         const float gt = ok ? sg[t * dk + c] : 0.0f;
         const float eg = ok ? expf(gt) : 0.0f;
         const float kv = ok ? sk[t * dk + c] : 0.0f;
         x[t] = sbeta[t] * eg * kv;
-        base[L.qg + t * L.dkp + c] = ok ? eg * sq[t * dk + c] : 0.0f;
-        kdt[t] = ok ? expf(gl - gt) * kv : 0.0f;
+        Split(ok ? eg * sq[t * dk + c] : 0.0f, qg_hi[t * L.dkp + c],
+              qg_lo[t * L.dkp + c]);
+        Split(ok ? expf(gl - gt) * kv : 0.0f, kd_hi[t], kd_lo[t]);
       }
-      F4* kd4 = reinterpret_cast<F4*>(base + L.kdt + c * kC);
+      U4* kh = reinterpret_cast<U4*>(base + L.kdt_hi + c * kC * 2);
+      U4* kl = reinterpret_cast<U4*>(base + L.kdt_lo + c * kC * 2);
 #pragma unroll
-      for (int q4 = 0; q4 < kC / 4; ++q4) {
-        kd4[q4] = F4{kdt[4 * q4], kdt[4 * q4 + 1], kdt[4 * q4 + 2], kdt[4 * q4 + 3]};
+      for (int q = 0; q < kC / 8; ++q) {
+        const uint16_t* h8 = kd_hi + 8 * q;
+        const uint16_t* l8 = kd_lo + 8 * q;
+        kh[q] = U4{PackBf16x2(h8[0], h8[1]), PackBf16x2(h8[2], h8[3]),
+                   PackBf16x2(h8[4], h8[5]), PackBf16x2(h8[6], h8[7])};
+        kl[q] = U4{PackBf16x2(l8[0], l8[1]), PackBf16x2(l8[2], l8[3]),
+                   PackBf16x2(l8[4], l8[5]), PackBf16x2(l8[6], l8[7])};
       }
-      base[L.egl + c] = ok ? expf(gl) : 0.0f;
+      egl[c] = ok ? expf(gl) : 0.0f;
     } else {
       const bool ok = c < dv;
 #pragma unroll
@@ -258,71 +290,113 @@ __global__ void KdaChunkPrepKernel(KdaLaunchArgs a, float* scratch) {
 #pragma unroll
       for (int jj = 0; jj < t; ++jj) x[t] = fmaf(-sm[t * kC + jj], x[jj], x[t]);
     }
-    float* dst = is_k ? base + L.w + c : base + L.up + c;
-    const int ld = is_k ? L.dkp : L.dvp;
+    if (is_k) {
 #pragma unroll
-    for (int t = 0; t < kC; ++t) dst[t * ld] = x[t];
+      for (int t = 0; t < kC; ++t)
+        Split(x[t], w_hi[t * L.dkp + c], w_lo[t * L.dkp + c]);
+    } else {
+#pragma unroll
+      for (int t = 0; t < kC; ++t) up[t * L.dvp + c] = x[t];
+    }
   }
 }
 
 // ---- Chunked: the sequential state pass on tensor cores ---------------------------
 
-// x = hi + lo, both BF16.
-__device__ __forceinline__ void Split(float x, uint16_t& hi, uint16_t& lo) {
-  hi = F32ToBf16(x);
-  lo = F32ToBf16(x - Bf16ToF32(hi));
-}
-__device__ __forceinline__ void SplitPair(float x0, float x1, uint32_t& hi,
-                                          uint32_t& lo) {
-  uint16_t h0, l0, h1, l1;
-  Split(x0, h0, l0);
-  Split(x1, h1, l1);
-  hi = PackBf16x2(h0, h1);
-  lo = PackBf16x2(l0, l1);
-}
-// A fragment (16 x 16 row-major fp32 at `src`, row stride ld) split into hi / lo.
-__device__ __forceinline__ void LoadSplitA(const float* src, int ld, int g, int tq,
-                                           uint32_t hi[4], uint32_t lo[4]) {
-  const F2 r0 = *reinterpret_cast<const F2*>(src + g * ld + 2 * tq);
-  const F2 r1 = *reinterpret_cast<const F2*>(src + (g + 8) * ld + 2 * tq);
-  const F2 r2 = *reinterpret_cast<const F2*>(src + g * ld + 2 * tq + 8);
-  const F2 r3 = *reinterpret_cast<const F2*>(src + (g + 8) * ld + 2 * tq + 8);
-  SplitPair(r0.x, r0.y, hi[0], lo[0]);
-  SplitPair(r1.x, r1.y, hi[1], lo[1]);
-  SplitPair(r2.x, r2.y, hi[2], lo[2]);
-  SplitPair(r3.x, r3.y, hi[3], lo[3]);
-}
-// d += a * b in split BF16 (three products; lo * lo dropped).
-__device__ __forceinline__ void Mma3(float d[4], const uint32_t ahi[4],
-                                     const uint32_t alo[4], const uint32_t bhi[2],
-                                     const uint32_t blo[2]) {
-  MmaBf16M16N8K16(d, alo, bhi);
-  MmaBf16M16N8K16(d, ahi, blo);
-  MmaBf16M16N8K16(d, ahi, bhi);
+// d += a * b in split BF16: the big product into `big`, the two cross terms into
+// `small` (independent accumulation chains; lo * lo dropped).
+__device__ __forceinline__ void Mma3(float big[4], float small[4],
+                                     const uint32_t ahi[4], const uint32_t alo[4],
+                                     const uint32_t bhi[2], const uint32_t blo[2]) {
+  MmaBf16M16N8K16(big, ahi, bhi);
+  MmaBf16M16N8K16(small, alo, bhi);
+  MmaBf16M16N8K16(small, ahi, blo);
 }
 
 constexpr int kStateWarps = 4;
-constexpr int kUPitch = kTile + 4;  // sU row pitch (floats): conflict-free B reads
+constexpr int kSmallPitch = 24;  // bf16 pitch of 16-wide planes (48 B: odd 16-B units)
+constexpr int kUpPitch = kTile + 8;  // f32 pitch of the staged U' tile
+
+// One chunk's operands in shared memory (byte offsets), rows padded so that the
+// ldmatrix row addresses of a matrix fall in distinct 16-byte bank groups.
+struct StageLayout {
+  int pa;  // bf16 pitch of the [16][dkp] planes: dkp + 8
+  int w_hi, kdt_hi, kdt_lo, qk_hi, qk_lo, egl, up, bytes;
+  __host__ __device__ explicit StageLayout(int dkp) {
+    pa = dkp + 8;
+    w_hi = 0;  // W hi, W lo, Qg hi, Qg lo: 64 rows of pitch pa
+    kdt_hi = w_hi + 4 * kC * pa * 2;
+    kdt_lo = kdt_hi + dkp * kSmallPitch * 2;
+    qk_hi = kdt_lo + dkp * kSmallPitch * 2;
+    qk_lo = qk_hi + kC * kSmallPitch * 2;
+    egl = qk_lo + kC * kSmallPitch * 2;
+    up = egl + dkp * 4;
+    bytes = up + kC * kUpPitch * 4;
+  }
+  __host__ __device__ int w_lo() const { return w_hi + kC * pa * 2; }
+  __host__ __device__ int qg_hi() const { return w_hi + 2 * kC * pa * 2; }
+  __host__ __device__ int qg_lo() const { return w_hi + 3 * kC * pa * 2; }
+};
+// After the stages: S^T hi / lo [32][pa] and U^T hi / lo [32][kSmallPitch], bf16.
+__host__ __device__ inline int FixedSmemBytes(int dkp) {
+  return 2 * kTile * (dkp + 8) * 2 + 2 * kTile * kSmallPitch * 2;
+}
+
+// `rows` rows of `units` 16-byte units, cp.async by the whole block.
+__device__ __forceinline__ void CopyRows(unsigned char* dst, int dst_pitch,
+                                         const unsigned char* src, int src_pitch,
+                                         int rows, int units) {
+  for (int idx = threadIdx.x; idx < rows * units; idx += blockDim.x) {
+    const int r = idx / units, u = idx % units;
+    CpAsync16(dst + r * dst_pitch + 16 * u, src + r * src_pitch + 16 * u);
+  }
+}
+
+// ldmatrix x4 of a 16 x 16 bf16 tile at `tile` (row pitch in elements): the mma A
+// fragment a[0..3] when the rows are M and the columns K; for a tile stored with
+// rows N and columns K it gives two B fragments (n 0-7: r[0], r[2]... see callers).
+__device__ __forceinline__ void LdTileA(uint32_t r[4], const uint16_t* tile, int pitch,
+                                        int lane) {
+  const int row = ((lane / 8) % 2) * 8 + lane % 8, col = (lane / 16) * 8;
+  LdMatrixX4(r, tile + row * pitch + col);
+}
+// B fragments (K = 16, N = 8) of hi and lo planes stored N-major ([n][k], pitch):
+// r = {hi k0-7, hi k8-15, lo k0-7, lo k8-15}.
+__device__ __forceinline__ void LdSplitB(uint32_t bhi[2], uint32_t blo[2],
+                                         const uint16_t* hi, const uint16_t* lo,
+                                         int pitch, int k0, int lane) {
+  const int i = lane / 8;
+  const uint16_t* plane = i < 2 ? hi : lo;
+  uint32_t r[4];
+  LdMatrixX4(r, plane + (lane % 8) * pitch + k0 + (i % 2) * 8);
+  bhi[0] = r[0];
+  bhi[1] = r[1];
+  blo[0] = r[2];
+  blo[1] = r[3];
+}
 
 // grid (ceil(d_v / 32), heads), block 128 (4 warps). Warp w owns the state rows of
 // m-tiles w + 4r (r < kMT), all 32 columns of the tile (4 n-tiles of 8), as mma
-// accumulators, and computes columns 8w..8w+7 of X, Y, U, O.
+// accumulators, and computes columns 8w..8w+7 of X, Y, U, O. The next chunk's
+// operands stream in (cp.async) while this one computes when `stages` is 2.
 template <int kMT>
 __global__ void __launch_bounds__(kStateWarps * 32)
-    KdaChunkStateKernel(KdaLaunchArgs a, const float* scratch) {
+    KdaChunkStateKernel(KdaLaunchArgs a, const unsigned char* scratch, int stages) {
   const int dk = static_cast<int>(a.head_dim_k), dv = static_cast<int>(a.head_dim_v);
   const int heads = static_cast<int>(a.heads);
   const int h = blockIdx.y;
   const int col0 = blockIdx.x * kTile;
   const ChunkLayout L(dk, dv);
+  const StageLayout SL(L.dkp);
   const int mtiles = L.dkp / 16;
-  const int pitch = L.dkp + 8;  // bf16 elements per row of sHi / sLo
+  const int pa = SL.pa;
   const int lane = threadIdx.x % kWarpSize, w = threadIdx.x / kWarpSize;
   const int g = lane / 4, tq = lane % 4;
-  TANDEM_DYNAMIC_SMEM(uint16_t, smem16);
-  uint16_t* s_hi = smem16;                // [32][pitch]  S^T, high BF16 part
-  uint16_t* s_lo = s_hi + kTile * pitch;  // [32][pitch]  low part
-  float* s_u = reinterpret_cast<float*>(s_lo + kTile * pitch);  // [16][kUPitch]
+  TANDEM_DYNAMIC_SMEM(unsigned char, smem);
+  uint16_t* s_hi = reinterpret_cast<uint16_t*>(smem + stages * SL.bytes);  // [32][pa]
+  uint16_t* s_lo = s_hi + kTile * pa;
+  uint16_t* u_hi = s_lo + kTile * pa;  // U^T [32][kSmallPitch]
+  uint16_t* u_lo = u_hi + kTile * kSmallPitch;
 
   float* st = a.state + static_cast<int64_t>(h) * dk * dv;
   float s[kMT][4][4];
@@ -341,10 +415,28 @@ __global__ void __launch_bounds__(kStateWarps * 32)
       }
     }
   }
+  auto issue = [&](int64_t chunk, int buf) {
+    const unsigned char* src = scratch + (chunk * heads + h) * L.bytes;
+    unsigned char* dst = smem + buf * SL.bytes;
+    CopyRows(dst + SL.w_hi, 2 * pa, src + L.w_hi, 2 * L.dkp, 4 * kC, L.dkp / 8);
+    CopyRows(dst + SL.kdt_hi, 2 * kSmallPitch, src + L.kdt_hi, 2 * kC, 2 * L.dkp, 2);
+    CopyRows(dst + SL.qk_hi, 2 * kSmallPitch, src + L.qk_hi, 2 * kC, 2 * kC, 2);
+    CopyRows(dst + SL.egl, 0, src + L.egl, 0, 1, L.dkp / 4);
+    CopyRows(dst + SL.up, 4 * kUpPitch, src + L.up + 4 * col0, 4 * L.dvp, kC,
+             kTile / 4);
+  };
   const int64_t chunks = (a.tokens + kC - 1) / kC;
+  issue(0, 0);
+  CpAsyncCommit();
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-    const float* base = scratch + (chunk * heads + h) * L.floats;
+    const int buf = stages == 2 ? static_cast<int>(chunk & 1) : 0;
     const int len = static_cast<int>(std::min<int64_t>(kC, a.tokens - chunk * kC));
+    if (stages == 1 && chunk > 0) {
+      __syncthreads();  // everyone is done with the previous chunk's operands
+      issue(chunk, 0);
+      CpAsyncCommit();
+    }
+    CpAsyncWait<0>();
     // (a) S0 -> shared, transposed, split BF16: the B operand of X = W S0.
 #pragma unroll
     for (int r = 0; r < kMT; ++r) {
@@ -356,70 +448,69 @@ __global__ void __launch_bounds__(kStateWarps * 32)
         for (int e = 0; e < 4; ++e) {
           const int row = 16 * mt + g + 8 * (e / 2);
           const int col = 8 * nt + 2 * tq + (e % 2);
-          uint16_t hi, lo;
-          Split(s[r][nt][e], hi, lo);
-          s_hi[col * pitch + row] = hi;
-          s_lo[col * pitch + row] = lo;
+          Split(s[r][nt][e], s_hi[col * pa + row], s_lo[col * pa + row]);
         }
       }
     }
-    __syncthreads();
+    __syncthreads();  // S^T and this chunk's operands visible; U^T free
+    if (stages == 2 && chunk + 1 < chunks) issue(chunk + 1, buf ^ 1);
+    CpAsyncCommit();
+    const unsigned char* stage = smem + buf * SL.bytes;
+    const uint16_t* w_hi = reinterpret_cast<const uint16_t*>(stage + SL.w_hi);
+    const uint16_t* w_lo = reinterpret_cast<const uint16_t*>(stage + SL.w_lo());
+    const uint16_t* qg_hi = reinterpret_cast<const uint16_t*>(stage + SL.qg_hi());
+    const uint16_t* qg_lo = reinterpret_cast<const uint16_t*>(stage + SL.qg_lo());
+    const uint16_t* kdt_hi = reinterpret_cast<const uint16_t*>(stage + SL.kdt_hi);
+    const uint16_t* kdt_lo = reinterpret_cast<const uint16_t*>(stage + SL.kdt_lo);
+    const uint16_t* qk_hi = reinterpret_cast<const uint16_t*>(stage + SL.qk_hi);
+    const uint16_t* qk_lo = reinterpret_cast<const uint16_t*>(stage + SL.qk_lo);
+    const float* egl = reinterpret_cast<const float*>(stage + SL.egl);
+    const float* up = reinterpret_cast<const float*>(stage + SL.up);
     // (b) X = W S0, Y = Qg S0 for columns 8w..8w+7 (contraction over d_k).
-    float xacc[4] = {0, 0, 0, 0}, yacc[4] = {0, 0, 0, 0};
+    float xb[4] = {0, 0, 0, 0}, xs[4] = {0, 0, 0, 0};
+    float yb[4] = {0, 0, 0, 0}, ys[4] = {0, 0, 0, 0};
     for (int kt = 0; kt < mtiles; ++kt) {
       const int k0 = 16 * kt;
-      uint32_t bhi[2], blo[2];
-      const int n = 8 * w + g;
-      bhi[0] = *reinterpret_cast<const uint32_t*>(s_hi + n * pitch + k0 + 2 * tq);
-      bhi[1] = *reinterpret_cast<const uint32_t*>(s_hi + n * pitch + k0 + 2 * tq + 8);
-      blo[0] = *reinterpret_cast<const uint32_t*>(s_lo + n * pitch + k0 + 2 * tq);
-      blo[1] = *reinterpret_cast<const uint32_t*>(s_lo + n * pitch + k0 + 2 * tq + 8);
-      uint32_t ahi[4], alo[4];
-      LoadSplitA(base + L.w + k0, L.dkp, g, tq, ahi, alo);
-      Mma3(xacc, ahi, alo, bhi, blo);
-      LoadSplitA(base + L.qg + k0, L.dkp, g, tq, ahi, alo);
-      Mma3(yacc, ahi, alo, bhi, blo);
+      uint32_t bhi[2], blo[2], ahi[4], alo[4];
+      LdSplitB(bhi, blo, s_hi + 8 * w * pa, s_lo + 8 * w * pa, pa, k0, lane);
+      LdTileA(ahi, w_hi + k0, pa, lane);
+      LdTileA(alo, w_lo + k0, pa, lane);
+      Mma3(xb, xs, ahi, alo, bhi, blo);
+      LdTileA(ahi, qg_hi + k0, pa, lane);
+      LdTileA(alo, qg_lo + k0, pa, lane);
+      Mma3(yb, ys, ahi, alo, bhi, blo);
     }
-    // (c) U = U' - X -> shared.
+    // (c) U = U' - X -> shared, transposed, split BF16.
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int row = g + 8 * (e / 2);
       const int col = 8 * w + 2 * tq + (e % 2);
-      s_u[row * kUPitch + col] = base[L.up + row * L.dvp + col0 + col] - xacc[e];
+      const float u = up[row * kUpPitch + col] - (xb[e] + xs[e]);
+      Split(u, u_hi[col * kSmallPitch + row], u_lo[col * kSmallPitch + row]);
     }
     __syncthreads();
     // B fragments of U (16 tokens x 8 columns) for the 4 n-tiles.
     uint32_t uhi[4][2], ulo[4][2];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
-      const int n = 8 * nt + g;
-      SplitPair(s_u[(2 * tq) * kUPitch + n], s_u[(2 * tq + 1) * kUPitch + n],
-                uhi[nt][0], ulo[nt][0]);
-      SplitPair(s_u[(2 * tq + 8) * kUPitch + n], s_u[(2 * tq + 9) * kUPitch + n],
-                uhi[nt][1], ulo[nt][1]);
+      LdSplitB(uhi[nt], ulo[nt], u_hi + 8 * nt * kSmallPitch,
+               u_lo + 8 * nt * kSmallPitch, kSmallPitch, 0, lane);
     }
     // (d) O = Y + Qk U for columns 8w..8w+7.
     {
-      uint32_t ahi[4], alo[4];
-      LoadSplitA(base + L.qk, kC, g, tq, ahi, alo);
-      uint32_t bhi[2] = {uhi[0][0], uhi[0][1]}, blo[2] = {ulo[0][0], ulo[0][1]};
-#pragma unroll
-      for (int nt = 1; nt < 4; ++nt) {  // select n-tile w without local memory
-        if (nt == w) {
-          bhi[0] = uhi[nt][0];
-          bhi[1] = uhi[nt][1];
-          blo[0] = ulo[nt][0];
-          blo[1] = ulo[nt][1];
-        }
-      }
-      Mma3(yacc, ahi, alo, bhi, blo);
+      uint32_t ahi[4], alo[4], bhi[2], blo[2];
+      LdTileA(ahi, qk_hi, kSmallPitch, lane);
+      LdTileA(alo, qk_lo, kSmallPitch, lane);
+      LdSplitB(bhi, blo, u_hi + 8 * w * kSmallPitch, u_lo + 8 * w * kSmallPitch,
+               kSmallPitch, 0, lane);
+      Mma3(yb, ys, ahi, alo, bhi, blo);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int row = g + 8 * (e / 2);
         const int col = col0 + 8 * w + 2 * tq + (e % 2);
         if (row < len && col < dv) {
           a.out[(chunk * kC + row) * a.ld_out + static_cast<int64_t>(h) * dv + col] =
-              yacc[e];
+              yb[e] + ys[e];
         }
       }
     }
@@ -428,19 +519,24 @@ __global__ void __launch_bounds__(kStateWarps * 32)
     for (int r = 0; r < kMT; ++r) {
       const int mt = w + kStateWarps * r;
       if (mt >= mtiles) continue;
-      const float e0 = base[L.egl + 16 * mt + g], e1 = base[L.egl + 16 * mt + g + 8];
+      const float e0 = egl[16 * mt + g], e1 = egl[16 * mt + g + 8];
       uint32_t ahi[4], alo[4];
-      LoadSplitA(base + L.kdt + 16 * mt * kC, kC, g, tq, ahi, alo);
+      LdTileA(ahi, kdt_hi + 16 * mt * kSmallPitch, kSmallPitch, lane);
+      LdTileA(alo, kdt_lo + 16 * mt * kSmallPitch, kSmallPitch, lane);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
+        float small[4] = {0, 0, 0, 0};
         s[r][nt][0] *= e0;
         s[r][nt][1] *= e0;
         s[r][nt][2] *= e1;
         s[r][nt][3] *= e1;
-        Mma3(s[r][nt], ahi, alo, uhi[nt], ulo[nt]);
+        Mma3(s[r][nt], small, ahi, alo, uhi[nt], ulo[nt]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[r][nt][e] += small[e];
       }
     }
   }
+  CpAsyncWait<0>();
 #pragma unroll
   for (int r = 0; r < kMT; ++r) {
     const int mt = w + kStateWarps * r;
@@ -464,10 +560,21 @@ int PowerOfTwoAtLeast(int x) {
   return p;
 }
 
+constexpr size_t kMaxSmem = 227 * 1024;  // opt-in limit, sm_90 / sm_100
+
 template <typename Kernel>
 const char* PrepareSmem(Kernel kernel, size_t bytes) {
   if (bytes <= kDefaultSmem) return nullptr;
   return ::tandem::gpu::AllowDynamicSmem(kernel, bytes);
+}
+
+template <int kMT>
+const char* LaunchState(const KdaLaunchArgs& a, const unsigned char* scratch, dim3 grid,
+                        int stages, size_t smem, void* stream) {
+  if (const char* e = PrepareSmem(KdaChunkStateKernel<kMT>, smem)) return e;
+  TANDEM_LAUNCH(KdaChunkStateKernel<kMT>, grid, dim3(kStateWarps * kWarpSize), smem,
+                stream, a, scratch, stages);
+  return ::tandem::gpu::LaunchError();
 }
 
 }  // namespace
@@ -502,7 +609,7 @@ size_t KdaChunkedScratchBytes(int64_t tokens, int64_t heads, int64_t head_dim_k,
   if (tokens <= 0) return 0;
   const ChunkLayout L(static_cast<int>(head_dim_k), static_cast<int>(head_dim_v));
   const int64_t chunks = (tokens + kC - 1) / kC;
-  return static_cast<size_t>(chunks * heads * L.floats) * sizeof(float);
+  return static_cast<size_t>(chunks * heads * L.bytes);
 }
 
 const char* KdaChunkedLaunch(const KdaLaunchArgs& a, void* scratch, void* stream) {
@@ -510,7 +617,7 @@ const char* KdaChunkedLaunch(const KdaLaunchArgs& a, void* scratch, void* stream
   if (a.head_dim_k > kKdaMaxHeadDimK) return "kda: head_dim_k above 512";
   const int dk = static_cast<int>(a.head_dim_k), dv = static_cast<int>(a.head_dim_v);
   const ChunkLayout L(dk, dv);
-  float* sc = static_cast<float*>(scratch);
+  unsigned char* sc = static_cast<unsigned char*>(scratch);
   const int64_t chunks = (a.tokens + kC - 1) / kC;
   {
     const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(a.heads));
@@ -521,29 +628,23 @@ const char* KdaChunkedLaunch(const KdaLaunchArgs& a, void* scratch, void* stream
   }
   const dim3 grid(static_cast<unsigned>((dv + kTile - 1) / kTile),
                   static_cast<unsigned>(a.heads));
-  const dim3 block(kStateWarps * kWarpSize);
-  const size_t smem =
-      2 * kTile * (L.dkp + 8) * sizeof(uint16_t) + kC * kUPitch * sizeof(float);
+  const StageLayout SL(L.dkp);
+  const size_t fixed = FixedSmemBytes(L.dkp);
+  const int stages = 2 * SL.bytes + fixed <= kMaxSmem ? 2 : 1;
+  const size_t smem = stages * SL.bytes + fixed;
   const int mt_per_warp =
       PowerOfTwoAtLeast((L.dkp / 16 + kStateWarps - 1) / kStateWarps);
-  const float* csc = sc;
+  const unsigned char* csc = sc;
   switch (mt_per_warp) {
     case 1:
-      TANDEM_LAUNCH(KdaChunkStateKernel<1>, grid, block, smem, stream, a, csc);
-      break;
+      return LaunchState<1>(a, csc, grid, stages, smem, stream);
     case 2:
-      TANDEM_LAUNCH(KdaChunkStateKernel<2>, grid, block, smem, stream, a, csc);
-      break;
+      return LaunchState<2>(a, csc, grid, stages, smem, stream);
     case 4:
-      if (const char* e = PrepareSmem(KdaChunkStateKernel<4>, smem)) return e;
-      TANDEM_LAUNCH(KdaChunkStateKernel<4>, grid, block, smem, stream, a, csc);
-      break;
+      return LaunchState<4>(a, csc, grid, stages, smem, stream);
     default:
-      if (const char* e = PrepareSmem(KdaChunkStateKernel<8>, smem)) return e;
-      TANDEM_LAUNCH(KdaChunkStateKernel<8>, grid, block, smem, stream, a, csc);
-      break;
+      return LaunchState<8>(a, csc, grid, stages, smem, stream);
   }
-  return ::tandem::gpu::LaunchError();
 }
 
 }  // namespace tandem::kernels::cuda
