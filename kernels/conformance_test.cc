@@ -77,6 +77,9 @@ class Conformance : public ::testing::TestWithParam<std::string> {
   bool IsBf16Gemm() const {
     return absl::StartsWith(GetParam(), "cpu_avx512_bf16") || GetParam() == "cuda";
   }
+  // The GPU backend's MoE feeds BF16 tensor cores (z and the SiTU activation
+  // rounded to BF16, kernels/cuda/moe.h): norm-wise 1e-2 instead of 1e-4.
+  bool IsBf16Moe() const { return GetParam() == "cuda_sim" || GetParam() == "cuda"; }
   // The ops of `ops` this backend does not implement yet, comma-separated.
   std::string Missing(std::initializer_list<Op> ops) const {
     std::string missing;
@@ -728,8 +731,9 @@ Mxfp4Weights RandomExpert(std::mt19937& rng, int64_t hidden, int64_t inter) {
 TEST_P(Conformance, MoeMxfp4EqualsDequantiseThenGemm) {
   REQUIRE_OPS(Op::kMoeMxfp4);
   // Norm-wise 1e-4 (fp32 vs fp64 accumulation over <= 512-term sums of exactly
-  // dequantised weights). Tokens routed to 1..7 experts, one id -1 (padding) and
-  // one expert owned by another rank (null weights).
+  // dequantised weights; 1e-2 for the BF16 tensor-core path of the GPU backend). Tokens
+  // routed to 1..7 experts, one id -1 (padding) and one expert owned by another rank
+  // (null weights).
   for (auto [hidden, inter, tokens] :
        {std::tuple<int64_t, int64_t, int64_t>{64, 96, 7}, {512, 384, 6}}) {
     const int64_t num_experts = 5, top_k = 3;
@@ -771,7 +775,8 @@ TEST_P(Conformance, MoeMxfp4EqualsDequantiseThenGemm) {
     ASSERT_TRUE(ref_->MoeMxfp4(a).ok());
     a.out = got.data();
     ASSERT_TRUE(be_->MoeMxfp4(a).ok());
-    ExpectCloseNorm(got, want, 1e-4, "moe hidden " + std::to_string(hidden));
+    ExpectCloseNorm(got, want, IsBf16Moe() ? 1e-2 : 1e-4,
+                    "moe hidden " + std::to_string(hidden));
   }
 }
 
@@ -803,7 +808,8 @@ TEST_P(Conformance, MoeMxfp4KnownValues) {
   ASSERT_TRUE(be_->MoeMxfp4(a).ok());
   const double h = 0.64;
   const double act = 4 * std::tanh(h / 4) / (1 + std::exp(-h)) * 25 * std::tanh(h / 25);
-  for (float v : out) EXPECT_NEAR(v, 1.5 * (-0.5 * 32 * act), 1e-5);
+  const double want = 1.5 * (-0.5 * 32 * act);
+  for (float v : out) EXPECT_NEAR(v, want, IsBf16Moe() ? 1e-2 * std::fabs(want) : 1e-5);
   a.hidden = 48;  // not a multiple of 32
   EXPECT_FALSE(be_->MoeMxfp4(a).ok());
 }

@@ -40,14 +40,14 @@ constexpr std::array<std::pair<Op, bool>, kNumOps> kImplemented = {{
     {Op::kPagedCacheWrite, true},
     {Op::kAttnResMix, true},
     // kda (backend_kda.cc)
-    {Op::kKdaRecurrent, false},
-    {Op::kKdaChunked, false},
+    {Op::kKdaRecurrent, true},
+    {Op::kKdaChunked, true},
     // mla (backend_mla.cc)
-    {Op::kMlaAttentionExpanded, false},
-    {Op::kMlaAttentionAbsorbed, false},
+    {Op::kMlaAttentionExpanded, true},
+    {Op::kMlaAttentionAbsorbed, true},
     // moe (backend_moe.cc)
-    {Op::kRouterTopK, false},
-    {Op::kMoeMxfp4, false},
+    {Op::kRouterTopK, true},
+    {Op::kMoeMxfp4, true},
 }};
 
 constexpr std::array<bool, kNumOps> SupportTable() {
