@@ -12,14 +12,18 @@
 
 #include "kernels/cuda/device_errors.h"
 #include "kernels/cuda/mla.h"
+#include "kernels/cuda/ptx.h"
 #include "kernels/cuda/vendor.h"
 
 namespace tandem::kernels::cuda {
 namespace {
 
 using tandem::gpu::Bf16ToF32;
+using tandem::gpu::F32ToBf16;
 using tandem::gpu::kFullMask;
 using tandem::gpu::kWarpSize;
+using tandem::gpu::MmaBf16M16N8K16;
+using tandem::gpu::PackBf16x2;
 using tandem::gpu::WarpMax;
 using tandem::gpu::WarpSum;
 
@@ -311,6 +315,205 @@ __global__ void __launch_bounds__(kAbsWarps* kWarpSize)
   }
 }
 
+// ---- Absorbed, tensor cores: the same split-KV MQA on mma.sync m16n8k16 ---------
+// One block = 16 (query, head) rows x one split, 4 warps, key tiles of 32.
+//   S = Q K^T: warp w computes the 16 x 8 scores of keys 8w..8w+7 over the padded
+//     width (k-steps of 16); Q is split-BF16 (hi = bf16(q), lo = bf16(q - hi), two
+//     mma per step), K is the cache's BF16 itself (exact): error ~2^-17 relative.
+//   The 16 x 32 score tile goes through shared memory; every warp reads all of it
+//     in the A-fragment layout and runs the (identical) online softmax itself.
+//   O += P C: warp w owns latent columns [w lora/4, (w+1) lora/4) as n8 tiles in
+//     accumulator registers; P split-BF16 as well (two mma per step), C = the
+//     tile's BF16 latents packed from shared memory.
+// Needs lora % 32 == 0 (whole n8 tiles per warp).
+constexpr int kMmaMaxTiles = kMlaMaxLora / (kAbsWarps * 8);
+constexpr int kScoreStride = kKeys + 8;  // floats per score row in shared memory
+
+// Words per shared row of `width` BF16 (padded to a multiple of 16), = 4 mod 8 so
+// that the fragment loads (8 rows x 4 words) hit 32 banks.
+__host__ __device__ __forceinline__ int64_t MmaStride(int64_t width) {
+  int64_t w = (width + 15) / 16 * 8;
+  while (w % 8 != 4) ++w;
+  return w;
+}
+
+__device__ __forceinline__ uint32_t SplitBf16x2(float x0, float x1, uint32_t* lo) {
+  const uint16_t h0 = F32ToBf16(x0), h1 = F32ToBf16(x1);
+  *lo = PackBf16x2(F32ToBf16(x0 - Bf16ToF32(h0)), F32ToBf16(x1 - Bf16ToF32(h1)));
+  return PackBf16x2(h0, h1);
+}
+
+__global__ void __launch_bounds__(kAbsWarps* kWarpSize)
+    MlaAbsorbedSplitKvMma(MlaLaunchArgs a, const float* q_abs, int splits,
+                          float* part_acc, float* part_ml) {
+  Tile t;
+  if (!FindTileShared(a, blockIdx.x, a.heads, kAbsRows, &t)) return;
+  const int split = blockIdx.y;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int g = lane / 4, tq = lane % 4;
+  const int64_t width = a.lora + a.rope, half = width / 2;
+  const int64_t sw = MmaStride(width), steps = (width + 15) / 16, padded = steps * 8;
+  TANDEM_DYNAMIC_SMEM(uint32_t, smem);
+  uint32_t* qh = smem;                // [16][sw] q hi pairs
+  uint32_t* ql = qh + kAbsRows * sw;  // [16][sw] q lo pairs
+  uint32_t* kt = ql + kAbsRows * sw;  // [32][sw] the key tile (BF16 pairs)
+  float* st = reinterpret_cast<float*>(kt + kKeys * sw);  // [16][kScoreStride]
+  const uint16_t* k16 = reinterpret_cast<const uint16_t*>(kt);
+
+  const int64_t rows = t.q_len * a.heads;
+  for (int64_t i = threadIdx.x; i < kAbsRows * padded; i += blockDim.x) {
+    const int64_t r = i / padded, w = i % padded, gr = t.row0 + r;
+    float x0 = 0.0f, x1 = 0.0f;
+    if (gr < rows && w < half) {
+      const float* src = q_abs + (t.q0 * a.heads + gr) * width + 2 * w;
+      x0 = src[0];
+      x1 = src[1];
+    }
+    uint32_t lo;
+    qh[r * sw + w] = SplitBf16x2(x0, x1, &lo);
+    ql[r * sw + w] = lo;
+  }
+  const int64_t per_split = (t.ctx + splits - 1) / splits;
+  const int64_t chunk = (per_split + kKeys - 1) / kKeys * kKeys;
+  const int64_t k_begin = split * chunk;
+  const int64_t last_row = std::min(rows, t.row0 + kAbsRows) - 1;
+  const int64_t k_end = std::min(std::min(t.ctx, k_begin + chunk),
+                                 t.ctx - t.q_len + last_row / a.heads + 1);
+  // This lane's two rows (g and g + 8 of the tile): positions, -1 for padding.
+  int64_t pos[2];
+  for (int hr = 0; hr < 2; ++hr) {
+    const int64_t gr = t.row0 + g + 8 * hr;
+    pos[hr] = gr < rows ? t.ctx - t.q_len + gr / a.heads : -1;
+  }
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float acc[kMmaMaxTiles][4];
+#pragma unroll
+  for (int j = 0; j < kMmaMaxTiles; ++j)
+    acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0;
+  const int tiles = static_cast<int>(a.lora / (kAbsWarps * 8));
+  const int64_t col0 = warp * (a.lora / kAbsWarps);
+
+  for (int64_t n0 = k_begin; n0 < k_end; n0 += kKeys) {
+    __syncthreads();  // the previous tile and its scores are consumed
+    for (int n = warp; n < kKeys; n += kAbsWarps) {
+      const int64_t p = n0 + n;
+      const uint32_t* src = nullptr;
+      if (p < k_end) {
+        src = reinterpret_cast<const uint32_t*>(CacheRow(a, t.seq, p, lane == 0));
+      }
+      for (int64_t w = lane; w < padded; w += kWarpSize) {
+        kt[n * sw + w] = src != nullptr && w < half ? src[w] : 0u;
+      }
+    }
+    __syncthreads();
+    {  // S: keys 8 warp .. 8 warp + 7
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const uint32_t* kb = kt + (8 * warp + g) * sw;
+      const uint32_t* q0h = qh + g * sw;
+      const uint32_t* q1h = qh + (g + 8) * sw;
+      const uint32_t* q0l = ql + g * sw;
+      const uint32_t* q1l = ql + (g + 8) * sw;
+      for (int64_t ks = 0; ks < steps; ++ks) {
+        const int64_t w0 = ks * 8 + tq;
+        const uint32_t ah[4] = {q0h[w0], q1h[w0], q0h[w0 + 4], q1h[w0 + 4]};
+        const uint32_t al[4] = {q0l[w0], q1l[w0], q0l[w0 + 4], q1l[w0 + 4]};
+        const uint32_t b[2] = {kb[w0], kb[w0 + 4]};
+        MmaBf16M16N8K16(d, ah, b);
+        MmaBf16M16N8K16(d, al, b);
+      }
+      float* s0 = st + g * kScoreStride + 8 * warp + 2 * tq;
+      float* s1 = s0 + 8 * kScoreStride;
+      s0[0] = d[0];
+      s0[1] = d[1];
+      s1[0] = d[2];
+      s1[1] = d[3];
+    }
+    __syncthreads();
+    // Online softmax on this lane's 2 rows x 8 keys (16 kk + 2 tq + {0, 1, 8, 9}).
+    uint32_t ph[2][4], pl[2][4];
+    float alpha[2];
+    for (int hr = 0; hr < 2; ++hr) {
+      const float* srow = st + (g + 8 * hr) * kScoreStride;
+      float s[8];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int key = 16 * (e / 4) + 2 * tq + (e % 2) + 8 * ((e / 2) % 2);
+        const int64_t p = n0 + key;
+        s[e] = p < k_end && p <= pos[hr] ? srow[key] : -INFINITY;
+        mx = fmaxf(mx, s[e]);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+      const float m_new = fmaxf(m[hr], mx);
+      alpha[hr] = 1.0f;
+      float sum = 0.0f;
+      if (m_new != -INFINITY) {
+        alpha[hr] = expf(m[hr] - m_new);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          s[e] = s[e] == -INFINITY ? 0.0f : expf(s[e] - m_new);
+          sum += s[e];
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s[e] = 0.0f;
+      }
+      sum += __shfl_xor_sync(kFullMask, sum, 1);
+      sum += __shfl_xor_sync(kFullMask, sum, 2);
+      l[hr] = l[hr] * alpha[hr] + sum;
+      m[hr] = m_new;
+      // A fragments of P for the two k-steps: row hr's registers are a[hr] and
+      // a[hr + 2] (columns 2 tq.. and 2 tq + 8..).
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        ph[kk][hr] = SplitBf16x2(s[4 * kk], s[4 * kk + 1], &pl[kk][hr]);
+        ph[kk][hr + 2] = SplitBf16x2(s[4 * kk + 2], s[4 * kk + 3], &pl[kk][hr + 2]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kMmaMaxTiles; ++j) {
+      acc[j][0] *= alpha[0];
+      acc[j][1] *= alpha[0];
+      acc[j][2] *= alpha[1];
+      acc[j][3] *= alpha[1];
+    }
+    // O += P C over this warp's latent columns.
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const uint16_t* r0 = k16 + (16 * kk + 2 * tq) * 2 * sw;
+      const uint16_t* r1 = r0 + 2 * sw;
+      const uint16_t* r8 = r0 + 16 * sw;
+      const uint16_t* r9 = r8 + 2 * sw;
+#pragma unroll
+      for (int j = 0; j < kMmaMaxTiles; ++j) {
+        if (j >= tiles) break;
+        const int64_t c = col0 + 8 * j + g;
+        const uint32_t b[2] = {PackBf16x2(r0[c], r1[c]), PackBf16x2(r8[c], r9[c])};
+        MmaBf16M16N8K16(acc[j], ph[kk], b);
+        MmaBf16M16N8K16(acc[j], pl[kk], b);
+      }
+    }
+  }
+  // Partials for every row of the tile (empty ranges: m = -inf, l = 0, acc = 0).
+  for (int hr = 0; hr < 2; ++hr) {
+    if (pos[hr] < 0) continue;
+    const int64_t gr = t.row0 + g + 8 * hr;
+    const int64_t base = (split * a.num_tokens + t.q0) * a.heads + gr;
+    if (warp == 0 && tq == 0) {
+      part_ml[base * 2] = m[hr];
+      part_ml[base * 2 + 1] = l[hr];
+    }
+    float* dst = part_acc + base * a.lora + col0 + 2 * tq;
+#pragma unroll
+    for (int j = 0; j < kMmaMaxTiles; ++j) {
+      if (j >= tiles) break;
+      dst[8 * j] = acc[j][2 * hr];
+      dst[8 * j + 1] = acc[j][2 * hr + 1];
+    }
+  }
+}
+
 // ---- Absorbed: merge the splits, o = W_UV ctx ---------------------------------------
 __global__ void __launch_bounds__(kAuxThreads)
     MlaAbsorbedCombine(MlaLaunchArgs a, int splits, const float* part_acc,
@@ -560,6 +763,16 @@ size_t AbsorbedSmem(const MlaLaunchArgs& a) {
                           kAbsWarps * kRowsPerWarp * kKeys);
 }
 
+size_t AbsorbedMmaSmem(const MlaLaunchArgs& a) {
+  const int64_t sw = MmaStride(a.lora + a.rope);
+  return sizeof(uint32_t) * (2 * kAbsRows * sw + kKeys * sw) +
+         sizeof(float) * kAbsRows * kScoreStride;
+}
+
+bool AbsorbedMmaFits(const MlaLaunchArgs& a) {
+  return a.lora % (kAbsWarps * 8) == 0 && AbsorbedMmaSmem(a) <= kMaxSmem;
+}
+
 size_t FlashSmem(const MlaLaunchArgs& a) {
   const int64_t dq = a.nope + a.rope;
   return sizeof(float) * (kExpRows * dq + kKeys * OddStride(dq) + kKeys * a.v +
@@ -601,8 +814,11 @@ size_t MlaAbsorbedScratchBytes(const MlaLaunchArgs& a, int splits) {
 }
 
 const char* MlaAbsorbedLaunch(const MlaLaunchArgs& a, int splits, void* scratch,
-                              void* stream) {
+                              void* stream, MlaCore core) {
   if (const char* why = MlaUnsupported(a, true)) return why;
+  const bool mma =
+      core == MlaCore::kTensorCore || (core == MlaCore::kAuto && AbsorbedMmaFits(a));
+  if (mma && !AbsorbedMmaFits(a)) return "mla: tensor-core path needs lora % 32 == 0";
   if (a.num_seqs == 0 || a.num_tokens == 0) return nullptr;
   if (splits < 1 || splits > kMlaMaxSplits) return "mla: bad split count";
   const size_t rows = static_cast<size_t>(a.num_tokens * a.heads);
@@ -618,12 +834,22 @@ const char* MlaAbsorbedLaunch(const MlaLaunchArgs& a, int splits, void* scratch,
                 a, q_abs);
   if (const char* e = tandem::gpu::LaunchError()) return e;
 
-  const size_t smem = AbsorbedSmem(a);
-  if (const char* e = tandem::gpu::AllowDynamicSmem(MlaAbsorbedSplitKv, smem)) return e;
   const dim3 grid((a.num_tokens * a.heads + kAbsRows - 1) / kAbsRows + a.num_seqs,
                   splits);
-  TANDEM_LAUNCH(MlaAbsorbedSplitKv, grid, kAbsWarps * kWarpSize, smem, stream, a,
-                static_cast<const float*>(q_abs), splits, part_acc, part_ml);
+  if (mma) {
+    const size_t smem = AbsorbedMmaSmem(a);
+    if (const char* e = tandem::gpu::AllowDynamicSmem(MlaAbsorbedSplitKvMma, smem)) {
+      return e;
+    }
+    TANDEM_LAUNCH(MlaAbsorbedSplitKvMma, grid, kAbsWarps * kWarpSize, smem, stream, a,
+                  static_cast<const float*>(q_abs), splits, part_acc, part_ml);
+  } else {
+    const size_t smem = AbsorbedSmem(a);
+    if (const char* e = tandem::gpu::AllowDynamicSmem(MlaAbsorbedSplitKv, smem))
+      return e;
+    TANDEM_LAUNCH(MlaAbsorbedSplitKv, grid, kAbsWarps * kWarpSize, smem, stream, a,
+                  static_cast<const float*>(q_abs), splits, part_acc, part_ml);
+  }
   if (const char* e = tandem::gpu::LaunchError()) return e;
 
   const dim3 cgrid((a.num_tokens + kCombTok - 1) / kCombTok, a.heads);

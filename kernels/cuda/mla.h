@@ -12,22 +12,30 @@
 // (device_errors.h), skipping what they cannot read. Grids are sized from host
 // values only (num_tokens, num_seqs, block_table_stride * block_size).
 //
-// Numerics: fp32 throughout (BF16 inputs widened exactly, fp32 FMA, expf), the
-// CPU backend's arithmetic in another association order: ~1e-6 of max|want| vs
-// the fp64 oracle, inside the 2e-5 contract. (A BF16-rounded q or p, as FlashMLA
-// uses, is ~2^-9 relative per product and cannot meet 2e-5; see mla.cu.)
+// Numerics (mla_test, vs the fp64 oracle, fraction of max|want|; contract 2e-5):
+//   SIMT kernels: fp32 throughout (BF16 inputs widened exactly, fp32 FMA, expf),
+//     ~1e-7 (small dims) to ~9e-7 (K3 dims).
+//   Absorbed on tensor cores: q and p split-BF16 (x = hi + lo, two mma per
+//     product; the cache's BF16 latents are exact operands), fp32 accumulate:
+//     ~3e-6 (small dims) to ~4e-6 (K3 dims). FlashMLA's plain BF16 q and p
+//     (2^-9 relative per product) would be ~1e-3: 50x over the contract.
 //
 // ---- Absorbed (decode, speculative verification): MlaAbsorbedLaunch -----------
 //   1. MlaAbsorbQ: q_abs[t,h] = scale * [W_UK_h^T q_nope | q_rope] (576 wide for
 //      K3), fp32 into scratch; one block per (8 tokens, head), W_UK streamed
 //      coalesced once per block.
-//   2. MlaAbsorbedSplitKv (the FlashMLA split-KV design): rows are the (query,
+//   2. MlaAbsorbedSplitKvMma / MlaAbsorbedSplitKv (tensor cores where lora % 32
+//      == 0, else SIMT; the FlashMLA split-KV design): rows are the (query,
 //      head) pairs of one sequence, 16 per block (K3 at TP8: 12 heads x q_len);
 //      blockIdx.y picks one of `splits` ranges of the sequence's positions. MQA
 //      over [c | k_rot]: key tiles of 32 positions in shared memory (BF16, padded
 //      rows: conflict-free), lane = key for Q.K, online softmax per row, lane =
 //      latent column pair for P.C (C = the tile's own c: values are the keys'
 //      first lora columns). Writes unnormalised partial (max, sum, acc[lora]).
+//      The mma version: S = Q K^T with warp w on keys 8w..8w+7 (m16n8k16 over the
+//      576 width), the score tile through shared memory, the softmax in the
+//      A-fragment layout, O += P C with warp w owning lora/4 latent columns as
+//      n8 accumulator tiles (64 fp32 registers per lane at K3).
 //   3. MlaAbsorbedCombine: merges the splits' partials per (token, head) and
 //      applies W_UV (warp per output column, lanes over lora: coalesced rows).
 //   Splits: MlaAbsorbedSplits, from host values only.
@@ -88,8 +96,11 @@ const char* MlaUnsupported(const MlaLaunchArgs& a, bool absorbed);
 // (block_table_stride * block_size), at most kMlaMaxSplits.
 int MlaAbsorbedSplits(const MlaLaunchArgs& a, int sm_count);
 size_t MlaAbsorbedScratchBytes(const MlaLaunchArgs& a, int splits);
+// Which attention kernel the absorbed form runs: kAuto = tensor cores where the
+// shape allows (lora % 32 == 0: K3), else SIMT; tests force each.
+enum class MlaCore { kAuto, kSimt, kTensorCore };
 const char* MlaAbsorbedLaunch(const MlaLaunchArgs& a, int splits, void* scratch,
-                              void* stream);
+                              void* stream, MlaCore core = MlaCore::kAuto);
 
 // ---- Expanded ----------------------------------------------------------------
 // Context chunk (a multiple of 64) such that the scratch fits `budget_bytes`

@@ -141,13 +141,14 @@ std::vector<float> Oracle(const MlaCall& s) {
 }
 
 // splits <= 0: MlaAbsorbedSplits for 132 SMs.
-std::vector<float> Absorbed(const MlaCall& s, int splits, int32_t* error = nullptr) {
+std::vector<float> Absorbed(const MlaCall& s, int splits, int32_t* error = nullptr,
+                            MlaCore core = MlaCore::kAuto) {
   std::vector<float> out(s.tokens * s.c.heads * s.c.v, -7.0f);
   int32_t word = 0;
   const MlaLaunchArgs a = ToLaunch(s.Args(out.data()), &word);
   if (splits <= 0) splits = MlaAbsorbedSplits(a, 132);
   std::vector<char> scratch(MlaAbsorbedScratchBytes(a, splits) + 256);
-  const char* e = MlaAbsorbedLaunch(a, splits, scratch.data(), nullptr);
+  const char* e = MlaAbsorbedLaunch(a, splits, scratch.data(), nullptr, core);
   EXPECT_EQ(e, nullptr) << e;
   if (error != nullptr) {
     *error = word;
@@ -191,6 +192,14 @@ double RelErr(const std::vector<float>& got, const std::vector<float>& want) {
 
 constexpr double kBound = 2e-5;
 
+constexpr MlaCore kCores[] = {MlaCore::kSimt, MlaCore::kTensorCore};
+
+const char* CoreName(MlaCore core) {
+  return core == MlaCore::kSimt         ? "simt"
+         : core == MlaCore::kTensorCore ? "mma"
+                                        : "auto";
+}
+
 void ExpectWithin(const std::vector<float>& got, const std::vector<float>& want,
                   double bound, const std::string& what) {
   const double err = RelErr(got, want);
@@ -207,19 +216,34 @@ TEST(MlaKernels, OddDimsPagedMixedSequences) {
     const std::string what = "block " + std::to_string(bs);
     const std::vector<float> exp = Expanded(s, 0);
     ExpectWithin(exp, want, kBound, std::string("expanded ") + what);
-    const std::vector<float> abs = Absorbed(s, 0);
-    ExpectWithin(abs, want, kBound, std::string("absorbed ") + what);
-    ExpectWithin(abs, exp, kBound, std::string("absorbed vs expanded ") + what);
+    for (MlaCore core : kCores) {
+      const std::vector<float> abs = Absorbed(s, 0, nullptr, core);
+      ExpectWithin(abs, want, kBound,
+                   std::string("absorbed ") + CoreName(core) + " " + what);
+      ExpectWithin(abs, exp, kBound,
+                   std::string("absorbed vs expanded ") + CoreName(core) + " " + what);
+    }
   }
+}
+
+TEST(MlaKernels, LatentNotAMultipleOf32RunsSimt) {
+  const Case c{2, 8, 6, 8, 48, {21, 4}, {3, 4}};
+  const MlaCall s = Make(c, 16, 8);
+  const std::vector<float> want = Oracle(s);
+  ExpectWithin(Absorbed(s, 0), want, kBound, "absorbed lora 48 (auto: simt)");
+  ExpectWithin(Expanded(s, 0), want, kBound, "expanded lora 48");
 }
 
 TEST(MlaKernels, SplitsAndChunksDoNotChangeTheResult) {
   const Case c{2, 16, 8, 16, 32, {200, 65, 3}, {4, 1, 3}};
   const MlaCall s = Make(c, 16, 11);
   const std::vector<float> want = Oracle(s);
-  for (int splits : {1, 2, 3, 7, kMlaMaxSplits}) {
-    ExpectWithin(Absorbed(s, splits), want, kBound,
-                 std::string("absorbed splits ") + std::to_string(splits));
+  for (MlaCore core : kCores) {
+    for (int splits : {1, 2, 3, 7, kMlaMaxSplits}) {
+      ExpectWithin(Absorbed(s, splits, nullptr, core), want, kBound,
+                   std::string("absorbed ") + CoreName(core) + " splits " +
+                       std::to_string(splits));
+    }
   }
   for (int64_t chunk : {64, 128, 256}) {
     ExpectWithin(Expanded(s, chunk), want, kBound,
@@ -234,34 +258,41 @@ TEST(MlaKernels, K3HeadsPerRankRealDims) {
   const MlaCall s = Make(c, 16, 3);
   const std::vector<float> want = Oracle(s);
   const std::vector<float> exp = Expanded(s, 0);
-  const std::vector<float> abs = Absorbed(s, 0);
   ExpectWithin(exp, want, kBound, "K3 expanded");
-  ExpectWithin(abs, want, kBound, "K3 absorbed");
-  ExpectWithin(abs, exp, kBound, "K3 absorbed vs expanded");
-  ExpectWithin(Absorbed(s, 3), want, kBound, "K3 absorbed, 3 splits");
+  for (MlaCore core : kCores) {
+    const std::vector<float> abs = Absorbed(s, 0, nullptr, core);
+    ExpectWithin(abs, want, kBound, std::string("K3 absorbed ") + CoreName(core));
+    ExpectWithin(abs, exp, kBound,
+                 std::string("K3 absorbed vs expanded ") + CoreName(core));
+    ExpectWithin(Absorbed(s, 3, nullptr, core), want, kBound,
+                 std::string("K3 absorbed 3 splits ") + CoreName(core));
+  }
 }
 
 TEST(MlaKernels, SpeculativeQueriesAreCausal) {
   // Query i of a k = 4 run equals a single-query run whose context ends at it.
   const Case c{2, 16, 8, 16, 32, {40}, {4}};
   const MlaCall s = Make(c, 16, 9);
-  const std::vector<float> all = Absorbed(s, 0);
   const std::vector<float> all_exp = Expanded(s, 0);
   const int64_t row = c.heads * c.v;
-  for (int32_t i = 0; i < 4; ++i) {
-    MlaCall one = Make(c, 16, 9);
-    one.seq_lens[0] = 40 - 3 + i;
-    one.query_start = {0, 1};
-    one.tokens = 1;
-    one.q.assign(s.q.begin() + i * c.heads * (c.nope + c.rope),
-                 s.q.begin() + (i + 1) * c.heads * (c.nope + c.rope));
-    const std::vector<float> want(all.begin() + i * row, all.begin() + (i + 1) * row);
-    ExpectWithin(Absorbed(one, 0), want, 1e-6,
-                 std::string("absorbed draft ") + std::to_string(i));
-    const std::vector<float> want_exp(all_exp.begin() + i * row,
-                                      all_exp.begin() + (i + 1) * row);
-    ExpectWithin(Expanded(one, 0), want_exp, 1e-6,
-                 std::string("expanded draft ") + std::to_string(i));
+  for (MlaCore core : kCores) {
+    const std::vector<float> all = Absorbed(s, 0, nullptr, core);
+    for (int32_t i = 0; i < 4; ++i) {
+      MlaCall one = Make(c, 16, 9);
+      one.seq_lens[0] = 40 - 3 + i;
+      one.query_start = {0, 1};
+      one.tokens = 1;
+      one.q.assign(s.q.begin() + i * c.heads * (c.nope + c.rope),
+                   s.q.begin() + (i + 1) * c.heads * (c.nope + c.rope));
+      const std::vector<float> want(all.begin() + i * row, all.begin() + (i + 1) * row);
+      ExpectWithin(
+          Absorbed(one, 0, nullptr, core), want, 1e-6,
+          std::string("absorbed ") + CoreName(core) + " draft " + std::to_string(i));
+      const std::vector<float> want_exp(all_exp.begin() + i * row,
+                                        all_exp.begin() + (i + 1) * row);
+      ExpectWithin(Expanded(one, 0), want_exp, 1e-6,
+                   std::string("expanded draft ") + std::to_string(i));
+    }
   }
 }
 
@@ -272,8 +303,11 @@ TEST(MlaKernels, EmulatorSeeds) {
   const std::vector<float> want = Oracle(s);
   for (uint64_t seed : {1u, 2u, 3u, 4u}) {
     cuda_sim::SetSeed(seed);
-    ExpectWithin(Absorbed(s, 3), want, kBound,
-                 std::string("absorbed seed ") + std::to_string(seed));
+    for (MlaCore core : kCores) {
+      ExpectWithin(
+          Absorbed(s, 3, nullptr, core), want, kBound,
+          std::string("absorbed ") + CoreName(core) + " seed " + std::to_string(seed));
+    }
     ExpectWithin(Expanded(s, 64), want, kBound,
                  std::string("expanded seed ") + std::to_string(seed));
   }
@@ -291,8 +325,11 @@ TEST(MlaKernels, RecordsBadBlockIdsAndLengths) {
     Expanded(s, 0, &err);
     EXPECT_EQ(err, kBlockIdOutOfRange);
     s.tables[1] = -3;
-    Absorbed(s, 0, &err);
-    EXPECT_EQ(err, kBlockIdOutOfRange);
+    for (MlaCore core : kCores) {
+      err = -1;
+      Absorbed(s, 0, &err, core);
+      EXPECT_EQ(err, kBlockIdOutOfRange) << CoreName(core);
+    }
   }
   {
     MlaCall s = Make(c, 8, 3);
