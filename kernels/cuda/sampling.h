@@ -1,0 +1,223 @@
+// Token sampling on the GPU: the device twin of engine/sampling (sampler.h,
+// rejection_sampler.h). Launchers take plain C++ types; every pointer is device
+// memory (under the emulator device memory is host memory), scalars are host.
+//
+// THE CONTRACT is the CPU sampler: for the same logits, parameters, history and
+// seed, LaunchSample chooses the same token as engine::Sampler::Sample, and
+// LaunchRejectionSample makes the same accept/reject decisions and emits the
+// same tokens as engine::RejectionSample. Same order of operations (suppress →
+// repetition → frequency/presence → temperature → top-k → top-p → min-p →
+// inverse-CDF draw in token-id order), the same counter-based uniform
+// (CounterUniform below is engine/sampling/counter_rng's Philox-4x32-10,
+// header-inline for both compilers), the same float arithmetic where the CPU's
+// float arithmetic decides (see "Exactness").
+//
+// Design (one 512-thread block per row; no sort of the vocabulary):
+//   P0  repetition / frequency / presence penalties, then suppression, applied IN
+//       PLACE to the logits row (each listed id is distinct, one thread each);
+//       temperature is applied on the fly (x = l / t) by every later pass.
+//   P1  per 256-token chunk (the CPU's online-softmax chunk): chunk max, NaN/+inf
+//       check, finite count, argmax (lowest id on ties). Greedy stops here.
+//   P2  prefix max over chunks (block scan), then per chunk the float sum of
+//       exp(x - running max) in index order by one thread: bit-for-bit the CPU's
+//       chunk sums; their rescaled double total is sum, lse = max + log(sum).
+//   P3  top-k: radix select (4 passes of 8-bit digits of an order-preserving
+//       key, shared-memory count histograms) for the k-th value, then the
+//       tie-breaking id (lowest ids first) by a tiled block count; top-p: the
+//       same radix select over mass histograms (double) restricted to the top-k
+//       set, finding the shortest rank prefix whose mass reaches top_p * norm;
+//       min-p: a threshold. The kept set is "ranked at or above a boundary
+//       (logit, id)", as the CPU describes it.
+//   P4  inverse-CDF draw: per chunk the double sum of kept weights in index
+//       order, a block exclusive scan over chunks, the chunk where the CDF
+//       crosses u * mass, then that chunk's sequential scan.
+//   P5  logprob of the chosen token (x - lse) and top-n alternatives (radix
+//       select of the n-th, gather, rank in shared memory).
+//
+// Exactness. Float sums that the CPU computes sequentially (the 256-token chunk
+// sums) are computed sequentially here in the same order, so they are the same
+// bits. Double sums of float weights (the CDF, the kept mass, the top-k norm)
+// are computed here in a different (parallel, deterministic) order; their
+// rounding differs from the CPU's by at most ~n * 2^-53 of the total. The draw
+// therefore checks its margin: when u * mass lies within kMarginRel * mass of
+// the chosen token's CDF interval ends (probability ~2e-9 per draw), one thread
+// replays the CPU's sequential computation exactly (the CPU's chunked sum, then
+// the running sum in id order) and that decides. Residual cases that cannot
+// be replayed bit-for-bit (both ~1e-11 per draw, documented, not hidden):
+//   - truncated sampling: the CPU sums the kept mass in the order nth_element
+//     left its candidates (libstdc++'s permutation); the replay sums in id
+//     order, equal whenever that sum is exact (e.g. all weights >= 2^-29 of
+//     the largest) or the margin is wider than the rounding.
+//   - top-p: the CPU accumulates its prefix mass in nth_element's halving order;
+//     a prefix mass within ~1e-11 relative of top_p * norm could cut one token
+//     differently.
+// Transcendentals: under the emulator exp/log are the host's libm, the CPU's
+// functions, so the test checks bit-identity. With nvcc, expf/logf of a float
+// are computed as (float)exp((double)x) (CUDA's double exp is within 1 ulp,
+// so the float result is the correctly rounded one except within 2^-29 of a
+// rounding midpoint, where glibc's expf (0.502 ulp) may also round either way):
+// on hardware a chunk sum can therefore differ from the CPU's in its last bit
+// in rare rows, which can flip a draw whose u lands within ~1e-7 of a CDF step.
+// Making that exact needs one shared expf implementation for both samplers
+// (a follow-up for engine/sampling). No FMA contraction where the CPU has none:
+// products that feed sums use __fmul_rn / __dmul_rn on the device.
+//
+// Errors: a row whose processed logits hold NaN or +inf, or whose every token
+// is -inf, or random sampling without a seed, gets token -1 and a nonzero
+// row_status (SampleStatus); penalty or suppressed ids outside the vocabulary
+// are skipped (as the CPU skips them) and recorded as kTokenIdOutOfRange in
+// error_word; a draft token outside the vocabulary fails its request the same
+// way.
+#ifndef TANDEM_KERNELS_CUDA_SAMPLING_H_
+#define TANDEM_KERNELS_CUDA_SAMPLING_H_
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define TANDEM_SAMPLING_HD __host__ __device__ __forceinline__
+#else
+#define TANDEM_SAMPLING_HD inline
+#endif
+
+namespace tandem::kernels::cuda {
+
+// ---- Counter-based uniform: engine/sampling/counter_rng.{h,cc}, inline ---------
+// Stream tags (engine::RngStream).
+constexpr uint32_t kRngSample = 0;
+constexpr uint32_t kRngSpecAccept = 1;
+constexpr uint32_t kRngSpecResidual = 2;
+
+TANDEM_SAMPLING_HD void SamplingPhilox4x32(uint32_t c[4], uint32_t k0, uint32_t k1) {
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c[0];
+    const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c[2];
+    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32),
+                   lo0 = static_cast<uint32_t>(p0);
+    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32),
+                   lo1 = static_cast<uint32_t>(p1);
+    const uint32_t n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+    c[0] = n0;
+    c[1] = lo1;
+    c[2] = n2;
+    c[3] = lo0;
+  }
+}
+
+// engine::CounterUniform(seed, position, stream, index): [0, 1), 53 bits.
+TANDEM_SAMPLING_HD double CounterUniform(uint64_t seed, int64_t position,
+                                         uint32_t stream, uint32_t index = 0) {
+  const uint64_t pos = static_cast<uint64_t>(position);
+  uint32_t c[4] = {static_cast<uint32_t>(pos), static_cast<uint32_t>(pos >> 32), stream,
+                   index};
+  SamplingPhilox4x32(c, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  const uint64_t bits = (static_cast<uint64_t>(c[0]) << 32) | c[1];
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;
+}
+
+// ---- Sampling -------------------------------------------------------------------
+// engine::kGreedyTemperature: below it a row is greedy.
+constexpr float kSamplingGreedyTemperature = 1e-5f;
+// engine::kMaxTopLogprobs.
+constexpr int kSamplingMaxTopLogprobs = 20;
+// Largest vocabulary one launch takes (shared memory holds 24 bytes per
+// 256-token chunk).
+constexpr int64_t kSamplingMaxVocab = int64_t{1} << 19;
+
+// One row's parameters (engine::SamplingParams plus the row's output position).
+struct SamplingRowParams {
+  float temperature = 0.0f;         // < kSamplingGreedyTemperature: greedy
+  float top_p = 1.0f;               // 1: off
+  float min_p = 0.0f;               // 0: off
+  float presence_penalty = 0.0f;    // output tokens
+  float frequency_penalty = 0.0f;   // output tokens, times the count
+  float repetition_penalty = 1.0f;  // prompt and output tokens
+  int32_t top_k = 0;                // 0 (or >= vocab): off
+  int32_t top_logprobs = 0;         // alternatives to report (<= top_n_stride)
+  int32_t logprobs = 0;             // nonzero: report the chosen token's logprob
+  int32_t has_seed = 0;             // random sampling needs a seed
+  uint64_t seed = 0;
+  int64_t position = 0;  // output position of the token (RNG counter)
+};
+
+enum SampleStatus : int32_t {
+  kSampleOk = 0,
+  kSampleBadLogits = 1,  // NaN or +inf after processing
+  kSampleAllMasked = 2,  // every token -inf
+  kSampleNoSeed = 3,     // random sampling without a seed
+};
+
+struct SampleArgs {
+  int32_t rows = 0;
+  int32_t vocab = 0;
+  // [rows, vocab] fp32, row-major. MODIFIED IN PLACE: suppression and penalties
+  // are applied to it (temperature is not).
+  float* logits = nullptr;
+  const SamplingRowParams* params = nullptr;  // [rows]
+  // Penalty history, CSR over rows (null offsets: no history). Entry e of row r
+  // (offsets[r] <= e < offsets[r+1]) is a DISTINCT token id with its output
+  // count (0 when only in the prompt) and whether the prompt holds it
+  // (engine::PenaltyState's prompt set and output counts, merged).
+  const int32_t* penalty_offsets = nullptr;  // [rows + 1]
+  const int32_t* penalty_tokens = nullptr;
+  const int32_t* penalty_output_counts = nullptr;
+  const uint8_t* penalty_in_prompt = nullptr;
+  // Suppressed ids (StopChecker::SuppressedTokens()), CSR over rows; may repeat.
+  const int32_t* suppress_offsets = nullptr;  // [rows + 1]
+  const int32_t* suppress_tokens = nullptr;
+  // Outputs.
+  int32_t* token_ids = nullptr;   // [rows]; -1 for a failed row
+  int32_t* row_status = nullptr;  // [rows] SampleStatus, or null
+  float* logprobs = nullptr;      // [rows] (rows with params.logprobs), or null
+  // [rows, top_n_stride]: alternatives most likely first; unused columns get id
+  // -1 and logprob -inf. Null when no row asks.
+  int32_t top_n_stride = 0;
+  int32_t* top_ids = nullptr;
+  float* top_logprobs = nullptr;
+  // Optional [rows, vocab]: the distribution the draw is cut from
+  // (engine::Sampler::Distribution; greedy rows one-hot), for speculative
+  // decoding. Null: not written.
+  float* probs = nullptr;
+  int32_t* error_word = nullptr;  // device_errors.h, first error wins
+  // Tests: take the exact sequential replay for every draw.
+  int32_t debug_exact_replay = 0;
+};
+
+// Samples every row (one block per row). nullptr or the launch error.
+const char* LaunchSample(const SampleArgs& args, void* stream);
+
+// ---- Speculative decoding (engine/sampling/rejection_sampler) ---------------------
+struct RejectionArgs {
+  int32_t requests = 0;
+  int32_t vocab = 0;
+  int32_t max_drafts = 0;  // K
+  // [requests, K + 1, vocab]: row j is the target distribution at drafted
+  // position j, row num_drafts follows the last draft.
+  const float* target_probs = nullptr;
+  const float* draft_probs = nullptr;        // [requests, K, vocab]
+  const int32_t* draft_tokens = nullptr;     // [requests, K]
+  const int32_t* num_drafts = nullptr;       // [requests] (<= K), or null: all K
+  const uint64_t* seeds = nullptr;           // [requests]
+  const int64_t* first_positions = nullptr;  // [requests]
+  int32_t* num_accepted = nullptr;           // [requests]; -1 on a failed request
+  int32_t* next_token = nullptr;             // [requests]; -1 on a failed request
+  int32_t* error_word = nullptr;
+  int32_t debug_exact_replay = 0;
+};
+
+// engine::RejectionSample for every request (one block per request).
+const char* LaunchRejectionSample(const RejectionArgs& args, void* stream);
+
+// engine::GreedyVerify: target_argmax [requests, K + 1], drafts [requests, K].
+const char* LaunchGreedyVerify(int32_t requests, int32_t max_drafts,
+                               const int32_t* target_argmax,
+                               const int32_t* draft_tokens, const int32_t* num_drafts,
+                               int32_t* num_accepted, int32_t* next_token,
+                               void* stream);
+
+}  // namespace tandem::kernels::cuda
+
+#endif  // TANDEM_KERNELS_CUDA_SAMPLING_H_
