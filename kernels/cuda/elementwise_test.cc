@@ -265,6 +265,19 @@ TEST_P(Elementwise, SituGluAndMulSigmoidMatchTheOracle) {
   EXPECT_NEAR(o1[1], 100.0f, 1e-3f);
 }
 
+TEST_P(Elementwise, RowsBeyondTheGridLimitLoop) {
+  // 65535 is the largest grid y: the row-grid kernels loop over the rest.
+  const int64_t rows = 65535 + 70, n = 4;
+  auto x = Normal(rows * n), gate = Normal(rows * n);
+  std::vector<float> want(rows * n), got(rows * n, kGuard);
+  ASSERT_TRUE(
+      ref_->MulSigmoid(x.data(), n, gate.data(), n, want.data(), n, rows, n).ok());
+  ASSERT_EQ(
+      LaunchMulSigmoid(x.data(), n, gate.data(), n, got.data(), n, rows, n, nullptr),
+      nullptr);
+  ExpectClose(got, want, 1e-5, "mul_sigmoid rows past the grid");
+}
+
 TEST_P(Elementwise, AddInPlaceIsExact) {
   for (int64_t n : {1, 3, 4, 1027, 7168 * 2}) {
     for (int64_t offset : {0, 1}) {  // aligned (float4 + tail) and misaligned
