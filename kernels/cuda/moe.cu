@@ -310,31 +310,44 @@ __global__ void __launch_bounds__(kSortThreads)
   }
 }
 
-__device__ __forceinline__ float E8m0Scale(uint32_t s) {
-  if (s == 0xffu) return NAN;
-  if (s == 0u) return 5.877471754111438e-39f;  // 2^-127 (subnormal)
-  return __uint_as_float(s << 23);
-}
+// ---- MXFP4 -> BF16 in registers ----------------------------------------------
+// One 32-bit register (two BF16, lower index low) from one byte of nibbles (low
+// nibble = lower index): the byte is spread by a byte permute so that its nibbles
+// sit in bits 12..15 and 28..31, then (r & 0x80008000) | ((r & 0x70007000) >> 6)
+// places sign and the 3 magnitude bits of each as a BF16 whose value is exactly
+// E2M1 * 2^-126 (0.5 becomes the subnormal 2^-127, 0 stays 0), and two BF16x2
+// multiplies by powers of two apply 2^126 * 2^(s-127). Exact for every E8M0 byte
+// (0xFF: NaN), the same values as the oracle's fp32 dequantisation.
 
-// The BF16 bits of E2M1 code `c` (4 bits) times 2^(s-127), s the E8M0 byte. Fast
-// path (2 <= s <= 252, every scale a checkpoint has): integer exponent arithmetic,
-// exact (E2M1 has one mantissa bit); other scales through fp32.
-__device__ __forceinline__ uint32_t DecodeE2m1(uint32_t c, uint32_t s) {
-  const uint32_t mag = c & 7u;
-  if (s - 2u <= 250u) {
-    const uint32_t bits =
-        mag == 0 ? 0u : (mag << 6) + ((s - 1u) << 7) - (mag == 1 ? 64u : 0u);
-    return bits | ((c & 8u) << 12);
+__device__ __forceinline__ uint32_t BytePerm(uint32_t x, uint32_t y, uint32_t sel) {
+#if defined(TANDEM_GPU_NVCC)
+  return __byte_perm(x, y, sel);
+#else
+  const uint64_t xy = (static_cast<uint64_t>(y) << 32) | x;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) {
+    r |= static_cast<uint32_t>((xy >> (8 * ((sel >> (4 * i)) & 7u))) & 0xffu)
+         << (8 * i);
   }
-  const float v = (mag < 2 ? 0.5f * mag
-                           : ((mag & 1u) ? 1.5f : 1.0f) *
-                                 static_cast<float>(1 << ((mag >> 1) - 1)));
-  return F32ToBf16(((c & 8u) ? -v : v) * E8m0Scale(s));
+  return r;
+#endif
 }
 
-// Two BF16 (one register) from one byte of nibbles: low nibble in the low half.
-__device__ __forceinline__ uint32_t DecodeByte(uint32_t byte, uint32_t s) {
-  return DecodeE2m1(byte & 0xfu, s) | (DecodeE2m1(byte >> 4, s) << 16);
+// Two BF16 products (round to nearest even; exact for the power-of-two factors
+// used here, subnormals included).
+__device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
+#if defined(TANDEM_GPU_NVCC)
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+#else
+  const float lo = Bf16ToF32(static_cast<uint16_t>(a & 0xffffu)) *
+                   Bf16ToF32(static_cast<uint16_t>(b & 0xffffu));
+  const float hi = Bf16ToF32(static_cast<uint16_t>(a >> 16)) *
+                   Bf16ToF32(static_cast<uint16_t>(b >> 16));
+  return static_cast<uint32_t>(F32ToBf16(lo)) |
+         (static_cast<uint32_t>(F32ToBf16(hi)) << 16);
+#endif
 }
 
 // A lane's 32 weights of one row (one scale group) and their E8M0 scale byte.
@@ -357,9 +370,29 @@ __device__ __forceinline__ RowGroup LoadRowGroup(const uint8_t* packed,
   return r;
 }
 
-// Byte i (0..15) of a RowGroup's 16 bytes.
-__device__ __forceinline__ uint32_t GroupByte(const RowGroup& r, int i) {
-  return (r.q.v[i >> 2] >> (8 * (i & 3))) & 0xffu;
+// The two BF16x2 factors of E8M0 scale s: 2^(s-1) and 1 for s <= 128, else 2^126
+// and 2^(s-127) (NaN for 0xFF).
+struct ScaleFactors {
+  uint32_t m1, m2;
+};
+
+__device__ __forceinline__ ScaleFactors Factors(uint32_t s) {
+  const uint32_t m1 = s <= 128u ? (s + 126u) << 7 : 0x7e80u;
+  const uint32_t m2 = s <= 128u ? 0x3f80u : s == 255u ? 0x7fc0u : s << 7;
+  return {m1 * 0x10001u, m2 * 0x10001u};
+}
+
+// The BF16 pair of byte b (0..15) of a RowGroup.
+__device__ __forceinline__ uint32_t DecodePair(const RowGroup& g, const ScaleFactors& f,
+                                               int b) {
+  const uint32_t w = g.q.v[b >> 2];
+  const uint32_t sh = static_cast<uint32_t>(b & 3);
+  // Result byte 1 <- byte sh of (w << 4) (low nibble on top), byte 3 <- byte sh of
+  // w (high nibble on top); bytes 0 and 2 are masked off below.
+  const uint32_t r =
+      BytePerm(w, w << 4, (sh << 12) | (sh << 8) | ((4u + sh) << 4) | (4u + sh));
+  const uint32_t v = (r & 0x80008000u) | ((r & 0x70007000u) >> 6);
+  return MulBf16x2(MulBf16x2(v, f.m1), f.m2);
 }
 
 // Where element c (0..kStageK) of a staged row lives: inside each 128-element
@@ -451,18 +484,24 @@ __global__ void __launch_bounds__(kGemmThreads)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         if (kc0 + 128 * c >= K) continue;  // block-uniform
+        const ScaleFactors f1[2] = {Factors(a1[c][0].s), Factors(a1[c][1].s)};
+        ScaleFactors f3[2] = {};
+        if (kGlu) {
+          f3[0] = Factors(a3[c][0].s);
+          f3[1] = Factors(a3[c][1].s);
+        }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           uint32_t a[4], a3r[4];
-          a[0] = DecodeByte(GroupByte(a1[c][0], 2 * j), a1[c][0].s);
-          a[1] = DecodeByte(GroupByte(a1[c][1], 2 * j), a1[c][1].s);
-          a[2] = DecodeByte(GroupByte(a1[c][0], 2 * j + 1), a1[c][0].s);
-          a[3] = DecodeByte(GroupByte(a1[c][1], 2 * j + 1), a1[c][1].s);
+          a[0] = DecodePair(a1[c][0], f1[0], 2 * j);
+          a[1] = DecodePair(a1[c][1], f1[1], 2 * j);
+          a[2] = DecodePair(a1[c][0], f1[0], 2 * j + 1);
+          a[3] = DecodePair(a1[c][1], f1[1], 2 * j + 1);
           if (kGlu) {
-            a3r[0] = DecodeByte(GroupByte(a3[c][0], 2 * j), a3[c][0].s);
-            a3r[1] = DecodeByte(GroupByte(a3[c][1], 2 * j), a3[c][1].s);
-            a3r[2] = DecodeByte(GroupByte(a3[c][0], 2 * j + 1), a3[c][0].s);
-            a3r[3] = DecodeByte(GroupByte(a3[c][1], 2 * j + 1), a3[c][1].s);
+            a3r[0] = DecodePair(a3[c][0], f3[0], 2 * j);
+            a3r[1] = DecodePair(a3[c][1], f3[1], 2 * j);
+            a3r[2] = DecodePair(a3[c][0], f3[0], 2 * j + 1);
+            a3r[3] = DecodePair(a3[c][1], f3[1], 2 * j + 1);
           }
 #pragma unroll
           for (int n = 0; n < kTileN / 8; ++n) {
