@@ -1,5 +1,6 @@
 // GpuBackend: the KDA recurrences (kernels in kda.cu; design and error bounds in
 // kda.h).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -11,6 +12,10 @@
 
 namespace tandem::kernels::cuda {
 namespace {
+
+// Scratch for one KdaChunked launch (the per-chunk operand records): K3 at TP8
+// (12 heads, d = 128) fits 2608 tokens a launch.
+constexpr size_t kScratchBudget = size_t{64} << 20;
 
 // Elements spanned by `rows` rows of `width` with stride ld.
 size_t Span(int64_t rows, int64_t width, int64_t ld) {
@@ -82,11 +87,27 @@ absl::Status GpuBackend::KdaChunked(const KdaArgs& args) {
   bool run = false;
   TANDEM_RETURN_IF_ERROR(PrepareKda(*this, args, &run));
   if (!run) return absl::OkStatus();
+  // Long prompts run in segments whose chunk records fit the scratch budget; the
+  // state carries from one segment to the next (the kernels update it in place),
+  // so the result is that of one call.
+  const int64_t seg =
+      KdaChunkedTokensFor(kScratchBudget, args.heads, args.head_dim_k, args.head_dim_v);
+  const int64_t first = std::min(seg, args.tokens);
   TANDEM_ASSIGN_OR_RETURN(
-      void* scratch, Scratch(KdaChunkedScratchBytes(args.tokens, args.heads,
-                                                    args.head_dim_k, args.head_dim_v)));
-  if (const char* e = KdaChunkedLaunch(ToLaunch(args), scratch, stream())) {
-    return Internal(name(), ": launching KdaChunked failed: ", e);
+      void* scratch, Scratch(KdaChunkedScratchBytes(first, args.heads, args.head_dim_k,
+                                                    args.head_dim_v)));
+  for (int64_t t0 = 0; t0 < args.tokens; t0 += seg) {
+    KdaLaunchArgs l = ToLaunch(args);
+    l.tokens = std::min(seg, args.tokens - t0);
+    l.q += t0 * args.ld_qk;
+    l.k += t0 * args.ld_qk;
+    l.v += t0 * args.ld_v;
+    l.g += t0 * args.heads * args.head_dim_k;
+    l.beta += t0 * args.heads;
+    l.out += t0 * args.ld_out;
+    if (const char* e = KdaChunkedLaunch(l, scratch, stream())) {
+      return Internal(name(), ": launching KdaChunked failed: ", e);
+    }
   }
   return Launched("KdaChunked");
 }

@@ -612,6 +612,13 @@ size_t KdaChunkedScratchBytes(int64_t tokens, int64_t heads, int64_t head_dim_k,
   return static_cast<size_t>(chunks * heads * L.bytes);
 }
 
+int64_t KdaChunkedTokensFor(size_t budget, int64_t heads, int64_t head_dim_k,
+                            int64_t head_dim_v) {
+  const ChunkLayout L(static_cast<int>(head_dim_k), static_cast<int>(head_dim_v));
+  const int64_t per_chunk = std::max<int64_t>(1, heads) * L.bytes;
+  return std::max<int64_t>(1, static_cast<int64_t>(budget) / per_chunk) * kC;
+}
+
 const char* KdaChunkedLaunch(const KdaLaunchArgs& a, void* scratch, void* stream) {
   if (a.tokens <= 0) return nullptr;
   if (a.head_dim_k > kKdaMaxHeadDimK) return "kda: head_dim_k above 512";

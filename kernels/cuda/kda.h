@@ -25,31 +25,45 @@
 // (the structure FlashKDA publishes). With G_t the cumulative log-decay inside a
 // chunk (G_t = sum_{s<=t} g_s, <= 0) and S0 the state at the chunk start, the
 // delta-rule pseudo-values U solve the unit lower-triangular (UT) system
-//   (I + diag(beta) A) U = diag(beta) (V - Kg S0),  A_tj = sum_c k_tc e^{G_tc-G_jc}
-//   k_jc
-// (j < t), Kg_t = e^{G_t} k_t, so U = U' - W S0 with U' = T diag(beta) V,
-// W = T diag(beta) Kg, T = (I + diag(beta) A)^-1 (the WY form), and
-//   O = Qg S0 + Qk U,  Qg_t = e^{G_t} q_t,  Qk_tj = sum_c q_tc e^{G_tc-G_jc} k_jc
-//   (j<=t) S = diag(e^{G_L}) S0 + KdT U,  KdT[c][j] = e^{G_Lc-G_jc} k_jc.
-// Only exps of non-positive arguments are formed (cumulative gates reach -320 in a
-// long chunk; -80 in one of 16 at gates of -5/token).
-//   kernel 1 (KdaChunkPrep), one block per (chunk, head), all chunks in parallel:
-//     cumulative gates, the decayed k.k and q.k matrices (a warp per (t, j) pair,
-//     lanes over d_k, warp-shuffle sums), forward substitution for W and U' (a
-//     thread per column, 16 rows), and Qg, KdT, e^{G_L}; fp32 SIMT with expf.
-//     Writes them to the scratch buffer.
-//   kernel 2 (KdaChunkState), one block per (head, 32-column tile of d_v), 4 warps,
-//     the state tile in mma accumulator registers across all chunks (fp32):
-//     X = W S0 and Y = Qg S0 (16 x 32, over d_k), U = U' - X, O = Y + Qk U,
-//     S = diag(e^{G_L}) S0 + KdT U, all with mma.sync m16n8k16 (BF16 in, fp32
-//     accumulate) on split-BF16 operands: x = hi + lo with hi = bf16(x),
-//     lo = bf16(x - hi), and a*b ~ hi_a hi_b + hi_a lo_b + lo_a hi_b (three mma per
-//     product; the dropped lo*lo and the residuals are <= ~3 * 2^-17 relative per
-//     term). A plain BF16 product (2^-9 relative) cannot meet the 1e-4 contract;
-//     split-BF16 does (kda_test measures <= ~2e-5 of max|want| over 130 tokens,
-//     strong decays, carried state, against the fp64 oracle).
-//   Scratch: KdaChunkedScratchBytes (about (48 d_k + 16 d_v + 256) floats per chunk
-//   of 16 tokens and head).
+//     (I + diag(beta) A) U = diag(beta) (V - Kg S0),
+//     A_tj = sum_c k_tc e^{G_tc - G_jc} k_jc (j < t),  Kg_t = e^{G_t} k_t,
+// so U = U' - W S0 with T = (I + diag(beta) A)^-1, U' = T diag(beta) V and
+// W = T diag(beta) Kg (the WY form), and
+//     O = Qg S0 + Qk U,  Qg_t = e^{G_t} q_t,  Qk_tj = sum_c q_tc e^{G_tc-G_jc} k_jc
+//     (j <= t),  S = diag(e^{G_L}) S0 + KdT U,  KdT[c][j] = e^{G_Lc - G_jc} k_jc.
+// Only exps of non-positive arguments are formed (over 16 tokens at -5 a token
+// they reach -80; e^-80 is still a normal fp32).
+//   kernel 1 (KdaChunkPrepKernel): one block (256 threads) per (chunk, head), all
+//     chunks in parallel. Cumulative gates; the 136 decayed q.k / k.k products
+//     (a warp per (t, j) pair, lanes over d_k, shuffle sums); forward substitution
+//     for W and U' (a thread per column, 120 FMAs); Qg, KdT, e^{G_L}. fp32 SIMT
+//     with expf. Writes one record per (chunk, head) to scratch: W, Qg, KdT, Qk
+//     pre-split into hi / lo BF16 planes (below), U' and e^{G_L} fp32.
+//   kernel 2 (KdaChunkStateKernel): one block (4 warps) per (head, 32-column tile
+//     of d_v), sequential over the chunks, the fp32 state tile in mma accumulator
+//     registers throughout (warp w: the rows of m-tiles w, w+4, ...). Per chunk:
+//     S0 -> shared memory transposed and split; X = W S0 and Y = Qg S0 (16 x 32
+//     over d_k); U = U' - X -> shared (transposed, split); O = Y + Qk U;
+//     S = diag(e^{G_L}) S0 + KdT U. Every product is mma.sync m16n8k16 (BF16 in,
+//     fp32 accumulate) with fragments loaded by ldmatrix x4 from rows padded to
+//     odd multiples of 16 bytes (conflict-free). The next chunk's record streams
+//     into shared memory with cp.async while this one computes (double-buffered
+//     when two stages fit in 227 KiB: d_k <= 256; single-buffered up to 512).
+//   Numerics of the products: split BF16. x = hi + lo, hi = bf16(x),
+//   lo = bf16(x - hi), and a*b ~ hi_a hi_b + (lo_a hi_b + hi_a lo_b) (three mma;
+//   the big and the cross terms accumulate in separate chains); lo*lo and the
+//   split residuals are dropped, ~3 * 2^-17 relative per term. A plain BF16
+//   product (2^-9 relative per term) cannot meet the CPU contract of 1e-4 of
+//   max|want|; split BF16 does: kda_test measures <= 2e-5 of max|want| on outputs
+//   and final state (up to 400 tokens, strong and mild decays, carried state, d_k
+//   16..512) against the fp64 oracle. Real tensor cores accumulate in fp32 with
+//   their own (truncating) alignment; the GPU check should confirm the margin.
+//   Scratch: KdaChunkedScratchBytes = (196 d_k' + 64 d_v' + 1024) bytes per chunk of
+//   16 tokens and head (d_k' = d_k rounded up to 16, d_v' = d_v to 32): 34 KB for
+//   d = 128. GpuBackend::KdaChunked runs long prompts in segments of
+//   KdaChunkedTokensFor(64 MiB) tokens (2608 for K3 at TP8).
+//   Parallelism: the state pass has heads * ceil(d_v / 32) blocks (48 for K3 at
+//   TP8) and ~T/16 dependent steps; the prep kernel has T/16 * heads blocks.
 #ifndef TANDEM_KERNELS_CUDA_KDA_H_
 #define TANDEM_KERNELS_CUDA_KDA_H_
 
@@ -81,6 +95,9 @@ const char* KdaRecurrentLaunch(const KdaLaunchArgs& a, void* stream);
 // Bytes of device scratch KdaChunkedLaunch needs (0 for tokens == 0).
 size_t KdaChunkedScratchBytes(int64_t tokens, int64_t heads, int64_t head_dim_k,
                               int64_t head_dim_v);
+// Tokens (a multiple of 16, at least 16) whose scratch fits `budget` bytes.
+int64_t KdaChunkedTokensFor(size_t budget, int64_t heads, int64_t head_dim_k,
+                            int64_t head_dim_v);
 // Chunked prefill; equals KdaRecurrentLaunch. `scratch`: KdaChunkedScratchBytes,
 // 16-byte aligned, device memory.
 const char* KdaChunkedLaunch(const KdaLaunchArgs& a, void* scratch, void* stream);

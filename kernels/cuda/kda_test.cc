@@ -275,6 +275,25 @@ TEST(KdaCuda, ChunkedPrefillThenRecurrentDecodeEqualsOneRecurrence) {
   EXPECT_LE(NormError(state, want.state), 1e-4);
 }
 
+TEST(KdaCuda, ChunkedInScratchSizedSegmentsEqualsOneRecurrence) {
+  // What GpuBackend::KdaChunked does for long prompts: segments of
+  // KdaChunkedTokensFor(budget) tokens, the state carried between launches.
+  EXPECT_EQ(KdaChunkedTokensFor(0, 12, 128, 128), 16);
+  EXPECT_EQ(KdaChunkedTokensFor(size_t{64} << 20, 12, 128, 128), 2608);
+  Inputs in = Make(29, 75, 2, 32, 16, true);
+  const Want want = Reference(in);
+  const int64_t seg =
+      KdaChunkedTokensFor(2 * KdaChunkedScratchBytes(16, in.heads, in.dk, in.dv) + 100,
+                          in.heads, in.dk, in.dv);
+  ASSERT_EQ(seg, 32);
+  std::vector<float> state = in.state, out(in.tokens * in.ld_out, kGuard);
+  for (int64_t t0 = 0; t0 < in.tokens; t0 += seg) {
+    RunForm(Form::kChunked, in, t0, std::min(seg, in.tokens - t0), state, out);
+  }
+  EXPECT_LE(NormError(out, want.out), 1e-4);
+  EXPECT_LE(NormError(state, want.state), 1e-4);
+}
+
 TEST(KdaCuda, ChunkedEqualsRecurrent) {
   Inputs in = Make(23, 50, 2, 48, 24, true);
   std::vector<float> s_rec = in.state, o_rec(in.tokens * in.ld_out, kGuard);
