@@ -19,6 +19,8 @@
 //     product; the cache's BF16 latents are exact operands), fp32 accumulate:
 //     ~3e-6 (small dims) to ~4e-6 (K3 dims). FlashMLA's plain BF16 q and p
 //     (2^-9 relative per product) would be ~1e-3: 50x over the contract.
+//   Expanded on tensor cores: q, k_nope, v, p split-BF16 (hi.hi + hi.lo + lo.hi),
+//     ~2e-6 (small dims) to ~7e-6 (K3 dims).
 //
 // ---- Absorbed (decode, speculative verification): MlaAbsorbedLaunch -----------
 //   1. MlaAbsorbQ: q_abs[t,h] = scale * [W_UK_h^T q_nope | q_rope] (576 wide for
@@ -46,10 +48,14 @@
 //   1. MlaExpandKv: [k_nope | v] = W_h c for every position of the chunk, head h
 //      (a 64 x 128 register-blocked SIMT GEMM per block, K-steps of 32 staged in
 //      shared memory), fp32 into scratch;
-//   2. MlaFlashChunk (FlashAttention-2): one block per (32-query tile of one
-//      sequence, head); key tiles of 32 with an online softmax, causal; the running
-//      (max, sum) lives in scratch and the running output, normalised, in `out`
-//      itself, so chunk k+1 resumes where chunk k stopped.
+//   2. MlaFlashChunkMma / MlaFlashChunk (FlashAttention-2; tensor cores where
+//      (nope + rope) % 16 == 0 and v % 8 == 0, else SIMT): one block per (query
+//      tile of one sequence, head): 64 queries, 4 warps of 16 rows on mma (32
+//      and 8 x 4 on SIMT); key tiles of 32 with an online softmax in registers,
+//      causal (a warp skips tiles after its last query); q, k_nope, v and p
+//      split-BF16 (three mma per product), k_rot exact. The running (max, sum)
+//      lives in scratch and the running output, normalised, in `out` itself, so
+//      chunk k+1 resumes where chunk k stopped.
 //
 // Limits of these kernels: lora <= 512, v <= 128 (absorbed: any v), lora and
 // rope even; other shapes return an error string.
@@ -107,8 +113,9 @@ const char* MlaAbsorbedLaunch(const MlaLaunchArgs& a, int splits, void* scratch,
 // (at least one 64-position chunk), no longer than the largest possible context.
 int64_t MlaExpandedChunk(const MlaLaunchArgs& a, size_t budget_bytes);
 size_t MlaExpandedScratchBytes(const MlaLaunchArgs& a, int64_t chunk);
+// kAuto: tensor cores where (nope + rope) % 16 == 0 and v % 8 == 0 (K3), else SIMT.
 const char* MlaExpandedLaunch(const MlaLaunchArgs& a, int64_t chunk, void* scratch,
-                              void* stream);
+                              void* stream, MlaCore core = MlaCore::kAuto);
 
 }  // namespace tandem::kernels::cuda
 

@@ -159,13 +159,14 @@ std::vector<float> Absorbed(const MlaCall& s, int splits, int32_t* error = nullp
 }
 
 // chunk <= 0: MlaExpandedChunk for a 256 MiB budget.
-std::vector<float> Expanded(const MlaCall& s, int64_t chunk, int32_t* error = nullptr) {
+std::vector<float> Expanded(const MlaCall& s, int64_t chunk, int32_t* error = nullptr,
+                            MlaCore core = MlaCore::kAuto) {
   std::vector<float> out(s.tokens * s.c.heads * s.c.v, -7.0f);
   int32_t word = 0;
   const MlaLaunchArgs a = ToLaunch(s.Args(out.data()), &word);
   if (chunk <= 0) chunk = MlaExpandedChunk(a, size_t{256} << 20);
   std::vector<char> scratch(MlaExpandedScratchBytes(a, chunk) + 256);
-  const char* e = MlaExpandedLaunch(a, chunk, scratch.data(), nullptr);
+  const char* e = MlaExpandedLaunch(a, chunk, scratch.data(), nullptr, core);
   EXPECT_EQ(e, nullptr) << e;
   if (error != nullptr) {
     *error = word;
@@ -235,7 +236,8 @@ TEST(MlaKernels, LatentNotAMultipleOf32RunsSimt) {
 }
 
 TEST(MlaKernels, SplitsAndChunksDoNotChangeTheResult) {
-  const Case c{2, 16, 8, 16, 32, {200, 65, 3}, {4, 1, 3}};
+  // (also a 150-query prefill: several query tiles of one sequence, causal)
+  const Case c{2, 16, 16, 16, 32, {200, 65, 3, 150}, {4, 1, 3, 150}};
   const MlaCall s = Make(c, 16, 11);
   const std::vector<float> want = Oracle(s);
   for (MlaCore core : kCores) {
@@ -245,9 +247,12 @@ TEST(MlaKernels, SplitsAndChunksDoNotChangeTheResult) {
                        std::to_string(splits));
     }
   }
-  for (int64_t chunk : {64, 128, 256}) {
-    ExpectWithin(Expanded(s, chunk), want, kBound,
-                 std::string("expanded chunk ") + std::to_string(chunk));
+  for (MlaCore core : kCores) {
+    for (int64_t chunk : {64, 128, 256}) {
+      ExpectWithin(Expanded(s, chunk, nullptr, core), want, kBound,
+                   std::string("expanded ") + CoreName(core) + " chunk " +
+                       std::to_string(chunk));
+    }
   }
 }
 
@@ -257,8 +262,11 @@ TEST(MlaKernels, K3HeadsPerRankRealDims) {
   const Case c{12, 128, 64, 128, 512, {9, 40, 33}, {1, 4, 33}};
   const MlaCall s = Make(c, 16, 3);
   const std::vector<float> want = Oracle(s);
-  const std::vector<float> exp = Expanded(s, 0);
-  ExpectWithin(exp, want, kBound, "K3 expanded");
+  const std::vector<float> exp = Expanded(s, 0, nullptr, MlaCore::kSimt);
+  ExpectWithin(exp, want, kBound, "K3 expanded simt");
+  const std::vector<float> exp_mma = Expanded(s, 0, nullptr, MlaCore::kTensorCore);
+  ExpectWithin(exp_mma, want, kBound, "K3 expanded mma");
+  ExpectWithin(exp_mma, exp, kBound, "K3 expanded mma vs simt");
   for (MlaCore core : kCores) {
     const std::vector<float> abs = Absorbed(s, 0, nullptr, core);
     ExpectWithin(abs, want, kBound, std::string("K3 absorbed ") + CoreName(core));
@@ -271,12 +279,12 @@ TEST(MlaKernels, K3HeadsPerRankRealDims) {
 
 TEST(MlaKernels, SpeculativeQueriesAreCausal) {
   // Query i of a k = 4 run equals a single-query run whose context ends at it.
-  const Case c{2, 16, 8, 16, 32, {40}, {4}};
+  const Case c{2, 16, 16, 16, 32, {40}, {4}};
   const MlaCall s = Make(c, 16, 9);
-  const std::vector<float> all_exp = Expanded(s, 0);
   const int64_t row = c.heads * c.v;
   for (MlaCore core : kCores) {
     const std::vector<float> all = Absorbed(s, 0, nullptr, core);
+    const std::vector<float> all_exp = Expanded(s, 0, nullptr, core);
     for (int32_t i = 0; i < 4; ++i) {
       MlaCall one = Make(c, 16, 9);
       one.seq_lens[0] = 40 - 3 + i;
@@ -290,15 +298,16 @@ TEST(MlaKernels, SpeculativeQueriesAreCausal) {
           std::string("absorbed ") + CoreName(core) + " draft " + std::to_string(i));
       const std::vector<float> want_exp(all_exp.begin() + i * row,
                                         all_exp.begin() + (i + 1) * row);
-      ExpectWithin(Expanded(one, 0), want_exp, 1e-6,
-                   std::string("expanded draft ") + std::to_string(i));
+      ExpectWithin(
+          Expanded(one, 0, nullptr, core), want_exp, 1e-6,
+          std::string("expanded ") + CoreName(core) + " draft " + std::to_string(i));
     }
   }
 }
 
 TEST(MlaKernels, EmulatorSeeds) {
   // Races between warps show up as seed-dependent results.
-  const Case c{3, 16, 8, 12, 64, {70, 5}, {6, 5}};
+  const Case c{3, 24, 8, 16, 64, {70, 5}, {6, 5}};
   const MlaCall s = Make(c, 16, 21);
   const std::vector<float> want = Oracle(s);
   for (uint64_t seed : {1u, 2u, 3u, 4u}) {
@@ -307,9 +316,10 @@ TEST(MlaKernels, EmulatorSeeds) {
       ExpectWithin(
           Absorbed(s, 3, nullptr, core), want, kBound,
           std::string("absorbed ") + CoreName(core) + " seed " + std::to_string(seed));
+      ExpectWithin(
+          Expanded(s, 64, nullptr, core), want, kBound,
+          std::string("expanded ") + CoreName(core) + " seed " + std::to_string(seed));
     }
-    ExpectWithin(Expanded(s, 64), want, kBound,
-                 std::string("expanded seed ") + std::to_string(seed));
   }
   cuda_sim::SetSeed(1);
 }
