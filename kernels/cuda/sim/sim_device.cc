@@ -13,10 +13,33 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 
+// Under ASan the bytes between an allocation's requested size and its 256-byte
+// rounding are poisoned, so that a kernel reading or writing past the extent it was
+// given is caught although the emulated device rounds like cudaMalloc.
+#if defined(__SANITIZE_ADDRESS__)
+#define TANDEM_SIM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TANDEM_SIM_ASAN 1
+#endif
+#endif
+#if defined(TANDEM_SIM_ASAN)
+#include <sanitizer/asan_interface.h>
+#define TANDEM_SIM_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define TANDEM_SIM_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define TANDEM_SIM_POISON(p, n) ((void)(p), (void)(n))
+#define TANDEM_SIM_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 namespace tandem::kernels::cuda {
 namespace {
 
 constexpr size_t kAlignment = 256;
+
+size_t Rounded(size_t bytes) {
+  return (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+}
 
 class SimStream final : public Stream {
  public:
@@ -52,15 +75,17 @@ class SimDevice final : public Device {
   explicit SimDevice(int64_t capacity) : capacity_(capacity) {}
   ~SimDevice() override {
     absl::MutexLock lock(&mu_);
-    for (auto& [start, bytes] : live_) std::free(reinterpret_cast<void*>(start));
+    for (auto& [start, bytes] : live_) {
+      TANDEM_SIM_UNPOISON(reinterpret_cast<void*>(start), Rounded(bytes));
+      std::free(reinterpret_cast<void*>(start));
+    }
   }
 
   absl::string_view name() const override { return "cuda_sim"; }
   bool host_addressable() const override { return true; }
 
   absl::StatusOr<void*> Allocate(size_t bytes) override {
-    const size_t rounded =
-        (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+    const size_t rounded = Rounded(bytes);
     {
       absl::MutexLock lock(&mu_);
       if (static_cast<int64_t>(rounded) > capacity_ - reserved_) {
@@ -78,6 +103,7 @@ class SimDevice final : public Device {
           absl::StrCat("cuda_sim: host allocation of ", bytes, " bytes failed"));
     }
     std::memset(p, 0xff, rounded);
+    TANDEM_SIM_POISON(static_cast<char*>(p) + bytes, rounded - bytes);
     live_[reinterpret_cast<uintptr_t>(p)] = bytes;
     allocated_ += static_cast<int64_t>(bytes);
     return p;
@@ -95,8 +121,8 @@ class SimDevice final : public Device {
                      p);
         std::abort();
       }
-      const size_t rounded =
-          (std::max<size_t>(it->second, 1) + kAlignment - 1) / kAlignment * kAlignment;
+      const size_t rounded = Rounded(it->second);
+      TANDEM_SIM_UNPOISON(p, rounded);
       reserved_ -= static_cast<int64_t>(rounded);
       allocated_ -= static_cast<int64_t>(it->second);
       live_.erase(it);
