@@ -256,15 +256,19 @@ int main(int argc, char** argv) {
   const int router_metrics = router.Port("router serving", "metrics_port");
   if (router_port == 0) return Fail("router did not start:\n" + router.Log());
   std::map<std::string, std::unique_ptr<Child>> workers;
-  for (const char* role : {"prefill", "decode"}) {
-    workers[role] = std::make_unique<Child>(
-        std::vector<std::string>{
-            bin + "/" + role + "/" + role + "_main", "--model=" + model,
-            std::string("--worker_id=") + role + "-0",
-            absl::StrCat("--router=127.0.0.1:", router_port), "--port=0",
-            "--metrics_port=0", "--log_format=json",
-            "--kv_cache_memory=" + absl::GetFlag(FLAGS_kv_cache_memory)},
-        tmp + "/" + role + ".log");
+  for (const std::string role : {"prefill", "decode"}) {
+    std::vector<std::string> argv = {
+        bin + "/" + role + "/" + role + "_main",
+        "--model=" + model,
+        "--worker_id=" + role + "-0",
+        absl::StrCat("--router=127.0.0.1:", router_port),
+        "--port=0",
+        "--metrics_port=0",
+        "--log_format=json",
+        "--kv_cache_memory=" + absl::GetFlag(FLAGS_kv_cache_memory)};
+    // The reservation is held for the whole (hours-long) prefill of a long prompt.
+    if (role == "decode") argv.push_back("--max_lease_s=86400");
+    workers[role] = std::make_unique<Child>(argv, tmp + "/" + role + ".log");
   }
   const int prefill_metrics =
       workers["prefill"]->Port("worker serving", "metrics_port");

@@ -30,7 +30,10 @@ ABSL_FLAG(
 ABSL_FLAG(int, num_speculative_tokens, 3, "Drafts verified per decode step.");
 ABSL_FLAG(std::string, draft_model, "",
           "Draft checkpoint for --speculative=draft (same tokenizer and vocabulary).");
-ABSL_FLAG(double, max_lease_s, 60, "Longest reservation lease granted.");
+ABSL_FLAG(double, max_lease_s, 3600,
+          "Longest reservation lease granted (the router asks for the time until the "
+          "request's deadline: a long prompt's prefill can take minutes to hours, and "
+          "the reservation must outlive it).");
 ABSL_FLAG(double, unlanded_quarantine_s, 5,
           "Seconds a reservation released before its state landed keeps its blocks "
           "out of use (a prefill worker the router gave up on may still write).");

@@ -25,6 +25,7 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
         req_(std::move(request)),
         stream_(stream),
         started_(started),
+        deadline_(deadline),
         on_finish_(std::move(on_finish)),
         placement_(h->deps(), h->options(),
                    PlacementRequest{
@@ -107,7 +108,8 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
     // The registry admits only workers whose TP size equals every live worker's
     // of the other role, so the prefill worker picked next has the decode's size.
     reserve_req_.set_prefill_tp_size(std::max(a.worker.registration.tp_size(), 1));
-    reserve_req_.set_lease_ms(h_->options().lease_ms);
+    reserve_req_.set_lease_ms(
+        ReservationLeaseMs(deadline_, h_->clock()->Now(), h_->options().lease_ms));
     target_.Clear();
     h_->DecodeStub(a.worker.registration.grpc_address())
         ->async()
@@ -242,6 +244,7 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
   const tandem::v1::GenerateRequest req_;
   rpc::ResponseSink* const stream_;  // producer reference; Close()d in Finish
   const absl::Time started_;
+  const absl::Time deadline_;  // the request's
   const std::function<void(const absl::Status&)> on_finish_;
 
   absl::Mutex mu_;

@@ -1,6 +1,7 @@
 #include "router/placement.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -55,6 +56,16 @@ Placement::Action Placement::Call(Kind kind, const WorkerRecord& worker,
   a.worker = worker;
   a.deadline = deadline;
   return a;
+}
+
+int32_t ReservationLeaseMs(absl::Time request_deadline, absl::Time now,
+                           int32_t min_lease_ms) {
+  const absl::Duration left = request_deadline - now;
+  const int64_t ms = left == absl::InfiniteDuration()
+                         ? std::numeric_limits<int32_t>::max()
+                         : absl::ToInt64Milliseconds(left);
+  return static_cast<int32_t>(std::clamp<int64_t>(
+      ms, std::max<int32_t>(min_lease_ms, 0), std::numeric_limits<int32_t>::max()));
 }
 
 Placement::Actions Placement::Start() {

@@ -71,7 +71,9 @@ struct HandoffOptions {
   int max_prefill_attempts = 3;
   // Reserve / Release deadline.
   absl::Duration rpc_timeout = absl::Seconds(5);
-  // Lease asked of the decode worker.
+  // Lease asked of the decode worker, at least (ReservationLeaseMs: a request
+  // whose deadline is later asks for the time until it, so a long prefill does
+  // not outlive its reservation).
   int32_t lease_ms = 30000;
   // Ask for state checksums (prefill computes, decode verifies).
   bool checksums = true;
@@ -98,6 +100,14 @@ struct PlacementDeps {
   HandoffMetrics* metrics;
   Clock* clock;
 };
+
+// The lease a reservation asks for: until the request's deadline (its prefill
+// may take that long: minutes for a 64k-token prompt on a CPU, hours for 1M),
+// at least `min_lease_ms`, at most what a proto int32 holds. The lease only
+// frees memory the router forgot (it died, or lost the worker's answer); every
+// other end is an explicit Release.
+int32_t ReservationLeaseMs(absl::Time request_deadline, absl::Time now,
+                           int32_t min_lease_ms);
 
 class Placement {
  public:

@@ -614,6 +614,15 @@ TEST_F(PlacementTest, RoomFreedByAFinishedRequestIsUsedBeforeTheNextReport) {
   EXPECT_EQ(Placed("d0"), 0);
 }
 
+TEST(ReservationLeaseTest, CoversTheRequestUpToItsDeadline) {
+  const absl::Time now = absl::FromUnixSeconds(1000);
+  EXPECT_EQ(ReservationLeaseMs(now + absl::Seconds(600), now, 30000), 600000);
+  EXPECT_EQ(ReservationLeaseMs(now + absl::Seconds(1), now, 30000), 30000);  // at least
+  EXPECT_EQ(ReservationLeaseMs(now - absl::Seconds(1), now, 30000), 30000);
+  EXPECT_EQ(ReservationLeaseMs(absl::InfiniteFuture(), now, 30000), 2147483647);
+  EXPECT_EQ(ReservationLeaseMs(now + absl::Hours(24 * 30), now, 30000), 2147483647);
+}
+
 TEST_F(PlacementTest, NoDecodeWorkerAliveIsUnavailableNotQueued) {
   ASSERT_TRUE(registry_.Remove("d0"));
   ASSERT_TRUE(registry_.Remove("d1"));

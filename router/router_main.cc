@@ -44,7 +44,9 @@ ABSL_FLAG(double, queue_timeout_s, 300,
           "deadline); then RESOURCE_EXHAUSTED (HTTP 429 with Retry-After).");
 ABSL_FLAG(double, request_timeout_s, 600, "Deadline of a request that has none.");
 ABSL_FLAG(double, rpc_timeout_s, 5, "Deadline of Reserve and Release calls.");
-ABSL_FLAG(int, lease_ms, 30000, "Reservation lease asked of decode workers.");
+ABSL_FLAG(int, lease_ms, 30000,
+          "Shortest reservation lease asked of decode workers (a request asks for the "
+          "time until its deadline when that is longer).");
 ABSL_FLAG(bool, kv_checksums, true,
           "Checksum every transferred state (prefill computes, decode verifies).");
 

@@ -3,7 +3,8 @@
 // by layer over UCX): a 16,000-token prompt gets exactly the greedy tokens of
 // the single-process engine, and each worker's peak RSS stays within its cache
 // budget plus the mapped weights plus a bound for one step's activations and
-// the process itself.
+// the process itself. The decode reservation, made before the prefill starts,
+// outlives it although the prefill takes ten times the router's --lease_ms.
 #include <grpcpp/grpcpp.h>
 
 #include <filesystem>
@@ -89,7 +90,10 @@ TEST(ClusterLongContextTest, SixteenThousandTokensEqualTheSingleProcessEngine) {
   ProcessCluster c;
   const std::vector<std::string> worker = {"--max_model_len=20000",
                                            "--kv_cache_memory=64MiB"};
-  ASSERT_EQ(c.Start({"--request_timeout_s=900"}, /*decode_slots=*/4, worker, worker),
+  // A 2 s minimum lease: the reservation must outlive the ~20 s prefill (the
+  // router asks for the time until the request's deadline).
+  ASSERT_EQ(c.Start({"--request_timeout_s=900", "--lease_ms=2000"}, /*decode_slots=*/4,
+                    worker, worker),
             "");
   tandem::v1::GenerateRequest req =
       MakeRequest(kPromptTokens, 16, kOutputTokens, /*temperature=*/0.0f);
