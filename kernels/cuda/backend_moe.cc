@@ -19,6 +19,31 @@ static_assert(offsetof(MoeExpertPtrs, w3_scale) == offsetof(Mxfp4Expert, w3_scal
 static_assert(offsetof(MoeExpertPtrs, w2_packed) == offsetof(Mxfp4Expert, w2_packed));
 static_assert(offsetof(MoeExpertPtrs, w2_scale) == offsetof(Mxfp4Expert, w2_scale));
 
+namespace {
+
+// Elements spanned by `rows` rows of `width` with stride ld.
+size_t Span(int64_t rows, int64_t width, int64_t ld) {
+  return rows <= 0 || width <= 0 ? 0 : static_cast<size_t>((rows - 1) * ld + width);
+}
+
+struct Range {
+  const void* p;
+  size_t bytes;
+  const char* what;
+};
+
+// FailedPrecondition unless every range is memory of the backend's device (checked
+// where that is cheap: cuda_sim). The expert weights behind MoeArgs::experts are
+// device pointers in device memory: not readable here, not checked.
+absl::Status Resident(const GpuBackend& be, std::initializer_list<Range> ranges) {
+  for (const Range& r : ranges) {
+    TANDEM_RETURN_IF_ERROR(be.CheckResident(r.p, r.bytes, r.what));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status GpuBackend::RouterTopK(const float* x, int64_t ldx, const uint16_t* gate,
                                     const float* bias, int64_t tokens, int64_t hidden,
                                     int64_t num_experts, int64_t top_k,
@@ -36,6 +61,14 @@ absl::Status GpuBackend::RouterTopK(const float* x, int64_t ldx, const uint16_t*
     return InvalidArgument("router: ", tokens, " tokens x ", num_experts,
                            " experts exceed the launch grid");
   }
+  const size_t tk = static_cast<size_t>(tokens * top_k);
+  TANDEM_RETURN_IF_ERROR(Resident(
+      *this,
+      {{x, Span(tokens, hidden, ldx) * sizeof(float), "router x"},
+       {gate, Span(num_experts, hidden, hidden) * sizeof(uint16_t), "router gate"},
+       {bias, static_cast<size_t>(num_experts) * sizeof(float), "router bias"},
+       {ids, tk * sizeof(int32_t), "router ids"},
+       {weights, tk * sizeof(float), "router weights"}}));
   TANDEM_ASSIGN_OR_RETURN(void* scratch,
                           Scratch(RouterScratchBytes(tokens, num_experts)));
   if (const char* err =
@@ -50,6 +83,18 @@ absl::Status GpuBackend::MoeMxfp4(const MoeArgs& args) {
   // Shapes only: the ids are device memory, checked in the kernel (error word).
   TANDEM_RETURN_IF_ERROR(CheckMoeShape(args));
   if (args.tokens == 0) return absl::OkStatus();
+  const size_t tk = static_cast<size_t>(args.tokens * args.top_k);
+  TANDEM_RETURN_IF_ERROR(Resident(
+      *this,
+      {{args.z, Span(args.tokens, args.hidden, args.ld_z) * sizeof(float), "moe z"},
+       {args.out, Span(args.tokens, args.hidden, args.ld_out) * sizeof(float),
+        "moe out"},
+       {args.ids, tk * sizeof(int32_t), "moe ids"},
+       {args.weights, tk * sizeof(float), "moe weights"},
+       {args.experts,
+        args.top_k > 0 ? static_cast<size_t>(args.num_experts) * sizeof(Mxfp4Expert)
+                       : 0,
+        "moe experts"}}));
   const int64_t chunk = std::min(args.tokens, kMoeChunkTokens);
   TANDEM_ASSIGN_OR_RETURN(
       void* scratch, Scratch(MoeScratchBytes(chunk, args.hidden, args.inter, args.top_k,

@@ -38,61 +38,149 @@ __device__ __forceinline__ U32x4 Load16(const uint8_t* p) {
 
 // ============================ RouterTopK ======================================
 
-constexpr int kRouterWarps = 8;     // experts per logits block (one per warp)
-constexpr int kRouterTokens = 8;    // tokens per logits block
-constexpr int kRouterChunk = 1024;  // hidden elements staged per step
+constexpr int kRouterSplits = 32;  // contiguous k ranges of a logit (see below)
+constexpr int kGemvWarps = 8;      // experts per GEMV block (one per warp)
+constexpr int kGemvTokens = 8;     // tokens per GEMV block
+constexpr int kTiledTokens = 64;   // tiled kernel: 64 tokens x 64 experts per block,
+constexpr int kTiledExperts = 64;  //   4 x 4 per thread, k tiles of 32
+constexpr int kTiledK = 32;
+constexpr int kTiledThreads = 256;
+constexpr int kTiledMinTokens = 65;  // below: the GEMV kernel
 constexpr int kTopKThreads = 256;
 
-// logits[t, e] = x[t] . gate[e] (fp32). kVec: hidden % 8 == 0 and gate 16-byte
-// aligned (each lane reads 8 BF16 at a time).
+// Both logits kernels compute every logit in one fixed order, so a token's ids do
+// not depend on the batch it is in (nor on which kernel ran): hidden is cut into
+// kRouterSplits contiguous ranges of split_len (a multiple of 32) elements; each
+// range is an fmaf chain in increasing k from 0, and logit = ((0 + p_0) + p_1) +
+// ... + p_31 in fp32.
+int RouterSplitLen(int64_t hidden) {
+  const int64_t per = (hidden + kRouterSplits - 1) / kRouterSplits;
+  return static_cast<int>((per + kTiledK - 1) / kTiledK * kTiledK);
+}
+
+// Decode / small batches: one warp per expert, lane l = split l, up to 8 tokens.
+// The gate (12.8 MiB for K3) is streamed once per 8 tokens by E / 8 blocks; x (a
+// few rows) stays in L1/L2. kVec: hidden % 8 == 0 and gate 16-byte aligned.
 template <bool kVec>
-__global__ void __launch_bounds__(kRouterWarps * 32)
-    RouterLogitsKernel(const float* x, int64_t ldx, const uint16_t* gate, int tokens,
-                       int hidden, int num_experts, float* logits) {
-  __shared__ __align__(16) float xs[kRouterTokens][kRouterChunk];
-  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
-  const int t0 = blockIdx.x * kRouterTokens;
-  const int nt = std::min(int{kRouterTokens}, tokens - t0);
-  const int e = blockIdx.y * kRouterWarps + warp;
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    RouterGemvKernel(const float* x, int64_t ldx, const uint16_t* gate, int tokens,
+                     int hidden, int num_experts, int split_len, float* logits) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int e = blockIdx.y * kGemvWarps + warp;
+  if (e >= num_experts) return;  // warp-uniform; no block barrier in this kernel
+  const int t0 = blockIdx.x * kGemvTokens;
+  const int nt = std::min(int{kGemvTokens}, tokens - t0);
   const uint16_t* grow = gate + static_cast<int64_t>(e) * hidden;
-  float acc[kRouterTokens];
-  for (int n = 0; n < kRouterTokens; ++n) acc[n] = 0.0f;
-  for (int h0 = 0; h0 < hidden; h0 += kRouterChunk) {
-    const int len = std::min(int{kRouterChunk}, hidden - h0);
-    __syncthreads();  // the previous chunk is consumed
-    for (int idx = tid; idx < kRouterTokens * kRouterChunk; idx += blockDim.x) {
-      const int n = idx / kRouterChunk, i = idx % kRouterChunk;
-      xs[n][i] =
-          (n < nt && i < len) ? x[static_cast<int64_t>(t0 + n) * ldx + h0 + i] : 0.0f;
-    }
-    __syncthreads();
-    if (e < num_experts) {
-      if (kVec) {
-        for (int i = lane * 8; i < len; i += kWarpSize * 8) {
-          const U32x4 q = *reinterpret_cast<const U32x4*>(grow + h0 + i);
-          float w[8];
-          for (int j = 0; j < 4; ++j) {
-            w[2 * j] = Bf16ToF32(static_cast<uint16_t>(q.v[j] & 0xffffu));
-            w[2 * j + 1] = Bf16ToF32(static_cast<uint16_t>(q.v[j] >> 16));
-          }
-          for (int n = 0; n < kRouterTokens; ++n) {
-            float a = acc[n];
-            for (int j = 0; j < 8; ++j) a = fmaf(xs[n][i + j], w[j], a);
-            acc[n] = a;
-          }
-        }
-      } else {
-        for (int i = lane; i < len; i += kWarpSize) {
-          const float w = Bf16ToF32(grow[h0 + i]);
-          for (int n = 0; n < kRouterTokens; ++n) acc[n] = fmaf(xs[n][i], w, acc[n]);
+  const float* xt = x + static_cast<int64_t>(t0) * ldx;
+  const int k0 = std::min(hidden, lane * split_len);
+  const int k1 = std::min(hidden, k0 + split_len);
+  float acc[kGemvTokens];
+#pragma unroll
+  for (int n = 0; n < kGemvTokens; ++n) acc[n] = 0.0f;
+  if (kVec) {
+    for (int k = k0; k < k1; k += 8) {
+      const U32x4 q = *reinterpret_cast<const U32x4*>(grow + k);
+      float w[8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        w[2 * j] = Bf16ToF32(static_cast<uint16_t>(q.v[j] & 0xffffu));
+        w[2 * j + 1] = Bf16ToF32(static_cast<uint16_t>(q.v[j] >> 16));
+      }
+#pragma unroll
+      for (int n = 0; n < kGemvTokens; ++n) {
+        if (n < nt) {
+          const float* xr = xt + static_cast<int64_t>(n) * ldx + k;
+          float a = acc[n];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) a = fmaf(xr[j], w[j], a);
+          acc[n] = a;
         }
       }
     }
+  } else {
+    for (int k = k0; k < k1; ++k) {
+      const float w = Bf16ToF32(grow[k]);
+#pragma unroll
+      for (int n = 0; n < kGemvTokens; ++n) {
+        if (n < nt) acc[n] = fmaf(xt[static_cast<int64_t>(n) * ldx + k], w, acc[n]);
+      }
+    }
   }
-  if (e >= num_experts) return;  // warp-uniform
-  for (int n = 0; n < kRouterTokens; ++n) {
-    const float v = ::tandem::gpu::WarpSum(acc[n]);
-    if (lane == 0 && n < nt) logits[static_cast<int64_t>(t0 + n) * num_experts + e] = v;
+#pragma unroll
+  for (int n = 0; n < kGemvTokens; ++n) {
+    float total = 0.0f;
+    for (int s = 0; s < kRouterSplits; ++s) total += __shfl_sync(kFullMask, acc[n], s);
+    if (lane == 0 && n < nt)
+      logits[static_cast<int64_t>(t0 + n) * num_experts + e] = total;
+  }
+}
+
+// Prefill: 64 tokens x 64 experts per block, x and the widened gate staged in
+// k tiles of 32 (split_len is a multiple of 32: tiles never straddle a split).
+__global__ void __launch_bounds__(kTiledThreads)
+    RouterTiledKernel(const float* x, int64_t ldx, const uint16_t* gate, int tokens,
+                      int hidden, int num_experts, int split_len, float* logits) {
+  __shared__ __align__(16) float xs[kTiledK][kTiledTokens + 4];
+  __shared__ __align__(16) float gs[kTiledK][kTiledExperts + 4];
+  const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+  const int t0 = blockIdx.x * kTiledTokens, e0 = blockIdx.y * kTiledExperts;
+  float total[4][4], part[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) total[i][j] = 0.0f;
+  }
+  for (int s0 = 0; s0 < hidden; s0 += split_len) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) part[i][j] = 0.0f;
+    }
+    const int s1 = std::min(hidden, s0 + split_len);
+    for (int kt = s0; kt < s1; kt += kTiledK) {
+      __syncthreads();  // the previous tile is consumed
+      for (int idx = tid; idx < kTiledTokens * kTiledK; idx += blockDim.x) {
+        const int r = idx / kTiledK, c = idx % kTiledK, k = kt + c;
+        const int t = t0 + r, e = e0 + r;
+        xs[c][r] = (t < tokens && k < s1) ? x[static_cast<int64_t>(t) * ldx + k] : 0.0f;
+        gs[c][r] = (e < num_experts && k < s1)
+                       ? Bf16ToF32(gate[static_cast<int64_t>(e) * hidden + k])
+                       : 0.0f;
+      }
+      __syncthreads();
+      // Past s1 both tiles hold zeros: fmaf(0, 0, p) == p (a -0 partial may turn
+      // +0, which no sigmoid sees).
+#pragma unroll 8
+      for (int c = 0; c < kTiledK; ++c) {
+        float a[4], b[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          a[i] = xs[c][ty * 4 + i];
+          b[i] = gs[c][tx * 4 + i];
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) part[i][j] = fmaf(a[i], b[j], part[i][j]);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) total[i][j] += part[i][j];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int t = t0 + ty * 4 + i;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + tx * 4 + j;
+      if (t < tokens && e < num_experts) {
+        logits[static_cast<int64_t>(t) * num_experts + e] = total[i][j];
+      }
+    }
   }
 }
 
@@ -575,18 +663,26 @@ const char* LaunchRouterTopK(const float* x, int64_t ldx, const uint16_t* gate,
                              void* stream) {
   if (tokens == 0 || top_k == 0) return nullptr;
   float* logits = static_cast<float*>(scratch);
-  const dim3 grid(
-      static_cast<unsigned>((tokens + kRouterTokens - 1) / kRouterTokens),
-      static_cast<unsigned>((num_experts + kRouterWarps - 1) / kRouterWarps));
-  const bool vec = hidden % 8 == 0 && (reinterpret_cast<uintptr_t>(gate) & 15u) == 0;
-  if (vec) {
-    TANDEM_LAUNCH(RouterLogitsKernel<true>, grid, dim3(kRouterWarps * 32), 0, stream, x,
-                  ldx, gate, static_cast<int>(tokens), static_cast<int>(hidden),
-                  static_cast<int>(num_experts), logits);
+  const int split_len = RouterSplitLen(hidden);
+  const int T = static_cast<int>(tokens), H = static_cast<int>(hidden),
+            E = static_cast<int>(num_experts);
+  if (tokens >= kTiledMinTokens) {
+    const dim3 grid(
+        static_cast<unsigned>((tokens + kTiledTokens - 1) / kTiledTokens),
+        static_cast<unsigned>((num_experts + kTiledExperts - 1) / kTiledExperts));
+    TANDEM_LAUNCH(RouterTiledKernel, grid, dim3(kTiledThreads), 0, stream, x, ldx, gate,
+                  T, H, E, split_len, logits);
   } else {
-    TANDEM_LAUNCH(RouterLogitsKernel<false>, grid, dim3(kRouterWarps * 32), 0, stream,
-                  x, ldx, gate, static_cast<int>(tokens), static_cast<int>(hidden),
-                  static_cast<int>(num_experts), logits);
+    const dim3 grid(static_cast<unsigned>((tokens + kGemvTokens - 1) / kGemvTokens),
+                    static_cast<unsigned>((num_experts + kGemvWarps - 1) / kGemvWarps));
+    const bool vec = hidden % 8 == 0 && (reinterpret_cast<uintptr_t>(gate) & 15u) == 0;
+    if (vec) {
+      TANDEM_LAUNCH(RouterGemvKernel<true>, grid, dim3(kGemvWarps * 32), 0, stream, x,
+                    ldx, gate, T, H, E, split_len, logits);
+    } else {
+      TANDEM_LAUNCH(RouterGemvKernel<false>, grid, dim3(kGemvWarps * 32), 0, stream, x,
+                    ldx, gate, T, H, E, split_len, logits);
+    }
   }
   if (const char* err = ::tandem::gpu::LaunchError()) return err;
   const size_t smem = static_cast<size_t>(2 * num_experts + top_k) * sizeof(float);

@@ -157,6 +157,45 @@ TEST(RouterTopKTest, MatchesOracleSmall) {
   }
 }
 
+TEST(RouterTopKTest, TiledPathMatchesOracle) {
+  // >= 65 tokens: the 64 x 64 tiled logits kernel (token and expert tails).
+  std::mt19937 rng(12);
+  for (const RouterCase& c : {RouterCase{70, 200, 37, 6, true, 2.5f},
+                              RouterCase{130, 256, 100, 8, false, 1.0f}}) {
+    const int64_t ldx = c.hidden + 1;
+    const RouterInputs in = RandomRouterInputs(rng, c, ldx);
+    ExpectRouterMatches(c, in.x, ldx, in.gate, in.bias,
+                        "tiled tokens " + std::to_string(c.tokens));
+  }
+}
+
+TEST(RouterTopKTest, BatchInvariant) {
+  // A token's ids and weights are bit for bit the same alone (GEMV kernel), in a
+  // batch of 9 (two GEMV token tiles) and in a batch of 70 (tiled kernel).
+  std::mt19937 rng(13);
+  const RouterCase big{70, 320, 48, 5, true, 1.5f};
+  const RouterInputs in = RandomRouterInputs(rng, big, big.hidden);
+  const RouterResult all = RunRouter(big, in.x, big.hidden, in.gate, in.bias);
+  RouterCase nine = big;
+  nine.tokens = 9;
+  const RouterResult first9 = RunRouter(nine, in.x, big.hidden, in.gate, in.bias);
+  for (int64_t t : {0, 3, 8, 40, 69}) {
+    RouterCase one = big;
+    one.tokens = 1;
+    const std::vector<float> xt(in.x.begin() + t * big.hidden,
+                                in.x.begin() + (t + 1) * big.hidden);
+    const RouterResult r = RunRouter(one, xt, big.hidden, in.gate, in.bias);
+    for (int64_t i = 0; i < big.top_k; ++i) {
+      EXPECT_EQ(r.ids[i], all.ids[t * big.top_k + i]) << t;
+      EXPECT_EQ(r.weights[i], all.weights[t * big.top_k + i]) << t;
+      if (t < 9) {
+        EXPECT_EQ(r.ids[i], first9.ids[t * big.top_k + i]) << t;
+        EXPECT_EQ(r.weights[i], first9.weights[t * big.top_k + i]) << t;
+      }
+    }
+  }
+}
+
 TEST(RouterTopKTest, K3ShapeMatchesOracle) {
   // 896 experts, top 16, the full 7168 hidden, 1 and 2 tokens (decode).
   std::mt19937 rng(5);
@@ -518,6 +557,26 @@ TEST(MoeMxfp4Test, UnalignedWeightsAndOddScales) {
     c.experts[e].w2_packed += 1;
   }
   ExpectMoeMatches(c, "unaligned");
+}
+
+TEST(MoeMxfp4Test, BatchInvariant) {
+  // A token's output is bit for bit the same alone and inside a batch of 40 (its
+  // columns of every tile depend only on its own pairs; fixed k and slot order).
+  std::mt19937 rng(27);
+  const MoeCase all = RandomMoe(rng, 40, 64, 96, 3, 6, {2}, true);
+  const std::vector<float> got = RunMoe(all);
+  for (int64_t t : {0, 1, 17, 39}) {
+    MoeCase one = all;
+    one.tokens = 1;
+    one.z.assign(all.z.begin() + t * all.ld_z, all.z.begin() + (t + 1) * all.ld_z);
+    one.ids.assign(all.ids.begin() + t * 3, all.ids.begin() + (t + 1) * 3);
+    one.weights.assign(all.weights.begin() + t * 3, all.weights.begin() + (t + 1) * 3);
+    Wire(one, {2});  // the copied pointers still point into `all`; rewire to one's
+    const std::vector<float> alone = RunMoe(one);
+    EXPECT_EQ(0, std::memcmp(alone.data(), got.data() + t * all.ld_out,
+                             all.hidden * sizeof(float)))
+        << "token " << t;
+  }
 }
 
 TEST(MoeMxfp4Test, KnownValues) {
