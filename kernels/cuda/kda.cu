@@ -22,7 +22,7 @@ using ::tandem::gpu::MmaBf16M16N8K16;
 using ::tandem::gpu::PackBf16x2;
 using ::tandem::gpu::WarpSum;
 
-constexpr int kTile = 32;  // d_v columns per block (both forms)
+constexpr int kTile = 32;  // d_v padding of the chunk records: the widest state tile
 constexpr int kC = static_cast<int>(kKdaChunk);
 constexpr size_t kDefaultSmem = 48 * 1024;
 
@@ -313,7 +313,6 @@ __device__ __forceinline__ void Mma3(float big[4], float small[4],
   MmaBf16M16N8K16(small, ahi, blo);
 }
 
-constexpr int kStateWarps = 4;
 constexpr int kSmallPitch = 24;  // bf16 pitch of 16-wide planes (48 B: odd 16-B units)
 constexpr int kUpPitch = kTile + 8;  // f32 pitch of the staged U' tile
 
@@ -338,8 +337,8 @@ struct StageLayout {
   __host__ __device__ int qg_lo() const { return w_hi + 3 * kC * pa * 2; }
 };
 // After the stages: S^T hi / lo [32][pa] and U^T hi / lo [32][kSmallPitch], bf16.
-__host__ __device__ inline int FixedSmemBytes(int dkp) {
-  return 2 * kTile * (dkp + 8) * 2 + 2 * kTile * kSmallPitch * 2;
+__host__ __device__ inline int FixedSmemBytes(int dkp, int tile) {
+  return 2 * tile * (dkp + 8) * 2 + 2 * tile * kSmallPitch * 2;
 }
 
 // `rows` rows of `units` 16-byte units, cp.async by the whole block.
@@ -375,17 +374,18 @@ __device__ __forceinline__ void LdSplitB(uint32_t bhi[2], uint32_t blo[2],
   blo[1] = r[3];
 }
 
-// grid (ceil(d_v / 32), heads), block 128 (4 warps). Warp w owns the state rows of
-// m-tiles w + 4r (r < kMT), all 32 columns of the tile (4 n-tiles of 8), as mma
-// accumulators, and computes columns 8w..8w+7 of X, Y, U, O. The next chunk's
-// operands stream in (cp.async) while this one computes when `stages` is 2.
-template <int kMT>
-__global__ void __launch_bounds__(kStateWarps * 32)
+// grid (ceil(d_v / 8kW), heads), block 32 kW (kW warps, 8 kW columns). Warp w owns
+// the state rows of m-tiles w + kW r (r < kMT), all columns of the tile (kW n-tiles
+// of 8), as mma accumulators, and computes columns 8w..8w+7 of X, Y, U, O. The next
+// chunk's operands stream in (cp.async) while this one computes when `stages` is 2.
+template <int kMT, int kW>
+__global__ void __launch_bounds__(kW * 32)
     KdaChunkStateKernel(KdaLaunchArgs a, const unsigned char* scratch, int stages) {
   const int dk = static_cast<int>(a.head_dim_k), dv = static_cast<int>(a.head_dim_v);
   const int heads = static_cast<int>(a.heads);
   const int h = blockIdx.y;
-  const int col0 = blockIdx.x * kTile;
+  constexpr int kTV = 8 * kW;  // d_v columns of the block: an n-tile per warp
+  const int col0 = blockIdx.x * kTV;
   const ChunkLayout L(dk, dv);
   const StageLayout SL(L.dkp);
   const int mtiles = L.dkp / 16;
@@ -394,17 +394,17 @@ __global__ void __launch_bounds__(kStateWarps * 32)
   const int g = lane / 4, tq = lane % 4;
   TANDEM_DYNAMIC_SMEM(unsigned char, smem);
   uint16_t* s_hi = reinterpret_cast<uint16_t*>(smem + stages * SL.bytes);  // [32][pa]
-  uint16_t* s_lo = s_hi + kTile * pa;
-  uint16_t* u_hi = s_lo + kTile * pa;  // U^T [32][kSmallPitch]
-  uint16_t* u_lo = u_hi + kTile * kSmallPitch;
+  uint16_t* s_lo = s_hi + kTV * pa;
+  uint16_t* u_hi = s_lo + kTV * pa;  // U^T [kTV][kSmallPitch]
+  uint16_t* u_lo = u_hi + kTV * kSmallPitch;
 
   float* st = a.state + static_cast<int64_t>(h) * dk * dv;
-  float s[kMT][4][4];
+  float s[kMT][kW][4];
 #pragma unroll
   for (int r = 0; r < kMT; ++r) {
-    const int mt = w + kStateWarps * r;
+    const int mt = w + kW * r;
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
+    for (int nt = 0; nt < kW; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int row = 16 * mt + g + 8 * (e / 2);
@@ -422,8 +422,7 @@ __global__ void __launch_bounds__(kStateWarps * 32)
     CopyRows(dst + SL.kdt_hi, 2 * kSmallPitch, src + L.kdt_hi, 2 * kC, 2 * L.dkp, 2);
     CopyRows(dst + SL.qk_hi, 2 * kSmallPitch, src + L.qk_hi, 2 * kC, 2 * kC, 2);
     CopyRows(dst + SL.egl, 0, src + L.egl, 0, 1, L.dkp / 4);
-    CopyRows(dst + SL.up, 4 * kUpPitch, src + L.up + 4 * col0, 4 * L.dvp, kC,
-             kTile / 4);
+    CopyRows(dst + SL.up, 4 * kUpPitch, src + L.up + 4 * col0, 4 * L.dvp, kC, kTV / 4);
   };
   const int64_t chunks = (a.tokens + kC - 1) / kC;
   issue(0, 0);
@@ -440,10 +439,10 @@ __global__ void __launch_bounds__(kStateWarps * 32)
     // (a) S0 -> shared, transposed, split BF16: the B operand of X = W S0.
 #pragma unroll
     for (int r = 0; r < kMT; ++r) {
-      const int mt = w + kStateWarps * r;
+      const int mt = w + kW * r;
       if (mt >= mtiles) continue;
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
+      for (int nt = 0; nt < kW; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int row = 16 * mt + g + 8 * (e / 2);
@@ -490,9 +489,9 @@ __global__ void __launch_bounds__(kStateWarps * 32)
     }
     __syncthreads();
     // B fragments of U (16 tokens x 8 columns) for the 4 n-tiles.
-    uint32_t uhi[4][2], ulo[4][2];
+    uint32_t uhi[kW][2], ulo[kW][2];
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
+    for (int nt = 0; nt < kW; ++nt) {
       LdSplitB(uhi[nt], ulo[nt], u_hi + 8 * nt * kSmallPitch,
                u_lo + 8 * nt * kSmallPitch, kSmallPitch, 0, lane);
     }
@@ -517,14 +516,14 @@ __global__ void __launch_bounds__(kStateWarps * 32)
     // (e) S = diag(e^{G_L}) S0 + KdT U on the warp's rows.
 #pragma unroll
     for (int r = 0; r < kMT; ++r) {
-      const int mt = w + kStateWarps * r;
+      const int mt = w + kW * r;
       if (mt >= mtiles) continue;
       const float e0 = egl[16 * mt + g], e1 = egl[16 * mt + g + 8];
       uint32_t ahi[4], alo[4];
       LdTileA(ahi, kdt_hi + 16 * mt * kSmallPitch, kSmallPitch, lane);
       LdTileA(alo, kdt_lo + 16 * mt * kSmallPitch, kSmallPitch, lane);
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
+      for (int nt = 0; nt < kW; ++nt) {
         float small[4] = {0, 0, 0, 0};
         s[r][nt][0] *= e0;
         s[r][nt][1] *= e0;
@@ -539,10 +538,10 @@ __global__ void __launch_bounds__(kStateWarps * 32)
   CpAsyncWait<0>();
 #pragma unroll
   for (int r = 0; r < kMT; ++r) {
-    const int mt = w + kStateWarps * r;
+    const int mt = w + kW * r;
     if (mt >= mtiles) continue;
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
+    for (int nt = 0; nt < kW; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int row = 16 * mt + g + 8 * (e / 2);
@@ -561,6 +560,7 @@ int PowerOfTwoAtLeast(int x) {
 }
 
 constexpr size_t kMaxSmem = 227 * 1024;  // opt-in limit, sm_90 / sm_100
+constexpr int kAssumedSms = 132;         // H100 / H200 (B300: 148)
 
 template <typename Kernel>
 const char* PrepareSmem(Kernel kernel, size_t bytes) {
@@ -568,11 +568,12 @@ const char* PrepareSmem(Kernel kernel, size_t bytes) {
   return ::tandem::gpu::AllowDynamicSmem(kernel, bytes);
 }
 
-template <int kMT>
+template <int kMT, int kW>
 const char* LaunchState(const KdaLaunchArgs& a, const unsigned char* scratch, dim3 grid,
                         int stages, size_t smem, void* stream) {
-  if (const char* e = PrepareSmem(KdaChunkStateKernel<kMT>, smem)) return e;
-  TANDEM_LAUNCH(KdaChunkStateKernel<kMT>, grid, dim3(kStateWarps * kWarpSize), smem,
+  if (const char* e = PrepareSmem(KdaChunkStateKernel<kMT, kW>, smem)) return e;
+  // Parenthesised: the template-id's comma would split the macro argument.
+  TANDEM_LAUNCH((KdaChunkStateKernel<kMT, kW>), grid, dim3(kW * kWarpSize), smem,
                 stream, a, scratch, stages);
   return ::tandem::gpu::LaunchError();
 }
@@ -619,7 +620,8 @@ int64_t KdaChunkedTokensFor(size_t budget, int64_t heads, int64_t head_dim_k,
   return std::max<int64_t>(1, static_cast<int64_t>(budget) / per_chunk) * kC;
 }
 
-const char* KdaChunkedLaunch(const KdaLaunchArgs& a, void* scratch, void* stream) {
+const char* KdaChunkedLaunch(const KdaLaunchArgs& a, void* scratch, void* stream,
+                             int state_tile) {
   if (a.tokens <= 0) return nullptr;
   if (a.head_dim_k > kKdaMaxHeadDimK) return "kda: head_dim_k above 512";
   const int dk = static_cast<int>(a.head_dim_k), dv = static_cast<int>(a.head_dim_v);
@@ -633,24 +635,46 @@ const char* KdaChunkedLaunch(const KdaLaunchArgs& a, void* scratch, void* stream
     TANDEM_LAUNCH(KdaChunkPrepKernel, grid, dim3(kPrepThreads), smem, stream, a, sc);
     if (const char* e = ::tandem::gpu::LaunchError()) return e;
   }
-  const dim3 grid(static_cast<unsigned>((dv + kTile - 1) / kTile),
+  // The state pass: 32-column tiles (4 warps), or 16-column tiles (2 warps, the
+  // same work a warp, twice the blocks) where 32-column tiles would leave most of
+  // the SMs idle (K3 at TP8: 48 blocks of 32 columns, 96 of 16).
+  const int tiles32 = static_cast<int>(a.heads) * ((dv + 31) / 32);
+  if (state_tile == 0) {
+    state_tile = (L.dkp <= 256 && (2 * tiles32 <= kAssumedSms || dv <= 16)) ? 16 : 32;
+  }
+  if (state_tile != 16 && state_tile != 32) return "kda: state tile must be 16 or 32";
+  if (state_tile == 16 && L.dkp > 256)
+    return "kda: 16-column state tiles need d_k <= 256";
+  const int warps = state_tile / 8;
+  const dim3 grid(static_cast<unsigned>((dv + state_tile - 1) / state_tile),
                   static_cast<unsigned>(a.heads));
   const StageLayout SL(L.dkp);
-  const size_t fixed = FixedSmemBytes(L.dkp);
+  const size_t fixed = FixedSmemBytes(L.dkp, state_tile);
   const int stages = 2 * SL.bytes + fixed <= kMaxSmem ? 2 : 1;
   const size_t smem = stages * SL.bytes + fixed;
-  const int mt_per_warp =
-      PowerOfTwoAtLeast((L.dkp / 16 + kStateWarps - 1) / kStateWarps);
+  const int mt_per_warp = PowerOfTwoAtLeast((L.dkp / 16 + warps - 1) / warps);
   const unsigned char* csc = sc;
+  if (warps == 2) {
+    switch (mt_per_warp) {
+      case 1:
+        return LaunchState<1, 2>(a, csc, grid, stages, smem, stream);
+      case 2:
+        return LaunchState<2, 2>(a, csc, grid, stages, smem, stream);
+      case 4:
+        return LaunchState<4, 2>(a, csc, grid, stages, smem, stream);
+      default:
+        return LaunchState<8, 2>(a, csc, grid, stages, smem, stream);
+    }
+  }
   switch (mt_per_warp) {
     case 1:
-      return LaunchState<1>(a, csc, grid, stages, smem, stream);
+      return LaunchState<1, 4>(a, csc, grid, stages, smem, stream);
     case 2:
-      return LaunchState<2>(a, csc, grid, stages, smem, stream);
+      return LaunchState<2, 4>(a, csc, grid, stages, smem, stream);
     case 4:
-      return LaunchState<4>(a, csc, grid, stages, smem, stream);
+      return LaunchState<4, 4>(a, csc, grid, stages, smem, stream);
     default:
-      return LaunchState<8>(a, csc, grid, stages, smem, stream);
+      return LaunchState<8, 4>(a, csc, grid, stages, smem, stream);
   }
 }
 

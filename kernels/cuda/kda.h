@@ -39,10 +39,12 @@
 //     for W and U' (a thread per column, 120 FMAs); Qg, KdT, e^{G_L}. fp32 SIMT
 //     with expf. Writes one record per (chunk, head) to scratch: W, Qg, KdT, Qk
 //     pre-split into hi / lo BF16 planes (below), U' and e^{G_L} fp32.
-//   kernel 2 (KdaChunkStateKernel): one block (4 warps) per (head, 32-column tile
-//     of d_v), sequential over the chunks, the fp32 state tile in mma accumulator
-//     registers throughout (warp w: the rows of m-tiles w, w+4, ...). Per chunk:
-//     S0 -> shared memory transposed and split; X = W S0 and Y = Qg S0 (16 x 32
+//   kernel 2 (KdaChunkStateKernel): one block per (head, d_v tile), sequential
+//     over the chunks; tiles of 32 columns (4 warps) or, where those would leave
+//     most SMs idle, 16 (2 warps: the same work a warp, twice the blocks; K3 at
+//     TP8 gets 96 blocks). The fp32 state tile stays in mma accumulator
+//     registers throughout (warp w: the rows of m-tiles w, w+W, ...). Per chunk:
+//     S0 -> shared memory transposed and split; X = W S0 and Y = Qg S0 (16 x tile
 //     over d_k); U = U' - X -> shared (transposed, split); O = Y + Qk U;
 //     S = diag(e^{G_L}) S0 + KdT U. Every product is mma.sync m16n8k16 (BF16 in,
 //     fp32 accumulate) with fragments loaded by ldmatrix x4 from rows padded to
@@ -62,8 +64,10 @@
 //   16 tokens and head (d_k' = d_k rounded up to 16, d_v' = d_v to 32): 34 KB for
 //   d = 128. GpuBackend::KdaChunked runs long prompts in segments of
 //   KdaChunkedTokensFor(64 MiB) tokens (2608 for K3 at TP8).
-//   Parallelism: the state pass has heads * ceil(d_v / 32) blocks (48 for K3 at
-//   TP8) and ~T/16 dependent steps; the prep kernel has T/16 * heads blocks.
+//   Parallelism: the state pass has heads * ceil(d_v / tile) blocks (96 for K3 at
+//   TP8) and T/16 dependent steps; the prep kernel has T/16 * heads blocks.
+//   Registers (ptxas): the K3 state pass 163 (sm_90a); d_k > 384 with 32-column
+//   tiles spills 40 bytes on sm_90a.
 #ifndef TANDEM_KERNELS_CUDA_KDA_H_
 #define TANDEM_KERNELS_CUDA_KDA_H_
 
@@ -100,7 +104,10 @@ int64_t KdaChunkedTokensFor(size_t budget, int64_t heads, int64_t head_dim_k,
                             int64_t head_dim_v);
 // Chunked prefill; equals KdaRecurrentLaunch. `scratch`: KdaChunkedScratchBytes,
 // 16-byte aligned, device memory.
-const char* KdaChunkedLaunch(const KdaLaunchArgs& a, void* scratch, void* stream);
+// `state_tile`: d_v columns a block of the state pass, 16 or 32; 0 chooses (16
+// where 32-column tiles would leave most SMs idle and d_k <= 256). Tests force both.
+const char* KdaChunkedLaunch(const KdaLaunchArgs& a, void* scratch, void* stream,
+                             int state_tile = 0);
 
 }  // namespace tandem::kernels::cuda
 

@@ -163,7 +163,8 @@ double NormError(const std::vector<float>& got, const std::vector<float>& want) 
   return err / std::max(mx, 1e-20);
 }
 
-enum class Form { kRecurrent, kChunked };
+// kChunked chooses the state-pass tile; kChunked16 / kChunked32 force it.
+enum class Form { kRecurrent, kChunked, kChunked16, kChunked32 };
 
 void RunForm(Form form, Inputs& in, int64_t t0, int64_t n, std::vector<float>& state,
              std::vector<float>& out) {
@@ -174,7 +175,8 @@ void RunForm(Form form, Inputs& in, int64_t t0, int64_t n, std::vector<float>& s
   } else {
     std::vector<float> scratch(
         KdaChunkedScratchBytes(n, in.heads, in.dk, in.dv) / sizeof(float) + 4);
-    err = KdaChunkedLaunch(a, scratch.data(), nullptr);
+    const int tile = form == Form::kChunked16 ? 16 : form == Form::kChunked32 ? 32 : 0;
+    err = KdaChunkedLaunch(a, scratch.data(), nullptr, tile);
   }
   ASSERT_EQ(err, nullptr) << err;
 }
@@ -199,7 +201,10 @@ void CheckCase(Form form, const Case& c, uint32_t data_seed, uint64_t sim_seed) 
   // The padding columns of `out` are guards; so are those of want.out.
   RunForm(form, in, 0, c.tokens, state, out);
   const double eo = NormError(out, want.out), es = NormError(state, want.state);
-  const char* fname = form == Form::kRecurrent ? "recurrent" : "chunked";
+  const char* fname = form == Form::kRecurrent   ? "recurrent"
+                      : form == Form::kChunked16 ? "chunked16"
+                      : form == Form::kChunked32 ? "chunked32"
+                                                 : "chunked";
   std::printf("%-9s %-36s sim seed %llu: out err %.2e, state err %.2e\n", fname,
               Name(c).c_str(), static_cast<unsigned long long>(sim_seed), eo, es);
   EXPECT_LE(eo, 1e-4) << fname << " out " << Name(c);
@@ -224,7 +229,10 @@ TEST(KdaCuda, ChunkedMatchesTheOracle) {
       {18, 1, 512, 8, true, 0},  {20, 1, 256, 8, true, 0},  // 8 and 4 m-tiles a warp
   };
   uint64_t sim_seed = 11;
-  for (const Case& c : cases) CheckCase(Form::kChunked, c, 9, sim_seed++);
+  for (const Case& c : cases) {
+    if (c.dk <= 256) CheckCase(Form::kChunked16, c, 9, sim_seed++);
+    CheckCase(Form::kChunked32, c, 9, sim_seed++);
+  }
 }
 
 TEST(KdaCuda, K3ShapesAtOneAndTwoTokens) {
@@ -232,7 +240,8 @@ TEST(KdaCuda, K3ShapesAtOneAndTwoTokens) {
   for (int64_t tokens : {1, 2}) {
     const Case c{tokens, 12, 128, 128, true, 0};
     CheckCase(Form::kRecurrent, c, 21, 3);
-    CheckCase(Form::kChunked, c, 21, 4);
+    CheckCase(Form::kChunked, c, 21, 4);    // 16-column state tiles: 96 blocks
+    CheckCase(Form::kChunked32, c, 21, 5);  // 48 blocks
   }
 }
 
@@ -247,7 +256,8 @@ TEST(KdaCuda, ChunkedHeadDim128OverSeveralChunks) {
 TEST(KdaCuda, RaceFreeUnderSeveralSchedules) {
   for (uint64_t s : {0, 2, 3, 5}) {
     CheckCase(Form::kRecurrent, Case{5, 2, 32, 40, true, 0}, 13, s);
-    CheckCase(Form::kChunked, Case{33, 2, 32, 40, true, 0}, 13, s);
+    CheckCase(Form::kChunked16, Case{33, 2, 32, 40, true, 0}, 13, s);
+    CheckCase(Form::kChunked32, Case{33, 2, 32, 40, true, 0}, 13, s);
   }
 }
 
@@ -302,6 +312,16 @@ TEST(KdaCuda, ChunkedEqualsRecurrent) {
   RunForm(Form::kChunked, in, 0, in.tokens, s_ch, o_ch);
   EXPECT_LE(NormError(o_ch, o_rec), 1e-4);
   EXPECT_LE(NormError(s_ch, s_rec), 1e-4);
+}
+
+TEST(KdaCuda, BadStateTileIsAnError) {
+  Inputs in = Make(3, 1, 1, 272, 8, true);
+  std::vector<float> state = in.state, out(in.ld_out, kGuard);
+  std::vector<float> scratch(KdaChunkedScratchBytes(1, 1, 272, 8) / sizeof(float));
+  const KdaLaunchArgs a = Launch(in, 0, 1, state, out);
+  EXPECT_NE(KdaChunkedLaunch(a, scratch.data(), nullptr, 24), nullptr);
+  EXPECT_NE(KdaChunkedLaunch(a, scratch.data(), nullptr, 16), nullptr);  // d_k > 256
+  EXPECT_EQ(KdaChunkedLaunch(a, scratch.data(), nullptr, 0), nullptr);
 }
 
 TEST(KdaCuda, HeadDimKAboveTheLimitIsAnError) {
