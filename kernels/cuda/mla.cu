@@ -10,13 +10,14 @@
 // expanded form's k_nope / v); fp32 accumulation throughout. The SIMT kernels
 // (fp32 FMA) serve shapes the mma tiling does not (odd head dims) and are the
 // baseline the tests compare both against.
+#include "kernels/cuda/vendor.h"
+// (vendor.h first: it maps the CUDA programming model onto this toolchain.)
 #include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/device_errors.h"
 #include "kernels/cuda/mla.h"
 #include "kernels/cuda/ptx.h"
-#include "kernels/cuda/vendor.h"  // first: the toolchain mapping
 
 namespace tandem::kernels::cuda {
 namespace {
