@@ -273,6 +273,7 @@ constexpr int kStageK = 512;  // k staged in shared memory per step
 constexpr int kZStride =
     kStageK + 16;  // BF16 per staged row: 1056 bytes, conflict-free
 constexpr int kReduceThreads = 256;
+constexpr int kMaxNSplits = 4;  // blocks sharing one weight slab (grid.x)
 
 // Scratch layout of one launch.
 struct MoeScratch {
@@ -497,8 +498,10 @@ __device__ __forceinline__ float SiTU(float g, float u, float beta, float lbeta)
   return beta * tanhf(g / beta) * sig * (lbeta * tanhf(u / lbeta));
 }
 
-// The grouped GEMM of one (active expert, kRowsPerBlock rows) block over all of
-// the expert's pairs, kTileN at a time: D[row, pair] = sum_k W[row, k] B[k, pair].
+// The grouped GEMM of one (n-split, kRowsPerBlock rows, active expert) block over
+// the expert's pair tiles n-split, n-split + gridDim.x, ... (kTileN pairs each):
+// D[row, pair] = sum_k W[row, k] B[k, pair]. The n-splits of one weight slab are
+// adjacent in launch order, so they run together and share its reads in L2.
 // kGlu: W = w1 and w3 (rows = inter, K = hidden), B = bf16(z[pair / top_k]),
 //   act[pos, row] = bf16(SiTU(D1, D3)).
 // !kGlu: W = w2 (rows = hidden, K = inter), B = act[pos], y[pair, row] = D.
@@ -511,7 +514,7 @@ __global__ void __launch_bounds__(kGemmThreads)
                   float* y) {
   __shared__ __align__(16) uint16_t bs[kTileN * kZStride];
   __shared__ int tile_pair[kTileN];
-  const int slot = blockIdx.y;
+  const int slot = blockIdx.z;
   if (slot >= *num_active) return;  // block-uniform, before any barrier
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int g = lane / 4, t = lane % 4;
@@ -522,11 +525,11 @@ __global__ void __launch_bounds__(kGemmThreads)
   const uint8_t* sa = kGlu ? ex.w1_scale : ex.w2_scale;
   const uint8_t* wb = ex.w3_packed;
   const uint8_t* sb = ex.w3_scale;
-  const int row0 = blockIdx.x * kRowsPerBlock + warp * 16;
+  const int row0 = blockIdx.y * kRowsPerBlock + warp * 16;
   const bool warp_rows = row0 < rows;  // rows % 16 == 0: the whole 16 or none
   const int64_t rg = row0 + g, rg8 = row0 + g + 8;
 
-  for (int n0 = 0; n0 < count; n0 += kTileN) {
+  for (int n0 = blockIdx.x * kTileN; n0 < count; n0 += gridDim.x * kTileN) {
     const int nt = std::min(int{kTileN}, count - n0);
     const int groups = (nt + 7) / 8;  // mma n-groups in use
     const int staged_rows = groups * 8;
@@ -718,8 +721,11 @@ const char* LaunchMoeMxfp4(const MoeLaunchArgs& a, void* scratch, int32_t* error
     if (const char* err = ::tandem::gpu::LaunchError()) return err;
     const int64_t max_active = std::min<int64_t>(a.num_experts, pairs);
     if (max_active > 65535) return "moe: more than 65535 active experts per launch";
+    // n-splits: an expert rarely has more pairs than tokens (decode: 1 split).
+    const unsigned splits = static_cast<unsigned>(
+        std::min<int64_t>(kMaxNSplits, (a.tokens + kTileN - 1) / kTileN));
     const dim3 grid1(
-        static_cast<unsigned>((a.inter + kRowsPerBlock - 1) / kRowsPerBlock),
+        splits, static_cast<unsigned>((a.inter + kRowsPerBlock - 1) / kRowsPerBlock),
         static_cast<unsigned>(max_active));
     TANDEM_LAUNCH(MoeGemmKernel<true>, grid1, dim3(kGemmThreads), 0, stream, a.experts,
                   s.active, s.num_active, s.offsets, s.sorted, a.z, a.ld_z, K,
@@ -728,7 +734,7 @@ const char* LaunchMoeMxfp4(const MoeLaunchArgs& a, void* scratch, int32_t* error
                   static_cast<float*>(nullptr));
     if (const char* err = ::tandem::gpu::LaunchError()) return err;
     const dim3 grid2(
-        static_cast<unsigned>((a.hidden + kRowsPerBlock - 1) / kRowsPerBlock),
+        splits, static_cast<unsigned>((a.hidden + kRowsPerBlock - 1) / kRowsPerBlock),
         static_cast<unsigned>(max_active));
     TANDEM_LAUNCH(
         MoeGemmKernel<false>, grid2, dim3(kGemmThreads), 0, stream, a.experts, s.active,
