@@ -2,49 +2,57 @@
 // includes no project headers beyond kernels/cuda/). Device pointers; `stream` is
 // the native stream handle. Each returns nullptr on success or the launch error.
 //
-// RouterTopK (noaux_tc sigmoid router), two kernels:
-//   1. logits[t, e] = x[t] . fp32(gate[e]) in fp32 (x is NOT rounded to BF16, so
-//      the chosen ids match the fp64 oracle except at near-ties closer than fp32
-//      rounding of a hidden-long dot product). Grid over (8 experts, 8 tokens) per
-//      block, one warp per expert, the block's x tile staged in shared memory: the
-//      BF16 gate (12.8 MiB for K3) is streamed once per 8 tokens by ~112 blocks,
-//      which is what decode needs (one block per token would read it through
-//      one SM).
+// RouterTopK (noaux_tc sigmoid router): a logits GEMM, then a top-k kernel. Not
+// one block per token: decode (1-few tokens) needs the BF16 gate (12.8 MiB for K3)
+// streamed by many SMs at once, prefill needs each gate row reused across tokens.
+//   1. logits[t, e] = x[t] . fp32(gate[e]) in fp32; x is NOT rounded to BF16, so
+//      the ids match the fp64 oracle except at near-ties closer than the fp32
+//      rounding of a hidden-long dot product. Every logit is summed in one fixed
+//      order (32 contiguous k ranges, each an fmaf chain in increasing k, the
+//      ranges added in order), whichever kernel runs, so a token's ids and weights
+//      do not depend on its batch:
+//      - < 65 tokens: one warp per expert (lane l = range l), 8 experts x 8 tokens
+//        per block: the gate streamed once per 8 tokens by E/8 blocks (112 for K3);
+//      - >= 65 tokens: 64 tokens x 64 experts per block, x and the widened gate in
+//        shared-memory k tiles of 32, 4 x 4 outputs per thread.
 //   2. one block per token: s = sigmoid(logit), key = s + bias, top_k rounds of a
-//      block arg-max (ties: lower expert id), weights from the chosen s
-//      (renormalised in fp64 by sum + 1e-20 when asked, times scaling).
+//      block arg-max (ties: lower expert id; NaN keys last), weights from the
+//      chosen s (renormalised in fp64 by sum + 1e-20 when asked, times scaling).
 //
-// MoeMxfp4 (routed experts, MXFP4 weights), five launches on one stream:
-//   1. sort (one block): histogram of valid expert ids -> exclusive scan ->
-//      offsets, the list of active experts (ascending id) and a scatter of the
-//      (token, slot) pair ids grouped by expert. An id < 0 or an expert with a null
-//      w1_packed is skipped; an id >= num_experts records kExpertIdOutOfRange in
-//      the error word and is skipped. The order inside an expert's group depends
-//      on the scheduling, the numbers do not (every output column of a tile
-//      depends only on its own pair).
-//   2. gate/up grouped GEMM: per (active expert, 64 rows of inter) block, 4 warps
-//      of 16 rows, the expert's pairs in tiles of 32: the w1 and w3 E2M1 nibbles
-//      and E8M0 scales are loaded straight from global memory (16 bytes per lane:
-//      one 32-element scale group), decoded to BF16 in registers and fed as the A
-//      operand of mma.m16n8k16 (weights on the M side, tokens on N: a decode
-//      token costs an 8-column tile, and every weight byte is read once per 32
-//      pairs of that expert: the GEMV regime streams the weights once), z rounded
-//      to BF16 and staged in shared memory as B; SiTU-GLU in the epilogue; the
-//      activation stored as BF16 [pairs, inter] (sorted order).
-//   3. down grouped GEMM, the same kernel over w2 with K = inter: y[pair, hidden]
-//      fp32, indexed by pair id t * top_k + slot.
-//   4. reduce: out[t] = sum over slots in slot order of weights[t, slot] *
-//      y[t * top_k + slot] for the valid slots (fixed order: no float atomics,
-//      results do not depend on scheduling); 0 for tokens with no valid slot.
-// Large batches are processed in chunks of at most kMoeChunkTokens tokens (the
-// backend method loops), bounding the scratch.
+// MoeMxfp4 (routed experts, MXFP4 weights), four launches on one stream:
+//   1. sort (one block of 1024): histogram of valid expert ids -> exclusive scan
+//      -> offsets, the active experts (ascending id) and a scatter of the (token,
+//      slot) pair ids grouped by expert. An id < 0 or an expert with a null
+//      w1_packed (another rank's) is skipped; an id >= num_experts records
+//      kExpertIdOutOfRange in the error word and is skipped. The order inside an
+//      expert's group depends on the scheduling, the numbers do not (every output
+//      column of a tile depends only on its own pair).
+//   2. gate/up grouped GEMM, block = (n-split, 64 rows of inter, active expert),
+//      4 warps of 16 rows, the expert's pairs in tiles of 32 (a tile per n-split
+//      in turn, up to 4 splits side by side so they share the weight reads in L2):
+//      the w1 and w3 E2M1 nibbles and E8M0 scales come straight from global
+//      memory (16 bytes per lane = one 32-element scale group, a whole stage in
+//      flight before the B staging barrier), are decoded to BF16 in registers
+//      (byte permute + masks + two BF16x2 multiplies: exact for every scale) and
+//      feed mma.m16n8k16 as the A operand. Weights on M and tokens on N: a decode
+//      token costs one 8-column n-group, and each weight byte is read once per 32
+//      pairs: the GEMV regime streams the weights once. z is rounded to BF16 and
+//      staged in shared memory as B (a k-permuted, bank-conflict-free layout);
+//      SiTU-GLU in the epilogue; the activation stored BF16 [pairs, inter] in
+//      sorted order.
+//   3. down grouped GEMM, the same kernel over w2 with K = inter, B = the
+//      activations: y[pair, hidden] fp32, indexed by pair id t * top_k + slot.
+//   4. reduce: out[t] = sum over the valid slots, in slot order, of
+//      weights[t, slot] * y[t * top_k + slot] (no float atomics: results do not
+//      depend on scheduling, nor on the batch); 0 for tokens with no valid slot.
+// Batches over kMoeChunkTokens tokens are processed in chunks (the backend method
+// loops), bounding the scratch (pairs * (2 * inter + 4 * hidden) bytes + small).
 //
-// Numerics: z and the SiTU activations are rounded to BF16 for the tensor cores
-// (MXFP4 weights are exact in BF16 for scales 2^-125..2^124, which decode by
-// integer exponent arithmetic; other scales through fp32), products accumulate
-// in fp32. Bound vs the fp32 dequantise-then-GEMM oracle: the BF16 GEMM bound,
-// |err| <= 1e-2 * max|out| (the CPU 1e-4 contract does not apply to GPU
-// backends; moe_test measures ~2e-3).
+// Numerics: z and the SiTU activations are rounded to BF16 for the tensor cores;
+// the MXFP4 weights are exact in BF16; products accumulate in fp32. Bound vs the
+// fp32 dequantise-then-GEMM oracle: the BF16 one, |err| <= 1e-2 * max|out| (the
+// CPU backends' 1e-4 does not apply to GPU backends). moe_test measures ~3e-3 vs
+// the oracle and ~1e-7 vs an fp64 model of the BF16 rounding.
 #ifndef TANDEM_KERNELS_CUDA_MOE_H_
 #define TANDEM_KERNELS_CUDA_MOE_H_
 
