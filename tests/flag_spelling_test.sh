@@ -82,4 +82,26 @@ expect ' gateway-flags gateway_main.cc:[0-9]+\] cannot listen .*bad port 127.0.0
   gateway/gateway_main --model="$T/ck" --io-threads=1 --log-process=gateway-flags --port=99999
 expect 'not SERVING within 0.2s' tools/health_check --address=127.0.0.1:1 --timeout-s=0.2
 
+# --help shows the hyphenated spelling (and no underscored flag name): BIN FLAG
+# lists FLAG (one of BIN's own, hyphenated) and no --name_with_underscores.
+help_shows() {
+  local bin="$1" flag="$2" out
+  out="$(timeout 60 "$bin" --help 2>&1 </dev/null)" || true
+  grep -q -- "--$flag\b" <<<"$out" || fail "$bin --help does not show --$flag:"$'\n'"$out"
+  # (The header line names the underscored spelling on purpose.)
+  local named
+  named="$(grep -v '^Flags (' <<<"$out" | grep -Eo -- '--(\[no-\])?[a-z0-9]+_[a-z0-9_]+' || true)"
+  [[ -z "$named" ]] || fail "$bin --help shows underscored names: $(head -3 <<<"$named")"
+}
+help_shows decode/decode_main kv-cache-memory
+help_shows decode/decode_main max-num-seqs
+help_shows prefill/prefill_main max-model-len
+help_shows router/router_main max-queued-requests
+help_shows gateway/gateway_main io-threads
+help_shows engine/tokenizer/tokenize log-level
+help_shows tools/health_check timeout-s
+help_shows bench/serving_bench num-prompts
+out="$(decode/decode_main --help 2>&1)" || true
+grep -q -- '--\[no-\]ucx-peer-failure-detection' <<<"$out" || fail "booleans: $out"
+
 echo PASS
