@@ -639,6 +639,79 @@ __global__ void __launch_bounds__(kGemmThreads)
   }
 }
 
+// ---- Expanded, tensor cores: [k_nope | v] = W_h c on mma.sync -------------------
+// c and W are BF16 already: exact products, fp32 accumulation, one mma each.
+// Block tile 64 positions x 128 outputs, K-steps of 32 staged in shared memory;
+// warp w computes positions 16w..16w+15 x all 128 outputs (16 n8 tiles). Needs
+// lora % 32 == 0.
+constexpr int kEgWarps = 4;
+constexpr int kEgStride = 20;  // words per staged row of 32 BF16 (16 + 4: banks)
+
+__global__ void __launch_bounds__(kEgWarps* kWarpSize)
+    MlaExpandKvMma(MlaLaunchArgs a, int64_t c0, int64_t chunk, float* kv) {
+  const int64_t s = blockIdx.z / a.heads, h = blockIdx.z % a.heads;
+  const int64_t ctx = a.seq_lens[s];
+  if (ctx < 0 || ctx > a.block_table_stride * a.block_size) return;
+  const int64_t p0 = c0 + static_cast<int64_t>(blockIdx.x) * kGemmPos;
+  const int64_t pend = std::min(ctx, c0 + chunk);
+  if (p0 >= pend) return;
+  const int64_t nn = a.nope + a.v, n0 = static_cast<int64_t>(blockIdx.y) * kGemmN;
+  if (n0 >= nn) return;
+  __shared__ uint32_t as[kGemmPos * kEgStride];
+  __shared__ uint32_t bs[kGemmN * kEgStride];
+  __shared__ const uint32_t* rows[kGemmPos];
+  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int g = lane / 4, tq = lane % 4;
+  if (tid < kGemmPos) {
+    const int64_t p = p0 + tid;
+    rows[tid] =
+        p < pend ? reinterpret_cast<const uint32_t*>(CacheRow(a, s, p, true)) : nullptr;
+  }
+  const uint32_t* w32 =
+      reinterpret_cast<const uint32_t*>(a.kv_b_proj + h * nn * a.lora);
+  const int64_t lw = a.lora / 2;
+  float acc[kGemmN / 8][4];
+#pragma unroll
+  for (int j = 0; j < kGemmN / 8; ++j)
+    acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0;
+  for (int64_t k0 = 0; k0 < lw; k0 += kGemmK / 2) {
+    __syncthreads();
+    for (int i = tid; i < kGemmPos * 16; i += blockDim.x) {
+      const int r = i / 16, w = i % 16;
+      as[r * kEgStride + w] = rows[r] != nullptr ? rows[r][k0 + w] : 0u;
+    }
+    for (int i = tid; i < kGemmN * 16; i += blockDim.x) {
+      const int n = i / 16, w = i % 16;
+      bs[n * kEgStride + w] = n0 + n < nn ? w32[(n0 + n) * lw + k0 + w] : 0u;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const int wo = kk * 8 + tq;
+      const uint32_t* ar0 = as + (16 * warp + g) * kEgStride + wo;
+      const uint32_t* ar1 = ar0 + 8 * kEgStride;
+      const uint32_t af[4] = {ar0[0], ar1[0], ar0[4], ar1[4]};
+#pragma unroll
+      for (int j = 0; j < kGemmN / 8; ++j) {
+        const uint32_t* br = bs + (8 * j + g) * kEgStride + wo;
+        const uint32_t b[2] = {br[0], br[4]};
+        MmaBf16M16N8K16(acc[j], af, b);
+      }
+    }
+  }
+  for (int hr = 0; hr < 2; ++hr) {
+    const int64_t p = p0 + 16 * warp + g + 8 * hr;
+    if (p >= pend) continue;
+    float* dst = kv + ((s * chunk + p - c0) * a.heads + h) * nn + n0;
+#pragma unroll
+    for (int j = 0; j < kGemmN / 8; ++j) {
+      const int64_t n = 8 * j + 2 * tq;
+      if (n0 + n < nn) dst[n] = acc[j][2 * hr];
+      if (n0 + n + 1 < nn) dst[n + 1] = acc[j][2 * hr + 1];
+    }
+  }
+}
+
 // ---- Expanded: FlashAttention-2 over one chunk of keys --------------------------
 // Running state: normalised output in a.out, (max, sum) in ml[(token*heads+h)*2].
 __global__ void __launch_bounds__(kExpWarps* kWarpSize)
@@ -1129,9 +1202,16 @@ const char* MlaExpandedLaunch(const MlaLaunchArgs& a, int64_t chunk, void* scrat
   const int64_t nn = a.nope + a.v;
   const dim3 egrid(chunk / kGemmPos, (nn + kGemmN - 1) / kGemmN, a.num_seqs * a.heads);
   const int64_t rows = mma ? kFaRows : kExpRows;
+  // The expansion's operands are BF16: tensor cores unless SIMT is asked for.
+  const bool mma_expand = core != MlaCore::kSimt && a.lora % kGemmK == 0;
   const dim3 fgrid((a.num_tokens + rows - 1) / rows + a.num_seqs, a.heads);
   for (int64_t c0 = 0; c0 < std::max<int64_t>(MaxContext(a), 1); c0 += chunk) {
-    TANDEM_LAUNCH(MlaExpandKv, egrid, kGemmThreads, 0, stream, a, c0, chunk, kv);
+    if (mma_expand) {
+      TANDEM_LAUNCH(MlaExpandKvMma, egrid, kEgWarps * kWarpSize, 0, stream, a, c0,
+                    chunk, kv);
+    } else {
+      TANDEM_LAUNCH(MlaExpandKv, egrid, kGemmThreads, 0, stream, a, c0, chunk, kv);
+    }
     if (const char* e = tandem::gpu::LaunchError()) return e;
     if (mma) {
       TANDEM_LAUNCH(MlaFlashChunkMma, fgrid, kFaWarps * kWarpSize, smem, stream, a, c0,

@@ -45,9 +45,11 @@
 // ---- Expanded (prefill): MlaExpandedLaunch ----------------------------------
 // The context is walked in chunks of `chunk` positions (host loop, so scratch is
 // bounded for any context): per chunk
-//   1. MlaExpandKv: [k_nope | v] = W_h c for every position of the chunk, head h
-//      (a 64 x 128 register-blocked SIMT GEMM per block, K-steps of 32 staged in
-//      shared memory), fp32 into scratch;
+//   1. MlaExpandKvMma / MlaExpandKv: [k_nope | v] = W_h c for every position of
+//      the chunk, head h, fp32 into scratch: a 64 x 128 block tile, K-steps of 32
+//      staged in shared memory; on tensor cores where lora % 32 == 0 (c and W are
+//      BF16: exact products, one mma each, warp w on 16 positions x 128 outputs),
+//      else a register-blocked SIMT GEMM (4 x 8 outputs per thread);
 //   2. MlaFlashChunkMma / MlaFlashChunk (FlashAttention-2; tensor cores where
 //      (nope + rope) % 16 == 0 and v % 8 == 0, else SIMT): one block per (query
 //      tile of one sequence, head): 64 queries, 4 warps of 16 rows on mma (32
