@@ -1,11 +1,12 @@
+// The router and the routed MoE; the design is described in moe.h.
+#include "kernels/cuda/vendor.h"
+// (vendor.h first: it maps the CUDA programming model onto this toolchain.)
+
 #include <cmath>
 
 #include "kernels/cuda/device_errors.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ptx.h"
-#include "kernels/cuda/vendor.h"
-
-// The router and the routed MoE; the design is described in moe.h.
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -39,6 +40,7 @@ __device__ __forceinline__ U32x4 Load16(const uint8_t* p) {
 // ============================ RouterTopK ======================================
 
 constexpr int kRouterSplits = 32;  // contiguous k ranges of a logit (see below)
+static_assert(kRouterSplits == kWarpSize, "the GEMV kernel gives lane l range l");
 constexpr int kGemvWarps = 8;      // experts per GEMV block (one per warp)
 constexpr int kGemvTokens = 8;     // tokens per GEMV block
 constexpr int kTiledTokens = 64;   // tiled kernel: 64 tokens x 64 experts per block,
@@ -106,12 +108,17 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       }
     }
   }
+  // The 32 range partials of each token, added in range order by lane n.
+  __shared__ float part[kGemvWarps][kGemvTokens][kWarpSize];
 #pragma unroll
   for (int n = 0; n < kGemvTokens; ++n) {
+    if (n < nt) part[warp][n][lane] = acc[n];
+  }
+  __syncwarp();
+  if (lane < nt) {
     float total = 0.0f;
-    for (int s = 0; s < kRouterSplits; ++s) total += __shfl_sync(kFullMask, acc[n], s);
-    if (lane == 0 && n < nt)
-      logits[static_cast<int64_t>(t0 + n) * num_experts + e] = total;
+    for (int s = 0; s < kRouterSplits; ++s) total += part[warp][lane][s];
+    logits[static_cast<int64_t>(t0 + lane) * num_experts + e] = total;
   }
 }
 
