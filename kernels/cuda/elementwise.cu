@@ -56,6 +56,7 @@ constexpr int kElementwiseThreads = 256;
 constexpr int64_t kMaxGridBlocks = 16384;  // grid-stride loops beyond this
 constexpr int64_t kWarpSegmentMax = 1024;  // longer norm segments get a block
 constexpr int kWarpsPerNormBlock = 4;
+constexpr int kNormWarpModeThreads = kWarpsPerNormBlock * kWarpSize;
 
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -122,7 +123,8 @@ __device__ __forceinline__ float NormOut(float v, float f, const float* w,
 }
 
 template <int kMode, bool kVec, bool kBlock>
-__global__ void __launch_bounds__(1024) NormKernel(NormArgs a) {
+__global__ void __launch_bounds__(kBlock ? 1024 : kNormWarpModeThreads)
+    NormKernel(NormArgs a) {
   __shared__ float partials[kWarpSize];
   int64_t seg;
   int tid, stride;
@@ -217,7 +219,7 @@ __global__ void __launch_bounds__(1024) NormKernel(NormArgs a) {
 template <int kMode, bool kVec>
 const char* LaunchNormMode(const NormArgs& a, void* stream) {
   if (a.d <= kWarpSegmentMax) {
-    const int threads = kWarpsPerNormBlock * kWarpSize;
+    const int threads = kNormWarpModeThreads;
     const int64_t blocks = (a.segments + kWarpsPerNormBlock - 1) / kWarpsPerNormBlock;
     TANDEM_LAUNCH((NormKernel<kMode, kVec, false>), dim3(static_cast<unsigned>(blocks)),
                   dim3(threads), 0, stream, a);
