@@ -14,8 +14,9 @@ using gpu::kWarpSize;
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / kWarpSize;
-constexpr int kChunk = 256;  // engine::Sampler's online-softmax chunk
-constexpr int kBins = 256;   // radix digit of 8 bits
+constexpr int kChunk = 256;       // engine::Sampler's online-softmax chunk
+constexpr int kBins = 256;        // radix digit of 8 bits
+constexpr float kWindow = 16.0f;  // engine::Sampler's kGatherWindow
 // Worst-case relative disagreement between two double summations of <= 2^19
 // non-negative float weights in different orders (about 4 * n * 2^-53), with a
 // safety factor: a draw whose target is closer than this to a CDF step is
@@ -574,20 +575,38 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   const bool need_softmax = !greedy || p.logprobs != 0 || n_top > 0;
   double sum = 0.0, lse = 0.0;
   const float mf = best;  // the row max
+  // Selection looks first among the tokens within kWindow nats of the max (as
+  // the CPU gathers them): a prefix of the ranking, usually a few hundred
+  // tokens, so the radix histograms see few atomics. It widens to every finite
+  // token when that prefix cannot hold the answer.
+  const float window = mf - kWindow;
+  double hi_mass = 0.0;  // weight of the tokens >= window
+  int32_t hi_count = 0;
   if (need_softmax) {
     BlockScan(cpre, nch, /*exclusive=*/false, NegInf(), MaxOp(), s.red_f);
-    double part = 0.0;
+    double part = 0.0, hi_part = 0.0;
+    int32_t hi_part_n = 0;
     for (int c = threadIdx.x; c < nch; c += kThreads) {
       const float cm = cmax[c];
       if (cm == NegInf()) continue;
       const float run = cpre[c];
       const int32_t end = std::min(vocab, (c + 1) * kChunk);
       float cs = 0.0f;
-      for (int32_t i = c * kChunk; i < end; ++i) cs = AddF(cs, ExpF(x(i) - run));
+      for (int32_t i = c * kChunk; i < end; ++i) {
+        const float v = x(i);
+        const float e = ExpF(v - run);
+        cs = AddF(cs, e);
+        if (v >= window) {
+          ++hi_part_n;
+          hi_part += static_cast<double>(run == mf ? e : ExpF(v - mf));
+        }
+      }
       part += MulD(static_cast<double>(cs),
                    ExpD(static_cast<double>(run) - static_cast<double>(mf)));
     }
     sum = BlockSumD(part, s);
+    hi_mass = BlockSumD(hi_part, s);
+    hi_count = BlockSumI(hi_part_n, s);
     lse = static_cast<double>(mf) + LogD(sum);
   }
 
@@ -599,28 +618,48 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     const bool use_min_p = p.min_p > 0.0f;
     const bool keep_all = !use_k && !use_p && !use_min_p;
     Boundary bnd = KeepAll();
-    auto is_finite = [&](int32_t i) { return x(i) != NegInf(); };
-    if (use_k && finite >= p.top_k) bnd = RadixKth(p.top_k, vocab, is_finite, x, s);
+    if (use_k && finite >= p.top_k) {
+      const float floor = hi_count >= p.top_k ? window : NegInf();
+      auto cand = [&](int32_t i) {
+        const float v = x(i);
+        return v != NegInf() && v >= floor;
+      };
+      bnd = RadixKth(p.top_k, vocab, cand, x, s);
+    }
     if (use_p) {
-      double norm = sum;
+      double norm = sum, norm_hi = hi_mass;
       if (use_k) {
-        double m = 0.0;
+        double m = 0.0, mh = 0.0;
         for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
           const float v = x(i);
-          if (v != NegInf() && Keeps(v, i, bnd)) m += static_cast<double>(ExpF(v - mf));
+          if (v != NegInf() && Keeps(v, i, bnd)) {
+            const double w = static_cast<double>(ExpF(v - mf));
+            m += w;
+            if (v >= window) mh += w;
+          }
         }
         norm = BlockSumD(m, s);
+        norm_hi = BlockSumD(mh, s);
       }
+      const double target = MulD(static_cast<double>(p.top_p), norm);
       const Boundary kb = bnd;
-      auto in_k = [&](int32_t i) {
-        const float v = x(i);
-        return v != NegInf() && Keeps(v, i, kb);
-      };
       Boundary pb;
-      if (RadixMass(MulD(static_cast<double>(p.top_p), norm), mf, vocab, in_k, x, s,
-                    &pb)) {
-        bnd = pb;
+      bool found = false;
+      if (norm_hi >= target) {  // the boundary lies within the window
+        auto cand = [&](int32_t i) {
+          const float v = x(i);
+          return v >= window && Keeps(v, i, kb);
+        };
+        found = RadixMass(target, mf, vocab, cand, x, s, &pb);
       }
+      if (!found) {
+        auto cand = [&](int32_t i) {
+          const float v = x(i);
+          return v != NegInf() && Keeps(v, i, kb);
+        };
+        found = RadixMass(target, mf, vocab, cand, x, s, &pb);
+      }
+      if (found) bnd = pb;
     }
     if (use_min_p) {
       const float cut = static_cast<float>(static_cast<double>(mf) +
@@ -706,9 +745,12 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
 
   // P5: top-n alternatives.
   if (n_top > 0 && a.top_ids != nullptr) {
-    auto is_finite = [&](int32_t i) { return x(i) != NegInf(); };
-    const Boundary tb =
-        finite > n_top ? RadixKth(n_top, vocab, is_finite, x, s) : KeepAll();
+    const float floor = hi_count >= n_top ? window : NegInf();
+    auto cand = [&](int32_t i) {
+      const float v = x(i);
+      return v != NegInf() && v >= floor;
+    };
+    const Boundary tb = finite > n_top ? RadixKth(n_top, vocab, cand, x, s) : KeepAll();
     if (threadIdx.x == 0) s.gather_n = 0;
     __syncthreads();
     for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {

@@ -392,6 +392,113 @@ TEST_P(Sampling, TiesAndFlatRows) {
                              rows[0].logits.begin());
 }
 
+// Cuts exactly at the end of a group of equal logits, and one past it: top-k
+// with k = group size (+1), top-p whose target falls inside the group's last
+// (or the next group's first) token.
+TEST_P(Sampling, CutsAtTieGroupEdges) {
+  constexpr int kVocab = 600, kGroup = 150;
+  std::vector<float> logits(kVocab);
+  for (int v = 0; v < kVocab; ++v) logits[v] = 2.0f - static_cast<float>((v * 7) % 4);
+  double w[4];
+  for (int g = 0; g < 4; ++g) w[g] = std::exp(static_cast<float>(-g));
+  const double total = kGroup * (w[0] + w[1] + w[2] + w[3]);
+  std::vector<Row> rows;
+  auto add = [&](int top_k, double top_p) {
+    Row row;
+    row.logits = logits;
+    row.params.temperature = 1.0f;
+    row.params.top_k = top_k;
+    row.params.top_p = static_cast<float>(top_p);
+    row.params.seed = Seed();
+    row.position = Position();
+    rows.push_back(row);
+  };
+  for (int rep = 0; rep < 4; ++rep) {
+    add(kGroup, 1.0);
+    add(kGroup + 1, 1.0);
+    add(2 * kGroup, 1.0);
+    add(0, (kGroup * w[0] + (kGroup - 0.5) * w[1]) / total);
+    add(0, (kGroup * w[0] + kGroup * w[1] + 0.5 * w[2]) / total);
+    add(0, (kGroup - 0.5) * w[0] / total);
+    add(2 * kGroup + 1,
+        (kGroup * w[0] + (kGroup - 0.5) * w[1]) / (kGroup * (w[0] + w[1]) + w[2]));
+  }
+  const GpuOut g = RunGpu(rows, kVocab, false, /*want_probs=*/true);
+  ExpectSameAsCpu(rows, kVocab, g);
+  // The kept sets too (through the distributions).
+  for (size_t r = 0; r < rows.size(); ++r) {
+    engine::Sampler sampler(kVocab);
+    engine::SampleRequest req;
+    req.logits = rows[r].logits;
+    req.params = &rows[r].params;
+    std::vector<float> want;
+    ASSERT_TRUE(sampler.Distribution(req, &want).ok());
+    int kept = 0;
+    for (int i = 0; i < kVocab; ++i) {
+      ASSERT_EQ(g.probs[r * kVocab + i] == 0.0f, want[i] == 0.0f)
+          << "row " << r << " id " << i;
+      kept += want[i] > 0.0f;
+    }
+    const int expect_kept[] = {kGroup,         kGroup + 1, 2 * kGroup, 2 * kGroup,
+                               2 * kGroup + 1, kGroup,     2 * kGroup};
+    EXPECT_EQ(kept, expect_kept[r % 7]) << "row " << r;
+  }
+}
+
+// Selection first looks within 16 nats of the max; these rows need the tail
+// (top-k and top-n larger than the window, top-p whose target is past its
+// mass).
+TEST_P(Sampling, SelectionBeyondTheWindow) {
+  constexpr int kVocab = 1000;
+  std::vector<Row> rows;
+  for (int i = 0; i < 12; ++i) {
+    Row row;
+    row.logits.assign(kVocab, -17.0f);
+    for (int v = 0; v < 10; ++v) row.logits[(v * 37 + i) % kVocab] = 0.5f * (v % 3);
+    for (int v = 0; v < kVocab; v += 9) row.logits[v] -= 0.25f * (v % 4);
+    row.logits[(i * 101) % kVocab] = kNegInf;
+    row.params.temperature = 1.0f;
+    row.params.seed = Seed();
+    row.position = Position();
+    row.params.logprobs = true;
+    row.params.top_logprobs = 20;
+    switch (i % 4) {
+      case 0:
+        row.params.top_k = 50;
+        break;
+      case 1:
+        row.params.top_p = 0.999999f;
+        break;
+      case 2:
+        row.params.top_k = 500;
+        row.params.top_p = 0.999999f;
+        break;
+      case 3:
+        row.params.top_p = 0.999999f;
+        row.params.min_p = 1e-8f;
+        break;
+    }
+    rows.push_back(std::move(row));
+  }
+  const GpuOut g = RunGpu(rows, kVocab, false, /*want_probs=*/true);
+  ExpectSameAsCpu(rows, kVocab, g);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    engine::Sampler sampler(kVocab);
+    engine::SampleRequest req;
+    req.logits = rows[r].logits;
+    req.params = &rows[r].params;
+    std::vector<float> want;
+    ASSERT_TRUE(sampler.Distribution(req, &want).ok());
+    int kept = 0;
+    for (int i = 0; i < kVocab; ++i) {
+      ASSERT_EQ(g.probs[r * kVocab + i] == 0.0f, want[i] == 0.0f)
+          << "row " << r << " id " << i;
+      kept += want[i] > 0.0f;
+    }
+    EXPECT_GT(kept, 10) << "row " << r;  // the tail is in play
+  }
+}
+
 // Distribution (the rows speculative decoding feeds the rejection sampler).
 TEST_P(Sampling, DistributionMatchesCpu) {
   constexpr int kVocab = 500;
