@@ -843,6 +843,133 @@ TEST_P(Conformance, AttnResMix) {
   }
 }
 
+// ---- Empty batches -------------------------------------------------------------
+
+TEST_P(Conformance, EmptyBatchesAreNoOps) {
+  // Zero rows / tokens / sequences: OK, nothing written, carried state unchanged
+  // (a device backend must not launch an empty grid, which CUDA rejects).
+  for (int i = 0; i < kNumOps; ++i) {
+    if (!be_->Supports(static_cast<Op>(i))) {
+      GTEST_SKIP() << GetParam() << " does not support " << OpName(static_cast<Op>(i))
+                   << " yet";
+    }
+  }
+  std::vector<float> f(64, 0.5f), out(64, 7.0f), out2(64, 7.0f);
+  const std::vector<float> sevens(64, 7.0f);
+  std::vector<uint16_t> wb(64, F32ToBf16(0.25f)), cache(64, 0xAAAA);
+  std::vector<int32_t> ids(8, 0);
+  std::vector<uint8_t> bytes(64, 0x22);
+  EXPECT_TRUE(
+      be_->GemmBf16(f.data(), 4, wb.data(), 4, out.data(), 4, 0, 4, 4, false).ok());
+  EXPECT_TRUE(
+      be_->GemmF32(f.data(), 4, f.data(), 4, out.data(), 4, 0, 4, 4, true).ok());
+  EXPECT_TRUE(be_->RmsNorm(f.data(), 4, f.data(), out.data(), 4, 0, 4, 1e-5f).ok());
+  EXPECT_TRUE(be_->L2NormHeads(f.data(), 8, out.data(), 8, 0, 2, 4, 1e-6f, 1.0f).ok());
+  EXPECT_TRUE(
+      be_->SituGlu(f.data(), 4, f.data(), 4, out.data(), 4, 0, 4, 4.0f, 25.0f).ok());
+  EXPECT_TRUE(be_->MulSigmoid(f.data(), 4, f.data(), 4, out.data(), 4, 0, 4).ok());
+  EXPECT_TRUE(be_->AddInPlace(out.data(), f.data(), 0).ok());
+  EXPECT_TRUE(be_->EmbeddingGather(wb.data(), 8, 8, ids.data(), 0, out.data()).ok());
+  std::vector<float> state(3 * 4, 1.5f);
+  EXPECT_TRUE(
+      be_->CausalConv1dSilu(f.data(), 4, f.data(), 4, state.data(), out.data(), 4, 0, 4)
+          .ok());
+  EXPECT_EQ(state, std::vector<float>(3 * 4, 1.5f)) << "conv state after 0 tokens";
+  EXPECT_TRUE(be_->KdaGates(f.data(), 8, f.data(), f.data(), f.data(), 2, -5.0f, 0, 2,
+                            4, out.data(), out2.data())
+                  .ok());
+  EXPECT_TRUE(be_->KdaOutputGate(f.data(), 8, f.data(), f.data(), 8, out.data(), 8, 0,
+                                 2, 4, 1e-5f)
+                  .ok());
+  EXPECT_TRUE(
+      be_->PagedCacheWrite(f.data(), 8, ids.data(), 0, 8, cache.data(), 8).ok());
+  EXPECT_EQ(cache, std::vector<uint16_t>(64, 0xAAAA));
+  for (bool chunked : {false, true}) {
+    std::vector<float> kda_state(2 * 4 * 4, 0.75f);
+    KdaArgs k;
+    k.tokens = 0;
+    k.heads = 2;
+    k.head_dim_k = 4;
+    k.head_dim_v = 4;
+    k.q = k.k = k.v = k.g = k.beta = f.data();
+    k.ld_qk = k.ld_v = k.ld_out = 8;
+    k.state = kda_state.data();
+    k.out = out.data();
+    EXPECT_TRUE((chunked ? be_->KdaChunked(k) : be_->KdaRecurrent(k)).ok());
+    EXPECT_EQ(kda_state, std::vector<float>(2 * 4 * 4, 0.75f)) << "kda state, T = 0";
+  }
+  {
+    MlaArgs a;
+    a.heads = 2;
+    a.nope_dim = 4;
+    a.rope_dim = 4;
+    a.v_dim = 4;
+    a.kv_lora_rank = 8;
+    a.scale = 0.3f;
+    a.num_seqs = 0;
+    a.block_size = 4;
+    a.num_blocks = 2;
+    a.block_table_stride = 1;
+    std::vector<int32_t> qs = {0};
+    a.seq_lens = ids.data();
+    a.query_start = qs.data();
+    a.block_tables = ids.data();
+    a.kv_cache = cache.data();
+    a.kv_b_proj = wb.data();
+    a.q = f.data();
+    a.ld_q = 16;
+    a.out = out.data();
+    a.ld_out = 8;
+    EXPECT_TRUE(be_->MlaAttentionExpanded(a).ok());
+    EXPECT_TRUE(be_->MlaAttentionAbsorbed(a).ok());
+  }
+  EXPECT_TRUE(be_->RouterTopK(f.data(), 4, wb.data(), f.data(), 0, 4, 8, 2, true, 1.0f,
+                              ids.data(), out.data())
+                  .ok());
+  {
+    Mxfp4Expert ex = {bytes.data(), bytes.data(), bytes.data(),
+                      bytes.data(), bytes.data(), bytes.data()};
+    MoeArgs a;
+    a.tokens = 0;
+    a.hidden = 32;
+    a.inter = 32;
+    a.top_k = 1;
+    a.num_experts = 1;
+    a.experts = &ex;
+    a.z = f.data();
+    a.ld_z = 32;
+    a.ids = ids.data();
+    a.weights = f.data();
+    a.out = out.data();
+    a.ld_out = 32;
+    EXPECT_TRUE(be_->MoeMxfp4(a).ok());
+  }
+  const float* bank[1] = {f.data()};
+  EXPECT_TRUE(
+      be_->AttnResMix(bank, 1, f.data(), f.data(), f.data(), 1e-5f, 0, 8, out.data())
+          .ok());
+  EXPECT_TRUE(be_->Synchronize().ok());
+  EXPECT_EQ(out, sevens) << "an empty op wrote its output";
+  EXPECT_EQ(out2, sevens) << "an empty op wrote its output";
+}
+
+TEST_P(Conformance, MlaSequencesWithoutQueriesInABatch) {
+  // A batch where some sequences have no query tokens this step (q_len 0, first,
+  // middle and last) equals the oracle.
+  REQUIRE_OPS(Op::kPagedCacheWrite, Op::kMlaAttentionExpanded,
+              Op::kMlaAttentionAbsorbed);
+  MlaCase c{3, 16, 8, 16, 32, {7, 20, 33, 5}, {0, 3, 0, 1}};
+  MlaSetup want = MakeMla(c, 16, 21, *ref_);
+  ASSERT_TRUE(ref_->MlaAttentionExpanded(want.args).ok());
+  for (bool absorbed : {false, true}) {
+    MlaSetup got = MakeMla(c, 16, 21, *be_);
+    absl::Status st = absorbed ? be_->MlaAttentionAbsorbed(got.args)
+                               : be_->MlaAttentionExpanded(got.args);
+    ASSERT_TRUE(st.ok()) << st;
+    ExpectCloseNorm(got.out, want.out, 2e-5, absorbed ? "absorbed" : "expanded");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllBackends, Conformance, ::testing::ValuesIn(BackendNames()),
                          [](const auto& info) { return info.param; });
 
