@@ -17,8 +17,10 @@
 //     r[i] = matrix i's row l / 4, columns 2(l % 4)..2(l % 4)+1.
 //   CpAsync16(smem, gmem)       cp.async.cg.shared.global 16 bytes; CpAsyncCommit()
 //     closes a group, CpAsyncWait<N>() waits until at most N groups are pending.
-//     The emulator performs a group's copies only when it is waited for, so a
-//     kernel that reads before waiting reads stale data.
+//     The emulator lands each copy either at once or only when it is waited for
+//     (a seeded draw per copy; at seed 0 always at the wait), so a kernel that
+//     reads before waiting, or issues a copy into a buffer others still read,
+//     computes wrong results under some seeds.
 #ifndef TANDEM_KERNELS_CUDA_PTX_H_
 #define TANDEM_KERNELS_CUDA_PTX_H_
 

@@ -64,6 +64,13 @@ void LdMatrixX4(uint32_t r[4], const void* smem_row) {
 }
 
 void CpAsync16(void* smem, const void* gmem) {
+  // Under a shuffling seed a copy lands either at once or only when waited for,
+  // drawn per copy: a read before the wait (stale data) and a copy issued into a
+  // buffer other threads still read (overwritten too early) both show.
+  if (::cuda_sim::RandomBit()) {
+    std::memcpy(smem, gmem, 16);
+    return;
+  }
   ::cuda_sim::ThreadState& s = ::cuda_sim::Self();
   ::cuda_sim::PendingCopy c;
   c.dst = smem;

@@ -394,6 +394,11 @@ unsigned LiveLanes() {
   return m;
 }
 
+bool RandomBit() {
+  Block* b = tl_worker.block;
+  return b != nullptr && b->shuffle && (b->rng() & 1u) != 0;
+}
+
 void Yield() {
   if (tl_worker.current != nullptr) YieldNow();
 }

@@ -95,6 +95,9 @@ int SyncThreadsReduce(int value, int op);  // op 0: count, 1: and, 2: or
 // slots stay valid until this lane's next warp collective.
 const unsigned char* WarpExchange(unsigned mask, const void* mine, size_t bytes);
 void Yield();
+// A coin flip from the block's seeded scheduler stream (false when the seed is 0:
+// in-order runs are deterministic).
+bool RandomBit();
 // Records a kernel error (like a device-side fault) for the current launch.
 void Fault(const char* what);
 unsigned LiveLanes();
@@ -114,6 +117,32 @@ T WarpShuffle(unsigned mask, T v, int src_lane_or_neg) {
 }
 
 }  // namespace cuda_sim
+
+// ---- CUDA's vector types -------------------------------------------------------
+struct alignas(8) float2 {
+  float x, y;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(8) int2 {
+  int x, y;
+};
+struct alignas(16) int4 {
+  int x, y, z, w;
+};
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
+  return {x, y, z, w};
+}
 
 // ---- Qualifiers and built-in variables ----------------------------------------
 #define __global__

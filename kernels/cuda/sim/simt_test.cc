@@ -422,7 +422,30 @@ __global__ void CpAsyncOrder(const float* in, float* before, float* after) {
   after[threadIdx.x] = tile[threadIdx.x * 4];
 }
 
-TEST(Simt, CpAsyncLandsOnlyWhenWaitedFor) {
+TEST(Simt, CpAsyncLandsAtTheWaitOrEarlierNeverLater) {
+  SeedGuard guard;
+  int early = 0, late = 0;
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    cuda_sim::SetSeed(seed);
+    std::vector<float> in(128), before(32), after(32);
+    for (int i = 0; i < 128; ++i) in[i] = static_cast<float>(i);
+    const float* pi = in.data();
+    float* pb = before.data();
+    float* pa = after.data();
+    TANDEM_LAUNCH(CpAsyncOrder, dim3(1), dim3(32), 0, nullptr, pi, pb, pa);
+    ASSERT_EQ(LaunchError(), nullptr);
+    for (int t = 0; t < 32; ++t) {
+      EXPECT_EQ(after[t], static_cast<float>(t * 4));  // always there after the wait
+      (before[t] == -1.0f ? late : early) += 1;
+    }
+  }
+  EXPECT_GT(early, 0);
+  EXPECT_GT(late, 0);
+}
+
+TEST(Simt, CpAsyncLandsOnlyWhenWaitedForAtSeedZero) {
+  SeedGuard guard;
+  cuda_sim::SetSeed(0);
   std::vector<float> in(128), before(32), after(32);
   for (int i = 0; i < 128; ++i) in[i] = static_cast<float>(i);
   const float* pi = in.data();
