@@ -284,8 +284,6 @@ constexpr int kMaxNSplits = 4;  // blocks sharing one weight slab (grid.x)
 
 // Scratch layout of one launch.
 struct MoeScratch {
-  int* counts;      // [E]
-  int* cursor;      // [E]
   int* offsets;     // [E + 1]
   int* active;      // [E] active expert ids, ascending
   int* num_active;  // [1]
@@ -306,8 +304,6 @@ MoeScratch CarveMoeScratch(void* base, int64_t tokens, int64_t hidden, int64_t i
     return r;
   };
   MoeScratch s;
-  s.counts = reinterpret_cast<int*>(take(num_experts * sizeof(int)));
-  s.cursor = reinterpret_cast<int*>(take(num_experts * sizeof(int)));
   s.offsets = reinterpret_cast<int*>(take((num_experts + 1) * sizeof(int)));
   s.active = reinterpret_cast<int*>(take(num_experts * sizeof(int)));
   s.num_active = reinterpret_cast<int*>(take(sizeof(int)));
@@ -326,8 +322,14 @@ __device__ __forceinline__ bool ValidExpert(const MoeExpertPtrs* experts, int e,
 // One block: histogram -> exclusive scan -> active list -> scatter.
 __global__ void __launch_bounds__(kSortThreads)
     MoeSortKernel(const int32_t* ids, int pairs, const MoeExpertPtrs* experts,
-                  int num_experts, int* counts, int* cursor, int* offsets, int* active,
-                  int* num_active, int* sorted, int32_t* error_word) {
+                  int num_experts, int* offsets, int* active, int* num_active,
+                  int* sorted, int32_t* error_word) {
+  // Counters in shared memory: block-scope atomics, and reads after the barrier
+  // see them (global atomics live in L2, plain loads may hit a stale L1 line).
+  TANDEM_DYNAMIC_SMEM(int, smem);
+  int* counts = smem;                  // [E]
+  int* cursor = smem + num_experts;    // [E]
+  int* offs = smem + 2 * num_experts;  // [E + 1]
   __shared__ int warp_sum[kSortThreads / 32];
   __shared__ int warp_act[kSortThreads / 32];
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
@@ -389,19 +391,19 @@ __global__ void __launch_bounds__(kSortThreads)
   int run_sum = inc_sum - my_sum + (warp > 0 ? warp_sum[warp - 1] : 0);
   int run_act = inc_act - my_act + (warp > 0 ? warp_act[warp - 1] : 0);
   for (int e = e0; e < e1; ++e) {
-    offsets[e] = run_sum;
+    offs[e] = offsets[e] = run_sum;
     if (counts[e] > 0) active[run_act++] = e;
     run_sum += counts[e];
   }
   if (tid == 0) {
-    offsets[num_experts] = warp_sum[nwarps - 1];
+    offs[num_experts] = offsets[num_experts] = warp_sum[nwarps - 1];
     *num_active = warp_act[nwarps - 1];
   }
   __syncthreads();
   for (int p = tid; p < pairs; p += nthreads) {
     const int e = ids[p];
     if (ValidExpert(experts, e, num_experts)) {
-      sorted[offsets[e] + atomicAdd(&cursor[e], 1)] = p;
+      sorted[offs[e] + atomicAdd(&cursor[e], 1)] = p;
     }
   }
 }
@@ -722,9 +724,15 @@ const char* LaunchMoeMxfp4(const MoeLaunchArgs& a, void* scratch, int32_t* error
       CarveMoeScratch(scratch, a.tokens, a.hidden, a.inter, a.top_k, a.num_experts);
   const int E = static_cast<int>(a.num_experts), K = static_cast<int>(a.top_k);
   if (pairs > 0 && E > 0) {
-    TANDEM_LAUNCH(MoeSortKernel, dim3(1), dim3(kSortThreads), 0, stream, a.ids,
-                  static_cast<int>(pairs), a.experts, E, s.counts, s.cursor, s.offsets,
-                  s.active, s.num_active, s.sorted, error_word);
+    const size_t sort_smem = (3 * static_cast<size_t>(E) + 1) * sizeof(int);
+    if (sort_smem > 48 * 1024) {
+      if (const char* err = ::tandem::gpu::AllowDynamicSmem(MoeSortKernel, sort_smem)) {
+        return err;
+      }
+    }
+    TANDEM_LAUNCH(MoeSortKernel, dim3(1), dim3(kSortThreads), sort_smem, stream, a.ids,
+                  static_cast<int>(pairs), a.experts, E, s.offsets, s.active,
+                  s.num_active, s.sorted, error_word);
     if (const char* err = ::tandem::gpu::LaunchError()) return err;
     const int64_t max_active = std::min<int64_t>(a.num_experts, pairs);
     if (max_active > 65535) return "moe: more than 65535 active experts per launch";
