@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Sourced (as env.sh inside a GPU bundle, scripts/gpu_bundle.sh) by the bundle's
+# `run` wrapper and by gpu_check.sh. Sets, for the bundle folder it lives in:
+#   GPU_BUNDLE_DIR        the bundle
+#   GPU_BUNDLE_LD_PATH    where the binaries' libraries are: lib/, the unpacked
+#                         gzipped ones, the directories holding the CUDA toolkit
+#                         libraries left to the target (manifest.env's
+#                         BUNDLE_TARGET_LIBS), and lib/glibc when it is used
+#   GPU_BUNDLE_LOADER     empty, or lib/glibc's loader when this machine's glibc is
+#                         older than the one the bundle was built on (then the
+#                         binaries run as `$GPU_BUNDLE_LOADER --library-path ...`)
+#   GPU_BUNDLE_MISSING    target libraries not found here (space-separated)
+#   GPU_BUNDLE_NOTES      what was decided, one line each
+# It prints nothing and exits nothing: callers report.
+GPU_BUNDLE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+GPU_BUNDLE_NOTES=""
+GPU_BUNDLE_MISSING=""
+GPU_BUNDLE_LOADER=""
+BUNDLE_GLIBC=0
+BUNDLE_TARGET_LIBS=""
+# shellcheck source=/dev/null
+[[ -f "$GPU_BUNDLE_DIR/manifest.env" ]] && source "$GPU_BUNDLE_DIR/manifest.env"
+
+_gb_note() { GPU_BUNDLE_NOTES+="$*"$'\n'; }
+
+# Gzipped libraries: unpacked outside the bundle (which then stays as small as it
+# travels, and may be read-only), in a directory of this user and bundle under
+# $TMPDIR.
+_gb_unpack_dir="${TMPDIR:-/tmp}/tandem_gpu_bundle_$(id -u)_$(printf '%s' "$GPU_BUNDLE_DIR:${BUNDLE_DATE:-}" | cksum | cut -d' ' -f1)/lib"
+mkdir -p "$_gb_unpack_dir"
+for _gb_gz in "$GPU_BUNDLE_DIR"/lib/*.gz; do
+  [[ -e "$_gb_gz" ]] || continue
+  _gb_so="$_gb_unpack_dir/$(basename "${_gb_gz%.gz}")"
+  if ! [[ -s "$_gb_so" && "$_gb_so" -nt "$_gb_gz" ]]; then
+    gzip -dc "$_gb_gz" >"$_gb_so.tmp.$$" && mv -f "$_gb_so.tmp.$$" "$_gb_so"
+  fi
+done
+
+GPU_BUNDLE_LD_PATH="$GPU_BUNDLE_DIR/lib:$_gb_unpack_dir"
+
+# The CUDA toolkit libraries left to the target (cuBLASLt, NCCL, ...): the
+# dynamic linker's cache, the CUDA toolkit folders, then the NVIDIA Python
+# wheels' folders (PyTorch's image carries them), then a bounded search.
+_gb_find_lib() {  # soname -> directory
+  local so="$1" d
+  d="$(ldconfig -p 2>/dev/null | awk -v s="$so" '$1 == s { print $NF; exit }' || true)"
+  if [[ -n "$d" && -e "$d" ]]; then dirname "$d"; return 0; fi
+  for d in ${GPU_BUNDLE_CUDA_LIB_DIRS:-} "${CUDA_PATH:-/nonexistent}/lib64" \
+    "${CUDA_HOME:-/nonexistent}/lib64" /usr/local/cuda/lib64 \
+    /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-*/lib64 \
+    /usr/local/cuda-*/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu \
+    /opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib \
+    /usr/local/lib/python3*/dist-packages/nvidia/*/lib \
+    /usr/lib/python3/dist-packages/nvidia/*/lib; do
+    if [[ -e "$d/$so" ]]; then echo "$d"; return 0; fi
+  done
+  d="$(timeout 20 find / -xdev \( -path /proc -o -path /sys \) -prune -o -name "$so" -print -quit 2>/dev/null || true)"
+  [[ -n "$d" ]] && { dirname "$d"; return 0; }
+  return 1
+}
+for _gb_so in $BUNDLE_TARGET_LIBS; do
+  if _gb_dir="$(_gb_find_lib "$_gb_so")"; then
+    case ":$GPU_BUNDLE_LD_PATH:" in *":$_gb_dir:"*) ;; *) GPU_BUNDLE_LD_PATH+=":$_gb_dir" ;; esac
+    _gb_note "$_gb_so: $_gb_dir"
+  else
+    GPU_BUNDLE_MISSING+="$_gb_so "
+    _gb_note "$_gb_so: NOT FOUND on this machine"
+  fi
+done
+
+# glibc: this machine's if it is at least the bundle's, else the bundled copy.
+_gb_glibc="$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')"
+[[ -n "$_gb_glibc" ]] || _gb_glibc=0
+_gb_older() {  # a b: is a < b (major.minor)
+  local a1="${1%%.*}" a2="${1#*.}" b1="${2%%.*}" b2="${2#*.}"
+  (( a1 < b1 || (a1 == b1 && a2 < b2) ))
+}
+if _gb_older "$_gb_glibc" "$BUNDLE_GLIBC" && [[ -x "$GPU_BUNDLE_DIR/lib/glibc/ld-linux-x86-64.so.2" ]]; then
+  GPU_BUNDLE_LOADER="$GPU_BUNDLE_DIR/lib/glibc/ld-linux-x86-64.so.2"
+  GPU_BUNDLE_LD_PATH="$GPU_BUNDLE_DIR/lib/glibc:$GPU_BUNDLE_LD_PATH"
+  _gb_note "glibc $_gb_glibc here < $BUNDLE_GLIBC built against: using the bundled glibc loader"
+else
+  _gb_note "glibc $_gb_glibc here (bundle built on $BUNDLE_GLIBC): the system's"
+fi
+# The driver's folder where it is not in the linker cache (the lent machines
+# mount it read-only at /usr/local/nvidia).
+if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+  for _gb_d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib64/nvidia; do
+    [[ -e "$_gb_d/libcuda.so.1" ]] && GPU_BUNDLE_LD_PATH+=":$_gb_d" && break
+  done
+fi
+export GPU_BUNDLE_DIR GPU_BUNDLE_LD_PATH GPU_BUNDLE_LOADER GPU_BUNDLE_MISSING GPU_BUNDLE_NOTES
+unset _gb_gz _gb_so _gb_dir _gb_glibc _gb_d _gb_unpack_dir

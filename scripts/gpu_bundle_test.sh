@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The GPU bundle's packing and the GPU check's no-GPU path, without a GPU or Bazel:
+#   1. gpu_bundle.sh --pack-only packs a real Bazel binary (gpu_bench, with its
+#      _solib libraries, Debian's and glibc's); --verify finds it self-contained:
+#      under env.sh's library path `ldd` resolves every library inside the bundle
+#      except glibc's (and libcuda / the target's toolkit libraries, none here);
+#      it is under the size limit;
+#   2. the bundle's `run` wrapper runs the binary from the bundle (the emulator
+#      backend: its JSON line comes out);
+#   3. --verify catches a bundle missing a library;
+#   4. gpu_check.sh on this machine (no GPU) says so, writes its JSON and exits 3
+#      within seconds.
+set -euo pipefail
+fail() { echo "FAIL: $*" >&2; exit 1; }
+RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-tandem}"
+[[ -d "$RUNFILES/scripts" ]] || RUNFILES="$PWD"
+TMP="${TEST_TMPDIR:-$(mktemp -d)}"
+export TMPDIR="$TMP"  # env.sh unpacks the gzipped libraries under it
+# The scripts as a checkout has them (gpu_bundle.sh finds its siblings).
+mkdir -p "$TMP/repo/scripts" "$TMP/repo/third_party"
+cp "$RUNFILES"/scripts/gpu_bundle.sh "$RUNFILES"/scripts/gpu_bundle_env.sh \
+  "$RUNFILES"/scripts/gpu_check.sh "$TMP/repo/scripts/"
+BIN="$RUNFILES/kernels/cuda/gpu_bench"
+[[ -x "$BIN" ]] || fail "no gpu_bench at $BIN"
+
+# 1. Pack and verify.
+B="$TMP/bundle"
+"$TMP/repo/scripts/gpu_bundle.sh" --out "$B" --pack-only "$BIN" 2>"$TMP/pack.log" ||
+  { cat "$TMP/pack.log" >&2; fail "packing failed"; }
+cat "$TMP/pack.log"
+grep -q "is self-contained" "$TMP/pack.log" || fail "the packing did not verify the bundle"
+for f in run env.sh gpu_check.sh manifest.env MANIFEST.txt tests.tsv bin/gpu_bench; do
+  [[ -e "$B/$f" ]] || fail "bundle lacks $f"
+done
+ls "$B"/lib/libabsl_*.so.* >/dev/null 2>&1 || fail "Debian's abseil libraries were not bundled"
+ls "$B"/lib/libstdc++.so.* >/dev/null 2>&1 || fail "libstdc++ was not bundled"
+[[ -e "$B/lib/glibc/libc.so.6" ]] || fail "no fallback copy of glibc"
+[[ ! -e "$B/lib/libc.so.6" ]] || fail "glibc must not be on the bundle's library path"
+# Every library of every binary resolves inside the bundle (glibc aside).
+ls "$B"/lib/*.gz >/dev/null 2>&1 || fail "no gzipped library (libdnnl is 37 MiB)"
+# shellcheck disable=SC2016
+ld_path="$(bash -c 'source "$1/env.sh"; echo "$GPU_BUNDLE_LD_PATH"' _ "$B")"
+while IFS= read -r line; do
+  [[ "$line" == *"=>"* ]] || continue
+  so="$(awk '{print $1}' <<<"$line")" path="$(awk '{print $3}' <<<"$line")"
+  case "$so" in ld-linux* | libc.so.* | libm.so.* | libpthread.so.* | libdl.so.* | librt.so.*) continue ;; esac
+  # Inside the bundle, or its gzipped copy unpacked by env.sh (under $TMPDIR).
+  real="$(readlink -f "$path")"
+  [[ "$real" == "$B"/* ]] || { [[ "$real" == "$TMP"/tandem_gpu_bundle_*/lib/* && -e "$B/lib/$so.gz" ]]; } ||
+    fail "gpu_bench: $so resolves outside the bundle: $line"
+done < <(LD_LIBRARY_PATH="$ld_path" ldd "$B/bin/gpu_bench")
+"$TMP/repo/scripts/gpu_bundle.sh" --verify "$B" || fail "--verify rejects a good bundle"
+kib="$(du -sk "$B" | cut -f1)"
+(( kib < 56 * 1024 )) || fail "bundle is $kib KiB"
+
+# 2. The wrapper runs it.
+out="$(GPU_BUNDLE_RUNFILES="$TMP" "$B/run" gpu_bench --backend cuda_sim --only copy 2>&1)" ||
+  { echo "$out"; fail "./run gpu_bench failed"; }
+tail -n 1 <<<"$out" | grep -q '"bench":"gpu_kernels"' || { echo "$out"; fail "no JSON line from ./run gpu_bench"; }
+
+# 3. A missing library is caught.
+cp -r "$B" "$TMP/broken"
+rm -f "$TMP"/broken/lib/libabsl_strings.so.*
+if "$TMP/repo/scripts/gpu_bundle.sh" --verify "$TMP/broken" 2>"$TMP/verify.log"; then
+  fail "--verify accepted a bundle without libabsl_strings"
+fi
+grep -q "libabsl_strings" "$TMP/verify.log" || fail "--verify did not name the missing library"
+
+# 4. gpu_check.sh without a GPU: quick, clear, exit 3, JSON written.
+start=$SECONDS
+rc=0
+GPU_CHECK_NVIDIA_SMI=/nonexistent/nvidia-smi "$B/gpu_check.sh" "$TMP/check" 2>"$TMP/check.log" || rc=$?
+cat "$TMP/check.log"
+(( rc == 3 )) || fail "gpu_check.sh without a GPU exited $rc, not 3"
+(( SECONDS - start < 30 )) || fail "gpu_check.sh without a GPU took $((SECONDS - start))s"
+grep -q "no usable NVIDIA GPU" "$TMP/check.log" || fail "gpu_check.sh does not say there is no GPU"
+grep -q '"status":"no_gpu"' "$TMP/check/gpu_check.json" || fail "gpu_check.json lacks status no_gpu"
+[[ -s "$TMP/check/gpu_check.log" ]] || fail "no gpu_check.log"
+if command -v python3 >/dev/null; then
+  python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$TMP/check/gpu_check.json" ||
+    fail "gpu_check.json does not parse"
+fi
+# $OUT is the default result folder.
+rc=0
+OUT="$TMP/out_env" GPU_CHECK_NVIDIA_SMI=false "$B/gpu_check.sh" 2>/dev/null || rc=$?
+(( rc == 3 )) && [[ -f "$TMP/out_env/gpu_check.json" ]] || fail "gpu_check.sh ignores \$OUT"
+echo PASS
