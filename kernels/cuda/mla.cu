@@ -23,6 +23,9 @@ namespace tandem::kernels::cuda {
 namespace {
 
 using tandem::gpu::Bf16ToF32;
+using tandem::gpu::CpAsync16;
+using tandem::gpu::CpAsyncCommit;
+using tandem::gpu::CpAsyncWait;
 using tandem::gpu::F32ToBf16;
 using tandem::gpu::kFullMask;
 using tandem::gpu::kWarpSize;
@@ -358,11 +361,10 @@ __global__ void __launch_bounds__(kAbsWarps* kWarpSize)
   const int64_t width = a.lora + a.rope, half = width / 2;
   const int64_t sw = MmaStride(width), steps = (width + 15) / 16, padded = steps * 8;
   TANDEM_DYNAMIC_SMEM(uint32_t, smem);
-  uint32_t* qh = smem;                // [16][sw] q hi pairs
-  uint32_t* ql = qh + kAbsRows * sw;  // [16][sw] q lo pairs
-  uint32_t* kt = ql + kAbsRows * sw;  // [32][sw] the key tile (BF16 pairs)
-  float* st = reinterpret_cast<float*>(kt + kKeys * sw);  // [16][kScoreStride]
-  const uint16_t* k16 = reinterpret_cast<const uint16_t*>(kt);
+  uint32_t* qh = smem;                  // [16][sw] q hi pairs
+  uint32_t* ql = qh + kAbsRows * sw;    // [16][sw] q lo pairs
+  uint32_t* kbuf = ql + kAbsRows * sw;  // [2][32][sw] key tiles (BF16 pairs)
+  float* st = reinterpret_cast<float*>(kbuf + 2 * kKeys * sw);  // [16][kScoreStride]
 
   const int64_t rows = t.q_len * a.heads;
   for (int64_t i = threadIdx.x; i < kAbsRows * padded; i += blockDim.x) {
@@ -397,33 +399,67 @@ __global__ void __launch_bounds__(kAbsWarps* kWarpSize)
   const int tiles = static_cast<int>(a.lora / (kAbsWarps * 8));
   const int64_t col0 = warp * (a.lora / kAbsWarps);
 
-  for (int64_t n0 = k_begin; n0 < k_end; n0 += kKeys) {
-    __syncthreads();  // the previous tile and its scores are consumed
+  // Key tiles stream through two buffers: tile i + 1's cp.async copies are in
+  // flight while tile i is computed. Warp w fetches rows w, w + 4, ..., lanes the
+  // 16-byte pieces of a row (one block-table read per row and warp); rows past
+  // k_end and bad block ids are zero-filled with plain stores.
+  auto fetch = [&](int64_t n0, uint32_t* dst) {
     for (int n = warp; n < kKeys; n += kAbsWarps) {
       const int64_t p = n0 + n;
-      const uint32_t* src = nullptr;
-      if (p < k_end) {
-        src = reinterpret_cast<const uint32_t*>(CacheRow(a, t.seq, p, lane == 0));
-      }
-      for (int64_t w = lane; w < padded; w += kWarpSize) {
-        kt[n * sw + w] = src != nullptr && w < half ? src[w] : 0u;
+      const uint16_t* src = p < k_end ? CacheRow(a, t.seq, p, lane == 0) : nullptr;
+      for (int64_t c = lane; c < padded / 4; c += kWarpSize) {
+        uint32_t* d = dst + n * sw + 4 * c;
+        if (src != nullptr && 4 * c + 4 <= half) {
+          CpAsync16(d, src + 8 * c);
+        } else {
+          for (int e = 0; e < 4; ++e) {
+            d[e] = src != nullptr && 4 * c + e < half
+                       ? reinterpret_cast<const uint32_t*>(src)[4 * c + e]
+                       : 0u;
+          }
+        }
       }
     }
-    __syncthreads();
-    {  // S: keys 8 warp .. 8 warp + 7
-      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    CpAsyncCommit();
+  };
+  if (k_begin < k_end) fetch(k_begin, kbuf);
+  int buf = 0;
+  for (int64_t n0 = k_begin; n0 < k_end; n0 += kKeys, buf ^= 1) {
+    const uint32_t* kt = kbuf + buf * kKeys * sw;
+    const uint16_t* k16 = reinterpret_cast<const uint16_t*>(kt);
+    if (n0 + kKeys < k_end) {
+      fetch(n0 + kKeys, kbuf + (buf ^ 1) * kKeys * sw);
+      CpAsyncWait<1>();  // all but the newest group: this tile has landed
+    } else {
+      CpAsyncWait<0>();
+    }
+    __syncthreads();  // every thread's copies (and q, first time) are visible
+    {
+      // S: keys 8 warp .. 8 warp + 7, in 8 independent accumulators (k-step mod 4
+      // x hi/lo): short dependency chains between the mma.
+      float dd[8][4] = {};
       const uint32_t* kb = kt + (8 * warp + g) * sw;
       const uint32_t* q0h = qh + g * sw;
       const uint32_t* q1h = qh + (g + 8) * sw;
       const uint32_t* q0l = ql + g * sw;
       const uint32_t* q1l = ql + (g + 8) * sw;
-      for (int64_t ks = 0; ks < steps; ++ks) {
-        const int64_t w0 = ks * 8 + tq;
-        const uint32_t ah[4] = {q0h[w0], q1h[w0], q0h[w0 + 4], q1h[w0 + 4]};
-        const uint32_t al[4] = {q0l[w0], q1l[w0], q0l[w0 + 4], q1l[w0 + 4]};
-        const uint32_t b[2] = {kb[w0], kb[w0 + 4]};
-        MmaBf16M16N8K16(d, ah, b);
-        MmaBf16M16N8K16(d, al, b);
+      for (int64_t k4 = 0; k4 < steps; k4 += 4) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          if (k4 + u >= steps) break;
+          const int64_t w0 = (k4 + u) * 8 + tq;
+          const uint32_t ah[4] = {q0h[w0], q1h[w0], q0h[w0 + 4], q1h[w0 + 4]};
+          const uint32_t al[4] = {q0l[w0], q1l[w0], q0l[w0 + 4], q1l[w0 + 4]};
+          const uint32_t b[2] = {kb[w0], kb[w0 + 4]};
+          MmaBf16M16N8K16(dd[2 * u], ah, b);
+          MmaBf16M16N8K16(dd[2 * u + 1], al, b);
+        }
+      }
+      float d[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        d[e] = ((dd[0][e] + dd[1][e]) + (dd[2][e] + dd[3][e])) +
+               ((dd[4][e] + dd[5][e]) + (dd[6][e] + dd[7][e]));
       }
       float* s0 = st + g * kScoreStride + 8 * warp + 2 * tq;
       float* s1 = s0 + 8 * kScoreStride;
@@ -498,6 +534,7 @@ __global__ void __launch_bounds__(kAbsWarps* kWarpSize)
         MmaBf16M16N8K16(acc[j], pl[kk], b);
       }
     }
+    __syncthreads();  // this buffer and the scores are consumed before refilling
   }
   // Partials for every row of the tile (empty ranges: m = -inf, l = 0, acc = 0).
   for (int hr = 0; hr < 2; ++hr) {
@@ -1058,12 +1095,14 @@ size_t AbsorbedSmem(const MlaLaunchArgs& a) {
 
 size_t AbsorbedMmaSmem(const MlaLaunchArgs& a) {
   const int64_t sw = MmaStride(a.lora + a.rope);
-  return sizeof(uint32_t) * (2 * kAbsRows * sw + kKeys * sw) +
+  return sizeof(uint32_t) * (2 * kAbsRows * sw + 2 * kKeys * sw) +
          sizeof(float) * kAbsRows * kScoreStride;
 }
 
 bool AbsorbedMmaFits(const MlaLaunchArgs& a) {
-  return a.lora % (kAbsWarps * 8) == 0 && AbsorbedMmaSmem(a) <= kMaxSmem;
+  // lora + rope a multiple of 8: cache rows of whole 16-byte pieces (cp.async).
+  return a.lora % (kAbsWarps * 8) == 0 && (a.lora + a.rope) % 8 == 0 &&
+         AbsorbedMmaSmem(a) <= kMaxSmem;
 }
 
 size_t FlashMmaSmem(const MlaLaunchArgs& a) {

@@ -34,10 +34,13 @@
 //      rows: conflict-free), lane = key for Q.K, online softmax per row, lane =
 //      latent column pair for P.C (C = the tile's own c: values are the keys'
 //      first lora columns). Writes unnormalised partial (max, sum, acc[lora]).
-//      The mma version: S = Q K^T with warp w on keys 8w..8w+7 (m16n8k16 over the
-//      576 width), the score tile through shared memory, the softmax in the
-//      A-fragment layout, O += P C with warp w owning lora/4 latent columns as
-//      n8 accumulator tiles (64 fp32 registers per lane at K3).
+//      The mma version: key tiles double-buffered through cp.async (tile i + 1
+//      in flight while tile i is computed; ~115 KB of shared memory at K3, one
+//      block per SM), S = Q K^T with warp w on keys 8w..8w+7 (m16n8k16 over the
+//      576 width, 8 independent accumulators), the score tile through shared
+//      memory, the softmax in the A-fragment layout, O += P C with warp w owning
+//      lora/4 latent columns as n8 accumulator tiles (64 fp32 registers per
+//      lane at K3).
 //   3. MlaAbsorbedCombine: merges the splits' partials per (token, head) and
 //      applies W_UV (warp per output column, lanes over lora: coalesced rows).
 //   Splits: MlaAbsorbedSplits, from host values only.
