@@ -17,6 +17,8 @@ constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kChunk = 256;       // engine::Sampler's online-softmax chunk
 constexpr int kBins = 256;        // radix digit of 8 bits
 constexpr float kWindow = 16.0f;  // engine::Sampler's kGatherWindow
+constexpr int kSub = 8;           // tokens per chunk per ChunkSweep step
+static_assert(kChunk % kSub == 0 && kWarpSize % kSub == 0);
 // Worst-case relative disagreement between two double summations of <= 2^19
 // non-negative float weights in different orders (about 4 * n * 2^-53), with a
 // safety factor: a draw whose target is closer than this to a CDF step is
@@ -138,6 +140,8 @@ struct Shared {
   int32_t bcast_i[4];
   double bcast_d[4];
   float bcast_f[2];
+  // Per-warp transpose tile of ChunkSweep: 32 chunks x kSub tokens.
+  float tile[kWarps][kWarpSize][kSub + 1];
   int32_t gather_n;
   int32_t gather_id[kSamplingMaxTopLogprobs];
   float gather_x[kSamplingMaxTopLogprobs];
@@ -251,6 +255,41 @@ __device__ T BlockScan(T* a, int n, bool exclusive, T identity, Op op, T* red) {
   }
   __syncthreads();
   return total;
+}
+
+// Sequential per-chunk passes with coalesced loads: each lane owns one 256-token
+// chunk (warp w takes chunks [32w, 32w + 32), then every kThreads chunks) and
+// sees its tokens one at a time in increasing id, as the CPU's loops do; the
+// warp loads 32 chunks x kSub tokens at a time (full 32-byte sectors) through a
+// padded shared tile (odd stride: conflict-free). begin(c), fn(c, i, v) for
+// each token i of chunk c with v = load(i), end(c).
+template <typename Load, typename Begin, typename Fn, typename End>
+__device__ void ChunkSweep(int32_t vocab, Load load, Begin begin, Fn fn, End end,
+                           Shared& s) {
+  const int nch = (vocab + kChunk - 1) / kChunk;
+  const int lane = Lane();
+  float(*tile)[kSub + 1] = s.tile[Warp()];
+  for (int c0 = Warp() * kWarpSize; c0 < nch; c0 += kThreads) {
+    const int c = c0 + lane;
+    const bool mine = c < nch;
+    const int32_t stop = std::min(vocab, (c + 1) * kChunk);
+    if (mine) begin(c);
+    for (int off = 0; off < kChunk; off += kSub) {
+      for (int r = lane / kSub; r < kWarpSize; r += kWarpSize / kSub) {
+        const int32_t i = (c0 + r) * kChunk + off + lane % kSub;
+        tile[r][lane % kSub] = i < vocab ? load(i) : 0.0f;
+      }
+      __syncwarp();
+      if (mine) {
+        for (int j = 0; j < kSub; ++j) {
+          const int32_t i = c * kChunk + off + j;
+          if (i < stop) fn(c, i, tile[lane][j]);
+        }
+      }
+      __syncwarp();
+    }
+    if (mine) end(c);
+  }
 }
 
 struct MaxOp {
@@ -408,18 +447,24 @@ __device__ DrawResult BlockDraw(int32_t vocab, W weight, double u, double target
                                 double* chunk_sum, double* chunk_pre, Shared& s) {
   const int nch = (vocab + kChunk - 1) / kChunk;
   int32_t last = -1;
-  for (int c = threadIdx.x; c < nch; c += kThreads) {
-    const int32_t end = std::min(vocab, (c + 1) * kChunk);
-    double d = 0.0;
-    for (int32_t i = c * kChunk; i < end; ++i) {
-      float w;
-      if (!weight(i, &w)) continue;
-      last = i;
-      d = AddD(d, static_cast<double>(w));
-    }
-    chunk_sum[c] = d;
-    chunk_pre[c] = d;
-  }
+  double d = 0.0;
+  ChunkSweep(
+      vocab,
+      [&](int32_t i) {
+        float w;
+        return weight(i, &w) ? w : -1.0f;  // -1: not eligible
+      },
+      [&](int) { d = 0.0; },
+      [&](int, int32_t i, float w) {
+        if (w < 0.0f) return;
+        last = i;
+        d = AddD(d, static_cast<double>(w));
+      },
+      [&](int c) {
+        chunk_sum[c] = d;
+        chunk_pre[c] = d;
+      },
+      s);
   last = BlockMaxI(last, s);
   __syncthreads();
   const double total =
@@ -482,7 +527,7 @@ __device__ int32_t SequentialDraw(int32_t vocab, W weight, double u, double tota
 
 // ---- The sampling kernel
 // -------------------------------------------------------------
-__global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
+__global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleArgs a) {
   __shared__ Shared s;
   TANDEM_DYNAMIC_SMEM(unsigned char, dyn);
   const int32_t row = static_cast<int32_t>(blockIdx.x);
@@ -548,22 +593,23 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   int32_t finite = 0;
   float best = NegInf();
   int32_t best_id = 0x7fffffff;
-  for (int c = threadIdx.x; c < nch; c += kThreads) {
-    const int32_t end = std::min(vocab, (c + 1) * kChunk);
-    float cm = NegInf();
-    for (int32_t i = c * kChunk; i < end; ++i) {
-      const float v = x(i);
-      bad |= IsNan(v) || v == PosInf();
-      finite += v != NegInf();
-      if (v > cm) cm = v;
-      if (v > best) {
-        best = v;
-        best_id = i;
-      }
-    }
-    cmax[c] = cm;
-    cpre[c] = cm;
-  }
+  float cm = NegInf();
+  ChunkSweep(
+      vocab, x, [&](int) { cm = NegInf(); },
+      [&](int, int32_t i, float v) {
+        bad |= IsNan(v) || v == PosInf();
+        finite += v != NegInf();
+        if (v > cm) cm = v;
+        if (v > best) {
+          best = v;
+          best_id = i;
+        }
+      },
+      [&](int c) {
+        cmax[c] = cm;
+        cpre[c] = cm;
+      },
+      s);
   bad = __syncthreads_or(bad);
   finite = BlockSumI(finite, s);
   BlockArgMax(best, best_id, s);
@@ -586,24 +632,32 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     BlockScan(cpre, nch, /*exclusive=*/false, NegInf(), MaxOp(), s.red_f);
     double part = 0.0, hi_part = 0.0;
     int32_t hi_part_n = 0;
-    for (int c = threadIdx.x; c < nch; c += kThreads) {
-      const float cm = cmax[c];
-      if (cm == NegInf()) continue;
-      const float run = cpre[c];
-      const int32_t end = std::min(vocab, (c + 1) * kChunk);
-      float cs = 0.0f;
-      for (int32_t i = c * kChunk; i < end; ++i) {
-        const float v = x(i);
-        const float e = ExpF(v - run);
-        cs = AddF(cs, e);
-        if (v >= window) {
-          ++hi_part_n;
-          hi_part += static_cast<double>(run == mf ? e : ExpF(v - mf));
-        }
-      }
-      part += MulD(static_cast<double>(cs),
-                   ExpD(static_cast<double>(run) - static_cast<double>(mf)));
-    }
+    // Chunks whose maximum is -inf are skipped (the CPU's `continue`).
+    float run = 0.0f, cs = 0.0f;
+    bool live = false;
+    ChunkSweep(
+        vocab, x,
+        [&](int c) {
+          live = cmax[c] != NegInf();
+          run = cpre[c];
+          cs = 0.0f;
+        },
+        [&](int, int32_t, float v) {
+          if (!live) return;
+          const float e = ExpF(v - run);
+          cs = AddF(cs, e);
+          if (v >= window) {
+            ++hi_part_n;
+            hi_part += static_cast<double>(run == mf ? e : ExpF(v - mf));
+          }
+        },
+        [&](int) {
+          if (live) {
+            part += MulD(static_cast<double>(cs),
+                         ExpD(static_cast<double>(run) - static_cast<double>(mf)));
+          }
+        },
+        s);
     sum = BlockSumD(part, s);
     hi_mass = BlockSumD(hi_part, s);
     hi_count = BlockSumI(hi_part_n, s);
@@ -788,7 +842,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
 
 // ---- Rejection sampling
 // ---------------------------------------------------------------
-__global__ void __launch_bounds__(kThreads) RejectionKernel(RejectionArgs a) {
+__global__ void __launch_bounds__(kThreads, 1) RejectionKernel(RejectionArgs a) {
   __shared__ Shared s;
   TANDEM_DYNAMIC_SMEM(double, dyn);
   const int32_t req = static_cast<int32_t>(blockIdx.x);

@@ -125,7 +125,7 @@ constexpr float kSamplingGreedyTemperature = 1e-5f;
 constexpr int kSamplingMaxTopLogprobs = 20;
 // Largest vocabulary one launch takes (shared memory holds 24 bytes per
 // 256-token chunk).
-constexpr int64_t kSamplingMaxVocab = int64_t{1} << 19;
+constexpr int64_t kSamplingMaxVocab = int64_t{1} << 18;
 
 // One row's parameters (engine::SamplingParams plus the row's output position).
 struct SamplingRowParams {
