@@ -129,10 +129,14 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   call->reactor = reactor;
   call->response = resp;
   call->request = *req;
-  const absl::Time deadline =
-      rpc::WithUnixMillis(std::min(rpc::ContextDeadline(*context),
-                                   clock_->Now() + options_.default_deadline),
-                          req->deadline_unix_ms());
+  // The call's and the message's deadline; default_deadline only when neither
+  // carries one (a cap would cut every prefill longer than it: a 64k-token
+  // prompt takes minutes on a CPU).
+  absl::Time deadline =
+      rpc::WithUnixMillis(rpc::ContextDeadline(*context), req->deadline_unix_ms());
+  if (deadline == absl::InfiniteFuture()) {
+    deadline = clock_->Now() + options_.default_deadline;
+  }
   auto refuse = [&](const absl::Status& s) {
     Count("Prefill", "invalid");
     TLOG(INFO, "prefill refused").Kv("request_id", req->request_id()).Kv("status", s);

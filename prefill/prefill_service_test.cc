@@ -166,7 +166,8 @@ constexpr int kChunk = 32;  // engine token budget per step: prompts span chunks
 
 // The sender: engine (block 16, steps of kChunk tokens) + service + server.
 struct Sender {
-  explicit Sender(bool stream, int num_blocks = 0, int max_prefill_chunk = 0) {
+  explicit Sender(bool stream, int num_blocks = 0, int max_prefill_chunk = 0,
+                  absl::Duration default_deadline = absl::Seconds(60)) {
     backend = engine::testing::MakeBackend("cpu");
     engine::EngineOptions o;
     o.block_size = 16;
@@ -183,6 +184,7 @@ struct Sender {
     loop = std::make_unique<worker::EngineLoop>(std::move(*e));
     PrefillServiceOptions po;
     po.stream_layers = stream;
+    po.default_deadline = default_deadline;
     service = *PrefillService::Create(loop.get(), cache, &agent, &metrics, po);
     grpc::ServerBuilder b;
     int port = 0;
@@ -357,6 +359,25 @@ TEST(PrefillServiceTest, StalledReceiverEndsAtTheDeadlineWithEveryBatchEnded) {
   EXPECT_EQ(sender.agent.ended(), sender.agent.posted());
   EXPECT_TRUE(sender.Idle());
   EXPECT_TRUE(receiver.agent.PollNotifications().empty());
+}
+
+// The service's default deadline is for calls that carry none, not a cap: a
+// prefill may take longer (minutes for a 64k-token prompt on a CPU).
+TEST(PrefillServiceTest, DefaultDeadlineOnlyForCallsWithoutOne) {
+  Sender sender(/*stream=*/true, 0, 0, /*default_deadline=*/absl::Milliseconds(1));
+  Receiver receiver;
+  tandem::v1::PrefillResponse resp;
+  // The call's own deadline (60 s) governs, far past the 1 ms default.
+  grpc::Status st = Call(sender, MakeRequest("r1", 100, receiver), &resp);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  EXPECT_TRUE(sender.Idle());
+  // Without any deadline the default applies.
+  Receiver stalled;
+  stalled.agent.SetPaused(true);
+  grpc::ClientContext ctx;  // no deadline
+  st = sender.stub->Prefill(&ctx, MakeRequest("r2", 100, stalled), &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << st.error_message();
+  EXPECT_TRUE(sender.Idle());
 }
 
 TEST(PrefillServiceTest, CancelWhileStreamingEndsEveryBatch) {
