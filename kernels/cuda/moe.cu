@@ -275,10 +275,15 @@ constexpr int kSortThreads = 1024;
 constexpr int kGemmWarps = 4;
 constexpr int kGemmThreads = kGemmWarps * 32;
 constexpr int kRowsPerBlock = kGemmWarps * 16;
-constexpr int kTileN = 32;    // pairs per tile (4 mma n-groups of 8)
-constexpr int kStageK = 512;  // k staged in shared memory per step
-constexpr int kZStride =
-    kStageK + 16;  // BF16 per staged row: 1056 bytes, conflict-free
+// Pairs per tile kN: 32 (4 mma n-groups; a stage of 512 k, 4 x 16 bytes of each
+// weight row per lane in flight: decode) or 64 (8 n-groups share each decoded
+// weight register; a stage of 256 k: prefill). B rows are staged with a stride of
+// stage + 16 BF16 (4 * 264 or 4 * 136 words: conflict-free, see StagePos).
+template <int kN>
+constexpr int StageK() {
+  return kN == 32 ? 512 : 256;
+}
+constexpr int kLargeTileMinTokens = 128;
 constexpr int kReduceThreads = 256;
 constexpr int kMaxNSplits = 4;  // blocks sharing one weight slab (grid.x)
 
@@ -493,7 +498,7 @@ __device__ __forceinline__ uint32_t DecodePair(const RowGroup& g, const ScaleFac
   return MulBf16x2(MulBf16x2(v, f.m1), f.m2);
 }
 
-// Where element c (0..kStageK) of a staged row lives: inside each 128-element
+// Where element c (0..StageK) of a staged row lives: inside each 128-element
 // chunk, lane t's 32 elements (32t..32t+31) are interleaved so that k-step j of
 // every lane reads 8 consecutive bytes at j * 16 + t * 4.
 __device__ __forceinline__ int StagePos(int c) {
@@ -508,21 +513,23 @@ __device__ __forceinline__ float SiTU(float g, float u, float beta, float lbeta)
 }
 
 // The grouped GEMM of one (n-split, kRowsPerBlock rows, active expert) block over
-// the expert's pair tiles n-split, n-split + gridDim.x, ... (kTileN pairs each):
+// the expert's pair tiles n-split, n-split + gridDim.x, ... (kN pairs each):
 // D[row, pair] = sum_k W[row, k] B[k, pair]. The n-splits of one weight slab are
 // adjacent in launch order, so they run together and share its reads in L2.
 // kGlu: W = w1 and w3 (rows = inter, K = hidden), B = bf16(z[pair / top_k]),
 //   act[pos, row] = bf16(SiTU(D1, D3)).
 // !kGlu: W = w2 (rows = hidden, K = inter), B = act[pos], y[pair, row] = D.
-template <bool kGlu>
+template <bool kGlu, int kN>
 __global__ void __launch_bounds__(kGemmThreads)
     MoeGemmKernel(const MoeExpertPtrs* experts, const int* active,
                   const int* num_active, const int* offsets, const int* sorted,
                   const float* z, int64_t ld_z, int top_k, const uint16_t* act_in,
                   int rows, int K, uint16_t* act_out, float beta, float lbeta,
                   float* y) {
-  __shared__ __align__(16) uint16_t bs[kTileN * kZStride];
-  __shared__ int tile_pair[kTileN];
+  constexpr int kStageK = StageK<kN>(), kZStride = kStageK + 16,
+                kChunks = kStageK / 128;
+  __shared__ __align__(16) uint16_t bs[kN * kZStride];
+  __shared__ int tile_pair[kN];
   const int slot = blockIdx.z;
   if (slot >= *num_active) return;  // block-uniform, before any barrier
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
@@ -538,24 +545,26 @@ __global__ void __launch_bounds__(kGemmThreads)
   const bool warp_rows = row0 < rows;  // rows % 16 == 0: the whole 16 or none
   const int64_t rg = row0 + g, rg8 = row0 + g + 8;
 
-  for (int n0 = blockIdx.x * kTileN; n0 < count; n0 += gridDim.x * kTileN) {
-    const int nt = std::min(int{kTileN}, count - n0);
+  for (int n0 = blockIdx.x * kN; n0 < count; n0 += gridDim.x * kN) {
+    const int nt = std::min(kN, count - n0);
     const int groups = (nt + 7) / 8;  // mma n-groups in use
     const int staged_rows = groups * 8;
     __syncthreads();  // the previous tile's tile_pair / bs are consumed
-    if (tid < kTileN) tile_pair[tid] = tid < nt ? sorted[begin + n0 + tid] : 0;
-    float acc1[kTileN / 8][4], acc3[kTileN / 8][4];
+    for (int i = tid; i < kN; i += blockDim.x) {
+      tile_pair[i] = i < nt ? sorted[begin + n0 + i] : 0;
+    }
+    float acc1[kN / 8][4], acc3[kN / 8][4];
 #pragma unroll
-    for (int n = 0; n < kTileN / 8; ++n) {
+    for (int n = 0; n < kN / 8; ++n) {
       for (int i = 0; i < 4; ++i) acc1[n][i] = acc3[n][i] = 0.0f;
     }
     for (int kc0 = 0; kc0 < K; kc0 += kStageK) {
       // This stage's weights, issued before the staging barrier (in flight while B
       // is staged): up to 4 chunks of 128 k, rows g and g+8 (of w1 and w3).
-      RowGroup a1[4][2], a3[4][2];
+      RowGroup a1[kChunks][2], a3[kChunks][2];
       if (warp_rows) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
+        for (int c = 0; c < kChunks; ++c) {
           const int k = kc0 + 128 * c + 32 * t;
           const bool has = k < K;
           a1[c][0] = LoadRowGroup(wa, sa, rg, K, k, has);
@@ -582,7 +591,7 @@ __global__ void __launch_bounds__(kGemmThreads)
       __syncthreads();
       if (!warp_rows) continue;  // warp-uniform; barriers are outside
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
+      for (int c = 0; c < kChunks; ++c) {
         if (kc0 + 128 * c >= K) continue;  // block-uniform
         const ScaleFactors f1[2] = {Factors(a1[c][0].s), Factors(a1[c][1].s)};
         ScaleFactors f3[2] = {};
@@ -604,7 +613,7 @@ __global__ void __launch_bounds__(kGemmThreads)
             a3r[3] = DecodePair(a3[c][1], f3[1], 2 * j + 1);
           }
 #pragma unroll
-          for (int n = 0; n < kTileN / 8; ++n) {
+          for (int n = 0; n < kN / 8; ++n) {
             if (n >= groups) continue;  // block-uniform
             const uint32_t* src = reinterpret_cast<const uint32_t*>(
                 bs + (n * 8 + g) * kZStride + c * 128 + j * 16 + t * 4);
@@ -618,7 +627,7 @@ __global__ void __launch_bounds__(kGemmThreads)
     if (!warp_rows) continue;
       // Epilogue: d[0..1] = D[g][2t..2t+1], d[2..3] = D[g+8][2t..2t+1].
 #pragma unroll
-    for (int n = 0; n < kTileN / 8; ++n) {
+    for (int n = 0; n < kN / 8; ++n) {
       if (n >= groups) continue;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -715,6 +724,38 @@ size_t MoeScratchBytes(int64_t tokens, int64_t hidden, int64_t inter, int64_t to
   return CarveMoeScratch(nullptr, tokens, hidden, inter, top_k, num_experts).bytes;
 }
 
+namespace {
+
+// The two grouped GEMMs with kN-pair tiles.
+template <int kN>
+const char* LaunchGemms(const MoeLaunchArgs& a, const MoeScratch& s, int64_t max_active,
+                        void* stream) {
+  const int K = static_cast<int>(a.top_k);
+  // n-splits: an expert rarely has more pairs than tokens (decode: 1 split).
+  const unsigned splits =
+      static_cast<unsigned>(std::min<int64_t>(kMaxNSplits, (a.tokens + kN - 1) / kN));
+  const dim3 grid1(splits,
+                   static_cast<unsigned>((a.inter + kRowsPerBlock - 1) / kRowsPerBlock),
+                   static_cast<unsigned>(max_active));
+  TANDEM_LAUNCH((MoeGemmKernel<true, kN>), grid1, dim3(kGemmThreads), 0, stream,
+                a.experts, s.active, s.num_active, s.offsets, s.sorted, a.z, a.ld_z, K,
+                static_cast<const uint16_t*>(nullptr), static_cast<int>(a.inter),
+                static_cast<int>(a.hidden), s.act, a.situ_beta, a.situ_linear_beta,
+                static_cast<float*>(nullptr));
+  if (const char* err = ::tandem::gpu::LaunchError()) return err;
+  const dim3 grid2(
+      splits, static_cast<unsigned>((a.hidden + kRowsPerBlock - 1) / kRowsPerBlock),
+      static_cast<unsigned>(max_active));
+  TANDEM_LAUNCH(
+      (MoeGemmKernel<false, kN>), grid2, dim3(kGemmThreads), 0, stream, a.experts,
+      s.active, s.num_active, s.offsets, s.sorted, static_cast<const float*>(nullptr),
+      int64_t{0}, K, static_cast<const uint16_t*>(s.act), static_cast<int>(a.hidden),
+      static_cast<int>(a.inter), static_cast<uint16_t*>(nullptr), 0.0f, 0.0f, s.y);
+  return ::tandem::gpu::LaunchError();
+}
+
+}  // namespace
+
 const char* LaunchMoeMxfp4(const MoeLaunchArgs& a, void* scratch, int32_t* error_word,
                            void* stream) {
   if (a.tokens == 0) return nullptr;
@@ -736,27 +777,11 @@ const char* LaunchMoeMxfp4(const MoeLaunchArgs& a, void* scratch, int32_t* error
     if (const char* err = ::tandem::gpu::LaunchError()) return err;
     const int64_t max_active = std::min<int64_t>(a.num_experts, pairs);
     if (max_active > 65535) return "moe: more than 65535 active experts per launch";
-    // n-splits: an expert rarely has more pairs than tokens (decode: 1 split).
-    const unsigned splits = static_cast<unsigned>(
-        std::min<int64_t>(kMaxNSplits, (a.tokens + kTileN - 1) / kTileN));
-    const dim3 grid1(
-        splits, static_cast<unsigned>((a.inter + kRowsPerBlock - 1) / kRowsPerBlock),
-        static_cast<unsigned>(max_active));
-    TANDEM_LAUNCH(MoeGemmKernel<true>, grid1, dim3(kGemmThreads), 0, stream, a.experts,
-                  s.active, s.num_active, s.offsets, s.sorted, a.z, a.ld_z, K,
-                  static_cast<const uint16_t*>(nullptr), static_cast<int>(a.inter),
-                  static_cast<int>(a.hidden), s.act, a.situ_beta, a.situ_linear_beta,
-                  static_cast<float*>(nullptr));
-    if (const char* err = ::tandem::gpu::LaunchError()) return err;
-    const dim3 grid2(
-        splits, static_cast<unsigned>((a.hidden + kRowsPerBlock - 1) / kRowsPerBlock),
-        static_cast<unsigned>(max_active));
-    TANDEM_LAUNCH(
-        MoeGemmKernel<false>, grid2, dim3(kGemmThreads), 0, stream, a.experts, s.active,
-        s.num_active, s.offsets, s.sorted, static_cast<const float*>(nullptr),
-        int64_t{0}, K, static_cast<const uint16_t*>(s.act), static_cast<int>(a.hidden),
-        static_cast<int>(a.inter), static_cast<uint16_t*>(nullptr), 0.0f, 0.0f, s.y);
-    if (const char* err = ::tandem::gpu::LaunchError()) return err;
+    const int tile_n =
+        a.tile_n != 0 ? a.tile_n : (a.tokens >= kLargeTileMinTokens ? 64 : 32);
+    const char* err = tile_n == 64 ? LaunchGemms<64>(a, s, max_active, stream)
+                                   : LaunchGemms<32>(a, s, max_active, stream);
+    if (err != nullptr) return err;
   }
   const size_t smem = static_cast<size_t>(K) * (sizeof(float) + sizeof(int));
   TANDEM_LAUNCH(MoeReduceKernel, dim3(static_cast<unsigned>(a.tokens)),

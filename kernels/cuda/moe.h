@@ -28,16 +28,20 @@
 //      expert's group depends on the scheduling, the numbers do not (every output
 //      column of a tile depends only on its own pair).
 //   2. gate/up grouped GEMM, block = (n-split, 64 rows of inter, active expert),
-//      4 warps of 16 rows, the expert's pairs in tiles of 32 (a tile per n-split
+//      4 warps of 16 rows, the expert's pairs in tiles of kN (a tile per n-split
 //      in turn, up to 4 splits side by side so they share the weight reads in L2):
 //      the w1 and w3 E2M1 nibbles and E8M0 scales come straight from global
-//      memory (16 bytes per lane = one 32-element scale group, a whole stage in
-//      flight before the B staging barrier), are decoded to BF16 in registers
-//      (byte permute + masks + two BF16x2 multiplies: exact for every scale) and
-//      feed mma.m16n8k16 as the A operand. Weights on M and tokens on N: a decode
-//      token costs one 8-column n-group, and each weight byte is read once per 32
-//      pairs: the GEMV regime streams the weights once. z is rounded to BF16 and
-//      staged in shared memory as B (a k-permuted, bank-conflict-free layout);
+//      memory (16 bytes per lane = one 32-element scale group; a whole stage of
+//      k in flight before the B staging barrier), are decoded to BF16 in
+//      registers (byte permute + masks + two BF16x2 multiplies: exact for every
+//      scale) and feed mma.m16n8k16 as the A operand. Weights on M and tokens on
+//      N: a decode token costs one 8-column n-group, and each weight byte is read
+//      once per kN pairs: the GEMV regime streams the weights once. kN = 32 with
+//      stages of 512 k (4 x 16 bytes per weight row in flight per lane: decode),
+//      or 64 from 128 tokens on, stages of 256 k (each decoded register feeds 8
+//      n-groups: prefill, where the decode ALU work would otherwise bound the
+//      tensor cores); both give the same bits (same k order). z is rounded to
+//      BF16 and staged in shared memory as B (k-permuted, bank-conflict-free);
 //      SiTU-GLU in the epilogue; the activation stored BF16 [pairs, inter] in
 //      sorted order.
 //   3. down grouped GEMM, the same kernel over w2 with K = inter, B = the
@@ -99,6 +103,9 @@ struct MoeLaunchArgs {
   float situ_linear_beta = 25.0f;
   float* out = nullptr;
   int64_t ld_out = 0;
+  // Pairs per GEMM tile: 0 = by batch (32, 64 from 128 tokens on); tests force 32
+  // or 64.
+  int tile_n = 0;
 };
 
 // Scratch (device, 256-byte aligned) one launch of `tokens` tokens needs.

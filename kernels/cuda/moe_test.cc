@@ -345,7 +345,8 @@ MoeCase RandomMoe(std::mt19937& rng, int64_t tokens, int64_t hidden, int64_t int
   return c;
 }
 
-std::vector<float> RunMoe(const MoeCase& c, int32_t* error_word = nullptr) {
+std::vector<float> RunMoe(const MoeCase& c, int32_t* error_word = nullptr,
+                          int tile_n = 0) {
   std::vector<float> out(std::max<int64_t>(c.tokens, 1) * c.ld_out, 123.0f);
   MoeArgs a = c.Args(out.data());
   MoeLaunchArgs l;
@@ -363,6 +364,7 @@ std::vector<float> RunMoe(const MoeCase& c, int32_t* error_word = nullptr) {
   l.situ_linear_beta = a.situ_linear_beta;
   l.out = a.out;
   l.ld_out = a.ld_out;
+  l.tile_n = tile_n;
   ScratchBuffer scratch(
       MoeScratchBytes(c.tokens, c.hidden, c.inter, c.top_k, c.num_experts));
   int32_t local_error = 0;
@@ -462,7 +464,8 @@ std::vector<double> RunMoeBf16Model(const MoeCase& c) {
   return out;
 }
 
-// Reference comparison under every seed, bit-identical across seeds; and against
+// Reference comparison under every seed and both tile sizes (32, 64 pairs), bit-
+// identical across all of them (same k order); and against
 // the BF16 model, 20x tighter than the bound (fp32 vs fp64 accumulation; a rare
 // BF16 rounding of one activation may flip).
 double ExpectMoeMatches(const MoeCase& c, const std::string& what) {
@@ -479,24 +482,27 @@ double ExpectMoeMatches(const MoeCase& c, const std::string& what) {
   std::vector<float> first;
   double worst = 0, worst_model = 0;
   for (uint64_t seed : kSeeds) {
-    cuda_sim::SetSeed(seed);
-    const std::vector<float> got = RunMoe(c);
-    worst = std::max(
-        worst, ExpectMoeClose(c, got, want, what + " seed " + std::to_string(seed)));
-    double model_err = 0;
-    for (int64_t t = 0; t < c.tokens; ++t) {
-      for (int64_t i = 0; i < c.hidden; ++i) {
-        model_err = std::max(
-            model_err, std::fabs(got[t * c.ld_out + i] - model[t * c.hidden + i]));
+    for (int tile_n : {32, 64}) {
+      cuda_sim::SetSeed(seed);
+      const std::vector<float> got = RunMoe(c, nullptr, tile_n);
+      worst = std::max(worst, ExpectMoeClose(c, got, want,
+                                             what + " seed " + std::to_string(seed) +
+                                                 " tile " + std::to_string(tile_n)));
+      double model_err = 0;
+      for (int64_t t = 0; t < c.tokens; ++t) {
+        for (int64_t i = 0; i < c.hidden; ++i) {
+          model_err = std::max(
+              model_err, std::fabs(got[t * c.ld_out + i] - model[t * c.hidden + i]));
+        }
       }
-    }
-    EXPECT_LE(model_err, 5e-4 * max_want) << what << ": differs from the BF16 model";
-    worst_model = std::max(worst_model, max_want > 0 ? model_err / max_want : 0.0);
-    if (first.empty()) {
-      first = got;
-    } else {
-      EXPECT_EQ(0, std::memcmp(got.data(), first.data(), got.size() * sizeof(float)))
-          << what << ": not deterministic across seeds";
+      EXPECT_LE(model_err, 5e-4 * max_want) << what << ": differs from the BF16 model";
+      worst_model = std::max(worst_model, max_want > 0 ? model_err / max_want : 0.0);
+      if (first.empty()) {
+        first = got;
+      } else {
+        EXPECT_EQ(0, std::memcmp(got.data(), first.data(), got.size() * sizeof(float)))
+            << what << ": not the same bits across seeds and tile sizes";
+      }
     }
   }
   std::printf("%s: max|err| / max|want| vs oracle %.3g, vs BF16 model %.3g\n",
