@@ -76,7 +76,7 @@ inline constexpr int64_t kMlaMaxLora = 512;
 inline constexpr int64_t kMlaMaxVDimExpanded = 128;
 // Key positions per split granule, and the most splits one call uses.
 inline constexpr int64_t kMlaKeyTile = 32;
-inline constexpr int kMlaMaxSplits = 64;
+inline constexpr int kMlaMaxSplits = 128;
 
 struct MlaLaunchArgs {
   int64_t heads = 0, nope = 0, rope = 0, v = 0, lora = 0;
@@ -102,9 +102,12 @@ struct MlaLaunchArgs {
 const char* MlaUnsupported(const MlaLaunchArgs& a, bool absorbed);
 
 // ---- Absorbed ----------------------------------------------------------------
-// Number of KV splits for a call: enough blocks to fill ~2 waves of `sm_count`
-// SMs, no split shorter than 4 key tiles of the largest possible context
-// (block_table_stride * block_size), at most kMlaMaxSplits.
+// Number of KV splits for a call, from host values only: as many as keep the
+// (row tiles x splits) blocks within one wave of `sm_count` SMs (one block per
+// SM), no split shorter than 4 key tiles of the largest possible context
+// (block_table_stride * block_size), 1..kMlaMaxSplits. E.g. K3 TP8 decode
+// (12 heads: one row tile per sequence) at 132 SMs: batch 1 -> 128 splits,
+// batch 16 -> 8, batch 64 -> 2, batch >= 67 -> 1.
 int MlaAbsorbedSplits(const MlaLaunchArgs& a, int sm_count);
 size_t MlaAbsorbedScratchBytes(const MlaLaunchArgs& a, int splits);
 // Which attention kernel the absorbed form runs: kAuto = tensor cores where the

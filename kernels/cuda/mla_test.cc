@@ -362,6 +362,29 @@ TEST(MlaKernels, RecordsBadBlockIdsAndLengths) {
   }
 }
 
+TEST(MlaKernels, SplitCountFromHostValues) {
+  MlaLaunchArgs a;
+  a.heads = 12;
+  a.nope = 128;
+  a.rope = 64;
+  a.v = 128;
+  a.lora = 512;
+  a.block_size = 64;
+  a.block_table_stride = 2048;  // 128k positions
+  auto splits = [&](int64_t seqs, int64_t tokens) {
+    a.num_seqs = seqs;
+    a.num_tokens = tokens;
+    return MlaAbsorbedSplits(a, 132);
+  };
+  EXPECT_EQ(splits(1, 1), kMlaMaxSplits);
+  EXPECT_EQ(splits(16, 16), 8);
+  EXPECT_EQ(splits(64, 64), 2);
+  EXPECT_EQ(splits(100, 100), 1);
+  EXPECT_EQ(splits(4, 16), 11);  // 4 drafts each: 3 row tiles per sequence
+  a.block_table_stride = 4;      // 256 positions: splits of >= 128
+  EXPECT_EQ(splits(1, 1), 2);
+}
+
 TEST(MlaKernels, UnsupportedShapesAreRefused) {
   MlaLaunchArgs a;
   a.heads = 1;
