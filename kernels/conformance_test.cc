@@ -858,7 +858,7 @@ TEST_P(Conformance, EmptyBatchesAreNoOps) {
   const std::vector<float> sevens(64, 7.0f);
   std::vector<uint16_t> wb(64, F32ToBf16(0.25f)), cache(64, 0xAAAA);
   std::vector<int32_t> ids(8, 0);
-  std::vector<uint8_t> bytes(64, 0x22);
+  std::vector<uint8_t> bytes(32 * 32 / 2, 0x22);  // one 32x32 MXFP4 matrix
   EXPECT_TRUE(
       be_->GemmBf16(f.data(), 4, wb.data(), 4, out.data(), 4, 0, 4, 4, false).ok());
   EXPECT_TRUE(
@@ -911,11 +911,12 @@ TEST_P(Conformance, EmptyBatchesAreNoOps) {
     a.num_blocks = 2;
     a.block_table_stride = 1;
     std::vector<int32_t> qs = {0};
+    std::vector<uint16_t> mla_cache(2 * 4 * (8 + 4)), kv_b(2 * (4 + 4) * 8);
     a.seq_lens = ids.data();
     a.query_start = qs.data();
     a.block_tables = ids.data();
-    a.kv_cache = cache.data();
-    a.kv_b_proj = wb.data();
+    a.kv_cache = mla_cache.data();
+    a.kv_b_proj = kv_b.data();
     a.q = f.data();
     a.ld_q = 16;
     a.out = out.data();
