@@ -620,6 +620,8 @@ __global__ void __launch_bounds__(kGemmThreads)
   const int64_t s = blockIdx.z / a.heads, h = blockIdx.z % a.heads;
   const int64_t ctx = a.seq_lens[s];
   if (ctx < 0 || ctx > a.block_table_stride * a.block_size) return;
+  // A sequence without queries in this call needs no keys.
+  if (a.query_start[s + 1] - a.query_start[s] <= 0) return;
   const int64_t p0 = c0 + static_cast<int64_t>(blockIdx.x) * kGemmPos;
   const int64_t pend = std::min(ctx, c0 + chunk);
   if (p0 >= pend) return;
@@ -689,6 +691,8 @@ __global__ void __launch_bounds__(kEgWarps* kWarpSize)
   const int64_t s = blockIdx.z / a.heads, h = blockIdx.z % a.heads;
   const int64_t ctx = a.seq_lens[s];
   if (ctx < 0 || ctx > a.block_table_stride * a.block_size) return;
+  // A sequence without queries in this call needs no keys.
+  if (a.query_start[s + 1] - a.query_start[s] <= 0) return;
   const int64_t p0 = c0 + static_cast<int64_t>(blockIdx.x) * kGemmPos;
   const int64_t pend = std::min(ctx, c0 + chunk);
   if (p0 >= pend) return;
