@@ -293,6 +293,7 @@ struct MoeScratch {
   int* active;      // [E] active expert ids, ascending
   int* num_active;  // [1]
   int* sorted;      // [P] pair ids grouped by expert
+  uint16_t* zb;     // [T, hidden] BF16 z
   uint16_t* act;    // [P, inter] BF16, sorted order
   float* y;         // [P, hidden] by pair id
   size_t bytes;
@@ -313,6 +314,7 @@ MoeScratch CarveMoeScratch(void* base, int64_t tokens, int64_t hidden, int64_t i
   s.active = reinterpret_cast<int*>(take(num_experts * sizeof(int)));
   s.num_active = reinterpret_cast<int*>(take(sizeof(int)));
   s.sorted = reinterpret_cast<int*>(take(pairs * sizeof(int)));
+  s.zb = reinterpret_cast<uint16_t*>(take(tokens * hidden * sizeof(uint16_t)));
   s.act = reinterpret_cast<uint16_t*>(take(pairs * inter * sizeof(uint16_t)));
   s.y = reinterpret_cast<float*>(take(pairs * hidden * sizeof(float)));
   s.bytes = off;
@@ -512,20 +514,118 @@ __device__ __forceinline__ float SiTU(float g, float u, float beta, float lbeta)
   return beta * tanhf(g / beta) * sig * (lbeta * tanhf(u / lbeta));
 }
 
+// The GEMV path of MoeGemmKernel (one warp's 16 rows, an expert with <= 8 pairs):
+// lane (g, t) holds column g (pair g of the expert) of B, read straight from
+// global memory (64 bytes per 128-k chunk, L1/L2-resident: z and the activations
+// are small), and the weights stream through a ring of 4 chunks of registers, the
+// next group's chunk c loaded as soon as chunk c is consumed (warps run free: no
+// barrier). Same k order and mma sequence as the tiled path: the same bits.
+template <bool kGlu>
+__device__ __forceinline__ void MoeGemvPath(const uint8_t* wa, const uint8_t* sa,
+                                            const uint8_t* wb, const uint8_t* sb,
+                                            const uint16_t* bsrc, const int* pairs,
+                                            int begin, int count, int top_k, int rows,
+                                            int K, int64_t rg, int64_t rg8,
+                                            uint16_t* act_out, float beta, float lbeta,
+                                            float* y) {
+  const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
+  const bool has_col = g < count;
+  const int my_pair = has_col ? pairs[g] : 0;
+  const uint16_t* brow =
+      bsrc + (kGlu ? static_cast<int64_t>(my_pair / top_k) : begin + g) * K;
+  float acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc3[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  RowGroup r1[4][2], r3[4][2];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int k = 128 * c + 32 * t;
+    r1[c][0] = LoadRowGroup(wa, sa, rg, K, k, k < K);
+    r1[c][1] = LoadRowGroup(wa, sa, rg8, K, k, k < K);
+    if (kGlu) {
+      r3[c][0] = LoadRowGroup(wb, sb, rg, K, k, k < K);
+      r3[c][1] = LoadRowGroup(wb, sb, rg8, K, k, k < K);
+    }
+  }
+  for (int kb = 0; kb < K; kb += 512) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int kc = kb + 128 * c;
+      if (kc < K) {  // warp-uniform
+        const int k = kc + 32 * t;
+        U32x4 bq[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if (has_col && k < K) {
+            bq[i] = *reinterpret_cast<const U32x4*>(brow + k + 8 * i);
+          } else {
+            bq[i].v[0] = bq[i].v[1] = bq[i].v[2] = bq[i].v[3] = 0u;
+          }
+        }
+        const ScaleFactors f1[2] = {Factors(r1[c][0].s), Factors(r1[c][1].s)};
+        ScaleFactors f3[2] = {};
+        if (kGlu) {
+          f3[0] = Factors(r3[c][0].s);
+          f3[1] = Factors(r3[c][1].s);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          uint32_t a[4], a3r[4];
+          a[0] = DecodePair(r1[c][0], f1[0], 2 * j);
+          a[1] = DecodePair(r1[c][1], f1[1], 2 * j);
+          a[2] = DecodePair(r1[c][0], f1[0], 2 * j + 1);
+          a[3] = DecodePair(r1[c][1], f1[1], 2 * j + 1);
+          // Elements 4j..4j+3 of the lane's 32: bytes 8j..8j+7 of bq.
+          const uint32_t b[2] = {bq[j / 2].v[2 * (j % 2)],
+                                 bq[j / 2].v[2 * (j % 2) + 1]};
+          ::tandem::gpu::MmaBf16M16N8K16(acc1, a, b);
+          if (kGlu) {
+            a3r[0] = DecodePair(r3[c][0], f3[0], 2 * j);
+            a3r[1] = DecodePair(r3[c][1], f3[1], 2 * j);
+            a3r[2] = DecodePair(r3[c][0], f3[0], 2 * j + 1);
+            a3r[3] = DecodePair(r3[c][1], f3[1], 2 * j + 1);
+            ::tandem::gpu::MmaBf16M16N8K16(acc3, a3r, b);
+          }
+        }
+      }
+      // Refill slot c with the next group's chunk c.
+      const int kn = kb + 512 + 128 * c + 32 * t;
+      r1[c][0] = LoadRowGroup(wa, sa, rg, K, kn, kn < K);
+      r1[c][1] = LoadRowGroup(wa, sa, rg8, K, kn, kn < K);
+      if (kGlu) {
+        r3[c][0] = LoadRowGroup(wb, sb, rg, K, kn, kn < K);
+        r3[c][1] = LoadRowGroup(wb, sb, rg8, K, kn, kn < K);
+      }
+    }
+  }
+  // Epilogue: d[0..1] = D[g][2t..2t+1], d[2..3] = D[g+8][2t..2t+1].
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int col = 2 * t + (i & 1);
+    if (col >= count) continue;
+    const int64_t row = (i < 2) ? rg : rg8;
+    if (kGlu) {
+      act_out[static_cast<int64_t>(begin + col) * rows + row] =
+          F32ToBf16(SiTU(acc1[i], acc3[i], beta, lbeta));
+    } else {
+      y[static_cast<int64_t>(pairs[col]) * rows + row] = acc1[i];
+    }
+  }
+}
+
 // The grouped GEMM of one (n-split, kRowsPerBlock rows, active expert) block over
 // the expert's pair tiles n-split, n-split + gridDim.x, ... (kN pairs each):
 // D[row, pair] = sum_k W[row, k] B[k, pair]. The n-splits of one weight slab are
 // adjacent in launch order, so they run together and share its reads in L2.
-// kGlu: W = w1 and w3 (rows = inter, K = hidden), B = bf16(z[pair / top_k]),
-//   act[pos, row] = bf16(SiTU(D1, D3)).
+// kGlu: W = w1 and w3 (rows = inter, K = hidden), B = zb[pair / top_k] (z in
+//   BF16), act[pos, row] = bf16(SiTU(D1, D3)).
 // !kGlu: W = w2 (rows = hidden, K = inter), B = act[pos], y[pair, row] = D.
+// B rows are K long in both. An expert with at most 8 pairs (decode) takes the
+// GEMV path instead (MoeGemvPath): one n-group, no shared memory, no barriers.
 template <bool kGlu, int kN>
 __global__ void __launch_bounds__(kGemmThreads)
     MoeGemmKernel(const MoeExpertPtrs* experts, const int* active,
                   const int* num_active, const int* offsets, const int* sorted,
-                  const float* z, int64_t ld_z, int top_k, const uint16_t* act_in,
-                  int rows, int K, uint16_t* act_out, float beta, float lbeta,
-                  float* y) {
+                  const uint16_t* bsrc, int top_k, int rows, int K, bool allow_gemv,
+                  uint16_t* act_out, float beta, float lbeta, float* y) {
   constexpr int kStageK = StageK<kN>(), kZStride = kStageK + 16,
                 kChunks = kStageK / 128;
   __shared__ __align__(16) uint16_t bs[kN * kZStride];
@@ -544,6 +644,12 @@ __global__ void __launch_bounds__(kGemmThreads)
   const int row0 = blockIdx.y * kRowsPerBlock + warp * 16;
   const bool warp_rows = row0 < rows;  // rows % 16 == 0: the whole 16 or none
   const int64_t rg = row0 + g, rg8 = row0 + g + 8;
+  if (allow_gemv && count <= 8) {  // block-uniform
+    if (blockIdx.x != 0 || !warp_rows) return;
+    MoeGemvPath<kGlu>(wa, sa, wb, sb, bsrc, sorted + begin, begin, count, top_k, rows,
+                      K, rg, rg8, act_out, beta, lbeta, y);
+    return;
+  }
 
   for (int n0 = blockIdx.x * kN; n0 < count; n0 += gridDim.x * kN) {
     const int nt = std::min(kN, count - n0);
@@ -580,11 +686,8 @@ __global__ void __launch_bounds__(kGemmThreads)
         const int n = idx / kStageK, c = idx % kStageK, k = kc0 + c;
         uint16_t v = 0;
         if (n < nt && k < K) {
-          if (kGlu) {
-            v = F32ToBf16(z[static_cast<int64_t>(tile_pair[n] / top_k) * ld_z + k]);
-          } else {
-            v = act_in[static_cast<int64_t>(begin + n0 + n) * K + k];
-          }
+          const int64_t brow = kGlu ? tile_pair[n] / top_k : begin + n0 + n;
+          v = bsrc[brow * K + k];
         }
         bs[n * kZStride + StagePos(c)] = v;
       }
@@ -642,6 +745,16 @@ __global__ void __launch_bounds__(kGemmThreads)
         }
       }
     }
+  }
+}
+
+// zb[t, i] = bf16(z[t, i]): the B operand of the gate/up GEMM, converted once.
+__global__ void __launch_bounds__(kReduceThreads)
+    MoeZToBf16Kernel(const float* z, int64_t ld_z, int hidden, uint16_t* zb) {
+  const int t = blockIdx.x;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+    zb[static_cast<int64_t>(t) * hidden + i] =
+        F32ToBf16(z[static_cast<int64_t>(t) * ld_z + i]);
   }
 }
 
@@ -738,19 +851,19 @@ const char* LaunchGemms(const MoeLaunchArgs& a, const MoeScratch& s, int64_t max
                    static_cast<unsigned>((a.inter + kRowsPerBlock - 1) / kRowsPerBlock),
                    static_cast<unsigned>(max_active));
   TANDEM_LAUNCH((MoeGemmKernel<true, kN>), grid1, dim3(kGemmThreads), 0, stream,
-                a.experts, s.active, s.num_active, s.offsets, s.sorted, a.z, a.ld_z, K,
-                static_cast<const uint16_t*>(nullptr), static_cast<int>(a.inter),
-                static_cast<int>(a.hidden), s.act, a.situ_beta, a.situ_linear_beta,
-                static_cast<float*>(nullptr));
+                a.experts, s.active, s.num_active, s.offsets, s.sorted,
+                static_cast<const uint16_t*>(s.zb), K, static_cast<int>(a.inter),
+                static_cast<int>(a.hidden), a.allow_gemv, s.act, a.situ_beta,
+                a.situ_linear_beta, static_cast<float*>(nullptr));
   if (const char* err = ::tandem::gpu::LaunchError()) return err;
   const dim3 grid2(
       splits, static_cast<unsigned>((a.hidden + kRowsPerBlock - 1) / kRowsPerBlock),
       static_cast<unsigned>(max_active));
-  TANDEM_LAUNCH(
-      (MoeGemmKernel<false, kN>), grid2, dim3(kGemmThreads), 0, stream, a.experts,
-      s.active, s.num_active, s.offsets, s.sorted, static_cast<const float*>(nullptr),
-      int64_t{0}, K, static_cast<const uint16_t*>(s.act), static_cast<int>(a.hidden),
-      static_cast<int>(a.inter), static_cast<uint16_t*>(nullptr), 0.0f, 0.0f, s.y);
+  TANDEM_LAUNCH((MoeGemmKernel<false, kN>), grid2, dim3(kGemmThreads), 0, stream,
+                a.experts, s.active, s.num_active, s.offsets, s.sorted,
+                static_cast<const uint16_t*>(s.act), K, static_cast<int>(a.hidden),
+                static_cast<int>(a.inter), a.allow_gemv,
+                static_cast<uint16_t*>(nullptr), 0.0f, 0.0f, s.y);
   return ::tandem::gpu::LaunchError();
 }
 
@@ -777,6 +890,10 @@ const char* LaunchMoeMxfp4(const MoeLaunchArgs& a, void* scratch, int32_t* error
     if (const char* err = ::tandem::gpu::LaunchError()) return err;
     const int64_t max_active = std::min<int64_t>(a.num_experts, pairs);
     if (max_active > 65535) return "moe: more than 65535 active experts per launch";
+    TANDEM_LAUNCH(MoeZToBf16Kernel, dim3(static_cast<unsigned>(a.tokens)),
+                  dim3(kReduceThreads), 0, stream, a.z, a.ld_z,
+                  static_cast<int>(a.hidden), s.zb);
+    if (const char* err = ::tandem::gpu::LaunchError()) return err;
     const int tile_n =
         a.tile_n != 0 ? a.tile_n : (a.tokens >= kLargeTileMinTokens ? 64 : 32);
     const char* err = tile_n == 64 ? LaunchGemms<64>(a, s, max_active, stream)

@@ -106,6 +106,8 @@ struct MoeLaunchArgs {
   // Pairs per GEMM tile: 0 = by batch (32, 64 from 128 tokens on); tests force 32
   // or 64.
   int tile_n = 0;
+  // Experts with <= 8 pairs take the GEMV path (tests turn it off to compare).
+  bool allow_gemv = true;
 };
 
 // Scratch (device, 256-byte aligned) one launch of `tokens` tokens needs.

@@ -346,7 +346,7 @@ MoeCase RandomMoe(std::mt19937& rng, int64_t tokens, int64_t hidden, int64_t int
 }
 
 std::vector<float> RunMoe(const MoeCase& c, int32_t* error_word = nullptr,
-                          int tile_n = 0) {
+                          int tile_n = 0, bool allow_gemv = true) {
   std::vector<float> out(std::max<int64_t>(c.tokens, 1) * c.ld_out, 123.0f);
   MoeArgs a = c.Args(out.data());
   MoeLaunchArgs l;
@@ -365,6 +365,7 @@ std::vector<float> RunMoe(const MoeCase& c, int32_t* error_word = nullptr,
   l.out = a.out;
   l.ld_out = a.ld_out;
   l.tile_n = tile_n;
+  l.allow_gemv = allow_gemv;
   ScratchBuffer scratch(
       MoeScratchBytes(c.tokens, c.hidden, c.inter, c.top_k, c.num_experts));
   int32_t local_error = 0;
@@ -435,14 +436,20 @@ std::vector<double> Dequant(const uint8_t* packed, const uint8_t* scale, int64_t
 // exact products. Separates "the intended BF16 numerics" from "a wrong kernel".
 std::vector<double> RunMoeBf16Model(const MoeCase& c) {
   std::vector<double> out(c.tokens * c.hidden, 0.0);
+  std::vector<std::vector<std::vector<double>>> dq(c.num_experts);  // w1, w3, w2
   for (int64_t t = 0; t < c.tokens; ++t) {
     for (int64_t k = 0; k < c.top_k; ++k) {
       const int32_t e = c.ids[t * c.top_k + k];
       if (e < 0 || e >= c.num_experts || c.experts[e].w1_packed == nullptr) continue;
       const Mxfp4Expert& x = c.experts[e];
-      const auto w1 = Dequant(x.w1_packed, x.w1_scale, c.inter, c.hidden);
-      const auto w3 = Dequant(x.w3_packed, x.w3_scale, c.inter, c.hidden);
-      const auto w2 = Dequant(x.w2_packed, x.w2_scale, c.hidden, c.inter);
+      if (dq[e].empty()) {
+        dq[e].push_back(Dequant(x.w1_packed, x.w1_scale, c.inter, c.hidden));
+        dq[e].push_back(Dequant(x.w3_packed, x.w3_scale, c.inter, c.hidden));
+        dq[e].push_back(Dequant(x.w2_packed, x.w2_scale, c.hidden, c.inter));
+      }
+      const auto& w1 = dq[e][0];
+      const auto& w3 = dq[e][1];
+      const auto& w2 = dq[e][2];
       std::vector<double> act(c.inter);
       for (int64_t r = 0; r < c.inter; ++r) {
         double h1 = 0, h3 = 0;
@@ -464,8 +471,8 @@ std::vector<double> RunMoeBf16Model(const MoeCase& c) {
   return out;
 }
 
-// Reference comparison under every seed and both tile sizes (32, 64 pairs), bit-
-// identical across all of them (same k order); and against
+// Reference comparison under every seed, both tile sizes (32, 64 pairs) and
+// with / without the GEMV path, bit-identical across all (same k order); and against
 // the BF16 model, 20x tighter than the bound (fp32 vs fp64 accumulation; a rare
 // BF16 rounding of one activation may flip).
 double ExpectMoeMatches(const MoeCase& c, const std::string& what) {
@@ -481,13 +488,29 @@ double ExpectMoeMatches(const MoeCase& c, const std::string& what) {
   }
   std::vector<float> first;
   double worst = 0, worst_model = 0;
+  // Every seed at (tile 32, GEMV path on) and (tile 64, off); the first seed at
+  // all four combinations.
+  struct Config {
+    uint64_t seed;
+    int tile_n;
+    bool gemv;
+  };
+  std::vector<Config> configs;
   for (uint64_t seed : kSeeds) {
-    for (int tile_n : {32, 64}) {
-      cuda_sim::SetSeed(seed);
-      const std::vector<float> got = RunMoe(c, nullptr, tile_n);
-      worst = std::max(worst, ExpectMoeClose(c, got, want,
-                                             what + " seed " + std::to_string(seed) +
-                                                 " tile " + std::to_string(tile_n)));
+    configs.push_back({seed, 32, true});
+    configs.push_back({seed, 64, false});
+  }
+  configs.push_back({kSeeds[0], 64, true});
+  configs.push_back({kSeeds[0], 32, false});
+  for (const Config& cfg : configs) {
+    {
+      cuda_sim::SetSeed(cfg.seed);
+      const std::vector<float> got = RunMoe(c, nullptr, cfg.tile_n, cfg.gemv);
+      worst =
+          std::max(worst, ExpectMoeClose(c, got, want,
+                                         what + " seed " + std::to_string(cfg.seed) +
+                                             " tile " + std::to_string(cfg.tile_n) +
+                                             (cfg.gemv ? " gemv" : "")));
       double model_err = 0;
       for (int64_t t = 0; t < c.tokens; ++t) {
         for (int64_t i = 0; i < c.hidden; ++i) {
@@ -501,7 +524,7 @@ double ExpectMoeMatches(const MoeCase& c, const std::string& what) {
         first = got;
       } else {
         EXPECT_EQ(0, std::memcmp(got.data(), first.data(), got.size() * sizeof(float)))
-            << what << ": not the same bits across seeds and tile sizes";
+            << what << ": not the same bits across seeds, tiles and paths";
       }
     }
   }
@@ -539,6 +562,15 @@ TEST(MoeMxfp4Test, MatchesOracleTilesStagesAndTails) {
   }
   const double worst = ExpectMoeMatches(c, "hidden 640 inter 160");
   std::printf("tiles/stages/tails: max|err| / max|want| = %.3g\n", worst);
+}
+
+TEST(MoeMxfp4Test, GemvPathOverLongK) {
+  // Decode-sized groups (<= 8 pairs per expert: the GEMV path) over K > 512, so
+  // the weight ring refills across groups: hidden 1152 = 2 * 512 + 128, inter
+  // 544 = 512 + 32 (a lane-level tail).
+  std::mt19937 rng(28);
+  const MoeCase c = RandomMoe(rng, 3, 1152, 544, 2, 4, {1}, false);
+  ExpectMoeMatches(c, "gemv long K");
 }
 
 TEST(MoeMxfp4Test, UnalignedWeightsAndOddScales) {
