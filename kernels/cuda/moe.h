@@ -19,38 +19,44 @@
 //      block arg-max (ties: lower expert id; NaN keys last), weights from the
 //      chosen s (renormalised in fp64 by sum + 1e-20 when asked, times scaling).
 //
-// MoeMxfp4 (routed experts, MXFP4 weights), four launches on one stream:
-//   1. sort (one block of 1024): histogram of valid expert ids -> exclusive scan
-//      -> offsets, the active experts (ascending id) and a scatter of the (token,
-//      slot) pair ids grouped by expert. An id < 0 or an expert with a null
-//      w1_packed (another rank's) is skipped; an id >= num_experts records
-//      kExpertIdOutOfRange in the error word and is skipped. The order inside an
-//      expert's group depends on the scheduling, the numbers do not (every output
-//      column of a tile depends only on its own pair).
-//   2. gate/up grouped GEMM, block = (n-split, 64 rows of inter, active expert),
-//      4 warps of 16 rows, the expert's pairs in tiles of kN (a tile per n-split
-//      in turn, up to 4 splits side by side so they share the weight reads in L2):
-//      the w1 and w3 E2M1 nibbles and E8M0 scales come straight from global
-//      memory (16 bytes per lane = one 32-element scale group; a whole stage of
-//      k in flight before the B staging barrier), are decoded to BF16 in
-//      registers (byte permute + masks + two BF16x2 multiplies: exact for every
-//      scale) and feed mma.m16n8k16 as the A operand. Weights on M and tokens on
-//      N: a decode token costs one 8-column n-group, and each weight byte is read
-//      once per kN pairs: the GEMV regime streams the weights once. kN = 32 with
-//      stages of 512 k (4 x 16 bytes per weight row in flight per lane: decode),
-//      or 64 from 128 tokens on, stages of 256 k (each decoded register feeds 8
-//      n-groups: prefill, where the decode ALU work would otherwise bound the
-//      tensor cores); both give the same bits (same k order). z is rounded to
-//      BF16 and staged in shared memory as B (k-permuted, bank-conflict-free);
-//      SiTU-GLU in the epilogue; the activation stored BF16 [pairs, inter] in
-//      sorted order.
-//   3. down grouped GEMM, the same kernel over w2 with K = inter, B = the
+// MoeMxfp4 (routed experts, MXFP4 weights), five launches on one stream:
+//   1. sort (one block of 1024, counters in shared memory): histogram of valid
+//      expert ids -> exclusive scan -> offsets, the active experts (ascending id)
+//      and a scatter of the (token, slot) pair ids grouped by expert. An id < 0 or
+//      an expert with a null w1_packed (another rank's) is skipped; an id >=
+//      num_experts records kExpertIdOutOfRange in the error word and is skipped.
+//      The order inside an expert's group depends on the scheduling, the numbers
+//      do not (every output column of a tile depends only on its own pair).
+//   2. z -> BF16 once (zb [tokens, hidden]): the B operand of the gate/up GEMM.
+//   3. gate/up grouped GEMM, block = (n-split, 64 rows of inter, active expert),
+//      4 warps of 16 rows. The w1 and w3 E2M1 nibbles and E8M0 scales come
+//      straight from global memory (16 bytes per lane = one 32-element scale
+//      group), are decoded to BF16 in registers (byte permute + masks + two
+//      BF16x2 multiplies: exact for every scale) and feed mma.m16n8k16 as the A
+//      operand: weights on M, tokens on N, so a decode token costs one 8-column
+//      n-group. SiTU-GLU in the epilogue; the activation stored BF16 [pairs,
+//      inter] in sorted order. Two paths, chosen per expert in the block:
+//      - GEMV (<= 8 pairs: decode): lane (g, t) reads column g of B straight from
+//        global memory (L1/L2-resident), the weights stream through a 4-chunk
+//        register ring refilled as each 128-k chunk is consumed; no shared
+//        memory, no barriers: every weight byte read once, warps run free;
+//      - tiled (more pairs): the expert's pairs in tiles of kN, tile i on n-split
+//        i mod 4 (the splits of one weight slab are adjacent blocks: they share
+//        its reads in L2), B staged in shared memory (k-permuted, bank-conflict-
+//        free), a whole stage of weights in flight before the staging barrier;
+//        kN = 32 with stages of 512 k, or 64 from 128 tokens on with stages of
+//        256 k (each decoded register feeds 8 n-groups: prefill, where the decode
+//        ALU work would otherwise bound the tensor cores).
+//      All paths and tile sizes give the same bits (same k order, same mma
+//      sequence per column).
+//   4. down grouped GEMM, the same kernel over w2 with K = inter, B = the
 //      activations: y[pair, hidden] fp32, indexed by pair id t * top_k + slot.
-//   4. reduce: out[t] = sum over the valid slots, in slot order, of
+//   5. reduce: out[t] = sum over the valid slots, in slot order, of
 //      weights[t, slot] * y[t * top_k + slot] (no float atomics: results do not
 //      depend on scheduling, nor on the batch); 0 for tokens with no valid slot.
 // Batches over kMoeChunkTokens tokens are processed in chunks (the backend method
-// loops), bounding the scratch (pairs * (2 * inter + 4 * hidden) bytes + small).
+// loops), bounding the scratch (pairs * (2 * inter + 4 * hidden) + tokens * 2 *
+// hidden bytes + small).
 //
 // Numerics: z and the SiTU activations are rounded to BF16 for the tensor cores;
 // the MXFP4 weights are exact in BF16; products accumulate in fp32. Bound vs the
