@@ -25,7 +25,7 @@ static_assert(kChunk % kSub == 0 && kWarpSize % kSub == 0);
 // replayed exactly.
 constexpr double kMarginRel = 1e-9;
 
-// ---- Arithmetic the CPU does without contraction -----------------------------------
+// ---- Arithmetic the CPU does without contraction ---------------------------
 __device__ __forceinline__ float MulF(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fmul_rn(a, b);
@@ -130,7 +130,7 @@ struct RowView {
   }
 };
 
-// ---- Block collectives (deterministic order) ----------------------------------------
+// ---- Block collectives (deterministic order) -------------------------------
 struct Shared {
   double red_d[kWarps];
   float red_f[kWarps];
@@ -299,10 +299,63 @@ struct AddOpD {
   __device__ double operator()(double a, double b) const { return AddD(a, b); }
 };
 
-// ---- Selection
-// ----------------------------------------------------------------------- The `rank`-th
-// (1-based) token with the given value among those passing `pred`, in id order. Every
-// thread returns it.
+// ---- Selection -----------------------------------------------------------------
+
+// Warp 0: the first non-empty bin b (counts[b] > 0) at which base + the sum of
+// vals[0..b] reaches `target`, and that sum before b; -1 when none does. Lanes
+// own 8 consecutive bins: a warp scan finds the lane, which scans its bins in
+// order. (The CPU's mass prefixes are summed in yet another order: see
+// "Exactness" in sampling.h.)
+template <typename T>
+__device__ void FindBin(const T* vals, const int32_t* counts, T base, T target,
+                        int32_t* sel, T* before) {
+  constexpr int kPer = kBins / kWarpSize;
+  const int lane = Lane();
+  T local = 0;
+  for (int j = 0; j < kPer; ++j) local += vals[lane * kPer + j];
+  T inc = local;
+  for (int o = 1; o < kWarpSize; o <<= 1) {
+    const T y = __shfl_up_sync(kFullMask, inc, o);
+    if (lane >= o) inc += y;
+  }
+  T ex = __shfl_up_sync(kFullMask, inc, 1);
+  if (lane == 0) ex = 0;
+  const unsigned hit = __ballot_sync(kFullMask, base + inc >= target);
+  const int first = hit == 0 ? -1 : __ffs(hit) - 1;
+  int32_t my_sel = -1;
+  T my_before = 0;
+  if (lane == first) {
+    T a = base + ex;
+    int32_t last_nonempty = -1;
+    T a_last = a;
+    for (int j = 0; j < kPer; ++j) {
+      const int b = lane * kPer + j;
+      if (counts[b] == 0) continue;
+      if (a + vals[b] >= target) {
+        my_sel = b;
+        break;
+      }
+      last_nonempty = b;
+      a_last = a;
+      a += vals[b];
+    }
+    if (my_sel < 0) {  // rounding between the two orders: the lane's last bin
+      my_sel = last_nonempty;
+      a = a_last;
+    }
+    my_before = a;
+  }
+  if (first < 0) {
+    *sel = -1;
+    *before = 0;
+    return;
+  }
+  *sel = __shfl_sync(kFullMask, my_sel, first);
+  *before = __shfl_sync(kFullMask, my_before, first);
+}
+
+// The `rank`-th (1-based) token with the given value among those passing `pred`, in
+// id order. Every thread returns it.
 template <typename Pred, typename X>
 __device__ int32_t KthEqualId(float value, int32_t rank, int32_t vocab, Pred pred, X x,
                               Shared& s) {
@@ -342,17 +395,13 @@ __device__ Boundary RadixKth(int32_t k, int32_t vocab, Pred pred, X x, Shared& s
       if ((key & mask) == prefix) atomicAdd(&s.hist[(key >> shift) & 0xff], 1);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      int32_t cum = 0, sel = kBins - 1;
-      for (int b = 0; b < kBins; ++b) {
-        if (cum + s.hist[b] >= kk) {
-          sel = b;
-          break;
-        }
-        cum += s.hist[b];
+    if (Warp() == 0) {
+      int32_t sel, before;
+      FindBin(s.hist, s.hist, 0, kk, &sel, &before);
+      if (Lane() == 0) {
+        s.bcast_i[0] = sel < 0 ? kBins - 1 : sel;
+        s.bcast_i[1] = kk - before;
       }
-      s.bcast_i[0] = sel;
-      s.bcast_i[1] = kk - cum;
     }
     __syncthreads();
     prefix |= static_cast<uint32_t>(s.bcast_i[0]) << shift;
@@ -389,20 +438,15 @@ __device__ bool RadixMass(double target, float mf, int32_t vocab, Pred pred, X x
       }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      int32_t sel = -1;
-      double a = acc;
-      for (int b = 0; b < kBins; ++b) {
-        if (s.hist[b] == 0) continue;
-        if (a + s.mass[b] >= target) {
-          sel = b;
-          break;
-        }
-        a += s.mass[b];
+    if (Warp() == 0) {
+      int32_t sel;
+      double before;
+      FindBin(s.mass, s.hist, acc, target, &sel, &before);
+      if (Lane() == 0) {
+        s.bcast_i[0] = sel;
+        s.bcast_i[1] = sel >= 0 ? s.hist[sel] : 0;
+        s.bcast_d[0] = before;
       }
-      s.bcast_i[0] = sel;
-      s.bcast_i[1] = sel >= 0 ? s.hist[sel] : 0;
-      s.bcast_d[0] = a;
     }
     __syncthreads();
     const int32_t sel = s.bcast_i[0];
@@ -430,10 +474,11 @@ __device__ bool RadixMass(double target, float mf, int32_t vocab, Pred pred, X x
   return false;
 }
 
-// ---- Inverse-CDF draw
-// ------------------------------------------------------------------ Weight of token i
-// for the draw: (w, eligible). Eligible tokens with w == 0 only matter as the fallback
-// when the CDF never crosses the target (the CPU returns the last eligible token then).
+// ---- Inverse-CDF draw ----------------------------------------------------------
+
+// A draw's weight functor gives (w, eligible) for token i. Eligible tokens with w == 0
+// only matter as the fallback when the CDF never crosses the target (the CPU returns
+// the last eligible token then).
 struct DrawResult {
   int32_t token;   // -1: no eligible token with mass
   bool ambiguous;  // too close to call: replay exactly
@@ -525,8 +570,7 @@ __device__ int32_t SequentialDraw(int32_t vocab, W weight, double u, double tota
   return last;
 }
 
-// ---- The sampling kernel
-// -------------------------------------------------------------
+// ---- The sampling kernel -------------------------------------------------------
 __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleArgs a) {
   __shared__ Shared s;
   TANDEM_DYNAMIC_SMEM(unsigned char, dyn);
@@ -840,8 +884,7 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleArgs a) {
   }
 }
 
-// ---- Rejection sampling
-// ---------------------------------------------------------------
+// ---- Rejection sampling --------------------------------------------------------
 __global__ void __launch_bounds__(kThreads, 1) RejectionKernel(RejectionArgs a) {
   __shared__ Shared s;
   TANDEM_DYNAMIC_SMEM(double, dyn);
