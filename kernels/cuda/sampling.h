@@ -19,20 +19,34 @@
 //   P1  per 256-token chunk (the CPU's online-softmax chunk): chunk max, NaN/+inf
 //       check, finite count, argmax (lowest id on ties). Greedy stops here.
 //   P2  prefix max over chunks (block scan), then per chunk the float sum of
-//       exp(x - running max) in index order by one thread: bit-for-bit the CPU's
+//       exp(x - running max) in index order by one lane: bit-for-bit the CPU's
 //       chunk sums; their rescaled double total is sum, lse = max + log(sum).
+//       The same pass counts the tokens within 16 nats of the max and their
+//       mass (the CPU's gather window).
 //   P3  top-k: radix select (4 passes of 8-bit digits of an order-preserving
-//       key, shared-memory count histograms) for the k-th value, then the
-//       tie-breaking id (lowest ids first) by a tiled block count; top-p: the
-//       same radix select over mass histograms (double) restricted to the top-k
-//       set, finding the shortest rank prefix whose mass reaches top_p * norm;
-//       min-p: a threshold. The kept set is "ranked at or above a boundary
-//       (logit, id)", as the CPU describes it.
+//       key, shared-memory count histograms, the bin found by a warp scan) for
+//       the k-th value, then its tie-breaking id (lowest ids first) by a tiled
+//       block count; top-p: the same radix select over mass histograms (double)
+//       restricted to the top-k set, finding the shortest rank prefix whose mass
+//       reaches top_p * norm; min-p: a threshold. Both selections look only at
+//       the 16-nat window (a prefix of the ranking, usually a few hundred
+//       tokens, so few histogram atomics) when it provably holds the answer
+//       (>= k tokens, >= the top-p target's mass), else at every finite token.
+//       The kept set is "ranked at or above a boundary (logit, id)", as the CPU
+//       describes it.
 //   P4  inverse-CDF draw: per chunk the double sum of kept weights in index
 //       order, a block exclusive scan over chunks, the chunk where the CDF
-//       crosses u * mass, then that chunk's sequential scan.
+//       crosses u * mass, then that chunk's sequential scan by one thread.
 //   P5  logprob of the chosen token (x - lse) and top-n alternatives (radix
-//       select of the n-th, gather, rank in shared memory).
+//       select of the n-th, gather, rank in shared memory); optionally the
+//       whole distribution (Sampler::Distribution) for speculative decoding.
+//   The per-chunk sequential passes (P1, P2, P4) give each lane one chunk and
+//   load through a per-warp padded shared tile (32 chunks x 8 tokens per step:
+//   full 32-byte sectors, conflict-free reads), so the CPU's order costs no
+//   uncoalesced traffic. Cost per row: ~6 streaming reads of the row (mostly
+//   L2-resident) plus 4-8 radix passes when top-k/top-p/top-n are on. One block
+//   per row suits batches of tens of rows and more; a single-row launch uses one
+//   SM (a split-row variant for tiny batches is future work).
 //
 // Exactness. Float sums that the CPU computes sequentially (the 256-token chunk
 // sums) are computed sequentially here in the same order, so they are the same
@@ -48,9 +62,11 @@
 //     left its candidates (libstdc++'s permutation); the replay sums in id
 //     order, equal whenever that sum is exact (e.g. all weights >= 2^-29 of
 //     the largest) or the margin is wider than the rounding.
-//   - top-p: the CPU accumulates its prefix mass in nth_element's halving order;
-//     a prefix mass within ~1e-11 relative of top_p * norm could cut one token
-//     differently.
+//   - top-p: the CPU accumulates its prefix mass in nth_element's halving order,
+//     the GPU in shared-memory atomics per radix bin (an order that also varies
+//     from run to run); a prefix mass within ~1e-11 relative of top_p * norm
+//     could cut one token differently. Exact when the weights sum exactly (the
+//     tie-group tests) or the target is not that close to a prefix mass.
 // Transcendentals: under the emulator exp/log are the host's libm, the CPU's
 // functions, so the test checks bit-identity. With nvcc, expf/logf of a float
 // are computed as (float)exp((double)x) (CUDA's double exp is within 1 ulp,
