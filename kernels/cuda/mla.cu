@@ -350,24 +350,29 @@ __device__ __forceinline__ uint32_t SplitBf16x2(float x0, float x1, uint32_t* lo
   return PackBf16x2(h0, h1);
 }
 
-__global__ void __launch_bounds__(kAbsWarps* kWarpSize)
+template <int kGroups>
+__global__ void __launch_bounds__(kGroups* kAbsWarps* kWarpSize)
     MlaAbsorbedSplitKvMma(MlaLaunchArgs a, const float* q_abs, int splits,
                           float* part_acc, float* part_ml) {
+  constexpr int kRows = 16 * kGroups, kWarps = kAbsWarps * kGroups;
   Tile t;
-  if (!FindTileShared(a, blockIdx.x, a.heads, kAbsRows, &t)) return;
+  if (!FindTileShared(a, blockIdx.x, a.heads, kRows, &t)) return;
   const int split = blockIdx.y;
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize, wid = threadIdx.x / kWarpSize;
+  // Row group rg (16 rows) x this warp's quarter `warp` of the keys and columns.
+  const int rg = wid / kAbsWarps, warp = wid % kAbsWarps;
   const int g = lane / 4, tq = lane % 4;
+  const int rbase = 16 * rg + g;  // this lane's first row in the tile
   const int64_t width = a.lora + a.rope, half = width / 2;
   const int64_t sw = MmaStride(width), steps = (width + 15) / 16, padded = steps * 8;
   TANDEM_DYNAMIC_SMEM(uint32_t, smem);
-  uint32_t* qh = smem;                  // [16][sw] q hi pairs
-  uint32_t* ql = qh + kAbsRows * sw;    // [16][sw] q lo pairs
-  uint32_t* kbuf = ql + kAbsRows * sw;  // [2][32][sw] key tiles (BF16 pairs)
-  float* st = reinterpret_cast<float*>(kbuf + 2 * kKeys * sw);  // [16][kScoreStride]
+  uint32_t* qh = smem;               // [kRows][sw] q hi pairs
+  uint32_t* ql = qh + kRows * sw;    // [kRows][sw] q lo pairs
+  uint32_t* kbuf = ql + kRows * sw;  // [2][32][sw] key tiles (BF16 pairs)
+  float* st = reinterpret_cast<float*>(kbuf + 2 * kKeys * sw);  // [kRows][kScoreStride]
 
   const int64_t rows = t.q_len * a.heads;
-  for (int64_t i = threadIdx.x; i < kAbsRows * padded; i += blockDim.x) {
+  for (int64_t i = threadIdx.x; i < kRows * padded; i += blockDim.x) {
     const int64_t r = i / padded, w = i % padded, gr = t.row0 + r;
     float x0 = 0.0f, x1 = 0.0f;
     if (gr < rows && w < half) {
@@ -382,13 +387,13 @@ __global__ void __launch_bounds__(kAbsWarps* kWarpSize)
   const int64_t per_split = (t.ctx + splits - 1) / splits;
   const int64_t chunk = (per_split + kKeys - 1) / kKeys * kKeys;
   const int64_t k_begin = split * chunk;
-  const int64_t last_row = std::min(rows, t.row0 + kAbsRows) - 1;
+  const int64_t last_row = std::min(rows, t.row0 + kRows) - 1;
   const int64_t k_end = std::min(std::min(t.ctx, k_begin + chunk),
                                  t.ctx - t.q_len + last_row / a.heads + 1);
-  // This lane's two rows (g and g + 8 of the tile): positions, -1 for padding.
+  // This lane's two rows (rbase and rbase + 8): positions, -1 for padding.
   int64_t pos[2];
   for (int hr = 0; hr < 2; ++hr) {
-    const int64_t gr = t.row0 + g + 8 * hr;
+    const int64_t gr = t.row0 + rbase + 8 * hr;
     pos[hr] = gr < rows ? t.ctx - t.q_len + gr / a.heads : -1;
   }
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -404,7 +409,7 @@ __global__ void __launch_bounds__(kAbsWarps* kWarpSize)
   // 16-byte pieces of a row (one block-table read per row and warp); rows past
   // k_end and bad block ids are zero-filled with plain stores.
   auto fetch = [&](int64_t n0, uint32_t* dst) {
-    for (int n = warp; n < kKeys; n += kAbsWarps) {
+    for (int n = wid; n < kKeys; n += kWarps) {
       const int64_t p = n0 + n;
       const uint16_t* src = p < k_end ? CacheRow(a, t.seq, p, lane == 0) : nullptr;
       for (int64_t c = lane; c < padded / 4; c += kWarpSize) {
@@ -439,10 +444,10 @@ __global__ void __launch_bounds__(kAbsWarps* kWarpSize)
       // x hi/lo): short dependency chains between the mma.
       float dd[8][4] = {};
       const uint32_t* kb = kt + (8 * warp + g) * sw;
-      const uint32_t* q0h = qh + g * sw;
-      const uint32_t* q1h = qh + (g + 8) * sw;
-      const uint32_t* q0l = ql + g * sw;
-      const uint32_t* q1l = ql + (g + 8) * sw;
+      const uint32_t* q0h = qh + rbase * sw;
+      const uint32_t* q1h = q0h + 8 * sw;
+      const uint32_t* q0l = ql + rbase * sw;
+      const uint32_t* q1l = q0l + 8 * sw;
       for (int64_t k4 = 0; k4 < steps; k4 += 4) {
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -461,7 +466,7 @@ __global__ void __launch_bounds__(kAbsWarps* kWarpSize)
         d[e] = ((dd[0][e] + dd[1][e]) + (dd[2][e] + dd[3][e])) +
                ((dd[4][e] + dd[5][e]) + (dd[6][e] + dd[7][e]));
       }
-      float* s0 = st + g * kScoreStride + 8 * warp + 2 * tq;
+      float* s0 = st + rbase * kScoreStride + 8 * warp + 2 * tq;
       float* s1 = s0 + 8 * kScoreStride;
       s0[0] = d[0];
       s0[1] = d[1];
@@ -473,7 +478,7 @@ __global__ void __launch_bounds__(kAbsWarps* kWarpSize)
     uint32_t ph[2][4], pl[2][4];
     float alpha[2];
     for (int hr = 0; hr < 2; ++hr) {
-      const float* srow = st + (g + 8 * hr) * kScoreStride;
+      const float* srow = st + (rbase + 8 * hr) * kScoreStride;
       float s[8];
       float mx = -INFINITY;
 #pragma unroll
@@ -539,7 +544,7 @@ __global__ void __launch_bounds__(kAbsWarps* kWarpSize)
   // Partials for every row of the tile (empty ranges: m = -inf, l = 0, acc = 0).
   for (int hr = 0; hr < 2; ++hr) {
     if (pos[hr] < 0) continue;
-    const int64_t gr = t.row0 + g + 8 * hr;
+    const int64_t gr = t.row0 + rbase + 8 * hr;
     const int64_t base = (split * a.num_tokens + t.q0) * a.heads + gr;
     if (warp == 0 && tq == 0) {
       part_ml[base * 2] = m[hr];
@@ -1097,16 +1102,26 @@ size_t AbsorbedSmem(const MlaLaunchArgs& a) {
                           kAbsWarps * kRowsPerWarp * kKeys);
 }
 
-size_t AbsorbedMmaSmem(const MlaLaunchArgs& a) {
+size_t AbsorbedMmaSmem(const MlaLaunchArgs& a, int groups) {
   const int64_t sw = MmaStride(a.lora + a.rope);
-  return sizeof(uint32_t) * (2 * kAbsRows * sw + 2 * kKeys * sw) +
-         sizeof(float) * kAbsRows * kScoreStride;
+  return sizeof(uint32_t) * (2 * 16 * groups * sw + 2 * kKeys * sw) +
+         sizeof(float) * 16 * groups * kScoreStride;
+}
+
+// 16-row groups per block of the absorbed mma kernel: enough for the average
+// sequence's (query, head) rows (K3 TP8: 12 per query token, so q_len 1 -> 1,
+// 2 -> 2, 4 drafts -> 3), so that a sequence's keys are read by one block.
+int AbsorbedRowGroups(const MlaLaunchArgs& a) {
+  if (a.row_groups >= 1 && a.row_groups <= 3) return a.row_groups;
+  const int64_t rows = (a.num_tokens * a.heads + std::max<int64_t>(a.num_seqs, 1) - 1) /
+                       std::max<int64_t>(a.num_seqs, 1);
+  return static_cast<int>(std::clamp<int64_t>((rows + 15) / 16, 1, 3));
 }
 
 bool AbsorbedMmaFits(const MlaLaunchArgs& a) {
   // lora + rope a multiple of 8: cache rows of whole 16-byte pieces (cp.async).
   return a.lora % (kAbsWarps * 8) == 0 && (a.lora + a.rope) % 8 == 0 &&
-         AbsorbedMmaSmem(a) <= kMaxSmem;
+         AbsorbedMmaSmem(a, AbsorbedRowGroups(a)) <= kMaxSmem;
 }
 
 size_t FlashMmaSmem(const MlaLaunchArgs& a) {
@@ -1143,10 +1158,30 @@ const char* MlaUnsupported(const MlaLaunchArgs& a, bool absorbed) {
   return nullptr;
 }
 
+namespace {
+
+template <int kGroups>
+const char* LaunchAbsorbedMma(const MlaLaunchArgs& a, const float* q_abs, int splits,
+                              float* part_acc, float* part_ml, void* stream) {
+  const size_t smem = AbsorbedMmaSmem(a, kGroups);
+  if (const char* e =
+          tandem::gpu::AllowDynamicSmem(MlaAbsorbedSplitKvMma<kGroups>, smem)) {
+    return e;
+  }
+  constexpr int64_t kRows = 16 * kGroups;
+  const dim3 grid((a.num_tokens * a.heads + kRows - 1) / kRows + a.num_seqs, splits);
+  TANDEM_LAUNCH(MlaAbsorbedSplitKvMma<kGroups>, grid, kGroups * kAbsWarps * kWarpSize,
+                smem, stream, a, q_abs, splits, part_acc, part_ml);
+  return tandem::gpu::LaunchError();
+}
+
+}  // namespace
+
 int MlaAbsorbedSplits(const MlaLaunchArgs& a, int sm_count) {
+  const int64_t tile_rows = AbsorbedMmaFits(a) ? 16 * AbsorbedRowGroups(a) : kAbsRows;
   const int64_t tiles =
       std::max<int64_t>(std::max<int64_t>(a.num_seqs, 1),
-                        (a.num_tokens * a.heads + kAbsRows - 1) / kAbsRows);
+                        (a.num_tokens * a.heads + tile_rows - 1) / tile_rows);
   // One wave: the mma kernel holds ~115 KB of shared memory (one block per SM),
   // so tiles x splits <= sm_count keeps every block's share equal.
   int64_t splits = static_cast<int64_t>(sm_count) / tiles;
@@ -1182,16 +1217,23 @@ const char* MlaAbsorbedLaunch(const MlaLaunchArgs& a, int splits, void* scratch,
                 a, q_abs);
   if (const char* e = tandem::gpu::LaunchError()) return e;
 
-  const dim3 grid((a.num_tokens * a.heads + kAbsRows - 1) / kAbsRows + a.num_seqs,
-                  splits);
   if (mma) {
-    const size_t smem = AbsorbedMmaSmem(a);
-    if (const char* e = tandem::gpu::AllowDynamicSmem(MlaAbsorbedSplitKvMma, smem)) {
-      return e;
+    const char* e = nullptr;
+    switch (AbsorbedRowGroups(a)) {
+      case 1:
+        e = LaunchAbsorbedMma<1>(a, q_abs, splits, part_acc, part_ml, stream);
+        break;
+      case 2:
+        e = LaunchAbsorbedMma<2>(a, q_abs, splits, part_acc, part_ml, stream);
+        break;
+      default:
+        e = LaunchAbsorbedMma<3>(a, q_abs, splits, part_acc, part_ml, stream);
+        break;
     }
-    TANDEM_LAUNCH(MlaAbsorbedSplitKvMma, grid, kAbsWarps * kWarpSize, smem, stream, a,
-                  static_cast<const float*>(q_abs), splits, part_acc, part_ml);
+    if (e != nullptr) return e;
   } else {
+    const dim3 grid((a.num_tokens * a.heads + kAbsRows - 1) / kAbsRows + a.num_seqs,
+                    splits);
     const size_t smem = AbsorbedSmem(a);
     if (const char* e = tandem::gpu::AllowDynamicSmem(MlaAbsorbedSplitKv, smem))
       return e;

@@ -28,19 +28,22 @@
 //      coalesced once per block.
 //   2. MlaAbsorbedSplitKvMma / MlaAbsorbedSplitKv (tensor cores where lora % 32
 //      == 0, else SIMT; the FlashMLA split-KV design): rows are the (query,
-//      head) pairs of one sequence, 16 per block (K3 at TP8: 12 heads x q_len);
+//      head) pairs of one sequence (K3 at TP8: 12 heads x q_len), 16 per block on
+//      SIMT, 16, 32 or 48 on mma (1-3 groups of 4 warps sharing the key tiles,
+//      picked from the average rows per sequence: a k = 4 verification's 48 rows
+//      read the sequence's keys once);
 //      blockIdx.y picks one of `splits` ranges of the sequence's positions. MQA
 //      over [c | k_rot]: key tiles of 32 positions in shared memory (BF16, padded
 //      rows: conflict-free), lane = key for Q.K, online softmax per row, lane =
 //      latent column pair for P.C (C = the tile's own c: values are the keys'
 //      first lora columns). Writes unnormalised partial (max, sum, acc[lora]).
 //      The mma version: key tiles double-buffered through cp.async (tile i + 1
-//      in flight while tile i is computed; ~115 KB of shared memory at K3, one
-//      block per SM), S = Q K^T with warp w on keys 8w..8w+7 (m16n8k16 over the
-//      576 width, 8 independent accumulators), the score tile through shared
-//      memory, the softmax in the A-fragment layout, O += P C with warp w owning
-//      lora/4 latent columns as n8 accumulator tiles (64 fp32 registers per
-//      lane at K3).
+//      in flight while tile i is computed; 115 / 153 / 192 KB of shared memory
+//      at K3 for 1 / 2 / 3 row groups: one block per SM), S = Q K^T with warp w on keys
+//      8w..8w+7 (m16n8k16 over the 576 width, 8 independent accumulators), the score
+//      tile through shared memory, the softmax in the A-fragment layout, O += P C with
+//      warp w owning lora/4 latent columns as n8 accumulator tiles (64 fp32 registers
+//      per lane at K3).
 //   3. MlaAbsorbedCombine: merges the splits' partials per (token, head) and
 //      applies W_UV (warp per output column, lanes over lora: coalesced rows).
 //   Splits: MlaAbsorbedSplits, from host values only.
@@ -96,6 +99,9 @@ struct MlaLaunchArgs {
   float* out = nullptr;  // [num_tokens, heads, v], ld_out
   int64_t ld_out = 0;
   int32_t* error_word = nullptr;
+  // Absorbed on tensor cores: 16-row groups per block (1..3); 0 = from the
+  // average rows per sequence, num_tokens * heads / num_seqs (tests force each).
+  int row_groups = 0;
 };
 
 // nullptr if the kernels support these dimensions, else why not.

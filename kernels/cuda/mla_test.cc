@@ -142,10 +142,11 @@ std::vector<float> Oracle(const MlaCall& s) {
 
 // splits <= 0: MlaAbsorbedSplits for 132 SMs.
 std::vector<float> Absorbed(const MlaCall& s, int splits, int32_t* error = nullptr,
-                            MlaCore core = MlaCore::kAuto) {
+                            MlaCore core = MlaCore::kAuto, int row_groups = 0) {
   std::vector<float> out(s.tokens * s.c.heads * s.c.v, -7.0f);
   int32_t word = 0;
-  const MlaLaunchArgs a = ToLaunch(s.Args(out.data()), &word);
+  MlaLaunchArgs a = ToLaunch(s.Args(out.data()), &word);
+  a.row_groups = row_groups;
   if (splits <= 0) splits = MlaAbsorbedSplits(a, 132);
   std::vector<char> scratch(MlaAbsorbedScratchBytes(a, splits) + 256);
   const char* e = MlaAbsorbedLaunch(a, splits, scratch.data(), nullptr, core);
@@ -248,6 +249,14 @@ TEST(MlaKernels, SplitsAndChunksDoNotChangeTheResult) {
                        std::to_string(splits));
     }
   }
+  for (int groups : {1, 2, 3}) {  // 16-row groups per block of the mma kernel
+    for (int splits : {1, 3}) {
+      ExpectWithin(Absorbed(s, splits, nullptr, MlaCore::kTensorCore, groups), want,
+                   kBound,
+                   "absorbed mma " + std::to_string(groups) + " row groups, splits " +
+                       std::to_string(splits));
+    }
+  }
   for (MlaCore core : kCores) {
     for (int64_t chunk : {64, 128, 256}) {
       ExpectWithin(Expanded(s, chunk, nullptr, core), want, kBound,
@@ -277,6 +286,8 @@ TEST(MlaKernels, K3HeadsPerRankRealDims) {
   // Split partials merged at K3 width (the small-dims test covers more counts).
   ExpectWithin(Absorbed(s, 3, nullptr, MlaCore::kTensorCore), want, kBound,
                "K3 absorbed 3 splits mma");
+  ExpectWithin(Absorbed(s, 0, nullptr, MlaCore::kTensorCore, 1), want, kBound,
+               "K3 absorbed mma 1 row group");
 }
 
 TEST(MlaKernels, SpeculativeQueriesAreCausal) {
@@ -382,7 +393,7 @@ TEST(MlaKernels, SplitCountFromHostValues) {
   EXPECT_EQ(splits(16, 16), 8);
   EXPECT_EQ(splits(64, 64), 2);
   EXPECT_EQ(splits(100, 100), 1);
-  EXPECT_EQ(splits(4, 16), 11);  // 4 drafts each: 3 row tiles per sequence
+  EXPECT_EQ(splits(4, 16), 33);  // 4 drafts each: 48 rows, one 3-group tile each
   a.block_table_stride = 4;      // 256 positions: splits of >= 128
   EXPECT_EQ(splits(1, 1), 2);
 }
