@@ -1182,7 +1182,7 @@ int MlaAbsorbedSplits(const MlaLaunchArgs& a, int sm_count) {
   const int64_t tiles =
       std::max<int64_t>(std::max<int64_t>(a.num_seqs, 1),
                         (a.num_tokens * a.heads + tile_rows - 1) / tile_rows);
-  // One wave: the mma kernel holds ~115 KB of shared memory (one block per SM),
+  // One wave: the mma kernel holds >= 112 KiB of shared memory (one block per SM),
   // so tiles x splits <= sm_count keeps every block's share equal.
   int64_t splits = static_cast<int64_t>(sm_count) / tiles;
   splits = std::min<int64_t>(splits, MaxContext(a) / (4 * kKeys));

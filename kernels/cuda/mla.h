@@ -38,7 +38,7 @@
 //      latent column pair for P.C (C = the tile's own c: values are the keys'
 //      first lora columns). Writes unnormalised partial (max, sum, acc[lora]).
 //      The mma version: key tiles double-buffered through cp.async (tile i + 1
-//      in flight while tile i is computed; 115 / 153 / 192 KB of shared memory
+//      in flight while tile i is computed; 112 / 151 / 190 KiB of shared memory
 //      at K3 for 1 / 2 / 3 row groups: one block per SM), S = Q K^T with warp w on keys
 //      8w..8w+7 (m16n8k16 over the 576 width, 8 independent accumulators), the score
 //      tile through shared memory, the softmax in the A-fragment layout, O += P C with
