@@ -113,13 +113,13 @@ has gateway --port=8000
 [[ "$(awk '$2 == "prefill-0" {print $3}' <<<"$out")" == */prefill/prefill_main ]] ||
   fail "prefill binary: $out"
 lacks decode-0 '^--speculative' # the decode worker's own default
-# The workers share 0.4 of the available memory for their caches, evenly; a
+# The workers share 0.1 of the available memory for their caches, evenly; a
 # --kv_cache_memory of a role replaces its share.
-has prefill-0 --kv_cache_memory=0.2
-has decode-0 --kv_cache_memory=0.2
-has decode-3 --kv_cache_memory=0.08 --decode 4
+has prefill-0 --kv_cache_memory=0.05
+has decode-0 --kv_cache_memory=0.05
+has decode-3 --kv_cache_memory=0.02 --decode 4
 has decode-0 --kv_cache_memory=8GiB --decode-arg=--kv_cache_memory=8GiB
-has prefill-0 --kv_cache_memory=0.2 --decode-arg=--kv_cache_memory=8GiB
+has prefill-0 --kv_cache_memory=0.05 --decode-arg=--kv_cache_memory=8GiB
 lacks router kv_cache_memory
 lacks decode-0 '^--backend'
 [[ -z "$(ls -A "$TANDEM_CACHE_DIR" 2>/dev/null)" ]] || fail "--dry-run wrote $TANDEM_CACHE_DIR"

@@ -16,10 +16,10 @@ ABSL_FLAG(int, port, 0, "gRPC port (0: any free port, logged).");
 ABSL_FLAG(int, metrics_port, 0, "/metrics port (0: any free port, logged).");
 ABSL_FLAG(std::string, backend, "cpu", "Kernel backend: cpu | cpu_reference.");
 ABSL_FLAG(int, block_size, 16, "Engine KV cache block size (tokens).");
-ABSL_FLAG(std::string, kv_cache_memory, "0.2",
+ABSL_FLAG(std::string, kv_cache_memory, "0.1",
           "Memory for the KV cache and KDA state of all this worker's TP ranks: bytes "
           "with a unit (8GiB, 512MiB) or a fraction in (0, 1] of the host memory "
-          "available at start (MemAvailable; 0.2 = 20%). The MLA blocks and KDA slots "
+          "available at start (MemAvailable; 0.1 = 10%). The MLA blocks and KDA slots "
           "are derived from it and the model's per-token and per-sequence sizes, and "
           "logged at start.");
 ABSL_FLAG(int, max_num_seqs, 256,
