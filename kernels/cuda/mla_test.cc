@@ -290,6 +290,20 @@ TEST(MlaKernels, K3HeadsPerRankRealDims) {
                "K3 absorbed mma 1 row group");
 }
 
+TEST(MlaKernels, K3LongerContextDecode) {
+  // The error of the split-BF16 tensor-core path does not grow with the context:
+  // 1000 and 700 cached positions (8 splits), a decode and a 2-draft verification.
+  // Oracle: the fp64 absorbed form (the expanded one costs minutes here).
+  const Case c{12, 128, 64, 128, 512, {1000, 700}, {1, 2}};
+  const MlaCall s = Make(c, 64, 17);
+  std::vector<float> want(s.tokens * c.heads * c.v, 0.0f);
+  ASSERT_TRUE(CreateReferenceBackend()->MlaAttentionAbsorbed(s.Args(want.data())).ok());
+  for (MlaCore core : kCores) {
+    ExpectWithin(Absorbed(s, 0, nullptr, core), want, kBound,
+                 std::string("K3 ctx 1000/700 absorbed ") + CoreName(core));
+  }
+}
+
 TEST(MlaKernels, SpeculativeQueriesAreCausal) {
   // Query i of a k = 4 run equals a single-query run whose context ends at it.
   const Case c{2, 16, 16, 16, 32, {40}, {4}};
