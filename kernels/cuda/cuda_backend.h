@@ -109,7 +109,8 @@ class GpuBackend final : public Backend {
   int32_t* error_word_ = nullptr;
 };
 
-// "cuda_sim": always available.
+// "cuda_sim": the emulator (default build; FailedPrecondition in --config=cuda
+// builds, whose kernels are the nvcc ones).
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaSimBackend();
 // "cuda": GPU `ordinal`; FailedPrecondition where this binary was built without
 // CUDA (--config=cuda) or no GPU is visible.
