@@ -90,9 +90,9 @@ TEST(MoeBackendTest, RejectsBadArguments) {
   auto be = SimBackend();
   ASSERT_NE(be, nullptr);
   const int64_t hidden = 64, experts = 8;
-  std::vector<float> x(2 * hidden, 0.5f), bias(experts, 0.0f), w(2 * 4);
+  std::vector<float> x(2 * hidden, 0.5f), bias(experts, 0.0f), w(2 * (experts + 1));
   std::vector<uint16_t> gate(experts * hidden, 0x3f80);
-  std::vector<int32_t> ids(2 * 4);
+  std::vector<int32_t> ids(2 * (experts + 1));  // room for the rejected top_k
   EXPECT_EQ(be->RouterTopK(x.data(), hidden, gate.data(), bias.data(), 2, hidden,
                            experts, experts + 1, true, 1.0f, ids.data(), w.data())
                 .code(),
@@ -105,6 +105,7 @@ TEST(MoeBackendTest, RejectsBadArguments) {
                              experts, 4, true, 1.0f, ids.data(), w.data())
                   .ok());
   // Equal gate rows and x: every s equal, ids 0..3 by the tie rule.
+  ids.resize(8);
   EXPECT_EQ(ids, (std::vector<int32_t>{0, 1, 2, 3, 0, 1, 2, 3}));
   MoeArgs a;
   a.tokens = 1;

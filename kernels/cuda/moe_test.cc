@@ -488,20 +488,16 @@ double ExpectMoeMatches(const MoeCase& c, const std::string& what) {
   }
   std::vector<float> first;
   double worst = 0, worst_model = 0;
-  // Every seed at (tile 32, GEMV path on) and (tile 64, off); the first seed at
-  // all four combinations.
+  // Each seed with another (tile, GEMV path) combination, all four covered.
   struct Config {
     uint64_t seed;
     int tile_n;
     bool gemv;
   };
-  std::vector<Config> configs;
-  for (uint64_t seed : kSeeds) {
-    configs.push_back({seed, 32, true});
-    configs.push_back({seed, 64, false});
-  }
-  configs.push_back({kSeeds[0], 64, true});
-  configs.push_back({kSeeds[0], 32, false});
+  const Config configs[] = {{kSeeds[0], 32, true},
+                            {kSeeds[1], 64, false},
+                            {kSeeds[2], 64, true},
+                            {kSeeds[0], 32, false}};
   for (const Config& cfg : configs) {
     {
       cuda_sim::SetSeed(cfg.seed);
