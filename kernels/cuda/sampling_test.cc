@@ -252,7 +252,7 @@ class Sampling : public ::testing::TestWithParam<uint64_t> {
           p.min_p = 0.2f;
           break;
       }
-      if (r % 3 == 1) {  // penalties with a token history
+      if (r % 3 == 1 || r % 24 == 12) {  // penalties with a token history (greedy too)
         p.repetition_penalty = 1.0f + 0.5f * uni(rng_);
         p.frequency_penalty = 0.5f * uni(rng_);
         p.presence_penalty = 0.5f * uni(rng_);
