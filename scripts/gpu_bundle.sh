@@ -23,17 +23,19 @@
 #                     than the one built against), (3) CUDA toolkit libraries over
 #                     8 MiB (cuBLASLt is 541 MB, NCCL 218 MB: far over the 64 MiB
 #                     the device tool carries), found on the target's CUDA 13
-#                     toolkit by env.sh. Libraries over 4 MiB are stored gzipped
-#                     (*.gz) and unpacked by env.sh on first use, outside the
-#                     bundle (under $TMPDIR).
+#                     toolkit by env.sh. Libraries over 4 MiB are stored
+#                     compressed (*.xz, or *.gz without xz here) and unpacked by
+#                     env.sh on first use, outside the bundle (under $TMPDIR;
+#                     xz there, else python3's lzma).
 #   runfiles/         the tokenizer files make_checkpoint needs; gpu_check.sh
 #                     generates the tiny checkpoint there (seed 0, as
 #                     //engine/model:tiny_checkpoint; 45 MB, so not carried)
 #
 # What is built: //kernels:conformance_test, //kernels/cuda:gpu_bench,
-# //engine/model:make_checkpoint, every test tagged "gpu" (the engine and kernel
-# tests that run on the "cuda" backend opt in with that tag, as for ./tandem test
-# --gpu) and each --target. A target that fails to build is listed in
+# //engine/model:make_checkpoint, the engine tests of ENGINE_TESTS below (run with
+# the filter of their "cuda" instances), every test tagged "gpu" (kernel or
+# engine tests that run on the "cuda" backend opt in with that tag, as for
+# ./tandem test --gpu; run whole) and each --target. A target that fails to build is listed in
 # MANIFEST.txt and left out; the bundle is still made (exit 0) as long as the
 # conformance test and the benchmark built, else exit 1.
 #
@@ -103,6 +105,12 @@ PY
 }
 
 declare -A KIND=() FILTER=() RACE=()
+# Engine tests whose gtest instances are named by backend: label -> the filter of
+# their "cuda" instances (the other tests of such a binary may need "cuda_sim",
+# which a --config=cuda build lacks).
+declare -A ENGINE_TESTS=(
+  [//engine/runtime:gpu_engine_test]='*/cuda'
+)
 BUILT=()      # "LABEL<TAB>PATH"
 NOT_BUILT=()  # labels
 
@@ -131,8 +139,17 @@ build_all() {
   local gpu_tests
   gpu_tests="$(bazel_bundle query --keep_going --noshow_progress "attr(tags, '\bgpu\b', tests($universe))" 2>/dev/null || true)"
   local targets=(//kernels:conformance_test //kernels/cuda:gpu_bench //engine/model:make_checkpoint)
-  local t
-  for t in $gpu_tests "${EXTRA_TARGETS[@]}"; do targets+=("$t"); done
+  local t engine_tests=""
+  # The engine tests parametrised over the device backends by name (their "cuda"
+  # instances): those of ENGINE_TESTS that exist.
+  for t in "${!ENGINE_TESTS[@]}"; do
+    if bazel_bundle query --noshow_progress "$t" >/dev/null 2>&1; then
+      engine_tests+=" $t"
+    else
+      say "no $t yet: not bundled"
+    fi
+  done
+  for t in $gpu_tests $engine_tests "${EXTRA_TARGETS[@]}"; do targets+=("$t"); done
   # The emulator-only kernel family tests (launchers on host vectors, -DTANDEM_CUDA_SIM)
   # would test the emulator there, not the GPU: listed, not bundled.
   SIM_ONLY="$(bazel_bundle query --noshow_progress \
@@ -158,6 +175,10 @@ build_all() {
   done
   rm -f "$bep" "$log"
   for t in $gpu_tests "${EXTRA_TARGETS[@]}"; do KIND[$t]=gpu_test; done
+  for t in $engine_tests; do
+    KIND[$t]=engine_test
+    FILTER[$t]="${ENGINE_TESTS[$t]}"
+  done
   KIND[//kernels:conformance_test]=conformance
   KIND[//kernels/cuda:gpu_bench]=bench
   KIND[//engine/model:make_checkpoint]=tool
@@ -185,6 +206,28 @@ cuda_root() {
     [[ -n "$r" && -d "$r" ]] && { readlink -f "$r"; return 0; }
   done
   return 1
+}
+
+# Compresses a library in lib/ (FILE -> FILE.xz, else FILE.gz); prints how.
+# xz saves ~40% over gzip on these (oneDNN 37 MiB: 7.0 vs 11.4 MiB) but takes
+# minutes on 2 cores, so each library's .xz is cached by content under
+# ~/.cache/tandem-gpu-bundle/xz. GPU_BUNDLE_COMPRESS=gzip forces gzip.
+XZ_CACHE="${GPU_BUNDLE_XZ_CACHE:-$HOME/.cache/tandem-gpu-bundle/xz}"
+compress_lib() {  # file
+  local f="$1"
+  if [[ "${GPU_BUNDLE_COMPRESS:-xz}" == xz ]] && command -v xz >/dev/null; then
+    local key
+    key="$(sha256sum "$f" | cut -c1-32)"
+    mkdir -p "$XZ_CACHE"
+    if ! [[ -s "$XZ_CACHE/$key.xz" ]]; then
+      xz -T2 -6 -c "$f" >"$XZ_CACHE/$key.xz.tmp.$$" && mv -f "$XZ_CACHE/$key.xz.tmp.$$" "$XZ_CACHE/$key.xz"
+    fi
+    cp "$XZ_CACHE/$key.xz" "$f.xz" && rm -f "$f"
+    echo "xz-compressed"
+  else
+    gzip -6 -f "$f"
+    echo "gzipped"
+  fi
 }
 
 # Copies the libraries `ldd BIN` lists (transitively) into lib/.
@@ -233,8 +276,9 @@ pack_libs_of() {  # binary
       strip --strip-debug "$dst" 2>/dev/null || true
     size="$(stat -c %s "$dst")"
     if (( size > GZIP_OVER_BYTES )); then
-      gzip -6 -f "$dst"
-      LIB_NOTES+=("$soname"$'\t'"bundle"$'\t'"from $path, $((size >> 20)) MiB, gzipped (env.sh unpacks it)")
+      local how
+      how="$(compress_lib "$dst")"
+      LIB_NOTES+=("$soname"$'\t'"bundle"$'\t'"from $path, $((size >> 20)) MiB, $how (env.sh unpacks it)")
     else
       LIB_NOTES+=("$soname"$'\t'"bundle"$'\t'"from $path")
     fi
@@ -258,7 +302,7 @@ pack() {
     strip --strip-debug "$OUT_DIR/bin/$name" 2>/dev/null || true
     pack_libs_of "$path"
     case "${KIND[$label]:-gpu_test}" in
-      conformance | gpu_test)
+      conformance | gpu_test | engine_test)
         printf '%s\t%s\t%s\t%s\n' "$name" "${KIND[$label]:-gpu_test}" "${FILTER[$label]:--}" \
           "${RACE[$label]:--}" >>"$OUT_DIR/tests.tsv.unsorted" ;;
     esac
@@ -383,9 +427,9 @@ verify_bundle() {  # dir
   # Unpacked copies of the gzipped libraries do not travel (they are made there);
   # count the rest.
   kib="$(du -sk "$dir" | cut -f1)"
-  local gz
-  for gz in "$dir"/lib/*.gz; do
-    [[ -e "$gz" && -e "${gz%.gz}" ]] && kib=$((kib - $(du -k "${gz%.gz}" | cut -f1)))
+  local z
+  for z in "$dir"/lib/*.gz "$dir"/lib/*.xz; do
+    [[ -e "$z" && -e "${z%.*}" ]] && kib=$((kib - $(du -k "${z%.*}" | cut -f1)))
   done
   if (( kib > MAX_BUNDLE_MIB * 1024 )); then
     say "verify: $dir is $((kib / 1024)) MiB, over ${MAX_BUNDLE_MIB} MiB"

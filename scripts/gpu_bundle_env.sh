@@ -3,7 +3,7 @@
 # `run` wrapper and by gpu_check.sh. Sets, for the bundle folder it lives in:
 #   GPU_BUNDLE_DIR        the bundle
 #   GPU_BUNDLE_LD_PATH    where the binaries' libraries are: lib/, the unpacked
-#                         gzipped ones, the directories holding the CUDA toolkit
+#                         compressed ones (lib/*.gz, *.xz: under $TMPDIR), the directories holding the CUDA toolkit
 #                         libraries left to the target (manifest.env's
 #                         BUNDLE_TARGET_LIBS), and lib/glibc when it is used
 #   GPU_BUNDLE_LOADER     empty, or lib/glibc's loader when this machine's glibc is
@@ -28,11 +28,22 @@ _gb_note() { GPU_BUNDLE_NOTES+="$*"$'\n'; }
 # $TMPDIR.
 _gb_unpack_dir="${TMPDIR:-/tmp}/tandem_gpu_bundle_$(id -u)_$(printf '%s' "$GPU_BUNDLE_DIR:${BUNDLE_DATE:-}" | cksum | cut -d' ' -f1)/lib"
 mkdir -p "$_gb_unpack_dir"
-for _gb_gz in "$GPU_BUNDLE_DIR"/lib/*.gz; do
+_gb_unxz() {  # file.xz -> stdout: xz, else python3's lzma
+  if command -v xz >/dev/null; then
+    xz -dc "$1"
+  else
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' "$1"
+  fi
+}
+for _gb_gz in "$GPU_BUNDLE_DIR"/lib/*.gz "$GPU_BUNDLE_DIR"/lib/*.xz; do
   [[ -e "$_gb_gz" ]] || continue
-  _gb_so="$_gb_unpack_dir/$(basename "${_gb_gz%.gz}")"
+  _gb_so="$_gb_unpack_dir/$(basename "${_gb_gz%.*}")"
   if ! [[ -s "$_gb_so" && "$_gb_so" -nt "$_gb_gz" ]]; then
-    gzip -dc "$_gb_gz" >"$_gb_so.tmp.$$" && mv -f "$_gb_so.tmp.$$" "$_gb_so"
+    case "$_gb_gz" in
+      *.gz) gzip -dc "$_gb_gz" >"$_gb_so.tmp.$$" ;;
+      *.xz) _gb_unxz "$_gb_gz" >"$_gb_so.tmp.$$" ;;
+    esac && mv -f "$_gb_so.tmp.$$" "$_gb_so" ||
+      { rm -f "$_gb_so.tmp.$$"; _gb_note "could not unpack $_gb_gz"; }
   fi
 done
 

@@ -7,8 +7,9 @@
 #      it is under the size limit;
 #   2. the bundle's `run` wrapper runs the binary from the bundle (the emulator
 #      backend: its JSON line comes out);
-#   3. --verify catches a bundle missing a library;
-#   4. gpu_check.sh on this machine (no GPU) says so, writes its JSON and exits 3
+#   3. a library stored as .xz is unpacked (xz, or python3's lzma without it);
+#   4. --verify catches a bundle missing a library;
+#   5. gpu_check.sh on this machine (no GPU) says so, writes its JSON and exits 3
 #      within seconds.
 set -euo pipefail
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -23,9 +24,10 @@ cp "$RUNFILES"/scripts/gpu_bundle.sh "$RUNFILES"/scripts/gpu_bundle_env.sh \
 BIN="$RUNFILES/kernels/cuda/gpu_bench"
 [[ -x "$BIN" ]] || fail "no gpu_bench at $BIN"
 
-# 1. Pack and verify.
+# 1. Pack and verify (gzip: xz would take minutes on a cold cache; the xz path
+# is checked in 3).
 B="$TMP/bundle"
-"$TMP/repo/scripts/gpu_bundle.sh" --out "$B" --pack-only "$BIN" 2>"$TMP/pack.log" ||
+GPU_BUNDLE_COMPRESS=gzip "$TMP/repo/scripts/gpu_bundle.sh" --out "$B" --pack-only "$BIN" 2>"$TMP/pack.log" ||
   { cat "$TMP/pack.log" >&2; fail "packing failed"; }
 cat "$TMP/pack.log"
 grep -q "is self-contained" "$TMP/pack.log" || fail "the packing did not verify the bundle"
@@ -37,7 +39,7 @@ ls "$B"/lib/libstdc++.so.* >/dev/null 2>&1 || fail "libstdc++ was not bundled"
 [[ -e "$B/lib/glibc/libc.so.6" ]] || fail "no fallback copy of glibc"
 [[ ! -e "$B/lib/libc.so.6" ]] || fail "glibc must not be on the bundle's library path"
 # Every library of every binary resolves inside the bundle (glibc aside).
-ls "$B"/lib/*.gz >/dev/null 2>&1 || fail "no gzipped library (libdnnl is 37 MiB)"
+ls "$B"/lib/*.gz >/dev/null 2>&1 || fail "no compressed library (libdnnl is 37 MiB)"
 # shellcheck disable=SC2016
 ld_path="$(bash -c 'source "$1/env.sh"; echo "$GPU_BUNDLE_LD_PATH"' _ "$B")"
 while IFS= read -r line; do
@@ -46,7 +48,8 @@ while IFS= read -r line; do
   case "$so" in ld-linux* | libc.so.* | libm.so.* | libpthread.so.* | libdl.so.* | librt.so.*) continue ;; esac
   # Inside the bundle, or its gzipped copy unpacked by env.sh (under $TMPDIR).
   real="$(readlink -f "$path")"
-  [[ "$real" == "$B"/* ]] || { [[ "$real" == "$TMP"/tandem_gpu_bundle_*/lib/* && -e "$B/lib/$so.gz" ]]; } ||
+  [[ "$real" == "$B"/* ]] ||
+    { [[ "$real" == "$TMP"/tandem_gpu_bundle_*/lib/* && ( -e "$B/lib/$so.gz" || -e "$B/lib/$so.xz" ) ]]; } ||
     fail "gpu_bench: $so resolves outside the bundle: $line"
 done < <(LD_LIBRARY_PATH="$ld_path" ldd "$B/bin/gpu_bench")
 "$TMP/repo/scripts/gpu_bundle.sh" --verify "$B" || fail "--verify rejects a good bundle"
@@ -58,7 +61,27 @@ out="$(GPU_BUNDLE_RUNFILES="$TMP" "$B/run" gpu_bench --backend cuda_sim --only c
   { echo "$out"; fail "./run gpu_bench failed"; }
 tail -n 1 <<<"$out" | grep -q '"bench":"gpu_kernels"' || { echo "$out"; fail "no JSON line from ./run gpu_bench"; }
 
-# 3. A missing library is caught.
+# 3. An xz-compressed library is unpacked by env.sh (xz, else python3's lzma).
+cp -r "$B" "$TMP/xzb"
+so="$(basename "$(ls "$TMP"/xzb/lib/libabsl_strings.so.* | head -n 1)")"
+xz -c "$TMP/xzb/lib/$so" >"$TMP/xzb/lib/$so.xz" && rm "$TMP/xzb/lib/$so"
+"$TMP/repo/scripts/gpu_bundle.sh" --verify "$TMP/xzb" || fail "--verify rejects a bundle with an .xz library"
+GPU_BUNDLE_RUNFILES="$TMP" "$TMP/xzb/run" gpu_bench --backend cuda_sim --only copy >/dev/null 2>&1 ||
+  fail "./run with an .xz library failed"
+if command -v python3 >/dev/null; then
+  # Without xz on the PATH (python3's lzma then).
+  mkdir -p "$TMP/noxz"
+  for t in bash gzip python3 cksum cut mkdir mv rm id dirname basename ldconfig awk getconf \
+    grep timeout find readlink cat; do
+    p="$(command -v "$t" || true)"
+    [[ -n "$p" ]] && ln -sf "$p" "$TMP/noxz/$t"
+  done
+  rm -rf "$TMP"/tandem_gpu_bundle_*
+  PATH="$TMP/noxz" GPU_BUNDLE_RUNFILES="$TMP" "$TMP/xzb/run" gpu_bench --backend cuda_sim --only copy \
+    >/dev/null 2>&1 || fail "./run with an .xz library and no xz failed"
+fi
+
+# 4. A missing library is caught.
 cp -r "$B" "$TMP/broken"
 rm -f "$TMP"/broken/lib/libabsl_strings.so.*
 if "$TMP/repo/scripts/gpu_bundle.sh" --verify "$TMP/broken" 2>"$TMP/verify.log"; then
@@ -66,7 +89,7 @@ if "$TMP/repo/scripts/gpu_bundle.sh" --verify "$TMP/broken" 2>"$TMP/verify.log";
 fi
 grep -q "libabsl_strings" "$TMP/verify.log" || fail "--verify did not name the missing library"
 
-# 4. gpu_check.sh without a GPU: quick, clear, exit 3, JSON written.
+# 5. gpu_check.sh without a GPU: quick, clear, exit 3, JSON written.
 start=$SECONDS
 rc=0
 GPU_CHECK_NVIDIA_SMI=/nonexistent/nvidia-smi "$B/gpu_check.sh" "$TMP/check" 2>"$TMP/check.log" || rc=$?

@@ -239,6 +239,7 @@ double GemmAtFlops(Backend& be, double flops, int64_t m, int64_t k,
 }
 
 const char* Verdict(double ratio, double target) {
+  if (g_emulated) return "(emul.)";
   if (ratio <= 0) return "n/a";
   return ratio >= target ? "meets" : "BELOW";
 }
