@@ -1,5 +1,5 @@
 #!/bin/bash
-# shellcheck over the deploy and image scripts (the image's entry points, the
+# Runs shellcheck over the deploy and image scripts (the image's entry points, the
 # image builder, these tests); then shows it catches a broken script.
 set -euo pipefail
 if ! command -v shellcheck >/dev/null 2>&1; then
@@ -9,10 +9,13 @@ fi
 scripts=(
   tools/image/tandem-allinone.sh
   tools/image/fetch-weights.sh
+  tools/image/build_image.sh
   tests/deploy/k8s_check_test.sh
   tests/deploy/yamllint_test.sh
   tests/deploy/shellcheck_test.sh
   tests/deploy/terraform_test.sh
+  tests/deploy/image_test.sh
+  tests/deploy/allinone_test.sh
 )
 for s in "${scripts[@]}"; do
   [[ -f "$s" ]] || { echo "FAIL: $s is missing" >&2; exit 1; }
@@ -20,6 +23,8 @@ done
 shellcheck -x "${scripts[@]}"
 echo "shellcheck: ${#scripts[@]} scripts clean"
 bad="${TEST_TMPDIR:-$(mktemp -d)}/bad.sh"
+# The broken script's $1 is meant literally.
+# shellcheck disable=SC2016
 printf '#!/bin/bash\nrm -rf $1/*\n' >"$bad"
 if shellcheck "$bad" >/dev/null 2>&1; then
   echo "FAIL: shellcheck accepted an unquoted rm -rf \$1/*" >&2
