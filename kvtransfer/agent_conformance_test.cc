@@ -1,5 +1,6 @@
 // One behavioural suite for every TransferAgent: LoopbackAgent, UcxAgent with the
-// transports UCX picks by default (shared memory on one host) and with tcp forced.
+// transports UCX picks by default (shared memory on one host) and with tcp forced,
+// LibfabricAgent on the tcp (ofi_rxm) and shm providers, one rail and three.
 // Two agents in one process play initiator and target.
 #include <xxhash.h>
 
@@ -16,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/descriptor.h"
+#include "kvtransfer/libfabric_agent.h"
 #include "kvtransfer/loopback_agent.h"
 #include "kvtransfer/transfer_agent.h"
 #include "kvtransfer/ucx_agent.h"
@@ -35,6 +37,17 @@ std::unique_ptr<TransferAgent> MakeUcx(const std::string& tls,
   config.peer_failure_detection = detect_failures;
   config.max_inflight_ops = 16;  // exercise the refill window
   auto agent = UcxAgent::Create(config);
+  EXPECT_TRUE(agent.ok()) << agent.status();
+  return agent.ok() ? std::move(*agent) : nullptr;
+}
+
+std::unique_ptr<TransferAgent> MakeLibfabric(const std::string& provider,
+                                             int rails = 1) {
+  LibfabricAgentConfig config;
+  config.provider = provider;
+  config.rails = rails;
+  config.max_inflight_ops = 16;  // exercise the refill window
+  auto agent = LibfabricAgent::Create(config);
   EXPECT_TRUE(agent.ok()) << agent.status();
   return agent.ok() ? std::move(*agent) : nullptr;
 }
@@ -420,7 +433,13 @@ INSTANTIATE_TEST_SUITE_P(
         AgentKindParam{"ucx_tcp", [] { return MakeUcx("tcp"); }},
         // Without peer-failure detection UCX uses shared memory (posix + cma).
         AgentKindParam{"ucx_shm",
-                       [] { return MakeUcx("", /*detect_failures=*/false); }}),
+                       [] { return MakeUcx("", /*detect_failures=*/false); }},
+        AgentKindParam{"libfabric_tcp", [] { return MakeLibfabric("tcp"); }},
+        AgentKindParam{"libfabric_shm", [] { return MakeLibfabric("shm"); }},
+        AgentKindParam{"libfabric_tcp_3rails",
+                       [] { return MakeLibfabric("tcp", /*rails=*/3); }},
+        AgentKindParam{"libfabric_shm_2rails",
+                       [] { return MakeLibfabric("shm", /*rails=*/2); }}),
     [](const ::testing::TestParamInfo<AgentKindParam>& info) {
       return info.param.name;
     });

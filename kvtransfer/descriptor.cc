@@ -106,7 +106,8 @@ absl::StatusOr<AgentDescriptor> ParseDescriptor(absl::string_view bytes) {
                             kDescriptorVersion, ")"));
   }
   if (kind != static_cast<uint8_t>(AgentKind::kUcx) &&
-      kind != static_cast<uint8_t>(AgentKind::kLoopback)) {
+      kind != static_cast<uint8_t>(AgentKind::kLoopback) &&
+      kind != static_cast<uint8_t>(AgentKind::kLibfabric)) {
     return Bad(absl::StrCat("unknown agent kind ", kind));
   }
   if (reserved != 0) return Bad("reserved byte set");

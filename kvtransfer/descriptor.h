@@ -21,7 +21,7 @@
 
 namespace tandem::kvtransfer {
 
-enum class AgentKind : uint8_t { kUcx = 1, kLoopback = 2 };
+enum class AgentKind : uint8_t { kUcx = 1, kLoopback = 2, kLibfabric = 3 };
 
 inline constexpr uint16_t kDescriptorVersion = 1;
 inline constexpr size_t kMaxDescriptorAddressBytes = 64 * 1024;

@@ -1,0 +1,1089 @@
+#include "kvtransfer/libfabric_agent.h"
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kvtransfer/backend.h"
+
+namespace tandem::kvtransfer {
+namespace {
+
+constexpr char kAddressMagic[4] = {'T', 'K', 'L', 'F'};
+constexpr char kMessageMagic[4] = {'T', 'K', 'L', 'N'};
+constexpr uint8_t kProbeMessage = 1;
+constexpr uint8_t kNotifyMessage = 2;
+// A message slot: header + request id + payload (kMaxNotificationBytes together).
+constexpr size_t kSlotBytes = 8192;
+constexpr int kRecvSlotsPerRail = 32;
+constexpr int kSendSlots = 64;
+constexpr int kMaxRails = 64;
+constexpr size_t kMaxRailAddressBytes = 4096;
+constexpr int kCqBatch = 32;
+
+void PutLe(std::string* out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i)
+    out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+bool GetLe(const uint8_t*& p, const uint8_t* end, int bytes, uint64_t* v) {
+  if (end - p < bytes) return false;
+  uint64_t r = 0;
+  for (int i = 0; i < bytes; ++i) r |= static_cast<uint64_t>(p[i]) << (8 * i);
+  p += bytes;
+  *v = r;
+  return true;
+}
+
+bool GetBytes(const uint8_t*& p, const uint8_t* end, size_t cap, std::string* out) {
+  uint64_t n = 0;
+  if (!GetLe(p, end, 4, &n) || n > cap || n > static_cast<uint64_t>(end - p)) {
+    return false;
+  }
+  out->assign(reinterpret_cast<const char*>(p), n);
+  p += n;
+  return true;
+}
+
+absl::Status FromFi(int ret, absl::string_view what) {
+  const int e = ret < 0 ? -ret : ret;
+  const std::string msg = absl::StrCat(what, ": ", fi_strerror(e));
+  switch (e) {
+    case FI_EINVAL:
+    case FI_EBADF:
+      return absl::InvalidArgumentError(msg);
+    case FI_ENOMEM:
+    case FI_ENOSPC:
+      return absl::ResourceExhaustedError(msg);
+    case FI_ETIMEDOUT:
+      return absl::DeadlineExceededError(msg);
+    case FI_ECANCELED:
+      return absl::CancelledError(msg);
+    case FI_ENODATA:
+    case FI_ENOSYS:
+    case FI_EOPNOTSUPP:
+      return absl::FailedPreconditionError(msg);
+    default:
+      // Refused, reset, unreachable, I/O errors.
+      return absl::UnavailableError(msg);
+  }
+}
+
+std::string MrModeString(uint64_t mode) {
+  std::string s;
+  auto add = [&](uint64_t bit, const char* name) {
+    if (mode & bit) absl::StrAppend(&s, s.empty() ? "" : "|", name);
+  };
+  add(FI_MR_LOCAL, "FI_MR_LOCAL");
+  add(FI_MR_VIRT_ADDR, "FI_MR_VIRT_ADDR");
+  add(FI_MR_ALLOCATED, "FI_MR_ALLOCATED");
+  add(FI_MR_PROV_KEY, "FI_MR_PROV_KEY");
+  add(FI_MR_HMEM, "FI_MR_HMEM");
+  add(FI_MR_ENDPOINT, "FI_MR_ENDPOINT");
+  add(FI_MR_RAW, "FI_MR_RAW");
+  return s.empty() ? "none" : s;
+}
+
+}  // namespace
+
+// The libfabric transport primitives. Every method but Sleep and Wake runs under
+// the agent lock (backend.h), which serialises every libfabric call (the domain
+// is FI_THREAD_DOMAIN); completions are read in ProgressLocked.
+class LibfabricBackend final : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<LibfabricBackend>> Create(
+      const LibfabricAgentConfig& config);
+  ~LibfabricBackend() override;
+
+  void Start(BackendHost* host, uint64_t agent_id) override {
+    host_ = host;
+    agent_id_ = agent_id;
+  }
+  void ShutdownLocked(absl::Time deadline) override;
+  AgentKind Kind() const override { return AgentKind::kLibfabric; }
+  absl::string_view Name() const override { return "libfabric"; }
+  std::string Address() const override { return address_; }
+  BackendLimits Limits() const override {
+    BackendLimits l;
+    l.max_piece_bytes = max_piece_bytes_;
+    l.max_inflight_ops = max_inflight_ops_;
+    l.inline_post_bytes = config_.inline_post_bytes;
+    return l;
+  }
+
+  absl::StatusOr<std::string> RegisterMemoryLocked(RegionId region, void* base,
+                                                   size_t len) override;
+  absl::StatusOr<Allocated> AllocateMemoryLocked(RegionId region, size_t len) override;
+  void DeregisterMemoryLocked(RegionId region) override;
+
+  absl::Status ConnectLocked(PeerId peer, const AgentDescriptor& descriptor) override;
+  void ClosePeerLocked(PeerId peer, bool graceful, bool wait,
+                       absl::Time deadline) override;
+  void ForgetPeerLocked(PeerId peer) override;
+  std::string TransportLocked(PeerId peer) override;
+
+  absl::StatusOr<PostResult> PostPieceLocked(PeerId peer, bool write,
+                                             const Piece& piece, OpToken op) override;
+  absl::StatusOr<PostResult> PostFenceLocked(PeerId peer, OpToken op) override;
+  absl::Status SendNotificationLocked(PeerId peer, const Notification& n,
+                                      absl::Time deadline,
+                                      std::function<absl::Status()>* deliver) override;
+
+  bool ProgressLocked() override;
+  absl::Duration ArmLocked() override;
+  void Sleep(absl::Duration timeout) override;
+  void Wake() override;
+
+  const std::string& provider() const { return provider_; }
+  bool hmem() const { return hmem_; }
+  std::string mr_mode() const { return MrModeString(mr_mode_); }
+  size_t NumRegistrations() const { return num_mrs_.load(); }
+
+ private:
+  struct Rail {
+    fid_ep* ep = nullptr;
+    fid_cq* cq = nullptr;
+    fid_av* av = nullptr;
+    int wait_fd = -1;
+    std::string name;
+  };
+  // An operation handed to libfabric. The fi_context2 comes first (the
+  // FI_CONTEXT / FI_CONTEXT2 modes let the provider use it). Freed once the
+  // provider is done with it (its completion, or the endpoint closed) and no
+  // thread waits on it.
+  struct Op {
+    fi_context2 fi_ctx;
+    enum Kind { kPiece, kProbe, kNotify, kRecv } kind = kPiece;
+    OpToken token = nullptr;  // kPiece: the batch
+    PeerId peer = 0;
+    int rail = 0;
+    int slot = -1;               // send or receive slot
+    bool provider_owned = true;  // no completion yet
+    bool waited = false;         // a thread waits on it (kProbe, kNotify)
+    bool reported = false;       // kPiece: its end was reported to the agent
+    bool done = false;           // kProbe, kNotify: completed (or abandoned)
+    absl::Status status;
+  };
+  struct Peer {
+    AgentDescriptor descriptor;
+    std::vector<fi_addr_t> addrs;  // per local rail
+    std::map<uint32_t, uint64_t> keys;
+    int next_rail = 0;
+    int outstanding = 0;  // pieces the provider holds
+    absl::Time last_progress;
+    absl::Status error;
+    bool removed = false;    // addresses removed from the AVs
+    bool forgotten = false;  // the agent forgot it: erase once no thread waits
+    int waiters = 0;
+  };
+  struct Registration {
+    fid_mr* mr = nullptr;
+    void* base = nullptr;
+    size_t length = 0;
+    bool owned = false;  // from AllocateMemory: unmapped on deregistration
+  };
+
+  explicit LibfabricBackend(const LibfabricAgentConfig& config) : config_(config) {}
+  absl::Status Init();
+  absl::Status OpenRail(int index);
+  absl::StatusOr<fid_mr*> Register(void* base, size_t len, uint64_t access,
+                                   uint64_t requested_key);
+  void* LocalDesc(const void* p, uint64_t len);
+  Peer* FindPeer(PeerId id);
+  Peer* OpenPeer(PeerId id);
+  Op* NewOp(Op::Kind kind, PeerId peer, int rail);
+  void MaybeFree(Op* op);
+  void Complete(Op* op, absl::Status status);
+  void FailPeer(PeerId id, Peer* p, absl::Status status);
+  // Abandons the peer's outstanding operations (reported as `status`).
+  void AbandonOps(PeerId id, const absl::Status& status);
+  absl::Status PostRecv(int rail, int slot);
+  // Sends a message from a send slot on `rail` and waits for its completion.
+  absl::Status SendMessageLocked(PeerId id, Peer* p, int rail, Op::Kind kind,
+                                 const std::string& bytes, absl::Time deadline,
+                                 absl::string_view what);
+  void OnMessage(const uint8_t* data, size_t len);
+  int DrainCq(int rail);
+
+  const LibfabricAgentConfig config_;
+  BackendHost* host_ = nullptr;  // not owned: the agent
+  uint64_t agent_id_ = 0;
+  fi_info* info_ = nullptr;
+  fid_fabric* fabric_ = nullptr;
+  fid_domain* domain_ = nullptr;
+  std::vector<Rail> rails_;
+  std::string provider_;
+  uint64_t mr_mode_ = 0;
+  bool hmem_ = false;
+  bool delivery_complete_in_info_ = false;
+  bool wait_fds_ = false;
+  uint64_t max_piece_bytes_ = 0;
+  int max_inflight_ops_ = 1;
+  std::string address_;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  // Message buffers: rails * kRecvSlotsPerRail receive slots, then kSendSlots
+  // send slots, one registration.
+  uint8_t* msg_buf_ = nullptr;
+  size_t msg_buf_len_ = 0;
+  fid_mr* msg_mr_ = nullptr;
+  std::vector<Op*> recv_ops_;
+  std::vector<int> free_send_slots_;
+  std::atomic<size_t> num_mrs_{0};
+  std::map<RegionId, Registration> regs_;      // agent lock
+  std::map<uintptr_t, RegionId> by_address_;   // agent lock: base → region
+  std::map<PeerId, std::unique_ptr<Peer>> peers_;  // agent lock
+  std::map<Op*, std::unique_ptr<Op>> ops_;     // agent lock: every live Op
+};
+
+absl::StatusOr<std::unique_ptr<LibfabricBackend>> LibfabricBackend::Create(
+    const LibfabricAgentConfig& config) {
+  std::unique_ptr<LibfabricBackend> backend(new LibfabricBackend(config));
+  absl::Status st = backend->Init();
+  if (!st.ok()) return st;
+  return backend;
+}
+
+absl::Status LibfabricBackend::Init() {
+  if (config_.rails < 1 || config_.rails > kMaxRails) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rails must be in [1, ", kMaxRails, "], got ", config_.rails));
+  }
+  std::string prov = config_.provider;
+  if (prov.empty()) {
+    const char* env = std::getenv("FI_PROVIDER");
+    prov = (env != nullptr && *env != '\0') ? env : "tcp";
+  }
+  // Offered: the MR modes EFA requires; the provider returns the subset it
+  // demands. FI_HMEM (with FI_MR_HMEM) first where wanted, then without.
+  const uint64_t offered_mr =
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+  int ret = -FI_ENODATA;
+  std::string last_try;
+  for (int attempt = 0; attempt < 4 && ret != 0; ++attempt) {
+    const bool hmem = (attempt < 2) && config_.want_hmem;
+    const bool dc = (attempt % 2) == 0;
+    if (attempt < 2 && !config_.want_hmem) continue;
+    fi_info* hints = fi_allocinfo();
+    if (hints == nullptr) return absl::ResourceExhaustedError("fi_allocinfo");
+    hints->caps = FI_RMA | FI_MSG | FI_READ | FI_WRITE | FI_REMOTE_READ |
+                  FI_REMOTE_WRITE | FI_SEND | FI_RECV;
+    if (hmem) hints->caps |= FI_HMEM;
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    hints->domain_attr->mr_mode = offered_mr | (hmem ? FI_MR_HMEM : 0);
+    hints->domain_attr->threading = FI_THREAD_DOMAIN;
+    if (dc) hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+    hints->fabric_attr->prov_name = strdup(prov.c_str());
+    if (!config_.domain.empty()) hints->domain_attr->name = strdup(config_.domain.c_str());
+    fi_info* info = nullptr;
+    ret = fi_getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints, &info);
+    fi_freeinfo(hints);
+    if (ret != 0) continue;
+    ret = fi_fabric(info->fabric_attr, &fabric_, nullptr);
+    if (ret == 0) {
+      ret = fi_domain(fabric_, info, &domain_, nullptr);
+      if (ret != 0) {
+        fi_close(&fabric_->fid);
+        fabric_ = nullptr;
+      }
+    }
+    if (ret != 0) {
+      fi_freeinfo(info);
+      if (hmem) {
+        // Seen with shm on a host without a GPU runtime: fi_getinfo lists
+        // FI_HMEM, fi_domain refuses it, and a later plain fi_domain in the
+        // process fails too. Say so rather than fall back.
+        return absl::FailedPreconditionError(absl::StrCat(
+            "libfabric provider ", prov, " lists FI_HMEM but fi_domain refuses it (",
+            fi_strerror(-ret), "); run without want_hmem"));
+      }
+      continue;
+    }
+    info_ = info;
+    hmem_ = hmem;
+    delivery_complete_in_info_ = dc;
+  }
+  if (ret != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "libfabric: no provider \"", prov,
+        "\" with FI_EP_RDM, FI_RMA and FI_MSG (fi_getinfo / fi_domain: ",
+        fi_strerror(-ret),
+        "); providers on this host: fi_info -l"));
+  }
+  provider_ = info_->fabric_attr->prov_name;
+  mr_mode_ = info_->domain_attr->mr_mode;
+  if (mr_mode_ & ~(offered_mr | FI_MR_HMEM)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "libfabric provider ", provider_, " demands MR modes not handled: ",
+        MrModeString(mr_mode_)));
+  }
+  max_piece_bytes_ = std::min<uint64_t>(config_.max_op_bytes,
+                                        info_->ep_attr->max_msg_size);
+  if (max_piece_bytes_ == 0) max_piece_bytes_ = 1;
+  max_inflight_ops_ = std::max<int>(
+      1, std::min<int>(config_.max_inflight_ops,
+                       static_cast<int>(info_->tx_attr->size) * config_.rails));
+
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (wake_fd_ < 0 || epoll_fd_ < 0) {
+    return absl::InternalError(absl::StrCat("eventfd/epoll: ", std::strerror(errno)));
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = wake_fd_;
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0) {
+    return absl::InternalError(absl::StrCat("epoll_ctl: ", std::strerror(errno)));
+  }
+
+  wait_fds_ = true;
+  for (int r = 0; r < config_.rails; ++r) {
+    absl::Status st = OpenRail(r);
+    if (!st.ok()) return st;
+  }
+  if (wait_fds_) {
+    for (const Rail& rail : rails_) {
+      epoll_event e{};
+      e.events = EPOLLIN;
+      e.data.fd = rail.wait_fd;
+      if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, rail.wait_fd, &e) != 0) {
+        return absl::InternalError(absl::StrCat("epoll_ctl: ", std::strerror(errno)));
+      }
+    }
+  }
+
+  // Message buffers, registered (FI_MR_LOCAL needs descriptors for sends and
+  // receives), receive slots posted.
+  msg_buf_len_ = kSlotBytes * (config_.rails * kRecvSlotsPerRail + kSendSlots);
+  void* p = mmap(nullptr, msg_buf_len_, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return absl::ResourceExhaustedError("mmap of message buffers");
+  msg_buf_ = static_cast<uint8_t*>(p);
+  std::memset(msg_buf_, 0, msg_buf_len_);  // FI_MR_ALLOCATED: backed pages
+  auto mr = Register(msg_buf_, msg_buf_len_, FI_SEND | FI_RECV, /*requested_key=*/0);
+  if (!mr.ok()) return mr.status();
+  msg_mr_ = *mr;
+  for (int s = 0; s < kSendSlots; ++s) free_send_slots_.push_back(s);
+  recv_ops_.assign(config_.rails * kRecvSlotsPerRail, nullptr);
+  for (int r = 0; r < config_.rails; ++r) {
+    for (int s = 0; s < kRecvSlotsPerRail; ++s) {
+      absl::Status st = PostRecv(r, r * kRecvSlotsPerRail + s);
+      if (!st.ok()) return st;
+    }
+  }
+
+  // Address: magic, provider, rail count, each rail's endpoint name.
+  address_.assign(kAddressMagic, 4);
+  PutLe(&address_, provider_.size(), 4);
+  address_.append(provider_);
+  PutLe(&address_, rails_.size(), 4);
+  for (const Rail& rail : rails_) {
+    PutLe(&address_, rail.name.size(), 4);
+    address_.append(rail.name);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LibfabricBackend::OpenRail(int index) {
+  Rail rail;
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_DATA;
+  cq_attr.size = 0;  // provider default
+  cq_attr.wait_obj = wait_fds_ ? FI_WAIT_FD : FI_WAIT_NONE;
+  int ret = fi_cq_open(domain_, &cq_attr, &rail.cq, nullptr);
+  if (ret != 0 && wait_fds_) {
+    // No wait fd from this provider: every rail polls (1 ms naps when idle).
+    wait_fds_ = false;
+    for (Rail& r : rails_) {
+      r.wait_fd = -1;
+    }
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    ret = fi_cq_open(domain_, &cq_attr, &rail.cq, nullptr);
+  }
+  if (ret != 0) return FromFi(ret, "fi_cq_open");
+  if (wait_fds_) {
+    ret = fi_control(&rail.cq->fid, FI_GETWAIT, &rail.wait_fd);
+    if (ret != 0) {
+      wait_fds_ = false;
+      rail.wait_fd = -1;
+    }
+  }
+  fi_av_attr av_attr{};
+  av_attr.type = info_->domain_attr->av_type == FI_AV_UNSPEC
+                     ? FI_AV_TABLE
+                     : info_->domain_attr->av_type;
+  ret = fi_av_open(domain_, &av_attr, &rail.av, nullptr);
+  if (ret != 0) {
+    fi_close(&rail.cq->fid);
+    return FromFi(ret, "fi_av_open");
+  }
+  // String addresses (shm's "fi_shm://<pid>") would give every endpoint of the
+  // process the same name: each rail of each agent gets its own.
+  fi_info* ep_info = fi_dupinfo(info_);
+  if (ep_info == nullptr) return absl::ResourceExhaustedError("fi_dupinfo");
+  if (ep_info->addr_format == FI_ADDR_STR && ep_info->src_addr != nullptr) {
+    static std::atomic<uint64_t> counter{0};
+    const std::string name =
+        absl::StrCat(static_cast<const char*>(info_->src_addr), "_",
+                     absl::Hex(RandomAgentId() & 0xffffff), "_", counter++, "_", index);
+    free(ep_info->src_addr);
+    ep_info->src_addr = strdup(name.c_str());
+    ep_info->src_addrlen = name.size() + 1;
+  }
+  ret = fi_endpoint(domain_, ep_info, &rail.ep, nullptr);
+  fi_freeinfo(ep_info);
+  if (ret == 0) ret = fi_ep_bind(rail.ep, &rail.av->fid, 0);
+  if (ret == 0) ret = fi_ep_bind(rail.ep, &rail.cq->fid, FI_TRANSMIT | FI_RECV);
+  if (ret == 0) ret = fi_enable(rail.ep);
+  if (ret == 0) {
+    char name[kMaxRailAddressBytes];
+    size_t len = sizeof(name);
+    ret = fi_getname(&rail.ep->fid, name, &len);
+    if (ret == 0) rail.name.assign(name, len);
+  }
+  rails_.push_back(rail);  // closed by the destructor whatever happened
+  if (ret != 0) return FromFi(ret, absl::StrCat("opening endpoint of rail ", index));
+  return absl::OkStatus();
+}
+
+LibfabricBackend::~LibfabricBackend() {
+  for (Rail& r : rails_) {
+    if (r.ep != nullptr) fi_close(&r.ep->fid);
+  }
+  ops_.clear();  // no endpoint holds an operation any more
+  if (msg_mr_ != nullptr) {
+    fi_close(&msg_mr_->fid);
+    --num_mrs_;
+  }
+  for (auto& [id, reg] : regs_) {
+    fi_close(&reg.mr->fid);
+    if (reg.owned) munmap(reg.base, reg.length);
+  }
+  for (Rail& r : rails_) {
+    if (r.av != nullptr) fi_close(&r.av->fid);
+    if (r.cq != nullptr) fi_close(&r.cq->fid);
+  }
+  if (domain_ != nullptr) fi_close(&domain_->fid);
+  if (fabric_ != nullptr) fi_close(&fabric_->fid);
+  if (info_ != nullptr) fi_freeinfo(info_);
+  if (msg_buf_ != nullptr) munmap(msg_buf_, msg_buf_len_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+}
+
+void LibfabricBackend::ShutdownLocked(absl::Time /*deadline*/) {
+  // The agent closed and forgot its peers and deregistered its regions; the
+  // endpoints go first, so nothing reads or writes memory after this.
+  for (Rail& r : rails_) {
+    if (r.ep != nullptr) fi_close(&r.ep->fid);
+    r.ep = nullptr;
+  }
+  ops_.clear();
+  recv_ops_.clear();
+  peers_.clear();
+}
+
+void LibfabricBackend::Wake() {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
+}
+
+absl::StatusOr<fid_mr*> LibfabricBackend::Register(void* base, size_t len,
+                                                   uint64_t access,
+                                                   uint64_t requested_key) {
+  fid_mr* mr = nullptr;
+  // FI_MR_PROV_KEY: the provider picks the key (requested_key is ignored).
+  const int ret = fi_mr_reg(domain_, base, len, access, 0,
+                            (mr_mode_ & FI_MR_PROV_KEY) ? 0 : requested_key, 0, &mr,
+                            nullptr);
+  if (ret != 0) return FromFi(ret, "fi_mr_reg");
+  ++num_mrs_;
+  return mr;
+}
+
+absl::StatusOr<std::string> LibfabricBackend::RegisterMemoryLocked(RegionId region,
+                                                                   void* base,
+                                                                   size_t len) {
+  // Key 0 is the message buffers'; region ids start at 1.
+  auto mr = Register(base, len,
+                     FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE, region);
+  if (!mr.ok()) return mr.status();
+  regs_[region] = Registration{*mr, base, len, /*owned=*/false};
+  by_address_[reinterpret_cast<uintptr_t>(base)] = region;
+  std::string rkey;
+  PutLe(&rkey, fi_mr_key(*mr), 8);
+  return rkey;
+}
+
+absl::StatusOr<Backend::Allocated> LibfabricBackend::AllocateMemoryLocked(
+    RegionId region, size_t len) {
+  void* p =
+      mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat("mmap of ", len, " bytes failed"));
+  }
+  auto rkey = RegisterMemoryLocked(region, p, len);
+  if (!rkey.ok()) {
+    munmap(p, len);
+    return rkey.status();
+  }
+  regs_[region].owned = true;
+  Allocated a;
+  a.base = p;
+  a.rkey = *std::move(rkey);
+  a.zeroed = true;  // anonymous mmap
+  return a;
+}
+
+void LibfabricBackend::DeregisterMemoryLocked(RegionId region) {
+  auto it = regs_.find(region);
+  if (it == regs_.end()) return;
+  fi_close(&it->second.mr->fid);
+  --num_mrs_;
+  auto a = by_address_.find(reinterpret_cast<uintptr_t>(it->second.base));
+  if (a != by_address_.end() && a->second == region) by_address_.erase(a);
+  if (it->second.owned) munmap(it->second.base, it->second.length);
+  regs_.erase(it);
+}
+
+void* LibfabricBackend::LocalDesc(const void* p, uint64_t len) {
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  auto covers = [&](const Registration& r) {
+    const auto b = reinterpret_cast<uintptr_t>(r.base);
+    return addr >= b && addr + len <= b + r.length;
+  };
+  auto it = by_address_.upper_bound(addr);
+  if (it != by_address_.begin()) {
+    --it;
+    auto r = regs_.find(it->second);
+    if (r != regs_.end() && covers(r->second)) return fi_mr_desc(r->second.mr);
+  }
+  for (auto& [id, r] : regs_) {  // overlapping registrations
+    if (covers(r)) return fi_mr_desc(r.mr);
+  }
+  return nullptr;
+}
+
+LibfabricBackend::Peer* LibfabricBackend::FindPeer(PeerId id) {
+  auto it = peers_.find(id);
+  return it == peers_.end() ? nullptr : it->second.get();
+}
+
+LibfabricBackend::Peer* LibfabricBackend::OpenPeer(PeerId id) {
+  Peer* p = FindPeer(id);
+  if (p == nullptr || p->removed) return nullptr;
+  return p;
+}
+
+LibfabricBackend::Op* LibfabricBackend::NewOp(Op::Kind kind, PeerId peer, int rail) {
+  auto op = std::make_unique<Op>();
+  std::memset(&op->fi_ctx, 0, sizeof(op->fi_ctx));
+  op->kind = kind;
+  op->peer = peer;
+  op->rail = rail;
+  Op* raw = op.get();
+  ops_[raw] = std::move(op);
+  return raw;
+}
+
+void LibfabricBackend::MaybeFree(Op* op) {
+  if (!op->provider_owned && !op->waited) ops_.erase(op);
+}
+
+absl::Status LibfabricBackend::PostRecv(int rail, int slot) {
+  Op* op = NewOp(Op::kRecv, 0, rail);
+  op->slot = slot;
+  recv_ops_[slot] = op;
+  iovec iov{msg_buf_ + static_cast<size_t>(slot) * kSlotBytes, kSlotBytes};
+  void* desc = fi_mr_desc(msg_mr_);
+  fi_msg msg{};
+  msg.msg_iov = &iov;
+  msg.desc = &desc;
+  msg.iov_count = 1;
+  msg.addr = FI_ADDR_UNSPEC;
+  msg.context = &op->fi_ctx;
+  ssize_t ret = -FI_EAGAIN;
+  for (int tries = 0; tries < 100 && ret == -FI_EAGAIN; ++tries) {
+    ret = fi_recvmsg(rails_[rail].ep, &msg, FI_COMPLETION);
+  }
+  if (ret != 0) {
+    op->provider_owned = false;
+    recv_ops_[slot] = nullptr;
+    MaybeFree(op);
+    return FromFi(static_cast<int>(ret), "fi_recvmsg");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LibfabricBackend::ConnectLocked(PeerId id,
+                                             const AgentDescriptor& descriptor) {
+  const auto* p = reinterpret_cast<const uint8_t*>(descriptor.address.data());
+  const uint8_t* end = p + descriptor.address.size();
+  if (descriptor.address.size() < 4 || std::memcmp(p, kAddressMagic, 4) != 0) {
+    return absl::InvalidArgumentError("descriptor has no libfabric address");
+  }
+  p += 4;
+  std::string prov;
+  uint64_t nrails = 0;
+  if (!GetBytes(p, end, 256, &prov) || !GetLe(p, end, 4, &nrails) || nrails == 0 ||
+      nrails > kMaxRails) {
+    return absl::InvalidArgumentError("libfabric address: bad provider or rail count");
+  }
+  if (prov != provider_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("descriptor's libfabric provider is \"", prov,
+                     "\", this agent's is \"", provider_, "\""));
+  }
+  std::vector<std::string> names(nrails);
+  for (std::string& n : names) {
+    if (!GetBytes(p, end, kMaxRailAddressBytes, &n) || n.empty()) {
+      return absl::InvalidArgumentError("libfabric address: truncated rail address");
+    }
+  }
+  if (p != end) return absl::InvalidArgumentError("libfabric address: trailing bytes");
+  auto peer = std::make_unique<Peer>();
+  peer->descriptor = descriptor;
+  for (const RegionDescriptor& r : descriptor.regions) {
+    const auto* k = reinterpret_cast<const uint8_t*>(r.rkey.data());
+    uint64_t key = 0;
+    if (r.rkey.size() != 8 || !GetLe(k, k + 8, 8, &key)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("remote key of region ", r.id, " is not a libfabric key"));
+    }
+    peer->keys[r.id] = key;
+  }
+  // Our rail r talks to the peer's rail r % its rails.
+  for (size_t r = 0; r < rails_.size(); ++r) {
+    fi_addr_t addr = FI_ADDR_NOTAVAIL;
+    const int n = fi_av_insert(rails_[r].av, names[r % nrails].data(), 1, &addr, 0,
+                               nullptr);
+    if (n != 1) {
+      for (size_t q = 0; q < peer->addrs.size(); ++q)
+        fi_av_remove(rails_[q].av, &peer->addrs[q], 1, 0);
+      return absl::UnavailableError(absl::StrCat(
+          "libfabric peer ", absl::Hex(descriptor.agent_id), ": fi_av_insert of rail ",
+          r, " failed (", n < 0 ? fi_strerror(-n) : "address not inserted", ")"));
+    }
+    peer->addrs.push_back(addr);
+  }
+  Peer* raw = peer.get();
+  peers_[id] = std::move(peer);
+  // A probe on every rail: an unreachable peer fails here, not mid-transfer.
+  std::string probe(kMessageMagic, 4);
+  probe.push_back(static_cast<char>(kProbeMessage));
+  PutLe(&probe, agent_id_, 8);
+  const absl::Time deadline = absl::Now() + config_.connect_timeout;
+  for (size_t r = 0; r < rails_.size(); ++r) {
+    absl::Status st = SendMessageLocked(id, raw, static_cast<int>(r), Op::kProbe, probe,
+                                        deadline, "connecting");
+    if (!st.ok()) {
+      ClosePeerLocked(id, /*graceful=*/false, /*wait=*/false, deadline);
+      if (raw->waiters == 0) peers_.erase(id);
+      return absl::UnavailableError(st.message());
+    }
+  }
+  raw->last_progress = absl::Now();
+  return absl::OkStatus();
+}
+
+void LibfabricBackend::AbandonOps(PeerId id, const absl::Status& status) {
+  for (auto it = ops_.begin(); it != ops_.end();) {
+    Op* op = (it++)->first;
+    if (op->peer != id || op->kind == Op::kRecv) continue;
+    if (op->kind == Op::kPiece && !op->reported) {
+      op->reported = true;
+      ReportOpDone(op->token, status);
+    } else if (!op->done) {
+      op->done = true;
+      op->status = status;
+    }
+  }
+  if (Peer* p = FindPeer(id)) p->outstanding = 0;
+}
+
+void LibfabricBackend::ClosePeerLocked(PeerId id, bool graceful, bool /*wait*/,
+                                       absl::Time /*deadline*/) {
+  Peer* p = FindPeer(id);
+  if (p == nullptr || p->removed) return;
+  // Forced (or busy): outstanding operations end now, CANCELLED or the
+  // peer's error; the provider's late completions for them are ignored.
+  if (!graceful || p->outstanding > 0) {
+    AbandonOps(id, p->error.ok() ? absl::CancelledError("peer disconnected")
+                                 : p->error);
+  }
+  for (size_t r = 0; r < p->addrs.size(); ++r)
+    fi_av_remove(rails_[r].av, &p->addrs[r], 1, 0);
+  p->removed = true;
+}
+
+void LibfabricBackend::ForgetPeerLocked(PeerId id) {
+  auto it = peers_.find(id);
+  if (it == peers_.end()) return;
+  if (!it->second->removed) ClosePeerLocked(id, false, false, absl::Now());
+  it->second->forgotten = true;
+  if (it->second->waiters == 0) peers_.erase(it);
+}
+
+std::string LibfabricBackend::TransportLocked(PeerId id) {
+  if (OpenPeer(id) == nullptr) return "";
+  if (rails_.size() == 1) return provider_;
+  return absl::StrCat(provider_, " x", rails_.size(), " rails");
+}
+
+absl::StatusOr<Backend::PostResult> LibfabricBackend::PostPieceLocked(
+    PeerId id, bool write, const Piece& piece, OpToken token) {
+  Peer* p = OpenPeer(id);
+  if (p == nullptr) return absl::CancelledError("peer disconnected");
+  if (!p->error.ok()) return p->error;
+  auto key = p->keys.find(piece.remote->id);
+  if (key == p->keys.end()) {
+    return absl::InternalError("no remote key for a checked region");
+  }
+  const int rail = p->next_rail;
+  p->next_rail = (p->next_rail + 1) % static_cast<int>(rails_.size());
+  Op* op = NewOp(Op::kPiece, id, rail);
+  op->token = token;
+  iovec iov{piece.local, piece.length};
+  void* desc = LocalDesc(piece.local, piece.length);
+  fi_rma_iov rma{};
+  rma.addr = (mr_mode_ & FI_MR_VIRT_ADDR) ? piece.remote->base + piece.remote_offset
+                                          : piece.remote_offset;
+  rma.len = piece.length;
+  rma.key = key->second;
+  fi_msg_rma msg{};
+  msg.msg_iov = &iov;
+  msg.desc = &desc;
+  msg.iov_count = 1;
+  msg.addr = p->addrs[rail];
+  msg.rma_iov = &rma;
+  msg.rma_iov_count = 1;
+  msg.context = &op->fi_ctx;
+  // Writes complete when their bytes are visible at the target.
+  const uint64_t flags = FI_COMPLETION | (write ? FI_DELIVERY_COMPLETE : 0);
+  ssize_t ret = 0;
+  for (int tries = 0; tries < 64; ++tries) {
+    ret = write ? fi_writemsg(rails_[rail].ep, &msg, flags)
+                : fi_readmsg(rails_[rail].ep, &msg, flags);
+    if (ret != -FI_EAGAIN) break;
+    DrainCq(rail);  // the queue is full: completions free slots
+  }
+  if (ret == -FI_EAGAIN) {
+    op->provider_owned = false;
+    MaybeFree(op);
+    p->next_rail = rail;
+    return PostResult::kRetryLater;
+  }
+  if (ret != 0) {
+    op->provider_owned = false;
+    MaybeFree(op);
+    return FromFi(static_cast<int>(ret), write ? "fi_writemsg" : "fi_readmsg");
+  }
+  if (p->outstanding++ == 0) p->last_progress = absl::Now();
+  return PostResult::kPending;
+}
+
+absl::StatusOr<Backend::PostResult> LibfabricBackend::PostFenceLocked(PeerId id,
+                                                                      OpToken) {
+  // Every write is posted FI_DELIVERY_COMPLETE and every read completes when its
+  // bytes are here: the batch's own completions are the fence.
+  if (OpenPeer(id) == nullptr) return absl::CancelledError("peer disconnected");
+  return PostResult::kDone;
+}
+
+absl::Status LibfabricBackend::SendMessageLocked(PeerId id, Peer* p, int rail,
+                                                 Op::Kind kind,
+                                                 const std::string& bytes,
+                                                 absl::Time deadline,
+                                                 absl::string_view what) {
+  if (bytes.size() > kSlotBytes) return absl::InvalidArgumentError("message too long");
+  ++p->waiters;  // keeps `p` alive while the agent lock is released
+  struct SlotArgs {
+    std::vector<int>* free;
+    Peer* p;
+  } slot_args{&free_send_slots_, p};
+  if (free_send_slots_.empty()) {
+    host_->AwaitLocked(absl::Condition(
+                           +[](SlotArgs* a) {
+                             return !a->free->empty() || !a->p->error.ok() ||
+                                    a->p->removed;
+                           },
+                           &slot_args),
+                       deadline);
+  }
+  if (free_send_slots_.empty() || !p->error.ok() || p->removed) {
+    --p->waiters;
+    if (!p->error.ok()) return p->error;
+    if (p->removed) return absl::CancelledError(absl::StrCat(what, ": disconnected"));
+    return absl::DeadlineExceededError(absl::StrCat(what, ": no send slot by the deadline"));
+  }
+  const int slot = free_send_slots_.back();
+  free_send_slots_.pop_back();
+  uint8_t* buf =
+      msg_buf_ + (static_cast<size_t>(rails_.size()) * kRecvSlotsPerRail + slot) *
+                     kSlotBytes;
+  std::memcpy(buf, bytes.data(), bytes.size());
+  Op* op = NewOp(kind, id, rail);
+  op->slot = slot;
+  op->waited = true;
+  iovec iov{buf, bytes.size()};
+  void* desc = fi_mr_desc(msg_mr_);
+  fi_msg msg{};
+  msg.msg_iov = &iov;
+  msg.desc = &desc;
+  msg.iov_count = 1;
+  msg.addr = p->addrs[rail];
+  msg.context = &op->fi_ctx;
+  ssize_t ret = 0;
+  // EAGAIN: the queue is full or (rxm) the connection is being set up; both
+  // need progress.
+  while (true) {
+    ret = fi_sendmsg(rails_[rail].ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
+    if (ret != -FI_EAGAIN || absl::Now() >= deadline) break;
+    DrainCq(rail);
+  }
+  absl::Status st;
+  if (ret != 0) {
+    op->provider_owned = false;
+    st = FromFi(static_cast<int>(ret), absl::StrCat(what, ": fi_sendmsg"));
+  } else {
+    struct Args {
+      Op* op;
+      Peer* p;
+    } args{op, p};
+    host_->AwaitLocked(absl::Condition(
+                           +[](Args* a) { return a->op->done || !a->p->error.ok(); },
+                           &args),
+                       deadline);
+    if (op->done) {
+      st = op->status;
+    } else if (!p->error.ok()) {
+      st = p->error;
+    } else {
+      st = absl::DeadlineExceededError(
+          absl::StrCat(what, ": message not delivered by the deadline"));
+    }
+  }
+  // The slot is reused only once the provider let go of it.
+  if (!op->provider_owned) free_send_slots_.push_back(slot);
+  op->waited = false;
+  MaybeFree(op);
+  --p->waiters;
+  return st;
+}
+
+absl::Status LibfabricBackend::SendNotificationLocked(
+    PeerId id, const Notification& n, absl::Time deadline,
+    std::function<absl::Status()>*) {
+  Peer* p = FindPeer(id);
+  if (p == nullptr) return absl::NotFoundError(absl::StrCat("unknown peer ", id));
+  if (p->removed) return absl::CancelledError(absl::StrCat("peer ", id, " disconnected"));
+  if (!p->error.ok()) return p->error;
+  // The agent waited for every earlier batch to the peer: their completions
+  // (FI_DELIVERY_COMPLETE) mean their bytes are visible, so the message may go.
+  std::string m(kMessageMagic, 4);
+  m.push_back(static_cast<char>(kNotifyMessage));
+  PutLe(&m, n.sender_agent_id, 8);
+  PutLe(&m, n.request_id.size(), 4);
+  m.append(n.request_id);
+  PutLe(&m, n.payload.size(), 4);
+  m.append(n.payload);
+  absl::Status st = SendMessageLocked(id, p, 0, Op::kNotify, m, deadline,
+                                      "sending notification");
+  return st;  // a peer forgotten meanwhile is erased by ProgressLocked
+}
+
+void LibfabricBackend::OnMessage(const uint8_t* data, size_t len) {
+  const uint8_t* p = data;
+  const uint8_t* end = data + len;
+  if (len < 5 || std::memcmp(p, kMessageMagic, 4) != 0) return;
+  const uint8_t type = p[4];
+  p += 5;
+  if (type != kNotifyMessage) return;  // probes only check reachability
+  Notification n;
+  if (!GetLe(p, end, 8, &n.sender_agent_id)) return;
+  if (!GetBytes(p, end, kMaxNotificationBytes, &n.request_id)) return;
+  if (!GetBytes(p, end, kMaxNotificationBytes, &n.payload)) return;
+  host_->NotificationReceivedLocked(std::move(n));
+}
+
+void LibfabricBackend::Complete(Op* op, absl::Status status) {
+  op->provider_owned = false;
+  if (op->kind == Op::kPiece) {
+    Peer* p = FindPeer(op->peer);
+    if (p != nullptr && !op->reported) {
+      if (p->outstanding > 0) --p->outstanding;
+      p->last_progress = absl::Now();
+    }
+    if (!op->reported) {
+      op->reported = true;
+      ReportOpDone(op->token, status);
+    }
+  } else if (op->kind == Op::kProbe || op->kind == Op::kNotify) {
+    if (!op->done) {
+      op->done = true;
+      op->status = std::move(status);
+    }
+    if (!op->waited) free_send_slots_.push_back(op->slot);  // waiter gone
+  }
+  MaybeFree(op);
+}
+
+void LibfabricBackend::FailPeer(PeerId id, Peer* p, absl::Status status) {
+  if (p == nullptr || !p->error.ok()) return;
+  p->error = std::move(status);
+  host_->PeerFailedLocked(id, p->error);
+}
+
+int LibfabricBackend::DrainCq(int rail) {
+  fid_cq* cq = rails_[rail].cq;
+  int total = 0;
+  for (int round = 0; round < 8; ++round) {
+    fi_cq_data_entry entries[kCqBatch];
+    const ssize_t n = fi_cq_read(cq, entries, kCqBatch);
+    if (n == -FI_EAGAIN) break;
+    if (n == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      if (fi_cq_readerr(cq, &err, 0) != 1) break;
+      ++total;
+      auto* op = static_cast<Op*>(err.op_context);
+      if (op == nullptr || ops_.count(op) == 0) continue;
+      if (op->kind == Op::kRecv) {
+        // Cancelled at close, or truncated: re-post while the endpoint lives.
+        const int slot = op->slot;
+        op->provider_owned = false;
+        recv_ops_[slot] = nullptr;
+        MaybeFree(op);
+        if (err.err != FI_ECANCELED && rails_[rail].ep != nullptr)
+          (void)PostRecv(rail, slot);
+        continue;
+      }
+      char buf[256];
+      const char* detail = fi_cq_strerror(cq, err.prov_errno, err.err_data, buf,
+                                          sizeof(buf));
+      Peer* p = FindPeer(op->peer);
+      const absl::Status st = absl::UnavailableError(absl::StrCat(
+          "libfabric peer ",
+          absl::Hex(p != nullptr ? p->descriptor.agent_id : 0), " failed: ",
+          fi_strerror(err.err), " (", detail != nullptr ? detail : "", ")"));
+      // An error completion means the connection is gone (or a remote access
+      // was refused): the peer fails, like a UCX endpoint error.
+      if (p != nullptr && !op->reported && !(op->kind != Op::kPiece && op->done)) {
+        FailPeer(op->peer, p, st);
+      }
+      Complete(op, st);
+      continue;
+    }
+    if (n <= 0) break;
+    total += static_cast<int>(n);
+    for (ssize_t i = 0; i < n; ++i) {
+      auto* op = static_cast<Op*>(entries[i].op_context);
+      if (op == nullptr || ops_.count(op) == 0) continue;
+      if (op->kind == Op::kRecv) {
+        const int slot = op->slot;
+        op->provider_owned = false;
+        recv_ops_[slot] = nullptr;
+        MaybeFree(op);
+        if (entries[i].flags & FI_RECV) {
+          OnMessage(msg_buf_ + static_cast<size_t>(slot) * kSlotBytes,
+                    std::min<size_t>(entries[i].len, kSlotBytes));
+        }
+        (void)PostRecv(rail, slot);
+        continue;
+      }
+      Complete(op, absl::OkStatus());
+    }
+    if (n < kCqBatch) break;
+  }
+  return total;
+}
+
+bool LibfabricBackend::ProgressLocked() {
+  bool progressed = false;
+  for (size_t r = 0; r < rails_.size(); ++r) {
+    if (rails_[r].ep != nullptr && DrainCq(static_cast<int>(r)) > 0) progressed = true;
+  }
+  // A peer that holds operations and completes none for progress_timeout is
+  // treated as dead (shm: a killed process completes nothing; tcp: a stopped one).
+  const absl::Time now = absl::Now();
+  for (auto it = peers_.begin(); it != peers_.end();) {
+    if (it->second->forgotten && it->second->waiters == 0) {
+      it = peers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& [id, p] : peers_) {
+    if (p->outstanding > 0 && p->error.ok() && !p->removed &&
+        now - p->last_progress > config_.progress_timeout) {
+      FailPeer(id, p.get(),
+               absl::UnavailableError(absl::StrCat(
+                   "libfabric peer ", absl::Hex(p->descriptor.agent_id),
+                   ": no completion for ",
+                   absl::FormatDuration(config_.progress_timeout), " (",
+                   p->outstanding, " operations outstanding)")));
+    }
+  }
+  return progressed;
+}
+
+absl::Duration LibfabricBackend::ArmLocked() {
+  if (!wait_fds_) return absl::Milliseconds(1);
+  std::vector<fid*> fids;
+  for (Rail& r : rails_) fids.push_back(&r.cq->fid);
+  const int ret = fi_trywait(fabric_, fids.data(), static_cast<int>(fids.size()));
+  if (ret == -FI_EAGAIN) return absl::ZeroDuration();
+  if (ret != 0) return absl::Milliseconds(1);
+  // Bounds how late the progress timeout is checked when idle.
+  return absl::Milliseconds(100);
+}
+
+void LibfabricBackend::Sleep(absl::Duration timeout) {
+  epoll_event events[kMaxRails + 1];
+  epoll_wait(epoll_fd_, events, kMaxRails + 1,
+             std::max<int>(1, static_cast<int>(absl::ToInt64Milliseconds(timeout))));
+  uint64_t drained;
+  [[maybe_unused]] ssize_t n = read(wake_fd_, &drained, sizeof(drained));
+}
+
+LibfabricAgent::LibfabricAgent(std::unique_ptr<LibfabricBackend> backend)
+    : AgentCore(std::unique_ptr<Backend>(backend.get())),
+      backend_(backend.release()),
+      provider_(backend_->provider()),
+      hmem_(backend_->hmem()),
+      mr_mode_(backend_->mr_mode()) {}
+
+size_t LibfabricAgent::NumLibfabricRegistrationsForTesting() const {
+  return backend_->NumRegistrations();
+}
+
+absl::StatusOr<std::unique_ptr<LibfabricAgent>> LibfabricAgent::Create(
+    const LibfabricAgentConfig& config) {
+  if (config.max_inflight_ops < 1) {
+    return absl::InvalidArgumentError("max_inflight_ops must be >= 1");
+  }
+  if (config.max_op_bytes < 1) {
+    return absl::InvalidArgumentError("max_op_bytes must be >= 1");
+  }
+  auto backend = LibfabricBackend::Create(config);
+  if (!backend.ok()) return backend.status();
+  return std::unique_ptr<LibfabricAgent>(new LibfabricAgent(*std::move(backend)));
+}
+
+}  // namespace tandem::kvtransfer

@@ -1,0 +1,110 @@
+// LibfabricAgent: TransferAgent over libfabric (OFI): FI_EP_RDM endpoints with
+// FI_RMA and FI_MSG, one fabric and domain per agent, one or more endpoints
+// ("rails"), each with its own completion queue and address vector. It is an
+// AgentCore (agent_core.h: the batch table, pieces through a window, Poll /
+// Wait / Cancel, callbacks, the notification fence and queue, peer failures)
+// over the libfabric backend in libfabric_agent.cc, which implements only the
+// transport primitives. The same code runs on `efa` (AWS; the EFA installer's
+// libfabric.so.1 at run time), `tcp` (with ofi_rxm) and `shm`: it uses only the
+// provider-neutral API and the capabilities fi_getinfo reports.
+//
+// → A write: PostWrite checks bounds and queues the batch; pieces of at most
+//   `max_op_bytes` go out as fi_writemsg with FI_DELIVERY_COMPLETE (the
+//   completion means the bytes are visible at the target), striped round-robin
+//   over the rails; the batch is complete when every piece's completion was
+//   read from the rails' CQs by the progress thread. Notify waits for the
+//   earlier batches to the peer and sends a message (fi_sendmsg, rail 0) into
+//   receive buffers every agent keeps posted; the target's CQ hands it to the
+//   notification callback or the PollNotifications queue.
+//
+// Memory registration honours the MR modes the provider demands (queried from
+// fi_getinfo, with FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
+// FI_MR_PROV_KEY offered, which is what EFA requires): local descriptors passed
+// with every operation (FI_MR_LOCAL: the notification buffers are registered
+// too), remote addresses as virtual addresses or offsets (FI_MR_VIRT_ADDR),
+// keys chosen by the provider and published in the descriptor (FI_MR_PROV_KEY)
+// or the region id otherwise. FI_HMEM is requested with `want_hmem` where the
+// provider reports it (`hmem_supported()`); registering CUDA memory is not
+// written yet.
+//
+// Failure: an error completion (the tcp provider: connection refused or reset)
+// fails the peer (UNAVAILABLE) at once; a peer with operations outstanding and
+// no completion for `progress_timeout` (shm: a dead process completes nothing)
+// fails the same way. A failed or busy peer is closed by removing its addresses
+// from the address vectors and abandoning its outstanding operations (their
+// late completions are ignored).
+//
+// Threading: every libfabric call is made under the agent lock (the domain is
+// opened FI_THREAD_DOMAIN). The progress thread reads the CQs in a busy loop
+// while anything is in flight and otherwise sleeps on the CQs' wait fds
+// (fi_trywait + epoll) where the provider has them, else in 1 ms naps, so
+// target-side progress (tcp RMA is carried out by the target's provider) goes on.
+#ifndef TANDEM_KVTRANSFER_LIBFABRIC_AGENT_H_
+#define TANDEM_KVTRANSFER_LIBFABRIC_AGENT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kvtransfer/agent_core.h"
+
+namespace tandem::kvtransfer {
+
+class LibfabricBackend;
+
+struct LibfabricAgentConfig {
+  // Provider name for fi_getinfo: "efa", "tcp" (= "tcp;ofi_rxm" for RDM),
+  // "shm", ... Empty: $FI_PROVIDER if set, else "tcp".
+  std::string provider;
+  // fi_getinfo domain name (e.g. "rdmap16s27" for one EFA device, "lo", "eth0");
+  // empty: the provider's first.
+  std::string domain;
+  // Endpoints per agent; a batch's pieces are striped over them round-robin.
+  // A peer's rail r talks to our rail r % our rails.
+  int rails = 1;
+  // Largest fi_writemsg / fi_readmsg; longer segments are posted in pieces.
+  uint64_t max_op_bytes = 8 << 20;
+  // Pieces of one batch outstanding at a time (all rails together).
+  int max_inflight_ops = 64;
+  // A batch of at most this many bytes is posted by PostWrite/PostRead itself.
+  uint64_t inline_post_bytes = 256 << 10;
+  // Connect() delivers a probe message to the peer within this time or fails
+  // UNAVAILABLE.
+  absl::Duration connect_timeout = absl::Seconds(10);
+  // A peer with operations outstanding and no completion from it for this long
+  // is failed (UNAVAILABLE).
+  absl::Duration progress_timeout = absl::Seconds(10);
+  // Ask for FI_HMEM (device memory registration) and use it when the provider
+  // reports it. Off by default: nothing registers CUDA memory yet, and with
+  // Debian's shm provider on a host without a GPU runtime fi_getinfo lists
+  // FI_HMEM that fi_domain then refuses (Create fails, saying so).
+  bool want_hmem = false;
+};
+
+class LibfabricAgent final : public AgentCore {
+ public:
+  static absl::StatusOr<std::unique_ptr<LibfabricAgent>> Create(
+      const LibfabricAgentConfig& config);
+  ~LibfabricAgent() override = default;
+
+  // What fi_getinfo gave (for logs and metric labels).
+  const std::string& provider() const { return provider_; }
+  bool hmem_supported() const { return hmem_; }
+  // The MR mode bits the provider demands, as fi_tostr prints them.
+  const std::string& mr_mode() const { return mr_mode_; }
+  // Memory registrations held by libfabric now (regions + internal buffers).
+  size_t NumLibfabricRegistrationsForTesting() const;
+
+ private:
+  explicit LibfabricAgent(std::unique_ptr<LibfabricBackend> backend);
+
+  const LibfabricBackend* const backend_;  // not owned: the AgentCore's
+  const std::string provider_;
+  const bool hmem_;
+  const std::string mr_mode_;
+};
+
+}  // namespace tandem::kvtransfer
+
+#endif  // TANDEM_KVTRANSFER_LIBFABRIC_AGENT_H_
