@@ -61,53 +61,69 @@ int RouterSplitLen(int64_t hidden) {
 }
 
 // Decode / small batches: one warp per expert, lane l = split l, up to 8 tokens.
-// The gate (12.8 MiB for K3) is streamed once per 8 tokens by E / 8 blocks; x (a
-// few rows) stays in L1/L2. kVec: hidden % 8 == 0 and gate 16-byte aligned.
+// The gate (12.8 MiB for K3) is streamed once per 8 tokens by E / 8 blocks. Lane l
+// walks its own k range, so x is staged transposed, 32 k of every range at a time
+// (xs[n][i][l] = x[n][l * split_len + i0 + i]: coalesced reads, conflict-free
+// per-lane reads). kVec: hidden % 8 == 0 and gate 16-byte aligned.
+constexpr int kGemvChunk = 32;
 template <bool kVec>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     RouterGemvKernel(const float* x, int64_t ldx, const uint16_t* gate, int tokens,
                      int hidden, int num_experts, int split_len, float* logits) {
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  __shared__ float xs[kGemvTokens][kGemvChunk][kRouterSplits + 1];
+  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int e = blockIdx.y * kGemvWarps + warp;
-  if (e >= num_experts) return;  // warp-uniform; no block barrier in this kernel
+  const bool has_e = e < num_experts;  // warp-uniform
   const int t0 = blockIdx.x * kGemvTokens;
   const int nt = std::min(int{kGemvTokens}, tokens - t0);
-  const uint16_t* grow = gate + static_cast<int64_t>(e) * hidden;
-  const float* xt = x + static_cast<int64_t>(t0) * ldx;
-  const int k0 = std::min(hidden, lane * split_len);
-  const int k1 = std::min(hidden, k0 + split_len);
+  const uint16_t* grow = gate + static_cast<int64_t>(has_e ? e : 0) * hidden;
+  const int k0 = lane * split_len;  // this lane's range
   float acc[kGemvTokens];
 #pragma unroll
   for (int n = 0; n < kGemvTokens; ++n) acc[n] = 0.0f;
-  if (kVec) {
-    for (int k = k0; k < k1; k += 8) {
-      const U32x4 q = *reinterpret_cast<const U32x4*>(grow + k);
-      float w[8];
+  for (int i0 = 0; i0 < split_len; i0 += kGemvChunk) {
+    __syncthreads();  // the previous chunk is consumed
+    for (int idx = tid; idx < nt * kRouterSplits * kGemvChunk; idx += blockDim.x) {
+      const int n = idx / (kRouterSplits * kGemvChunk);
+      const int l = (idx / kGemvChunk) % kRouterSplits, i = idx % kGemvChunk;
+      const int k = l * split_len + i0 + i;
+      xs[n][i][l] = k < hidden ? x[static_cast<int64_t>(t0 + n) * ldx + k] : 0.0f;
+    }
+    __syncthreads();
+    if (!has_e) continue;
+    const int kc = k0 + i0;  // k of xs[.][0][lane]
+    if (kVec) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        w[2 * j] = Bf16ToF32(static_cast<uint16_t>(q.v[j] & 0xffffu));
-        w[2 * j + 1] = Bf16ToF32(static_cast<uint16_t>(q.v[j] >> 16));
+      for (int i = 0; i < kGemvChunk; i += 8) {
+        if (kc + i >= hidden) break;  // hidden % 8 == 0: whole groups
+        const U32x4 q = *reinterpret_cast<const U32x4*>(grow + kc + i);
+        float w[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          w[2 * j] = Bf16ToF32(static_cast<uint16_t>(q.v[j] & 0xffffu));
+          w[2 * j + 1] = Bf16ToF32(static_cast<uint16_t>(q.v[j] >> 16));
+        }
+#pragma unroll
+        for (int n = 0; n < kGemvTokens; ++n) {
+          if (n < nt) {
+            float a = acc[n];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) a = fmaf(xs[n][i + j][lane], w[j], a);
+            acc[n] = a;
+          }
+        }
       }
+    } else {
+      for (int i = 0; i < kGemvChunk && kc + i < hidden; ++i) {
+        const float w = Bf16ToF32(grow[kc + i]);
 #pragma unroll
-      for (int n = 0; n < kGemvTokens; ++n) {
-        if (n < nt) {
-          const float* xr = xt + static_cast<int64_t>(n) * ldx + k;
-          float a = acc[n];
-#pragma unroll
-          for (int j = 0; j < 8; ++j) a = fmaf(xr[j], w[j], a);
-          acc[n] = a;
+        for (int n = 0; n < kGemvTokens; ++n) {
+          if (n < nt) acc[n] = fmaf(xs[n][i][lane], w, acc[n]);
         }
       }
     }
-  } else {
-    for (int k = k0; k < k1; ++k) {
-      const float w = Bf16ToF32(grow[k]);
-#pragma unroll
-      for (int n = 0; n < kGemvTokens; ++n) {
-        if (n < nt) acc[n] = fmaf(xt[static_cast<int64_t>(n) * ldx + k], w, acc[n]);
-      }
-    }
   }
+  if (!has_e) return;  // no barrier below
   // The 32 range partials of each token, added in range order by lane n.
   __shared__ float part[kGemvWarps][kGemvTokens][kWarpSize];
 #pragma unroll
