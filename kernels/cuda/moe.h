@@ -13,6 +13,7 @@
 //      do not depend on its batch:
 //      - < 65 tokens: one warp per expert (lane l = range l), 8 experts x 8 tokens
 //        per block: the gate streamed once per 8 tokens by E/8 blocks (112 for K3);
+//        x staged transposed in shared memory, 32 k of every range per step;
 //      - >= 65 tokens: 64 tokens x 64 experts per block, x and the widened gate in
 //        shared-memory k tiles of 32, 4 x 4 outputs per thread.
 //   2. one block per token: s = sigmoid(logit), key = s + bias, top_k rounds of a
