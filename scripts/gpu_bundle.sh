@@ -37,7 +37,8 @@
 # engine tests that run on the "cuda" backend opt in with that tag, as for
 # ./tandem test --gpu; run whole) and each --target. A target that fails to build is listed in
 # MANIFEST.txt and left out; the bundle is still made (exit 0) as long as the
-# conformance test and the benchmark built, else exit 1.
+# conformance test, the benchmark and make_checkpoint built; else exit 1 and an
+# earlier bundle at --out is left as it was.
 #
 # --pack-only BIN...: no Bazel; packs the given ELF binaries (the packing test,
 # scripts/gpu_bundle_test.sh).
@@ -461,13 +462,19 @@ build_all
 if [[ ${#BUILT[@]} -eq 0 ]]; then
   die "nothing built under --config=cuda (see the errors above)"
 fi
+# Without these the bundle is no use for the GPU check: an earlier good bundle
+# at --out is then left as it is.
+for must in //kernels:conformance_test //kernels/cuda:gpu_bench //engine/model:make_checkpoint; do
+  for label in "${NOT_BUILT[@]}"; do
+    if [[ "$label" == "$must" ]]; then
+      say "could not build: ${NOT_BUILT[*]}"
+      say "$must did not build: no bundle made${OUT_DIR:+ ($OUT_DIR left as it was)}"
+      exit 1
+    fi
+  done
+done
 pack_rc=0
 pack || pack_rc=$?
 verify_bundle "$OUT_DIR" || pack_rc=1
 sed -n '/^Built/,/^Shared libraries/p' "$OUT_DIR/MANIFEST.txt" | sed '$d' >&2
-for must in //kernels:conformance_test //kernels/cuda:gpu_bench //engine/model:make_checkpoint; do
-  for label in "${NOT_BUILT[@]}"; do
-    [[ "$label" == "$must" ]] && { say "the bundle lacks $must: not usable for the GPU check"; exit 1; }
-  done
-done
 exit $pack_rc
