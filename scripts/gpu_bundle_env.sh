@@ -13,6 +13,10 @@
 #   GPU_BUNDLE_NOTES      what was decided, one line each
 # It prints nothing and exits nothing: callers report.
 GPU_BUNDLE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# Already set up for this bundle in this environment (gpu_check.sh, then `run`).
+if [[ -n "${GPU_BUNDLE_LD_PATH:-}" && "${GPU_BUNDLE_ENV_FOR:-}" == "$GPU_BUNDLE_DIR" ]]; then
+  return 0
+fi
 GPU_BUNDLE_NOTES=""
 GPU_BUNDLE_MISSING=""
 GPU_BUNDLE_LOADER=""
@@ -100,5 +104,7 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
     [[ -e "$_gb_d/libcuda.so.1" ]] && GPU_BUNDLE_LD_PATH+=":$_gb_d" && break
   done
 fi
-export GPU_BUNDLE_DIR GPU_BUNDLE_LD_PATH GPU_BUNDLE_LOADER GPU_BUNDLE_MISSING GPU_BUNDLE_NOTES
+GPU_BUNDLE_ENV_FOR="$GPU_BUNDLE_DIR"
+export GPU_BUNDLE_DIR GPU_BUNDLE_LD_PATH GPU_BUNDLE_LOADER GPU_BUNDLE_MISSING GPU_BUNDLE_NOTES \
+  GPU_BUNDLE_ENV_FOR
 unset _gb_gz _gb_so _gb_dir _gb_glibc _gb_d _gb_unpack_dir
