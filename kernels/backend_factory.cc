@@ -23,11 +23,19 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view name) {
   if (name == "cpu_bf16") return CreateCpuBackend(ActiveIsa(), /*threads=*/0);
   if (name == "cpu_reference") return CreateReferenceBackend();
   // Each is FailedPrecondition in the build that does not have it.
+  // "cuda" and "cuda_sim" are exact (split-BF16 tensor-core operands: tokens
+  // match the CPU backend's); the _bf16 names round activations to BF16 once.
   if (name == "cuda_sim") return cuda::CreateCudaSimBackend();
+  if (name == "cuda_sim_bf16")
+    return cuda::CreateCudaSimBackend(cuda::GpuPrecision::kBf16);
   if (name == "cuda") return cuda::CreateCudaBackend(/*ordinal=*/0);
+  if (name == "cuda_bf16") {
+    return cuda::CreateCudaBackend(/*ordinal=*/0, cuda::GpuPrecision::kBf16);
+  }
   return InvalidArgument("unknown kernel backend \"", name,
-                         "\" (known: cpu, cpu_bf16, cpu_reference, cuda_sim in the "
-                         "default build, cuda in --config=cuda builds)");
+                         "\" (known: cpu, cpu_bf16, cpu_reference, cuda_sim and "
+                         "cuda_sim_bf16 in the default build, cuda and cuda_bf16 in "
+                         "--config=cuda builds)");
 }
 
 }  // namespace tandem::kernels

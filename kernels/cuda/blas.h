@@ -22,8 +22,9 @@ class Blas {
  public:
   virtual ~Blas() = default;
   virtual absl::string_view name() const = 0;
-  // W BF16. The cuBLASLt path rounds X to BF16 (the contract's 1e-2 bound); the
-  // emulator's keeps X in fp32.
+  // W BF16. cuBLASLt: exact mode splits X into BF16 hi + lo (fp32-class
+  // accuracy, one matmul of 2m rows: the weights are read once), bf16 mode rounds
+  // X to BF16 (the contract's 1e-2 bound); the emulator's keeps X in fp32.
   virtual absl::Status GemmBf16(const float* x, int64_t ldx, const uint16_t* w,
                                 int64_t ldw, float* y, int64_t ldy, int64_t m,
                                 int64_t n, int64_t k, bool accumulate,
@@ -39,8 +40,9 @@ class Blas {
 std::unique_ptr<Blas> CreateSimBlas();
 
 // cuBLASLt on `device` (a CUDA device, kernels/cuda/cuda_device.h); the device
-// must outlive the Blas. Only in --config=cuda builds.
-absl::StatusOr<std::unique_ptr<Blas>> CreateCublasLtBlas(Device* device);
+// must outlive the Blas. `exact`: split-BF16 activations (see GemmBf16). Only in
+// --config=cuda builds.
+absl::StatusOr<std::unique_ptr<Blas>> CreateCublasLtBlas(Device* device, bool exact);
 
 }  // namespace tandem::kernels::cuda
 

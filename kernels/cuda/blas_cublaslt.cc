@@ -1,12 +1,17 @@
 // Dense GEMMs on cuBLASLt (blas.h). --config=cuda only.
 //
-// GemmBf16 (BF16 weights x FP32 activations): cuBLASLt has no FP32 x BF16 matmul,
-// so X is first rounded to BF16 (round to nearest even) by a small kernel
-// (blas_kernels.cu) into a reused device buffer, then a BF16 x BF16 -> FP32
-// matmul with FP32 accumulation (CUBLAS_COMPUTE_32F) runs on the tensor cores.
-// The products of BF16 values are exact in FP32, so the error is that of rounding
-// X: the 1e-2 bound of Backend::GemmBf16. (TF32 would need W in FP32: twice the
-// weight bytes, and decode is bandwidth-bound on them.)
+// GemmBf16 (BF16 weights x FP32 activations): cuBLASLt has no FP32 x BF16 matmul.
+// Two modes:
+//   exact (the "cuda" backend, default): X is split into BF16 hi and lo parts
+//     (blas_kernels.cu) stacked as one [2m, k] operand, ONE BF16 x BF16 -> FP32
+//     matmul (CUBLAS_COMPUTE_32F) computes both products, reading W once, and a
+//     small kernel adds the row pairs into Y. Products of BF16 values are exact in
+//     FP32, hi + lo carries 16 bits of X: fp32-class accuracy (~2^-17 relative per
+//     product), at 2x the tensor-core work but the same weight traffic, so decode
+//     (bandwidth-bound) costs the same and prefill GEMMs twice the FLOPs;
+//   bf16 ("cuda_bf16"): X rounded to BF16 once: the 1e-2 bound of
+//     Backend::GemmBf16, as BF16 serving engines run.
+// (TF32 would need W in FP32: twice the weight bytes.)
 // GemmF32: FP32 x FP32 with CUBLAS_COMPUTE_32F (no TF32: the 1e-5 contract).
 //
 // Row-major Y[m,n] = X[m,k] W[n,k]^T is, column-major, Y^T = W^T' X^T: cuBLASLt's
@@ -69,30 +74,49 @@ struct Plan {
 
 class CublasLtBlas final : public Blas {
  public:
-  CublasLtBlas(Device* device, cublasLtHandle_t handle, DeviceBuffer workspace)
-      : device_(device), handle_(handle), workspace_(std::move(workspace)) {}
+  CublasLtBlas(Device* device, cublasLtHandle_t handle, DeviceBuffer workspace,
+               bool exact)
+      : device_(device),
+        handle_(handle),
+        workspace_(std::move(workspace)),
+        exact_(exact) {}
   ~CublasLtBlas() override {
     (void)device_->Synchronize();
     plans_.clear();
     cublasLtDestroy(handle_);
   }
-  absl::string_view name() const override { return "cublaslt"; }
+  absl::string_view name() const override {
+    return exact_ ? "cublaslt_split_bf16" : "cublaslt_bf16";
+  }
 
   absl::Status GemmBf16(const float* x, int64_t ldx, const uint16_t* w, int64_t ldw,
                         float* y, int64_t ldy, int64_t m, int64_t n, int64_t k,
                         bool accumulate, Stream& stream) override {
     if (m == 0 || n == 0) return absl::OkStatus();
     if (k == 0) return ZeroK(y, ldy, m, n, accumulate, stream);
-    const size_t need = static_cast<size_t>(m * k) * sizeof(uint16_t);
-    if (x_bf16_.bytes() < need) {
-      x_bf16_.Reset();  // freed in stream order after its last use
-      TANDEM_ASSIGN_OR_RETURN(x_bf16_, DeviceBuffer::Allocate(device_, need));
-    }
+    const int64_t rows = exact_ ? 2 * m : m;
+    TANDEM_RETURN_IF_ERROR(
+        Grow(&x_bf16_, static_cast<size_t>(rows * k) * sizeof(uint16_t)));
     uint16_t* xb = x_bf16_.as<uint16_t>();
-    if (const char* e = LaunchF32ToBf16Rows(x, ldx, xb, m, k, stream.native())) {
-      return Internal("cuBLASLt gemm: converting X to BF16: ", e);
+    if (!exact_) {
+      if (const char* e = LaunchF32ToBf16Rows(x, ldx, xb, m, k, stream.native())) {
+        return Internal("cuBLASLt gemm: converting X to BF16: ", e);
+      }
+      return Run(/*bf16=*/true, xb, k, w, ldw, y, ldy, m, n, k, accumulate, stream);
     }
-    return Run(/*bf16=*/true, xb, k, w, ldw, y, ldy, m, n, k, accumulate, stream);
+    if (const char* e = LaunchF32ToBf16SplitRows(x, ldx, xb, m, k, stream.native())) {
+      return Internal("cuBLASLt gemm: splitting X into BF16 hi/lo: ", e);
+    }
+    TANDEM_RETURN_IF_ERROR(
+        Grow(&pair_, static_cast<size_t>(2 * m * n) * sizeof(float)));
+    float* pair = pair_.as<float>();
+    TANDEM_RETURN_IF_ERROR(Run(/*bf16=*/true, xb, k, w, ldw, pair, n, 2 * m, n, k,
+                               /*accumulate=*/false, stream));
+    if (const char* e =
+            LaunchAddRowPairs(pair, m, n, y, ldy, accumulate, stream.native())) {
+      return Internal("cuBLASLt gemm: adding the hi/lo products: ", e);
+    }
+    return absl::OkStatus();
   }
 
   absl::Status GemmF32(const float* x, int64_t ldx, const float* w, int64_t ldw,
@@ -104,6 +128,13 @@ class CublasLtBlas final : public Blas {
   }
 
  private:
+  absl::Status Grow(DeviceBuffer* b, size_t bytes) {
+    if (b->bytes() >= bytes) return absl::OkStatus();
+    b->Reset();  // freed in stream order after its last use
+    TANDEM_ASSIGN_OR_RETURN(*b, DeviceBuffer::Allocate(device_, bytes));
+    return absl::OkStatus();
+  }
+
   // An empty sum: Y = 0, or Y unchanged when accumulating.
   absl::Status ZeroK(float* y, int64_t ldy, int64_t m, int64_t n, bool accumulate,
                      Stream& stream) {
@@ -200,12 +231,14 @@ class CublasLtBlas final : public Blas {
   cublasLtHandle_t handle_;
   DeviceBuffer workspace_;
   DeviceBuffer x_bf16_;
+  DeviceBuffer pair_;  // exact mode: the [2m, n] hi and lo products
+  bool exact_;
   absl::flat_hash_map<PlanKey, std::unique_ptr<Plan>> plans_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Blas>> CreateCublasLtBlas(Device* device) {
+absl::StatusOr<std::unique_ptr<Blas>> CreateCublasLtBlas(Device* device, bool exact) {
   cublasLtHandle_t handle = nullptr;
   TANDEM_LT(cublasLtCreate(&handle), "create");
   auto workspace = DeviceBuffer::Allocate(device, kWorkspaceBytes);
@@ -214,7 +247,7 @@ absl::StatusOr<std::unique_ptr<Blas>> CreateCublasLtBlas(Device* device) {
     return workspace.status();
   }
   return std::unique_ptr<Blas>(
-      new CublasLtBlas(device, handle, std::move(workspace).value()));
+      new CublasLtBlas(device, handle, std::move(workspace).value(), exact));
 }
 
 }  // namespace tandem::kernels::cuda

@@ -68,8 +68,11 @@ constexpr size_t kErrorWordBytes = 256;
 }  // namespace
 
 GpuBackend::GpuBackend(std::string name, std::unique_ptr<Device> device,
-                       std::unique_ptr<Blas> blas)
-    : name_(std::move(name)), device_(std::move(device)), blas_(std::move(blas)) {
+                       std::unique_ptr<Blas> blas, GpuPrecision precision)
+    : name_(std::move(name)),
+      device_(std::move(device)),
+      blas_(std::move(blas)),
+      precision_(precision) {
   // The factories check error_word() != nullptr (a constructor cannot fail).
   auto buffer = DeviceBuffer::Allocate(device_.get(), kErrorWordBytes);
   if (!buffer.ok()) return;

@@ -26,12 +26,22 @@ namespace tandem::kernels::cuda {
 
 class Blas;  // kernels/cuda/blas.h
 
+// How the tensor-core paths treat fp32 activations.
+//   kExact: split into BF16 hi + lo parts (two or three mma per product): results
+//           within fp32-class bounds of the CPU backend, so tokens match it
+//           ("cuda", "cuda_sim"); bandwidth-bound decode costs the same, prefill
+//           GEMMs about twice the tensor-core work;
+//   kBf16:  rounded to BF16 once, as BF16 serving engines run ("cuda_bf16",
+//           "cuda_sim_bf16"): faster prefill, results within BF16 bounds.
+enum class GpuPrecision { kExact, kBf16 };
+
 class GpuBackend final : public Backend {
  public:
   // `device` is the emulated device for cuda_sim or a CUDA device; `blas` the
   // matching GEMM library wrapper.
   GpuBackend(std::string name, std::unique_ptr<Device> device,
-             std::unique_ptr<Blas> blas);
+             std::unique_ptr<Blas> blas, GpuPrecision precision = GpuPrecision::kExact);
+  GpuPrecision precision() const { return precision_; }
   ~GpuBackend() override;
 
   absl::string_view name() const override { return name_; }
@@ -107,14 +117,17 @@ class GpuBackend final : public Backend {
   DeviceBuffer scratch_;
   DeviceBuffer error_buffer_;
   int32_t* error_word_ = nullptr;
+  GpuPrecision precision_;
 };
 
 // "cuda_sim": the emulator (default build; FailedPrecondition in --config=cuda
 // builds, whose kernels are the nvcc ones).
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaSimBackend();
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaSimBackend(
+    GpuPrecision precision = GpuPrecision::kExact);
 // "cuda": GPU `ordinal`; FailedPrecondition where this binary was built without
 // CUDA (--config=cuda) or no GPU is visible.
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int ordinal = 0);
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
+    int ordinal = 0, GpuPrecision precision = GpuPrecision::kExact);
 
 }  // namespace tandem::kernels::cuda
 

@@ -10,20 +10,24 @@
 
 namespace tandem::kernels::cuda {
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int ordinal) {
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int ordinal,
+                                                           GpuPrecision precision) {
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateCudaDevice(ordinal));
-  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Blas> blas, CreateCublasLtBlas(device.get()));
+  TANDEM_ASSIGN_OR_RETURN(
+      std::unique_ptr<Blas> blas,
+      CreateCublasLtBlas(device.get(), precision == GpuPrecision::kExact));
   // The Blas holds a pointer to the device, whose ownership moves into the
   // backend; GpuBackend destroys blas_ before device_.
-  auto backend = std::make_unique<GpuBackend>(absl::StrCat("cuda"), std::move(device),
-                                              std::move(blas));
+  auto backend = std::make_unique<GpuBackend>(
+      precision == GpuPrecision::kExact ? "cuda" : "cuda_bf16", std::move(device),
+      std::move(blas), precision);
   if (backend->error_word() == nullptr) {
     return Internal("cuda: cannot allocate the device error word");
   }
   return std::unique_ptr<Backend>(std::move(backend));
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaSimBackend() {
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaSimBackend(GpuPrecision) {
   return FailedPrecondition(
       "kernel backend \"cuda_sim\" is not in --config=cuda builds (use \"cuda\")");
 }

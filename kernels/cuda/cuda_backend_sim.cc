@@ -9,21 +9,22 @@
 
 namespace tandem::kernels::cuda {
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaSimBackend() {
-  auto backend =
-      std::make_unique<GpuBackend>("cuda_sim", CreateSimDevice(), CreateSimBlas());
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaSimBackend(GpuPrecision precision) {
+  auto backend = std::make_unique<GpuBackend>(
+      precision == GpuPrecision::kExact ? "cuda_sim" : "cuda_sim_bf16",
+      CreateSimDevice(), CreateSimBlas(), precision);
   if (backend->error_word() == nullptr) {
     return Internal("cuda_sim: cannot allocate the device error word");
   }
   return std::unique_ptr<Backend>(std::move(backend));
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int ordinal) {
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int ordinal, GpuPrecision) {
   return FailedPrecondition("kernel backend \"cuda\" (GPU ", ordinal,
                             "): this binary was built without CUDA (--config=cuda)");
 }
 
-absl::StatusOr<std::unique_ptr<Blas>> CreateCublasLtBlas(Device*) {
+absl::StatusOr<std::unique_ptr<Blas>> CreateCublasLtBlas(Device*, bool) {
   return FailedPrecondition("cuBLASLt: built without CUDA (--config=cuda)");
 }
 

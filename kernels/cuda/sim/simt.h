@@ -276,6 +276,9 @@ inline unsigned long long atomicCAS(unsigned long long* p, unsigned long long c,
 }
 
 // ---- Device math and bit built-ins --------------------------------------------------
+using std::isfinite;  // CUDA's are global
+using std::isinf;
+using std::isnan;
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
