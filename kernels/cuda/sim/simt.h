@@ -285,6 +285,13 @@ inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float __frcp_rn(float x) { return 1.0f / x; }
+// Round-to-nearest arithmetic the compiler may not contract (host: the default
+// rounding, and these are separate operations).
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
 inline float __saturatef(float x) { return std::min(1.0f, std::max(0.0f, x)); }
 inline float __int_as_float(int i) {
   float f;
