@@ -11,7 +11,7 @@ namespace {
 CacheSizingInput Tiny(int64_t budget) {
   CacheSizingInput in;
   in.budget_bytes = budget;
-  in.token_bytes = 2 * 40 * 2;                  // 160
+  in.token_bytes = 2 * 40 * 2;                             // 160
   in.slot_bytes = 6 * (4 * 16 * 16 * 4 + 3 * 3 * 64 * 4);  // 38,400
   in.block_size = 16;
   in.max_num_seqs = 256;

@@ -15,13 +15,20 @@ struct BytesCase {
 
 TEST(ParseMemoryBudget, Bytes) {
   const BytesCase cases[] = {
-      {"8GiB", int64_t{8} << 30},   {"8gib", int64_t{8} << 30},
-      {"8 GiB", int64_t{8} << 30},  {"8G", int64_t{8} << 30},
-      {"512MiB", int64_t{512} << 20}, {"512M", int64_t{512} << 20},
-      {"1.5GiB", int64_t{3} << 29}, {"2GB", 2000000000},
-      {"3KB", 3000},                {"3KiB", 3072},
-      {"1TiB", int64_t{1} << 40},   {"100B", 100},
-      {"4000000000", 4000000000},   {"2", 2},
+      {"8GiB", int64_t{8} << 30},
+      {"8gib", int64_t{8} << 30},
+      {"8 GiB", int64_t{8} << 30},
+      {"8G", int64_t{8} << 30},
+      {"512MiB", int64_t{512} << 20},
+      {"512M", int64_t{512} << 20},
+      {"1.5GiB", int64_t{3} << 29},
+      {"2GB", 2000000000},
+      {"3KB", 3000},
+      {"3KiB", 3072},
+      {"1TiB", int64_t{1} << 40},
+      {"100B", 100},
+      {"4000000000", 4000000000},
+      {"2", 2},
       {" 64MiB ", int64_t{64} << 20},
   };
   for (const BytesCase& c : cases) {
@@ -52,7 +59,8 @@ TEST(ParseMemoryBudget, BadInputNamesTheText) {
     absl::StatusOr<MemoryBudget> b = ParseMemoryBudget(t);
     ASSERT_FALSE(b.ok());
     EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(b.status().message().find(std::string("\"") + t + "\""), std::string::npos)
+    EXPECT_NE(b.status().message().find(std::string("\"") + t + "\""),
+              std::string::npos)
         << b.status();
   }
 }
