@@ -62,8 +62,7 @@ int main(int argc, char** argv) {
     TLOG(ERROR, "bad speculative-decoding flags").Kv("status", s);
     return 1;
   }
-  auto agent = tandem::kvtransfer::UcxAgent::Create(
-      tandem::worker::UcxConfigFromFlags(absl::GetFlag(FLAGS_worker_id)));
+  auto agent = tandem::worker::TransferAgentFromFlags(absl::GetFlag(FLAGS_worker_id));
   if (!agent.ok()) {
     TLOG(ERROR, "cannot start the UCX agent").Kv("status", agent.status());
     return 1;

@@ -50,8 +50,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::vector<tandem::engine::KvCache*> caches = tandem::worker::RankCaches(**engine);
-  auto agent = tandem::kvtransfer::UcxAgent::Create(
-      tandem::worker::UcxConfigFromFlags(absl::GetFlag(FLAGS_worker_id)));
+  auto agent = tandem::worker::TransferAgentFromFlags(absl::GetFlag(FLAGS_worker_id));
   if (!agent.ok()) {
     TLOG(ERROR, "cannot start the UCX agent").Kv("status", agent.status());
     return 1;

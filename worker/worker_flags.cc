@@ -4,6 +4,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "engine/cache/memory_budget.h"
+#include "kvtransfer/agent_factory.h"
 
 ABSL_FLAG(std::string, model, "",
           "Checkpoint directory (config.json, weights, tokenizer).");
@@ -48,7 +49,27 @@ ABSL_FLAG(bool, ucx_peer_failure_detection, true,
           "host (much faster; a dead decode worker is then noticed by the router's "
           "health checks, not the transfer). docs/kvtransfer.md.");
 
+ABSL_FLAG(std::string, kv_transport, "ucx",
+          "KV transfer agent: ucx | libfabric | libfabric:<provider>[:<rails>] "
+          "(provider efa on AWS, tcp or shm elsewhere; default $FI_PROVIDER, else "
+          "tcp; rails = endpoints a transfer is striped over). Never falls back: an "
+          "unavailable transport or provider stops the worker. docs/kvtransfer.md.");
+
 namespace tandem::worker {
+
+absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> TransferAgentFromFlags(
+    const std::string& worker_id) {
+  kvtransfer::AgentFactoryConfig config;
+  config.ucx = UcxConfigFromFlags(worker_id);
+  TANDEM_RETURN_IF_ERROR(
+      kvtransfer::ParseKvTransport(absl::GetFlag(FLAGS_kv_transport), &config));
+  TANDEM_ASSIGN_OR_RETURN(kvtransfer::CreatedAgent created,
+                          kvtransfer::CreateTransferAgent(config));
+  TLOG(INFO, "KV transfer agent started")
+      .Kv("kv_transport", absl::GetFlag(FLAGS_kv_transport))
+      .Kv("agent", created.description);
+  return std::move(created.agent);
+}
 
 absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModelFromFlags() {
   return LoadWorkerModel(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_backend),

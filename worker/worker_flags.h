@@ -11,6 +11,7 @@
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
 #include "engine/runtime/engine.h"
+#include "kvtransfer/transfer_agent.h"
 #include "kvtransfer/ucx_agent.h"
 #include "proto/worker.pb.h"
 #include "worker/worker_model.h"
@@ -34,6 +35,7 @@ ABSL_DECLARE_FLAG(int, tp);
 ABSL_DECLARE_FLAG(std::string, tp_fail_rank_at_step);
 ABSL_DECLARE_FLAG(std::string, ucx_tls);
 ABSL_DECLARE_FLAG(bool, ucx_peer_failure_detection);
+ABSL_DECLARE_FLAG(std::string, kv_transport);
 
 namespace tandem::worker {
 
@@ -49,6 +51,10 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(
     const WorkerModel& model, engine::CacheSizing* sizing);
 // The UCX agent named `worker_id` (--ucx_tls, --ucx_peer_failure_detection).
 kvtransfer::UcxAgentConfig UcxConfigFromFlags(const std::string& worker_id);
+// The transfer agent --kv_transport names (UCX configured as above, or
+// libfabric), started and logged; its errors (no fallback between transports).
+absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> TransferAgentFromFlags(
+    const std::string& worker_id);
 // Server and registration (--host, --advertise_host, --port, --metrics_port,
 // --router; id, role, model, --tp, the longest request the cache holds
 // (`max_context_tokens`: the router refuses longer ones with INVALID_ARGUMENT),

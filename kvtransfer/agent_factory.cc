@@ -1,0 +1,61 @@
+#include "kvtransfer/agent_factory.h"
+
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace tandem::kvtransfer {
+
+absl::Status ParseKvTransport(absl::string_view spec, AgentFactoryConfig* config) {
+  const std::vector<std::string> parts = absl::StrSplit(spec, ':');
+  if (parts.size() == 1 && parts[0] == "ucx") {
+    config->transport = KvTransport::kUcx;
+    return absl::OkStatus();
+  }
+  if (parts.empty() || parts[0] != "libfabric" || parts.size() > 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_transport must be ucx, libfabric, libfabric:<provider> or "
+        "libfabric:<provider>:<rails>, got \"",
+        spec, "\""));
+  }
+  config->transport = KvTransport::kLibfabric;
+  if (parts.size() >= 2) {
+    if (parts[1].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv_transport=", spec, ": empty provider"));
+    }
+    config->libfabric.provider = parts[1];
+  }
+  if (parts.size() == 3) {
+    int rails = 0;
+    if (!absl::SimpleAtoi(parts[2], &rails) || rails < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv_transport=", spec, ": rails must be a number >= 1"));
+    }
+    config->libfabric.rails = rails;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CreatedAgent> CreateTransferAgent(const AgentFactoryConfig& config) {
+  CreatedAgent out;
+  if (config.transport == KvTransport::kUcx) {
+    auto agent = UcxAgent::Create(config.ucx);
+    if (!agent.ok()) return agent.status();
+    out.agent = *std::move(agent);
+    out.description = "ucx";
+    return out;
+  }
+  auto agent = LibfabricAgent::Create(config.libfabric);
+  if (!agent.ok()) return agent.status();
+  out.description = absl::StrCat("libfabric/", (*agent)->provider());
+  if (config.libfabric.rails > 1) {
+    absl::StrAppend(&out.description, " x", config.libfabric.rails, " rails");
+  }
+  out.agent = *std::move(agent);
+  return out;
+}
+
+}  // namespace tandem::kvtransfer

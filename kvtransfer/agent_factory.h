@@ -1,0 +1,47 @@
+// The transfer agent a worker runs, chosen by configuration (--kv_transport):
+// UCX (InfiniBand/RoCE, MI355X, shared memory or TCP on one host) or libfabric
+// (EFA on AWS; tcp and shm providers anywhere). Never falls back from one to the
+// other: a transport or provider that cannot be opened is an error, so a cluster
+// configured for RDMA does not silently run over TCP.
+#ifndef TANDEM_KVTRANSFER_AGENT_FACTORY_H_
+#define TANDEM_KVTRANSFER_AGENT_FACTORY_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kvtransfer/libfabric_agent.h"
+#include "kvtransfer/transfer_agent.h"
+#include "kvtransfer/ucx_agent.h"
+
+namespace tandem::kvtransfer {
+
+enum class KvTransport { kUcx, kLibfabric };
+
+struct AgentFactoryConfig {
+  KvTransport transport = KvTransport::kUcx;
+  UcxAgentConfig ucx;              // for kUcx
+  LibfabricAgentConfig libfabric;  // for kLibfabric
+};
+
+// Parses a --kv_transport value into `config` (other fields untouched):
+//   "ucx"                          UCX
+//   "libfabric"                    libfabric, provider from $FI_PROVIDER (else tcp)
+//   "libfabric:<provider>"         e.g. libfabric:efa, libfabric:shm
+//   "libfabric:<provider>:<rails>" e.g. libfabric:efa:4 (endpoints to stripe over)
+// INVALID_ARGUMENT otherwise.
+absl::Status ParseKvTransport(absl::string_view spec, AgentFactoryConfig* config);
+
+struct CreatedAgent {
+  std::unique_ptr<TransferAgent> agent;
+  // "ucx" or "libfabric/<provider actually opened>[ x<rails> rails]": for the
+  // start-up log and metric labels.
+  std::string description;
+};
+
+absl::StatusOr<CreatedAgent> CreateTransferAgent(const AgentFactoryConfig& config);
+
+}  // namespace tandem::kvtransfer
+
+#endif  // TANDEM_KVTRANSFER_AGENT_FACTORY_H_

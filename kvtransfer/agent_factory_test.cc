@@ -1,0 +1,71 @@
+#include "kvtransfer/agent_factory.h"
+
+#include "gtest/gtest.h"
+
+namespace tandem::kvtransfer {
+namespace {
+
+TEST(ParseKvTransportTest, Table) {
+  struct Case {
+    const char* spec;
+    bool ok;
+    KvTransport transport;
+    const char* provider;
+    int rails;
+  };
+  const Case cases[] = {
+      {"ucx", true, KvTransport::kUcx, "", 1},
+      {"libfabric", true, KvTransport::kLibfabric, "", 1},
+      {"libfabric:efa", true, KvTransport::kLibfabric, "efa", 1},
+      {"libfabric:shm:3", true, KvTransport::kLibfabric, "shm", 3},
+      {"libfabric:tcp;ofi_rxm:2", true, KvTransport::kLibfabric, "tcp;ofi_rxm", 2},
+      {"", false, KvTransport::kUcx, "", 1},
+      {"nccl", false, KvTransport::kUcx, "", 1},
+      {"ucx:tcp", false, KvTransport::kUcx, "", 1},
+      {"libfabric:", false, KvTransport::kUcx, "", 1},
+      {"libfabric:efa:0", false, KvTransport::kUcx, "", 1},
+      {"libfabric:efa:x", false, KvTransport::kUcx, "", 1},
+      {"libfabric:efa:2:9", false, KvTransport::kUcx, "", 1},
+  };
+  for (const Case& c : cases) {
+    AgentFactoryConfig config;
+    const absl::Status st = ParseKvTransport(c.spec, &config);
+    EXPECT_EQ(st.ok(), c.ok) << c.spec << ": " << st;
+    if (!c.ok) {
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << c.spec;
+      continue;
+    }
+    EXPECT_EQ(config.transport, c.transport) << c.spec;
+    EXPECT_EQ(config.libfabric.provider, c.provider) << c.spec;
+    EXPECT_EQ(config.libfabric.rails, c.rails) << c.spec;
+  }
+}
+
+TEST(CreateTransferAgentTest, MakesTheConfiguredTransport) {
+  AgentFactoryConfig config;
+  ASSERT_TRUE(ParseKvTransport("libfabric:tcp:2", &config).ok());
+  auto lf = CreateTransferAgent(config);
+  ASSERT_TRUE(lf.ok()) << lf.status();
+  EXPECT_EQ(lf->description, "libfabric/tcp;ofi_rxm x2 rails");
+  EXPECT_NE(dynamic_cast<LibfabricAgent*>(lf->agent.get()), nullptr);
+  ASSERT_TRUE(ParseKvTransport("ucx", &config).ok());
+  auto ucx = CreateTransferAgent(config);
+  ASSERT_TRUE(ucx.ok()) << ucx.status();
+  EXPECT_EQ(ucx->description, "ucx");
+  EXPECT_NE(dynamic_cast<UcxAgent*>(ucx->agent.get()), nullptr);
+}
+
+// The bug issue 19 exists for: asking for EFA where there is none must fail,
+// not quietly run over TCP.
+TEST(CreateTransferAgentTest, MissingProviderIsAnErrorNotAFallback) {
+  AgentFactoryConfig config;
+  ASSERT_TRUE(ParseKvTransport("libfabric:efa", &config).ok());
+  auto agent = CreateTransferAgent(config);
+  ASSERT_FALSE(agent.ok());
+  EXPECT_EQ(agent.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(agent.status().message().find("efa"), std::string::npos)
+      << agent.status();
+}
+
+}  // namespace
+}  // namespace tandem::kvtransfer
