@@ -82,7 +82,14 @@ mounted=()
 for m in proc dev sys; do
   if mount --bind "/$m" "$root/$m" 2>/dev/null; then mounted+=("$root/$m"); fi
 done
-umount_all() { local m; for m in ${mounted[@]+"${mounted[@]}"}; do umount -l "$m" 2>/dev/null || true; done; }
+# A memory-backed /dev/shm of its own (UCX's shared-memory transport), as the pods'.
+if mount -t tmpfs -o mode=1777,size=1g tmpfs "$root/dev/shm" 2>/dev/null; then
+  mounted+=("$root/dev/shm")
+fi
+umount_all() {
+  local i
+  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[i]}" 2>/dev/null || true; done
+}
 trap 'umount_all; cleanup' EXIT
 gw="$(free_port)" rp="$(free_port)" rm_="$(free_port)" wp="$(free_port)" wm="$(free_port)"
 chroot --userspec=10001:10001 "$root" /usr/bin/env HOME=/home/tandem \
