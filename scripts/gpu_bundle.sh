@@ -23,7 +23,7 @@
 #                     than the one built against), (3) CUDA toolkit libraries over
 #                     8 MiB (cuBLASLt is 541 MB, NCCL 218 MB: far over the 64 MiB
 #                     the device tool carries), found on the target's CUDA 13
-#                     toolkit by env.sh. Libraries over 4 MiB are stored
+#                     toolkit by env.sh. Libraries over 1 MiB are stored
 #                     compressed (*.xz, or *.gz without xz here) and unpacked by
 #                     env.sh on first use, outside the bundle (under $TMPDIR;
 #                     xz there, else python3's lzma).
@@ -57,7 +57,7 @@ VERIFY_DIR=""
 # The device tool carries the working tree and the carried paths together, at most
 # 64 MiB; the bundle gets what the tree leaves (checked at the end).
 MAX_BUNDLE_MIB="${GPU_BUNDLE_MAX_MIB:-56}"
-GZIP_OVER_BYTES=$((4 << 20))
+GZIP_OVER_BYTES=$((1 << 20))
 TARGET_LIB_OVER_BYTES=$((8 << 20))
 
 say() { echo "gpu-bundle: $*" >&2; }
@@ -210,6 +210,7 @@ cuda_root() {
 }
 
 # Compresses a library in lib/ (FILE -> FILE.xz, else FILE.gz); prints how.
+# (Libraries over 1 MiB: the small ones are not worth a process each.)
 # xz saves ~40% over gzip on these (oneDNN 37 MiB: 7.0 vs 11.4 MiB) but takes
 # minutes on 2 cores, so each library's .xz is cached by content under
 # ~/.cache/tandem-gpu-bundle/xz. GPU_BUNDLE_COMPRESS=gzip forces gzip.

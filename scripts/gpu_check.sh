@@ -17,7 +17,7 @@
 #      tiny checkpoint generated (make_checkpoint, seed 0)
 #   3. the conformance suite on "cuda" (gtest filter from tests.tsv), then every
 #      other bundled GPU test (TANDEM_TEST_BACKEND=cuda), plain
-#   4. the kernel benchmark (gpu_bench --backend cuda)
+#   4. the kernel benchmark (gpu_bench --backend cuda, then cuda_bf16)
 #   5. compute-sanitizer where present: memcheck over the same tests, racecheck
 #      over the shared-memory kernels' tests (tests.tsv's racecheck filter), in
 #      the time left (a step that does not fit is recorded as skipped)
@@ -61,6 +61,7 @@ json_str() {  # a JSON string literal of $1
 FACTS=()    # JSON members
 STEPS=()    # JSON objects
 BENCH_JSON="null"
+BENCH_BF16_JSON="null"
 FAILED=0
 
 write_json() {  # status, message
@@ -73,7 +74,7 @@ write_json() {  # status, message
     for i in "${!FACTS[@]}"; do printf '%s%s' "$([[ $i -gt 0 ]] && echo ,)" "${FACTS[$i]}"; done
     printf '},"steps":['
     for i in "${!STEPS[@]}"; do printf '%s%s' "$([[ $i -gt 0 ]] && echo ,)" "${STEPS[$i]}"; done
-    printf '],"bench":%s}\n' "$BENCH_JSON"
+    printf '],"bench":%s,"bench_bf16":%s}\n' "$BENCH_JSON" "$BENCH_BF16_JSON"
   } >"$JSON"
 }
 
@@ -227,19 +228,25 @@ for entry in "${TESTS[@]}"; do
 done
 
 # ---------------------------------------------------------------- 4. benchmark
+# The exact backend ("cuda": tokens match the CPU's), then the BF16-activation one
+# ("cuda_bf16": the faster kernels), 60 s of the budget kept for the second.
+bench_json() {  # output file -> the JSON line (as a JSON string if it does not parse)
+  local line
+  line="$(grep -E '^\{"bench":"gpu_kernels"' "$1" | tail -n 1)"
+  [[ -n "$line" ]] || { echo null; return; }
+  if command -v python3 >/dev/null && ! python3 -c 'import json,sys; json.loads(sys.argv[1])' "$line" 2>/dev/null; then
+    json_str "$line"
+  else
+    echo "$line"
+  fi
+}
 if [[ -x "$BUNDLE/bin/gpu_bench" && -z "${UNRESOLVED[gpu_bench]:-}" ]]; then
   LAST_OUT=""
-  run_step gpu_bench bench "$(budget_for 120 0)" "$BUNDLE/run" gpu_bench --backend cuda
-  if [[ -n "$LAST_OUT" ]]; then
-    line="$(grep -E '^\{"bench":"gpu_kernels"' "$LAST_OUT" | tail -n 1)"
-    if [[ -n "$line" ]]; then
-      if command -v python3 >/dev/null && ! python3 -c 'import json,sys; json.loads(sys.argv[1])' "$line" 2>/dev/null; then
-        BENCH_JSON="$(json_str "$line")"
-      else
-        BENCH_JSON="$line"
-      fi
-    fi
-  fi
+  run_step gpu_bench bench "$(budget_for 120 60)" "$BUNDLE/run" gpu_bench --backend cuda
+  [[ -n "$LAST_OUT" ]] && BENCH_JSON="$(bench_json "$LAST_OUT")"
+  LAST_OUT=""
+  run_step gpu_bench_bf16 bench "$(budget_for 90 0)" "$BUNDLE/run" gpu_bench --backend cuda_bf16
+  [[ -n "$LAST_OUT" ]] && BENCH_BF16_JSON="$(bench_json "$LAST_OUT")"
 else
   STEPS+=("{\"name\":\"gpu_bench\",\"kind\":\"bench\",\"status\":\"fail\",\"reason\":$(json_str "absent or unresolved: ${UNRESOLVED[gpu_bench]:-not in the bundle}")}")
   FAILED=1

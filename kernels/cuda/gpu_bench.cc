@@ -27,6 +27,8 @@
 // part of every figure, as it is in serving without CUDA graphs. Every op's
 // status is checked; a failed or unsupported op is listed and skipped.
 //
+// "cuda_bf16" is the same backend with activations rounded to BF16 once (the
+// faster kernels; "cuda" is exact, its tokens match the CPU backend's).
 // On "cuda_sim" (the default build) the same harness runs tiny shapes on the
 // SIMT emulator to prove it end to end: those figures are EMULATED, not
 // performance, and the output says so. Ends with ONE JSON line
@@ -49,6 +51,7 @@
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/init.h"
 #include "kernels/backend.h"
@@ -57,7 +60,8 @@
 #include "kernels/device.h"
 
 ABSL_FLAG(std::string, backend, "cuda",
-          "cuda (a GPU; --config=cuda builds) or cuda_sim (the emulator: tiny "
+          "cuda or cuda_bf16 (a GPU; --config=cuda builds; exact, or activations "
+          "rounded to BF16 once) or cuda_sim / cuda_sim_bf16 (the emulator: tiny "
           "shapes, harness check only)");
 ABSL_FLAG(double, min_time_s, 0.05, "minimum timed seconds per round (3 rounds)");
 ABSL_FLAG(bool, quick, false, "fewer shapes (batch 1 and the largest only)");
@@ -708,9 +712,13 @@ std::string JsonEscape(const std::string& s) {
 
 int Main() {
   const std::string name = absl::GetFlag(FLAGS_backend);
-  if (name != "cuda" && name != "cuda_sim") {
-    std::fprintf(stderr, "gpu_bench: --backend must be cuda or cuda_sim, not %s\n",
-                 name.c_str());
+  if (name != "cuda" && name != "cuda_bf16" && name != "cuda_sim" &&
+      name != "cuda_sim_bf16") {
+    std::fprintf(
+        stderr,
+        "gpu_bench: --backend must be cuda, cuda_bf16, cuda_sim or cuda_sim_bf16, "
+        "not %s\n",
+        name.c_str());
     return 2;
   }
   auto created = CreateBackend(name);
@@ -724,7 +732,7 @@ int Main() {
     return 1;
   }
   Backend& be = **created;
-  g_emulated = name == "cuda_sim";
+  g_emulated = absl::StartsWith(name, "cuda_sim");
   std::printf("gpu_bench: backend %s on %s%s\n", std::string(be.name()).c_str(),
               std::string(be.device().name()).c_str(),
               g_emulated
