@@ -151,9 +151,15 @@ class LibfabricBackend final : public Backend {
   void Wake() override;
 
   const std::string& provider() const { return provider_; }
+  size_t NumRails() const { return rails_.size(); }
   bool hmem() const { return hmem_; }
   std::string mr_mode() const { return MrModeString(mr_mode_); }
   size_t NumRegistrations() const { return num_mrs_.load(); }
+  std::vector<uint64_t> PiecesPerRail() const {
+    std::vector<uint64_t> out;
+    for (const auto& n : pieces_per_rail_) out.push_back(n.load());
+    return out;
+  }
 
  private:
   struct Rail {
@@ -234,6 +240,7 @@ class LibfabricBackend final : public Backend {
   bool delivery_complete_in_info_ = false;
   bool wait_fds_ = false;
   uint64_t max_piece_bytes_ = 0;
+  uint64_t key_salt_ = (RandomAgentId() >> 1) & 0x7fffffff;
   int max_inflight_ops_ = 1;
   std::string address_;
   int epoll_fd_ = -1;
@@ -246,6 +253,8 @@ class LibfabricBackend final : public Backend {
   std::vector<Op*> recv_ops_;
   std::vector<int> free_send_slots_;
   std::atomic<size_t> num_mrs_{0};
+  std::vector<std::atomic<uint64_t>> pieces_per_rail_ =
+      std::vector<std::atomic<uint64_t>>(kMaxRails);
   std::map<RegionId, Registration> regs_;      // agent lock
   std::map<uintptr_t, RegionId> by_address_;   // agent lock: base → region
   std::map<PeerId, std::unique_ptr<Peer>> peers_;  // agent lock
@@ -521,9 +530,15 @@ absl::StatusOr<fid_mr*> LibfabricBackend::Register(void* base, size_t len,
 absl::StatusOr<std::string> LibfabricBackend::RegisterMemoryLocked(RegionId region,
                                                                    void* base,
                                                                    size_t len) {
-  // Key 0 is the message buffers'; region ids start at 1.
+  // Key 0 is the message buffers'; region ids start at 1. Where we choose keys
+  // (no FI_MR_PROV_KEY) and they are 8 bytes, a random salt in the high half,
+  // so a stale descriptor that reaches another agent at a reused address names
+  // no key there (the access fails) instead of that agent's region.
+  const uint64_t key = info_->domain_attr->mr_key_size >= 8
+                           ? (key_salt_ << 32) | region
+                           : region;
   auto mr = Register(base, len,
-                     FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE, region);
+                     FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE, key);
   if (!mr.ok()) return mr.status();
   regs_[region] = Registration{*mr, base, len, /*owned=*/false};
   by_address_[reinterpret_cast<uintptr_t>(base)] = region;
@@ -796,6 +811,7 @@ absl::StatusOr<Backend::PostResult> LibfabricBackend::PostPieceLocked(
     return FromFi(static_cast<int>(ret), write ? "fi_writemsg" : "fi_readmsg");
   }
   if (p->outstanding++ == 0) p->last_progress = absl::Now();
+  ++pieces_per_rail_[rail];
   return PostResult::kPending;
 }
 
@@ -853,15 +869,32 @@ absl::Status LibfabricBackend::SendMessageLocked(PeerId id, Peer* p, int rail,
   ssize_t ret = 0;
   // EAGAIN: the queue is full or (rxm) the connection is being set up; both
   // need progress.
+  // Between tries the agent lock is released for up to 1 ms (the progress
+  // thread reads the CQs meanwhile), so a slow connection does not hold it.
+  struct FailedArgs {
+    Peer* p;
+  } failed_args{p};
   while (true) {
     ret = fi_sendmsg(rails_[rail].ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
     if (ret != -FI_EAGAIN || absl::Now() >= deadline) break;
     DrainCq(rail);
+    host_->AwaitLocked(
+        absl::Condition(
+            +[](FailedArgs* a) { return !a->p->error.ok() || a->p->removed; },
+            &failed_args),
+        std::min(deadline, absl::Now() + absl::Milliseconds(1)));
+    if (!p->error.ok() || p->removed) break;
   }
   absl::Status st;
   if (ret != 0) {
     op->provider_owned = false;
-    st = FromFi(static_cast<int>(ret), absl::StrCat(what, ": fi_sendmsg"));
+    st = ret == -FI_EAGAIN
+             ? (!p->error.ok() ? p->error
+                : p->removed
+                    ? absl::CancelledError(absl::StrCat(what, ": disconnected"))
+                    : absl::DeadlineExceededError(
+                          absl::StrCat(what, ": could not send by the deadline")))
+             : FromFi(static_cast<int>(ret), absl::StrCat(what, ": fi_sendmsg"));
   } else {
     struct Args {
       Op* op;
@@ -1071,6 +1104,12 @@ LibfabricAgent::LibfabricAgent(std::unique_ptr<LibfabricBackend> backend)
 
 size_t LibfabricAgent::NumLibfabricRegistrationsForTesting() const {
   return backend_->NumRegistrations();
+}
+
+std::vector<uint64_t> LibfabricAgent::PiecesPerRailForTesting() const {
+  std::vector<uint64_t> all = backend_->PiecesPerRail();
+  all.resize(backend_->NumRails());
+  return all;
 }
 
 absl::StatusOr<std::unique_ptr<LibfabricAgent>> LibfabricAgent::Create(

@@ -44,6 +44,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -95,6 +96,8 @@ class LibfabricAgent final : public AgentCore {
   const std::string& mr_mode() const { return mr_mode_; }
   // Memory registrations held by libfabric now (regions + internal buffers).
   size_t NumLibfabricRegistrationsForTesting() const;
+  // Pieces posted on each rail since the agent started.
+  std::vector<uint64_t> PiecesPerRailForTesting() const;
 
  private:
   explicit LibfabricAgent(std::unique_ptr<LibfabricBackend> backend);

@@ -1,7 +1,9 @@
-// transfer_peer: a UcxAgent in its own process, driven line by line over
+// transfer_peer: a UcxAgent (or LibfabricAgent) in its own process, driven line by line over
 // stdin/stdout, for multi-process tests and the benchmark. Binary values travel
 // as hex. Commands, then their replies (one line each):
 //   INIT <tls|-> [noerr]        -> OK   (noerr: no peer-failure detection)
+//   INIT libfabric <provider> <rails> [<progress_timeout_ms>]
+//                               -> OK   (a LibfabricAgent instead of UCX)
 //   LAYOUT <KvLayout hex> <num_blocks> <num_slots> [huge]
 //                               -> OK <region_id> <bytes>
 //                                  (huge: madvise(MADV_HUGEPAGE) before touching;
@@ -28,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "kvtransfer/checksum.h"
+#include "kvtransfer/libfabric_agent.h"
 #include "kvtransfer/plan.h"
 #include "kvtransfer/ucx_agent.h"
 
@@ -40,6 +43,24 @@ class Peer {
     std::vector<std::string> w = absl::StrSplit(line, ' ', absl::SkipEmpty());
     if (w.empty()) return "ERR empty command";
     const std::string& cmd = w[0];
+    if (cmd == "INIT" && w.size() >= 4 && w.size() <= 5 && w[1] == "libfabric") {
+      LibfabricAgentConfig config;
+      config.provider = w[2];
+      int64_t timeout_ms = 0;
+      if (!absl::SimpleAtoi(w[3], &config.rails) ||
+          (w.size() == 5 && !absl::SimpleAtoi(w[4], &timeout_ms))) {
+        return "ERR bad INIT libfabric arguments";
+      }
+      if (timeout_ms > 0) config.progress_timeout = absl::Milliseconds(timeout_ms);
+      auto agent = LibfabricAgent::Create(config);
+      if (!agent.ok()) return absl::StrCat("ERR ", agent.status().ToString());
+      agent_ = std::move(*agent);
+      agent_->SetNotificationCallback([this](const Notification& n) {
+        absl::MutexLock l(&mu_);
+        pending_.push_back(n);
+      });
+      return "OK";
+    }
     if (cmd == "INIT" && (w.size() == 2 || (w.size() == 3 && w[2] == "noerr"))) {
       UcxAgentConfig config;
       if (w[1] != "-") config.tls = w[1];
@@ -131,7 +152,7 @@ class Peer {
   }
 
  private:
-  std::unique_ptr<UcxAgent> agent_;
+  std::unique_ptr<TransferAgent> agent_;
   uint8_t* mem_ = nullptr;
   uint64_t bytes_ = 0;
   RegionId region_ = 0;

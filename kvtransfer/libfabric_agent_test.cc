@@ -1,0 +1,454 @@
+// LibfabricAgent across two processes (this test = prefill side, a transfer_peer
+// child = decode side) on the tcp and shm providers, one rail and several:
+// full-K3-shaped per-layer state bit-exact (checksums computed by each side from
+// its own layout) at several context lengths and block sizes; a peer stopped
+// (deadline) and killed mid-transfer (UNAVAILABLE within the deadline);
+// cancellation mid-transfer; an unreachable peer; bad descriptors; striping over
+// rails; every libfabric registration released.
+#include <signal.h>
+#include <unistd.h>
+
+#include <iostream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "kvtransfer/checksum.h"
+#include "kvtransfer/descriptor.h"
+#include "kvtransfer/libfabric_agent.h"
+#include "kvtransfer/peer_process.h"
+#include "kvtransfer/plan.h"
+
+namespace tandem::kvtransfer {
+namespace {
+
+class Env : public ::testing::Environment {
+ public:
+  // Hard ceiling for the whole binary: a hang is killed, never waited out.
+  void SetUp() override { alarm(240); }
+};
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Env);
+
+std::unique_ptr<PeerProcess> SpawnPeer() {
+  return PeerProcess::Spawn("kvtransfer/transfer_peer");
+}
+
+std::string InitCommand(const std::string& provider, int rails,
+                        absl::Duration progress_timeout = absl::ZeroDuration()) {
+  return absl::StrCat("INIT libfabric ", provider, " ", rails, " ",
+                      absl::ToInt64Milliseconds(progress_timeout));
+}
+
+std::unique_ptr<LibfabricAgent> MakeAgent(const std::string& provider, int rails,
+                                          absl::Duration progress_timeout =
+                                              absl::Seconds(10)) {
+  LibfabricAgentConfig config;
+  config.provider = provider;
+  config.rails = rails;
+  config.progress_timeout = progress_timeout;
+  auto agent = LibfabricAgent::Create(config);
+  EXPECT_TRUE(agent.ok()) << agent.status();
+  return agent.ok() ? std::move(*agent) : nullptr;
+}
+
+tandem::v1::KvLayout K3Layout(int block_size, int mla_layers, int kda_layers) {
+  tandem::v1::KvLayout l;
+  l.set_block_size(block_size);
+  l.set_num_mla_layers(mla_layers);
+  l.set_num_kda_layers(kda_layers);
+  l.set_mla_token_bytes((512 + 64) * 2);               // 576 BF16 values
+  l.set_kda_state_bytes(96LL * 128 * 128 * 4);         // 96 heads x 128 x 128 FP32
+  l.set_kda_conv_bytes(3LL * (4 - 1) * 96 * 128 * 4);  // 3 projections, kernel 4
+  l.set_tp_rank(0);
+  l.set_tp_size(1);
+  l.set_mla_dtype("bf16");
+  return l;
+}
+
+struct TransferCase {
+  std::string name;
+  std::string provider;
+  int rails;
+  int64_t tokens;
+  int src_block;
+  int dst_block;
+  bool dst_allocated;  // the receiver's cache from AllocateMemory
+};
+
+class LibfabricStateTransferTest : public ::testing::TestWithParam<TransferCase> {};
+
+TEST_P(LibfabricStateTransferTest, ArrivesBitExact) {
+  const TransferCase& c = GetParam();
+  constexpr int kMla = 4, kKda = 3;
+  auto child = SpawnPeer();
+  ASSERT_NE(child, nullptr);
+  ASSERT_EQ(child->Call(InitCommand(c.provider, c.rails)), "OK");
+
+  const tandem::v1::KvLayout dst_layout = K3Layout(c.dst_block, kMla, kKda);
+  const int64_t dst_needed = (c.tokens + c.dst_block - 1) / c.dst_block;
+  const int64_t dst_blocks = dst_needed * 2 + 1, dst_slots = 3;
+  tandem::v1::RankTarget target;
+  for (int64_t i = 0; i < dst_needed; ++i)
+    target.add_block_ids((i * 2 + 1) % dst_blocks);
+  target.set_state_slot(2);
+  *target.mutable_layout() = dst_layout;
+  std::string reply = child->Call(
+      absl::StrCat("LAYOUT ", absl::BytesToHexString(dst_layout.SerializeAsString()),
+                   " ", dst_blocks, " ", dst_slots, c.dst_allocated ? " ucx" : ""));
+  ASSERT_TRUE(absl::StartsWith(reply, "OK ")) << reply;
+  std::vector<std::string> words = absl::StrSplit(reply, ' ');
+  uint32_t dst_region = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(words[1], &dst_region));
+  reply = child->Call("DESC");
+  ASSERT_TRUE(absl::StartsWith(reply, "DESC ")) << reply;
+  target.set_transfer_descriptor(absl::HexStringToBytes(reply.substr(5)));
+
+  auto agent = MakeAgent(c.provider, c.rails);
+  ASSERT_NE(agent, nullptr);
+  const tandem::v1::KvLayout src_layout = K3Layout(c.src_block, kMla, kKda);
+  const int64_t src_needed = (c.tokens + c.src_block - 1) / c.src_block;
+  const int64_t src_blocks = src_needed + 3, src_slots = 2;
+  std::vector<uint8_t> mem(ContiguousRegionBytes(src_layout, src_blocks, src_slots));
+  std::mt19937_64 rng(c.tokens * 31 + c.src_block);
+  for (size_t i = 0; i + 8 <= mem.size(); i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(&mem[i], &v, 8);
+  }
+  auto src_region = agent->RegisterMemory(mem.data(), mem.size());
+  ASSERT_TRUE(src_region.ok());
+  RankLayout src = ContiguousRankLayout(src_layout, src_blocks, src_slots, *src_region);
+  for (int64_t i = 0; i < src_needed; ++i) src.block_ids.push_back(src_blocks - 1 - i);
+  src.state_slot = 1;
+  RankLayout dst = ContiguousRankLayout(dst_layout, dst_blocks, dst_slots, dst_region);
+  dst.block_ids.assign(target.block_ids().begin(), target.block_ids().end());
+  dst.state_slot = target.state_slot();
+
+  auto peer = agent->Connect(target.transfer_descriptor());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  std::vector<BatchId> batches;
+  const absl::Time start = absl::Now();
+  for (int l = 0; l < kMla + kKda; ++l) {
+    const LayerRef layer =
+        l < kMla ? LayerRef{LayerKind::kMla, l} : LayerRef{LayerKind::kKda, l - kMla};
+    auto plan = PlanLayer(src, dst, layer, c.tokens);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto batch = agent->PostWrite(*peer, plan->segments);
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    batches.push_back(*batch);
+  }
+  for (BatchId b : batches) {
+    const absl::Status st = agent->Wait(b, absl::Now() + absl::Seconds(60));
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  ASSERT_TRUE(agent->Notify(*peer, "req-lf", "done", absl::Now() + absl::Seconds(10)).ok());
+  const absl::Duration took = absl::Now() - start;
+  reply = child->Call("WAITNOTE 10000");
+  ASSERT_EQ(reply, absl::StrCat("NOTE ", absl::BytesToHexString("req-lf"), " ",
+                                absl::BytesToHexString("done"), " "));
+  auto want = ComputeChecksums(src, c.tokens, [&](RegionId r) {
+    return r == *src_region ? absl::Span<const uint8_t>(mem)
+                            : absl::Span<const uint8_t>();
+  });
+  ASSERT_TRUE(want.ok()) << want.status();
+  reply = child->Call(absl::StrCat("CHECKSUM ",
+                                   absl::BytesToHexString(target.SerializeAsString()),
+                                   " ", c.tokens, " ", dst_blocks, " ", dst_slots));
+  ASSERT_TRUE(absl::StartsWith(reply, "SUM ")) << reply;
+  tandem::v1::StateChecksums got;
+  ASSERT_TRUE(got.ParseFromString(absl::HexStringToBytes(reply.substr(4))));
+  EXPECT_TRUE(Verify(*want, got).ok()) << Verify(*want, got);
+  EXPECT_EQ(got.mla_layer_size(), kMla);
+  EXPECT_EQ(got.kda_layer_size(), kKda);
+  const std::string transport = agent->Transport(*peer);
+  EXPECT_EQ(transport.rfind(c.provider, 0), 0u) << transport;
+  std::cerr << c.name << ": " << took << ", transport " << transport << "\n";
+
+  EXPECT_TRUE(agent->Disconnect(*peer).ok());
+  EXPECT_TRUE(agent->DeregisterMemory(*src_region).ok());
+  EXPECT_EQ(agent->NumRegisteredRegions(), 0u);
+  // Only the agent's own message buffers stay registered.
+  EXPECT_EQ(agent->NumLibfabricRegistrationsForTesting(), 1u);
+  EXPECT_EQ(child->Call("QUIT", absl::Seconds(1)), "ERR child closed its output");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, LibfabricStateTransferTest,
+    ::testing::Values(TransferCase{"tcp_1_token", "tcp", 1, 1, 16, 64, false},
+                      TransferCase{"tcp_100_tokens", "tcp", 1, 100, 64, 16, true},
+                      TransferCase{"tcp_4096_tokens", "tcp", 1, 4096, 16, 64, false},
+                      TransferCase{"tcp_2rails_4096_tokens", "tcp", 2, 4096, 64, 16,
+                                   true},
+                      TransferCase{"shm_1_token", "shm", 1, 1, 64, 16, true},
+                      TransferCase{"shm_100_tokens", "shm", 1, 100, 16, 16, false},
+                      TransferCase{"shm_4096_tokens", "shm", 1, 4096, 16, 64, true},
+                      TransferCase{"shm_3rails_4096_tokens", "shm", 3, 4096, 64, 16,
+                                   false}),
+    [](const ::testing::TestParamInfo<TransferCase>& info) { return info.param.name; });
+
+// A plain region of `bytes` in the child, connected.
+struct Wired {
+  std::unique_ptr<PeerProcess> child;
+  std::unique_ptr<LibfabricAgent> agent;
+  std::vector<uint8_t> mem;
+  RegionId local = 0;
+  RegionId remote = 0;
+  PeerId peer = 0;
+  std::string descriptor;
+};
+
+void WireRaw(const std::string& provider, int rails, uint64_t bytes,
+             absl::Duration progress_timeout, Wired* w) {
+  w->child = SpawnPeer();
+  ASSERT_NE(w->child, nullptr);
+  ASSERT_EQ(w->child->Call(InitCommand(provider, rails)), "OK");
+  tandem::v1::KvLayout l;  // one MLA layer of 4096-byte blocks: a raw region
+  l.set_block_size(1);
+  l.set_num_mla_layers(1);
+  l.set_mla_token_bytes(4096);
+  l.set_tp_size(1);
+  std::string reply = w->child->Call(absl::StrCat(
+      "LAYOUT ", absl::BytesToHexString(l.SerializeAsString()), " ", bytes / 4096, " 0"));
+  ASSERT_TRUE(absl::StartsWith(reply, "OK ")) << reply;
+  std::vector<std::string> words = absl::StrSplit(reply, ' ');
+  ASSERT_TRUE(absl::SimpleAtoi(words[1], &w->remote));
+  reply = w->child->Call("DESC");
+  ASSERT_TRUE(absl::StartsWith(reply, "DESC ")) << reply;
+  w->descriptor = absl::HexStringToBytes(reply.substr(5));
+  w->agent = MakeAgent(provider, rails, progress_timeout);
+  ASSERT_NE(w->agent, nullptr);
+  w->mem.assign(bytes, 0x5a);
+  auto local = w->agent->RegisterMemory(w->mem.data(), w->mem.size());
+  ASSERT_TRUE(local.ok());
+  w->local = *local;
+  auto peer = w->agent->Connect(w->descriptor);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  w->peer = *peer;
+}
+
+std::vector<Segment> Chunks(const Wired& w, uint64_t bytes, uint64_t chunk) {
+  std::vector<Segment> segs;
+  for (uint64_t off = 0; off < bytes; off += chunk)
+    segs.push_back({w.local, off, w.remote, off, chunk});
+  return segs;
+}
+
+void ExpectAllReleased(Wired* w) {
+  EXPECT_TRUE(w->agent->Disconnect(w->peer).ok());
+  EXPECT_TRUE(w->agent->DeregisterMemory(w->local).ok());
+  EXPECT_EQ(w->agent->NumRegisteredRegions(), 0u);
+  EXPECT_EQ(w->agent->NumPeers(), 0u);
+  EXPECT_EQ(w->agent->NumBatchesForTesting(), 0u);
+  EXPECT_EQ(w->agent->NumLibfabricRegistrationsForTesting(), 1u);  // message buffers
+  const absl::Time t0 = absl::Now();
+  w->agent.reset();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(10));
+}
+
+struct ProviderCase {
+  std::string provider;
+  int rails;
+};
+
+class LibfabricPeerFailureTest : public ::testing::TestWithParam<ProviderCase> {};
+
+// A stopped peer: the batch misses its deadline (shm and tcp both need the
+// target's progress for 64 MiB). Killed: UNAVAILABLE within the deadline — tcp
+// from the connection's error completions, shm (a dead process completes
+// nothing) from the progress timeout (2 s here).
+TEST_P(LibfabricPeerFailureTest, StoppedPeerMissesDeadlineKilledPeerFailsUnavailable) {
+  constexpr uint64_t kBytes = 64 << 20;
+  Wired w;
+  WireRaw(GetParam().provider, GetParam().rails, kBytes, absl::Seconds(2), &w);
+  if (HasFatalFailure()) return;
+  w.child->Signal(SIGSTOP);
+  auto batch = w.agent->PostWrite(w.peer, Chunks(w, kBytes, 1 << 20));
+  ASSERT_TRUE(batch.ok());
+  absl::Time t0 = absl::Now();
+  EXPECT_EQ(w.agent->Wait(*batch, t0 + absl::Milliseconds(300)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
+  EXPECT_EQ(
+      w.agent->Notify(w.peer, "r", "", absl::Now() + absl::Milliseconds(100)).code(),
+      absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(w.agent->DeregisterMemory(w.local).code(),
+            absl::StatusCode::kFailedPrecondition);
+  w.child->Signal(SIGKILL);
+  w.child->Reap();
+  t0 = absl::Now();
+  const absl::Status st = w.agent->Wait(*batch, t0 + absl::Seconds(15));
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(15));
+  std::cerr << "killed peer: " << st << " after " << absl::Now() - t0 << "\n";
+  EXPECT_EQ(w.agent->PostWrite(w.peer, Chunks(w, 4096, 4096)).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(w.agent->Notify(w.peer, "r", "", absl::Now() + absl::Seconds(5)).code(),
+            absl::StatusCode::kUnavailable);
+  ExpectAllReleased(&w);
+}
+
+TEST_P(LibfabricPeerFailureTest, KilledPeerMidTransferIsReportedBeforeTheDeadline) {
+  constexpr uint64_t kBytes = 128 << 20;
+  Wired w;
+  WireRaw(GetParam().provider, GetParam().rails, kBytes, absl::Seconds(2), &w);
+  if (HasFatalFailure()) return;
+  auto batch = w.agent->PostWrite(w.peer, Chunks(w, kBytes, 64 << 10));
+  ASSERT_TRUE(batch.ok());
+  w.child->Signal(SIGKILL);
+  w.child->Reap();
+  absl::Time t0 = absl::Now();
+  const absl::Status first = w.agent->Wait(*batch, t0 + absl::Seconds(15));
+  // It may have completed before the kill landed; it never hangs.
+  EXPECT_NE(first.code(), absl::StatusCode::kDeadlineExceeded) << first;
+  t0 = absl::Now();
+  absl::Status after;
+  auto again = w.agent->PostWrite(w.peer, Chunks(w, 1 << 20, 1 << 20));
+  after = again.ok() ? w.agent->Wait(*again, t0 + absl::Seconds(15)) : again.status();
+  EXPECT_EQ(after.code(), absl::StatusCode::kUnavailable) << after;
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(15));
+  std::cerr << "first batch: " << first << "; after death: " << after << "\n";
+  ExpectAllReleased(&w);
+}
+
+TEST_P(LibfabricPeerFailureTest, CancelMidTransfer) {
+  constexpr uint64_t kBytes = 64 << 20;
+  Wired w;
+  WireRaw(GetParam().provider, GetParam().rails, kBytes, absl::Seconds(10), &w);
+  if (HasFatalFailure()) return;
+  w.child->Signal(SIGSTOP);  // keeps the batch in flight until we cancel
+  auto batch = w.agent->PostWrite(w.peer, Chunks(w, kBytes, 256 << 10));
+  ASSERT_TRUE(batch.ok());
+  ASSERT_TRUE(w.agent->Cancel(*batch).ok());
+  w.child->Signal(SIGCONT);  // operations handed to libfabric drain
+  const absl::Status st = w.agent->Wait(*batch, absl::Now() + absl::Seconds(15));
+  EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
+  auto again = w.agent->PostWrite(w.peer, Chunks(w, 1 << 20, 1 << 20));
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(w.agent->Wait(*again, absl::Now() + absl::Seconds(15)).ok());
+  ExpectAllReleased(&w);
+}
+
+TEST_P(LibfabricPeerFailureTest, UnreachablePeerFailsConnect) {
+  Wired w;
+  WireRaw(GetParam().provider, GetParam().rails, 1 << 20, absl::Seconds(10), &w);
+  if (HasFatalFailure()) return;
+  w.child->Signal(SIGKILL);
+  w.child->Reap();
+  const absl::Time t0 = absl::Now();
+  auto peer = w.agent->Connect(w.descriptor);
+  ASSERT_FALSE(peer.ok());
+  EXPECT_EQ(peer.status().code(), absl::StatusCode::kUnavailable) << peer.status();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(11));  // connect_timeout
+  ExpectAllReleased(&w);
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, LibfabricPeerFailureTest,
+                         ::testing::Values(ProviderCase{"tcp", 1}, ProviderCase{"tcp", 2},
+                                           ProviderCase{"shm", 1}),
+                         [](const ::testing::TestParamInfo<ProviderCase>& info) {
+                           return absl::StrCat(info.param.provider, "_",
+                                               info.param.rails, "rails");
+                         });
+
+// In one process.
+TEST(LibfabricAgentTest, BadAddressesAreRejectedWithAClearError) {
+  auto a = MakeAgent("tcp", 1);
+  auto shm = MakeAgent("shm", 1);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(shm, nullptr);
+  auto good = ParseDescriptor(*a->LocalDescriptor());
+  ASSERT_TRUE(good.ok());
+  // Another provider's agent.
+  auto st = a->Connect(*shm->LocalDescriptor());
+  EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.status().message().find("provider"), std::string::npos) << st.status();
+  // A well-formed descriptor (checksum intact) whose address is not ours.
+  auto with_address = [&](std::string address) {
+    AgentDescriptor d = *good;
+    d.address = std::move(address);
+    return a->Connect(SerializeDescriptor(d)).status();
+  };
+  for (const std::string& bad :
+       {std::string(), std::string("TKLF"), good->address.substr(0, 10),
+        good->address + "x", std::string("XXXX") + good->address.substr(4)}) {
+    const absl::Status s = with_address(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("libfabric"), std::string::npos) << s;
+  }
+  // A region whose remote key is not a libfabric key.
+  std::vector<uint8_t> buf(4096);
+  ASSERT_TRUE(a->RegisterMemory(buf.data(), buf.size()).ok());
+  AgentDescriptor d = *ParseDescriptor(*a->LocalDescriptor());
+  d.regions[0].rkey = "abc";
+  const absl::Status s = a->Connect(SerializeDescriptor(d)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("remote key"), std::string::npos) << s;
+  EXPECT_EQ(a->NumPeers(), 0u);
+}
+
+TEST(LibfabricAgentTest, UnknownProviderAndBadRailsAreRefused) {
+  LibfabricAgentConfig config;
+  config.provider = "efa";  // not on this machine: an error, never tcp instead
+  auto efa = LibfabricAgent::Create(config);
+  ASSERT_FALSE(efa.ok());
+  EXPECT_EQ(efa.status().code(), absl::StatusCode::kFailedPrecondition);
+  config.provider = "tcp";
+  config.rails = 0;
+  EXPECT_EQ(LibfabricAgent::Create(config).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(LibfabricAgentTest, ReportsWhatTheProviderDemands) {
+  auto shm = MakeAgent("shm", 1);
+  ASSERT_NE(shm, nullptr);
+  EXPECT_EQ(shm->provider(), "shm");
+  // Debian's shm demands virtual addresses in RMA (checked in the key path).
+  EXPECT_NE(shm->mr_mode().find("FI_MR_VIRT_ADDR"), std::string::npos)
+      << shm->mr_mode();
+  auto tcp = MakeAgent("tcp", 1);
+  ASSERT_NE(tcp, nullptr);
+  EXPECT_EQ(tcp->provider(), "tcp;ofi_rxm");
+  EXPECT_FALSE(tcp->hmem_supported());
+}
+
+// Striping: with 3 rails, every rail carries pieces and the bytes arrive exact.
+TEST(LibfabricAgentTest, RailsStripeOneBatch) {
+  auto a = MakeAgent("tcp", 3);
+  auto b = MakeAgent("tcp", 3);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  constexpr size_t kBytes = 8 << 20;
+  std::vector<uint8_t> src(kBytes), dst(kBytes, 0);
+  std::mt19937 rng(5);
+  for (auto& x : src) x = static_cast<uint8_t>(rng());
+  auto s = a->RegisterMemory(src.data(), src.size());
+  auto d = b->RegisterMemory(dst.data(), dst.size());
+  ASSERT_TRUE(s.ok() && d.ok());
+  auto peer = a->Connect(*b->LocalDescriptor());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  std::vector<Segment> segs;
+  for (uint64_t off = 0; off < kBytes; off += 64 << 10)
+    segs.push_back({*s, off, *d, kBytes - (64 << 10) - off, 64 << 10});
+  auto batch = a->PostWrite(*peer, segs);
+  ASSERT_TRUE(batch.ok());
+  ASSERT_TRUE(a->Wait(*batch, absl::Now() + absl::Seconds(30)).ok());
+  for (uint64_t off = 0; off < kBytes; off += 64 << 10) {
+    ASSERT_TRUE(std::equal(src.begin() + off, src.begin() + off + (64 << 10),
+                           dst.begin() + (kBytes - (64 << 10) - off)))
+        << off;
+  }
+  const std::vector<uint64_t> per_rail = a->PiecesPerRailForTesting();
+  ASSERT_EQ(per_rail.size(), 3u);
+  for (uint64_t n : per_rail) EXPECT_GE(n, segs.size() / 3) << "rail idle";
+  EXPECT_EQ(a->Transport(*peer), "tcp;ofi_rxm x3 rails");
+}
+
+}  // namespace
+}  // namespace tandem::kvtransfer
