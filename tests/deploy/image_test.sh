@@ -16,6 +16,7 @@ if [[ "${TANDEM_TEST_IMAGE:-}" != 1 ]]; then
   exit 0
 fi
 fail() { echo "FAIL: $*" >&2; exit 1; }
+export PATH="$PATH:/usr/sbin:/sbin"  # chroot, mount (Bazel's strict PATH lacks them)
 command -v umoci >/dev/null || fail "umoci is not installed (./tandem setup)"
 [[ "$(id -u)" == 0 ]] || fail "needs root (umoci unpack, chroot)"
 image="${TANDEM_IMAGE:-}"
