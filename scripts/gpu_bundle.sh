@@ -478,4 +478,15 @@ pack_rc=0
 pack || pack_rc=$?
 verify_bundle "$OUT_DIR" || pack_rc=1
 sed -n '/^Built/,/^Shared libraries/p' "$OUT_DIR/MANIFEST.txt" | sed '$d' >&2
+# What the device tool will carry: the working tree (tracked and untracked files
+# that git does not ignore) plus the bundle, at most 64 MiB together.
+tree_kib="$(cd "$ROOT" && git ls-files -z -co --exclude-standard 2>/dev/null |
+  xargs -0 -r du -ck 2>/dev/null | tail -n 1 | cut -f1)"
+bundle_kib="$(du -sk "$OUT_DIR" | cut -f1)"
+say "the device tool carries the working tree (${tree_kib:-?} KiB) + this bundle (${bundle_kib} KiB) = $(( (${tree_kib:-0} + bundle_kib) / 1024 )) MiB of its 64 MiB"
+if (( ${tree_kib:-0} + bundle_kib > 64 * 1024 )); then
+  say "over 64 MiB: the run would be refused (GPU_BUNDLE_COMPRESS=gzip is larger; drop a --target)"
+  pack_rc=1
+fi
+say "run it there: run(command=\"$(basename "$OUT_DIR")/gpu_check.sh \\\"\$OUT\\\"\", carry=[\"$(basename "$OUT_DIR")\"], timeout_s=420)  (docs/gpu_check.md)"
 exit $pack_rc
