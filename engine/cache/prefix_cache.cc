@@ -1,0 +1,265 @@
+#include "engine/cache/prefix_cache.h"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include "common/status.h"
+#include <xxhash.h>
+
+namespace tandem::engine {
+
+std::vector<BlockHash> ChainedBlockHashes(absl::Span<const int32_t> tokens,
+                                          int32_t block_size, std::string_view salt,
+                                          absl::Span<const MediaHash> media) {
+  std::vector<BlockHash> out;
+  if (block_size <= 0) return out;
+  const int64_t n = static_cast<int64_t>(tokens.size()) / block_size;
+  out.reserve(n);
+  // The chain's root is the salt's hash: another tenant's chain never meets it.
+  BlockHash parent = XXH3_64bits(salt.data(), salt.size());
+  std::vector<uint8_t> bytes;
+  for (int64_t i = 0; i < n; ++i) {
+    // This block's token ids, then (position, hash) of each media item in it;
+    // seeded by the parent's hash (the chain).
+    const auto* first = reinterpret_cast<const uint8_t*>(tokens.data() + i * block_size);
+    bytes.assign(first, first + sizeof(int32_t) * static_cast<size_t>(block_size));
+    for (const MediaHash& m : media) {
+      if (m.position >= i * block_size && m.position < (i + 1) * block_size) {
+        const uint64_t v[2] = {static_cast<uint64_t>(m.position), m.hash};
+        const auto* b = reinterpret_cast<const uint8_t*>(v);
+        bytes.insert(bytes.end(), b, b + sizeof(v));
+      }
+    }
+    parent = XXH3_64bits_withSeed(bytes.data(), bytes.size(), parent);
+    out.push_back(parent);
+  }
+  return out;
+}
+
+int64_t UsablePrefix(int64_t matched_blocks, int32_t block_size, int32_t kda_chunk,
+                     int64_t prompt_tokens,
+                     const std::function<bool(int64_t blocks)>& has_snapshot_at) {
+  if (block_size <= 0 || kda_chunk <= 0) return 0;
+  // Deepest first: the first k that satisfies every condition is the hit.
+  for (int64_t k = matched_blocks; k > 0; --k) {
+    const int64_t p = k * block_size;
+    if (p >= prompt_tokens) continue;  // (d) one token left to compute
+    if (p % kda_chunk != 0) continue;  // (c) bit-identical KDA state
+    if (has_snapshot_at(k)) return p;  // (b) the state at exactly p
+  }
+  return 0;
+}
+
+std::vector<int64_t> SnapshotPositions(int64_t prompt_tokens, int64_t hit_tokens,
+                                       int64_t matched_blocks, int32_t block_size,
+                                       int32_t kda_chunk, int64_t grid) {
+  std::vector<int64_t> out;
+  if (block_size <= 0 || kda_chunk <= 0 || prompt_tokens <= 1) return out;
+  const int64_t a = std::lcm<int64_t>(block_size, kda_chunk);
+  auto add = [&](int64_t p) {
+    p = p / a * a;
+    if (p > hit_tokens && p < prompt_tokens) out.push_back(p);
+  };
+  add(prompt_tokens - 1);  // the last full chunk below the last token
+  add(matched_blocks * block_size);
+  if (grid > 0) {
+    const int64_t g = (grid + a - 1) / a * a;  // the grid on aligned positions
+    for (int64_t p = g; p < prompt_tokens; p += g) add(p);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+PrefixCache::PrefixCache(const PrefixCacheConfig& config, BlockAllocator* blocks)
+    : config_(config), blocks_(blocks) {
+  for (SnapshotId s = config.num_snapshots - 1; s >= 0; --s) {
+    free_snapshots_.push_back(s);
+  }
+}
+
+PrefixHit PrefixCache::Lookup(absl::Span<const BlockHash> hashes,
+                              int64_t prompt_tokens) {
+  PrefixHit hit;
+  const uint64_t now = ++clock_;
+  int64_t k = 0;
+  while (k < static_cast<int64_t>(hashes.size())) {
+    auto it = entries_.find(hashes[k]);
+    if (it == entries_.end()) break;
+    it->second.last_use = now;
+    ++k;
+  }
+  hit.matched_blocks = k;
+  hit.tokens =
+      UsablePrefix(k, config_.block_size, config_.kda_chunk, prompt_tokens,
+                   [&](int64_t b) { return snapshots_.contains(hashes[b - 1]); });
+  if (hit.tokens > 0) {
+    const int64_t nb = hit.tokens / config_.block_size;
+    for (int64_t i = 0; i < nb; ++i) hit.blocks.push_back(entries_[hashes[i]].block);
+    Snapshot& s = snapshots_[hashes[nb - 1]];
+    s.last_use = now;
+    hit.snapshot = s.id;
+    ++stats_.hits;
+  }
+  ++stats_.lookups;
+  stats_.queried_tokens += prompt_tokens;
+  stats_.hit_tokens += hit.tokens;
+  return hit;
+}
+
+bool PrefixCache::InsertBlock(absl::Span<const BlockHash> hashes, int64_t index,
+                              BlockId id) {
+  if (index < 0 || index >= static_cast<int64_t>(hashes.size())) return false;
+  const BlockHash h = hashes[index];
+  if (entries_.contains(h) || by_block_.contains(id)) return false;
+  Entry e;
+  e.block = id;
+  if (index > 0) {
+    auto parent = entries_.find(hashes[index - 1]);
+    if (parent == entries_.end()) return false;  // chains stay contiguous
+    e.parent = hashes[index - 1];
+    e.has_parent = true;
+    ++parent->second.children;
+  }
+  if (!blocks_->IncRef(id).ok()) {  // a free block: a caller bug, not cached
+    if (e.has_parent) --entries_[e.parent].children;
+    return false;
+  }
+  e.last_use = ++clock_;
+  entries_.emplace(h, e);
+  by_block_.emplace(id, h);
+  ++stats_.blocks_inserted;
+  return true;
+}
+
+absl::StatusOr<SnapshotId> PrefixCache::StoreSnapshot(BlockHash key) {
+  if (config_.num_snapshots <= 0) return FailedPrecondition("no snapshot pool");
+  if (!entries_.contains(key)) {
+    return NotFound("snapshot key names no cached block");
+  }
+  if (snapshots_.contains(key)) {
+    return absl::AlreadyExistsError("a snapshot exists at this position");
+  }
+  if (free_snapshots_.empty()) {
+    auto lru = std::min_element(snapshots_.begin(), snapshots_.end(),
+                                [](const auto& a, const auto& b) {
+                                  return a.second.last_use < b.second.last_use;
+                                });
+    DropSnapshot(lru->first);
+    ++stats_.snapshots_evicted;
+  }
+  Snapshot s;
+  s.id = free_snapshots_.back();
+  free_snapshots_.pop_back();
+  s.last_use = ++clock_;
+  snapshots_.emplace(key, s);
+  ++stats_.snapshots_stored;
+  return s.id;
+}
+
+void PrefixCache::DropSnapshot(BlockHash key) {
+  auto it = snapshots_.find(key);
+  if (it == snapshots_.end()) return;
+  free_snapshots_.push_back(it->second.id);
+  snapshots_.erase(it);
+}
+
+void PrefixCache::Evict(BlockHash h) {
+  auto it = entries_.find(h);
+  if (it == entries_.end()) return;
+  const Entry e = it->second;
+  if (e.has_parent) {
+    auto parent = entries_.find(e.parent);
+    if (parent != entries_.end()) --parent->second.children;
+  }
+  if (snapshots_.contains(h)) {
+    DropSnapshot(h);
+    ++stats_.snapshots_evicted;
+  }
+  by_block_.erase(e.block);
+  entries_.erase(it);
+  blocks_->Free(e.block).IgnoreError();  // the cache's reference
+  ++stats_.blocks_evicted;
+}
+
+int64_t PrefixCache::Reclaim(int64_t free_blocks) {
+  int64_t evicted = 0;
+  while (blocks_->num_free() < free_blocks) {
+    // Unreferenced leaves, least recently used first (deepest first among equals).
+    std::vector<std::pair<uint64_t, BlockHash>> leaves;
+    for (const auto& [h, e] : entries_) {
+      if (e.children == 0 && blocks_->ref_count(e.block) == 1) {
+        leaves.emplace_back(e.last_use, h);
+      }
+    }
+    if (leaves.empty()) break;
+    std::sort(leaves.begin(), leaves.end());
+    for (const auto& [use, h] : leaves) {
+      if (blocks_->num_free() >= free_blocks) break;
+      Evict(h);
+      ++evicted;
+    }
+  }
+  return evicted;
+}
+
+void PrefixCache::Clear() {
+  for (const auto& [h, e] : entries_) blocks_->Free(e.block).IgnoreError();
+  entries_.clear();
+  by_block_.clear();
+  while (!snapshots_.empty()) DropSnapshot(snapshots_.begin()->first);
+}
+
+int64_t PrefixCache::num_evictable_blocks() const {
+  int64_t n = 0;
+  for (const auto& [h, e] : entries_) n += blocks_->ref_count(e.block) == 1;
+  return n;
+}
+
+absl::Status PrefixCache::CheckInvariants() const {
+  if (by_block_.size() != entries_.size()) {
+    return Internal("prefix cache: ", entries_.size(), " entries, ", by_block_.size(),
+                    " blocks");
+  }
+  absl::flat_hash_map<BlockHash, int32_t> children;
+  for (const auto& [h, e] : entries_) {
+    if (blocks_->ref_count(e.block) < 1) {
+      return Internal("prefix cache holds free block ", e.block);
+    }
+    auto b = by_block_.find(e.block);
+    if (b == by_block_.end() || b->second != h) {
+      return Internal("prefix cache: block ", e.block, " indexed wrongly");
+    }
+    if (e.has_parent) {
+      if (!entries_.contains(e.parent)) {
+        return Internal("prefix cache: block ", e.block, " has no cached parent");
+      }
+      ++children[e.parent];
+    }
+  }
+  for (const auto& [h, e] : entries_) {
+    const auto c = children.find(h);
+    if ((c == children.end() ? 0 : c->second) != e.children) {
+      return Internal("prefix cache: block ", e.block, " children count wrong");
+    }
+  }
+  absl::flat_hash_map<SnapshotId, int> ids;
+  for (const auto& [key, s] : snapshots_) {
+    if (!entries_.contains(key)) return Internal("snapshot without its block");
+    if (s.id < 0 || s.id >= config_.num_snapshots || ids[s.id]++ > 0) {
+      return Internal("snapshot id ", s.id, " bad or used twice");
+    }
+  }
+  for (SnapshotId s : free_snapshots_) {
+    if (ids[s]++ > 0) return Internal("snapshot id ", s, " both free and used");
+  }
+  if (static_cast<int32_t>(snapshots_.size() + free_snapshots_.size()) !=
+      config_.num_snapshots) {
+    return Internal("snapshot pool: ", snapshots_.size(), " used + ",
+                    free_snapshots_.size(), " free != ", config_.num_snapshots);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::engine
