@@ -40,6 +40,8 @@
 #include "absl/time/clock.h"
 #include "common/init.h"
 #include "kvtransfer/descriptor.h"
+#include "kvtransfer/fabric_baseline.h"
+#include "kvtransfer/libfabric_agent.h"
 #include "kvtransfer/peer_process.h"
 #include "kvtransfer/plan.h"
 #include "kvtransfer/put_baselines.h"
@@ -60,6 +62,8 @@ ABSL_FLAG(int, warmup_iterations, 4,
           "their times are reported as seconds_warmup");
 ABSL_FLAG(int, latency_samples, 2000, "Small transfers timed for latency percentiles");
 ABSL_FLAG(int, latency_bytes, 4096, "Bytes per small transfer");
+ABSL_FLAG(int, lf_rails, 1,
+          "libfabric modes (lf_tcp, lf_shm): endpoints the agent stripes over");
 ABSL_FLAG(std::string, modes, "shm,shm_mmap,tcp",
           "Transport settings to run: shm (UCX default transports, no peer failure "
           "detection, receiver cache from UcxAgent::AllocateMemory), shm_mmap (the "
@@ -208,13 +212,23 @@ struct ModeResult {
 };
 
 json RunMode(const std::string& mode, const std::string& peer_binary) {
-  const bool tcp = mode == "tcp";
+  // lf_<provider>: a LibfabricAgent on that provider (both sides), the receiver's
+  // cache from AllocateMemory, against a plain libfabric write loop.
+  const bool lf = absl::StartsWith(mode, "lf_");
+  const std::string lf_provider = lf ? mode.substr(3) : "";
+  const int lf_rails = absl::GetFlag(FLAGS_lf_rails);
+  const bool tcp = mode == "tcp" || lf_provider == "tcp";
   const bool ucx_alloc = mode != "shm_mmap";
-  if (mode != "tcp" && mode != "shm" && mode != "shm_mmap") {
+  if (mode != "tcp" && mode != "shm" && mode != "shm_mmap" && lf_provider != "tcp" &&
+      lf_provider != "shm") {
     return json{{"mode", mode}, {"error", "unknown mode"}};
   }
   json out;
   out["mode"] = mode;
+  if (lf) {
+    out["transport_kind"] = "libfabric";
+    out["libfabric_rails"] = lf_rails;
+  }
   out["dst_alloc"] = ucx_alloc ? "UcxAgent::AllocateMemory" : "mmap";
   out["bandwidth_protocols"] = absl::GetFlag(FLAGS_bandwidth_protocols);
   out["ucx_tls"] = tcp ? "tcp" : "";
@@ -224,7 +238,9 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
     out["error"] = "spawn failed";
     return out;
   }
-  std::string reply = child->Call(tcp ? "INIT tcp" : "INIT - noerr");
+  std::string reply = child->Call(
+      lf ? absl::StrCat("INIT libfabric ", lf_provider, " ", lf_rails)
+         : (tcp ? "INIT tcp" : "INIT - noerr"));
   if (reply != "OK") {
     out["error"] = reply;
     return out;
@@ -234,12 +250,27 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
   config.peer_failure_detection = tcp;
   config.bandwidth_protocols = absl::GetFlag(FLAGS_bandwidth_protocols);
   config.max_op_bytes = absl::GetFlag(FLAGS_max_op_bytes);
-  auto agent_or = UcxAgent::Create(config);
-  if (!agent_or.ok()) {
-    out["error"] = agent_or.status().ToString();
-    return out;
+  std::unique_ptr<TransferAgent> agent;
+  if (lf) {
+    LibfabricAgentConfig lc;
+    lc.provider = lf_provider;
+    lc.rails = lf_rails;
+    lc.max_op_bytes = absl::GetFlag(FLAGS_max_op_bytes);
+    auto lf_or = LibfabricAgent::Create(lc);
+    if (!lf_or.ok()) {
+      out["error"] = lf_or.status().ToString();
+      return out;
+    }
+    out["libfabric_mr_mode"] = (*lf_or)->mr_mode();
+    agent = std::move(*lf_or);
+  } else {
+    auto agent_or = UcxAgent::Create(config);
+    if (!agent_or.ok()) {
+      out["error"] = agent_or.status().ToString();
+      return out;
+    }
+    agent = std::move(*agent_or);
   }
-  std::unique_ptr<UcxAgent> agent = std::move(*agent_or);
 
   std::vector<int64_t> contexts;
   for (absl::string_view c :
@@ -305,7 +336,15 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
   // settings, process_vm_writev, memcpy into a local buffer as big as the
   // receiver's region.
   std::unique_ptr<PlainUcpPut> plain;
-  if (absl::GetFlag(FLAGS_plain_put)) {
+  std::unique_ptr<PlainFabricWrite> plain_fi;
+  if (absl::GetFlag(FLAGS_plain_put) && lf) {
+    auto p = PlainFabricWrite::Create(lf_provider, descriptor, dst_region, mem, src_bytes);
+    if (p.ok()) {
+      plain_fi = *std::move(p);
+    } else {
+      out["plain_fi_write_error"] = p.status().ToString();
+    }
+  } else if (absl::GetFlag(FLAGS_plain_put)) {
     std::vector<std::pair<std::string, std::string>> options;
     if (std::getenv("UCX_PROTO_ENABLE") == nullptr)
       options.emplace_back("PROTO_ENABLE", "y");  // as UcxAgentConfig.use_proto_v2
@@ -380,6 +419,12 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
                          if (!first.ok()) return first;
                          return absl::ToDoubleSeconds(absl::Now() - t0);
                        }});
+    if (plain_fi != nullptr) {
+      methods.push_back({"plain_fi_write", [&]() -> absl::StatusOr<double> {
+                           return plain_fi->Run(flat, LibfabricAgentConfig{}.max_inflight_ops,
+                                                absl::GetFlag(FLAGS_max_op_bytes), 300);
+                         }});
+    }
     if (plain != nullptr) {
       methods.push_back({"plain_ucp_put", [&]() -> absl::StatusOr<double> {
                            return plain->Run(flat, kPlainWindow,
@@ -462,7 +507,7 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
             : static_cast<int>(std::min<uint64_t>(
                   1000, std::max<uint64_t>(8, warmup * bytes / message)));
     const double perf_mbs =
-        PerftestPutBandwidth(tcp ? "tcp" : "", message, iters, perf_warmup);
+        lf ? 0 : PerftestPutBandwidth(tcp ? "tcp" : "", message, iters, perf_warmup);
     r["perftest_message_bytes"] = message;
     r["perftest_gb_per_s"] = perf_mbs / 1e3;
     r["ratio_vs_perftest"] = perf_mbs > 0 ? agent_gbs / (perf_mbs / 1e3) : 0;
@@ -471,6 +516,7 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
       return it == median_gbs.end() || it->second <= 0 ? 0.0 : agent_gbs / it->second;
     };
     r["ratio_vs_plain_ucp_put"] = ratio_to("plain_ucp_put");
+    r["ratio_vs_plain_fi_write"] = ratio_to("plain_fi_write");
     r["ratio_vs_cma_1thread"] = ratio_to("cma_1thread");
     r["ratio_vs_memcpy_1thread"] = ratio_to("memcpy_1thread");
     std::cerr << mode << " " << tokens << " tokens, " << bytes / 1e9 << " GB, segments "
@@ -482,7 +528,8 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
                 << x.value("gb_per_s_max", 0.0) << "]";
     }
     std::cerr << "; ucx_perftest (one " << message << "-byte buffer) " << perf_mbs / 1e3
-              << "; agent/plain " << r["ratio_vs_plain_ucp_put"].get<double>()
+              << "; agent/plain "
+              << r[lf ? "ratio_vs_plain_fi_write" : "ratio_vs_plain_ucp_put"].get<double>()
               << ", agent/perftest " << r["ratio_vs_perftest"].get<double>()
               << (error.empty() ? "" : " ERROR " + error) << "\n";
     runs.push_back(r);
@@ -504,6 +551,7 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
   out["latency_p50_us"] = Percentile(us, 0.5);
   out["latency_p99_us"] = Percentile(us, 0.99);
   plain.reset();
+  plain_fi.reset();
   (void)agent->Disconnect(*peer);
   (void)agent->DeregisterMemory(*src_region);
   return out;
