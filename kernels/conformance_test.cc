@@ -73,13 +73,18 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     be_ = MakeBackend(GetParam());
     ASSERT_NE(be_, nullptr);
   }
-  // cuBLASLt rounds X to BF16 (kernels/cuda/blas_cublaslt.cc).
+  // BF16-activation backends: AVX512_BF16, and the GPU backends' _bf16 variants
+  // (cuBLASLt on X rounded to BF16). The exact GPU backends ("cuda", "cuda_sim")
+  // split X into BF16 hi + lo and meet the fp32 bounds.
   bool IsBf16Gemm() const {
-    return absl::StartsWith(GetParam(), "cpu_avx512_bf16") || GetParam() == "cuda";
+    return absl::StartsWith(GetParam(), "cpu_avx512_bf16") ||
+           absl::EndsWith(GetParam(), "cuda_bf16");
   }
-  // The GPU backend's MoE feeds BF16 tensor cores (z and the SiTU activation
-  // rounded to BF16, kernels/cuda/moe.h): norm-wise 1e-2 instead of 1e-4.
-  bool IsBf16Moe() const { return GetParam() == "cuda_sim" || GetParam() == "cuda"; }
+  // The GPU _bf16 variants' MoE feeds the tensor cores z and the SiTU activation
+  // rounded to BF16 (kernels/cuda/moe.h): norm-wise 1e-2 instead of 1e-4.
+  bool IsBf16Moe() const {
+    return absl::EndsWith(GetParam(), "_bf16") && !absl::StartsWith(GetParam(), "cpu");
+  }
   // The ops of `ops` this backend does not implement yet, comma-separated.
   std::string Missing(std::initializer_list<Op> ops) const {
     std::string missing;

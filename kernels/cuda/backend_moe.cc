@@ -96,9 +96,11 @@ absl::Status GpuBackend::MoeMxfp4(const MoeArgs& args) {
                        : 0,
         "moe experts"}}));
   const int64_t chunk = std::min(args.tokens, kMoeChunkTokens);
+  // Exact backends feed the tensor cores split-BF16 activations (moe.h).
+  const bool split = precision() == GpuPrecision::kExact;
   TANDEM_ASSIGN_OR_RETURN(
       void* scratch, Scratch(MoeScratchBytes(chunk, args.hidden, args.inter, args.top_k,
-                                             args.num_experts)));
+                                             args.num_experts, split)));
   for (int64_t t0 = 0; t0 < args.tokens; t0 += chunk) {
     MoeLaunchArgs a;
     a.tokens = std::min(chunk, args.tokens - t0);
@@ -115,6 +117,7 @@ absl::Status GpuBackend::MoeMxfp4(const MoeArgs& args) {
     a.situ_linear_beta = args.situ_linear_beta;
     a.out = args.out + t0 * args.ld_out;
     a.ld_out = args.ld_out;
+    a.split_bf16 = split;
     if (const char* err = LaunchMoeMxfp4(a, scratch, error_word(), stream())) {
       return absl::InternalError(absl::StrCat("MoeMxfp4: ", err));
     }

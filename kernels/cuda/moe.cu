@@ -295,9 +295,11 @@ constexpr int kRowsPerBlock = kGemmWarps * 16;
 // weight row per lane in flight: decode) or 64 (8 n-groups share each decoded
 // weight register; a stage of 256 k: prefill). B rows are staged with a stride of
 // stage + 16 BF16 (4 * 264 or 4 * 136 words: conflict-free, see StagePos).
-template <int kN>
+// kSplit (exact mode): B is staged as its BF16 hi and lo rows, in stages of half
+// the k, so the shared memory is the same.
+template <int kN, bool kSplit = false>
 constexpr int StageK() {
-  return kN == 32 ? 512 : 256;
+  return (kN == 32 ? 512 : 256) / (kSplit ? 2 : 1);
 }
 constexpr int kLargeTileMinTokens = 128;
 constexpr int kReduceThreads = 256;
@@ -309,14 +311,15 @@ struct MoeScratch {
   int* active;      // [E] active expert ids, ascending
   int* num_active;  // [1]
   int* sorted;      // [P] pair ids grouped by expert
-  uint16_t* zb;     // [T, hidden] BF16 z
-  uint16_t* act;    // [P, inter] BF16, sorted order
+  uint16_t* zb;     // [T, hidden] BF16 z (split: then [T, hidden] of lo parts)
+  uint16_t* act;    // [P, inter] BF16, sorted order (split: then the lo parts)
   float* y;         // [P, hidden] by pair id
   size_t bytes;
 };
 
 MoeScratch CarveMoeScratch(void* base, int64_t tokens, int64_t hidden, int64_t inter,
-                           int64_t top_k, int64_t num_experts) {
+                           int64_t top_k, int64_t num_experts, bool split) {
+  const int64_t parts = split ? 2 : 1;
   const int64_t pairs = tokens * top_k;
   char* p = static_cast<char*>(base);
   size_t off = 0;
@@ -330,8 +333,8 @@ MoeScratch CarveMoeScratch(void* base, int64_t tokens, int64_t hidden, int64_t i
   s.active = reinterpret_cast<int*>(take(num_experts * sizeof(int)));
   s.num_active = reinterpret_cast<int*>(take(sizeof(int)));
   s.sorted = reinterpret_cast<int*>(take(pairs * sizeof(int)));
-  s.zb = reinterpret_cast<uint16_t*>(take(tokens * hidden * sizeof(uint16_t)));
-  s.act = reinterpret_cast<uint16_t*>(take(pairs * inter * sizeof(uint16_t)));
+  s.zb = reinterpret_cast<uint16_t*>(take(parts * tokens * hidden * sizeof(uint16_t)));
+  s.act = reinterpret_cast<uint16_t*>(take(parts * pairs * inter * sizeof(uint16_t)));
   s.y = reinterpret_cast<float*>(take(pairs * hidden * sizeof(float)));
   s.bytes = off;
   return s;
@@ -530,20 +533,28 @@ __device__ __forceinline__ float SiTU(float g, float u, float beta, float lbeta)
   return beta * tanhf(g / beta) * sig * (lbeta * tanhf(u / lbeta));
 }
 
+// An activation as the down GEMM's B operand: BF16, and with kSplit its BF16
+// remainder `lo` elements further on (hi + lo carries 16 significand bits).
+template <bool kSplit>
+__device__ __forceinline__ void StoreAct(uint16_t* act, int64_t lo, int64_t i,
+                                         float v) {
+  const uint16_t hi = F32ToBf16(v);
+  act[i] = hi;
+  if (kSplit) act[lo + i] = isfinite(v) ? F32ToBf16(v - Bf16ToF32(hi)) : uint16_t{0};
+}
+
 // The GEMV path of MoeGemmKernel (one warp's 16 rows, an expert with <= 8 pairs):
 // lane (g, t) holds column g (pair g of the expert) of B, read straight from
 // global memory (64 bytes per 128-k chunk, L1/L2-resident: z and the activations
 // are small), and the weights stream through a ring of 4 chunks of registers, the
 // next group's chunk c loaded as soon as chunk c is consumed (warps run free: no
 // barrier). Same k order and mma sequence as the tiled path: the same bits.
-template <bool kGlu>
-__device__ __forceinline__ void MoeGemvPath(const uint8_t* wa, const uint8_t* sa,
-                                            const uint8_t* wb, const uint8_t* sb,
-                                            const uint16_t* bsrc, const int* pairs,
-                                            int begin, int count, int top_k, int rows,
-                                            int K, int64_t rg, int64_t rg8,
-                                            uint16_t* act_out, float beta, float lbeta,
-                                            float* y) {
+template <bool kGlu, bool kSplit>
+__device__ __forceinline__ void MoeGemvPath(
+    const uint8_t* wa, const uint8_t* sa, const uint8_t* wb, const uint8_t* sb,
+    const uint16_t* bsrc, int64_t b_lo, const int* pairs, int begin, int count,
+    int top_k, int rows, int K, int64_t rg, int64_t rg8, uint16_t* act_out,
+    int64_t act_lo, float beta, float lbeta, float* y) {
   const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
   const bool has_col = g < count;
   const int my_pair = has_col ? pairs[g] : 0;
@@ -567,13 +578,16 @@ __device__ __forceinline__ void MoeGemvPath(const uint8_t* wa, const uint8_t* sa
       const int kc = kb + 128 * c;
       if (kc < K) {  // warp-uniform
         const int k = kc + 32 * t;
-        U32x4 bq[4];
+        U32x4 bq[4], bl[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           if (has_col && k < K) {
             bq[i] = *reinterpret_cast<const U32x4*>(brow + k + 8 * i);
+            if (kSplit)
+              bl[i] = *reinterpret_cast<const U32x4*>(brow + b_lo + k + 8 * i);
           } else {
             bq[i].v[0] = bq[i].v[1] = bq[i].v[2] = bq[i].v[3] = 0u;
+            if (kSplit) bl[i] = bq[i];
           }
         }
         const ScaleFactors f1[2] = {Factors(r1[c][0].s), Factors(r1[c][1].s)};
@@ -592,13 +606,17 @@ __device__ __forceinline__ void MoeGemvPath(const uint8_t* wa, const uint8_t* sa
           // Elements 4j..4j+3 of the lane's 32: bytes 8j..8j+7 of bq.
           const uint32_t b[2] = {bq[j / 2].v[2 * (j % 2)],
                                  bq[j / 2].v[2 * (j % 2) + 1]};
+          const uint32_t b2[2] = {kSplit ? bl[j / 2].v[2 * (j % 2)] : 0u,
+                                  kSplit ? bl[j / 2].v[2 * (j % 2) + 1] : 0u};
           ::tandem::gpu::MmaBf16M16N8K16(acc1, a, b);
+          if (kSplit) ::tandem::gpu::MmaBf16M16N8K16(acc1, a, b2);
           if (kGlu) {
             a3r[0] = DecodePair(r3[c][0], f3[0], 2 * j);
             a3r[1] = DecodePair(r3[c][1], f3[1], 2 * j);
             a3r[2] = DecodePair(r3[c][0], f3[0], 2 * j + 1);
             a3r[3] = DecodePair(r3[c][1], f3[1], 2 * j + 1);
             ::tandem::gpu::MmaBf16M16N8K16(acc3, a3r, b);
+            if (kSplit) ::tandem::gpu::MmaBf16M16N8K16(acc3, a3r, b2);
           }
         }
       }
@@ -619,8 +637,8 @@ __device__ __forceinline__ void MoeGemvPath(const uint8_t* wa, const uint8_t* sa
     if (col >= count) continue;
     const int64_t row = (i < 2) ? rg : rg8;
     if (kGlu) {
-      act_out[static_cast<int64_t>(begin + col) * rows + row] =
-          F32ToBf16(SiTU(acc1[i], acc3[i], beta, lbeta));
+      StoreAct<kSplit>(act_out, act_lo, static_cast<int64_t>(begin + col) * rows + row,
+                       SiTU(acc1[i], acc3[i], beta, lbeta));
     } else {
       y[static_cast<int64_t>(pairs[col]) * rows + row] = acc1[i];
     }
@@ -636,15 +654,17 @@ __device__ __forceinline__ void MoeGemvPath(const uint8_t* wa, const uint8_t* sa
 // !kGlu: W = w2 (rows = hidden, K = inter), B = act[pos], y[pair, row] = D.
 // B rows are K long in both. An expert with at most 8 pairs (decode) takes the
 // GEMV path instead (MoeGemvPath): one n-group, no shared memory, no barriers.
-template <bool kGlu, int kN>
+template <bool kGlu, int kN, bool kSplit>
 __global__ void __launch_bounds__(kGemmThreads)
     MoeGemmKernel(const MoeExpertPtrs* experts, const int* active,
                   const int* num_active, const int* offsets, const int* sorted,
-                  const uint16_t* bsrc, int top_k, int rows, int K, bool allow_gemv,
-                  uint16_t* act_out, float beta, float lbeta, float* y) {
-  constexpr int kStageK = StageK<kN>(), kZStride = kStageK + 16,
-                kChunks = kStageK / 128;
-  __shared__ __align__(16) uint16_t bs[kN * kZStride];
+                  const uint16_t* bsrc, int64_t b_lo, int top_k, int rows, int K,
+                  bool allow_gemv, uint16_t* act_out, int64_t act_lo, float beta,
+                  float lbeta, float* y) {
+  constexpr int kStageK = StageK<kN, kSplit>(), kZStride = kStageK + 16,
+                kChunks = kStageK / 128, kParts = kSplit ? 2 : 1;
+  // [part][pair][k]: the hi rows, then (kSplit) the lo rows.
+  __shared__ __align__(16) uint16_t bs[kParts * kN * kZStride];
   __shared__ int tile_pair[kN];
   const int slot = blockIdx.z;
   if (slot >= *num_active) return;  // block-uniform, before any barrier
@@ -662,8 +682,8 @@ __global__ void __launch_bounds__(kGemmThreads)
   const int64_t rg = row0 + g, rg8 = row0 + g + 8;
   if (allow_gemv && count <= 8) {  // block-uniform
     if (blockIdx.x != 0 || !warp_rows) return;
-    MoeGemvPath<kGlu>(wa, sa, wb, sb, bsrc, sorted + begin, begin, count, top_k, rows,
-                      K, rg, rg8, act_out, beta, lbeta, y);
+    MoeGemvPath<kGlu, kSplit>(wa, sa, wb, sb, bsrc, b_lo, sorted + begin, begin, count,
+                              top_k, rows, K, rg, rg8, act_out, act_lo, beta, lbeta, y);
     return;
   }
 
@@ -698,14 +718,16 @@ __global__ void __launch_bounds__(kGemmThreads)
         }
       }
       __syncthreads();  // tile_pair written; the previous stage's bs consumed
-      for (int idx = tid; idx < staged_rows * kStageK; idx += blockDim.x) {
-        const int n = idx / kStageK, c = idx % kStageK, k = kc0 + c;
+      for (int idx = tid; idx < kParts * staged_rows * kStageK; idx += blockDim.x) {
+        const int part = idx / (staged_rows * kStageK);
+        const int rem = idx % (staged_rows * kStageK);
+        const int n = rem / kStageK, c = rem % kStageK, k = kc0 + c;
         uint16_t v = 0;
         if (n < nt && k < K) {
           const int64_t brow = kGlu ? tile_pair[n] / top_k : begin + n0 + n;
-          v = bsrc[brow * K + k];
+          v = bsrc[(part != 0 ? b_lo : 0) + brow * K + k];
         }
-        bs[n * kZStride + StagePos(c)] = v;
+        bs[(part * kN + n) * kZStride + StagePos(c)] = v;
       }
       __syncthreads();
       if (!warp_rows) continue;  // warp-uniform; barriers are outside
@@ -737,8 +759,18 @@ __global__ void __launch_bounds__(kGemmThreads)
             const uint32_t* src = reinterpret_cast<const uint32_t*>(
                 bs + (n * 8 + g) * kZStride + c * 128 + j * 16 + t * 4);
             const uint32_t b[2] = {src[0], src[1]};
+            uint32_t b2[2] = {0u, 0u};
+            if (kSplit) {
+              const uint32_t* lo = src + kN * kZStride / 2;  // the lo rows' copy
+              b2[0] = lo[0];
+              b2[1] = lo[1];
+            }
             ::tandem::gpu::MmaBf16M16N8K16(acc1[n], a, b);
-            if (kGlu) ::tandem::gpu::MmaBf16M16N8K16(acc3[n], a3r, b);
+            if (kSplit) ::tandem::gpu::MmaBf16M16N8K16(acc1[n], a, b2);
+            if (kGlu) {
+              ::tandem::gpu::MmaBf16M16N8K16(acc3[n], a3r, b);
+              if (kSplit) ::tandem::gpu::MmaBf16M16N8K16(acc3[n], a3r, b2);
+            }
           }
         }
       }
@@ -754,8 +786,9 @@ __global__ void __launch_bounds__(kGemmThreads)
         if (col >= nt) continue;
         const int64_t row = (i < 2) ? rg : rg8;
         if (kGlu) {
-          act_out[static_cast<int64_t>(begin + n0 + col) * rows + row] =
-              F32ToBf16(SiTU(acc1[n][i], acc3[n][i], beta, lbeta));
+          StoreAct<kSplit>(act_out, act_lo,
+                           static_cast<int64_t>(begin + n0 + col) * rows + row,
+                           SiTU(acc1[n][i], acc3[n][i], beta, lbeta));
         } else {
           y[static_cast<int64_t>(tile_pair[col]) * rows + row] = acc1[n][i];
         }
@@ -764,13 +797,16 @@ __global__ void __launch_bounds__(kGemmThreads)
   }
 }
 
-// zb[t, i] = bf16(z[t, i]): the B operand of the gate/up GEMM, converted once.
+// zb[t, i] = bf16(z[t, i]): the B operand of the gate/up GEMM, converted once
+// (split: and its remainder, `lo` elements further on).
+template <bool kSplit>
 __global__ void __launch_bounds__(kReduceThreads)
-    MoeZToBf16Kernel(const float* z, int64_t ld_z, int hidden, uint16_t* zb) {
+    MoeZToBf16Kernel(const float* z, int64_t ld_z, int hidden, uint16_t* zb,
+                     int64_t lo) {
   const int t = blockIdx.x;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-    zb[static_cast<int64_t>(t) * hidden + i] =
-        F32ToBf16(z[static_cast<int64_t>(t) * ld_z + i]);
+    StoreAct<kSplit>(zb, lo, static_cast<int64_t>(t) * hidden + i,
+                     z[static_cast<int64_t>(t) * ld_z + i]);
   }
 }
 
@@ -849,37 +885,40 @@ const char* LaunchRouterTopK(const float* x, int64_t ldx, const uint16_t* gate,
 }
 
 size_t MoeScratchBytes(int64_t tokens, int64_t hidden, int64_t inter, int64_t top_k,
-                       int64_t num_experts) {
-  return CarveMoeScratch(nullptr, tokens, hidden, inter, top_k, num_experts).bytes;
+                       int64_t num_experts, bool split) {
+  return CarveMoeScratch(nullptr, tokens, hidden, inter, top_k, num_experts, split)
+      .bytes;
 }
 
 namespace {
 
 // The two grouped GEMMs with kN-pair tiles.
-template <int kN>
+template <int kN, bool kSplit>
 const char* LaunchGemms(const MoeLaunchArgs& a, const MoeScratch& s, int64_t max_active,
                         void* stream) {
   const int K = static_cast<int>(a.top_k);
+  const int64_t z_lo = kSplit ? a.tokens * a.hidden : 0;
+  const int64_t act_lo = kSplit ? a.tokens * a.top_k * a.inter : 0;
   // n-splits: an expert rarely has more pairs than tokens (decode: 1 split).
   const unsigned splits =
       static_cast<unsigned>(std::min<int64_t>(kMaxNSplits, (a.tokens + kN - 1) / kN));
   const dim3 grid1(splits,
                    static_cast<unsigned>((a.inter + kRowsPerBlock - 1) / kRowsPerBlock),
                    static_cast<unsigned>(max_active));
-  TANDEM_LAUNCH((MoeGemmKernel<true, kN>), grid1, dim3(kGemmThreads), 0, stream,
+  TANDEM_LAUNCH((MoeGemmKernel<true, kN, kSplit>), grid1, dim3(kGemmThreads), 0, stream,
                 a.experts, s.active, s.num_active, s.offsets, s.sorted,
-                static_cast<const uint16_t*>(s.zb), K, static_cast<int>(a.inter),
-                static_cast<int>(a.hidden), a.allow_gemv, s.act, a.situ_beta,
+                static_cast<const uint16_t*>(s.zb), z_lo, K, static_cast<int>(a.inter),
+                static_cast<int>(a.hidden), a.allow_gemv, s.act, act_lo, a.situ_beta,
                 a.situ_linear_beta, static_cast<float*>(nullptr));
   if (const char* err = ::tandem::gpu::LaunchError()) return err;
   const dim3 grid2(
       splits, static_cast<unsigned>((a.hidden + kRowsPerBlock - 1) / kRowsPerBlock),
       static_cast<unsigned>(max_active));
-  TANDEM_LAUNCH((MoeGemmKernel<false, kN>), grid2, dim3(kGemmThreads), 0, stream,
-                a.experts, s.active, s.num_active, s.offsets, s.sorted,
-                static_cast<const uint16_t*>(s.act), K, static_cast<int>(a.hidden),
-                static_cast<int>(a.inter), a.allow_gemv,
-                static_cast<uint16_t*>(nullptr), 0.0f, 0.0f, s.y);
+  TANDEM_LAUNCH((MoeGemmKernel<false, kN, kSplit>), grid2, dim3(kGemmThreads), 0,
+                stream, a.experts, s.active, s.num_active, s.offsets, s.sorted,
+                static_cast<const uint16_t*>(s.act), act_lo, K,
+                static_cast<int>(a.hidden), static_cast<int>(a.inter), a.allow_gemv,
+                static_cast<uint16_t*>(nullptr), int64_t{0}, 0.0f, 0.0f, s.y);
   return ::tandem::gpu::LaunchError();
 }
 
@@ -890,8 +929,8 @@ const char* LaunchMoeMxfp4(const MoeLaunchArgs& a, void* scratch, int32_t* error
   if (a.tokens == 0) return nullptr;
   if (a.tokens > kMoeChunkTokens) return "moe: launch over kMoeChunkTokens tokens";
   const int64_t pairs = a.tokens * a.top_k;
-  const MoeScratch s =
-      CarveMoeScratch(scratch, a.tokens, a.hidden, a.inter, a.top_k, a.num_experts);
+  const MoeScratch s = CarveMoeScratch(scratch, a.tokens, a.hidden, a.inter, a.top_k,
+                                       a.num_experts, a.split_bf16);
   const int E = static_cast<int>(a.num_experts), K = static_cast<int>(a.top_k);
   if (pairs > 0 && E > 0) {
     const size_t sort_smem = (3 * static_cast<size_t>(E) + 1) * sizeof(int);
@@ -906,14 +945,25 @@ const char* LaunchMoeMxfp4(const MoeLaunchArgs& a, void* scratch, int32_t* error
     if (const char* err = ::tandem::gpu::LaunchError()) return err;
     const int64_t max_active = std::min<int64_t>(a.num_experts, pairs);
     if (max_active > 65535) return "moe: more than 65535 active experts per launch";
-    TANDEM_LAUNCH(MoeZToBf16Kernel, dim3(static_cast<unsigned>(a.tokens)),
-                  dim3(kReduceThreads), 0, stream, a.z, a.ld_z,
-                  static_cast<int>(a.hidden), s.zb);
+    const int64_t z_lo = a.tokens * a.hidden;
+    if (a.split_bf16) {
+      TANDEM_LAUNCH(MoeZToBf16Kernel<true>, dim3(static_cast<unsigned>(a.tokens)),
+                    dim3(kReduceThreads), 0, stream, a.z, a.ld_z,
+                    static_cast<int>(a.hidden), s.zb, z_lo);
+    } else {
+      TANDEM_LAUNCH(MoeZToBf16Kernel<false>, dim3(static_cast<unsigned>(a.tokens)),
+                    dim3(kReduceThreads), 0, stream, a.z, a.ld_z,
+                    static_cast<int>(a.hidden), s.zb, z_lo);
+    }
     if (const char* err = ::tandem::gpu::LaunchError()) return err;
     const int tile_n =
         a.tile_n != 0 ? a.tile_n : (a.tokens >= kLargeTileMinTokens ? 64 : 32);
-    const char* err = tile_n == 64 ? LaunchGemms<64>(a, s, max_active, stream)
-                                   : LaunchGemms<32>(a, s, max_active, stream);
+    const char* err =
+        a.split_bf16
+            ? (tile_n == 64 ? LaunchGemms<64, true>(a, s, max_active, stream)
+                            : LaunchGemms<32, true>(a, s, max_active, stream))
+            : (tile_n == 64 ? LaunchGemms<64, false>(a, s, max_active, stream)
+                            : LaunchGemms<32, false>(a, s, max_active, stream));
     if (err != nullptr) return err;
   }
   const size_t smem = static_cast<size_t>(K) * (sizeof(float) + sizeof(int));

@@ -115,11 +115,18 @@ struct MoeLaunchArgs {
   int tile_n = 0;
   // Experts with <= 8 pairs take the GEMV path (tests turn it off to compare).
   bool allow_gemv = true;
+  // Exact mode (the "cuda" backends' default): z and the SiTU activations enter
+  // the tensor cores as BF16 hi + lo parts, two mma per product into the same
+  // fp32 accumulator (the MXFP4 weights are exact in BF16), so the result is
+  // within fp32-class bounds of dequantise-then-GEMM (~1e-5 of max|out|) instead
+  // of BF16's (~3e-3). The weight bytes are read once either way: decode costs
+  // the same; prefill does twice the tensor-core work.
+  bool split_bf16 = false;
 };
 
 // Scratch (device, 256-byte aligned) one launch of `tokens` tokens needs.
 size_t MoeScratchBytes(int64_t tokens, int64_t hidden, int64_t inter, int64_t top_k,
-                       int64_t num_experts);
+                       int64_t num_experts, bool split = false);
 // The routed MoE for args.tokens tokens; bad ids recorded in *error_word.
 const char* LaunchMoeMxfp4(const MoeLaunchArgs& args, void* scratch,
                            int32_t* error_word, void* stream);
