@@ -79,8 +79,15 @@ PrefixCache::PrefixCache(const PrefixCacheConfig& config, BlockAllocator* blocks
   }
 }
 
+void PrefixCache::RecordLookup(int64_t prompt_tokens, int64_t hit_tokens) {
+  ++stats_.lookups;
+  stats_.hits += hit_tokens > 0;
+  stats_.queried_tokens += prompt_tokens;
+  stats_.hit_tokens += hit_tokens;
+}
+
 PrefixHit PrefixCache::Lookup(absl::Span<const BlockHash> hashes,
-                              int64_t prompt_tokens) {
+                              int64_t prompt_tokens, bool record) {
   PrefixHit hit;
   const uint64_t now = ++clock_;
   int64_t k = 0;
@@ -100,11 +107,8 @@ PrefixHit PrefixCache::Lookup(absl::Span<const BlockHash> hashes,
     Snapshot& s = snapshots_[hashes[nb - 1]];
     s.last_use = now;
     hit.snapshot = s.id;
-    ++stats_.hits;
   }
-  ++stats_.lookups;
-  stats_.queried_tokens += prompt_tokens;
-  stats_.hit_tokens += hit.tokens;
+  if (record) RecordLookup(prompt_tokens, hit.tokens);
   return hit;
 }
 

@@ -132,8 +132,11 @@ class PrefixCache {
 
   // The usable hit for a prompt of `prompt_tokens` tokens whose full blocks
   // hash to `hashes` (the rule above). Marks what it matched as recently used
-  // and counts the lookup. Takes no references (the caller adopts hit.blocks).
-  PrefixHit Lookup(absl::Span<const BlockHash> hashes, int64_t prompt_tokens);
+  // and counts the lookup unless `record` is false (then RecordLookup counts
+  // it once it is used). Takes no references (the caller adopts hit.blocks).
+  PrefixHit Lookup(absl::Span<const BlockHash> hashes, int64_t prompt_tokens,
+                   bool record = true);
+  void RecordLookup(int64_t prompt_tokens, int64_t hit_tokens);
 
   // Caches block `id` (full, computed, held by the caller) as the block with
   // hash hashes[index] (whose parent is hashes[index - 1]); takes a reference.

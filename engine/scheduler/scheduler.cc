@@ -36,6 +36,9 @@ absl::Status SchedulerConfig::Validate() const {
   if (watermark_blocks < 0 || watermark_blocks >= num_blocks) {
     return InvalidArgument("watermark_blocks must be in [0, num_blocks)");
   }
+  if (num_prefix_snapshots < 0 || prefix_snapshot_grid < 0) {
+    return InvalidArgument("num_prefix_snapshots and prefix_snapshot_grid must be >= 0");
+  }
   return absl::OkStatus();
 }
 
@@ -46,7 +49,17 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config)
-    : config_(config), blocks_(config.num_blocks), slots_(config.num_slots) {}
+    : config_(config), blocks_(config.num_blocks), slots_(config.num_slots) {
+  if (config.enable_prefix_caching) {
+    PrefixCacheConfig pc;
+    pc.block_size = config.block_size;
+    pc.kda_chunk = config.prefill_chunk_alignment > 0 ? config.prefill_chunk_alignment
+                                                      : kKdaChunk;
+    pc.num_snapshots = config.num_prefix_snapshots;
+    pc.snapshot_grid = config.prefix_snapshot_grid;
+    prefix_ = std::make_unique<PrefixCache>(pc, &blocks_);
+  }
+}
 
 Scheduler::Sequence* Scheduler::Find(SequenceId id) {
   auto it = seqs_.find(id);
@@ -101,6 +114,12 @@ absl::Status Scheduler::Submit(const SequenceRequest& r) {
   }
   seq->max_total_tokens = limit;
   seq->num_prompt_tokens = r.num_prompt_tokens;
+  if (prefix_ != nullptr) {
+    seq->hashes = r.block_hashes;
+    // Only the prompt's full blocks are content (never generated tokens).
+    const size_t full = static_cast<size_t>(r.num_prompt_tokens / config_.block_size);
+    if (seq->hashes.size() > full) seq->hashes.resize(full);
+  }
   seqs_.emplace(r.id, std::move(seq));
   waiting_.push_back(r.id);
   return absl::OkStatus();
@@ -151,6 +170,7 @@ absl::Status Scheduler::Hold(const SequenceRequest& r, int64_t num_generated_tok
   // Like an admission, a reservation leaves the watermark free for the running
   // sequences' growth (SGLang's decode prealloc keeps such headroom too).
   const int64_t kept = config_.watermark_blocks + growth_headroom;
+  Reclaim(need + kept);
   if (need > static_cast<int64_t>(blocks_.num_free()) - kept ||
       !seq->table.Append(positions, &blocks_).ok()) {
     return undo(ResourceExhausted("need ", need, " KV blocks for ", positions,
@@ -225,6 +245,9 @@ SequenceId Scheduler::PreemptNewest(StepPlan* plan, int64_t* budget) {
   ReleaseResources(seq);
   seq->num_computed = 0;
   seq->prefill_done = false;
+  seq->blocks_cached = 0;
+  seq->snapshot_positions.clear();
+  seq->unaligned_at = std::numeric_limits<int64_t>::max();
   seq->state = SequenceState::kWaiting;
   waiting_.push_front(id);
   plan->preempted.push_back(id);
@@ -248,6 +271,88 @@ int64_t Scheduler::AlignChunk(int64_t start, int64_t chunk, int64_t remaining,
   return plan_empty ? chunk : 0;
 }
 
+int64_t Scheduler::CutAtSnapshot(const Sequence& seq, int64_t start, int64_t chunk,
+                                 bool* at_snapshot) const {
+  *at_snapshot = false;
+  for (int64_t p : seq.snapshot_positions) {
+    if (p <= start) continue;
+    if (start + chunk >= p) {
+      chunk = p - start;
+      *at_snapshot = p <= seq.unaligned_at;
+    }
+    break;
+  }
+  return chunk;
+}
+
+void Scheduler::Reclaim(int64_t free_blocks) {
+  if (prefix_ != nullptr && blocks_.num_free() < free_blocks) {
+    prefix_->Reclaim(free_blocks);
+  }
+}
+
+SnapshotId Scheduler::AdmitWithPrefix(Sequence* seq) {
+  seq->blocks_cached = 0;
+  seq->snapshot_positions.clear();
+  seq->unaligned_at = std::numeric_limits<int64_t>::max();
+  if (prefix_ == nullptr || seq->hashes.empty()) return -1;
+  const PrefixHit hit =
+      prefix_->Lookup(seq->hashes, seq->num_tokens, /*record=*/false);
+  if (hit.tokens > 0) {
+    // Full blocks, never written again: shared without copy-on-write.
+    seq->table.AdoptShared(hit.blocks, hit.tokens, &blocks_).IgnoreError();
+    seq->num_computed = hit.tokens;
+  }
+  seq->blocks_cached = hit.tokens / config_.block_size;
+  for (int64_t p : SnapshotPositions(
+           seq->num_prompt_tokens, hit.tokens, hit.matched_blocks, config_.block_size,
+           prefix_->config().kda_chunk, prefix_->config().snapshot_grid)) {
+    const int64_t k = p / config_.block_size;
+    if (k <= static_cast<int64_t>(seq->hashes.size()) &&
+        !prefix_->HasSnapshot(seq->hashes[k - 1])) {
+      seq->snapshot_positions.push_back(p);
+    }
+  }
+  return hit.snapshot;
+}
+
+void Scheduler::CacheComputedBlocks(Sequence* seq) {
+  if (prefix_ == nullptr) return;
+  const int64_t bs = config_.block_size;
+  const int64_t upto =
+      std::min({static_cast<int64_t>(seq->hashes.size()), seq->num_computed / bs,
+                seq->unaligned_at / bs,
+                static_cast<int64_t>(seq->table.blocks().size())});
+  for (; seq->blocks_cached < upto; ++seq->blocks_cached) {
+    const int64_t i = seq->blocks_cached;
+    prefix_->InsertBlock(seq->hashes, i, seq->table.blocks()[i]);
+  }
+}
+
+absl::StatusOr<SnapshotId> Scheduler::StoreSnapshot(SequenceId id, int64_t position) {
+  if (prefix_ == nullptr) return FailedPrecondition("prefix caching is off");
+  Sequence* seq = Find(id);
+  const int64_t bs = config_.block_size;
+  if (seq == nullptr || position <= 0 || position % bs != 0 ||
+      position > seq->unaligned_at ||
+      position / bs > static_cast<int64_t>(seq->hashes.size()) ||
+      position / bs > static_cast<int64_t>(seq->table.blocks().size())) {
+    return -1;
+  }
+  // The blocks before it were computed by the step that just ran.
+  const int64_t computed = seq->num_computed;
+  seq->num_computed = std::max(computed, position);
+  CacheComputedBlocks(seq);
+  seq->num_computed = computed;
+  absl::StatusOr<SnapshotId> s = prefix_->StoreSnapshot(seq->hashes[position / bs - 1]);
+  if (!s.ok()) return -1;  // exists already, or its blocks are not cached
+  return *s;
+}
+
+void Scheduler::ResetPrefixCache() {
+  if (prefix_ != nullptr) prefix_->Clear();
+}
+
 absl::StatusOr<StepPlan> Scheduler::Schedule() {
   if (step_in_flight_) {
     return FailedPrecondition("the previous step was not completed");
@@ -257,7 +362,8 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
   const int64_t bs = config_.block_size;
   absl::flat_hash_set<SequenceId> planned;
 
-  auto add = [&](Sequence* seq, int64_t n, int32_t drafts) {
+  auto add = [&](Sequence* seq, int64_t n, int32_t drafts, SnapshotId restore = -1,
+                 bool at_snapshot = false) {
     ScheduledSequence e;
     e.id = seq->id;
     e.start = seq->num_computed;
@@ -266,6 +372,14 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     e.samples = e.end - drafts == seq->num_tokens;
     e.slot = seq->slot;
     e.resets_state = e.start == 0;
+    e.restore_snapshot = restore;
+    e.snapshot_at_end = at_snapshot;
+    // A non-final chunk off the KDA chunk grid (progress beat alignment): the
+    // state after it differs in bits from a clean recompute; cache nothing past it.
+    const int64_t a = config_.prefill_chunk_alignment;
+    if (drafts == 0 && !e.samples && a > 0 && e.end % a != 0) {
+      seq->unaligned_at = std::min(seq->unaligned_at, e.end);
+    }
     plan.sequences.push_back(e);
     plan.num_scheduled_tokens += n;
     budget -= n;
@@ -282,6 +396,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     const int64_t need = 1 + drafts;
     if (need > budget) break;
     bool self_preempted = false;
+    Reclaim(seq->table.BlocksNeededToAppend(need));
     while (seq->table.BlocksNeededToAppend(need) > blocks_.num_free()) {
       if (PreemptNewest(&plan, &budget) == seq->id) {
         self_preempted = true;
@@ -298,6 +413,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     Sequence* seq = Find(running_[i]);
     if (seq->prefill_done || planned.contains(seq->id)) continue;
     const int64_t remaining = seq->num_tokens - seq->num_computed;
+    Reclaim(seq->table.BlocksNeededToAppend(std::min(remaining, ChunkLimit(budget))));
     int64_t fit = 0;
     bool self_preempted = false;
     while (true) {
@@ -311,12 +427,15 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
       }
     }
     if (self_preempted) break;
-    const int64_t chunk =
+    bool at_snapshot = false;
+    const int64_t chunk = CutAtSnapshot(
+        *seq, seq->num_computed,
         AlignChunk(seq->num_computed, std::min({remaining, ChunkLimit(budget), fit}),
-                   remaining, plan.sequences.empty());
+                   remaining, plan.sequences.empty()),
+        &at_snapshot);
     if (chunk == 0) continue;
     seq->table.Append(chunk, &blocks_).IgnoreError();  // fits: checked above
-    add(seq, chunk, 0);
+    add(seq, chunk, 0, -1, at_snapshot);
   }
 
   // 3. Admissions, FCFS, never in a step that had to preempt.
@@ -324,19 +443,42 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
          num_running() + num_reserved() < config_.max_running &&
          slots_.num_free() > 0) {
     Sequence* seq = Find(waiting_.front());
+    // A prefix hit adopts its cached blocks (taking references, so nothing
+    // below evicts them) and starts at p; undone if the head cannot run now.
+    const SnapshotId restore = AdmitWithPrefix(seq);
+    const int64_t start = seq->num_computed;
+    const int64_t remaining = seq->num_tokens - start;
+    auto undo = [&] {
+      seq->table.Release(&blocks_).IgnoreError();
+      seq->num_computed = 0;
+    };
+    Reclaim(config_.watermark_blocks +
+            BlocksForTokens(std::min(remaining, ChunkLimit(budget)), bs));
     const int64_t usable =
         static_cast<int64_t>(blocks_.num_free()) - config_.watermark_blocks;
-    if (usable <= 0) break;
-    const int64_t chunk =
-        AlignChunk(0, std::min({seq->num_tokens, ChunkLimit(budget), usable * bs}),
-                   seq->num_tokens, plan.sequences.empty());
-    if (chunk == 0) break;  // the head waits for a step with room
+    if (usable <= 0) {
+      undo();
+      break;
+    }
+    bool at_snapshot = false;
+    const int64_t chunk = CutAtSnapshot(
+        *seq, start,
+        AlignChunk(start, std::min({remaining, ChunkLimit(budget), usable * bs}),
+                   remaining, plan.sequences.empty()),
+        &at_snapshot);
+    if (chunk == 0) {  // the head waits for a step with room
+      undo();
+      break;
+    }
+    if (prefix_ != nullptr && !seq->hashes.empty()) {
+      prefix_->RecordLookup(seq->num_tokens, start);
+    }
     waiting_.pop_front();
     seq->slot = *slots_.Acquire();                     // a slot is free: checked above
     seq->table.Append(chunk, &blocks_).IgnoreError();  // fits: checked above
     seq->state = SequenceState::kRunning;
     running_.push_back(seq->id);
-    add(seq, chunk, 0);
+    add(seq, chunk, 0, start > 0 ? restore : -1, at_snapshot);
   }
 
   step_in_flight_ = true;
@@ -383,6 +525,7 @@ absl::StatusOr<std::vector<SequenceId>> Scheduler::CompleteStep(
     if (seq == nullptr) continue;  // aborted while in flight (or ended above)
     if (!e.samples) {
       seq->num_computed = e.end;
+      CacheComputedBlocks(seq);
       continue;
     }
     const SequenceOutcome& o = *by_id[e.id];
@@ -391,6 +534,7 @@ absl::StatusOr<std::vector<SequenceId>> Scheduler::CompleteStep(
     seq->prefill_done = true;
     // Drop the positions of rejected drafts.
     seq->table.Truncate(seq->num_computed, &blocks_).IgnoreError();
+    CacheComputedBlocks(seq);
     if (o.finished) {
       Erase(e.id);
     } else if (seq->num_tokens >= seq->max_total_tokens) {
@@ -439,8 +583,17 @@ absl::Status Scheduler::CheckInvariants() const {
     return Internal(running_.size(), " running + ", waiting_.size(), " waiting + ",
                     reserved_.size(), " reserved != ", seqs_.size(), " sequences");
   }
-  int64_t blocks_held = 0;
-  absl::flat_hash_set<BlockId> seen;
+  // Holders of each block: sequences, and the prefix cache's one reference. A
+  // block is in two sequences only when it is a cached (shared, full) block.
+  absl::flat_hash_map<BlockId, int32_t> holders;
+  auto hold = [&](SequenceId id, const BlockTable& t) -> absl::Status {
+    for (BlockId b : t.blocks()) {
+      if (++holders[b] > 1 && (prefix_ == nullptr || !prefix_->Holds(b))) {
+        return Internal("block ", b, " is in two sequences");
+      }
+    }
+    return absl::OkStatus();
+  };
   for (SequenceId id : running_) {
     const Sequence* seq = Find(id);
     if (seq == nullptr || seq->state != SequenceState::kRunning) {
@@ -457,12 +610,7 @@ absl::Status Scheduler::CheckInvariants() const {
         seq->num_tokens > seq->max_total_tokens) {
       return Internal("sequence ", id, " counts out of range");
     }
-    for (BlockId b : seq->table.blocks()) {
-      if (!seen.insert(b).second) {
-        return Internal("block ", b, " is in two sequences");
-      }
-    }
-    blocks_held += seq->table.blocks().size();
+    TANDEM_RETURN_IF_ERROR(hold(id, seq->table));
   }
   for (SequenceId id : reserved_) {
     const Sequence* seq = Find(id);
@@ -477,12 +625,7 @@ absl::Status Scheduler::CheckInvariants() const {
       return Internal("reserved sequence ", id, " holds ", seq->table.num_tokens(),
                       " positions for ", seq->num_tokens, " tokens");
     }
-    for (BlockId b : seq->table.blocks()) {
-      if (!seen.insert(b).second) {
-        return Internal("block ", b, " is in two sequences");
-      }
-    }
-    blocks_held += seq->table.blocks().size();
+    TANDEM_RETURN_IF_ERROR(hold(id, seq->table));
   }
   for (SequenceId id : waiting_) {
     const Sequence* seq = Find(id);
@@ -493,9 +636,23 @@ absl::Status Scheduler::CheckInvariants() const {
       return Internal("waiting sequence ", id, " holds resources");
     }
   }
-  if (blocks_held != blocks_.num_used()) {
-    return Internal("sequences hold ", blocks_held, " blocks, allocator has ",
-                    blocks_.num_used(), " in use");
+  int64_t used = 0;
+  for (const auto& [b, n] : holders) {
+    const int32_t want = n + (prefix_ != nullptr && prefix_->Holds(b) ? 1 : 0);
+    if (blocks_.ref_count(b) != want) {
+      return Internal("block ", b, " has ", blocks_.ref_count(b), " references, ",
+                      want, " holders");
+    }
+    ++used;
+  }
+  if (prefix_ != nullptr) {
+    TANDEM_RETURN_IF_ERROR(prefix_->CheckInvariants());
+    used += prefix_->num_cached_blocks();
+    for (const auto& [b, n] : holders) used -= prefix_->Holds(b) ? 1 : 0;
+  }
+  if (used != blocks_.num_used()) {
+    return Internal("sequences and the prefix cache hold ", used,
+                    " blocks, allocator has ", blocks_.num_used(), " in use");
   }
   if (static_cast<int32_t>(running_.size() + reserved_.size()) != slots_.num_used()) {
     return Internal(running_.size(), " running and ", reserved_.size(),

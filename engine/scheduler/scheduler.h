@@ -15,6 +15,16 @@
 //   are freed and it goes back to the FRONT of the waiting queue with all its
 //   tokens (prompt + generated) as the new prompt. No admissions happen in a
 //   step that preempted.
+// Prefix caching (SchedulerConfig::prefix_cache): at admission a sequence with
+//   block hashes looks its prompt up (PrefixCache::Lookup, the rule in
+//   engine/cache/prefix_cache.h); a hit at p adopts the cached blocks of [0, p)
+//   (shared, full, never written) and starts prefill at p with its slot
+//   restored from the snapshot (ScheduledSequence::restore_snapshot). Its
+//   prefill chunks end at its snapshot positions (SnapshotPositions), where the
+//   engine stores the slot (StoreSnapshot, snapshot_at_end); its full prompt
+//   blocks enter the cache as they are computed (only prompt tokens: nothing a
+//   speculative rollback may undo). Unreferenced cached blocks are evicted (LRU)
+//   before anything is preempted or refused.
 // Reserve(): a sequence whose state a peer writes in place (the decode worker's
 //   reservation) holds its blocks and slot, RESERVED, outside both queues:
 //   never scheduled, never preempted, until AdmitReserved() makes it running.
@@ -25,6 +35,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -35,6 +46,7 @@
 #include "absl/types/span.h"
 #include "engine/cache/block_allocator.h"
 #include "engine/cache/block_table.h"
+#include "engine/cache/prefix_cache.h"
 #include "engine/cache/slot_pool.h"
 
 namespace tandem::engine {
@@ -63,6 +75,11 @@ struct SchedulerConfig {
   // on load.
   int32_t prefill_chunk_alignment = 0;
   int32_t watermark_blocks = 0;  // blocks admission leaves free
+  // Prefix caching: off unless enabled; the snapshot pool and grid as
+  // PrefixCacheConfig (block_size and the KDA chunk are taken from above).
+  bool enable_prefix_caching = false;
+  int32_t num_prefix_snapshots = 0;
+  int64_t prefix_snapshot_grid = 0;
 
   absl::Status Validate() const;
 };
@@ -72,6 +89,9 @@ struct SequenceRequest {
   int64_t num_prompt_tokens = 0;
   // 0: up to the context limit.
   int64_t max_new_tokens = 0;
+  // Chained hashes of the prompt's full blocks (ChainedBlockHashes); empty: the
+  // sequence neither uses nor fills the prefix cache.
+  std::vector<BlockHash> block_hashes;
 };
 
 // One sequence's work in a step.
@@ -89,6 +109,12 @@ struct ScheduledSequence {
   SlotId slot = -1;
   // start == 0: the KDA state slot must be reset before computing.
   bool resets_state = false;
+  // A prefix-cache hit (start == the hit's p > 0): copy this snapshot into the
+  // slot before computing (-1: none).
+  SnapshotId restore_snapshot = -1;
+  // After this step the slot holds the state at `end`, one of the sequence's
+  // snapshot positions: the engine stores it (StoreSnapshot) before the next.
+  bool snapshot_at_end = false;
 
   int64_t num_tokens() const { return end - start; }
 };
@@ -158,6 +184,17 @@ class Scheduler {
   absl::StatusOr<std::vector<SequenceId>> CompleteStep(
       const StepPlan& plan, absl::Span<const SequenceOutcome> outcomes);
 
+  // Prefix caching: registers the state of sequence `id` at `position` (its
+  // plan entry's end, snapshot_at_end) and returns the pool entry the engine
+  // copies the slot into now; -1 when a snapshot already exists there or the
+  // position is not the sequence's to store. FailedPrecondition when caching is
+  // off.
+  absl::StatusOr<SnapshotId> StoreSnapshot(SequenceId id, int64_t position);
+  // Drops every cached block and snapshot (running sequences keep theirs).
+  void ResetPrefixCache();
+  // Null when prefix caching is off.
+  const PrefixCache* prefix_cache() const { return prefix_.get(); }
+
   // Cancels a sequence in any state (waiting, running, in the current plan:
   // its results are then ignored) and frees everything it holds.
   absl::Status Abort(SequenceId id);
@@ -173,7 +210,11 @@ class Scheduler {
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
   int32_t num_reserved() const { return static_cast<int32_t>(reserved_.size()); }
-  int32_t num_free_blocks() const { return blocks_.num_free(); }
+  // Free blocks, counting cached blocks no sequence holds (evicted on demand).
+  int32_t num_free_blocks() const {
+    return blocks_.num_free() +
+           (prefix_ ? static_cast<int32_t>(prefix_->num_evictable_blocks()) : 0);
+  }
   int32_t num_free_slots() const { return slots_.num_free(); }
   int64_t num_preemptions() const { return num_preemptions_; }
   const SchedulerConfig& config() const { return config_; }
@@ -195,6 +236,14 @@ class Scheduler {
     SlotId slot = -1;
     BlockTable table;
     int64_t num_prompt_tokens = 0;  // as submitted (max_new_tokens counts from it)
+    // Prefix caching.
+    std::vector<BlockHash> hashes;  // the prompt's full blocks
+    int64_t blocks_cached = 0;      // hashes[0 .. blocks_cached) handled
+    std::vector<int64_t> snapshot_positions;  // ascending, > the hit
+    // A chunk ended off the KDA chunk grid here (progress beat alignment):
+    // state after it is not what a clean recompute gives, so nothing after it
+    // is cached.
+    int64_t unaligned_at = std::numeric_limits<int64_t>::max();
   };
 
   explicit Scheduler(const SchedulerConfig& config);
@@ -213,6 +262,18 @@ class Scheduler {
   // 0 (wait) when it cannot and the plan already has work, else unchanged.
   int64_t AlignChunk(int64_t start, int64_t chunk, int64_t remaining,
                      bool plan_empty) const;
+  // Prefix caching: the chunk from `start` cut at the sequence's next snapshot
+  // position; whether it ends there.
+  int64_t CutAtSnapshot(const Sequence& seq, int64_t start, int64_t chunk,
+                        bool* at_snapshot) const;
+  // Evicts unreferenced cached blocks until `free_blocks` are free (if it can).
+  void Reclaim(int64_t free_blocks);
+  // Admission of a waiting sequence with hashes: the usable hit (adopted into
+  // its table, num_computed = p) and its snapshot positions; the snapshot to
+  // restore (-1: none).
+  SnapshotId AdmitWithPrefix(Sequence* seq);
+  // Caches the sequence's newly computed full prompt blocks.
+  void CacheComputedBlocks(Sequence* seq);
 
   SchedulerConfig config_;
   BlockAllocator blocks_;
@@ -226,6 +287,9 @@ class Scheduler {
   // ignored, and their ids may not be reused until CompleteStep.
   absl::flat_hash_set<SequenceId> aborted_in_flight_;
   int64_t num_preemptions_ = 0;
+  std::unique_ptr<PrefixCache> prefix_;  // null: prefix caching off
+  // This plan's restores (id -> snapshot), applied to its entries.
+  absl::flat_hash_map<SequenceId, SnapshotId> restores_;
 };
 
 }  // namespace tandem::engine

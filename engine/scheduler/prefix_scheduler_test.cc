@@ -1,0 +1,226 @@
+// The scheduler with prefix caching: where hits start, where prefill chunks end
+// (snapshot positions), what is cached, eviction before preemption, no leaks.
+#include <cstdint>
+#include <set>
+#include <vector>
+
+#include "engine/cache/prefix_cache.h"
+#include "engine/scheduler/scheduler.h"
+#include "gtest/gtest.h"
+
+namespace tandem::engine {
+namespace {
+
+SchedulerConfig Config(int32_t blocks, int64_t budget, int32_t snapshots = 8) {
+  SchedulerConfig c;
+  c.num_blocks = blocks;
+  c.block_size = 16;
+  c.num_slots = 8;
+  c.max_tokens_per_step = budget;
+  c.max_context_tokens = 4096;
+  c.prefill_chunk_alignment = 64;
+  c.enable_prefix_caching = true;
+  c.num_prefix_snapshots = snapshots;
+  return c;
+}
+
+std::vector<int32_t> Tokens(int n, int seed, int offset = 0) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = ((i + offset) * 7919 + seed * 104729) % 50000;
+  return t;
+}
+
+std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+SequenceRequest Req(SequenceId id, const std::vector<int32_t>& prompt,
+                    int64_t max_new = 4) {
+  SequenceRequest r;
+  r.id = id;
+  r.num_prompt_tokens = static_cast<int64_t>(prompt.size());
+  r.max_new_tokens = max_new;
+  r.block_hashes = ChainedBlockHashes(prompt, 16, "");
+  return r;
+}
+
+struct Seen {
+  SequenceId id;
+  int64_t start, end;
+  SnapshotId restore;
+  bool snapshot;
+};
+
+// One step as the engine runs it: plan, store the snapshots the plan asks for,
+// complete (every sampler gets one token).
+std::vector<Seen> Step(Scheduler& s, std::set<SequenceId> finish = {}) {
+  std::vector<Seen> seen;
+  auto plan = s.Schedule();
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  std::vector<SequenceOutcome> out;
+  for (const ScheduledSequence& e : plan->sequences) {
+    seen.push_back({e.id, e.start, e.end, e.restore_snapshot, e.snapshot_at_end});
+    if (e.snapshot_at_end) {
+      auto snap = s.StoreSnapshot(e.id, e.end);
+      EXPECT_TRUE(snap.ok() && *snap >= 0) << e.id << " at " << e.end;
+    }
+    if (e.samples) out.push_back({e.id, 1, finish.contains(e.id)});
+  }
+  EXPECT_TRUE(s.CompleteStep(*plan, out).ok());
+  EXPECT_TRUE(s.CheckInvariants().ok()) << s.CheckInvariants();
+  return seen;
+}
+
+void Drain(Scheduler& s) {
+  for (int i = 0; i < 100 && (s.num_running() > 0 || s.num_waiting() > 0); ++i) {
+    std::set<SequenceId> all;
+    auto plan = s.Schedule();
+    ASSERT_TRUE(plan.ok());
+    std::vector<SequenceOutcome> out;
+    for (const auto& e : plan->sequences) {
+      if (e.snapshot_at_end) ASSERT_TRUE(s.StoreSnapshot(e.id, e.end).ok());
+      if (e.samples) out.push_back({e.id, 1, true});
+    }
+    ASSERT_TRUE(s.CompleteStep(*plan, out).ok());
+    ASSERT_TRUE(s.CheckInvariants().ok()) << s.CheckInvariants();
+  }
+}
+
+TEST(PrefixSchedulerTest, SharedPrefixHitsAtSnapshotsOnly) {
+  auto s = *Scheduler::Create(Config(256, 512));
+  const std::vector<int32_t> a = Tokens(200, 1);
+  // 1: a miss; its prefill stops at 192 (last full chunk) for the snapshot.
+  ASSERT_TRUE(s->Submit(Req(1, a)).ok());
+  auto st = Step(*s);
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_EQ(st[0].start, 0);
+  EXPECT_EQ(st[0].end, 192);
+  EXPECT_TRUE(st[0].snapshot);
+  EXPECT_EQ(st[0].restore, -1);
+  st = Step(*s, {1});
+  EXPECT_EQ(st[0].start, 192);
+  EXPECT_EQ(st[0].end, 200);
+  EXPECT_EQ(s->prefix_cache()->num_cached_blocks(), 12);  // 200 / 16 full blocks
+  // 2: the same prompt: starts at 192 from the snapshot, computes 8 tokens.
+  ASSERT_TRUE(s->Submit(Req(2, a)).ok());
+  st = Step(*s, {2});
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_EQ(st[0].start, 192);
+  EXPECT_EQ(st[0].end, 200);
+  EXPECT_GE(st[0].restore, 0);
+  EXPECT_FALSE(st[0].snapshot);
+  // 3: shares 160 tokens (10 blocks) of a: cached blocks but no snapshot at or
+  // below 160 -> a miss (never an MLA-only hit); it snapshots at the branch
+  // point 128 and at its own last chunk 256.
+  const std::vector<int32_t> c =
+      Concat(std::vector<int32_t>(a.begin(), a.begin() + 160), Tokens(140, 3));
+  ASSERT_TRUE(s->Submit(Req(3, c)).ok());
+  st = Step(*s);
+  EXPECT_EQ(st[0].start, 0);
+  EXPECT_EQ(st[0].end, 128);
+  EXPECT_TRUE(st[0].snapshot);
+  st = Step(*s);
+  EXPECT_EQ(st[0].start, 128);
+  EXPECT_EQ(st[0].end, 256);
+  EXPECT_TRUE(st[0].snapshot);
+  st = Step(*s, {3});
+  EXPECT_EQ(st[0].end, 300);
+  // 4: another suffix after the same 160: hit at the branch point.
+  const std::vector<int32_t> d =
+      Concat(std::vector<int32_t>(a.begin(), a.begin() + 160), Tokens(50, 4));
+  ASSERT_TRUE(s->Submit(Req(4, d)).ok());
+  st = Step(*s);
+  EXPECT_EQ(st[0].start, 128);
+  EXPECT_GE(st[0].restore, 0);
+  // A tenant with another salt: a miss.
+  SequenceRequest other = Req(5, a);
+  other.block_hashes = ChainedBlockHashes(a, 16, "tenant-b");
+  ASSERT_TRUE(s->Submit(other).ok());
+  Drain(*s);
+  const PrefixCacheStats& stats = s->prefix_cache()->stats();
+  EXPECT_EQ(stats.lookups, 5);
+  EXPECT_EQ(stats.hits, 2);
+  EXPECT_EQ(stats.hit_tokens, 192 + 128);
+  // Everything back: free counts the cached blocks (evictable), no slot held.
+  EXPECT_EQ(s->num_free_blocks(), 256);
+  EXPECT_EQ(s->num_free_slots(), 8);
+}
+
+TEST(PrefixSchedulerTest, CachedBlocksAreEvictedBeforeAnyoneWaits) {
+  // 40 blocks: three 192-token prompts (12 blocks each) fill the cache.
+  auto s = *Scheduler::Create(Config(40, 512));
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(s->Submit(Req(i, Tokens(192, 10 + i))).ok());
+    Drain(*s);
+  }
+  EXPECT_EQ(s->prefix_cache()->num_cached_blocks(), 36);
+  EXPECT_EQ(s->num_free_blocks(), 40);
+  // A 400-token prompt (25 blocks) needs 21 of the cached ones: evicted, LRU.
+  ASSERT_TRUE(s->Submit(Req(9, Tokens(400, 99), 1)).ok());
+  auto st = Step(*s);
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_EQ(st[0].start, 0);
+  EXPECT_GT(s->prefix_cache()->stats().blocks_evicted, 0);
+  Drain(*s);
+  EXPECT_EQ(s->num_free_blocks(), 40);
+  // The most recent prompt (2) kept more of its blocks than the oldest (0).
+  ASSERT_TRUE(s->Submit(Req(20, Tokens(192, 10))).ok());
+  st = Step(*s);
+  EXPECT_EQ(st[0].start, 0);  // 0's prefix is gone
+  Drain(*s);
+}
+
+TEST(PrefixSchedulerTest, ARunningSequencesBlocksAreNotEvictedAndPreemptionRehits) {
+  // 24 blocks. 1 runs a 192-token prompt (snapshot at 128) and decodes; 2
+  // shares its first 128 tokens: it adopts 8 cached blocks that 1 still holds.
+  auto s = *Scheduler::Create(Config(24, 512));
+  const std::vector<int32_t> a = Tokens(129, 7);
+  ASSERT_TRUE(s->Submit(Req(1, a, 100)).ok());
+  Step(*s);  // [0, 128) snapshot
+  Step(*s);  // [128, 129) samples
+  const std::vector<int32_t> b =
+      Concat(std::vector<int32_t>(a.begin(), a.begin() + 128), Tokens(100, 8));
+  ASSERT_TRUE(s->Submit(Req(2, b, 200)).ok());
+  auto st = Step(*s);
+  bool saw2 = false;
+  for (const Seen& e : st) {
+    if (e.id == 2) {
+      saw2 = true;
+      EXPECT_EQ(e.start, 128);
+      EXPECT_GE(e.restore, 0);
+    }
+  }
+  EXPECT_TRUE(saw2);
+  // Decode both until the pool runs out: 2 (newest) is preempted; evicting never
+  // frees a block either holds (CheckInvariants after every step), and when 2 is
+  // readmitted it hits the prefix again.
+  int64_t hits_before = s->prefix_cache()->stats().hits;
+  for (int i = 0; i < 200 && s->num_preemptions() == 0; ++i) Step(*s);
+  EXPECT_GT(s->num_preemptions(), 0);
+  ASSERT_TRUE(s->Abort(1).ok());  // room again
+  Step(*s);
+  EXPECT_GT(s->prefix_cache()->stats().hits, hits_before);
+  ASSERT_TRUE(s->Abort(2).ok());
+  EXPECT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
+  EXPECT_EQ(s->num_free_blocks(), 24);
+  EXPECT_EQ(s->num_free_slots(), 8);
+  s->ResetPrefixCache();
+  EXPECT_EQ(s->prefix_cache()->num_cached_blocks(), 0);
+  EXPECT_EQ(s->num_free_blocks(), 24);
+}
+
+TEST(PrefixSchedulerTest, OffMeansNoHashesKeptAndNoSnapshots) {
+  SchedulerConfig c = Config(64, 512);
+  c.enable_prefix_caching = false;
+  auto s = *Scheduler::Create(c);
+  ASSERT_TRUE(s->Submit(Req(1, Tokens(200, 1))).ok());
+  auto st = Step(*s);
+  EXPECT_EQ(st[0].end, 200);  // one chunk: no snapshot cut
+  EXPECT_FALSE(st[0].snapshot);
+  EXPECT_EQ(s->prefix_cache(), nullptr);
+  EXPECT_FALSE(s->StoreSnapshot(1, 192).ok());
+}
+
+}  // namespace
+}  // namespace tandem::engine
