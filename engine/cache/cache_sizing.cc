@@ -12,7 +12,8 @@ namespace tandem::engine {
 std::string CacheSizing::Summary() const {
   return absl::StrCat(num_blocks, " MLA blocks (", cache_tokens, " tokens, ",
                       FormatBytes(block_bytes), "), ", num_slots, " KDA slots (",
-                      FormatBytes(slot_bytes), "), max_model_len ", max_model_len,
+                      FormatBytes(slot_bytes), ", ", num_snapshots,
+                      " of them prefix snapshots), max_model_len ", max_model_len,
                       " tokens; ", FormatBytes(total_bytes()), " of a ",
                       FormatBytes(budget_bytes), " budget");
 }
@@ -48,8 +49,20 @@ absl::StatusOr<CacheSizing> SizeCache(const CacheSizingInput& in) {
   if (in.num_blocks_override < 0) {
     return InvalidArgument("--num_blocks must be >= 0, got ", in.num_blocks_override);
   }
+  if (!(in.snapshot_fraction >= 0.0 && in.snapshot_fraction <= 0.9)) {
+    return InvalidArgument("the prefix snapshot share must be in [0, 0.9], got ",
+                           in.snapshot_fraction);
+  }
   CacheSizing s;
   s.budget_bytes = in.budget_bytes;
+  int64_t snapshots = 0;
+  if (in.slot_bytes > 0 && in.snapshot_fraction > 0) {
+    snapshots = static_cast<int64_t>(in.budget_bytes * in.snapshot_fraction) /
+                in.slot_bytes;
+    snapshots = std::min<int64_t>(snapshots, 1 << 20);
+  }
+  s.num_snapshots = static_cast<int32_t>(snapshots);
+  const int64_t snapshot_bytes = snapshots * in.slot_bytes;
   // KDA state first, up to half the budget.
   int64_t slots = in.max_num_seqs;
   if (in.slot_bytes > 0 && slots * in.slot_bytes > in.budget_bytes / 2) {
@@ -63,7 +76,7 @@ absl::StatusOr<CacheSizing> SizeCache(const CacheSizingInput& in) {
     }
   }
   s.num_slots = static_cast<int32_t>(slots);
-  s.slot_bytes = slots * in.slot_bytes;
+  s.slot_bytes = slots * in.slot_bytes + snapshot_bytes;
   const int64_t block_cost = in.token_bytes * in.block_size;
   if (in.num_blocks_override > 0) {
     s.num_blocks = in.num_blocks_override;

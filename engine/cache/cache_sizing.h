@@ -7,7 +7,9 @@
 //   slots  = max_num_seqs, unless their KDA state would take more than half the
 //            budget: then as many as half the budget holds (concurrency limited
 //            by memory, reported)
-//   blocks = (budget - slots * slot_bytes) / (block_size * token_bytes)
+//   snapshots = floor(budget * snapshot_fraction / slot_bytes): the prefix
+//            cache's KDA snapshots (extra slots), their share taken first
+//   blocks = (budget - (slots + snapshots) * slot_bytes) / (block_size * token_bytes)
 //            (or num_blocks_override), at most 2^31 - 1
 //   max_model_len = the requested one (default: the model's), which must not
 //            exceed the model's; when the blocks hold fewer tokens, a requested
@@ -32,6 +34,8 @@ struct CacheSizingInput {
   int64_t max_model_len = 0;        // 0: model_max_len
   int64_t model_max_len = 0;        // the checkpoint's max_position_embeddings
   int64_t num_blocks_override = 0;  // > 0: exactly this many blocks
+  // Prefix caching: the share of the budget for KDA snapshots, in [0, 0.9].
+  double snapshot_fraction = 0.0;
 };
 
 struct CacheSizing {
@@ -40,7 +44,8 @@ struct CacheSizing {
   int64_t num_blocks = 0;
   int64_t cache_tokens = 0;   // num_blocks * block_size
   int64_t max_model_len = 0;  // prompt + output tokens of one request, at most
-  int64_t slot_bytes = 0;     // all slots
+  int64_t slot_bytes = 0;     // all slots (snapshots included)
+  int32_t num_snapshots = 0;  // prefix-cache snapshot slots
   int64_t block_bytes = 0;    // all blocks
   int64_t total_bytes() const { return slot_bytes + block_bytes; }
   bool slots_limited_by_memory = false;          // fewer slots than max_num_seqs

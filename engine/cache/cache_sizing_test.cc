@@ -123,3 +123,33 @@ TEST(SizeCache, SummaryNamesTheNumbers) {
 
 }  // namespace
 }  // namespace tandem::engine
+
+namespace tandem::engine {
+namespace {
+
+TEST(CacheSizingSnapshotsTest, SnapshotShareComesOutOfTheBlocks) {
+  CacheSizingInput in;
+  in.budget_bytes = 100 << 20;
+  in.token_bytes = 160;
+  in.slot_bytes = 38400;
+  in.block_size = 16;
+  in.max_num_seqs = 16;
+  in.model_max_len = 1 << 20;
+  auto plain = SizeCache(in);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->num_snapshots, 0);
+  in.snapshot_fraction = 0.1;
+  auto with = SizeCache(in);
+  ASSERT_TRUE(with.ok());
+  EXPECT_EQ(with->num_snapshots, (10485760) / 38400);  // 273
+  EXPECT_EQ(with->num_slots, 16);
+  EXPECT_EQ(with->slot_bytes, (16 + 273) * 38400);
+  EXPECT_EQ(with->num_blocks,
+            (in.budget_bytes - with->slot_bytes) / (160 * 16));
+  EXPECT_LE(with->total_bytes(), in.budget_bytes);
+  in.snapshot_fraction = 0.95;
+  EXPECT_FALSE(SizeCache(in).ok());
+}
+
+}  // namespace
+}  // namespace tandem::engine

@@ -26,7 +26,10 @@ absl::StatusOr<CacheSizing> SizeCacheFromMemory(const model::ModelConfig& config
   in.model_max_len =
       std::min<int64_t>(config.text.max_position_embeddings, kMaxContextTokens);
   in.num_blocks_override = memory.num_blocks_override;
+  in.snapshot_fraction =
+      options->prefix_caching.enabled ? memory.prefix_snapshot_fraction : 0.0;
   TANDEM_ASSIGN_OR_RETURN(CacheSizing s, SizeCache(in));
+  if (s.num_snapshots > 0) options->prefix_caching.num_snapshots = s.num_snapshots;
   options->num_slots = s.num_slots;
   options->num_blocks = static_cast<int32_t>(s.num_blocks);
   options->max_context_tokens = s.max_model_len;
@@ -68,6 +71,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   // KdaChunked's chunk: prompts cut only at its multiples compute bit-identical
   // state however the steps split them (chunk_alignment_test).
   sc.prefill_chunk_alignment = 64;
+  if (options.prefix_caching.enabled) {
+    sc.enable_prefix_caching = true;
+    sc.num_prefix_snapshots = options.prefix_caching.num_snapshots > 0
+                                  ? options.prefix_caching.num_snapshots
+                                  : options.num_slots;
+    sc.prefix_snapshot_grid = options.prefix_caching.snapshot_grid;
+  }
   const SpeculativeOptions& so = options.speculative;
   if (so.method != SpeculativeMethod::kNone) {
     if (so.num_speculative_tokens < 1) {
@@ -81,7 +91,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   KvCacheOptions co;
   co.block_size = sc.block_size;
   co.num_blocks = sc.num_blocks;
-  co.num_slots = sc.num_slots;
+  // Prefix-cache snapshots live in slots after the running ones, so that they
+  // are where the state is (the device, every TP rank) and copied by CopySlot.
+  co.num_slots = sc.num_slots + sc.num_prefix_snapshots;
+  e->snapshot_base_ = sc.num_slots;
   co.allocator = options.cache_allocator;
   ModelRunnerOptions ro;
   ro.mla_mode = options.mla_mode;
@@ -193,13 +206,18 @@ absl::StatusOr<Engine::Request*> Engine::NewRequest(
 }
 
 absl::Status Engine::AddRequest(RequestId id, std::vector<int32_t> prompt,
-                                const engine::SamplingParams& params) {
+                                const engine::SamplingParams& params,
+                                std::string_view cache_salt) {
   const int64_t n = prompt.size();
   TANDEM_ASSIGN_OR_RETURN(Request * r, NewRequest(id, std::move(prompt), params));
   engine::SequenceRequest sr;
   sr.id = id;
   sr.num_prompt_tokens = n;
   sr.max_new_tokens = r->params.max_tokens;
+  if (options_.prefix_caching.enabled) {
+    sr.block_hashes =
+        engine::ChainedBlockHashes(r->prompt, options_.block_size, cache_salt);
+  }
   absl::Status s = scheduler_->Submit(sr);
   if (!s.ok()) requests_.erase(id);
   return s;
@@ -273,6 +291,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     return outputs;
   }
   TANDEM_RETURN_IF_ERROR(ForwardStep(batch));
+  TANDEM_RETURN_IF_ERROR(StoreSnapshots(batch));
   TANDEM_RETURN_IF_ERROR(SampleStep(&batch, &outputs));
   TANDEM_RETURN_IF_ERROR(FinishStep(batch, &outputs));
   return outputs;
@@ -297,7 +316,9 @@ absl::Status Engine::PlanStep(StepBatch* batch) {
       return Internal("scheduled unknown request ", plan.sequences[i].id);
     }
     batch->reqs[i] = it->second.get();
-    if (plan.sequences[i].resets_state) batch->reqs[i]->replay_from = -1;
+    if (plan.sequences[i].resets_state || plan.sequences[i].restore_snapshot >= 0) {
+      batch->reqs[i]->replay_from = -1;
+    }
   }
   // Speculation: drafts, the tokens each entry feeds, KDA snapshots to roll back to.
   batch->proposals.resize(n);
@@ -319,6 +340,14 @@ absl::Status Engine::PlanInput(size_t i, StepBatch* batch) {
   if (ss.resets_state) {
     TANDEM_RETURN_IF_ERROR(executor_->ResetSlot(ss.slot));
     r->pending_import.clear();  // recomputed from its tokens instead
+    r->hit_tokens = 0;
+  } else if (ss.restore_snapshot >= 0) {
+    // A prefix-cache hit at ss.start: the KDA state after exactly those tokens
+    // (the rule: a snapshot at p), its MLA rows in the adopted blocks.
+    TANDEM_RETURN_IF_ERROR(
+        executor_->CopySlot(snapshot_base_ + ss.restore_snapshot, ss.slot));
+    r->pending_import.clear();
+    r->hit_tokens = ss.start;
   }
   std::vector<int32_t>& table = batch->tables[i];
   TANDEM_ASSIGN_OR_RETURN(table, scheduler_->Blocks(ss.id));
@@ -379,6 +408,12 @@ absl::Status Engine::ForwardStep(const StepBatch& batch) {
       LayerProgressEntry pe;
       pe.id = batch.plan.sequences[i].id;
       pe.start_pos = in.start_pos;
+      // A prefix hit's first chunk: positions [0, p) were already in the
+      // cache (shared blocks, restored slot), so after this layer the state of
+      // [0, end) is: reported from 0, as a first chunk.
+      if (batch.reqs[i]->hit_tokens > 0 && in.start_pos == batch.reqs[i]->hit_tokens) {
+        pe.start_pos = 0;
+      }
       pe.end_pos = in.start_pos + static_cast<int64_t>(in.tokens.size());
       pe.block_table = batch.tables[i];
       pe.slot = in.kda_slot;
@@ -389,6 +424,39 @@ absl::Status Engine::ForwardStep(const StepBatch& batch) {
   const absl::Status forward = executor_->Forward(batch.inputs, &logits_);
   progress_.clear();
   return forward;
+}
+
+absl::Status Engine::StoreSnapshots(const StepBatch& batch) {
+  for (const engine::ScheduledSequence& ss : batch.plan.sequences) {
+    if (!ss.snapshot_at_end || ss.num_draft_tokens > 0) continue;
+    TANDEM_ASSIGN_OR_RETURN(const engine::SnapshotId snap,
+                            scheduler_->StoreSnapshot(ss.id, ss.end));
+    if (snap < 0) continue;  // one exists there already
+    TANDEM_RETURN_IF_ERROR(executor_->CopySlot(ss.slot, snapshot_base_ + snap));
+  }
+  return absl::OkStatus();
+}
+
+PrefixCachingStats Engine::prefix_caching_stats() const {
+  PrefixCachingStats out;
+  const engine::PrefixCache* pc = scheduler_->prefix_cache();
+  if (pc == nullptr) return out;
+  const engine::PrefixCacheStats& s = pc->stats();
+  out.queried_tokens = s.queried_tokens;
+  out.hit_tokens = s.hit_tokens;
+  out.lookups = s.lookups;
+  out.hits = s.hits;
+  out.snapshots_stored = s.snapshots_stored;
+  out.snapshots_evicted = s.snapshots_evicted;
+  out.snapshots_held = pc->num_snapshots();
+  out.blocks_cached = pc->num_cached_blocks();
+  out.blocks_evicted = s.blocks_evicted;
+  int64_t slot_bytes = 0;
+  for (int r = 0; r < executor_->tp_size(); ++r) {
+    slot_bytes += static_cast<int64_t>(executor_->cache(r).kda_bytes_per_slot());
+  }
+  out.snapshot_bytes_held = out.snapshots_held * slot_bytes;
+  return out;
 }
 
 std::vector<std::optional<absl::StatusOr<engine::SampleResult>>> Engine::PresampleRows(

@@ -43,6 +43,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -107,6 +108,34 @@ struct SpeculativeStats {
   }
 };
 
+// Prefix caching (engine/cache/prefix_cache.h has the rule and the policy):
+// prompts' full MLA blocks are cached by content and KDA state snapshots are
+// kept in `num_snapshots` extra slots of the cache (beside the running
+// sequences' slots, on the cache's device; copies by KvCache::CopySlot). Off
+// in the library by default (exact block accounting in tests); the workers'
+// --enable_prefix_caching turns it on by default.
+struct PrefixCachingOptions {
+  bool enabled = false;
+  int32_t num_snapshots = 0;      // 0 with enabled: num_slots
+  int64_t snapshot_grid = 16384;  // also snapshot every this many tokens (0: off)
+};
+
+struct PrefixCachingStats {
+  int64_t queried_tokens = 0;  // prompt tokens looked up
+  int64_t hit_tokens = 0;      // prompt tokens not computed (reused)
+  int64_t lookups = 0;
+  int64_t hits = 0;
+  int64_t snapshots_stored = 0;
+  int64_t snapshots_evicted = 0;
+  int64_t snapshots_held = 0;
+  int64_t snapshot_bytes_held = 0;  // every rank's
+  int64_t blocks_cached = 0;
+  int64_t blocks_evicted = 0;
+  double hit_rate() const {
+    return queried_tokens > 0 ? static_cast<double>(hit_tokens) / queried_tokens : 0.0;
+  }
+};
+
 struct EngineOptions {
   int32_t block_size = 16;
   // KV blocks; 0: enough for num_slots sequences of max_context_tokens.
@@ -120,6 +149,8 @@ struct EngineOptions {
   uint64_t seed = 0;
   // Speculative decoding (off by default).
   SpeculativeOptions speculative;
+  // Prefix caching (off by default here; on by default in the workers).
+  PrefixCachingOptions prefix_caching;
   // Tensor parallelism: tp.tp_size > 1 runs that many ranks (threads of this
   // process, tp_executor.h) over `tp_checkpoint`'s shards, each with its own
   // backend named tp.backend; tp.cache and tp.runner are filled from the options
@@ -143,6 +174,9 @@ struct CacheMemoryOptions {
   int32_t max_num_seqs = 256;       // running sequences and KDA slots, at most
   int64_t max_model_len = 0;        // 0: the model's max_position_embeddings
   int64_t num_blocks_override = 0;  // > 0: this many MLA blocks, whatever the budget
+  // Prefix caching: this share of the budget holds KDA snapshots
+  // (options->prefix_caching.num_snapshots is set from it when > 0).
+  double prefix_snapshot_fraction = 0.0;
 };
 
 // Sizes `options` (num_slots, num_blocks, max_context_tokens; block_size and
@@ -214,8 +248,11 @@ class Engine {
 
   // InvalidArgument for an empty prompt, ids out of range, bad params, a
   // duplicate id, or a prompt that cannot fit.
+  // `cache_salt` (the request's tenant, OpenAI `cache_salt` as vLLM): prefix
+  // cache entries are shared only between requests with the same salt.
   absl::Status AddRequest(RequestId id, std::vector<int32_t> prompt,
-                          const engine::SamplingParams& params);
+                          const engine::SamplingParams& params,
+                          std::string_view cache_salt = {});
   // Runs one step; an empty result when there is nothing to do.
   absl::StatusOr<std::vector<RequestOutput>> Step();
   // Cancels a request in any state (a reservation included) and frees its
@@ -273,6 +310,10 @@ class Engine {
   // Tokens computed by forward passes so far (prefill, decode).
   int64_t prefill_tokens() const { return prefill_tokens_; }
   int64_t decode_tokens() const { return decode_tokens_; }
+  // Prefix caching: counters (zero when off), and dropping every cached block
+  // and snapshot (running requests keep theirs).
+  PrefixCachingStats prefix_caching_stats() const;
+  void ResetPrefixCache() { scheduler_->ResetPrefixCache(); }
   // Speculative decoding: counters, and the proposer (null when off).
   const SpeculativeStats& speculative_stats() const { return spec_stats_; }
   speculative::Proposer* proposer() { return proposer_.get(); }
@@ -294,6 +335,9 @@ class Engine {
     // Speculation rolled the KDA slot back to the state after tokens[0 ..
     // replay_from): the next forward feeds from there (-1: the slot is current).
     int64_t replay_from = -1;
+    // Prefix caching: the prompt's chained block hashes (held by the
+    // scheduler) and the hit its current admission started from.
+    int64_t hit_tokens = 0;
     int64_t num_generated() const { return tokens.size() - prompt.size(); }
   };
 
@@ -311,6 +355,10 @@ class Engine {
   absl::Status PlanStep(StepBatch* batch);
   absl::Status PlanInput(size_t i, StepBatch* batch);
   absl::Status ForwardStep(const StepBatch& batch);
+  // Prefix caching: the slots of entries that ended at a snapshot position are
+  // copied into the snapshot pool (before sampling: verification may roll back
+  // a decoding slot, never a prefill's).
+  absl::Status StoreSnapshots(const StepBatch& batch);
   std::vector<std::optional<absl::StatusOr<engine::SampleResult>>> PresampleRows(
       const StepBatch& batch);
   absl::Status SampleStep(StepBatch* batch, std::vector<RequestOutput>* outputs);
@@ -369,6 +417,7 @@ class Engine {
   std::unique_ptr<speculative::Proposer> proposer_;  // null: speculation off
   SpeculativeStats spec_stats_;
   LayerProgressCallback layer_progress_;
+  int64_t snapshot_base_ = 0;  // KDA slot of snapshot 0 (after the running slots)
   std::vector<LayerProgressEntry> progress_;  // the current step's prefill entries
 };
 
