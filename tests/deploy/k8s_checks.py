@@ -345,6 +345,11 @@ def policy_errors(overlay, objs):
                     E(f"{name}: {k} is not {v}")
             if flags.get("tp") != "8" or flags.get("backend") != "cuda":
                 E(f"{name}: not --tp=8 --backend=cuda")
+            # UCX has no EFA transport: the KV cache would cross over TCP.
+            if not (flags.get("kv_transport") or "ucx").startswith("libfabric:efa"):
+                E(f"{name}: --kv_transport is not libfabric:efa (UCX would use TCP on EFA)")
+            if "/opt/amazon/efa" not in [m["mountPath"] for m in main.get("volumeMounts", [])]:
+                E(f"{name}: the node's EFA libfabric (/opt/amazon/efa) is not mounted")
             aff = spec.get("affinity", {}).get("podAffinity", {}).get(
                 "requiredDuringSchedulingIgnoredDuringExecution", [])
             if not any(t.get("topologyKey") == "topology.kubernetes.io/zone" for t in aff):
@@ -444,6 +449,9 @@ def self_test(rendered):
             livenessProbe={"httpGet": {"path": "/health", "port": 8000}}),
         "shared /dev/shm": lambda o: dep(o, "prefill")["spec"].update(
             volumes=[v for v in dep(o, "prefill")["spec"]["volumes"] if v["name"] != "dshm"]),
+        "KV over UCX on EFA": lambda o: dep(o, "prefill")["spec"]["containers"][0].update(
+            args=[a for a in dep(o, "prefill")["spec"]["containers"][0]["args"]
+                  if not a.startswith("--kv_transport")]),
         "wrong metrics annotation": lambda o: dep(o, "router")["metadata"]["annotations"].update(
             {"prometheus.io/port": "9999"}),
     }
