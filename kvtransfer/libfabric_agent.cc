@@ -1077,7 +1077,10 @@ bool LibfabricBackend::ProgressLocked() {
 }
 
 absl::Duration LibfabricBackend::ArmLocked() {
-  if (!wait_fds_) return absl::Milliseconds(1);
+  // No wait fd (Debian's shm: "CQ wait not yet supported"): nap briefly, since
+  // the target's provider carries out incoming RMA (shm's CMA/SAR protocols)
+  // only when progressed and nothing wakes it.
+  if (!wait_fds_) return config_.idle_poll_interval;
   std::vector<fid*> fids;
   for (Rail& r : rails_) fids.push_back(&r.cq->fid);
   const int ret = fi_trywait(fabric_, fids.data(), static_cast<int>(fids.size()));
@@ -1089,8 +1092,14 @@ absl::Duration LibfabricBackend::ArmLocked() {
 
 void LibfabricBackend::Sleep(absl::Duration timeout) {
   epoll_event events[kMaxRails + 1];
-  epoll_wait(epoll_fd_, events, kMaxRails + 1,
-             std::max<int>(1, static_cast<int>(absl::ToInt64Milliseconds(timeout))));
+  const int64_t us = std::max<int64_t>(1, absl::ToInt64Microseconds(timeout));
+  const timespec ts{static_cast<time_t>(us / 1000000),
+                    static_cast<long>((us % 1000000) * 1000)};
+  if (epoll_pwait2(epoll_fd_, events, kMaxRails + 1, &ts, nullptr) < 0 &&
+      errno == ENOSYS) {  // kernels before 5.11: millisecond resolution
+    epoll_wait(epoll_fd_, events, kMaxRails + 1,
+               std::max<int>(1, static_cast<int>(us / 1000)));
+  }
   uint64_t drained;
   [[maybe_unused]] ssize_t n = read(wake_fd_, &drained, sizeof(drained));
 }

@@ -37,7 +37,8 @@
 // Threading: every libfabric call is made under the agent lock (the domain is
 // opened FI_THREAD_DOMAIN). The progress thread reads the CQs in a busy loop
 // while anything is in flight and otherwise sleeps on the CQs' wait fds
-// (fi_trywait + epoll) where the provider has them, else in 1 ms naps, so
+// (fi_trywait + epoll) where the provider has them, else in short naps
+// (`idle_poll_interval`), so
 // target-side progress (tcp RMA is carried out by the target's provider) goes on.
 #ifndef TANDEM_KVTRANSFER_LIBFABRIC_AGENT_H_
 #define TANDEM_KVTRANSFER_LIBFABRIC_AGENT_H_
@@ -76,6 +77,9 @@ struct LibfabricAgentConfig {
   // A peer with operations outstanding and no completion from it for this long
   // is failed (UNAVAILABLE).
   absl::Duration progress_timeout = absl::Seconds(10);
+  // How long an idle progress thread naps where the provider's CQs have no wait
+  // fd (Debian's shm): the target-side work of incoming RMA waits up to this.
+  absl::Duration idle_poll_interval = absl::Microseconds(100);
   // Ask for FI_HMEM (device memory registration) and use it when the provider
   // reports it. Off by default: nothing registers CUDA memory yet, and with
   // Debian's shm provider on a host without a GPU runtime fi_getinfo lists
