@@ -36,6 +36,25 @@ const ModelWeights& TinyWeights() {
   return *tiny->weights;
 }
 
+std::unique_ptr<ModelWeights> TinyWeightsOn(kernels::Backend& backend) {
+  static const model::Checkpoint* checkpoint =
+      OrDie(model::Checkpoint::Open(kTinyCheckpointDir), "open tiny").release();
+  return OrDie(PlaceModelWeights(OrDie(LoadModelWeights(*checkpoint), "load weights"),
+                                 backend.device()),
+               "place weights");
+}
+
+std::unique_ptr<KvCache> MakeCacheOn(const ModelWeights& w, kernels::Backend& backend,
+                                     int64_t blocks, int64_t block_size,
+                                     int64_t slots) {
+  KvCacheOptions o;
+  o.num_blocks = blocks;
+  o.block_size = block_size;
+  o.num_slots = slots;
+  o.device = &backend.device();
+  return OrDie(KvCache::Create(w.config, o), "cache");
+}
+
 std::unique_ptr<kernels::Backend> MakeBackend(const char* name) {
   return OrDie(kernels::CreateBackend(name), "backend");
 }

@@ -23,12 +23,20 @@ inline constexpr char kTinyCheckpointDir[] = "engine/model/tiny_checkpoint";
 // The tiny checkpoint and its weights, opened on first use (CHECK-fails on error).
 const ModelWeights& TinyWeights();
 
+// The tiny weights placed on `backend`'s device (PlaceModelWeights); the host
+// device gets its own unplaced copy. CHECK-fails on error.
+std::unique_ptr<ModelWeights> TinyWeightsOn(kernels::Backend& backend);
+
 // CreateBackend(name), CHECK-failing on error.
 std::unique_ptr<kernels::Backend> MakeBackend(const char* name);
 
 // A cache sized for tests: `blocks` blocks of `block_size`, `slots` slots.
 std::unique_ptr<KvCache> MakeCache(const ModelWeights& w, int64_t blocks,
                                    int64_t block_size, int64_t slots);
+
+// MakeCache with its buffers on `backend`'s device.
+std::unique_ptr<KvCache> MakeCacheOn(const ModelWeights& w, kernels::Backend& backend,
+                                     int64_t blocks, int64_t block_size, int64_t slots);
 
 // Consecutive block ids first .. first + count - 1.
 std::vector<int32_t> BlockRange(int32_t first, int32_t count);
