@@ -151,6 +151,7 @@ class ClusterProcessTest : public ::testing::Test {
     if (role == "prefill") {
       argv.insert(argv.end(), prefill_flags_.begin(), prefill_flags_.end());
     }
+    argv.insert(argv.end(), worker_flags_.begin(), worker_flags_.end());
     return testing::Subprocess::Start(argv, tmp_ + "/" + role + ".log");
   }
 
@@ -205,6 +206,7 @@ class ClusterProcessTest : public ::testing::Test {
   }
 
   std::vector<std::string> prefill_flags_;  // extra prefill_main flags
+  std::vector<std::string> worker_flags_;   // extra flags of both workers
   std::string tmp_;
   int router_port_ = 0, router_metrics_ = 0, decode_port_ = 0, decode_metrics_ = 0,
       prefill_metrics_ = 0;
@@ -298,6 +300,36 @@ TEST_F(ClusterProcessWholeTransferTest, DisaggregatedEqualsColocatedWithStreamin
   ExpectMultiChunkPromptsMatchColocated(3);
   // One whole-state batch per request.
   EXPECT_EQ(*Metric(prefill_metrics_, "tandem_worker_transfer_batches_total", {}), 3);
+}
+
+// The same hand-off over the libfabric agent (tcp provider, issue 19): set in
+// the constructor, so both workers start with it.
+class ClusterProcessLibfabricTest : public ClusterProcessTest {
+ protected:
+  ClusterProcessLibfabricTest() { worker_flags_ = {"--kv_transport=libfabric:tcp"}; }
+};
+
+TEST_F(ClusterProcessLibfabricTest, DisaggregatedEqualsColocatedOverLibfabricTcp) {
+  for (int i = 0; i < 4; ++i) {
+    tandem::v1::GenerateRequest req = Request(3 + i * 13, 70 + i, 6, 0.0f);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(60));
+    Result disagg = Drain(router_stub_->Generate(&ctx, req).get());
+    ASSERT_TRUE(disagg.status.ok()) << disagg.status.error_message() << Logs();
+    Result colocated = Colocated(req);
+    ASSERT_TRUE(colocated.status.ok()) << colocated.status.error_message();
+    EXPECT_EQ(disagg.tokens, colocated.tokens) << "prompt " << i;
+  }
+  EXPECT_EQ(*Metric(router_metrics_, "tandem_router_paths_total",
+                    {{"path", "disaggregated"}}),
+            4);
+  EXPECT_GT(*Metric(prefill_metrics_, "tandem_worker_transfer_bytes_total", {}), 0);
+  // Both workers said which agent carries the KV.
+  EXPECT_NE(prefill_->ReadLog().find("libfabric/tcp;ofi_rxm"), std::string::npos)
+      << Logs();
+  EXPECT_NE(decode_->ReadLog().find("libfabric/tcp;ofi_rxm"), std::string::npos)
+      << Logs();
+  EXPECT_TRUE(WaitMetric(decode_metrics_, "tandem_worker_reservations", {}, 0));
 }
 
 }  // namespace
