@@ -62,13 +62,17 @@ ABSL_FLAG(int, warmup_iterations, 4,
           "their times are reported as seconds_warmup");
 ABSL_FLAG(int, latency_samples, 2000, "Small transfers timed for latency percentiles");
 ABSL_FLAG(int, latency_bytes, 4096, "Bytes per small transfer");
+ABSL_FLAG(std::string, transport, "ucx",
+          "Which agents, when --modes is left at its default: ucx (shm,shm_mmap,tcp), "
+          "libfabric (lf_tcp,lf_shm), both");
 ABSL_FLAG(int, lf_rails, 1,
           "libfabric modes (lf_tcp, lf_shm): endpoints the agent stripes over");
 ABSL_FLAG(std::string, modes, "shm,shm_mmap,tcp",
           "Transport settings to run: shm (UCX default transports, no peer failure "
           "detection, receiver cache from UcxAgent::AllocateMemory), shm_mmap (the "
           "same into plain mmap memory) and tcp (UCX_TLS=tcp, peer failure "
-          "detection on, AllocateMemory)");
+          "detection on, AllocateMemory); lf_tcp, lf_shm (LibfabricAgent on that "
+          "provider, AllocateMemory, against a plain libfabric write loop)");
 ABSL_FLAG(bool, huge_pages, false,
           "Back both sides' buffers with transparent huge pages (MADV_HUGEPAGE), as "
           "ucx_perftest's own buffers are; default: plain 4 KiB pages");
@@ -578,8 +582,13 @@ int main(int argc, char** argv) {
   result["src_block_size"] = absl::GetFlag(FLAGS_src_block_size);
   result["dst_block_size"] = absl::GetFlag(FLAGS_dst_block_size);
   nlohmann::json modes = nlohmann::json::array();
-  for (absl::string_view m :
-       absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty())) {
+  std::string mode_list = absl::GetFlag(FLAGS_modes);
+  const std::string transport = absl::GetFlag(FLAGS_transport);
+  if (mode_list == "shm,shm_mmap,tcp") {  // the default: --transport picks
+    if (transport == "libfabric") mode_list = "lf_tcp,lf_shm";
+    if (transport == "both") mode_list = "lf_tcp,lf_shm,tcp,shm,shm_mmap";
+  }
+  for (absl::string_view m : absl::StrSplit(mode_list, ',', absl::SkipEmpty())) {
     modes.push_back(tandem::kvtransfer::RunMode(std::string(m), peer));
   }
   result["modes"] = modes;
