@@ -12,6 +12,16 @@
 // calling the decode worker's Generate directly with the same prompts. With
 // --nospawn it runs the load against --router only.
 //
+// --sampling_mix gives each request one of several sampling settings (greedy,
+// temperature with top-p / top-k / min-p / penalties; every sampled request
+// seeded). Queue time is reported apart from TTFT (which includes it): the
+// router's tandem_router_queue_seconds histogram scraped before and after the
+// load (spawn mode, or --router_metrics_port with --nospawn), as count, mean and
+// bucket-interpolated percentiles of the waits. --preset=load512 is issue 16's
+// load test: 512 streams at once, mixed sampling, on a disaggregated cluster
+// sized as `./tandem up`'s (256 sequences, --max_in_flight 256, 0.05 of memory
+// per worker, the model's own context).
+//
 // Ends with one JSON line {"bench":"serving",...} on stdout.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -28,15 +38,20 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/init.h"
@@ -62,12 +77,34 @@ ABSL_FLAG(int, input_len_min, 16, "Shortest prompt (tokens).");
 ABSL_FLAG(int, input_len_max, 256, "Longest prompt (tokens).");
 ABSL_FLAG(int, output_len_min, 8, "Shortest output (tokens; EOS ignored).");
 ABSL_FLAG(int, output_len_max, 64, "Longest output (tokens).");
-ABSL_FLAG(double, temperature, 0, "Sampling temperature (0: greedy).");
+ABSL_FLAG(double, temperature, 0,
+          "Sampling temperature (0: greedy) of every request, without --sampling_mix.");
+ABSL_FLAG(
+    std::string, sampling_mix, "",
+    "Sampling settings drawn per request (uniformly, from --seed): comma-separated "
+    "entries, each 'greedy' or colon-separated key=value of t (temperature), "
+    "top_p, top_k, min_p, rep (repetition penalty), presence, frequency; e.g. "
+    "'greedy,t=0.7:top_p=0.9,t=1:top_k=40'. 'mixed' is greedy and four sampled "
+    "settings. Every sampled request is seeded (its index).");
+ABSL_FLAG(std::string, clusters, "disaggregated,colocated",
+          "Spawn mode: which clusters to run, in order (disaggregated, colocated).");
+ABSL_FLAG(
+    int, router_max_in_flight, 100000,
+    "--max_in_flight of the spawned router (past it requests wait in its queue).");
+ABSL_FLAG(int, router_metrics_port, 0,
+          "With --nospawn: the router's /metrics port (on --router's host), to report "
+          "queue time; 0: not reported.");
+ABSL_FLAG(std::string, preset, "",
+          "load512: --num_prompts=512 --request_rate=0 --sampling_mix=mixed "
+          "--clusters=disaggregated --max_num_seqs=256 --router_max_in_flight=256 "
+          "--kv_cache_memory=0.05 --max_model_len=0 --timeout_s=900 (flags given on "
+          "the command line win).");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of the workload (lengths, prompts, arrivals).");
 ABSL_FLAG(double, slo_ttft_ms, 1000, "Goodput SLO: time to first token.");
 ABSL_FLAG(double, slo_tpot_ms, 100, "Goodput SLO: time per output token.");
 ABSL_FLAG(int, max_num_seqs, 16, "--max_num_seqs of spawned workers.");
-ABSL_FLAG(int, max_model_len, 1024, "--max_model_len of spawned workers.");
+ABSL_FLAG(int, max_model_len, 1024,
+          "--max_model_len of spawned workers (0: theirs, the model's context).");
 ABSL_FLAG(std::string, kv_cache_memory, "256MiB",
           "--kv_cache_memory of spawned workers.");
 ABSL_FLAG(int, overhead_prompts, 16,
@@ -88,6 +125,7 @@ struct Workload {
 
 struct Outcome {
   bool ok = false;
+  grpc::StatusCode code = grpc::StatusCode::OK;
   std::string error;
   double ttft = 0, e2e = 0;
   std::vector<double> itl;
@@ -123,6 +161,7 @@ Outcome RunOne(Stub* stub, const tandem::v1::GenerateRequest& req, double timeou
   grpc::Status s = reader->Finish();
   o.e2e = Sec(Clock::now() - start);
   o.ok = s.ok();
+  o.code = s.error_code();
   if (!s.ok()) o.error = absl::StrCat(s.error_code(), ": ", s.error_message());
   return o;
 }
@@ -149,8 +188,67 @@ nlohmann::json Dist(const std::vector<double>& seconds) {
           {"p99_ms", Percentile(seconds, 99) * 1000}};
 }
 
-Workload MakeWorkload(int vocab) {
+// One entry of --sampling_mix.
+struct SamplingSetting {
+  std::string name;
+  tandem::v1::SamplingParams params;
+};
+
+constexpr char kMixed[] =
+    "greedy,t=0.7:top_p=0.9,t=1:top_k=40,t=0.9:min_p=0.05:rep=1.1,"
+    "t=1.2:top_p=0.95:presence=0.5:frequency=0.3";
+
+// Parses --sampling_mix; an empty list means one setting from --temperature.
+absl::StatusOr<std::vector<SamplingSetting>> ParseSamplingMix(std::string spec) {
+  std::vector<SamplingSetting> out;
+  if (spec.empty()) {
+    SamplingSetting one;
+    one.params.set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
+    one.name = absl::StrCat("t=", one.params.temperature());
+    out.push_back(one);
+    return out;
+  }
+  if (spec == "mixed") spec = kMixed;
+  for (absl::string_view entry : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
+    SamplingSetting st;
+    st.name = std::string(entry);
+    if (entry != "greedy") {
+      for (absl::string_view kv : absl::StrSplit(entry, ':')) {
+        std::pair<std::string, std::string> p = absl::StrSplit(kv, '=');
+        float v = 0;
+        if (!absl::SimpleAtof(p.second, &v)) {
+          return absl::InvalidArgumentError(absl::StrCat("--sampling_mix: '", kv, "'"));
+        }
+        tandem::v1::SamplingParams& s = st.params;
+        if (p.first == "t")
+          s.set_temperature(v);
+        else if (p.first == "top_p")
+          s.set_top_p(v);
+        else if (p.first == "top_k")
+          s.set_top_k(static_cast<int>(v));
+        else if (p.first == "min_p")
+          s.set_min_p(v);
+        else if (p.first == "rep")
+          s.set_repetition_penalty(v);
+        else if (p.first == "presence")
+          s.set_presence_penalty(v);
+        else if (p.first == "frequency")
+          s.set_frequency_penalty(v);
+        else
+          return absl::InvalidArgumentError(
+              absl::StrCat("--sampling_mix: unknown key '", p.first, "'"));
+      }
+    }
+    out.push_back(st);
+  }
+  if (out.empty()) return absl::InvalidArgumentError("--sampling_mix is empty");
+  return out;
+}
+
+Workload MakeWorkload(int vocab, const std::vector<SamplingSetting>& mix,
+                      std::map<std::string, int>* mix_counts) {
   std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
+  std::uniform_int_distribution<size_t> pick(0, mix.size() - 1);
   std::uniform_int_distribution<int> in_len(absl::GetFlag(FLAGS_input_len_min),
                                             absl::GetFlag(FLAGS_input_len_max));
   std::uniform_int_distribution<int> out_len(absl::GetFlag(FLAGS_output_len_min),
@@ -168,9 +266,10 @@ Workload MakeWorkload(int vocab) {
     for (int k = 0; k < n; ++k) req.mutable_prompt_token_ids()->add_ids(token(rng));
     req.mutable_stop()->set_max_tokens(out_len(rng));
     req.mutable_stop()->set_ignore_eos(true);
-    req.mutable_sampling()->set_temperature(
-        static_cast<float>(absl::GetFlag(FLAGS_temperature)));
+    const SamplingSetting& st = mix.size() == 1 ? mix[0] : mix[pick(rng)];
+    *req.mutable_sampling() = st.params;
     req.mutable_sampling()->set_seed(i);
+    ++(*mix_counts)[st.name];
     w.requests.push_back(std::move(req));
     w.arrival_s.push_back(t);
     if (rate > 0) t += gap(rng);
@@ -178,8 +277,75 @@ Workload MakeWorkload(int vocab) {
   return w;
 }
 
+// A scrape of the router's tandem_router_queue_seconds histogram.
+struct QueueHistogram {
+  bool ok = false;
+  std::map<double, double> cumulative;  // le -> count
+  double count = 0, sum = 0;
+};
+
+QueueHistogram ScrapeQueue(const std::string& host, int port) {
+  QueueHistogram h;
+  if (port == 0) return h;
+  auto get = tandem::metrics::HttpGet(host, port, "/metrics", absl::Seconds(5));
+  if (!get.ok()) return h;
+  auto parsed = tandem::metrics::ParseText(get->body);
+  if (!parsed.ok()) return h;
+  for (const tandem::metrics::ParsedSample* b :
+       parsed->Find("tandem_router_queue_seconds_bucket")) {
+    auto le = b->labels.find("le");
+    if (le == b->labels.end()) continue;
+    std::optional<double> bound = tandem::metrics::ParseValue(le->second);
+    if (bound) h.cumulative[*bound] = b->value;
+  }
+  auto count = parsed->Value("tandem_router_queue_seconds_count");
+  auto sum = parsed->Value("tandem_router_queue_seconds_sum");
+  if (!count.ok() || !sum.ok() || h.cumulative.empty()) return h;
+  h.count = *count;
+  h.sum = *sum;
+  h.ok = true;
+  return h;
+}
+
+// The waits between two scrapes: count, mean, and percentiles interpolated
+// within buckets as Prometheus' histogram_quantile does (the +Inf bucket gives
+// its lower bound).
+nlohmann::json QueueDelta(const QueueHistogram& a, const QueueHistogram& b) {
+  if (!a.ok || !b.ok) return nullptr;
+  const double n = b.count - a.count;
+  nlohmann::json j = {{"waits", n},
+                      {"total_s", b.sum - a.sum},
+                      {"mean_ms", n > 0 ? (b.sum - a.sum) / n * 1000 : 0}};
+  for (double p : {50.0, 90.0, 99.0}) {
+    double q = 0;
+    if (n > 0) {
+      const double rank = p / 100 * n;
+      double prev_le = 0, prev_c = 0;
+      for (const auto& [le, c_b] : b.cumulative) {
+        auto it = a.cumulative.find(le);
+        const double c = c_b - (it == a.cumulative.end() ? 0 : it->second);
+        if (c >= rank) {
+          q = std::isinf(le)
+                  ? prev_le
+                  : prev_le + (le - prev_le) *
+                                  (c > prev_c ? (rank - prev_c) / (c - prev_c) : 1);
+          break;
+        }
+        prev_le = std::isinf(le) ? prev_le : le;
+        prev_c = c;
+      }
+    }
+    j[absl::StrCat("p", static_cast<int>(p), "_ms")] = q * 1000;
+  }
+  return j;
+}
+
 // Runs the workload with Poisson arrivals; one thread per request in flight.
-nlohmann::json RunLoad(tandem::v1::Router::Stub* stub, const Workload& w) {
+// `metrics_host`:`metrics_port` (0: none) is the router's /metrics, scraped before
+// and after for the queue time.
+nlohmann::json RunLoad(tandem::v1::Router::Stub* stub, const Workload& w,
+                       const std::string& metrics_host = "", int metrics_port = 0) {
+  const QueueHistogram queue_before = ScrapeQueue(metrics_host, metrics_port);
   const int n = static_cast<int>(w.requests.size());
   std::vector<Outcome> out(n);
   std::vector<std::thread> threads;
@@ -194,13 +360,15 @@ nlohmann::json RunLoad(tandem::v1::Router::Stub* stub, const Workload& w) {
   }
   for (auto& t : threads) t.join();
   const double duration = Sec(Clock::now() - start);
+  const QueueHistogram queue_after = ScrapeQueue(metrics_host, metrics_port);
   std::vector<double> ttft, tpot, itl, e2e;
-  int ok = 0, good = 0;
+  int ok = 0, good = 0, refused = 0;
   int64_t out_tokens = 0, in_tokens = 0;
   std::string first_error;
   for (int i = 0; i < n; ++i) {
     const Outcome& o = out[i];
     if (!o.ok) {
+      if (o.code == grpc::StatusCode::RESOURCE_EXHAUSTED) ++refused;
       if (first_error.empty()) first_error = o.error;
       continue;
     }
@@ -219,6 +387,7 @@ nlohmann::json RunLoad(tandem::v1::Router::Stub* stub, const Workload& w) {
   }
   nlohmann::json j = {{"completed", ok},
                       {"failed", n - ok},
+                      {"refused", refused},
                       {"duration_s", duration},
                       {"input_tokens", in_tokens},
                       {"output_tokens", out_tokens},
@@ -229,24 +398,36 @@ nlohmann::json RunLoad(tandem::v1::Router::Stub* stub, const Workload& w) {
                       {"ttft", Dist(ttft)},
                       {"tpot", Dist(tpot)},
                       {"itl", Dist(itl)},
-                      {"e2e", Dist(e2e)}};
+                      {"e2e", Dist(e2e)},
+                      {"queue", QueueDelta(queue_before, queue_after)}};
   if (!first_error.empty()) j["first_error"] = first_error;
   return j;
 }
 
 void Print(const std::string& name, const nlohmann::json& r) {
   fprintf(stderr,
-          "== %s: %d ok, %d failed in %.2f s\n"
+          "== %s: %d ok, %d failed (%d refused) in %.2f s\n"
           "   request throughput %.2f req/s, output %.1f tok/s, goodput %.2f req/s "
           "(%d within SLO)\n",
           name.c_str(), r["completed"].get<int>(), r["failed"].get<int>(),
-          r["duration_s"].get<double>(), r["request_throughput"].get<double>(),
-          r["output_throughput"].get<double>(), r["goodput"].get<double>(),
-          r["good_requests"].get<int>());
+          r["refused"].get<int>(), r["duration_s"].get<double>(),
+          r["request_throughput"].get<double>(), r["output_throughput"].get<double>(),
+          r["goodput"].get<double>(), r["good_requests"].get<int>());
   for (const char* k : {"ttft", "tpot", "itl", "e2e"}) {
     fprintf(stderr, "   %-4s mean %8.1f  p50 %8.1f  p90 %8.1f  p99 %8.1f ms\n", k,
             r[k]["mean_ms"].get<double>(), r[k]["p50_ms"].get<double>(),
             r[k]["p90_ms"].get<double>(), r[k]["p99_ms"].get<double>());
+  }
+  if (r["queue"].is_null()) {
+    fprintf(stderr, "   queue: not measured (no router /metrics)\n");
+  } else {
+    const nlohmann::json& q = r["queue"];
+    fprintf(stderr,
+            "   queue %.0f waits, mean %8.1f  p50 %8.1f  p90 %8.1f  p99 %8.1f ms "
+            "(router tandem_router_queue_seconds; TTFT includes it)\n",
+            q["waits"].get<double>(), q["mean_ms"].get<double>(),
+            q["p50_ms"].get<double>(), q["p90_ms"].get<double>(),
+            q["p99_ms"].get<double>());
   }
   if (r.contains("first_error")) {
     fprintf(stderr, "   first error: %s\n",
@@ -362,11 +543,11 @@ std::unique_ptr<Cluster> StartCluster(const std::string& name, int colocate_belo
   std::filesystem::create_directories(tmp);
   auto c = std::make_unique<Cluster>();
   c->router = std::make_unique<Child>(
-      std::vector<std::string>{bin + "/router/router_main", "--model=" + model,
-                               "--port=0", "--metrics_port=0", "--log_format=json",
-                               "--heartbeat_interval_s=0.2",
-                               absl::StrCat("--colocate_below_tokens=", colocate_below),
-                               "--max_in_flight=100000"},
+      std::vector<std::string>{
+          bin + "/router/router_main", "--model=" + model, "--port=0",
+          "--metrics_port=0", "--log_format=json", "--heartbeat_interval_s=0.2",
+          absl::StrCat("--colocate_below_tokens=", colocate_below),
+          absl::StrCat("--max_in_flight=", absl::GetFlag(FLAGS_router_max_in_flight))},
       tmp + "/" + name + "_router.log");
   c->router_port = c->router->Port("router serving", "grpc_port");
   c->router_metrics_port = c->router->Port("router serving", "metrics_port");
@@ -375,17 +556,21 @@ std::unique_ptr<Cluster> StartCluster(const std::string& name, int colocate_belo
     return nullptr;
   }
   for (const char* role : {"decode", "prefill"}) {
-    auto w = std::make_unique<Child>(
-        std::vector<std::string>{
-            bin + "/" + role + "/" + role + "_main", "--model=" + model,
-            std::string("--worker_id=") + role + "-0",
-            absl::StrCat("--router=127.0.0.1:", c->router_port), "--port=0",
-            "--metrics_port=0",
-            absl::StrCat("--max_num_seqs=", absl::GetFlag(FLAGS_max_num_seqs)),
-            absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)),
-            absl::StrCat("--kv_cache_memory=", absl::GetFlag(FLAGS_kv_cache_memory)),
-            "--log_format=json"},
-        tmp + "/" + name + "_" + role + ".log");
+    std::vector<std::string> argv = {
+        bin + "/" + role + "/" + role + "_main",
+        "--model=" + model,
+        std::string("--worker_id=") + role + "-0",
+        absl::StrCat("--router=127.0.0.1:", c->router_port),
+        "--port=0",
+        "--metrics_port=0",
+        absl::StrCat("--max_num_seqs=", absl::GetFlag(FLAGS_max_num_seqs)),
+        absl::StrCat("--kv_cache_memory=", absl::GetFlag(FLAGS_kv_cache_memory)),
+        "--log_format=json"};
+    if (absl::GetFlag(FLAGS_max_model_len) > 0) {
+      argv.push_back(
+          absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
+    }
+    auto w = std::make_unique<Child>(argv, tmp + "/" + name + "_" + role + ".log");
     (std::string(role) == "decode" ? c->decode : c->prefill) = std::move(w);
   }
   c->decode_port = c->decode->Port("worker serving", "grpc_port");
@@ -445,14 +630,65 @@ nlohmann::json RouterOverhead(tandem::v1::Router::Stub* router, int decode_port,
   return j;
 }
 
+// The flag names argv gives (hyphens as underscores, "no" of booleans kept).
+std::set<std::string> GivenFlags(int argc, char** argv) {
+  std::set<std::string> given;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") break;
+    if (a.rfind("-", 0) != 0) continue;
+    a = a.substr(a.find_first_not_of('-'));
+    a = a.substr(0, a.find('='));
+    std::replace(a.begin(), a.end(), '-', '_');
+    given.insert(a);
+    if (a.rfind("no", 0) == 0) given.insert(a.substr(2));
+  }
+  return given;
+}
+
+// --preset: sets the flags the command line did not give.
+bool ApplyPreset(const std::string& preset, const std::set<std::string>& given) {
+  if (preset.empty()) return true;
+  if (preset != "load512") return false;
+  auto set = [&](const char* name, const std::string& value) {
+    absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
+    std::string err;
+    if (f != nullptr && given.count(name) == 0) f->ParseFrom(value, &err);
+  };
+  set("num_prompts", "512");
+  set("request_rate", "0");
+  set("sampling_mix", "mixed");
+  set("clusters", "disaggregated");
+  set("max_num_seqs", "256");
+  set("router_max_in_flight", "256");
+  set("kv_cache_memory", "0.05");
+  set("max_model_len", "0");
+  set("timeout_s", "900");
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::set<std::string> given = GivenFlags(argc, argv);
   tandem::InitProgram(argc, argv, "serving_bench",
                       "Poisson-arrival serving benchmark of a Tandem cluster.\n"
                       "usage: serving_bench [--num_prompts=64] [--request_rate=4] "
-                      "[--nospawn --router=HOST:PORT] [--slo_ttft_ms --slo_tpot_ms]");
+                      "[--nospawn --router=HOST:PORT [--router_metrics_port=N]] "
+                      "[--sampling_mix=mixed] [--preset=load512] "
+                      "[--slo_ttft_ms --slo_tpot_ms]");
   signal(SIGPIPE, SIG_IGN);
+  if (!ApplyPreset(absl::GetFlag(FLAGS_preset), given)) {
+    fprintf(stderr, "serving_bench: unknown --preset '%s' (load512)\n",
+            absl::GetFlag(FLAGS_preset).c_str());
+    return 2;
+  }
+  auto mix = ParseSamplingMix(absl::GetFlag(FLAGS_sampling_mix));
+  if (!mix.ok()) {
+    fprintf(stderr, "serving_bench: %s\n", std::string(mix.status().message()).c_str());
+    return 2;
+  }
+  std::map<std::string, int> mix_counts;
   nlohmann::json result = {
       {"bench", "serving"},
       {"num_prompts", absl::GetFlag(FLAGS_num_prompts)},
@@ -462,7 +698,8 @@ int main(int argc, char** argv) {
       {"output_len",
        {absl::GetFlag(FLAGS_output_len_min), absl::GetFlag(FLAGS_output_len_max)}},
       {"slo_ttft_ms", absl::GetFlag(FLAGS_slo_ttft_ms)},
-      {"slo_tpot_ms", absl::GetFlag(FLAGS_slo_tpot_ms)}};
+      {"slo_tpot_ms", absl::GetFlag(FLAGS_slo_tpot_ms)},
+      {"preset", absl::GetFlag(FLAGS_preset)}};
   if (!absl::GetFlag(FLAGS_spawn)) {
     if (absl::GetFlag(FLAGS_router).empty()) {
       fprintf(stderr, "serving_bench: --nospawn needs --router=HOST:PORT\n");
@@ -475,26 +712,36 @@ int main(int argc, char** argv) {
               absl::GetFlag(FLAGS_router).c_str());
       return 1;
     }
-    nlohmann::json r = RunLoad(stub.get(), MakeWorkload(vocab));
+    const std::string host =
+        absl::GetFlag(FLAGS_router).substr(0, absl::GetFlag(FLAGS_router).rfind(':'));
+    nlohmann::json r = RunLoad(stub.get(), MakeWorkload(vocab, *mix, &mix_counts), host,
+                               absl::GetFlag(FLAGS_router_metrics_port));
     Print("router " + absl::GetFlag(FLAGS_router), r);
     result["router"] = r;
+    result["sampling_mix"] = mix_counts;
     printf("%s\n", result.dump().c_str());
     return r["failed"].get<int>() == 0 ? 0 : 1;
   }
   int failed = 0;
-  for (const char* mode : {"disaggregated", "colocated"}) {
-    const bool colocated = std::string(mode) == "colocated";
+  for (const std::string& mode : std::vector<std::string>(
+           absl::StrSplit(absl::GetFlag(FLAGS_clusters), ',', absl::SkipEmpty()))) {
+    if (mode != "disaggregated" && mode != "colocated") {
+      fprintf(stderr, "serving_bench: --clusters: unknown '%s'\n", mode.c_str());
+      return 2;
+    }
+    const bool colocated = mode == "colocated";
     auto c = StartCluster(mode, colocated ? 1 << 30 : 0);
     if (!c) return 1;
     auto stub = RouterStub(absl::StrCat("127.0.0.1:", c->router_port));
     if (!WaitReady(stub.get(), c->router_metrics_port)) {
-      fprintf(stderr, "serving_bench: %s cluster not ready\n%s%s%s", mode,
+      fprintf(stderr, "serving_bench: %s cluster not ready\n%s%s%s", mode.c_str(),
               c->router->Log().c_str(), c->prefill->Log().c_str(),
               c->decode->Log().c_str());
       return 1;
     }
-    const Workload w = MakeWorkload(VocabOf(stub.get()));
-    nlohmann::json r = RunLoad(stub.get(), w);
+    mix_counts.clear();
+    const Workload w = MakeWorkload(VocabOf(stub.get()), *mix, &mix_counts);
+    nlohmann::json r = RunLoad(stub.get(), w, "127.0.0.1", c->router_metrics_port);
     // How the router actually served them (the probe request included).
     for (const char* path : {"disaggregated", "colocated"}) {
       r["router_paths"][path] = RouterMetric(
@@ -503,6 +750,7 @@ int main(int argc, char** argv) {
     Print(mode, r);
     failed += r["failed"].get<int>();
     result[mode] = r;
+    result["sampling_mix"] = mix_counts;
     if (colocated)
       result["router_overhead"] = RouterOverhead(stub.get(), c->decode_port, w);
   }
