@@ -201,6 +201,7 @@ tandem::v1::GenerateRequest Generation::BuildRequest(int i, absl::Time deadline)
   stop->set_min_tokens(fields_.min_tokens);
   req.set_deadline_unix_ms(rpc::ToUnixMillisOrZero(deadline));
   req.set_priority(fields_.priority);
+  if (!fields_.cache_salt.empty()) req.set_cache_salt(fields_.cache_salt);
   return req;
 }
 

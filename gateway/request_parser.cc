@@ -174,6 +174,16 @@ absl::StatusOr<GenerationFields> ParseFields(const json& body, bool chat) {
     if (!user->is_string()) return TypeError("user", "a string", *user);
     f.user = user->get<std::string>();
   }
+  if (const json* salt = Find(body, "cache_salt")) {
+    if (!salt->is_string()) return TypeError("cache_salt", "a string", *salt);
+    f.cache_salt = salt->get<std::string>();
+    if (f.cache_salt.empty()) {
+      return InvalidArgument("cache_salt: must be a non-empty string");
+    }
+    if (f.cache_salt.size() > 1024) {
+      return InvalidArgument("cache_salt: at most 1024 bytes");
+    }
+  }
   if (const json* bias = Find(body, "logit_bias")) {
     if (!bias->is_object()) return TypeError("logit_bias", "an object", *bias);
     if (!bias->empty()) return Unimplemented("logit_bias: not supported");

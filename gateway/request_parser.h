@@ -48,6 +48,9 @@ struct GenerationFields {
   std::vector<int> stop_token_ids;
   // vLLM's priority scheduling: lower waits less in the router's queue.
   int priority = 0;
+  // vLLM's `cache_salt`: the prefix-cache namespace (a tenant's); non-empty
+  // when given.
+  std::string cache_salt;
 };
 
 struct ChatCompletionRequest {

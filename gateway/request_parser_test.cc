@@ -24,6 +24,7 @@ TEST(ChatRequestTest, MinimalDefaults) {
   EXPECT_FALSE(r->fields.max_tokens.has_value());
   EXPECT_FALSE(r->fields.stream);
   EXPECT_EQ(r->fields.priority, 0);
+  EXPECT_EQ(r->fields.cache_salt, "");
   ASSERT_EQ(r->messages.size(), 1u);
   EXPECT_EQ(r->messages[0].ContentText(), "hi");
   EXPECT_TRUE(r->options.thinking);
@@ -35,6 +36,7 @@ TEST(ChatRequestTest, AllFields) {
       R"("stop":["a","b"],"seed":-1,"presence_penalty":1.5,"frequency_penalty":-2,)"
       R"("logprobs":true,"top_logprobs":5,"stream":true,)"
       R"("stream_options":{"include_usage":true},"user":"u1","priority":-5,)"
+      R"("cache_salt":"tenant-7",)"
       R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],)"
       R"("tool_choice":{"type":"function","function":{"name":"f"}},)"
       R"("chat_template_kwargs":{"thinking":false})"));
@@ -54,6 +56,7 @@ TEST(ChatRequestTest, AllFields) {
   EXPECT_TRUE(f.include_usage);
   EXPECT_EQ(f.user, "u1");
   EXPECT_EQ(f.priority, -5);  // vLLM's priority scheduling: lower first
+  EXPECT_EQ(f.cache_salt, "tenant-7");
   ASSERT_EQ(r->tools.size(), 1u);
   EXPECT_EQ(r->options.tool_choice, chat::ToolChoice::kNamed);
   EXPECT_FALSE(r->options.thinking);
@@ -136,6 +139,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{Chat(R"("user":7)"), "user"},
         BadCase{Chat(R"("priority":"high")"), "priority"},
         BadCase{Chat(R"("priority":1.5)"), "priority"},
+        BadCase{Chat(R"("cache_salt":7)"), "cache_salt"},
+        BadCase{Chat(R"("cache_salt":"")"), "cache_salt"},
         BadCase{Chat(R"("tools":{})"), "tools"},
         BadCase{Chat(R"("tool_choice":"required")"), "tool_choice"},
         BadCase{Chat(R"("tool_choice":"sometimes")"), "tool_choice"},

@@ -86,6 +86,7 @@ void EngineLoop::PublishStats(engine::Engine& e) {
   s.prefill_tokens = e.prefill_tokens();
   s.decode_tokens = e.decode_tokens();
   s.speculative = e.speculative_stats();
+  s.prefix = e.prefix_caching_stats();
   s.free_blocks = e.num_free_blocks();
   s.total_blocks = e.scheduler().config().num_blocks;
   s.free_slots = e.num_free_slots();

@@ -56,6 +56,7 @@ struct EngineLoopStats {
   int32_t waiting = 0;
   int64_t queued_prefill_tokens = 0;     // prompts added and not yet producing a token
   engine::SpeculativeStats speculative;  // engine totals (zero when off)
+  engine::PrefixCachingStats prefix;     // engine totals (zero when off)
 };
 
 class EngineLoop {

@@ -55,6 +55,18 @@ ABSL_FLAG(std::string, kv_transport, "ucx",
           "tcp; rails = endpoints a transfer is striped over). Never falls back: an "
           "unavailable transport or provider stops the worker. docs/kvtransfer.md.");
 
+ABSL_FLAG(bool, enable_prefix_caching, true,
+          "Prefix caching (on, as K3 deployments run it; --noenable_prefix_caching "
+          "turns it off): prompts' full MLA blocks cached by content, KDA state "
+          "snapshots at chunk-aligned positions; a hit reuses both "
+          "(engine/cache/prefix_cache.h).");
+ABSL_FLAG(double, prefix_snapshot_memory, 0.05,
+          "Share of --kv_cache_memory for prefix-cache KDA snapshots, in [0, 0.9] "
+          "(0: no snapshots, so no hits).");
+ABSL_FLAG(int64_t, prefix_snapshot_grid, 16384,
+          "Prefix caching: also snapshot long prompts every this many tokens "
+          "(0: only at the last full chunk and at branch points).");
+
 namespace tandem::worker {
 
 absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> TransferAgentFromFlags(
@@ -113,6 +125,9 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(
   m.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   m.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   m.num_blocks_override = absl::GetFlag(FLAGS_num_blocks);
+  eo.prefix_caching.enabled = absl::GetFlag(FLAGS_enable_prefix_caching);
+  eo.prefix_caching.snapshot_grid = absl::GetFlag(FLAGS_prefix_snapshot_grid);
+  m.prefix_snapshot_fraction = absl::GetFlag(FLAGS_prefix_snapshot_memory);
   TANDEM_ASSIGN_OR_RETURN(
       *sizing, engine::SizeCacheFromMemory(model.checkpoint->config(), m, &eo));
   TLOG(INFO, "KV cache sized from memory")
@@ -127,6 +142,8 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(
       .Kv("mla_bytes", sizing->block_bytes)
       .Kv("kda_bytes", sizing->slot_bytes)
       .Kv("tp", eo.tp.tp_size)
+      .Kv("prefix_caching", eo.prefix_caching.enabled)
+      .Kv("prefix_snapshots", eo.prefix_caching.num_snapshots)
       .Kv("summary", sizing->Summary());
   if (sizing->slots_limited_by_memory) {
     TLOG(WARNING,

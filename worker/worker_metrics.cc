@@ -104,6 +104,36 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
       &OrDie(r->AddGauge("tandem_worker_spec_mean_accepted_length",
                          "Mean drafts accepted per verifying step since start."))
            ->Add({});
+  prefix_queried_tokens =
+      &OrDie(r->AddCounter("tandem_worker_prefix_cache_queried_tokens_total",
+                           "Prompt tokens looked up in the prefix cache."))
+           ->Add({});
+  prefix_hit_tokens =
+      &OrDie(r->AddCounter("tandem_worker_prefix_cache_hit_tokens_total",
+                           "Prompt tokens reused from the prefix cache (not computed)."))
+           ->Add({});
+  prefix_hit_rate = &OrDie(r->AddGauge("tandem_worker_prefix_cache_hit_rate",
+                                       "Hit tokens / queried tokens since start."))
+                         ->Add({});
+  prefix_snapshots_stored =
+      &OrDie(r->AddCounter("tandem_worker_prefix_snapshots_stored_total",
+                           "KDA state snapshots stored for prefix caching."))
+           ->Add({});
+  prefix_snapshots_evicted =
+      &OrDie(r->AddCounter("tandem_worker_prefix_snapshots_evicted_total",
+                           "KDA state snapshots evicted (LRU, or with their block)."))
+           ->Add({});
+  prefix_blocks_evicted =
+      &OrDie(r->AddCounter("tandem_worker_prefix_cache_blocks_evicted_total",
+                           "Cached MLA blocks evicted (LRU, unreferenced only)."))
+           ->Add({});
+  prefix_snapshot_bytes =
+      &OrDie(r->AddGauge("tandem_worker_prefix_snapshot_bytes",
+                         "Bytes of KDA state snapshots held (every TP rank)."))
+           ->Add({});
+  prefix_cached_blocks = &OrDie(r->AddGauge("tandem_worker_prefix_cached_blocks",
+                                            "MLA blocks held by the prefix cache."))
+                              ->Add({});
   cache_budget_bytes = &OrDie(r->AddGauge("tandem_worker_kv_cache_budget_bytes",
                                           "Memory budget of the KV cache and KDA state "
                                           "(--kv_cache_memory resolved at start)."))
@@ -181,6 +211,16 @@ void WorkerMetrics::Update(const EngineLoopStats& s, absl::Time now) {
   spec_acceptance_rate->Set(sp.acceptance_rate());
   spec_mean_accepted_length->Set(sp.mean_accepted_length());
   last_spec_ = sp;
+  const engine::PrefixCachingStats& px = s.prefix;
+  bump(prefix_queried_tokens, px.queried_tokens, last_prefix_.queried_tokens);
+  bump(prefix_hit_tokens, px.hit_tokens, last_prefix_.hit_tokens);
+  bump(prefix_snapshots_stored, px.snapshots_stored, last_prefix_.snapshots_stored);
+  bump(prefix_snapshots_evicted, px.snapshots_evicted, last_prefix_.snapshots_evicted);
+  bump(prefix_blocks_evicted, px.blocks_evicted, last_prefix_.blocks_evicted);
+  prefix_hit_rate->Set(px.hit_rate());
+  prefix_snapshot_bytes->Set(static_cast<double>(px.snapshot_bytes_held));
+  prefix_cached_blocks->Set(static_cast<double>(px.blocks_cached));
+  last_prefix_ = px;
 }
 
 }  // namespace tandem::worker

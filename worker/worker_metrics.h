@@ -73,6 +73,16 @@ class WorkerMetrics {
   metrics::Counter* spec_verifications;
   metrics::Gauge* spec_acceptance_rate;
   metrics::Gauge* spec_mean_accepted_length;
+  // Prefix caching: prompt tokens looked up and reused (hit rate = their
+  // ratio since start), KDA snapshots stored and evicted, what is held.
+  metrics::Counter* prefix_queried_tokens;
+  metrics::Counter* prefix_hit_tokens;
+  metrics::Gauge* prefix_hit_rate;
+  metrics::Counter* prefix_snapshots_stored;
+  metrics::Counter* prefix_snapshots_evicted;
+  metrics::Counter* prefix_blocks_evicted;
+  metrics::Gauge* prefix_snapshot_bytes;
+  metrics::Gauge* prefix_cached_blocks;
   metrics::Gauge* cache_budget_bytes;
   metrics::Family<metrics::Gauge>* cache_bytes;
   metrics::Gauge* cache_capacity_blocks;
@@ -86,6 +96,7 @@ class WorkerMetrics {
   int64_t last_prefill_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_decode_ ABSL_GUARDED_BY(mu_) = 0;
   engine::SpeculativeStats last_spec_ ABSL_GUARDED_BY(mu_);
+  engine::PrefixCachingStats last_prefix_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::worker
