@@ -187,8 +187,15 @@ Placement::Actions Placement::Prefill() {
   if (Expired()) return Expire(/*holds_reservation=*/true);
   std::vector<WorkerRecord> live =
       deps_.registry->Live(tandem::v1::WORKER_ROLE_PREFILL);
-  std::optional<size_t> i =
-      SelectPrefill(live, tried_prefill_, deps_.ledger->Snapshot(live));
+  std::optional<size_t> i;
+  if (deps_.prefill_router != nullptr) {
+    std::optional<PrefillChoice> c = deps_.prefill_router->Select(
+        live, tried_prefill_, deps_.ledger->Snapshot(live), request_.prompt_tokens,
+        request_.prefix_hashes);
+    if (c.has_value()) i = c->index;
+  } else {
+    i = SelectPrefill(live, tried_prefill_, deps_.ledger->Snapshot(live));
+  }
   if (!i.has_value()) {
     // No prefill worker left: prefill on a decode worker instead, once the
     // reservation made for this request id is gone.

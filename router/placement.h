@@ -60,6 +60,7 @@
 #include "router/admission_queue.h"
 #include "router/handoff_metrics.h"
 #include "router/placement_ledger.h"
+#include "router/prefix_routing.h"
 #include "router/worker_registry.h"
 
 namespace tandem::router {
@@ -91,6 +92,8 @@ struct PlacementRequest {
   int32_t min_tokens = 0;  // > 0: colocated (the decode worker enforces it)
   absl::Time deadline = absl::InfiniteFuture();
   absl::Time started;  // arrival, for the request's latency
+  // RouterBlockHashes of the prompt (prefix_routing.h), for cache-aware routing.
+  std::vector<uint64_t> prefix_hashes;
 };
 
 // Shared by every request's Placement; not owned, must outlive it.
@@ -99,6 +102,9 @@ struct PlacementDeps {
   PlacementLedger* ledger;
   HandoffMetrics* metrics;
   Clock* clock;
+  // The prefill choice by --routing_policy (prefix_routing.h); null: least
+  // load (SelectPrefill).
+  PrefillRouter* prefill_router = nullptr;
 };
 
 // The lease a reservation asks for: until the request's deadline (its prefill

@@ -683,3 +683,38 @@ TEST(PlacementStateNameTest, EveryState) {
 
 }  // namespace
 }  // namespace tandem::router
+
+namespace tandem::router {
+namespace {
+
+// Cache-aware prefill routing through Placement: a prompt whose prefix the
+// router sent to p1 goes to p1 although p0 sorts first; another goes by load.
+TEST_F(PlacementTest, CacheAwareRouterSendsAPrefixBackToItsWorker) {
+  PrefillRouter router(RoutingPolicy::kCacheAware, CacheAwareOptions{});
+  std::vector<int32_t> prompt(640);
+  for (int i = 0; i < 640; ++i) prompt[i] = i * 13 % 4093;
+  const std::vector<uint64_t> hashes = RouterBlockHashes(prompt, "");
+  // An earlier request of this prefix went to p1 (p0 excluded then).
+  router.Select(registry_.Live(tandem::v1::WORKER_ROLE_PREFILL), {"p0"}, {}, 640,
+                hashes);
+  auto make = [&](std::vector<uint64_t> h) {
+    return std::make_unique<Placement>(
+        PlacementDeps{&registry_, &ledger_, &metrics_, &clock_, &router}, options_,
+        PlacementRequest{.request_id = "req-ca",
+                         .prompt_tokens = 640,
+                         .deadline = clock_.Now() + absl::Seconds(60),
+                         .started = clock_.Now(),
+                         .prefix_hashes = std::move(h)});
+  };
+  auto p = make(hashes);
+  ASSERT_EQ(Str(p->Start()), "reserve d0");
+  EXPECT_EQ(Str(p->OnReserved(absl::OkStatus())), "prefill p1");
+  std::vector<int32_t> other(640, 7);
+  auto q = make(RouterBlockHashes(other, ""));
+  ASSERT_EQ(Str(q->Start()), "reserve d1");  // d0 holds the first one
+  // p1 now has this request's 640 tokens in flight: p0 (no load) wins.
+  EXPECT_EQ(Str(q->OnReserved(absl::OkStatus())), "prefill p0");
+}
+
+}  // namespace
+}  // namespace tandem::router
