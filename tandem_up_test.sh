@@ -259,4 +259,20 @@ bad "2: --num-speculative-tokens must be a number in 1..16" $'up:\n  num_specula
 bad "2: unknown option --nonsense=1" $'up:\n  nonsense: 1'
 bad "2: decode.port: --port is set by ./tandem up itself" $'decode:\n  port: 1'
 bad "2: up.no_gateway must be true or false" $'up:\n  no_gateway: 3'
+
+# --tls (or up: {tls: true}): every process gets the throw-away CA and its own
+# certificate; without it none does; --dry-run makes no certificates.
+tlsdir="$TANDEM_CACHE_DIR/run/tls"
+for args in "--tls" "--config $TEST_TMPDIR/tls.yaml"; do
+  printf 'up: {tls: true}\n' >"$TEST_TMPDIR/tls.yaml"
+  # shellcheck disable=SC2086
+  got="$(dry $args --decode 2 | grep '^command ')"
+  for name in router prefill-0 decode-0 decode-1 gateway; do
+    grep -q "^command $name .* --tls_ca=$tlsdir/ca.crt --tls_cert=$tlsdir/$name.crt --tls_key=$tlsdir/$name.key" \
+      <<<"$got" || fail "$args: $name has no TLS flags:"$'\n'"$got"
+  done
+done
+[[ ! -e "$tlsdir" ]] || fail "--dry-run --tls made certificates"
+if dry | grep -q -- '--tls_'; then fail "TLS flags without --tls"; fi
+refused "--tls takes no value" --tls=1
 echo PASS

@@ -14,6 +14,7 @@
 #include "common/init.h"
 #include "common/logging.h"
 #include "common/signals.h"
+#include "common/tls/tls_flags.h"
 #include "decode/decode_service.h"
 #include "kvtransfer/ucx_agent.h"
 #include "metrics/registry.h"
@@ -43,6 +44,12 @@ int main(int argc, char** argv) {
   tandem::InitProgram(argc, argv, "decode",
                       "Tandem decode worker.\nusage: decode_main --model=DIR "
                       "--router=HOST:PORT [--port=N] [--metrics_port=N]");
+  // --tls_*: mTLS on this worker's server and its channel to the router.
+  auto creds = tandem::tls::GrpcCredentialsFromFlags();
+  if (!creds.ok()) {
+    TLOG(ERROR, "bad TLS flags").Kv("status", creds.status());
+    return 2;
+  }
   auto model = tandem::worker::LoadWorkerModelFromFlags();
   if (!model.ok()) {
     TLOG(ERROR, "cannot load the model").Kv("status", model.status());
@@ -99,6 +106,9 @@ int main(int argc, char** argv) {
       dso.worker_id, tandem::v1::WORKER_ROLE_DECODE, **model, (*service)->layout(),
       eo.max_context_tokens);
   so.health = [l = loop.get()] { return l->health(); };
+  so.server_credentials = creds->server;
+  so.router_credentials = creds->channel;
+  so.mtls = creds->mtls;
   tandem::decode::DecodeService* svc = service->get();
   const int rc = tandem::worker::ServeWorker(
       so, svc, &registry, [svc] { return svc->Load(); },

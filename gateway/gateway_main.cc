@@ -13,6 +13,7 @@
 #include "common/init.h"
 #include "common/logging.h"
 #include "common/signals.h"
+#include "common/tls/tls_flags.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gateway/openai_service.h"
 #include "gateway/router_client.h"
@@ -87,8 +88,14 @@ int main(int argc, char** argv) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  auto channel = grpc::CreateCustomChannel(absl::GetFlag(FLAGS_router),
-                                           grpc::InsecureChannelCredentials(), args);
+  // --tls_*: the channel to the router presents this gateway's certificate.
+  auto creds = tandem::tls::GrpcCredentialsFromFlags();
+  if (!creds.ok()) {
+    TLOG(ERROR, "bad TLS flags").Kv("status", creds.status());
+    return 2;
+  }
+  auto channel =
+      grpc::CreateCustomChannel(absl::GetFlag(FLAGS_router), creds->channel, args);
   tandem::metrics::Registry registry;
   tandem::gateway::RouterClient router(
       channel, {.sessions = std::max(0, absl::GetFlag(FLAGS_router_sessions)),

@@ -11,6 +11,7 @@
 #include "common/init.h"
 #include "common/logging.h"
 #include "common/signals.h"
+#include "common/tls/tls_flags.h"
 #include "kvtransfer/ucx_agent.h"
 #include "metrics/registry.h"
 #include "prefill/prefill_service.h"
@@ -32,6 +33,12 @@ int main(int argc, char** argv) {
   tandem::InitProgram(argc, argv, "prefill",
                       "Tandem prefill worker.\nusage: prefill_main --model=DIR "
                       "--router=HOST:PORT [--port=N] [--metrics_port=N]");
+  // --tls_*: mTLS on this worker's server and its channel to the router.
+  auto creds = tandem::tls::GrpcCredentialsFromFlags();
+  if (!creds.ok()) {
+    TLOG(ERROR, "bad TLS flags").Kv("status", creds.status());
+    return 2;
+  }
   auto model = tandem::worker::LoadWorkerModelFromFlags();
   if (!model.ok()) {
     TLOG(ERROR, "cannot load the model").Kv("status", model.status());
@@ -76,6 +83,9 @@ int main(int argc, char** argv) {
       pso.worker_id, tandem::v1::WORKER_ROLE_PREFILL, **model, (*service)->layout(),
       eo.max_context_tokens);
   so.health = [l = loop.get()] { return l->health(); };
+  so.server_credentials = creds->server;
+  so.router_credentials = creds->channel;
+  so.mtls = creds->mtls;
   tandem::prefill::PrefillService* svc = service->get();
   const int rc = tandem::worker::ServeWorker(
       so, svc, &registry, [svc] { return svc->Load(); },

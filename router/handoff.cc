@@ -385,10 +385,15 @@ void Handoff::Start(tandem::v1::GenerateRequest request, rpc::ResponseSink* stre
   call->Start();
 }
 
+void Handoff::SetWorkerCredentials(
+    std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  absl::MutexLock l(&mu_);
+  worker_credentials_ = std::move(credentials);
+}
+
 std::shared_ptr<grpc::Channel> Handoff::ChannelLocked(const std::string& address) {
   auto& ch = channels_[address];
-  if (ch == nullptr)
-    ch = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  if (ch == nullptr) ch = grpc::CreateChannel(address, worker_credentials_);
   return ch;
 }
 

@@ -76,6 +76,9 @@ class Handoff {
   HandoffMetrics* metrics() { return metrics_; }
   Clock* clock() { return clock_; }
   const HandoffOptions& options() const { return options_; }
+  // Credentials of the channels to workers (mTLS from --tls_*:
+  // common/tls/tls_flags.h); insecure unless set. Set before the first request.
+  void SetWorkerCredentials(std::shared_ptr<grpc::ChannelCredentials> credentials);
 
  private:
   std::shared_ptr<grpc::Channel> ChannelLocked(const std::string& address)
@@ -91,6 +94,8 @@ class Handoff {
   bool stop_ ABSL_GUARDED_BY(tick_mu_) = false;
   std::thread ticker_;  // Expire()s the queue every 20 ms
   absl::Mutex mu_;
+  std::shared_ptr<grpc::ChannelCredentials> worker_credentials_ ABSL_GUARDED_BY(mu_) =
+      grpc::InsecureChannelCredentials();
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<tandem::v1::PrefillWorker::Stub>>

@@ -11,6 +11,7 @@
 #include "common/init.h"
 #include "common/logging.h"
 #include "common/signals.h"
+#include "common/tls/tls_flags.h"
 #include "engine/model/served_model.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "metrics/http_exposer.h"
@@ -68,6 +69,13 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  // --tls_*: mTLS on the Router/Registry server and the channels to workers.
+  auto creds = tandem::tls::GrpcCredentialsFromFlags();
+  if (!creds.ok()) {
+    TLOG(ERROR, "bad TLS flags").Kv("status", creds.status());
+    return 2;
+  }
+
   tandem::metrics::Registry metric_registry;
   tandem::router::RouterMetrics metrics(&metric_registry);
   tandem::router::WorkerRegistry workers(
@@ -90,6 +98,7 @@ int main(int argc, char** argv) {
   ho.queue.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   ho.queue.queue_timeout = absl::Seconds(absl::GetFlag(FLAGS_queue_timeout_s));
   tandem::router::Handoff handoff(&workers, &handoff_metrics, ho);
+  handoff.SetWorkerCredentials(creds->channel);
   tandem::router::RouterServiceOptions ro;
   ro.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   ro.request_timeout = absl::Seconds(absl::GetFlag(FLAGS_request_timeout_s));
@@ -112,7 +121,7 @@ int main(int argc, char** argv) {
   int port = 0;
   const std::string address =
       absl::GetFlag(FLAGS_host) + ":" + std::to_string(absl::GetFlag(FLAGS_port));
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, creds->server, &port);
   // Clients that hold long-lived GenerateSession streams (the gateway) ping
   // every 20 s to notice a half-open connection; accept that rate, with or
   // without calls in flight (gRPC's default answers it with GOAWAY).
@@ -129,6 +138,7 @@ int main(int argc, char** argv) {
   TLOG(INFO, "router serving")
       .Kv("grpc_port", port)
       .Kv("metrics_port", exposer.port())
+      .Kv("mtls", creds->mtls)
       .Kv("model", model->info.id())
       .Kv("fingerprint", model->fingerprint);
 

@@ -20,6 +20,7 @@
 #include "absl/strings/strip.h"
 #include "common/flag_names.h"
 #include "common/init.h"
+#include "common/tls/tls_flags.h"
 #include "nlohmann/json.hpp"
 #include "proto/router.grpc.pb.h"
 
@@ -124,8 +125,14 @@ int main(int argc, char** argv) {
   req.set_return_text(true);
   const bool json = absl::GetFlag(FLAGS_json);
 
-  auto stub = tandem::v1::Router::NewStub(grpc::CreateChannel(
-      absl::GetFlag(FLAGS_router), grpc::InsecureChannelCredentials()));
+  // --tls_ca/--tls_cert/--tls_key: a router serving mTLS (./tandem up --tls).
+  auto creds = tandem::tls::GrpcCredentialsFromFlags();
+  if (!creds.ok()) {
+    fprintf(stderr, "generate_client: %s\n", creds.status().ToString().c_str());
+    return 2;
+  }
+  auto stub = tandem::v1::Router::NewStub(
+      grpc::CreateChannel(absl::GetFlag(FLAGS_router), creds->channel));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(

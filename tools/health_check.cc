@@ -9,6 +9,7 @@
 
 #include "absl/flags/flag.h"
 #include "common/init.h"
+#include "common/tls/tls_flags.h"
 #include "proto/health.grpc.pb.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "host:port of the gRPC server.");
@@ -18,12 +19,18 @@ ABSL_FLAG(double, timeout_s, 30, "Give up after this many seconds.");
 int main(int argc, char** argv) {
   tandem::InitProgram(argc, argv, "health_check",
                       "Waits for a gRPC server to report SERVING.\n"
-                      "usage: health_check --address=HOST:PORT [--timeout_s=30]");
+                      "usage: health_check --address=HOST:PORT [--timeout_s=30] "
+                      "[--tls_ca=F --tls_cert=F --tls_key=F]");
   const auto deadline =
       std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(
                                              absl::GetFlag(FLAGS_timeout_s) * 1000));
-  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_address),
-                                     grpc::InsecureChannelCredentials());
+  // --tls_ca/--tls_cert/--tls_key: check an mTLS server (./tandem up --tls).
+  auto creds = tandem::tls::GrpcCredentialsFromFlags();
+  if (!creds.ok()) {
+    fprintf(stderr, "health_check: %s\n", creds.status().ToString().c_str());
+    return 2;
+  }
+  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_address), creds->channel);
   auto stub = grpc::health::v1::Health::NewStub(channel);
   std::string last = "no answer";
   while (std::chrono::system_clock::now() < deadline) {

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/time/clock.h"
 #include "common/logging.h"
 
 namespace tandem::worker {
@@ -18,14 +19,15 @@ RegistrationClient::RegistrationClient(
     std::string router_address, tandem::v1::RegisterRequest request,
     std::function<tandem::v1::WorkerLoad()> load, absl::Duration rpc_timeout,
     std::function<void(const std::string&)> on_refused,
-    std::function<absl::Status()> health)
+    std::function<absl::Status()> health,
+    std::shared_ptr<grpc::ChannelCredentials> credentials)
     : request_(std::move(request)),
       load_(std::move(load)),
       rpc_timeout_(rpc_timeout),
       on_refused_(std::move(on_refused)),
       health_(std::move(health)) {
   stub_ = tandem::v1::Registry::NewStub(
-      grpc::CreateChannel(router_address, grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(router_address, std::move(credentials)));
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -55,6 +57,7 @@ int64_t RegistrationClient::registrations() const {
 void RegistrationClient::Run() {
   absl::Duration interval = absl::Milliseconds(200);  // until the router says
   bool registered = false;
+  absl::Time last_warning = absl::InfinitePast();
   while (true) {
     if (health_) {
       if (absl::Status h = health_(); !h.ok()) {
@@ -89,9 +92,20 @@ void RegistrationClient::Run() {
         on_refused_(s.error_message());
         return;
       } else {
-        TLOG(DEBUG, "registration failed; retrying")
-            .Kv("worker_id", request_.worker_id())
-            .Kv("status", s.error_message());
+        // Shown (a router not up yet, a refused TLS handshake): the first
+        // failure, then one every 10 s.
+        const bool warn = absl::Now() - last_warning >= absl::Seconds(10);
+        if (warn) last_warning = absl::Now();
+        if (warn) {
+          TLOG(WARNING, "cannot register with the router; retrying")
+              .Kv("worker_id", request_.worker_id())
+              .Kv("code", static_cast<int>(s.error_code()))
+              .Kv("status", s.error_message());
+        } else {
+          TLOG(DEBUG, "registration failed; retrying")
+              .Kv("worker_id", request_.worker_id())
+              .Kv("status", s.error_message());
+        }
       }
       absl::MutexLock l(&mu_);
       registered_ = registered;

@@ -14,6 +14,8 @@
 #ifndef TANDEM_WORKER_REGISTRATION_H_
 #define TANDEM_WORKER_REGISTRATION_H_
 
+#include <grpcpp/security/credentials.h>
+
 #include <functional>
 #include <memory>
 #include <string>
@@ -34,7 +36,9 @@ class RegistrationClient {
                      std::function<tandem::v1::WorkerLoad()> load,
                      absl::Duration rpc_timeout = absl::Seconds(2),
                      std::function<void(const std::string&)> on_refused = nullptr,
-                     std::function<absl::Status()> health = nullptr);
+                     std::function<absl::Status()> health = nullptr,
+                     std::shared_ptr<grpc::ChannelCredentials> credentials =
+                         grpc::InsecureChannelCredentials());
   ~RegistrationClient();  // Stop()
   // Stops registering and heartbeating (bounded by one RPC deadline); the
   // router forgets the worker at its heartbeat timeout. Idempotent.

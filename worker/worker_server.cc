@@ -30,7 +30,7 @@ int ServeWorker(const WorkerServerOptions& options, grpc::Service* service,
   grpc::ServerBuilder builder;
   int port = 0;
   const std::string address = options.host + ":" + std::to_string(options.port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, options.server_credentials, &port);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -42,7 +42,8 @@ int ServeWorker(const WorkerServerOptions& options, grpc::Service* service,
   TLOG(INFO, "worker serving")
       .Kv("worker_id", options.registration.worker_id())
       .Kv("grpc_port", port)
-      .Kv("metrics_port", exposer.port());
+      .Kv("metrics_port", exposer.port())
+      .Kv("mtls", options.mtls);
 
   std::atomic<bool> refused{false};
   std::unique_ptr<RegistrationClient> registration;
@@ -57,7 +58,7 @@ int ServeWorker(const WorkerServerOptions& options, grpc::Service* service,
           TLOG(ERROR, "registration refused by the router; exiting").Kv("status", why);
           kill(getpid(), SIGTERM);  // WaitForTerminationSignal below returns
         },
-        options.health);
+        options.health, options.router_credentials);
   }
   absl::Notification stop;
   std::thread refresher([&] {

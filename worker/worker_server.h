@@ -37,6 +37,13 @@ struct WorkerServerOptions {
   // router forgets the worker at its heartbeat timeout, or at once when an RPC
   // to it fails UNAVAILABLE). The process keeps running until signalled.
   std::function<absl::Status()> health;
+  // Credentials of the gRPC server and of the channel to the router (mTLS from
+  // --tls_*: common/tls/tls_flags.h); insecure by default.
+  std::shared_ptr<grpc::ServerCredentials> server_credentials =
+      grpc::InsecureServerCredentials();
+  std::shared_ptr<grpc::ChannelCredentials> router_credentials =
+      grpc::InsecureChannelCredentials();
+  bool mtls = false;  // the credentials above are mTLS (logged)
 };
 
 // Blocks until SIGINT/SIGTERM; returns the process exit code: 0, or 1 when the
