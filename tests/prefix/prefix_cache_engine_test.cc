@@ -253,5 +253,66 @@ TEST(PrefixCacheEngineTest, AbortsLeaveNothingBehindAndOthersUnchanged) {
   ExpectSame(off, on);
 }
 
+// The disaggregated hand-off in-process with hits on the prefill side: each
+// request prefills on engine P (cache on: later ones hit the shared prefix),
+// its state is exported (shared blocks included) and decoded on engine D;
+// tokens equal the colocated run without a cache. The layer-progress callback
+// reports a hit's first chunk from position 0 (the prefix is already in the
+// cache), as a prefill worker streaming layer by layer needs.
+TEST(PrefixCacheEngineTest, HandOffAfterAHitEqualsColocatedNoCache) {
+  const Waves w = SharedPrefix([](int) { return Greedy(8); });
+  const RunResult plain = RunWaves(Base(), w);
+  Rig p = Make(Cached(Base()));
+  Rig d = Make(Base());
+  ASSERT_NE(p.engine, nullptr);
+  ASSERT_NE(d.engine, nullptr);
+  std::map<RequestId, int64_t> first_start;  // first reported start per request
+  std::map<RequestId, int64_t> first_end;
+  p.engine->set_layer_progress_callback(
+      [&](int layer, absl::Span<const LayerProgressEntry> entries) {
+        if (layer != 0) return;
+        for (const LayerProgressEntry& e : entries) {
+          if (!first_start.contains(e.id)) {
+            first_start[e.id] = e.start_pos;
+            first_end[e.id] = e.end_pos;
+          }
+        }
+      });
+  Outputs out;
+  for (const auto& wave : w) {
+    for (const Req& q : wave) {
+      SamplingParams one = q.params;
+      ASSERT_TRUE(p.engine->AddRequest(q.id, q.prompt, one).ok());
+      bool prefilled = false;
+      for (int step = 0; step < 100 && !prefilled; ++step) {
+        auto res = p.engine->Step();
+        ASSERT_TRUE(res.ok()) << res.status();
+        for (const RequestOutput& o : *res) prefilled |= !o.new_tokens.empty();
+      }
+      ASSERT_TRUE(prefilled);
+      auto st = p.engine->ExportState(q.id);
+      ASSERT_TRUE(st.ok()) << st.status();
+      ASSERT_TRUE(d.engine->AddPrefilledRequest(q.id, *st, q.params).ok());
+      out[q.id] = st->generated;
+      ASSERT_TRUE(p.engine->Abort(q.id).ok());
+      while (d.engine->HasWork()) {
+        auto res = d.engine->Step();
+        ASSERT_TRUE(res.ok()) << res.status();
+        for (const RequestOutput& o : *res) {
+          out[o.id].insert(out[o.id].end(), o.new_tokens.begin(), o.new_tokens.end());
+        }
+      }
+    }
+  }
+  for (const auto& [id, toks] : plain.out) EXPECT_EQ(out[id], toks) << "request " << id;
+  EXPECT_GT(p.engine->prefix_caching_stats().hits, 8);
+  for (const auto& [id, start] : first_start) EXPECT_EQ(start, 0) << "request " << id;
+  // A hit computed less than its whole prompt in its first chunk and still
+  // reported [0, end): request 101 repeats request 1's prompt.
+  EXPECT_EQ(first_end[101], static_cast<int64_t>(w[2][0].prompt.size()));
+  EXPECT_EQ(p.engine->num_free_slots(), 8);
+  EXPECT_TRUE(p.engine->scheduler().CheckInvariants().ok());
+}
+
 }  // namespace
 }  // namespace tandem::engine
