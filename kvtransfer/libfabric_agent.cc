@@ -27,7 +27,6 @@ namespace {
 
 constexpr char kAddressMagic[4] = {'T', 'K', 'L', 'F'};
 constexpr char kMessageMagic[4] = {'T', 'K', 'L', 'N'};
-constexpr uint8_t kProbeMessage = 1;
 constexpr uint8_t kNotifyMessage = 2;
 // A message slot: header + request id + payload (kMaxNotificationBytes together).
 constexpr size_t kSlotBytes = 8192;
@@ -114,6 +113,7 @@ class LibfabricBackend final : public Backend {
   void Start(BackendHost* host, uint64_t agent_id) override {
     host_ = host;
     agent_id_ = agent_id;
+    std::memcpy(identity_, &agent_id_, 8);  // what a connecting peer reads
   }
   void ShutdownLocked(absl::Time deadline) override;
   AgentKind Kind() const override { return AgentKind::kLibfabric; }
@@ -190,6 +190,7 @@ class LibfabricBackend final : public Backend {
     AgentDescriptor descriptor;
     std::vector<fi_addr_t> addrs;  // per local rail
     std::map<uint32_t, uint64_t> keys;
+    fi_rma_iov identity{};  // the peer's agent id, read by Connect
     int next_rail = 0;
     int outstanding = 0;  // pieces the provider holds
     absl::Time last_progress;
@@ -221,9 +222,12 @@ class LibfabricBackend final : public Backend {
   void AbandonOps(PeerId id, const absl::Status& status);
   absl::Status PostRecv(int rail, int slot);
   // Sends a message from a send slot on `rail` and waits for its completion.
+  // With `read_from`, reads 8 bytes from there instead (into *read_value).
   absl::Status SendMessageLocked(PeerId id, Peer* p, int rail, Op::Kind kind,
                                  const std::string& bytes, absl::Time deadline,
-                                 absl::string_view what);
+                                 absl::string_view what,
+                                 const fi_rma_iov* read_from = nullptr,
+                                 uint64_t* read_value = nullptr);
   void OnMessage(const uint8_t* data, size_t len);
   int DrainCq(int rail);
 
@@ -249,6 +253,7 @@ class LibfabricBackend final : public Backend {
   // send slots, one registration.
   uint8_t* msg_buf_ = nullptr;
   size_t msg_buf_len_ = 0;
+  uint8_t* identity_ = nullptr;  // last slot of msg_buf_: this agent's id
   fid_mr* msg_mr_ = nullptr;
   std::vector<Op*> recv_ops_;
   std::vector<int> free_send_slots_;
@@ -380,13 +385,16 @@ absl::Status LibfabricBackend::Init() {
 
   // Message buffers, registered (FI_MR_LOCAL needs descriptors for sends and
   // receives), receive slots posted.
-  msg_buf_len_ = kSlotBytes * (config_.rails * kRecvSlotsPerRail + kSendSlots);
+  // ... and one slot holding the agent id, which a connecting peer reads.
+  msg_buf_len_ = kSlotBytes * (config_.rails * kRecvSlotsPerRail + kSendSlots + 1);
   void* p = mmap(nullptr, msg_buf_len_, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return absl::ResourceExhaustedError("mmap of message buffers");
   msg_buf_ = static_cast<uint8_t*>(p);
   std::memset(msg_buf_, 0, msg_buf_len_);  // FI_MR_ALLOCATED: backed pages
-  auto mr = Register(msg_buf_, msg_buf_len_, FI_SEND | FI_RECV, /*requested_key=*/0);
+  identity_ = msg_buf_ + msg_buf_len_ - kSlotBytes;
+  auto mr = Register(msg_buf_, msg_buf_len_, FI_SEND | FI_RECV | FI_READ | FI_REMOTE_READ,
+                     info_->domain_attr->mr_key_size >= 8 ? key_salt_ << 32 : 0);
   if (!mr.ok()) return mr.status();
   msg_mr_ = *mr;
   for (int s = 0; s < kSendSlots; ++s) free_send_slots_.push_back(s);
@@ -407,6 +415,12 @@ absl::Status LibfabricBackend::Init() {
     PutLe(&address_, rail.name.size(), 4);
     address_.append(rail.name);
   }
+  // Where the agent id can be read: key, remote address.
+  PutLe(&address_, fi_mr_key(msg_mr_), 8);
+  PutLe(&address_,
+        (mr_mode_ & FI_MR_VIRT_ADDR) ? reinterpret_cast<uint64_t>(identity_)
+                                     : static_cast<uint64_t>(identity_ - msg_buf_),
+        8);
   return absl::OkStatus();
 }
 
@@ -672,9 +686,16 @@ absl::Status LibfabricBackend::ConnectLocked(PeerId id,
       return absl::InvalidArgumentError("libfabric address: truncated rail address");
     }
   }
+  uint64_t identity_key = 0, identity_addr = 0;
+  if (!GetLe(p, end, 8, &identity_key) || !GetLe(p, end, 8, &identity_addr)) {
+    return absl::InvalidArgumentError("libfabric address: truncated identity");
+  }
   if (p != end) return absl::InvalidArgumentError("libfabric address: trailing bytes");
   auto peer = std::make_unique<Peer>();
   peer->descriptor = descriptor;
+  peer->identity.addr = identity_addr;
+  peer->identity.len = 8;
+  peer->identity.key = identity_key;
   for (const RegionDescriptor& r : descriptor.regions) {
     const auto* k = reinterpret_cast<const uint8_t*>(r.rkey.data());
     uint64_t key = 0;
@@ -700,14 +721,19 @@ absl::Status LibfabricBackend::ConnectLocked(PeerId id,
   }
   Peer* raw = peer.get();
   peers_[id] = std::move(peer);
-  // A probe on every rail: an unreachable peer fails here, not mid-transfer.
-  std::string probe(kMessageMagic, 4);
-  probe.push_back(static_cast<char>(kProbeMessage));
-  PutLe(&probe, agent_id_, 8);
+  // On every rail, read the peer's agent id: an unreachable peer fails here,
+  // not mid-transfer, and so does an address now held by another agent (a
+  // stale descriptor whose port or name was reused).
   const absl::Time deadline = absl::Now() + config_.connect_timeout;
   for (size_t r = 0; r < rails_.size(); ++r) {
-    absl::Status st = SendMessageLocked(id, raw, static_cast<int>(r), Op::kProbe, probe,
-                                        deadline, "connecting");
+    uint64_t seen = 0;
+    absl::Status st = SendMessageLocked(id, raw, static_cast<int>(r), Op::kProbe, "",
+                                        deadline, "connecting", &raw->identity, &seen);
+    if (st.ok() && seen != descriptor.agent_id) {
+      st = absl::UnavailableError(absl::StrCat(
+          "libfabric peer ", absl::Hex(descriptor.agent_id), ": its address (rail ", r,
+          ") now belongs to agent ", absl::Hex(seen), ": a stale descriptor"));
+    }
     if (!st.ok()) {
       ClosePeerLocked(id, /*graceful=*/false, /*wait=*/false, deadline);
       if (raw->waiters == 0) peers_.erase(id);
@@ -827,7 +853,9 @@ absl::Status LibfabricBackend::SendMessageLocked(PeerId id, Peer* p, int rail,
                                                  Op::Kind kind,
                                                  const std::string& bytes,
                                                  absl::Time deadline,
-                                                 absl::string_view what) {
+                                                 absl::string_view what,
+                                                 const fi_rma_iov* read_from,
+                                                 uint64_t* read_value) {
   if (bytes.size() > kSlotBytes) return absl::InvalidArgumentError("message too long");
   ++p->waiters;  // keeps `p` alive while the agent lock is released
   struct SlotArgs {
@@ -855,10 +883,11 @@ absl::Status LibfabricBackend::SendMessageLocked(PeerId id, Peer* p, int rail,
       msg_buf_ + (static_cast<size_t>(rails_.size()) * kRecvSlotsPerRail + slot) *
                      kSlotBytes;
   std::memcpy(buf, bytes.data(), bytes.size());
+  if (read_from != nullptr) std::memset(buf, 0, 8);
   Op* op = NewOp(kind, id, rail);
   op->slot = slot;
   op->waited = true;
-  iovec iov{buf, bytes.size()};
+  iovec iov{buf, read_from != nullptr ? 8 : bytes.size()};
   void* desc = fi_mr_desc(msg_mr_);
   fi_msg msg{};
   msg.msg_iov = &iov;
@@ -874,8 +903,18 @@ absl::Status LibfabricBackend::SendMessageLocked(PeerId id, Peer* p, int rail,
   struct FailedArgs {
     Peer* p;
   } failed_args{p};
+  fi_msg_rma rmsg{};
+  rmsg.msg_iov = &iov;
+  rmsg.desc = &desc;
+  rmsg.iov_count = 1;
+  rmsg.addr = p->addrs[rail];
+  rmsg.rma_iov = read_from;
+  rmsg.rma_iov_count = 1;
+  rmsg.context = &op->fi_ctx;
   while (true) {
-    ret = fi_sendmsg(rails_[rail].ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
+    ret = read_from != nullptr
+              ? fi_readmsg(rails_[rail].ep, &rmsg, FI_COMPLETION)
+              : fi_sendmsg(rails_[rail].ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
     if (ret != -FI_EAGAIN || absl::Now() >= deadline) break;
     DrainCq(rail);
     host_->AwaitLocked(
@@ -894,7 +933,8 @@ absl::Status LibfabricBackend::SendMessageLocked(PeerId id, Peer* p, int rail,
                     ? absl::CancelledError(absl::StrCat(what, ": disconnected"))
                     : absl::DeadlineExceededError(
                           absl::StrCat(what, ": could not send by the deadline")))
-             : FromFi(static_cast<int>(ret), absl::StrCat(what, ": fi_sendmsg"));
+             : FromFi(static_cast<int>(ret),
+                      absl::StrCat(what, read_from ? ": fi_readmsg" : ": fi_sendmsg"));
   } else {
     struct Args {
       Op* op;
@@ -906,6 +946,9 @@ absl::Status LibfabricBackend::SendMessageLocked(PeerId id, Peer* p, int rail,
                        deadline);
     if (op->done) {
       st = op->status;
+      if (st.ok() && read_value != nullptr && !op->provider_owned) {
+        std::memcpy(read_value, buf, 8);
+      }
     } else if (!p->error.ok()) {
       st = p->error;
     } else {
@@ -948,7 +991,7 @@ void LibfabricBackend::OnMessage(const uint8_t* data, size_t len) {
   if (len < 5 || std::memcmp(p, kMessageMagic, 4) != 0) return;
   const uint8_t type = p[4];
   p += 5;
-  if (type != kNotifyMessage) return;  // probes only check reachability
+  if (type != kNotifyMessage) return;
   Notification n;
   if (!GetLe(p, end, 8, &n.sender_agent_id)) return;
   if (!GetBytes(p, end, kMaxNotificationBytes, &n.request_id)) return;

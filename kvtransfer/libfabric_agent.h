@@ -15,7 +15,9 @@
 //   read from the rails' CQs by the progress thread. Notify waits for the
 //   earlier batches to the peer and sends a message (fi_sendmsg, rail 0) into
 //   receive buffers every agent keeps posted; the target's CQ hands it to the
-//   notification callback or the PollNotifications queue.
+//   notification callback or the PollNotifications queue. Connect reads the
+//   peer's agent id over every rail (fi_readmsg of 8 bytes it publishes): an
+//   unreachable peer, or an address another agent holds now, fails there.
 //
 // Memory registration honours the MR modes the provider demands (queried from
 // fi_getinfo, with FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |

@@ -343,8 +343,6 @@ TEST_P(LibfabricPeerFailureTest, UnreachablePeerFailsConnect) {
   w.child->Reap();
   const absl::Time t0 = absl::Now();
   auto peer = w.agent->Connect(w.descriptor);
-  // (On a shared host the dead child's port may be taken by another process
-  // meanwhile; then the probe reaches it. Seen once in ~10 runs.)
   ASSERT_FALSE(peer.ok()) << "connected to a dead peer's address: "
                           << w.agent->Transport(*peer);
   EXPECT_EQ(peer.status().code(), absl::StatusCode::kUnavailable) << peer.status();
@@ -394,6 +392,26 @@ TEST(LibfabricAgentTest, BadAddressesAreRejectedWithAClearError) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("remote key"), std::string::npos) << s;
   EXPECT_EQ(a->NumPeers(), 0u);
+}
+
+// A descriptor naming an address that another agent now holds (a port or shm
+// name reused after its owner died): Connect reads the agent id behind the
+// address and refuses.
+TEST(LibfabricAgentTest, AddressHeldByAnotherAgentIsRefused) {
+  for (const char* provider : {"tcp", "shm"}) {
+    auto a = MakeAgent(provider, 1);
+    auto b = MakeAgent(provider, 1);
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    AgentDescriptor d = *ParseDescriptor(*b->LocalDescriptor());
+    d.agent_id ^= 0x1234;  // "the agent that used to be there"
+    const absl::Status st = a->Connect(SerializeDescriptor(d)).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << provider << ": " << st;
+    EXPECT_NE(st.message().find("stale descriptor"), std::string::npos) << st;
+    EXPECT_EQ(a->NumPeers(), 0u);
+    // The real one connects.
+    EXPECT_TRUE(a->Connect(*b->LocalDescriptor()).ok()) << provider;
+  }
 }
 
 TEST(LibfabricAgentTest, UnknownProviderAndBadRailsAreRefused) {
