@@ -10,6 +10,7 @@ scripts=(
   tools/image/tandem-allinone.sh
   tools/image/fetch-weights.sh
   tools/image/build_image.sh
+  tools/tls_pki.sh
   tests/deploy/k8s_check_test.sh
   tests/deploy/yamllint_test.sh
   tests/deploy/shellcheck_test.sh
