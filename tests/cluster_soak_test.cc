@@ -139,11 +139,16 @@ TEST(ClusterSoakTest, MixedLoadAllEndAsExpectedAndEveryGaugeReturnsToIdle) {
   ProcessCluster c;
   // Every prompt prefilled in one chunk however many arrive together, so a
   // seeded request's tokens do not depend on the load (as cluster_concurrency_test).
-  const std::string err = c.Start({}, kDecodeSlots, {"--max_tokens_per_step=16384"});
+  // The queue timeout outlasts the run: priorities are strict (no ageing), so
+  // under sustained load a priority-2 request that arrived first waits for
+  // every priority-0 and -1 one, longer than the default 300 s at 2000 requests;
+  // that refusal (queue_timeout) is by design, and not what this test is about.
+  const int n = SoakRequests();
+  const std::string err = c.Start({absl::StrCat("--queue_timeout_s=", 120 + n)},
+                                  kDecodeSlots, {"--max_tokens_per_step=16384"});
   ASSERT_EQ(err, "");
   auto stub = tandem::v1::Router::NewStub(grpc::CreateChannel(
       absl::StrCat("127.0.0.1:", c.router_port()), grpc::InsecureChannelCredentials()));
-  const int n = SoakRequests();
   std::vector<Case> cases;
   for (int i = 0; i < n; ++i) cases.push_back(MakeCase(i));
 
@@ -170,7 +175,8 @@ TEST(ClusterSoakTest, MixedLoadAllEndAsExpectedAndEveryGaugeReturnsToIdle) {
         << "refused while the queue had room: " << r.status.error_message();
     switch (k.kind) {
       case Kind::kComplete: {
-        ASSERT_TRUE(r.status.ok()) << r.status.error_message() << c.Logs();
+        EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+        if (!r.status.ok()) break;
         EXPECT_EQ(r.request_id, k.req.request_id());
         const size_t max_tokens = k.req.stop().max_tokens();
         EXPECT_GE(r.tokens.size(), 1u);
