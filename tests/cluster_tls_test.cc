@@ -224,6 +224,18 @@ TEST_F(ClusterTlsTest, ClientFromAnotherCaIsRefused) {
   StreamResult r = Generate(Client(cluster_->other_pki, "client"));
   EXPECT_FALSE(r.status.ok());
   EXPECT_TRUE(r.tokens.empty());
+  // Trusting the cluster's CA but presenting another CA's certificate: the
+  // router itself refuses the handshake.
+  auto mixed = tls::MakeGrpcCredentials(
+      {cluster_->pki + "/ca.crt", cluster_->other_pki + "/client.crt",
+       cluster_->other_pki + "/client.key"},
+      absl::Seconds(60));
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  StreamResult m = Generate(mixed->channel);
+  EXPECT_FALSE(m.status.ok());
+  EXPECT_TRUE(m.tokens.empty());
+  EXPECT_NE(cluster_->router->ReadLog().find("certificate verify failed"),
+            std::string::npos);
   EXPECT_FALSE(
       Health(cluster_->decode_port, Client(cluster_->other_pki, "client")).ok());
 }
@@ -258,6 +270,14 @@ TEST_F(ClusterTlsTest, WorkerFromAnotherCaCannotRegister) {
                                  TlsFlags(cluster_->other_pki, "rogue"));
   ASSERT_NE(w, nullptr) << cluster_->error;
   ExpectCannotRegister(w.get(), cluster_->router_metrics);
+  // Trusting the cluster's CA, its own certificate from another: the router
+  // refuses it.
+  auto m = cluster_->StartWorker("decode", "rogue-mixed",
+                                 {"--tls_ca=" + cluster_->pki + "/ca.crt",
+                                  "--tls_cert=" + cluster_->other_pki + "/rogue.crt",
+                                  "--tls_key=" + cluster_->other_pki + "/rogue.key"});
+  ASSERT_NE(m, nullptr) << cluster_->error;
+  ExpectCannotRegister(m.get(), cluster_->router_metrics);
   // And the cluster still serves.
   StreamResult r = Generate(Client(cluster_->pki, "client"));
   EXPECT_TRUE(r.status.ok()) << r.status.error_message();
