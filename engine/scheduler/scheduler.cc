@@ -584,11 +584,12 @@ absl::Status Scheduler::CheckInvariants() const {
                     reserved_.size(), " reserved != ", seqs_.size(), " sequences");
   }
   // Holders of each block: sequences, and the prefix cache's one reference. A
-  // block is in two sequences only when it is a cached (shared, full) block.
+  // block is in two sequences only with prefix caching (an adopted hit; it may
+  // have left the cache since, by ResetPrefixCache).
   absl::flat_hash_map<BlockId, int32_t> holders;
   auto hold = [&](SequenceId id, const BlockTable& t) -> absl::Status {
     for (BlockId b : t.blocks()) {
-      if (++holders[b] > 1 && (prefix_ == nullptr || !prefix_->Holds(b))) {
+      if (++holders[b] > 1 && prefix_ == nullptr) {
         return Internal("block ", b, " is in two sequences");
       }
     }
