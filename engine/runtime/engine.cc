@@ -29,7 +29,11 @@ absl::StatusOr<CacheSizing> SizeCacheFromMemory(const model::ModelConfig& config
   in.snapshot_fraction =
       options->prefix_caching.enabled ? memory.prefix_snapshot_fraction : 0.0;
   TANDEM_ASSIGN_OR_RETURN(CacheSizing s, SizeCache(in));
-  if (s.num_snapshots > 0) options->prefix_caching.num_snapshots = s.num_snapshots;
+  if (options->prefix_caching.enabled && memory.prefix_snapshot_fraction > 0) {
+    // The share buys the pool; none fits: no snapshots, so no hits (off).
+    options->prefix_caching.num_snapshots = s.num_snapshots;
+    if (s.num_snapshots == 0) options->prefix_caching.enabled = false;
+  }
   options->num_slots = s.num_slots;
   options->num_blocks = static_cast<int32_t>(s.num_blocks);
   options->max_context_tokens = s.max_model_len;
