@@ -34,6 +34,11 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
                        .min_tokens = static_cast<int32_t>(req_.stop().min_tokens()),
                        .deadline = deadline,
                        .started = started,
+                       .prefix_hashes =
+                           h->options().routing_policy == RoutingPolicy::kCacheAware
+                               ? RouterBlockHashes(req_.prompt_token_ids().ids(),
+                                                   req_.cache_salt())
+                               : std::vector<uint64_t>{},
                    }) {}
 
   void Start() {
@@ -130,6 +135,7 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
     *prefill_req_.mutable_target() = target_;
     prefill_req_.set_deadline_unix_ms(rpc::ToUnixMillisOrZero(a.deadline));
     prefill_req_.set_checksums(h_->options().checksums);
+    prefill_req_.set_cache_salt(req_.cache_salt());
     prefill_resp_.Clear();
     h_->PrefillStub(a.worker.registration.grpc_address())
         ->async()
@@ -346,6 +352,7 @@ Handoff::Handoff(WorkerRegistry* registry, HandoffMetrics* metrics,
       metrics_(metrics),
       options_(std::move(options)),
       clock_(clock),
+      prefill_router_(options_.routing_policy, options_.cache_aware),
       queue_(clock, &metrics->queue, options_.queue) {
   ticker_ = std::thread([this] {
     absl::MutexLock l(&tick_mu_);

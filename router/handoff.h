@@ -71,7 +71,8 @@ class Handoff {
     return {.registry = registry_,
             .ledger = &ledger_,
             .metrics = metrics_,
-            .clock = clock_};
+            .clock = clock_,
+            .prefill_router = &prefill_router_};
   }
   HandoffMetrics* metrics() { return metrics_; }
   Clock* clock() { return clock_; }
@@ -89,6 +90,7 @@ class Handoff {
   const HandoffOptions options_;
   Clock* const clock_;  // not owned
   PlacementLedger ledger_;
+  PrefillRouter prefill_router_;  // options_.routing_policy
   AdmissionQueue queue_;
   absl::Mutex tick_mu_;
   bool stop_ ABSL_GUARDED_BY(tick_mu_) = false;

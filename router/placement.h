@@ -66,6 +66,10 @@
 namespace tandem::router {
 
 struct HandoffOptions {
+  // How the prefill worker is chosen (prefix_routing.h); the router's
+  // --routing_policy defaults to cache_aware.
+  RoutingPolicy routing_policy = RoutingPolicy::kLeastLoad;
+  CacheAwareOptions cache_aware;
   // Prompts shorter than this prefill on the decode worker (DecodeWorker.Generate).
   int32_t colocate_below_tokens = 0;
   // Prefill attempts per request (the first plus retries on other workers).

@@ -3,6 +3,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <csignal>
+#include <cstdio>
 #include <memory>
 #include <string>
 
@@ -26,6 +27,10 @@ ABSL_FLAG(std::string, served_model_name, "",
           "Model id clients use (default: kimi-k3 for the K3 layout).");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for all).");
 ABSL_FLAG(int, port, 50051, "gRPC port (0 picks a free one and logs it).");
+ABSL_FLAG(std::string, routing_policy, "cache_aware",
+          "Prefill worker choice: cache_aware (the longest cached prefix unless "
+          "the load says otherwise: router/prefix_routing.h), least_load, "
+          "round_robin.");
 ABSL_FLAG(int, metrics_port, 9100, "Port of the /metrics HTTP endpoint (0: any free).");
 ABSL_FLAG(double, heartbeat_interval_s, 1.0, "Heartbeat interval asked of workers.");
 ABSL_FLAG(double, heartbeat_timeout_s, 5.0,
@@ -89,6 +94,15 @@ int main(int argc, char** argv) {
   }
   tandem::router::HandoffMetrics handoff_metrics(&metric_registry);
   tandem::router::HandoffOptions ho;
+  {
+    auto policy = tandem::router::ParseRoutingPolicy(absl::GetFlag(FLAGS_routing_policy));
+    if (!policy.ok()) {
+      std::fprintf(stderr, "router: --routing_policy: %s\n",
+                   std::string(policy.status().message()).c_str());
+      return 2;
+    }
+    ho.routing_policy = *policy;
+  }
   ho.colocate_below_tokens = absl::GetFlag(FLAGS_colocate_below_tokens);
   ho.max_prefill_attempts = absl::GetFlag(FLAGS_max_prefill_attempts);
   ho.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
