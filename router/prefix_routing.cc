@@ -1,10 +1,10 @@
 #include "router/prefix_routing.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <limits>
 #include <tuple>
-
-#include <xxhash.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -36,7 +36,8 @@ int64_t PrefixIndex::Match(const std::string& worker,
   auto it = workers_.find(worker);
   if (it == workers_.end()) return 0;
   int64_t k = 0;
-  while (k < static_cast<int64_t>(hashes.size()) && it->second.where.contains(hashes[k])) {
+  while (k < static_cast<int64_t>(hashes.size()) &&
+         it->second.where.contains(hashes[k])) {
     ++k;
   }
   return k;
@@ -94,9 +95,10 @@ std::optional<PrefillChoice> SelectPrefillCacheAware(
   std::tuple<double, int64_t, std::string> best_key;
   for (const Candidate& k : c) {
     const double cost =
-        imbalanced ? static_cast<double>(k.load)
-                   : options.overlap_weight * static_cast<double>(prompt_tokens - k.matched) +
-                         static_cast<double>(k.load);
+        imbalanced
+            ? static_cast<double>(k.load)
+            : options.overlap_weight * static_cast<double>(prompt_tokens - k.matched) +
+                  static_cast<double>(k.load);
     auto key = std::make_tuple(cost, k.load, workers[k.index].registration.worker_id());
     if (!best.has_value() || key < best_key) {
       best = PrefillChoice{k.index, k.matched, imbalanced};
@@ -125,14 +127,16 @@ std::optional<PrefillChoice> PrefillRouter::Select(
       }
       if (order.empty()) return std::nullopt;
       std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-        return workers[a].registration.worker_id() < workers[b].registration.worker_id();
+        return workers[a].registration.worker_id() <
+               workers[b].registration.worker_id();
       });
       return PrefillChoice{order[next_++ % order.size()], 0, false};
     }
     case RoutingPolicy::kCacheAware: {
       std::optional<PrefillChoice> c = SelectPrefillCacheAware(
           workers, exclude, in_flight, prompt_tokens, hashes, index_, options_);
-      if (c.has_value()) index_.Record(workers[c->index].registration.worker_id(), hashes);
+      if (c.has_value())
+        index_.Record(workers[c->index].registration.worker_id(), hashes);
       return c;
     }
   }

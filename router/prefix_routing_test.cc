@@ -20,7 +20,8 @@ WorkerRecord Worker(const std::string& id, int64_t queued) {
 
 std::vector<int32_t> Prompt(int n, int seed, int shared = 0) {
   std::vector<int32_t> p(n);
-  for (int i = 0; i < n; ++i) p[i] = i < shared ? i * 31 % 9973 : (i * 17 + seed * 7919) % 9973;
+  for (int i = 0; i < n; ++i)
+    p[i] = i < shared ? i * 31 % 9973 : (i * 17 + seed * 7919) % 9973;
   return p;
 }
 
@@ -59,7 +60,10 @@ TEST(SelectPrefillCacheAwareTest, Table) {
   const std::vector<int32_t> prompt = Prompt(4096, 1);  // 64 blocks
   const auto h = RouterBlockHashes(prompt, "");
   const std::vector<Case> cases = {
-      {"equal load: the longest hit", {{"a", 0}, {"b", 0}, {"c", 0}}, {{"b", 10}, {"c", 40}}, "c"},
+      {"equal load: the longest hit",
+       {{"a", 0}, {"b", 0}, {"c", 0}},
+       {{"b", 10}, {"c", 40}},
+       "c"},
       {"no hits: least load", {{"a", 300}, {"b", 100}}, {}, "b"},
       {"hit saves more than the extra load", {{"a", 0}, {"b", 1000}}, {{"b", 40}}, "b"},
       {"extra load exceeds the saving", {{"a", 0}, {"b", 2000}}, {{"b", 20}}, "a"},
@@ -89,14 +93,15 @@ TEST(SelectPrefillCacheAwareTest, Table) {
   // Excluded workers are skipped; none left: nothing.
   std::vector<WorkerRecord> ws = {Worker("a", 0)};
   PrefixIndex idx(16);
-  EXPECT_FALSE(
-      SelectPrefillCacheAware(ws, {"a"}, {}, 100, h, idx, CacheAwareOptions{}).has_value());
+  EXPECT_FALSE(SelectPrefillCacheAware(ws, {"a"}, {}, 100, h, idx, CacheAwareOptions{})
+                   .has_value());
 }
 
 // Every request shares a 2048-token system prompt (32 blocks) and has 256 tokens
 // of its own; 4 workers each drain 100 tokens of prefill per tick, one request
 // arrives per tick: no single worker keeps up even with every hit (256 tokens
-// of work per request), four do. Returns the most loaded worker's total work / the mean.
+// of work per request), four do. Returns the most loaded worker's total work / the
+// mean.
 double Spread(const CacheAwareOptions& o, double* hit_rate) {
   const std::vector<std::string> ids = {"w0", "w1", "w2", "w3"};
   std::vector<WorkerRecord> ws;

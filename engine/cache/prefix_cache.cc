@@ -1,11 +1,12 @@
 #include "engine/cache/prefix_cache.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <numeric>
 #include <utility>
 
 #include "common/status.h"
-#include <xxhash.h>
 
 namespace tandem::engine {
 
@@ -22,7 +23,8 @@ std::vector<BlockHash> ChainedBlockHashes(absl::Span<const int32_t> tokens,
   for (int64_t i = 0; i < n; ++i) {
     // This block's token ids, then (position, hash) of each media item in it;
     // seeded by the parent's hash (the chain).
-    const auto* first = reinterpret_cast<const uint8_t*>(tokens.data() + i * block_size);
+    const auto* first =
+        reinterpret_cast<const uint8_t*>(tokens.data() + i * block_size);
     bytes.assign(first, first + sizeof(int32_t) * static_cast<size_t>(block_size));
     for (const MediaHash& m : media) {
       if (m.position >= i * block_size && m.position < (i + 1) * block_size) {
@@ -86,8 +88,8 @@ void PrefixCache::RecordLookup(int64_t prompt_tokens, int64_t hit_tokens) {
   stats_.hit_tokens += hit_tokens;
 }
 
-PrefixHit PrefixCache::Lookup(absl::Span<const BlockHash> hashes,
-                              int64_t prompt_tokens, bool record) {
+PrefixHit PrefixCache::Lookup(absl::Span<const BlockHash> hashes, int64_t prompt_tokens,
+                              bool record) {
   PrefixHit hit;
   const uint64_t now = ++clock_;
   int64_t k = 0;

@@ -126,7 +126,7 @@ TEST(PrefixCacheTest, HitNeedsBlocksAndSnapshotAtTheSamePosition) {
   Fixture f(64, 4);
   const auto h = ChainedBlockHashes(Tokens(16 * 10, 3), 16, "");
   Compute(&f, h);
-  EXPECT_EQ(f.cache.Lookup(h, 1000).tokens, 0);  // blocks only: a miss
+  EXPECT_EQ(f.cache.Lookup(h, 1000).tokens, 0);   // blocks only: a miss
   ASSERT_TRUE(f.cache.StoreSnapshot(h[7]).ok());  // position 128
   PrefixHit hit = f.cache.Lookup(h, 1000);
   EXPECT_EQ(hit.tokens, 128);
@@ -138,7 +138,8 @@ TEST(PrefixCacheTest, HitNeedsBlocksAndSnapshotAtTheSamePosition) {
   EXPECT_EQ(f.cache.StoreSnapshot(h[7]).status().code(),
             absl::StatusCode::kAlreadyExists);
   // Another tenant: nothing.
-  EXPECT_EQ(f.cache.Lookup(ChainedBlockHashes(Tokens(160, 3), 16, "x"), 1000).tokens, 0);
+  EXPECT_EQ(f.cache.Lookup(ChainedBlockHashes(Tokens(160, 3), 16, "x"), 1000).tokens,
+            0);
   EXPECT_TRUE(f.cache.CheckInvariants().ok());
   EXPECT_EQ(f.cache.stats().hits, 1);
   EXPECT_EQ(f.cache.stats().hit_tokens, 128);
@@ -191,7 +192,7 @@ TEST(PrefixCacheTest, SnapshotPoolEvictsLeastRecentlyUsed) {
   }
   ASSERT_TRUE(f.cache.StoreSnapshot(h[0][3]).ok());
   ASSERT_TRUE(f.cache.StoreSnapshot(h[1][3]).ok());
-  EXPECT_EQ(f.cache.Lookup(h[0], 100).tokens, 64);  // 0 used again
+  EXPECT_EQ(f.cache.Lookup(h[0], 100).tokens, 64);   // 0 used again
   ASSERT_TRUE(f.cache.StoreSnapshot(h[2][3]).ok());  // evicts 1's
   EXPECT_EQ(f.cache.Lookup(h[1], 100).tokens, 0);
   EXPECT_EQ(f.cache.Lookup(h[0], 100).tokens, 64);

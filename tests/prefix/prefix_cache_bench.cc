@@ -53,8 +53,8 @@ absl::StatusOr<Result> RunWorkload(const tandem::engine::ModelWeights& w,
   EngineOptions o;
   o.num_slots = 4;
   o.max_tokens_per_step = 512;
-  o.max_context_tokens = absl::GetFlag(FLAGS_system_tokens) +
-                         absl::GetFlag(FLAGS_suffix_tokens) + 64;
+  o.max_context_tokens =
+      absl::GetFlag(FLAGS_system_tokens) + absl::GetFlag(FLAGS_suffix_tokens) + 64;
   o.prefix_caching.enabled = cache;
   o.prefix_caching.num_snapshots = 32;
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
@@ -64,8 +64,8 @@ absl::StatusOr<Result> RunWorkload(const tandem::engine::ModelWeights& w,
   Result r;
   for (int i = 0; i <= absl::GetFlag(FLAGS_requests); ++i) {
     std::vector<int32_t> p = sys;
-    const std::vector<int32_t> suffix =
-        tandem::engine::testing::MakePrompt(absl::GetFlag(FLAGS_suffix_tokens), 100 + i);
+    const std::vector<int32_t> suffix = tandem::engine::testing::MakePrompt(
+        absl::GetFlag(FLAGS_suffix_tokens), 100 + i);
     p.insert(p.end(), suffix.begin(), suffix.end());
     tandem::engine::SamplingParams sp;
     sp.max_tokens = absl::GetFlag(FLAGS_max_tokens);

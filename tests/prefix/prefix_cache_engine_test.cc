@@ -83,7 +83,7 @@ struct RunResult {
 
 // Runs the waves; `abort_at` (request id -> step of its wave) cancels requests.
 RunResult RunWaves(EngineOptions o, const Waves& waves,
-             const std::map<RequestId, int>& abort_at = {}) {
+                   const std::map<RequestId, int>& abort_at = {}) {
   RunResult run;
   Rig r = Make(o);
   if (r.engine == nullptr) return run;
@@ -136,8 +136,10 @@ Waves SharedPrefix(const std::function<SamplingParams(int)>& params) {
     w[1].push_back({i, Cat(sys, MakePrompt(1 + i * 18, 10 + i)), params(i)});
   }
   for (int i = 1; i <= 8; ++i) w[2].push_back({100 + i, w[1][i - 1].prompt, params(i)});
-  w[2].push_back({200, std::vector<int32_t>(sys.begin(), sys.begin() + 128), params(7)});
-  w[2].push_back({201, std::vector<int32_t>(sys.begin(), sys.begin() + 193), params(8)});
+  w[2].push_back(
+      {200, std::vector<int32_t>(sys.begin(), sys.begin() + 128), params(7)});
+  w[2].push_back(
+      {201, std::vector<int32_t>(sys.begin(), sys.begin() + 193), params(8)});
   return w;
 }
 
