@@ -90,7 +90,7 @@ ABSL_FLAG(std::string, clusters, "disaggregated,colocated",
           "Spawn mode: which clusters to run, in order (disaggregated, colocated).");
 ABSL_FLAG(
     int, router_max_in_flight, 100000,
-    "--max_in_flight of the spawned router (past it requests wait in its queue).");
+    "--max-in-flight of the spawned router (past it requests wait in its queue).");
 ABSL_FLAG(int, router_metrics_port, 0,
           "With --nospawn: the router's /metrics port (on --router's host), to report "
           "queue time; 0: not reported.");

@@ -56,7 +56,7 @@ ABSL_FLAG(std::string, kv_transport, "ucx",
           "unavailable transport or provider stops the worker. docs/kvtransfer.md.");
 
 ABSL_FLAG(bool, enable_prefix_caching, true,
-          "Prefix caching (on, as K3 deployments run it; --noenable_prefix_caching "
+          "Prefix caching (on, as K3 deployments run it; --enable-prefix-caching=false "
           "turns it off): prompts' full MLA blocks cached by content, KDA state "
           "snapshots at chunk-aligned positions; a hit reuses both "
           "(engine/cache/prefix_cache.h).");
