@@ -15,10 +15,10 @@ absl::Status ParseKvTransport(absl::string_view spec, AgentFactoryConfig* config
     return absl::OkStatus();
   }
   if (parts.empty() || parts[0] != "libfabric" || parts.size() > 3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--kv_transport must be ucx, libfabric, libfabric:<provider> or "
-        "libfabric:<provider>:<rails>, got \"",
-        spec, "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_transport must be ucx, libfabric, libfabric:<provider> or "
+                     "libfabric:<provider>:<rails>, got \"",
+                     spec, "\""));
   }
   config->transport = KvTransport::kLibfabric;
   if (parts.size() >= 2) {

@@ -63,8 +63,7 @@ TEST(CreateTransferAgentTest, MissingProviderIsAnErrorNotAFallback) {
   auto agent = CreateTransferAgent(config);
   ASSERT_FALSE(agent.ok());
   EXPECT_EQ(agent.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(agent.status().message().find("efa"), std::string::npos)
-      << agent.status();
+  EXPECT_NE(agent.status().message().find("efa"), std::string::npos) << agent.status();
 }
 
 }  // namespace

@@ -45,7 +45,8 @@ namespace {
 
 absl::Status Fi(int ret, absl::string_view what) {
   if (ret == 0) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", fi_strerror(ret < 0 ? -ret : ret)));
+  return absl::InternalError(
+      absl::StrCat(what, ": ", fi_strerror(ret < 0 ? -ret : ret)));
 }
 
 bool Le(const uint8_t*& p, const uint8_t* end, uint64_t* v) {
@@ -167,11 +168,12 @@ absl::StatusOr<double> PlainFabricWrite::Run(absl::Span<const CopySegment> segme
     if (n == -FI_EAVAIL) {
       fi_cq_err_entry err{};
       fi_cq_readerr(s.cq, &err, 0);
-      return absl::UnavailableError(absl::StrCat("write failed: ", fi_strerror(err.err)));
+      return absl::UnavailableError(
+          absl::StrCat("write failed: ", fi_strerror(err.err)));
     }
     for (ssize_t i = 0; i < n; ++i) {
-      free_ctx.push_back(static_cast<int>(static_cast<fi_context2*>(entries[i].op_context) -
-                                          s.contexts.data()));
+      free_ctx.push_back(static_cast<int>(
+          static_cast<fi_context2*>(entries[i].op_context) - s.contexts.data()));
       --outstanding;
     }
     return absl::OkStatus();
@@ -192,8 +194,7 @@ absl::StatusOr<double> PlainFabricWrite::Run(absl::Span<const CopySegment> segme
       msg.rma_iov = &rma;
       msg.rma_iov_count = 1;
       msg.context = &s.contexts[ctx];
-      const ssize_t ret =
-          fi_writemsg(s.ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
+      const ssize_t ret = fi_writemsg(s.ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
       if (ret == -FI_EAGAIN) break;
       if (ret != 0) return Fi(static_cast<int>(ret), "fi_writemsg");
       free_ctx.pop_back();

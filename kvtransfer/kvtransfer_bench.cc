@@ -242,9 +242,9 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
     out["error"] = "spawn failed";
     return out;
   }
-  std::string reply = child->Call(
-      lf ? absl::StrCat("INIT libfabric ", lf_provider, " ", lf_rails)
-         : (tcp ? "INIT tcp" : "INIT - noerr"));
+  std::string reply =
+      child->Call(lf ? absl::StrCat("INIT libfabric ", lf_provider, " ", lf_rails)
+                     : (tcp ? "INIT tcp" : "INIT - noerr"));
   if (reply != "OK") {
     out["error"] = reply;
     return out;
@@ -342,7 +342,8 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
   std::unique_ptr<PlainUcpPut> plain;
   std::unique_ptr<PlainFabricWrite> plain_fi;
   if (absl::GetFlag(FLAGS_plain_put) && lf) {
-    auto p = PlainFabricWrite::Create(lf_provider, descriptor, dst_region, mem, src_bytes);
+    auto p =
+        PlainFabricWrite::Create(lf_provider, descriptor, dst_region, mem, src_bytes);
     if (p.ok()) {
       plain_fi = *std::move(p);
     } else {
@@ -425,7 +426,8 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
                        }});
     if (plain_fi != nullptr) {
       methods.push_back({"plain_fi_write", [&]() -> absl::StatusOr<double> {
-                           return plain_fi->Run(flat, LibfabricAgentConfig{}.max_inflight_ops,
+                           return plain_fi->Run(flat,
+                                                LibfabricAgentConfig{}.max_inflight_ops,
                                                 absl::GetFlag(FLAGS_max_op_bytes), 300);
                          }});
     }
@@ -531,11 +533,12 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
                 << " [" << x.value("gb_per_s_min", 0.0) << "-"
                 << x.value("gb_per_s_max", 0.0) << "]";
     }
-    std::cerr << "; ucx_perftest (one " << message << "-byte buffer) " << perf_mbs / 1e3
-              << "; agent/plain "
-              << r[lf ? "ratio_vs_plain_fi_write" : "ratio_vs_plain_ucp_put"].get<double>()
-              << ", agent/perftest " << r["ratio_vs_perftest"].get<double>()
-              << (error.empty() ? "" : " ERROR " + error) << "\n";
+    std::cerr
+        << "; ucx_perftest (one " << message << "-byte buffer) " << perf_mbs / 1e3
+        << "; agent/plain "
+        << r[lf ? "ratio_vs_plain_fi_write" : "ratio_vs_plain_ucp_put"].get<double>()
+        << ", agent/perftest " << r["ratio_vs_perftest"].get<double>()
+        << (error.empty() ? "" : " ERROR " + error) << "\n";
     runs.push_back(r);
   }
   out["runs"] = runs;

@@ -260,10 +260,10 @@ class LibfabricBackend final : public Backend {
   std::atomic<size_t> num_mrs_{0};
   std::vector<std::atomic<uint64_t>> pieces_per_rail_ =
       std::vector<std::atomic<uint64_t>>(kMaxRails);
-  std::map<RegionId, Registration> regs_;      // agent lock
-  std::map<uintptr_t, RegionId> by_address_;   // agent lock: base → region
+  std::map<RegionId, Registration> regs_;          // agent lock
+  std::map<uintptr_t, RegionId> by_address_;       // agent lock: base → region
   std::map<PeerId, std::unique_ptr<Peer>> peers_;  // agent lock
-  std::map<Op*, std::unique_ptr<Op>> ops_;     // agent lock: every live Op
+  std::map<Op*, std::unique_ptr<Op>> ops_;         // agent lock: every live Op
 };
 
 absl::StatusOr<std::unique_ptr<LibfabricBackend>> LibfabricBackend::Create(
@@ -305,7 +305,8 @@ absl::Status LibfabricBackend::Init() {
     hints->domain_attr->threading = FI_THREAD_DOMAIN;
     if (dc) hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
     hints->fabric_attr->prov_name = strdup(prov.c_str());
-    if (!config_.domain.empty()) hints->domain_attr->name = strdup(config_.domain.c_str());
+    if (!config_.domain.empty())
+      hints->domain_attr->name = strdup(config_.domain.c_str());
     fi_info* info = nullptr;
     ret = fi_getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints, &info);
     fi_freeinfo(hints);
@@ -335,21 +336,20 @@ absl::Status LibfabricBackend::Init() {
     delivery_complete_in_info_ = dc;
   }
   if (ret != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "libfabric: no provider \"", prov,
-        "\" with FI_EP_RDM, FI_RMA and FI_MSG (fi_getinfo / fi_domain: ",
-        fi_strerror(-ret),
-        "); providers on this host: fi_info -l"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("libfabric: no provider \"", prov,
+                     "\" with FI_EP_RDM, FI_RMA and FI_MSG (fi_getinfo / fi_domain: ",
+                     fi_strerror(-ret), "); providers on this host: fi_info -l"));
   }
   provider_ = info_->fabric_attr->prov_name;
   mr_mode_ = info_->domain_attr->mr_mode;
   if (mr_mode_ & ~(offered_mr | FI_MR_HMEM)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "libfabric provider ", provider_, " demands MR modes not handled: ",
-        MrModeString(mr_mode_)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("libfabric provider ", provider_,
+                     " demands MR modes not handled: ", MrModeString(mr_mode_)));
   }
-  max_piece_bytes_ = std::min<uint64_t>(config_.max_op_bytes,
-                                        info_->ep_attr->max_msg_size);
+  max_piece_bytes_ =
+      std::min<uint64_t>(config_.max_op_bytes, info_->ep_attr->max_msg_size);
   if (max_piece_bytes_ == 0) max_piece_bytes_ = 1;
   max_inflight_ops_ = std::max<int>(
       1, std::min<int>(config_.max_inflight_ops,
@@ -393,8 +393,9 @@ absl::Status LibfabricBackend::Init() {
   msg_buf_ = static_cast<uint8_t*>(p);
   std::memset(msg_buf_, 0, msg_buf_len_);  // FI_MR_ALLOCATED: backed pages
   identity_ = msg_buf_ + msg_buf_len_ - kSlotBytes;
-  auto mr = Register(msg_buf_, msg_buf_len_, FI_SEND | FI_RECV | FI_READ | FI_REMOTE_READ,
-                     info_->domain_attr->mr_key_size >= 8 ? key_salt_ << 32 : 0);
+  auto mr =
+      Register(msg_buf_, msg_buf_len_, FI_SEND | FI_RECV | FI_READ | FI_REMOTE_READ,
+               info_->domain_attr->mr_key_size >= 8 ? key_salt_ << 32 : 0);
   if (!mr.ok()) return mr.status();
   msg_mr_ = *mr;
   for (int s = 0; s < kSendSlots; ++s) free_send_slots_.push_back(s);
@@ -533,9 +534,9 @@ absl::StatusOr<fid_mr*> LibfabricBackend::Register(void* base, size_t len,
                                                    uint64_t requested_key) {
   fid_mr* mr = nullptr;
   // FI_MR_PROV_KEY: the provider picks the key (requested_key is ignored).
-  const int ret = fi_mr_reg(domain_, base, len, access, 0,
-                            (mr_mode_ & FI_MR_PROV_KEY) ? 0 : requested_key, 0, &mr,
-                            nullptr);
+  const int ret =
+      fi_mr_reg(domain_, base, len, access, 0,
+                (mr_mode_ & FI_MR_PROV_KEY) ? 0 : requested_key, 0, &mr, nullptr);
   if (ret != 0) return FromFi(ret, "fi_mr_reg");
   ++num_mrs_;
   return mr;
@@ -548,11 +549,10 @@ absl::StatusOr<std::string> LibfabricBackend::RegisterMemoryLocked(RegionId regi
   // (no FI_MR_PROV_KEY) and they are 8 bytes, a random salt in the high half,
   // so a stale descriptor that reaches another agent at a reused address names
   // no key there (the access fails) instead of that agent's region.
-  const uint64_t key = info_->domain_attr->mr_key_size >= 8
-                           ? (key_salt_ << 32) | region
-                           : region;
-  auto mr = Register(base, len,
-                     FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE, key);
+  const uint64_t key =
+      info_->domain_attr->mr_key_size >= 8 ? (key_salt_ << 32) | region : region;
+  auto mr =
+      Register(base, len, FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE, key);
   if (!mr.ok()) return mr.status();
   regs_[region] = Registration{*mr, base, len, /*owned=*/false};
   by_address_[reinterpret_cast<uintptr_t>(base)] = region;
@@ -708,8 +708,8 @@ absl::Status LibfabricBackend::ConnectLocked(PeerId id,
   // Our rail r talks to the peer's rail r % its rails.
   for (size_t r = 0; r < rails_.size(); ++r) {
     fi_addr_t addr = FI_ADDR_NOTAVAIL;
-    const int n = fi_av_insert(rails_[r].av, names[r % nrails].data(), 1, &addr, 0,
-                               nullptr);
+    const int n =
+        fi_av_insert(rails_[r].av, names[r % nrails].data(), 1, &addr, 0, nullptr);
     if (n != 1) {
       for (size_t q = 0; q < peer->addrs.size(); ++q)
         fi_av_remove(rails_[q].av, &peer->addrs[q], 1, 0);
@@ -766,8 +766,8 @@ void LibfabricBackend::ClosePeerLocked(PeerId id, bool graceful, bool /*wait*/,
   // Forced (or busy): outstanding operations end now, CANCELLED or the
   // peer's error; the provider's late completions for them are ignored.
   if (!graceful || p->outstanding > 0) {
-    AbandonOps(id, p->error.ok() ? absl::CancelledError("peer disconnected")
-                                 : p->error);
+    AbandonOps(id,
+               p->error.ok() ? absl::CancelledError("peer disconnected") : p->error);
   }
   for (size_t r = 0; r < p->addrs.size(); ++r)
     fi_av_remove(rails_[r].av, &p->addrs[r], 1, 0);
@@ -849,13 +849,10 @@ absl::StatusOr<Backend::PostResult> LibfabricBackend::PostFenceLocked(PeerId id,
   return PostResult::kDone;
 }
 
-absl::Status LibfabricBackend::SendMessageLocked(PeerId id, Peer* p, int rail,
-                                                 Op::Kind kind,
-                                                 const std::string& bytes,
-                                                 absl::Time deadline,
-                                                 absl::string_view what,
-                                                 const fi_rma_iov* read_from,
-                                                 uint64_t* read_value) {
+absl::Status LibfabricBackend::SendMessageLocked(
+    PeerId id, Peer* p, int rail, Op::Kind kind, const std::string& bytes,
+    absl::Time deadline, absl::string_view what, const fi_rma_iov* read_from,
+    uint64_t* read_value) {
   if (bytes.size() > kSlotBytes) return absl::InvalidArgumentError("message too long");
   ++p->waiters;  // keeps `p` alive while the agent lock is released
   struct SlotArgs {
@@ -875,13 +872,14 @@ absl::Status LibfabricBackend::SendMessageLocked(PeerId id, Peer* p, int rail,
     --p->waiters;
     if (!p->error.ok()) return p->error;
     if (p->removed) return absl::CancelledError(absl::StrCat(what, ": disconnected"));
-    return absl::DeadlineExceededError(absl::StrCat(what, ": no send slot by the deadline"));
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, ": no send slot by the deadline"));
   }
   const int slot = free_send_slots_.back();
   free_send_slots_.pop_back();
   uint8_t* buf =
-      msg_buf_ + (static_cast<size_t>(rails_.size()) * kRecvSlotsPerRail + slot) *
-                     kSlotBytes;
+      msg_buf_ +
+      (static_cast<size_t>(rails_.size()) * kRecvSlotsPerRail + slot) * kSlotBytes;
   std::memcpy(buf, bytes.data(), bytes.size());
   if (read_from != nullptr) std::memset(buf, 0, 8);
   Op* op = NewOp(kind, id, rail);
@@ -927,23 +925,23 @@ absl::Status LibfabricBackend::SendMessageLocked(PeerId id, Peer* p, int rail,
   absl::Status st;
   if (ret != 0) {
     op->provider_owned = false;
-    st = ret == -FI_EAGAIN
-             ? (!p->error.ok() ? p->error
-                : p->removed
-                    ? absl::CancelledError(absl::StrCat(what, ": disconnected"))
-                    : absl::DeadlineExceededError(
-                          absl::StrCat(what, ": could not send by the deadline")))
-             : FromFi(static_cast<int>(ret),
-                      absl::StrCat(what, read_from ? ": fi_readmsg" : ": fi_sendmsg"));
+    st =
+        ret == -FI_EAGAIN
+            ? (!p->error.ok() ? p->error
+               : p->removed ? absl::CancelledError(absl::StrCat(what, ": disconnected"))
+                            : absl::DeadlineExceededError(absl::StrCat(
+                                  what, ": could not send by the deadline")))
+            : FromFi(static_cast<int>(ret),
+                     absl::StrCat(what, read_from ? ": fi_readmsg" : ": fi_sendmsg"));
   } else {
     struct Args {
       Op* op;
       Peer* p;
     } args{op, p};
-    host_->AwaitLocked(absl::Condition(
-                           +[](Args* a) { return a->op->done || !a->p->error.ok(); },
-                           &args),
-                       deadline);
+    host_->AwaitLocked(
+        absl::Condition(
+            +[](Args* a) { return a->op->done || !a->p->error.ok(); }, &args),
+        deadline);
     if (op->done) {
       st = op->status;
       if (st.ok() && read_value != nullptr && !op->provider_owned) {
@@ -964,12 +962,13 @@ absl::Status LibfabricBackend::SendMessageLocked(PeerId id, Peer* p, int rail,
   return st;
 }
 
-absl::Status LibfabricBackend::SendNotificationLocked(
-    PeerId id, const Notification& n, absl::Time deadline,
-    std::function<absl::Status()>*) {
+absl::Status LibfabricBackend::SendNotificationLocked(PeerId id, const Notification& n,
+                                                      absl::Time deadline,
+                                                      std::function<absl::Status()>*) {
   Peer* p = FindPeer(id);
   if (p == nullptr) return absl::NotFoundError(absl::StrCat("unknown peer ", id));
-  if (p->removed) return absl::CancelledError(absl::StrCat("peer ", id, " disconnected"));
+  if (p->removed)
+    return absl::CancelledError(absl::StrCat("peer ", id, " disconnected"));
   if (!p->error.ok()) return p->error;
   // The agent waited for every earlier batch to the peer: their completions
   // (FI_DELIVERY_COMPLETE) mean their bytes are visible, so the message may go.
@@ -980,8 +979,8 @@ absl::Status LibfabricBackend::SendNotificationLocked(
   m.append(n.request_id);
   PutLe(&m, n.payload.size(), 4);
   m.append(n.payload);
-  absl::Status st = SendMessageLocked(id, p, 0, Op::kNotify, m, deadline,
-                                      "sending notification");
+  absl::Status st =
+      SendMessageLocked(id, p, 0, Op::kNotify, m, deadline, "sending notification");
   return st;  // a peer forgotten meanwhile is erased by ProgressLocked
 }
 
@@ -1051,13 +1050,13 @@ int LibfabricBackend::DrainCq(int rail) {
         continue;
       }
       char buf[256];
-      const char* detail = fi_cq_strerror(cq, err.prov_errno, err.err_data, buf,
-                                          sizeof(buf));
+      const char* detail =
+          fi_cq_strerror(cq, err.prov_errno, err.err_data, buf, sizeof(buf));
       Peer* p = FindPeer(op->peer);
       const absl::Status st = absl::UnavailableError(absl::StrCat(
-          "libfabric peer ",
-          absl::Hex(p != nullptr ? p->descriptor.agent_id : 0), " failed: ",
-          fi_strerror(err.err), " (", detail != nullptr ? detail : "", ")"));
+          "libfabric peer ", absl::Hex(p != nullptr ? p->descriptor.agent_id : 0),
+          " failed: ", fi_strerror(err.err), " (", detail != nullptr ? detail : "",
+          ")"));
       // An error completion means the connection is gone (or a remote access
       // was refused): the peer fails, like a UCX endpoint error.
       if (p != nullptr && !op->reported && !(op->kind != Op::kPiece && op->done)) {
@@ -1108,12 +1107,12 @@ bool LibfabricBackend::ProgressLocked() {
   for (auto& [id, p] : peers_) {
     if (p->outstanding > 0 && p->error.ok() && !p->removed &&
         now - p->last_progress > config_.progress_timeout) {
-      FailPeer(id, p.get(),
-               absl::UnavailableError(absl::StrCat(
-                   "libfabric peer ", absl::Hex(p->descriptor.agent_id),
-                   ": no completion for ",
-                   absl::FormatDuration(config_.progress_timeout), " (",
-                   p->outstanding, " operations outstanding)")));
+      FailPeer(
+          id, p.get(),
+          absl::UnavailableError(absl::StrCat(
+              "libfabric peer ", absl::Hex(p->descriptor.agent_id),
+              ": no completion for ", absl::FormatDuration(config_.progress_timeout),
+              " (", p->outstanding, " operations outstanding)")));
     }
   }
   return progressed;

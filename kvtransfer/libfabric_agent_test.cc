@@ -5,6 +5,8 @@
 // (deadline) and killed mid-transfer (UNAVAILABLE within the deadline);
 // cancellation mid-transfer; an unreachable peer; bad descriptors; striping over
 // rails; every libfabric registration released.
+#include "kvtransfer/libfabric_agent.h"
+
 #include <signal.h>
 #include <unistd.h>
 
@@ -23,7 +25,6 @@
 #include "gtest/gtest.h"
 #include "kvtransfer/checksum.h"
 #include "kvtransfer/descriptor.h"
-#include "kvtransfer/libfabric_agent.h"
 #include "kvtransfer/peer_process.h"
 #include "kvtransfer/plan.h"
 
@@ -47,9 +48,9 @@ std::string InitCommand(const std::string& provider, int rails,
                       absl::ToInt64Milliseconds(progress_timeout));
 }
 
-std::unique_ptr<LibfabricAgent> MakeAgent(const std::string& provider, int rails,
-                                          absl::Duration progress_timeout =
-                                              absl::Seconds(10)) {
+std::unique_ptr<LibfabricAgent> MakeAgent(
+    const std::string& provider, int rails,
+    absl::Duration progress_timeout = absl::Seconds(10)) {
   LibfabricAgentConfig config;
   config.provider = provider;
   config.rails = rails;
@@ -148,7 +149,8 @@ TEST_P(LibfabricStateTransferTest, ArrivesBitExact) {
     const absl::Status st = agent->Wait(b, absl::Now() + absl::Seconds(60));
     ASSERT_TRUE(st.ok()) << st;
   }
-  ASSERT_TRUE(agent->Notify(*peer, "req-lf", "done", absl::Now() + absl::Seconds(10)).ok());
+  ASSERT_TRUE(
+      agent->Notify(*peer, "req-lf", "done", absl::Now() + absl::Seconds(10)).ok());
   const absl::Duration took = absl::Now() - start;
   reply = child->Call("WAITNOTE 10000");
   ASSERT_EQ(reply, absl::StrCat("NOTE ", absl::BytesToHexString("req-lf"), " ",
@@ -181,16 +183,15 @@ TEST_P(LibfabricStateTransferTest, ArrivesBitExact) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, LibfabricStateTransferTest,
-    ::testing::Values(TransferCase{"tcp_1_token", "tcp", 1, 1, 16, 64, false},
-                      TransferCase{"tcp_100_tokens", "tcp", 1, 100, 64, 16, true},
-                      TransferCase{"tcp_4096_tokens", "tcp", 1, 4096, 16, 64, false},
-                      TransferCase{"tcp_2rails_4096_tokens", "tcp", 2, 4096, 64, 16,
-                                   true},
-                      TransferCase{"shm_1_token", "shm", 1, 1, 64, 16, true},
-                      TransferCase{"shm_100_tokens", "shm", 1, 100, 16, 16, false},
-                      TransferCase{"shm_4096_tokens", "shm", 1, 4096, 16, 64, true},
-                      TransferCase{"shm_3rails_4096_tokens", "shm", 3, 4096, 64, 16,
-                                   false}),
+    ::testing::Values(
+        TransferCase{"tcp_1_token", "tcp", 1, 1, 16, 64, false},
+        TransferCase{"tcp_100_tokens", "tcp", 1, 100, 64, 16, true},
+        TransferCase{"tcp_4096_tokens", "tcp", 1, 4096, 16, 64, false},
+        TransferCase{"tcp_2rails_4096_tokens", "tcp", 2, 4096, 64, 16, true},
+        TransferCase{"shm_1_token", "shm", 1, 1, 64, 16, true},
+        TransferCase{"shm_100_tokens", "shm", 1, 100, 16, 16, false},
+        TransferCase{"shm_4096_tokens", "shm", 1, 4096, 16, 64, true},
+        TransferCase{"shm_3rails_4096_tokens", "shm", 3, 4096, 64, 16, false}),
     [](const ::testing::TestParamInfo<TransferCase>& info) { return info.param.name; });
 
 // A plain region of `bytes` in the child, connected.
@@ -214,8 +215,9 @@ void WireRaw(const std::string& provider, int rails, uint64_t bytes,
   l.set_num_mla_layers(1);
   l.set_mla_token_bytes(4096);
   l.set_tp_size(1);
-  std::string reply = w->child->Call(absl::StrCat(
-      "LAYOUT ", absl::BytesToHexString(l.SerializeAsString()), " ", bytes / 4096, " 0"));
+  std::string reply = w->child->Call(
+      absl::StrCat("LAYOUT ", absl::BytesToHexString(l.SerializeAsString()), " ",
+                   bytes / 4096, " 0"));
   ASSERT_TRUE(absl::StartsWith(reply, "OK ")) << reply;
   std::vector<std::string> words = absl::StrSplit(reply, ' ');
   ASSERT_TRUE(absl::SimpleAtoi(words[1], &w->remote));
@@ -351,7 +353,8 @@ TEST_P(LibfabricPeerFailureTest, UnreachablePeerFailsConnect) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, LibfabricPeerFailureTest,
-                         ::testing::Values(ProviderCase{"tcp", 1}, ProviderCase{"tcp", 2},
+                         ::testing::Values(ProviderCase{"tcp", 1},
+                                           ProviderCase{"tcp", 2},
                                            ProviderCase{"shm", 1}),
                          [](const ::testing::TestParamInfo<ProviderCase>& info) {
                            return absl::StrCat(info.param.provider, "_",

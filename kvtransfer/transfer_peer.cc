@@ -1,6 +1,6 @@
-// transfer_peer: a UcxAgent (or LibfabricAgent) in its own process, driven line by line over
-// stdin/stdout, for multi-process tests and the benchmark. Binary values travel
-// as hex. Commands, then their replies (one line each):
+// transfer_peer: a UcxAgent (or LibfabricAgent) in its own process, driven line by line
+// over stdin/stdout, for multi-process tests and the benchmark. Binary values travel as
+// hex. Commands, then their replies (one line each):
 //   INIT <tls|-> [noerr]        -> OK   (noerr: no peer-failure detection)
 //   INIT libfabric <provider> <rails> [<progress_timeout_ms>]
 //                               -> OK   (a LibfabricAgent instead of UCX)

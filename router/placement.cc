@@ -189,9 +189,9 @@ Placement::Actions Placement::Prefill() {
       deps_.registry->Live(tandem::v1::WORKER_ROLE_PREFILL);
   std::optional<size_t> i;
   if (deps_.prefill_router != nullptr) {
-    std::optional<PrefillChoice> c = deps_.prefill_router->Select(
-        live, tried_prefill_, deps_.ledger->Snapshot(live), request_.prompt_tokens,
-        request_.prefix_hashes);
+    std::optional<PrefillChoice> c =
+        deps_.prefill_router->Select(live, tried_prefill_, deps_.ledger->Snapshot(live),
+                                     request_.prompt_tokens, request_.prefix_hashes);
     if (c.has_value()) i = c->index;
   } else {
     i = SelectPrefill(live, tried_prefill_, deps_.ledger->Snapshot(live));

@@ -95,7 +95,8 @@ int main(int argc, char** argv) {
   tandem::router::HandoffMetrics handoff_metrics(&metric_registry);
   tandem::router::HandoffOptions ho;
   {
-    auto policy = tandem::router::ParseRoutingPolicy(absl::GetFlag(FLAGS_routing_policy));
+    auto policy =
+        tandem::router::ParseRoutingPolicy(absl::GetFlag(FLAGS_routing_policy));
     if (!policy.ok()) {
       std::fprintf(stderr, "router: --routing_policy: %s\n",
                    std::string(policy.status().message()).c_str());

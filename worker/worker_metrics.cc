@@ -109,8 +109,9 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
                            "Prompt tokens looked up in the prefix cache."))
            ->Add({});
   prefix_hit_tokens =
-      &OrDie(r->AddCounter("tandem_worker_prefix_cache_hit_tokens_total",
-                           "Prompt tokens reused from the prefix cache (not computed)."))
+      &OrDie(
+           r->AddCounter("tandem_worker_prefix_cache_hit_tokens_total",
+                         "Prompt tokens reused from the prefix cache (not computed)."))
            ->Add({});
   prefix_hit_rate = &OrDie(r->AddGauge("tandem_worker_prefix_cache_hit_rate",
                                        "Hit tokens / queried tokens since start."))

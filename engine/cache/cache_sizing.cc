@@ -10,12 +10,11 @@
 namespace tandem::engine {
 
 std::string CacheSizing::Summary() const {
-  return absl::StrCat(num_blocks, " MLA blocks (", cache_tokens, " tokens, ",
-                      FormatBytes(block_bytes), "), ", num_slots, " KDA slots (",
-                      FormatBytes(slot_bytes), ", ", num_snapshots,
-                      " of them prefix snapshots), max_model_len ", max_model_len,
-                      " tokens; ", FormatBytes(total_bytes()), " of a ",
-                      FormatBytes(budget_bytes), " budget");
+  return absl::StrCat(
+      num_blocks, " MLA blocks (", cache_tokens, " tokens, ", FormatBytes(block_bytes),
+      "), ", num_slots, " KDA slots (", FormatBytes(slot_bytes), ", ", num_snapshots,
+      " of them prefix snapshots), max_model_len ", max_model_len, " tokens; ",
+      FormatBytes(total_bytes()), " of a ", FormatBytes(budget_bytes), " budget");
 }
 
 absl::StatusOr<CacheSizing> SizeCache(const CacheSizingInput& in) {
@@ -57,8 +56,8 @@ absl::StatusOr<CacheSizing> SizeCache(const CacheSizingInput& in) {
   s.budget_bytes = in.budget_bytes;
   int64_t snapshots = 0;
   if (in.slot_bytes > 0 && in.snapshot_fraction > 0) {
-    snapshots = static_cast<int64_t>(in.budget_bytes * in.snapshot_fraction) /
-                in.slot_bytes;
+    snapshots =
+        static_cast<int64_t>(in.budget_bytes * in.snapshot_fraction) / in.slot_bytes;
     snapshots = std::min<int64_t>(snapshots, 1 << 20);
   }
   s.num_snapshots = static_cast<int32_t>(snapshots);

@@ -144,8 +144,7 @@ TEST(CacheSizingSnapshotsTest, SnapshotShareComesOutOfTheBlocks) {
   EXPECT_EQ(with->num_snapshots, (10485760) / 38400);  // 273
   EXPECT_EQ(with->num_slots, 16);
   EXPECT_EQ(with->slot_bytes, (16 + 273) * 38400);
-  EXPECT_EQ(with->num_blocks,
-            (in.budget_bytes - with->slot_bytes) / (160 * 16));
+  EXPECT_EQ(with->num_blocks, (in.budget_bytes - with->slot_bytes) / (160 * 16));
   EXPECT_LE(with->total_bytes(), in.budget_bytes);
   in.snapshot_fraction = 0.95;
   EXPECT_FALSE(SizeCache(in).ok());

@@ -37,7 +37,8 @@ absl::Status SchedulerConfig::Validate() const {
     return InvalidArgument("watermark_blocks must be in [0, num_blocks)");
   }
   if (num_prefix_snapshots < 0 || prefix_snapshot_grid < 0) {
-    return InvalidArgument("num_prefix_snapshots and prefix_snapshot_grid must be >= 0");
+    return InvalidArgument(
+        "num_prefix_snapshots and prefix_snapshot_grid must be >= 0");
   }
   return absl::OkStatus();
 }
@@ -53,8 +54,8 @@ Scheduler::Scheduler(const SchedulerConfig& config)
   if (config.enable_prefix_caching) {
     PrefixCacheConfig pc;
     pc.block_size = config.block_size;
-    pc.kda_chunk = config.prefill_chunk_alignment > 0 ? config.prefill_chunk_alignment
-                                                      : kKdaChunk;
+    pc.kda_chunk =
+        config.prefill_chunk_alignment > 0 ? config.prefill_chunk_alignment : kKdaChunk;
     pc.num_snapshots = config.num_prefix_snapshots;
     pc.snapshot_grid = config.prefix_snapshot_grid;
     prefix_ = std::make_unique<PrefixCache>(pc, &blocks_);
@@ -296,8 +297,7 @@ SnapshotId Scheduler::AdmitWithPrefix(Sequence* seq) {
   seq->snapshot_positions.clear();
   seq->unaligned_at = std::numeric_limits<int64_t>::max();
   if (prefix_ == nullptr || seq->hashes.empty()) return -1;
-  const PrefixHit hit =
-      prefix_->Lookup(seq->hashes, seq->num_tokens, /*record=*/false);
+  const PrefixHit hit = prefix_->Lookup(seq->hashes, seq->num_tokens, /*record=*/false);
   if (hit.tokens > 0) {
     // Full blocks, never written again: shared without copy-on-write.
     seq->table.AdoptShared(hit.blocks, hit.tokens, &blocks_).IgnoreError();
@@ -319,10 +319,9 @@ SnapshotId Scheduler::AdmitWithPrefix(Sequence* seq) {
 void Scheduler::CacheComputedBlocks(Sequence* seq) {
   if (prefix_ == nullptr) return;
   const int64_t bs = config_.block_size;
-  const int64_t upto =
-      std::min({static_cast<int64_t>(seq->hashes.size()), seq->num_computed / bs,
-                seq->unaligned_at / bs,
-                static_cast<int64_t>(seq->table.blocks().size())});
+  const int64_t upto = std::min({static_cast<int64_t>(seq->hashes.size()),
+                                 seq->num_computed / bs, seq->unaligned_at / bs,
+                                 static_cast<int64_t>(seq->table.blocks().size())});
   for (; seq->blocks_cached < upto; ++seq->blocks_cached) {
     const int64_t i = seq->blocks_cached;
     prefix_->InsertBlock(seq->hashes, i, seq->table.blocks()[i]);
@@ -641,8 +640,8 @@ absl::Status Scheduler::CheckInvariants() const {
   for (const auto& [b, n] : holders) {
     const int32_t want = n + (prefix_ != nullptr && prefix_->Holds(b) ? 1 : 0);
     if (blocks_.ref_count(b) != want) {
-      return Internal("block ", b, " has ", blocks_.ref_count(b), " references, ",
-                      want, " holders");
+      return Internal("block ", b, " has ", blocks_.ref_count(b), " references, ", want,
+                      " holders");
     }
     ++used;
   }

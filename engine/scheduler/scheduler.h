@@ -237,8 +237,8 @@ class Scheduler {
     BlockTable table;
     int64_t num_prompt_tokens = 0;  // as submitted (max_new_tokens counts from it)
     // Prefix caching.
-    std::vector<BlockHash> hashes;  // the prompt's full blocks
-    int64_t blocks_cached = 0;      // hashes[0 .. blocks_cached) handled
+    std::vector<BlockHash> hashes;            // the prompt's full blocks
+    int64_t blocks_cached = 0;                // hashes[0 .. blocks_cached) handled
     std::vector<int64_t> snapshot_positions;  // ascending, > the hit
     // A chunk ended off the KDA chunk grid here (progress beat alignment):
     // state after it is not what a clean recompute gives, so nothing after it
