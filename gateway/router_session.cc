@@ -26,6 +26,15 @@ struct SessionPoolCore {
   std::vector<std::shared_ptr<SessionCall>> to_finish ABSL_GUARDED_BY(mu);
   bool stopping ABSL_GUARDED_BY(mu) = false;
   int live_sessions ABSL_GUARDED_BY(mu) = 0;  // started, OnDone not yet run
+  // Sessions whose OnDone ran, handed over by OnDone so that they (their
+  // ClientContext, its call and its grpc::Channel reference, maybe the last)
+  // are destroyed off gRPC's threads: by the reaper, or by ~SessionPool after
+  // the sessions ended. Destroyed at the end of their own OnDone instead, a
+  // session could outlive ~SessionPool (live_sessions is 0 by then) and drop
+  // the channel on a gRPC thread after the RouterClient, the server, even
+  // grpc_shutdown were gone (ref_counted.h "prior > 0" in
+  // grpc_cq_internal_unref).
+  std::vector<std::shared_ptr<RouterSession>> ended ABSL_GUARDED_BY(mu);
   std::atomic<int64_t> sessions_opened{0};
   std::atomic<int64_t> messages_received{0};
   std::atomic<int64_t> events_received{0};
@@ -262,11 +271,12 @@ class RouterSession final : public grpc::ClientBidiReactor<tandem::v1::SessionRe
     }
     for (auto& [id, call] : calls) call->Finish(lost);
     calls.clear();
-    {
-      absl::MutexLock l(&core_->mu);
-      --core_->live_sessions;
-    }
-    std::shared_ptr<RouterSession> keep = std::move(self_);
+    // Last: the core may let ~SessionPool return and the reaper destroy this
+    // session as soon as the lock is released (`core` keeps the mutex alive).
+    const std::shared_ptr<SessionPoolCore> core = core_;
+    absl::MutexLock l(&core->mu);
+    core->ended.push_back(std::move(self_));
+    --core->live_sessions;
   }
 
  private:
@@ -386,12 +396,20 @@ SessionPool::~SessionPool() {
     if (s != nullptr) s->Shutdown();
   }
   sessions.clear();
-  absl::MutexLock l(&core_->mu);
-  auto all_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu) {
-    return core_->live_sessions == 0;
-  };
-  core_->mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Seconds(5));
-  core_->sessions.clear();  // they hold the core: break the cycle
+  std::vector<std::shared_ptr<RouterSession>> ended;
+  {
+    absl::MutexLock l(&core_->mu);
+    auto all_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu) {
+      return core_->live_sessions == 0;
+    };
+    core_->mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Seconds(5));
+    sessions.swap(core_->sessions);  // they hold the core: break the cycle
+    ended.swap(core_->ended);
+  }
+  // The sessions are destroyed here, on this thread, before the stub and the
+  // channel they were made from (see SessionPoolCore::ended).
+  sessions.clear();
+  ended.clear();
 }
 
 std::shared_ptr<GenerateCall> SessionPool::Generate(
@@ -446,6 +464,7 @@ void SessionPool::ReaperLoop() {
   for (;;) {
     std::vector<std::shared_ptr<SessionCall>> finish;
     std::vector<std::shared_ptr<RouterSession>> sweep;
+    std::vector<std::shared_ptr<RouterSession>> ended;
     {
       absl::MutexLock l(&core_->mu);
       auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu) {
@@ -454,6 +473,7 @@ void SessionPool::ReaperLoop() {
       core_->mu.AwaitWithDeadline(absl::Condition(&wake), next_sweep);
       if (core_->stopping) break;
       finish.swap(core_->to_finish);
+      ended.swap(core_->ended);
       if (absl::Now() >= next_sweep) {
         for (auto& s : core_->sessions) {
           if (s != nullptr) sweep.push_back(s);
@@ -461,6 +481,7 @@ void SessionPool::ReaperLoop() {
       }
     }
     for (auto& call : finish) call->FinishAborted();
+    ended.clear();  // sessions whose OnDone ran: destroyed here, not on gRPC's threads
     if (!sweep.empty()) {
       const absl::Time now = absl::Now();
       for (auto& s : sweep) s->Sweep(now);

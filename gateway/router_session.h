@@ -57,7 +57,9 @@ class SessionPool {
   SessionPool(tandem::v1::Router::Stub* stub, int sessions,
               metrics::Registry* registry = nullptr);
   // Cancels the sessions (calls still running end UNAVAILABLE, their
-  // on_done runs before this returns, within 5 s) and stops the reaper.
+  // on_done runs before this returns, within 5 s) and stops the reaper. The
+  // sessions are destroyed here, on this thread (their ClientContexts hold a
+  // channel reference), unless a caller still holds one of their calls.
   ~SessionPool();
 
   std::shared_ptr<GenerateCall> Generate(tandem::v1::GenerateRequest request,

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <random>
@@ -333,6 +334,54 @@ TEST_F(RouterSessionTest, ALostSessionFailsItsCallsAndTheNextCallOpensANewOne) {
   EXPECT_EQ(pool_->stats().sessions_opened, opened + 1);
   absl::MutexLock l(&second.mu);
   EXPECT_EQ(second.tokens, std::vector<int>{7});
+}
+
+// Counts live ClientContexts; with `slow`, one destroyed on a thread other
+// than the test's (a gRPC thread, inside a reactor's OnDone) takes 200 ms,
+// which widens the window in which such a context outlives its owner.
+class ContextCounter final : public grpc::ClientContext::GlobalCallbacks {
+ public:
+  void DefaultConstructor(grpc::ClientContext*) override { live.fetch_add(1); }
+  void Destructor(grpc::ClientContext*) override {
+    if (slow.load() && std::this_thread::get_id() != test_thread) {
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    live.fetch_sub(1);
+  }
+  std::atomic<int> live{0};
+  std::atomic<bool> slow{false};
+  std::thread::id test_thread;
+};
+
+// ~SessionPool destroys its sessions (their ClientContexts, which hold the
+// call and a grpc::Channel reference) before it returns, off gRPC's threads.
+// Before, a session dropped its last reference at the end of its own OnDone,
+// after the pool had seen it end: it outlived the pool, the stub and the
+// caller's channel, and could release the channel on a gRPC thread while the
+// process was shutting gRPC down and starting it again (the gateway test's
+// "ref_counted.h:183 assertion failed: prior > 0" in grpc_cq_internal_unref).
+TEST_F(RouterSessionTest, ThePoolDestroysItsSessionsBeforeItReturns) {
+  static ContextCounter* const counter = [] {
+    auto* c = new ContextCounter;
+    grpc::ClientContext::SetGlobalCallbacks(c);  // once per process
+    return c;
+  }();
+  counter->test_thread = std::this_thread::get_id();
+  const int before = counter->live.load();
+  counter->slow = true;
+  Received got;
+  std::shared_ptr<GenerateCall> call =
+      pool_->Generate(Request("r"), absl::Now() + absl::Seconds(30), got.Callbacks());
+  rpc::ResponseSink* sink = router_->WaitForSink("r");
+  ASSERT_NE(sink, nullptr);
+  sink->Close(grpc::Status::OK);
+  EXPECT_TRUE(got.Wait().ok());
+  call.reset();
+  EXPECT_EQ(counter->live.load(), before + 1);  // the session's
+  pool_.reset();
+  EXPECT_EQ(counter->live.load(), before)
+      << "a session's ClientContext outlived ~SessionPool";
+  counter->slow = false;
 }
 
 }  // namespace
