@@ -1,20 +1,140 @@
 #include "engine/cache/cache_sizing.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status.h"
 #include "engine/cache/memory_budget.h"
 
 namespace tandem::engine {
 
 std::string CacheSizing::Summary() const {
-  return absl::StrCat(
+  std::string line = absl::StrCat(
       num_blocks, " MLA blocks (", cache_tokens, " tokens, ", FormatBytes(block_bytes),
       "), ", num_slots, " KDA slots (", FormatBytes(slot_bytes), ", ", num_snapshots,
       " of them prefix snapshots), max_model_len ", max_model_len, " tokens; ",
       FormatBytes(total_bytes()), " of a ", FormatBytes(budget_bytes), " budget");
+  if (!device.device.empty()) absl::StrAppend(&line, " (", device.Summary(), ")");
+  return line;
+}
+
+std::string DeviceMemoryUse::Summary() const {
+  return absl::StrCat(source, " on ", num_devices, " x ", device, " of ",
+                      FormatBytes(total_bytes), ": weights ",
+                      FormatBytes(weights_bytes), ", other ",
+                      FormatBytes(in_use_bytes - weights_bytes), ", activations ",
+                      FormatBytes(activation_peak_bytes), " (", profile_tokens,
+                      "-token profile), KV cache ",
+                      FormatBytes(budget_per_device_bytes), " per device");
+}
+
+int64_t MinCacheBytes(const CacheSizingInput& in) {
+  return std::max(2 * in.slot_bytes,
+                  in.slot_bytes + static_cast<int64_t>(in.block_size) * in.token_bytes);
+}
+
+absl::StatusOr<DeviceMemoryUse> ResolveDeviceBudget(const DeviceBudgetInput& in) {
+  if (in.devices.empty()) {
+    return InvalidArgument("device cache sizing needs at least one device");
+  }
+  const bool by_utilization = !in.has_kv_cache_memory;
+  if (by_utilization && !(in.utilization > 0 && in.utilization <= 1)) {
+    return InvalidArgument("--gpu_memory_utilization must be in (0, 1], got ",
+                           in.utilization);
+  }
+  const int64_t n = static_cast<int64_t>(in.devices.size());
+  DeviceMemoryUse u;
+  u.num_devices = static_cast<int>(n);
+  u.profile_tokens = in.profile_tokens;
+  u.utilization = by_utilization ? in.utilization : 0.0;
+  u.source = by_utilization
+                 ? absl::StrCat("--gpu_memory_utilization=", in.utilization)
+                 : absl::StrCat("--kv_cache_memory=", in.kv_cache_memory_text);
+  const int64_t min_share = (in.min_cache_bytes + n - 1) / n;
+  int best = -1;
+  int64_t per = 0;
+  for (size_t i = 0; i < in.devices.size(); ++i) {
+    const DeviceMemoryMeasure& d = in.devices[i];
+    if (d.total_bytes <= 0) {
+      return InvalidArgument("device ", d.device, " reports a capacity of ",
+                             d.total_bytes, " bytes");
+    }
+    const int64_t rest = d.total_bytes - d.in_use_bytes - d.activation_peak_bytes;
+    int64_t p = 0;
+    if (by_utilization) {
+      p = static_cast<int64_t>(std::floor(in.utilization * d.total_bytes)) -
+          d.in_use_bytes - d.activation_peak_bytes;
+    } else if (in.kv_cache_memory.is_fraction()) {
+      p = rest <= 0
+              ? rest
+              : static_cast<int64_t>(std::floor(in.kv_cache_memory.fraction * rest));
+    } else {
+      p = in.kv_cache_memory.bytes / n;
+    }
+    if (best < 0 || p < per) {
+      best = static_cast<int>(i);
+      per = p;
+    }
+  }
+  const DeviceMemoryMeasure& d = in.devices[best];
+  u.device = d.device;
+  u.total_bytes = d.total_bytes;
+  u.free_bytes = d.free_bytes;
+  u.in_use_bytes = d.in_use_bytes;
+  u.weights_bytes = d.weights_bytes;
+  u.activation_peak_bytes = d.activation_peak_bytes;
+  u.needed_per_device_bytes = d.in_use_bytes + d.activation_peak_bytes + min_share;
+  u.min_utilization = static_cast<double>(u.needed_per_device_bytes) /
+                      static_cast<double>(d.total_bytes);
+  const std::string what =
+      absl::StrCat("on ", d.device, " (", FormatBytes(d.total_bytes),
+                   "; the weights take ", FormatBytes(d.weights_bytes),
+                   ", other buffers ", FormatBytes(d.in_use_bytes - d.weights_bytes),
+                   ", the profiling forward's activations at ", in.profile_tokens,
+                   " tokens ", FormatBytes(d.activation_peak_bytes), ")");
+  if (per < min_share) {
+    std::string fix;
+    if (u.needed_per_device_bytes > d.total_bytes) {
+      fix =
+          "more than the device has: use a larger device, more TP ranks (--tp) or a "
+          "smaller step (--max_tokens_per_step)";
+    } else if (by_utilization) {
+      fix = absl::StrCat("raise --gpu_memory_utilization to at least ",
+                         absl::StrFormat("%.4f", u.min_utilization));
+    } else {
+      fix =
+          "give --kv_cache_memory more, or leave it out to size by "
+          "--gpu_memory_utilization";
+    }
+    return ResourceExhausted(
+        u.source, " leaves ", per <= 0 ? std::string("nothing") : FormatBytes(per),
+        " for the KV cache ", what, "; one MLA block and one KDA slot need ",
+        FormatBytes(min_share), " per device, so this worker needs at least ",
+        FormatBytes(u.needed_per_device_bytes), " of each device: ", fix);
+  }
+  // What the device really has free (another process or worker may hold some):
+  // the cache and the activations must fit in it, with room for the allocations'
+  // rounding.
+  constexpr int64_t kRoundingSlack = int64_t{1} << 20;
+  const int64_t fits = d.free_bytes - d.activation_peak_bytes - kRoundingSlack;
+  if (per > fits) {
+    if (fits < min_share) {
+      return ResourceExhausted(
+          u.source, " asks for ", FormatBytes(per), " of KV cache ", what,
+          ", but the device has only ", FormatBytes(d.free_bytes),
+          " free (another process or worker uses it): this worker needs ",
+          FormatBytes(min_share + d.activation_peak_bytes + kRoundingSlack),
+          " free beside its weights; free the device or lower the other users' share");
+    }
+    per = fits;
+    u.limited_by_free_memory = true;
+  }
+  u.budget_per_device_bytes = per;
+  u.budget_bytes = per * n;
+  return u;
 }
 
 absl::StatusOr<CacheSizing> SizeCache(const CacheSizingInput& in) {

@@ -1,5 +1,8 @@
 #include "engine/cache/cache_sizing.h"
 
+#include <string>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
@@ -147,6 +150,296 @@ TEST(CacheSizingSnapshotsTest, SnapshotShareComesOutOfTheBlocks) {
   EXPECT_EQ(with->num_blocks, (in.budget_bytes - with->slot_bytes) / (160 * 16));
   EXPECT_LE(with->total_bytes(), in.budget_bytes);
   in.snapshot_fraction = 0.95;
+  EXPECT_FALSE(SizeCache(in).ok());
+}
+
+}  // namespace
+}  // namespace tandem::engine
+
+namespace tandem::engine {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+DeviceMemoryMeasure Dev(int64_t total, int64_t in_use, int64_t peak,
+                        int64_t free = -1) {
+  DeviceMemoryMeasure d;
+  d.device = "cuda_sim";
+  d.total_bytes = total;
+  d.in_use_bytes = in_use;
+  d.weights_bytes = in_use - 4 * kMiB;
+  d.activation_peak_bytes = peak;
+  d.free_bytes = free >= 0 ? free : total - in_use;
+  return d;
+}
+
+struct DeviceCase {
+  const char* name;
+  std::vector<DeviceMemoryMeasure> devices;
+  double utilization;
+  const char* kv_cache_memory;  // "" : by utilization
+  // Expected.
+  absl::StatusCode code;
+  int64_t budget;  // the worker's (all devices)
+  int32_t slots;
+  int64_t blocks;
+  int64_t max_model_len;
+  bool len_limited;
+  bool free_limited;
+  const char* message;  // a part of the error
+};
+
+// Device capacity, utilization, what the weights and other buffers hold, the
+// profiling forward's peak -> the budget, then SizeCache over the tiny model's
+// per-token and per-sequence sizes (Tiny above).
+TEST(ResolveDeviceBudget, Table) {
+  const int64_t kFloor09 = 966367641;  // floor(0.9 GiB)
+  const DeviceCase cases[] = {
+      {"0.9 of 1 GiB",
+       {Dev(kGiB, 300 * kMiB, 20 * kMiB)},
+       0.9,
+       "",
+       absl::StatusCode::kOk,
+       630823321,  // 966367641 - 300 MiB - 20 MiB
+       256,
+       242575,  // (630823321 - 256 * 38400) / 2560
+       1048576,
+       false,
+       false,
+       ""},
+      {"0.5 of 1 GiB",
+       {Dev(kGiB, 300 * kMiB, 20 * kMiB)},
+       0.5,
+       "",
+       absl::StatusCode::kOk,
+       192 * kMiB,
+       256,
+       74803,
+       1048576,
+       false,
+       false,
+       ""},
+      {"10 MiB left: slots and length limited",
+       {Dev(kGiB, kFloor09 - 30 * kMiB, 20 * kMiB)},
+       0.9,
+       "",
+       absl::StatusCode::kOk,
+       10 * kMiB,
+       136,   // half of 10 MiB / 38,400
+       2056,  // (10 MiB - 136 * 38400) / 2560
+       32896,
+       true,
+       false,
+       ""},
+      {"two ranks: twice the smaller device's",
+       {Dev(kGiB, 300 * kMiB, 20 * kMiB), Dev(kGiB, 310 * kMiB, 20 * kMiB)},
+       0.9,
+       "",
+       absl::StatusCode::kOk,
+       2 * int64_t{620337561},
+       256,
+       480798,
+       1048576,
+       false,
+       false,
+       ""},
+      {"--kv_cache_memory bytes override",
+       {Dev(kGiB, 300 * kMiB, 20 * kMiB), Dev(kGiB, 300 * kMiB, 20 * kMiB)},
+       0.9,
+       "64MiB",
+       absl::StatusCode::kOk,
+       64 * kMiB,
+       256,
+       22374,
+       357984,
+       true,
+       false,
+       ""},
+      {"--kv_cache_memory fraction of what is left",
+       {Dev(kGiB, 300 * kMiB, 20 * kMiB)},
+       0.9,
+       "0.5",
+       absl::StatusCode::kOk,
+       369098752,  // (1 GiB - 320 MiB) / 2
+       256,
+       140339,
+       1048576,
+       false,
+       false,
+       ""},
+      {"another process holds memory: lowered to what is free",
+       {Dev(kGiB, 300 * kMiB, 20 * kMiB, 400 * kMiB)},
+       0.9,
+       "",
+       absl::StatusCode::kOk,
+       397410304,  // 400 MiB free - 20 MiB peak - 1 MiB slack
+       256,
+       151398,
+       1048576,
+       false,
+       true,
+       ""},
+      {"utilization too low for the weights and the profile",
+       {Dev(kGiB, 300 * kMiB, 20 * kMiB)},
+       0.3,
+       "",
+       absl::StatusCode::kResourceExhausted,
+       0,
+       0,
+       0,
+       0,
+       false,
+       false,
+       "raise --gpu_memory_utilization to at least 0.3126"},
+      {"weights larger than the device",
+       {Dev(kGiB, kGiB - kMiB, 20 * kMiB, kMiB)},
+       1.0,
+       "",
+       absl::StatusCode::kResourceExhausted,
+       0,
+       0,
+       0,
+       0,
+       false,
+       false,
+       "more than the device has"},
+      {"too little free beside another process",
+       {Dev(kGiB, 300 * kMiB, 20 * kMiB, 21 * kMiB)},
+       0.9,
+       "",
+       absl::StatusCode::kResourceExhausted,
+       0,
+       0,
+       0,
+       0,
+       false,
+       false,
+       "has only 21.00 MiB free"},
+      {"--kv_cache_memory bytes below one block and one slot",
+       {Dev(kGiB, 300 * kMiB, 20 * kMiB)},
+       0.9,
+       "1000",
+       absl::StatusCode::kResourceExhausted,
+       0,
+       0,
+       0,
+       0,
+       false,
+       false,
+       "one MLA block and one KDA slot need 75.00 KiB"},
+      {"utilization 0",
+       {Dev(kGiB, 0, 0)},
+       0.0,
+       "",
+       absl::StatusCode::kInvalidArgument,
+       0,
+       0,
+       0,
+       0,
+       false,
+       false,
+       "--gpu_memory_utilization must be in (0, 1]"},
+      {"utilization above 1",
+       {Dev(kGiB, 0, 0)},
+       1.5,
+       "",
+       absl::StatusCode::kInvalidArgument,
+       0,
+       0,
+       0,
+       0,
+       false,
+       false,
+       "--gpu_memory_utilization must be in (0, 1]"},
+      {"no capacity",
+       {Dev(0, 0, 0, 0)},
+       0.9,
+       "",
+       absl::StatusCode::kInvalidArgument,
+       0,
+       0,
+       0,
+       0,
+       false,
+       false,
+       "capacity of 0"},
+      {"no device",
+       {},
+       0.9,
+       "",
+       absl::StatusCode::kInvalidArgument,
+       0,
+       0,
+       0,
+       0,
+       false,
+       false,
+       "at least one device"},
+  };
+  for (const DeviceCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    CacheSizingInput cache = Tiny(0);
+    DeviceBudgetInput in;
+    in.devices = c.devices;
+    in.utilization = c.utilization;
+    in.profile_tokens = 256;
+    in.min_cache_bytes = MinCacheBytes(cache);
+    if (*c.kv_cache_memory != '\0') {
+      absl::StatusOr<MemoryBudget> b = ParseMemoryBudget(c.kv_cache_memory);
+      ASSERT_TRUE(b.ok()) << b.status();
+      in.has_kv_cache_memory = true;
+      in.kv_cache_memory = *b;
+      in.kv_cache_memory_text = c.kv_cache_memory;
+    }
+    absl::StatusOr<DeviceMemoryUse> u = ResolveDeviceBudget(in);
+    ASSERT_EQ(u.status().code(), c.code) << u.status();
+    if (!u.ok()) {
+      EXPECT_NE(u.status().message().find(c.message), std::string::npos) << u.status();
+      continue;
+    }
+    EXPECT_EQ(u->budget_bytes, c.budget);
+    EXPECT_EQ(u->budget_per_device_bytes * u->num_devices, c.budget);
+    EXPECT_EQ(u->num_devices, static_cast<int>(c.devices.size()));
+    EXPECT_EQ(u->limited_by_free_memory, c.free_limited);
+    cache.budget_bytes = u->budget_bytes;
+    absl::StatusOr<CacheSizing> s = SizeCache(cache);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->num_slots, c.slots);
+    EXPECT_EQ(s->num_blocks, c.blocks);
+    EXPECT_EQ(s->max_model_len, c.max_model_len);
+    EXPECT_EQ(s->max_model_len_limited_by_memory, c.len_limited);
+    // What the cache takes never exceeds the per-device share it was given.
+    EXPECT_LE(s->total_bytes(), u->budget_bytes);
+  }
+}
+
+TEST(ResolveDeviceBudget, ErrorNamesTheDeviceAndTheParts) {
+  DeviceBudgetInput in;
+  in.devices = {Dev(kGiB, 300 * kMiB, 20 * kMiB)};
+  in.devices[0].weights_bytes = 296 * kMiB;
+  in.utilization = 0.25;
+  in.profile_tokens = 512;
+  in.min_cache_bytes = MinCacheBytes(Tiny(0));
+  absl::Status s = ResolveDeviceBudget(in).status();
+  ASSERT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  for (const char* part :
+       {"--gpu_memory_utilization=0.25", "cuda_sim (1.00 GiB",
+        "weights take 296.00 MiB", "other buffers 4.00 MiB", "at 512 tokens 20.00 MiB",
+        "needs at least 320.07 MiB of each device"}) {
+    EXPECT_NE(s.message().find(part), std::string::npos) << part << ": " << s;
+  }
+}
+
+TEST(ResolveDeviceBudget, MinCacheBytesIsOneBlockAndOneSlot) {
+  CacheSizingInput in = Tiny(0);
+  EXPECT_EQ(MinCacheBytes(in), 2 * 38400);  // the slot's half-budget rule binds
+  in.slot_bytes = 100;
+  EXPECT_EQ(MinCacheBytes(in), 100 + 16 * 160);
+  // The minimum is enough, and a byte less is not.
+  in = Tiny(MinCacheBytes(Tiny(0)));
+  EXPECT_TRUE(SizeCache(in).ok());
+  in.budget_bytes -= 1;
   EXPECT_FALSE(SizeCache(in).ok());
 }
 
