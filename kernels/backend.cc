@@ -42,6 +42,8 @@ absl::string_view OpName(Op op) {
       return "MoeMxfp4";
     case Op::kAttnResMix:
       return "AttnResMix";
+    case Op::kChunkHashes:
+      return "ChunkHashes";
   }
   return "unknown op";
 }

@@ -56,8 +56,9 @@ enum class Op {
   kRouterTopK,
   kMoeMxfp4,
   kAttnResMix,
+  kChunkHashes,
 };
-inline constexpr int kNumOps = static_cast<int>(Op::kAttnResMix) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::kChunkHashes) + 1;
 absl::string_view OpName(Op op);
 
 // KDA (Kimi Delta Attention) recurrence over T tokens of ONE sequence.
@@ -148,6 +149,33 @@ struct MoeArgs {
   float* out = nullptr;  // [T, hidden], row stride ld_out (overwritten)
   int64_t ld_out = 0;
 };
+
+// One piece of a logical byte stream (ChunkHashes): `bytes` bytes at `data`,
+// which sit at [offset, offset + bytes) of the stream.
+struct ByteSegment {
+  const uint8_t* data = nullptr;
+  int64_t offset = 0;
+  int64_t bytes = 0;
+};
+
+// Chunk hashes of one byte stream (the KV-transfer checksums of
+// kvtransfer/checksum.h, computed where the cache lives). The stream is the
+// concatenation of segments[0..num_segments) in order (segments[0].offset == 0,
+// each next offset == the previous offset + bytes, the last ending at
+// total_bytes; zero-byte segments allowed); it is cut into pieces of chunk_bytes
+// (the last one shorter) and hashes[c] = XXH64(piece c, seed 0) (the published
+// xxHash XXH64, as libxxhash computes it). num_chunks = ceil(total_bytes /
+// chunk_bytes) outputs; none for an empty stream. total_bytes is a host copy (device
+// backends size their grids from it); a table that does not match it is an
+// InvalidArgument (host backends at once, device backends at Synchronize()).
+struct ChunkHashArgs {
+  const ByteSegment* segments = nullptr;  // [num_segments] (the table is device memory)
+  int64_t num_segments = 0;
+  int64_t total_bytes = 0;
+  int64_t chunk_bytes = 0;     // 1 .. kMaxHashChunkBytes
+  uint64_t* hashes = nullptr;  // [num_chunks]
+};
+inline constexpr int64_t kMaxHashChunkBytes = int64_t{1} << 30;
 
 class Backend {
  public:
@@ -262,6 +290,10 @@ class Backend {
                                   const float* p, const float* proj_w,
                                   const float* norm_w, float eps, int64_t tokens,
                                   int64_t hidden, float* out) = 0;
+
+  // ---- Integrity ----------------------------------------------------------------
+  // XXH64 per chunk of a byte stream in device memory (ChunkHashArgs above).
+  virtual absl::Status ChunkHashes(const ChunkHashArgs& args) = 0;
 };
 
 }  // namespace tandem::kernels

@@ -848,6 +848,69 @@ TEST_P(Conformance, AttnResMix) {
   }
 }
 
+// ---- Integrity ------------------------------------------------------------------
+
+TEST_P(Conformance, ChunkHashesEqualTheReference) {
+  REQUIRE_OPS(Op::kChunkHashes);
+  // Bit-exact: XXH64 per chunk of a stream cut into segments of awkward sizes
+  // (zero-byte ones, odd lengths, unaligned starts), against libxxhash.
+  std::vector<uint8_t> pool(20000);
+  for (uint8_t& b : pool) b = static_cast<uint8_t>(rng_());
+  struct Case {
+    std::vector<int64_t> sizes;  // segment lengths in stream order
+    int64_t chunk;
+  };
+  const std::vector<Case> cases = {
+      {{0}, 64},
+      {{1}, 64},
+      {{4095}, 4096},
+      {{4096}, 4096},
+      {{4097}, 4096},
+      {{3, 0, 29, 1, 64, 7, 0, 901}, 32},
+      {{100, 200, 300}, 1},
+      {{9000, 33, 5}, 4096},
+      {{13, 13, 13, 13, 13, 13, 13, 13}, 31},
+  };
+  for (const Case& c : cases) {
+    std::vector<ByteSegment> segs;
+    int64_t at = 0, src = 1;  // odd source offsets: unaligned data pointers
+    for (int64_t n : c.sizes) {
+      segs.push_back({pool.data() + src, at, n});
+      at += n;
+      src += n + 3;
+    }
+    ChunkHashArgs a;
+    a.segments = segs.data();
+    a.num_segments = static_cast<int64_t>(segs.size());
+    a.total_bytes = at;
+    a.chunk_bytes = c.chunk;
+    const int64_t chunks = (at + c.chunk - 1) / c.chunk;
+    std::vector<uint64_t> want(chunks + 1, 0x5555), got(chunks + 1, 0x5555);
+    a.hashes = want.data();
+    ASSERT_TRUE(ref_->ChunkHashes(a).ok());
+    a.hashes = got.data();
+    ASSERT_TRUE(be_->ChunkHashes(a).ok()) << "total " << at << " chunk " << c.chunk;
+    ASSERT_TRUE(be_->Synchronize().ok());
+    EXPECT_EQ(got, want) << "total " << at << " chunk " << c.chunk;
+    EXPECT_EQ(got.back(), 0x5555u) << "wrote past the last chunk";
+  }
+  // A table that does not cover total_bytes contiguously.
+  std::vector<ByteSegment> gap = {{pool.data(), 0, 10}, {pool.data(), 11, 10}};
+  std::vector<uint64_t> out(4);
+  ChunkHashArgs bad;
+  bad.segments = gap.data();
+  bad.num_segments = 2;
+  bad.total_bytes = 21;
+  bad.chunk_bytes = 8;
+  bad.hashes = out.data();
+  EXPECT_EQ(be_->ChunkHashes(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.num_segments = 1;  // 10 bytes held, 21 claimed
+  EXPECT_EQ(be_->ChunkHashes(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.chunk_bytes = 0;
+  EXPECT_EQ(be_->ChunkHashes(bad).code(), absl::StatusCode::kInvalidArgument);
+  (void)be_->Synchronize();
+}
+
 // ---- Empty batches -------------------------------------------------------------
 
 TEST_P(Conformance, EmptyBatchesAreNoOps) {
@@ -1278,7 +1341,9 @@ class SloppyBackend final : public Backend {
       SLOPPY_UNIMPLEMENTED() absl::Status MoeMxfp4(const MoeArgs&) override
       SLOPPY_UNIMPLEMENTED() absl::Status
       AttnResMix(const float* const*, int64_t, const float*, const float*, const float*,
-                 float, int64_t, int64_t, float*) override SLOPPY_UNIMPLEMENTED()
+                 float, int64_t, int64_t, float*) override
+      SLOPPY_UNIMPLEMENTED() absl::Status ChunkHashes(const ChunkHashArgs&) override
+      SLOPPY_UNIMPLEMENTED()
 #undef SLOPPY_UNIMPLEMENTED
 
           private : std::unique_ptr<Device> device_ = CreateHostDevice();

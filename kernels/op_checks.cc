@@ -124,4 +124,47 @@ absl::Status CheckMoe(const MoeArgs& a) {
   return absl::OkStatus();
 }
 
+int64_t NumHashChunks(const ChunkHashArgs& a) {
+  if (a.total_bytes <= 0 || a.chunk_bytes <= 0) return 0;
+  return (a.total_bytes + a.chunk_bytes - 1) / a.chunk_bytes;
+}
+
+absl::Status CheckChunkHashShape(const ChunkHashArgs& a) {
+  if (a.chunk_bytes <= 0 || a.chunk_bytes > kMaxHashChunkBytes) {
+    return InvalidArgument("chunk hashes: chunk_bytes ", a.chunk_bytes, " outside [1, ",
+                           kMaxHashChunkBytes, "]");
+  }
+  if (a.total_bytes < 0 || a.num_segments < 0) {
+    return InvalidArgument("chunk hashes: negative total_bytes or num_segments");
+  }
+  if (a.total_bytes > 0 && a.num_segments == 0) {
+    return InvalidArgument("chunk hashes: ", a.total_bytes, " bytes but no segments");
+  }
+  if ((a.num_segments > 0 && a.segments == nullptr) ||
+      (a.total_bytes > 0 && a.hashes == nullptr)) {
+    return InvalidArgument("chunk hashes: null pointer");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckChunkHashes(const ChunkHashArgs& a) {
+  TANDEM_RETURN_IF_ERROR(CheckChunkHashShape(a));
+  int64_t at = 0;
+  for (int64_t i = 0; i < a.num_segments; ++i) {
+    const ByteSegment& s = a.segments[i];
+    if (s.bytes < 0 || s.offset != at || (s.bytes > 0 && s.data == nullptr) ||
+        s.bytes > a.total_bytes - at) {
+      return InvalidArgument("chunk hashes: segment ", i, " (offset ", s.offset, ", ",
+                             s.bytes, " bytes) does not continue the stream at ", at,
+                             " of ", a.total_bytes, " bytes");
+    }
+    at += s.bytes;
+  }
+  if (at != a.total_bytes) {
+    return InvalidArgument("chunk hashes: the segments hold ", at, " bytes, not ",
+                           a.total_bytes);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tandem::kernels

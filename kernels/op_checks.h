@@ -23,6 +23,13 @@ absl::Status CheckMla(const MlaArgs& a);
 // checks on the host) + the expert ids < num_experts (read on the host).
 absl::Status CheckMoeShape(const MoeArgs& a);
 absl::Status CheckMoe(const MoeArgs& a);
+// CheckChunkHashes = CheckChunkHashShape (sizes and null pointers: what a device
+// backend checks on the host) + the segment table (read on the host): offsets
+// contiguous from 0 to total_bytes, no negative sizes, no null data with bytes > 0.
+absl::Status CheckChunkHashShape(const ChunkHashArgs& a);
+absl::Status CheckChunkHashes(const ChunkHashArgs& a);
+// ceil(total_bytes / chunk_bytes) (0 when either is <= 0).
+int64_t NumHashChunks(const ChunkHashArgs& a);
 
 // E2M1 values of MXFP4 codes 0..15 and the E8M0 scale of a byte.
 extern const float kE2m1Values[16];

@@ -465,4 +465,25 @@ absl::Status StagingBackend::AttnResMix(const float* const* bank, int64_t bank_s
                                       hidden, dout));
 }
 
+absl::Status StagingBackend::ChunkHashes(const ChunkHashArgs& a) {
+  TANDEM_RETURN_IF_ERROR(options_.check_contents ? CheckChunkHashes(a)
+                                                 : CheckChunkHashShape(a));
+  Stage st(*inner_, "ChunkHashes", options_.guard_bytes);
+  ChunkHashArgs d = a;
+  STAGE_OUT(dhashes, a.hashes, static_cast<size_t>(NumHashChunks(a)), "hashes");
+  const ByteSegment* dsegs = nullptr;
+  if (a.segments != nullptr && a.num_segments > 0) {
+    std::vector<ByteSegment> table(a.segments, a.segments + a.num_segments);
+    for (ByteSegment& seg : table) {
+      STAGE_IN(data, seg.data, static_cast<size_t>(std::max<int64_t>(seg.bytes, 0)),
+               "segment");
+      seg.data = data;
+    }
+    TANDEM_ASSIGN_OR_RETURN(dsegs, st.Table(table, "segments"));
+  }
+  d.segments = dsegs;
+  d.hashes = dhashes;
+  return st.Finish(inner_->ChunkHashes(d));
+}
+
 }  // namespace tandem::kernels

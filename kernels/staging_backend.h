@@ -95,6 +95,7 @@ class StagingBackend final : public Backend {
   absl::Status AttnResMix(const float* const* bank, int64_t bank_size, const float* p,
                           const float* proj_w, const float* norm_w, float eps,
                           int64_t tokens, int64_t hidden, float* out) override;
+  absl::Status ChunkHashes(const ChunkHashArgs& args) override;
 
  private:
   absl::Status Kda(const KdaArgs& args, bool chunked);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/bf16.h"
+#include "kernels/cpu/chunk_hash.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/onednn_gemm.h"
 #include "kernels/cpu/rmsnorm.h"
@@ -624,6 +625,11 @@ class CpuBackend final : public Backend {
       }
     });
     return absl::OkStatus();
+  }
+
+  // ---- Integrity -----------------------------------------------------------------
+  absl::Status ChunkHashes(const ChunkHashArgs& args) override {
+    return HostChunkHashes(args);
   }
 
  private:

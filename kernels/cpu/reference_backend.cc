@@ -8,6 +8,7 @@
 
 #include "common/status.h"
 #include "kernels/bf16.h"
+#include "kernels/cpu/chunk_hash.h"
 #include "kernels/op_checks.h"
 
 namespace tandem::kernels {
@@ -453,6 +454,11 @@ class ReferenceBackend final : public Backend {
         out[t * hidden + i] = static_cast<float>(mixed[i]);
     }
     return absl::OkStatus();
+  }
+
+  // libxxhash: the published XXH64, the value every backend must equal.
+  absl::Status ChunkHashes(const ChunkHashArgs& args) override {
+    return HostChunkHashes(args);
   }
 
  private:

@@ -48,6 +48,8 @@ constexpr std::array<std::pair<Op, bool>, kNumOps> kImplemented = {{
     // moe (backend_moe.cc)
     {Op::kRouterTopK, true},
     {Op::kMoeMxfp4, true},
+    // checksum (backend_checksum.cc)
+    {Op::kChunkHashes, true},
 }};
 
 constexpr std::array<bool, kNumOps> SupportTable() {

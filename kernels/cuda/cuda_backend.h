@@ -8,8 +8,9 @@
 //               any machine: the conformance suite and engine tests use it in CI.
 // Method definitions are split by op family: cuda_backend.cc (device, GEMM,
 // errors, scratch), backend_elementwise.cc, backend_kda.cc, backend_mla.cc,
-// backend_moe.cc; each family's kernels live in <family>.cu with launchers
-// declared in <family>.h (plain C++ types only, so nvcc needs no project headers).
+// backend_moe.cc, backend_checksum.cc; each family's kernels live in <family>.cu with
+// launchers declared in <family>.h (plain C++ types only, so nvcc needs no project
+// headers).
 #ifndef TANDEM_KERNELS_CUDA_CUDA_BACKEND_H_
 #define TANDEM_KERNELS_CUDA_CUDA_BACKEND_H_
 
@@ -94,6 +95,7 @@ class GpuBackend final : public Backend {
   absl::Status AttnResMix(const float* const* bank, int64_t bank_size, const float* p,
                           const float* proj_w, const float* norm_w, float eps,
                           int64_t tokens, int64_t hidden, float* out) override;
+  absl::Status ChunkHashes(const ChunkHashArgs& args) override;
 
   // ---- For the op families' definitions ---------------------------------------
   // The compute stream's native handle (cudaStream_t / the emulator's stream).

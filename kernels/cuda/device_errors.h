@@ -15,6 +15,7 @@ enum DeviceError : int32_t {
   kBlockIdOutOfRange = 3,
   kExpertIdOutOfRange = 4,
   kBadSequenceLength = 5,
+  kBadSegmentTable = 6,
 };
 
 inline const char* DeviceErrorName(int32_t code) {
@@ -29,6 +30,8 @@ inline const char* DeviceErrorName(int32_t code) {
       return "expert id out of range";
     case kBadSequenceLength:
       return "query longer than its sequence";
+    case kBadSegmentTable:
+      return "byte segment table does not run contiguously over total_bytes";
     default:
       return "unknown device error";
   }
