@@ -1,5 +1,8 @@
 #include "kvtransfer/checksum.h"
 
+#include <xxhash.h>
+
+#include <cstring>
 #include <random>
 
 #include "gtest/gtest.h"
@@ -87,6 +90,126 @@ INSTANTIATE_TEST_SUITE_P(BlockSizes, ChecksumTest,
                                            std::make_pair(16, 64),
                                            std::make_pair(64, 16),
                                            std::make_pair(8, 24)));
+
+// The definition recomputed independently: the layer's bytes gathered in token
+// order, cut into 4 KiB chunks, XXH64 each, XXH64 of the hashes (libxxhash).
+uint64_t IndependentLayerChecksum(const RankLayout& side, LayerRef layer, int64_t n,
+                                  const std::vector<uint8_t>& mem) {
+  auto ranges = LayerRanges(side, layer, n);
+  EXPECT_TRUE(ranges.ok());
+  std::vector<uint8_t> stream;
+  for (const ByteRange& r : *ranges) {
+    stream.insert(stream.end(), mem.begin() + r.offset,
+                  mem.begin() + r.offset + r.length);
+  }
+  std::vector<uint8_t> hashes;
+  for (size_t at = 0; at < stream.size(); at += 4096) {
+    const uint64_t h =
+        XXH64(stream.data() + at, std::min<size_t>(4096, stream.size() - at), 0);
+    for (int i = 0; i < 8; ++i) hashes.push_back(static_cast<uint8_t>(h >> (8 * i)));
+  }
+  return XXH64(hashes.data(), hashes.size(), 0);
+}
+
+TEST(ChecksumDefinitionTest, LayersAreChunkedXxh64RecomputedIndependently) {
+  // 100 tokens x 1152 bytes: 28 full chunks and a partial one per MLA layer; KDA
+  // layers 4096 + 512 bytes (a chunk boundary inside the stream).
+  RankLayout side = ContiguousRankLayout(Layout(16), 16, 2, 1);
+  for (int i = 0; i < 7; ++i) side.block_ids.push_back((i * 5) % 16);
+  side.state_slot = 1;
+  std::vector<uint8_t> mem(ContiguousRegionBytes(side.layout, 16, 2));
+  std::mt19937 rng(77);
+  for (auto& b : mem) b = rng();
+  for (int64_t tokens : {0, 1, 100, 112}) {
+    auto sums = ComputeChecksums(side, tokens, One(1, mem));
+    ASSERT_TRUE(sums.ok()) << sums.status();
+    for (int l = 0; l < 3; ++l) {
+      EXPECT_EQ(sums->mla_layer(l),
+                IndependentLayerChecksum(side, {LayerKind::kMla, l}, tokens, mem))
+          << "MLA layer " << l << " tokens " << tokens;
+    }
+    for (int l = 0; l < 2; ++l) {
+      EXPECT_EQ(sums->kda_layer(l),
+                IndependentLayerChecksum(side, {LayerKind::kKda, l}, tokens, mem))
+          << "KDA layer " << l;
+    }
+    auto one = LayerChecksum(side, {LayerKind::kMla, 2}, tokens, One(1, mem));
+    ASSERT_TRUE(one.ok());
+    EXPECT_EQ(*one, sums->mla_layer(2));
+  }
+  // An empty layer is XXH64 of the empty input (a published constant).
+  EXPECT_EQ(LayerFromChunkHashes({}), 0xEF46DB3751D8E999ull);
+}
+
+// A ChunkHasher over memory the host must not read: its spans are opaque handles
+// (an offset into `mem` plus a base no host code may dereference), translated
+// back here, as a device hasher reads device addresses.
+class OpaqueHasher final : public ChunkHasher {
+ public:
+  explicit OpaqueHasher(const std::vector<uint8_t>* mem) : mem_(mem) {}
+  static const uint8_t* Base() { return reinterpret_cast<const uint8_t*>(0x10000000); }
+  absl::StatusOr<std::vector<std::vector<uint64_t>>> HashChunks(
+      absl::Span<const ByteStream> streams, int64_t chunk_bytes) override {
+    ++calls;
+    std::vector<std::vector<uint64_t>> out;
+    for (const ByteStream& s : streams) {
+      std::vector<uint8_t> bytes;
+      for (absl::Span<const uint8_t> p : s) {
+        const size_t off = p.data() - Base();
+        bytes.insert(bytes.end(), mem_->begin() + off, mem_->begin() + off + p.size());
+      }
+      std::vector<uint64_t> h;
+      for (size_t at = 0; at < bytes.size(); at += chunk_bytes) {
+        h.push_back(XXH64(bytes.data() + at,
+                          std::min<size_t>(chunk_bytes, bytes.size() - at), 0));
+      }
+      out.push_back(std::move(h));
+    }
+    return out;
+  }
+  int calls = 0;
+
+ private:
+  const std::vector<uint8_t>* mem_;
+};
+
+TEST(ChecksumDeviceMemoryTest, DeviceMemoryGoesToTheHasherNeverToTheHost) {
+  RankLayout side = ContiguousRankLayout(Layout(16), 16, 2, 1);
+  for (int i = 0; i < 7; ++i) side.block_ids.push_back(15 - i);
+  std::vector<uint8_t> mem(ContiguousRegionBytes(side.layout, 16, 2));
+  std::mt19937 rng(5);
+  for (auto& b : mem) b = rng();
+  auto host = ComputeChecksums(side, 100, One(1, mem));
+  ASSERT_TRUE(host.ok());
+  const size_t size = mem.size();
+  RegionBytes opaque = [size](RegionId r) {
+    return r == 1 ? absl::Span<const uint8_t>(OpaqueHasher::Base(), size)
+                  : absl::Span<const uint8_t>();
+  };
+  OpaqueHasher hasher(&mem);
+  ChecksumMemory device{opaque, /*host_addressable=*/false, &hasher};
+  auto dev = ComputeChecksums(side, 100, device);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  EXPECT_EQ(hasher.calls, 1);  // every layer in one call
+  EXPECT_TRUE(Verify(*host, *dev).ok());
+  EXPECT_EQ(host->total(), dev->total());
+  // No hasher: refused, the host does not read device memory.
+  device.hasher = nullptr;
+  auto refused = ComputeChecksums(side, 100, device);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("device"), std::string::npos);
+  // A hasher that returns the wrong number of chunks is caught.
+  class Short final : public ChunkHasher {
+   public:
+    absl::StatusOr<std::vector<std::vector<uint64_t>>> HashChunks(
+        absl::Span<const ByteStream> streams, int64_t) override {
+      return std::vector<std::vector<uint64_t>>(streams.size());
+    }
+  } short_hasher;
+  device.hasher = &short_hasher;
+  EXPECT_EQ(ComputeChecksums(side, 100, device).status().code(),
+            absl::StatusCode::kInternal);
+}
 
 TEST(ChecksumVerifyTest, KnownValuesAndShapes) {
   // XXH3-64 of the empty input is a published constant.

@@ -1,0 +1,67 @@
+// State checksums (kvtransfer/checksum.h) computed where a worker's KV cache
+// lives: a kvtransfer::ChunkHasher over the rank's kernels::Backend, which runs
+// Backend::ChunkHashes on the device, so only the chunk hashes (8 bytes per
+// 4 KiB) come back to the host, never the cache's bytes.
+//
+//   BackendChunkHasher hasher(backend);          // the rank's backend, not owned
+//   kvtransfer::ChecksumMemory m = CacheChecksumMemory(cache, regions, &hasher,
+//                                                      backend->device());
+//   kvtransfer::ComputeChecksums(side, n, m);
+//
+// The prefill and decode services take one hasher per TP rank in their options
+// (PrefillServiceOptions / DecodeServiceOptions::chunk_hashers); without one, a
+// cache the host cannot address fails its checksums with FAILED_PRECONDITION.
+#ifndef TANDEM_WORKER_DEVICE_CHECKSUM_H_
+#define TANDEM_WORKER_DEVICE_CHECKSUM_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "engine/runtime/kv_cache.h"
+#include "kernels/backend.h"
+#include "kvtransfer/checksum.h"
+#include "worker/cache_layout.h"
+
+namespace tandem::worker {
+
+// ChunkHashes on `backend`'s device, every stream of a call in one round trip:
+// the segment tables go up in one copy, one launch per stream on the backend's
+// compute stream (so after the cache writes already enqueued there), the hashes
+// come back in one copy (which waits for the launches). The pieces must be memory
+// of the backend's device (device addresses; a host-addressable device's memory
+// too). Thread-safe (calls are serialised); the backend must outlive it.
+//
+// The copy back waits on the compute stream, not Backend::Synchronize(), so the
+// engine's own device errors stay the engine's to read; a broken segment table
+// (which this class never builds) would surface at the engine's next
+// Synchronize().
+class BackendChunkHasher final : public kvtransfer::ChunkHasher {
+ public:
+  explicit BackendChunkHasher(kernels::Backend* backend) : backend_(backend) {}
+
+  absl::StatusOr<std::vector<std::vector<uint64_t>>> HashChunks(
+      absl::Span<const kvtransfer::ByteStream> streams, int64_t chunk_bytes) override;
+
+ private:
+  kernels::Backend* const backend_;  // not owned
+  absl::Mutex mu_;
+  kernels::DeviceBuffer tables_ ABSL_GUARDED_BY(mu_);  // grown, never shrunk
+  kernels::DeviceBuffer hashes_ ABSL_GUARDED_BY(mu_);
+};
+
+// `cache`'s regions as checksum memory on `device` (the device its buffers were
+// allocated from): spans of the buffers' addresses (read by `hasher` only when
+// the device is not host-addressable), hashed by `hasher` (may be null: the host
+// hashes, host-addressable memory only).
+kvtransfer::ChecksumMemory CacheChecksumMemory(engine::KvCache* cache,
+                                               const CacheRegions& regions,
+                                               kvtransfer::ChunkHasher* hasher,
+                                               const kernels::Device& device);
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_DEVICE_CHECKSUM_H_
