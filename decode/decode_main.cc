@@ -1,6 +1,7 @@
 // The decode worker process: DecodeWorker gRPC service over one engine thread, a
-// UCX transfer agent with the engine's caches (every TP rank's, allocated through
-// the agent) registered, so prefilled state lands in the engine's own blocks;
+// UCX transfer agent with the engine's caches (every TP rank's: allocated through
+// the agent on a host backend, the device's memory on a device backend)
+// registered, so prefilled state lands in the engine's own blocks;
 // registration with the router, grpc.health.v1, /metrics.
 //
 //   decode_main --model=DIR --router=HOST:PORT [--port=0] [--metrics_port=0]
@@ -74,11 +75,15 @@ int main(int argc, char** argv) {
     TLOG(ERROR, "cannot start the UCX agent").Kv("status", agent.status());
     return 1;
   }
-  // The engine's caches come from the agent (shared memory the prefill worker's
-  // puts copy straight into); declared after the agent, so freed before it, and
-  // before the engine (the loop below), so freed after it.
+  // On a host backend the engine's caches come from the agent (shared memory the
+  // prefill worker's puts copy straight into); on a device backend they are the
+  // device's memory, registered with the agent as such by the service. Declared
+  // after the agent, so freed before it, and before the engine (the loop
+  // below), so freed after it.
   tandem::worker::AgentAllocations allocations(agent->get());
-  eo.cache_allocator = allocations.Allocator();
+  if ((*model)->backend->device().name() == "host") {
+    eo.cache_allocator = allocations.Allocator();
+  }
   auto engine = tandem::worker::MakeEngine(model->get(), eo);
   if (!engine.ok()) {
     TLOG(ERROR, "cannot create the engine").Kv("status", engine.status());

@@ -54,16 +54,17 @@ AgentCore::~AgentCore() {
   backend_.reset();
 }
 
-absl::StatusOr<RegionId> AgentCore::RegisterMemory(void* base, size_t len) {
+absl::StatusOr<RegionId> AgentCore::RegisterMemory(void* base, size_t len,
+                                                   MemoryKind kind) {
   if (base == nullptr || len == 0) {
     return absl::InvalidArgumentError("RegisterMemory: null base or empty region");
   }
   absl::MutexLock l(&mu_);
   const RegionId id = next_region_;
-  auto rkey = backend_->RegisterMemoryLocked(id, base, len);
+  auto rkey = backend_->RegisterMemoryLocked(id, base, len, kind);
   if (!rkey.ok()) return rkey.status();
   ++next_region_;
-  regions_[id] = Region{base, len, *std::move(rkey)};
+  regions_[id] = Region{base, len, *std::move(rkey), kind};
   return id;
 }
 
@@ -83,7 +84,7 @@ absl::StatusOr<Allocation> AgentCore::AllocateMemory(size_t len) {
   // the agent lock (gigabytes take a while).
   if (!a.zeroed) std::memset(a.base, 0, len);
   absl::MutexLock l(&mu_);
-  regions_[id] = Region{a.base, len, std::move(a.rkey)};
+  regions_[id] = Region{a.base, len, std::move(a.rkey), MemoryKind::Host()};
   return Allocation{id, a.base};
 }
 
@@ -276,6 +277,7 @@ void AgentCore::PumpLocked(Batch* b, uint64_t* budget) {
         static_cast<uint8_t*>(r->second.base) + s.local_offset + b->next_offset;
     piece.remote = p.descriptor.FindRegion(s.remote_region);
     piece.remote_offset = s.remote_offset + b->next_offset;
+    piece.local_memory = r->second.kind;
     auto posted = backend_->PostPieceLocked(b->peer, b->write, piece, b);
     if (posted.ok() && *posted == Backend::PostResult::kRetryLater) {
       b->stalled = true;

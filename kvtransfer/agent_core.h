@@ -53,7 +53,9 @@ class AgentCore : public TransferAgent, private BackendHost {
   AgentCore(const AgentCore&) = delete;
   AgentCore& operator=(const AgentCore&) = delete;
 
-  absl::StatusOr<RegionId> RegisterMemory(void* base, size_t len) override;
+  using TransferAgent::RegisterMemory;
+  absl::StatusOr<RegionId> RegisterMemory(void* base, size_t len,
+                                          MemoryKind kind) override;
   absl::StatusOr<Allocation> AllocateMemory(size_t len) override;
   absl::Status DeregisterMemory(RegionId region) override;
   size_t NumRegisteredRegions() const override;
@@ -92,6 +94,7 @@ class AgentCore : public TransferAgent, private BackendHost {
     void* base;
     size_t length;
     std::string rkey;
+    MemoryKind kind;
   };
   struct Peer {
     AgentDescriptor descriptor;

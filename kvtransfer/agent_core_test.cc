@@ -117,7 +117,8 @@ class ScriptedBackend final : public Backend {
   absl::string_view Name() const override { return "scripted"; }
   std::string Address() const override { return "scripted"; }
   BackendLimits Limits() const override { return limits_; }
-  absl::StatusOr<std::string> RegisterMemoryLocked(RegionId, void*, size_t) override {
+  absl::StatusOr<std::string> RegisterMemoryLocked(RegionId, void*, size_t,
+                                                   MemoryKind) override {
     return std::string("key");
   }
   absl::StatusOr<Allocated> AllocateMemoryLocked(RegionId, size_t) override {

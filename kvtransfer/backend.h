@@ -107,6 +107,7 @@ class Backend {
     const RegionDescriptor* remote = nullptr;  // the peer's region, from its descriptor
     uint64_t remote_offset = 0;
     uint64_t length = 0;
+    MemoryKind local_memory;  // what `local` is (its region's kind)
   };
 
   virtual ~Backend() = default;
@@ -131,9 +132,11 @@ class Backend {
   virtual absl::Status Usable() const { return absl::OkStatus(); }
 
   // Memory. `region` is the id the agent assigned; the result is the packed
-  // remote key published in the descriptor.
+  // remote key published in the descriptor. FAILED_PRECONDITION for a `kind`
+  // the transport cannot move (TransferAgent::RegisterMemory).
   virtual absl::StatusOr<std::string> RegisterMemoryLocked(RegionId region, void* base,
-                                                           size_t len) = 0;
+                                                           size_t len,
+                                                           MemoryKind kind) = 0;
   struct Allocated {
     void* base = nullptr;
     std::string rkey;

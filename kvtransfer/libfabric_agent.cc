@@ -9,6 +9,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -128,7 +129,8 @@ class LibfabricBackend final : public Backend {
   }
 
   absl::StatusOr<std::string> RegisterMemoryLocked(RegionId region, void* base,
-                                                   size_t len) override;
+                                                   size_t len,
+                                                   MemoryKind kind) override;
   absl::StatusOr<Allocated> AllocateMemoryLocked(RegionId region, size_t len) override;
   void DeregisterMemoryLocked(RegionId region) override;
 
@@ -209,8 +211,10 @@ class LibfabricBackend final : public Backend {
   explicit LibfabricBackend(const LibfabricAgentConfig& config) : config_(config) {}
   absl::Status Init();
   absl::Status OpenRail(int index);
+  // Host memory, or CUDA memory (FI_HMEM_CUDA; the domain has FI_HMEM).
   absl::StatusOr<fid_mr*> Register(void* base, size_t len, uint64_t access,
-                                   uint64_t requested_key);
+                                   uint64_t requested_key,
+                                   MemoryKind kind = MemoryKind::Host());
   void* LocalDesc(const void* p, uint64_t len);
   Peer* FindPeer(PeerId id);
   Peer* OpenPeer(PeerId id);
@@ -531,12 +535,27 @@ void LibfabricBackend::Wake() {
 
 absl::StatusOr<fid_mr*> LibfabricBackend::Register(void* base, size_t len,
                                                    uint64_t access,
-                                                   uint64_t requested_key) {
+                                                   uint64_t requested_key,
+                                                   MemoryKind kind) {
   fid_mr* mr = nullptr;
   // FI_MR_PROV_KEY: the provider picks the key (requested_key is ignored).
-  const int ret =
-      fi_mr_reg(domain_, base, len, access, 0,
-                (mr_mode_ & FI_MR_PROV_KEY) ? 0 : requested_key, 0, &mr, nullptr);
+  const uint64_t key = (mr_mode_ & FI_MR_PROV_KEY) ? 0 : requested_key;
+  int ret = 0;
+  if (kind.is_host()) {
+    ret = fi_mr_reg(domain_, base, len, access, 0, key, 0, &mr, nullptr);
+  } else {
+    // Device memory: the provider reads and writes it with its HMEM interface
+    // (GPUDirect RDMA on EFA / verbs, cudaMemcpy in shm).
+    iovec iov{base, len};
+    fi_mr_attr attr{};
+    attr.mr_iov = &iov;
+    attr.iov_count = 1;
+    attr.access = access;
+    attr.requested_key = key;
+    attr.iface = FI_HMEM_CUDA;
+    attr.device.cuda = kind.device;
+    ret = fi_mr_regattr(domain_, &attr, 0, &mr);
+  }
   if (ret != 0) return FromFi(ret, "fi_mr_reg");
   ++num_mrs_;
   return mr;
@@ -544,15 +563,23 @@ absl::StatusOr<fid_mr*> LibfabricBackend::Register(void* base, size_t len,
 
 absl::StatusOr<std::string> LibfabricBackend::RegisterMemoryLocked(RegionId region,
                                                                    void* base,
-                                                                   size_t len) {
+                                                                   size_t len,
+                                                                   MemoryKind kind) {
+  if (!kind.is_host() && !hmem_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "libfabric provider ", provider_, " cannot register ", MemoryKindName(kind),
+        " memory: ",
+        config_.want_hmem ? "the provider does not report FI_HMEM"
+                          : "the agent was created without want_hmem (FI_HMEM)"));
+  }
   // Key 0 is the message buffers'; region ids start at 1. Where we choose keys
   // (no FI_MR_PROV_KEY) and they are 8 bytes, a random salt in the high half,
   // so a stale descriptor that reaches another agent at a reused address names
   // no key there (the access fails) instead of that agent's region.
   const uint64_t key =
       info_->domain_attr->mr_key_size >= 8 ? (key_salt_ << 32) | region : region;
-  auto mr =
-      Register(base, len, FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE, key);
+  auto mr = Register(base, len, FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE,
+                     key, kind);
   if (!mr.ok()) return mr.status();
   regs_[region] = Registration{*mr, base, len, /*owned=*/false};
   by_address_[reinterpret_cast<uintptr_t>(base)] = region;
@@ -568,7 +595,7 @@ absl::StatusOr<Backend::Allocated> LibfabricBackend::AllocateMemoryLocked(
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(absl::StrCat("mmap of ", len, " bytes failed"));
   }
-  auto rkey = RegisterMemoryLocked(region, p, len);
+  auto rkey = RegisterMemoryLocked(region, p, len, MemoryKind::Host());
   if (!rkey.ok()) {
     munmap(p, len);
     return rkey.status();

@@ -26,8 +26,10 @@
 // too), remote addresses as virtual addresses or offsets (FI_MR_VIRT_ADDR),
 // keys chosen by the provider and published in the descriptor (FI_MR_PROV_KEY)
 // or the region id otherwise. FI_HMEM is requested with `want_hmem` where the
-// provider reports it (`hmem_supported()`); registering CUDA memory is not
-// written yet.
+// provider reports it (`hmem_supported()`); CUDA memory (MemoryKind::Cuda) is
+// then registered with fi_mr_regattr, iface FI_HMEM_CUDA and the device ordinal.
+// Without FI_HMEM, registering CUDA memory fails FAILED_PRECONDITION (at the
+// worker's start, where its cache is registered).
 //
 // Failure: an error completion (the tcp provider: connection refused or reset)
 // fails the peer (UNAVAILABLE) at once; a peer with operations outstanding and

@@ -119,7 +119,14 @@ class LoopbackBackend final : public Backend {
   }
 
   absl::StatusOr<std::string> RegisterMemoryLocked(RegionId region, void* base,
-                                                   size_t len) override {
+                                                   size_t len,
+                                                   MemoryKind kind) override {
+    // Pieces are memmoves by the host.
+    if (!kind.is_host()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the loopback transfer agent moves host memory only, not ",
+                       MemoryKindName(kind), " memory"));
+    }
     absl::MutexLock m(&self_->mem_mu);
     self_->memory[region] = Memory{static_cast<uint8_t*>(base), len, /*owned=*/false};
     return std::string();

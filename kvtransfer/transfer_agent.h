@@ -30,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -57,6 +58,29 @@ struct Segment {
 
   friend bool operator==(const Segment&, const Segment&) = default;
 };
+
+// What kind of memory a registered region is. Host memory is ordinary process
+// memory (also the emulated device memory of the cuda_sim backend, which the host
+// addresses); CUDA memory is one GPU's device memory (cudaMalloc'd), which only
+// transports that understand it may touch (UCX's cuda_copy / cuda_ipc / RDMA with
+// GPUDirect, libfabric with FI_HMEM). An agent that cannot move a kind refuses to
+// register it (FAILED_PRECONDITION), so a worker fails at start-up, not at its
+// first transfer.
+struct MemoryKind {
+  enum class Type { kHost, kCuda };
+  Type type = Type::kHost;
+  int device = 0;  // the CUDA device ordinal (kCuda only)
+
+  static MemoryKind Host() { return MemoryKind{}; }
+  static MemoryKind Cuda(int device) { return MemoryKind{Type::kCuda, device}; }
+  bool is_host() const { return type == Type::kHost; }
+  friend bool operator==(const MemoryKind&, const MemoryKind&) = default;
+};
+
+// "host", "cuda:0": for messages.
+inline std::string MemoryKindName(const MemoryKind& kind) {
+  return kind.is_host() ? std::string("host") : absl::StrCat("cuda:", kind.device);
+}
 
 // Memory allocated and registered by an agent (AllocateMemory).
 struct Allocation {
@@ -87,8 +111,15 @@ class TransferAgent {
  public:
   virtual ~TransferAgent() = default;
 
-  // Registers [base, base + len) for remote access. Regions may not be empty.
-  virtual absl::StatusOr<RegionId> RegisterMemory(void* base, size_t len) = 0;
+  // Registers [base, base + len) of memory `kind` for remote access. Regions may
+  // not be empty. FAILED_PRECONDITION when this agent's transports cannot move
+  // memory of that kind (the message says what is missing).
+  virtual absl::StatusOr<RegionId> RegisterMemory(void* base, size_t len,
+                                                  MemoryKind kind) = 0;
+  // Host memory.
+  absl::StatusOr<RegionId> RegisterMemory(void* base, size_t len) {
+    return RegisterMemory(base, len, MemoryKind::Host());
+  }
   // Allocates `len` zero-filled bytes suited to this agent's transports and
   // registers them (as RegisterMemory); DeregisterMemory frees them. A receiver's
   // cache allocated this way is the fastest to write into: UcxAgent gets it from

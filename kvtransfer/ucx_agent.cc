@@ -73,6 +73,9 @@ class UcxBackend final : public Backend {
   }
   void ShutdownLocked(absl::Time deadline) override;
   AgentKind Kind() const override { return AgentKind::kUcx; }
+  bool cuda_memory() const {
+    return (memory_types_ & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+  }
   absl::string_view Name() const override { return "UCX"; }
   std::string Address() const override { return worker_address_; }
   BackendLimits Limits() const override {
@@ -84,7 +87,8 @@ class UcxBackend final : public Backend {
   }
 
   absl::StatusOr<std::string> RegisterMemoryLocked(RegionId region, void* base,
-                                                   size_t len) override;
+                                                   size_t len,
+                                                   MemoryKind kind) override;
   absl::StatusOr<Allocated> AllocateMemoryLocked(RegionId region, size_t len) override;
   void DeregisterMemoryLocked(RegionId region) override;
 
@@ -165,6 +169,9 @@ class UcxBackend final : public Backend {
   int wake_fd_ = -1;   // eventfd to interrupt the progress thread's sleep
   int epoll_fd_ = -1;
   std::string worker_address_;
+  // UCS_BIT(ucs_memory_type_t) of the memory types this UCX build's transports
+  // support (ucp_context_query); host only where UCX was built without CUDA.
+  uint64_t memory_types_ = UCS_BIT(UCS_MEMORY_TYPE_HOST);
   std::map<RegionId, ucp_mem_h> memh_;             // agent lock
   std::map<PeerId, std::unique_ptr<Peer>> peers_;  // agent lock
 };
@@ -239,6 +246,12 @@ absl::Status UcxBackend::Init() {
   ucp_config_release(cfg);
   if (s != UCS_OK) return FromUcs(s, "ucp_init");
 
+  // Which memory types the transports can move: CUDA needs a UCX built with CUDA
+  // (the cuda_copy / cuda_ipc transports, gdr_copy, and RDMA with GPUDirect).
+  ucp_context_attr_t ca{};
+  ca.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  if (ucp_context_query(context_, &ca) == UCS_OK) memory_types_ = ca.memory_types;
+
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
@@ -305,11 +318,28 @@ void UcxBackend::Wake() {
 }
 
 absl::StatusOr<std::string> UcxBackend::RegisterMemoryLocked(RegionId region,
-                                                             void* base, size_t len) {
+                                                             void* base, size_t len,
+                                                             MemoryKind kind) {
   ucp_mem_map_params_t mp{};
-  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                  UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
   mp.address = base;
   mp.length = len;
+  mp.memory_type = UCS_MEMORY_TYPE_HOST;
+  if (!kind.is_host()) {
+    // Refused here, where a worker registers its cache at start-up, rather than
+    // failing (or, worse, host-copying device pointers) at the first transfer.
+    if ((memory_types_ & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot register ", MemoryKindName(kind), " memory with UCX ",
+          ucp_get_version_string(),
+          ": this UCX build has no CUDA memory support (no cuda_copy / cuda_ipc "
+          "transports; ucx_info -d lists them). Install a UCX built --with-cuda "
+          "(and gdrcopy, nvidia-peermem for GPUDirect RDMA), or serve from a host "
+          "backend (--backend cpu)"));
+    }
+    mp.memory_type = UCS_MEMORY_TYPE_CUDA;
+  }
   ucp_mem_h memh = nullptr;
   ucs_status_t s = ucp_mem_map(context_, &mp, &memh);
   if (s != UCS_OK) return FromUcs(s, "ucp_mem_map");
@@ -486,6 +516,11 @@ absl::StatusOr<Backend::PostResult> UcxBackend::PostPieceLocked(PeerId peer, boo
   ucp_request_param_t bulk = OpParam(op);
   // Data operations may use bandwidth-oriented protocols (the fence does not).
   if (config_.bandwidth_protocols) bulk.op_attr_mask |= UCP_OP_ATTR_FLAG_MULTI_SEND;
+  if (!piece.local_memory.is_host()) {
+    // The local side is device memory: say so rather than have UCX detect it.
+    bulk.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    bulk.memory_type = UCS_MEMORY_TYPE_CUDA;
+  }
   const uint64_t remote = piece.remote->base + piece.remote_offset;
   ucp_rkey_h rkey = p->rkeys.at(piece.remote->id);
   ucs_status_ptr_t req =
@@ -710,7 +745,8 @@ std::string UcxBackend::TransportLocked(PeerId peer) {
   return p->transport;
 }
 
-UcxAgent::UcxAgent(std::unique_ptr<Backend> backend) : AgentCore(std::move(backend)) {}
+UcxAgent::UcxAgent(std::unique_ptr<Backend> backend, bool cuda_memory)
+    : AgentCore(std::move(backend)), cuda_memory_(cuda_memory) {}
 
 absl::StatusOr<std::unique_ptr<UcxAgent>> UcxAgent::Create(
     const UcxAgentConfig& config) {
@@ -722,7 +758,8 @@ absl::StatusOr<std::unique_ptr<UcxAgent>> UcxAgent::Create(
   }
   auto backend = UcxBackend::Create(config);
   if (!backend.ok()) return backend.status();
-  return std::unique_ptr<UcxAgent>(new UcxAgent(*std::move(backend)));
+  const bool cuda_memory = (*backend)->cuda_memory();
+  return std::unique_ptr<UcxAgent>(new UcxAgent(*std::move(backend), cuda_memory));
 }
 
 }  // namespace tandem::kvtransfer

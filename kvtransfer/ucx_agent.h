@@ -96,8 +96,16 @@ class UcxAgent final : public AgentCore {
   // get); puts into plain process memory are emulated with active messages by
   // UCX 1.13.
 
+  // Whether this UCX build moves CUDA device memory (ucp_context_query's memory
+  // types include CUDA: UCX built --with-cuda, the cuda_copy / cuda_ipc
+  // transports loaded). Without it, RegisterMemory of MemoryKind::Cuda fails
+  // FAILED_PRECONDITION saying so; with it, CUDA memory is mapped with
+  // UCS_MEMORY_TYPE_CUDA and puts / gets from it name that memory type.
+  bool cuda_memory_supported() const { return cuda_memory_; }
+
  private:
-  explicit UcxAgent(std::unique_ptr<Backend> backend);
+  UcxAgent(std::unique_ptr<Backend> backend, bool cuda_memory);
+  const bool cuda_memory_;
 };
 
 // "tcp", "cma,posix" ...: transports named in ucp_ep_print_info output (exposed for

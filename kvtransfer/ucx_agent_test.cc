@@ -42,6 +42,25 @@ TEST(UcxAgentTest, RejectsBadConfig) {
       << agent.status();
 }
 
+// CUDA device memory needs a UCX built with CUDA. Without one (this UCX 1.13
+// has no cuda transports) registering it fails at once with a message that
+// says what is missing, and nothing is registered; with one the registration
+// needs a real GPU buffer, which the GPU check does.
+TEST(UcxAgentTest, CudaMemoryNeedsAUcxBuiltWithCuda) {
+  auto a = UcxAgent::Create({});
+  ASSERT_TRUE(a.ok()) << a.status();
+  if ((*a)->cuda_memory_supported()) GTEST_SKIP() << "this UCX moves CUDA memory";
+  std::vector<uint8_t> mem(4096);
+  auto r = (*a)->RegisterMemory(mem.data(), mem.size(), MemoryKind::Cuda(0));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("cuda:0"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("cuda_copy"), std::string::npos) << r.status();
+  EXPECT_EQ((*a)->NumRegisteredRegions(), 0u);
+  // Host memory still registers.
+  EXPECT_TRUE((*a)->RegisterMemory(mem.data(), mem.size(), MemoryKind::Host()).ok());
+}
+
 TEST(UcxAgentTest, TcpTransportIsReported) {
   UcxAgentConfig config;
   config.tls = "tcp";

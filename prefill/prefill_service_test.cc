@@ -71,8 +71,10 @@ class CountingAgent final : public kvtransfer::TransferAgent {
     return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
   }
 
-  absl::StatusOr<kvtransfer::RegionId> RegisterMemory(void* base, size_t len) override {
-    return inner_->RegisterMemory(base, len);
+  using kvtransfer::TransferAgent::RegisterMemory;
+  absl::StatusOr<kvtransfer::RegionId> RegisterMemory(
+      void* base, size_t len, kvtransfer::MemoryKind kind) override {
+    return inner_->RegisterMemory(base, len, kind);
   }
   absl::Status DeregisterMemory(kvtransfer::RegionId region) override {
     return inner_->DeregisterMemory(region);

@@ -99,7 +99,9 @@ class FakeAgent final : public kvtransfer::TransferAgent {
   // Batches not yet reported ended to the caller (Poll/Wait).
   size_t unreported() const { return batches_.size() - reported_; }
 
-  absl::StatusOr<kvtransfer::RegionId> RegisterMemory(void*, size_t) override {
+  using kvtransfer::TransferAgent::RegisterMemory;
+  absl::StatusOr<kvtransfer::RegionId> RegisterMemory(void*, size_t,
+                                                      kvtransfer::MemoryKind) override {
     return absl::UnimplementedError("fake");
   }
   absl::Status DeregisterMemory(kvtransfer::RegionId) override {

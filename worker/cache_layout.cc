@@ -3,6 +3,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "kvtransfer/descriptor.h"
@@ -112,15 +115,31 @@ size_t AgentAllocations::num_heap_buffers() const {
   return heap_.size();
 }
 
+absl::StatusOr<kvtransfer::MemoryKind> CacheMemoryKind(const engine::KvCache& cache) {
+  const kernels::Device* d = cache.options().device;
+  if (d == nullptr || d->name() == "host" || d->host_addressable()) {
+    return kvtransfer::MemoryKind::Host();
+  }
+  int ordinal = 0;
+  absl::string_view name = d->name();
+  if (absl::ConsumePrefix(&name, "cuda:") && absl::SimpleAtoi(name, &ordinal) &&
+      ordinal >= 0) {
+    return kvtransfer::MemoryKind::Cuda(ordinal);
+  }
+  return Unimplemented("the KV cache is on device ", d->name(),
+                       ", which no transfer agent can register (host or cuda:N)");
+}
+
 absl::StatusOr<CacheRegions> RegisterCache(kvtransfer::TransferAgent* agent,
                                            engine::KvCache* cache,
                                            const AgentAllocations* allocations) {
+  TANDEM_ASSIGN_OR_RETURN(const kvtransfer::MemoryKind kind, CacheMemoryKind(*cache));
   auto region = [&](void* base, size_t len) -> absl::StatusOr<kvtransfer::RegionId> {
     if (allocations != nullptr) {
       if (std::optional<kvtransfer::RegionId> r = allocations->RegionOf(base))
         return *r;
     }
-    return agent->RegisterMemory(base, len);
+    return agent->RegisterMemory(base, len, kind);
   };
   CacheRegions r;
   for (int m = 0; m < cache->num_mla_layers(); ++m) {
@@ -132,6 +151,13 @@ absl::StatusOr<CacheRegions> RegisterCache(kvtransfer::TransferAgent* agent,
     TANDEM_ASSIGN_OR_RETURN(r.kda, region(KdaBase(*cache), cache->kda_bytes_per_slot() *
                                                                cache->num_slots()));
   }
+  const kernels::Device* d = cache->options().device;
+  TLOG(INFO, "KV cache registered with the transfer agent")
+      .Kv("device", d == nullptr ? std::string("host") : std::string(d->name()))
+      .Kv("memory", kvtransfer::MemoryKindName(kind))
+      .Kv("tp_rank", cache->tp_rank())
+      .Kv("regions", r.mla.size() + (cache->num_kda_layers() > 0 ? 1 : 0))
+      .Kv("bytes", cache->total_bytes());
   return r;
 }
 
@@ -166,7 +192,11 @@ kvtransfer::RankLayout CacheRankLayout(engine::KvCache& cache,
 
 kvtransfer::RegionBytes CacheRegionBytes(engine::KvCache* cache,
                                          const CacheRegions& regions) {
-  return [cache, regions](kvtransfer::RegionId id) -> absl::Span<const uint8_t> {
+  const kernels::Device* d = cache->options().device;
+  const bool host_bytes = d == nullptr || d->name() == "host" || d->host_addressable();
+  return [cache, regions,
+          host_bytes](kvtransfer::RegionId id) -> absl::Span<const uint8_t> {
+    if (!host_bytes) return {};
     for (size_t m = 0; m < regions.mla.size(); ++m) {
       if (regions.mla[m] == id) {
         return {reinterpret_cast<const uint8_t*>(cache->mla_layer(m)),

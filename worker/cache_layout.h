@@ -74,9 +74,18 @@ class AgentAllocations {
   absl::flat_hash_set<const void*> heap_ ABSL_GUARDED_BY(mu_);
 };
 
+// The transfer memory kind of `cache`'s buffers: host memory for a host cache and
+// for cuda_sim (emulated device memory is host memory the host addresses), CUDA
+// memory of device N for "cuda:N". UNIMPLEMENTED for another device the host
+// cannot address.
+absl::StatusOr<kvtransfer::MemoryKind> CacheMemoryKind(const engine::KvCache& cache);
+
 // Registers every buffer of `cache` with `agent` (both not owned; the cache must
-// outlive the registration). Buffers `allocations` (may be null) took from the
-// agent are already registered: their regions are reused.
+// outlive the registration), as the memory kind CacheMemoryKind says: a device
+// cache's buffers are registered where they live, as device memory, so the
+// hand-off reads and writes them in place (FAILED_PRECONDITION from an agent
+// whose transports cannot move that memory). Buffers `allocations` (may be
+// null) took from the agent are already registered: their regions are reused.
 absl::StatusOr<CacheRegions> RegisterCache(
     kvtransfer::TransferAgent* agent, engine::KvCache* cache,
     const AgentAllocations* allocations = nullptr);
@@ -87,7 +96,10 @@ kvtransfer::RankLayout CacheRankLayout(engine::KvCache& cache,
                                        absl::Span<const int32_t> block_ids,
                                        int32_t slot);
 
-// Region id → the cache's bytes (for kvtransfer checksums).
+// Region id → the cache's bytes (for kvtransfer checksums on the host). A cache
+// on a device the host cannot address (CUDA) has no host bytes: every region
+// maps to an empty span (checksums then fail INVALID_ARGUMENT instead of the
+// host reading device pointers); its checksums are computed on the device.
 kvtransfer::RegionBytes CacheRegionBytes(engine::KvCache* cache,
                                          const CacheRegions& regions);
 

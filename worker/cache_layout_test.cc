@@ -3,11 +3,17 @@
 // in token order, both sides' checksums agree, and one flipped byte is DATA_LOSS.
 #include "worker/cache_layout.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "engine/runtime/test_util.h"
 #include "gtest/gtest.h"
+#include "kernels/backend_factory.h"
+#include "kvtransfer/descriptor.h"
 #include "kvtransfer/loopback_agent.h"
+#include "kvtransfer/ucx_agent.h"
 
 namespace tandem::worker {
 namespace {
@@ -103,6 +109,169 @@ TEST(CacheLayoutTest, TransferThroughTargetLayoutKeepsChecksums) {
   ASSERT_TRUE(bad.ok());
   absl::Status v = kvtransfer::Verify(*want, *bad);
   EXPECT_EQ(v.code(), absl::StatusCode::kDataLoss) << v;
+}
+
+// A cache in cuda_sim device memory is registered where it lives: the UCX
+// agent's descriptor names the device buffers themselves (the sim device owns
+// every region), as host memory (the emulator's device memory is host memory);
+// a UCX transfer from a host cache lands in them with matching checksums.
+TEST(CacheLayoutTest, CudaSimCacheRegistersItsDeviceBuffersWithUcx) {
+  auto backend = kernels::CreateBackend("cuda_sim");
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  kernels::Device* dev = &(*backend)->device();
+  engine::KvCacheOptions o;
+  o.block_size = 8;
+  o.num_blocks = 12;
+  o.num_slots = 2;
+  o.device = dev;
+  auto dst = engine::KvCache::Create(engine::testing::TinyWeights().config, o);
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  auto kind = CacheMemoryKind(**dst);
+  ASSERT_TRUE(kind.ok()) << kind.status();
+  EXPECT_TRUE(kind->is_host());
+
+  auto a = kvtransfer::UcxAgent::Create({});
+  auto b = kvtransfer::UcxAgent::Create({});
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto dst_regions = RegisterCache(b->get(), dst->get());
+  ASSERT_TRUE(dst_regions.ok()) << dst_regions.status();
+  auto descriptor = kvtransfer::ParseDescriptor(*(*b)->LocalDescriptor());
+  ASSERT_TRUE(descriptor.ok());
+  ASSERT_EQ(descriptor->regions.size(), (*dst)->num_mla_layers() + 1u);
+  for (int m = 0; m < (*dst)->num_mla_layers(); ++m) {
+    const kvtransfer::RegionDescriptor* r = descriptor->FindRegion(dst_regions->mla[m]);
+    ASSERT_NE(r, nullptr);
+    EXPECT_EQ(r->base, reinterpret_cast<uintptr_t>((*dst)->mla_layer(m)));
+    EXPECT_EQ(r->length, (*dst)->mla_layer_bytes());
+    EXPECT_TRUE(dev->Owns(reinterpret_cast<void*>(r->base), r->length));
+  }
+  const kvtransfer::RegionDescriptor* kda = descriptor->FindRegion(dst_regions->kda);
+  ASSERT_NE(kda, nullptr);
+  EXPECT_EQ(kda->base, reinterpret_cast<uintptr_t>((*dst)->kda_recurrent(0, 0)));
+  EXPECT_EQ(kda->length, (*dst)->kda_bytes_per_slot() * 2);
+  EXPECT_TRUE(dev->Owns(reinterpret_cast<void*>(kda->base), kda->length));
+
+  auto src = Cache(16, 4, 2);
+  FillRecognisable(src.get(), 0, 13);
+  auto src_regions = RegisterCache(a->get(), src.get());
+  ASSERT_TRUE(src_regions.ok());
+  const int64_t n = 21;
+  const std::vector<int32_t> src_blocks = {3, 1};
+  const std::vector<int32_t> dst_blocks = {10, 4, 7};
+  const tandem::v1::RankTarget target = Target(**b, **dst, *dst_regions, dst_blocks, 1);
+  auto dst_side = TargetRankLayout(target);
+  ASSERT_TRUE(dst_side.ok());
+  const kvtransfer::RankLayout src_side =
+      CacheRankLayout(*src, *src_regions, src_blocks, 0);
+  auto plan = kvtransfer::PlanAll(src_side, *dst_side, n);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto peer = (*a)->Connect(target.transfer_descriptor());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  auto batch = (*a)->PostWrite(*peer, plan->segments);
+  ASSERT_TRUE(batch.ok());
+  ASSERT_TRUE((*a)->Wait(*batch, absl::Now() + absl::Seconds(20)).ok());
+  auto want = kvtransfer::ComputeChecksums(src_side, n,
+                                           CacheRegionBytes(src.get(), *src_regions));
+  auto got =
+      kvtransfer::ComputeChecksums(CacheRankLayout(**dst, *dst_regions, dst_blocks, 1),
+                                   n, CacheRegionBytes(dst->get(), *dst_regions));
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_TRUE(kvtransfer::Verify(*want, *got).ok());
+  // Read through the device, as the engine would: the landed KDA value.
+  float v = 0;
+  ASSERT_TRUE(dev->CopyToHost(&v, (*dst)->kda_recurrent(1, 0) + 3, sizeof(v)).ok());
+  EXPECT_EQ(v, src->kda_recurrent(0, 0)[3]);
+}
+
+// A device the host cannot address (what "cuda:N" is; here a stand-in that
+// keeps its memory on the host but says otherwise): the cache registers as
+// CUDA memory of that ordinal, the agents without CUDA transports refuse it at
+// registration with a clear error, and no host bytes are handed out for
+// checksums.
+class NotHostAddressableDevice final : public kernels::Device {
+ public:
+  absl::string_view name() const override { return "cuda:3"; }
+  bool host_addressable() const override { return false; }
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+    if (p == nullptr) return absl::ResourceExhaustedError("no memory");
+    live_.push_back(p);
+    return p;
+  }
+  void Free(void* p) override {
+    live_.erase(std::remove(live_.begin(), live_.end(), p), live_.end());
+    std::free(p);
+  }
+  bool Owns(const void*, size_t) const override { return true; }
+  kernels::DeviceMemoryInfo MemoryInfo() const override { return {}; }
+  kernels::Stream& compute_stream() override { return stream_; }
+  absl::StatusOr<std::unique_ptr<kernels::Stream>> CreateStream() override {
+    return absl::UnimplementedError("stand-in");
+  }
+  absl::StatusOr<std::unique_ptr<kernels::Event>> CreateEvent() override {
+    return absl::UnimplementedError("stand-in");
+  }
+  absl::Status CopyToDevice(void* d, const void* s, size_t n,
+                            kernels::Stream*) override {
+    std::memcpy(d, s, n);
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHost(void* d, const void* s, size_t n, kernels::Stream*) override {
+    std::memcpy(d, s, n);
+    return absl::OkStatus();
+  }
+  absl::Status CopyOnDevice(void* d, const void* s, size_t n,
+                            kernels::Stream*) override {
+    std::memmove(d, s, n);
+    return absl::OkStatus();
+  }
+  absl::Status Memset(void* d, uint8_t b, size_t n, kernels::Stream*) override {
+    std::memset(d, b, n);
+    return absl::OkStatus();
+  }
+
+ private:
+  class NullStream final : public kernels::Stream {
+   public:
+    void* native() override { return nullptr; }
+    absl::Status Synchronize() override { return absl::OkStatus(); }
+  };
+  NullStream stream_;
+  std::vector<void*> live_;
+};
+
+TEST(CacheLayoutTest, CudaCacheRegistersAsCudaMemoryOrFailsClearly) {
+  NotHostAddressableDevice dev;
+  engine::KvCacheOptions o;
+  o.block_size = 8;
+  o.num_blocks = 4;
+  o.num_slots = 1;
+  o.device = &dev;
+  auto cache = engine::KvCache::Create(engine::testing::TinyWeights().config, o);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  auto kind = CacheMemoryKind(**cache);
+  ASSERT_TRUE(kind.ok());
+  EXPECT_EQ(*kind, kvtransfer::MemoryKind::Cuda(3));
+
+  kvtransfer::LoopbackAgent loopback;
+  auto r = RegisterCache(&loopback, cache->get());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(r.status().message().find("cuda:3"), std::string::npos) << r.status();
+  EXPECT_EQ(loopback.NumRegisteredRegions(), 0u);
+
+  auto ucx = kvtransfer::UcxAgent::Create({});
+  ASSERT_TRUE(ucx.ok());
+  if (!(*ucx)->cuda_memory_supported()) {
+    auto u = RegisterCache(ucx->get(), cache->get());
+    EXPECT_EQ(u.status().code(), absl::StatusCode::kFailedPrecondition) << u.status();
+    EXPECT_NE(u.status().message().find("CUDA"), std::string::npos) << u.status();
+  }
+  // Host code gets no bytes of it.
+  CacheRegions regions;
+  regions.mla.assign((*cache)->num_mla_layers(), 7);
+  regions.kda = 8;
+  EXPECT_TRUE(CacheRegionBytes(cache->get(), regions)(7).empty());
+  EXPECT_TRUE(CacheRegionBytes(cache->get(), regions)(8).empty());
 }
 
 // A landing pool allocated through the receiving agent: RegisterCache reuses

@@ -125,6 +125,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   e->executor_->runner(0).set_layer_done_hook([self](int layer) {
     if (self->layer_progress_ && !self->progress_.empty()) {
       self->layer_progress_(layer, self->progress_);
+      // Listeners read the layer's state (the KV hand-off streams it): on a
+      // device it must have been computed, not just enqueued. A device error is
+      // left to the forward to report.
+      if (!self->executor_->backend(0).Synchronize().ok()) return;
     }
   });
   e->sampler_ = std::make_unique<engine::Sampler>(weights->config.text.vocab_size);
@@ -678,7 +682,12 @@ absl::Status Engine::AddPrefilled(RequestId id, const ExportedState& state,
   r->import_tokens = state.num_cached_tokens;
   r->import_bytes.reserve(state.ranges.size());
   for (const StateRange& src : state.ranges) {
-    r->import_bytes.emplace_back(reinterpret_cast<const char*>(src.data), src.bytes);
+    // The source may be another engine's device cache: copied by its device.
+    r->import_bytes.emplace_back(src.bytes, '\0');
+    if (absl::Status c = CopyRangeToHost(src, r->import_bytes.back().data()); !c.ok()) {
+      requests_.erase(id);
+      return c;
+    }
     StateRange own = src;
     own.data = reinterpret_cast<uint8_t*>(r->import_bytes.back().data());
     r->pending_import.push_back(own);

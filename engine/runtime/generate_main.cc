@@ -2,7 +2,8 @@
 // stream the text to stdout and report prefill / decode speed on stderr.
 //
 //   generate --model DIR --prompt TEXT [--max_tokens N] [--temperature T]
-//            [--seed S] [--raw] [--json] [--backend cpu|cpu_reference]
+//            [--seed S] [--raw] [--json] [--backend cpu|cpu_bf16|cpu_reference|
+//                                               cuda|cuda_bf16|cuda_sim|cuda_sim_bf16]
 //            [--kv_cache_memory 512MiB|0.2 [--max_model_len N]]
 //
 // Flags may be hyphenated (--max-tokens 8 is --max_tokens 8). Without --raw the
@@ -38,7 +39,10 @@ ABSL_FLAG(double, temperature, 0.0, "Sampling temperature (0: greedy)");
 ABSL_FLAG(uint64_t, seed, 0, "Random seed for sampling");
 ABSL_FLAG(bool, raw, false, "Tokenise the prompt as plain text (no chat format)");
 ABSL_FLAG(bool, json, false, "Print one JSON object instead of streaming text");
-ABSL_FLAG(std::string, backend, "cpu", "Kernel backend: cpu | cpu_reference");
+ABSL_FLAG(std::string, backend, "cpu",
+          "Kernel backend: cpu | cpu_bf16 | cpu_reference | cuda | cuda_bf16 | cuda:N "
+          "(a GPU; --config=cuda builds) | cuda_sim | cuda_sim_bf16 (the GPU kernels "
+          "on the CPU's SIMT emulator)");
 ABSL_FLAG(int32_t, max_tokens_per_step, 512, "Prefill chunk budget per step (tokens)");
 ABSL_FLAG(int32_t, block_size, 16, "MLA cache block size (tokens)");
 ABSL_FLAG(std::string, kv_cache_memory, "",

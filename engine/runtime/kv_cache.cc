@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -60,6 +61,39 @@ void* Allocate(const KvCacheOptions& o, size_t bytes, absl::Status* error) {
     return nullptr;
   }
   return *p;
+}
+
+bool IsDevice(const kernels::Device* d) { return d != nullptr && d->name() != "host"; }
+
+// n bytes from src.data + soff to dst.data + doff, each side by its device.
+absl::Status CopyBytes(const StateRange& dst, size_t doff, const StateRange& src,
+                       size_t soff, size_t n, std::vector<uint8_t>* staging,
+                       std::set<kernels::Device*>* touched) {
+  uint8_t* to = dst.data + doff;
+  const uint8_t* from = src.data + soff;
+  const bool src_dev = IsDevice(src.device);
+  const bool dst_dev = IsDevice(dst.device);
+  if (!src_dev && !dst_dev) {
+    std::memmove(to, from, n);
+    return absl::OkStatus();
+  }
+  if (!src_dev) {
+    touched->insert(dst.device);
+    return dst.device->CopyToDevice(to, from, n);
+  }
+  if (!dst_dev) return src.device->CopyToHost(to, from, n);
+  if (src.device == dst.device) {
+    touched->insert(dst.device);
+    return dst.device->CopyOnDevice(to, from, n);
+  }
+  // Two devices: through the host (CopyToHost synchronises; the staging buffer
+  // is reused only after the device-to-device copy below has run).
+  for (kernels::Device* d : *touched) TANDEM_RETURN_IF_ERROR(d->Synchronize());
+  touched->clear();
+  staging->resize(n);
+  TANDEM_RETURN_IF_ERROR(src.device->CopyToHost(staging->data(), from, n));
+  TANDEM_RETURN_IF_ERROR(dst.device->CopyToDevice(to, staging->data(), n));
+  return dst.device->Synchronize();
 }
 
 }  // namespace
@@ -231,6 +265,7 @@ absl::StatusOr<std::vector<StateRange>> KvCache::ExportSequence(
     }
   }
   const size_t row_bytes = mla_width_ * sizeof(uint16_t);
+  kernels::Device* device = OnDevice(options_) ? options_.device : nullptr;
   std::vector<StateRange> out;
   for (size_t i = 0; i < layers_.size(); ++i) {
     const int idx = layer_index_[i];
@@ -244,6 +279,7 @@ absl::StatusOr<std::vector<StateRange>> KvCache::ExportSequence(
         r.data =
             reinterpret_cast<uint8_t*>(mla_[idx] + block_table[b] * bs * mla_width_);
         r.bytes = rows * row_bytes;
+        r.device = device;
         out.push_back(r);
       }
     } else {
@@ -253,6 +289,7 @@ absl::StatusOr<std::vector<StateRange>> KvCache::ExportSequence(
       r.kind = StateKind::kKda;
       r.data = reinterpret_cast<uint8_t*>(kda_recurrent(slot, idx));
       r.bytes = kda_bytes_per_layer();
+      r.device = device;
       out.push_back(r);
     }
   }
@@ -288,6 +325,8 @@ absl::Status CopyStateRanges(absl::Span<const StateRange> src,
                              db, " in the destination");
     }
   }
+  std::vector<uint8_t> staging;        // device -> other device, via the host
+  std::set<kernels::Device*> touched;  // devices that copied: synchronised at the end
   for (const auto& [key, sr] : s) {
     const auto& dr = d[key];
     size_t di = 0, doff = 0;
@@ -299,13 +338,25 @@ absl::Status CopyStateRanges(absl::Span<const StateRange> src,
           doff = 0;
         }
         const size_t n = std::min(r->bytes - soff, dr[di]->bytes - doff);
-        std::memmove(dr[di]->data + doff, r->data + soff, n);
+        TANDEM_RETURN_IF_ERROR(
+            CopyBytes(*dr[di], doff, *r, soff, n, &staging, &touched));
         soff += n;
         doff += n;
       }
     }
   }
+  // Host sources may be freed once this returns: wait for the devices' copies.
+  for (kernels::Device* d : touched) TANDEM_RETURN_IF_ERROR(d->Synchronize());
   return absl::OkStatus();
+}
+
+absl::Status CopyRangeToHost(const StateRange& r, void* host_dst) {
+  if (r.bytes == 0) return absl::OkStatus();
+  if (!IsDevice(r.device)) {
+    std::memcpy(host_dst, r.data, r.bytes);
+    return absl::OkStatus();
+  }
+  return r.device->CopyToHost(host_dst, r.data, r.bytes);  // synchronises
 }
 
 }  // namespace tandem::engine

@@ -76,6 +76,10 @@ struct StateRange {
   StateKind kind = StateKind::kMla;
   uint8_t* data = nullptr;  // not owned: points into a KvCache buffer
   size_t bytes = 0;
+  // The device `data` lives on (a device cache's, KvCacheOptions::device); null:
+  // host memory. Device bytes are read and written with the device's copies only
+  // (CopyStateRanges, CopyRangeToHost), never by host code.
+  kernels::Device* device = nullptr;
 };
 
 // A copy of one slot's KDA state (all KDA layers), for rollback.
@@ -151,9 +155,16 @@ class KvCache {
 // Copies the bytes described by `src` into `dst`: for every (rank, layer, kind) the
 // ranges of each list are concatenated and the two streams must have equal
 // length; then the stream is copied. Errors when the lists do not describe the
-// same layers and sizes.
+// same layers and sizes. Ranges on a device are copied by that device (host to
+// device, device to host, on one device; between two devices through the host),
+// and every device written or read is synchronised before this returns, so the
+// host bytes of `src` may be freed then.
 absl::Status CopyStateRanges(absl::Span<const StateRange> src,
                              absl::Span<const StateRange> dst);
+
+// Copies the range's bytes to `host_dst` (r.bytes of them): a device copy for a
+// range on a device (synchronised), a memcpy for host memory.
+absl::Status CopyRangeToHost(const StateRange& r, void* host_dst);
 
 }  // namespace tandem::engine
 

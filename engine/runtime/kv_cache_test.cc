@@ -5,6 +5,7 @@
 
 #include "engine/model/make_checkpoint.h"
 #include "gtest/gtest.h"
+#include "kernels/backend_factory.h"
 
 namespace tandem::engine {
 namespace {
@@ -90,6 +91,78 @@ TEST(KvCacheTest, ExportCopyAcrossBlockSizes) {
   EXPECT_FALSE(CopyStateRanges(*src, *shorter).ok());
   EXPECT_FALSE(a->ExportSequence(ta, 49, 1).ok());
   EXPECT_FALSE(a->ExportSequence({6, 1, 99}, n, 1).ok());
+}
+
+// A cache on a device (cuda_sim: emulated device memory the sim tracks): its
+// exported ranges say so, and CopyStateRanges / CopyRangeToHost move them with
+// the device's copies (host -> device, device -> device, device -> host); a
+// range that claims the device but points at host memory is refused by the
+// sim's ownership check, so a host memmove could not pass for a device copy.
+TEST(KvCacheTest, DeviceCacheIsCopiedByItsDevice) {
+  auto backend = kernels::CreateBackend("cuda_sim");
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  kernels::Device* dev = &(*backend)->device();
+  auto a = Make(8, 16, 2);
+  KvCacheOptions o{16, 4, 3};
+  o.device = dev;
+  auto d = KvCache::Create(model::TinyConfig(), o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto b = Make(8, 16, 2);
+  const int64_t n = 21;
+  const std::vector<int32_t> ta = {5, 2};
+  const std::vector<int32_t> td = {9, 0, 4, 12, 1, 7};
+  const std::vector<int32_t> td2 = {3, 8, 10, 11, 13, 14};
+  const std::vector<int32_t> tb = {1, 6};
+  const int64_t w = a->mla_width();
+  for (int m = 0; m < a->num_mla_layers(); ++m) {
+    for (int64_t p = 0; p < n; ++p) {
+      uint16_t* row = a->mla_layer(m) + (ta[p / 16] * 16 + p % 16) * w;
+      for (int64_t i = 0; i < w; ++i) row[i] = static_cast<uint16_t>(m * 100 + p + i);
+    }
+  }
+  for (int k = 0; k < a->num_kda_layers(); ++k) a->kda_recurrent(0, k)[3] = 1.5f + k;
+
+  auto from_host = a->ExportSequence(ta, n, 0);
+  auto on_dev = (*d)->ExportSequence(td, n, 1);
+  auto on_dev2 = (*d)->ExportSequence(td2, n, 2);
+  auto to_host = b->ExportSequence(tb, n, 1);
+  ASSERT_TRUE(from_host.ok() && on_dev.ok() && on_dev2.ok() && to_host.ok());
+  for (const StateRange& r : *from_host) EXPECT_EQ(r.device, nullptr);
+  for (const StateRange& r : *on_dev) {
+    EXPECT_EQ(r.device, dev);
+    EXPECT_TRUE(dev->Owns(r.data, r.bytes));
+  }
+  ASSERT_TRUE(CopyStateRanges(*from_host, *on_dev).ok());  // host -> device
+  ASSERT_TRUE(CopyStateRanges(*on_dev, *on_dev2).ok());    // on the device
+  ASSERT_TRUE(CopyStateRanges(*on_dev2, *to_host).ok());   // device -> host
+  for (int m = 0; m < b->num_mla_layers(); ++m) {
+    for (int64_t p = 0; p < n; ++p) {
+      const uint16_t* row = b->mla_layer(m) + (tb[p / 16] * 16 + p % 16) * w;
+      ASSERT_EQ(row[0], m * 100 + p) << "layer " << m << " token " << p;
+      ASSERT_EQ(row[w - 1], m * 100 + p + w - 1);
+    }
+  }
+  for (int k = 0; k < b->num_kda_layers(); ++k)
+    EXPECT_EQ(b->kda_recurrent(1, k)[3], 1.5f + k);
+
+  // The first MLA range (mla layer 0, tokens 0..3) read back through the device.
+  const StateRange* first = nullptr;
+  for (const StateRange& r : *on_dev2) {
+    if (r.kind == StateKind::kMla && first == nullptr) first = &r;
+  }
+  ASSERT_NE(first, nullptr);
+  std::vector<uint8_t> host(first->bytes);
+  ASSERT_TRUE(CopyRangeToHost(*first, host.data()).ok());
+  uint16_t v = 0;
+  std::memcpy(&v, host.data() + w * 2 + 2, 2);  // token 1, lane 1
+  EXPECT_EQ(v, 2);
+
+  // A device range that points at host memory: the device refuses it.
+  std::vector<StateRange> lying = *to_host;
+  for (StateRange& r : lying) r.device = dev;
+  const absl::Status st = CopyStateRanges(*from_host, lying);
+  EXPECT_FALSE(st.ok());
+  EXPECT_FALSE(CopyRangeToHost(lying.front(), host.data()).ok());
 }
 
 // A TP rank's cache: KDA state of its heads only, MLA cache whole; TP 1 keeps

@@ -82,17 +82,21 @@ TpExecutor::~TpExecutor() {
 
 namespace {
 
-// The cache lives where the backend computes. A cache whose memory comes from a
-// transfer agent (host memory registered for the KV hand-off) works only with a
-// host backend: moving KV from device memory is the GPU engine's (issue 15).
+// The cache lives where the backend computes: on a device backend it is that
+// device's memory (a worker then registers it with its transfer agent as device
+// memory, worker/cache_layout.h). A cache allocator hands out host memory (a
+// decode worker's agent-allocated shared memory on a CPU backend): a device
+// backend cannot compute in it, so the combination is refused.
 absl::Status PutCacheOnDevice(kernels::Backend* backend, KvCacheOptions* co) {
   kernels::Device& d = backend->device();
   if (d.name() == "host") return absl::OkStatus();
-  if (co->allocator.allocate) {
-    return FailedPrecondition("the KV cache for transfers is host memory; backend ",
-                              backend->name(), " computes in ", d.name(),
-                              " memory (KV transfer from device memory is not "
-                              "available yet)");
+  if (co->allocator.allocate || co->allocator.release) {
+    return FailedPrecondition(
+        "the KV cache allocator hands out host memory; backend ", backend->name(),
+        " computes in ", d.name(),
+        " memory, so its cache comes from the device (leave "
+        "EngineOptions::cache_allocator empty: the cache is then registered "
+        "with the transfer agent as device memory)");
   }
   co->device = &d;
   return absl::OkStatus();
