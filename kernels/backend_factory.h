@@ -3,6 +3,7 @@
 #define TANDEM_KERNELS_BACKEND_FACTORY_H_
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -20,10 +21,27 @@ namespace tandem::kernels {
 // "cuda_sim": the GPU backend's kernels on the CPU's SIMT emulator (default
 //        build; FailedPrecondition in --config=cuda builds);
 // "cuda": the GPU backend on GPU 0 (--config=cuda builds; FailedPrecondition
-//        elsewhere, or when no GPU is visible).
+//        elsewhere, or when no GPU is visible); "cuda:N" on GPU N.
+// "cuda_bf16" / "cuda_sim_bf16": the same with activations rounded to BF16 once.
 // The device backends take device memory (Backend::device()).
 // Anything else: InvalidArgument.
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view name);
+
+// A backend name split into its kind and device ordinal: "cuda:3" -> {"cuda", 3},
+// "cuda" -> {"cuda", 0}, "cpu" -> {"cpu", 0}. An ordinal is accepted only on the
+// kinds that have GPUs ("cuda", "cuda_bf16"); a bad or negative one, or one on
+// another kind, is InvalidArgument.
+struct BackendName {
+  std::string kind;
+  int ordinal = 0;
+};
+absl::StatusOr<BackendName> ParseBackendName(absl::string_view name);
+
+// CreateBackend of `kind` (a name without ordinal) on GPU `ordinal`. Kinds
+// without GPUs take ordinal 0 only ("cuda_sim": every call is its own emulated
+// device whatever the ordinal names, so ordinals there are accepted and unused).
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view kind,
+                                                       int ordinal);
 
 }  // namespace tandem::kernels
 

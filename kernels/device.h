@@ -56,6 +56,11 @@ class Device {
   virtual absl::string_view name() const = 0;  // "host", "cuda:0", "cuda_sim"
   // True when host code may dereference device pointers (host and cuda_sim).
   virtual bool host_addressable() const = 0;
+  // Makes this the calling thread's current device (cudaSetDevice on CUDA, where
+  // kernel launches go to the thread's current device; a no-op elsewhere). A
+  // thread that runs ops of several devices calls it before each one's work
+  // (the TP executor's caller thread, engine/runtime/tp_executor.h).
+  virtual absl::Status MakeCurrent() { return absl::OkStatus(); }
 
   // 256-byte aligned. ResourceExhausted names the size and what is free.
   virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;

@@ -10,9 +10,9 @@
 // - Collective: all N ranks call the same operations in the same order with the
 //   same sizes (n, bytes, root). A call with n == 0 / bytes == 0 returns OK at
 //   once on every rank without communicating.
-// - Pointers live in the communicator's memory space: host memory for Gloo,
-//   device memory of the communicator's GPU for NCCL. Calls are synchronous:
-//   when one returns OK its output is complete.
+// - Pointers live in the communicator's memory space (takes_device_pointers()):
+//   host memory for Gloo, device memory of the communicator's GPU for NCCL. Calls are
+//   synchronous: when one returns OK its output is complete.
 // - Bounded waits: every call finishes within the communicator's timeout
 //   (configured at creation) plus a small slack. DEADLINE_EXCEEDED when the
 //   timeout passed (a peer never arrived); UNAVAILABLE when a peer is gone
@@ -40,6 +40,9 @@ class Communicator {
   virtual int size() const = 0;
   // The bound on each call's wait.
   virtual absl::Duration timeout() const = 0;
+  // True when the collectives take device pointers of the communicator's GPU
+  // (NCCL); false when they take host memory (Gloo).
+  virtual bool takes_device_pointers() const { return false; }
 
   // In place: data[i] = sum over ranks of data[i].
   virtual absl::Status AllReduceSum(float* data, size_t n) = 0;

@@ -44,6 +44,7 @@ struct NcclCommunicator::Impl {
   absl::Duration timeout;
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
+  bool own_stream = false;   // created here (else the caller's compute stream)
   float* scratch = nullptr;  // one device float for Barrier
   bool aborted = false;
   absl::Status broken;
@@ -164,10 +165,15 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   if (e != cudaSuccess) {
     return Unavailable(m.Where("cudaSetDevice"), ": ", cudaGetErrorString(e));
   }
-  e = cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking);
-  if (e != cudaSuccess) {
-    m.stream = nullptr;
-    return Internal(m.Where("cudaStreamCreate"), ": ", cudaGetErrorString(e));
+  if (options.stream != nullptr) {
+    m.stream = static_cast<cudaStream_t>(options.stream);
+  } else {
+    e = cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+      m.stream = nullptr;
+      return Internal(m.Where("cudaStreamCreate"), ": ", cudaGetErrorString(e));
+    }
+    m.own_stream = true;
   }
   e = cudaMalloc(reinterpret_cast<void**>(&m.scratch), sizeof(float));
   if (e != cudaSuccess) {
@@ -240,13 +246,18 @@ NcclCommunicator::~NcclCommunicator() {
     m.comm = nullptr;
   }
   if (m.scratch != nullptr) cudaFree(m.scratch);
-  if (m.stream != nullptr) cudaStreamDestroy(m.stream);
+  if (m.stream != nullptr && m.own_stream) cudaStreamDestroy(m.stream);
 }
 
 int NcclCommunicator::rank() const { return impl_->rank; }
 int NcclCommunicator::size() const { return impl_->size; }
 absl::Duration NcclCommunicator::timeout() const { return impl_->timeout; }
 void* NcclCommunicator::stream() const { return impl_->stream; }
+
+void NcclCommunicator::Abort() {
+  cudaSetDevice(impl_->device);
+  impl_->Break(Unavailable(impl_->Where("abort"), ": aborted by its owner"));
+}
 
 absl::Status NcclCommunicator::AllReduceSum(float* data, size_t n) {
   if (n == 0) return absl::OkStatus();

@@ -12,8 +12,11 @@
 //                     DEADLINE_EXCEEDED).
 //
 // Pointers given to the collectives are device pointers on options.device.
-// The header names no CUDA type, so it can be included anywhere; the library
-// is empty in the default (CPU) build.
+// The collectives run on options.stream when given (the rank's compute stream:
+// ordered after the kernels that produced their inputs, before those that read
+// the outputs, no extra synchronisation), else on a stream of their own.
+// The header names no CUDA type, so it can be included anywhere; in the default
+// (CPU) build Create returns FailedPrecondition (nccl_unavailable.cc).
 #ifndef TANDEM_PARALLEL_NCCL_COMMUNICATOR_H_
 #define TANDEM_PARALLEL_NCCL_COMMUNICATOR_H_
 
@@ -32,6 +35,9 @@ struct NcclOptions {
   Store* store = nullptr;  // not owned; must outlive Create()
   std::string group = "tp";
   int device = 0;  // CUDA device ordinal of this rank
+  // cudaStream_t on `device` for the collectives (not owned; must outlive the
+  // communicator); nullptr: the communicator creates its own.
+  void* stream = nullptr;
   absl::Duration timeout = absl::Seconds(60);
 };
 
@@ -44,6 +50,7 @@ class NcclCommunicator : public Communicator {
   int rank() const override;
   int size() const override;
   absl::Duration timeout() const override;
+  bool takes_device_pointers() const override { return true; }
 
   absl::Status AllReduceSum(float* data, size_t n) override;
   absl::Status AllReduceSumBf16(uint16_t* data, size_t n) override;
@@ -51,8 +58,13 @@ class NcclCommunicator : public Communicator {
   absl::Status Broadcast(void* data, size_t bytes, int root) override;
   absl::Status Barrier() override;
 
-  // The cudaStream_t the collectives run on.
+  // The cudaStream_t the collectives run on (options.stream or its own).
   void* stream() const;
+  // ncclCommAbort now, from the thread that uses the communicator (what a rank
+  // that stops does instead of a clean finalize): every later call returns
+  // UNAVAILABLE. Peers blocked in a collective with this rank are not woken by
+  // NCCL; they fail when their own timeout passes (and abort in turn).
+  void Abort();
 
   struct Impl;
 

@@ -87,8 +87,12 @@ absl::Status ModelRunner::Embed(int64_t n, float* out) {
       backend_->EmbeddingGather(w_->embed, vr, H, local_ids, n, out));
   TANDEM_RETURN_IF_ERROR(backend_->Synchronize());  // the host zeroes rows below
   for (int64_t i = 0; i < n; ++i) {
-    if (ids_[i] < v0 || ids_[i] >= v0 + vr)
+    if (ids_[i] >= v0 && ids_[i] < v0 + vr) continue;
+    if (device_->host_addressable()) {
       std::memset(out + i * H, 0, H * sizeof(float));
+    } else {
+      TANDEM_RETURN_IF_ERROR(device_->Memset(out + i * H, 0, H * sizeof(float)));
+    }
   }
   return AllReduce(out, n * H);
 }
@@ -111,8 +115,13 @@ absl::Status ModelRunner::LmHead(const float* rows, int64_t num_logits, float* l
   TANDEM_RETURN_IF_ERROR(AllGather(local, num_logits * vr, all));
   for (int64_t r = 0; r < N; ++r) {
     for (int64_t i = 0; i < num_logits; ++i) {
-      std::memcpy(logits + i * V + r * vr, all + (r * num_logits + i) * vr,
-                  vr * sizeof(float));
+      float* dst = logits + i * V + r * vr;
+      const float* src = all + (r * num_logits + i) * vr;
+      if (device_->host_addressable()) {
+        std::memcpy(dst, src, vr * sizeof(float));
+      } else {
+        TANDEM_RETURN_IF_ERROR(device_->CopyOnDevice(dst, src, vr * sizeof(float)));
+      }
     }
   }
   return absl::OkStatus();
@@ -193,9 +202,15 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
                               " do not match communicator rank ", tp_rank, " of ",
                               tp_size);
   }
-  if (tp() && !device_->host_addressable()) {
+  if (tp() && !device_->host_addressable() && !comm_->takes_device_pointers()) {
     return FailedPrecondition("forward: tensor parallelism on ", device_->name(),
-                              " needs device collectives (NCCL), not available yet");
+                              " needs a device communicator (NCCL), got a host one");
+  }
+  if (tp() && host_device_ && comm_->takes_device_pointers()) {
+    return FailedPrecondition(
+        "forward: a device communicator (NCCL) cannot join "
+        "ranks on the host backend ",
+        backend_->name());
   }
   if (w_->device != nullptr ? w_->device != device_ : !host_device_) {
     return FailedPrecondition(

@@ -14,26 +14,37 @@
 #include "kernels/cpu/cpu_features.h"
 #include "parallel/gloo_communicator.h"
 #include "parallel/memory_store.h"
+#include "parallel/nccl_communicator.h"
 #include "parallel/sharding.h"
 
 namespace tandem::engine {
 namespace {
 
-// The factory's backends with an explicit thread count: "cpu" and "cpu_bf16"
-// are the factory's choices (kernels/backend_factory.cc) with `threads` instead
-// of one per hardware thread, so N ranks share the machine instead of each
-// starting a full-width pool.
+// Rank `rank`'s backend. The factory's backends with an explicit thread count:
+// "cpu" and "cpu_bf16" are the factory's choices (kernels/backend_factory.cc)
+// with `threads` instead of one per hardware thread, so N ranks share the
+// machine instead of each starting a full-width pool. Device backends: rank r
+// on GPU first + r, where "cuda:first" names the first (default 0); every
+// cuda_sim rank is an emulated device of its own.
 absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeRankBackend(
-    const std::string& name, int threads) {
+    const std::string& name, int threads, int rank) {
   using kernels::CpuIsa;
-  if (name == "cpu") {
+  TANDEM_ASSIGN_OR_RETURN(kernels::BackendName parsed, kernels::ParseBackendName(name));
+  if (parsed.kind == "cpu") {
     const CpuIsa isa = static_cast<CpuIsa>(std::min(
         static_cast<int>(kernels::ActiveIsa()), static_cast<int>(CpuIsa::kAvx512)));
     return kernels::CreateCpuBackend(isa, threads, /*use_onednn=*/false);
   }
-  if (name == "cpu_bf16")
+  if (parsed.kind == "cpu_bf16")
     return kernels::CreateCpuBackend(kernels::ActiveIsa(), threads);
-  return kernels::CreateBackend(name);
+  if (parsed.kind == "cpu_reference") return kernels::CreateBackend(parsed.kind);
+  auto backend = kernels::CreateBackend(parsed.kind, parsed.ordinal + rank);
+  if (!backend.ok()) {
+    return Annotate(backend.status(),
+                    absl::StrCat("tensor-parallel rank ", rank, ": backend ", name,
+                                 " on device ordinal ", parsed.ordinal + rank));
+  }
+  return backend;
 }
 
 bool IsCommError(const absl::Status& s) {
@@ -42,13 +53,17 @@ bool IsCommError(const absl::Status& s) {
 
 }  // namespace
 
+// Members are destroyed bottom-up: the runner, communicator, cache and placed
+// weights release their device memory before the backend (and its device) go.
 struct TpExecutor::Rank {
-  std::unique_ptr<ModelWeights> own_weights;
-  const ModelWeights* weights = nullptr;
   std::unique_ptr<kernels::Backend> own_backend;
   kernels::Backend* backend = nullptr;
+  std::unique_ptr<ModelWeights> own_weights;
+  const ModelWeights* weights = nullptr;
   std::unique_ptr<KvCache> cache;
   std::unique_ptr<parallel::Communicator> comm;  // null at TP 1
+  parallel::NcclCommunicator* nccl = nullptr;    // not owned: `comm` when NCCL
+  int ordinal = 0;                               // the rank's GPU (device backends)
   std::unique_ptr<ModelRunner> runner;
   std::thread thread;         // ranks >= 1 of a TP group
   std::vector<float> logits;  // ranks >= 1: their (identical) copy, unused
@@ -74,6 +89,12 @@ TpExecutor::~TpExecutor() {
   {
     absl::MutexLock l(&shared_->mu);
     shared_->stop = true;
+  }
+  // Rank 0 releases its communicator while the rank threads release theirs (an
+  // NCCL finalize may wait for the peers' finalize).
+  if (!ranks_.empty()) {
+    ranks_[0]->runner.reset();
+    ranks_[0]->comm.reset();
   }
   for (auto& r : ranks_) {
     if (r->thread.joinable()) r->thread.join();
@@ -140,10 +161,15 @@ absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::Create(
   const int hw = std::max(1u, std::thread::hardware_concurrency());
   const int threads =
       options.threads_per_rank > 0 ? options.threads_per_rank : std::max(1, hw / n);
+  TANDEM_ASSIGN_OR_RETURN(kernels::BackendName parsed,
+                          kernels::ParseBackendName(options.backend));
+  const int first_ordinal = parsed.ordinal;
   for (int r = 0; r < n; ++r) {
     auto rk = std::make_unique<Rank>();
-    TANDEM_ASSIGN_OR_RETURN(rk->own_backend, MakeRankBackend(options.backend, threads));
+    TANDEM_ASSIGN_OR_RETURN(rk->own_backend,
+                            MakeRankBackend(options.backend, threads, r));
     rk->backend = rk->own_backend.get();
+    rk->ordinal = first_ordinal + r;
     TANDEM_ASSIGN_OR_RETURN(rk->own_weights,
                             LoadModelWeights(checkpoint, ShardSpec{r, n}));
     TANDEM_ASSIGN_OR_RETURN(
@@ -173,30 +199,14 @@ absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::Create(
     sh.exited.assign(n, false);
     sh.exit_status.assign(n, absl::OkStatus());
   }
-  auto gloo_options = [&options, n, &sh](int r) {
-    parallel::GlooOptions g;
-    g.rank = r;
-    g.size = n;
-    g.store = &sh.store;
-    g.group = "tp_executor";
-    g.hostname = options.hostname;
-    g.timeout = options.timeout;
-    return g;
-  };
   TpExecutor* self = ex.get();
   for (int r = 1; r < n; ++r) {
-    ex->ranks_[r]->thread = std::thread([self, r, g = gloo_options(r)] {
+    ex->ranks_[r]->thread = std::thread([self, r] {
       Shared& sh = *self->shared_;
       Rank& rk = *self->ranks_[r];
       const TpExecutorOptions& o = self->options_;
-      absl::Status exit_status;
-      auto comm = parallel::GlooCommunicator::Create(g);
-      if (!comm.ok()) {
-        exit_status = comm.status();
-      } else {
-        rk.comm = *std::move(comm);
-        rk.runner = std::make_unique<ModelRunner>(rk.weights, rk.cache.get(),
-                                                  rk.backend, o.runner, rk.comm.get());
+      absl::Status exit_status = self->Connect(r);
+      if (exit_status.ok()) {
         {
           absl::MutexLock l(&sh.mu);
           sh.connected[r] = true;
@@ -225,7 +235,11 @@ absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::Create(
           sh.status[r] = std::move(s);
         }
       }
-      // Closing the connections fails the peers' pending collectives at once.
+      // Gloo: closing the connections fails the peers' pending collectives at
+      // once. NCCL: a rank that stops abnormally aborts (ncclCommAbort); its peers
+      // fail when their own timeout passes and abort in turn.
+      if (!exit_status.ok() && rk.nccl != nullptr) rk.nccl->Abort();
+      rk.nccl = nullptr;
       rk.comm.reset();
       absl::MutexLock l(&sh.mu);
       sh.exited[r] = true;
@@ -234,14 +248,8 @@ absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::Create(
     });
   }
   // Rank 0 connects on this thread while the others connect on theirs.
-  auto comm0 = parallel::GlooCommunicator::Create(gloo_options(0));
-  if (!comm0.ok()) {
-    return Annotate(comm0.status(), "tensor-parallel rank 0: connecting");
-  }
-  Rank& r0 = *ex->ranks_[0];
-  r0.comm = *std::move(comm0);
-  r0.runner = std::make_unique<ModelRunner>(r0.weights, r0.cache.get(), r0.backend,
-                                            options.runner, r0.comm.get());
+  absl::Status c0 = ex->Connect(0);
+  if (!c0.ok()) return Annotate(c0, "tensor-parallel rank 0: connecting");
   absl::MutexLock l(&sh.mu);
   auto all_connected = [&sh]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.mu) {
     return std::all_of(sh.connected.begin() + 1, sh.connected.end(),
@@ -255,6 +263,53 @@ absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::Create(
     }
   }
   return ex;
+}
+
+// Rank r's communicator and runner, on the thread that runs rank r (for NCCL
+// the thread's current device must be the rank's GPU, and stays so for its
+// kernel launches). Gloo over loopback TCP when the rank computes in
+// host-addressable memory (host, cuda_sim: the collectives read the device
+// buffers in place after a synchronise); NCCL on the rank's GPU otherwise, its
+// collectives enqueued on the backend's compute stream. Both rendezvous
+// through the executor's MemoryStore.
+absl::Status TpExecutor::Connect(int r) {
+  Rank& rk = *ranks_[r];
+  const TpExecutorOptions& o = options_;
+  const int n = static_cast<int>(ranks_.size());
+  kernels::Device& dev = rk.backend->device();
+  TANDEM_RETURN_IF_ERROR(dev.MakeCurrent());
+  if (dev.host_addressable()) {
+    parallel::GlooOptions g;
+    g.rank = r;
+    g.size = n;
+    g.store = &shared_->store;
+    g.group = "tp_executor";
+    g.hostname = o.hostname;
+    g.timeout = o.timeout;
+    auto comm = parallel::GlooCommunicator::Create(g);
+    if (!comm.ok()) return comm.status();
+    rk.comm = *std::move(comm);
+  } else {
+    parallel::NcclOptions no;
+    no.rank = r;
+    no.size = n;
+    no.store = &shared_->store;
+    no.group = "tp_executor";
+    no.device = rk.ordinal;
+    no.stream = dev.compute_stream().native();
+    no.timeout = o.timeout;
+    auto comm = parallel::NcclCommunicator::Create(no);
+    if (!comm.ok()) return comm.status();
+    rk.nccl = comm->get();
+    rk.comm = *std::move(comm);
+  }
+  rk.runner = std::make_unique<ModelRunner>(rk.weights, rk.cache.get(), rk.backend,
+                                            o.runner, rk.comm.get());
+  return absl::OkStatus();
+}
+
+absl::Status TpExecutor::CallerOnRank0() const {
+  return ranks_[0]->backend->device().MakeCurrent();
 }
 
 absl::Status TpExecutor::Broken() const {
@@ -272,6 +327,8 @@ absl::Status TpExecutor::Forward(absl::Span<const SequenceInput> seqs,
   const int n = tp_size();
   const int64_t step = ++steps_;
   if (n == 1) return ranks_[0]->runner->Forward(seqs, logits);
+  // Slot operations on this thread may have left another rank's GPU current.
+  TANDEM_RETURN_IF_ERROR(CallerOnRank0());
   Shared& sh = *shared_;
   {
     absl::MutexLock l(&sh.mu);

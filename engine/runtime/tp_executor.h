@@ -123,6 +123,10 @@ class TpExecutor {
   struct Rank;
   TpExecutor();
   absl::Status Broken() const;
+  absl::Status Connect(int rank);
+  // Rank 0's device current on the caller's thread again (after work on the
+  // other ranks' devices from this thread).
+  absl::Status CallerOnRank0() const;
 
   std::vector<std::unique_ptr<Rank>> ranks_;
   struct Shared;

@@ -102,6 +102,9 @@ class CudaDevice final : public Device {
 
   absl::string_view name() const override { return name_; }
   bool host_addressable() const override { return false; }
+  absl::Status MakeCurrent() override {
+    return CudaError(cudaSetDevice(ordinal_), "set device");
+  }
 
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     const size_t rounded =
