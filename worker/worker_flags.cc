@@ -15,10 +15,6 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on.");
 ABSL_FLAG(std::string, advertise_host, "", "Host the router dials (default: --host).");
 ABSL_FLAG(int, port, 0, "gRPC port (0: any free port, logged).");
 ABSL_FLAG(int, metrics_port, 0, "/metrics port (0: any free port, logged).");
-ABSL_FLAG(double, drain_timeout_s, 60,
-          "On SIGTERM: seconds to let requests in flight finish (the router places "
-          "nothing new on a draining worker) before the server stops. Kubernetes' "
-          "terminationGracePeriodSeconds must be longer.");
 ABSL_FLAG(std::string, backend, "cpu",
           "Kernel backend: cpu | cpu_bf16 | cpu_reference (host memory) | cuda | "
           "cuda_bf16 | cuda:N (a GPU, --config=cuda builds: weights, KV cache and "

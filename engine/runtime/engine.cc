@@ -124,11 +124,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   // its own KDA heads / MLA rows: the layer's state is final on every rank.
   e->executor_->runner(0).set_layer_done_hook([self](int layer) {
     if (self->layer_progress_ && !self->progress_.empty()) {
-      self->layer_progress_(layer, self->progress_);
       // Listeners read the layer's state (the KV hand-off streams it): on a
       // device it must have been computed, not just enqueued. A device error is
       // left to the forward to report.
       if (!self->executor_->backend(0).Synchronize().ok()) return;
+      self->layer_progress_(layer, self->progress_);
     }
   });
   e->sampler_ = std::make_unique<engine::Sampler>(weights->config.text.vocab_size);
