@@ -115,6 +115,15 @@ struct MlaArgs {
   int64_t ld_q = 0;
   float* out = nullptr;  // [num_tokens, heads, v_dim], row stride ld_out
   int64_t ld_out = 0;
+  // Device backends size the absorbed form's split-KV decomposition from the
+  // batch (num_seqs, num_tokens) and the largest context the tables allow
+  // (block_table_stride * block_size). A caller that needs one decomposition for
+  // different batches (a CUDA graph's padded batch and the eager steps it is
+  // compared with) sets the batch and context to plan for: split_seqs sequences
+  // of num_tokens / num_seqs queries, split_context positions. 0: the call's own.
+  // Host backends ignore both.
+  int64_t split_seqs = 0;
+  int64_t split_context = 0;
 };
 
 // One routed expert in MXFP4 (compressed-tensors "mxfp4-pack-quantized"):
@@ -188,6 +197,10 @@ class Backend {
   // Waits for the ops enqueued so far; returns the first error a kernel recorded
   // (e.g. a token id out of range) since the last call.
   virtual absl::Status Synchronize() { return device().Synchronize(); }
+  // Changes whenever device memory the backend's ops use internally (workspace,
+  // GEMM staging buffers) moves: a CUDA graph captured over its ops before the
+  // change would use freed memory, so its owner recaptures. 0: no such memory.
+  virtual int64_t workspace_generation() const { return 0; }
 
   // ---- Dense algebra -------------------------------------------------------
   // Y[m, n] (+)= sum_k X[m, k] * W[n, k]; W BF16. accumulate=false overwrites Y.
@@ -239,6 +252,18 @@ class Backend {
                                         int64_t kernel, float* state, float* y,
                                         int64_t ldy, int64_t tokens,
                                         int64_t channels) = 0;
+  // CausalConv1dSilu over num_seqs sequences of tokens_per_seq new tokens each
+  // (x / y rows s * tokens_per_seq ..), sequence s's state at
+  // state_base + slots[s] * state_stride. slots is device memory (so one CUDA
+  // graph serves any slot assignment); a slot < 0 is padding: its y rows are
+  // zeros and no state is touched. Equals num_seqs CausalConv1dSilu calls. The
+  // default reads the slots on the host (host-addressable devices only).
+  virtual absl::Status CausalConv1dSiluSlots(const float* x, int64_t ldx,
+                                             const float* w, int64_t kernel,
+                                             float* state_base, int64_t state_stride,
+                                             const int32_t* slots, int64_t num_seqs,
+                                             float* y, int64_t ldy,
+                                             int64_t tokens_per_seq, int64_t channels);
   // g[t,h,c] = lower_bound * sigmoid(exp(a_log[h]) * (graw[t,h*d+c] + dt_bias[h*d+c]))
   // beta[t,h] = sigmoid(braw[t,h]). graw ld_graw, braw ld_braw; g [T,h,d] and
   // beta [T,h] contiguous.
@@ -248,6 +273,12 @@ class Backend {
                                 int64_t heads, int64_t d, float* g, float* beta) = 0;
   // Token-by-token recurrence (decode and the oracle).
   virtual absl::Status KdaRecurrent(const KdaArgs& args) = 0;
+  // KdaRecurrent over num_seqs sequences of args.tokens tokens each (rows
+  // s * tokens .. of q, k, v, g, beta, out), sequence s's state at
+  // args.state + slots[s] * state_stride; slots as in CausalConv1dSiluSlots (< 0:
+  // padding, zero out rows, no state). Equals num_seqs KdaRecurrent calls.
+  virtual absl::Status KdaRecurrentSlots(const KdaArgs& args, int64_t num_seqs,
+                                         const int32_t* slots, int64_t state_stride);
   // Chunked (chunk 64, WY/UT form) prefill; equals KdaRecurrent.
   virtual absl::Status KdaChunked(const KdaArgs& args) = 0;
   // out[t,h] = RMSNorm_d(o[t,h]) * norm_w * sigmoid(gate[t, h*d:(h+1)*d]).

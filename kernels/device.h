@@ -22,6 +22,20 @@
 namespace tandem::kernels {
 
 class Device;
+class Stream;
+
+// Device work captured from a stream (a CUDA graph): the launches, device copies
+// and memsets enqueued between Stream::BeginCapture and EndCapture, with their
+// arguments as they were (pointers included: a replay reads and writes the same
+// device memory, so inputs that vary are written into fixed buffers before it).
+class Graph {
+ public:
+  virtual ~Graph() = default;
+  // Enqueues the captured work on `stream`, in capture order.
+  virtual absl::Status Launch(Stream& stream) = 0;
+  // Captured operations (kernel launches, copies, memsets, GEMM calls).
+  virtual int64_t num_nodes() const = 0;
+};
 
 // An in-order queue of device work.
 class Stream {
@@ -32,6 +46,19 @@ class Stream {
   // Blocks until the work enqueued so far has run; returns the first device
   // error (a faulted kernel, a failed copy) since the last call.
   virtual absl::Status Synchronize() = 0;
+
+  // Stream capture (Device::supports_graphs()). Between BeginCapture and
+  // EndCapture the stream records work instead of running it; CUDA's capture
+  // rules apply (cudaStreamCaptureModeThreadLocal): no Synchronize of the stream,
+  // no CopyToDevice / CopyToHost on it, no Allocate / Free on the device while
+  // its compute stream captures. Breaking one fails that call and EndCapture.
+  virtual absl::Status BeginCapture() {
+    return absl::UnimplementedError("this device has no stream capture (graphs)");
+  }
+  virtual absl::StatusOr<std::unique_ptr<Graph>> EndCapture() {
+    return absl::UnimplementedError("this device has no stream capture (graphs)");
+  }
+  virtual bool capturing() const { return false; }
 };
 
 // A point in a stream's work, for ordering streams and for waiting.
@@ -88,6 +115,9 @@ class Device {
   virtual absl::Status Memset(void* dst, uint8_t byte, size_t bytes,
                               Stream* stream = nullptr) = 0;
   absl::Status Synchronize() { return compute_stream().Synchronize(); }
+  // True when streams can be captured into Graphs ("cuda", "cuda_sim"; the host
+  // device runs work when it is called and has nothing to capture).
+  virtual bool supports_graphs() const { return false; }
 };
 
 // Owns one allocation of a Device (move-only).

@@ -55,6 +55,9 @@ ABSL_FLAG(bool, ucx_peer_failure_detection, true,
           "health checks, not the transfer). docs/kvtransfer.md.");
 
 ABSL_FLAG(std::string, kv_transport, "ucx",
+ABSL_FLAG(bool, enforce_eager, false,
+          "Run every step eagerly: no CUDA graphs for decode steps (by default a "
+          "device backend captures one per batch-size bucket and replays it).");
           "KV transfer agent: ucx | libfabric | libfabric:<provider>[:<rails>] "
           "(provider efa on AWS, tcp or shm elsewhere; default $FI_PROVIDER, else "
           "tcp; rails = endpoints a transfer is striped over). Never falls back: an "
@@ -115,6 +118,7 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(
   }
   int64_t available = 0;
   if (budget->is_fraction()) {
+  eo.enforce_eager = absl::GetFlag(FLAGS_enforce_eager);
     absl::StatusOr<int64_t> a = engine::ReadMemAvailable("/proc/meminfo");
     if (!a.ok()) {
       return InvalidArgument("--kv_cache_memory=", spec,

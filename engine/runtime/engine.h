@@ -168,6 +168,9 @@ struct EngineOptions {
 };
 
 // The cache sized from a memory budget rather than from counts (a worker's
+  // Decode steps as CUDA graphs where the backend's device supports them
+  // (model_runner.h, "CUDA graphs"); true: every step eagerly (--enforce_eager).
+  bool enforce_eager = false;
 // --kv_cache_memory, --max_num_seqs, --max_model_len, --num_blocks).
 struct CacheMemoryOptions {
   int64_t budget_bytes = 0;         // every TP rank's cache together

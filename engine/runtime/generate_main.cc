@@ -45,6 +45,9 @@ ABSL_FLAG(std::string, backend, "cpu",
           "on the CPU's SIMT emulator)");
 ABSL_FLAG(int32_t, max_tokens_per_step, 512, "Prefill chunk budget per step (tokens)");
 ABSL_FLAG(int32_t, block_size, 16, "MLA cache block size (tokens)");
+ABSL_FLAG(bool, enforce_eager, false,
+          "No CUDA graphs: decode steps run eagerly (device backends capture one "
+          "graph per batch-size bucket by default)");
 ABSL_FLAG(std::string, kv_cache_memory, "",
           "Memory for the KV cache and KDA state, as the workers take it: bytes with a "
           "unit (8GiB, 512MiB) or a fraction of the available memory (0.2); empty: "
@@ -133,6 +136,7 @@ int main(int argc, char** argv) {
   tandem::engine::EngineOptions eo;
   eo.num_slots = 1;
   eo.block_size = absl::GetFlag(FLAGS_block_size);
+  eo.enforce_eager = absl::GetFlag(FLAGS_enforce_eager);
   eo.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
   eo.max_context_tokens =
       static_cast<int64_t>(ids.size()) + absl::GetFlag(FLAGS_max_tokens) + 1;
@@ -227,5 +231,19 @@ int main(int argc, char** argv) {
       stderr,
       "prefill: %zu tokens, %.1f tokens/s; decode: %lld tokens, %.1f tokens/s\n",
       prompt.size(), prefill_tps, static_cast<long long>(decoded), decode_tps);
+  if ((*backend)->device().supports_graphs()) {
+    const tandem::engine::GraphStats& g = (*engine)->runner().graph_stats();
+    std::fprintf(
+        stderr,
+        "cuda graphs: %s; %lld captured (%.2f s, %lld nodes, %lld input "
+        "bytes, %lld device bytes), %lld replayed steps, %lld eager steps\n",
+        eo.enforce_eager     ? "off (--enforce_eager)"
+        : g.disabled.empty() ? "on"
+                             : g.disabled.c_str(),
+        static_cast<long long>(g.captures), g.capture_seconds,
+        static_cast<long long>(g.graph_nodes), static_cast<long long>(g.input_bytes),
+        static_cast<long long>(g.capture_device_bytes),
+        static_cast<long long>(g.replays), static_cast<long long>(g.eager_steps));
+  }
   return 0;
 }

@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status.h"
 
 namespace tandem::engine {
@@ -32,7 +35,7 @@ absl::StatusOr<const T*> ModelRunner::Upload(const std::vector<T>& host,
                                              DeviceScratch<T>& dev) {
   if (host_device_) return host.data();
   absl::Status st;
-  T* d = dev.Sized(device_, static_cast<int64_t>(host.size()), &st);
+  T* d = dev.Sized(device_, static_cast<int64_t>(host.size()), &st, &scratch_moves_);
   TANDEM_RETURN_IF_ERROR(st);
   if (!host.empty()) {
     TANDEM_RETURN_IF_ERROR(
@@ -69,6 +72,9 @@ absl::Status ModelRunner::AllGather(const float* in, int64_t n_per_rank, float* 
 // over the ranks (each row comes from exactly one rank, so the sum is exact).
 absl::Status ModelRunner::Embed(int64_t n, float* out) {
   const int64_t H = w_->config.text.hidden_size, V = w_->config.text.vocab_size;
+  if (fixed_ != nullptr) {  // a graph step: the ids are in its input buffer
+    return backend_->EmbeddingGather(w_->embed, V, H, fixed_->ids, n, out);
+  }
   if (!tp()) {
     TANDEM_ASSIGN_OR_RETURN(const int32_t* ids, Upload(ids_, d_ids_));
     return backend_->EmbeddingGather(w_->embed, V, H, ids, n, out);
@@ -219,40 +225,76 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
         ", the backend runs on ", device_->name(), " (PlaceModelWeights)");
   }
   scratch_status_ = absl::OkStatus();
-  const model::TextConfig& t = w_->config.text;
-  const int64_t H = t.hidden_size, V = t.vocab_size;
-  const float eps = static_cast<float>(t.rms_norm_eps);
-  kernels::Backend& be = *backend_;
+  const int64_t V = w_->config.text.vocab_size;
 
-  row_start_.resize(seqs.size() + 1);
   int64_t n = 0;
   int64_t num_logits = 0;
+  for (const SequenceInput& q : seqs) {
+    n += q.tokens.size();
+    num_logits += q.logits_indices.size();
+  }
+  logits->assign(num_logits * V, 0.0f);
+  if (n == 0) return absl::OkStatus();
+  if (GraphEligible(seqs)) return GraphStep(seqs, logits);
+  ++graph_stats_.eager_steps;
+
+  row_start_.resize(seqs.size() + 1);
+  n = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
     row_start_[s] = n;
     n += seqs[s].tokens.size();
-    num_logits += seqs[s].logits_indices.size();
   }
   row_start_[seqs.size()] = n;
-  logits->assign(num_logits * V, 0.0f);
-  if (n == 0) return absl::OkStatus();
-
   ids_.resize(n);
   for (size_t s = 0; s < seqs.size(); ++s) {
     std::copy(seqs[s].tokens.begin(), seqs[s].tokens.end(),
               ids_.begin() + row_start_[s]);
   }
+  TANDEM_ASSIGN_OR_RETURN(const float* const* bank_table, PrepareActivations(n));
+  if (num_logits == 0) {
+    TANDEM_RETURN_IF_ERROR(Enqueue(seqs, bank_table, 0, nullptr));
+    return backend_->Synchronize();
+  }
+  if (host_device_) {
+    TANDEM_RETURN_IF_ERROR(Enqueue(seqs, bank_table, num_logits, logits->data()));
+    return backend_->Synchronize();
+  }
+  float* dev_logits = S(logits_, num_logits * V);
+  TANDEM_RETURN_IF_ERROR(scratch_status_);
+  TANDEM_RETURN_IF_ERROR(Enqueue(seqs, bank_table, num_logits, dev_logits));
+  TANDEM_RETURN_IF_ERROR(backend_->Synchronize());  // a kernel's recorded error first
+  return device_->CopyToHost(logits->data(), dev_logits,
+                             num_logits * V * sizeof(float));
+}
+
+absl::StatusOr<const float* const*> ModelRunner::PrepareActivations(int64_t n) {
+  const int64_t H = w_->config.text.hidden_size;
   const int num_bufs = w_->config.NumResBlocks() + 1;
   if (static_cast<int>(res_.size()) < num_bufs) res_.resize(num_bufs);
   bank_host_.clear();
   for (auto& r : res_) bank_host_.push_back(S(r, n * H));
-  float* h = S(h_, n * H);
-  float* xn = S(xn_, n * H);
-  float* attn_out = S(attn_out_, n * H);
-  float* ffn_out = S(ffn_out_, n * H);
+  S(h_, n * H);
+  S(xn_, n * H);
+  S(attn_out_, n * H);
+  S(ffn_out_, n * H);
   TANDEM_RETURN_IF_ERROR(scratch_status_);
   // The residual bank is always a prefix of res_: one pointer table in device
   // memory serves every layer.
-  TANDEM_ASSIGN_OR_RETURN(const float* const* bank_table, Upload(bank_host_, d_bank_));
+  return Upload(bank_host_, d_bank_);
+}
+
+absl::Status ModelRunner::Enqueue(absl::Span<const SequenceInput> seqs,
+                                  const float* const* bank_table, int64_t num_logits,
+                                  float* logits_out) {
+  const model::TextConfig& t = w_->config.text;
+  const int64_t H = t.hidden_size;
+  const float eps = static_cast<float>(t.rms_norm_eps);
+  kernels::Backend& be = *backend_;
+  const int64_t n = row_start_.back();
+  float* h = h_.data();
+  float* xn = xn_.data();
+  float* attn_out = attn_out_.data();
+  float* ffn_out = ffn_out_.data();
 
   TANDEM_RETURN_IF_ERROR(Embed(n, res_[0].data()));
   Probe(-1, "embed", res_[0].data(), n, H);
@@ -307,30 +349,266 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
   TANDEM_RETURN_IF_ERROR(be.AttnResMix(bank_table, bank.size(), res_[cur].data(),
                                        w_->output_res_proj.data(),
                                        w_->output_res_norm.data(), eps, n, H, h));
-  if (num_logits == 0) return be.Synchronize();
+  if (num_logits == 0) return absl::OkStatus();
   float* rows = S(out_rows_, num_logits * H);
   TANDEM_RETURN_IF_ERROR(scratch_status_);
-  int64_t r = 0;
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    for (int32_t i : seqs[s].logits_indices) {
-      TANDEM_RETURN_IF_ERROR(device_->CopyOnDevice(
-          rows + r * H, h + (row_start_[s] + i) * H, H * sizeof(float)));
-      ++r;
+  if (fixed_ != nullptr) {
+    // A graph step: every row wants its logits (GraphEligible), in row order.
+    TANDEM_RETURN_IF_ERROR(
+        be.RmsNorm(h, H, w_->final_norm.data(), rows, H, num_logits, H, eps));
+  } else {
+    int64_t r = 0;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      for (int32_t i : seqs[s].logits_indices) {
+        TANDEM_RETURN_IF_ERROR(device_->CopyOnDevice(
+            rows + r * H, h + (row_start_[s] + i) * H, H * sizeof(float)));
+        ++r;
+      }
+    }
+    TANDEM_RETURN_IF_ERROR(
+        be.RmsNorm(rows, H, w_->final_norm.data(), rows, H, num_logits, H, eps));
+  }
+  Probe(-1, "final", rows, num_logits, H);
+  return LmHead(rows, num_logits, logits_out);
+}
+
+// ---- CUDA graphs ------------------------------------------------------------------
+
+std::vector<int64_t> GraphBuckets(int64_t max_batch) {
+  // Powers of two to 64, then steps of 64: a decode step reads every weight once
+  // whatever its batch, so a padded row costs only its activations (attention
+  // and KDA skip padding sequences), while the count of graphs stays small
+  // (11 up to 256 sequences: capture time and graph memory).
+  std::vector<int64_t> out;
+  for (int64_t b = 1; b < max_batch; b = b < 64 ? 2 * b : b + 64) out.push_back(b);
+  if (max_batch >= 1) out.push_back(max_batch);
+  return out;
+}
+
+int64_t GraphBucket(int64_t batch, int64_t max_batch) {
+  if (batch < 1 || batch > max_batch) return 0;
+  int64_t b = 1;
+  while (b < batch) b = b < 64 ? 2 * b : b + 64;
+  return std::min(b, max_batch);
+}
+
+int64_t ModelRunner::MaxGraphBatch() const {
+  return options_.max_graph_batch > 0 ? options_.max_graph_batch : cache_->num_slots();
+}
+
+// Table strides come in powers of two (capped at the cache's block count), so a
+// bucket needs a new graph only when its longest sequence doubles.
+int64_t ModelRunner::StrideClass(int64_t blocks) const {
+  int64_t c = 1;
+  while (c < blocks) c *= 2;
+  return std::max(std::min(c, cache_->num_blocks()), blocks);
+}
+
+bool ModelRunner::GraphEligible(absl::Span<const SequenceInput> seqs) const {
+  if (options_.enforce_eager || !graph_stats_.disabled.empty()) return false;
+  if (host_device_ || !device_->supports_graphs() || tp() || hook_ || layer_done_) {
+    return false;
+  }
+  if (options_.mla_mode == MlaMode::kExpanded) return false;
+  if (GraphBucket(static_cast<int64_t>(seqs.size()), MaxGraphBatch()) == 0)
+    return false;
+  for (const SequenceInput& q : seqs) {
+    if (q.tokens.size() != 1 || q.logits_indices.size() != 1 ||
+        q.logits_indices[0] != 0) {
+      return false;
     }
   }
-  TANDEM_RETURN_IF_ERROR(
-      be.RmsNorm(rows, H, w_->final_norm.data(), rows, H, num_logits, H, eps));
-  Probe(-1, "final", rows, num_logits, H);
-  if (host_device_) {
-    TANDEM_RETURN_IF_ERROR(LmHead(rows, num_logits, logits->data()));
-    return be.Synchronize();
+  return true;
+}
+
+void ModelRunner::UpdateGraphStats() {
+  graph_stats_.live_graphs = 0;
+  graph_stats_.graph_nodes = 0;
+  graph_stats_.input_bytes = 0;
+  for (const auto& [key, g] : graphs_) {
+    graph_stats_.input_bytes += static_cast<int64_t>(g->inputs.bytes());
+    if (g->graph == nullptr) continue;
+    ++graph_stats_.live_graphs;
+    graph_stats_.graph_nodes += g->graph->num_nodes();
   }
-  float* dev_logits = S(logits_, num_logits * V);
+}
+
+absl::StatusOr<ModelRunner::DecodeGraph*> ModelRunner::GraphFor(int64_t B,
+                                                                int64_t stride) {
+  std::unique_ptr<DecodeGraph>& slot = graphs_[{B, stride}];
+  if (slot == nullptr) {
+    auto g = std::make_unique<DecodeGraph>();
+    g->bucket = B;
+    g->stride = stride;
+    const int64_t words = 5 * B + 1 + B * stride;
+    absl::StatusOr<kernels::DeviceBuffer> inputs =
+        kernels::DeviceBuffer::Allocate(device_, words * 4);
+    if (!inputs.ok()) {
+      graphs_.erase({B, stride});
+      return inputs.status();
+    }
+    g->inputs = std::move(inputs).value();
+    int32_t* p = g->inputs.as<int32_t>();
+    g->ids = p;
+    g->cache_slots = p + B;
+    g->kda_slots = p + 2 * B;
+    g->seq_lens = p + 3 * B;
+    g->query_start = p + 4 * B;
+    g->tables = p + 5 * B + 1;
+    slot = std::move(g);
+    UpdateGraphStats();
+  }
+  return slot.get();
+}
+
+int32_t* ModelRunner::PaddingInputs(const DecodeGraph& g, std::vector<int32_t>* out) {
+  const int64_t B = g.bucket;
+  out->assign(5 * B + 1 + B * g.stride, 0);
+  int32_t* h = out->data();
+  for (int64_t i = 0; i < B; ++i) {
+    h[B + i] = -1;
+    h[2 * B + i] = -1;
+    h[4 * B + i] = static_cast<int32_t>(i);
+  }
+  h[5 * B] = static_cast<int32_t>(B);
+  return h;
+}
+
+absl::Status ModelRunner::SizeForGraphs(int64_t stride) {
+  const int64_t B = MaxGraphBatch();
+  TANDEM_ASSIGN_OR_RETURN(DecodeGraph * g, GraphFor(B, stride));
+  std::vector<int32_t> host;
+  PaddingInputs(*g, &host);
+  TANDEM_RETURN_IF_ERROR(device_->CopyToDevice(g->inputs.data(), host.data(),
+                                               host.size() * sizeof(int32_t)));
+  row_start_.resize(B + 1);
+  for (int64_t i = 0; i <= B; ++i) row_start_[i] = i;
+  const std::vector<SequenceInput> none(B);
+  TANDEM_ASSIGN_OR_RETURN(const float* const* bank_table, PrepareActivations(B));
+  float* dev_logits = S(logits_, B * w_->config.text.vocab_size);
   TANDEM_RETURN_IF_ERROR(scratch_status_);
-  TANDEM_RETURN_IF_ERROR(LmHead(rows, num_logits, dev_logits));
-  TANDEM_RETURN_IF_ERROR(be.Synchronize());  // a kernel's recorded error first
-  return device_->CopyToHost(logits->data(), dev_logits,
-                             num_logits * V * sizeof(float));
+  fixed_ = g;
+  absl::Status st = Enqueue(none, bank_table, B, dev_logits);
+  fixed_ = nullptr;
+  return st;
+}
+
+absl::Status ModelRunner::GraphStep(absl::Span<const SequenceInput> seqs,
+                                    std::vector<float>* logits) {
+  const int64_t V = w_->config.text.vocab_size;
+  const int64_t bs = cache_->block_size();
+  const int64_t b = static_cast<int64_t>(seqs.size());
+  const int64_t B = GraphBucket(b, MaxGraphBatch());
+  int64_t longest = 1;
+  for (const SequenceInput& q : seqs) {
+    longest = std::max<int64_t>(longest, (q.start_pos + 1 + bs - 1) / bs);
+  }
+  const int64_t stride = StrideClass(longest);
+  TANDEM_ASSIGN_OR_RETURN(DecodeGraph * gp, GraphFor(B, stride));
+  DecodeGraph& g = *gp;
+
+  // The step's inputs, padded to the bucket (padding: token 0, no cache slot, no
+  // KDA slot, context 0, a zero table row), in one upload.
+  int32_t* h = PaddingInputs(g, &graph_host_);
+  for (int64_t i = 0; i < b; ++i) {
+    const SequenceInput& q = seqs[i];
+    const int64_t pos = q.start_pos;
+    h[i] = q.tokens[0];
+    h[B + i] = static_cast<int32_t>(q.block_table[pos / bs] * bs + pos % bs);
+    h[2 * B + i] = static_cast<int32_t>(q.kda_slot);
+    h[3 * B + i] = static_cast<int32_t>(pos + 1);
+    const int64_t used = (pos + 1 + bs - 1) / bs;
+    std::copy(q.block_table.begin(), q.block_table.begin() + used,
+              h + 5 * B + 1 + i * stride);
+  }
+  TANDEM_RETURN_IF_ERROR(
+      device_->CopyToDevice(g.inputs.data(), h, graph_host_.size() * sizeof(int32_t)));
+  graph_stats_.padded_rows += B - b;
+
+  row_start_.resize(B + 1);
+  for (int64_t i = 0; i <= B; ++i) row_start_[i] = i;
+  // The padded batch's sequence list: real sequences, then copies of the first
+  // (only their count and q_len are read on the fixed path).
+  std::vector<SequenceInput> padded(seqs.begin(), seqs.end());
+  padded.resize(B, seqs[0]);
+
+  kernels::Stream& stream = device_->compute_stream();
+  float* dev_logits = nullptr;
+  if (g.graph != nullptr && g.generation == Generation()) {
+    dev_logits = logits_.data();
+    TANDEM_RETURN_IF_ERROR(g.graph->Launch(stream));
+    ++graph_stats_.replays;
+  } else {
+    // First use (or stale): the padded step eagerly (it sizes every buffer and is
+    // this step's result), then the same forward captured.
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool recapture = g.graph != nullptr;
+    g.graph.reset();
+    if (sized_generation_ != Generation()) {
+      // Buffers sized for the largest bucket first (an all-padding step, which
+      // touches no state), so that capturing a larger bucket later does not move
+      // the buffers of the graphs already captured.
+      TANDEM_RETURN_IF_ERROR(SizeForGraphs(stride));
+      sized_generation_ = Generation();
+      TANDEM_RETURN_IF_ERROR(device_->CopyToDevice(
+          g.inputs.data(), h, graph_host_.size() * sizeof(int32_t)));
+      row_start_.resize(B + 1);
+      for (int64_t i = 0; i <= B; ++i) row_start_[i] = i;
+    }
+    TANDEM_ASSIGN_OR_RETURN(const float* const* bank_table, PrepareActivations(B));
+    dev_logits = S(logits_, B * V);
+    TANDEM_RETURN_IF_ERROR(scratch_status_);
+    fixed_ = &g;
+    absl::Status st = Enqueue(padded, bank_table, B, dev_logits);
+    fixed_ = nullptr;
+    TANDEM_RETURN_IF_ERROR(st);
+    const int64_t free_before = device_->MemoryInfo().free_bytes;
+    const int64_t generation = Generation();
+    absl::StatusOr<std::unique_ptr<kernels::Graph>> graph;
+    st = stream.BeginCapture();
+    if (st.ok()) {
+      fixed_ = &g;
+      st = Enqueue(padded, bank_table, B, dev_logits);
+      fixed_ = nullptr;
+      graph = stream.EndCapture();
+      if (st.ok()) st = graph.status();
+    }
+    if (st.ok() && Generation() != generation) {
+      st = absl::InternalError("a buffer moved during the capture");
+    }
+    if (!st.ok()) {
+      // The eager result stands; later steps run eagerly.
+      graph_stats_.disabled =
+          absl::StrCat("capture of bucket ", B, " failed: ", st.message());
+      TLOG(WARNING, "CUDA graphs off: a capture failed; decode steps run eagerly")
+          .Kv("bucket", B)
+          .Kv("error", st);
+    } else {
+      g.graph = std::move(graph).value();
+      g.generation = generation;
+      ++graph_stats_.captures;
+      if (recapture) ++graph_stats_.recaptures;
+      graph_stats_.capture_device_bytes +=
+          std::max<int64_t>(0, free_before - device_->MemoryInfo().free_bytes);
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    graph_stats_.capture_seconds += seconds;
+    UpdateGraphStats();
+    if (g.graph != nullptr) {
+      TLOG(INFO, recapture ? "CUDA graph recaptured (its buffers had moved)"
+                           : "CUDA graph captured")
+          .Kv("bucket", B)
+          .Kv("table_stride", stride)
+          .Kv("nodes", g.graph->num_nodes())
+          .Kv("seconds", seconds)
+          .Kv("graphs", graph_stats_.live_graphs)
+          .Kv("input_bytes", graph_stats_.input_bytes)
+          .Kv("capture_device_bytes", graph_stats_.capture_device_bytes);
+    }
+  }
+  TANDEM_RETURN_IF_ERROR(backend_->Synchronize());  // a kernel's recorded error first
+  return device_->CopyToHost(logits->data(), dev_logits, b * V * sizeof(float));
 }
 
 absl::Status ModelRunner::KdaLayer(const LayerWeights& lw,
@@ -359,7 +637,22 @@ absl::Status ModelRunner::KdaLayer(const LayerWeights& lw,
   TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, kw.q_proj, H, q_raw, P, n, P, H, false));
   TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, kw.k_proj, H, k_raw, P, n, P, H, false));
   TANDEM_RETURN_IF_ERROR(be.GemmBf16(xn, H, kw.v_proj, H, v_raw, P, n, P, H, false));
-  for (size_t s = 0; s < seqs.size(); ++s) {
+  // A graph step: one launch per conv over the bucket, the slots on the device
+  // (the pool's slots are slot_stride floats apart).
+  const int64_t slot_stride =
+      cache_->kda_recurrent(1, lw.kda_index) - cache_->kda_recurrent(0, lw.kda_index);
+  if (fixed_ != nullptr) {
+    const int64_t B = fixed_->bucket, T = n / B;
+    for (int which = 0; which < 3; ++which) {
+      const float* raw = which == 0 ? q_raw : which == 1 ? k_raw : v_raw;
+      const float* wconv = which == 0 ? kw.q_conv : which == 1 ? kw.k_conv : kw.v_conv;
+      float* conv = which == 0 ? q_c : which == 1 ? k_c : v_c;
+      TANDEM_RETURN_IF_ERROR(be.CausalConv1dSiluSlots(
+          raw, P, wconv, K, cache_->kda_conv(0, lw.kda_index, which), slot_stride,
+          fixed_->kda_slots, B, conv, P, T, P));
+    }
+  }
+  for (size_t s = 0; fixed_ == nullptr && s < seqs.size(); ++s) {
     const int64_t r0 = row_start_[s], T = seqs[s].tokens.size();
     const int64_t slot = seqs[s].kda_slot;
     TANDEM_RETURN_IF_ERROR(be.CausalConv1dSilu(q_raw + r0 * P, P, kw.q_conv, K,
@@ -384,9 +677,28 @@ absl::Status ModelRunner::KdaLayer(const LayerWeights& lw,
   TANDEM_RETURN_IF_ERROR(be.KdaGates(graw, P, kw.a_log, kw.dt_bias, braw, nh,
                                      static_cast<float>(la.gate_lower_bound), n, nh, d,
                                      g, beta));
-  // Recurrence per sequence.
+  // Recurrence per sequence (a graph step: one launch, slots on the device).
   float* o = k_c;  // k_c is free now
-  for (size_t s = 0; s < seqs.size(); ++s) {
+  if (fixed_ != nullptr) {
+    kernels::KdaArgs a;
+    a.tokens = n / fixed_->bucket;
+    a.heads = nh;
+    a.head_dim_k = d;
+    a.head_dim_v = d;
+    a.q = q_raw;
+    a.k = k_raw;
+    a.ld_qk = P;
+    a.v = v_c;
+    a.ld_v = P;
+    a.g = g;
+    a.beta = beta;
+    a.state = cache_->kda_recurrent(0, lw.kda_index);
+    a.out = o;
+    a.ld_out = P;
+    TANDEM_RETURN_IF_ERROR(
+        be.KdaRecurrentSlots(a, fixed_->bucket, fixed_->kda_slots, slot_stride));
+  }
+  for (size_t s = 0; fixed_ == nullptr && s < seqs.size(); ++s) {
     const int64_t r0 = row_start_[s], T = seqs[s].tokens.size();
     kernels::KdaArgs a;
     a.tokens = T;
@@ -448,17 +760,20 @@ absl::Status ModelRunner::MlaLayer(const LayerWeights& lw,
       be.RmsNorm(kv, W, mw.kv_a_norm.data(), kv, W, n, lora, kLoraNormEps));
 
   // Cache write.
-  slots_.resize(n);
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    const SequenceInput& sq = seqs[s];
-    for (size_t i = 0; i < sq.tokens.size(); ++i) {
-      const int64_t pos = sq.start_pos + i;
-      slots_[row_start_[s] + i] =
-          static_cast<int32_t>(sq.block_table[pos / bs] * bs + pos % bs);
-    }
-  }
   uint16_t* cache = cache_->mla_layer(lw.mla_index);
-  TANDEM_ASSIGN_OR_RETURN(const int32_t* slots, Upload(slots_, d_slots_));
+  const int32_t* slots = fixed_ != nullptr ? fixed_->cache_slots : nullptr;
+  if (fixed_ == nullptr) {
+    slots_.resize(n);
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const SequenceInput& sq = seqs[s];
+      for (size_t i = 0; i < sq.tokens.size(); ++i) {
+        const int64_t pos = sq.start_pos + i;
+        slots_[row_start_[s] + i] =
+            static_cast<int32_t>(sq.block_table[pos / bs] * bs + pos % bs);
+      }
+    }
+    TANDEM_ASSIGN_OR_RETURN(slots, Upload(slots_, d_slots_));
+  }
   TANDEM_RETURN_IF_ERROR(
       be.PagedCacheWrite(kv, W, slots, n, W, cache, cache_->num_blocks() * bs));
 
@@ -474,8 +789,35 @@ absl::Status ModelRunner::MlaLayer(const LayerWeights& lw,
     }
     return sq.tokens.size() == 1;
   };
+  kernels::MlaArgs base;
+  base.heads = nh;
+  base.nope_dim = t.qk_nope_head_dim;
+  base.rope_dim = rope;
+  base.v_dim = vd;
+  base.kv_lora_rank = lora;
+  base.scale = 1.0f / std::sqrt(static_cast<float>(qd));
+  base.kv_cache = cache;
+  base.num_blocks = cache_->num_blocks();
+  base.block_size = bs;
+  base.kv_b_proj = mw.kv_b_proj;
+  base.ld_q = nh * qd;
+  base.ld_out = nh * vd;
+  if (fixed_ != nullptr) {  // a graph step: one absorbed call over the bucket
+    kernels::MlaArgs a = base;
+    a.num_seqs = fixed_->bucket;
+    a.num_tokens = n;
+    a.seq_lens = fixed_->seq_lens;
+    a.query_start = fixed_->query_start;
+    a.block_tables = fixed_->tables;
+    a.block_table_stride = fixed_->stride;
+    a.q = q;
+    a.out = att;
+    a.split_seqs = fixed_->bucket;
+    a.split_context = fixed_->stride * bs;
+    TANDEM_RETURN_IF_ERROR(be.MlaAttentionAbsorbed(a));
+  }
   size_t s0 = 0;
-  while (s0 < seqs.size()) {
+  while (fixed_ == nullptr && s0 < seqs.size()) {
     const bool absorbed = absorbed_for(seqs[s0]);
     size_t s1 = s0 + 1;
     while (s1 < seqs.size() && absorbed_for(seqs[s1]) == absorbed) ++s1;
@@ -498,27 +840,26 @@ absl::Status ModelRunner::MlaLayer(const LayerWeights& lw,
     TANDEM_ASSIGN_OR_RETURN(const int32_t* query_start,
                             Upload(query_start_, d_query_start_));
     TANDEM_ASSIGN_OR_RETURN(const int32_t* tables, Upload(tables_, d_tables_));
-    kernels::MlaArgs a;
-    a.heads = nh;
-    a.nope_dim = t.qk_nope_head_dim;
-    a.rope_dim = rope;
-    a.v_dim = vd;
-    a.kv_lora_rank = lora;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(qd));
+    kernels::MlaArgs a = base;
     a.num_seqs = num;
     a.num_tokens = query_start_[num];
     a.seq_lens = seq_lens;
     a.query_start = query_start;
     a.block_tables = tables;
     a.block_table_stride = stride;
-    a.kv_cache = cache;
-    a.num_blocks = cache_->num_blocks();
-    a.block_size = bs;
-    a.kv_b_proj = mw.kv_b_proj;
     a.q = q + row_start_[s0] * nh * qd;
-    a.ld_q = nh * qd;
     a.out = att + row_start_[s0] * nh * vd;
-    a.ld_out = nh * vd;
+    // A decode run plans its split-KV decomposition as the graph of its bucket
+    // would (same arithmetic with graphs on and off).
+    const int64_t bucket = GraphBucket(num, MaxGraphBatch());
+    if (!host_device_ && absorbed && a.num_tokens == num && bucket > 0) {
+      int64_t longest = 1;
+      for (int64_t j = 0; j < num; ++j) {
+        longest = std::max<int64_t>(longest, (seq_lens_[j] + bs - 1) / bs);
+      }
+      a.split_seqs = bucket;
+      a.split_context = StrideClass(longest) * bs;
+    }
     if (absorbed) {
       TANDEM_RETURN_IF_ERROR(be.MlaAttentionAbsorbed(a));
     } else {
@@ -567,7 +908,7 @@ absl::Status ModelRunner::Ffn(const LayerWeights& lw, const float* xn, float* ou
   kernels::Backend& be = *backend_;
   float* wts = S(topk_w_, n * k);
   absl::Status st;
-  int32_t* expert_ids = d_expert_ids_.Sized(device_, n * k, &st);
+  int32_t* expert_ids = d_expert_ids_.Sized(device_, n * k, &st, &scratch_moves_);
   TANDEM_RETURN_IF_ERROR(st);
   float* z = S(t0_, n * L);
   // TP: u and the shared-expert partial side by side, reduced in one call.

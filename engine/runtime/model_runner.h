@@ -49,6 +49,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -104,7 +107,36 @@ struct ModelRunnerOptions {
   MlaMode mla_mode = MlaMode::kAuto;
   // KDA form: chunked for T > 1 unless this is set (then recurrent always).
   bool kda_recurrent_only = false;
+  // CUDA graphs for decode steps (see "CUDA graphs" below) where the backend's
+  // device supports them; true runs every step eagerly (vLLM's --enforce_eager).
+  bool enforce_eager = false;
+  // The largest decode batch served by a graph; 0: the cache's KDA slot count
+  // (the most sequences a step can hold). Larger batches run eagerly.
+  int64_t max_graph_batch = 0;
 };
+
+// CUDA graphs of decode steps, cumulative since the runner was made.
+struct GraphStats {
+  int64_t captures = 0;        // graphs captured (recaptures included)
+  int64_t recaptures = 0;      // of which: a bucket's graph had gone stale
+  int64_t replays = 0;         // steps that launched a captured graph
+  int64_t eager_steps = 0;     // Forward calls run eagerly
+  int64_t padded_rows = 0;     // rows added by padding batches to their bucket
+  double capture_seconds = 0;  // warm-up forward + capture + instantiation
+  int64_t live_graphs = 0;     // graphs held now
+  int64_t graph_nodes = 0;     // their nodes (launches, copies, GEMMs)
+  int64_t input_bytes = 0;     // device memory of their fixed input buffers
+  // Device memory the captures took beyond the input buffers (free bytes before
+  // minus after; graph instantiation on CUDA, 0 on cuda_sim).
+  int64_t capture_device_bytes = 0;
+  std::string disabled;  // why graphs were turned off (a failed capture), or empty
+};
+
+// The batch-size buckets of decode graphs up to max_batch: 1, 2, 4, ..., 64,
+// then multiples of 64, and max_batch itself as the last one.
+std::vector<int64_t> GraphBuckets(int64_t max_batch);
+// The bucket a batch of `batch` sequences is padded to (0: none, batch > max).
+int64_t GraphBucket(int64_t batch, int64_t max_batch);
 
 // Time spent in the collectives of Forward (tensor parallelism), cumulative. The
 // time of a call includes waiting for the slowest rank to arrive.
@@ -120,10 +152,13 @@ struct CommStats {
 template <typename T>
 class DeviceScratch {
  public:
-  // A buffer of at least n elements, or null with the error in *status.
-  T* Sized(kernels::Device* device, int64_t n, absl::Status* status) {
+  // A buffer of at least n elements, or null with the error in *status. A
+  // reallocation counts one in *moves (graphs captured before it are stale).
+  T* Sized(kernels::Device* device, int64_t n, absl::Status* status,
+           int64_t* moves = nullptr) {
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T);
     if (buf_.bytes() < bytes || buf_.device() != device) {
+      if (moves != nullptr) ++*moves;
       buf_.Reset();
       absl::StatusOr<kernels::DeviceBuffer> b =
           kernels::DeviceBuffer::Allocate(device, bytes + bytes / 4);
@@ -141,6 +176,25 @@ class DeviceScratch {
   kernels::DeviceBuffer buf_;
 };
 
+// CUDA graphs (decode). A step in which every sequence brings one new token and
+// wants its logits, on a device with graphs (Device::supports_graphs), not under
+// tensor parallelism and without hooks, runs as a graph:
+//   b sequences → pad to the bucket B = GraphBucket(b) (padding sequences: token
+//   0, KDA slot -1, cache slot -1, context 0: the kernels skip them and give
+//   zero rows) → the step's token ids, cache slots, KDA slots, context lengths,
+//   query starts and block tables go, in one copy, into the fixed input buffer
+//   of graph (B, table stride class) → that graph is launched → the first b rows
+//   of logits are copied back.
+// Graphs are captured on first use of a (bucket, stride class): the step runs
+// eagerly over the padded batch first (which sizes every buffer and gives the
+// step's result), then the same forward is captured. Every kernel parameter of
+// the capture is fixed by the bucket: row counts, the MLA table stride (the
+// step's longest table rounded up to a power of two: a class), the split-KV plan
+// (MlaArgs::split_seqs / split_context); per-step values are read from device
+// memory. A graph is stale once a buffer it uses moves (scratch growth here or in
+// the backend: workspace_generation) and is then recaptured. Eager decode steps
+// on a device plan the MLA split-KV decomposition for the same bucket, so graph
+// and eager steps run the same arithmetic.
 class ModelRunner {
  public:
   // Not owned: weights, cache, backend (and comm) must outlive the runner.
@@ -164,8 +218,43 @@ class ModelRunner {
   parallel::Communicator* communicator() { return comm_; }
   const CommStats& comm_stats() const { return comm_stats_; }
   void reset_comm_stats() { comm_stats_ = {}; }
+  const GraphStats& graph_stats() const { return graph_stats_; }
 
  private:
+  // One captured decode graph and its fixed input buffer (int32):
+  //   ids [B] | cache slots [B] | KDA slots [B] | seq_lens [B] |
+  //   query_start [B + 1] | block tables [B * stride]
+  struct DecodeGraph {
+    int64_t bucket = 0, stride = 0;
+    std::unique_ptr<kernels::Graph> graph;
+    int64_t generation = -1;  // Generation() when captured
+    kernels::DeviceBuffer inputs;
+    int32_t *ids = nullptr, *cache_slots = nullptr, *kda_slots = nullptr,
+            *seq_lens = nullptr, *query_start = nullptr, *tables = nullptr;
+  };
+  bool GraphEligible(absl::Span<const SequenceInput> seqs) const;
+  absl::Status GraphStep(absl::Span<const SequenceInput> seqs,
+                         std::vector<float>* logits);
+  // The device work of a forward over row_start_.back() rows: no host copies
+  // when fixed_ is set (the inputs are in fixed_'s buffer), so it can be captured.
+  absl::Status Enqueue(absl::Span<const SequenceInput> seqs,
+                       const float* const* bank_table, int64_t num_logits,
+                       float* logits_out);
+  // Sizes the activation buffers for n rows; uploads the residual bank table.
+  absl::StatusOr<const float* const*> PrepareActivations(int64_t n);
+  absl::StatusOr<DecodeGraph*> GraphFor(int64_t bucket, int64_t stride);
+  // *out filled with the inputs of an all-padding step of g's shape; its data.
+  int32_t* PaddingInputs(const DecodeGraph& g, std::vector<int32_t>* out);
+  // An all-padding step of the largest bucket, eagerly: every buffer a graph
+  // step uses gets its largest size.
+  absl::Status SizeForGraphs(int64_t stride);
+  int64_t MaxGraphBatch() const;
+  int64_t StrideClass(int64_t blocks) const;
+  int64_t Generation() const {
+    return scratch_moves_ + backend_->workspace_generation();
+  }
+  void UpdateGraphStats();
+
   absl::Status Validate(absl::Span<const SequenceInput> seqs) const;
   absl::Status KdaLayer(const LayerWeights& lw, absl::Span<const SequenceInput> seqs,
                         const float* xn, float* out);
@@ -184,7 +273,7 @@ class ModelRunner {
              int64_t cols);
   // Scratch of the backend's device (errors collect in scratch_status_).
   float* S(DeviceScratch<float>& buf, int64_t n) {
-    return buf.Sized(device_, n, &scratch_status_);
+    return buf.Sized(device_, n, &scratch_status_, &scratch_moves_);
   }
   // `host` in device memory: itself on the host device, else an upload into `dev`.
   template <typename T>
@@ -217,6 +306,15 @@ class ModelRunner {
   DeviceScratch<int32_t> d_ids_, d_slots_, d_seq_lens_, d_query_start_, d_tables_,
       d_expert_ids_, d_local_ids_;
   DeviceScratch<const float*> d_bank_;
+
+  // CUDA graphs (decode).
+  int64_t scratch_moves_ = 0;           // reallocations of the scratch above
+  int64_t sized_generation_ = -1;       // Generation() after the last SizeForGraphs
+  const DecodeGraph* fixed_ = nullptr;  // while a graph's forward is enqueued
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<DecodeGraph>>
+      graphs_;                       // (bucket, stride) -> graph
+  std::vector<int32_t> graph_host_;  // a graph step's inputs, staged
+  GraphStats graph_stats_;
 };
 
 }  // namespace tandem::engine

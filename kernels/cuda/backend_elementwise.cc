@@ -143,6 +143,32 @@ absl::Status GpuBackend::CausalConv1dSilu(const float* x, int64_t ldx, const flo
               "conv1d");
 }
 
+absl::Status GpuBackend::CausalConv1dSiluSlots(
+    const float* x, int64_t ldx, const float* w, int64_t kernel, float* state_base,
+    int64_t state_stride, const int32_t* slots, int64_t num_seqs, float* y, int64_t ldy,
+    int64_t tokens_per_seq, int64_t channels) {
+  if (kernel < 1) return InvalidArgument("conv1d: kernel must be >= 1");
+  if (num_seqs < 0 || state_stride < 0) {
+    return InvalidArgument("conv1d: num_seqs and state_stride must be >= 0");
+  }
+  const int64_t rows = num_seqs * tokens_per_seq;
+  TANDEM_RETURN_IF_ERROR(CheckRows(rows, channels, ldx, "conv1d"));
+  TANDEM_RETURN_IF_ERROR(CheckRows(rows, channels, ldy, "conv1d"));
+  if (rows == 0 || channels == 0) return absl::OkStatus();
+  // The slots are device memory: only the pool's first state is checkable here.
+  TANDEM_RETURN_IF_ERROR(Resident(
+      *this, {{x, Span(rows, channels, ldx) * kF, "conv1d x"},
+              {w, Span(channels, kernel, kernel) * kF, "conv1d w"},
+              {slots, num_seqs * sizeof(int32_t), "conv1d slots"},
+              {state_base, Span(kernel - 1, channels, channels) * kF, "conv1d state"},
+              {y, Span(rows, channels, ldy) * kF, "conv1d y"}}));
+  return Done(
+      this,
+      LaunchCausalConv1dSiluSlots(x, ldx, w, kernel, state_base, state_stride, slots,
+                                  num_seqs, y, ldy, tokens_per_seq, channels, stream()),
+      "conv1d");
+}
+
 absl::Status GpuBackend::KdaGates(const float* graw, int64_t ld_graw,
                                   const float* a_log, const float* dt_bias,
                                   const float* braw, int64_t ld_braw, float lower_bound,

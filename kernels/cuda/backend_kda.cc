@@ -83,6 +83,33 @@ absl::Status GpuBackend::KdaRecurrent(const KdaArgs& args) {
   return Launched("KdaRecurrent");
 }
 
+absl::Status GpuBackend::KdaRecurrentSlots(const KdaArgs& args, int64_t num_seqs,
+                                           const int32_t* slots, int64_t state_stride) {
+  if (num_seqs < 0 || state_stride < 0) {
+    return InvalidArgument("kda: num_seqs and state_stride must be >= 0");
+  }
+  if (num_seqs > 65535) return InvalidArgument("kda: more than 65535 sequences");
+  if (num_seqs == 0 || args.tokens == 0) return absl::OkStatus();
+  if (slots == nullptr) return InvalidArgument("kda: slots is null");
+  // The shapes and ranges of all rows (the first sequence's state: the others'
+  // are picked on the device).
+  KdaArgs all = args;
+  all.tokens = args.tokens * num_seqs;
+  bool run = false;
+  TANDEM_RETURN_IF_ERROR(PrepareKda(*this, all, &run));
+  if (!run) return absl::OkStatus();
+  TANDEM_RETURN_IF_ERROR(
+      CheckResident(slots, static_cast<size_t>(num_seqs) * 4, "kda slots"));
+  KdaLaunchArgs l = ToLaunch(args);
+  l.num_seqs = num_seqs;
+  l.state_slots = slots;
+  l.state_stride = state_stride;
+  if (const char* e = KdaRecurrentLaunch(l, stream())) {
+    return Internal(name(), ": launching KdaRecurrent failed: ", e);
+  }
+  return Launched("KdaRecurrent");
+}
+
 absl::Status GpuBackend::KdaChunked(const KdaArgs& args) {
   bool run = false;
   TANDEM_RETURN_IF_ERROR(PrepareKda(*this, args, &run));

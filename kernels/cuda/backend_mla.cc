@@ -75,7 +75,17 @@ absl::Status GpuBackend::MlaAttentionAbsorbed(const MlaArgs& args) {
   MlaLaunchArgs a;
   TANDEM_RETURN_IF_ERROR(Prepare(args, error_word(), /*absorbed=*/true, &a));
   if (a.num_seqs == 0) return absl::OkStatus();
-  const int splits = MlaAbsorbedSplits(a, kAssumedSms);
+  // The decomposition is planned for the caller's batch and context if it names
+  // them (MlaArgs::split_seqs / split_context), else for this call.
+  MlaLaunchArgs plan = a;
+  if (args.split_seqs > 0) {
+    plan.num_tokens = a.num_tokens / a.num_seqs * args.split_seqs;
+    plan.num_seqs = args.split_seqs;
+  }
+  if (args.split_context > 0 && a.block_size > 0) {
+    plan.block_table_stride = (args.split_context + a.block_size - 1) / a.block_size;
+  }
+  const int splits = MlaAbsorbedSplits(plan, kAssumedSms);
   TANDEM_ASSIGN_OR_RETURN(void* scratch, Scratch(MlaAbsorbedScratchBytes(a, splits)));
   if (const char* err = MlaAbsorbedLaunch(a, splits, scratch, stream())) {
     return absl::InternalError(absl::StrCat("MlaAttentionAbsorbed: ", err));

@@ -22,6 +22,9 @@ class Blas {
  public:
   virtual ~Blas() = default;
   virtual absl::string_view name() const = 0;
+  // Counts the moves of device buffers the calls use (staging grown for a larger
+  // GEMM): graphs captured before a move are stale (Backend::workspace_generation).
+  virtual int64_t buffer_generation() const { return 0; }
   // W BF16. cuBLASLt: exact mode splits X into BF16 hi + lo (fp32-class
   // accuracy, one matmul of 2m rows: the weights are read once), bf16 mode rounds
   // X to BF16 (the contract's 1e-2 bound); the emulator's keeps X in fp32.

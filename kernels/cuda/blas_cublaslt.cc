@@ -88,6 +88,7 @@ class CublasLtBlas final : public Blas {
   absl::string_view name() const override {
     return exact_ ? "cublaslt_split_bf16" : "cublaslt_bf16";
   }
+  int64_t buffer_generation() const override { return moves_; }
 
   absl::Status GemmBf16(const float* x, int64_t ldx, const uint16_t* w, int64_t ldw,
                         float* y, int64_t ldy, int64_t m, int64_t n, int64_t k,
@@ -131,6 +132,7 @@ class CublasLtBlas final : public Blas {
   absl::Status Grow(DeviceBuffer* b, size_t bytes) {
     if (b->bytes() >= bytes) return absl::OkStatus();
     b->Reset();  // freed in stream order after its last use
+    ++moves_;
     TANDEM_ASSIGN_OR_RETURN(*b, DeviceBuffer::Allocate(device_, bytes));
     return absl::OkStatus();
   }
@@ -229,7 +231,8 @@ class CublasLtBlas final : public Blas {
 
   Device* device_;
   cublasLtHandle_t handle_;
-  DeviceBuffer workspace_;
+  DeviceBuffer workspace_;  // fixed: allocated once, so graphs may capture matmuls
+  int64_t moves_ = 0;       // reallocations of the staging buffers (Grow)
   DeviceBuffer x_bf16_;
   DeviceBuffer pair_;  // exact mode: the [2m, n] hi and lo products
   bool exact_;

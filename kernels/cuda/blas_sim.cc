@@ -2,27 +2,47 @@
 // device's memory, which is host memory.
 #include <algorithm>
 #include <memory>
+#include <string>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cuda/blas.h"
+#include "kernels/cuda/sim/simt.h"
 
 namespace tandem::kernels::cuda {
 namespace {
+
+void Replayed(const absl::Status& s) {
+  if (!s.ok()) cuda_sim::RecordLaunchError("host gemm: " + std::string(s.message()));
+}
 
 class SimBlas final : public Blas {
  public:
   explicit SimBlas(std::unique_ptr<Backend> cpu) : cpu_(std::move(cpu)) {}
   absl::string_view name() const override { return "host gemm"; }
 
+  // On a capturing stream the call is recorded (arguments by value) and runs when
+  // the graph is launched; a failure then is a launch error of the replay.
   absl::Status GemmBf16(const float* x, int64_t ldx, const uint16_t* w, int64_t ldw,
                         float* y, int64_t ldy, int64_t m, int64_t n, int64_t k,
-                        bool accumulate, Stream&) override {
+                        bool accumulate, Stream& stream) override {
+    Backend* cpu = cpu_.get();
+    if (cuda_sim::Record(stream.native(), [=] {
+          Replayed(cpu->GemmBf16(x, ldx, w, ldw, y, ldy, m, n, k, accumulate));
+        })) {
+      return absl::OkStatus();
+    }
     return cpu_->GemmBf16(x, ldx, w, ldw, y, ldy, m, n, k, accumulate);
   }
   absl::Status GemmF32(const float* x, int64_t ldx, const float* w, int64_t ldw,
                        float* y, int64_t ldy, int64_t m, int64_t n, int64_t k,
-                       bool accumulate, Stream&) override {
+                       bool accumulate, Stream& stream) override {
+    Backend* cpu = cpu_.get();
+    if (cuda_sim::Record(stream.native(), [=] {
+          Replayed(cpu->GemmF32(x, ldx, w, ldw, y, ldy, m, n, k, accumulate));
+        })) {
+      return absl::OkStatus();
+    }
     return cpu_->GemmF32(x, ldx, w, ldw, y, ldy, m, n, k, accumulate);
   }
 

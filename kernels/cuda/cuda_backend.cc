@@ -118,8 +118,13 @@ absl::StatusOr<void*> GpuBackend::Scratch(size_t bytes) {
   constexpr size_t kStep = size_t{1} << 20;
   const size_t want = (std::max<size_t>(bytes, 1) + kStep - 1) / kStep * kStep;
   scratch_.Reset();
+  ++scratch_moves_;
   TANDEM_ASSIGN_OR_RETURN(scratch_, DeviceBuffer::Allocate(device_.get(), want));
   return scratch_.data();
+}
+
+int64_t GpuBackend::workspace_generation() const {
+  return scratch_moves_ + blas_->buffer_generation();
 }
 
 absl::Status GpuBackend::Launched(const char* what) {

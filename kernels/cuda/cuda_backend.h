@@ -49,6 +49,7 @@ class GpuBackend final : public Backend {
   Device& device() override { return *device_; }
   bool Supports(Op op) const override;
   absl::Status Synchronize() override;
+  int64_t workspace_generation() const override;
 
   absl::Status GemmBf16(const float* x, int64_t ldx, const uint16_t* w, int64_t ldw,
                         float* y, int64_t ldy, int64_t m, int64_t n, int64_t k,
@@ -72,6 +73,13 @@ class GpuBackend final : public Backend {
   absl::Status CausalConv1dSilu(const float* x, int64_t ldx, const float* w,
                                 int64_t kernel, float* state, float* y, int64_t ldy,
                                 int64_t tokens, int64_t channels) override;
+  absl::Status CausalConv1dSiluSlots(const float* x, int64_t ldx, const float* w,
+                                     int64_t kernel, float* state_base,
+                                     int64_t state_stride, const int32_t* slots,
+                                     int64_t num_seqs, float* y, int64_t ldy,
+                                     int64_t tokens_per_seq, int64_t channels) override;
+  absl::Status KdaRecurrentSlots(const KdaArgs& args, int64_t num_seqs,
+                                 const int32_t* slots, int64_t state_stride) override;
   absl::Status KdaGates(const float* graw, int64_t ld_graw, const float* a_log,
                         const float* dt_bias, const float* braw, int64_t ld_braw,
                         float lower_bound, int64_t tokens, int64_t heads, int64_t d,
@@ -117,6 +125,7 @@ class GpuBackend final : public Backend {
   std::unique_ptr<Device> device_;
   std::unique_ptr<Blas> blas_;
   DeviceBuffer scratch_;
+  int64_t scratch_moves_ = 0;  // reallocations of scratch_
   DeviceBuffer error_buffer_;
   int32_t* error_word_ = nullptr;
   GpuPrecision precision_;

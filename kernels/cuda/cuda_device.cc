@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -26,6 +27,46 @@ absl::Status CudaError(cudaError_t e, absl::string_view what) {
   return absl::InternalError(msg);
 }
 
+// An instantiated CUDA graph (cudaGraphExec_t) and the graph it came from.
+class CudaGraph final : public Graph {
+ public:
+  CudaGraph(int ordinal, cudaGraph_t graph, cudaGraphExec_t exec, int64_t nodes)
+      : ordinal_(ordinal), graph_(graph), exec_(exec), nodes_(nodes) {}
+  ~CudaGraph() override {
+    cudaSetDevice(ordinal_);
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  absl::Status Launch(Stream& stream) override {
+    cudaSetDevice(ordinal_);
+    return CudaError(cudaGraphLaunch(exec_, static_cast<cudaStream_t>(stream.native())),
+                     "graph launch");
+  }
+  int64_t num_nodes() const override { return nodes_; }
+
+ private:
+  int ordinal_;
+  cudaGraph_t graph_;
+  cudaGraphExec_t exec_;
+  int64_t nodes_;
+};
+
+// True while `s` captures (a query error counts as not capturing).
+bool IsCapturing(cudaStream_t s) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &status) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+absl::Status NotDuringCapture(absl::string_view what) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "cuda: ", what,
+      " is not allowed while the stream is capturing (CUDA graph capture rules)"));
+}
+
 class CudaStream final : public Stream {
  public:
   CudaStream(int ordinal, cudaStream_t s, bool owned)
@@ -42,6 +83,34 @@ class CudaStream final : public Stream {
     // Errors of kernels that faulted surface here (they are sticky on CUDA).
     return CudaError(cudaStreamSynchronize(stream_), "stream synchronize");
   }
+  // cudaStreamCaptureModeThreadLocal: this thread may not make unsafe calls
+  // (cudaMalloc, synchronous copies) during the capture; other threads may.
+  absl::Status BeginCapture() override {
+    cudaSetDevice(ordinal_);
+    return CudaError(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                     "begin stream capture");
+  }
+  absl::StatusOr<std::unique_ptr<Graph>> EndCapture() override {
+    cudaSetDevice(ordinal_);
+    cudaGraph_t graph = nullptr;
+    absl::Status st =
+        CudaError(cudaStreamEndCapture(stream_, &graph), "end stream capture");
+    if (!st.ok()) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      return st;
+    }
+    size_t nodes = 0;
+    cudaGraphGetNodes(graph, nullptr, &nodes);
+    cudaGraphExec_t exec = nullptr;
+    st = CudaError(cudaGraphInstantiate(&exec, graph, 0), "graph instantiate");
+    if (!st.ok()) {
+      cudaGraphDestroy(graph);
+      return st;
+    }
+    return std::unique_ptr<Graph>(
+        new CudaGraph(ordinal_, graph, exec, static_cast<int64_t>(nodes)));
+  }
+  bool capturing() const override { return IsCapturing(stream_); }
 
  private:
   int ordinal_;
@@ -106,11 +175,15 @@ class CudaDevice final : public Device {
     return CudaError(cudaSetDevice(ordinal_), "set device");
   }
 
+  bool supports_graphs() const override { return true; }
+
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     const size_t rounded =
         (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
     void* p = nullptr;
     cudaSetDevice(ordinal_);
+    // An allocation on the compute stream would become a node of the graph.
+    if (IsCapturing(compute_.get())) return NotDuringCapture("Allocate");
     const cudaError_t e = cudaMallocFromPoolAsync(&p, rounded, pool_, compute_.get());
     if (e != cudaSuccess) {
       cudaGetLastError();  // not sticky: clear it
@@ -140,6 +213,15 @@ class CudaDevice final : public Device {
     }
     // Ordered after the work already queued on the compute stream.
     cudaSetDevice(ordinal_);
+    if (IsCapturing(compute_.get())) {
+      // cudaFreeAsync would become a graph node (a free at every replay). A
+      // synchronous cudaFree is refused in capture and invalidates it, so the
+      // capture fails as it must; the block stays allocated.
+      std::fprintf(stderr, "%s: Free(%p) during stream capture: capture invalidated\n",
+                   name_.c_str(), p);
+      if (cudaFree(p) != cudaSuccess) cudaGetLastError();
+      return;
+    }
     cudaFreeAsync(p, compute_.get());
   }
 
@@ -192,6 +274,7 @@ class CudaDevice final : public Device {
 
   absl::Status CopyToDevice(void* dst, const void* host_src, size_t bytes,
                             Stream* stream) override {
+    if (IsCapturing(StreamOf(stream))) return NotDuringCapture("CopyToDevice");
     if (bytes == 0) return absl::OkStatus();
     return CudaError(
         cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, StreamOf(stream)),
@@ -199,8 +282,9 @@ class CudaDevice final : public Device {
   }
   absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes,
                           Stream* stream) override {
-    if (bytes == 0) return absl::OkStatus();
     cudaStream_t s = StreamOf(stream);
+    if (IsCapturing(s)) return NotDuringCapture("CopyToHost");
+    if (bytes == 0) return absl::OkStatus();
     absl::Status st =
         CudaError(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, s),
                   "copy to host");

@@ -5,6 +5,10 @@
 // ordered on the compute stream; never managed memory. Streams are non-blocking
 // (cudaStreamNonBlocking: no implicit sync with the legacy default stream).
 // Copies are cudaMemcpyAsync on the given stream; CopyToHost then waits for it.
+// Graphs: stream capture in cudaStreamCaptureModeThreadLocal, EndCapture
+// instantiates (cudaGraphInstantiate), Graph::Launch is cudaGraphLaunch. Allocate
+// and Free while the compute stream captures, and host copies on a capturing
+// stream, are errors (Free's invalidates the capture).
 #ifndef TANDEM_KERNELS_CUDA_CUDA_DEVICE_H_
 #define TANDEM_KERNELS_CUDA_CUDA_DEVICE_H_
 

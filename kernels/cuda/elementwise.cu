@@ -412,12 +412,29 @@ __global__ void CacheWriteKernel(const float* src, int64_t ld_src, const int32_t
 // ---- Causal conv
 // ---------------------------------------------------------------------- kK > 0: the
 // kernel size at compile time (register window); 0: `kernel` at run time.
+// Grid z: the sequence of a batched launch (`tokens` rows each; with `slots`, its
+// state at state + slots[z] * state_stride, slot < 0: padding, zero y rows and
+// no state).
 template <int kK>
 __global__ void Conv1dSiluKernel(const float* x, int64_t ldx, const float* w,
                                  int64_t kernel, float* state, float* y, int64_t ldy,
-                                 int64_t tokens, int64_t channels, int64_t chunk) {
+                                 int64_t tokens, int64_t channels, int64_t chunk,
+                                 const int32_t* slots, int64_t state_stride) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= channels) return;
+  const int64_t seq = blockIdx.z;
+  x += seq * tokens * ldx;
+  y += seq * tokens * ldy;
+  if (slots != nullptr) {
+    const int32_t slot = slots[seq];
+    if (slot < 0) {
+      if (blockIdx.y == 0) {
+        for (int64_t t = 0; t < tokens; ++t) y[t * ldy + c] = 0.0f;
+      }
+      return;
+    }
+    state += slot * state_stride;
+  }
   const int64_t k = kK > 0 ? kK : kernel, tail = k - 1;
   // Row `row` of xx = [state; x] for this channel.
   auto xx = [&](int64_t row) -> float {
@@ -673,36 +690,60 @@ const char* LaunchPagedCacheWrite(const float* src, int64_t ld_src,
   return ::tandem::gpu::LaunchError();
 }
 
-const char* LaunchCausalConv1dSilu(const float* x, int64_t ldx, const float* w,
-                                   int64_t kernel, float* state, float* y, int64_t ldy,
-                                   int64_t tokens, int64_t channels, void* stream) {
-  if (tokens <= 0 || channels <= 0 || kernel < 1) return nullptr;
+namespace {
+
+const char* LaunchConv(const float* x, int64_t ldx, const float* w, int64_t kernel,
+                       float* state, float* y, int64_t ldy, int64_t tokens,
+                       int64_t channels, int64_t num_seqs, const int32_t* slots,
+                       int64_t state_stride, void* stream) {
+  if (tokens <= 0 || channels <= 0 || kernel < 1 || num_seqs <= 0) return nullptr;
+  if (num_seqs > 65535) return "causal_conv1d: more than 65535 sequences";
   constexpr int kThreads = 128;
   // Chunks of >= kernel - 1 tokens (only the first reads the old state).
   const int64_t chunk = std::max<int64_t>(kernel - 1, 32);
   const int64_t chunks = (tokens + chunk - 1) / chunk;
   const dim3 grid(static_cast<unsigned>((channels + kThreads - 1) / kThreads),
-                  static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
+                  static_cast<unsigned>(std::min<int64_t>(chunks, 65535)),
+                  static_cast<unsigned>(num_seqs));
   const dim3 block(kThreads);
   switch (kernel) {
     case 2:
       TANDEM_LAUNCH((Conv1dSiluKernel<2>), grid, block, 0, stream, x, ldx, w, kernel,
-                    state, y, ldy, tokens, channels, chunk);
+                    state, y, ldy, tokens, channels, chunk, slots, state_stride);
       break;
     case 3:
       TANDEM_LAUNCH((Conv1dSiluKernel<3>), grid, block, 0, stream, x, ldx, w, kernel,
-                    state, y, ldy, tokens, channels, chunk);
+                    state, y, ldy, tokens, channels, chunk, slots, state_stride);
       break;
     case 4:
       TANDEM_LAUNCH((Conv1dSiluKernel<4>), grid, block, 0, stream, x, ldx, w, kernel,
-                    state, y, ldy, tokens, channels, chunk);
+                    state, y, ldy, tokens, channels, chunk, slots, state_stride);
       break;
     default:
       TANDEM_LAUNCH((Conv1dSiluKernel<0>), grid, block, 0, stream, x, ldx, w, kernel,
-                    state, y, ldy, tokens, channels, chunk);
+                    state, y, ldy, tokens, channels, chunk, slots, state_stride);
       break;
   }
   return ::tandem::gpu::LaunchError();
+}
+
+}  // namespace
+
+const char* LaunchCausalConv1dSilu(const float* x, int64_t ldx, const float* w,
+                                   int64_t kernel, float* state, float* y, int64_t ldy,
+                                   int64_t tokens, int64_t channels, void* stream) {
+  return LaunchConv(x, ldx, w, kernel, state, y, ldy, tokens, channels, 1, nullptr, 0,
+                    stream);
+}
+
+const char* LaunchCausalConv1dSiluSlots(const float* x, int64_t ldx, const float* w,
+                                        int64_t kernel, float* state_base,
+                                        int64_t state_stride, const int32_t* slots,
+                                        int64_t num_seqs, float* y, int64_t ldy,
+                                        int64_t tokens_per_seq, int64_t channels,
+                                        void* stream) {
+  return LaunchConv(x, ldx, w, kernel, state_base, y, ldy, tokens_per_seq, channels,
+                    num_seqs, slots, state_stride, stream);
 }
 
 const char* LaunchKdaGates(const float* graw, int64_t ld_graw, const float* a_log,

@@ -53,6 +53,16 @@ const char* LaunchEmbeddingGather(const uint16_t* table, int64_t vocab, int64_t 
 const char* LaunchCausalConv1dSilu(const float* x, int64_t ldx, const float* w,
                                    int64_t kernel, float* state, float* y, int64_t ldy,
                                    int64_t tokens, int64_t channels, void* stream);
+// The same over num_seqs sequences of tokens_per_seq rows each (rows s * T ..),
+// sequence s's state at state_base + slots[s] * state_stride (slots: device
+// memory; < 0: padding, zero y rows, no state). Each sequence's arithmetic is the
+// one-sequence launch's.
+const char* LaunchCausalConv1dSiluSlots(const float* x, int64_t ldx, const float* w,
+                                        int64_t kernel, float* state_base,
+                                        int64_t state_stride, const int32_t* slots,
+                                        int64_t num_seqs, float* y, int64_t ldy,
+                                        int64_t tokens_per_seq, int64_t channels,
+                                        void* stream);
 
 // g[t,h,c] = lower_bound * sigmoid(exp(a_log[h]) * (graw[t,h*d+c] + dt_bias[h*d+c]));
 // beta[t,h] = sigmoid(braw[t,h]); g and beta contiguous.

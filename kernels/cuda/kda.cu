@@ -50,6 +50,25 @@ __global__ void KdaRecurrentKernel(KdaLaunchArgs a, int warps) {
   const int row_step = warps * kRecGroups;
   const int j = blockIdx.x * kRecCols + col;
   const bool col_ok = j < dv;
+  // Sequence blockIdx.z of a batched launch: its rows, and its state slot.
+  const int64_t seq = blockIdx.z, r0 = seq * a.tokens;
+  a.q += r0 * a.ld_qk;
+  a.k += r0 * a.ld_qk;
+  a.v += r0 * a.ld_v;
+  a.g += r0 * heads * dk;
+  a.beta += r0 * heads;
+  a.out += r0 * a.ld_out;
+  if (a.state_slots != nullptr) {
+    const int32_t slot = a.state_slots[seq];
+    if (slot < 0) {  // padding: zero output rows, no state
+      if (threadIdx.x < kRecCols && col_ok) {
+        for (int64_t t = 0; t < a.tokens; ++t)
+          a.out[t * a.ld_out + static_cast<int64_t>(h) * dv + j] = 0.0f;
+      }
+      return;
+    }
+    a.state += slot * a.state_stride;
+  }
   TANDEM_DYNAMIC_SMEM(float, smem);
   float* sk = smem;
   float* sq = sk + dk;
@@ -587,8 +606,12 @@ const char* KdaRecurrentLaunch(const KdaLaunchArgs& a, void* stream) {
   const int warps = dk <= 128 ? 8 : 32;
   const int rows =
       PowerOfTwoAtLeast((dk + warps * kRecGroups - 1) / (warps * kRecGroups));
+  if (a.num_seqs < 1 || a.num_seqs > 65535 ||
+      (a.state_slots == nullptr && a.num_seqs != 1)) {
+    return "kda: num_seqs must be 1..65535 (1 without state_slots)";
+  }
   const dim3 grid(static_cast<unsigned>((a.head_dim_v + kRecCols - 1) / kRecCols),
-                  static_cast<unsigned>(a.heads));
+                  static_cast<unsigned>(a.heads), static_cast<unsigned>(a.num_seqs));
   const dim3 block(warps * kWarpSize);
   const size_t smem = (3 * dk + 2 * warps * kRecCols) * sizeof(float);
   switch (rows) {

@@ -91,6 +91,16 @@ struct KdaLaunchArgs {
   float* state = nullptr;
   float* out = nullptr;
   int64_t ld_out = 0;
+  // KdaRecurrentLaunch only: num_seqs sequences of `tokens` tokens each, rows
+  // s * tokens .. of q, k, v, g, beta and out; with state_slots (device memory,
+  // [num_seqs]) sequence s's state is state + state_slots[s] * state_stride, and a
+  // slot < 0 is padding: no state is read or written and its out rows are zeros.
+  // Without state_slots, num_seqs must be 1. Grid z = the sequence, so every
+  // sequence's arithmetic is that of a one-sequence launch (CUDA graphs replay a
+  // decode batch this way: the slots come from device memory, not the launch).
+  int64_t num_seqs = 1;
+  const int32_t* state_slots = nullptr;
+  int64_t state_stride = 0;
 };
 
 // Token-by-token recurrence. tokens == 0 launches nothing.

@@ -54,6 +54,10 @@ constexpr int kExpMaxV = kMlaMaxVDimExpanded / kWarpSize;
 constexpr int kGemmPos = 64, kGemmN = 128, kGemmK = 32, kGemmThreads = 256;
 
 constexpr size_t kMaxSmem = 227 * 1024;
+// The position of a row past its tile's rows (absorbed split kernels). A padding
+// sequence (ctx 0) has positions < 0 but real rows: no keys, and its partials
+// (m = -inf, l = 0) are written, so the combine gives zeros.
+constexpr int64_t kNoRow = INT64_MIN / 2;
 
 __device__ __forceinline__ void RecordError(int32_t* word, int32_t code) {
   if (word != nullptr) atomicCAS(word, 0, code);
@@ -71,7 +75,10 @@ __device__ __forceinline__ bool SeqOk(const MlaLaunchArgs& a, int64_t s, int64_t
   *q0 = a.query_start[s];
   *q_len = a.query_start[s + 1] - *q0;
   *ctx = a.seq_lens[s];
-  return *q0 >= 0 && *q_len >= 0 && *q0 + *q_len <= a.num_tokens && *q_len <= *ctx &&
+  // Absorbed form: ctx == 0 is a padding sequence (CUDA-graph batches), no keys,
+  // its rows are zeros.
+  return *q0 >= 0 && *q_len >= 0 && *q0 + *q_len <= a.num_tokens &&
+         (*q_len <= *ctx || (*ctx == 0 && a.empty_is_padding)) &&
          *ctx <= a.block_table_stride * a.block_size;
 }
 
@@ -83,7 +90,9 @@ __device__ void CheckSequences(const MlaLaunchArgs& a) {
   for (int64_t s = 0; s < a.num_seqs; ++s) {
     const int64_t q_len = a.query_start[s + 1] - a.query_start[s];
     const int64_t ctx = a.seq_lens[s];
-    if (q_len < 0 || q_len > ctx) RecordError(a.error_word, kBadSequenceLength);
+    if (q_len < 0 || (q_len > ctx && !(ctx == 0 && a.empty_is_padding))) {
+      RecordError(a.error_word, kBadSequenceLength);
+    }
     if (ctx > a.block_table_stride * a.block_size) {
       RecordError(a.error_word, kBlockIdOutOfRange);
     }
@@ -237,7 +246,7 @@ __global__ void __launch_bounds__(kAbsWarps* kWarpSize)
     m[j] = -INFINITY;
     l[j] = 0.0f;
     const int64_t g = t.row0 + warp * kRowsPerWarp + j;
-    pos[j] = g < rows ? t.ctx - t.q_len + g / a.heads : -1;  // -1: padding row
+    pos[j] = g < rows ? t.ctx - t.q_len + g / a.heads : kNoRow;
 #pragma unroll
     for (int k = 0; k < kAbsMaxPairs; ++k) acc[j][k][0] = acc[j][k][1] = 0.0f;
   }
@@ -303,7 +312,7 @@ __global__ void __launch_bounds__(kAbsWarps* kWarpSize)
   // Partials (written for every row, empty ranges included: m = -inf, l = 0).
 #pragma unroll
   for (int j = 0; j < kRowsPerWarp; ++j) {
-    if (pos[j] < 0) continue;
+    if (pos[j] == kNoRow) continue;
     const int64_t g = t.row0 + warp * kRowsPerWarp + j;
     const int64_t base =
         (split * a.num_tokens + t.q0 + g / a.heads) * a.heads + g % a.heads;
@@ -390,11 +399,11 @@ __global__ void __launch_bounds__(kGroups* kAbsWarps* kWarpSize)
   const int64_t last_row = std::min(rows, t.row0 + kRows) - 1;
   const int64_t k_end = std::min(std::min(t.ctx, k_begin + chunk),
                                  t.ctx - t.q_len + last_row / a.heads + 1);
-  // This lane's two rows (rbase and rbase + 8): positions, -1 for padding.
+  // This lane's two rows (rbase and rbase + 8): positions, kNoRow past the tile
   int64_t pos[2];
   for (int hr = 0; hr < 2; ++hr) {
     const int64_t gr = t.row0 + rbase + 8 * hr;
-    pos[hr] = gr < rows ? t.ctx - t.q_len + gr / a.heads : -1;
+    pos[hr] = gr < rows ? t.ctx - t.q_len + gr / a.heads : kNoRow;
   }
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float acc[kMmaMaxTiles][4];
@@ -543,7 +552,7 @@ __global__ void __launch_bounds__(kGroups* kAbsWarps* kWarpSize)
   }
   // Partials for every row of the tile (empty ranges: m = -inf, l = 0, acc = 0).
   for (int hr = 0; hr < 2; ++hr) {
-    if (pos[hr] < 0) continue;
+    if (pos[hr] == kNoRow) continue;
     const int64_t gr = t.row0 + rbase + 8 * hr;
     const int64_t base = (split * a.num_tokens + t.q0) * a.heads + gr;
     if (warp == 0 && tq == 0) {
@@ -1196,8 +1205,10 @@ size_t MlaAbsorbedScratchBytes(const MlaLaunchArgs& a, int splits) {
          AlignUp(sizeof(float) * rows * 2 * splits);
 }
 
-const char* MlaAbsorbedLaunch(const MlaLaunchArgs& a, int splits, void* scratch,
+const char* MlaAbsorbedLaunch(const MlaLaunchArgs& args, int splits, void* scratch,
                               void* stream, MlaCore core) {
+  MlaLaunchArgs a = args;
+  a.empty_is_padding = true;
   if (const char* why = MlaUnsupported(a, true)) return why;
   const bool mma =
       core == MlaCore::kTensorCore || (core == MlaCore::kAuto && AbsorbedMmaFits(a));

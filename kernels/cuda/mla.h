@@ -102,6 +102,10 @@ struct MlaLaunchArgs {
   // Absorbed on tensor cores: 16-row groups per block (1..3); 0 = from the
   // average rows per sequence, num_tokens * heads / num_seqs (tests force each).
   int row_groups = 0;
+  // Set by MlaAbsorbedLaunch: a sequence with seq_lens 0 is padding (a CUDA
+  // graph's batch padded to its bucket), its rows zeros; elsewhere (and in the
+  // expanded form) a query without context is kBadSequenceLength.
+  bool empty_is_padding = false;
 };
 
 // nullptr if the kernels support these dimensions, else why not.

@@ -378,14 +378,29 @@ TEST(MlaKernels, RecordsBadBlockIdsAndLengths) {
     EXPECT_EQ(err, kBlockIdOutOfRange);
   }
   {
-    MlaCall s = Make(c, 8, 3);
-    s.query_start = {0, 1};
-    s.seq_lens[0] = 0;  // a query but no context
+    MlaCall s = Make(Case{1, 8, 8, 8, 32, {20}, {2}}, 8, 3);
+    s.seq_lens[0] = 1;  // two queries, one position of context
     int32_t err = -1;
     Absorbed(s, 0, &err);
     EXPECT_EQ(err, kBadSequenceLength);
     Expanded(s, 0, &err);
     EXPECT_EQ(err, kBadSequenceLength);
+  }
+  {
+    MlaCall s = Make(c, 8, 3);
+    s.query_start = {0, 1};
+    s.seq_lens[0] = 0;  // a query but no context
+    int32_t err = -1;
+    Expanded(s, 0, &err);
+    EXPECT_EQ(err, kBadSequenceLength);
+    // The absorbed form takes it as padding (CUDA-graph batches): zero rows.
+    for (MlaCore core : kCores) {
+      err = -1;
+      std::vector<float> out = Absorbed(s, 0, &err, core);
+      EXPECT_EQ(err, kDeviceOk) << CoreName(core);
+      ASSERT_FALSE(out.empty());
+      for (float v : out) ASSERT_EQ(v, 0.0f) << CoreName(core);
+    }
   }
 }
 

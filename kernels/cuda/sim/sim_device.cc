@@ -7,11 +7,14 @@
 #include <iterator>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/cuda/sim/simt.h"
 
 // Under ASan the bytes between an allocation's requested size and its 256-byte
 // rounding are poisoned, so that a kernel reading or writing past the extent it was
@@ -41,12 +44,64 @@ size_t Rounded(size_t bytes) {
   return (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
 }
 
+// Replays the work one capture recorded (kernels/device.h Graph): each launch
+// with the arguments it was captured with.
+class SimGraph final : public Graph {
+ public:
+  explicit SimGraph(std::vector<std::function<void()>> ops) : ops_(std::move(ops)) {}
+  absl::Status Launch(Stream& stream) override {
+    if (cuda_sim::IsCapturing(stream.native())) {
+      // A graph launched into a capture becomes part of it (a child graph).
+      for (const auto& op : ops_) cuda_sim::Record(stream.native(), op);
+      return absl::OkStatus();
+    }
+    (void)cuda_sim::TakeLaunchError();  // errors from before belong to their ops
+    for (const auto& op : ops_) op();
+    if (const char* e = cuda_sim::TakeLaunchError()) {
+      return absl::InternalError(absl::StrCat("cuda_sim: graph launch: ", e));
+    }
+    return absl::OkStatus();
+  }
+  int64_t num_nodes() const override { return static_cast<int64_t>(ops_.size()); }
+
+ private:
+  const std::vector<std::function<void()>> ops_;
+};
+
 class SimStream final : public Stream {
  public:
   // The emulator only needs a distinct, stable handle per stream.
   void* native() override { return this; }
   // Launches and copies run when they are enqueued.
-  absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::Status Synchronize() override {
+    if (capturing()) return CaptureViolation(this, "Synchronize");
+    return absl::OkStatus();
+  }
+  absl::Status BeginCapture() override {
+    if (!cuda_sim::BeginCapture(this)) {
+      return absl::FailedPreconditionError("cuda_sim: stream is already capturing");
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<Graph>> EndCapture() override {
+    cuda_sim::Captured c = cuda_sim::EndCapture(this);
+    if (!c.error.empty()) return absl::FailedPreconditionError(c.error);
+    return std::unique_ptr<Graph>(new SimGraph(std::move(c.ops)));
+  }
+  bool capturing() const override {
+    return cuda_sim::IsCapturing(const_cast<SimStream*>(this));
+  }
+
+  // Fails `what` on a capturing stream and invalidates the capture, as CUDA
+  // does (cudaErrorStreamCaptureUnsupported / ...Invalidated).
+  static absl::Status CaptureViolation(Stream* s, absl::string_view what) {
+    const std::string why =
+        absl::StrCat("cuda_sim: ", what,
+                     " is not allowed while the stream is capturing (CUDA graph "
+                     "capture rules: capture device work only)");
+    cuda_sim::InvalidateCapture(s->native(), why);
+    return absl::FailedPreconditionError(why);
+  }
 };
 
 class SimEvent final : public Event {
@@ -84,8 +139,13 @@ class SimDevice final : public Device {
   absl::string_view name() const override { return "cuda_sim"; }
   bool host_addressable() const override { return true; }
 
+  bool supports_graphs() const override { return true; }
+
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     const size_t rounded = Rounded(bytes);
+    if (stream_.capturing()) {
+      return SimStream::CaptureViolation(&stream_, "Allocate on the device");
+    }
     {
       absl::MutexLock lock(&mu_);
       if (static_cast<int64_t>(rounded) > capacity_ - reserved_) {
@@ -111,6 +171,8 @@ class SimDevice final : public Device {
 
   void Free(void* p) override {
     if (p == nullptr) return;
+    // The memory goes (a graph captured now could not use it); the capture fails.
+    if (stream_.capturing()) (void)SimStream::CaptureViolation(&stream_, "Free");
     {
       absl::MutexLock lock(&mu_);
       auto it = live_.find(reinterpret_cast<uintptr_t>(p));
@@ -161,36 +223,51 @@ class SimDevice final : public Device {
     return std::unique_ptr<Event>(new SimEvent());
   }
 
+  // Host <-> device copies are not captured: a graph's inputs are written into its
+  // fixed buffers before the launch, its outputs read after it.
   absl::Status CopyToDevice(void* dst, const void* host_src, size_t bytes,
-                            Stream*) override {
+                            Stream* stream) override {
+    Stream* s = StreamOf(stream);
+    if (s->capturing()) return SimStream::CaptureViolation(s, "CopyToDevice");
     if (bytes == 0) return absl::OkStatus();
     if (!Owns(dst, bytes)) return NotOwned("CopyToDevice destination", dst, bytes);
     std::memmove(dst, host_src, bytes);
     return absl::OkStatus();
   }
   absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes,
-                          Stream*) override {
+                          Stream* stream) override {
+    Stream* s = StreamOf(stream);
+    if (s->capturing()) return SimStream::CaptureViolation(s, "CopyToHost");
     if (bytes == 0) return absl::OkStatus();
     if (!Owns(src, bytes)) return NotOwned("CopyToHost source", src, bytes);
     std::memmove(host_dst, src, bytes);
     return absl::OkStatus();
   }
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes,
-                            Stream*) override {
+                            Stream* stream) override {
     if (bytes == 0) return absl::OkStatus();
     if (!Owns(dst, bytes)) return NotOwned("CopyOnDevice destination", dst, bytes);
     if (!Owns(src, bytes)) return NotOwned("CopyOnDevice source", src, bytes);
+    if (cuda_sim::Record(StreamOf(stream)->native(),
+                         [dst, src, bytes] { std::memmove(dst, src, bytes); })) {
+      return absl::OkStatus();
+    }
     std::memmove(dst, src, bytes);
     return absl::OkStatus();
   }
-  absl::Status Memset(void* dst, uint8_t byte, size_t bytes, Stream*) override {
+  absl::Status Memset(void* dst, uint8_t byte, size_t bytes, Stream* stream) override {
     if (bytes == 0) return absl::OkStatus();
     if (!Owns(dst, bytes)) return NotOwned("Memset destination", dst, bytes);
+    if (cuda_sim::Record(StreamOf(stream)->native(),
+                         [dst, byte, bytes] { std::memset(dst, byte, bytes); })) {
+      return absl::OkStatus();
+    }
     std::memset(dst, byte, bytes);
     return absl::OkStatus();
   }
 
  private:
+  Stream* StreamOf(Stream* s) { return s == nullptr ? &stream_ : s; }
   static absl::Status NotOwned(const char* what, const void* p, size_t bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cuda_sim: ", what, " [", absl::Hex(reinterpret_cast<uintptr_t>(p)), ", +",

@@ -4,6 +4,15 @@
 // out-of-memory paths are testable. Streams are distinct objects whose native()
 // handle cuda_sim::Launch accepts; the emulator runs a launch when it is enqueued,
 // so copies are synchronous and events are always complete. Thread-safe.
+//
+// Stream capture (Graph): a capturing stream records each kernel launch (the
+// launch lambda's arguments by value), device copy, memset and host GEMM as a
+// closure; Graph::Launch replays them in order. CUDA's capture rules are enforced,
+// so code that would fail under real capture fails here: Allocate / Free while
+// the compute stream captures, CopyToDevice / CopyToHost / Synchronize on a
+// capturing stream are errors and invalidate the capture (EndCapture fails). A
+// host dereference of device memory during capture cannot be caught (the memory
+// is host memory); the GpuBackend's ops make none.
 #ifndef TANDEM_KERNELS_CUDA_SIM_SIM_DEVICE_H_
 #define TANDEM_KERNELS_CUDA_SIM_SIM_DEVICE_H_
 

@@ -2,10 +2,12 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/sim/simt.h"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -102,6 +104,105 @@ TEST(SimDevice, StreamsAreDistinctHandlesAndEventsComplete) {
   EXPECT_TRUE(*done);
   EXPECT_TRUE((*ev)->Synchronize().ok());
   EXPECT_TRUE(dev->Synchronize().ok());
+}
+
+// y[i] = 2 * x[i] + *bias as an emulated kernel launch on `stream` (the values the
+// kernel reads are fetched when it runs; the pointers are fixed at launch).
+void LaunchAxpb(const float* x, const float* bias, float* y, int n, void* stream) {
+  cuda_sim::Launch("axpb", reinterpret_cast<const void*>(&LaunchAxpb), dim3(1),
+                   dim3(32), 0, stream, [=]() {
+                     for (int i = threadIdx.x; i < n; i += 32) y[i] = 2 * x[i] + *bias;
+                   });
+}
+
+TEST(SimDevice, CapturedGraphReplaysLaunchesCopiesAndMemsetsWithFixedPointers) {
+  auto dev = CreateSimDevice();
+  EXPECT_TRUE(dev->supports_graphs());
+  auto x = DeviceBuffer::Allocate(dev.get(), 8 * sizeof(float));
+  auto bias = DeviceBuffer::Allocate(dev.get(), sizeof(float));
+  auto y = DeviceBuffer::Allocate(dev.get(), 8 * sizeof(float));
+  auto z = DeviceBuffer::Allocate(dev.get(), 8 * sizeof(float));
+  ASSERT_TRUE(x.ok() && bias.ok() && y.ok() && z.ok());
+  std::vector<float> in = {1, 2, 3, 4, 5, 6, 7, 8}, out(8);
+  float b = 0.5f;
+  ASSERT_TRUE(dev->CopyToDevice(x->data(), in.data(), 32).ok());
+  ASSERT_TRUE(dev->CopyToDevice(bias->data(), &b, 4).ok());
+  ASSERT_TRUE(dev->Memset(y->data(), 0, 32).ok());
+  Stream& s = dev->compute_stream();
+  ASSERT_TRUE(s.BeginCapture().ok());
+  EXPECT_TRUE(s.capturing());
+  EXPECT_EQ(s.BeginCapture().code(), absl::StatusCode::kFailedPrecondition);
+  const uint64_t launches = cuda_sim::GetStats().launches;
+  LaunchAxpb(x->as<float>(), bias->as<float>(), y->as<float>(), 8, s.native());
+  ASSERT_EQ(cuda_sim::TakeLaunchError(), nullptr);
+  ASSERT_TRUE(dev->CopyOnDevice(z->data(), y->data(), 32).ok());
+  ASSERT_TRUE(dev->Memset(y->data(), 0, 16).ok());  // y[0..3] = 0 after the copy
+  auto graph = s.EndCapture();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_FALSE(s.capturing());
+  EXPECT_EQ((*graph)->num_nodes(), 3);
+  // Nothing ran during the capture.
+  EXPECT_EQ(cuda_sim::GetStats().launches, launches);
+  ASSERT_TRUE(dev->CopyToHost(out.data(), y->data(), 32).ok());
+  EXPECT_EQ(out[5], 0.0f);
+
+  for (float bv : {0.5f, -1.0f}) {  // new inputs in the same buffers, replayed
+    ASSERT_TRUE(dev->CopyToDevice(bias->data(), &bv, 4).ok());
+    ASSERT_TRUE((*graph)->Launch(s).ok());
+    ASSERT_TRUE(dev->CopyToHost(out.data(), z->data(), 32).ok());
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(out[i], 2 * in[i] + bv) << i;
+    ASSERT_TRUE(dev->CopyToHost(out.data(), y->data(), 32).ok());
+    EXPECT_EQ(out[0], 0.0f);
+    EXPECT_EQ(out[3], 0.0f);
+    EXPECT_EQ(out[4], 2 * in[4] + bv);
+  }
+  EXPECT_EQ(cuda_sim::GetStats().launches, launches + 2);
+}
+
+TEST(SimDevice, CaptureRulesHostCopiesSynchronizeAndAllocationFailTheCapture) {
+  auto dev = CreateSimDevice();
+  auto buf = DeviceBuffer::Allocate(dev.get(), 64);
+  ASSERT_TRUE(buf.ok());
+  std::vector<char> host(64);
+  Stream& s = dev->compute_stream();
+  struct Case {
+    const char* name;
+    std::function<absl::Status()> op;
+  };
+  const std::vector<Case> cases = {
+      {"CopyToHost", [&] { return dev->CopyToHost(host.data(), buf->data(), 64); }},
+      {"CopyToDevice", [&] { return dev->CopyToDevice(buf->data(), host.data(), 64); }},
+      {"Synchronize", [&] { return dev->Synchronize(); }},
+      {"Allocate", [&] { return DeviceBuffer::Allocate(dev.get(), 64).status(); }},
+  };
+  for (const Case& c : cases) {
+    ASSERT_TRUE(s.BeginCapture().ok()) << c.name;
+    ASSERT_TRUE(dev->Memset(buf->data(), 1, 64).ok());  // capturable
+    absl::Status st = c.op();
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << c.name << ": " << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), c.name)) << st;
+    auto graph = s.EndCapture();
+    EXPECT_FALSE(graph.ok()) << c.name;
+    EXPECT_TRUE(absl::StrContains(graph.status().message(), c.name)) << graph.status();
+    EXPECT_FALSE(s.capturing());
+  }
+  // A stream that does not capture is unaffected, and EndCapture without a
+  // capture is an error.
+  EXPECT_TRUE(dev->CopyToHost(host.data(), buf->data(), 64).ok());
+  EXPECT_FALSE(s.EndCapture().ok());
+  // Another stream's capture does not restrict the compute stream's copies.
+  auto other = dev->CreateStream();
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE((*other)->BeginCapture().ok());
+  EXPECT_TRUE(dev->CopyToHost(host.data(), buf->data(), 64).ok());
+  EXPECT_TRUE((*other)->EndCapture().ok());
+}
+
+TEST(SimDevice, TheHostDeviceHasNoGraphs) {
+  auto host = CreateHostDevice();
+  EXPECT_FALSE(host->supports_graphs());
+  EXPECT_EQ(host->compute_stream().BeginCapture().code(),
+            absl::StatusCode::kUnimplemented);
 }
 
 }  // namespace

@@ -486,10 +486,59 @@ const unsigned char* WarpExchange(unsigned mask, const void* mine, size_t bytes)
   return f->xbuf.get();
 }
 
+namespace {
+std::unordered_map<void*, Captured>& Captures() {  // guarded by g_mu
+  static auto* m = new std::unordered_map<void*, Captured>();
+  return *m;
+}
+}  // namespace
+
+bool BeginCapture(void* stream) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return Captures().emplace(stream, Captured{}).second;
+}
+
+bool IsCapturing(void* stream) {
+  if (stream == nullptr) return false;
+  std::lock_guard<std::mutex> lock(g_mu);
+  return Captures().count(stream) != 0;
+}
+
+bool Record(void* stream, std::function<void()> op) {
+  if (stream == nullptr) return false;
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = Captures().find(stream);
+  if (it == Captures().end()) return false;
+  it->second.ops.push_back(std::move(op));
+  return true;
+}
+
+void InvalidateCapture(void* stream, const std::string& why) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = Captures().find(stream);
+  if (it != Captures().end() && it->second.error.empty()) it->second.error = why;
+}
+
+Captured EndCapture(void* stream) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = Captures().find(stream);
+  if (it == Captures().end()) {
+    Captured c;
+    c.error = "cuda_sim: EndCapture on a stream that is not capturing";
+    return c;
+  }
+  Captured c = std::move(it->second);
+  Captures().erase(it);
+  return c;
+}
+
+void RecordLaunchError(const std::string& message) { RecordError(message); }
+
 void Launch(const char* name, const void* kernel, dim3 grid, dim3 block,
             size_t dynamic_smem, void* stream, const std::function<void()>& body) {
-  (void)stream;  // streams are in order and synchronous in the emulator
-  g_launches.fetch_add(1);
+  // Streams are in order and synchronous in the emulator: only capture matters.
+  const bool capture = IsCapturing(stream);
+  if (!capture) g_launches.fetch_add(1);
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
   auto fail = [&](const std::string& why) {
@@ -522,6 +571,16 @@ void Launch(const char* name, const void* kernel, dim3 grid, dim3 block,
   Worker& w = tl_worker;
   if (w.block != nullptr) {
     fail("launch from inside a kernel (dynamic parallelism is not supported)");
+    return;
+  }
+  if (capture) {
+    // The replay launches the same kernel with the same (copied) arguments on no
+    // stream: it runs when the graph is launched.
+    std::function<void()> op = [name, kernel, grid, block, dynamic_smem,
+                                body_copy = body]() {
+      Launch(name, kernel, grid, block, dynamic_smem, nullptr, body_copy);
+    };
+    if (!Record(stream, std::move(op))) fail("stream capture ended during the launch");
     return;
   }
   const uint64_t seed = CurrentSeed();

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -77,6 +78,28 @@ const char* TakeLaunchError();
 const char* AllowDynamicSmemFor(const void* kernel, size_t bytes);
 const char* CheckDynamicSmemLimit(size_t bytes);
 void* DynamicShared();
+
+// ---- Stream capture (CUDA graphs, kernels/device.h Graph) ---------------------
+// While `stream` (a native stream handle) captures, Launch on it checks the launch
+// configuration (the errors a GPU reports at launch) and records the launch, its
+// arguments by value as the kernel lambda holds them, instead of running it;
+// Record adds other work (device copies, memsets, host GEMMs). EndCapture hands
+// the recorded work back in order, or the first capture-rule violation.
+struct Captured {
+  std::vector<std::function<void()>> ops;
+  std::string error;  // empty: the capture is valid
+};
+// False (and nothing changes) when `stream` already captures.
+bool BeginCapture(void* stream);
+bool IsCapturing(void* stream);
+// Appends `op` when `stream` captures (true), else returns false.
+bool Record(void* stream, std::function<void()> op);
+// Marks the capture on `stream` invalid with `why` (kept: the first one).
+void InvalidateCapture(void* stream, const std::string& why);
+Captured EndCapture(void* stream);
+// Records a launch-class error from work outside a kernel (a replayed host GEMM);
+// TakeLaunchError returns it.
+void RecordLaunchError(const std::string& message);
 
 // Scheduling seed (0 = in order, no shuffling). Default: $TANDEM_SIM_SEED or 1.
 void SetSeed(uint64_t seed);

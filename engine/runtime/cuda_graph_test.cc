@@ -1,0 +1,269 @@
+// CUDA graphs of decode steps (model_runner.h, "CUDA graphs") on the GPU backends
+// ("cuda_sim" everywhere; "cuda" too where this binary has CUDA and a GPU):
+//
+//   - a runner with graphs and one with enforce_eager, driven through the same
+//     schedule (prefills, then decode steps whose batch changes between 1, 3, 2
+//     and 5 sequences: buckets 1, 4, 2 and 6 (the cache's 6 slots cap them), so
+//     padded rows are in play, and
+//     buckets replayed later), give the same tokens and the same logits: bit for
+//     bit on cuda_sim (the same kernels with the same arguments; the eager steps
+//     plan MLA's split-KV as their bucket's graph does), within 1e-4 on cuda
+//     (cuBLASLt may pick another algorithm for a padded row count);
+//   - the graphs were really replayed (GraphStats counts), and a graph whose
+//     buffers moved (a long prefill grows the activations) is recaptured, not
+//     replayed over freed memory;
+//   - padding is harmless: the KDA state and MLA cache rows of a sequence that is
+//     not in a padded step are untouched by it (bytes compared).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/runtime/model_runner.h"
+#include "engine/runtime/test_util.h"
+#include "gtest/gtest.h"
+#include "kernels/backend_factory.h"
+
+namespace tandem::engine {
+namespace {
+
+using testing::Argmax;
+using testing::BlockRange;
+using testing::Feed;
+using testing::MakeBackend;
+using testing::MakeCacheOn;
+using testing::MakePrompt;
+using testing::TestSequence;
+using testing::TinyWeightsOn;
+
+std::vector<std::string> GpuBackends() {
+  std::vector<std::string> names;
+  for (const char* n : {"cuda_sim", "cuda"}) {
+    if (kernels::CreateBackend(n).ok()) names.push_back(n);
+  }
+  return names;
+}
+
+constexpr int64_t kSlots = 6;
+constexpr int64_t kBlocksPerSeq = 4;
+
+struct Rig {
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<ModelWeights> weights;
+  std::unique_ptr<KvCache> cache;
+  std::unique_ptr<ModelRunner> runner;
+};
+
+Rig MakeRig(const std::string& backend, bool enforce_eager) {
+  Rig r;
+  r.backend = MakeBackend(backend.c_str());
+  r.weights = TinyWeightsOn(*r.backend);
+  r.cache = MakeCacheOn(*r.weights, *r.backend, kSlots * kBlocksPerSeq, 16, kSlots);
+  ModelRunnerOptions o;
+  o.enforce_eager = enforce_eager;
+  r.runner =
+      std::make_unique<ModelRunner>(r.weights.get(), r.cache.get(), r.backend.get(), o);
+  return r;
+}
+
+// One decode step of the sequences `which` (token tokens[i] each); appends their
+// logits rows to *logits.
+absl::Status Decode(ModelRunner* runner, std::vector<TestSequence>* seqs,
+                    const std::vector<int>& which, const std::vector<int32_t>& tokens,
+                    std::vector<float>* logits) {
+  std::vector<SequenceInput> batch(which.size());
+  for (size_t i = 0; i < which.size(); ++i) {
+    TestSequence& s = (*seqs)[which[i]];
+    batch[i].tokens = absl::MakeConstSpan(&tokens[i], 1);
+    batch[i].start_pos = s.pos;
+    batch[i].block_table = s.blocks;
+    batch[i].kda_slot = s.slot;
+    batch[i].logits_indices = {0};
+  }
+  absl::Status st = runner->Forward(batch, logits);
+  if (!st.ok()) return st;
+  for (int i : which) ++(*seqs)[i].pos;
+  return absl::OkStatus();
+}
+
+// The bytes of sequence `seq`'s KDA state (every layer) and of its MLA blocks.
+std::vector<char> StateBytes(Rig& r, const TestSequence& seq) {
+  std::vector<char> out;
+  KvCache& c = *r.cache;
+  kernels::Device& dev = r.backend->device();
+  const size_t kda_bytes =
+      c.num_slots() > 1 ? (c.kda_recurrent(1, 0) - c.kda_recurrent(0, 0)) * 4 : 0;
+  auto read = [&](const void* p, size_t n) {
+    const size_t at = out.size();
+    out.resize(at + n);
+    EXPECT_TRUE(dev.CopyToHost(out.data() + at, p, n).ok());
+  };
+  if (kda_bytes > 0) read(c.kda_recurrent(seq.slot, 0), kda_bytes);
+  const size_t block_bytes = c.mla_layer_bytes() / c.num_blocks();
+  for (int l = 0; l < c.num_mla_layers(); ++l) {
+    for (int32_t b : seq.blocks) {
+      read(reinterpret_cast<const char*>(c.mla_layer(l)) + b * block_bytes,
+           block_bytes);
+    }
+  }
+  return out;
+}
+
+class CudaGraphs : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaGraphs, GraphAndEagerDecodeGiveTheSameTokensAndLogits) {
+  const bool exact = GetParam() == "cuda_sim";
+  Rig graph = MakeRig(GetParam(), /*enforce_eager=*/false);
+  Rig eager = MakeRig(GetParam(), /*enforce_eager=*/true);
+  ASSERT_TRUE(graph.backend->device().supports_graphs());
+  const int64_t V = graph.weights->config.text.vocab_size;
+
+  std::vector<TestSequence> sg, se;
+  std::vector<int32_t> next(kSlots);
+  for (int i = 0; i < 5; ++i) {
+    sg.push_back({BlockRange(i * kBlocksPerSeq, kBlocksPerSeq), i, 0});
+    const std::vector<int32_t> prompt = MakePrompt(2 + i, 70 + i);
+    std::vector<float> lg, le;
+    ASSERT_TRUE(Feed(graph.runner.get(), &sg.back(), prompt, false, &lg).ok());
+    se.push_back({BlockRange(i * kBlocksPerSeq, kBlocksPerSeq), i, 0});
+    ASSERT_TRUE(Feed(eager.runner.get(), &se.back(), prompt, false, &le).ok());
+    ASSERT_EQ(lg, le) << "prefill " << i;  // prefill is eager in both
+    next[i] = Argmax(lg);
+  }
+  // Batches 1, 3, 2, 5 (buckets 1, 4, 2, 6), then 3 and 5 again (replays), then,
+  // after a 70-token prefill that grows every activation buffer, 3 again.
+  const std::vector<std::vector<int>> schedule = {
+      {0}, {0, 1, 2}, {0, 1}, {0, 1, 2, 3, 4}, {1, 2, 4}, {0, 1, 2, 3, 4}, {2, 3, 4}};
+  int step = 0;
+  for (const std::vector<int>& which : schedule) {
+    if (step == 6) {
+      TestSequence big{BlockRange(5 * kBlocksPerSeq, kBlocksPerSeq), 5, 0};
+      TestSequence big_e = big;
+      const std::vector<int32_t> prompt = MakePrompt(60, 9);
+      std::vector<float> lg, le;
+      ASSERT_TRUE(Feed(graph.runner.get(), &big, prompt, false, &lg).ok());
+      ASSERT_TRUE(Feed(eager.runner.get(), &big_e, prompt, false, &le).ok());
+    }
+    // A sequence outside this step: its state must not change (padding writes
+    // nothing).
+    int outside = -1;
+    for (int i = 0; i < 5 && outside < 0; ++i) {
+      if (std::find(which.begin(), which.end(), i) == which.end()) outside = i;
+    }
+    std::vector<char> before;
+    if (outside >= 0) before = StateBytes(graph, sg[outside]);
+
+    std::vector<int32_t> tokens;
+    for (int i : which) tokens.push_back(next[i]);
+    std::vector<float> lg, le;
+    absl::Status st = Decode(graph.runner.get(), &sg, which, tokens, &lg);
+    ASSERT_TRUE(st.ok()) << "step " << step << ": " << st;
+    st = Decode(eager.runner.get(), &se, which, tokens, &le);
+    ASSERT_TRUE(st.ok()) << "step " << step << ": " << st;
+    ASSERT_EQ(lg.size(), which.size() * V);
+    ASSERT_EQ(le.size(), lg.size());
+    for (size_t i = 0; i < which.size(); ++i) {
+      const absl::Span<const float> rg(lg.data() + i * V, V), re(le.data() + i * V, V);
+      EXPECT_EQ(Argmax(rg), Argmax(re)) << "step " << step << " seq " << which[i];
+      if (exact) {
+        EXPECT_EQ(std::memcmp(rg.data(), re.data(), V * sizeof(float)), 0)
+            << "step " << step << " seq " << which[i] << ": logits differ";
+      } else {
+        double worst = 0;
+        for (int64_t v = 0; v < V; ++v) {
+          worst = std::max(worst, static_cast<double>(std::fabs(rg[v] - re[v])));
+        }
+        EXPECT_LE(worst, 1e-4) << "step " << step << " seq " << which[i];
+      }
+      next[which[i]] = Argmax(rg);
+    }
+    if (outside >= 0) {
+      EXPECT_TRUE(StateBytes(graph, sg[outside]) == before)
+          << "step " << step << " changed the state of sequence " << outside
+          << ", which is not in it";
+    }
+    ++step;
+  }
+
+  const GraphStats& gs = graph.runner->graph_stats();
+  const GraphStats& es = eager.runner->graph_stats();
+  std::printf(
+      "graphs: %lld captured (%lld recaptured), %lld replays, %lld eager steps, "
+      "%lld padded rows, %lld live graphs, %lld nodes, %lld input bytes, %lld "
+      "capture bytes, %.3f s capturing\n",
+      static_cast<long long>(gs.captures), static_cast<long long>(gs.recaptures),
+      static_cast<long long>(gs.replays), static_cast<long long>(gs.eager_steps),
+      static_cast<long long>(gs.padded_rows), static_cast<long long>(gs.live_graphs),
+      static_cast<long long>(gs.graph_nodes), static_cast<long long>(gs.input_bytes),
+      static_cast<long long>(gs.capture_device_bytes), gs.capture_seconds);
+  EXPECT_TRUE(gs.disabled.empty()) << gs.disabled;
+  // Buckets 1, 4, 2, 6 captured on first use; 4 and 6 replayed; the last step's
+  // bucket (4) recaptured after the prefill moved the activations.
+  EXPECT_EQ(gs.captures, 5);
+  EXPECT_EQ(gs.recaptures, 1);
+  EXPECT_EQ(gs.replays, 2);
+  EXPECT_EQ(gs.live_graphs, 4);
+  EXPECT_EQ(gs.padded_rows, 0 + 1 + 0 + 1 + 1 + 1 + 1);
+  EXPECT_GT(gs.graph_nodes, 0);
+  EXPECT_EQ(es.captures, 0);
+  EXPECT_EQ(es.replays, 0);
+}
+
+TEST_P(CudaGraphs, StepsThatAreNotPlainDecodeRunEagerly) {
+  Rig graph = MakeRig(GetParam(), /*enforce_eager=*/false);
+  std::vector<TestSequence> s = {{BlockRange(0, kBlocksPerSeq), 0, 0},
+                                 {BlockRange(kBlocksPerSeq, kBlocksPerSeq), 1, 0}};
+  std::vector<float> logits;
+  const std::vector<int32_t> prompt = MakePrompt(3, 5);
+  ASSERT_TRUE(Feed(graph.runner.get(), &s[0], prompt, false, &logits).ok());
+  ASSERT_TRUE(Feed(graph.runner.get(), &s[1], prompt, false, &logits).ok());
+  // A mixed step (a 2-token chunk next to a decode token) and a decode step
+  // wanting no logits: eager.
+  const std::vector<int32_t> two = {1, 2}, one = {3};
+  std::vector<SequenceInput> mixed(2);
+  mixed[0].tokens = two;
+  mixed[0].start_pos = s[0].pos;
+  mixed[0].block_table = s[0].blocks;
+  mixed[0].kda_slot = 0;
+  mixed[0].logits_indices = {1};
+  mixed[1].tokens = one;
+  mixed[1].start_pos = s[1].pos;
+  mixed[1].block_table = s[1].blocks;
+  mixed[1].kda_slot = 1;
+  mixed[1].logits_indices = {0};
+  ASSERT_TRUE(graph.runner->Forward(mixed, &logits).ok());
+  const GraphStats after_mixed = graph.runner->graph_stats();
+  EXPECT_EQ(after_mixed.captures, 0);
+  EXPECT_EQ(after_mixed.eager_steps, 3);
+  // A plain decode step of both: captured.
+  s[0].pos += 2;
+  s[1].pos += 1;
+  ASSERT_TRUE(Decode(graph.runner.get(), &s, {0, 1}, {4, 5}, &logits).ok());
+  EXPECT_EQ(graph.runner->graph_stats().captures, 1);
+  EXPECT_EQ(graph.runner->graph_stats().eager_steps, 3);
+}
+
+TEST(GraphBuckets, PowersOfTwoThenStepsOf64UpToTheLargestBatch) {
+  EXPECT_EQ(GraphBuckets(1), (std::vector<int64_t>{1}));
+  EXPECT_EQ(GraphBuckets(6), (std::vector<int64_t>{1, 2, 4, 6}));
+  EXPECT_EQ(GraphBuckets(256),
+            (std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 192, 256}));
+  EXPECT_EQ(GraphBucket(0, 8), 0);
+  EXPECT_EQ(GraphBucket(1, 8), 1);
+  EXPECT_EQ(GraphBucket(3, 8), 4);
+  EXPECT_EQ(GraphBucket(5, 6), 6);
+  EXPECT_EQ(GraphBucket(7, 6), 0);
+  EXPECT_EQ(GraphBucket(65, 256), 128);
+  EXPECT_EQ(GraphBucket(129, 256), 192);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CudaGraphs, ::testing::ValuesIn(GpuBackends()),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           return i.param;
+                         });
+
+}  // namespace
+}  // namespace tandem::engine
