@@ -55,6 +55,23 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(
     s->regions_.push_back(std::move(r));
     s->layouts_.push_back(worker::KvLayoutOf(*c));
   }
+  const std::vector<kernels::Backend*>& devices = s->options_.checksum_backends;
+  if (!devices.empty() && static_cast<int>(devices.size()) != s->tp()) {
+    return InvalidArgument(devices.size(), " checksum backends for ", s->tp(),
+                           " ranks");
+  }
+  for (int r = 0; r < s->tp(); ++r) {
+    if (devices.empty()) {
+      s->checksum_memory_.push_back(
+          {worker::CacheRegionBytes(s->caches_[r], s->regions_[r]), true, nullptr});
+      continue;
+    }
+    if (devices[r] == nullptr)
+      return InvalidArgument("checksum backend ", r, " is null");
+    s->hashers_.push_back(std::make_unique<worker::BackendChunkHasher>(devices[r]));
+    s->checksum_memory_.push_back(worker::CacheChecksumMemory(
+        s->caches_[r], s->regions_[r], s->hashers_.back().get(), devices[r]->device()));
+  }
   for (int r = 0; r < s->tp(); ++r) {
     const kvtransfer::RankLayout geometry =
         worker::CacheRankLayout(*s->caches_[r], s->regions_[r], {}, 0);
@@ -306,8 +323,8 @@ void DecodeService::StartDecode(Handoff h) {
     for (int k = 0; k < tp(); ++k) {
       const kvtransfer::RankLayout side =
           worker::CacheRankLayout(*caches_[k], regions_[k], r.blocks, r.slot);
-      auto got = kvtransfer::ComputeChecksums(
-          side, r.prompt_tokens, worker::CacheRegionBytes(caches_[k], regions_[k]));
+      auto got =
+          kvtransfer::ComputeChecksums(side, r.prompt_tokens, checksum_memory_[k]);
       if (!got.ok()) return fail(got.status(), "error");
       ranks.push_back(std::move(*got));
     }

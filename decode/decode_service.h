@@ -53,10 +53,13 @@
 #include "common/clock.h"
 #include "decode/reservations.h"
 #include "engine/runtime/kv_cache.h"
+#include "kernels/backend.h"
+#include "kvtransfer/checksum.h"
 #include "kvtransfer/transfer_agent.h"
 #include "proto/worker.grpc.pb.h"
 #include "rpc/response_stream.h"
 #include "worker/cache_layout.h"
+#include "worker/device_checksum.h"
 #include "worker/engine_loop.h"
 #include "worker/worker_metrics.h"
 
@@ -87,6 +90,12 @@ struct DecodeServiceOptions {
   Clock* clock = nullptr;
   // Start the janitor thread (false: the owner calls Tick, e.g. tests).
   bool start_janitor = true;
+  // Per TP rank (rank order), the backend whose device holds that rank's cache:
+  // the landed state's checksums are then computed on that device
+  // (worker/device_checksum.h), never by the host reading device memory. Empty:
+  // the host computes them (host caches; cuda_sim). Not owned; must outlive the
+  // service.
+  std::vector<kernels::Backend*> checksum_backends;
 };
 
 class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
@@ -163,6 +172,9 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
   const DecodeServiceOptions options_;
   Clock* const clock_;                         // not owned
   std::vector<worker::CacheRegions> regions_;  // per rank
+  // Per rank: where its checksums are computed (the device's hasher or the host).
+  std::vector<std::unique_ptr<worker::BackendChunkHasher>> hashers_;
+  std::vector<kvtransfer::ChecksumMemory> checksum_memory_;
   std::vector<tandem::v1::KvLayout> layouts_;  // per rank
   std::vector<std::string> descriptors_;       // per rank
   tandem::v1::KvLayout layout_;                // rank 0's

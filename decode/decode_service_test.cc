@@ -19,8 +19,10 @@
 #include "engine/runtime/test_util.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "kvtransfer/checksum.h"
 #include "kvtransfer/loopback_agent.h"
 #include "metrics/registry.h"
+#include "worker/cache_layout.h"
 #include "worker/engine_loop.h"
 #include "worker/worker_metrics.h"
 
@@ -61,6 +63,9 @@ class DecodeServiceTest : public ::testing::Test {
     so.max_landing_wait = absl::Seconds(3);
     so.clock = &clock_;
     so.start_janitor = false;
+    // The landed state's checksums through the backend's ChunkHashes (the path
+    // of a device cache; the host path is the cluster tests').
+    so.checksum_backends = {backend_.get()};
     auto s =
         DecodeService::Create(loop_.get(), {&engine_->cache()}, &agent_, &metrics_, so);
     EXPECT_TRUE(s.ok()) << s.status();
@@ -471,6 +476,51 @@ TEST_F(DecodeServiceTest, ChecksumMismatchIsDataLossAndFreesTheBlocks) {
   EXPECT_EQ(service_->reserved_blocks(), 0);
   EXPECT_EQ(FreeBlocks(), total);
   EXPECT_EQ(service_->Load().free_state_slots(), 3);
+}
+
+// Checksums the host computed over the landed blocks equal the service's (its
+// backend's ChunkHashes): the Decode runs and matches the colocated tokens.
+TEST_F(DecodeServiceTest, ChecksumsFromTheBackendEqualTheHostsAndTheDecodeRuns) {
+  const std::vector<int32_t> prompt = MakePrompt(27, 3);
+  const Output want = Generate(prompt);
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  tandem::v1::KvTarget target;
+  ASSERT_TRUE(Reserve("c1", 27, &target).ok());
+  Prefilled p = Prefill(prompt);
+  Land("c1", target, p.state);
+  ASSERT_TRUE(WaitForState("c1", ReservationState::kLanded));
+  kvtransfer::LoopbackAgent view;  // the cache's regions, for the host's view
+  auto regions = worker::RegisterCache(&view, &engine_->cache());
+  ASSERT_TRUE(regions.ok()) << regions.status();
+  const tandem::v1::RankTarget& t = target.ranks(0);
+  const std::vector<int32_t> blocks(t.block_ids().begin(), t.block_ids().end());
+  auto sums = kvtransfer::ComputeChecksums(
+      worker::CacheRankLayout(engine_->cache(), *regions, blocks, t.state_slot()), 27,
+      worker::CacheRegionBytes(&engine_->cache(), *regions));
+  ASSERT_TRUE(sums.ok()) << sums.status();
+  tandem::v1::DecodeRequest r = DecodeRequest("c1", prompt, p.state.generated[0]);
+  *r.mutable_checksums() = *sums;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(30));
+  auto reader = stub_->Decode(&ctx, r);
+  const Output got = ReadAll(reader.get());
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.tokens, want.tokens);
+}
+
+// checksum_backends: one per rank or none.
+TEST_F(DecodeServiceTest, ChecksumBackendsAreOnePerRank) {
+  DecodeServiceOptions so;
+  so.start_janitor = false;
+  so.checksum_backends = {backend_.get(), backend_.get()};
+  kvtransfer::LoopbackAgent other;
+  auto bad =
+      DecodeService::Create(loop_.get(), {&engine_->cache()}, &other, nullptr, so);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  so.checksum_backends = {nullptr};
+  kvtransfer::LoopbackAgent other2;
+  bad = DecodeService::Create(loop_.get(), {&engine_->cache()}, &other2, nullptr, so);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
 }
 
 // The router releases a reservation whose Decode waits for the state (the

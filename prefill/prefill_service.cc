@@ -65,10 +65,26 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
     TANDEM_ASSIGN_OR_RETURN(worker::CacheRegions r, worker::RegisterCache(agent, c));
     s->regions_.push_back(std::move(r));
   }
+  const std::vector<kernels::Backend*>& devices = s->options_.checksum_backends;
+  if (!devices.empty() && devices.size() != s->caches_.size()) {
+    return InvalidArgument(devices.size(), " checksum backends for ", s->caches_.size(),
+                           " ranks");
+  }
   for (size_t r = 0; r < s->caches_.size(); ++r) {
-    s->send_.sources.push_back(
-        {worker::CacheRankLayout(*s->caches_[r], s->regions_[r], {}, 0),
-         worker::CacheRegionBytes(s->caches_[r], s->regions_[r])});
+    SendSource source{worker::CacheRankLayout(*s->caches_[r], s->regions_[r], {}, 0),
+                      worker::CacheRegionBytes(s->caches_[r], s->regions_[r])};
+    if (!devices.empty()) {
+      if (devices[r] == nullptr)
+        return InvalidArgument("checksum backend ", r, " is null");
+      s->hashers_.push_back(std::make_unique<worker::BackendChunkHasher>(devices[r]));
+      kvtransfer::ChecksumMemory m =
+          worker::CacheChecksumMemory(s->caches_[r], s->regions_[r],
+                                      s->hashers_.back().get(), devices[r]->device());
+      source.bytes = std::move(m.regions);
+      source.hasher = m.hasher;
+      source.host_addressable = m.host_addressable;
+    }
+    s->send_.sources.push_back(std::move(source));
   }
   s->layout_ = worker::KvLayoutOf(*cache);
   int mla = 0, kda = 0;

@@ -59,11 +59,13 @@
 #include "common/clock.h"
 #include "engine/runtime/engine.h"
 #include "engine/runtime/kv_cache.h"
+#include "kernels/backend.h"
 #include "kvtransfer/transfer_agent.h"
 #include "prefill/peer_cache.h"
 #include "prefill/send_session.h"
 #include "proto/worker.grpc.pb.h"
 #include "worker/cache_layout.h"
+#include "worker/device_checksum.h"
 #include "worker/engine_loop.h"
 #include "worker/worker_metrics.h"
 
@@ -81,6 +83,12 @@ struct PrefillServiceOptions {
   bool stream_layers = true;
   // The sessions' clock (deadlines, timings); null: Clock::Real(). Not owned.
   Clock* clock = nullptr;
+  // Per TP rank (rank order), the backend whose device holds that rank's cache:
+  // the state checksums are then computed on that device
+  // (worker/device_checksum.h) and only their chunk hashes reach the host. Empty:
+  // the host computes them (host caches; cuda_sim). Not owned; must outlive the
+  // service.
+  std::vector<kernels::Backend*> checksum_backends;
 };
 
 class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {
@@ -134,7 +142,9 @@ class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {
   const PrefillServiceOptions options_;
   Clock* const clock_;                         // not owned
   std::vector<worker::CacheRegions> regions_;  // per rank
-  tandem::v1::KvLayout layout_;                // rank 0's
+  // Per rank when options_.checksum_backends is set.
+  std::vector<std::unique_ptr<worker::BackendChunkHasher>> hashers_;
+  tandem::v1::KvLayout layout_;  // rank 0's
   std::atomic<int64_t> next_engine_id_{1};
   PeerCache peers_;
   // What every session shares: agent, peers, clock, metrics, the own caches'

@@ -239,8 +239,11 @@ void SendSession::Computed(const ComputedState& at) {
     }
     plans_.push_back(std::move(*plan));
     if (spec_.checksums) {
-      absl::StatusOr<tandem::v1::StateChecksums> c =
-          kvtransfer::ComputeChecksums(src, n, context_->sources[r].bytes);
+      const SendSource& source = context_->sources[r];
+      absl::StatusOr<tandem::v1::StateChecksums> c = kvtransfer::ComputeChecksums(
+          src, n,
+          kvtransfer::ChecksumMemory{source.bytes, source.host_addressable,
+                                     source.hasher});
       if (!c.ok()) {
         Fail(c.status());
         return;
@@ -305,7 +308,7 @@ void SendSession::Advance() {
     // Every streamed batch ended OK (also when restarting: the earlier batches
     // end before anything is rewritten).
     if (context_->test_corrupt_transfer && !plans_.empty() &&
-        !plans_[0].segments.empty()) {
+        !plans_[0].segments.empty() && context_->sources[0].host_addressable) {
       // TEST ONLY: damage the first byte rank 0's plan sends (after the
       // checksums); a streamed state has that piece sent again.
       const kvtransfer::Segment& s0 = plans_[0].segments.front();

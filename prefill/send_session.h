@@ -91,6 +91,11 @@ inline constexpr absl::Duration kWaitSlice = absl::Milliseconds(20);
 struct SendSource {
   kvtransfer::RankLayout pools;   // the rank's pools (no sequence: ids unused)
   kvtransfer::RegionBytes bytes;  // its registered memory (checksums)
+  // Hashes the checksums' chunks where the memory lives (a device cache:
+  // worker/device_checksum.h); null: the host reads `bytes`. Not owned.
+  kvtransfer::ChunkHasher* hasher = nullptr;
+  // Whether the host may read `bytes` (false for a CUDA cache).
+  bool host_addressable = true;
 };
 
 // What a worker's sessions share. Not owned by them; must outlive them.
