@@ -691,6 +691,7 @@ absl::Status Engine::AddPrefilled(RequestId id, const ExportedState& state,
       return c;
     }
     StateRange own = src;
+    own.device = nullptr;  // host bytes now
     own.data = reinterpret_cast<uint8_t*>(r->import_bytes.back().data());
     r->pending_import.push_back(own);
   }

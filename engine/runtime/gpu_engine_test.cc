@@ -9,7 +9,9 @@
 //   - chunked prefill == one-shot prefill; a sequence's logits do not depend on
 //     what it is batched with;
 //   - in the Engine: speculative decoding (n-gram) is lossless and seeded
-//     sampling is reproducible, with no block or slot leaked.
+//     sampling is reproducible, with no block or slot leaked; the in-process
+//     hand-off (ExportState -> AddPrefilledRequest) works from a GPU engine to a
+//     CPU one and back, its device ranges copied by the device.
 //
 // Tolerance: |logit_gpu - logit_cpu| <= 1e-3 * (1 + max|logit_cpu|) per row
 // (measured: 2.7e-4 at worst over the 24 teacher-forced steps). The
@@ -274,6 +276,63 @@ TEST_P(GpuEngine, SeededSamplingIsReproducible) {
   ASSERT_EQ(a.size(), 3u);
   EXPECT_EQ(a, b);
   for (const auto& [id, tokens] : a) EXPECT_EQ(tokens.size(), 8u) << id;
+}
+
+// The in-process hand-off (ExportState -> AddPrefilledRequest) across memories:
+// a GPU engine's exported ranges are device memory, copied out by its device;
+// a CPU engine's ranges land in a GPU engine's cache by host-to-device copies.
+// Both ways the decoded tokens equal the CPU's colocated run (greedy, so the
+// tolerance argument of FreeRunningGreedyEqualsTheCpu applies).
+TEST_P(GpuEngine, InProcessHandOffCrossesTheDevice) {
+  const std::vector<int32_t> prompt = MakePrompt(23, 5);
+  const int kTokens = 5;
+  SamplingParams greedy;
+  greedy.max_tokens = kTokens;
+  greedy.ignore_eos = true;
+  auto cpu_be = MakeBackend("cpu");
+  auto cpu_w = TinyWeightsOn(*cpu_be);
+  auto gpu_be = MakeBackend(GetParam().c_str());
+  auto gpu_w = TinyWeightsOn(*gpu_be);
+  auto make = [&](bool gpu) {
+    auto e = gpu ? Engine::Create(gpu_w.get(), gpu_be.get(), nullptr, Options())
+                 : Engine::Create(cpu_w.get(), cpu_be.get(), nullptr, Options());
+    EXPECT_TRUE(e.ok()) << e.status();
+    return std::move(e).value();
+  };
+  auto step_all = [](Engine* e, std::vector<int32_t>* out, bool until_first) {
+    for (int step = 0; e->HasWork() && step < 200; ++step) {
+      auto res = e->Step();
+      ASSERT_TRUE(res.ok()) << res.status();
+      for (const RequestOutput& r : *res)
+        out->insert(out->end(), r.new_tokens.begin(), r.new_tokens.end());
+      if (until_first && !out->empty()) return;
+    }
+  };
+  std::vector<int32_t> want;
+  {
+    auto colocated = make(false);
+    ASSERT_TRUE(colocated->AddRequest(1, prompt, greedy).ok());
+    step_all(colocated.get(), &want, false);
+  }
+  ASSERT_EQ(want.size(), static_cast<size_t>(kTokens));
+  for (const bool prefill_on_gpu : {true, false}) {
+    auto prefill = make(prefill_on_gpu);
+    auto decode = make(!prefill_on_gpu);
+    ASSERT_TRUE(prefill->AddRequest(1, prompt, greedy).ok());
+    std::vector<int32_t> got;
+    step_all(prefill.get(), &got, true);
+    ASSERT_EQ(got.size(), 1u);
+    auto state = prefill->ExportState(1);
+    ASSERT_TRUE(state.ok()) << state.status();
+    for (const StateRange& r : state->ranges) {
+      EXPECT_EQ(r.device != nullptr, prefill_on_gpu);
+      if (prefill_on_gpu) EXPECT_TRUE(gpu_be->device().Owns(r.data, r.bytes));
+    }
+    ASSERT_TRUE(decode->AddPrefilledRequest(1, *state, greedy).ok());
+    ASSERT_TRUE(prefill->Abort(1).ok());
+    step_all(decode.get(), &got, false);
+    EXPECT_EQ(got, want) << (prefill_on_gpu ? "gpu -> cpu" : "cpu -> gpu");
+  }
 }
 
 TEST(GpuEngineLoad, WeightsOnAnotherDeviceAreRefused) {
