@@ -1,11 +1,13 @@
 // NCCL communicator on real GPUs (tagged gpu + manual): exact collectives for a
 // group of one rank and, when the machine has several GPUs, groups of 2/4/8
 // ranks as threads (one device each); a rank that never joins ends Create with
-// DEADLINE_EXCEEDED within the timeout (runs on one GPU).
+// DEADLINE_EXCEEDED within the timeout (runs on one GPU); collectives on the
+// caller's stream; Abort; a peer of an aborted rank fails within its timeout.
 #include "parallel/nccl_communicator.h"
 
 #include <cuda_runtime.h>
 
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -191,6 +193,92 @@ TEST(NcclCommunicatorTest, MissingUniqueIdGivesDeadlineExceeded) {
   o.timeout = absl::Milliseconds(300);
   absl::Status s = NcclCommunicator::Create(o).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+}
+
+// The caller's stream (a backend's compute stream): the collectives run on it,
+// work queued before them on it is ordered before them, and the communicator
+// leaves it alive.
+TEST(NcclCommunicatorTest, CollectivesRunOnTheCallersStream) {
+  ASSERT_GE(DeviceCount(), 1);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  {
+    MemoryStore store;
+    NcclOptions o;
+    o.store = &store;
+    o.stream = stream;
+    auto comm = NcclCommunicator::Create(o);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    EXPECT_EQ((*comm)->stream(), static_cast<void*>(stream));
+    EXPECT_TRUE((*comm)->takes_device_pointers());
+    const std::vector<float> host(4096, 3.0f);
+    DeviceBuffer buf(host.size() * sizeof(float));
+    // Queued on the stream without a host wait: the all-reduce must see it.
+    ASSERT_EQ(cudaMemcpyAsync(buf.as<float>(), host.data(), host.size() * sizeof(float),
+                              cudaMemcpyHostToDevice, stream),
+              cudaSuccess);
+    ASSERT_TRUE((*comm)->AllReduceSum(buf.as<float>(), host.size()).ok());
+    EXPECT_EQ(buf.Read<float>(), host);  // one rank: the sum is the value
+  }
+  EXPECT_EQ(cudaStreamQuery(stream), cudaSuccess);  // still a valid stream
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+TEST(NcclCommunicatorTest, AbortMakesLaterCallsUnavailable) {
+  ASSERT_GE(DeviceCount(), 1);
+  MemoryStore store;
+  NcclOptions o;
+  o.store = &store;
+  auto comm = NcclCommunicator::Create(o);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  (*comm)->Abort();
+  DeviceBuffer buf(sizeof(float));
+  absl::Status s = (*comm)->AllReduceSum(buf.as<float>(), 1);
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_NE(s.message().find("abort"), std::string::npos) << s;
+}
+
+// Two GPUs: rank 1 aborts instead of joining the all-reduce (a rank that
+// stops); rank 0 fails within its timeout, never hangs.
+TEST(NcclCommunicatorTest, PeerOfAnAbortedRankFailsWithinItsTimeout) {
+  if (DeviceCount() < 2) {
+    GTEST_SKIP() << "needs 2 GPUs, " << DeviceCount() << " visible";
+  }
+  MemoryStore store;
+  const absl::Duration timeout = absl::Seconds(5);
+  absl::Status s0, s1;
+  absl::Duration took;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      NcclOptions o;
+      o.rank = r;
+      o.size = 2;
+      o.store = &store;
+      o.device = r;
+      o.timeout = timeout;
+      auto comm = NcclCommunicator::Create(o);
+      absl::Status& mine = r == 0 ? s0 : s1;
+      if (!comm.ok()) {
+        mine = comm.status();
+        return;
+      }
+      DeviceBuffer buf(1024 * sizeof(float));
+      if (r == 1) {
+        (*comm)->Abort();
+        return;
+      }
+      const absl::Time t0 = absl::Now();
+      mine = (*comm)->AllReduceSum(buf.as<float>(), 1024);
+      took = absl::Now() - t0;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(s1.ok()) << s1;
+  EXPECT_FALSE(s0.ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s0) || absl::IsUnavailable(s0)) << s0;
+  EXPECT_LT(took, timeout + absl::Seconds(10));
 }
 
 }  // namespace

@@ -79,9 +79,6 @@ TpExecutorOptions Options(int tp, const std::string& backend) {
   o.cache.num_blocks = 16;
   o.cache.block_size = 16;
   o.cache.num_slots = 2;
-  // Eager steps at TP 1 too: graphs are off under TP (model_runner.h), so this
-  // compares like with like; graphs have their own tests.
-  o.runner.enforce_eager = true;
   o.timeout = absl::Seconds(20);
   return o;
 }
