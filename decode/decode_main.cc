@@ -57,19 +57,23 @@ int main(int argc, char** argv) {
     return 1;
   }
   tandem::engine::CacheSizing sizing;
+  // The draft model (--speculative=draft) before the sizing: on a device backend
+  // the sizing measures what the device holds, the draft's weights included.
+  tandem::engine::EngineOptions speculative;
+  if (absl::Status s = tandem::worker::ApplySpeculativeFlags(
+          absl::GetFlag(FLAGS_speculative), absl::GetFlag(FLAGS_num_speculative_tokens),
+          absl::GetFlag(FLAGS_draft_model), model->get(), &speculative);
+      !s.ok()) {
+    TLOG(ERROR, "bad speculative-decoding flags").Kv("status", s);
+    return 1;
+  }
   auto options = tandem::worker::EngineOptionsFromFlags(**model, &sizing);
   if (!options.ok()) {
     TLOG(ERROR, "bad engine flags").Kv("status", options.status());
     return 1;
   }
   tandem::engine::EngineOptions& eo = *options;
-  if (absl::Status s = tandem::worker::ApplySpeculativeFlags(
-          absl::GetFlag(FLAGS_speculative), absl::GetFlag(FLAGS_num_speculative_tokens),
-          absl::GetFlag(FLAGS_draft_model), model->get(), &eo);
-      !s.ok()) {
-    TLOG(ERROR, "bad speculative-decoding flags").Kv("status", s);
-    return 1;
-  }
+  eo.speculative = speculative.speculative;
   auto agent = tandem::worker::TransferAgentFromFlags(absl::GetFlag(FLAGS_worker_id));
   if (!agent.ok()) {
     TLOG(ERROR, "cannot start the UCX agent").Kv("status", agent.status());

@@ -5,6 +5,7 @@
 #include "common/status.h"
 #include "engine/cache/memory_budget.h"
 #include "kvtransfer/agent_factory.h"
+#include "worker/memory_sizing.h"
 
 ABSL_FLAG(std::string, model, "",
           "Checkpoint directory (config.json, weights, tokenizer).");
@@ -22,12 +23,22 @@ ABSL_FLAG(std::string, backend, "cpu",
           "CUDA memory) | cuda_sim | cuda_sim_bf16 (the GPU kernels on the CPU's SIMT "
           "emulator, slow).");
 ABSL_FLAG(int, block_size, 16, "Engine KV cache block size (tokens).");
-ABSL_FLAG(std::string, kv_cache_memory, "0.1",
+ABSL_FLAG(std::string, kv_cache_memory, "",
           "Memory for the KV cache and KDA state of all this worker's TP ranks: bytes "
-          "with a unit (8GiB, 512MiB) or a fraction in (0, 1] of the host memory "
-          "available at start (MemAvailable; 0.1 = 10%). The MLA blocks and KDA slots "
-          "are derived from it and the model's per-token and per-sequence sizes, and "
-          "logged at start.");
+          "with a unit (8GiB, 512MiB) or a fraction in (0, 1]. Host backends (cpu): "
+          "default 0.1, a fraction of the host memory available at start "
+          "(MemAvailable). Device backends (cuda, cuda_sim): unset, the cache gets "
+          "--gpu_memory_utilization's share; given, it overrides that: bytes, or a "
+          "fraction of what the device has left after the weights and the profiling "
+          "forward. The MLA blocks and KDA slots are derived from it and the model's "
+          "per-token and per-sequence sizes, and logged at start.");
+ABSL_FLAG(double, gpu_memory_utilization, 0.9,
+          "Device backends (cuda, cuda_sim), as vLLM's: the share of each device's "
+          "memory this worker may use. After loading the weights and a profiling "
+          "forward at the largest step (--max_tokens_per_step), the rest of it becomes "
+          "MLA cache blocks and KDA slots (logged and exported at start). Unused on "
+          "the host backends and when --kv_cache_memory is given. cuda_sim's device "
+          "holds $TANDEM_SIM_DEVICE_BYTES (default 2 GiB).");
 ABSL_FLAG(int, max_num_seqs, 256,
           "Sequences running at once at most (= KDA state slots; fewer when their "
           "state would take more than half of --kv_cache_memory).");
@@ -38,6 +49,9 @@ ABSL_FLAG(int64_t, max_model_len, 0,
 ABSL_FLAG(int, num_blocks, 0,
           "Override: exactly this many MLA cache blocks (0: from --kv_cache_memory).");
 ABSL_FLAG(int64_t, max_tokens_per_step, 256, "Engine token budget per step.");
+ABSL_FLAG(bool, enforce_eager, false,
+          "Run every step eagerly: no CUDA graphs for decode steps (by default a "
+          "device backend captures one per batch-size bucket and replays it).");
 ABSL_FLAG(int, tp, 1,
           "Tensor-parallel size: ranks run as threads of this process, one cache "
           "shard each, all registered with the one UCX agent. Prefill and decode "
@@ -55,9 +69,6 @@ ABSL_FLAG(bool, ucx_peer_failure_detection, true,
           "health checks, not the transfer). docs/kvtransfer.md.");
 
 ABSL_FLAG(std::string, kv_transport, "ucx",
-ABSL_FLAG(bool, enforce_eager, false,
-          "Run every step eagerly: no CUDA graphs for decode steps (by default a "
-          "device backend captures one per batch-size bucket and replays it).");
           "KV transfer agent: ucx | libfabric | libfabric:<provider>[:<rails>] "
           "(provider efa on AWS, tcp or shm elsewhere; default $FI_PROVIDER, else "
           "tcp; rails = endpoints a transfer is striped over). Never falls back: an "
@@ -101,6 +112,7 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(
   engine::EngineOptions eo;
   eo.block_size = absl::GetFlag(FLAGS_block_size);
   eo.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
+  eo.enforce_eager = absl::GetFlag(FLAGS_enforce_eager);
   if (eo.block_size <= 0) {
     return InvalidArgument("--block_size must be >= 1, got ", eo.block_size);
   }
@@ -111,64 +123,16 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(
         .Kv("rank", eo.tp.fail_rank)
         .Kv("step", eo.tp.fail_rank_at_step);
   }
-  const std::string spec = absl::GetFlag(FLAGS_kv_cache_memory);
-  absl::StatusOr<engine::MemoryBudget> budget = engine::ParseMemoryBudget(spec);
-  if (!budget.ok()) {
-    return InvalidArgument("--kv_cache_memory: ", budget.status().message());
-  }
-  int64_t available = 0;
-  if (budget->is_fraction()) {
-  eo.enforce_eager = absl::GetFlag(FLAGS_enforce_eager);
-    absl::StatusOr<int64_t> a = engine::ReadMemAvailable("/proc/meminfo");
-    if (!a.ok()) {
-      return InvalidArgument("--kv_cache_memory=", spec,
-                             " is a fraction of the available memory, which cannot be "
-                             "read (",
-                             a.status().message(), "); give bytes, like 8GiB");
-    }
-    available = *a;
-  }
-  engine::CacheMemoryOptions m;
-  TANDEM_ASSIGN_OR_RETURN(m.budget_bytes,
-                          engine::ResolveMemoryBudget(*budget, available));
-  m.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
-  m.max_model_len = absl::GetFlag(FLAGS_max_model_len);
-  m.num_blocks_override = absl::GetFlag(FLAGS_num_blocks);
   eo.prefix_caching.enabled = absl::GetFlag(FLAGS_enable_prefix_caching);
   eo.prefix_caching.snapshot_grid = absl::GetFlag(FLAGS_prefix_snapshot_grid);
-  m.prefix_snapshot_fraction = absl::GetFlag(FLAGS_prefix_snapshot_memory);
-  TANDEM_ASSIGN_OR_RETURN(
-      *sizing, engine::SizeCacheFromMemory(model.checkpoint->config(), m, &eo));
-  TLOG(INFO, "KV cache sized from memory")
-      .Kv("kv_cache_memory", spec)
-      .Kv("available_bytes", available)
-      .Kv("budget_bytes", sizing->budget_bytes)
-      .Kv("mla_blocks", sizing->num_blocks)
-      .Kv("block_size", eo.block_size)
-      .Kv("cache_tokens", sizing->cache_tokens)
-      .Kv("kda_slots", sizing->num_slots)
-      .Kv("max_model_len", sizing->max_model_len)
-      .Kv("mla_bytes", sizing->block_bytes)
-      .Kv("kda_bytes", sizing->slot_bytes)
-      .Kv("tp", eo.tp.tp_size)
-      .Kv("prefix_caching", eo.prefix_caching.enabled)
-      .Kv("prefix_snapshots", eo.prefix_caching.num_snapshots)
-      .Kv("summary", sizing->Summary());
-  if (sizing->slots_limited_by_memory) {
-    TLOG(WARNING,
-         "fewer KDA slots than --max_num_seqs: their state would take more "
-         "than half of --kv_cache_memory")
-        .Kv("max_num_seqs", m.max_num_seqs)
-        .Kv("kda_slots", sizing->num_slots);
-  }
-  if (sizing->max_model_len_limited_by_memory) {
-    TLOG(WARNING,
-         "max_model_len lowered to what the cache holds (raise "
-         "--kv_cache_memory for the model's full context)")
-        .Kv("model_max_position_embeddings",
-            model.checkpoint->config().text.max_position_embeddings)
-        .Kv("max_model_len", sizing->max_model_len);
-  }
+  WorkerMemoryFlags mf;
+  mf.kv_cache_memory = absl::GetFlag(FLAGS_kv_cache_memory);
+  mf.gpu_memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
+  mf.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  mf.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  mf.num_blocks = absl::GetFlag(FLAGS_num_blocks);
+  mf.prefix_snapshot_memory = absl::GetFlag(FLAGS_prefix_snapshot_memory);
+  TANDEM_ASSIGN_OR_RETURN(*sizing, SizeWorkerCache(model, mf, &eo));
   return eo;
 }
 

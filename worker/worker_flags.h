@@ -27,6 +27,7 @@ ABSL_DECLARE_FLAG(int, metrics_port);
 ABSL_DECLARE_FLAG(std::string, backend);
 ABSL_DECLARE_FLAG(int, block_size);
 ABSL_DECLARE_FLAG(std::string, kv_cache_memory);
+ABSL_DECLARE_FLAG(double, gpu_memory_utilization);
 ABSL_DECLARE_FLAG(int, max_num_seqs);
 ABSL_DECLARE_FLAG(int64_t, max_model_len);
 ABSL_DECLARE_FLAG(int, num_blocks);
@@ -43,9 +44,12 @@ namespace tandem::worker {
 absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModelFromFlags();
 // Engine options from --block_size, --max_tokens_per_step, --tp and
 // --tp_fail_rank_at_step (logs a warning when the drill is armed), the cache
-// sized for `model` from --kv_cache_memory (bytes, or a fraction of MemAvailable
-// now), --max_num_seqs, --max_model_len and --num_blocks
-// (engine::SizeCacheFromMemory); the sizing is logged and returned in `sizing`.
+// sized for `model` (SizeWorkerCache, memory_sizing.h: on the host from
+// --kv_cache_memory, bytes or a fraction of MemAvailable now; on a device from
+// --gpu_memory_utilization after a profiling forward, --kv_cache_memory
+// overriding), --max_num_seqs, --max_model_len and --num_blocks; the sizing is
+// logged and returned in `sizing`. On a device backend call it after every model
+// on the device is loaded (a draft model too): what is in use is measured.
 // INVALID_ARGUMENT for bad flags, the sizing's errors.
 absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(
     const WorkerModel& model, engine::CacheSizing* sizing);

@@ -135,10 +135,23 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
   prefix_cached_blocks = &OrDie(r->AddGauge("tandem_worker_prefix_cached_blocks",
                                             "MLA blocks held by the prefix cache."))
                               ->Add({});
-  cache_budget_bytes = &OrDie(r->AddGauge("tandem_worker_kv_cache_budget_bytes",
-                                          "Memory budget of the KV cache and KDA state "
-                                          "(--kv_cache_memory resolved at start)."))
-                            ->Add({});
+  cache_budget_bytes =
+      &OrDie(
+           r->AddGauge("tandem_worker_kv_cache_budget_bytes",
+                       "Memory budget of the KV cache and KDA state (--kv_cache_memory "
+                       "or --gpu_memory_utilization resolved at start)."))
+           ->Add({});
+  gpu_memory = OrDie(r->AddGauge(
+      "tandem_worker_gpu_memory_bytes",
+      "Device backends: one device's memory by kind: total (capacity), weights, other "
+      "(the worker's other buffers after loading), activations (the profiling "
+      "forward's peak), kv_cache (the cache's share); set at start."));
+  gpu_memory_utilization =
+      &OrDie(
+           r->AddGauge("tandem_worker_gpu_memory_utilization",
+                       "Device backends: --gpu_memory_utilization the cache was sized "
+                       "by (0: by --kv_cache_memory)."))
+           ->Add({});
   cache_bytes = OrDie(r->AddGauge("tandem_worker_kv_cache_bytes",
                                   "Bytes allocated for the cache by part: mla (latent "
                                   "blocks), kda (state slots)."));
@@ -186,6 +199,18 @@ void WorkerMetrics::Update(const EngineLoopStats& s, absl::Time now) {
   kv_blocks->Add({{"state", "free"}}).Set(s.free_blocks);
   kv_blocks->Add({{"state", "used"}}).Set(s.total_blocks - s.free_blocks);
   slots->Add({{"state", "free"}}).Set(s.free_slots);
+  const engine::DeviceMemoryUse& d = sz.device;
+  if (d.device.empty()) return;  // a host backend
+  const std::pair<const char*, int64_t> kinds[] = {
+      {"total", d.total_bytes},
+      {"weights", d.weights_bytes},
+      {"other", d.in_use_bytes - d.weights_bytes},
+      {"activations", d.activation_peak_bytes},
+      {"kv_cache", d.num_devices > 0 ? sz.total_bytes() / d.num_devices : 0}};
+  for (const auto& [kind, bytes] : kinds) {
+    gpu_memory->Add({{"kind", kind}}).Set(static_cast<double>(bytes));
+  }
+  gpu_memory_utilization->Set(d.utilization);
   slots->Add({{"state", "used"}}).Set(s.total_slots - s.free_slots);
   absl::MutexLock l(&mu_);
   const int64_t dp = s.prefill_tokens - last_prefill_;

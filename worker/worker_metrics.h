@@ -22,6 +22,13 @@
 //   tandem_worker_kv_cache_budget_bytes, tandem_worker_kv_cache_bytes{part=mla|kda},
 //   tandem_worker_kv_cache_capacity_blocks, tandem_worker_kv_cache_capacity_tokens,
 //   tandem_worker_state_slots_capacity, tandem_worker_max_model_len_tokens
+//   Device backends (cuda, cuda_sim), also set once at start, one device's bytes
+//   (each TP rank's device holds about the same):
+//   tandem_worker_gpu_memory_bytes{kind=total|weights|other|activations|kv_cache}
+//     (capacity; the weights; the worker's other buffers after loading; the
+//     profiling forward's activation peak; the cache's share), and
+//   tandem_worker_gpu_memory_utilization (--gpu_memory_utilization; 0 when
+//     --kv_cache_memory sized the cache)
 #ifndef TANDEM_WORKER_WORKER_METRICS_H_
 #define TANDEM_WORKER_WORKER_METRICS_H_
 
@@ -94,6 +101,8 @@ class WorkerMetrics {
   absl::Mutex mu_;
   absl::Time last_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t last_prefill_ ABSL_GUARDED_BY(mu_) = 0;
+  metrics::Family<metrics::Gauge>* gpu_memory;
+  metrics::Gauge* gpu_memory_utilization;
   int64_t last_decode_ ABSL_GUARDED_BY(mu_) = 0;
   engine::SpeculativeStats last_spec_ ABSL_GUARDED_BY(mu_);
   engine::PrefixCachingStats last_prefix_ ABSL_GUARDED_BY(mu_);

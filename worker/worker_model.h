@@ -18,10 +18,12 @@
 namespace tandem::worker {
 
 struct WorkerModel {
+  // Declared first, destroyed last: the weights (and a draft's) live in its
+  // device's memory.
+  std::unique_ptr<kernels::Backend> backend;
   std::unique_ptr<model::Checkpoint> checkpoint;
   std::unique_ptr<engine::ModelWeights> weights;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
-  std::unique_ptr<kernels::Backend> backend;
   std::string backend_name;  // what `backend` was created as (the TP ranks' too)
   std::string model_id;
   std::string fingerprint;

@@ -22,13 +22,14 @@ std::string CacheSizing::Summary() const {
 }
 
 std::string DeviceMemoryUse::Summary() const {
-  return absl::StrCat(source, " on ", num_devices, " x ", device, " of ",
-                      FormatBytes(total_bytes), ": weights ",
-                      FormatBytes(weights_bytes), ", other ",
-                      FormatBytes(in_use_bytes - weights_bytes), ", activations ",
-                      FormatBytes(activation_peak_bytes), " (", profile_tokens,
-                      "-token profile), KV cache ",
-                      FormatBytes(budget_per_device_bytes), " per device");
+  return absl::StrCat(
+      source, " on ", num_devices, " x ", device, " of ", FormatBytes(total_bytes),
+      ": weights ", FormatBytes(weights_bytes), ", other ",
+      FormatBytes(in_use_bytes - weights_bytes), ", activations ",
+      profile_tokens > 0 ? absl::StrCat(FormatBytes(activation_peak_bytes), " (",
+                                        profile_tokens, "-token profile)")
+                         : std::string("not profiled"),
+      ", KV cache ", FormatBytes(budget_per_device_bytes), " per device");
 }
 
 int64_t MinCacheBytes(const CacheSizingInput& in) {
@@ -120,14 +121,20 @@ absl::StatusOr<DeviceMemoryUse> ResolveDeviceBudget(const DeviceBudgetInput& in)
   // rounding.
   constexpr int64_t kRoundingSlack = int64_t{1} << 20;
   const int64_t fits = d.free_bytes - d.activation_peak_bytes - kRoundingSlack;
+  const bool exact = in.has_kv_cache_memory && !in.kv_cache_memory.is_fraction();
   if (per > fits) {
-    if (fits < min_share) {
+    if (exact || fits < min_share) {
       return ResourceExhausted(
           u.source, " asks for ", FormatBytes(per), " of KV cache ", what,
           ", but the device has only ", FormatBytes(d.free_bytes),
-          " free (another process or worker uses it): this worker needs ",
-          FormatBytes(min_share + d.activation_peak_bytes + kRoundingSlack),
-          " free beside its weights; free the device or lower the other users' share");
+          " free (the activations need ", FormatBytes(d.activation_peak_bytes),
+          " of it): ",
+          exact ? std::string("give --kv_cache_memory less, or leave it out to size by "
+                              "--gpu_memory_utilization")
+                : absl::StrCat(
+                      "another process or worker uses it; this worker needs ",
+                      FormatBytes(min_share + d.activation_peak_bytes + kRoundingSlack),
+                      " free beside its weights"));
     }
     per = fits;
     u.limited_by_free_memory = true;

@@ -110,9 +110,11 @@ struct DeviceBudgetInput {
 // The device budget (DeviceMemoryUse::budget_bytes is SizeCache's budget_bytes).
 // INVALID_ARGUMENT for a utilization outside (0, 1], no device, a non-positive
 // capacity; RESOURCE_EXHAUSTED when the budget leaves less than min_cache_bytes
-// for the cache, or asks for more than the device has free (another process or
-// worker on it): the message names the device, the weights, the other buffers,
-// the activation peak, and the memory (or utilization) that would be enough.
+// for the cache, or --kv_cache_memory bytes ask for more than the device has
+// free (a budget by utilization or fraction is lowered to what is free, another
+// process or worker holding the rest; limited_by_free_memory): the message names the
+// device, the weights, the other buffers, the activation peak, and the memory (or
+// utilization) that would be enough.
 absl::StatusOr<DeviceMemoryUse> ResolveDeviceBudget(const DeviceBudgetInput& in);
 
 struct CacheSizing {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "engine/cache/memory_budget.h"
 #include "engine/model/bf16.h"
 #include "engine/runtime/shard_dims.h"
 #include "parallel/sharding.h"
@@ -281,81 +282,114 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
 
 namespace {
 
-// Bump allocation of uploaded tensors from large device allocations.
+// Bump allocation of uploaded tensors from few device allocations: chunks that
+// double from 4 MiB up to 256 MiB (a small model does not take 256 MiB), a
+// tensor as large as the next chunk in an allocation of its own, and one of
+// exactly the tensor's size when a chunk no longer fits (the last tensors fill
+// what is left). Out of memory names the tensor, its size, what was placed and
+// what the device has free.
 class Uploader {
  public:
   Uploader(kernels::Device& device, ModelWeights* w) : device_(device), w_(w) {}
 
+  // Names the tensors that follow ("layers.3." + their own name).
+  void set_prefix(std::string prefix) { prefix_ = std::move(prefix); }
+
   template <typename T>
-  absl::StatusOr<const T*> Put(const T* src, int64_t count) {
+  absl::StatusOr<const T*> Put(absl::string_view name, const T* src, int64_t count) {
     if (src == nullptr || count == 0) return static_cast<const T*>(nullptr);
     const size_t bytes = static_cast<size_t>(count) * sizeof(T);
-    TANDEM_ASSIGN_OR_RETURN(void* dst, Reserve(bytes));
+    TANDEM_ASSIGN_OR_RETURN(void* dst, Reserve(name, bytes));
     TANDEM_RETURN_IF_ERROR(device_.CopyToDevice(dst, src, bytes));
     w_->device_bytes += bytes;
+    ++tensors_;
     return static_cast<const T*>(dst);
   }
   // A [rows, cols] BF16 matrix with row stride *ld: packed to stride cols.
-  absl::Status Matrix(const uint16_t** p, int64_t rows, int64_t cols, int64_t* ld) {
+  absl::Status Matrix(absl::string_view name, const uint16_t** p, int64_t rows,
+                      int64_t cols, int64_t* ld) {
     if (*p == nullptr) return absl::OkStatus();
     const int64_t stride = ld != nullptr ? *ld : cols;
     if (stride == cols) {
-      TANDEM_ASSIGN_OR_RETURN(*p, Put(*p, rows * cols));
+      TANDEM_ASSIGN_OR_RETURN(*p, Put(name, *p, rows * cols));
       return absl::OkStatus();
     }
     std::vector<uint16_t> packed(static_cast<size_t>(rows * cols));
     for (int64_t r = 0; r < rows; ++r) {
       std::memcpy(packed.data() + r * cols, *p + r * stride, cols * sizeof(uint16_t));
     }
-    TANDEM_ASSIGN_OR_RETURN(*p, Put(packed.data(), rows * cols));
+    TANDEM_ASSIGN_OR_RETURN(*p, Put(name, packed.data(), rows * cols));
     *ld = cols;
     return absl::OkStatus();
   }
   template <typename T>
-  absl::Status Array(const T** p, int64_t count) {
-    TANDEM_ASSIGN_OR_RETURN(*p, Put(*p, count));
+  absl::Status Array(absl::string_view name, const T** p, int64_t count) {
+    TANDEM_ASSIGN_OR_RETURN(*p, Put(name, *p, count));
     return absl::OkStatus();
   }
-  absl::Status Vec(F32Vec* v) {
-    TANDEM_ASSIGN_OR_RETURN(const float* d,
-                            Put(v->host().data(), static_cast<int64_t>(v->size())));
+  absl::Status Vec(absl::string_view name, F32Vec* v) {
+    TANDEM_ASSIGN_OR_RETURN(
+        const float* d, Put(name, v->host().data(), static_cast<int64_t>(v->size())));
     v->set_device(d);
     return absl::OkStatus();
   }
 
  private:
-  static constexpr size_t kChunk = size_t{256} << 20;
+  static constexpr size_t kFirstChunk = size_t{4} << 20;
+  static constexpr size_t kMaxChunk = size_t{256} << 20;
   static constexpr size_t kAlign = 256;
-  absl::StatusOr<void*> Reserve(size_t bytes) {
+  absl::StatusOr<void*> Reserve(absl::string_view name, size_t bytes) {
     const size_t need = (bytes + kAlign - 1) / kAlign * kAlign;
-    if (need > left_) {
-      const size_t size = std::max(need, kChunk);
-      absl::StatusOr<kernels::DeviceBuffer> b =
-          kernels::DeviceBuffer::Allocate(&device_, size);
-      if (!b.ok()) {
-        return ResourceExhausted("placing the model on ", device_.name(), ": ",
-                                 b.status().message(), " (", w_->device_bytes,
-                                 " bytes of weights placed so far)");
-      }
-      cur_ = b->as<char>();
-      left_ = size;
-      w_->device_memory.push_back(std::move(b).value());
+    if (need <= left_) {
+      void* out = cur_;
+      cur_ += need;
+      left_ -= need;
+      return out;
     }
-    void* out = cur_;
-    cur_ += need;
-    left_ -= need;
-    return out;
+    const size_t next = std::min(kMaxChunk, std::max(kFirstChunk, next_chunk_ * 2));
+    // A tensor as large as the next chunk gets an allocation of its own (the
+    // current chunk keeps taking the small ones).
+    const bool own = need >= next;
+    absl::StatusOr<kernels::DeviceBuffer> b =
+        kernels::DeviceBuffer::Allocate(&device_, own ? need : next);
+    if (!b.ok() && !own) b = kernels::DeviceBuffer::Allocate(&device_, need);
+    if (!b.ok()) {
+      const kernels::DeviceMemoryInfo info = device_.MemoryInfo();
+      return ResourceExhausted(
+          "placing the model on ", device_.name(), ": tensor ", prefix_, name, " (",
+          FormatBytes(static_cast<int64_t>(bytes)), ") does not fit; ",
+          FormatBytes(static_cast<int64_t>(w_->device_bytes)), " of weights in ",
+          tensors_, " tensors placed so far, ", FormatBytes(info.free_bytes),
+          " of the device's ", FormatBytes(info.total_bytes),
+          " free (the model needs a larger device or more TP ranks): ",
+          b.status().message());
+    }
+    char* base = b->as<char>();
+    const size_t size = b->bytes();
+    w_->device_memory.push_back(std::move(b).value());
+    if (!own) {
+      next_chunk_ = next;
+      cur_ = base + need;
+      left_ = size - need;
+    }
+    return base;
   }
   kernels::Device& device_;
   ModelWeights* w_;
+  std::string prefix_;
+  int64_t tensors_ = 0;
+  size_t next_chunk_ = 0;
   char* cur_ = nullptr;
   size_t left_ = 0;
 };
 
-absl::Status PlaceDense(Uploader& up, DenseMlpWeights* m, int64_t H) {
-  TANDEM_RETURN_IF_ERROR(up.Matrix(&m->gate, m->inter, H, nullptr));
-  TANDEM_RETURN_IF_ERROR(up.Matrix(&m->up, m->inter, H, nullptr));
-  return up.Matrix(&m->down, H, m->inter, &m->down_ld);
+absl::Status PlaceDense(Uploader& up, absl::string_view name, DenseMlpWeights* m,
+                        int64_t H) {
+  TANDEM_RETURN_IF_ERROR(
+      up.Matrix(absl::StrCat(name, "gate_proj"), &m->gate, m->inter, H, nullptr));
+  TANDEM_RETURN_IF_ERROR(
+      up.Matrix(absl::StrCat(name, "up_proj"), &m->up, m->inter, H, nullptr));
+  return up.Matrix(absl::StrCat(name, "down_proj"), &m->down, H, m->inter, &m->down_ld);
 }
 
 }  // namespace
@@ -377,67 +411,106 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> PlaceModelWeights(
   const int64_t L = t.routed_expert_hidden_size, M = t.moe_intermediate_size;
   const int64_t E = t.num_experts;
   Uploader up(device, w.get());
-  TANDEM_RETURN_IF_ERROR(up.Matrix(&w->embed, w->vocab_rows, H, nullptr));
-  TANDEM_RETURN_IF_ERROR(up.Matrix(&w->lm_head, w->vocab_rows, H, nullptr));
-  TANDEM_RETURN_IF_ERROR(up.Vec(&w->final_norm));
-  TANDEM_RETURN_IF_ERROR(up.Vec(&w->output_res_norm));
-  TANDEM_RETURN_IF_ERROR(up.Vec(&w->output_res_proj));
+  TANDEM_RETURN_IF_ERROR(
+      up.Matrix("model.embed_tokens", &w->embed, w->vocab_rows, H, nullptr));
+  TANDEM_RETURN_IF_ERROR(up.Matrix("lm_head", &w->lm_head, w->vocab_rows, H, nullptr));
+  TANDEM_RETURN_IF_ERROR(up.Vec("model.norm", &w->final_norm));
+  TANDEM_RETURN_IF_ERROR(up.Vec("model.output_attn_res_norm", &w->output_res_norm));
+  TANDEM_RETURN_IF_ERROR(up.Vec("model.output_attn_res_proj", &w->output_res_proj));
   for (LayerWeights& lw : w->layers) {
-    for (F32Vec* v : {&lw.input_norm, &lw.post_attention_norm, &lw.attn_res_norm,
-                      &lw.attn_res_proj, &lw.mlp_res_norm, &lw.mlp_res_proj}) {
-      TANDEM_RETURN_IF_ERROR(up.Vec(v));
-    }
+    up.set_prefix(absl::StrCat("model.layers.", lw.spec.index, "."));
+    const std::pair<const char*, F32Vec*> vecs[] = {
+        {"input_layernorm", &lw.input_norm},
+        {"post_attention_layernorm", &lw.post_attention_norm},
+        {"attn_res_norm", &lw.attn_res_norm},
+        {"attn_res_proj", &lw.attn_res_proj},
+        {"mlp_res_norm", &lw.mlp_res_norm},
+        {"mlp_res_proj", &lw.mlp_res_proj}};
+    for (const auto& [name, v] : vecs) TANDEM_RETURN_IF_ERROR(up.Vec(name, v));
     if (lw.spec.attention == model::AttentionKind::kKda) {
       KdaWeights& k = lw.kda;
       const int64_t P = k.heads * d;
-      for (const uint16_t** m : {&k.q_proj, &k.k_proj, &k.v_proj, &k.g_proj}) {
-        TANDEM_RETURN_IF_ERROR(up.Matrix(m, P, H, nullptr));
+      const std::pair<const char*, const uint16_t**> projs[] = {
+          {"self_attn.q_proj", &k.q_proj},
+          {"self_attn.k_proj", &k.k_proj},
+          {"self_attn.v_proj", &k.v_proj},
+          {"self_attn.g_proj", &k.g_proj}};
+      for (const auto& [name, m] : projs) {
+        TANDEM_RETURN_IF_ERROR(up.Matrix(name, m, P, H, nullptr));
       }
-      for (const float** cv : {&k.q_conv, &k.k_conv, &k.v_conv}) {
-        TANDEM_RETURN_IF_ERROR(up.Array(cv, P * K));
+      const std::pair<const char*, const float**> convs[] = {
+          {"self_attn.q_conv1d", &k.q_conv},
+          {"self_attn.k_conv1d", &k.k_conv},
+          {"self_attn.v_conv1d", &k.v_conv}};
+      for (const auto& [name, cv] : convs) {
+        TANDEM_RETURN_IF_ERROR(up.Array(name, cv, P * K));
       }
-      TANDEM_RETURN_IF_ERROR(up.Array(&k.a_log, k.heads));
-      TANDEM_RETURN_IF_ERROR(up.Matrix(&k.f_a_proj, d, H, nullptr));
-      TANDEM_RETURN_IF_ERROR(up.Matrix(&k.f_b_proj, P, d, nullptr));
-      TANDEM_RETURN_IF_ERROR(up.Array(&k.dt_bias, P));
-      TANDEM_RETURN_IF_ERROR(up.Matrix(&k.b_proj, k.heads, H, nullptr));
-      TANDEM_RETURN_IF_ERROR(up.Array(&k.o_norm, d));
-      TANDEM_RETURN_IF_ERROR(up.Matrix(&k.o_proj, H, P, &k.o_proj_ld));
+      TANDEM_RETURN_IF_ERROR(up.Array("self_attn.A_log", &k.a_log, k.heads));
+      TANDEM_RETURN_IF_ERROR(
+          up.Matrix("self_attn.f_a_proj", &k.f_a_proj, d, H, nullptr));
+      TANDEM_RETURN_IF_ERROR(
+          up.Matrix("self_attn.f_b_proj", &k.f_b_proj, P, d, nullptr));
+      TANDEM_RETURN_IF_ERROR(up.Array("self_attn.dt_bias", &k.dt_bias, P));
+      TANDEM_RETURN_IF_ERROR(
+          up.Matrix("self_attn.b_proj", &k.b_proj, k.heads, H, nullptr));
+      TANDEM_RETURN_IF_ERROR(up.Array("self_attn.o_norm", &k.o_norm, d));
+      TANDEM_RETURN_IF_ERROR(
+          up.Matrix("self_attn.o_proj", &k.o_proj, H, P, &k.o_proj_ld));
     } else {
       MlaWeights& m = lw.mla;
-      TANDEM_RETURN_IF_ERROR(up.Matrix(&m.q_a_proj, ql, H, nullptr));
-      TANDEM_RETURN_IF_ERROR(up.Vec(&m.q_a_norm));
-      TANDEM_RETURN_IF_ERROR(up.Matrix(&m.q_b_proj, m.heads * qd, ql, nullptr));
-      TANDEM_RETURN_IF_ERROR(up.Matrix(&m.kv_a_proj, lora + rope, H, nullptr));
-      TANDEM_RETURN_IF_ERROR(up.Vec(&m.kv_a_norm));
       TANDEM_RETURN_IF_ERROR(
-          up.Matrix(&m.kv_b_proj, m.heads * (nope + vd), lora, nullptr));
-      TANDEM_RETURN_IF_ERROR(up.Matrix(&m.o_proj, H, m.heads * vd, &m.o_proj_ld));
-      TANDEM_RETURN_IF_ERROR(up.Matrix(&m.g_proj, m.heads * vd, H, nullptr));
+          up.Matrix("self_attn.q_a_proj", &m.q_a_proj, ql, H, nullptr));
+      TANDEM_RETURN_IF_ERROR(up.Vec("self_attn.q_a_layernorm", &m.q_a_norm));
+      TANDEM_RETURN_IF_ERROR(
+          up.Matrix("self_attn.q_b_proj", &m.q_b_proj, m.heads * qd, ql, nullptr));
+      TANDEM_RETURN_IF_ERROR(up.Matrix("self_attn.kv_a_proj_with_mqa", &m.kv_a_proj,
+                                       lora + rope, H, nullptr));
+      TANDEM_RETURN_IF_ERROR(up.Vec("self_attn.kv_a_layernorm", &m.kv_a_norm));
+      TANDEM_RETURN_IF_ERROR(up.Matrix("self_attn.kv_b_proj", &m.kv_b_proj,
+                                       m.heads * (nope + vd), lora, nullptr));
+      TANDEM_RETURN_IF_ERROR(
+          up.Matrix("self_attn.o_proj", &m.o_proj, H, m.heads * vd, &m.o_proj_ld));
+      TANDEM_RETURN_IF_ERROR(
+          up.Matrix("self_attn.g_proj", &m.g_proj, m.heads * vd, H, nullptr));
     }
     if (lw.spec.ffn == model::FfnKind::kDense) {
-      TANDEM_RETURN_IF_ERROR(PlaceDense(up, &lw.dense, H));
+      TANDEM_RETURN_IF_ERROR(PlaceDense(up, "mlp.", &lw.dense, H));
     } else {
       MoeWeights& moe = lw.moe;
-      TANDEM_RETURN_IF_ERROR(up.Matrix(&moe.router, E, H, nullptr));
-      TANDEM_RETURN_IF_ERROR(up.Array(&moe.router_bias, E));
-      TANDEM_RETURN_IF_ERROR(up.Matrix(&moe.latent_down, L, H, nullptr));
-      TANDEM_RETURN_IF_ERROR(up.Matrix(&moe.latent_up, H, L, nullptr));
-      TANDEM_RETURN_IF_ERROR(up.Vec(&moe.latent_norm));
-      TANDEM_RETURN_IF_ERROR(PlaceDense(up, &moe.shared, H));
+      TANDEM_RETURN_IF_ERROR(
+          up.Matrix("block_sparse_moe.gate", &moe.router, E, H, nullptr));
+      TANDEM_RETURN_IF_ERROR(up.Array("block_sparse_moe.gate.e_score_correction_bias",
+                                      &moe.router_bias, E));
+      TANDEM_RETURN_IF_ERROR(up.Matrix("block_sparse_moe.routed_expert_down_proj",
+                                       &moe.latent_down, L, H, nullptr));
+      TANDEM_RETURN_IF_ERROR(up.Matrix("block_sparse_moe.routed_expert_up_proj",
+                                       &moe.latent_up, H, L, nullptr));
+      TANDEM_RETURN_IF_ERROR(
+          up.Vec("block_sparse_moe.routed_expert_norm", &moe.latent_norm));
+      TANDEM_RETURN_IF_ERROR(
+          PlaceDense(up, "block_sparse_moe.shared_experts.", &moe.shared, H));
       std::vector<kernels::Mxfp4Expert> table = moe.experts;
-      for (kernels::Mxfp4Expert& ex : table) {
+      for (size_t e = 0; e < table.size(); ++e) {
+        kernels::Mxfp4Expert& ex = table[e];
         if (ex.w1_packed == nullptr) continue;  // another rank's
-        TANDEM_RETURN_IF_ERROR(up.Array(&ex.w1_packed, M * L / 2));
-        TANDEM_RETURN_IF_ERROR(up.Array(&ex.w1_scale, M * L / 32));
-        TANDEM_RETURN_IF_ERROR(up.Array(&ex.w3_packed, M * L / 2));
-        TANDEM_RETURN_IF_ERROR(up.Array(&ex.w3_scale, M * L / 32));
-        TANDEM_RETURN_IF_ERROR(up.Array(&ex.w2_packed, L * M / 2));
-        TANDEM_RETURN_IF_ERROR(up.Array(&ex.w2_scale, L * M / 32));
+        const std::string x = absl::StrCat("block_sparse_moe.experts.", e, ".");
+        TANDEM_RETURN_IF_ERROR(
+            up.Array(x + "w1.weight_packed", &ex.w1_packed, M * L / 2));
+        TANDEM_RETURN_IF_ERROR(
+            up.Array(x + "w1.weight_scale", &ex.w1_scale, M * L / 32));
+        TANDEM_RETURN_IF_ERROR(
+            up.Array(x + "w3.weight_packed", &ex.w3_packed, M * L / 2));
+        TANDEM_RETURN_IF_ERROR(
+            up.Array(x + "w3.weight_scale", &ex.w3_scale, M * L / 32));
+        TANDEM_RETURN_IF_ERROR(
+            up.Array(x + "w2.weight_packed", &ex.w2_packed, L * M / 2));
+        TANDEM_RETURN_IF_ERROR(
+            up.Array(x + "w2.weight_scale", &ex.w2_scale, L * M / 32));
       }
       moe.experts = table;  // host copy of the device pointers
       TANDEM_ASSIGN_OR_RETURN(moe.device_experts,
-                              up.Put(table.data(), static_cast<int64_t>(table.size())));
+                              up.Put("block_sparse_moe (device expert table)",
+                                     table.data(), static_cast<int64_t>(table.size())));
     }
   }
   TANDEM_RETURN_IF_ERROR(device.Synchronize());

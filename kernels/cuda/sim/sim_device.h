@@ -23,7 +23,14 @@
 
 namespace tandem::kernels::cuda {
 
-inline constexpr int64_t kDefaultSimDeviceBytes = int64_t{16} << 30;  // 16 GiB
+// The emulated device's memory is host memory, committed when allocated (0xFF
+// filled), and a worker on cuda_sim sizes its KV cache to 0.9 of it
+// (--gpu_memory_utilization): 2 GiB keeps a prefill and a decode worker (and
+// the tests that start them) within what a CI host has, and is still far more
+// than the tiny model needs (42 MiB of weights, ~170 MiB for a 256-token step
+// with its logits). $TANDEM_SIM_DEVICE_BYTES emulates another size (a real
+// GPU's, say, to check a sizing).
+inline constexpr int64_t kDefaultSimDeviceBytes = int64_t{2} << 30;  // 2 GiB
 
 // capacity_bytes < 0: $TANDEM_SIM_DEVICE_BYTES (a byte count) if set, else
 // kDefaultSimDeviceBytes. New allocations are filled with 0xFF bytes (fp32 NaN),
