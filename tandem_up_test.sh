@@ -271,6 +271,8 @@ for args in "--tls" "--config $TEST_TMPDIR/tls.yaml"; do
     grep -q "^command $name .* --tls_ca=$tlsdir/ca.crt --tls_cert=$tlsdir/$name.crt --tls_key=$tlsdir/$name.key" \
       <<<"$got" || fail "$args: $name has no TLS flags:"$'\n'"$got"
   done
+  grep -q "^command gateway .* --ssl_certfile=$tlsdir/gateway.crt --ssl_keyfile=$tlsdir/gateway.key" \
+    <<<"$got" || fail "$args: the gateway does not serve HTTPS:"$'\n'"$got"
 done
 [[ ! -e "$tlsdir" ]] || fail "--dry-run --tls made certificates"
 if dry | grep -q -- '--tls_'; then fail "TLS flags without --tls"; fi

@@ -115,6 +115,8 @@ int main(int argc, char** argv) {
       dso.worker_id, tandem::v1::WORKER_ROLE_DECODE, **model, (*service)->layout(),
       eo.max_context_tokens);
   so.health = [l = loop.get()] { return l->health(); };
+  // Draining waits for reservations too (hand-offs whose KV has not landed yet).
+  so.busy = [s = service->get()] { return s->num_reservations(); };
   so.server_credentials = creds->server;
   so.router_credentials = creds->channel;
   so.mtls = creds->mtls;

@@ -50,6 +50,12 @@ ABSL_FLAG(int, router_sessions, 2,
           "Generate calls are multiplexed on this many Router.GenerateSession "
           "streams (one gRPC message per router batch instead of per token); 0: "
           "one Router.Generate call per request (for routers without sessions).");
+ABSL_FLAG(std::string, ssl_certfile, "",
+          "HTTPS: PEM certificate chain (with --ssl_keyfile; vLLM's names). Re-read "
+          "when the file changes (a renewed Kubernetes Secret), for new connections.");
+ABSL_FLAG(std::string, ssl_keyfile, "", "HTTPS: PEM private key of --ssl_certfile.");
+ABSL_FLAG(std::string, ssl_ca_certs, "",
+          "HTTPS: clients must present a certificate this CA (PEM) signed.");
 ABSL_FLAG(double, shutdown_grace_s, 10,
           "On SIGTERM, time given to requests in flight before they are cancelled.");
 
@@ -118,7 +124,10 @@ int main(int argc, char** argv) {
        .body_timeout = absl::Seconds(absl::GetFlag(FLAGS_body_timeout_s)),
        .idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_idle_timeout_s)),
        .write_timeout = absl::Seconds(absl::GetFlag(FLAGS_write_timeout_s)),
-       .max_connections = absl::GetFlag(FLAGS_max_connections)},
+       .max_connections = absl::GetFlag(FLAGS_max_connections),
+       .tls_cert_file = absl::GetFlag(FLAGS_ssl_certfile),
+       .tls_key_file = absl::GetFlag(FLAGS_ssl_keyfile),
+       .tls_client_ca_file = absl::GetFlag(FLAGS_ssl_ca_certs)},
       [&service](tandem::http::HttpRequest request,
                  std::shared_ptr<tandem::http::ResponseWriter> writer) {
         service.Handle(std::move(request), std::move(writer));
@@ -130,6 +139,7 @@ int main(int argc, char** argv) {
   }
   TLOG(INFO, "gateway serving")
       .Kv("port", server.port())
+      .Kv("scheme", absl::GetFlag(FLAGS_ssl_certfile).empty() ? "http" : "https")
       .Kv("router", absl::GetFlag(FLAGS_router))
       .Kv("auth", !api_key.empty());
 

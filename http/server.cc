@@ -1,13 +1,17 @@
 #include "http/server.h"
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 
+#include <array>
 #include <atomic>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
@@ -23,6 +27,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -34,6 +39,7 @@ namespace {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace bhttp = beast::http;
+namespace ssl = asio::ssl;
 using tcp = asio::ip::tcp;
 
 std::chrono::steady_clock::duration ToChrono(absl::Duration d) {
@@ -626,6 +632,242 @@ std::shared_ptr<ResponseWriter> Session::MakeWriter() {
 
 }  // namespace
 
+// ---------------------------------------------------------------- HTTPS
+
+// The server's TLS context: loaded at Start, loaded again for new connections
+// when a file changed (inode, size or mtime: a Kubernetes Secret update swaps a
+// symlink), checked at most once per tls_reload_period. Thread-safe.
+class TlsContextSource {
+ public:
+  explicit TlsContextSource(const HttpServerOptions& o) : o_(o) {}
+
+  absl::Status Load() {
+    absl::StatusOr<std::shared_ptr<ssl::context>> ctx = Build();
+    if (!ctx.ok()) return ctx.status();
+    absl::MutexLock lock(&mu_);
+    ctx_ = *std::move(ctx);
+    stamp_ = Stamp();
+    checked_ = absl::Now();
+    return absl::OkStatus();
+  }
+
+  std::shared_ptr<ssl::context> Get() {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    if (now - checked_ < o_.tls_reload_period) return ctx_;
+    checked_ = now;
+    const std::string stamp = Stamp();
+    if (stamp == stamp_) return ctx_;
+    absl::StatusOr<std::shared_ptr<ssl::context>> ctx = Build();
+    if (!ctx.ok()) {
+      // Often a half-written renewal: keep serving the previous certificate,
+      // try again at the next check.
+      TLOG(WARNING,
+           "https: the changed certificate files do not load; keeping the "
+           "previous ones")
+          .Kv("server", o_.server_name)
+          .Kv("status", ctx.status());
+      return ctx_;
+    }
+    TLOG(INFO, "https: certificate reloaded")
+        .Kv("server", o_.server_name)
+        .Kv("cert", o_.tls_cert_file);
+    ctx_ = *std::move(ctx);
+    stamp_ = stamp;
+    return ctx_;
+  }
+
+ private:
+  std::string Stamp() const {
+    std::string out;
+    for (const std::string* f :
+         {&o_.tls_cert_file, &o_.tls_key_file, &o_.tls_client_ca_file}) {
+      struct stat st {};
+      if (f->empty() || ::stat(f->c_str(), &st) != 0) {
+        out += "-;";
+        continue;
+      }
+      absl::StrAppend(&out, st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".",
+                      st.st_mtim.tv_nsec, ";");
+    }
+    return out;
+  }
+
+  absl::StatusOr<std::shared_ptr<ssl::context>> Build() const {
+    auto ctx = std::make_shared<ssl::context>(ssl::context::tls_server);
+    beast::error_code ec;
+    ctx->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
+                         ssl::context::no_sslv3 | ssl::context::no_tlsv1 |
+                         ssl::context::no_tlsv1_1 | ssl::context::single_dh_use,
+                     ec);
+    auto fail = [this](absl::string_view what, const std::string& file,
+                       const beast::error_code& e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          o_.server_name, ": https: cannot load ", what, " ", file, ": ", e.message()));
+    };
+    ctx->use_certificate_chain_file(o_.tls_cert_file, ec);
+    if (ec) return fail("the certificate chain", o_.tls_cert_file, ec);
+    ctx->use_private_key_file(o_.tls_key_file, ssl::context::pem, ec);
+    if (ec && ec.message().find("mismatch") == std::string::npos) {
+      return fail("the private key", o_.tls_key_file, ec);
+    }
+    if (ec || SSL_CTX_check_private_key(ctx->native_handle()) != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(o_.server_name, ": https: the private key ", o_.tls_key_file,
+                       " does not match the certificate ", o_.tls_cert_file));
+    }
+    if (!o_.tls_client_ca_file.empty()) {
+      ctx->load_verify_file(o_.tls_client_ca_file, ec);
+      if (ec) return fail("the client CA", o_.tls_client_ca_file, ec);
+      ctx->set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert, ec);
+    }
+    return ctx;
+  }
+
+  const HttpServerOptions& o_;
+  absl::Mutex mu_;
+  std::shared_ptr<ssl::context> ctx_ ABSL_GUARDED_BY(mu_);
+  std::string stamp_ ABSL_GUARDED_BY(mu_);
+  absl::Time checked_ ABSL_GUARDED_BY(mu_);
+};
+
+// One HTTPS connection: the TLS handshake (bounded by header_timeout), then the
+// plaintext relayed both ways, on the connection's strand, between the TLS
+// stream and one end of a local socket pair whose other end is an ordinary
+// Session. Either side closing closes both (the TLS side with a close_notify).
+// Each write to the client is bounded by write_timeout.
+class TlsRelay : public std::enable_shared_from_this<TlsRelay> {
+ public:
+  // `adopt` gets the session's end of the pair (a connected stream socket).
+  TlsRelay(tcp::socket socket, std::shared_ptr<ssl::context> ctx,
+           std::shared_ptr<ServerCore> core, std::function<void(int fd)> adopt)
+      : ctx_(std::move(ctx)),
+        tls_(std::move(socket), *ctx_),
+        plain_(tls_.get_executor()),
+        timer_(tls_.get_executor()),
+        core_(std::move(core)),
+        adopt_(std::move(adopt)) {}
+
+  asio::any_io_executor executor() { return tls_.get_executor(); }
+
+  void Start() {
+    Arm(core_->options.header_timeout);
+    tls_.async_handshake(ssl::stream_base::server,
+                         [self = shared_from_this()](beast::error_code ec) {
+                           self->Disarm();
+                           if (self->closed_) return;
+                           if (ec) {
+                             TLOG(DEBUG, "https handshake failed")
+                                 .Kv("server", self->core_->options.server_name)
+                                 .Kv("error", ec.message());
+                             return self->Close();
+                           }
+                           self->Connected();
+                         });
+  }
+
+ private:
+  void Connected() {
+    int fds[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+      TLOG(WARNING, "https: socketpair failed").Kv("errno", errno);
+      return Close();
+    }
+    beast::error_code ec;
+    plain_.assign(asio::local::stream_protocol(), fds[0], ec);
+    if (ec) {
+      ::close(fds[0]);
+      ::close(fds[1]);
+      return Close();
+    }
+    adopt_(fds[1]);
+    ReadClient();
+    ReadSession();
+  }
+
+  // Client → session.
+  void ReadClient() {
+    tls_.async_read_some(
+        asio::buffer(up_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+          if (self->closed_) return;
+          if (ec) return self->Close();  // the client closed or broke the stream
+          asio::async_write(self->plain_, asio::buffer(self->up_.data(), n),
+                            [self](beast::error_code e, size_t) {
+                              if (self->closed_) return;
+                              if (e) return self->Close();
+                              self->ReadClient();
+                            });
+        });
+  }
+
+  // Session → client.
+  void ReadSession() {
+    plain_.async_read_some(asio::buffer(down_), [self = shared_from_this()](
+                                                    beast::error_code ec, size_t n) {
+      if (self->closed_) return;
+      if (ec) return self->Finish();  // the session closed: all of it was relayed
+      self->Arm(self->core_->options.write_timeout);
+      asio::async_write(self->tls_, asio::buffer(self->down_.data(), n),
+                        [self](beast::error_code e, size_t) {
+                          self->Disarm();
+                          if (self->closed_) return;
+                          if (e) return self->Close();
+                          self->ReadSession();
+                        });
+    });
+  }
+
+  // A close_notify to the client (bounded), then close.
+  void Finish() {
+    if (closed_ || finishing_) return;
+    finishing_ = true;
+    beast::error_code ignored;
+    plain_.close(ignored);
+    Arm(std::chrono::seconds(1));
+    tls_.async_shutdown([self = shared_from_this()](beast::error_code) {
+      self->Disarm();
+      self->Close();
+    });
+  }
+
+  template <typename D>
+  void Arm(D timeout) {
+    const uint64_t gen = ++timer_gen_;
+    timer_.expires_after(timeout);
+    timer_.async_wait([self = shared_from_this(), gen](beast::error_code ec) {
+      if (ec || gen != self->timer_gen_) return;  // cancelled or re-armed
+      self->Close();
+    });
+  }
+  void Arm(absl::Duration timeout) { Arm(ToChrono(timeout)); }
+  void Disarm() {
+    ++timer_gen_;
+    timer_.cancel();
+  }
+
+  void Close() {
+    if (closed_) return;
+    closed_ = true;
+    Disarm();
+    beast::error_code ignored;
+    tls_.lowest_layer().shutdown(tcp::socket::shutdown_both, ignored);
+    tls_.lowest_layer().close(ignored);
+    plain_.close(ignored);
+  }
+
+  std::shared_ptr<ssl::context> ctx_;  // outlives the stream
+  ssl::stream<tcp::socket> tls_;
+  asio::local::stream_protocol::socket plain_;
+  asio::steady_timer timer_;
+  uint64_t timer_gen_ = 0;
+  std::shared_ptr<ServerCore> core_;
+  std::function<void(int fd)> adopt_;
+  std::array<char, 16 << 10> up_;
+  std::array<char, 16 << 10> down_;
+  bool closed_ = false;
+  bool finishing_ = false;
+};
+
 class HttpServer::Impl {
  public:
   Impl(HttpServerOptions options, HttpHandler handler, HttpErrorFormatter formatter)
@@ -657,6 +899,9 @@ class HttpServer::Impl {
 
  private:
   void DoAccept();
+  // A session on `socket` (an accepted TCP connection, or the session end of
+  // an HTTPS relay's socket pair), unless the connection cap is reached.
+  void Adopt(tcp::socket socket);
   // Posts `f(session)` onto every open session's strand.
   template <typename F>
   void ForEachSession(F f) {
@@ -673,6 +918,7 @@ class HttpServer::Impl {
   }
 
   std::shared_ptr<ServerCore> core_;
+  std::unique_ptr<TlsContextSource> tls_;  // null: plain HTTP
   std::atomic<int> port_{0};
   absl::Mutex lifecycle_mu_;
   bool started_ ABSL_GUARDED_BY(lifecycle_mu_) = false;
@@ -703,17 +949,41 @@ void HttpServer::Impl::DoAccept() {
           });
           return;
         }
-        if (core_->open.load() >= core_->options.max_connections) {
+        if (tls_ == nullptr) {
+          beast::error_code ignored;
+          socket.set_option(tcp::no_delay(true), ignored);
+          Adopt(std::move(socket));
+        } else if (core_->open.load() >= core_->options.max_connections) {
           beast::error_code ignored;
           socket.close(ignored);
         } else {
           beast::error_code ignored;
           socket.set_option(tcp::no_delay(true), ignored);
-          auto session = std::make_shared<Session>(std::move(socket), core_);
-          asio::post(session->executor(), [session] { session->Start(); });
+          auto relay = std::make_shared<TlsRelay>(
+              std::move(socket), tls_->Get(), core_, [this](int fd) {
+                tcp::socket inner(asio::make_strand(ioc_));
+                beast::error_code ec;
+                inner.assign(tcp::v4(), fd, ec);  // a stream socket; only I/O is used
+                if (ec) {
+                  ::close(fd);
+                  return;
+                }
+                Adopt(std::move(inner));
+              });
+          asio::post(relay->executor(), [relay] { relay->Start(); });
         }
         DoAccept();
       });
+}
+
+void HttpServer::Impl::Adopt(tcp::socket socket) {
+  if (core_->open.load() >= core_->options.max_connections) {
+    beast::error_code ignored;
+    socket.close(ignored);
+    return;
+  }
+  auto session = std::make_shared<Session>(std::move(socket), core_);
+  asio::post(session->executor(), [session] { session->Start(); });
 }
 
 absl::Status HttpServer::Impl::Start() {
@@ -726,6 +996,20 @@ absl::Status HttpServer::Impl::Start() {
   if (o.port < 0 || o.port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat(o.server_name, ": bad port ", where));
+  }
+  if (o.tls_cert_file.empty() != o.tls_key_file.empty() ||
+      (o.tls_cert_file.empty() && !o.tls_client_ca_file.empty())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(o.server_name,
+                     ": https needs both a certificate and a private key (a client CA "
+                     "only with them)"));
+  }
+  if (!o.tls_cert_file.empty()) {
+    tls_ = std::make_unique<TlsContextSource>(core_->options);
+    if (absl::Status s = tls_->Load(); !s.ok()) {
+      tls_.reset();
+      return s;
+    }
   }
   beast::error_code ec;
   tcp::endpoint endpoint;

@@ -25,6 +25,11 @@
 // deadline that passes closes the connection without a response. A response
 // to HEAD goes out without its body (its Content-Length kept).
 //
+// HTTPS (HttpServerOptions::tls_cert_file): each accepted connection is a TLS
+// stream whose plaintext is relayed, on the connection's strand, to a session
+// like any other over a local socket pair, so everything above (deadlines,
+// streaming, the client-gone watch) is the same code for both.
+//
 // Lifetime: writers must be released before the server is destroyed (the
 // destructor waits for them, bounded, after stopping).
 #ifndef TANDEM_HTTP_SERVER_H_
@@ -62,6 +67,17 @@ struct HttpServerOptions {
   // is part of a burst and goes through the strand, which batches (fewer
   // syscalls than one send per chunk).
   absl::Duration direct_write_min_gap = absl::Milliseconds(5);
+  // HTTPS: a PEM certificate chain and its private key (both or neither; the
+  // gateway's --ssl_certfile/--ssl_keyfile). Every connection is then TLS 1.2+,
+  // the handshake bounded by header_timeout. The files are read again when they
+  // change (checked on accept, at most once per tls_reload_period), so a renewed
+  // Kubernetes Secret takes effect for new connections without a restart; a
+  // renewal that does not load is logged and the previous certificate kept.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // Optional: clients must present a certificate this CA (PEM) signed (mTLS).
+  std::string tls_client_ca_file;
+  absl::Duration tls_reload_period = absl::Seconds(10);
 };
 
 class HttpServer {
@@ -73,8 +89,8 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   // Binds and starts the I/O threads. Unavailable when the address cannot be
-  // bound, InvalidArgument for a bad host/port, FailedPrecondition if called
-  // twice.
+  // bound, InvalidArgument for a bad host/port or TLS files that do not load
+  // (named, with OpenSSL's reason), FailedPrecondition if called twice.
   absl::Status Start();
   // Stops accepting; idle connections close now, requests in flight get up
   // to `grace` to finish (their connections close after the response); then

@@ -76,7 +76,7 @@ Placement::Actions Placement::Start() {
   const bool colocate =
       prompt < options_.colocate_below_tokens || request_.min_tokens > 0 ||
       (options_.max_context_tokens > 0 && prompt + 1 >= options_.max_context_tokens) ||
-      deps_.registry->Live(tandem::v1::WORKER_ROLE_PREFILL).empty();
+      deps_.registry->Available(tandem::v1::WORKER_ROLE_PREFILL).empty();
   return colocate ? Colocate() : Reserve();
 }
 
@@ -105,7 +105,9 @@ Placement::Actions Placement::Reserve() {
   state_ = State::kReserving;
   if (cancelled_) return Finish(ClientCancelled());
   if (Expired()) return Expire(/*holds_reservation=*/false);
-  std::vector<WorkerRecord> live = deps_.registry->Live(tandem::v1::WORKER_ROLE_DECODE);
+  // Draining workers (shutting down) take no new request.
+  std::vector<WorkerRecord> live =
+      deps_.registry->Available(tandem::v1::WORKER_ROLE_DECODE);
   std::optional<size_t> i = SelectDecode(
       live, tried_decode_, deps_.ledger->Snapshot(live), request_.prompt_tokens);
   if (!i.has_value()) return NoDecodeWorker(AfterRelease::kReserve);
@@ -186,7 +188,7 @@ Placement::Actions Placement::OnQueueEnd(const absl::Status& status) {
 Placement::Actions Placement::Prefill() {
   if (Expired()) return Expire(/*holds_reservation=*/true);
   std::vector<WorkerRecord> live =
-      deps_.registry->Live(tandem::v1::WORKER_ROLE_PREFILL);
+      deps_.registry->Available(tandem::v1::WORKER_ROLE_PREFILL);
   std::optional<size_t> i;
   if (deps_.prefill_router != nullptr) {
     std::optional<PrefillChoice> c =
@@ -269,7 +271,9 @@ Placement::Actions Placement::OnReleased(const absl::Status&) {
 Placement::Actions Placement::Colocate() {
   if (cancelled_) return Finish(ClientCancelled());
   if (Expired()) return Expire(/*holds_reservation=*/false);
-  std::vector<WorkerRecord> live = deps_.registry->Live(tandem::v1::WORKER_ROLE_DECODE);
+  // Draining workers (shutting down) take no new request.
+  std::vector<WorkerRecord> live =
+      deps_.registry->Available(tandem::v1::WORKER_ROLE_DECODE);
   std::optional<size_t> i = SelectDecode(
       live, tried_decode_, deps_.ledger->Snapshot(live), request_.prompt_tokens);
   if (!i.has_value()) return NoDecodeWorker(AfterRelease::kColocate);

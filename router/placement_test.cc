@@ -614,6 +614,36 @@ TEST_F(PlacementTest, RoomFreedByAFinishedRequestIsUsedBeforeTheNextReport) {
   EXPECT_EQ(Placed("d0"), 0);
 }
 
+// A draining worker (shutting down, load.draining) gets no new request: the
+// others are chosen; with every decode worker draining a request queues (a
+// replacement may register) instead of failing; requests already placed on a
+// draining worker finish there and are credited as usual.
+TEST_F(PlacementTest, DrainingWorkersGetNoNewRequests) {
+  auto before = Make();
+  EXPECT_EQ(Str(before->Start()), "reserve d0");  // the lowest id among equals
+  EXPECT_EQ(Str(before->OnReserved(absl::OkStatus())), "prefill p0");
+  tandem::v1::WorkerLoad draining;
+  draining.set_draining(true);
+  ASSERT_TRUE(registry_.Heartbeat("d0", draining));
+  ASSERT_TRUE(registry_.Heartbeat("p0", draining));
+  EXPECT_EQ(registry_.Live(tandem::v1::WORKER_ROLE_DECODE).size(), 2u);
+  EXPECT_EQ(registry_.Available(tandem::v1::WORKER_ROLE_DECODE).size(), 1u);
+  auto p = Make();
+  EXPECT_EQ(Str(p->Start()), "reserve d1");
+  EXPECT_EQ(Str(p->OnReserved(absl::OkStatus())), "prefill p1");
+  auto c = Make(10, /*min_tokens=*/1);  // colocated
+  EXPECT_EQ(Str(c->Start()), "colocate d1");
+  ASSERT_TRUE(registry_.Heartbeat("d1", draining));
+  auto q = Make();
+  EXPECT_EQ(Str(q->Start()), "queue");
+  // The request placed before the drain still completes on d0.
+  EXPECT_EQ(Str(before->OnPrefilled(absl::OkStatus())), "decode d0");
+  EXPECT_EQ(Str(before->OnStreamDone(absl::OkStatus())), "finish OK");
+  // d1 back (e.g. a new pod with the same id): the queued request goes there.
+  ASSERT_TRUE(registry_.Heartbeat("d1", {}));
+  EXPECT_EQ(Str(q->OnQueueEnd(absl::OkStatus())), "reserve d1");
+}
+
 TEST(ReservationLeaseTest, CoversTheRequestUpToItsDeadline) {
   const absl::Time now = absl::FromUnixSeconds(1000);
   EXPECT_EQ(ReservationLeaseMs(now + absl::Seconds(600), now, 30000), 600000);

@@ -92,6 +92,14 @@ std::vector<WorkerRecord> WorkerRegistry::Live(tandem::v1::WorkerRole role) {
   return out;
 }
 
+std::vector<WorkerRecord> WorkerRegistry::Available(tandem::v1::WorkerRole role) {
+  std::vector<WorkerRecord> out = Live(role);
+  out.erase(std::remove_if(out.begin(), out.end(),
+                           [](const WorkerRecord& w) { return w.load.draining(); }),
+            out.end());
+  return out;
+}
+
 size_t WorkerRegistry::size() {
   absl::MutexLock lock(&mu_);
   ExpireLocked();

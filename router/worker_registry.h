@@ -47,6 +47,9 @@ class WorkerRegistry {
   bool Remove(const std::string& worker_id);
   // Live workers of `role`, sorted by id; drops expired records first.
   std::vector<WorkerRecord> Live(tandem::v1::WorkerRole role);
+  // The live workers of `role` that take new requests: Live() less the draining
+  // ones (load.draining: a worker shutting down finishes its requests, gets none).
+  std::vector<WorkerRecord> Available(tandem::v1::WorkerRole role);
   size_t size();
 
  private:

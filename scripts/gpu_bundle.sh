@@ -32,6 +32,7 @@
 #                     //engine/model:tiny_checkpoint; 45 MB, so not carried)
 #
 # What is built: //kernels:conformance_test, //kernels/cuda:gpu_bench,
+# //engine/runtime:engine_bench (the engine from GPU memory, issue #15),
 # //engine/model:make_checkpoint, the engine tests of ENGINE_TESTS below (run with
 # the filter of their "cuda" instances), every test tagged "gpu" (kernel or
 # engine tests that run on the "cuda" backend opt in with that tag, as for
@@ -139,7 +140,8 @@ build_all() {
   done
   local gpu_tests
   gpu_tests="$(bazel_bundle query --keep_going --noshow_progress "attr(tags, '\bgpu\b', tests($universe))" 2>/dev/null || true)"
-  local targets=(//kernels:conformance_test //kernels/cuda:gpu_bench //engine/model:make_checkpoint)
+  local targets=(//kernels:conformance_test //kernels/cuda:gpu_bench //engine/model:make_checkpoint
+    //engine/runtime:engine_bench)
   local t engine_tests=""
   # The engine tests parametrised over the device backends by name (their "cuda"
   # instances): those of ENGINE_TESTS that exist.
@@ -182,6 +184,7 @@ build_all() {
   done
   KIND[//kernels:conformance_test]=conformance
   KIND[//kernels/cuda:gpu_bench]=bench
+  KIND[//engine/runtime:engine_bench]=bench
   KIND[//engine/model:make_checkpoint]=tool
   # The conformance suite's "cuda" instances and device tests; racecheck on the
   # ops whose kernels share memory (tiles, block reductions).

@@ -18,6 +18,10 @@
 #   3. the conformance suite on "cuda" (gtest filter from tests.tsv), then every
 #      other bundled GPU test (TANDEM_TEST_BACKEND=cuda), plain
 #   4. the kernel benchmark (gpu_bench --backend cuda, then cuda_bf16)
+#   4b. the engine from GPU memory (engine_bench --backend cuda, issue #15): the
+#      tiny checkpoint at batch 1/8/64 (CUDA graphs on, then --enforce_eager when
+#      the binary has it), then the mid checkpoint (generated there: too big to
+#      carry) at batch 1/8/64 with 4k prompts, and a 32k prefill
 #   5. compute-sanitizer where present: memcheck over the same tests, racecheck
 #      over the shared-memory kernels' tests (tests.tsv's racecheck filter), in
 #      the time left (a step that does not fit is recorded as skipped)
@@ -62,6 +66,7 @@ FACTS=()    # JSON members
 STEPS=()    # JSON objects
 BENCH_JSON="null"
 BENCH_BF16_JSON="null"
+ENGINE_JSON=()  # "name":{engine_bench JSON line}
 FAILED=0
 
 write_json() {  # status, message
@@ -74,7 +79,9 @@ write_json() {  # status, message
     for i in "${!FACTS[@]}"; do printf '%s%s' "$([[ $i -gt 0 ]] && echo ,)" "${FACTS[$i]}"; done
     printf '},"steps":['
     for i in "${!STEPS[@]}"; do printf '%s%s' "$([[ $i -gt 0 ]] && echo ,)" "${STEPS[$i]}"; done
-    printf '],"bench":%s,"bench_bf16":%s}\n' "$BENCH_JSON" "$BENCH_BF16_JSON"
+    printf '],"bench":%s,"bench_bf16":%s,"engine":{' "$BENCH_JSON" "$BENCH_BF16_JSON"
+    for i in "${!ENGINE_JSON[@]}"; do printf '%s%s' "$([[ $i -gt 0 ]] && echo ,)" "${ENGINE_JSON[$i]}"; done
+    printf '}}\n'
   } >"$JSON"
 }
 
@@ -230,9 +237,9 @@ done
 # ---------------------------------------------------------------- 4. benchmark
 # The exact backend ("cuda": tokens match the CPU's), then the BF16-activation one
 # ("cuda_bf16": the faster kernels), 60 s of the budget kept for the second.
-bench_json() {  # output file -> the JSON line (as a JSON string if it does not parse)
+bench_json() {  # output file [bench name] -> the JSON line (a JSON string if it does not parse)
   local line
-  line="$(grep -E '^\{"bench":"gpu_kernels"' "$1" | tail -n 1)"
+  line="$(grep -E "^\\{.*\"bench\":\"${2:-gpu_kernels}\"" "$1" | tail -n 1)"
   [[ -n "$line" ]] || { echo null; return; }
   if command -v python3 >/dev/null && ! python3 -c 'import json,sys; json.loads(sys.argv[1])' "$line" 2>/dev/null; then
     json_str "$line"
@@ -249,6 +256,40 @@ if [[ -x "$BUNDLE/bin/gpu_bench" && -z "${UNRESOLVED[gpu_bench]:-}" ]]; then
   [[ -n "$LAST_OUT" ]] && BENCH_BF16_JSON="$(bench_json "$LAST_OUT")"
 else
   STEPS+=("{\"name\":\"gpu_bench\",\"kind\":\"bench\",\"status\":\"fail\",\"reason\":$(json_str "absent or unresolved: ${UNRESOLVED[gpu_bench]:-not in the bundle}")}")
+  FAILED=1
+fi
+
+# ---------------------------------------------------------------- 4b. engine
+# The engine from GPU memory: weights, MLA cache, KDA pool and activations on the
+# device, the decode step against the device's own copy bandwidth, the host gap.
+engine_step() {  # name, wanted seconds, seconds kept for later, engine_bench args...
+  local name="$1" want="$2" keep="$3"
+  shift 3
+  LAST_OUT=""
+  run_step "$name" bench "$(budget_for "$want" "$keep")" "$BUNDLE/run" engine_bench \
+    --backend cuda --gemm_yardstick=false "$@"
+  if [[ -n "$LAST_OUT" ]]; then
+    ENGINE_JSON+=("$(json_str "$name"):$(bench_json "$LAST_OUT" engine)")
+  fi
+}
+if [[ -x "$BUNDLE/bin/engine_bench" && -z "${UNRESOLVED[engine_bench]:-}" ]]; then
+  engine_step engine_tiny 60 150 --batches 1,8,64 --prompt_len 512 --decode_steps 32
+  if "$BUNDLE/run" engine_bench --helpfull 2>&1 | grep -q -- '-enforce_eager'; then
+    engine_step engine_tiny_eager 45 120 --batches 1,8,64 --prompt_len 512 \
+      --decode_steps 32 --enforce_eager
+  fi
+  MID="$WORK/mid_checkpoint"
+  run_step make_checkpoint_mid tool "$(budget_for 90 90)" "$BUNDLE/run" make_checkpoint \
+    --size mid --seed 0 --out "$MID" \
+    --tokenizer_dir "$GPU_BUNDLE_RUNFILES/third_party/kimi_k3_tokenizer" --log_level warning
+  if [[ -f "$MID/config.json" ]]; then
+    engine_step engine_mid 90 45 --model "$MID" --batches 1,8,64 --prompt_len 4096 \
+      --decode_steps 16
+    engine_step engine_mid_prefill_32k 45 0 --model "$MID" --batches 1 \
+      --prompt_len 32768 --chunk 8192 --decode_steps 2 --engine_step=false
+  fi
+else
+  STEPS+=("{\"name\":\"engine_bench\",\"kind\":\"bench\",\"status\":\"fail\",\"reason\":$(json_str "absent or unresolved: ${UNRESOLVED[engine_bench]:-not in the bundle}")}")
   FAILED=1
 fi
 

@@ -87,6 +87,7 @@ void EngineLoop::PublishStats(engine::Engine& e) {
   s.decode_tokens = e.decode_tokens();
   s.speculative = e.speculative_stats();
   s.prefix = e.prefix_caching_stats();
+  s.timing = e.step_timing();
   s.free_blocks = e.num_free_blocks();
   s.total_blocks = e.scheduler().config().num_blocks;
   s.free_slots = e.num_free_slots();

@@ -57,6 +57,7 @@ struct EngineLoopStats {
   int64_t queued_prefill_tokens = 0;     // prompts added and not yet producing a token
   engine::SpeculativeStats speculative;  // engine totals (zero when off)
   engine::PrefixCachingStats prefix;     // engine totals (zero when off)
+  engine::StepTimingStats timing;        // forward time and host gaps
 };
 
 class EngineLoop {

@@ -44,6 +44,11 @@ void RegistrationClient::Stop() {
   }
 }
 
+void RegistrationClient::Nudge() {
+  absl::MutexLock l(&mu_);
+  nudged_ = true;
+}
+
 bool RegistrationClient::registered() const {
   absl::MutexLock l(&mu_);
   return registered_;
@@ -128,9 +133,12 @@ void RegistrationClient::Run() {
       }
     }
     absl::MutexLock l(&mu_);
-    // Sleep for the interval, waking early on stop.
-    mu_.AwaitWithTimeout(absl::Condition(&stop_), interval);
+    // Sleep for the interval, waking early on stop or a nudge.
+    auto wake = [this]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || nudged_; };
+    mu_.AwaitWithTimeout(absl::Condition(&wake), interval);
     if (stop_) return;
+    nudged_ = false;
   }
 }
 

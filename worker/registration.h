@@ -43,6 +43,9 @@ class RegistrationClient {
   // Stops registering and heartbeating (bounded by one RPC deadline); the
   // router forgets the worker at its heartbeat timeout. Idempotent.
   void Stop();
+  // Sends the next heartbeat (or registration) now instead of after the
+  // interval: a change the router must see at once (draining).
+  void Nudge();
 
   // Registered and the last heartbeat was acknowledged.
   bool registered() const;
@@ -59,6 +62,7 @@ class RegistrationClient {
   std::unique_ptr<tandem::v1::Registry::Stub> stub_;
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool nudged_ ABSL_GUARDED_BY(mu_) = false;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   int64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;

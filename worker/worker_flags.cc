@@ -1,5 +1,7 @@
 #include "worker/worker_flags.h"
 
+#include <algorithm>
+
 #include "absl/flags/flag.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -16,6 +18,10 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on.");
 ABSL_FLAG(std::string, advertise_host, "", "Host the router dials (default: --host).");
 ABSL_FLAG(int, port, 0, "gRPC port (0: any free port, logged).");
 ABSL_FLAG(int, metrics_port, 0, "/metrics port (0: any free port, logged).");
+ABSL_FLAG(double, drain_timeout_s, 60,
+          "On SIGTERM: seconds to let requests in flight finish (the router places "
+          "nothing new on a draining worker) before the server stops. Kubernetes' "
+          "terminationGracePeriodSeconds must be longer.");
 ABSL_FLAG(std::string, backend, "cpu",
           "Kernel backend: cpu | cpu_bf16 | cpu_reference (host memory) | cuda | "
           "cuda_bf16 | cuda:N (a GPU, --config=cuda builds: weights, KV cache and "
@@ -155,6 +161,7 @@ WorkerServerOptions ServerOptionsFromFlags(const std::string& worker_id,
   so.port = absl::GetFlag(FLAGS_port);
   so.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   so.router = absl::GetFlag(FLAGS_router);
+  so.drain_timeout = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_drain_timeout_s)));
   so.registration.set_worker_id(worker_id);
   so.registration.set_role(role);
   so.registration.set_model_id(model.model_id);

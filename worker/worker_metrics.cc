@@ -86,6 +86,19 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
   decode_tps = &OrDie(r->AddGauge("tandem_worker_decode_tokens_per_second",
                                   "Decode throughput over the last interval."))
                     ->Add({});
+  forward_seconds =
+      &OrDie(r->AddCounter("tandem_worker_forward_seconds_total",
+                           "Time in engine forwards (the device's work)."))
+           ->Add({});
+  host_gap_seconds =
+      &OrDie(r->AddCounter("tandem_worker_host_gap_seconds_total",
+                           "Host time between back-to-back forwards (device idle): "
+                           "scheduling, sampling, streaming."))
+           ->Add({});
+  host_gap_fraction =
+      &OrDie(r->AddGauge("tandem_worker_host_gap_fraction",
+                         "Mean host gap over mean step (gap + forward), since start."))
+           ->Add({});
   spec_drafted = &OrDie(r->AddCounter("tandem_worker_spec_drafted_tokens_total",
                                       "Speculative drafts verified by the target."))
                       ->Add({});
@@ -237,6 +250,15 @@ void WorkerMetrics::Update(const EngineLoopStats& s, absl::Time now) {
   spec_acceptance_rate->Set(sp.acceptance_rate());
   spec_mean_accepted_length->Set(sp.mean_accepted_length());
   last_spec_ = sp;
+  const engine::StepTimingStats& tm = s.timing;
+  if (tm.forward_seconds > last_timing_.forward_seconds) {
+    forward_seconds->Increment(tm.forward_seconds - last_timing_.forward_seconds);
+  }
+  if (tm.host_gap_seconds > last_timing_.host_gap_seconds) {
+    host_gap_seconds->Increment(tm.host_gap_seconds - last_timing_.host_gap_seconds);
+  }
+  host_gap_fraction->Set(tm.host_gap_fraction());
+  last_timing_ = tm;
   const engine::PrefixCachingStats& px = s.prefix;
   bump(prefix_queried_tokens, px.queried_tokens, last_prefix_.queried_tokens);
   bump(prefix_hit_tokens, px.hit_tokens, last_prefix_.hit_tokens);

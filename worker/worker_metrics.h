@@ -72,6 +72,11 @@ class WorkerMetrics {
   metrics::Counter* decode_tokens;
   metrics::Gauge* prefill_tps;
   metrics::Gauge* decode_tps;
+  // Where the engine's steps spend their time (engine::StepTimingStats): forward
+  // (the device's work) and host gaps between back-to-back forwards (device idle).
+  metrics::Counter* forward_seconds;
+  metrics::Counter* host_gap_seconds;
+  metrics::Gauge* host_gap_fraction;
   // Speculative decoding (decode workers with --speculative): drafts verified,
   // drafts accepted, verifying sequence-steps, and since start the acceptance
   // rate and mean drafts accepted per verifying step.
@@ -105,6 +110,7 @@ class WorkerMetrics {
   metrics::Gauge* gpu_memory_utilization;
   int64_t last_decode_ ABSL_GUARDED_BY(mu_) = 0;
   engine::SpeculativeStats last_spec_ ABSL_GUARDED_BY(mu_);
+  engine::StepTimingStats last_timing_ ABSL_GUARDED_BY(mu_);
   engine::PrefixCachingStats last_prefix_ ABSL_GUARDED_BY(mu_);
 };
 

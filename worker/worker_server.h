@@ -44,9 +44,18 @@ struct WorkerServerOptions {
   std::shared_ptr<grpc::ChannelCredentials> router_credentials =
       grpc::InsecureChannelCredentials();
   bool mtls = false;  // the credentials above are mTLS (logged)
+  // Graceful termination (SIGTERM, as Kubernetes sends it): the worker reports
+  // itself draining (the router places nothing new on it), answers NOT_SERVING,
+  // and waits up to `drain_timeout` for its requests to finish (the load's
+  // running, waiting and queued counts at zero, and `busy`, when set, at zero:
+  // work the load does not show, e.g. a decode worker's reservations), then
+  // shuts the server down. A second signal ends the wait at once.
+  absl::Duration drain_timeout = absl::Seconds(60);
+  std::function<int64_t()> busy;
 };
 
-// Blocks until SIGINT/SIGTERM; returns the process exit code: 0, or 1 when the
+// Blocks until SIGINT/SIGTERM, drains (WorkerServerOptions::drain_timeout);
+// returns the process exit code: 0, or 1 when the
 // router refused the registration (FAILED_PRECONDITION: other weights, another
 // TP size), which also ends the process at once.
 int ServeWorker(const WorkerServerOptions& options, grpc::Service* service,

@@ -6,6 +6,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/time/clock.h"
 #include "common/status.h"
 #include "engine/runtime/draft_model_proposer.h"
 #include "engine/sampling/rejection_sampler.h"
@@ -304,6 +305,8 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   TANDEM_RETURN_IF_ERROR(StoreSnapshots(batch));
   TANDEM_RETURN_IF_ERROR(SampleStep(&batch, &outputs));
   TANDEM_RETURN_IF_ERROR(FinishStep(batch, &outputs));
+  // The next forward's wait counts as a host gap only if it follows at once.
+  if (requests_.empty()) last_forward_end_.reset();
   return outputs;
 }
 
@@ -431,7 +434,18 @@ absl::Status Engine::ForwardStep(const StepBatch& batch) {
       progress_.push_back(pe);
     }
   }
+  const absl::Time start = absl::Now();
+  if (last_forward_end_.has_value()) {
+    const double gap = absl::ToDoubleSeconds(start - *last_forward_end_);
+    ++timing_.gaps;
+    timing_.host_gap_seconds += gap;
+    timing_.max_host_gap_seconds = std::max(timing_.max_host_gap_seconds, gap);
+  }
   const absl::Status forward = executor_->Forward(batch.inputs, &logits_);
+  const absl::Time end = absl::Now();
+  ++timing_.steps;
+  timing_.forward_seconds += absl::ToDoubleSeconds(end - start);
+  last_forward_end_ = end;
   progress_.clear();
   return forward;
 }

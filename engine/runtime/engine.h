@@ -49,6 +49,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/splitmix.h"
 #include "engine/cache/cache_sizing.h"
@@ -118,6 +119,28 @@ struct PrefixCachingOptions {
   bool enabled = false;
   int32_t num_snapshots = 0;      // 0 with enabled: num_slots
   int64_t snapshot_grid = 16384;  // also snapshot every this many tokens (0: off)
+};
+
+// Where a step's time goes (a worker exports it; ./tandem bench engine prints it).
+// The forward is the device's work (on a GPU: launches, kernels, the logits copy
+// back); everything else a step does (scheduling, block tables, drafts, sampling,
+// stop checks, the worker loop's streaming between steps) is host work during
+// which the device is idle: the host gap. A step's gap is the time from the end
+// of the previous step's forward to the start of its own, counted only when the
+// engine had work at the end of the previous step (idle waits for requests are
+// not gaps).
+struct StepTimingStats {
+  int64_t steps = 0;            // steps that ran a forward
+  double forward_seconds = 0;   // sum of forward times
+  int64_t gaps = 0;             // gaps measured (back-to-back steps)
+  double host_gap_seconds = 0;  // sum of gaps
+  double max_host_gap_seconds = 0;
+  // Host gap as a fraction of the step (gap + forward), over the measured gaps.
+  double host_gap_fraction() const {
+    const double fwd = steps > 0 ? forward_seconds / steps : 0.0;
+    const double gap = gaps > 0 ? host_gap_seconds / gaps : 0.0;
+    return fwd + gap > 0 ? gap / (fwd + gap) : 0.0;
+  }
 };
 
 struct PrefixCachingStats {
@@ -317,6 +340,8 @@ class Engine {
   // and snapshot (running requests keep theirs).
   PrefixCachingStats prefix_caching_stats() const;
   void ResetPrefixCache() { scheduler_->ResetPrefixCache(); }
+  // Forward time and host gaps between steps (StepTimingStats).
+  const StepTimingStats& step_timing() const { return timing_; }
   // Speculative decoding: counters, and the proposer (null when off).
   const SpeculativeStats& speculative_stats() const { return spec_stats_; }
   speculative::Proposer* proposer() { return proposer_.get(); }
@@ -419,6 +444,9 @@ class Engine {
   int64_t decode_tokens_ = 0;
   std::unique_ptr<speculative::Proposer> proposer_;  // null: speculation off
   SpeculativeStats spec_stats_;
+  StepTimingStats timing_;
+  // End of the last forward, when the engine still had work after that step.
+  std::optional<absl::Time> last_forward_end_;
   LayerProgressCallback layer_progress_;
   int64_t snapshot_base_ = 0;  // KDA slot of snapshot 0 (after the running slots)
   std::vector<LayerProgressEntry> progress_;  // the current step's prefill entries

@@ -1,4 +1,5 @@
-// engine_bench: forward-pass throughput of the CPU engine.
+// engine_bench: forward-pass throughput of the engine on a kernel backend (the
+// CPU ones, or a device backend: weights, cache and activations on the device).
 //
 //   engine_bench [--model DIR] [--prompt_len N] [--decode_steps N]
 //                [--batches 1,8,32] [--backend cpu]
@@ -54,6 +55,8 @@ ABSL_FLAG(bool, engine_step, true,
           "Also time Engine::Step decode with sampling (temperature 1, every row "
           "sampled over the whole vocabulary), rows sampled one by one and in "
           "parallel (EngineOptions::sampling_threads 1 and 0), in the same run.");
+ABSL_FLAG(int32_t, device_copy_mib, 1024,
+          "Device backends: MiB per device-to-device copy of the bandwidth yardstick");
 ABSL_FLAG(bool, gemm_yardstick, true,
           "Also time the model's prefill GEMM shapes against oneDNN and OpenBLAS");
 
@@ -84,6 +87,25 @@ double CopyBandwidth() {
   return best;
 }
 
+// The same on a device backend: device-to-device copies (cudaMemcpyAsync on a
+// GPU, what the decode step's HBM reads are compared with), best of 5.
+absl::StatusOr<double> DeviceCopyBandwidth(tandem::kernels::Device& d, size_t n) {
+  TANDEM_ASSIGN_OR_RETURN(auto a, tandem::kernels::DeviceBuffer::Allocate(&d, n));
+  TANDEM_ASSIGN_OR_RETURN(auto b, tandem::kernels::DeviceBuffer::Allocate(&d, n));
+  TANDEM_RETURN_IF_ERROR(d.Memset(a.data(), 1, n));
+  TANDEM_RETURN_IF_ERROR(d.Synchronize());
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = Clock::now();
+    TANDEM_RETURN_IF_ERROR(d.CopyOnDevice(b.data(), a.data(), n));
+    TANDEM_RETURN_IF_ERROR(d.Synchronize());
+    const double s = Seconds(t0, Clock::now());
+    best = std::max(best, 2.0 * n / s);
+    std::swap(a, b);
+  }
+  return best;
+}
+
 int Fail(const absl::Status& s) {
   std::cerr << "engine_bench: " << s << "\n";
   return 1;
@@ -100,12 +122,17 @@ int main(int argc, char** argv) {
     dir = std::string(argv[0]) + ".runfiles/tandem/engine/model/tiny_checkpoint";
   auto ckpt = tandem::model::Checkpoint::Open(dir);
   if (!ckpt.ok()) return Fail(ckpt.status());
+  auto backend = tandem::kernels::CreateBackend(absl::GetFlag(FLAGS_backend));
+  if (!backend.ok()) return Fail(backend.status());
+  tandem::kernels::Device& device = (*backend)->device();
+  const bool on_host = device.name() == "host";
   auto weights = tandem::engine::LoadModelWeights(**ckpt);
+  if (!weights.ok()) return Fail(weights.status());
+  // Uploaded once to the backend's device (a no-op on the host).
+  weights = tandem::engine::PlaceModelWeights(*std::move(weights), device);
   if (!weights.ok()) return Fail(weights.status());
   const auto& w = **weights;
   const auto& cfg = w.config;
-  auto backend = tandem::kernels::CreateBackend(absl::GetFlag(FLAGS_backend));
-  if (!backend.ok()) return Fail(backend.status());
   std::vector<int> batches;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
     int b;
@@ -123,9 +150,19 @@ int main(int argc, char** argv) {
   // The best copy bandwidth seen so far in the run: measured here and again after
   // each batch size's decode, so a busy moment at start-up does not flatter the
   // ratio (a higher bandwidth only makes the roofline stricter).
-  double bw = CopyBandwidth();
-  std::fprintf(stderr, "model %s, backend %s, copy bandwidth %.1f GB/s\n", dir.c_str(),
-               (*backend)->name().data(), bw / 1e9);
+  // On a device backend the yardstick is the device's own copy bandwidth (HBM on a
+  // GPU; the emulator's host memory under cuda_sim), over --device_copy_mib.
+  auto measure_bw = [&]() -> absl::StatusOr<double> {
+    if (on_host) return CopyBandwidth();
+    return DeviceCopyBandwidth(device,
+                               size_t{absl::GetFlag(FLAGS_device_copy_mib)} << 20);
+  };
+  auto bw0 = measure_bw();
+  if (!bw0.ok()) return Fail(bw0.status());
+  double bw = *bw0;
+  std::fprintf(stderr, "model %s, backend %s (device %s), copy bandwidth %.1f GB/s\n",
+               dir.c_str(), (*backend)->name().data(),
+               std::string(device.name()).c_str(), bw / 1e9);
 
   nlohmann::json results = nlohmann::json::array();
   const int64_t V = cfg.text.vocab_size;
@@ -134,6 +171,7 @@ int main(int argc, char** argv) {
     co.block_size = block_size;
     co.num_blocks = B * blocks_per_seq;
     co.num_slots = B;
+    if (!on_host) co.device = &device;
     auto cache = KvCache::Create(cfg, co);
     if (!cache.ok()) return Fail(cache.status());
     ModelRunner runner(&w, cache->get(), backend->get());
@@ -208,7 +246,9 @@ int main(int argc, char** argv) {
         static_cast<double>(moe_layers) * experts_touched * w.expert_bytes_each +
         cache_read + kda_rw;
     // Copy bandwidth counts read + write; a step mostly reads: compare with it as is.
-    bw = std::max(bw, CopyBandwidth());
+    auto bw_now = measure_bw();
+    if (!bw_now.ok()) return Fail(bw_now.status());
+    bw = std::max(bw, *bw_now);
     const double roofline_s = bytes / bw;
     const int64_t mem_per_seq = ctx * cfg.MlaCacheBytesPerToken() * cfg.NumMlaLayers() +
                                 cfg.KdaStateBytesPerSequence() * cfg.NumKdaLayers();
@@ -229,6 +269,7 @@ int main(int argc, char** argv) {
     if (absl::GetFlag(FLAGS_engine_step)) {
       // Decode tokens/s through Engine::Step (forward + sampling + stop
       // checks) with `threads` sampling threads.
+      tandem::engine::StepTimingStats timing;
       auto engine_decode = [&](int threads) -> absl::StatusOr<double> {
         tandem::engine::EngineOptions eo;
         eo.num_slots = B;
@@ -254,7 +295,9 @@ int main(int argc, char** argv) {
           for (const auto& o : outs)
             tokens += static_cast<int64_t>(o.new_tokens.size());
         }
-        return tokens / Seconds(e0, Clock::now());
+        const double tok_s = tokens / Seconds(e0, Clock::now());
+        timing = engine->step_timing();
+        return tok_s;
       };
       auto seq = engine_decode(1);
       auto par = engine_decode(0);
@@ -262,6 +305,21 @@ int main(int argc, char** argv) {
       if (!par.ok()) return Fail(par.status());
       r["engine_decode_tokens_per_s_sequential_sampling"] = *seq;
       r["engine_decode_tokens_per_s"] = *par;
+      // Host gap of the parallel-sampling run (StepTimingStats): device idle
+      // time between forwards, against the step.
+      const double mean_gap_ms =
+          timing.gaps > 0 ? timing.host_gap_seconds / timing.gaps * 1e3 : 0.0;
+      const double mean_fwd_ms =
+          timing.steps > 0 ? timing.forward_seconds / timing.steps * 1e3 : 0.0;
+      r["engine_host_gap_ms"] = mean_gap_ms;
+      r["engine_forward_ms"] = mean_fwd_ms;
+      r["engine_host_gap_fraction"] = timing.host_gap_fraction();
+      std::fprintf(
+          stderr,
+          "batch %3d: Engine::Step host gap %.3f ms per step (max %.3f) beside a "
+          "%.3f ms forward: %.1f%% of the step\n",
+          B, mean_gap_ms, timing.max_host_gap_seconds * 1e3, mean_fwd_ms,
+          100 * timing.host_gap_fraction());
       std::fprintf(stderr,
                    "batch %3d: Engine::Step decode with sampling (temperature 1): %.1f "
                    "tok/s with rows sampled in parallel, %.1f one by one (x%.2f)\n",
@@ -278,7 +336,12 @@ int main(int argc, char** argv) {
     results.push_back(r);
   }
   nlohmann::json gemm = nlohmann::json::object();
-  if (absl::GetFlag(FLAGS_gemm_yardstick)) {
+  if (absl::GetFlag(FLAGS_gemm_yardstick) && !on_host) {
+    std::fprintf(stderr,
+                 "prefill GEMM yardstick skipped: it compares CPU kernels (backend "
+                 "%s computes on %s)\n",
+                 (*backend)->name().data(), std::string(device.name()).c_str());
+  } else if (absl::GetFlag(FLAGS_gemm_yardstick)) {
     // The dense prefill GEMMs of one forward of --chunk tokens, by shape [N, K].
     const auto& t = cfg.text;
     const int64_t H = t.hidden_size;

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <map>
 
+#include "absl/time/clock.h"
 #include "engine/runtime/test_util.h"
 #include "gtest/gtest.h"
 
@@ -272,6 +273,38 @@ TEST(EngineTest, SixteenRequestsTogetherEqualEachAlone) {
     EXPECT_EQ(alone[i], together[i]) << "request " << i;
     EXPECT_EQ(alone[i].size(), 4u + i % 5);
   }
+}
+
+// Step timing: one forward per step that had work; a gap between each pair of
+// back-to-back forwards (steps - 1 for one request run to the end); a request
+// arriving after the engine went idle starts no gap (idle is not host gap).
+TEST(EngineTest, StepTimingCountsForwardsAndBackToBackGaps) {
+  Rig r = MakeEngine();
+  Engine& e = *r.engine;
+  ASSERT_TRUE(e.AddRequest(1, MakePrompt(20, 3), Greedy(5)).ok());
+  int forwards = 0;
+  for (int step = 0; e.HasWork() && step < 100; ++step) {
+    auto res = e.Step();
+    ASSERT_TRUE(res.ok()) << res.status();
+    ++forwards;
+  }
+  const StepTimingStats t1 = e.step_timing();
+  EXPECT_EQ(t1.steps, forwards);
+  EXPECT_GE(forwards, 5);  // one prefill step, then one per further token
+  EXPECT_EQ(t1.gaps, forwards - 1);
+  EXPECT_GT(t1.forward_seconds, 0.0);
+  EXPECT_GE(t1.max_host_gap_seconds * t1.gaps, t1.host_gap_seconds - 1e-12);
+  EXPECT_GT(t1.host_gap_fraction(), 0.0);
+  EXPECT_LT(t1.host_gap_fraction(), 1.0);
+  // Idle for a while: the next request's first forward is not a gap.
+  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(e.AddRequest(2, MakePrompt(8, 5), Greedy(2)).ok());
+  ASSERT_TRUE(e.Step().ok());
+  const StepTimingStats t2 = e.step_timing();
+  EXPECT_EQ(t2.steps, t1.steps + 1);
+  EXPECT_EQ(t2.gaps, t1.gaps);
+  EXPECT_EQ(t2.host_gap_seconds, t1.host_gap_seconds);
+  EXPECT_EQ(t2.max_host_gap_seconds, t1.max_host_gap_seconds);
 }
 
 TEST(EngineTest, SameSeedSameTokens) {
