@@ -4,8 +4,8 @@
 //   - a runner with graphs and one with enforce_eager, driven through the same
 //     schedule (prefills, then decode steps whose batch changes between 1, 3, 2
 //     and 5 sequences: buckets 1, 4, 2 and 6 (the cache's 6 slots cap them), so
-//     padded rows are in play, and
-//     buckets replayed later), give the same tokens and the same logits: bit for
+//     padded rows are in play, and buckets replayed later; then verification
+//     steps of 2 drafts, width 3), give the same tokens and the same logits: bit for
 //     bit on cuda_sim (the same kernels with the same arguments; the eager steps
 //     plan MLA's split-KV as their bucket's graph does), within 1e-4 on cuda
 //     (cuBLASLt may pick another algorithm for a padded row count);
@@ -69,23 +69,24 @@ Rig MakeRig(const std::string& backend, bool enforce_eager) {
   return r;
 }
 
-// One decode step of the sequences `which` (token tokens[i] each); appends their
-// logits rows to *logits.
+// One step of the sequences `which`, each bringing `width` tokens (tokens[i * width
+// ..]: a decode step for width 1, a verification step of width - 1 drafts) and
+// wanting the logits of each; sets *logits to their rows.
 absl::Status Decode(ModelRunner* runner, std::vector<TestSequence>* seqs,
                     const std::vector<int>& which, const std::vector<int32_t>& tokens,
-                    std::vector<float>* logits) {
+                    std::vector<float>* logits, int width = 1) {
   std::vector<SequenceInput> batch(which.size());
   for (size_t i = 0; i < which.size(); ++i) {
     TestSequence& s = (*seqs)[which[i]];
-    batch[i].tokens = absl::MakeConstSpan(&tokens[i], 1);
+    batch[i].tokens = absl::MakeConstSpan(&tokens[i * width], width);
     batch[i].start_pos = s.pos;
     batch[i].block_table = s.blocks;
     batch[i].kda_slot = s.slot;
-    batch[i].logits_indices = {0};
+    for (int j = 0; j < width; ++j) batch[i].logits_indices.push_back(j);
   }
   absl::Status st = runner->Forward(batch, logits);
   if (!st.ok()) return st;
-  for (int i : which) ++(*seqs)[i].pos;
+  for (int i : which) (*seqs)[i].pos += width;
   return absl::OkStatus();
 }
 
@@ -134,11 +135,14 @@ TEST_P(CudaGraphs, GraphAndEagerDecodeGiveTheSameTokensAndLogits) {
     next[i] = Argmax(lg);
   }
   // Batches 1, 3, 2, 5 (buckets 1, 4, 2, 6), then 3 and 5 again (replays), then,
-  // after a 70-token prefill that grows every activation buffer, 3 again.
+  // after a 60-token prefill that grows every activation buffer, 3 again; then two
+  // verification steps of 2 drafts (width 3) over 3 sequences: captured, replayed.
   const std::vector<std::vector<int>> schedule = {
-      {0}, {0, 1, 2}, {0, 1}, {0, 1, 2, 3, 4}, {1, 2, 4}, {0, 1, 2, 3, 4}, {2, 3, 4}};
+      {0},       {0, 1, 2}, {0, 1},   {0, 1, 2, 3, 4}, {1, 2, 4}, {0, 1, 2, 3, 4},
+      {2, 3, 4}, {0, 1, 2}, {1, 3, 4}};
   int step = 0;
   for (const std::vector<int>& which : schedule) {
+    const int width = step >= 7 ? 3 : 1;
     if (step == 6) {
       TestSequence big{BlockRange(5 * kBlocksPerSeq, kBlocksPerSeq), 5, 0};
       TestSequence big_e = big;
@@ -157,16 +161,20 @@ TEST_P(CudaGraphs, GraphAndEagerDecodeGiveTheSameTokensAndLogits) {
     if (outside >= 0) before = StateBytes(graph, sg[outside]);
 
     std::vector<int32_t> tokens;
-    for (int i : which) tokens.push_back(next[i]);
+    for (int i : which) {
+      tokens.push_back(next[i]);
+      for (int d = 1; d < width; ++d) tokens.push_back(100 + 7 * d + i);  // drafts
+    }
     std::vector<float> lg, le;
-    absl::Status st = Decode(graph.runner.get(), &sg, which, tokens, &lg);
+    absl::Status st = Decode(graph.runner.get(), &sg, which, tokens, &lg, width);
     ASSERT_TRUE(st.ok()) << "step " << step << ": " << st;
-    st = Decode(eager.runner.get(), &se, which, tokens, &le);
+    st = Decode(eager.runner.get(), &se, which, tokens, &le, width);
     ASSERT_TRUE(st.ok()) << "step " << step << ": " << st;
-    ASSERT_EQ(lg.size(), which.size() * V);
+    ASSERT_EQ(lg.size(), which.size() * width * V);
     ASSERT_EQ(le.size(), lg.size());
-    for (size_t i = 0; i < which.size(); ++i) {
-      const absl::Span<const float> rg(lg.data() + i * V, V), re(le.data() + i * V, V);
+    for (size_t r = 0; r < which.size() * width; ++r) {
+      const size_t i = r / width;
+      const absl::Span<const float> rg(lg.data() + r * V, V), re(le.data() + r * V, V);
       EXPECT_EQ(Argmax(rg), Argmax(re)) << "step " << step << " seq " << which[i];
       if (exact) {
         EXPECT_EQ(std::memcmp(rg.data(), re.data(), V * sizeof(float)), 0)
@@ -178,7 +186,7 @@ TEST_P(CudaGraphs, GraphAndEagerDecodeGiveTheSameTokensAndLogits) {
         }
         EXPECT_LE(worst, 1e-4) << "step " << step << " seq " << which[i];
       }
-      next[which[i]] = Argmax(rg);
+      if ((r + 1) % width == 0) next[which[i]] = Argmax(rg);
     }
     if (outside >= 0) {
       EXPECT_TRUE(StateBytes(graph, sg[outside]) == before)
@@ -200,13 +208,14 @@ TEST_P(CudaGraphs, GraphAndEagerDecodeGiveTheSameTokensAndLogits) {
       static_cast<long long>(gs.graph_nodes), static_cast<long long>(gs.input_bytes),
       static_cast<long long>(gs.capture_device_bytes), gs.capture_seconds);
   EXPECT_TRUE(gs.disabled.empty()) << gs.disabled;
-  // Buckets 1, 4, 2, 6 captured on first use; 4 and 6 replayed; the last step's
-  // bucket (4) recaptured after the prefill moved the activations.
-  EXPECT_EQ(gs.captures, 5);
+  // Buckets 1, 4, 2, 6 captured on first use; 4 and 6 replayed; bucket 4
+  // recaptured after the prefill moved the activations; (4, width 3) captured,
+  // then replayed.
+  EXPECT_EQ(gs.captures, 6);
   EXPECT_EQ(gs.recaptures, 1);
-  EXPECT_EQ(gs.replays, 2);
-  EXPECT_EQ(gs.live_graphs, 4);
-  EXPECT_EQ(gs.padded_rows, 0 + 1 + 0 + 1 + 1 + 1 + 1);
+  EXPECT_EQ(gs.replays, 3);
+  EXPECT_EQ(gs.live_graphs, 5);
+  EXPECT_EQ(gs.padded_rows, 0 + 1 + 0 + 1 + 1 + 1 + 1 + 3 + 3);
   EXPECT_GT(gs.graph_nodes, 0);
   EXPECT_EQ(es.captures, 0);
   EXPECT_EQ(es.replays, 0);

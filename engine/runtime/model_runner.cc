@@ -235,6 +235,9 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
   }
   logits->assign(num_logits * V, 0.0f);
   if (n == 0) return absl::OkStatus();
+  // A decode or verification step on a device runs the decode kernels (KDA
+  // recurrent, MLA absorbed, the bucket's split-KV plan), graph or not.
+  decode_kernels_ = !host_device_ && DecodeShaped(seqs);
   if (GraphEligible(seqs)) return GraphStep(seqs, logits);
   ++graph_stats_.eager_steps;
 
@@ -412,10 +415,17 @@ bool ModelRunner::GraphEligible(absl::Span<const SequenceInput> seqs) const {
   if (options_.mla_mode == MlaMode::kExpanded) return false;
   if (GraphBucket(static_cast<int64_t>(seqs.size()), MaxGraphBatch()) == 0)
     return false;
+  return DecodeShaped(seqs);
+}
+
+bool DecodeShaped(absl::Span<const SequenceInput> seqs) {
+  if (seqs.empty()) return false;
+  const size_t w = seqs[0].tokens.size();
+  if (w < 1 || w > static_cast<size_t>(kMaxGraphWidth)) return false;
   for (const SequenceInput& q : seqs) {
-    if (q.tokens.size() != 1 || q.logits_indices.size() != 1 ||
-        q.logits_indices[0] != 0) {
-      return false;
+    if (q.tokens.size() != w || q.logits_indices.size() != w) return false;
+    for (size_t j = 0; j < w; ++j) {
+      if (q.logits_indices[j] != static_cast<int32_t>(j)) return false;
     }
   }
   return true;
@@ -433,28 +443,29 @@ void ModelRunner::UpdateGraphStats() {
   }
 }
 
-absl::StatusOr<ModelRunner::DecodeGraph*> ModelRunner::GraphFor(int64_t B,
+absl::StatusOr<ModelRunner::DecodeGraph*> ModelRunner::GraphFor(int64_t B, int64_t w,
                                                                 int64_t stride) {
-  std::unique_ptr<DecodeGraph>& slot = graphs_[{B, stride}];
+  std::unique_ptr<DecodeGraph>& slot = graphs_[{B, w, stride}];
   if (slot == nullptr) {
     auto g = std::make_unique<DecodeGraph>();
     g->bucket = B;
+    g->width = w;
     g->stride = stride;
-    const int64_t words = 5 * B + 1 + B * stride;
+    const int64_t words = 2 * B * w + 3 * B + 1 + B * stride;
     absl::StatusOr<kernels::DeviceBuffer> inputs =
         kernels::DeviceBuffer::Allocate(device_, words * 4);
     if (!inputs.ok()) {
-      graphs_.erase({B, stride});
+      graphs_.erase({B, w, stride});
       return inputs.status();
     }
     g->inputs = std::move(inputs).value();
     int32_t* p = g->inputs.as<int32_t>();
     g->ids = p;
-    g->cache_slots = p + B;
-    g->kda_slots = p + 2 * B;
-    g->seq_lens = p + 3 * B;
-    g->query_start = p + 4 * B;
-    g->tables = p + 5 * B + 1;
+    g->cache_slots = p + B * w;
+    g->kda_slots = p + 2 * B * w;
+    g->seq_lens = g->kda_slots + B;
+    g->query_start = g->seq_lens + B;
+    g->tables = g->query_start + B + 1;
     slot = std::move(g);
     UpdateGraphStats();
   }
@@ -462,33 +473,30 @@ absl::StatusOr<ModelRunner::DecodeGraph*> ModelRunner::GraphFor(int64_t B,
 }
 
 int32_t* ModelRunner::PaddingInputs(const DecodeGraph& g, std::vector<int32_t>* out) {
-  const int64_t B = g.bucket;
-  out->assign(5 * B + 1 + B * g.stride, 0);
+  const int64_t B = g.bucket, w = g.width;
+  out->assign(2 * B * w + 3 * B + 1 + B * g.stride, 0);
   int32_t* h = out->data();
-  for (int64_t i = 0; i < B; ++i) {
-    h[B + i] = -1;
-    h[2 * B + i] = -1;
-    h[4 * B + i] = static_cast<int32_t>(i);
-  }
-  h[5 * B] = static_cast<int32_t>(B);
+  std::fill(h + B * w, h + 2 * B * w + B, -1);  // cache slots, KDA slots
+  int32_t* qs = h + 2 * B * w + 2 * B;
+  for (int64_t i = 0; i <= B; ++i) qs[i] = static_cast<int32_t>(i * w);
   return h;
 }
 
-absl::Status ModelRunner::SizeForGraphs(int64_t stride) {
+absl::Status ModelRunner::SizeForGraphs(int64_t w, int64_t stride) {
   const int64_t B = MaxGraphBatch();
-  TANDEM_ASSIGN_OR_RETURN(DecodeGraph * g, GraphFor(B, stride));
+  TANDEM_ASSIGN_OR_RETURN(DecodeGraph * g, GraphFor(B, w, stride));
   std::vector<int32_t> host;
   PaddingInputs(*g, &host);
   TANDEM_RETURN_IF_ERROR(device_->CopyToDevice(g->inputs.data(), host.data(),
                                                host.size() * sizeof(int32_t)));
   row_start_.resize(B + 1);
-  for (int64_t i = 0; i <= B; ++i) row_start_[i] = i;
+  for (int64_t i = 0; i <= B; ++i) row_start_[i] = i * w;
   const std::vector<SequenceInput> none(B);
-  TANDEM_ASSIGN_OR_RETURN(const float* const* bank_table, PrepareActivations(B));
-  float* dev_logits = S(logits_, B * w_->config.text.vocab_size);
+  TANDEM_ASSIGN_OR_RETURN(const float* const* bank_table, PrepareActivations(B * w));
+  float* dev_logits = S(logits_, B * w * w_->config.text.vocab_size);
   TANDEM_RETURN_IF_ERROR(scratch_status_);
   fixed_ = g;
-  absl::Status st = Enqueue(none, bank_table, B, dev_logits);
+  absl::Status st = Enqueue(none, bank_table, B * w, dev_logits);
   fixed_ = nullptr;
   return st;
 }
@@ -499,34 +507,39 @@ absl::Status ModelRunner::GraphStep(absl::Span<const SequenceInput> seqs,
   const int64_t bs = cache_->block_size();
   const int64_t b = static_cast<int64_t>(seqs.size());
   const int64_t B = GraphBucket(b, MaxGraphBatch());
+  const int64_t w = static_cast<int64_t>(seqs[0].tokens.size());  // GraphEligible
   int64_t longest = 1;
   for (const SequenceInput& q : seqs) {
-    longest = std::max<int64_t>(longest, (q.start_pos + 1 + bs - 1) / bs);
+    longest = std::max<int64_t>(longest, (q.start_pos + w + bs - 1) / bs);
   }
   const int64_t stride = StrideClass(longest);
-  TANDEM_ASSIGN_OR_RETURN(DecodeGraph * gp, GraphFor(B, stride));
+  TANDEM_ASSIGN_OR_RETURN(DecodeGraph * gp, GraphFor(B, w, stride));
   DecodeGraph& g = *gp;
 
   // The step's inputs, padded to the bucket (padding: token 0, no cache slot, no
   // KDA slot, context 0, a zero table row), in one upload.
   int32_t* h = PaddingInputs(g, &graph_host_);
+  int32_t* kda = h + 2 * B * w;
   for (int64_t i = 0; i < b; ++i) {
     const SequenceInput& q = seqs[i];
-    const int64_t pos = q.start_pos;
-    h[i] = q.tokens[0];
-    h[B + i] = static_cast<int32_t>(q.block_table[pos / bs] * bs + pos % bs);
-    h[2 * B + i] = static_cast<int32_t>(q.kda_slot);
-    h[3 * B + i] = static_cast<int32_t>(pos + 1);
-    const int64_t used = (pos + 1 + bs - 1) / bs;
+    for (int64_t j = 0; j < w; ++j) {
+      const int64_t pos = q.start_pos + j;
+      h[i * w + j] = q.tokens[j];
+      h[B * w + i * w + j] =
+          static_cast<int32_t>(q.block_table[pos / bs] * bs + pos % bs);
+    }
+    kda[i] = static_cast<int32_t>(q.kda_slot);
+    kda[B + i] = static_cast<int32_t>(q.start_pos + w);
+    const int64_t used = (q.start_pos + w + bs - 1) / bs;
     std::copy(q.block_table.begin(), q.block_table.begin() + used,
-              h + 5 * B + 1 + i * stride);
+              kda + 3 * B + 1 + i * stride);
   }
   TANDEM_RETURN_IF_ERROR(
       device_->CopyToDevice(g.inputs.data(), h, graph_host_.size() * sizeof(int32_t)));
-  graph_stats_.padded_rows += B - b;
+  graph_stats_.padded_rows += (B - b) * w;
 
   row_start_.resize(B + 1);
-  for (int64_t i = 0; i <= B; ++i) row_start_[i] = i;
+  for (int64_t i = 0; i <= B; ++i) row_start_[i] = i * w;
   // The padded batch's sequence list: real sequences, then copies of the first
   // (only their count and q_len are read on the fixed path).
   std::vector<SequenceInput> padded(seqs.begin(), seqs.end());
@@ -544,22 +557,23 @@ absl::Status ModelRunner::GraphStep(absl::Span<const SequenceInput> seqs,
     const auto t0 = std::chrono::steady_clock::now();
     const bool recapture = g.graph != nullptr;
     g.graph.reset();
-    if (sized_generation_ != Generation()) {
+    if (sized_generation_ != Generation() || sized_width_ < w) {
       // Buffers sized for the largest bucket first (an all-padding step, which
       // touches no state), so that capturing a larger bucket later does not move
       // the buffers of the graphs already captured.
-      TANDEM_RETURN_IF_ERROR(SizeForGraphs(stride));
+      TANDEM_RETURN_IF_ERROR(SizeForGraphs(std::max(w, sized_width_), stride));
       sized_generation_ = Generation();
+      sized_width_ = std::max(w, sized_width_);
       TANDEM_RETURN_IF_ERROR(device_->CopyToDevice(
           g.inputs.data(), h, graph_host_.size() * sizeof(int32_t)));
       row_start_.resize(B + 1);
-      for (int64_t i = 0; i <= B; ++i) row_start_[i] = i;
+      for (int64_t i = 0; i <= B; ++i) row_start_[i] = i * w;
     }
-    TANDEM_ASSIGN_OR_RETURN(const float* const* bank_table, PrepareActivations(B));
-    dev_logits = S(logits_, B * V);
+    TANDEM_ASSIGN_OR_RETURN(const float* const* bank_table, PrepareActivations(B * w));
+    dev_logits = S(logits_, B * w * V);
     TANDEM_RETURN_IF_ERROR(scratch_status_);
     fixed_ = &g;
-    absl::Status st = Enqueue(padded, bank_table, B, dev_logits);
+    absl::Status st = Enqueue(padded, bank_table, B * w, dev_logits);
     fixed_ = nullptr;
     TANDEM_RETURN_IF_ERROR(st);
     const int64_t free_before = device_->MemoryInfo().free_bytes;
@@ -568,7 +582,7 @@ absl::Status ModelRunner::GraphStep(absl::Span<const SequenceInput> seqs,
     st = stream.BeginCapture();
     if (st.ok()) {
       fixed_ = &g;
-      st = Enqueue(padded, bank_table, B, dev_logits);
+      st = Enqueue(padded, bank_table, B * w, dev_logits);
       fixed_ = nullptr;
       graph = stream.EndCapture();
       if (st.ok()) st = graph.status();
@@ -599,6 +613,7 @@ absl::Status ModelRunner::GraphStep(absl::Span<const SequenceInput> seqs,
       TLOG(INFO, recapture ? "CUDA graph recaptured (its buffers had moved)"
                            : "CUDA graph captured")
           .Kv("bucket", B)
+          .Kv("width", w)
           .Kv("table_stride", stride)
           .Kv("nodes", g.graph->num_nodes())
           .Kv("seconds", seconds)
@@ -608,7 +623,7 @@ absl::Status ModelRunner::GraphStep(absl::Span<const SequenceInput> seqs,
     }
   }
   TANDEM_RETURN_IF_ERROR(backend_->Synchronize());  // a kernel's recorded error first
-  return device_->CopyToHost(logits->data(), dev_logits, b * V * sizeof(float));
+  return device_->CopyToHost(logits->data(), dev_logits, b * w * V * sizeof(float));
 }
 
 absl::Status ModelRunner::KdaLayer(const LayerWeights& lw,
@@ -715,7 +730,7 @@ absl::Status ModelRunner::KdaLayer(const LayerWeights& lw,
     a.state = cache_->kda_recurrent(seqs[s].kda_slot, lw.kda_index);
     a.out = o + r0 * P;
     a.ld_out = P;
-    if (T > 1 && !options_.kda_recurrent_only) {
+    if (T > 1 && !options_.kda_recurrent_only && !decode_kernels_) {
       TANDEM_RETURN_IF_ERROR(be.KdaChunked(a));
     } else {
       TANDEM_RETURN_IF_ERROR(be.KdaRecurrent(a));
@@ -787,7 +802,7 @@ absl::Status ModelRunner::MlaLayer(const LayerWeights& lw,
       case MlaMode::kAuto:
         break;
     }
-    return sq.tokens.size() == 1;
+    return sq.tokens.size() == 1 || decode_kernels_;
   };
   kernels::MlaArgs base;
   base.heads = nh;
@@ -852,7 +867,7 @@ absl::Status ModelRunner::MlaLayer(const LayerWeights& lw,
     // A decode run plans its split-KV decomposition as the graph of its bucket
     // would (same arithmetic with graphs on and off).
     const int64_t bucket = GraphBucket(num, MaxGraphBatch());
-    if (!host_device_ && absorbed && a.num_tokens == num && bucket > 0) {
+    if (decode_kernels_ && absorbed && bucket > 0) {
       int64_t longest = 1;
       for (int64_t j = 0; j < num; ++j) {
         longest = std::max<int64_t>(longest, (seq_lens_[j] + bs - 1) / bs);

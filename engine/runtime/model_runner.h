@@ -52,6 +52,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -137,6 +138,14 @@ struct GraphStats {
 std::vector<int64_t> GraphBuckets(int64_t max_batch);
 // The bucket a batch of `batch` sequences is padded to (0: none, batch > max).
 int64_t GraphBucket(int64_t batch, int64_t max_batch);
+// Graph widths (new tokens per sequence): 1 (decode) .. kMaxGraphWidth
+// (speculative verification of up to kMaxGraphWidth - 1 drafts).
+inline constexpr int64_t kMaxGraphWidth = 16;
+// True when every sequence brings the same number w (1 .. kMaxGraphWidth) of new
+// tokens and wants the logits of each, in order: a decode step (w = 1) or a
+// verification step of w - 1 drafts. On a device such a step runs the decode
+// kernels (KDA recurrent, MLA absorbed), as a graph or eagerly alike.
+bool DecodeShaped(absl::Span<const SequenceInput> seqs);
 
 // Time spent in the collectives of Forward (tensor parallelism), cumulative. The
 // time of a call includes waiting for the slowest rank to arrive.
@@ -176,25 +185,28 @@ class DeviceScratch {
   kernels::DeviceBuffer buf_;
 };
 
-// CUDA graphs (decode). A step in which every sequence brings one new token and
-// wants its logits, on a device with graphs (Device::supports_graphs), not under
-// tensor parallelism and without hooks, runs as a graph:
+// CUDA graphs (decode). A DecodeShaped step (every sequence w new tokens, w = 1
+// for decode or 1 + drafts for speculative verification, all wanting logits), on
+// a device with graphs (Device::supports_graphs), not under tensor parallelism
+// and without hooks, runs as a graph:
 //   b sequences → pad to the bucket B = GraphBucket(b) (padding sequences: token
-//   0, KDA slot -1, cache slot -1, context 0: the kernels skip them and give
+//   0, KDA slot -1, cache slots -1, context 0: the kernels skip them and give
 //   zero rows) → the step's token ids, cache slots, KDA slots, context lengths,
 //   query starts and block tables go, in one copy, into the fixed input buffer
-//   of graph (B, table stride class) → that graph is launched → the first b rows
-//   of logits are copied back.
-// Graphs are captured on first use of a (bucket, stride class): the step runs
-// eagerly over the padded batch first (which sizes every buffer and gives the
-// step's result), then the same forward is captured. Every kernel parameter of
-// the capture is fixed by the bucket: row counts, the MLA table stride (the
-// step's longest table rounded up to a power of two: a class), the split-KV plan
+//   of graph (B, w, table stride class) → that graph is launched → the first
+//   b * w rows of logits are copied back.
+// Graphs are captured on first use of a (bucket, width, stride class): the first
+// capture (and the first after buffers moved) runs an all-padding step of the
+// largest bucket eagerly, so every buffer gets its largest size; then the step
+// runs eagerly over the padded batch (its result is the step's) and the same
+// forward is captured. Every kernel parameter of the capture is fixed by the
+// graph's key: row counts, the MLA table stride (the step's longest table
+// rounded up to a power of two: a class), the split-KV plan
 // (MlaArgs::split_seqs / split_context); per-step values are read from device
 // memory. A graph is stale once a buffer it uses moves (scratch growth here or in
-// the backend: workspace_generation) and is then recaptured. Eager decode steps
-// on a device plan the MLA split-KV decomposition for the same bucket, so graph
-// and eager steps run the same arithmetic.
+// the backend: workspace_generation) and is then recaptured. DecodeShaped steps
+// on a device run the decode kernels (KDA recurrent, MLA absorbed) with the same
+// split-KV plan whether graphs are on or off, so both run the same arithmetic.
 class ModelRunner {
  public:
   // Not owned: weights, cache, backend (and comm) must outlive the runner.
@@ -222,10 +234,10 @@ class ModelRunner {
 
  private:
   // One captured decode graph and its fixed input buffer (int32):
-  //   ids [B] | cache slots [B] | KDA slots [B] | seq_lens [B] |
+  //   ids [B * w] | cache slots [B * w] | KDA slots [B] | seq_lens [B] |
   //   query_start [B + 1] | block tables [B * stride]
   struct DecodeGraph {
-    int64_t bucket = 0, stride = 0;
+    int64_t bucket = 0, width = 0, stride = 0;
     std::unique_ptr<kernels::Graph> graph;
     int64_t generation = -1;  // Generation() when captured
     kernels::DeviceBuffer inputs;
@@ -242,12 +254,12 @@ class ModelRunner {
                        float* logits_out);
   // Sizes the activation buffers for n rows; uploads the residual bank table.
   absl::StatusOr<const float* const*> PrepareActivations(int64_t n);
-  absl::StatusOr<DecodeGraph*> GraphFor(int64_t bucket, int64_t stride);
+  absl::StatusOr<DecodeGraph*> GraphFor(int64_t bucket, int64_t width, int64_t stride);
   // *out filled with the inputs of an all-padding step of g's shape; its data.
   int32_t* PaddingInputs(const DecodeGraph& g, std::vector<int32_t>* out);
   // An all-padding step of the largest bucket, eagerly: every buffer a graph
   // step uses gets its largest size.
-  absl::Status SizeForGraphs(int64_t stride);
+  absl::Status SizeForGraphs(int64_t width, int64_t stride);
   int64_t MaxGraphBatch() const;
   int64_t StrideClass(int64_t blocks) const;
   int64_t Generation() const {
@@ -308,11 +320,13 @@ class ModelRunner {
   DeviceScratch<const float*> d_bank_;
 
   // CUDA graphs (decode).
-  int64_t scratch_moves_ = 0;           // reallocations of the scratch above
-  int64_t sized_generation_ = -1;       // Generation() after the last SizeForGraphs
+  int64_t scratch_moves_ = 0;      // reallocations of the scratch above
+  int64_t sized_width_ = 0;        // the width SizeForGraphs sized for
+  bool decode_kernels_ = false;    // this step runs the decode kernels (DecodeShaped)
+  int64_t sized_generation_ = -1;  // Generation() after the last SizeForGraphs
   const DecodeGraph* fixed_ = nullptr;  // while a graph's forward is enqueued
-  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<DecodeGraph>>
-      graphs_;                       // (bucket, stride) -> graph
+  // (bucket, width, stride) -> graph
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<DecodeGraph>> graphs_;
   std::vector<int32_t> graph_host_;  // a graph step's inputs, staged
   GraphStats graph_stats_;
 };
