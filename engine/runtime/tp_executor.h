@@ -4,13 +4,24 @@
 //   TP 1 (CreateLocal): the caller's weights, backend and one KvCache; Forward is
 //     ModelRunner::Forward on the caller's thread. No threads, no communicator.
 //   TP N (Create from a checkpoint): per rank r
-//     ModelWeights shard r (views into the one mapped checkpoint, weights.h)
-//     KvCache shard r (KDA state of its heads, MLA cache replicated, kv_cache.h)
-//     kernels::Backend (its own thread pool: the machine's threads / N)
-//     GlooCommunicator rank r (loopback TCP, rendezvous in a MemoryStore)
+//     kernels::Backend (CPU: its own thread pool, the machine's threads / N;
+//       cuda: GPU first + r, "cuda:first" naming the first; cuda_sim: an
+//       emulated device of its own)
+//     ModelWeights shard r (views into the one mapped checkpoint, weights.h;
+//       uploaded to the rank's device on a device backend)
+//     KvCache shard r (KDA state of its heads, MLA cache replicated, kv_cache.h;
+//       on the rank's device)
+//     communicator rank r, rendezvous in a MemoryStore: GlooCommunicator
+//       (loopback TCP) where the device memory is host-addressable (host,
+//       cuda_sim), NcclCommunicator on the rank's GPU otherwise (collectives on
+//       the backend's compute stream)
 //     ModelRunner(shard r, cache r, backend r, comm r)
 //   Rank 0 runs on the caller's thread; ranks 1..N-1 are persistent threads that
-//   wait for a step, run the same Forward on the same inputs, and report.
+//   wait for a step, run the same Forward on the same inputs, and report (one
+//   thread per GPU on cuda: docs/ARCHITECTURE.md, "Tensor parallelism", says
+//   why). A rank's communicator is created on its thread, which makes its GPU
+//   current there; the caller's thread makes rank 0's GPU current before each
+//   step.
 //
 //   Forward(seqs) → publish step k → ranks 1..N-1 start → rank 0 runs on the
 //     caller → wait for every rank (done, failed, or thread ended) → rank 0's
@@ -18,17 +29,20 @@
 //
 // Slot operations (ResetSlot, SnapshotSlot / RestoreSlot, CopySlot) and
 // ExportSequence act on every rank's cache from the caller's thread (the rank
-// threads are idle between steps; ranks are threads of one process, so the
-// caches are plain host memory). A snapshot covers all ranks (their slot values
+// threads are idle between steps; ranks are threads of one process, so every
+// cache is reachable here: host memory, or its device's through that device's
+// copies). A snapshot covers all ranks (their slot values
 // concatenated rank after rank); exported ranges are rank-major and carry their
 // rank (CopyStateRanges matches (rank, layer, kind)).
 //
 // Failure: a rank whose Forward fails, or whose thread ends, makes Forward fail
 // on the caller. Its peers are blocked in a collective at most until the
-// communicator's timeout (a thread that ends closes its connections, which
-// fails the peers' collectives at once), so Forward returns within about one
-// timeout. The executor is then broken: every later call returns UNAVAILABLE
-// naming the failed rank and its error (the group must be recreated).
+// communicator's timeout (a Gloo rank whose thread ends closes its connections,
+// which fails the peers' collectives at once; an NCCL rank aborts its
+// communicator, and its peers fail when their own timeout passes), so Forward
+// returns within about one timeout. The executor is then broken: every later call
+// returns UNAVAILABLE naming the failed rank and its error (the group must be
+// recreated).
 //
 // Not thread-safe: one caller thread owns the executor (as the engine does).
 #ifndef TANDEM_ENGINE_RUNTIME_TP_EXECUTOR_H_
@@ -54,8 +68,8 @@ namespace tandem::engine {
 struct TpExecutorOptions {
   int tp_size = 1;
   // Kernel backend of every rank (kernels/backend_factory.h names). "cpu" and
-  // "cpu_bf16" get threads_per_rank threads each; other names as the factory
-  // makes them.
+  // "cpu_bf16" get threads_per_rank threads each; "cuda[:first]" puts rank r on
+  // GPU first + r; other names as the factory makes them.
   std::string backend = "cpu";
   // 0: the machine's hardware threads / tp_size (at least 1).
   int threads_per_rank = 0;
