@@ -19,6 +19,7 @@
 #include "decode/decode_service.h"
 #include "kvtransfer/ucx_agent.h"
 #include "metrics/registry.h"
+#include "worker/device_checksum.h"
 #include "worker/engine_loop.h"
 #include "worker/worker_flags.h"
 #include "worker/worker_metrics.h"
@@ -57,23 +58,19 @@ int main(int argc, char** argv) {
     return 1;
   }
   tandem::engine::CacheSizing sizing;
-  // The draft model (--speculative=draft) before the sizing: on a device backend
-  // the sizing measures what the device holds, the draft's weights included.
-  tandem::engine::EngineOptions speculative;
-  if (absl::Status s = tandem::worker::ApplySpeculativeFlags(
-          absl::GetFlag(FLAGS_speculative), absl::GetFlag(FLAGS_num_speculative_tokens),
-          absl::GetFlag(FLAGS_draft_model), model->get(), &speculative);
-      !s.ok()) {
-    TLOG(ERROR, "bad speculative-decoding flags").Kv("status", s);
-    return 1;
-  }
   auto options = tandem::worker::EngineOptionsFromFlags(**model, &sizing);
   if (!options.ok()) {
     TLOG(ERROR, "bad engine flags").Kv("status", options.status());
     return 1;
   }
   tandem::engine::EngineOptions& eo = *options;
-  eo.speculative = speculative.speculative;
+  if (absl::Status s = tandem::worker::ApplySpeculativeFlags(
+          absl::GetFlag(FLAGS_speculative), absl::GetFlag(FLAGS_num_speculative_tokens),
+          absl::GetFlag(FLAGS_draft_model), model->get(), &eo);
+      !s.ok()) {
+    TLOG(ERROR, "bad speculative-decoding flags").Kv("status", s);
+    return 1;
+  }
   auto agent = tandem::worker::TransferAgentFromFlags(absl::GetFlag(FLAGS_worker_id));
   if (!agent.ok()) {
     TLOG(ERROR, "cannot start the UCX agent").Kv("status", agent.status());
@@ -96,6 +93,10 @@ int main(int argc, char** argv) {
   // One cache per TP rank, each registered with the agent by the service.
   const std::vector<tandem::engine::KvCache*> caches =
       tandem::worker::RankCaches(**engine);
+  // Each rank's backend when the caches are device memory: the landed state's
+  // checksums run there (worker/device_checksum.h).
+  const std::vector<tandem::kernels::Backend*> checksum_backends =
+      tandem::worker::DeviceChecksumBackends(**engine);
   tandem::metrics::Registry registry;
   tandem::worker::WorkerMetrics metrics(&registry);
   metrics.SetCacheSizing(sizing);
@@ -105,6 +106,7 @@ int main(int argc, char** argv) {
   dso.max_lease = absl::Seconds(absl::GetFlag(FLAGS_max_lease_s));
   dso.unlanded_quarantine = absl::Seconds(absl::GetFlag(FLAGS_unlanded_quarantine_s));
   dso.allocations = &allocations;
+  dso.checksum_backends = checksum_backends;
   auto service = tandem::decode::DecodeService::Create(loop.get(), caches, agent->get(),
                                                        &metrics, dso);
   if (!service.ok()) {
@@ -115,8 +117,6 @@ int main(int argc, char** argv) {
       dso.worker_id, tandem::v1::WORKER_ROLE_DECODE, **model, (*service)->layout(),
       eo.max_context_tokens);
   so.health = [l = loop.get()] { return l->health(); };
-  // Draining waits for reservations too (hand-offs whose KV has not landed yet).
-  so.busy = [s = service->get()] { return s->num_reservations(); };
   so.server_credentials = creds->server;
   so.router_credentials = creds->channel;
   so.mtls = creds->mtls;

@@ -72,6 +72,12 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(
     s->checksum_memory_.push_back(worker::CacheChecksumMemory(
         s->caches_[r], s->regions_[r], s->hashers_.back().get(), devices[r]->device()));
   }
+  if (!devices.empty()) {
+    TLOG(INFO, "state checksums computed on the device")
+        .Kv("backend", devices[0]->name())
+        .Kv("device", devices[0]->device().name())
+        .Kv("tp_ranks", devices.size());
+  }
   for (int r = 0; r < s->tp(); ++r) {
     const kvtransfer::RankLayout geometry =
         worker::CacheRankLayout(*s->caches_[r], s->regions_[r], {}, 0);

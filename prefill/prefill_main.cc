@@ -15,6 +15,7 @@
 #include "kvtransfer/ucx_agent.h"
 #include "metrics/registry.h"
 #include "prefill/prefill_service.h"
+#include "worker/device_checksum.h"
 #include "worker/engine_loop.h"
 #include "worker/worker_flags.h"
 #include "worker/worker_metrics.h"
@@ -57,6 +58,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::vector<tandem::engine::KvCache*> caches = tandem::worker::RankCaches(**engine);
+  // Each rank's backend when the caches are device memory: the state's checksums
+  // run there (worker/device_checksum.h).
+  const std::vector<tandem::kernels::Backend*> checksum_backends =
+      tandem::worker::DeviceChecksumBackends(**engine);
   auto agent = tandem::worker::TransferAgentFromFlags(absl::GetFlag(FLAGS_worker_id));
   if (!agent.ok()) {
     TLOG(ERROR, "cannot start the UCX agent").Kv("status", agent.status());
@@ -70,6 +75,7 @@ int main(int argc, char** argv) {
   pso.worker_id = absl::GetFlag(FLAGS_worker_id);
   pso.test_corrupt_transfer = absl::GetFlag(FLAGS_test_corrupt_transfer);
   pso.stream_layers = absl::GetFlag(FLAGS_kv_stream_layers);
+  pso.checksum_backends = checksum_backends;
   if (pso.test_corrupt_transfer) {
     TLOG(WARNING, "TEST ONLY --test_corrupt_transfer: every transfer is corrupted");
   }

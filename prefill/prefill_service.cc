@@ -86,6 +86,12 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
     }
     s->send_.sources.push_back(std::move(source));
   }
+  if (!devices.empty()) {
+    TLOG(INFO, "state checksums computed on the device")
+        .Kv("backend", devices[0]->name())
+        .Kv("device", devices[0]->device().name())
+        .Kv("tp_ranks", devices.size());
+  }
   s->layout_ = worker::KvLayoutOf(*cache);
   int mla = 0, kda = 0;
   for (const model::LayerSpec& spec : cache->layers()) {

@@ -117,4 +117,15 @@ kvtransfer::ChecksumMemory CacheChecksumMemory(engine::KvCache* cache,
   return m;
 }
 
+std::vector<kernels::Backend*> DeviceChecksumBackends(engine::Engine& engine) {
+  std::vector<kernels::Backend*> out;
+  engine::TpExecutor& ex = engine.executor();
+  for (int r = 0; r < ex.tp_size(); ++r) {
+    kernels::Backend& b = ex.backend(r);
+    if (b.device().name() == "host") return {};
+    out.push_back(&b);
+  }
+  return out;
+}
+
 }  // namespace tandem::worker

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "engine/runtime/engine.h"
 #include "engine/runtime/kv_cache.h"
 #include "kernels/backend.h"
 #include "kvtransfer/checksum.h"
@@ -61,6 +62,12 @@ kvtransfer::ChecksumMemory CacheChecksumMemory(engine::KvCache* cache,
                                                const CacheRegions& regions,
                                                kvtransfer::ChunkHasher* hasher,
                                                const kernels::Device& device);
+
+// What the workers pass as Prefill/DecodeServiceOptions::checksum_backends: each
+// TP rank's backend (rank order) when the engine runs on a device backend (whose
+// caches live in the device's memory), none on host backends (host caches: the
+// host hashes them). Call before the engine moves into its EngineLoop.
+std::vector<kernels::Backend*> DeviceChecksumBackends(engine::Engine& engine);
 
 }  // namespace tandem::worker
 
