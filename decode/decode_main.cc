@@ -58,19 +58,23 @@ int main(int argc, char** argv) {
     return 1;
   }
   tandem::engine::CacheSizing sizing;
+  // The draft model (--speculative=draft) before the sizing: on a device backend
+  // the sizing measures what the device holds, the draft's weights included.
+  tandem::engine::EngineOptions speculative;
+  if (absl::Status s = tandem::worker::ApplySpeculativeFlags(
+          absl::GetFlag(FLAGS_speculative), absl::GetFlag(FLAGS_num_speculative_tokens),
+          absl::GetFlag(FLAGS_draft_model), model->get(), &speculative);
+      !s.ok()) {
+    TLOG(ERROR, "bad speculative-decoding flags").Kv("status", s);
+    return 1;
+  }
   auto options = tandem::worker::EngineOptionsFromFlags(**model, &sizing);
   if (!options.ok()) {
     TLOG(ERROR, "bad engine flags").Kv("status", options.status());
     return 1;
   }
   tandem::engine::EngineOptions& eo = *options;
-  if (absl::Status s = tandem::worker::ApplySpeculativeFlags(
-          absl::GetFlag(FLAGS_speculative), absl::GetFlag(FLAGS_num_speculative_tokens),
-          absl::GetFlag(FLAGS_draft_model), model->get(), &eo);
-      !s.ok()) {
-    TLOG(ERROR, "bad speculative-decoding flags").Kv("status", s);
-    return 1;
-  }
+  eo.speculative = speculative.speculative;
   auto agent = tandem::worker::TransferAgentFromFlags(absl::GetFlag(FLAGS_worker_id));
   if (!agent.ok()) {
     TLOG(ERROR, "cannot start the UCX agent").Kv("status", agent.status());
@@ -117,6 +121,8 @@ int main(int argc, char** argv) {
       dso.worker_id, tandem::v1::WORKER_ROLE_DECODE, **model, (*service)->layout(),
       eo.max_context_tokens);
   so.health = [l = loop.get()] { return l->health(); };
+  // Draining waits for reservations too (hand-offs whose KV has not landed yet).
+  so.busy = [s = service->get()] { return s->num_reservations(); };
   so.server_credentials = creds->server;
   so.router_credentials = creds->channel;
   so.mtls = creds->mtls;
