@@ -147,6 +147,9 @@ has prefill-0 --backend=cpu_reference --backend cpu_reference
 has decode-0 --backend=cpu_reference --backend=cpu_reference
 lacks router backend --backend cpu_reference
 lacks gateway backend --backend cpu_reference
+# The GPU backends too (cuda_sim: the emulator, nothing to build with nvcc).
+has prefill-0 --backend=cuda_sim --backend cuda_sim
+has decode-0 --backend=cuda_sim_bf16 --backend=cuda_sim_bf16
 # Options that existed: to their process.
 has router --colocate_below_tokens=8 --colocate-below 8
 has prefill-0 --tp=2 --tp 2
@@ -230,7 +233,7 @@ refused "--draft-model needs --speculative draft" --draft-model "$TEST_TMPDIR/dr
 refused "--draft-model needs --speculative draft" --speculative ngram --draft-model "$TEST_TMPDIR/draft"
 refused "no config.json in $TEST_TMPDIR/nodir" --speculative draft --draft-model "$TEST_TMPDIR/nodir"
 refused "needs --draft-model DIR" --speculative draft --model "$TEST_TMPDIR/draft"
-refused "--backend must be one of: cpu cpu_bf16 cpu_reference (got 'gpu')" --backend gpu
+refused "--backend must be one of: cpu cpu_bf16 cpu_reference cuda cuda_bf16 cuda_sim cuda_sim_bf16 (got 'gpu')" --backend gpu
 refused "--backend must be one of" --prefill-arg=--backend=tpu
 refused "takes one flag, --name or --name=value, got 'max_lease_s=5'" --decode-arg max_lease_s=5
 refused "takes one flag" --router-arg=-x
