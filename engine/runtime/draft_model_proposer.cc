@@ -45,6 +45,7 @@ absl::StatusOr<std::unique_ptr<DraftModelProposer>> DraftModelProposer::Create(
   TANDEM_ASSIGN_OR_RETURN(p->cache_, engine::KvCache::Create(weights->config, co));
   engine::ModelRunnerOptions ro;
   ro.mla_mode = o.mla_mode;
+  ro.enforce_eager = o.enforce_eager;
   p->runner_ =
       std::make_unique<engine::ModelRunner>(weights, p->cache_.get(), backend, ro);
   p->sampler_ = std::make_unique<engine::Sampler>(V);

@@ -51,6 +51,7 @@ struct DraftModelOptions {
   // beyond it get no drafts.
   int64_t max_context_tokens = 4096;
   engine::MlaMode mla_mode = engine::MlaMode::kAuto;
+  bool enforce_eager = false;  // no CUDA graphs for the draft's decode steps
 };
 
 class DraftModelProposer : public speculative::Proposer {

@@ -121,19 +121,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     TANDEM_ASSIGN_OR_RETURN(e->executor_,
                             TpExecutor::CreateLocal(weights, backend, co, ro));
   }
-  Engine* self = e.get();
-  // Rank 0's runner (the caller's thread). With TP, rank 0 reports a layer after
-  // that layer's attention all-reduce, which every rank enters only after writing
-  // its own KDA heads / MLA rows: the layer's state is final on every rank.
-  e->executor_->runner(0).set_layer_done_hook([self](int layer) {
-    if (self->layer_progress_ && !self->progress_.empty()) {
-      // Listeners read the layer's state (the KV hand-off streams it): on a
-      // device it must have been computed, not just enqueued. A device error is
-      // left to the forward to report.
-      if (!self->executor_->backend(0).Synchronize().ok()) return;
-      self->layer_progress_(layer, self->progress_);
-    }
-  });
   e->sampler_ = std::make_unique<engine::Sampler>(weights->config.text.vocab_size);
   {
     int threads = options.sampling_threads;
@@ -169,6 +156,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
                             std::max<int64_t>(2, static_cast<int64_t>(sc.num_blocks) *
                                                      bs / sc.num_slots));
       dopt.mla_mode = options.mla_mode;
+      dopt.enforce_eager = options.enforce_eager;
       TANDEM_ASSIGN_OR_RETURN(e->proposer_, DraftModelProposer::Create(
                                                 so.draft_weights, backend,
                                                 weights->config.text.vocab_size, dopt));
@@ -409,6 +397,26 @@ absl::Status Engine::PlanInput(size_t i, StepBatch* batch) {
     prefill_tokens_ += in.tokens.size();
   }
   return absl::OkStatus();
+}
+
+void Engine::InstallLayerDoneHook() {
+  if (!layer_progress_) {
+    executor_->runner(0).set_layer_done_hook(nullptr);
+    return;
+  }
+  // Rank 0's runner (the caller's thread). With TP, rank 0 reports a layer after
+  // that layer's attention all-reduce, which every rank enters only after writing
+  // its own KDA heads / MLA rows: the layer's state is final on every rank.
+  Engine* self = this;
+  executor_->runner(0).set_layer_done_hook([self](int layer) {
+    if (self->layer_progress_ && !self->progress_.empty()) {
+      // Listeners read the layer's state (the KV hand-off streams it): on a
+      // device it must have been computed, not just enqueued. A device error is
+      // left to the forward to report.
+      if (!self->executor_->backend(0).Synchronize().ok()) return;
+      self->layer_progress_(layer, self->progress_);
+    }
+  });
 }
 
 absl::Status Engine::ForwardStep(const StepBatch& batch) {

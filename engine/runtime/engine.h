@@ -330,10 +330,13 @@ class Engine {
   TpExecutor& executor() { return *executor_; }
   // Layer-by-layer progress of prefill chunks (see LayerProgressCallback); the
   // KV hand-off streams each layer's state while the forward continues.
+  // Installs the runner's layer hook only while a callback is set: a runner with
+  // a hook runs every step eagerly (no CUDA graphs, model_runner.h).
   void set_layer_progress_callback(LayerProgressCallback cb) {
     layer_progress_ = std::move(cb);
   }
   // Tokens computed by forward passes so far (prefill, decode).
+    InstallLayerDoneHook();
   int64_t prefill_tokens() const { return prefill_tokens_; }
   int64_t decode_tokens() const { return decode_tokens_; }
   // Prefix caching: counters (zero when off), and dropping every cached block
@@ -349,6 +352,7 @@ class Engine {
  private:
   struct Request {
     RequestId id = 0;
+  void InstallLayerDoneHook();
     std::vector<int32_t> prompt;
     std::vector<int32_t> tokens;  // prompt + generated
     engine::SamplingParams params;
