@@ -103,9 +103,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   co.allocator = options.cache_allocator;
   ModelRunnerOptions ro;
   ro.mla_mode = options.mla_mode;
-  if (tp) {
   ro.enforce_eager = options.enforce_eager;
   ro.max_graph_batch = sc.num_slots;  // the running sequences (not the snapshots)
+  if (tp) {
     // TP N: the executor loads each rank's shard and makes each rank's backend;
     // the engine's own needs (config, vocab; the draft model's backend) use
     // rank 0's, which runs on this thread.

@@ -168,6 +168,9 @@ struct EngineOptions {
   int64_t max_prefill_chunk = 0;      // 0: the step budget
   int64_t max_context_tokens = 4096;
   MlaMode mla_mode = MlaMode::kAuto;
+  // Decode steps as CUDA graphs where the backend's device supports them
+  // (model_runner.h, "CUDA graphs"); true: every step eagerly (--enforce_eager).
+  bool enforce_eager = false;
   // Seeds requests that sample without a seed of their own.
   uint64_t seed = 0;
   // Speculative decoding (off by default).
@@ -191,9 +194,6 @@ struct EngineOptions {
 };
 
 // The cache sized from a memory budget rather than from counts (a worker's
-  // Decode steps as CUDA graphs where the backend's device supports them
-  // (model_runner.h, "CUDA graphs"); true: every step eagerly (--enforce_eager).
-  bool enforce_eager = false;
 // --kv_cache_memory, --max_num_seqs, --max_model_len, --num_blocks).
 struct CacheMemoryOptions {
   int64_t budget_bytes = 0;         // every TP rank's cache together
@@ -334,9 +334,9 @@ class Engine {
   // a hook runs every step eagerly (no CUDA graphs, model_runner.h).
   void set_layer_progress_callback(LayerProgressCallback cb) {
     layer_progress_ = std::move(cb);
+    InstallLayerDoneHook();
   }
   // Tokens computed by forward passes so far (prefill, decode).
-    InstallLayerDoneHook();
   int64_t prefill_tokens() const { return prefill_tokens_; }
   int64_t decode_tokens() const { return decode_tokens_; }
   // Prefix caching: counters (zero when off), and dropping every cached block
@@ -350,9 +350,9 @@ class Engine {
   speculative::Proposer* proposer() { return proposer_.get(); }
 
  private:
+  void InstallLayerDoneHook();
   struct Request {
     RequestId id = 0;
-  void InstallLayerDoneHook();
     std::vector<int32_t> prompt;
     std::vector<int32_t> tokens;  // prompt + generated
     engine::SamplingParams params;
