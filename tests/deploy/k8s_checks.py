@@ -174,7 +174,19 @@ def probe_port(p):
     for k in ("grpc", "tcpSocket", "httpGet"):
         if k in p:
             return k, p[k].get("port")
+    # An exec probe of health_check (mTLS: Kubernetes' gRPC probes present no
+    # client certificate): the port of its --address=127.0.0.1:PORT.
+    cmd = p.get("exec", {}).get("command", [])
+    if cmd and cmd[0].endswith("/health_check"):
+        for a in cmd[1:]:
+            m = re.match(r"^--address=127\.0\.0\.1:(.+)$", a)
+            if m:
+                return "health_check", int(m.group(1)) if m.group(1).isdigit() else m.group(1)
+        return "health_check", None
     return None, None
+
+
+TLS_FLAGS = ("tls_ca", "tls_cert", "tls_key")
 
 
 def prom_keep_rules():
@@ -271,8 +283,38 @@ def policy_errors(overlay, objs):
                 E(f"{name}: {p} port {port!r} is not numeric")
             elif port not in ports:
                 E(f"{name}: {p} port {port} is not a containerPort")
-            if c != "gateway" and kind != "grpc":
+            mtls = all(flags.get(f) for f in TLS_FLAGS)
+            if c != "gateway" and not mtls and kind != "grpc":
                 E(f"{name}: {p} is {kind}, not grpc")
+            if c != "gateway" and mtls:
+                # A gRPC probe fails against an mTLS server: health_check with the
+                # process's own certificate.
+                if kind != "health_check":
+                    E(f"{name}: {p} is {kind} under mTLS (it cannot present a certificate)")
+                else:
+                    pf = dict(re.match(r"^--([a-z_]+)=(.*)$", a).groups()
+                              for a in main[p]["exec"]["command"][1:] if a.startswith("--"))
+                    for f in TLS_FLAGS:
+                        if pf.get(f) != flags.get(f):
+                            E(f"{name}: {p}'s --{f} is not the process's")
+        # TLS: the three flags together, their files on a mounted Secret.
+        given = [f for f in TLS_FLAGS if flags.get(f)]
+        if given and len(given) != 3:
+            E(f"{name}: only {given} of --tls_ca/--tls_cert/--tls_key")
+        if given:
+            vols = {v["name"]: v for v in spec.get("volumes", [])}
+            for f in given:
+                mount = [m for m in main.get("volumeMounts", [])
+                         if flags[f].startswith(m["mountPath"].rstrip("/") + "/")]
+                if not mount or "secret" not in vols.get(mount[0]["name"], {}):
+                    E(f"{name}: --{f}={flags[f]} is not on a mounted Secret")
+        # Workers drain on SIGTERM for --drain_timeout_s, then 5 s of RPC shutdown.
+        if c in WORKERS:
+            drain = float(flags.get("drain_timeout_s", 60))
+            if drain < LONGEST_REQUEST_S:
+                E(f"{name}: --drain_timeout_s {drain} is shorter than the longest request")
+            if spec.get("terminationGracePeriodSeconds", 30) < drain + 5:
+                E(f"{name}: terminationGracePeriodSeconds does not cover --drain_timeout_s")
         live = main.get("livenessProbe", {})
         if "httpGet" in live and live["httpGet"].get("path") == "/health":
             E(f"{name}: liveness is /health, which asks the router (another service)")
@@ -438,7 +480,14 @@ def self_test(rendered):
     mutations = {
         "latest tag": lambda o: dep(o, "router")["spec"]["containers"][0].update(image="tandem:latest"),
         "no readiness probe": lambda o: dep(o, "decode")["spec"]["containers"][0].pop("readinessProbe"),
-        "named probe port": lambda o: dep(o, "prefill")["spec"]["containers"][0]["startupProbe"]["grpc"].update(port="grpc"),
+        "probe on another port": lambda o: dep(o, "prefill")["spec"]["containers"][0]["startupProbe"]["exec"]["command"].__setitem__(1, "--address=127.0.0.1:1234"),
+        "gRPC probe under mTLS": lambda o: dep(o, "decode")["spec"]["containers"][0].update(
+            readinessProbe={"grpc": {"port": 50061}}),
+        "probe without the certificate": lambda o: dep(o, "router")["spec"]["containers"][0]["livenessProbe"]["exec"]["command"].pop(),
+        "TLS flags off a Secret": lambda o: dep(o, "router")["spec"].update(
+            volumes=[v for v in dep(o, "router")["spec"]["volumes"] if v["name"] != "tls"]),
+        "grace shorter than the drain": lambda o: dep(o, "decode")["spec"].update(
+            terminationGracePeriodSeconds=60),
         "short startup budget": lambda o: dep(o, "decode")["spec"]["containers"][0]["startupProbe"].update(failureThreshold=20),
         "no GPU request": lambda o: dep(o, "prefill")["spec"]["containers"][0]["resources"]["limits"].pop("nvidia.com/gpu"),
         "no EFA": lambda o: dep(o, "decode")["spec"]["containers"][0]["resources"]["limits"].pop("vpc.amazonaws.com/efa"),

@@ -11,6 +11,7 @@ scripts=(
   tools/image/fetch-weights.sh
   tools/image/build_image.sh
   tools/tls_pki.sh
+  deploy/k8s/tls/make-secrets.sh
   tests/deploy/k8s_check_test.sh
   tests/deploy/yamllint_test.sh
   tests/deploy/shellcheck_test.sh
