@@ -199,6 +199,18 @@ void WorkerMetrics::SetCacheSizing(const engine::CacheSizing& sz) {
   cache_capacity_tokens->Set(static_cast<double>(sz.cache_tokens));
   slots_capacity->Set(sz.num_slots);
   max_model_len->Set(static_cast<double>(sz.max_model_len));
+  const engine::DeviceMemoryUse& d = sz.device;
+  if (d.device.empty()) return;  // a host backend
+  const std::pair<const char*, int64_t> kinds[] = {
+      {"total", d.total_bytes},
+      {"weights", d.weights_bytes},
+      {"other", d.in_use_bytes - d.weights_bytes},
+      {"activations", d.activation_peak_bytes},
+      {"kv_cache", d.num_devices > 0 ? sz.total_bytes() / d.num_devices : 0}};
+  for (const auto& [kind, bytes] : kinds) {
+    gpu_memory->Add({{"kind", kind}}).Set(static_cast<double>(bytes));
+  }
+  gpu_memory_utilization->Set(d.utilization);
 }
 
 void WorkerMetrics::CountRequest(const char* rpc, const char* outcome) {
@@ -212,18 +224,6 @@ void WorkerMetrics::Update(const EngineLoopStats& s, absl::Time now) {
   kv_blocks->Add({{"state", "free"}}).Set(s.free_blocks);
   kv_blocks->Add({{"state", "used"}}).Set(s.total_blocks - s.free_blocks);
   slots->Add({{"state", "free"}}).Set(s.free_slots);
-  const engine::DeviceMemoryUse& d = sz.device;
-  if (d.device.empty()) return;  // a host backend
-  const std::pair<const char*, int64_t> kinds[] = {
-      {"total", d.total_bytes},
-      {"weights", d.weights_bytes},
-      {"other", d.in_use_bytes - d.weights_bytes},
-      {"activations", d.activation_peak_bytes},
-      {"kv_cache", d.num_devices > 0 ? sz.total_bytes() / d.num_devices : 0}};
-  for (const auto& [kind, bytes] : kinds) {
-    gpu_memory->Add({{"kind", kind}}).Set(static_cast<double>(bytes));
-  }
-  gpu_memory_utilization->Set(d.utilization);
   slots->Add({{"state", "used"}}).Set(s.total_slots - s.free_slots);
   absl::MutexLock l(&mu_);
   const int64_t dp = s.prefill_tokens - last_prefill_;
