@@ -101,13 +101,13 @@ class WorkerMetrics {
   metrics::Gauge* cache_capacity_tokens;
   metrics::Gauge* slots_capacity;
   metrics::Gauge* max_model_len;
+  metrics::Family<metrics::Gauge>* gpu_memory;
+  metrics::Gauge* gpu_memory_utilization;
 
  private:
   absl::Mutex mu_;
   absl::Time last_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t last_prefill_ ABSL_GUARDED_BY(mu_) = 0;
-  metrics::Family<metrics::Gauge>* gpu_memory;
-  metrics::Gauge* gpu_memory_utilization;
   int64_t last_decode_ ABSL_GUARDED_BY(mu_) = 0;
   engine::SpeculativeStats last_spec_ ABSL_GUARDED_BY(mu_);
   engine::StepTimingStats last_timing_ ABSL_GUARDED_BY(mu_);
