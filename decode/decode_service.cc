@@ -310,6 +310,46 @@ void DecodeService::OnNotification(const kvtransfer::Notification& n) {
   if (ready->has_value()) StartDecode(std::move(**ready));
 }
 
+absl::StatusOr<tandem::v1::StateChecksums> DecodeService::LandedChecksums(
+    const ReservationInfo& r) {
+  auto compute = [this, r]() -> absl::StatusOr<tandem::v1::StateChecksums> {
+    std::vector<tandem::v1::StateChecksums> ranks;
+    for (int k = 0; k < tp(); ++k) {
+      const kvtransfer::RankLayout side =
+          worker::CacheRankLayout(*caches_[k], regions_[k], r.blocks, r.slot);
+      auto got =
+          kvtransfer::ComputeChecksums(side, r.prompt_tokens, checksum_memory_[k]);
+      if (!got.ok()) return got.status();
+      ranks.push_back(std::move(*got));
+    }
+    return worker::MergeRankChecksums(ranks);
+  };
+  if (hashers_.empty()) return compute();  // host memory: here, on this thread
+  // On the device: between two engine steps, so that the hashing (its
+  // allocations, its launches) never meets a CUDA graph capture of a step.
+  struct Shared {
+    absl::Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    absl::StatusOr<tandem::v1::StateChecksums> result ABSL_GUARDED_BY(mu);
+  };
+  auto shared = std::make_shared<Shared>();
+  loop_->Post([shared, compute](engine::Engine&) {
+    absl::StatusOr<tandem::v1::StateChecksums> v = compute();
+    absl::MutexLock l(&shared->mu);
+    shared->result = std::move(v);
+    shared->done = true;
+  });
+  absl::MutexLock l(&shared->mu);
+  if (!shared->mu.AwaitWithTimeout(absl::Condition(&shared->done),
+                                   kDeviceChecksumWait)) {
+    return DeadlineExceeded(
+        "request ", r.request_id,
+        ": the state checksums on the device did not finish within ",
+        absl::FormatDuration(kDeviceChecksumWait));
+  }
+  return std::move(shared->result);
+}
+
 void DecodeService::StartDecode(Handoff h) {
   std::shared_ptr<DecodeWaiter> w(static_cast<DecodeWaiter*>(h.waiter.release()));
   rpc::ResponseStream* stream = w->stream;
@@ -325,16 +365,9 @@ void DecodeService::StartDecode(Handoff h) {
   // The reserved blocks are not touched by the engine's steps: read them here.
   const tandem::v1::StateChecksums& want = req.checksums();
   if (want.mla_layer_size() + want.kda_layer_size() > 0) {
-    std::vector<tandem::v1::StateChecksums> ranks;
-    for (int k = 0; k < tp(); ++k) {
-      const kvtransfer::RankLayout side =
-          worker::CacheRankLayout(*caches_[k], regions_[k], r.blocks, r.slot);
-      auto got =
-          kvtransfer::ComputeChecksums(side, r.prompt_tokens, checksum_memory_[k]);
-      if (!got.ok()) return fail(got.status(), "error");
-      ranks.push_back(std::move(*got));
-    }
-    const tandem::v1::StateChecksums got = worker::MergeRankChecksums(ranks);
+    absl::StatusOr<tandem::v1::StateChecksums> sums = LandedChecksums(r);
+    if (!sums.ok()) return fail(sums.status(), "error");
+    const tandem::v1::StateChecksums& got = *sums;
     if (absl::Status v = kvtransfer::Verify(want, got); !v.ok()) {
       return fail(
           absl::DataLossError(absl::StrCat(
@@ -443,8 +476,10 @@ grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* DecodeService::Generate(
   so.seed = params->seed;
   so.rpc = "Generate";
   so.started = clock_->Now();
+  // The request's prefix-cache namespace (its tenant): colocated requests hit
+  // the decode worker's cache only within their salt.
   loop_->AddRequest(eid, std::move(prompt), *params,
-                    worker::StreamEngineOutputs(stream, metrics_, so));
+                    worker::StreamEngineOutputs(stream, metrics_, so), req->cache_salt());
   stream->SetOnCancel([this, eid, stream] {
     loop_->Cancel(eid, [this, stream] {
       Count("Generate", "cancelled");

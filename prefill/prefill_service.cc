@@ -252,6 +252,7 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   }
   std::vector<int32_t> prompt(req->prompt_token_ids().begin(),
                               req->prompt_token_ids().end());
+  // The request's prefix-cache namespace (its tenant), as the router passed it.
   loop_->AddRequest(
       call->eid, std::move(prompt), *params,
       [this, call, done](engine::Engine& e,
@@ -276,7 +277,8 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
           return;
         }
         if (call->Finish(grpc::Status::OK)) Count("Prefill", "ok");
-      });
+      },
+      req->cache_salt());
   return reactor;
 }
 
