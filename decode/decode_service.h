@@ -161,6 +161,11 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
                       rpc::ResponseStream* stream);
   // Verifies and admits an ADMITTED reservation (the hand-off).
   void StartDecode(Handoff h);
+  // The landed state's checksums (every rank, merged): on this thread from host
+  // memory; on the engine thread between steps through the ranks' device hashers
+  // (waiting at most kDeviceChecksumWait).
+  absl::StatusOr<tandem::v1::StateChecksums> LandedChecksums(const ReservationInfo& r);
+  static constexpr absl::Duration kDeviceChecksumWait = absl::Seconds(30);
   // Gives a reservation's memory back to the engine (from any thread).
   void FreeInEngine(const ReservationInfo& info);
   void Count(const char* rpc, const char* outcome);

@@ -183,6 +183,10 @@ struct ChunkHashArgs {
   int64_t total_bytes = 0;
   int64_t chunk_bytes = 0;     // 1 .. kMaxHashChunkBytes
   uint64_t* hashes = nullptr;  // [num_chunks]
+  // Where a device backend enqueues the work: a stream of its device, or null for
+  // the compute stream. A checksum taken beside the engine (another thread) uses
+  // its own stream, so it never lands in a CUDA graph the engine is capturing.
+  Stream* stream = nullptr;
 };
 inline constexpr int64_t kMaxHashChunkBytes = int64_t{1} << 30;
 

@@ -483,6 +483,7 @@ absl::Status StagingBackend::ChunkHashes(const ChunkHashArgs& a) {
   }
   d.segments = dsegs;
   d.hashes = dhashes;
+  d.stream = nullptr;  // the host's streams are not the device backend's
   return st.Finish(inner_->ChunkHashes(d));
 }
 

@@ -63,10 +63,15 @@ absl::StatusOr<std::vector<std::vector<uint64_t>>> BackendChunkHasher::HashChunk
   if (num_hashes == 0) return out;
 
   absl::MutexLock lock(&mu_);
+  if (stream_ == nullptr) {
+    TANDEM_ASSIGN_OR_RETURN(stream_, dev.CreateStream());
+  }
+  kernels::Stream* s = stream_.get();
   const size_t table_bytes = table.size() * sizeof(kernels::ByteSegment);
   TANDEM_RETURN_IF_ERROR(Reserve(&dev, table_bytes, &tables_));
   TANDEM_RETURN_IF_ERROR(Reserve(&dev, num_hashes * sizeof(uint64_t), &hashes_));
-  TANDEM_RETURN_IF_ERROR(dev.CopyToDevice(tables_.data(), table.data(), table_bytes));
+  TANDEM_RETURN_IF_ERROR(
+      dev.CopyToDevice(tables_.data(), table.data(), table_bytes, s));
   const auto* dtable = tables_.as<kernels::ByteSegment>();
   auto* dhashes = hashes_.as<uint64_t>();
   for (const Stream& w : where) {
@@ -77,16 +82,17 @@ absl::StatusOr<std::vector<std::vector<uint64_t>>> BackendChunkHasher::HashChunk
     a.total_bytes = w.bytes;
     a.chunk_bytes = chunk_bytes;
     a.hashes = dhashes + w.first_hash;
-    if (absl::Status s = backend_->ChunkHashes(a); !s.ok()) {
+    a.stream = s;
+    if (absl::Status st = backend_->ChunkHashes(a); !st.ok()) {
       // The table upload may still be queued: `table` must outlive it.
-      (void)dev.compute_stream().Synchronize();
-      return Annotate(s, "state checksums");
+      (void)s->Synchronize();
+      return Annotate(st, "state checksums");
     }
   }
   std::vector<uint64_t> all(num_hashes);
-  // Ordered after the launches on the compute stream; returns with the data here.
+  // Ordered after the launches on `s`; returns with the data here.
   TANDEM_RETURN_IF_ERROR(
-      dev.CopyToHost(all.data(), dhashes, num_hashes * sizeof(uint64_t)));
+      dev.CopyToHost(all.data(), dhashes, num_hashes * sizeof(uint64_t), s));
   for (size_t i = 0; i < where.size(); ++i) {
     out[i].assign(all.begin() + where[i].first_hash,
                   all.begin() + where[i].first_hash + where[i].num_hashes);

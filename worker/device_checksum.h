@@ -15,6 +15,7 @@
 #define TANDEM_WORKER_DEVICE_CHECKSUM_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -30,13 +31,17 @@
 namespace tandem::worker {
 
 // ChunkHashes on `backend`'s device, every stream of a call in one round trip:
-// the segment tables go up in one copy, one launch per stream on the backend's
-// compute stream (so after the cache writes already enqueued there), the hashes
-// come back in one copy (which waits for the launches). The pieces must be memory
-// of the backend's device (device addresses; a host-addressable device's memory
-// too). Thread-safe (calls are serialised); the backend must outlive it.
+// the segment tables go up in one copy, one launch per stream, the hashes come
+// back in one copy (which waits for the launches), all on a stream of its own
+// (created on first use), not the engine's compute stream: a call from another
+// thread (the decode service) never joins a CUDA graph the engine is capturing,
+// and never waits for the engine's queued steps. So the bytes must be final when
+// it is called: the prefill worker calls it after the step's results came back,
+// the decode worker after the transfer landed. The pieces must be memory of the
+// backend's device (device addresses; a host-addressable device's memory too).
+// Thread-safe (calls are serialised); the backend must outlive it.
 //
-// The copy back waits on the compute stream, not Backend::Synchronize(), so the
+// The copy back waits on its stream, not Backend::Synchronize(), so the
 // engine's own device errors stay the engine's to read; a broken segment table
 // (which this class never builds) would surface at the engine's next
 // Synchronize().
@@ -50,6 +55,7 @@ class BackendChunkHasher final : public kvtransfer::ChunkHasher {
  private:
   kernels::Backend* const backend_;  // not owned
   absl::Mutex mu_;
+  std::unique_ptr<kernels::Stream> stream_ ABSL_GUARDED_BY(mu_);
   kernels::DeviceBuffer tables_ ABSL_GUARDED_BY(mu_);  // grown, never shrunk
   kernels::DeviceBuffer hashes_ ABSL_GUARDED_BY(mu_);
 };

@@ -108,6 +108,33 @@ TEST(DeviceChecksumTest, CudaSimHashesEqualTheHostsForACacheOnTheDevice) {
   }
 }
 
+// The hasher works on a stream of its own: while the engine captures a CUDA graph
+// on the compute stream, a checksum neither joins the graph nor breaks it.
+TEST(DeviceChecksumTest, HashingStaysOffACapturingComputeStream) {
+  DeviceCache d = Make("cuda_sim");
+  ASSERT_TRUE(d.cache != nullptr);
+  Fill(d.cache.get(), 5);
+  kvtransfer::LoopbackAgent agent;
+  auto regions = RegisterCache(&agent, d.cache.get());
+  ASSERT_TRUE(regions.ok()) << regions.status();
+  BackendChunkHasher hasher(d.backend.get());
+  const kvtransfer::RankLayout side = CacheRankLayout(*d.cache, *regions, {3, 7, 1}, 1);
+  auto host =
+      kvtransfer::ComputeChecksums(side, 40, CacheRegionBytes(d.cache.get(), *regions));
+  ASSERT_TRUE(host.ok()) << host.status();
+  kvtransfer::ChecksumMemory m =
+      CacheChecksumMemory(d.cache.get(), *regions, &hasher, d.backend->device());
+  ASSERT_TRUE(kvtransfer::ComputeChecksums(side, 40, m).ok());  // buffers, stream
+  kernels::Stream& compute = d.backend->device().compute_stream();
+  ASSERT_TRUE(compute.BeginCapture().ok());
+  auto dev = kvtransfer::ComputeChecksums(side, 40, m);
+  auto graph = compute.EndCapture();
+  ASSERT_TRUE(graph.ok()) << graph.status();  // the capture stayed valid
+  EXPECT_EQ((*graph)->num_nodes(), 0);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  EXPECT_TRUE(kvtransfer::Verify(*host, *dev).ok());
+}
+
 TEST(DeviceChecksumTest, PiecesOutsideTheDeviceAreRefused) {
   auto be = kernels::CreateBackend("cuda_sim");
   ASSERT_TRUE(be.ok()) << be.status();

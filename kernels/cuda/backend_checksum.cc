@@ -26,9 +26,10 @@ absl::Status GpuBackend::ChunkHashes(const ChunkHashArgs& a) {
       "chunk hashes segment table"));
   TANDEM_RETURN_IF_ERROR(CheckResident(
       a.hashes, static_cast<size_t>(chunks) * sizeof(uint64_t), "chunk hashes out"));
-  const char* e = LaunchChunkHashes(reinterpret_cast<const HashSegment*>(a.segments),
-                                    a.num_segments, a.total_bytes, a.chunk_bytes,
-                                    a.hashes, error_word(), stream());
+  const char* e = LaunchChunkHashes(
+      reinterpret_cast<const HashSegment*>(a.segments), a.num_segments, a.total_bytes,
+      a.chunk_bytes, a.hashes, error_word(),
+      a.stream != nullptr ? a.stream->native() : stream());
   if (e != nullptr) return Internal(name(), ": launching chunk hashes failed: ", e);
   return Launched("chunk hashes");
 }
