@@ -297,5 +297,36 @@ TEST(TpExecutorTest, InvalidInputDoesNotBreakTheGroup) {
   EXPECT_TRUE(ex->health().ok());
 }
 
+// On a device backend the cache is the device's memory (what a worker then
+// registers with its transfer agent as such); a cache allocator, which hands out
+// host memory, is refused there with a message saying why.
+TEST(TpExecutorTest, DeviceBackendCacheComesFromTheDevice) {
+  auto backend = testing::MakeBackend("cuda_sim");
+  auto weights = testing::TinyWeightsOn(*backend);
+  KvCacheOptions co;
+  co.num_blocks = 4;
+  co.block_size = 16;
+  co.num_slots = 1;
+  auto ex = TpExecutor::CreateLocal(weights.get(), backend.get(), co, {});
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  KvCache& cache = (*ex)->cache(0);
+  EXPECT_EQ(cache.options().device, &backend->device());
+  EXPECT_TRUE(backend->device().Owns(cache.mla_layer(0), cache.mla_layer_bytes()));
+  EXPECT_TRUE(
+      backend->device().Owns(cache.kda_recurrent(0, 0), cache.kda_bytes_per_slot()));
+
+  co.allocator.allocate = [](size_t n) -> absl::StatusOr<void*> {
+    return std::aligned_alloc(64, (n + 63) / 64 * 64);
+  };
+  co.allocator.release = [](void* p) { std::free(p); };
+  auto refused = TpExecutor::CreateLocal(weights.get(), backend.get(), co, {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("host memory"), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("cuda_sim"), std::string::npos)
+      << refused.status();
+}
+
 }  // namespace
 }  // namespace tandem::engine
