@@ -1,5 +1,6 @@
 #include "gateway/generation.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -359,10 +360,15 @@ std::string Generation::ChunkTail() const {
 
 json Generation::Usage() const {
   int completion = 0;
-  for (const auto& st : state_) completion += st->decoder.completion_tokens();
+  int cached = 0;  // the prompt's tokens from a prefix cache (the best choice's)
+  for (const auto& st : state_) {
+    completion += st->decoder.completion_tokens();
+    cached = std::max(cached, st->cached_prompt_tokens);
+  }
   return {{"prompt_tokens", prompt_tokens_},
           {"completion_tokens", completion},
-          {"total_tokens", prompt_tokens_ + completion}};
+          {"total_tokens", prompt_tokens_ + completion},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
 void Generation::Fail(const ApiError& error) {
@@ -477,6 +483,7 @@ void Generation::ApplyLocked(
       tokens_counter_ = &deps_.metrics->tokens->Add({{"endpoint", ctx_->endpoint}});
     }
     tokens_counter_->Increment(r.token_ids_size());
+    if (r.has_usage()) st.cached_prompt_tokens = r.usage().cached_prompt_tokens();
     deltas_.clear();
     absl::Status s = st.decoder.Add(r, &deltas_);
     if (!s.ok()) {

@@ -116,6 +116,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     tandem::v1::GenerateResponse pending;
     bool has_pending = false;
     bool output_sent = false;  // some of this choice's output went out
+    int cached_prompt_tokens = 0;  // the router's usage: prompt tokens from a cache
   };
 
   tandem::v1::GenerateRequest BuildRequest(int i, absl::Time deadline) const;

@@ -319,6 +319,7 @@ absl::Status PrefillService::FinishTransfer(engine::Engine& e, Call* call,
     engine::SampleResultToProto(out.logprobs.front(), resp->mutable_first_logprob());
   }
   resp->set_prefill_seconds(absl::ToDoubleSeconds(st.prefill));
+  resp->set_cached_prompt_tokens(static_cast<int32_t>(out.cached_prompt_tokens));
   return absl::OkStatus();
 }
 

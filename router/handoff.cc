@@ -227,6 +227,10 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
     if (m.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
       tandem::v1::Usage* u = m.mutable_usage();
       u->set_prompt_tokens(req_.prompt_token_ids().ids_size());
+      // Disaggregated: the prefill worker's cache hit (the decode worker
+      // computed no prompt); colocated: the decode worker's own.
+      u->set_cached_prompt_tokens(
+          std::max(u->cached_prompt_tokens(), prefill_resp_.cached_prompt_tokens()));
       u->set_ttft_seconds(first_sent_ ? absl::ToDoubleSeconds(first_at_ - started_)
                                       : 0);
       u->set_total_seconds(absl::ToDoubleSeconds(now - started_));

@@ -1,5 +1,7 @@
 #include "worker/engine_stream.h"
 
+#include <algorithm>
+
 #include <memory>
 
 #include "common/grpc_status.h"
@@ -26,6 +28,7 @@ OutputCallback StreamEngineOutputs(rpc::ResponseStream* stream, WorkerMetrics* m
   struct State {
     EngineStreamOptions o;
     int32_t completion = 0;
+    int32_t cached = 0;  // prompt tokens from the prefix cache
     absl::Time last = absl::InfinitePast();
     bool first_pending = true;
   };
@@ -57,10 +60,12 @@ OutputCallback StreamEngineOutputs(rpc::ResponseStream* stream, WorkerMetrics* m
     }
     if (!out->new_tokens.empty()) st->last = now;
     st->completion += static_cast<int32_t>(out->new_tokens.size());
+    st->cached = std::max(st->cached, static_cast<int32_t>(out->cached_prompt_tokens));
     if (out->finished) {
       tandem::v1::Usage* u = m.mutable_usage();
       u->set_prompt_tokens(st->o.prompt_tokens);
       u->set_completion_tokens(st->completion);
+      u->set_cached_prompt_tokens(st->cached);
       u->set_total_seconds(absl::ToDoubleSeconds(now - st->o.started));
       stream->Push(std::move(m));
       if (metrics) metrics->CountRequest(st->o.rpc, "ok");

@@ -250,6 +250,7 @@ absl::Status Engine::Emit(Request* r, int32_t tok, const engine::SampleResult* r
   r->tokens.push_back(tok);
   r->history.AddOutputToken(tok);
   out->new_tokens.push_back(tok);
+  out->cached_prompt_tokens = r->hit_tokens;
   std::string delta;
   if (r->detok != nullptr) {
     TANDEM_ASSIGN_OR_RETURN(delta, r->detok->Add(tok));

@@ -222,6 +222,9 @@ struct RequestOutput {
   engine::FinishReason finish_reason = engine::FinishReason::kNone;
   // One per new token when the request asked for logprobs, in the same order.
   std::vector<engine::SampleResult> logprobs;
+  // Prompt tokens this engine took from its prefix cache instead of computing
+  // them (the last prefill's hit; 0 without a hit or with caching off).
+  int64_t cached_prompt_tokens = 0;
 };
 
 // Where a running request's state lives in this engine's cache (the KV hand-off

@@ -2,7 +2,8 @@
 // request's cache_salt to the worker that computes its prompt, and the worker's
 // engine hashes the prompt's blocks under it. The same prompt again with the same
 // salt hits the cache; with another salt, or none, it does not (tenants never
-// share cached state); and the tokens are the same either way.
+// share cached state); and the tokens are the same either way. The request's
+// usage carries the hit (Usage.cached_prompt_tokens).
 #include <string>
 
 #include "absl/time/clock.h"
@@ -58,10 +59,17 @@ TEST(ClusterSaltTest, SameSaltHitsAnotherSaltOrNoneDoesNot) {
   const double h1 = SettledHits(c);
   EXPECT_GT(h1, h0) << "the same prompt under the same salt did not hit";
   EXPECT_EQ(again.tokens, first.tokens);
+  // The router reports the hit in the request's usage (the gateway's
+  // usage.prompt_tokens_details.cached_tokens): a multiple of the KDA chunk.
+  EXPECT_EQ(first.usage.cached_prompt_tokens(), 0);
+  EXPECT_GT(again.usage.cached_prompt_tokens(), 0);
+  EXPECT_LT(again.usage.cached_prompt_tokens(), 300);
+  EXPECT_EQ(again.usage.cached_prompt_tokens(), h1 - h0);
   for (const std::string salt : {"tenant-b", ""}) {
     const StreamResult other = c.Generate(req(salt, "other-" + salt));
     ASSERT_TRUE(other.status.ok()) << other.status.error_message();
     EXPECT_EQ(other.tokens, first.tokens);
+    EXPECT_EQ(other.usage.cached_prompt_tokens(), 0) << "salt '" << salt << "'";
     EXPECT_EQ(SettledHits(c), h1) << "salt '" << salt << "' hit tenant-a's prefix";
   }
 }

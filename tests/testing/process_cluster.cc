@@ -56,6 +56,7 @@ StreamResult Drain(grpc::ClientReaderInterface<tandem::v1::GenerateResponse>* re
     ++r.messages;
     if (!m.request_id().empty()) r.request_id = m.request_id();
     r.tokens.insert(r.tokens.end(), m.token_ids().begin(), m.token_ids().end());
+    if (m.has_usage()) r.usage = m.usage();
     if (after_message) after_message(r.messages);
   }
   r.status = reader->Finish();

@@ -44,6 +44,7 @@ struct StreamResult {
   grpc::Status status;
   int messages = 0;
   std::string request_id;
+  tandem::v1::Usage usage;  // the last message's (the router sets it there)
 };
 
 // Reads a Generate stream to its end; `after_message(n)` runs after the n-th.
