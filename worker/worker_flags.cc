@@ -110,7 +110,8 @@ absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> TransferAgentFromFlag
 
 absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModelFromFlags() {
   return LoadWorkerModel(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_backend),
-                         absl::GetFlag(FLAGS_served_model_name));
+                         absl::GetFlag(FLAGS_served_model_name),
+                         absl::GetFlag(FLAGS_tp));
 }
 
 absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(

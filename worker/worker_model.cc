@@ -11,7 +11,7 @@ namespace tandem::worker {
 
 absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(
     const std::string& dir, const std::string& backend_name,
-    const std::string& served_model_name) {
+    const std::string& served_model_name, int tp) {
   auto m = std::make_unique<WorkerModel>();
   TANDEM_ASSIGN_OR_RETURN(
       model::ServedModel served,
@@ -20,10 +20,18 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(
   m->fingerprint = served.fingerprint;
   TANDEM_ASSIGN_OR_RETURN(m->checkpoint, model::Checkpoint::Open(dir));
   TANDEM_ASSIGN_OR_RETURN(m->backend, kernels::CreateBackend(backend_name));
-  TANDEM_ASSIGN_OR_RETURN(m->weights, engine::LoadModelWeights(*m->checkpoint));
-  // Uploaded once to the backend's device (a no-op on the host).
-  TANDEM_ASSIGN_OR_RETURN(m->weights, engine::PlaceModelWeights(std::move(m->weights),
-                                                                m->backend->device()));
+  if (tp > 1) {
+    // The ranks load their own shards (TpExecutor::Create): the config only.
+    m->weights = std::make_unique<engine::ModelWeights>();
+    m->weights->config = m->checkpoint->config();
+    m->weights->shard = engine::ShardSpec{0, tp};
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(m->weights, engine::LoadModelWeights(*m->checkpoint));
+    // Uploaded once to the backend's device (a no-op on the host).
+    TANDEM_ASSIGN_OR_RETURN(
+        m->weights,
+        engine::PlaceModelWeights(std::move(m->weights), m->backend->device()));
+  }
   TANDEM_ASSIGN_OR_RETURN(m->tokenizer, tokenizer::Tokenizer::Load(dir));
   m->backend_name = backend_name;
   return m;

@@ -33,9 +33,13 @@ struct WorkerModel {
 };
 
 // Loads `dir` (config.json, safetensors, tokenizer) with backend `backend_name`.
+// With `tp` > 1 the weights are not loaded here: the engine's executor maps each
+// rank's shard and places it on that rank's device (TpExecutor::Create), so the
+// whole model is never resident in one place (K3: ~1.5 TB); `weights` then holds
+// only the config.
 absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(
     const std::string& dir, const std::string& backend_name,
-    const std::string& served_model_name);
+    const std::string& served_model_name, int tp = 1);
 
 // An engine over `model` (not owned; must outlive the engine). With
 // options.tp.tp_size > 1 the engine runs that many ranks (threads of this

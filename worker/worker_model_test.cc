@@ -68,5 +68,44 @@ TEST(ApplySpeculativeFlagsTest, MethodsAndBadValues) {
   }
 }
 
+// At TP > 1 the worker keeps only the config: the ranks load their own shards,
+// so the unsharded model is never resident (on a GPU it would all land on
+// device 0). The engine over it still serves, with TP 1's greedy tokens.
+TEST(LoadWorkerModelTest, TpLoadsNoUnshardedWeights) {
+  auto one = LoadWorkerModel("engine/model/tiny_checkpoint", "cpu", "", 1);
+  auto two = LoadWorkerModel("engine/model/tiny_checkpoint", "cpu", "", 2);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_NE((*one)->weights->embed, nullptr);
+  EXPECT_FALSE((*one)->weights->layers.empty());
+  EXPECT_EQ((*two)->weights->embed, nullptr);
+  EXPECT_TRUE((*two)->weights->layers.empty());
+  EXPECT_EQ((*two)->weights->config.text.vocab_size,
+            (*one)->weights->config.text.vocab_size);
+  std::vector<std::vector<int32_t>> tokens;
+  for (auto* m : {one->get(), two->get()}) {
+    engine::EngineOptions o;
+    ASSERT_TRUE(ApplyTpFlags(m == one->get() ? 1 : 2, "", &o).ok());
+    o.num_slots = 1;
+    o.max_context_tokens = 64;
+    auto e = MakeEngine(m, o);
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine::SamplingParams p;
+    p.max_tokens = 6;
+    p.ignore_eos = true;
+    ASSERT_TRUE((*e)->AddRequest(1, {11, 22, 33, 44, 55, 66, 77}, p).ok());
+    std::vector<int32_t> got;
+    for (int i = 0; i < 100 && (*e)->HasWork(); ++i) {
+      auto out = (*e)->Step();
+      ASSERT_TRUE(out.ok()) << out.status();
+      for (const auto& r : *out)
+        got.insert(got.end(), r.new_tokens.begin(), r.new_tokens.end());
+    }
+    tokens.push_back(got);
+  }
+  ASSERT_EQ(tokens[0].size(), 6u);
+  EXPECT_EQ(tokens[1], tokens[0]);
+}
+
 }  // namespace
 }  // namespace tandem::worker
