@@ -147,6 +147,14 @@ has prefill-0 --backend=cpu_reference --backend cpu_reference
 has decode-0 --backend=cpu_reference --backend=cpu_reference
 lacks router backend --backend cpu_reference
 lacks gateway backend --backend cpu_reference
+# Workers on the GPU share it: 0.9 of its memory split among them; the emulator's
+# devices are each process's own (its default); host backends share host memory.
+has prefill-0 --gpu_memory_utilization=0.45 --backend cuda
+has decode-1 --gpu_memory_utilization=0.3 --backend cuda --decode 2
+lacks decode-0 kv_cache_memory --backend cuda
+lacks decode-0 gpu_memory_utilization --backend cuda_sim
+lacks decode-0 kv_cache_memory --backend cuda_sim
+has decode-0 --gpu_memory_utilization=0.2 --backend cuda --decode-arg=--gpu_memory_utilization=0.2
 # The GPU backends too (cuda_sim: the emulator, nothing to build with nvcc).
 has prefill-0 --backend=cuda_sim --backend cuda_sim
 has decode-0 --backend=cuda_sim_bf16 --backend=cuda_sim_bf16
