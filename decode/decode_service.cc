@@ -479,7 +479,8 @@ grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* DecodeService::Generate(
   // The request's prefix-cache namespace (its tenant): colocated requests hit
   // the decode worker's cache only within their salt.
   loop_->AddRequest(eid, std::move(prompt), *params,
-                    worker::StreamEngineOutputs(stream, metrics_, so), req->cache_salt());
+                    worker::StreamEngineOutputs(stream, metrics_, so),
+                    req->cache_salt());
   stream->SetOnCancel([this, eid, stream] {
     loop_->Cancel(eid, [this, stream] {
       Count("Generate", "cancelled");
