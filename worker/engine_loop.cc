@@ -29,7 +29,8 @@ void EngineLoop::AddRequest(engine::RequestId id, std::vector<int32_t> prompt,
                             engine::SamplingParams params, OutputCallback on_output,
                             std::string cache_salt) {
   Post([this, id, prompt = std::move(prompt), params = std::move(params),
-        cb = std::move(on_output), salt = std::move(cache_salt)](engine::Engine& e) mutable {
+        cb = std::move(on_output),
+        salt = std::move(cache_salt)](engine::Engine& e) mutable {
     const int64_t n = prompt.size();
     absl::Status s = e.AddRequest(id, std::move(prompt), params, salt);
     if (!s.ok()) {
@@ -89,6 +90,7 @@ void EngineLoop::PublishStats(engine::Engine& e) {
   s.speculative = e.speculative_stats();
   s.prefix = e.prefix_caching_stats();
   s.timing = e.step_timing();
+  s.graphs = e.runner().graph_stats();
   s.free_blocks = e.num_free_blocks();
   s.total_blocks = e.scheduler().config().num_blocks;
   s.free_slots = e.num_free_slots();

@@ -58,6 +58,7 @@ struct EngineLoopStats {
   engine::SpeculativeStats speculative;  // engine totals (zero when off)
   engine::PrefixCachingStats prefix;     // engine totals (zero when off)
   engine::StepTimingStats timing;        // forward time and host gaps
+  engine::GraphStats graphs;             // rank 0's CUDA graphs (zero on the host)
 };
 
 class EngineLoop {

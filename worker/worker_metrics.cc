@@ -95,6 +95,29 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
                            "Host time between back-to-back forwards (device idle): "
                            "scheduling, sampling, streaming."))
            ->Add({});
+  graph_steps = OrDie(r->AddCounter(
+      "tandem_worker_cuda_graph_steps_total",
+      "Forwards by mode: graph (a captured CUDA graph replayed) or eager."));
+  graph_captures = &OrDie(r->AddCounter("tandem_worker_cuda_graph_captures_total",
+                                        "CUDA graphs captured (recaptures included)."))
+                        ->Add({});
+  graph_capture_seconds =
+      &OrDie(r->AddCounter(
+                 "tandem_worker_cuda_graph_capture_seconds_total",
+                 "Time capturing CUDA graphs (warm-up, capture, instantiation)."))
+           ->Add({});
+  graph_padded_rows =
+      &OrDie(
+           r->AddCounter("tandem_worker_cuda_graph_padded_rows_total",
+                         "Rows added to decode batches to fill their graph's bucket."))
+           ->Add({});
+  graphs_live =
+      &OrDie(r->AddGauge("tandem_worker_cuda_graphs", "CUDA graphs held now."))
+           ->Add({});
+  graph_nodes =
+      &OrDie(r->AddGauge("tandem_worker_cuda_graph_nodes",
+                         "Nodes (launches, copies, GEMMs) of the graphs held."))
+           ->Add({});
   host_gap_fraction =
       &OrDie(r->AddGauge("tandem_worker_host_gap_fraction",
                          "Mean host gap over mean step (gap + forward), since start."))
@@ -258,6 +281,28 @@ void WorkerMetrics::Update(const EngineLoopStats& s, absl::Time now) {
     host_gap_seconds->Increment(tm.host_gap_seconds - last_timing_.host_gap_seconds);
   }
   host_gap_fraction->Set(tm.host_gap_fraction());
+  const engine::GraphStats& g = s.graphs;
+  const engine::GraphStats& lg = last_graphs_;
+  if (g.replays > lg.replays) {
+    graph_steps->Add({{"mode", "graph"}})
+        .Increment(static_cast<double>(g.replays - lg.replays));
+  }
+  if (g.eager_steps > lg.eager_steps) {
+    graph_steps->Add({{"mode", "eager"}})
+        .Increment(static_cast<double>(g.eager_steps - lg.eager_steps));
+  }
+  if (g.captures > lg.captures) {
+    graph_captures->Increment(static_cast<double>(g.captures - lg.captures));
+  }
+  if (g.capture_seconds > lg.capture_seconds) {
+    graph_capture_seconds->Increment(g.capture_seconds - lg.capture_seconds);
+  }
+  if (g.padded_rows > lg.padded_rows) {
+    graph_padded_rows->Increment(static_cast<double>(g.padded_rows - lg.padded_rows));
+  }
+  graphs_live->Set(static_cast<double>(g.live_graphs));
+  graph_nodes->Set(static_cast<double>(g.graph_nodes));
+  last_graphs_ = g;
   last_timing_ = tm;
   const engine::PrefixCachingStats& px = s.prefix;
   bump(prefix_queried_tokens, px.queried_tokens, last_prefix_.queried_tokens);

@@ -77,6 +77,15 @@ class WorkerMetrics {
   metrics::Counter* forward_seconds;
   metrics::Counter* host_gap_seconds;
   metrics::Gauge* host_gap_fraction;
+  // CUDA graphs of decode steps (engine::GraphStats, rank 0): forwards replayed
+  // from a graph or run eagerly, captures and their time, rows added by padding
+  // to a bucket, graphs held and their nodes.
+  metrics::Family<metrics::Counter>* graph_steps;
+  metrics::Counter* graph_captures;
+  metrics::Counter* graph_capture_seconds;
+  metrics::Counter* graph_padded_rows;
+  metrics::Gauge* graphs_live;
+  metrics::Gauge* graph_nodes;
   // Speculative decoding (decode workers with --speculative): drafts verified,
   // drafts accepted, verifying sequence-steps, and since start the acceptance
   // rate and mean drafts accepted per verifying step.
@@ -111,6 +120,7 @@ class WorkerMetrics {
   int64_t last_decode_ ABSL_GUARDED_BY(mu_) = 0;
   engine::SpeculativeStats last_spec_ ABSL_GUARDED_BY(mu_);
   engine::StepTimingStats last_timing_ ABSL_GUARDED_BY(mu_);
+  engine::GraphStats last_graphs_ ABSL_GUARDED_BY(mu_);
   engine::PrefixCachingStats last_prefix_ ABSL_GUARDED_BY(mu_);
 };
 
