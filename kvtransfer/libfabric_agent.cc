@@ -17,11 +17,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kvtransfer/backend.h"
+#include "kvtransfer/rma_groups.h"
 
 namespace tandem::kvtransfer {
 namespace {
@@ -153,6 +155,12 @@ class LibfabricBackend final : public Backend {
   void Wake() override;
 
   const std::string& provider() const { return provider_; }
+  std::string fabric_name() const {
+    return info_->fabric_attr->name != nullptr ? info_->fabric_attr->name : "";
+  }
+  std::string domain_name() const {
+    return info_->domain_attr->name != nullptr ? info_->domain_attr->name : "";
+  }
   size_t NumRails() const { return rails_.size(); }
   bool hmem() const { return hmem_; }
   std::string mr_mode() const { return MrModeString(mr_mode_); }
@@ -162,6 +170,8 @@ class LibfabricBackend final : public Backend {
     for (const auto& n : pieces_per_rail_) out.push_back(n.load());
     return out;
   }
+  uint64_t RmaOpsPosted() const { return rma_ops_.load(); }
+  const RmaGroupLimits& group_limits() const { return group_limits_; }
 
  private:
   struct Rail {
@@ -179,12 +189,13 @@ class LibfabricBackend final : public Backend {
     fi_context2 fi_ctx;
     enum Kind { kPiece, kProbe, kNotify, kRecv } kind = kPiece;
     OpToken token = nullptr;  // kPiece: the batch
+    int pieces = 1;           // kPiece: the agent's pieces this operation carries
     PeerId peer = 0;
     int rail = 0;
     int slot = -1;               // send or receive slot
     bool provider_owned = true;  // no completion yet
     bool waited = false;         // a thread waits on it (kProbe, kNotify)
-    bool reported = false;       // kPiece: its end was reported to the agent
+    bool reported = false;       // kPiece: its end was reported (for every piece)
     bool done = false;           // kProbe, kNotify: completed (or abandoned)
     absl::Status status;
   };
@@ -200,6 +211,15 @@ class LibfabricBackend final : public Backend {
     bool removed = false;    // addresses removed from the AVs
     bool forgotten = false;  // the agent forgot it: erase once no thread waits
     int waiters = 0;
+    // Pieces handed over (kPending) but not yet posted: consecutive pieces of one
+    // batch gathered into one multi-iov fi_writemsg / fi_readmsg (rma_groups.h).
+    // Posted when the next piece does not fit, at the batch's fence, or by the
+    // progress thread's next pass. `op` is null when nothing is gathered.
+    struct Gathered {
+      Op* op = nullptr;
+      bool write = true;
+      RmaGroup group;
+    } gathered;
   };
   struct Registration {
     fid_mr* mr = nullptr;
@@ -234,6 +254,13 @@ class LibfabricBackend final : public Backend {
                                  uint64_t* read_value = nullptr);
   void OnMessage(const uint8_t* data, size_t len);
   int DrainCq(int rail);
+  // Reports `op`'s end for each piece it carries (once).
+  void ReportPieces(Op* op, const absl::Status& status);
+  // Posts the peer's gathered pieces as one operation. OK with the group gone
+  // (posted, or failed and its pieces reported with the error, which is returned
+  // when it is `token`'s); OK with it still there when the queue is full
+  // (EAGAIN: try again later).
+  absl::Status PostGatheredLocked(PeerId id, Peer* p, OpToken token = nullptr);
 
   const LibfabricAgentConfig config_;
   BackendHost* host_ = nullptr;  // not owned: the agent
@@ -248,6 +275,8 @@ class LibfabricBackend final : public Backend {
   bool delivery_complete_in_info_ = false;
   bool wait_fds_ = false;
   uint64_t max_piece_bytes_ = 0;
+  RmaGroupLimits group_limits_;
+  std::atomic<uint64_t> rma_ops_{0};  // fi_writemsg / fi_readmsg of pieces posted
   uint64_t key_salt_ = (RandomAgentId() >> 1) & 0x7fffffff;
   int max_inflight_ops_ = 1;
   std::string address_;
@@ -355,6 +384,16 @@ absl::Status LibfabricBackend::Init() {
   max_piece_bytes_ =
       std::min<uint64_t>(config_.max_op_bytes, info_->ep_attr->max_msg_size);
   if (max_piece_bytes_ == 0) max_piece_bytes_ = 1;
+  // One operation carries as many of a batch's pieces as the provider's iov
+  // limits let it (tcp and shm: 4 each), up to max_piece_bytes in all.
+  const size_t iovs = config_.max_iovs_per_op > 0
+                          ? static_cast<size_t>(config_.max_iovs_per_op)
+                          : std::numeric_limits<size_t>::max();
+  group_limits_.iov_limit =
+      std::max<size_t>(1, std::min<size_t>(iovs, info_->tx_attr->iov_limit));
+  group_limits_.rma_iov_limit =
+      std::max<size_t>(1, std::min<size_t>(iovs, info_->tx_attr->rma_iov_limit));
+  group_limits_.max_bytes = max_piece_bytes_;
   max_inflight_ops_ = std::max<int>(
       1, std::min<int>(config_.max_inflight_ops,
                        static_cast<int>(info_->tx_attr->size) * config_.rails));
@@ -775,15 +814,22 @@ void LibfabricBackend::AbandonOps(PeerId id, const absl::Status& status) {
   for (auto it = ops_.begin(); it != ops_.end();) {
     Op* op = (it++)->first;
     if (op->peer != id || op->kind == Op::kRecv) continue;
-    if (op->kind == Op::kPiece && !op->reported) {
-      op->reported = true;
-      ReportOpDone(op->token, status);
+    if (op->kind == Op::kPiece) {
+      ReportPieces(op, status);
     } else if (!op->done) {
       op->done = true;
       op->status = status;
     }
   }
-  if (Peer* p = FindPeer(id)) p->outstanding = 0;
+  if (Peer* p = FindPeer(id)) {
+    p->outstanding = 0;
+    if (Op* g = p->gathered.op) {  // never handed to the provider
+      p->gathered.op = nullptr;
+      p->gathered.group.Clear();
+      g->provider_owned = false;
+      MaybeFree(g);
+    }
+  }
 }
 
 void LibfabricBackend::ClosePeerLocked(PeerId id, bool graceful, bool /*wait*/,
@@ -792,7 +838,7 @@ void LibfabricBackend::ClosePeerLocked(PeerId id, bool graceful, bool /*wait*/,
   if (p == nullptr || p->removed) return;
   // Forced (or busy): outstanding operations end now, CANCELLED or the
   // peer's error; the provider's late completions for them are ignored.
-  if (!graceful || p->outstanding > 0) {
+  if (!graceful || p->outstanding > 0 || p->gathered.op != nullptr) {
     AbandonOps(id,
                p->error.ok() ? absl::CancelledError("peer disconnected") : p->error);
   }
@@ -824,55 +870,120 @@ absl::StatusOr<Backend::PostResult> LibfabricBackend::PostPieceLocked(
   if (key == p->keys.end()) {
     return absl::InternalError("no remote key for a checked region");
   }
-  const int rail = p->next_rail;
-  p->next_rail = (p->next_rail + 1) % static_cast<int>(rails_.size());
-  Op* op = NewOp(Op::kPiece, id, rail);
+  if (piece.length == 0) return PostResult::kDone;
+  RmaPiece rp;
+  rp.local = reinterpret_cast<uintptr_t>(piece.local);
+  rp.desc = LocalDesc(piece.local, piece.length);
+  rp.remote = (mr_mode_ & FI_MR_VIRT_ADDR) ? piece.remote->base + piece.remote_offset
+                                           : piece.remote_offset;
+  rp.key = key->second;
+  rp.length = piece.length;
+  Peer::Gathered& g = p->gathered;
+  if (g.op != nullptr) {
+    if (g.op->token == token && g.write == write &&
+        AppendToRmaGroup(group_limits_, rp, &g.group)) {
+      ++g.op->pieces;
+      return PostResult::kPending;
+    }
+    // Full (or another batch's): post it first.
+    absl::Status st = PostGatheredLocked(id, p, token);
+    if (!st.ok()) return st;
+    if (g.op != nullptr) return PostResult::kRetryLater;  // the queue is full
+    if (p->removed || !p->error.ok()) {
+      return p->error.ok() ? absl::CancelledError("peer disconnected") : p->error;
+    }
+  }
+  Op* op = NewOp(Op::kPiece, id, -1);
   op->token = token;
-  iovec iov{piece.local, piece.length};
-  void* desc = LocalDesc(piece.local, piece.length);
-  fi_rma_iov rma{};
-  rma.addr = (mr_mode_ & FI_MR_VIRT_ADDR) ? piece.remote->base + piece.remote_offset
-                                          : piece.remote_offset;
-  rma.len = piece.length;
-  rma.key = key->second;
+  op->pieces = 1;
+  g.op = op;
+  g.write = write;
+  g.group.Clear();
+  AppendToRmaGroup(group_limits_, rp, &g.group);  // an empty group takes any piece
+  return PostResult::kPending;
+}
+
+void LibfabricBackend::ReportPieces(Op* op, const absl::Status& status) {
+  if (op->reported) return;
+  op->reported = true;
+  for (int i = 0; i < op->pieces; ++i) ReportOpDone(op->token, status);
+}
+
+absl::Status LibfabricBackend::PostGatheredLocked(PeerId id, Peer* p, OpToken token) {
+  Peer::Gathered& g = p->gathered;
+  Op* op = g.op;
+  if (op == nullptr) return absl::OkStatus();
+  if (op->reported || p->removed) {  // abandoned meanwhile
+    g.op = nullptr;
+    g.group.Clear();
+    op->provider_owned = false;
+    MaybeFree(op);
+    return absl::OkStatus();
+  }
+  const int rail = p->next_rail;
+  std::vector<iovec> iov(g.group.local.size());
+  std::vector<void*> desc(g.group.local.size());
+  for (size_t i = 0; i < g.group.local.size(); ++i) {
+    iov[i].iov_base = reinterpret_cast<void*>(g.group.local[i].addr);
+    iov[i].iov_len = g.group.local[i].length;
+    desc[i] = g.group.local[i].desc;
+  }
+  std::vector<fi_rma_iov> rma(g.group.remote.size());
+  for (size_t i = 0; i < g.group.remote.size(); ++i) {
+    rma[i].addr = g.group.remote[i].addr;
+    rma[i].len = g.group.remote[i].length;
+    rma[i].key = g.group.remote[i].key;
+  }
   fi_msg_rma msg{};
-  msg.msg_iov = &iov;
-  msg.desc = &desc;
-  msg.iov_count = 1;
+  msg.msg_iov = iov.data();
+  msg.desc = desc.data();
+  msg.iov_count = iov.size();
   msg.addr = p->addrs[rail];
-  msg.rma_iov = &rma;
-  msg.rma_iov_count = 1;
+  msg.rma_iov = rma.data();
+  msg.rma_iov_count = rma.size();
   msg.context = &op->fi_ctx;
   // Writes complete when their bytes are visible at the target.
-  const uint64_t flags = FI_COMPLETION | (write ? FI_DELIVERY_COMPLETE : 0);
+  const uint64_t flags = FI_COMPLETION | (g.write ? FI_DELIVERY_COMPLETE : 0);
   ssize_t ret = 0;
   for (int tries = 0; tries < 64; ++tries) {
-    ret = write ? fi_writemsg(rails_[rail].ep, &msg, flags)
-                : fi_readmsg(rails_[rail].ep, &msg, flags);
+    ret = g.write ? fi_writemsg(rails_[rail].ep, &msg, flags)
+                  : fi_readmsg(rails_[rail].ep, &msg, flags);
     if (ret != -FI_EAGAIN) break;
     DrainCq(rail);  // the queue is full: completions free slots
   }
-  if (ret == -FI_EAGAIN) {
-    op->provider_owned = false;
-    MaybeFree(op);
-    p->next_rail = rail;
-    return PostResult::kRetryLater;
-  }
+  if (ret == -FI_EAGAIN) return absl::OkStatus();  // still gathered: later
+  const bool write = g.write;
+  g.op = nullptr;
+  g.group.Clear();
   if (ret != 0) {
     op->provider_owned = false;
+    const absl::Status st =
+        FromFi(static_cast<int>(ret), write ? "fi_writemsg" : "fi_readmsg");
+    const bool own = op->token == token;
+    ReportPieces(op, st);
     MaybeFree(op);
-    return FromFi(static_cast<int>(ret), write ? "fi_writemsg" : "fi_readmsg");
+    return own ? st : absl::OkStatus();
   }
+  op->rail = rail;
+  p->next_rail = (rail + 1) % static_cast<int>(rails_.size());
   if (p->outstanding++ == 0) p->last_progress = absl::Now();
-  ++pieces_per_rail_[rail];
-  return PostResult::kPending;
+  pieces_per_rail_[rail] += op->pieces;
+  ++rma_ops_;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Backend::PostResult> LibfabricBackend::PostFenceLocked(PeerId id,
                                                                       OpToken) {
   // Every write is posted FI_DELIVERY_COMPLETE and every read completes when its
-  // bytes are here: the batch's own completions are the fence.
-  if (OpenPeer(id) == nullptr) return absl::CancelledError("peer disconnected");
+  // bytes are here: the batch's own completions are the fence. Its last pieces
+  // go out now (or, the queue being full, on the progress thread's next pass;
+  // the batch ends only once they completed).
+  Peer* p = OpenPeer(id);
+  if (p == nullptr) return absl::CancelledError("peer disconnected");
+  if (p->error.ok()) {
+    absl::Status st = PostGatheredLocked(id, p);
+    if (!st.ok()) return st;
+  }
   return PostResult::kDone;
 }
 
@@ -1033,10 +1144,7 @@ void LibfabricBackend::Complete(Op* op, absl::Status status) {
       if (p->outstanding > 0) --p->outstanding;
       p->last_progress = absl::Now();
     }
-    if (!op->reported) {
-      op->reported = true;
-      ReportOpDone(op->token, status);
-    }
+    ReportPieces(op, status);
   } else if (op->kind == Op::kProbe || op->kind == Op::kNotify) {
     if (!op->done) {
       op->done = true;
@@ -1118,6 +1226,12 @@ int LibfabricBackend::DrainCq(int rail) {
 
 bool LibfabricBackend::ProgressLocked() {
   bool progressed = false;
+  // Pieces gathered by the last pass go out first.
+  for (auto& [id, p] : peers_) {
+    if (p->gathered.op == nullptr || p->removed || !p->error.ok()) continue;
+    (void)PostGatheredLocked(id, p.get());  // errors reach the pieces' batch
+    if (p->gathered.op == nullptr) progressed = true;
+  }
   for (size_t r = 0; r < rails_.size(); ++r) {
     if (rails_[r].ep != nullptr && DrainCq(static_cast<int>(r)) > 0) progressed = true;
   }
@@ -1177,11 +1291,20 @@ LibfabricAgent::LibfabricAgent(std::unique_ptr<LibfabricBackend> backend)
     : AgentCore(std::unique_ptr<Backend>(backend.get())),
       backend_(backend.release()),
       provider_(backend_->provider()),
+      fabric_name_(backend_->fabric_name()),
+      domain_name_(backend_->domain_name()),
+      rails_(static_cast<int>(backend_->NumRails())),
+      iov_limit_(backend_->group_limits().iov_limit),
+      rma_iov_limit_(backend_->group_limits().rma_iov_limit),
       hmem_(backend_->hmem()),
       mr_mode_(backend_->mr_mode()) {}
 
 size_t LibfabricAgent::NumLibfabricRegistrationsForTesting() const {
   return backend_->NumRegistrations();
+}
+
+uint64_t LibfabricAgent::RmaOpsPostedForTesting() const {
+  return backend_->RmaOpsPosted();
 }
 
 std::vector<uint64_t> LibfabricAgent::PiecesPerRailForTesting() const {
@@ -1197,6 +1320,9 @@ absl::StatusOr<std::unique_ptr<LibfabricAgent>> LibfabricAgent::Create(
   }
   if (config.max_op_bytes < 1) {
     return absl::InvalidArgumentError("max_op_bytes must be >= 1");
+  }
+  if (config.max_iovs_per_op < 0) {
+    return absl::InvalidArgumentError("max_iovs_per_op must be >= 0");
   }
   auto backend = LibfabricBackend::Create(config);
   if (!backend.ok()) return backend.status();

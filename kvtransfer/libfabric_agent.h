@@ -10,13 +10,15 @@
 //
 // → A write: PostWrite checks bounds and queues the batch; pieces of at most
 //   `max_op_bytes` go out as fi_writemsg with FI_DELIVERY_COMPLETE (the
-//   completion means the bytes are visible at the target), striped round-robin
-//   over the rails; the batch is complete when every piece's completion was
-//   read from the rails' CQs by the progress thread. Notify waits for the
-//   earlier batches to the peer and sends a message (fi_sendmsg, rail 0) into
-//   receive buffers every agent keeps posted; the target's CQ hands it to the
-//   notification callback or the PollNotifications queue. Connect reads the
-//   peer's agent id over every rail (fi_readmsg of 8 bytes it publishes): an
+//   completion means the bytes are visible at the target), consecutive pieces
+//   of the batch gathered into one fi_writemsg of several iovs and rma_iovs (up
+//   to the provider's tx iov_limit / rma_iov_limit, `max_iovs_per_op`, and
+//   max_op_bytes in all; rma_groups.h), each operation on the next rail; the batch is
+//   complete when every piece's completion was read from the rails' CQs by the progress
+//   thread. Notify waits for the earlier batches to the peer and sends a message
+//   (fi_sendmsg, rail 0) into receive buffers every agent keeps posted; the target's CQ
+//   hands it to the notification callback or the PollNotifications queue. Connect reads
+//   the peer's agent id over every rail (fi_readmsg of 8 bytes it publishes): an
 //   unreachable peer, or an address another agent holds now, fails there.
 //
 // Memory registration honours the MR modes the provider demands (queried from
@@ -71,6 +73,11 @@ struct LibfabricAgentConfig {
   int rails = 1;
   // Largest fi_writemsg / fi_readmsg; longer segments are posted in pieces.
   uint64_t max_op_bytes = 8 << 20;
+  // Local iovs and remote rma_iovs one operation may carry (consecutive pieces
+  // of a batch gathered into one fi_writemsg / fi_readmsg), at most the
+  // provider's tx_attr iov_limit / rma_iov_limit. 0: those limits; 1: one
+  // operation per piece.
+  int max_iovs_per_op = 0;
   // Pieces of one batch outstanding at a time (all rails together).
   int max_inflight_ops = 64;
   // A batch of at most this many bytes is posted by PostWrite/PostRead itself.
@@ -97,8 +104,17 @@ class LibfabricAgent final : public AgentCore {
       const LibfabricAgentConfig& config);
   ~LibfabricAgent() override = default;
 
-  // What fi_getinfo gave (for logs and metric labels).
+  // What fi_getinfo gave (for logs and metric labels): the provider
+  // ("tcp;ofi_rxm", "shm", "efa"), the fabric and the domain (the NIC:
+  // "rdmap16s27" on EFA, "lo" or "eth0" for tcp), and the endpoints opened.
   const std::string& provider() const { return provider_; }
+  const std::string& fabric_name() const { return fabric_name_; }
+  const std::string& domain_name() const { return domain_name_; }
+  int rails() const { return rails_; }
+  // Local iovs / remote rma_iovs one operation carries at most (provider limits
+  // and max_iovs_per_op).
+  size_t iov_limit() const { return iov_limit_; }
+  size_t rma_iov_limit() const { return rma_iov_limit_; }
   bool hmem_supported() const { return hmem_; }
   // The MR mode bits the provider demands, as fi_tostr prints them.
   const std::string& mr_mode() const { return mr_mode_; }
@@ -106,12 +122,20 @@ class LibfabricAgent final : public AgentCore {
   size_t NumLibfabricRegistrationsForTesting() const;
   // Pieces posted on each rail since the agent started.
   std::vector<uint64_t> PiecesPerRailForTesting() const;
+  // fi_writemsg / fi_readmsg of data posted since the agent started (each
+  // carries one or more pieces).
+  uint64_t RmaOpsPostedForTesting() const;
 
  private:
   explicit LibfabricAgent(std::unique_ptr<LibfabricBackend> backend);
 
   const LibfabricBackend* const backend_;  // not owned: the AgentCore's
   const std::string provider_;
+  const std::string fabric_name_;
+  const std::string domain_name_;
+  const int rails_;
+  const size_t iov_limit_;
+  const size_t rma_iov_limit_;
   const bool hmem_;
   const std::string mr_mode_;
 };
