@@ -163,6 +163,14 @@ has router --colocate_below_tokens=8 --colocate-below 8
 has prefill-0 --tp=2 --tp 2
 has decode-0 --ucx_peer_failure_detection=false --ucx-shm
 has prefill-0 --ucx_peer_failure_detection=false --ucx-shm
+# Prefix caching: the workers' default (on) unless --no-prefix-cache (also up.no_prefix_cache).
+lacks prefill-0 enable_prefix_caching
+lacks decode-0 enable_prefix_caching
+has prefill-0 --enable_prefix_caching=false --no-prefix-cache
+has decode-1 --enable_prefix_caching=false --no_prefix_cache --decode 2
+lacks router enable_prefix_caching --no-prefix-cache
+printf 'up:\n  no_prefix_cache: true\n' >"$TEST_TMPDIR/no_prefix_cache.yaml"
+has decode-0 --enable_prefix_caching=false --config "$TEST_TMPDIR/no_prefix_cache.yaml"
 has gateway --served_model_name=m_1 --served_model_name=m_1
 has gateway --api_key=k --api-key k
 has gateway --stream_interval=4 --stream-interval 4

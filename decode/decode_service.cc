@@ -13,6 +13,7 @@
 #include "kvtransfer/checksum.h"
 #include "rpc/deadline.h"
 #include "worker/engine_stream.h"
+#include "worker/prefix_cache_reset.h"
 #include "worker/worker_load.h"
 
 namespace tandem::decode {
@@ -507,6 +508,14 @@ grpc::ServerUnaryReactor* DecodeService::Release(grpc::CallbackServerContext* co
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
+}
+
+grpc::ServerUnaryReactor* DecodeService::ResetPrefixCache(
+    grpc::CallbackServerContext* context,
+    const tandem::v1::WorkerResetPrefixCacheRequest*,
+    tandem::v1::WorkerResetPrefixCacheResponse*) {
+  Count("ResetPrefixCache", "ok");
+  return worker::ResetPrefixCacheOnLoop(context, loop_);
 }
 
 void DecodeService::Tick(absl::Time now) {

@@ -126,6 +126,11 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
                                     const tandem::v1::ReleaseRequest* request,
                                     tandem::v1::ReleaseResponse* response) override;
+  // Drops the engine's cached prefixes (worker/prefix_cache_reset.h).
+  grpc::ServerUnaryReactor* ResetPrefixCache(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::WorkerResetPrefixCacheRequest* request,
+      tandem::v1::WorkerResetPrefixCacheResponse* response) override;
 
   // What the janitor runs every janitor_period: expiries and quarantine ends
   // (their memory back to the engine, expired Decodes ended), metrics.

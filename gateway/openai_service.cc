@@ -170,6 +170,10 @@ void OpenAIService::Handle(http::HttpRequest request,
       {"/v1/completions", "POST", "completions", true,
        &OpenAIService::HandleCompletions},
       {"/v1/models", "GET", "models", true, &OpenAIService::HandleModels},
+      {"/v1/admin/reset_prefix_cache", "POST", "reset_prefix_cache", true,
+       &OpenAIService::HandleResetPrefixCache},
+      {"/reset_prefix_cache", "POST", "reset_prefix_cache", true,
+       &OpenAIService::HandleResetPrefixCache},
       {"/health", "GET", "health", false, &OpenAIService::HandleHealth},
       {"/metrics", "GET", "metrics", false, nullptr},
   };
@@ -269,6 +273,32 @@ void OpenAIService::HandleHealth(std::shared_ptr<RequestContext> ctx) {
                            {"detail", s.ok() ? std::string("router is not serving")
                                              : std::string(s.status().message())}});
         ctx->Send(std::move(r));
+      });
+}
+
+void OpenAIService::HandleResetPrefixCache(std::shared_ptr<RequestContext> ctx) {
+  router_->ResetPrefixCache(
+      absl::Now() + options_.admin_rpc_timeout,
+      [ctx](absl::StatusOr<tandem::v1::ResetPrefixCacheResponse> result) {
+        if (!result.ok()) return ctx->Error(ApiErrorFromStatus(result.status()));
+        json reset = json::array();
+        for (const std::string& id : result->reset()) reset.push_back(id);
+        json body = {{"object", "prefix_cache.reset"}, {"reset", reset}};
+        if (result->failed_size() == 0) return ctx->Json(200, body);
+        // Some caches still hold their prefixes: not a success.
+        json failed = json::array();
+        for (const auto& f : result->failed()) {
+          failed.push_back(
+              {{"worker_id", f.worker_id()}, {"role", f.role()}, {"error", f.error()}});
+        }
+        body["failed"] = failed;
+        body["error"] = {
+            {"message", absl::StrCat(result->failed_size(), " of ",
+                                     result->failed_size() + result->reset_size(),
+                                     " workers did not reset their prefix cache")},
+            {"type", "server_error"},
+            {"code", "partial_reset"}};
+        ctx->Json(503, body);
       });
 }
 

@@ -10,6 +10,10 @@
 //       else: one chat.completion when every choice is done
 //   POST /v1/completions     same, prompt text tokenised here (or token ids)
 //   GET  /v1/models          ListModels
+//   POST /v1/admin/reset_prefix_cache   (alias POST /reset_prefix_cache, vLLM's)
+//                            Router.ResetPrefixCache: every worker's prefix
+//                            cache cleared; 200 {"reset": [...]} when all were,
+//                            503 with "failed" naming the others otherwise
 //   GET  /health             grpc.health.v1 Check of the router (no auth)
 //   GET  /metrics            this process's registry (no auth)
 //
@@ -53,6 +57,9 @@ struct OpenAIServiceOptions {
   absl::Duration request_timeout = absl::Minutes(10);
   // Deadline of ListModels / health checks.
   absl::Duration router_rpc_timeout = absl::Seconds(5);
+  // Deadline of admin calls that fan out to every worker (reset_prefix_cache);
+  // above the router's own per-worker deadline (10 s), so its answer arrives.
+  absl::Duration admin_rpc_timeout = absl::Seconds(15);
   // How long a ListModels answer is reused.
   absl::Duration models_ttl = absl::Seconds(5);
   // Streamed responses: after a choice's first output (sent at once), tokens
@@ -85,6 +92,7 @@ class OpenAIService {
   void HandleCompletions(std::shared_ptr<RequestContext> ctx);
   void HandleModels(std::shared_ptr<RequestContext> ctx);
   void HandleHealth(std::shared_ptr<RequestContext> ctx);
+  void HandleResetPrefixCache(std::shared_ptr<RequestContext> ctx);
   GenerationDeps Deps();
 
   // The router's models, from the cache when fresh; `done` may run inline.

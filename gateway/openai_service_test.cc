@@ -402,6 +402,67 @@ TEST_P(OpenAIServiceTest, ErrorCases) {
   }
 }
 
+TEST_P(OpenAIServiceTest, ResetPrefixCacheNeedsTheKeyAndReportsFailures) {
+  // Without the key, or with a wrong one: 401, and the router is not called.
+  for (const std::string key : {"", "wrong"}) {
+    auto r = Post("/v1/admin/reset_prefix_cache", std::string(), key);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status_code, 401) << r->body;
+    EXPECT_EQ(json::parse(r->body)["error"]["code"], "invalid_api_key");
+  }
+  EXPECT_EQ(router_service_->reset_calls(), 0);
+  // Other methods: 405 naming POST.
+  auto conn =
+      metrics::HttpConnection::Connect("127.0.0.1", http_->port(), absl::Seconds(5));
+  ASSERT_TRUE(conn.ok());
+  auto get =
+      (*conn)->Request("GET", "/v1/admin/reset_prefix_cache",
+                       {{"Authorization", "Bearer sekrit"}}, "", absl::Seconds(10));
+  ASSERT_TRUE(get.ok());
+  EXPECT_EQ(get->status_code, 405) << get->body;
+  EXPECT_EQ(get->Header("Allow"), "POST");
+  EXPECT_EQ(router_service_->reset_calls(), 0);
+
+  // Every worker reset: 200 listing them; vLLM's path is the same endpoint.
+  for (const std::string path :
+       {"/v1/admin/reset_prefix_cache", "/reset_prefix_cache"}) {
+    auto r = Post(path, std::string());
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->status_code, 200) << path << " -> " << r->body;
+    json j = json::parse(r->body);
+    EXPECT_EQ(j["reset"], json::array({"prefill-0", "decode-0"})) << r->body;
+    EXPECT_FALSE(j.contains("failed"));
+  }
+  EXPECT_EQ(router_service_->reset_calls(), 2);
+
+  // One worker failed: 503 naming it, not a silent 200.
+  tandem::v1::ResetPrefixCacheResponse partial;
+  partial.add_reset("prefill-0");
+  auto* f = partial.add_failed();
+  f->set_worker_id("decode-0");
+  f->set_role("decode");
+  f->set_error("DEADLINE_EXCEEDED: late");
+  router_service_->SetResetAnswer(grpc::Status::OK, partial);
+  auto r = Post("/v1/admin/reset_prefix_cache", std::string());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status_code, 503) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["reset"], json::array({"prefill-0"}));
+  ASSERT_EQ(j["failed"].size(), 1u) << r->body;
+  EXPECT_EQ(j["failed"][0]["worker_id"], "decode-0");
+  EXPECT_EQ(j["failed"][0]["role"], "decode");
+  EXPECT_EQ(j["failed"][0]["error"], "DEADLINE_EXCEEDED: late");
+  EXPECT_EQ(j["error"]["code"], "partial_reset");
+
+  // The router refusing (no live worker): its error, 503.
+  router_service_->SetResetAnswer(
+      grpc::Status(grpc::StatusCode::UNAVAILABLE, "no live worker"), {});
+  r = Post("/v1/admin/reset_prefix_cache", std::string());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status_code, 503) << r->body;
+  EXPECT_NE(r->body.find("no live worker"), std::string::npos) << r->body;
+}
+
 TEST_P(OpenAIServiceTest, ClientDisconnectCancelsRouterCall) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};

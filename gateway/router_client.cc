@@ -94,6 +94,28 @@ std::shared_ptr<GenerateCall> RouterClient::Generate(
   return call;
 }
 
+void RouterClient::ResetPrefixCache(
+    absl::Time deadline,
+    std::function<void(absl::StatusOr<tandem::v1::ResetPrefixCacheResponse>)> done) {
+  struct State {
+    grpc::ClientContext context;
+    tandem::v1::ResetPrefixCacheRequest request;
+    tandem::v1::ResetPrefixCacheResponse response;
+  };
+  auto* state = new State;
+  state->context.set_deadline(rpc::ToGrpcDeadline(deadline));
+  router_->async()->ResetPrefixCache(
+      &state->context, &state->request, &state->response,
+      [state, done = std::move(done)](grpc::Status status) {
+        std::unique_ptr<State> owned(state);
+        if (status.ok()) {
+          done(std::move(owned->response));
+        } else {
+          done(FromGrpcStatus(status));
+        }
+      });
+}
+
 void RouterClient::ListModels(
     absl::Time deadline,
     std::function<void(absl::StatusOr<tandem::v1::ListModelsResponse>)> done) {

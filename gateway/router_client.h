@@ -67,6 +67,11 @@ class RouterClient {
   void ListModels(
       absl::Time deadline,
       std::function<void(absl::StatusOr<tandem::v1::ListModelsResponse>)> done);
+  // Asynchronous ResetPrefixCache (every worker's cache); `done` runs on a
+  // gRPC thread.
+  void ResetPrefixCache(
+      absl::Time deadline,
+      std::function<void(absl::StatusOr<tandem::v1::ResetPrefixCacheResponse>)> done);
   // grpc.health.v1 Check of the router as a whole; `done` gets the serving
   // status or the RPC error.
   void CheckHealth(

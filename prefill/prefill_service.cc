@@ -10,6 +10,7 @@
 #include "engine/sampling/sampling_params.h"
 #include "kvtransfer/plan.h"
 #include "rpc/deadline.h"
+#include "worker/prefix_cache_reset.h"
 #include "worker/worker_load.h"
 
 namespace tandem::prefill {
@@ -356,6 +357,14 @@ grpc::ServerUnaryReactor* PrefillService::Cancel(grpc::CallbackServerContext* co
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
+}
+
+grpc::ServerUnaryReactor* PrefillService::ResetPrefixCache(
+    grpc::CallbackServerContext* context,
+    const tandem::v1::WorkerResetPrefixCacheRequest*,
+    tandem::v1::WorkerResetPrefixCacheResponse*) {
+  Count("ResetPrefixCache", "ok");
+  return worker::ResetPrefixCacheOnLoop(context, loop_);
 }
 
 tandem::v1::WorkerLoad PrefillService::Load() const {

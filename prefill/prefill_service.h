@@ -111,6 +111,11 @@ class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {
   grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* context,
                                    const tandem::v1::CancelRequest* request,
                                    tandem::v1::CancelResponse* response) override;
+  // Drops the engine's cached prefixes (worker/prefix_cache_reset.h).
+  grpc::ServerUnaryReactor* ResetPrefixCache(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::WorkerResetPrefixCacheRequest* request,
+      tandem::v1::WorkerResetPrefixCacheResponse* response) override;
 
   // Destroy after the engine loop (no more engine callbacks); ends any session
   // still in flight.

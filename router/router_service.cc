@@ -334,6 +334,94 @@ grpc::ServerUnaryReactor* RouterService::ListModels(
   return reactor;
 }
 
+namespace {
+
+// One ResetPrefixCache fan-out: the workers' answers, gathered until the last
+// one arrives, then the router's response and the call's end.
+struct ResetFanOut {
+  struct Target {
+    std::string worker_id;
+    std::string role;
+    std::unique_ptr<grpc::ClientContext> context;
+    tandem::v1::WorkerResetPrefixCacheResponse response;
+  };
+  grpc::ServerUnaryReactor* reactor = nullptr;
+  tandem::v1::ResetPrefixCacheResponse* response = nullptr;  // the call's
+  tandem::v1::WorkerResetPrefixCacheRequest request;
+  std::vector<Target> targets;
+  absl::Mutex mu;
+  std::vector<grpc::Status> results ABSL_GUARDED_BY(mu);
+  size_t pending ABSL_GUARDED_BY(mu) = 0;
+
+  // Records target `i`'s end; the last one fills the response and finishes.
+  void Done(size_t i, const grpc::Status& status) {
+    {
+      absl::MutexLock l(&mu);
+      results[i] = status;
+      if (--pending > 0) return;
+    }
+    for (size_t t = 0; t < targets.size(); ++t) {
+      const grpc::Status& s = results[t];
+      if (s.ok()) {
+        response->add_reset(targets[t].worker_id);
+        continue;
+      }
+      tandem::v1::ResetPrefixCacheFailure* f = response->add_failed();
+      f->set_worker_id(targets[t].worker_id);
+      f->set_role(targets[t].role);
+      f->set_error(FromGrpcStatus(s).ToString());
+    }
+    reactor->Finish(grpc::Status::OK);
+  }
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* RouterService::ResetPrefixCache(
+    grpc::CallbackServerContext* context, const tandem::v1::ResetPrefixCacheRequest*,
+    tandem::v1::ResetPrefixCacheResponse* response) {
+  auto fan = std::make_shared<ResetFanOut>();
+  fan->reactor = context->DefaultReactor();
+  fan->response = response;
+  std::vector<std::pair<tandem::v1::WorkerRole, std::string>> addresses;
+  for (auto role : {tandem::v1::WORKER_ROLE_PREFILL, tandem::v1::WORKER_ROLE_DECODE}) {
+    for (const WorkerRecord& w : registry_->Live(role)) {
+      ResetFanOut::Target t;
+      t.worker_id = w.registration.worker_id();
+      t.role = role == tandem::v1::WORKER_ROLE_PREFILL ? "prefill" : "decode";
+      fan->targets.push_back(std::move(t));
+      addresses.emplace_back(role, w.registration.grpc_address());
+    }
+  }
+  if (fan->targets.empty()) {
+    fan->reactor->Finish(
+        ToGrpcStatus(Unavailable("no live worker: no prefix cache to reset")));
+    return fan->reactor;
+  }
+  const absl::Time deadline = std::min(rpc::ContextDeadline(*context),
+                                       absl::Now() + options_.admin_rpc_timeout);
+  {
+    absl::MutexLock l(&fan->mu);
+    fan->results.assign(fan->targets.size(), grpc::Status::OK);
+    fan->pending = fan->targets.size();
+  }
+  for (size_t i = 0; i < fan->targets.size(); ++i) {
+    ResetFanOut::Target& t = fan->targets[i];
+    t.context = std::make_unique<grpc::ClientContext>();
+    t.context->set_deadline(rpc::ToGrpcDeadline(deadline));
+    auto done = [fan, i](grpc::Status s) { fan->Done(i, s); };
+    const auto& [role, address] = addresses[i];
+    if (role == tandem::v1::WORKER_ROLE_PREFILL) {
+      handoff_->PrefillStub(address)->async()->ResetPrefixCache(
+          t.context.get(), &fan->request, &t.response, std::move(done));
+    } else {
+      handoff_->DecodeStub(address)->async()->ResetPrefixCache(
+          t.context.get(), &fan->request, &t.response, std::move(done));
+    }
+  }
+  return fan->reactor;
+}
+
 RegistryService::RegistryService(WorkerRegistry* registry, RouterMetrics* metrics,
                                  std::string model_fingerprint,
                                  absl::Duration heartbeat_interval, Handoff* handoff)

@@ -14,6 +14,10 @@
 //   GenerateSession → many Generates on one stream (rpc/session_stream.h);
 //     each start runs exactly as a Generate call (the request's own deadline)
 //   ListModels → the served model (from config.json)
+//   ResetPrefixCache → every live worker's ResetPrefixCache at once (prefill
+//     and decode), each with min(the call's deadline, admin_rpc_timeout); the
+//     answer lists the workers reset and those that failed or timed out
+//     (UNAVAILABLE when no worker is live)
 //   Register / Heartbeat → WorkerRegistry; a decode worker's report with free
 //     slots wakes that many requests queued for a decode worker
 #ifndef TANDEM_ROUTER_ROUTER_SERVICE_H_
@@ -55,6 +59,8 @@ struct RouterServiceOptions {
   int32_t max_in_flight = 256;
   // Deadline of a request that carries none.
   absl::Duration request_timeout = absl::Seconds(600);
+  // Deadline of each worker RPC of an admin call (ResetPrefixCache).
+  absl::Duration admin_rpc_timeout = absl::Seconds(10);
 };
 
 class RouterService final : public tandem::v1::Router::CallbackService {
@@ -75,6 +81,10 @@ class RouterService final : public tandem::v1::Router::CallbackService {
       grpc::CallbackServerContext* context,
       const tandem::v1::ListModelsRequest* request,
       tandem::v1::ListModelsResponse* response) override;
+  grpc::ServerUnaryReactor* ResetPrefixCache(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::ResetPrefixCacheRequest* request,
+      tandem::v1::ResetPrefixCacheResponse* response) override;
 
  private:
   // Validates `request` and prepares it for the hand-off (prompt_text

@@ -496,6 +496,39 @@ ScriptedRouter::GenerateSession(grpc::CallbackServerContext*) {
   });
 }
 
+grpc::ServerUnaryReactor* ScriptedRouter::ResetPrefixCache(
+    grpc::CallbackServerContext* context, const tandem::v1::ResetPrefixCacheRequest*,
+    tandem::v1::ResetPrefixCacheResponse* response) {
+  grpc::Status status;
+  {
+    absl::MutexLock l(&reset_mu_);
+    ++reset_calls_;
+    if (reset_answer_set_) {
+      status = reset_status_;
+      *response = reset_answer_;
+    } else {
+      response->add_reset("prefill-0");
+      response->add_reset("decode-0");
+    }
+  }
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(status);
+  return reactor;
+}
+
+void ScriptedRouter::SetResetAnswer(grpc::Status status,
+                                    tandem::v1::ResetPrefixCacheResponse answer) {
+  absl::MutexLock l(&reset_mu_);
+  reset_status_ = std::move(status);
+  reset_answer_ = std::move(answer);
+  reset_answer_set_ = true;
+}
+
+int ScriptedRouter::reset_calls() const {
+  absl::MutexLock l(&reset_mu_);
+  return reset_calls_;
+}
+
 grpc::ServerUnaryReactor* ScriptedRouter::ListModels(
     grpc::CallbackServerContext* context, const tandem::v1::ListModelsRequest*,
     tandem::v1::ListModelsResponse* response) {

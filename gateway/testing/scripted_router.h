@@ -76,6 +76,14 @@ class ScriptedRouter final : public tandem::v1::Router::CallbackService {
       grpc::CallbackServerContext* context,
       const tandem::v1::ListModelsRequest* request,
       tandem::v1::ListModelsResponse* response) override;
+  // Answers with what SetResetAnswer set (default: OK, workers "prefill-0" and
+  // "decode-0" reset) and counts the call.
+  grpc::ServerUnaryReactor* ResetPrefixCache(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::ResetPrefixCacheRequest* request,
+      tandem::v1::ResetPrefixCacheResponse* response) override;
+  void SetResetAnswer(grpc::Status status, tandem::v1::ResetPrefixCacheResponse answer);
+  int reset_calls() const;
 
   // The token ids the fixture generates for `request` (before max_tokens),
   // and the gRPC error it fails with (OK if none) after `fail_after` tokens
@@ -120,6 +128,12 @@ class ScriptedRouter final : public tandem::v1::Router::CallbackService {
   bool stopping_ ABSL_GUARDED_BY(paced_mu_) = false;
   int64_t steps_ ABSL_GUARDED_BY(paced_mu_) = 0;
   std::thread stepper_;
+
+  mutable absl::Mutex reset_mu_;
+  grpc::Status reset_status_ ABSL_GUARDED_BY(reset_mu_);
+  tandem::v1::ResetPrefixCacheResponse reset_answer_ ABSL_GUARDED_BY(reset_mu_);
+  bool reset_answer_set_ ABSL_GUARDED_BY(reset_mu_) = false;
+  int reset_calls_ ABSL_GUARDED_BY(reset_mu_) = 0;
 };
 
 }  // namespace tandem::gateway::testing
