@@ -115,7 +115,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     // Router output held back by stream_interval (has_pending: something is).
     tandem::v1::GenerateResponse pending;
     bool has_pending = false;
-    bool output_sent = false;  // some of this choice's output went out
+    bool output_sent = false;      // some of this choice's output went out
     int cached_prompt_tokens = 0;  // the router's usage: prompt tokens from a cache
   };
 

@@ -48,7 +48,8 @@ void Shell(const std::string& cmd) {
 // A self-signed CA `name` (name.crt, name.key) in TEST_TMPDIR.
 std::string MakeCa(const std::string& name) {
   const std::string p = Tmp() + "/" + name;
-  Shell(absl::StrCat("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+  Shell(
+      absl::StrCat("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
                    "-nodes -days 2 -subj /CN=",
                    name, " -keyout ", p, ".key -out ", p, ".crt"));
   return p;
@@ -57,11 +58,12 @@ std::string MakeCa(const std::string& name) {
 // A certificate `name` signed by the CA at `ca` (its path prefix).
 std::string MakeCert(const std::string& ca, const std::string& name) {
   const std::string p = Tmp() + "/" + name;
-  Shell(absl::StrCat("openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
-                   "-subj /CN=",
-                   name, " -keyout ", p, ".key -out ", p, ".csr"));
-  Shell(absl::StrCat("openssl x509 -req -days 2 -in ", p, ".csr -CA ", ca, ".crt -CAkey ",
-                   ca, ".key -CAcreateserial -out ", p, ".crt"));
+  Shell(absl::StrCat(
+      "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+      "-subj /CN=",
+      name, " -keyout ", p, ".key -out ", p, ".csr"));
+  Shell(absl::StrCat("openssl x509 -req -days 2 -in ", p, ".csr -CA ", ca,
+                     ".crt -CAkey ", ca, ".key -CAcreateserial -out ", p, ".crt"));
   return p;
 }
 
@@ -98,10 +100,10 @@ class Client {
   }
 
   // One request on the connection; the response (body de-chunked).
-  absl::StatusOr<bhttp::response<bhttp::string_body>> Request(const std::string& target,
-                                                               const std::string& body = "") {
-    bhttp::request<bhttp::string_body> req{body.empty() ? bhttp::verb::get : bhttp::verb::post,
-                                           target, 11};
+  absl::StatusOr<bhttp::response<bhttp::string_body>> Request(
+      const std::string& target, const std::string& body = "") {
+    bhttp::request<bhttp::string_body> req{
+        body.empty() ? bhttp::verb::get : bhttp::verb::post, target, 11};
     req.set(bhttp::field::host, "127.0.0.1");
     req.set("X-Test", "v");
     req.body() = body;
@@ -174,7 +176,8 @@ class HttpsTest : public ::testing::Test {
 
   absl::Status Start(HttpServerOptions o) {
     server_ = std::make_unique<HttpServer>(
-        o, [this](HttpRequest req, std::shared_ptr<ResponseWriter> w) { Handle(req, w); },
+        o,
+        [this](HttpRequest req, std::shared_ptr<ResponseWriter> w) { Handle(req, w); },
         &PlainError);
     return server_->Start();
   }
@@ -318,7 +321,8 @@ TEST_F(HttpsTest, RenewedCertificateServesNewConnections) {
   ASSERT_TRUE(r.ok()) << r.status();
   // A renewal that does not load (a key that does not match) keeps the last one.
   const std::string third = MakeCert(ca_, "third");
-  Shell(absl::StrCat("cp ", third, ".crt ", server_cert_, ".crt"));  // key still "renewed"
+  Shell(absl::StrCat("cp ", third, ".crt ", server_cert_,
+                     ".crt"));  // key still "renewed"
   Client d(ca_);
   ASSERT_FALSE(d.Connect(server_->port()));
   EXPECT_EQ(d.PeerCertificatePem(), ReadFile(renewed + ".crt"));

@@ -154,6 +154,19 @@ TEST(ClusterCudaSimTest, DeviceWorkersServeTheCpuTokens) {
       n * 4 + 8);
   EXPECT_TRUE(
       WaitMetric(cluster.decode_metrics(), "tandem_worker_reservations", {}, 0));
+  // The decode worker's decode steps ran as CUDA graphs (captured on first use
+  // of a bucket, then replayed): its counters, refreshed every 500 ms.
+  double replays = 0;
+  for (int i = 0; i < 50 && replays == 0; ++i) {
+    auto v = Metric(cluster.decode_metrics(), "tandem_worker_cuda_graph_steps_total",
+                    {{"mode", "graph"}});
+    if (v.ok()) replays = *v;
+    if (replays == 0) absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_GT(replays, 0) << "no decode step was replayed from a CUDA graph";
+  EXPECT_GE(
+      *Metric(cluster.decode_metrics(), "tandem_worker_cuda_graph_captures_total", {}),
+      1);
   EXPECT_TRUE(CacheOnDevice(cluster.prefill().ReadLog(), DeviceOf(backend)))
       << cluster.Logs();
   EXPECT_TRUE(CacheOnDevice(cluster.decode().ReadLog(), DeviceOf(backend)))

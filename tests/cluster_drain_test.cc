@@ -57,7 +57,8 @@ TEST(ClusterDrainTest, SigtermFinishesRunningStreamsAndTakesNoNewRequests) {
   ASSERT_TRUE(a.status.ok()) << a.status.error_message() << c.Logs();
   EXPECT_EQ(a.tokens.size(), static_cast<size_t>(kLongTokens)) << c.Logs();
   // The stream outlived the 5 s the server's shutdown would have given it.
-  EXPECT_GT(a_done - signalled, absl::Seconds(5)) << "decoding was too fast for the test";
+  EXPECT_GT(a_done - signalled, absl::Seconds(5))
+      << "decoding was too fast for the test";
   ASSERT_TRUE(late.valid());
   const StreamResult b = late.get();
   EXPECT_EQ(b.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)

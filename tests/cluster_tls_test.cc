@@ -197,16 +197,20 @@ std::pair<std::string, int> Output(const std::string& cmd) {
 // that trusts the CA, and reaches the router over mTLS; plain HTTP on that port
 // gets no answer.
 TEST_F(ClusterTlsTest, GatewayServesHttpsAndReachesTheRouterOverMtls) {
-  const std::string url = absl::StrCat("127.0.0.1:", cluster_->gateway_port, "/v1/completions");
-  const std::string body = R"({"model": "kimi-k3", "prompt": "Hello", "max_tokens": 4})";
-  auto [out, rc] = Output(absl::StrCat(
-      "curl -sS --max-time 60 --cacert ", cluster_->pki, "/ca.crt -H 'content-type: "
-      "application/json' -d '", body, "' -w '\\n%{http_code}' https://", url, " 2>&1"));
+  const std::string url =
+      absl::StrCat("127.0.0.1:", cluster_->gateway_port, "/v1/completions");
+  const std::string body =
+      R"({"model": "kimi-k3", "prompt": "Hello", "max_tokens": 4})";
+  auto [out, rc] =
+      Output(absl::StrCat("curl -sS --max-time 60 --cacert ", cluster_->pki,
+                          "/ca.crt -H 'content-type: "
+                          "application/json' -d '",
+                          body, "' -w '\\n%{http_code}' https://", url, " 2>&1"));
   ASSERT_EQ(rc, 0) << out << "\n" << cluster_->Logs();
   EXPECT_NE(out.find("\"completion_tokens\":"), std::string::npos) << out;
   EXPECT_EQ(out.substr(out.size() - 3), "200") << out;
-  auto [plain, plain_rc] =
-      Output(absl::StrCat("curl -sS --max-time 10 -d '", body, "' http://", url, " 2>&1"));
+  auto [plain, plain_rc] = Output(
+      absl::StrCat("curl -sS --max-time 10 -d '", body, "' http://", url, " 2>&1"));
   EXPECT_NE(plain_rc, 0) << plain;
   EXPECT_EQ(plain.find("completion_tokens"), std::string::npos) << plain;
 }

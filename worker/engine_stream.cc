@@ -1,7 +1,6 @@
 #include "worker/engine_stream.h"
 
 #include <algorithm>
-
 #include <memory>
 
 #include "common/grpc_status.h"
