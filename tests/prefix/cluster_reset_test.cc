@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "proto/router.grpc.pb.h"
+#include "tests/prefix/prefix_metrics.h"
 #include "tests/testing/process_cluster.h"
 
 namespace tandem {
@@ -19,31 +20,8 @@ namespace {
 
 using testing::In;
 using testing::MakeRequest;
-using testing::Metric;
 using testing::ProcessCluster;
 using testing::StreamResult;
-
-// Hit tokens over both workers.
-double Hits(ProcessCluster& c) {
-  double total = 0;
-  for (int port : {c.prefill_metrics(), c.decode_metrics()}) {
-    auto v = Metric(port, "tandem_worker_prefix_cache_hit_tokens_total", {});
-    if (v.ok()) total += *v;
-  }
-  return total;
-}
-
-// Waits for the workers' counters (refreshed every 500 ms) to settle.
-double SettledHits(ProcessCluster& c) {
-  double last = -1;
-  for (int i = 0; i < 20; ++i) {
-    absl::SleepFor(absl::Milliseconds(600));
-    const double h = Hits(c);
-    if (h == last) return h;
-    last = h;
-  }
-  return last;
-}
 
 struct ResetResult {
   grpc::Status status;
@@ -76,10 +54,10 @@ TEST(ClusterResetTest, ResetMakesTheNextRepeatMissThenItHitsAgain) {
   const StreamResult first = c.Generate(req("r1"));
   ASSERT_TRUE(first.status.ok()) << first.status.error_message() << c.Logs();
   EXPECT_EQ(first.usage.cached_prompt_tokens(), 0);
-  const double h0 = SettledHits(c);
+  const double h0 = testing::SettledPrefixHitTokens(c);
   const StreamResult hit = c.Generate(req("r2"));
   ASSERT_TRUE(hit.status.ok()) << hit.status.error_message();
-  const double h1 = SettledHits(c);
+  const double h1 = testing::SettledPrefixHitTokens(c);
   ASSERT_GT(hit.usage.cached_prompt_tokens(), 0) << "the repeat did not hit";
   EXPECT_EQ(h1 - h0, hit.usage.cached_prompt_tokens());
 
@@ -92,13 +70,13 @@ TEST(ClusterResetTest, ResetMakesTheNextRepeatMissThenItHitsAgain) {
   const StreamResult miss = c.Generate(req("r3"));
   ASSERT_TRUE(miss.status.ok()) << miss.status.error_message();
   EXPECT_EQ(miss.usage.cached_prompt_tokens(), 0) << "hit a prefix the reset dropped";
-  EXPECT_EQ(SettledHits(c), h1);
+  EXPECT_EQ(testing::SettledPrefixHitTokens(c), h1);
   EXPECT_EQ(miss.tokens, first.tokens);
 
   const StreamResult again = c.Generate(req("r4"));
   ASSERT_TRUE(again.status.ok()) << again.status.error_message();
   EXPECT_EQ(again.usage.cached_prompt_tokens(), hit.usage.cached_prompt_tokens());
-  EXPECT_EQ(SettledHits(c), h1 + hit.usage.cached_prompt_tokens());
+  EXPECT_EQ(testing::SettledPrefixHitTokens(c), h1 + hit.usage.cached_prompt_tokens());
   EXPECT_EQ(again.tokens, first.tokens);
 
   // A reset while a request decodes: the request keeps its blocks, so its

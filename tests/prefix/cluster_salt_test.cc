@@ -9,38 +9,15 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "proto/router.grpc.pb.h"
+#include "tests/prefix/prefix_metrics.h"
 #include "tests/testing/process_cluster.h"
 
 namespace tandem {
 namespace {
 
 using testing::MakeRequest;
-using testing::Metric;
 using testing::ProcessCluster;
 using testing::StreamResult;
-
-// Hit tokens over both workers (a prompt is computed by the prefill worker,
-// or by the decode worker when colocated).
-double Hits(ProcessCluster& c) {
-  double total = 0;
-  for (int port : {c.prefill_metrics(), c.decode_metrics()}) {
-    auto v = Metric(port, "tandem_worker_prefix_cache_hit_tokens_total", {});
-    if (v.ok()) total += *v;
-  }
-  return total;
-}
-
-// Waits for the workers' counters (refreshed every 500 ms) to settle.
-double SettledHits(ProcessCluster& c) {
-  double last = -1;
-  for (int i = 0; i < 20; ++i) {
-    absl::SleepFor(absl::Milliseconds(600));
-    const double h = Hits(c);
-    if (h == last) return h;
-    last = h;
-  }
-  return last;
-}
 
 TEST(ClusterSaltTest, SameSaltHitsAnotherSaltOrNoneDoesNot) {
   ProcessCluster c;
@@ -53,10 +30,10 @@ TEST(ClusterSaltTest, SameSaltHitsAnotherSaltOrNoneDoesNot) {
   };
   const StreamResult first = c.Generate(req("tenant-a", "a1"));
   ASSERT_TRUE(first.status.ok()) << first.status.error_message() << c.Logs();
-  const double h0 = SettledHits(c);
+  const double h0 = testing::SettledPrefixHitTokens(c);
   const StreamResult again = c.Generate(req("tenant-a", "a2"));
   ASSERT_TRUE(again.status.ok()) << again.status.error_message();
-  const double h1 = SettledHits(c);
+  const double h1 = testing::SettledPrefixHitTokens(c);
   EXPECT_GT(h1, h0) << "the same prompt under the same salt did not hit";
   EXPECT_EQ(again.tokens, first.tokens);
   // The router reports the hit in the request's usage (the gateway's
@@ -70,7 +47,8 @@ TEST(ClusterSaltTest, SameSaltHitsAnotherSaltOrNoneDoesNot) {
     ASSERT_TRUE(other.status.ok()) << other.status.error_message();
     EXPECT_EQ(other.tokens, first.tokens);
     EXPECT_EQ(other.usage.cached_prompt_tokens(), 0) << "salt '" << salt << "'";
-    EXPECT_EQ(SettledHits(c), h1) << "salt '" << salt << "' hit tenant-a's prefix";
+    EXPECT_EQ(testing::SettledPrefixHitTokens(c), h1)
+        << "salt '" << salt << "' hit tenant-a's prefix";
   }
 }
 

@@ -83,7 +83,7 @@ std::vector<int32_t> Cat(std::vector<int32_t> a, const std::vector<int32_t>& b) 
 // Waves of requests, each submitted when the previous one has finished; the
 // cache is reset before wave `reset_before` (-1: never).
 RunResult RunWaves(const EngineOptions& o, const std::vector<std::vector<Req>>& waves,
-              int reset_before) {
+                   int reset_before) {
   RunResult run;
   auto e = Engine::Create(nullptr, nullptr, nullptr, o);
   EXPECT_TRUE(e.ok()) << e.status();
@@ -92,7 +92,8 @@ RunResult RunWaves(const EngineOptions& o, const std::vector<std::vector<Req>>& 
   const int32_t blocks = engine.num_free_blocks();
   for (size_t w = 0; w < waves.size(); ++w) {
     if (static_cast<int>(w) == reset_before) engine.ResetPrefixCache();
-    for (const Req& q : waves[w]) EXPECT_TRUE(engine.AddRequest(q.id, q.prompt, q.params).ok());
+    for (const Req& q : waves[w])
+      EXPECT_TRUE(engine.AddRequest(q.id, q.prompt, q.params).ok());
     for (int step = 0; engine.HasWork() && step < 3000; ++step) {
       auto res = engine.Step();
       EXPECT_TRUE(res.ok()) << res.status();
@@ -121,7 +122,8 @@ std::vector<std::vector<Req>> Waves(const std::function<SamplingParams(int)>& pa
     w[1].push_back({i, Cat(sys, MakePrompt(1 + (i - 1) * 23, 20 + i)), params(i)});
   }
   for (int i = 1; i <= 4; ++i) w[2].push_back({100 + i, w[1][i - 1].prompt, params(i)});
-  w[2].push_back({200, std::vector<int32_t>(sys.begin(), sys.begin() + 128), params(5)});
+  w[2].push_back(
+      {200, std::vector<int32_t>(sys.begin(), sys.begin() + 128), params(5)});
   return w;
 }
 
