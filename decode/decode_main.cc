@@ -75,9 +75,11 @@ int main(int argc, char** argv) {
   }
   tandem::engine::EngineOptions& eo = *options;
   eo.speculative = speculative.speculative;
-  auto agent = tandem::worker::TransferAgentFromFlags(absl::GetFlag(FLAGS_worker_id));
+  tandem::kvtransfer::TransportInfo transport;
+  auto agent = tandem::worker::TransferAgentFromFlags(absl::GetFlag(FLAGS_worker_id),
+                                                      &transport);
   if (!agent.ok()) {
-    TLOG(ERROR, "cannot start the UCX agent").Kv("status", agent.status());
+    TLOG(ERROR, "cannot start the KV transfer agent").Kv("status", agent.status());
     return 1;
   }
   // On a host backend the engine's caches come from the agent (shared memory the
@@ -104,6 +106,7 @@ int main(int argc, char** argv) {
   tandem::metrics::Registry registry;
   tandem::worker::WorkerMetrics metrics(&registry);
   metrics.SetCacheSizing(sizing);
+  metrics.SetKvTransport(transport.agent, transport.provider, transport.rails);
   auto loop = std::make_unique<tandem::worker::EngineLoop>(std::move(*engine));
   tandem::decode::DecodeServiceOptions dso;
   dso.worker_id = absl::GetFlag(FLAGS_worker_id);

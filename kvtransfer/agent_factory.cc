@@ -46,11 +46,18 @@ absl::StatusOr<CreatedAgent> CreateTransferAgent(const AgentFactoryConfig& confi
     if (!agent.ok()) return agent.status();
     out.agent = *std::move(agent);
     out.description = "ucx";
+    out.info.agent = "ucx";
+    out.info.provider = config.ucx.tls.empty() ? "auto" : config.ucx.tls;
     return out;
   }
   auto agent = LibfabricAgent::Create(config.libfabric);
   if (!agent.ok()) return agent.status();
   out.description = absl::StrCat("libfabric/", (*agent)->provider());
+  out.info.agent = "libfabric";
+  out.info.provider = (*agent)->provider();
+  out.info.fabric = (*agent)->fabric_name();
+  out.info.domain = (*agent)->domain_name();
+  out.info.rails = (*agent)->rails();
   if (config.libfabric.rails > 1) {
     absl::StrAppend(&out.description, " x", config.libfabric.rails, " rails");
   }

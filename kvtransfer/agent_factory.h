@@ -33,11 +33,24 @@ struct AgentFactoryConfig {
 // INVALID_ARGUMENT otherwise.
 absl::Status ParseKvTransport(absl::string_view spec, AgentFactoryConfig* config);
 
+// What carries the KV, as opened (not as asked for): the worker logs it at start
+// and exports it as tandem_worker_kv_transport_info{agent, provider, rails}.
+struct TransportInfo {
+  std::string agent;     // "ucx" | "libfabric"
+  std::string provider;  // libfabric: fi_info's provider ("tcp;ofi_rxm", "shm",
+                         // "efa"); ucx: UCX_TLS as configured, or "auto" (the
+                         // transports UCX picked per peer: Transport(peer))
+  std::string fabric;    // libfabric: fi_info's fabric name
+  std::string domain;    // libfabric: fi_info's domain (the NIC, "rdmap16s27")
+  int rails = 1;         // endpoints a batch is striped over
+};
+
 struct CreatedAgent {
   std::unique_ptr<TransferAgent> agent;
   // "ucx" or "libfabric/<provider actually opened>[ x<rails> rails]": for the
   // start-up log and metric labels.
   std::string description;
+  TransportInfo info;
 };
 
 absl::StatusOr<CreatedAgent> CreateTransferAgent(const AgentFactoryConfig& config);

@@ -53,6 +53,31 @@ TEST(CreateTransferAgentTest, MakesTheConfiguredTransport) {
   ASSERT_TRUE(ucx.ok()) << ucx.status();
   EXPECT_EQ(ucx->description, "ucx");
   EXPECT_NE(dynamic_cast<UcxAgent*>(ucx->agent.get()), nullptr);
+  // What was opened, for the start-up log and tandem_worker_kv_transport_info.
+  EXPECT_EQ(lf->info.agent, "libfabric");
+  EXPECT_EQ(lf->info.provider, "tcp;ofi_rxm");
+  EXPECT_EQ(lf->info.rails, 2);
+  EXPECT_FALSE(lf->info.domain.empty());
+  EXPECT_EQ(ucx->info.agent, "ucx");
+  EXPECT_EQ(ucx->info.provider, "auto");
+  EXPECT_EQ(ucx->info.rails, 1);
+  ASSERT_TRUE(ParseKvTransport("libfabric:shm", &config).ok());
+  auto shm = CreateTransferAgent(config);
+  ASSERT_TRUE(shm.ok()) << shm.status();
+  EXPECT_EQ(shm->info.provider, "shm");
+  EXPECT_EQ(shm->info.domain, "shm");
+}
+
+// UCX asked for RDMA transports on a host that has none (this VM: no
+// InfiniBand / RoCE device) must not start over TCP either.
+TEST(CreateTransferAgentTest, UcxRdmaTransportsWithoutDevicesAreRefused) {
+  for (const char* tls : {"rc", "rc_x", "ud"}) {
+    AgentFactoryConfig config;
+    ASSERT_TRUE(ParseKvTransport("ucx", &config).ok());
+    config.ucx.tls = tls;
+    auto agent = CreateTransferAgent(config);
+    EXPECT_FALSE(agent.ok()) << tls << ": started as " << agent->description;
+  }
 }
 
 // The bug issue 19 exists for: asking for EFA where there is none must fail,

@@ -65,6 +65,14 @@ ABSL_FLAG(int, latency_bytes, 4096, "Bytes per small transfer");
 ABSL_FLAG(std::string, transport, "ucx",
           "Which agents, when --modes is left at its default: ucx (shm,shm_mmap,tcp), "
           "libfabric (lf_tcp,lf_shm), both");
+ABSL_FLAG(int, lf_max_iovs, 0,
+          "libfabric modes: LibfabricAgentConfig.max_iovs_per_op of the sending agent "
+          "(0: the provider's iov limits, consecutive pieces gathered into one "
+          "fi_writemsg; 1: one fi_writemsg per piece, the agent before gathering)");
+ABSL_FLAG(bool, scatter_blocks, false,
+          "Shuffle both sides' block ids (fixed seed), as a long-running paged cache "
+          "hands them out: segments stay one block each instead of coalescing into "
+          "one per layer");
 ABSL_FLAG(int, lf_rails, 1,
           "libfabric modes (lf_tcp, lf_shm): endpoints the agent stripes over");
 ABSL_FLAG(std::string, modes, "shm,shm_mmap,tcp",
@@ -260,12 +268,15 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
     lc.provider = lf_provider;
     lc.rails = lf_rails;
     lc.max_op_bytes = absl::GetFlag(FLAGS_max_op_bytes);
+    lc.max_iovs_per_op = absl::GetFlag(FLAGS_lf_max_iovs);
     auto lf_or = LibfabricAgent::Create(lc);
     if (!lf_or.ok()) {
       out["error"] = lf_or.status().ToString();
       return out;
     }
     out["libfabric_mr_mode"] = (*lf_or)->mr_mode();
+    out["libfabric_iov_limit"] = (*lf_or)->iov_limit();
+    out["libfabric_rma_iov_limit"] = (*lf_or)->rma_iov_limit();
     agent = std::move(*lf_or);
   } else {
     auto agent_or = UcxAgent::Create(config);
@@ -377,6 +388,11 @@ json RunMode(const std::string& mode, const std::string& peer_binary) {
       src.block_ids.push_back(b);
     for (int64_t b = 0; b * dst_layout.block_size() < tokens; ++b)
       dst.block_ids.push_back(b);
+    if (absl::GetFlag(FLAGS_scatter_blocks)) {
+      std::mt19937 rng(7);
+      std::shuffle(src.block_ids.begin(), src.block_ids.end(), rng);
+      std::shuffle(dst.block_ids.begin(), dst.block_ids.end(), rng);
+    }
     std::vector<TransferPlan> plans;
     int64_t raw = 0, coalesced = 0;
     uint64_t bytes = 0, largest = 0;

@@ -9,7 +9,9 @@
 namespace tandem::kvtransfer {
 namespace {
 
-void* Desc(int i) { return reinterpret_cast<void*>(static_cast<uintptr_t>(0x1000 + i)); }
+void* Desc(int i) {
+  return reinterpret_cast<void*>(static_cast<uintptr_t>(0x1000 + i));
+}
 
 // The (address, key/desc) of every byte, in order, as the pieces name them and
 // as the groups' local and remote lists name them: they must be the same.
@@ -118,7 +120,7 @@ TEST(RmaGroupsTest, DifferentKeysOrDescriptorsDoNotMerge) {
 TEST(RmaGroupsTest, MaxBytesBoundsAGroupButNeverRefusesALonePiece) {
   const std::vector<RmaPiece> pieces = {
       {0, Desc(0), 0, 1, 600},
-      {600, Desc(0), 600, 1, 600},   // contiguous, but 1200 > 1000
+      {600, Desc(0), 600, 1, 600},     // contiguous, but 1200 > 1000
       {5000, Desc(0), 9000, 1, 3000},  // larger than max_bytes alone
       {9000, Desc(0), 20000, 1, 10},
   };
@@ -166,8 +168,8 @@ TEST(RmaGroupsTest, RandomLayoutsKeepOrderBytesAndLimits) {
       if (rng() % 3 == 0) local += 1 + rng() % 500;
       if (rng() % 3 == 0) remote = (rng() % 2) ? remote + 1 + rng() % 500 : remote / 2;
       const uint64_t len = 1 + rng() % 700;
-      pieces.push_back({local, Desc(static_cast<int>(rng() % 2)), remote,
-                        1 + rng() % 2, len});
+      pieces.push_back(
+          {local, Desc(static_cast<int>(rng() % 2)), remote, 1 + rng() % 2, len});
       local += len;
       remote += len;
     }
@@ -176,7 +178,9 @@ TEST(RmaGroupsTest, RandomLayoutsKeepOrderBytesAndLimits) {
       ASSERT_FALSE(g.empty());
       EXPECT_LE(g.local.size(), limits.iov_limit);
       EXPECT_LE(g.remote.size(), limits.rma_iov_limit);
-      if (limits.max_bytes > 0 && g.pieces > 1) EXPECT_LE(g.bytes, limits.max_bytes);
+      if (limits.max_bytes > 0 && g.pieces > 1) {
+        EXPECT_LE(g.bytes, limits.max_bytes);
+      }
     }
     ExpectSameBytes(pieces, groups);
   }

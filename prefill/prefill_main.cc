@@ -62,14 +62,17 @@ int main(int argc, char** argv) {
   // run there (worker/device_checksum.h).
   const std::vector<tandem::kernels::Backend*> checksum_backends =
       tandem::worker::DeviceChecksumBackends(**engine);
-  auto agent = tandem::worker::TransferAgentFromFlags(absl::GetFlag(FLAGS_worker_id));
+  tandem::kvtransfer::TransportInfo transport;
+  auto agent = tandem::worker::TransferAgentFromFlags(absl::GetFlag(FLAGS_worker_id),
+                                                      &transport);
   if (!agent.ok()) {
-    TLOG(ERROR, "cannot start the UCX agent").Kv("status", agent.status());
+    TLOG(ERROR, "cannot start the KV transfer agent").Kv("status", agent.status());
     return 1;
   }
   tandem::metrics::Registry registry;
   tandem::worker::WorkerMetrics metrics(&registry);
   metrics.SetCacheSizing(sizing);
+  metrics.SetKvTransport(transport.agent, transport.provider, transport.rails);
   auto loop = std::make_unique<tandem::worker::EngineLoop>(std::move(*engine));
   tandem::prefill::PrefillServiceOptions pso;
   pso.worker_id = absl::GetFlag(FLAGS_worker_id);

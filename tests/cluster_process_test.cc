@@ -329,6 +329,15 @@ TEST_F(ClusterProcessLibfabricTest, DisaggregatedEqualsColocatedOverLibfabricTcp
       << Logs();
   EXPECT_NE(decode_->ReadLog().find("libfabric/tcp;ofi_rxm"), std::string::npos)
       << Logs();
+  // ... and export it as a metric label: the provider actually opened.
+  for (int port : {prefill_metrics_, decode_metrics_}) {
+    EXPECT_EQ(
+        Metric(port, "tandem_worker_kv_transport_info",
+               {{"agent", "libfabric"}, {"provider", "tcp;ofi_rxm"}, {"rails", "1"}})
+            .value_or(-1),
+        1)
+        << "port " << port;
+  }
   EXPECT_TRUE(WaitMetric(decode_metrics_, "tandem_worker_reservations", {}, 0));
 }
 

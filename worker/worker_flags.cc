@@ -95,7 +95,7 @@ ABSL_FLAG(int64_t, prefix_snapshot_grid, 16384,
 namespace tandem::worker {
 
 absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> TransferAgentFromFlags(
-    const std::string& worker_id) {
+    const std::string& worker_id, kvtransfer::TransportInfo* info) {
   kvtransfer::AgentFactoryConfig config;
   config.ucx = UcxConfigFromFlags(worker_id);
   TANDEM_RETURN_IF_ERROR(
@@ -104,7 +104,12 @@ absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> TransferAgentFromFlag
                           kvtransfer::CreateTransferAgent(config));
   TLOG(INFO, "KV transfer agent started")
       .Kv("kv_transport", absl::GetFlag(FLAGS_kv_transport))
-      .Kv("agent", created.description);
+      .Kv("agent", created.description)
+      .Kv("provider", created.info.provider)
+      .Kv("fabric", created.info.fabric)
+      .Kv("domain", created.info.domain)
+      .Kv("rails", created.info.rails);
+  if (info != nullptr) *info = created.info;
   return std::move(created.agent);
 }
 

@@ -11,6 +11,7 @@
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
 #include "engine/runtime/engine.h"
+#include "kvtransfer/agent_factory.h"
 #include "kvtransfer/transfer_agent.h"
 #include "kvtransfer/ucx_agent.h"
 #include "proto/worker.pb.h"
@@ -56,9 +57,11 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(
 // The UCX agent named `worker_id` (--ucx_tls, --ucx_peer_failure_detection).
 kvtransfer::UcxAgentConfig UcxConfigFromFlags(const std::string& worker_id);
 // The transfer agent --kv_transport names (UCX configured as above, or
-// libfabric), started and logged; its errors (no fallback between transports).
+// libfabric), started and logged with what it opened (agent, provider, fabric,
+// domain, rails; also into `*info` when given, for the metric label); its
+// errors (no fallback between transports).
 absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> TransferAgentFromFlags(
-    const std::string& worker_id);
+    const std::string& worker_id, kvtransfer::TransportInfo* info = nullptr);
 // Server and registration (--host, --advertise_host, --port, --metrics_port,
 // --router; id, role, model, --tp, the longest request the cache holds
 // (`max_context_tokens`: the router refuses longer ones with INVALID_ARGUMENT),

@@ -1,7 +1,9 @@
 #include "worker/worker_metrics.h"
 
 #include <cstdlib>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "metrics/buckets.h"
 
@@ -212,6 +214,18 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
     landing_blocks->Add({{"state", st}});
   }
   for (const char* o : {"ok", "error"}) transfers->Add({{"outcome", o}});
+  kv_transport_info = OrDie(r->AddGauge(
+      "tandem_worker_kv_transport_info",
+      "1 for the KV transfer agent this worker opened at start: agent (ucx, "
+      "libfabric), provider (libfabric: fi_info's provider, e.g. tcp;ofi_rxm, shm, "
+      "efa; ucx: UCX_TLS or auto), rails (endpoints a transfer is striped over)."));
+}
+
+void WorkerMetrics::SetKvTransport(const std::string& agent,
+                                   const std::string& provider, int rails) {
+  kv_transport_info
+      ->Add({{"agent", agent}, {"provider", provider}, {"rails", absl::StrCat(rails)}})
+      .Set(1);
 }
 
 void WorkerMetrics::SetCacheSizing(const engine::CacheSizing& sz) {

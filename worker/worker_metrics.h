@@ -29,8 +29,15 @@
 //     profiling forward's activation peak; the cache's share), and
 //   tandem_worker_gpu_memory_utilization (--gpu_memory_utilization; 0 when
 //     --kv_cache_memory sized the cache)
+//   tandem_worker_kv_transport_info{agent=ucx|libfabric, provider, rails} 1: what
+//     carries the KV as opened at start (SetKvTransport; libfabric: fi_info's
+//     provider, e.g. "tcp;ofi_rxm", "shm", "efa"; ucx: UCX_TLS or "auto"). The
+//     transfer counters above carry no transport label: one agent per worker,
+//     so join on the instance.
 #ifndef TANDEM_WORKER_WORKER_METRICS_H_
 #define TANDEM_WORKER_WORKER_METRICS_H_
+
+#include <string>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -50,6 +57,9 @@ class WorkerMetrics {
   void Update(const EngineLoopStats& s, absl::Time now);
   // The cache's sizing gauges (once, at start).
   void SetCacheSizing(const engine::CacheSizing& sizing);
+  // tandem_worker_kv_transport_info{agent, provider, rails} = 1 (once, at start;
+  // kvtransfer::TransportInfo's fields).
+  void SetKvTransport(const std::string& agent, const std::string& provider, int rails);
 
   metrics::Family<metrics::Counter>* requests;
   metrics::Histogram* ttft;
@@ -112,6 +122,7 @@ class WorkerMetrics {
   metrics::Gauge* max_model_len;
   metrics::Family<metrics::Gauge>* gpu_memory;
   metrics::Gauge* gpu_memory_utilization;
+  metrics::Family<metrics::Gauge>* kv_transport_info;
 
  private:
   absl::Mutex mu_;
