@@ -1,5 +1,6 @@
 #include "kvtransfer/agent_factory.h"
 
+#include <cstdlib>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -47,7 +48,12 @@ absl::StatusOr<CreatedAgent> CreateTransferAgent(const AgentFactoryConfig& confi
     out.agent = *std::move(agent);
     out.description = "ucx";
     out.info.agent = "ucx";
-    out.info.provider = config.ucx.tls.empty() ? "auto" : config.ucx.tls;
+    // The transports UCX may use: the configured UCX_TLS, else the
+    // environment's (ucp_config_read honours it), else UCX's own choice.
+    const char* env_tls = std::getenv("UCX_TLS");
+    out.info.provider = !config.ucx.tls.empty()                    ? config.ucx.tls
+                        : (env_tls != nullptr && *env_tls != '\0') ? env_tls
+                                                                   : "auto";
     return out;
   }
   auto agent = LibfabricAgent::Create(config.libfabric);

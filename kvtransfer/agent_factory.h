@@ -38,8 +38,9 @@ absl::Status ParseKvTransport(absl::string_view spec, AgentFactoryConfig* config
 struct TransportInfo {
   std::string agent;     // "ucx" | "libfabric"
   std::string provider;  // libfabric: fi_info's provider ("tcp;ofi_rxm", "shm",
-                         // "efa"); ucx: UCX_TLS as configured, or "auto" (the
-                         // transports UCX picked per peer: Transport(peer))
+                         // "efa"); ucx: UCX_TLS as configured (--ucx_tls, else
+                         // $UCX_TLS), or "auto" (the transports UCX picked per
+                         // peer: Transport(peer))
   std::string fabric;    // libfabric: fi_info's fabric name
   std::string domain;    // libfabric: fi_info's domain (the NIC, "rdmap16s27")
   int rails = 1;         // endpoints a batch is striped over

@@ -61,6 +61,10 @@ TEST(CreateTransferAgentTest, MakesTheConfiguredTransport) {
   EXPECT_EQ(ucx->info.agent, "ucx");
   EXPECT_EQ(ucx->info.provider, "auto");
   EXPECT_EQ(ucx->info.rails, 1);
+  config.ucx.tls = "tcp";
+  auto ucx_tcp = CreateTransferAgent(config);
+  ASSERT_TRUE(ucx_tcp.ok()) << ucx_tcp.status();
+  EXPECT_EQ(ucx_tcp->info.provider, "tcp");
   ASSERT_TRUE(ParseKvTransport("libfabric:shm", &config).ok());
   auto shm = CreateTransferAgent(config);
   ASSERT_TRUE(shm.ok()) << shm.status();
