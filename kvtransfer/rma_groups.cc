@@ -13,10 +13,9 @@ bool AppendToRmaGroup(const RmaGroupLimits& limits, const RmaPiece& piece,
   }
   const size_t iov_limit = std::max<size_t>(1, limits.iov_limit);
   const size_t rma_iov_limit = std::max<size_t>(1, limits.rma_iov_limit);
-  const bool local_joins = !group->local.empty() &&
-                           group->local.back().desc == piece.desc &&
-                           group->local.back().addr + group->local.back().length ==
-                               piece.local;
+  const bool local_joins =
+      !group->local.empty() && group->local.back().desc == piece.desc &&
+      group->local.back().addr + group->local.back().length == piece.local;
   const bool remote_joins =
       !group->remote.empty() && group->remote.back().key == piece.key &&
       group->remote.back().addr + group->remote.back().length == piece.remote;
