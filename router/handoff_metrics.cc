@@ -30,6 +30,16 @@ HandoffMetrics::HandoffMetrics(metrics::Registry* r) : queue(r) {
       &OrDie(r->AddHistogram("tandem_router_transfer_seconds",
                              "KV/state transfer time reported by prefill.", buckets))
            ->Add({});
+  prefill_choices =
+      OrDie(r->AddCounter("tandem_router_prefill_choices_total",
+                          "Prefill-worker choices by routing policy and reason (cache: "
+                          "a cached prefix decided; balance: the balance guard; load: "
+                          "no cached prefix counted)."));
+  estimated_hit_tokens =
+      &OrDie(r->AddCounter("tandem_router_estimated_prefix_hit_tokens_total",
+                           "The router's estimate of prompt tokens the chosen prefill "
+                           "workers hold (cache_aware routing)."))
+           ->Add({});
   // Children exist from the start, so every series is scraped (at 0).
   for (const char* reason : {"prefill_unavailable", "decode_full", "decode_unavailable",
                              "colocated_fallback"}) {

@@ -15,7 +15,14 @@ struct HandoffMetrics {
   metrics::Histogram* ttft;                    // arrival -> first token relayed
   metrics::Histogram* latency;                 // arrival -> end, once per request
   metrics::Histogram* transfer_seconds;        // as reported by prefill
-  AdmissionQueueMetrics queue;                 // the router's admission queue
+  // Prefill-worker choices by policy and why: "cache" (the cache-aware cost
+  // chose a worker holding part of the prompt), "balance" (the balance guard
+  // chose the least loaded), "load" (no cached prefix counted: least load,
+  // round robin, or a cache-aware choice with no match).
+  metrics::Family<metrics::Counter>* prefill_choices;
+  // The router's estimate of the prompt tokens the chosen prefill workers hold.
+  metrics::Counter* estimated_hit_tokens;
+  AdmissionQueueMetrics queue;  // the router's admission queue
 };
 
 }  // namespace tandem::router

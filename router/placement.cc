@@ -194,9 +194,26 @@ Placement::Actions Placement::Prefill() {
     std::optional<PrefillChoice> c =
         deps_.prefill_router->Select(live, tried_prefill_, deps_.ledger->Snapshot(live),
                                      request_.prompt_tokens, request_.prefix_hashes);
-    if (c.has_value()) i = c->index;
+    if (c.has_value()) {
+      i = c->index;
+      const char* reason =
+          c->balanced ? "balance" : (c->matched_tokens > 0 ? "cache" : "load");
+      deps_.metrics->prefill_choices
+          ->Add({{"policy", RoutingPolicyName(deps_.prefill_router->policy())},
+                 {"reason", reason}})
+          .Increment();
+      if (c->matched_tokens > 0) {
+        deps_.metrics->estimated_hit_tokens->Increment(
+            static_cast<double>(c->matched_tokens));
+      }
+    }
   } else {
     i = SelectPrefill(live, tried_prefill_, deps_.ledger->Snapshot(live));
+    if (i.has_value()) {
+      deps_.metrics->prefill_choices
+          ->Add({{"policy", "least_load"}, {"reason", "load"}})
+          .Increment();
+    }
   }
   if (!i.has_value()) {
     // No prefill worker left: prefill on a decode worker instead, once the

@@ -744,6 +744,17 @@ TEST_F(PlacementTest, CacheAwareRouterSendsAPrefixBackToItsWorker) {
   ASSERT_EQ(Str(q->Start()), "reserve d1");  // d0 holds the first one
   // p1 now has this request's 640 tokens in flight: p0 (no load) wins.
   EXPECT_EQ(Str(q->OnReserved(absl::OkStatus())), "prefill p0");
+  // The decisions, counted by policy and reason: the cached prefix decided the
+  // first (its 640 tokens estimated held), load the second.
+  auto choices = [&](const char* reason) {
+    return metrics_.prefill_choices
+        ->Add({{"policy", "cache_aware"}, {"reason", reason}})
+        .Value();
+  };
+  EXPECT_EQ(choices("cache"), 1);
+  EXPECT_EQ(choices("load"), 1);
+  EXPECT_EQ(choices("balance"), 0);
+  EXPECT_EQ(metrics_.estimated_hit_tokens->Value(), 640);
 }
 
 }  // namespace

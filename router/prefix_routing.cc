@@ -19,6 +19,18 @@ absl::StatusOr<RoutingPolicy> ParseRoutingPolicy(std::string_view name) {
                    "': expected least_load, round_robin or cache_aware"));
 }
 
+const char* RoutingPolicyName(RoutingPolicy policy) {
+  switch (policy) {
+    case RoutingPolicy::kLeastLoad:
+      return "least_load";
+    case RoutingPolicy::kRoundRobin:
+      return "round_robin";
+    case RoutingPolicy::kCacheAware:
+      return "cache_aware";
+  }
+  return "least_load";
+}
+
 std::vector<uint64_t> RouterBlockHashes(absl::Span<const int32_t> prompt,
                                         std::string_view cache_salt) {
   std::vector<uint64_t> out;

@@ -52,6 +52,8 @@ enum class RoutingPolicy { kLeastLoad, kRoundRobin, kCacheAware };
 
 // "least_load" | "round_robin" | "cache_aware".
 absl::StatusOr<RoutingPolicy> ParseRoutingPolicy(std::string_view name);
+// The name ParseRoutingPolicy takes.
+const char* RoutingPolicyName(RoutingPolicy policy);
 
 struct CacheAwareOptions {
   double overlap_weight = 1.0;
