@@ -790,10 +790,13 @@ class TlsRelay : public std::enable_shared_from_this<TlsRelay> {
     tls_.async_read_some(
         asio::buffer(up_), [self = shared_from_this()](beast::error_code ec, size_t n) {
           if (self->closed_) return;
+          // Finishing: this read was cancelled so that the close_notify runs alone.
+          if (self->finishing_) return self->Shutdown();
           if (ec) return self->Close();  // the client closed or broke the stream
           asio::async_write(self->plain_, asio::buffer(self->up_.data(), n),
                             [self](beast::error_code e, size_t) {
                               if (self->closed_) return;
+                              if (self->finishing_) return self->Shutdown();
                               if (e) return self->Close();
                               self->ReadClient();
                             });
@@ -817,13 +820,21 @@ class TlsRelay : public std::enable_shared_from_this<TlsRelay> {
     });
   }
 
-  // A close_notify to the client (bounded), then close.
+  // The session closed: a close_notify to the client (bounded), then close. The
+  // client side's operation in flight (a TLS read, or a write to the closed pair)
+  // is cancelled first and its handler starts the shutdown, so that no TLS read
+  // runs beside the shutdown's (one read and one write at a time on a stream).
   void Finish() {
     if (closed_ || finishing_) return;
     finishing_ = true;
-    beast::error_code ignored;
-    plain_.close(ignored);
     Arm(std::chrono::seconds(1));
+    beast::error_code ignored;
+    plain_.close(ignored);              // a write to it completes with an error
+    tls_.next_layer().cancel(ignored);  // so does a TLS read
+  }
+  void Shutdown() {
+    if (closed_ || shutting_down_) return;
+    shutting_down_ = true;
     tls_.async_shutdown([self = shared_from_this()](beast::error_code) {
       self->Disarm();
       self->Close();
@@ -866,6 +877,7 @@ class TlsRelay : public std::enable_shared_from_this<TlsRelay> {
   std::array<char, 16 << 10> down_;
   bool closed_ = false;
   bool finishing_ = false;
+  bool shutting_down_ = false;
 };
 
 class HttpServer::Impl {
