@@ -204,6 +204,22 @@ class ClusterProcessTest : public ::testing::Test {
     ctx.set_deadline(In(60));
     return Drain(decode_stub_->Generate(&ctx, req).get());
   }
+  // `n` prompts (lengths 3, 16, 29, ...; seeds from `seed`; every other one
+  // sampled at 0.7 when `sample_odd`) through the router's hand-off equal the
+  // same requests colocated on the decode worker.
+  void ExpectHandOffEqualsColocated(int n, uint64_t seed, bool sample_odd) {
+    for (int i = 0; i < n; ++i) {
+      tandem::v1::GenerateRequest req =
+          Request(3 + i * 13, seed + i, 6, sample_odd && i % 2 ? 0.7f : 0.0f);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(60));
+      Result disagg = Drain(router_stub_->Generate(&ctx, req).get());
+      ASSERT_TRUE(disagg.status.ok()) << disagg.status.error_message() << Logs();
+      Result colocated = Colocated(req);
+      ASSERT_TRUE(colocated.status.ok()) << colocated.status.error_message();
+      EXPECT_EQ(disagg.tokens, colocated.tokens) << "prompt " << i;
+    }
+  }
 
   std::vector<std::string> prefill_flags_;  // extra prefill_main flags
   std::vector<std::string> worker_flags_;   // extra flags of both workers
@@ -216,17 +232,8 @@ class ClusterProcessTest : public ::testing::Test {
 };
 
 TEST_F(ClusterProcessTest, DisaggregatedEqualsColocatedOverUcx) {
-  for (int i = 0; i < 8; ++i) {
-    tandem::v1::GenerateRequest req =
-        Request(3 + i * 13, 50 + i, 6, i % 2 ? 0.7f : 0.0f);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(60));
-    Result disagg = Drain(router_stub_->Generate(&ctx, req).get());
-    ASSERT_TRUE(disagg.status.ok()) << disagg.status.error_message() << Logs();
-    Result colocated = Colocated(req);
-    ASSERT_TRUE(colocated.status.ok()) << colocated.status.error_message();
-    EXPECT_EQ(disagg.tokens, colocated.tokens) << "prompt " << i;
-  }
+  ExpectHandOffEqualsColocated(8, 50, /*sample_odd=*/true);
+  if (HasFatalFailure()) return;
   EXPECT_EQ(*Metric(router_metrics_, "tandem_router_paths_total",
                     {{"path", "disaggregated"}}),
             8);
@@ -310,16 +317,8 @@ class ClusterProcessLibfabricTest : public ClusterProcessTest {
 };
 
 TEST_F(ClusterProcessLibfabricTest, DisaggregatedEqualsColocatedOverLibfabricTcp) {
-  for (int i = 0; i < 4; ++i) {
-    tandem::v1::GenerateRequest req = Request(3 + i * 13, 70 + i, 6, 0.0f);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(60));
-    Result disagg = Drain(router_stub_->Generate(&ctx, req).get());
-    ASSERT_TRUE(disagg.status.ok()) << disagg.status.error_message() << Logs();
-    Result colocated = Colocated(req);
-    ASSERT_TRUE(colocated.status.ok()) << colocated.status.error_message();
-    EXPECT_EQ(disagg.tokens, colocated.tokens) << "prompt " << i;
-  }
+  ExpectHandOffEqualsColocated(4, 70, /*sample_odd=*/false);
+  if (HasFatalFailure()) return;
   EXPECT_EQ(*Metric(router_metrics_, "tandem_router_paths_total",
                     {{"path", "disaggregated"}}),
             4);
