@@ -49,8 +49,21 @@ absl::string_view OpName(Op op) {
       return "AttnResMix";
     case Op::kChunkHashes:
       return "ChunkHashes";
+    case Op::kRope2d:
+      return "Rope2d";
+    case Op::kGelu:
+      return "Gelu";
+    case Op::kVisionAttention:
+      return "VisionAttention";
+    case Op::kMerge2x2:
+      return "Merge2x2";
   }
   return "unknown op";
+}
+
+bool IsVisionOp(Op op) {
+  return op == Op::kRope2d || op == Op::kGelu || op == Op::kVisionAttention ||
+         op == Op::kMerge2x2;
 }
 
 namespace {
@@ -81,7 +94,29 @@ absl::Status ZeroRows(Device& device, float* y, int64_t ld, int64_t rows,
   return absl::OkStatus();
 }
 
+absl::Status NotImplemented(Backend& be, Op op) {
+  return absl::UnimplementedError(
+      absl::StrCat(OpName(op), " is not implemented by the ", be.name(),
+                   " backend (the vision tower needs it; the CPU backends have it)"));
+}
+
 }  // namespace
+
+absl::Status Backend::Rope2d(float*, int64_t, const int32_t*, int64_t, int64_t, int64_t,
+                             float) {
+  return NotImplemented(*this, Op::kRope2d);
+}
+absl::Status Backend::Gelu(const float*, int64_t, float*, int64_t, int64_t, int64_t,
+                           bool) {
+  return NotImplemented(*this, Op::kGelu);
+}
+absl::Status Backend::VisionAttention(const VisionAttnArgs&) {
+  return NotImplemented(*this, Op::kVisionAttention);
+}
+absl::Status Backend::Merge2x2(const float*, int64_t, int64_t, int64_t, int64_t, float*,
+                               int64_t) {
+  return NotImplemented(*this, Op::kMerge2x2);
+}
 
 absl::Status Backend::CausalConv1dSiluSlots(const float* x, int64_t ldx, const float* w,
                                             int64_t kernel, float* state_base,

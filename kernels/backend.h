@@ -57,9 +57,17 @@ enum class Op {
   kMoeMxfp4,
   kAttnResMix,
   kChunkHashes,
+  // The vision tower (engine/vision/): optional ops, implemented by the CPU
+  // backends; the Backend defaults below are Unimplemented errors naming the op.
+  kRope2d,
+  kGelu,
+  kVisionAttention,
+  kMerge2x2,
 };
-inline constexpr int kNumOps = static_cast<int>(Op::kChunkHashes) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::kMerge2x2) + 1;
 absl::string_view OpName(Op op);
+// True for the vision-tower ops (kRope2d .. kMerge2x2).
+bool IsVisionOp(Op op);
 
 // KDA (Kimi Delta Attention) recurrence over T tokens of ONE sequence.
 // Per head h and token t (q, k already L2-normalised and q scaled by the caller,
@@ -189,6 +197,32 @@ struct ChunkHashArgs {
   Stream* stream = nullptr;
 };
 inline constexpr int64_t kMaxHashChunkBytes = int64_t{1} << 30;
+// Rope2d positions are < this (the tower's 512x512 table).
+inline constexpr int32_t kMaxRopePosition = 512;
+
+// Non-causal attention within each image of a packed batch (the vision tower's
+// block-diagonal attention): image i owns tokens [cu_seqlens[i], cu_seqlens[i+1]),
+// and each of its queries attends to every key of the same image only:
+//   out[t, h] = sum_j softmax_j(scale * q[t,h] . k[j,h]) v[j,h],  j in t's image.
+// q, k, v, out: [num_tokens, heads * head_dim] with row strides (q/k/v may be
+// column slices of one [T, 3Q] qkv row: ld_qkv).
+struct VisionAttnArgs {
+  int64_t heads = 0;
+  int64_t head_dim = 0;
+  float scale = 0;  // head_dim^-0.5
+  int64_t num_images = 0;
+  // Host copies: num_tokens = cu_seqlens[num_images]; max_seqlen >= every image's
+  // token count (device backends size grids and scratch from them).
+  int64_t num_tokens = 0;
+  int64_t max_seqlen = 0;
+  const int32_t* cu_seqlens = nullptr;  // [num_images + 1], cu_seqlens[0] = 0
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t ld_qkv = 0;
+  float* out = nullptr;  // [num_tokens, heads * head_dim], row stride ld_out
+  int64_t ld_out = 0;
+};
 
 class Backend {
  public:
@@ -196,8 +230,9 @@ class Backend {
   virtual absl::string_view name() const = 0;
   // The memory every op's pointers refer to, and its compute stream.
   virtual Device& device() = 0;
-  // Whether this backend implements `op` (all ops, unless it says otherwise).
-  virtual bool Supports(Op op) const { return true; }
+  // Whether this backend implements `op` (all ops but the optional vision ops,
+  // unless it says otherwise).
+  virtual bool Supports(Op op) const { return !IsVisionOp(op); }
   // Waits for the ops enqueued so far; returns the first error a kernel recorded
   // (e.g. a token id out of range) since the last call.
   virtual absl::Status Synchronize() { return device().Synchronize(); }
@@ -329,6 +364,29 @@ class Backend {
   // ---- Integrity ----------------------------------------------------------------
   // XXH64 per chunk of a byte stream in device memory (ChunkHashArgs above).
   virtual absl::Status ChunkHashes(const ChunkHashArgs& args) = 0;
+
+  // ---- Vision tower (optional: the defaults return Unimplemented naming the op
+  // and the backend, and such a backend answers Supports(op) = false) ----------
+  // 2-D rotary embedding in place: for token t at (row, col) = (pos[2t], pos[2t+1])
+  // and each of `heads` heads of width head_dim (a multiple of 4), with
+  // f_i = theta^(-4i/head_dim), i < head_dim/4, the pairs (4i, 4i+1) rotate by
+  // col * f_i and (4i+2, 4i+3) by row * f_i: (a, b) -> (a cos - b sin, a sin + b cos).
+  // x [tokens, heads * head_dim] row stride ldx; pos [tokens, 2] int32 (device
+  // memory; values in [0, kMaxRopePosition)).
+  virtual absl::Status Rope2d(float* x, int64_t ldx, const int32_t* pos, int64_t tokens,
+                              int64_t heads, int64_t head_dim, float theta);
+  // y = gelu(x) over [rows, n] with strides; tanh_approx: 0.5x(1 + tanh(sqrt(2/pi)
+  // (x + 0.044715x^3))) (PyTorch "gelu_pytorch_tanh"), else 0.5x(1 + erf(x/sqrt2)).
+  // y may equal x (same ld).
+  virtual absl::Status Gelu(const float* x, int64_t ldx, float* y, int64_t ldy,
+                            int64_t rows, int64_t n, bool tanh_approx);
+  // Block-diagonal attention within each image (VisionAttnArgs above).
+  virtual absl::Status VisionAttention(const VisionAttnArgs& args);
+  // 2x2 patch merge of one image's [grid_h * grid_w, d] row-major patch grid
+  // (grid_h, grid_w even): out row m = (r/2) * (grid_w/2) + c/2 is the concatenation
+  // of patches (2R,2C), (2R,2C+1), (2R+1,2C), (2R+1,2C+1) -> [grid_h*grid_w/4, 4d].
+  virtual absl::Status Merge2x2(const float* x, int64_t ldx, int64_t grid_h,
+                                int64_t grid_w, int64_t d, float* out, int64_t ldo);
 };
 
 }  // namespace tandem::kernels

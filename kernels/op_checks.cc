@@ -167,4 +167,89 @@ absl::Status CheckChunkHashes(const ChunkHashArgs& a) {
   return absl::OkStatus();
 }
 
+absl::Status CheckRope2dShape(const float* x, int64_t ldx, const int32_t* pos,
+                              int64_t tokens, int64_t heads, int64_t head_dim,
+                              float theta) {
+  if (tokens < 0 || heads <= 0 || head_dim <= 0 || head_dim % 4 != 0) {
+    return InvalidArgument("rope2d: bad shape (tokens ", tokens, ", heads ", heads,
+                           ", head_dim ", head_dim,
+                           "; head_dim must be a multiple of 4)");
+  }
+  if (!(theta > 1.0f) || !std::isfinite(theta)) {
+    return InvalidArgument("rope2d: theta must be finite and > 1, got ", theta);
+  }
+  if (tokens == 0) return absl::OkStatus();
+  if (x == nullptr || pos == nullptr) return InvalidArgument("rope2d: null pointer");
+  if (tokens > 1 && ldx < heads * head_dim) {
+    return InvalidArgument("rope2d: row stride ", ldx, " < ", heads * head_dim);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRope2d(const float* x, int64_t ldx, const int32_t* pos,
+                         int64_t tokens, int64_t heads, int64_t head_dim, float theta) {
+  TANDEM_RETURN_IF_ERROR(CheckRope2dShape(x, ldx, pos, tokens, heads, head_dim, theta));
+  for (int64_t i = 0; i < 2 * tokens; ++i) {
+    if (pos[i] < 0 || pos[i] >= kMaxRopePosition) {
+      return InvalidArgument("rope2d: position ", pos[i], " of token ", i / 2,
+                             " is outside [0, ", kMaxRopePosition, ")");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckVisionAttentionShape(const VisionAttnArgs& a) {
+  if (a.heads <= 0 || a.head_dim <= 0 || a.num_images < 0 || a.num_tokens < 0 ||
+      a.max_seqlen < 0) {
+    return InvalidArgument("vision_attention: bad shape");
+  }
+  if (!std::isfinite(a.scale)) return InvalidArgument("vision_attention: bad scale");
+  if (a.num_images == 0 || a.num_tokens == 0) return absl::OkStatus();
+  if (!a.cu_seqlens || !a.q || !a.k || !a.v || !a.out) {
+    return InvalidArgument("vision_attention: null pointer");
+  }
+  const int64_t width = a.heads * a.head_dim;
+  if (a.num_tokens > 1 && (a.ld_qkv < width || a.ld_out < width)) {
+    return InvalidArgument("vision_attention: row stride too small (ld_qkv ", a.ld_qkv,
+                           ", ld_out ", a.ld_out, ", width ", width, ")");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckVisionAttention(const VisionAttnArgs& a) {
+  TANDEM_RETURN_IF_ERROR(CheckVisionAttentionShape(a));
+  if (a.num_images == 0) return absl::OkStatus();
+  if (a.cu_seqlens == nullptr) return InvalidArgument("vision_attention: null pointer");
+  if (a.cu_seqlens[0] != 0)
+    return InvalidArgument("vision_attention: cu_seqlens[0] != 0");
+  for (int64_t i = 0; i < a.num_images; ++i) {
+    const int64_t len = int64_t{a.cu_seqlens[i + 1]} - a.cu_seqlens[i];
+    if (len < 0 || len > a.max_seqlen) {
+      return InvalidArgument("vision_attention: image ", i, " has ", len,
+                             " tokens (max_seqlen ", a.max_seqlen, ")");
+    }
+  }
+  if (a.cu_seqlens[a.num_images] != a.num_tokens) {
+    return InvalidArgument("vision_attention: cu_seqlens ends at ",
+                           a.cu_seqlens[a.num_images], ", num_tokens is ",
+                           a.num_tokens);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckMerge2x2(const float* x, int64_t ldx, int64_t grid_h, int64_t grid_w,
+                           int64_t d, const float* out, int64_t ldo) {
+  if (grid_h < 0 || grid_w < 0 || d <= 0 || grid_h % 2 != 0 || grid_w % 2 != 0) {
+    return InvalidArgument("merge2x2: the grid must be even and d > 0 (grid ", grid_h,
+                           "x", grid_w, ", d ", d, ")");
+  }
+  if (grid_h == 0 || grid_w == 0) return absl::OkStatus();
+  if (x == nullptr || out == nullptr) return InvalidArgument("merge2x2: null pointer");
+  if (ldx < d || ldo < 4 * d) {
+    return InvalidArgument("merge2x2: row stride too small (ldx ", ldx, ", ldo ", ldo,
+                           ", d ", d, ")");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tandem::kernels

@@ -31,6 +31,18 @@ absl::Status CheckChunkHashes(const ChunkHashArgs& a);
 // ceil(total_bytes / chunk_bytes) (0 when either is <= 0).
 int64_t NumHashChunks(const ChunkHashArgs& a);
 
+// Vision ops. CheckRope2d / CheckVisionAttention also read the position and
+// cu_seqlens tables (host-addressable backends); the *Shape forms do not.
+absl::Status CheckRope2dShape(const float* x, int64_t ldx, const int32_t* pos,
+                              int64_t tokens, int64_t heads, int64_t head_dim,
+                              float theta);
+absl::Status CheckRope2d(const float* x, int64_t ldx, const int32_t* pos,
+                         int64_t tokens, int64_t heads, int64_t head_dim, float theta);
+absl::Status CheckVisionAttentionShape(const VisionAttnArgs& a);
+absl::Status CheckVisionAttention(const VisionAttnArgs& a);
+absl::Status CheckMerge2x2(const float* x, int64_t ldx, int64_t grid_h, int64_t grid_w,
+                           int64_t d, const float* out, int64_t ldo);
+
 // E2M1 values of MXFP4 codes 0..15 and the E8M0 scale of a byte.
 extern const float kE2m1Values[16];
 float E8m0ToF32(uint8_t s);

@@ -632,6 +632,131 @@ class CpuBackend final : public Backend {
     return HostChunkHashes(args);
   }
 
+  // ---- Vision tower -------------------------------------------------------------
+  bool Supports(Op) const override { return true; }
+
+  // Angles in fp32 as the reference's table (f_i = theta^(-4i/d) in fp32, times
+  // the integer position), rotations in fp32.
+  absl::Status Rope2d(float* x, int64_t ldx, const int32_t* pos, int64_t tokens,
+                      int64_t heads, int64_t head_dim, float theta) override {
+    TANDEM_RETURN_IF_ERROR(CheckRope2d(x, ldx, pos, tokens, heads, head_dim, theta));
+    const int64_t quarter = head_dim / 4;
+    std::vector<float> freq(quarter);
+    for (int64_t i = 0; i < quarter; ++i) {
+      freq[i] = 1.0f / std::pow(theta, static_cast<float>(4 * i) /
+                                           static_cast<float>(head_dim));
+    }
+    Rows(tokens, heads * head_dim * 4, [&](int64_t b, int64_t e) {
+      std::vector<float> cs(4 * quarter);
+      for (int64_t t = b; t < e; ++t) {
+        const float row = static_cast<float>(pos[2 * t]);
+        const float col = static_cast<float>(pos[2 * t + 1]);
+        for (int64_t i = 0; i < quarter; ++i) {
+          const float pc = col * freq[i], pr = row * freq[i];
+          cs[4 * i] = std::cos(pc);
+          cs[4 * i + 1] = std::sin(pc);
+          cs[4 * i + 2] = std::cos(pr);
+          cs[4 * i + 3] = std::sin(pr);
+        }
+        for (int64_t h = 0; h < heads; ++h) {
+          float* xh = x + t * ldx + h * head_dim;
+          for (int64_t i = 0; i < 2 * quarter; ++i) {
+            const float c = cs[2 * i], sn = cs[2 * i + 1];
+            const float a = xh[2 * i], bb = xh[2 * i + 1];
+            xh[2 * i] = a * c - bb * sn;
+            xh[2 * i + 1] = a * sn + bb * c;
+          }
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
+
+  absl::Status Gelu(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                    int64_t n, bool tanh_approx) override {
+    TANDEM_RETURN_IF_ERROR(CheckRows(rows, n, ldx, "gelu"));
+    TANDEM_RETURN_IF_ERROR(CheckRows(rows, n, ldy, "gelu"));
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+    constexpr float kInvSqrt2 = 0.7071067811865476f;
+    Rows(rows, n * 8, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const float* xr = x + r * ldx;
+        float* yr = y + r * ldy;
+        if (tanh_approx) {
+          for (int64_t i = 0; i < n; ++i) {
+            const float v = xr[i];
+            yr[i] = 0.5f * v *
+                    (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
+          }
+        } else {
+          for (int64_t i = 0; i < n; ++i) {
+            const float v = xr[i];
+            yr[i] = 0.5f * v * (1.0f + std::erf(v * kInvSqrt2));
+          }
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
+
+  // Per (image, head): scores of a tile of queries against all of the image's keys
+  // by GemmF32, an exact row softmax, then P . V by GemmF32 on V transposed.
+  // Scratch: kTile * max_seqlen + head_dim * max_seqlen floats.
+  absl::Status VisionAttention(const VisionAttnArgs& a) override {
+    TANDEM_RETURN_IF_ERROR(CheckVisionAttention(a));
+    constexpr int64_t kTile = 64;
+    const int64_t d = a.head_dim;
+    std::vector<float> scores(kTile * a.max_seqlen), vt(d * a.max_seqlen);
+    for (int64_t img = 0; img < a.num_images; ++img) {
+      const int64_t b = a.cu_seqlens[img], n = a.cu_seqlens[img + 1] - b;
+      if (n == 0) continue;
+      for (int64_t h = 0; h < a.heads; ++h) {
+        const float* v = a.v + b * a.ld_qkv + h * d;
+        for (int64_t j = 0; j < n; ++j) {
+          for (int64_t c = 0; c < d; ++c) vt[c * n + j] = v[j * a.ld_qkv + c];
+        }
+        for (int64_t t0 = 0; t0 < n; t0 += kTile) {
+          const int64_t m = std::min(kTile, n - t0);
+          TANDEM_RETURN_IF_ERROR(GemmF32(a.q + (b + t0) * a.ld_qkv + h * d, a.ld_qkv,
+                                         a.k + b * a.ld_qkv + h * d, a.ld_qkv,
+                                         scores.data(), n, m, n, d, false));
+          Rows(m, n * 8, [&](int64_t rb, int64_t re) {
+            for (int64_t r = rb; r < re; ++r) {
+              float* sr = scores.data() + r * n;
+              float mx = -std::numeric_limits<float>::infinity();
+              for (int64_t j = 0; j < n; ++j) mx = std::max(mx, sr[j] * a.scale);
+              double den = 0;
+              for (int64_t j = 0; j < n; ++j) {
+                sr[j] = std::exp(sr[j] * a.scale - mx);
+                den += sr[j];
+              }
+              const float inv = static_cast<float>(1.0 / den);
+              for (int64_t j = 0; j < n; ++j) sr[j] *= inv;
+            }
+          });
+          TANDEM_RETURN_IF_ERROR(GemmF32(scores.data(), n, vt.data(), n,
+                                         a.out + (b + t0) * a.ld_out + h * d, a.ld_out,
+                                         m, d, n, false));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Merge2x2(const float* x, int64_t ldx, int64_t grid_h, int64_t grid_w,
+                        int64_t d, float* out, int64_t ldo) override {
+    TANDEM_RETURN_IF_ERROR(CheckMerge2x2(x, ldx, grid_h, grid_w, d, out, ldo));
+    for (int64_t r = 0; r < grid_h; ++r) {
+      for (int64_t c = 0; c < grid_w; ++c) {
+        const int64_t m = (r / 2) * (grid_w / 2) + c / 2;
+        const int64_t part = (r % 2) * 2 + (c % 2);
+        std::memcpy(out + m * ldo + part * d, x + (r * grid_w + c) * ldx,
+                    static_cast<size_t>(d) * sizeof(float));
+      }
+    }
+    return absl::OkStatus();
+  }
+
  private:
   std::unique_ptr<Device> device_ = CreateHostDevice();
   static void SituRow(const float* g, const float* u, float* out, int64_t n, float beta,

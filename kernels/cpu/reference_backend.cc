@@ -461,6 +461,100 @@ class ReferenceBackend final : public Backend {
     return HostChunkHashes(args);
   }
 
+  // ---- Vision tower -------------------------------------------------------------
+  bool Supports(Op) const override { return true; }
+
+  absl::Status Rope2d(float* x, int64_t ldx, const int32_t* pos, int64_t tokens,
+                      int64_t heads, int64_t head_dim, float theta) override {
+    TANDEM_RETURN_IF_ERROR(CheckRope2d(x, ldx, pos, tokens, heads, head_dim, theta));
+    for (int64_t t = 0; t < tokens; ++t) {
+      const double row = pos[2 * t], col = pos[2 * t + 1];
+      for (int64_t h = 0; h < heads; ++h) {
+        float* xh = x + t * ldx + h * head_dim;
+        for (int64_t i = 0; i < head_dim / 4; ++i) {
+          const double f = std::pow(static_cast<double>(theta),
+                                    -4.0 * static_cast<double>(i) / head_dim);
+          for (int half = 0; half < 2; ++half) {
+            const double phi = (half == 0 ? col : row) * f;
+            float* e = xh + 4 * i + 2 * half;
+            const double a = e[0], b = e[1];
+            e[0] = static_cast<float>(a * std::cos(phi) - b * std::sin(phi));
+            e[1] = static_cast<float>(a * std::sin(phi) + b * std::cos(phi));
+          }
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Gelu(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                    int64_t n, bool tanh_approx) override {
+    TANDEM_RETURN_IF_ERROR(CheckRows(rows, n, ldx, "gelu"));
+    TANDEM_RETURN_IF_ERROR(CheckRows(rows, n, ldy, "gelu"));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i = 0; i < n; ++i) {
+        const double v = x[r * ldx + i];
+        const double g = tanh_approx ? 0.5 * v *
+                                           (1.0 + std::tanh(std::sqrt(2.0 / M_PI) *
+                                                            (v + 0.044715 * v * v * v)))
+                                     : 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
+        y[r * ldy + i] = static_cast<float>(g);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status VisionAttention(const VisionAttnArgs& a) override {
+    TANDEM_RETURN_IF_ERROR(CheckVisionAttention(a));
+    const int64_t d = a.head_dim;
+    std::vector<double> score;
+    for (int64_t img = 0; img < a.num_images; ++img) {
+      const int64_t b = a.cu_seqlens[img], e = a.cu_seqlens[img + 1];
+      score.resize(e - b);
+      for (int64_t h = 0; h < a.heads; ++h) {
+        for (int64_t t = b; t < e; ++t) {
+          const float* q = a.q + t * a.ld_qkv + h * d;
+          double mx = -std::numeric_limits<double>::infinity();
+          for (int64_t j = b; j < e; ++j) {
+            const float* k = a.k + j * a.ld_qkv + h * d;
+            double dot = 0;
+            for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * k[c];
+            score[j - b] = dot * a.scale;
+            mx = std::max(mx, score[j - b]);
+          }
+          double den = 0;
+          for (double& sc : score) {
+            sc = std::exp(sc - mx);
+            den += sc;
+          }
+          float* o = a.out + t * a.ld_out + h * d;
+          for (int64_t c = 0; c < d; ++c) {
+            double acc = 0;
+            for (int64_t j = b; j < e; ++j) {
+              acc += score[j - b] * a.v[j * a.ld_qkv + h * d + c];
+            }
+            o[c] = static_cast<float>(acc / den);
+          }
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Merge2x2(const float* x, int64_t ldx, int64_t grid_h, int64_t grid_w,
+                        int64_t d, float* out, int64_t ldo) override {
+    TANDEM_RETURN_IF_ERROR(CheckMerge2x2(x, ldx, grid_h, grid_w, d, out, ldo));
+    for (int64_t r = 0; r < grid_h; ++r) {
+      for (int64_t c = 0; c < grid_w; ++c) {
+        const int64_t m = (r / 2) * (grid_w / 2) + c / 2;
+        const int64_t part = (r % 2) * 2 + (c % 2);
+        const float* src = x + (r * grid_w + c) * ldx;
+        std::copy(src, src + d, out + m * ldo + part * d);
+      }
+    }
+    return absl::OkStatus();
+  }
+
  private:
   std::unique_ptr<Device> device_ = CreateHostDevice();
   static void Dequant(const uint8_t* packed, const uint8_t* scale, int64_t rows,
