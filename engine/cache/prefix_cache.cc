@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 #include <utility>
 
 #include "common/status.h"
@@ -139,7 +140,8 @@ bool PrefixCache::InsertBlock(absl::Span<const BlockHash> hashes, int64_t index,
   return true;
 }
 
-absl::StatusOr<SnapshotId> PrefixCache::StoreSnapshot(BlockHash key) {
+absl::StatusOr<SnapshotId> PrefixCache::StoreSnapshot(BlockHash key, int64_t tokens,
+                                                      uint64_t route_hash) {
   if (config_.num_snapshots <= 0) return FailedPrecondition("no snapshot pool");
   if (!entries_.contains(key)) {
     return NotFound("snapshot key names no cached block");
@@ -159,16 +161,40 @@ absl::StatusOr<SnapshotId> PrefixCache::StoreSnapshot(BlockHash key) {
   s.id = free_snapshots_.back();
   free_snapshots_.pop_back();
   s.last_use = ++clock_;
+  s.tokens = tokens;
+  s.route_hash = route_hash;
   snapshots_.emplace(key, s);
   ++stats_.snapshots_stored;
+  Publish({PrefixEvent::Kind::kStored, tokens, route_hash});
   return s.id;
+}
+
+void PrefixCache::Publish(const PrefixEvent& e) {
+  if (events_ == nullptr) return;
+  events_->Push(e, [this] { return ResyncEvents(); });
+}
+
+std::vector<PrefixEvent> PrefixCache::ResyncEvents() const {
+  std::vector<PrefixEvent> out;
+  out.reserve(snapshots_.size() + 1);
+  out.push_back({PrefixEvent::Kind::kCleared, 0, 0});
+  for (const auto& [key, s] : snapshots_) {
+    out.push_back({PrefixEvent::Kind::kStored, s.tokens, s.route_hash});
+  }
+  std::sort(out.begin() + 1, out.end(), [](const PrefixEvent& a, const PrefixEvent& b) {
+    return a.tokens != b.tokens ? a.tokens < b.tokens : a.route_hash < b.route_hash;
+  });
+  return out;
 }
 
 void PrefixCache::DropSnapshot(BlockHash key) {
   auto it = snapshots_.find(key);
   if (it == snapshots_.end()) return;
+  const PrefixEvent removed{PrefixEvent::Kind::kRemoved, it->second.tokens,
+                            it->second.route_hash};
   free_snapshots_.push_back(it->second.id);
   snapshots_.erase(it);
+  Publish(removed);
 }
 
 void PrefixCache::Evict(BlockHash h) {
@@ -191,20 +217,27 @@ void PrefixCache::Evict(BlockHash h) {
 
 int64_t PrefixCache::Reclaim(int64_t free_blocks) {
   int64_t evicted = 0;
-  while (blocks_->num_free() < free_blocks) {
-    // Unreferenced leaves, least recently used first (deepest first among equals).
-    std::vector<std::pair<uint64_t, BlockHash>> leaves;
-    for (const auto& [h, e] : entries_) {
-      if (e.children == 0 && blocks_->ref_count(e.block) == 1) {
-        leaves.emplace_back(e.last_use, h);
+  if (blocks_->num_free() >= free_blocks) return 0;
+  // Unreferenced leaves, least recently used first; a parent whose last child
+  // goes becomes a leaf and joins in its own LRU place (strict LRU over leaves).
+  std::set<std::pair<uint64_t, BlockHash>> leaves;
+  auto evictable_leaf = [&](const Entry& e) {
+    return e.children == 0 && blocks_->ref_count(e.block) == 1;
+  };
+  for (const auto& [h, e] : entries_) {
+    if (evictable_leaf(e)) leaves.emplace(e.last_use, h);
+  }
+  while (blocks_->num_free() < free_blocks && !leaves.empty()) {
+    const BlockHash h = leaves.begin()->second;
+    leaves.erase(leaves.begin());
+    const Entry e = entries_.at(h);
+    Evict(h);
+    ++evicted;
+    if (e.has_parent) {
+      auto parent = entries_.find(e.parent);
+      if (parent != entries_.end() && evictable_leaf(parent->second)) {
+        leaves.emplace(parent->second.last_use, e.parent);
       }
-    }
-    if (leaves.empty()) break;
-    std::sort(leaves.begin(), leaves.end());
-    for (const auto& [use, h] : leaves) {
-      if (blocks_->num_free() >= free_blocks) break;
-      Evict(h);
-      ++evicted;
     }
   }
   return evicted;
@@ -214,7 +247,9 @@ void PrefixCache::Clear() {
   for (const auto& [h, e] : entries_) blocks_->Free(e.block).IgnoreError();
   entries_.clear();
   by_block_.clear();
-  while (!snapshots_.empty()) DropSnapshot(snapshots_.begin()->first);
+  for (const auto& [key, s] : snapshots_) free_snapshots_.push_back(s.id);
+  snapshots_.clear();
+  Publish({PrefixEvent::Kind::kCleared, 0, 0});
 }
 
 int64_t PrefixCache::num_evictable_blocks() const {

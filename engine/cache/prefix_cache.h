@@ -31,7 +31,15 @@
 // end (a snapshot without its blocks is useless). Snapshots have their own pool
 // (a fixed number of KDA slots, their share of the memory budget) and LRU.
 //
-// Not thread-safe: the scheduler (one engine loop) owns it.
+// Events (engine/cache/prefix_events.h): with an event queue set, every snapshot
+// stored is a kStored of its position and route hash, every snapshot dropped
+// (pool LRU, its block evicted) a kRemoved, and Clear a kCleared: a snapshot
+// exists only while all the blocks before it are cached (eviction takes leaves
+// and drops the snapshot at the evicted block), so the snapshots held are
+// exactly the usable hit positions.
+//
+// Not thread-safe: the scheduler (one engine loop) owns it (the event queue is
+// thread-safe on its own).
 #ifndef TANDEM_ENGINE_CACHE_PREFIX_CACHE_H_
 #define TANDEM_ENGINE_CACHE_PREFIX_CACHE_H_
 
@@ -45,6 +53,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/cache/block_allocator.h"
+#include "engine/cache/prefix_events.h"
 
 namespace tandem::engine {
 
@@ -151,7 +160,16 @@ class PrefixCache {
   // the least recently used snapshot when the pool is full. NotFound when the
   // block is not cached (a snapshot without its blocks is useless),
   // AlreadyExists when `key` has one, FailedPrecondition without a pool.
-  absl::StatusOr<SnapshotId> StoreSnapshot(BlockHash key);
+  // `tokens` (the position, a multiple of 64) and `route_hash`
+  // (RoutePrefixHash of the prompt at it) name it in the events.
+  absl::StatusOr<SnapshotId> StoreSnapshot(BlockHash key, int64_t tokens = 0,
+                                           uint64_t route_hash = 0);
+
+  // Events go to `queue` (not owned; null: none) from now on.
+  void set_event_queue(PrefixEventQueue* queue) { events_ = queue; }
+  // kCleared, then kStored for every snapshot held (ascending positions): the
+  // state a consumer rebuilds its index from.
+  std::vector<PrefixEvent> ResyncEvents() const;
 
   // Evicts unreferenced cached blocks (LRU leaves first) until the allocator
   // has `free_blocks` free or nothing more can go; returns how many went.
@@ -182,7 +200,10 @@ class PrefixCache {
   struct Snapshot {
     SnapshotId id = -1;
     uint64_t last_use = 0;
+    int64_t tokens = 0;       // for events
+    uint64_t route_hash = 0;  // for events
   };
+  void Publish(const PrefixEvent& e);
   void Evict(BlockHash h);
   void DropSnapshot(BlockHash key);
 
@@ -194,6 +215,7 @@ class PrefixCache {
   std::vector<SnapshotId> free_snapshots_;  // stack
   uint64_t clock_ = 0;
   PrefixCacheStats stats_;
+  PrefixEventQueue* events_ = nullptr;  // not owned
 };
 
 }  // namespace tandem::engine

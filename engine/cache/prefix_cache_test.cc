@@ -271,5 +271,171 @@ TEST(PrefixCacheTest, FuzzNeverFreesABlockInUse) {
   EXPECT_EQ(f.alloc.num_free(), 96);
 }
 
+// The router's view: an index of usable prefixes rebuilt from the events alone.
+// A kStored of a prefix already indexed, or a kRemoved of one that is not, is a
+// broken stream.
+struct EventIndex {
+  std::map<uint64_t, int64_t> held;  // route hash -> tokens
+  int64_t stored = 0, removed = 0, cleared = 0;
+  void Apply(const std::vector<PrefixEvent>& events) {
+    for (const PrefixEvent& e : events) {
+      switch (e.kind) {
+        case PrefixEvent::Kind::kStored:
+          ++stored;
+          EXPECT_TRUE(held.emplace(e.route_hash, e.tokens).second) << e.route_hash;
+          break;
+        case PrefixEvent::Kind::kRemoved:
+          ++removed;
+          EXPECT_EQ(held.erase(e.route_hash), 1u) << e.route_hash;
+          break;
+        case PrefixEvent::Kind::kCleared:
+          ++cleared;
+          held.clear();
+          break;
+      }
+    }
+  }
+  // Equal to what the cache holds (its resync lists every snapshot).
+  void ExpectMatches(const PrefixCache& cache) const {
+    std::map<uint64_t, int64_t> want;
+    for (const PrefixEvent& e : cache.ResyncEvents()) {
+      if (e.kind == PrefixEvent::Kind::kStored) want[e.route_hash] = e.tokens;
+    }
+    EXPECT_EQ(held, want);
+    EXPECT_EQ(static_cast<int32_t>(held.size()), cache.num_snapshots());
+  }
+};
+
+TEST(PrefixCacheEventsTest, StoredRemovedClearedNameUsablePrefixes) {
+  Fixture f(16, 2);
+  PrefixEventQueue q(64);
+  f.cache.set_event_queue(&q);
+  const auto a = ChainedBlockHashes(Tokens(16 * 8, 5), 16, "");
+  const auto b = ChainedBlockHashes(Tokens(16 * 4, 6), 16, "");
+  Compute(&f, a);
+  Compute(&f, b);
+  EXPECT_TRUE(q.Take().empty());  // blocks alone are no usable prefix
+  ASSERT_TRUE(f.cache.StoreSnapshot(a[3], 64, 0xa64).ok());
+  ASSERT_TRUE(f.cache.StoreSnapshot(a[7], 128, 0xa128).ok());
+  std::vector<PrefixEvent> ev = q.Take();
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0], (PrefixEvent{PrefixEvent::Kind::kStored, 64, 0xa64}));
+  EXPECT_EQ(ev[1], (PrefixEvent{PrefixEvent::Kind::kStored, 128, 0xa128}));
+  // The pool (2) is full: b's snapshot evicts the least recently used (a at 64).
+  EXPECT_EQ(f.cache.Lookup(a, 1000).tokens, 128);  // touches a[7]'s snapshot
+  ASSERT_TRUE(f.cache.StoreSnapshot(b[3], 64, 0xb64).ok());
+  ev = q.Take();
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0], (PrefixEvent{PrefixEvent::Kind::kRemoved, 64, 0xa64}));
+  EXPECT_EQ(ev[1], (PrefixEvent{PrefixEvent::Kind::kStored, 64, 0xb64}));
+  // Evicting a's deepest block drops the snapshot at its end: removed.
+  EXPECT_EQ(f.cache.Lookup(b, 1000).tokens, 64);  // b most recent
+  EXPECT_EQ(f.cache.Reclaim(5), 1);               // a[7], the LRU leaf
+  ev = q.Take();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0], (PrefixEvent{PrefixEvent::Kind::kRemoved, 128, 0xa128}));
+  EXPECT_EQ(f.cache.Lookup(a, 1000).tokens, 0);
+  EXPECT_EQ(f.cache.Lookup(b, 1000).tokens, 64);  // b most recent again
+  // Evicting blocks without snapshots (a's, LRU) says nothing.
+  EXPECT_EQ(f.cache.Reclaim(11), 6);
+  EXPECT_TRUE(q.Take().empty());
+  f.cache.Clear();
+  ev = q.Take();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].kind, PrefixEvent::Kind::kCleared);
+  EXPECT_TRUE(f.cache.CheckInvariants().ok());
+}
+
+TEST(PrefixCacheEventsTest, OverflowResyncsTheConsumer) {
+  Fixture f(64, 6);
+  PrefixEventQueue q(3);
+  f.cache.set_event_queue(&q);
+  EventIndex index;
+  std::vector<std::vector<BlockHash>> h;
+  for (int i = 0; i < 6; ++i) {
+    h.push_back(ChainedBlockHashes(Tokens(64, 20 + i), 16, ""));
+    Compute(&f, h.back());
+  }
+  // Six stores into a queue of three: the fourth push resyncs (cleared + the
+  // four held), the fifth and sixth overflow again.
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(f.cache.StoreSnapshot(h[i][3], 64, 1000 + i).ok());
+  }
+  EXPECT_GE(q.overflows(), 1);
+  const std::vector<PrefixEvent> ev = q.Take();
+  ASSERT_FALSE(ev.empty());
+  index.Apply(ev);
+  index.ExpectMatches(f.cache);
+  EXPECT_EQ(index.held.size(), 6u);
+}
+
+// Random traffic with a consumer draining at random moments: the index the
+// events build always equals the snapshots held, and the counts balance
+// (stored - removed = held, once no kCleared came).
+TEST(PrefixCacheEventsTest, FuzzEventsTrackTheHeldSnapshots) {
+  std::mt19937_64 rng(11);
+  Fixture f(80, 5);
+  PrefixEventQueue q(1 << 16);
+  f.cache.set_event_queue(&q);
+  EventIndex index;
+  std::vector<std::vector<BlockHash>> prompts;
+  for (int i = 0; i < 10; ++i) {
+    std::vector<int32_t> t = Tokens(64, i % 3 == 0 ? 100 : 200 + i);
+    std::vector<int32_t> tail = Tokens(16 * (4 + 4 * (i % 3)), 300 + i);
+    t.insert(t.end(), tail.begin(), tail.end());
+    prompts.push_back(ChainedBlockHashes(t, 16, ""));
+  }
+  std::vector<std::vector<BlockId>> live;
+  for (int step = 0; step < 2000; ++step) {
+    const int op = static_cast<int>(rng() % 5);
+    if (op <= 1 || live.empty()) {
+      const size_t which = rng() % prompts.size();
+      const auto& h = prompts[which];
+      PrefixHit hit = f.cache.Lookup(h, static_cast<int64_t>(h.size()) * 16 + 1);
+      std::vector<BlockId> blocks;
+      for (BlockId b : hit.blocks) {
+        ASSERT_TRUE(f.alloc.IncRef(b).ok());
+        blocks.push_back(b);
+      }
+      const int64_t need = static_cast<int64_t>(h.size() - hit.blocks.size());
+      f.cache.Reclaim(need);
+      if (!f.alloc.AllocateN(need, &blocks).ok()) {
+        for (BlockId b : blocks) ASSERT_TRUE(f.alloc.Free(b).ok());
+        continue;
+      }
+      for (size_t i = hit.blocks.size(); i < h.size(); ++i) {
+        f.cache.InsertBlock(h, i, blocks[i]);
+      }
+      for (size_t k = 4; k <= h.size(); k += 4) {
+        if (rng() % 2 == 0) {
+          f.cache.StoreSnapshot(h[k - 1], 16 * k, which * 1000 + k).IgnoreError();
+        }
+      }
+      live.push_back(std::move(blocks));
+    } else if (op == 2) {
+      const size_t i = rng() % live.size();
+      for (BlockId b : live[i]) ASSERT_TRUE(f.alloc.Free(b).ok());
+      live.erase(live.begin() + i);
+    } else if (op == 3) {
+      f.cache.Reclaim(static_cast<int64_t>(rng() % 80));
+    } else {
+      index.Apply(q.Take());
+      index.ExpectMatches(f.cache);
+      if (rng() % 50 == 0) f.cache.Clear();
+    }
+  }
+  index.Apply(q.Take());
+  index.ExpectMatches(f.cache);
+  EXPECT_GT(index.stored, 50);
+  EXPECT_GT(index.removed, 10);
+  for (const auto& blocks : live) {
+    for (BlockId b : blocks) ASSERT_TRUE(f.alloc.Free(b).ok());
+  }
+  f.cache.Clear();
+  index.Apply(q.Take());
+  EXPECT_TRUE(index.held.empty());
+  EXPECT_EQ(f.alloc.num_free(), 80);
+}
+
 }  // namespace
 }  // namespace tandem::engine

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/time/clock.h"
+#include "common/route_hash.h"
 #include "common/status.h"
 #include "engine/runtime/draft_model_proposer.h"
 #include "engine/sampling/rejection_sampler.h"
@@ -93,6 +94,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     sc.num_speculative_tokens = so.num_speculative_tokens;
   }
   TANDEM_ASSIGN_OR_RETURN(e->scheduler_, engine::Scheduler::Create(sc));
+  if (sc.enable_prefix_caching) {
+    e->prefix_events_ = std::make_unique<engine::PrefixEventQueue>(
+        std::max<int64_t>(options.prefix_caching.max_pending_events,
+                          int64_t{sc.num_prefix_snapshots} + 1));
+    e->scheduler_->set_prefix_event_queue(e->prefix_events_.get());
+  }
   KvCacheOptions co;
   co.block_size = sc.block_size;
   co.num_blocks = sc.num_blocks;
@@ -216,6 +223,7 @@ absl::Status Engine::AddRequest(RequestId id, std::vector<int32_t> prompt,
   if (options_.prefix_caching.enabled) {
     sr.block_hashes =
         engine::ChainedBlockHashes(r->prompt, options_.block_size, cache_salt);
+    sr.route_hashes = RouteBlockHashes(r->prompt, cache_salt);
   }
   absl::Status s = scheduler_->Submit(sr);
   if (!s.ok()) requests_.erase(id);

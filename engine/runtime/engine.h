@@ -53,6 +53,7 @@
 #include "absl/types/span.h"
 #include "common/splitmix.h"
 #include "engine/cache/cache_sizing.h"
+#include "engine/cache/prefix_events.h"
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/model_runner.h"
 #include "engine/runtime/tp_executor.h"
@@ -119,6 +120,9 @@ struct PrefixCachingOptions {
   bool enabled = false;
   int32_t num_snapshots = 0;      // 0 with enabled: num_slots
   int64_t snapshot_grid = 16384;  // also snapshot every this many tokens (0: off)
+  // Prefix events pending for TakePrefixEvents at most (at least the pool's
+  // snapshots + 1, a resync's length); past it the queue is replaced by a resync.
+  int64_t max_pending_events = 16384;
 };
 
 // Where a step's time goes (a worker exports it; ./tandem bench engine prints it).
@@ -346,6 +350,18 @@ class Engine {
   // and snapshot (running requests keep theirs).
   PrefixCachingStats prefix_caching_stats() const;
   void ResetPrefixCache() { scheduler_->ResetPrefixCache(); }
+  // Prefix-cache events since the last call (engine/cache/prefix_events.h:
+  // usable hit positions stored, removed, cleared), oldest first; drains them.
+  // Thread-safe: the worker's heartbeat thread may call it while the engine
+  // thread steps. Empty when prefix caching is off.
+  std::vector<engine::PrefixEvent> TakePrefixEvents() {
+    return prefix_events_ != nullptr ? prefix_events_->Take()
+                                     : std::vector<engine::PrefixEvent>{};
+  }
+  // Times the event queue overflowed and was replaced by a resync.
+  int64_t prefix_event_overflows() const {
+    return prefix_events_ != nullptr ? prefix_events_->overflows() : 0;
+  }
   // Forward time and host gaps between steps (StepTimingStats).
   const StepTimingStats& step_timing() const { return timing_; }
   // Speculative decoding: counters, and the proposer (null when off).
@@ -456,6 +472,8 @@ class Engine {
   std::optional<absl::Time> last_forward_end_;
   LayerProgressCallback layer_progress_;
   int64_t snapshot_base_ = 0;  // KDA slot of snapshot 0 (after the running slots)
+  // Prefix-cache events (null: caching off); the scheduler's cache pushes.
+  std::unique_ptr<engine::PrefixEventQueue> prefix_events_;
   std::vector<LayerProgressEntry> progress_;  // the current step's prefill entries
 };
 

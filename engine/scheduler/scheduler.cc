@@ -120,6 +120,7 @@ absl::Status Scheduler::Submit(const SequenceRequest& r) {
     // Only the prompt's full blocks are content (never generated tokens).
     const size_t full = static_cast<size_t>(r.num_prompt_tokens / config_.block_size);
     if (seq->hashes.size() > full) seq->hashes.resize(full);
+    seq->route_hashes = r.route_hashes;
   }
   seqs_.emplace(r.id, std::move(seq));
   waiting_.push_back(r.id);
@@ -343,7 +344,13 @@ absl::StatusOr<SnapshotId> Scheduler::StoreSnapshot(SequenceId id, int64_t posit
   seq->num_computed = std::max(computed, position);
   CacheComputedBlocks(seq);
   seq->num_computed = computed;
-  absl::StatusOr<SnapshotId> s = prefix_->StoreSnapshot(seq->hashes[position / bs - 1]);
+  const int64_t r = position / kKdaChunk - 1;  // positions are multiples of 64
+  const uint64_t route =
+      position % kKdaChunk == 0 && r < static_cast<int64_t>(seq->route_hashes.size())
+          ? seq->route_hashes[r]
+          : 0;
+  absl::StatusOr<SnapshotId> s =
+      prefix_->StoreSnapshot(seq->hashes[position / bs - 1], position, route);
   if (!s.ok()) return -1;  // exists already, or its blocks are not cached
   return *s;
 }

@@ -47,6 +47,7 @@
 #include "engine/cache/block_allocator.h"
 #include "engine/cache/block_table.h"
 #include "engine/cache/prefix_cache.h"
+#include "engine/cache/prefix_events.h"
 #include "engine/cache/slot_pool.h"
 
 namespace tandem::engine {
@@ -92,6 +93,10 @@ struct SequenceRequest {
   // Chained hashes of the prompt's full blocks (ChainedBlockHashes); empty: the
   // sequence neither uses nor fills the prefix cache.
   std::vector<BlockHash> block_hashes;
+  // The prompt's 64-token route hashes (common/route_hash.h RouteBlockHashes:
+  // entry i names tokens [0, 64 (i + 1))): the name of each snapshot position
+  // in the prefix events. Empty: events carry route_hash 0.
+  std::vector<uint64_t> route_hashes;
 };
 
 // One sequence's work in a step.
@@ -194,6 +199,10 @@ class Scheduler {
   void ResetPrefixCache();
   // Null when prefix caching is off.
   const PrefixCache* prefix_cache() const { return prefix_.get(); }
+  // The prefix cache's events go to `queue` (not owned; ignored when off).
+  void set_prefix_event_queue(PrefixEventQueue* queue) {
+    if (prefix_ != nullptr) prefix_->set_event_queue(queue);
+  }
 
   // Cancels a sequence in any state (waiting, running, in the current plan:
   // its results are then ignored) and frees everything it holds.
@@ -238,6 +247,7 @@ class Scheduler {
     int64_t num_prompt_tokens = 0;  // as submitted (max_new_tokens counts from it)
     // Prefix caching.
     std::vector<BlockHash> hashes;            // the prompt's full blocks
+    std::vector<uint64_t> route_hashes;       // the prompt's 64-token route hashes
     int64_t blocks_cached = 0;                // hashes[0 .. blocks_cached) handled
     std::vector<int64_t> snapshot_positions;  // ascending, > the hit
     // A chunk ended off the KDA chunk grid here (progress beat alignment):
