@@ -10,6 +10,7 @@
 #include <string>
 
 #include "engine/model/make_checkpoint.h"
+#include "engine/model/vision_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -46,7 +47,11 @@ TEST(CheckpointTest, TinyOpensAndValidates) {
       << (*ckpt)->ValidateAgainstConfig();
   EXPECT_EQ((*ckpt)->config(), TinyConfig());
   EXPECT_EQ((*ckpt)->tensors().files().size(), 3u);
-  EXPECT_EQ((*ckpt)->tensors().size(), ExpectedTensors(TinyConfig()).size());
+  // The text tensors and the tiny vision tower's (VISION.md section 4).
+  auto vision = VisionConfigOf(TinyConfig());
+  ASSERT_TRUE(vision.ok()) << vision.status();
+  EXPECT_EQ((*ckpt)->tensors().size(), ExpectedTensors(TinyConfig()).size() +
+                                           ExpectedVisionTensors(*vision).size());
 }
 
 TEST(CheckpointTest, LookupWithOrWithoutPrefix) {

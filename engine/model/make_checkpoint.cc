@@ -22,6 +22,7 @@
 #include "common/status.h"
 #include "engine/model/bf16.h"
 #include "engine/model/mxfp4.h"
+#include "engine/model/vision_config.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem::model {
@@ -132,6 +133,9 @@ std::string ShardName(int i, int n) {
   return absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, n);
 }
 
+// Salt of the vision tensors' PRNG streams.
+constexpr uint64_t kVisionStream = 0x5649534e544f5752ull;  // "VISNTOWR"
+
 constexpr const char* kTokenizerFiles[] = {"tiktoken.model", "tokenizer_config.json",
                                            "pat_str.json"};
 
@@ -146,7 +150,7 @@ ModelConfig PublishedK3Config() {
   c.model_type = "kimi_k3";
   c.pad_token_id = 163839;
   c.tie_word_embeddings = false;
-  c.vision_config_json = R"({"patch_size":14,"vt_hidden_size":1152})";
+  c.vision_config_json = PublishedVisionConfig().ToJson();
   TextConfig& t = c.text;
   t.activation_situ_beta = 4.0;
   t.activation_situ_linear_beta = 25.0;
@@ -254,6 +258,7 @@ ModelConfig TinyConfig() {
   t.routed_expert_hidden_size = 32;
   t.num_shared_experts = 2;
   t.routed_scaling_factor = 2.5;
+  c.vision_config_json = TinyVisionConfig(t.hidden_size).ToJson();
   return c;
 }
 
@@ -280,6 +285,7 @@ ModelConfig MidConfig() {
   t.routed_expert_hidden_size = 512;
   t.num_shared_experts = 2;
   t.routed_scaling_factor = 2.5;
+  c.vision_config_json = MidVisionConfig(t.hidden_size).ToJson();
   return c;
 }
 
@@ -304,6 +310,28 @@ absl::StatusOr<TensorData> GenerateTensor(const ModelConfig& config,
   out.dtype = tensor.dtype;
   out.shape = tensor.shape;
   const uint64_t n = Elements(tensor.shape);
+  if (IsVisionTensor(tensor.name)) {
+    // The vision tensors: their own stream family (seed ^ kVisionStream), so
+    // adding them left every text tensor's bytes as they were.
+    WeightRng vrng(StreamSeed(seed ^ kVisionStream, tensor.name));
+    std::vector<float> w(n);
+    float sigma = 0.0f;
+    switch (tensor.kind) {
+      case TensorKind::kNorm:
+        for (float& x : w) x = 1.0f + 0.1f * vrng.Normal();
+        return TensorData{out.name, out.dtype, out.shape, Bf16Bytes(w)};
+      case TensorKind::kEmbedding:  // the position table
+        sigma = 0.1f;
+        break;
+      default: {
+        // [out, in] or [D, 3, p, p]: fan_in = every dimension but the first.
+        const uint64_t fan_in = tensor.shape.empty() ? 1 : n / tensor.shape[0];
+        sigma = 1.0f / std::sqrt(static_cast<float>(std::max<uint64_t>(1, fan_in)));
+      }
+    }
+    for (float& x : w) x = vrng.Normal() * sigma;
+    return TensorData{out.name, out.dtype, out.shape, Bf16Bytes(w)};
+  }
   WeightRng rng(StreamSeed(seed, tensor.name));
   std::vector<float> v;
   auto normal = [&](float sigma) {
@@ -408,6 +436,19 @@ absl::Status MakeCheckpoint(const MakeCheckpointOptions& options) {
   std::vector<std::vector<const ExpectedTensor*>> nonempty;
   for (auto& s : shards) {
     if (!s.empty()) nonempty.push_back(std::move(s));
+  }
+  // The vision tower and projector (when the config has a vision_config) go
+  // after the text tensors into the last shard: the text shards' placement and
+  // bytes are those of a text-only checkpoint.
+  std::vector<ExpectedTensor> vision_table;
+  if (!config.vision_config_json.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(VisionConfig vision, VisionConfigOf(config));
+    vision_table = ExpectedVisionTensors(vision);
+    if (nonempty.empty()) nonempty.emplace_back();
+    for (const ExpectedTensor& t : vision_table) {
+      nonempty.back().push_back(&t);
+      total += t.nbytes();
+    }
   }
   const int n = static_cast<int>(nonempty.size());
 
