@@ -27,8 +27,8 @@ struct PatchedImage {
   // (The reference casts these to BF16 before the patch embed; that cast is
   // the tower's.)
   std::vector<float> patches;
-  // Hash of the decoded pixels (RGB after compositing, before resizing) plus
-  // the grid; equal images give equal hashes whatever their encoding.
+  // XXH3-64 of `patches` seeded with the grid: everything the tower's output
+  // depends on, so equal pixels give equal hashes whatever their encoding.
   uint64_t content_hash = 0;
 
   int num_patches() const { return grid_h * grid_w; }
