@@ -1,0 +1,61 @@
+// The served model's vocabulary as bytes, sorted for trie-order walks.
+// Built once per model and shared by every compiled grammar.
+#ifndef TANDEM_ENGINE_GRAMMAR_TOKEN_VOCABULARY_H_
+#define TANDEM_ENGINE_GRAMMAR_TOKEN_VOCABULARY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace tandem::grammar {
+
+class TokenVocabulary {
+ public:
+  // Base tokens (ids below tokenizer::kNumBaseTokens) by their bytes; every
+  // reserved/special slot (including <|open|>, <|sep|>, ...) is never
+  // matched by a grammar. `stop_token_ids` (e.g. [EOS], <|end_of_msg|>) are
+  // allowed exactly when the grammar can end.
+  static absl::StatusOr<std::shared_ptr<const TokenVocabulary>> FromTokenizer(
+      const tokenizer::Tokenizer& tokenizer, absl::Span<const int32_t> stop_token_ids);
+  // Explicit vocabulary (tests): token i has bytes token_bytes[i]; ids with
+  // `special[i]` (or empty bytes) never match a grammar.
+  static absl::StatusOr<std::shared_ptr<const TokenVocabulary>> FromTokens(
+      std::vector<std::string> token_bytes, std::vector<bool> special,
+      absl::Span<const int32_t> stop_token_ids);
+
+  int32_t size() const { return static_cast<int32_t>(bytes_.size()); }
+  int32_t bitmask_words() const { return (size() + 31) / 32; }
+  // Bytes of a matchable token; empty for special tokens.
+  const std::string& token_bytes(int32_t id) const { return bytes_[id]; }
+  bool matchable(int32_t id) const { return !bytes_[id].empty(); }
+  bool is_stop(int32_t id) const;
+  const std::vector<int32_t>& stop_token_ids() const { return stop_ids_; }
+  // Matchable ids sorted by bytes, and lcp[i] = common prefix length of
+  // sorted[i-1] and sorted[i] (lcp[0] = 0).
+  const std::vector<int32_t>& sorted_ids() const { return sorted_; }
+  const std::vector<int32_t>& lcp() const { return lcp_; }
+  int32_t max_token_bytes() const { return max_len_; }
+  // Bitmask (bitmask_words() words) of all matchable tokens.
+  const std::vector<uint32_t>& matchable_mask() const { return matchable_mask_; }
+
+ private:
+  TokenVocabulary() = default;
+  static absl::StatusOr<std::shared_ptr<const TokenVocabulary>> Build(
+      std::vector<std::string> bytes, absl::Span<const int32_t> stop_ids);
+
+  std::vector<std::string> bytes_;
+  std::vector<int32_t> stop_ids_;
+  std::vector<int32_t> sorted_;
+  std::vector<int32_t> lcp_;
+  std::vector<uint32_t> matchable_mask_;
+  int32_t max_len_ = 0;
+};
+
+}  // namespace tandem::grammar
+
+#endif  // TANDEM_ENGINE_GRAMMAR_TOKEN_VOCABULARY_H_
