@@ -1,0 +1,278 @@
+#include "engine/vision/vision_tower.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "engine/model/bf16.h"
+#include "engine/model/tensor_table.h"
+
+namespace tandem::vision {
+namespace {
+
+using kernels::Op;
+
+// The ops the tower calls (Create refuses a backend lacking any).
+constexpr Op kTowerOps[] = {Op::kGemmBf16, Op::kRmsNorm, Op::kAddInPlace,
+                            Op::kRope2d,   Op::kGelu,    Op::kVisionAttention,
+                            Op::kMerge2x2};
+
+// Grid sides the RoPE table covers (VISION.md: 512 x 512).
+constexpr int64_t kMaxGridSide = kernels::kMaxRopePosition;
+
+absl::StatusOr<const uint16_t*> Matrix(const model::Checkpoint& ckpt,
+                                       const model::ExpectedTensor& e) {
+  TANDEM_ASSIGN_OR_RETURN(model::TensorView v,
+                          ckpt.GetChecked(e.name, e.dtype, e.shape));
+  TANDEM_ASSIGN_OR_RETURN(absl::Span<const uint16_t> bits, v.BF16Bits());
+  return bits.data();
+}
+
+absl::StatusOr<std::vector<float>> Floats(const model::Checkpoint& ckpt,
+                                          const model::ExpectedTensor& e) {
+  TANDEM_ASSIGN_OR_RETURN(model::TensorView v,
+                          ckpt.GetChecked(e.name, e.dtype, e.shape));
+  return v.ToFloat();
+}
+
+}  // namespace
+
+absl::StatusOr<VisionWeights> LoadVisionWeights(const model::Checkpoint& ckpt) {
+  VisionWeights w;
+  TANDEM_ASSIGN_OR_RETURN(w.config, model::VisionConfigOf(ckpt.config()));
+  const std::vector<model::ExpectedTensor> table =
+      model::ExpectedVisionTensors(w.config);
+  std::set<std::string> known;
+  for (const model::ExpectedTensor& e : table) known.insert(e.name);
+  for (const std::string& name : ckpt.tensors().Names()) {
+    if (model::IsVisionTensor(name) && known.count(name) == 0) {
+      return FailedPrecondition(ckpt.dir(), ": unknown vision tensor '", name,
+                                "' (not in the tower's table for this vision_config)");
+    }
+  }
+  // The table's order: patch embed, position table, 6 per block, final norm,
+  // proj.0, proj.2, post_norm.
+  size_t i = 0;
+  TANDEM_ASSIGN_OR_RETURN(w.patch_embed, Matrix(ckpt, table[i++]));
+  TANDEM_ASSIGN_OR_RETURN(w.pos_emb, Floats(ckpt, table[i++]));
+  w.blocks.resize(w.config.vt_num_hidden_layers);
+  for (VisionBlockWeights& b : w.blocks) {
+    TANDEM_ASSIGN_OR_RETURN(b.norm0, Floats(ckpt, table[i++]));
+    TANDEM_ASSIGN_OR_RETURN(b.norm1, Floats(ckpt, table[i++]));
+    TANDEM_ASSIGN_OR_RETURN(b.wqkv, Matrix(ckpt, table[i++]));
+    TANDEM_ASSIGN_OR_RETURN(b.wo, Matrix(ckpt, table[i++]));
+    TANDEM_ASSIGN_OR_RETURN(b.fc0, Matrix(ckpt, table[i++]));
+    TANDEM_ASSIGN_OR_RETURN(b.fc1, Matrix(ckpt, table[i++]));
+  }
+  TANDEM_ASSIGN_OR_RETURN(w.final_norm, Floats(ckpt, table[i++]));
+  TANDEM_ASSIGN_OR_RETURN(w.proj0, Matrix(ckpt, table[i++]));
+  TANDEM_ASSIGN_OR_RETURN(w.proj2, Matrix(ckpt, table[i++]));
+  TANDEM_ASSIGN_OR_RETURN(w.post_norm, Floats(ckpt, table[i++]));
+  return w;
+}
+
+std::vector<float> InterpolatePosEmb(const std::vector<float>& table, int64_t h0,
+                                     int64_t w0, int64_t d, int64_t grid_h,
+                                     int64_t grid_w) {
+  if (grid_h == h0 && grid_w == w0) return table;
+  // PyTorch's upsample_bilinear2d (align_corners=false): src = scale * (o + 0.5)
+  // - 0.5 in fp32, clamped at 0; the upper neighbour clamped to the last index.
+  struct Tap {
+    int64_t i0, i1;
+    float l0, l1;
+  };
+  auto taps = [](int64_t in, int64_t out) {
+    std::vector<Tap> t(out);
+    const float scale = static_cast<float>(in) / static_cast<float>(out);
+    for (int64_t o = 0; o < out; ++o) {
+      float src = scale * (static_cast<float>(o) + 0.5f) - 0.5f;
+      if (src < 0) src = 0;
+      const int64_t i0 = std::min<int64_t>(static_cast<int64_t>(src), in - 1);
+      const int64_t i1 = std::min<int64_t>(i0 + 1, in - 1);
+      const float l1 = src - static_cast<float>(i0);
+      t[o] = {i0, i1, 1.0f - l1, l1};
+    }
+    return t;
+  };
+  const std::vector<Tap> th = taps(h0, grid_h), tw = taps(w0, grid_w);
+  std::vector<float> out(grid_h * grid_w * d);
+  for (int64_t r = 0; r < grid_h; ++r) {
+    for (int64_t c = 0; c < grid_w; ++c) {
+      const Tap& a = th[r];
+      const Tap& b = tw[c];
+      const float* x00 = &table[(a.i0 * w0 + b.i0) * d];
+      const float* x01 = &table[(a.i0 * w0 + b.i1) * d];
+      const float* x10 = &table[(a.i1 * w0 + b.i0) * d];
+      const float* x11 = &table[(a.i1 * w0 + b.i1) * d];
+      float* o = &out[(r * grid_w + c) * d];
+      for (int64_t k = 0; k < d; ++k) {
+        o[k] = a.l0 * (b.l0 * x00[k] + b.l1 * x01[k]) +
+               a.l1 * (b.l0 * x10[k] + b.l1 * x11[k]);
+      }
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<VisionTower>> VisionTower::Create(
+    VisionWeights weights, kernels::Backend* backend) {
+  if (backend == nullptr) return InvalidArgument("vision tower: no backend");
+  for (Op op : kTowerOps) {
+    if (!backend->Supports(op)) {
+      return FailedPrecondition("vision tower: backend ", backend->name(),
+                                " does not implement ", kernels::OpName(op),
+                                "; image input needs a backend that has it (cpu)");
+    }
+  }
+  if (!backend->device().host_addressable()) {
+    return FailedPrecondition("vision tower: backend ", backend->name(),
+                              " is not host-addressable (the tower reads its weights "
+                              "from the checkpoint mapping)");
+  }
+  TANDEM_RETURN_IF_ERROR(model::ValidateVisionConfig(weights.config));
+  return std::unique_ptr<VisionTower>(new VisionTower(std::move(weights), backend));
+}
+
+absl::StatusOr<std::unique_ptr<VisionTower>> VisionTower::Load(
+    const model::Checkpoint& ckpt, kernels::Backend* backend) {
+  TANDEM_ASSIGN_OR_RETURN(VisionWeights w, LoadVisionWeights(ckpt));
+  return Create(std::move(w), backend);
+}
+
+const std::vector<float>& VisionTower::PosEmbFor(int64_t grid_h, int64_t grid_w) {
+  auto key = std::make_pair(grid_h, grid_w);
+  auto it = pos_cache_.find(key);
+  if (it != pos_cache_.end()) return it->second;
+  if (pos_cache_.size() >= 64) pos_cache_.clear();  // bounded: distinct grids
+  const model::VisionConfig& c = w_.config;
+  return pos_cache_
+      .emplace(key, InterpolatePosEmb(w_.pos_emb, c.init_pos_emb_height,
+                                      c.init_pos_emb_width, c.vt_hidden_size, grid_h,
+                                      grid_w))
+      .first->second;
+}
+
+absl::StatusOr<std::vector<float>> VisionTower::Encode(
+    absl::Span<const media::PatchedImage* const> images) {
+  const model::VisionConfig& c = w_.config;
+  const int64_t D = c.vt_hidden_size, Q = c.qkv_hidden_size, I = c.vt_intermediate_size;
+  const int64_t nh = c.vt_num_attention_heads, hd = c.head_dim(), pd = c.patch_dim();
+  const int64_t M4 = c.merged_dim(), Ht = c.text_hidden_size;
+  const float eps = static_cast<float>(c.vt_norm_eps);
+  int64_t P = 0, N = 0, max_len = 0;
+  for (size_t i = 0; i < images.size(); ++i) {
+    const media::PatchedImage* im = images[i];
+    if (im == nullptr) return InvalidArgument("vision tower: image ", i, " is null");
+    if (im->patch_size != c.patch_size) {
+      return InvalidArgument("vision tower: image ", i, " has patch_size ",
+                             im->patch_size, ", the tower ", c.patch_size);
+    }
+    if (im->grid_h <= 0 || im->grid_w <= 0 || im->grid_h % 2 != 0 ||
+        im->grid_w % 2 != 0 || im->grid_h > kMaxGridSide || im->grid_w > kMaxGridSide) {
+      return InvalidArgument("vision tower: image ", i, " has grid ", im->grid_h, "x",
+                             im->grid_w, " (both sides even, 2..", kMaxGridSide, ")");
+    }
+    const int64_t n = int64_t{im->grid_h} * im->grid_w;
+    if (static_cast<int64_t>(im->patches.size()) != n * pd) {
+      return InvalidArgument("vision tower: image ", i, " holds ", im->patches.size(),
+                             " patch values, its grid needs ", n * pd);
+    }
+    P += n;
+    N += n / 4;
+    max_len = std::max(max_len, n);
+  }
+  if (P == 0) return std::vector<float>();
+
+  // Inputs: the patches rounded to BF16 (the reference's cast), RoPE positions
+  // (row, column) from (0, 0) per image, cu_seqlens.
+  std::vector<float> patches(P * pd);
+  std::vector<int32_t> pos(2 * P), cu(images.size() + 1, 0);
+  {
+    int64_t t = 0;
+    for (size_t i = 0; i < images.size(); ++i) {
+      const media::PatchedImage& im = *images[i];
+      for (size_t k = 0; k < im.patches.size(); ++k) {
+        patches[t * pd + k] = model::Bf16ToFloat(model::FloatToBf16(im.patches[k]));
+      }
+      for (int r = 0; r < im.grid_h; ++r) {
+        for (int col = 0; col < im.grid_w; ++col, ++t) {
+          pos[2 * t] = r;
+          pos[2 * t + 1] = col;
+        }
+      }
+      cu[i + 1] = static_cast<int32_t>(t);
+    }
+  }
+
+  std::vector<float> x(P * D), h(P * D), qkv(P * 3 * Q), attn(P * Q), mlp(P * I);
+  TANDEM_RETURN_IF_ERROR(be_->GemmBf16(patches.data(), pd, w_.patch_embed, pd, x.data(),
+                                       D, P, D, pd, false));
+  for (size_t i = 0; i < images.size(); ++i) {
+    const std::vector<float>& pe = PosEmbFor(images[i]->grid_h, images[i]->grid_w);
+    TANDEM_RETURN_IF_ERROR(be_->AddInPlace(x.data() + int64_t{cu[i]} * D, pe.data(),
+                                           static_cast<int64_t>(pe.size())));
+  }
+
+  kernels::VisionAttnArgs a;
+  a.heads = nh;
+  a.head_dim = hd;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  a.num_images = static_cast<int64_t>(images.size());
+  a.num_tokens = P;
+  a.max_seqlen = max_len;
+  a.cu_seqlens = cu.data();
+  a.q = qkv.data();
+  a.k = qkv.data() + Q;
+  a.v = qkv.data() + 2 * Q;
+  a.ld_qkv = 3 * Q;
+  a.out = attn.data();
+  a.ld_out = Q;
+  const float theta = static_cast<float>(c.vt_rope_theta);
+  for (const VisionBlockWeights& b : w_.blocks) {
+    TANDEM_RETURN_IF_ERROR(
+        be_->RmsNorm(x.data(), D, b.norm0.data(), h.data(), D, P, D, eps));
+    TANDEM_RETURN_IF_ERROR(
+        be_->GemmBf16(h.data(), D, b.wqkv, D, qkv.data(), 3 * Q, P, 3 * Q, D, false));
+    // q and k are the first 2Q columns: 2 * nh heads of hd.
+    TANDEM_RETURN_IF_ERROR(
+        be_->Rope2d(qkv.data(), 3 * Q, pos.data(), P, 2 * nh, hd, theta));
+    TANDEM_RETURN_IF_ERROR(be_->VisionAttention(a));
+    TANDEM_RETURN_IF_ERROR(
+        be_->GemmBf16(attn.data(), Q, b.wo, Q, x.data(), D, P, D, Q, true));
+    TANDEM_RETURN_IF_ERROR(
+        be_->RmsNorm(x.data(), D, b.norm1.data(), h.data(), D, P, D, eps));
+    TANDEM_RETURN_IF_ERROR(
+        be_->GemmBf16(h.data(), D, b.fc0, D, mlp.data(), I, P, I, D, false));
+    TANDEM_RETURN_IF_ERROR(
+        be_->Gelu(mlp.data(), I, mlp.data(), I, P, I, /*tanh_approx=*/true));
+    TANDEM_RETURN_IF_ERROR(
+        be_->GemmBf16(mlp.data(), I, b.fc1, I, x.data(), D, P, D, I, true));
+  }
+  TANDEM_RETURN_IF_ERROR(
+      be_->RmsNorm(x.data(), D, w_.final_norm.data(), x.data(), D, P, D, eps));
+
+  std::vector<float> merged(N * M4), hidden(N * M4), out(N * Ht);
+  int64_t m0 = 0;
+  for (size_t i = 0; i < images.size(); ++i) {
+    const media::PatchedImage& im = *images[i];
+    TANDEM_RETURN_IF_ERROR(be_->Merge2x2(x.data() + int64_t{cu[i]} * D, D, im.grid_h,
+                                         im.grid_w, D, merged.data() + m0 * M4, M4));
+    m0 += im.num_tokens();
+  }
+  TANDEM_RETURN_IF_ERROR(be_->GemmBf16(merged.data(), M4, w_.proj0, M4, hidden.data(),
+                                       M4, N, M4, M4, false));
+  TANDEM_RETURN_IF_ERROR(
+      be_->Gelu(hidden.data(), M4, hidden.data(), M4, N, M4, /*tanh_approx=*/false));
+  TANDEM_RETURN_IF_ERROR(
+      be_->GemmBf16(hidden.data(), M4, w_.proj2, M4, out.data(), Ht, N, Ht, M4, false));
+  TANDEM_RETURN_IF_ERROR(be_->RmsNorm(out.data(), Ht, w_.post_norm.data(), out.data(),
+                                      Ht, N, Ht,
+                                      static_cast<float>(c.projector_ln_eps)));
+  TANDEM_RETURN_IF_ERROR(be_->Synchronize());
+  return out;
+}
+
+}  // namespace tandem::vision

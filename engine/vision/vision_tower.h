@@ -1,0 +1,95 @@
+// Kimi K3's vision tower (MoonViT-V2) and projector (patchmergerv2) on the
+// kernels::Backend interface (VISION.md section 2):
+//
+//   patches [P, 3p²] (BF16-rounded, as the reference casts them)
+//     → patch embed GemmBf16 → + position table (bilinear to each image's grid)
+//     → L × { x += wo(VisionAttention(Rope2d(wqkv(RmsNorm0 x))));
+//             x += fc1(Gelu_tanh(fc0(RmsNorm1 x))) }
+//     → final RmsNorm → Merge2x2 per image [N, 4D]
+//     → proj.2(Gelu_erf(proj.0 m)) → RmsNorm(post_norm, projector_ln_eps) → [N, Ht]
+//
+// Attention is block-diagonal: each image attends only within itself, and its
+// RoPE positions start at (0, 0), so an image's rows do not depend on the other
+// images of the batch. Weights are BF16 views into the checkpoint mapping (no
+// copy), norm gains fp32 copies; activations fp32. Every vision tensor's shape
+// is checked against vision_config at Load.
+#ifndef TANDEM_ENGINE_VISION_VISION_TOWER_H_
+#define TANDEM_ENGINE_VISION_VISION_TOWER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/media/patched_image.h"
+#include "engine/model/checkpoint.h"
+#include "engine/model/vision_config.h"
+#include "kernels/backend.h"
+
+namespace tandem::vision {
+
+struct VisionBlockWeights {
+  std::vector<float> norm0, norm1;  // [D]
+  const uint16_t* wqkv = nullptr;   // [3Q, D]
+  const uint16_t* wo = nullptr;     // [D, Q]
+  const uint16_t* fc0 = nullptr;    // [I, D]
+  const uint16_t* fc1 = nullptr;    // [D, I]
+};
+
+struct VisionWeights {
+  model::VisionConfig config;
+  const uint16_t* patch_embed = nullptr;  // [D, 3p²]
+  std::vector<float> pos_emb;             // [H0, W0, D] fp32
+  std::vector<VisionBlockWeights> blocks;
+  std::vector<float> final_norm;    // [D]
+  const uint16_t* proj0 = nullptr;  // [4M, 4M]
+  const uint16_t* proj2 = nullptr;  // [Ht, 4M]
+  std::vector<float> post_norm;     // [Ht]
+};
+
+// Every vision tensor of `ckpt` checked (dtype BF16, shape from the config; an
+// error names the tensor and both shapes), plus vision tensors the table does
+// not know. NotFound when config.json has no vision_config.
+absl::StatusOr<VisionWeights> LoadVisionWeights(const model::Checkpoint& ckpt);
+
+// The position table resized to a grid_h x grid_w grid (bilinear,
+// align_corners=false, no antialias; as is when the grid equals the table):
+// [grid_h * grid_w, D] row-major, fp32.
+std::vector<float> InterpolatePosEmb(const std::vector<float>& table, int64_t h0,
+                                     int64_t w0, int64_t d, int64_t grid_h,
+                                     int64_t grid_w);
+
+class VisionTower {
+ public:
+  // Fails (naming the op) on a backend that lacks an op the tower needs, and on
+  // one whose memory is not host-addressable (the weights are mapping views).
+  static absl::StatusOr<std::unique_ptr<VisionTower>> Create(VisionWeights weights,
+                                                             kernels::Backend* backend);
+  static absl::StatusOr<std::unique_ptr<VisionTower>> Load(
+      const model::Checkpoint& ckpt, kernels::Backend* backend);
+
+  const model::VisionConfig& config() const { return w_.config; }
+
+  // The embeddings of `images` in order: image i's num_tokens() rows of
+  // text_hidden_size floats, concatenated ([sum N_i, Ht] row-major). Images
+  // must have patch_size == config().patch_size, even grids, a patches vector
+  // of grid_h * grid_w * 3p² values and grids <= 512 per side.
+  absl::StatusOr<std::vector<float>> Encode(
+      absl::Span<const media::PatchedImage* const> images);
+
+ private:
+  VisionTower(VisionWeights w, kernels::Backend* be) : w_(std::move(w)), be_(be) {}
+  const std::vector<float>& PosEmbFor(int64_t grid_h, int64_t grid_w);
+
+  VisionWeights w_;
+  kernels::Backend* be_;
+  std::map<std::pair<int64_t, int64_t>, std::vector<float>> pos_cache_;
+};
+
+}  // namespace tandem::vision
+
+#endif  // TANDEM_ENGINE_VISION_VISION_TOWER_H_
