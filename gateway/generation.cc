@@ -134,6 +134,16 @@ Generation::Generation(std::shared_ptr<RequestContext> ctx, GenerationDeps deps,
 
 Generation::~Generation() {
   if (streaming_) deps_.metrics->active_streams->Add({}).Decrement();
+  // Everything that reaches outside this object (the HTTP writer through the
+  // request context, the decoders) goes BEFORE Remove: Remove is what lets a
+  // shutdown (LiveGenerations::CancelAll) return and destroy the HTTP server
+  // and the service, so nothing may touch them after it.
+  ctx_.reset();
+  {
+    absl::MutexLock lock(&mu_);
+    state_.clear();
+    deltas_.clear();
+  }
   deps_.live->Remove(this);
 }
 

@@ -39,7 +39,29 @@ OpenAIService::OpenAIService(OpenAIServiceOptions options,
       registry_(registry),
       metrics_(registry) {}
 
-OpenAIService::~OpenAIService() { CancelAll(absl::Seconds(10)); }
+OpenAIService::~OpenAIService() {
+  CancelAll(absl::Seconds(10));
+  absl::MutexLock lock(&rpc_mu_);
+  const absl::Time deadline =
+      absl::Now() + options_.router_rpc_timeout + absl::Seconds(5);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rpc_mu_) {
+    return rpcs_in_flight_ == 0;
+  };
+  // Every RPC ends by its deadline (router_rpc_timeout), so this returns.
+  rpc_mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+}
+
+std::shared_ptr<void> OpenAIService::HoldForRpc() {
+  {
+    absl::MutexLock lock(&rpc_mu_);
+    ++rpcs_in_flight_;
+  }
+  return std::shared_ptr<void>(nullptr, [this](void*) {
+    absl::MutexLock lock(&rpc_mu_);
+    --rpcs_in_flight_;
+  });
+}
+
 
 int OpenAIService::active_generations() const { return live_.size(); }
 
@@ -71,7 +93,8 @@ void OpenAIService::WithModels(std::function<void(ModelsOr)> done) {
     return;
   }
   router_->ListModels(absl::Now() + options_.router_rpc_timeout,
-                      [this](absl::StatusOr<tandem::v1::ListModelsResponse> result) {
+                      [this, hold = HoldForRpc()](
+                          absl::StatusOr<tandem::v1::ListModelsResponse> result) {
                         std::vector<std::function<void(ModelsOr)>> waiters;
                         ModelsOr out = absl::UnknownError("");
                         {
@@ -233,7 +256,8 @@ void OpenAIService::HandleModels(std::shared_ptr<RequestContext> ctx) {
   }
   router_->ListModels(
       absl::Now() + options_.router_rpc_timeout,
-      [this, ctx, single](absl::StatusOr<tandem::v1::ListModelsResponse> result) {
+      [this, ctx, single, hold = HoldForRpc()](
+                          absl::StatusOr<tandem::v1::ListModelsResponse> result) {
         if (!result.ok()) return ctx->Error(ApiErrorFromStatus(result.status()));
         json data = json::array();
         for (int i = 0; i < result->models_size(); ++i) {

@@ -118,6 +118,14 @@ class OpenAIService {
       models_waiters_ ABSL_GUARDED_BY(models_mu_);
 
   LiveGenerations live_;
+
+  // Router RPCs in flight whose callbacks use this service (ListModels for
+  // WithModels and /v1/models): each callback holds a HoldForRpc() token, and
+  // the destructor waits (bounded: every RPC has a deadline) until none is
+  // left, so that no callback runs on a destroyed service.
+  std::shared_ptr<void> HoldForRpc();
+  absl::Mutex rpc_mu_;
+  int rpcs_in_flight_ ABSL_GUARDED_BY(rpc_mu_) = 0;
 };
 
 }  // namespace tandem::gateway
