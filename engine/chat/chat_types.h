@@ -38,10 +38,33 @@ struct ToolDeclaration {
   nlohmann::json ToJson() const;
 };
 
+// An OpenAI `image_url` (or `image`) content part of a user message. The
+// parser fills the request fields; the gateway decodes and preprocesses the
+// image (engine/media) and fills the size and token count the renderer writes
+// (VISION.md section 3).
+struct ImagePart {
+  // The image sits before content[position] (content.size(): after the last
+  // text part).
+  size_t position = 0;
+  // "messages[1].content[2]": for error messages.
+  std::string where;
+  // The `data:` or http(s) URL as sent.
+  std::string url;
+  // "auto" (default), "low" or "high": accepted; K3 has one resolution.
+  std::string detail = "auto";
+  // Filled after preprocessing: the original size and the number of
+  // <|media_pad|> tokens (merged patches). The renderer refuses num_tokens 0.
+  int width = 0;
+  int height = 0;
+  int num_tokens = 0;
+};
+
 struct ChatMessage {
   Role role = Role::kUser;
   // Text parts, concatenated without separator (a plain string is one part).
   std::vector<std::string> content;
+  // user: image parts, in order, placed among the text parts by `position`.
+  std::vector<ImagePart> images;
   // system/user/assistant: the optional `name` attribute. tool: the tool's
   // name (resolved from the preceding assistant's tool_calls when empty).
   std::string name;

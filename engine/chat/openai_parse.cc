@@ -21,8 +21,42 @@ absl::StatusOr<std::string> OptionalString(const json& object, const char* key,
   return it->get<std::string>();
 }
 
+// {"type":"image_url","image_url":{"url":..,"detail":..}} (or "image_url" a
+// plain URL string, as some clients send), or {"type":"image","image":URL}.
+absl::StatusOr<ImagePart> ParseImagePart(const json& part, const std::string& type,
+                                         const std::string& where) {
+  ImagePart image;
+  image.where = where;
+  auto it = part.find(type);
+  if (it == part.end() || it->is_null()) {
+    return InvalidArgument(where, ".", type, ": required for a part of type '", type,
+                           "'");
+  }
+  const std::string field_where = absl::StrCat(where, ".", type);
+  if (it->is_string()) {
+    image.url = it->get<std::string>();
+  } else if (it->is_object()) {
+    TANDEM_ASSIGN_OR_RETURN(image.url, OptionalString(*it, "url", field_where));
+    TANDEM_ASSIGN_OR_RETURN(std::string detail,
+                            OptionalString(*it, "detail", field_where));
+    if (!detail.empty()) image.detail = detail;
+  } else {
+    return InvalidArgument(field_where, ": expected an object or a URL string, got ",
+                           it->type_name());
+  }
+  if (image.url.empty()) return InvalidArgument(field_where, ".url: required");
+  if (image.detail != "auto" && image.detail != "low" && image.detail != "high") {
+    return InvalidArgument(field_where,
+                           ".detail: expected 'auto', 'low' or 'high', got '",
+                           image.detail, "'");
+  }
+  return image;
+}
+
+// `images` is null where image parts are not accepted (non-user messages).
 absl::Status ParseContent(const json& message, const std::string& where,
-                          std::vector<std::string>* out) {
+                          std::vector<std::string>* out,
+                          std::vector<ImagePart>* images) {
   auto it = message.find("content");
   if (it == message.end() || it->is_null()) return absl::OkStatus();
   if (it->is_string()) {
@@ -39,9 +73,20 @@ absl::Status ParseContent(const json& message, const std::string& where,
     const std::string part_where = absl::StrCat(where, ".content[", i, "]");
     if (!part.is_object()) return InvalidArgument(part_where, ": expected an object");
     TANDEM_ASSIGN_OR_RETURN(std::string type, OptionalString(part, "type", part_where));
-    if (type == "image" || type == "image_url" || type == "input_audio") {
+    if (type == "image_url" || type == "image") {
+      if (images == nullptr) {
+        return InvalidArgument(part_where,
+                               ": image parts are accepted in user "
+                               "messages only");
+      }
+      TANDEM_ASSIGN_OR_RETURN(ImagePart image, ParseImagePart(part, type, part_where));
+      image.position = out->size();
+      images->push_back(std::move(image));
+      continue;
+    }
+    if (type == "input_audio") {
       return Unimplemented(part_where, ": content parts of type '", type,
-                           "' are not supported (text only)");
+                           "' are not supported (text and images only)");
     }
     if (type != "text" && !type.empty()) {
       return InvalidArgument(part_where, ".type: unknown content part type '", type,
@@ -144,7 +189,8 @@ absl::StatusOr<ChatMessage> ParseMessage(const json& message,
   } else {
     return InvalidArgument(where, ".role: unknown role '", role, "'");
   }
-  TANDEM_RETURN_IF_ERROR(ParseContent(message, where, &out.content));
+  TANDEM_RETURN_IF_ERROR(ParseContent(message, where, &out.content,
+                                      out.role == Role::kUser ? &out.images : nullptr));
   TANDEM_ASSIGN_OR_RETURN(out.name, OptionalString(message, "name", where));
   switch (out.role) {
     case Role::kAssistant: {

@@ -17,8 +17,10 @@
 namespace tandem::chat {
 
 // Roles system, developer (rendered as system), user, assistant, tool.
-// content: string, null, or an array of {"type":"text","text":...} parts
-// (image parts are Unimplemented). assistant: reasoning_content (or
+// content: string, null, or an array of {"type":"text","text":...} parts and,
+// in user messages, {"type":"image_url","image_url":{"url","detail"}} parts
+// (ChatMessage::images; decoding is the gateway's); input_audio is
+// Unimplemented. assistant: reasoning_content (or
 // reasoning), tool_calls [{id, type:"function", function:{name, arguments}}]
 // where arguments is a JSON string or an object. tool: tool_call_id, name
 // (or tool). system: optional tools (a mid-conversation tool declaration).

@@ -67,9 +67,55 @@ TEST(OpenAIParseTest, MessageErrorsNameTheField) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.where));
   }
-  auto image = ParseOpenAIMessages(J(
-      R"([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])"));
-  EXPECT_EQ(image.status().code(), absl::StatusCode::kUnimplemented);
+  auto audio = ParseOpenAIMessages(J(
+      R"([{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}])"));
+  EXPECT_EQ(audio.status().code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(OpenAIParseTest, ImageParts) {
+  auto messages = ParseOpenAIMessages(J(R"([{"role": "user", "content": [
+    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+    {"type": "text", "text": "compare"},
+    {"type": "image_url", "image_url": {"url": "https://x.test/a.jpg", "detail": "low"}},
+    {"type": "image", "image": "data:image/gif;base64,R0lG"},
+    {"type": "text", "text": "!"}]}])"));
+  ASSERT_TRUE(messages.ok()) << messages.status();
+  const ChatMessage& m = (*messages)[0];
+  EXPECT_THAT(m.content, ElementsAre("compare", "!"));
+  ASSERT_EQ(m.images.size(), 3u);
+  EXPECT_EQ(m.images[0].position, 0u);
+  EXPECT_EQ(m.images[0].url, "data:image/png;base64,AAAA");
+  EXPECT_EQ(m.images[0].detail, "auto");
+  EXPECT_EQ(m.images[0].where, "messages[0].content[0]");
+  EXPECT_EQ(m.images[1].position, 1u);
+  EXPECT_EQ(m.images[1].detail, "low");
+  EXPECT_EQ(m.images[2].position, 1u);
+  EXPECT_EQ(m.images[2].where, "messages[0].content[3]");
+
+  struct Case {
+    const char* json;
+    const char* where;
+  };
+  const Case cases[] = {
+      {R"([{"role": "user", "content": [{"type": "image_url"}]}])",
+       "messages[0].content[0].image_url: required"},
+      {R"([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])",
+       "messages[0].content[0].image_url.url: required"},
+      {R"([{"role": "user", "content": [{"type": "image_url", "image_url": 3}]}])",
+       "messages[0].content[0].image_url: expected an object"},
+      {R"([{"role": "user", "content": [{"type": "image_url",
+           "image_url": {"url": "u", "detail": "max"}}]}])",
+       "messages[0].content[0].image_url.detail"},
+      {R"([{"role": "assistant", "content": [{"type": "image_url",
+           "image_url": {"url": "u"}}]}])",
+       "messages[0].content[0]: image parts are accepted in user messages only"},
+  };
+  for (const Case& c : cases) {
+    auto r = ParseOpenAIMessages(J(c.json));
+    ASSERT_FALSE(r.ok()) << c.json;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.where));
+  }
 }
 
 TEST(OpenAIParseTest, Tools) {

@@ -43,6 +43,14 @@ class SegmentWriter {
     Markup(kSepToken);
   }
   void EndOfMsg() { Markup(kEndOfMsgToken); }
+  void MediaPad(int count) {
+    std::string text;
+    text.reserve(kMediaPadToken.size() * count);
+    for (int i = 0; i < count; ++i) {
+      text.append(kMediaPadToken.data(), kMediaPadToken.size());
+    }
+    out_.push_back({Segment::Kind::kMediaPad, std::move(text)});
+  }
 
   // A role="system" note of the given type (thinking-effort, tool-choice, ...).
   void InternalSystemMessage(absl::string_view type, absl::string_view body) {
@@ -58,8 +66,29 @@ class SegmentWriter {
   std::vector<Segment> out_;
 };
 
-void WriteContent(const ChatMessage& message, SegmentWriter* w) {
-  for (const std::string& part : message.content) w->Text(part);
+absl::Status WriteImage(const ImagePart& image, SegmentWriter* w) {
+  if (image.num_tokens <= 0 || image.width <= 0 || image.height <= 0) {
+    return InvalidArgument(image.where,
+                           ": image not preprocessed (no size or token count)");
+  }
+  w->Markup(kMediaBeginToken);
+  w->Text(absl::StrCat("image ", image.width, "x", image.height));
+  w->Markup(kMediaContentToken);
+  w->MediaPad(image.num_tokens);
+  w->Markup(kMediaEndToken);
+  return absl::OkStatus();
+}
+
+absl::Status WriteContent(const ChatMessage& message, SegmentWriter* w) {
+  size_t next_image = 0;
+  for (size_t i = 0; i <= message.content.size(); ++i) {
+    while (next_image < message.images.size() &&
+           message.images[next_image].position <= i) {
+      TANDEM_RETURN_IF_ERROR(WriteImage(message.images[next_image++], w));
+    }
+    if (i < message.content.size()) w->Text(message.content[i]);
+  }
+  return absl::OkStatus();
 }
 
 void WriteToolDeclare(const std::vector<ToolDeclaration>& tools, bool dynamic,
@@ -139,7 +168,7 @@ absl::Status WriteAssistant(const ChatMessage& message, bool thinking,
     w->CloseTag("think");
   }
   w->OpenTag("response");
-  WriteContent(message, w);
+  TANDEM_RETURN_IF_ERROR(WriteContent(message, w));
   w->CloseTag("response");
   if (!message.tool_calls.empty()) {
     w->OpenTag("tools");
@@ -250,7 +279,7 @@ absl::StatusOr<std::vector<Segment>> RenderChat(
         Attrs attrs = {{"role", std::string(RoleName(message.role))}};
         if (!message.name.empty()) attrs.push_back({"name", message.name});
         w.OpenTag("message", attrs);
-        WriteContent(message, &w);
+        TANDEM_RETURN_IF_ERROR(WriteContent(message, &w));
         w.CloseTag("message");
         w.EndOfMsg();
         break;
@@ -271,7 +300,7 @@ absl::StatusOr<std::vector<Segment>> RenderChat(
         w.OpenTag(
             "message",
             {{"role", "tool"}, {"tool", name}, {"index", absl::StrCat(tool_index)}});
-        WriteContent(message, &w);
+        TANDEM_RETURN_IF_ERROR(WriteContent(message, &w));
         w.CloseTag("message");
         w.EndOfMsg();
         break;
@@ -341,6 +370,10 @@ absl::StatusOr<std::vector<int>> EncodeChat(const tokenizer::Tokenizer& tokenize
       TANDEM_RETURN_IF_ERROR(tokenizer.EncodeTo(segment.text, &ids));
       continue;
     }
+    if (segment.kind == Segment::Kind::kMediaPad) {
+      ids.insert(ids.end(), segment.text.size() / kMediaPadToken.size(), kMediaPadId);
+      continue;
+    }
     if (segment.text == kOpenToken) {
       ids.push_back(tokenizer::kOpenId);
     } else if (segment.text == kCloseToken) {
@@ -349,6 +382,12 @@ absl::StatusOr<std::vector<int>> EncodeChat(const tokenizer::Tokenizer& tokenize
       ids.push_back(tokenizer::kSepId);
     } else if (segment.text == kEndOfMsgToken) {
       ids.push_back(tokenizer::kEndOfMsgId);
+    } else if (segment.text == kMediaBeginToken) {
+      ids.push_back(kMediaBeginId);
+    } else if (segment.text == kMediaContentToken) {
+      ids.push_back(kMediaContentId);
+    } else if (segment.text == kMediaEndToken) {
+      ids.push_back(kMediaEndId);
     } else {
       TANDEM_ASSIGN_OR_RETURN(std::vector<int> part,
                               tokenizer.EncodeWithSpecial(segment.text, *kStructure));
@@ -367,6 +406,10 @@ std::string RenderText(absl::Span<const Segment> segments) {
 std::string SegmentsDebugString(absl::Span<const Segment> segments) {
   std::string out;
   for (const Segment& segment : segments) {
+    if (segment.kind == Segment::Kind::kMediaPad) {
+      absl::StrAppend(&out, "P x", segment.text.size() / kMediaPadToken.size(), "\n");
+      continue;
+    }
     absl::StrAppend(&out, segment.kind == Segment::Kind::kMarkup ? "M \"" : "T \"",
                     absl::CEscape(segment.text), "\"\n");
   }

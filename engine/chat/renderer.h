@@ -29,6 +29,15 @@ inline constexpr absl::string_view kOpenToken = "<|open|>";
 inline constexpr absl::string_view kCloseToken = "<|close|>";
 inline constexpr absl::string_view kSepToken = "<|sep|>";
 inline constexpr absl::string_view kEndOfMsgToken = "<|end_of_msg|>";
+// Image input (VISION.md section 3).
+inline constexpr absl::string_view kMediaBeginToken = "<|media_begin|>";
+inline constexpr absl::string_view kMediaContentToken = "<|media_content|>";
+inline constexpr absl::string_view kMediaEndToken = "<|media_end|>";
+inline constexpr absl::string_view kMediaPadToken = "<|media_pad|>";
+inline constexpr int kMediaBeginId = 163602;
+inline constexpr int kMediaContentId = 163603;
+inline constexpr int kMediaEndId = 163604;
+inline constexpr int kMediaPadId = 163605;  // media_placeholder_token_id
 
 struct Segment {
   enum class Kind {
@@ -38,6 +47,9 @@ struct Segment {
     // Caller data: content, reasoning, argument values, attribute values,
     // system-note bodies. Encoded as ordinary text.
     kText,
+    // An image's placeholder run: text is <|media_pad|> repeated once per
+    // merged patch; encoded as that many kMediaPadId.
+    kMediaPad,
   };
   Kind kind;
   std::string text;
@@ -49,13 +61,17 @@ struct Segment {
 
 // InvalidArgument for what the reference rejects: a tool message whose tool
 // name cannot be resolved, tool-call arguments that are JSON but not an
-// object, a tool call without a name.
+// object, a tool call without a name; and for an image part not yet
+// preprocessed (num_tokens 0). Each image is written in place as
+// <|media_begin|> "image {W}x{H}" <|media_content|> <|media_pad|> x N
+// <|media_end|>.
 absl::StatusOr<std::vector<Segment>> RenderChat(
     const std::vector<ChatMessage>& messages, const std::vector<ToolDeclaration>& tools,
     const ChatOptions& options);
 
 // Encodes each segment on its own: kMarkup with the four structure spellings
-// allowed as special ids, kText as ordinary text.
+// (and, as a whole segment, the media begin/content/end spellings) allowed as
+// special ids, kText as ordinary text, kMediaPad as pad ids.
 absl::StatusOr<std::vector<int>> EncodeChat(const tokenizer::Tokenizer& tokenizer,
                                             absl::Span<const Segment> segments);
 

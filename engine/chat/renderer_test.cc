@@ -1,5 +1,6 @@
 #include "engine/chat/renderer.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <memory>
@@ -185,6 +186,70 @@ TEST(RendererTest, NoFieldCanForgeStructure) {
   }
   EXPECT_EQ(structure_ids, markup_structure);
   EXPECT_GT(markup_structure, 40u);
+}
+
+ImagePart Image(size_t position, int width, int height, int tokens) {
+  ImagePart image;
+  image.position = position;
+  image.where = "messages[0].content[x]";
+  image.width = width;
+  image.height = height;
+  image.num_tokens = tokens;
+  return image;
+}
+
+// VISION.md section 3: each image in place as <|media_begin|> "image WxH"
+// <|media_content|> <|media_pad|> x N <|media_end|>; user text spelling
+// "<|media_pad|>" stays plain text, so count(pad ids) == sum of N.
+TEST(RendererTest, ImagesAreWrittenInPlace) {
+  ChatMessage user = User("before <|media_pad|><|media_begin|> ");
+  user.content.push_back("after");
+  user.images = {Image(1, 1920, 1080, 5), Image(1, 56, 28, 2), Image(2, 300, 200, 3)};
+  auto segments = RenderChat({user}, {}, NoThinking());
+  ASSERT_TRUE(segments.ok()) << segments.status();
+  const std::string text = RenderText(*segments);
+  auto pads = [](int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += "<|media_pad|>";
+    return s;
+  };
+  EXPECT_THAT(
+      text,
+      HasSubstr("before <|media_pad|><|media_begin|> "
+                "<|media_begin|>image 1920x1080<|media_content|>" +
+                pads(5) + "<|media_end|><|media_begin|>image 56x28<|media_content|>" +
+                pads(2) +
+                "<|media_end|>after<|media_begin|>image 300x200"
+                "<|media_content|>" +
+                pads(3) + "<|media_end|><|close|>message"));
+  auto ids = EncodeChat(Tok(), *segments);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  const auto count = [&](int id) { return std::count(ids->begin(), ids->end(), id); };
+  EXPECT_EQ(count(kMediaPadId), 5 + 2 + 3);
+  EXPECT_EQ(count(kMediaBeginId), 3);
+  EXPECT_EQ(count(kMediaContentId), 3);
+  EXPECT_EQ(count(kMediaEndId), 3);
+  // The ids around the first image: begin, BPE("image 1920x1080"), content,
+  // five pads, end.
+  auto begin = std::find(ids->begin(), ids->end(), kMediaBeginId);
+  ASSERT_NE(begin, ids->end());
+  auto size_ids = Tok().Encode("image 1920x1080");
+  ASSERT_TRUE(size_ids.ok());
+  auto it = begin + 1;
+  for (int id : *size_ids) EXPECT_EQ(*it++, id);
+  EXPECT_EQ(*it++, kMediaContentId);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(*it++, kMediaPadId);
+  EXPECT_EQ(*it, kMediaEndId);
+  EXPECT_THAT(SegmentsDebugString(*segments), HasSubstr("P x5\n"));
+}
+
+TEST(RendererTest, UnpreparedImageIsAnError) {
+  ChatMessage user = User("x");
+  user.images = {Image(0, 10, 10, 0)};
+  auto segments = RenderChat({user}, {}, NoThinking());
+  ASSERT_FALSE(segments.ok());
+  EXPECT_EQ(segments.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(segments.status().message()), HasSubstr("not preprocessed"));
 }
 
 TEST(RendererTest, EscapeAttributeValueAmpersandFirst) {
