@@ -176,6 +176,18 @@ absl::Status ModelRunner::Validate(absl::Span<const SequenceInput> seqs) const {
                                " not in [0, ", cache_->num_blocks(), ")");
       }
     }
+    int64_t override_end = 0;
+    for (const EmbeddingRows& e : q.embedding_rows) {
+      if (e.data == nullptr || e.rows <= 0 || e.first < override_end ||
+          e.first + e.rows > t) {
+        return InvalidArgument("forward: sequence ", s, " embedding rows [", e.first,
+                               ", ", e.first + e.rows,
+                               ") are empty, unordered, overlapping "
+                               "or outside its ",
+                               t, " new tokens");
+      }
+      override_end = e.first + e.rows;
+    }
     if (q.kda_slot < 0 || q.kda_slot >= cache_->num_slots()) {
       return InvalidArgument("forward: sequence ", s, " KDA slot ", q.kda_slot,
                              " not in [0, ", cache_->num_slots(), ")");
@@ -238,7 +250,10 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
   // A decode or verification step on a device runs the decode kernels (KDA
   // recurrent, MLA absorbed, the bucket's split-KV plan), graph or not.
   decode_kernels_ = !host_device_ && DecodeShaped(seqs);
-  if (GraphEligible(seqs)) return GraphStep(seqs, logits);
+  const bool overrides =
+      std::any_of(seqs.begin(), seqs.end(),
+                  [](const SequenceInput& q) { return !q.embedding_rows.empty(); });
+  if (!overrides && GraphEligible(seqs)) return GraphStep(seqs, logits);
   ++graph_stats_.eager_steps;
 
   row_start_.resize(seqs.size() + 1);
@@ -300,6 +315,14 @@ absl::Status ModelRunner::Enqueue(absl::Span<const SequenceInput> seqs,
   float* ffn_out = ffn_out_.data();
 
   TANDEM_RETURN_IF_ERROR(Embed(n, res_[0].data()));
+  // Image rows replace their placeholders' embeddings (layer 0's initial P).
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    for (const EmbeddingRows& e : seqs[s].embedding_rows) {
+      TANDEM_RETURN_IF_ERROR(
+          device_->CopyToDevice(res_[0].data() + (row_start_[s] + e.first) * H, e.data,
+                                static_cast<size_t>(e.rows * H) * sizeof(float)));
+    }
+  }
   Probe(-1, "embed", res_[0].data(), n, H);
 
   std::vector<const float*> bank;  // host view: its size and entries

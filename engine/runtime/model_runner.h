@@ -74,9 +74,22 @@ enum class MlaMode {
   kAbsorbed,  // always absorbed
 };
 
+// Rows of layer 0's input that replace the token embeddings (image input: the
+// vision tower's rows for <|media_pad|> placeholders, VISION.md section 3):
+// rows [first, first + rows) of the sequence's new tokens take `data`
+// ([rows, hidden_size] fp32, host memory, valid for the Forward call).
+struct EmbeddingRows {
+  int64_t first = 0;
+  int64_t rows = 0;
+  const float* data = nullptr;
+};
+
 struct SequenceInput {
   absl::Span<const int32_t> tokens;  // the new tokens (>= 1)
-  int64_t start_pos = 0;             // tokens already in the cache / state
+  // Embedding overrides within `tokens` (ascending, non-overlapping; such a
+  // step always runs eagerly, never as a decode graph).
+  std::vector<EmbeddingRows> embedding_rows;
+  int64_t start_pos = 0;  // tokens already in the cache / state
   // Block ids covering positions 0 .. start_pos + tokens.size() - 1.
   absl::Span<const int32_t> block_table;
   int64_t kda_slot = 0;
