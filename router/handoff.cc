@@ -34,11 +34,10 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
                        .min_tokens = static_cast<int32_t>(req_.stop().min_tokens()),
                        .deadline = deadline,
                        .started = started,
-                       .prefix_hashes =
-                           h->options().routing_policy == RoutingPolicy::kCacheAware
-                               ? RouterBlockHashes(req_.prompt_token_ids().ids(),
-                                                   req_.cache_salt())
-                               : std::vector<uint64_t>{},
+                       // Every policy: the conditional disaggregation
+                       // matches them against the decode workers' reports.
+                       .prefix_hashes = RouterBlockHashes(req_.prompt_token_ids().ids(),
+                                                          req_.cache_salt()),
                    }) {}
 
   void Start() {
@@ -356,7 +355,7 @@ Handoff::Handoff(WorkerRegistry* registry, HandoffMetrics* metrics,
       metrics_(metrics),
       options_(std::move(options)),
       clock_(clock),
-      prefill_router_(options_.routing_policy, options_.cache_aware),
+      prefill_router_(options_.routing_policy, options_.cache_aware, clock),
       queue_(clock, &metrics->queue, options_.queue) {
   ticker_ = std::thread([this] {
     absl::MutexLock l(&tick_mu_);

@@ -75,6 +75,9 @@ class Handoff {
             .prefill_router = &prefill_router_};
   }
   HandoffMetrics* metrics() { return metrics_; }
+  // The prefill choice and the per-worker prefix index (fed by the Registry
+  // service from the workers' reports).
+  PrefillRouter* prefill_router() { return &prefill_router_; }
   Clock* clock() { return clock_; }
   const HandoffOptions& options() const { return options_; }
   // Credentials of the channels to workers (mTLS from --tls_*:

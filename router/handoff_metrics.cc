@@ -37,9 +37,26 @@ HandoffMetrics::HandoffMetrics(metrics::Registry* r) : queue(r) {
                           "no cached prefix counted)."));
   estimated_hit_tokens =
       &OrDie(r->AddCounter("tandem_router_estimated_prefix_hit_tokens_total",
-                           "The router's estimate of prompt tokens the chosen prefill "
-                           "workers hold (cache_aware routing)."))
+                           "Prompt tokens the chosen workers hold by the router's "
+                           "prefix index (the workers' reports, plus prompts sent and "
+                           "not yet reported): cache_aware prefill choices and "
+                           "colocations by the uncached length."))
            ->Add({});
+  prefix_index_entries =
+      OrDie(r->AddGauge("tandem_router_prefix_index_entries",
+                        "Usable prefixes the router's index holds per worker, as "
+                        "the worker reported them."));
+  prefix_resyncs =
+      OrDie(r->AddCounter("tandem_router_prefix_resyncs_total",
+                          "Prefix-index resyncs asked of workers, by reason (gap, "
+                          "epoch, overflow)."));
+  prefix_events = &OrDie(r->AddCounter("tandem_router_prefix_events_total",
+                                       "Prefix-cache events applied from the "
+                                       "workers' reports and registrations."))
+                       ->Add({});
+  for (const char* why : {"gap", "epoch", "overflow"}) {
+    prefix_resyncs->Add({{"reason", why}});
+  }
   // Children exist from the start, so every series is scraped (at 0).
   for (const char* reason : {"prefill_unavailable", "decode_full", "decode_unavailable",
                              "colocated_fallback"}) {

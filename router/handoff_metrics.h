@@ -20,8 +20,19 @@ struct HandoffMetrics {
   // chose the least loaded), "load" (no cached prefix counted: least load,
   // round robin, or a cache-aware choice with no match).
   metrics::Family<metrics::Counter>* prefill_choices;
-  // The router's estimate of the prompt tokens the chosen prefill workers hold.
+  // Prompt tokens the chosen workers hold by the router's prefix index (the
+  // workers' reports, plus what it sent them and they have not reported yet):
+  // cache-aware prefill choices and colocations decided by the uncached length.
   metrics::Counter* estimated_hit_tokens;
+  // Reported usable prefixes the index holds, per worker (0 once it is gone).
+  metrics::Family<metrics::Gauge>* prefix_index_entries;
+  // Resyncs the router asked of a worker, by why: gap (events missing),
+  // epoch (another process, or unknown as a reporter), overflow (the index's
+  // per-worker bound).
+  metrics::Family<metrics::Counter>* prefix_resyncs;
+  // Prefix events applied from the workers' reports (registration snapshots
+  // included).
+  metrics::Counter* prefix_events;
   AdmissionQueueMetrics queue;  // the router's admission queue
 };
 

@@ -73,10 +73,27 @@ Placement::Actions Placement::Start() {
   if (cancelled_) return Finish(ClientCancelled());
   if (Expired()) return Expire(/*holds_reservation=*/false);
   const int32_t prompt = request_.prompt_tokens;
-  const bool colocate =
-      prompt < options_.colocate_below_tokens || request_.min_tokens > 0 ||
+  bool colocate =
+      request_.min_tokens > 0 ||
       (options_.max_context_tokens > 0 && prompt + 1 >= options_.max_context_tokens) ||
       deps_.registry->Available(tandem::v1::WORKER_ROLE_PREFILL).empty();
+  // Conditional disaggregation by the uncached length: the prompt less what
+  // the decode worker holding most of it reported (prefix_routing.h), so a
+  // long prompt with a short new suffix is prefilled where its prefix is.
+  if (!colocate && prompt < options_.colocate_below_tokens) {
+    colocate = true;
+  } else if (!colocate && options_.colocate_below_tokens > 0 &&
+             deps_.prefill_router != nullptr) {
+    std::optional<DecodeMatch> m = deps_.prefill_router->BestMatch(
+        deps_.registry->Available(tandem::v1::WORKER_ROLE_DECODE), {}, prompt,
+        request_.prefix_hashes);
+    if (m.has_value() && prompt - m->matched_tokens < options_.colocate_below_tokens) {
+      colocate = true;
+      preferred_decode_ = m->worker_id;
+      deps_.metrics->estimated_hit_tokens->Increment(
+          static_cast<double>(m->matched_tokens));
+    }
+  }
   return colocate ? Colocate() : Reserve();
 }
 
@@ -291,11 +308,32 @@ Placement::Actions Placement::Colocate() {
   // Draining workers (shutting down) take no new request.
   std::vector<WorkerRecord> live =
       deps_.registry->Available(tandem::v1::WORKER_ROLE_DECODE);
-  std::optional<size_t> i = SelectDecode(
-      live, tried_decode_, deps_.ledger->Snapshot(live), request_.prompt_tokens);
+  std::optional<size_t> i;
+  // The decode worker whose cache made this request colocated, when it has
+  // room; else the usual choice.
+  if (!preferred_decode_.empty() && !tried_decode_.contains(preferred_decode_)) {
+    for (size_t k = 0; k < live.size(); ++k) {
+      if (live[k].registration.worker_id() != preferred_decode_) continue;
+      std::vector<WorkerRecord> one = {live[k]};
+      if (SelectDecode(one, {}, deps_.ledger->Snapshot(one), request_.prompt_tokens)
+              .has_value()) {
+        i = k;
+      }
+    }
+  }
+  if (!i.has_value()) {
+    i = SelectDecode(live, tried_decode_, deps_.ledger->Snapshot(live),
+                     request_.prompt_tokens);
+  }
   if (!i.has_value()) return NoDecodeWorker(AfterRelease::kColocate);
   deps_.metrics->paths->Add({{"path", "colocated"}}).Increment();
   decode_ = live[*i];
+  // The decode worker prefills this prompt itself: until it reports it, the
+  // router counts it as cached there.
+  if (deps_.prefill_router != nullptr) {
+    deps_.prefill_router->RecordSent(decode_.registration.worker_id(),
+                                     request_.prefix_hashes, request_.prompt_tokens);
+  }
   state_ = State::kColocated;
   return {Call(Kind::kColocate, decode_, request_.deadline)};
 }

@@ -4,9 +4,12 @@
 // call and feeds its end back as the next event.
 //
 //   START ──colocate?──────────────────────────────────> COLOCATED ──> FINISHED
-//     │  (prompt < colocate_below_tokens, min_tokens > 0,     Colocate(W):
+//     │  (uncached < colocate_below_tokens, min_tokens > 0,   Colocate(W):
 //     │   no room after the prompt, no prefill worker)        prefill + decode
-//     v                                                       on one worker
+//     │  uncached = prompt - the deepest match among the      on one worker
+//     │  decode workers' reported caches; W = that worker     (W with the match
+//     │  when it has room                                      first)
+//     v
 //   RESERVING  Reserve(W), W = the decode worker with the most free cache
 //     │  RESOURCE_EXHAUSTED / UNAVAILABLE ──> Reserve(next W); none left:
 //     │    one was full (or skipped for lack of room) ──> QUEUED; else
@@ -70,7 +73,10 @@ struct HandoffOptions {
   // --routing_policy defaults to cache_aware.
   RoutingPolicy routing_policy = RoutingPolicy::kLeastLoad;
   CacheAwareOptions cache_aware;
-  // Prompts shorter than this prefill on the decode worker (DecodeWorker.Generate).
+  // Prompts whose uncached part (the prompt less what the decode worker
+  // holding most of it reported: prefix_routing.h) is shorter than this
+  // prefill on that decode worker (DecodeWorker.Generate); 0: never for the
+  // length. The router's --colocate_below_tokens.
   int32_t colocate_below_tokens = 0;
   // Prefill attempts per request (the first plus retries on other workers).
   int max_prefill_attempts = 3;
@@ -96,7 +102,8 @@ struct PlacementRequest {
   int32_t min_tokens = 0;  // > 0: colocated (the decode worker enforces it)
   absl::Time deadline = absl::InfiniteFuture();
   absl::Time started;  // arrival, for the request's latency
-  // RouterBlockHashes of the prompt (prefix_routing.h), for cache-aware routing.
+  // RouterBlockHashes of the prompt (prefix_routing.h), for cache-aware routing
+  // and the uncached length.
   std::vector<uint64_t> prefix_hashes;
 };
 
@@ -206,6 +213,9 @@ class Placement {
   AfterRelease after_queue_ = AfterRelease::kReserve;
   absl::flat_hash_set<std::string> tried_decode_, tried_prefill_;
   WorkerRecord decode_, prefill_;
+  // The decode worker whose reported cache left the prompt's uncached part
+  // below colocate_below_tokens (Start); Colocate tries it first.
+  std::string preferred_decode_;
 };
 
 const char* PlacementStateName(Placement::State state);

@@ -720,11 +720,19 @@ namespace {
 // Cache-aware prefill routing through Placement: a prompt whose prefix the
 // router sent to p1 goes to p1 although p0 sorts first; another goes by load.
 TEST_F(PlacementTest, CacheAwareRouterSendsAPrefixBackToItsWorker) {
-  PrefillRouter router(RoutingPolicy::kCacheAware, CacheAwareOptions{});
+  PrefillRouter router(RoutingPolicy::kCacheAware, CacheAwareOptions{}, &clock_);
+  // Both report their caches (nothing yet).
+  for (const char* id : {"p0", "p1"}) {
+    tandem::v1::RegisterRequest r = Worker(id, tandem::v1::WORKER_ROLE_PREFILL);
+    r.set_reports_prefix_cache(true);
+    r.set_prefix_epoch(1);
+    router.OnRegister(r);
+  }
   std::vector<int32_t> prompt(640);
   for (int i = 0; i < 640; ++i) prompt[i] = i * 13 % 4093;
   const std::vector<uint64_t> hashes = RouterBlockHashes(prompt, "");
-  // An earlier request of this prefix went to p1 (p0 excluded then).
+  // An earlier request of this prefix went to p1 (p0 excluded then): p1 has
+  // not reported it yet, the router's overlay counts its last full chunk.
   router.Select(registry_.Live(tandem::v1::WORKER_ROLE_PREFILL), {"p0"}, {}, 640,
                 hashes);
   auto make = [&](std::vector<uint64_t> h) {
@@ -745,7 +753,8 @@ TEST_F(PlacementTest, CacheAwareRouterSendsAPrefixBackToItsWorker) {
   // p1 now has this request's 640 tokens in flight: p0 (no load) wins.
   EXPECT_EQ(Str(q->OnReserved(absl::OkStatus())), "prefill p0");
   // The decisions, counted by policy and reason: the cached prefix decided the
-  // first (its 640 tokens estimated held), load the second.
+  // first (576 tokens estimated held: its last full chunk below the last
+  // token), load the second.
   auto choices = [&](const char* reason) {
     return metrics_.prefill_choices
         ->Add({{"policy", "cache_aware"}, {"reason", reason}})
@@ -754,7 +763,62 @@ TEST_F(PlacementTest, CacheAwareRouterSendsAPrefixBackToItsWorker) {
   EXPECT_EQ(choices("cache"), 1);
   EXPECT_EQ(choices("load"), 1);
   EXPECT_EQ(choices("balance"), 0);
-  EXPECT_EQ(metrics_.estimated_hit_tokens->Value(), 640);
+  EXPECT_EQ(metrics_.estimated_hit_tokens->Value(), 576);
+}
+
+// Conditional disaggregation by the uncached length: the prompt less the
+// deepest prefix a decode worker reported.
+TEST_F(PlacementTest, ColocatesByTheUncachedLength) {
+  std::vector<int32_t> prompt(2000);
+  for (int i = 0; i < 2000; ++i) prompt[i] = i * 29 % 4093;
+  const std::vector<uint64_t> h = RouterBlockHashes(prompt, "");
+  auto stored = [&](int blocks) {
+    tandem::v1::PrefixCacheEvent e;
+    e.set_kind(tandem::v1::PrefixCacheEvent::KIND_STORED);
+    e.set_tokens(blocks * 64);
+    e.set_route_hash(h[blocks - 1]);
+    return e;
+  };
+  struct Case {
+    const char* name;
+    int32_t colocate_below;
+    int d1_blocks;  // d1 reported the prompt's first this many blocks (0: none)
+    bool d1_reports;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {"no report: the prompt's length decides", 512, 0, true, "reserve d0"},
+      // 2000 - 1920 = 80 uncached < 512: prefilled on d1, which holds the rest
+      // (d0 sorts first and has as much room).
+      {"a short uncached suffix on d1", 512, 30, true, "colocate d1"},
+      {"the uncached part at the threshold", 80, 30, true, "reserve d0"},
+      {"the uncached part above it", 512, 20, true, "reserve d0"},  // 720 left
+      {"threshold 0: always disaggregated", 0, 30, true, "reserve d0"},
+      {"d1 does not report", 512, 30, false, "reserve d0"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    PrefillRouter router(RoutingPolicy::kCacheAware, CacheAwareOptions{}, &clock_);
+    tandem::v1::RegisterRequest r = Worker("d1", tandem::v1::WORKER_ROLE_DECODE);
+    r.set_reports_prefix_cache(c.d1_reports);
+    r.set_prefix_epoch(1);
+    if (c.d1_blocks > 0) *r.add_prefix_snapshot() = stored(c.d1_blocks);
+    router.OnRegister(r);
+    options_.colocate_below_tokens = c.colocate_below;
+    Placement p(PlacementDeps{&registry_, &ledger_, &metrics_, &clock_, &router},
+                options_,
+                PlacementRequest{.request_id = "req-u",
+                                 .prompt_tokens = 2000,
+                                 .deadline = clock_.Now() + absl::Seconds(60),
+                                 .started = clock_.Now(),
+                                 .prefix_hashes = h});
+    EXPECT_EQ(Str(p.Start()), c.want);
+    if (c.want == "colocate d1") {
+      // The colocated prompt is overlaid on d1 (its prefill there).
+      EXPECT_EQ(router.Match("d1", RouterBlockHashes(prompt, ""), 2000), 1984);
+    }
+  }
+  EXPECT_EQ(Paths("colocated"), 1);
 }
 
 }  // namespace

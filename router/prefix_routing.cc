@@ -1,7 +1,5 @@
 #include "router/prefix_routing.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <limits>
 #include <tuple>
@@ -33,53 +31,150 @@ const char* RoutingPolicyName(RoutingPolicy policy) {
 
 std::vector<uint64_t> RouterBlockHashes(absl::Span<const int32_t> prompt,
                                         std::string_view cache_salt) {
-  std::vector<uint64_t> out;
-  uint64_t parent = XXH3_64bits(cache_salt.data(), cache_salt.size());
-  for (size_t b = 0; (b + 1) * kRouterBlockTokens <= prompt.size(); ++b) {
-    parent = XXH3_64bits_withSeed(prompt.data() + b * kRouterBlockTokens,
-                                  kRouterBlockTokens * sizeof(int32_t), parent);
-    out.push_back(parent);
+  return RouteBlockHashes(prompt, cache_salt);
+}
+
+using tandem::v1::PrefixCacheEvent;
+
+void PrefixIndex::Reset(const std::string& worker, uint64_t epoch, uint64_t seq,
+                        const PrefixEvents& snapshot) {
+  Worker& w = workers_[worker];
+  w = Worker{};
+  w.epoch = epoch;
+  w.last_seq = seq;
+  for (const PrefixCacheEvent& e : snapshot) ApplyOne(w, e);
+}
+
+void PrefixIndex::ApplyOne(Worker& w, const PrefixCacheEvent& e) {
+  switch (e.kind()) {
+    case PrefixCacheEvent::KIND_STORED:
+      w.overlay.erase(e.route_hash());
+      if (e.tokens() <= 0 || e.tokens() % kRouteBlockTokens != 0)
+        return;  // no position
+      if (static_cast<int64_t>(w.reported.size()) >= options_.max_entries_per_worker &&
+          !w.reported.contains(e.route_hash())) {
+        w.overflowed = true;
+        return;
+      }
+      w.reported[e.route_hash()] = e.tokens();
+      return;
+    case PrefixCacheEvent::KIND_REMOVED:
+      w.overlay.erase(e.route_hash());
+      w.reported.erase(e.route_hash());
+      return;
+    case PrefixCacheEvent::KIND_CLEARED:
+      w.overlay.clear();
+      w.reported.clear();
+      w.overflowed = false;
+      return;
+    default:
+      return;  // an unknown kind from a newer worker changes nothing
+  }
+}
+
+ReportOutcome PrefixIndex::Apply(const std::string& worker, uint64_t epoch,
+                                 uint64_t first_seq, const PrefixEvents& events) {
+  ReportOutcome out;
+  auto it = workers_.find(worker);
+  if (it == workers_.end() || it->second.epoch != epoch) {
+    // Not known as a reporter, or another incarnation of it: nothing of this
+    // stream can be placed on what the router holds.
+    out.resync = true;
+    out.why = "epoch";
+    return out;
+  }
+  Worker& w = it->second;
+  out.acked_seq = w.last_seq;
+  if (w.overflowed) {
+    out.resync = true;
+    out.why = "overflow";
+    return out;
+  }
+  // first_seq names the first event here (or, with none, the next to come):
+  // anything after last_seq + 1 means events the router never saw.
+  if (first_seq == 0 || first_seq > w.last_seq + 1) {
+    out.resync = true;
+    out.why = "gap";
+    return out;
+  }
+  for (int i = 0; i < events.size(); ++i) {
+    const uint64_t seq = first_seq + i;
+    if (seq <= w.last_seq) continue;  // applied before (a resend)
+    ApplyOne(w, events[i]);
+    w.last_seq = seq;
+    ++out.applied;
+  }
+  out.acked_seq = w.last_seq;
+  if (w.overflowed) {
+    out.resync = true;
+    out.why = "overflow";
   }
   return out;
 }
 
-int64_t PrefixIndex::Match(const std::string& worker,
-                           absl::Span<const uint64_t> hashes) const {
+void PrefixIndex::RecordSent(const std::string& worker,
+                             absl::Span<const uint64_t> hashes, int64_t prompt_tokens,
+                             absl::Time now) {
   auto it = workers_.find(worker);
-  if (it == workers_.end()) return 0;
-  int64_t k = 0;
-  while (k < static_cast<int64_t>(hashes.size()) &&
-         it->second.where.contains(hashes[k])) {
-    ++k;
+  if (it == workers_.end()) return;  // it reports nothing: guess nothing
+  // The worker snapshots the prompt's last full chunk (the deepest multiple
+  // of 64 below its last token): a repeat or the next turn hits there.
+  const int64_t p = (prompt_tokens - 1) / kRouteBlockTokens * kRouteBlockTokens;
+  if (p <= 0 || p / kRouteBlockTokens > static_cast<int64_t>(hashes.size())) return;
+  Worker& w = it->second;
+  if (static_cast<int64_t>(w.overlay.size()) >= options_.max_overlay_per_worker) {
+    absl::erase_if(w.overlay, [now](const auto& kv) { return kv.second <= now; });
+    if (static_cast<int64_t>(w.overlay.size()) >= options_.max_overlay_per_worker) {
+      w.overlay.clear();
+    }
   }
-  return k;
+  w.overlay[hashes[p / kRouteBlockTokens - 1]] = now + options_.overlay_ttl;
 }
 
-void PrefixIndex::Record(const std::string& worker, absl::Span<const uint64_t> hashes) {
-  Lru& l = workers_[worker];
-  // Deepest first, so that the root ends most recent (evicted last).
-  for (auto h = hashes.rbegin(); h != hashes.rend(); ++h) {
-    auto it = l.where.find(*h);
-    if (it != l.where.end()) l.order.erase(it->second);
-    l.order.push_front(*h);
-    l.where[*h] = l.order.begin();
+int64_t PrefixIndex::Match(const std::string& worker, absl::Span<const uint64_t> hashes,
+                           int64_t prompt_tokens, absl::Time now) const {
+  auto it = workers_.find(worker);
+  if (it == workers_.end()) return 0;
+  const Worker& w = it->second;
+  // Usable hits lie below the prompt's last token (it must be computed).
+  const int64_t max_blocks = std::min<int64_t>(
+      hashes.size(), std::max<int64_t>(prompt_tokens - 1, 0) / kRouteBlockTokens);
+  for (int64_t b = max_blocks; b >= 1; --b) {
+    const uint64_t h = hashes[b - 1];
+    const int64_t p = b * kRouteBlockTokens;
+    if (auto r = w.reported.find(h); r != w.reported.end() && r->second == p) return p;
+    if (auto o = w.overlay.find(h); o != w.overlay.end() && o->second > now) return p;
   }
-  while (static_cast<int64_t>(l.order.size()) > max_blocks_) {
-    l.where.erase(l.order.back());
-    l.order.pop_back();
-  }
+  return 0;
+}
+
+void PrefixIndex::Retain(const absl::flat_hash_set<std::string>& live) {
+  absl::erase_if(workers_,
+                 [&live](const auto& kv) { return !live.contains(kv.first); });
 }
 
 int64_t PrefixIndex::size(const std::string& worker) const {
   auto it = workers_.find(worker);
-  return it == workers_.end() ? 0 : static_cast<int64_t>(it->second.order.size());
+  return it == workers_.end() ? 0 : static_cast<int64_t>(it->second.reported.size());
+}
+
+int64_t PrefixIndex::overlay_size(const std::string& worker) const {
+  auto it = workers_.find(worker);
+  return it == workers_.end() ? 0 : static_cast<int64_t>(it->second.overlay.size());
+}
+
+std::vector<std::string> PrefixIndex::workers() const {
+  std::vector<std::string> out;
+  for (const auto& [id, w] : workers_) out.push_back(id);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::optional<PrefillChoice> SelectPrefillCacheAware(
     const std::vector<WorkerRecord>& workers,
     const absl::flat_hash_set<std::string>& exclude, const InFlightMap& in_flight,
     int64_t prompt_tokens, absl::Span<const uint64_t> hashes, const PrefixIndex& index,
-    const CacheAwareOptions& options) {
+    const CacheAwareOptions& options, absl::Time now) {
   struct Candidate {
     size_t index;
     int64_t load;
@@ -93,8 +188,7 @@ std::optional<PrefillChoice> SelectPrefillCacheAware(
     auto f = in_flight.find(id);
     const int64_t load = workers[i].load.queued_prefill_tokens() +
                          (f == in_flight.end() ? 0 : f->second.tokens);
-    const int64_t matched =
-        std::min(prompt_tokens, index.Match(id, hashes) * kRouterBlockTokens);
+    const int64_t matched = index.Match(id, hashes, prompt_tokens, now);
     c.push_back({i, load, matched});
     min_load = std::min(min_load, load);
     max_load = std::max(max_load, load);
@@ -124,6 +218,7 @@ std::optional<PrefillChoice> PrefillRouter::Select(
     const std::vector<WorkerRecord>& workers,
     const absl::flat_hash_set<std::string>& exclude, const InFlightMap& in_flight,
     int64_t prompt_tokens, absl::Span<const uint64_t> hashes) {
+  const absl::Time now = clock_->Now();
   absl::MutexLock l(&mu_);
   switch (policy_) {
     case RoutingPolicy::kLeastLoad: {
@@ -146,18 +241,90 @@ std::optional<PrefillChoice> PrefillRouter::Select(
     }
     case RoutingPolicy::kCacheAware: {
       std::optional<PrefillChoice> c = SelectPrefillCacheAware(
-          workers, exclude, in_flight, prompt_tokens, hashes, index_, options_);
-      if (c.has_value())
-        index_.Record(workers[c->index].registration.worker_id(), hashes);
+          workers, exclude, in_flight, prompt_tokens, hashes, index_, options_, now);
+      if (c.has_value()) {
+        index_.RecordSent(workers[c->index].registration.worker_id(), hashes,
+                          prompt_tokens, now);
+      }
       return c;
     }
   }
   return std::nullopt;
 }
 
+std::optional<DecodeMatch> PrefillRouter::BestMatch(
+    const std::vector<WorkerRecord>& workers,
+    const absl::flat_hash_set<std::string>& exclude, int64_t prompt_tokens,
+    absl::Span<const uint64_t> hashes) {
+  const absl::Time now = clock_->Now();
+  absl::MutexLock l(&mu_);
+  std::optional<DecodeMatch> best;
+  for (const WorkerRecord& w : workers) {
+    const std::string& id = w.registration.worker_id();
+    if (exclude.contains(id)) continue;
+    const int64_t m = index_.Match(id, hashes, prompt_tokens, now);
+    if (m > 0 && (!best.has_value() || m > best->matched_tokens)) {
+      best = DecodeMatch{id, m};
+    }
+  }
+  return best;
+}
+
+void PrefillRouter::RecordSent(const std::string& worker,
+                               absl::Span<const uint64_t> hashes,
+                               int64_t prompt_tokens) {
+  const absl::Time now = clock_->Now();
+  absl::MutexLock l(&mu_);
+  index_.RecordSent(worker, hashes, prompt_tokens, now);
+}
+
+void PrefillRouter::OnRegister(const tandem::v1::RegisterRequest& r) {
+  absl::MutexLock l(&mu_);
+  if (!r.reports_prefix_cache()) {
+    index_.RemoveWorker(r.worker_id());
+    return;
+  }
+  index_.Reset(r.worker_id(), r.prefix_epoch(), r.prefix_seq(), r.prefix_snapshot());
+}
+
+ReportOutcome PrefillRouter::OnHeartbeat(const tandem::v1::HeartbeatRequest& r) {
+  absl::MutexLock l(&mu_);
+  if (r.prefix_epoch() == 0) {
+    // A worker that reports nothing: nothing to apply; its set (if any) stays
+    // as registration left it.
+    ReportOutcome out;
+    if (index_.reports(r.worker_id())) {
+      out.resync = true;  // registered as a reporter, now silent: diverged
+      out.why = "epoch";
+    }
+    return out;
+  }
+  return index_.Apply(r.worker_id(), r.prefix_epoch(), r.prefix_first_seq(),
+                      r.prefix_events());
+}
+
 void PrefillRouter::RemoveWorker(const std::string& worker) {
   absl::MutexLock l(&mu_);
   index_.RemoveWorker(worker);
+}
+
+void PrefillRouter::Retain(const absl::flat_hash_set<std::string>& live) {
+  absl::MutexLock l(&mu_);
+  index_.Retain(live);
+}
+
+std::vector<std::pair<std::string, int64_t>> PrefillRouter::IndexSizes() {
+  absl::MutexLock l(&mu_);
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const std::string& id : index_.workers()) out.emplace_back(id, index_.size(id));
+  return out;
+}
+
+int64_t PrefillRouter::Match(const std::string& worker,
+                             absl::Span<const uint64_t> hashes, int64_t prompt_tokens) {
+  const absl::Time now = clock_->Now();
+  absl::MutexLock l(&mu_);
+  return index_.Match(worker, hashes, prompt_tokens, now);
 }
 
 }  // namespace tandem::router

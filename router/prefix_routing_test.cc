@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/route_hash.h"
 #include "gtest/gtest.h"
 
 namespace tandem::router {
@@ -25,27 +26,212 @@ std::vector<int32_t> Prompt(int n, int seed, int shared = 0) {
   return p;
 }
 
+using tandem::v1::PrefixCacheEvent;
+
+PrefixCacheEvent Ev(PrefixCacheEvent::Kind kind, int64_t tokens, uint64_t hash) {
+  PrefixCacheEvent e;
+  e.set_kind(kind);
+  e.set_tokens(tokens);
+  e.set_route_hash(hash);
+  return e;
+}
+// STORED / REMOVED of the prompt's prefix of `blocks` 64-token blocks.
+PrefixCacheEvent Stored(const std::vector<uint64_t>& h, int blocks) {
+  return Ev(PrefixCacheEvent::KIND_STORED, blocks * 64, h[blocks - 1]);
+}
+PrefixCacheEvent Removed(const std::vector<uint64_t>& h, int blocks) {
+  return Ev(PrefixCacheEvent::KIND_REMOVED, blocks * 64, h[blocks - 1]);
+}
+PrefixCacheEvent Cleared() { return Ev(PrefixCacheEvent::KIND_CLEARED, 0, 0); }
+PrefixEvents Events(std::vector<PrefixCacheEvent> v) {
+  PrefixEvents out;
+  for (auto& e : v) *out.Add() = std::move(e);
+  return out;
+}
+
+const absl::Time kNow = absl::FromUnixSeconds(1000000);
+
 TEST(RouterBlockHashesTest, ChainedSaltedFullBlocks) {
   const auto a = RouterBlockHashes(Prompt(200, 1), "");
   ASSERT_EQ(a.size(), 3u);
   EXPECT_NE(RouterBlockHashes(Prompt(200, 1), "t")[0], a[0]);
   EXPECT_EQ(RouterBlockHashes(Prompt(130, 1), ""),
             std::vector<uint64_t>(a.begin(), a.begin() + 2));
+  EXPECT_EQ(a[2], RoutePrefixHash(Prompt(200, 1), 192, ""));  // what workers send
 }
 
-TEST(PrefixIndexTest, MatchRecordLru) {
-  PrefixIndex idx(4);
-  const auto a = RouterBlockHashes(Prompt(256, 1), "");  // 4 blocks
-  const auto b = RouterBlockHashes(Prompt(128, 2), "");  // 2 blocks
-  idx.Record("w", a);
-  EXPECT_EQ(idx.Match("w", a), 4);
-  EXPECT_EQ(idx.Match("v", a), 0);
-  idx.Record("w", b);  // evicts a's two least recent: its deepest blocks
-  EXPECT_EQ(idx.size("w"), 4);
-  EXPECT_EQ(idx.Match("w", a), 2);
-  EXPECT_EQ(idx.Match("w", b), 2);
+// match(w) = the deepest reported position of the prompt, below its last token.
+TEST(PrefixIndexTest, MatchIsTheDeepestReportedPosition) {
+  const auto h = RouterBlockHashes(Prompt(640, 1), "");  // 10 blocks
+  const auto other = RouterBlockHashes(Prompt(640, 2), "");
+  struct Case {
+    const char* name;
+    std::vector<PrefixCacheEvent> snapshot;
+    int64_t prompt_tokens;
+    int64_t want;
+  };
+  const std::vector<Case> cases = {
+      {"nothing reported", {}, 640, 0},
+      {"one position", {Stored(h, 4)}, 640, 256},
+      // Positions between snapshots are not hits (the KDA state exists only
+      // at snapshots): 2 and 7 reported, the deepest wins, nothing "leading".
+      {"deepest of two", {Stored(h, 2), Stored(h, 7)}, 640, 448},
+      {"another prompt's position", {Stored(other, 7)}, 640, 0},
+      {"at the prompt's end: not usable (its last token must be computed)",
+       {Stored(h, 10)},
+       640,
+       0},
+      {"below the end", {Stored(h, 9)}, 640, 576},
+      {"prompt shorter than the position", {Stored(h, 9)}, 300, 0},
+      {"tokens not matching the hash's position",
+       {Ev(PrefixCacheEvent::KIND_STORED, 128, h[3])},
+       640,
+       0},
+      {"off the 64 grid: ignored",
+       {Ev(PrefixCacheEvent::KIND_STORED, 100, h[3])},
+       640,
+       0},
+  };
+  for (const Case& c : cases) {
+    PrefixIndex idx{CacheAwareOptions{}};
+    idx.Reset("w", 7, 0, Events(c.snapshot));
+    EXPECT_EQ(idx.Match("w", h, c.prompt_tokens, kNow), c.want) << c.name;
+    EXPECT_EQ(idx.Match("v", h, c.prompt_tokens, kNow), 0) << c.name;
+  }
+}
+
+// A stream of heartbeats after a registration: what is applied, acknowledged,
+// and when the router asks for a resync.
+TEST(PrefixIndexTest, StoredRemovedClearedGapsAndEpochs) {
+  const auto h = RouterBlockHashes(Prompt(640, 1), "");
+  struct Step {
+    const char* name;
+    uint64_t epoch, first_seq;
+    std::vector<PrefixCacheEvent> events;
+    bool resync;
+    const char* why;
+    uint64_t acked;
+    int64_t applied;
+    int64_t match;  // of the 640-token prompt after the step
+    int64_t size;
+  };
+  const std::vector<Step> steps = {
+      {"stored 2", 7, 4, {Stored(h, 2)}, false, "", 4, 1, 128, 2},
+      {"stored 5, removed 2",
+       7,
+       5,
+       {Stored(h, 5), Removed(h, 2)},
+       false,
+       "",
+       6,
+       2,
+       320,
+       2},
+      {"a resend of 5..6 plus 7 (the ack was lost)",
+       7,
+       5,
+       {Stored(h, 5), Removed(h, 2), Stored(h, 8)},
+       false,
+       "",
+       7,
+       1,
+       512,
+       3},
+      {"no events, the next seq: nothing to do", 7, 8, {}, false, "", 7, 0, 512, 3},
+      {"cleared", 7, 8, {Cleared()}, false, "", 8, 1, 0, 0},
+      {"stored again", 7, 9, {Stored(h, 3)}, false, "", 9, 1, 192, 1},
+      {"a gap: 10 never arrived", 7, 11, {Stored(h, 6)}, true, "gap", 9, 0, 192, 1},
+      {"a gap without events", 7, 12, {}, true, "gap", 9, 0, 192, 1},
+      {"another epoch (the worker restarted)",
+       8,
+       1,
+       {Stored(h, 6)},
+       true,
+       "epoch",
+       0,
+       0,
+       192,
+       1},
+      {"seq 0 is no sequence", 7, 0, {Stored(h, 6)}, true, "gap", 9, 0, 192, 1},
+  };
+  PrefixIndex idx{CacheAwareOptions{}};
+  idx.Reset("w", 7, 3, Events({Stored(h, 1)}));  // snapshot through seq 3
+  EXPECT_EQ(idx.Match("w", h, 640, kNow), 64);
+  for (const Step& s : steps) {
+    ReportOutcome o = idx.Apply("w", s.epoch, s.first_seq, Events(s.events));
+    EXPECT_EQ(o.resync, s.resync) << s.name;
+    EXPECT_STREQ(o.why, s.why) << s.name;
+    if (!s.resync || std::string(s.why) != "epoch")
+      EXPECT_EQ(o.acked_seq, s.acked) << s.name;
+    EXPECT_EQ(o.applied, s.applied) << s.name;
+    EXPECT_EQ(idx.Match("w", h, 640, kNow), s.match) << s.name;
+    EXPECT_EQ(idx.size("w"), s.size) << s.name;
+  }
+  // The resync: registration with a snapshot replaces the set and the stream.
+  idx.Reset("w", 8, 1, Events({Stored(h, 6)}));
+  EXPECT_EQ(idx.Match("w", h, 640, kNow), 384);
+  EXPECT_EQ(idx.size("w"), 1);
+  ReportOutcome o = idx.Apply("w", 8, 2, Events({Stored(h, 9)}));
+  EXPECT_FALSE(o.resync);
+  EXPECT_EQ(o.acked_seq, 2u);
+  EXPECT_EQ(idx.Match("w", h, 640, kNow), 576);
+  // A worker never registered as a reporter: resync (register again).
+  EXPECT_TRUE(idx.Apply("v", 1, 1, Events({Stored(h, 2)})).resync);
+  EXPECT_EQ(idx.Match("v", h, 640, kNow), 0);
   idx.RemoveWorker("w");
-  EXPECT_EQ(idx.Match("w", b), 0);
+  EXPECT_FALSE(idx.reports("w"));
+  EXPECT_EQ(idx.Match("w", h, 640, kNow), 0);
+}
+
+TEST(PrefixIndexTest, OverflowAsksForAResync) {
+  const auto h = RouterBlockHashes(Prompt(640, 1), "");
+  CacheAwareOptions o;
+  o.max_entries_per_worker = 2;
+  PrefixIndex idx(o);
+  idx.Reset("w", 1, 0, Events({}));
+  ReportOutcome r =
+      idx.Apply("w", 1, 1, Events({Stored(h, 1), Stored(h, 2), Stored(h, 3)}));
+  EXPECT_TRUE(r.resync);
+  EXPECT_STREQ(r.why, "overflow");
+  EXPECT_EQ(r.acked_seq, 3u);
+  EXPECT_EQ(idx.size("w"), 2);
+  EXPECT_TRUE(idx.Apply("w", 1, 4, Events({})).resync);  // until it registers again
+  idx.Reset("w", 1, 4, Events({Stored(h, 3)}));
+  EXPECT_FALSE(idx.Apply("w", 1, 5, Events({})).resync);
+}
+
+// The overlay: sent, not yet reported; for overlay_ttl, superseded by reports.
+TEST(PrefixIndexTest, OverlayUntilReportedOrExpired) {
+  const std::vector<int32_t> p = Prompt(300, 1);  // last full chunk: 256
+  const auto h = RouterBlockHashes(p, "");
+  const auto longer = RouterBlockHashes(Prompt(700, 1), "");  // the next turn
+  CacheAwareOptions o;
+  o.overlay_ttl = absl::Seconds(10);
+  PrefixIndex idx(o);
+  idx.RecordSent("w", h, 300, kNow);  // not a reporter: no guess
+  EXPECT_EQ(idx.Match("w", h, 300, kNow), 0);
+  idx.Reset("w", 1, 0, Events({}));
+  idx.RecordSent("w", h, 300, kNow);
+  EXPECT_EQ(idx.overlay_size("w"), 1);
+  EXPECT_EQ(idx.Match("w", h, 300, kNow), 256);
+  EXPECT_EQ(idx.Match("w", longer, 700, kNow), 256);  // a continuation hits it too
+  EXPECT_EQ(idx.Match("w", h, 300, kNow + absl::Seconds(11)), 0);  // expired
+  // Removed before the TTL: the worker's word wins.
+  idx.RecordSent("w", h, 300, kNow);
+  idx.Apply("w", 1, 1, Events({Removed(h, 4)}));
+  EXPECT_EQ(idx.Match("w", h, 300, kNow), 0);
+  // Stored: the report replaces the guess (no overlay entry left).
+  idx.RecordSent("w", h, 300, kNow);
+  idx.Apply("w", 1, 2, Events({Stored(h, 4)}));
+  EXPECT_EQ(idx.overlay_size("w"), 0);
+  EXPECT_EQ(idx.Match("w", h, 300, kNow + absl::Seconds(60)), 256);
+  // Cleared (a reset): guesses go too.
+  idx.RecordSent("w", longer, 700, kNow);
+  idx.Apply("w", 1, 3, Events({Cleared()}));
+  EXPECT_EQ(idx.Match("w", longer, 700, kNow), 0);
+  // A prompt of under one full chunk below its last token records nothing.
+  idx.RecordSent("w", RouterBlockHashes(Prompt(64, 3), ""), 64, kNow);
+  EXPECT_EQ(idx.overlay_size("w"), 0);
 }
 
 struct Case {
@@ -69,36 +255,40 @@ TEST(SelectPrefillCacheAwareTest, Table) {
       {"extra load exceeds the saving", {{"a", 0}, {"b", 2000}}, {{"b", 20}}, "a"},
       {"imbalanced: least load whatever the cache",
        {{"a", 1000}, {"b", 20000}},
-       {{"b", 64}},
+       {{"b", 63}},
        "a",
        true},
       {"below the absolute threshold: cost decides",
        {{"a", 100}, {"b", 2000}},
-       {{"b", 64}},
+       {{"b", 63}},
        "b"},
       {"ties: id", {{"b", 0}, {"a", 0}}, {}, "a"},
   };
   for (const Case& c : cases) {
     std::vector<WorkerRecord> ws;
-    PrefixIndex idx(1 << 16);
+    PrefixIndex idx{CacheAwareOptions{}};
     for (const auto& [id, q] : c.workers) ws.push_back(Worker(id, q));
     for (const auto& [id, k] : c.cached_blocks) {
-      idx.Record(id, absl::MakeConstSpan(h).subspan(0, k));
+      idx.Reset(id, 1, 0, Events({Stored(h, k)}));
     }
-    auto got = SelectPrefillCacheAware(ws, {}, {}, 4096, h, idx, CacheAwareOptions{});
+    auto got =
+        SelectPrefillCacheAware(ws, {}, {}, 4096, h, idx, CacheAwareOptions{}, kNow);
     ASSERT_TRUE(got.has_value()) << c.name;
     EXPECT_EQ(ws[got->index].registration.worker_id(), c.want) << c.name;
     EXPECT_EQ(got->balanced, c.balanced) << c.name;
   }
   // Excluded workers are skipped; none left: nothing.
   std::vector<WorkerRecord> ws = {Worker("a", 0)};
-  PrefixIndex idx(16);
-  EXPECT_FALSE(SelectPrefillCacheAware(ws, {"a"}, {}, 100, h, idx, CacheAwareOptions{})
-                   .has_value());
+  PrefixIndex idx{CacheAwareOptions{}};
+  EXPECT_FALSE(
+      SelectPrefillCacheAware(ws, {"a"}, {}, 100, h, idx, CacheAwareOptions{}, kNow)
+          .has_value());
 }
 
 // Every request shares a 2048-token system prompt (32 blocks) and has 256 tokens
-// of its own; 4 workers each drain 100 tokens of prefill per tick, one request
+// of its own; each worker reports what a worker's cache would hold after it:
+// the branch point (2048, the shared prompt) and the prompt's last full chunk;
+// 4 workers each drain 100 tokens of prefill per tick, one request
 // arrives per tick: no single worker keeps up even with every hit (256 tokens
 // of work per request), four do. Returns the most loaded worker's total work / the
 // mean.
@@ -106,16 +296,20 @@ double Spread(const CacheAwareOptions& o, double* hit_rate) {
   const std::vector<std::string> ids = {"w0", "w1", "w2", "w3"};
   std::vector<WorkerRecord> ws;
   for (const auto& id : ids) ws.push_back(Worker(id, 0));
-  PrefixIndex idx(o.max_blocks_per_worker);
+  PrefixIndex idx(o);
+  std::map<std::string, uint64_t> seq;
+  for (const auto& id : ids) idx.Reset(id, 1, 0, Events({}));
   InFlightMap in_flight;
   std::map<std::string, int64_t> work;
   int64_t hit = 0, total = 0;
   for (int r = 0; r < 400; ++r) {
     std::vector<int32_t> p = Prompt(2048 + 256, 100 + r, /*shared=*/2048);
     const auto h = RouterBlockHashes(p, "");
-    auto c = SelectPrefillCacheAware(ws, {}, in_flight, p.size(), h, idx, o);
+    auto c = SelectPrefillCacheAware(ws, {}, in_flight, p.size(), h, idx, o, kNow);
     const std::string& id = ws[c->index].registration.worker_id();
-    idx.Record(id, h);
+    EXPECT_FALSE(
+        idx.Apply(id, 1, seq[id] + 1, Events({Stored(h, 32), Stored(h, 35)})).resync);
+    seq[id] += 2;
     const int64_t uncached = static_cast<int64_t>(p.size()) - c->matched_tokens;
     in_flight[id].tokens += uncached;
     work[id] += uncached;

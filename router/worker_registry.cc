@@ -56,6 +56,9 @@ absl::Status WorkerRegistry::Register(const tandem::v1::RegisterRequest& r) {
   WorkerRecord& rec = workers_[r.worker_id()];
   rec.reports += 1;
   rec.registration = r;
+  // The prefix snapshot is the router's index's (prefix_routing.h), not the
+  // record's: every Live() copies records.
+  rec.registration.clear_prefix_snapshot();
   rec.load = r.load();
   rec.registered_at = clock_->Now();
   rec.last_seen = rec.registered_at;
