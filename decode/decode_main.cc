@@ -124,6 +124,11 @@ int main(int argc, char** argv) {
       dso.worker_id, tandem::v1::WORKER_ROLE_DECODE, **model, (*service)->layout(),
       eo.max_context_tokens);
   so.health = [l = loop.get()] { return l->health(); };
+  // Cache-aware routing: the router matches prompts against what the cache
+  // reports (registration.h).
+  if (eo.prefix_caching.enabled) {
+    so.prefix_events = [l = loop.get()] { return l->TakePrefixEvents(); };
+  }
   // Draining waits for reservations too (hand-offs whose KV has not landed yet).
   so.busy = [s = service->get()] { return s->num_reservations(); };
   so.server_credentials = creds->server;

@@ -92,6 +92,11 @@ int main(int argc, char** argv) {
       pso.worker_id, tandem::v1::WORKER_ROLE_PREFILL, **model, (*service)->layout(),
       eo.max_context_tokens);
   so.health = [l = loop.get()] { return l->health(); };
+  // Cache-aware routing: the router matches prompts against what the cache
+  // reports (registration.h).
+  if (eo.prefix_caching.enabled) {
+    so.prefix_events = [l = loop.get()] { return l->TakePrefixEvents(); };
+  }
   so.server_credentials = creds->server;
   so.router_credentials = creds->channel;
   so.mtls = creds->mtls;

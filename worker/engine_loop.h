@@ -98,6 +98,14 @@ class EngineLoop {
   // set_layer_progress_callback) before the next step; nullptr removes it.
   void SetLayerProgressCallback(engine::LayerProgressCallback callback);
 
+  // The engine's prefix-cache events since the last call, oldest first
+  // (engine::Engine::TakePrefixEvents: thread-safe, so called from any thread,
+  // e.g. the registration thread, without waiting for a step); empty when
+  // prefix caching is off.
+  std::vector<engine::PrefixEvent> TakePrefixEvents() {
+    return engine_->TakePrefixEvents();
+  }
+
   EngineLoopStats stats() const;
   // OK while the engine can step; after a step failed because the engine's
   // tensor-parallel group broke (a rank died), the executor's error
@@ -109,7 +117,8 @@ class EngineLoop {
   void Run();
   void PublishStats(engine::Engine& e) ABSL_LOCKS_EXCLUDED(mu_);
 
-  std::unique_ptr<engine::Engine> engine_;  // used on thread_ only
+  // Used on thread_ only (but for its thread-safe TakePrefixEvents).
+  std::unique_ptr<engine::Engine> engine_;
   absl::flat_hash_map<engine::RequestId, OutputCallback> callbacks_;  // thread_ only
   absl::flat_hash_map<engine::RequestId, int64_t> queued_prompt_;     // thread_ only
   mutable absl::Mutex mu_;

@@ -20,12 +20,16 @@ RegistrationClient::RegistrationClient(
     std::function<tandem::v1::WorkerLoad()> load, absl::Duration rpc_timeout,
     std::function<void(const std::string&)> on_refused,
     std::function<absl::Status()> health,
-    std::shared_ptr<grpc::ChannelCredentials> credentials)
+    std::shared_ptr<grpc::ChannelCredentials> credentials,
+    PrefixEventSource prefix_events)
     : request_(std::move(request)),
       load_(std::move(load)),
       rpc_timeout_(rpc_timeout),
       on_refused_(std::move(on_refused)),
-      health_(std::move(health)) {
+      health_(std::move(health)),
+      prefix_events_(std::move(prefix_events)) {
+  if (prefix_events_)
+    prefix_log_ = std::make_unique<PrefixEventLog>(RandomPrefixEpoch());
   stub_ = tandem::v1::Registry::NewStub(
       grpc::CreateChannel(router_address, std::move(credentials)));
   thread_ = std::thread([this] { Run(); });
@@ -59,6 +63,15 @@ int64_t RegistrationClient::registrations() const {
   return registrations_;
 }
 
+int64_t RegistrationClient::heartbeats() const {
+  absl::MutexLock l(&mu_);
+  return heartbeats_;
+}
+
+void RegistrationClient::DrainPrefixEvents() {
+  if (prefix_log_ != nullptr) prefix_log_->Add(prefix_events_());
+}
+
 void RegistrationClient::Run() {
   absl::Duration interval = absl::Milliseconds(200);  // until the router says
   bool registered = false;
@@ -74,9 +87,13 @@ void RegistrationClient::Run() {
         return;
       }
     }
+    DrainPrefixEvents();
+    // Too much unacknowledged (the router away for long): a snapshot instead.
+    if (prefix_log_ != nullptr && prefix_log_->needs_register()) registered = false;
     if (!registered) {
       tandem::v1::RegisterRequest req = request_;
       *req.mutable_load() = load_();
+      if (prefix_log_ != nullptr) prefix_log_->FillRegister(&req);
       grpc::ClientContext ctx;
       ctx.set_deadline(Deadline(rpc_timeout_));
       tandem::v1::RegisterResponse resp;
@@ -119,10 +136,15 @@ void RegistrationClient::Run() {
       tandem::v1::HeartbeatRequest req;
       req.set_worker_id(request_.worker_id());
       *req.mutable_load() = load_();
+      if (prefix_log_ != nullptr) prefix_log_->FillHeartbeat(&req);
       grpc::ClientContext ctx;
       ctx.set_deadline(Deadline(rpc_timeout_));
       tandem::v1::HeartbeatResponse resp;
       grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+      {
+        absl::MutexLock l(&mu_);
+        ++heartbeats_;
+      }
       if (s.ok() && !resp.known()) {
         TLOG(WARNING, "the router forgot this worker; registering again")
             .Kv("worker_id", request_.worker_id());
@@ -131,14 +153,40 @@ void RegistrationClient::Run() {
         registered_ = false;
         continue;  // register at once
       }
+      if (s.ok() && prefix_log_ != nullptr) {
+        prefix_log_->OnHeartbeatResponse(resp);
+        if (prefix_log_->needs_register()) {
+          TLOG(INFO,
+               "the router asked for the prefix cache's snapshot; registering "
+               "again")
+              .Kv("worker_id", request_.worker_id())
+              .Kv("held", prefix_log_->held());
+          registered = false;
+          continue;  // register at once (registered_ stays: it is a resync)
+        }
+      }
     }
-    absl::MutexLock l(&mu_);
-    // Sleep for the interval, waking early on stop or a nudge.
-    auto wake = [this]()
-                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || nudged_; };
-    mu_.AwaitWithTimeout(absl::Condition(&wake), interval);
-    if (stop_) return;
-    nudged_ = false;
+    // Sleep for the interval, waking early on stop or a nudge, and every
+    // kPrefixReportInterval to send fresh prefix events at once.
+    const absl::Time next = absl::Now() + interval;
+    const bool poll = prefix_log_ != nullptr && registered;
+    while (true) {
+      bool nudged = false;
+      {
+        absl::MutexLock l(&mu_);
+        auto wake = [this]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || nudged_; };
+        const absl::Duration left = next - absl::Now();
+        mu_.AwaitWithTimeout(absl::Condition(&wake),
+                             poll ? std::min(left, kPrefixReportInterval) : left);
+        if (stop_) return;
+        nudged = nudged_;
+        nudged_ = false;
+      }
+      if (nudged || !poll || absl::Now() >= next) break;
+      DrainPrefixEvents();
+      if (prefix_log_->has_pending() || prefix_log_->needs_register()) break;
+    }
   }
 }
 

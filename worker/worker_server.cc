@@ -116,7 +116,7 @@ int ServeWorker(const WorkerServerOptions& options, grpc::Service* service,
           TLOG(ERROR, "registration refused by the router; exiting").Kv("status", why);
           kill(getpid(), SIGTERM);  // WaitForTerminationSignal below returns
         },
-        options.health, options.router_credentials);
+        options.health, options.router_credentials, options.prefix_events);
   }
   absl::Notification stop;
   std::thread refresher([&] {

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "engine/cache/prefix_events.h"
 #include "metrics/registry.h"
 #include "proto/worker.pb.h"
 
@@ -52,6 +53,10 @@ struct WorkerServerOptions {
   // shuts the server down. A second signal ends the wait at once.
   absl::Duration drain_timeout = absl::Seconds(60);
   std::function<int64_t()> busy;
+  // Set when prefix caching is on: the engine's prefix events
+  // (EngineLoop::TakePrefixEvents), reported to the router for cache-aware
+  // routing (registration.h).
+  std::function<std::vector<engine::PrefixEvent>()> prefix_events;
 };
 
 // Blocks until SIGINT/SIGTERM, drains (WorkerServerOptions::drain_timeout);
