@@ -3,6 +3,84 @@
 #include "common/status.h"
 
 namespace tandem::engine {
+namespace {
+
+absl::StatusOr<StructuredOutputSpec> StructuredFromProto(
+    const tandem::v1::StructuredOutput& so) {
+  using K = StructuredOutputSpec::Kind;
+  StructuredOutputSpec spec;
+  switch (so.kind()) {
+    case tandem::v1::StructuredOutput::KIND_JSON_OBJECT:
+      spec.kind = K::kJsonObject;
+      break;
+    case tandem::v1::StructuredOutput::KIND_JSON_SCHEMA:
+      spec.kind = K::kJsonSchema;
+      break;
+    case tandem::v1::StructuredOutput::KIND_REGEX:
+      spec.kind = K::kRegex;
+      break;
+    case tandem::v1::StructuredOutput::KIND_CHOICE:
+      spec.kind = K::kChoice;
+      break;
+    case tandem::v1::StructuredOutput::KIND_EBNF:
+      spec.kind = K::kEbnf;
+      break;
+    default:
+      return InvalidArgument("structured_output.kind: unknown value ", so.kind());
+  }
+  spec.source = so.source();
+  spec.choices.assign(so.choices().begin(), so.choices().end());
+  spec.free_banned_token_ids.assign(so.free_banned_token_ids().begin(),
+                                    so.free_banned_token_ids().end());
+  if (so.has_free_until_token_id()) spec.free_until_token_id = so.free_until_token_id();
+  spec.prefix_token_ids.assign(so.prefix_token_ids().begin(),
+                               so.prefix_token_ids().end());
+  if (so.has_terminator_token_id()) spec.terminator_token_id = so.terminator_token_id();
+  spec.suffix_token_ids.assign(so.suffix_token_ids().begin(),
+                               so.suffix_token_ids().end());
+  return spec;
+}
+
+tandem::v1::StructuredOutput::Kind KindToProto(StructuredOutputSpec::Kind kind) {
+  using K = StructuredOutputSpec::Kind;
+  switch (kind) {
+    case K::kJsonObject:
+      return tandem::v1::StructuredOutput::KIND_JSON_OBJECT;
+    case K::kJsonSchema:
+      return tandem::v1::StructuredOutput::KIND_JSON_SCHEMA;
+    case K::kRegex:
+      return tandem::v1::StructuredOutput::KIND_REGEX;
+    case K::kChoice:
+      return tandem::v1::StructuredOutput::KIND_CHOICE;
+    case K::kEbnf:
+      return tandem::v1::StructuredOutput::KIND_EBNF;
+  }
+  return tandem::v1::StructuredOutput::KIND_UNSPECIFIED;
+}
+
+}  // namespace
+
+absl::StatusOr<StructuredOutputSpec> StructuredOutputFromProto(
+    const tandem::v1::StructuredOutput& so) {
+  TANDEM_ASSIGN_OR_RETURN(StructuredOutputSpec spec, StructuredFromProto(so));
+  TANDEM_RETURN_IF_ERROR(spec.Validate());
+  return spec;
+}
+
+void StructuredOutputToProto(const StructuredOutputSpec& spec,
+                             tandem::v1::StructuredOutput* so) {
+  so->Clear();
+  so->set_kind(KindToProto(spec.kind));
+  so->set_source(spec.source);
+  for (const std::string& c : spec.choices) so->add_choices(c);
+  for (int32_t id : spec.free_banned_token_ids) so->add_free_banned_token_ids(id);
+  if (spec.free_until_token_id >= 0)
+    so->set_free_until_token_id(spec.free_until_token_id);
+  for (int32_t id : spec.prefix_token_ids) so->add_prefix_token_ids(id);
+  if (spec.terminator_token_id >= 0)
+    so->set_terminator_token_id(spec.terminator_token_id);
+  for (int32_t id : spec.suffix_token_ids) so->add_suffix_token_ids(id);
+}
 
 absl::StatusOr<SamplingParams> SamplingParamsFromProto(
     const tandem::v1::SamplingParams& sampling,
@@ -24,6 +102,10 @@ absl::StatusOr<SamplingParams> SamplingParamsFromProto(
   p.stop_strings.assign(stop.stop_strings().begin(), stop.stop_strings().end());
   p.ignore_eos = stop.ignore_eos();
   p.min_tokens = stop.min_tokens();
+  if (sampling.has_structured_output()) {
+    TANDEM_ASSIGN_OR_RETURN(p.structured,
+                            StructuredFromProto(sampling.structured_output()));
+  }
   TANDEM_RETURN_IF_ERROR(p.Validate());
   return p;
 }
@@ -42,6 +124,9 @@ void SamplingParamsToProto(const SamplingParams& p,
   sampling->set_repetition_penalty(p.repetition_penalty);
   sampling->set_logprobs(p.logprobs);
   sampling->set_top_logprobs(p.top_logprobs);
+  if (p.structured.has_value()) {
+    StructuredOutputToProto(*p.structured, sampling->mutable_structured_output());
+  }
   stop->Clear();
   stop->set_max_tokens(p.max_tokens);
   for (int32_t id : p.stop_token_ids) stop->add_stop_token_ids(id);

@@ -21,6 +21,12 @@ void SamplingParamsToProto(const SamplingParams& params,
                            tandem::v1::SamplingParams* sampling,
                            tandem::v1::StopConditions* stop);
 
+// The constraint alone (the router validates it before compiling).
+absl::StatusOr<StructuredOutputSpec> StructuredOutputFromProto(
+    const tandem::v1::StructuredOutput& so);
+void StructuredOutputToProto(const StructuredOutputSpec& spec,
+                             tandem::v1::StructuredOutput* so);
+
 tandem::v1::FinishReason FinishReasonToProto(FinishReason reason);
 FinishReason FinishReasonFromProto(tandem::v1::FinishReason reason);
 

@@ -78,3 +78,75 @@ TEST(ProtoConvertTest, FinishReasonsAndLogprobs) {
 
 }  // namespace
 }  // namespace tandem::engine
+
+namespace tandem::engine {
+namespace {
+
+TEST(ProtoConvertTest, StructuredOutputRoundTrips) {
+  SamplingParams p;
+  StructuredOutputSpec spec;
+  spec.kind = StructuredOutputSpec::Kind::kChoice;
+  spec.choices = {"yes", "no"};
+  spec.free_banned_token_ids = {1, 2};
+  spec.free_until_token_id = 9;
+  spec.prefix_token_ids = {4, 5};
+  spec.terminator_token_id = 9;
+  spec.suffix_token_ids = {6, 7, 8};
+  p.structured = spec;
+  tandem::v1::SamplingParams sp;
+  tandem::v1::StopConditions st;
+  SamplingParamsToProto(p, &sp, &st);
+  ASSERT_TRUE(sp.has_structured_output());
+  absl::StatusOr<SamplingParams> back = SamplingParamsFromProto(sp, st);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_TRUE(back->structured.has_value());
+  const StructuredOutputSpec& b = *back->structured;
+  EXPECT_EQ(b.kind, spec.kind);
+  EXPECT_EQ(b.choices, spec.choices);
+  EXPECT_EQ(b.free_banned_token_ids, spec.free_banned_token_ids);
+  EXPECT_EQ(b.free_until_token_id, 9);
+  EXPECT_EQ(b.prefix_token_ids, spec.prefix_token_ids);
+  EXPECT_EQ(b.terminator_token_id, 9);
+  EXPECT_EQ(b.suffix_token_ids, spec.suffix_token_ids);
+  // Unset optional ids stay unset (-1), and no constraint stays none.
+  tandem::v1::SamplingParams plain;
+  plain.mutable_structured_output()->set_kind(
+      tandem::v1::StructuredOutput::KIND_JSON_OBJECT);
+  absl::StatusOr<SamplingParams> json = SamplingParamsFromProto(plain, {});
+  ASSERT_TRUE(json.ok());
+  EXPECT_EQ(json->structured->free_until_token_id, -1);
+  EXPECT_EQ(json->structured->terminator_token_id, -1);
+  EXPECT_FALSE(SamplingParamsFromProto({}, {})->structured.has_value());
+}
+
+TEST(ProtoConvertTest, BadStructuredOutputsAreRejectedNamingTheField) {
+  auto err = [](tandem::v1::StructuredOutput so, tandem::v1::StopConditions st = {}) {
+    tandem::v1::SamplingParams sp;
+    *sp.mutable_structured_output() = so;
+    return std::string(SamplingParamsFromProto(sp, st).status().message());
+  };
+  tandem::v1::StructuredOutput so;
+  EXPECT_THAT(err(so), ::testing::HasSubstr("structured_output.kind"));
+  so.set_kind(tandem::v1::StructuredOutput::KIND_REGEX);
+  EXPECT_THAT(err(so), ::testing::HasSubstr("structured_output.source"));
+  so.set_kind(tandem::v1::StructuredOutput::KIND_CHOICE);
+  EXPECT_THAT(err(so), ::testing::HasSubstr("structured_output.choices"));
+  so.add_choices("a");
+  so.add_suffix_token_ids(3);
+  EXPECT_THAT(err(so), ::testing::HasSubstr("terminator_token_id"));
+  so.clear_suffix_token_ids();
+  tandem::v1::StopConditions st;
+  st.set_ignore_eos(true);
+  EXPECT_THAT(err(so, st), ::testing::HasSubstr("ignore_eos"));
+  st.set_ignore_eos(false);
+  st.set_min_tokens(2);
+  EXPECT_THAT(err(so, st), ::testing::HasSubstr("min_tokens"));
+  SamplingParams p;
+  p.structured = StructuredOutputSpec{};
+  p.structured->prefix_token_ids = {200};
+  EXPECT_THAT(std::string(p.ValidateForVocab(100).message()),
+              ::testing::HasSubstr("outside the vocabulary"));
+}
+
+}  // namespace
+}  // namespace tandem::engine

@@ -65,8 +65,32 @@ absl::Status Sampler::Prepare(const SampleRequest& request, bool need_softmax) {
   }
   const SamplingParams& p = *request.params;
   std::copy(request.logits.begin(), request.logits.end(), x_.begin());
+  const bool masked = !request.allowed_bitmask.empty();
+  if (masked) {
+    const absl::Span<const uint32_t> mask = request.allowed_bitmask;
+    if (static_cast<int64_t>(mask.size()) * 32 < vocab_size_) {
+      return InvalidArgument("token bitmask has ", mask.size(),
+                             " words, vocabulary has ", vocab_size_, " tokens");
+    }
+    for (int64_t w = 0; w * 32 < vocab_size_; ++w) {
+      const uint32_t bits = mask[w];
+      if (bits == 0xffffffffu) continue;
+      const int64_t end = std::min<int64_t>(vocab_size_, (w + 1) * 32);
+      for (int64_t i = w * 32; i < end; ++i) {
+        if (((bits >> (i - w * 32)) & 1u) == 0) x_[i] = kNegInf;
+      }
+    }
+  }
   for (int32_t id : request.suppressed_tokens) {
     if (id >= 0 && id < vocab_size_) x_[id] = kNegInf;
+  }
+  if (masked) {
+    bool any = false;
+    for (int64_t i = 0; i < vocab_size_ && !any; ++i) any = x_[i] != kNegInf;
+    if (!any) {
+      return absl::FailedPreconditionError(
+          "structured output: the constraint allows no next token");
+    }
   }
   if (request.history != nullptr && p.HasPenalties()) {
     const PenaltyState& h = *request.history;

@@ -1,7 +1,8 @@
 // Chooses one sequence's next token from its fp32 logits row.
 //
 // Order of operations (as vLLM's sampler, README.md):
-//   suppress (stop tokens before min_tokens) → repetition penalty (prompt +
+//   structured-output mask (tokens the grammar forbids) → suppress (stop
+//   tokens before min_tokens) → repetition penalty (prompt +
 //   output) → frequency and presence penalties (output) → temperature →
 //   top-k → top-p → min-p → draw (inverse CDF, counter-based uniform).
 // Greedy (temperature 0) is the argmax after suppression and penalties, ties
@@ -53,6 +54,11 @@ struct SampleRequest {
   const PenaltyState* history = nullptr;   // not owned; null = empty history
   // Tokens that may not be chosen (StopChecker::SuppressedTokens()).
   absl::Span<const int32_t> suppressed_tokens;
+  // Structured output: bit i of word i / 32 set means token i may be chosen
+  // (GrammarMatcher::FillNextTokenBitmask's layout); every other token is
+  // masked out before anything else. Empty: no mask. A mask that leaves no
+  // token (after suppression) is FailedPrecondition, never a silent choice.
+  absl::Span<const uint32_t> allowed_bitmask;
   // 0-based index of the token being generated in the request's output. With
   // params.seed this alone fixes the random draw.
   int64_t position = 0;

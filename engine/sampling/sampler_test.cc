@@ -414,3 +414,124 @@ TEST(SamplerTest, TopKLargerThanFiniteTokensNeverPicksMaskedOnes) {
 
 }  // namespace
 }  // namespace tandem::engine
+
+namespace tandem::engine {
+namespace {
+
+std::vector<uint32_t> MaskOf(int64_t vocab, const std::vector<int32_t>& allowed) {
+  std::vector<uint32_t> mask((vocab + 31) / 32, 0u);
+  for (int32_t id : allowed) mask[id >> 5] |= 1u << (id & 31);
+  return mask;
+}
+
+TEST(SamplerMaskTest, GreedyTakesTheBestAllowedToken) {
+  const int64_t V = 1000;
+  std::vector<float> logits = RandomLogits(V, 3.0, 7);
+  const std::vector<int32_t> allowed = {3, 97, 512, 999};
+  const std::vector<uint32_t> mask = MaskOf(V, allowed);
+  int32_t best = allowed[0];
+  for (int32_t id : allowed) {
+    if (logits[id] > logits[best]) best = id;
+  }
+  Sampler s(V);
+  SamplingParams p;
+  SampleRequest r;
+  r.logits = logits;
+  r.params = &p;
+  r.allowed_bitmask = mask;
+  absl::StatusOr<SampleResult> got = s.Sample(r);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->token_id, best);
+}
+
+TEST(SamplerMaskTest, DistributionIsTheRenormalisedAllowedSet) {
+  const int64_t V = 4096;
+  std::vector<float> logits = RandomLogits(V, 2.0, 11);
+  std::vector<int32_t> allowed;
+  for (int32_t i = 5; i < V; i += 37) allowed.push_back(i);
+  const std::vector<uint32_t> mask = MaskOf(V, allowed);
+  // The reference: the allowed logits alone, at temperature 0.7, top_p 0.9.
+  std::vector<float> sub;
+  for (int32_t id : allowed) sub.push_back(logits[id]);
+  const std::vector<double> ref = RefDistribution(sub, 0.7, 0, 0.9, 0.0);
+  Sampler s(V);
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.top_p = 0.9f;
+  p.seed = 1;
+  SampleRequest r;
+  r.logits = logits;
+  r.params = &p;
+  r.allowed_bitmask = mask;
+  std::vector<float> probs;
+  ASSERT_TRUE(s.Distribution(r, &probs).ok());
+  double outside = 0.0;
+  for (int64_t i = 0; i < V; ++i) {
+    if (((mask[i >> 5] >> (i & 31)) & 1u) == 0) outside += probs[i];
+  }
+  EXPECT_EQ(outside, 0.0);
+  for (size_t k = 0; k < allowed.size(); ++k) {
+    EXPECT_NEAR(probs[allowed[k]], ref[k], 1e-5) << allowed[k];
+  }
+  // Seeded draws land in the allowed set.
+  for (int pos = 0; pos < 200; ++pos) {
+    r.position = pos;
+    absl::StatusOr<SampleResult> got = s.Sample(r);
+    ASSERT_TRUE(got.ok());
+    EXPECT_TRUE((mask[got->token_id >> 5] >> (got->token_id & 31)) & 1u);
+  }
+}
+
+TEST(SamplerMaskTest, PenaltiesApplyAfterTheMask) {
+  const int64_t V = 64;
+  std::vector<float> logits(V, 0.0f);
+  logits[10] = 5.0f;  // allowed, penalised below token 20
+  logits[20] = 4.0f;  // allowed
+  logits[30] = 9.0f;  // best, masked out
+  const std::vector<uint32_t> mask = MaskOf(V, {10, 20});
+  PenaltyState h;
+  h.AddOutputToken(10);
+  SamplingParams p;
+  p.presence_penalty = 2.0f;
+  Sampler s(V);
+  SampleRequest r;
+  r.logits = logits;
+  r.params = &p;
+  r.history = &h;
+  r.allowed_bitmask = mask;
+  absl::StatusOr<SampleResult> got = s.Sample(r);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->token_id, 20);
+}
+
+TEST(SamplerMaskTest, NoAllowedTokenIsAnErrorNotAChoice) {
+  const int64_t V = 128;
+  std::vector<float> logits(V, 1.0f);
+  Sampler s(V);
+  SamplingParams greedy;
+  SamplingParams random;
+  random.temperature = 1.0f;
+  random.seed = 3;
+  const std::vector<uint32_t> empty = MaskOf(V, {});
+  const std::vector<uint32_t> only_suppressed = MaskOf(V, {7});
+  const std::vector<int32_t> suppressed = {7};
+  for (const SamplingParams* p : {&greedy, &random}) {
+    SampleRequest r;
+    r.logits = logits;
+    r.params = p;
+    r.allowed_bitmask = empty;
+    EXPECT_EQ(s.Sample(r).status().code(), absl::StatusCode::kFailedPrecondition);
+    r.allowed_bitmask = only_suppressed;
+    r.suppressed_tokens = suppressed;
+    EXPECT_EQ(s.Sample(r).status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  SampleRequest short_mask;
+  short_mask.logits = logits;
+  short_mask.params = &greedy;
+  const std::vector<uint32_t> three(3, ~0u);
+  short_mask.allowed_bitmask = three;
+  EXPECT_EQ(s.Sample(short_mask).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tandem::engine

@@ -64,6 +64,112 @@ absl::Status SamplingParams::Validate() const {
   for (int32_t id : stop_token_ids) {
     if (id < 0) return InvalidArgument("stop token id must be >= 0, got ", id);
   }
+  if (structured.has_value()) {
+    TANDEM_RETURN_IF_ERROR(structured->Validate());
+    // The constraint's end is a stop token: generating past it (ignore_eos) or
+    // holding it back (min_tokens) would leave no token the grammar allows.
+    if (ignore_eos) {
+      return InvalidArgument("ignore_eos cannot be combined with a structured output");
+    }
+    if (min_tokens > 0) {
+      return InvalidArgument("min_tokens cannot be combined with a structured output");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::string_view StructuredOutputKindName(StructuredOutputSpec::Kind kind) {
+  switch (kind) {
+    case StructuredOutputSpec::Kind::kJsonObject:
+      return "json_object";
+    case StructuredOutputSpec::Kind::kJsonSchema:
+      return "json_schema";
+    case StructuredOutputSpec::Kind::kRegex:
+      return "regex";
+    case StructuredOutputSpec::Kind::kChoice:
+      return "choice";
+    case StructuredOutputSpec::Kind::kEbnf:
+      return "grammar";
+  }
+  return "unknown";
+}
+
+absl::Status StructuredOutputSpec::Validate() const {
+  if (static_cast<int64_t>(source.size()) > kMaxConstraintSourceBytes) {
+    return InvalidArgument("structured_output.source: at most ",
+                           kMaxConstraintSourceBytes, " bytes, got ", source.size());
+  }
+  switch (kind) {
+    case Kind::kJsonObject:
+      break;
+    case Kind::kJsonSchema:
+    case Kind::kRegex:
+    case Kind::kEbnf:
+      if (source.empty()) {
+        return InvalidArgument("structured_output.source: a ",
+                               StructuredOutputKindName(kind), " must not be empty");
+      }
+      break;
+    case Kind::kChoice: {
+      if (choices.empty()) {
+        return InvalidArgument("structured_output.choices: at least one is required");
+      }
+      if (static_cast<int>(choices.size()) > kMaxConstraintChoices) {
+        return InvalidArgument("structured_output.choices: at most ",
+                               kMaxConstraintChoices, ", got ", choices.size());
+      }
+      int64_t bytes = 0;
+      for (const std::string& c : choices) bytes += c.size();
+      if (bytes > kMaxConstraintSourceBytes) {
+        return InvalidArgument("structured_output.choices: at most ",
+                               kMaxConstraintSourceBytes, " bytes in all");
+      }
+      break;
+    }
+  }
+  auto check_ids = [](const char* field, absl::Span<const int32_t> ids) {
+    if (static_cast<int>(ids.size()) > kMaxConstraintFramingTokens) {
+      return InvalidArgument("structured_output.", field, ": at most ",
+                             kMaxConstraintFramingTokens, " tokens, got ", ids.size());
+    }
+    for (int32_t id : ids) {
+      if (id < 0)
+        return InvalidArgument("structured_output.", field, ": token id ", id);
+    }
+    return absl::OkStatus();
+  };
+  TANDEM_RETURN_IF_ERROR(check_ids("free_banned_token_ids", free_banned_token_ids));
+  TANDEM_RETURN_IF_ERROR(check_ids("prefix_token_ids", prefix_token_ids));
+  TANDEM_RETURN_IF_ERROR(check_ids("suffix_token_ids", suffix_token_ids));
+  if (free_until_token_id < -1) {
+    return InvalidArgument("structured_output.free_until_token_id: token id ",
+                           free_until_token_id);
+  }
+  if (terminator_token_id < -1) {
+    return InvalidArgument("structured_output.terminator_token_id: token id ",
+                           terminator_token_id);
+  }
+  if (terminator_token_id < 0 && !suffix_token_ids.empty()) {
+    return InvalidArgument(
+        "structured_output.suffix_token_ids: needs a terminator_token_id");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StructuredOutputSpec::ValidateForVocab(int64_t vocab_size) const {
+  TANDEM_RETURN_IF_ERROR(Validate());
+  auto in_vocab = [&](int32_t id) {
+    if (id >= vocab_size) {
+      return InvalidArgument("structured_output: token id ", id,
+                             " is outside the vocabulary of ", vocab_size, " tokens");
+    }
+    return absl::OkStatus();
+  };
+  for (int32_t id : free_banned_token_ids) TANDEM_RETURN_IF_ERROR(in_vocab(id));
+  for (int32_t id : prefix_token_ids) TANDEM_RETURN_IF_ERROR(in_vocab(id));
+  for (int32_t id : suffix_token_ids) TANDEM_RETURN_IF_ERROR(in_vocab(id));
+  TANDEM_RETURN_IF_ERROR(in_vocab(free_until_token_id));
+  TANDEM_RETURN_IF_ERROR(in_vocab(terminator_token_id));
   return absl::OkStatus();
 }
 
@@ -74,6 +180,9 @@ absl::Status SamplingParams::ValidateForVocab(int64_t vocab_size) const {
       return InvalidArgument("stop token id ", id, " is outside the vocabulary of ",
                              vocab_size, " tokens");
     }
+  }
+  if (structured.has_value()) {
+    TANDEM_RETURN_IF_ERROR(structured->ValidateForVocab(vocab_size));
   }
   return absl::OkStatus();
 }

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "common/splitmix.h"
 
 namespace tandem::engine {
@@ -21,6 +23,34 @@ inline constexpr int kMaxTopLogprobs = 20;
 // Limits on stop strings (bounded hold-back and matching cost).
 inline constexpr int kMaxStopStrings = 16;
 inline constexpr int kMaxStopStringBytes = 256;
+// Limits on a structured-output constraint's text (the compiler has its own
+// budget on the automaton it builds).
+inline constexpr int64_t kMaxConstraintSourceBytes = 1 << 20;
+inline constexpr int kMaxConstraintChoices = 4096;
+inline constexpr int kMaxConstraintFramingTokens = 256;
+
+// A constraint on the output (proto StructuredOutput; structured_output.h runs
+// it). The output is: a free run (when free_until_token_id >= 0: any token but
+// free_banned_token_ids until free_until_token_id is sampled), the forced
+// prefix_token_ids, text the grammar accepts, then either one of the model's
+// stop tokens (terminator_token_id < 0) or terminator_token_id followed by the
+// forced suffix_token_ids.
+struct StructuredOutputSpec {
+  enum class Kind { kJsonObject, kJsonSchema, kRegex, kChoice, kEbnf };
+  Kind kind = Kind::kJsonObject;
+  std::string source;  // schema JSON, regex, or EBNF
+  std::vector<std::string> choices;
+  std::vector<int32_t> free_banned_token_ids;
+  int32_t free_until_token_id = -1;
+  std::vector<int32_t> prefix_token_ids;
+  int32_t terminator_token_id = -1;
+  std::vector<int32_t> suffix_token_ids;
+
+  // Names the field: "structured_output.source: ...".
+  absl::Status Validate() const;
+  absl::Status ValidateForVocab(int64_t vocab_size) const;
+};
+absl::string_view StructuredOutputKindName(StructuredOutputSpec::Kind kind);
 
 struct SamplingParams {
   // 0 (or < kGreedyTemperature) means greedy. Range [0, 2].
@@ -60,6 +90,9 @@ struct SamplingParams {
   int32_t min_tokens = 0;
   // Keep generating through the model's EOS tokens.
   bool ignore_eos = false;
+
+  // Structured output: every token is sampled under the constraint's mask.
+  std::optional<StructuredOutputSpec> structured;
 
   bool IsGreedy() const { return temperature < kGreedyTemperature; }
   bool HasPenalties() const {
