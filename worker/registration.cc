@@ -2,6 +2,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <string>
+
 #include "absl/time/clock.h"
 #include "common/logging.h"
 
@@ -76,6 +78,8 @@ void RegistrationClient::Run() {
   absl::Duration interval = absl::Milliseconds(200);  // until the router says
   bool registered = false;
   absl::Time last_warning = absl::InfinitePast();
+  bool settle = false;    // the last heartbeat carried prefix events
+  std::string last_load;  // the load it carried (serialized)
   while (true) {
     if (health_) {
       if (absl::Status h = health_(); !h.ok()) {
@@ -145,6 +149,11 @@ void RegistrationClient::Run() {
         absl::MutexLock l(&mu_);
         ++heartbeats_;
       }
+      // Events are pushed during a step, its load published after it: a
+      // report sent for fresh events may carry the step's load from before
+      // (a prefill still queued). One more follows if the load moved since.
+      settle = req.prefix_events_size() > 0;
+      last_load = req.load().SerializeAsString();
       if (s.ok() && !resp.known()) {
         TLOG(WARNING, "the router forgot this worker; registering again")
             .Kv("worker_id", request_.worker_id());
@@ -186,6 +195,10 @@ void RegistrationClient::Run() {
       if (nudged || !poll || absl::Now() >= next) break;
       DrainPrefixEvents();
       if (prefix_log_->has_pending() || prefix_log_->needs_register()) break;
+      if (settle) {
+        settle = false;
+        if (load_().SerializeAsString() != last_load) break;
+      }
     }
   }
 }
