@@ -144,9 +144,12 @@ void GrammarMatcher::FillNextTokenBitmask(absl::Span<uint32_t> bitmask) {
   if (static_cast<int32_t>(bitmask.size()) != vocab.bitmask_words()) return;
   auto set = [&](int32_t id) { bitmask[id >> 5] |= 1u << (id & 31); };
   if (!state_.terminated) {
+    bool first = true;
     for (const Item& item : state_.frontier) {
-      const MaskEntry& entry = grammar_->mask_cache().Get(item.position, item.state);
-      entry.OrAccepted(vocab, bitmask);
+      const MaskEntry& entry = grammar_->mask_cache().Get(item.position, item.state,
+                                                          item.parent == kRootFrame);
+      entry.OrAccepted(vocab, bitmask, /*overwrite=*/first);
+      first = false;
       for (int32_t id : entry.uncertain) {
         if (bitmask[id >> 5] & (1u << (id & 31))) continue;
         if (TokenAllowedFrom(item, vocab.token_bytes(id))) set(id);

@@ -4,8 +4,12 @@
 
 namespace tandem::grammar {
 
-void MaskEntry::OrAccepted(const TokenVocabulary& vocab,
-                           absl::Span<uint32_t> mask) const {
+void MaskEntry::OrAccepted(const TokenVocabulary& vocab, absl::Span<uint32_t> mask,
+                           bool overwrite) const {
+  if (overwrite && form == Form::kBitset) {
+    std::copy(bits.begin(), bits.end(), mask.begin());
+    return;
+  }
   switch (form) {
     case Form::kAcceptedList:
       for (int32_t id : ids) mask[id >> 5] |= 1u << (id & 31);
@@ -16,6 +20,12 @@ void MaskEntry::OrAccepted(const TokenVocabulary& vocab,
     case Form::kRejectedList: {
       // Everything matchable except the rejected and the uncertain ids.
       const std::vector<uint32_t>& all = vocab.matchable_mask();
+      if (overwrite) {
+        std::copy(all.begin(), all.end(), mask.begin());
+        for (int32_t id : ids) mask[id >> 5] &= ~(1u << (id & 31));
+        for (int32_t id : uncertain) mask[id >> 5] &= ~(1u << (id & 31));
+        break;
+      }
       std::vector<uint32_t> local(all);
       for (int32_t id : ids) local[id >> 5] &= ~(1u << (id & 31));
       for (int32_t id : uncertain) local[id >> 5] &= ~(1u << (id & 31));
@@ -29,19 +39,22 @@ TokenMaskCache::TokenMaskCache(const Pda* pda, const TokenVocabulary* vocab)
     : pda_(pda),
       vocab_(vocab),
       num_keys_(pda->automaton().num_mask_keys),
-      entries_(new std::atomic<MaskEntry*>[std::max(num_keys_, 1)]) {
-  for (int32_t i = 0; i < num_keys_; ++i) entries_[i].store(nullptr);
+      entries_(new std::atomic<MaskEntry*>[2 * std::max(num_keys_, 1)]) {
+  for (int32_t i = 0; i < 2 * num_keys_; ++i) entries_[i].store(nullptr);
 }
 
 TokenMaskCache::~TokenMaskCache() {
-  for (int32_t i = 0; i < num_keys_; ++i) delete entries_[i].load();
+  for (int32_t i = 0; i < 2 * num_keys_; ++i) delete entries_[i].load();
 }
 
-const MaskEntry& TokenMaskCache::Get(int32_t position, int32_t state) const {
-  const int32_t key = pda_->automaton().mask_key_base[position] + state;
+const MaskEntry& TokenMaskCache::Get(int32_t position, int32_t state,
+                                     bool at_root) const {
+  const int32_t key =
+      2 * (pda_->automaton().mask_key_base[position] + state) + (at_root ? 1 : 0);
   MaskEntry* e = entries_[key].load(std::memory_order_acquire);
   if (e != nullptr) return *e;
-  auto fresh = std::make_unique<MaskEntry>(Compute(position, state));
+  auto fresh = std::make_unique<MaskEntry>(
+      Compute(position, state, at_root ? kRootFrame : kContextFrame));
   MaskEntry* expected = nullptr;
   if (entries_[key].compare_exchange_strong(expected, fresh.get(),
                                             std::memory_order_acq_rel)) {
@@ -52,7 +65,8 @@ const MaskEntry& TokenMaskCache::Get(int32_t position, int32_t state) const {
   return *expected;  // another thread computed it first
 }
 
-MaskEntry TokenMaskCache::Compute(int32_t position, int32_t state) const {
+MaskEntry TokenMaskCache::Compute(int32_t position, int32_t state,
+                                  int32_t parent) const {
   enum Verdict : uint8_t { kReject, kAccept, kUncertain };
   const std::vector<int32_t>& sorted = vocab_->sorted_ids();
   const std::vector<int32_t>& lcp = vocab_->lcp();
@@ -61,7 +75,7 @@ MaskEntry TokenMaskCache::Compute(int32_t position, int32_t state) const {
   FramePool pool;
   std::vector<std::vector<Item>> frontier(max_len + 1);
   std::vector<uint8_t> exited(max_len + 1, 0);  // an exit after <= d bytes
-  frontier[0] = {Item{position, state, kContextFrame}};
+  frontier[0] = {Item{position, state, parent}};
   int32_t valid = 0;      // frontier[0..valid] hold the current prefix
   int32_t dead_len = -1;  // a prefix of this length is decided (dead)
   Verdict dead_verdict = kReject;
@@ -108,7 +122,7 @@ MaskEntry TokenMaskCache::Compute(int32_t position, int32_t state) const {
   e.uncertain = std::move(uncertain);
   const size_t bitset_words = vocab_->bitmask_words();
   const size_t smaller = std::min(accepted.size(), rejected.size());
-  if (smaller > bitset_words) {
+  if (smaller > kMaxListIds) {
     e.form = MaskEntry::Form::kBitset;
     e.bits.assign(bitset_words, 0);
     for (int32_t id : accepted) e.bits[id >> 5] |= 1u << (id & 31);

@@ -7,6 +7,9 @@
 //   rejected  — some byte cannot be read and the rule never completed before,
 //   uncertain — the rule completed before the failing byte, so the rest of
 //               the token depends on the stack: checked at run time.
+// Items directly under the root have a known context (nothing follows), so
+// they get a second, exact entry without uncertain tokens. Lists of ids are
+// kept when short (<= kMaxListIds), else a bitset (fast to OR).
 // Entries are computed on first use, are immutable afterwards and are shared
 // by every matcher of the compiled grammar (lock-free reads).
 #ifndef TANDEM_ENGINE_GRAMMAR_TOKEN_MASK_CACHE_H_
@@ -23,6 +26,8 @@
 
 namespace tandem::grammar {
 
+inline constexpr size_t kMaxListIds = 1024;
+
 struct MaskEntry {
   enum class Form : uint8_t { kAcceptedList, kRejectedList, kBitset };
   Form form = Form::kAcceptedList;
@@ -30,8 +35,10 @@ struct MaskEntry {
   std::vector<uint32_t> bits;  // accepted (kBitset)
   std::vector<int32_t> uncertain;
 
-  // ORs the accepted tokens into `mask` (uncertain ones are not set).
-  void OrAccepted(const TokenVocabulary& vocab, absl::Span<uint32_t> mask) const;
+  // ORs the accepted tokens into `mask` (uncertain ones are not set); with
+  // `overwrite`, assigns instead (mask assumed all zero before).
+  void OrAccepted(const TokenVocabulary& vocab, absl::Span<uint32_t> mask,
+                  bool overwrite = false) const;
   int64_t bytes() const {
     return static_cast<int64_t>(sizeof(*this) + 4 * ids.size() + 4 * bits.size() +
                                 4 * uncertain.size());
@@ -46,13 +53,15 @@ class TokenMaskCache {
   TokenMaskCache& operator=(const TokenMaskCache&) = delete;
 
   // The entry of a frontier item's (position, state); computed on first use.
-  const MaskEntry& Get(int32_t position, int32_t state) const;
+  // `at_root`: the item's parent is kRootFrame, so the context is known
+  // (nothing may follow the root) and the entry has no uncertain tokens.
+  const MaskEntry& Get(int32_t position, int32_t state, bool at_root) const;
   // Entries computed so far and their memory.
   int64_t computed_entries() const { return computed_.load(); }
   int64_t entry_bytes() const { return bytes_.load(); }
 
  private:
-  MaskEntry Compute(int32_t position, int32_t state) const;
+  MaskEntry Compute(int32_t position, int32_t state, int32_t parent) const;
 
   const Pda* pda_;
   const TokenVocabulary* vocab_;
