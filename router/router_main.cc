@@ -36,8 +36,10 @@ ABSL_FLAG(double, heartbeat_interval_s, 1.0, "Heartbeat interval asked of worker
 ABSL_FLAG(double, heartbeat_timeout_s, 5.0,
           "Workers silent for this long are dropped from the registry.");
 ABSL_FLAG(int, colocate_below_tokens, 0,
-          "Prompts shorter than this are prefilled on the decode worker itself "
-          "(conditional disaggregation); 0: always disaggregate.");
+          "Prompts whose uncached part (the prompt less the deepest prefix a "
+          "decode worker reported holding) is shorter than this are prefilled on "
+          "that decode worker itself (conditional disaggregation, as Dynamo's "
+          "max_local_prefill_length); 0: always disaggregate.");
 ABSL_FLAG(int, max_prefill_attempts, 3,
           "Prefill attempts per request when prefill workers are lost.");
 ABSL_FLAG(int, max_in_flight, 256,
