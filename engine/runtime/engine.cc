@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -186,6 +187,9 @@ absl::StatusOr<Engine::Request*> Engine::NewRequest(
     RequestId id, std::vector<int32_t> prompt, const engine::SamplingParams& params) {
   const int64_t V = weights_->config.text.vocab_size;
   if (requests_.contains(id)) return InvalidArgument("request ", id, " already exists");
+  if (id < 0) {  // negative ids are the engine's own (prefix-cache continuations)
+    return InvalidArgument("request id ", id, " is negative");
+  }
   if (prompt.empty()) return InvalidArgument("request ", id, ": empty prompt");
   for (int32_t t : prompt) {
     if (t < 0 || t >= V) {
@@ -206,6 +210,8 @@ absl::StatusOr<Engine::Request*> Engine::NewRequest(
   const int64_t room =
       scheduler_->config().max_context_tokens - static_cast<int64_t>(r->prompt.size());
   r->stop = std::make_unique<engine::StopChecker>(r->params, eos_ids_, room);
+  if (r->params.structured.has_value())
+    TANDEM_RETURN_IF_ERROR(AttachConstraint(r.get()));
   Request* raw = r.get();
   requests_[id] = std::move(r);
   return raw;
@@ -214,16 +220,62 @@ absl::StatusOr<Engine::Request*> Engine::NewRequest(
 absl::Status Engine::AddRequest(RequestId id, std::vector<int32_t> prompt,
                                 const engine::SamplingParams& params,
                                 std::string_view cache_salt) {
+  return AddRequest(id, std::move(prompt), params, cache_salt, {});
+}
+
+absl::Status Engine::AddRequest(RequestId id, std::vector<int32_t> prompt,
+                                const engine::SamplingParams& params,
+                                std::string_view cache_salt,
+                                std::vector<MediaInput> media) {
   const int64_t n = prompt.size();
+  if (!media.empty()) {
+    if (options_.tp.tp_size > 1) {
+      return absl::UnimplementedError(
+          "image input with tensor parallelism is not implemented yet");
+    }
+    const int64_t H = weights_->config.text.hidden_size;
+    const int32_t pad =
+        static_cast<int32_t>(weights_->config.media_placeholder_token_id);
+    int64_t end = 0;
+    for (size_t i = 0; i < media.size(); ++i) {
+      const MediaInput& m = media[i];
+      if (m.rows <= 0 || m.position < end || m.position + m.rows > n) {
+        return InvalidArgument("image ", i, ": rows [", m.position, ", ",
+                               m.position + m.rows,
+                               ") are empty, overlap the previous "
+                               "image or lie outside the ",
+                               n, "-token prompt");
+      }
+      if (m.embeddings == nullptr ||
+          static_cast<int64_t>(m.embeddings->size()) != m.rows * H) {
+        return InvalidArgument("image ", i, ": ", m.rows, " rows need ", m.rows * H,
+                               " embedding values, got ",
+                               m.embeddings == nullptr ? 0 : m.embeddings->size());
+      }
+      for (int64_t p = m.position; p < m.position + m.rows; ++p) {
+        if (prompt[p] != pad) {
+          return InvalidArgument("image ", i, ": prompt position ", p, " holds token ",
+                                 prompt[p], ", not the placeholder ", pad);
+        }
+      }
+      end = m.position + m.rows;
+    }
+  }
   TANDEM_ASSIGN_OR_RETURN(Request * r, NewRequest(id, std::move(prompt), params));
+  r->media = std::move(media);
   engine::SequenceRequest sr;
   sr.id = id;
   sr.num_prompt_tokens = n;
   sr.max_new_tokens = r->params.max_tokens;
   if (options_.prefix_caching.enabled) {
-    sr.block_hashes =
-        engine::ChainedBlockHashes(r->prompt, options_.block_size, cache_salt);
+    std::vector<engine::MediaHash> media_hashes;
+    for (const MediaInput& m : r->media) {
+      media_hashes.push_back({m.position, m.content_hash});
+    }
+    sr.block_hashes = engine::ChainedBlockHashes(r->prompt, options_.block_size,
+                                                 cache_salt, media_hashes);
     sr.route_hashes = RouteBlockHashes(r->prompt, cache_salt);
+    r->cache_salt = std::string(cache_salt);
   }
   absl::Status s = scheduler_->Submit(sr);
   if (!s.ok()) requests_.erase(id);
@@ -232,7 +284,7 @@ absl::Status Engine::AddRequest(RequestId id, std::vector<int32_t> prompt,
 
 absl::Status Engine::Abort(RequestId id) {
   auto it = requests_.find(id);
-  if (it == requests_.end()) {
+  if (it == requests_.end() || it->second->background) {  // continuations are ours
     if (reserved_.erase(id) > 0) return scheduler_->Abort(id);  // a reservation
     return NotFound("request ", id, " not found");
   }
@@ -241,20 +293,64 @@ absl::Status Engine::Abort(RequestId id) {
   return scheduler_->Abort(id);
 }
 
+absl::Status Engine::AttachConstraint(Request* r) {
+  if (tokenizer_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "structured output needs the model's tokenizer (this engine has none)");
+  }
+  const int64_t V = weights_->config.text.vocab_size;
+  if (grammar_compiler_ == nullptr) {
+    TANDEM_ASSIGN_OR_RETURN(
+        grammar_vocab_, grammar::TokenVocabulary::FromTokenizer(*tokenizer_, eos_ids_));
+    grammar_compiler_ = std::make_unique<grammar::GrammarCompiler>(
+        grammar_vocab_, grammar::CompileLimits{});
+  }
+  TANDEM_ASSIGN_OR_RETURN(
+      std::shared_ptr<const grammar::CompiledGrammar> g,
+      grammar_compiler_->Compile(GrammarSpecOf(*r->params.structured)));
+  // Verification rolls the constraint back over at most k drafts.
+  const int rollback = std::max(options_.speculative.num_speculative_tokens, 0) + 1;
+  TANDEM_ASSIGN_OR_RETURN(
+      r->constraint,
+      engine::OutputConstraint::Create(std::move(g), *r->params.structured, eos_ids_,
+                                       grammar_vocab_->size(), V, rollback));
+  r->mask.assign(r->constraint->mask_words(), 0u);
+  return absl::OkStatus();
+}
+
+void Engine::EndWithConstraintError(const absl::Status& status, RequestOutput* out) {
+  ++structured_failures_;
+  last_structured_error_ = status;
+  out->finished = true;
+  out->finish_reason = engine::FinishReason::kError;
+}
+
+void Engine::FillMask(Request* r) {
+  const absl::Time t0 = absl::Now();
+  r->constraint->FillNextTokenBitmask(absl::MakeSpan(r->mask));
+  structured_mask_ns_ += absl::ToInt64Nanoseconds(absl::Now() - t0);
+  ++structured_masks_;
+}
+
 absl::StatusOr<engine::SampleResult> Engine::SampleNext(
-    engine::Sampler* sampler, const Request& r, absl::Span<const float> logits) {
+    engine::Sampler* sampler, Request* r, absl::Span<const float> logits) {
   engine::SampleRequest sr;
   sr.logits = logits;
-  sr.params = &r.params;
-  sr.history = &r.history;
-  sr.suppressed_tokens = r.stop->SuppressedTokens();
-  sr.position = r.num_generated();
+  sr.params = &r->params;
+  sr.history = &r->history;
+  sr.suppressed_tokens = r->stop->SuppressedTokens();
+  sr.position = r->num_generated();
+  if (r->constraint != nullptr) {
+    FillMask(r);
+    sr.allowed_bitmask = r->mask;
+  }
   return sampler->Sample(sr);
 }
 
 absl::Status Engine::Emit(Request* r, int32_t tok, const engine::SampleResult* res,
                           RequestOutput* out) {
   if (r->params.logprobs && res != nullptr) out->logprobs.push_back(*res);
+  if (r->constraint != nullptr) TANDEM_RETURN_IF_ERROR(r->constraint->Accept(tok));
   r->tokens.push_back(tok);
   r->history.AddOutputToken(tok);
   out->new_tokens.push_back(tok);
@@ -309,6 +405,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
 
 absl::Status Engine::PlanStep(StepBatch* batch) {
   TANDEM_ASSIGN_OR_RETURN(batch->plan, scheduler_->Schedule());
+  ReapBackground();  // continuations the scheduler skipped or cancelled
   const engine::StepPlan& plan = batch->plan;
   // Preempted sequences recompute from position 0: their draft state and any
   // pending replay go.
@@ -391,6 +488,17 @@ absl::Status Engine::PlanInput(size_t i, StepBatch* batch) {
   in.start_pos = from;
   in.block_table = table;
   in.kda_slot = ss.slot;
+  // Image rows inside this chunk's positions [from, from + fed).
+  in.embedding_rows.clear();
+  const int64_t fed_end = from + static_cast<int64_t>(in.tokens.size());
+  for (const MediaInput& m : r->media) {
+    const int64_t b = std::max(from, m.position);
+    const int64_t e = std::min(fed_end, m.position + m.rows);
+    if (b >= e) continue;
+    in.embedding_rows.push_back(
+        {b - from, e - b,
+         m.embeddings->data() + (b - m.position) * weights_->config.text.hidden_size});
+  }
   if (ss.samples) {
     // The last known token's row, then one per draft.
     const int32_t t = static_cast<int32_t>(in.tokens.size());
@@ -467,6 +575,58 @@ absl::Status Engine::ForwardStep(const StepBatch& batch) {
   return forward;
 }
 
+// Generation snapshots. The state token-by-token decode reaches is not the one
+// chunked prefill computes for the same tokens (tests/prefix:
+// generation_snapshot_test), and the MLA rows of later layers inherit the
+// difference, so neither the decode slot nor the decode-written blocks may be
+// cached: a hit must continue bit-identically to a cache-off recompute. Instead
+// a finished request's tokens (prompt + verified output) up to the last
+// multiple of lcm(64, block size) are queued as a background continuation:
+// the scheduler runs it on spare capacity from the prompt's own snapshot,
+// chunked like a prefill, caches its blocks (hashes chained after the
+// prompt's) and snapshots its end; under pressure it is dropped.
+void Engine::ContinueFinished(const Request& r) {
+  const engine::PrefixCache* pc = scheduler_->prefix_cache();
+  // (Not for prompts with images: a continuation replays tokens only.)
+  if (pc == nullptr || !options_.prefix_caching.snapshot_generations || r.background ||
+      !r.media.empty()) {
+    return;
+  }
+  const int64_t a = std::lcm<int64_t>(options_.block_size, pc->config().kda_chunk);
+  const int64_t q = static_cast<int64_t>(r.tokens.size()) / a * a;
+  // The prompt's own deepest snapshot (its last full chunk): the continuation
+  // starts there, and is worth running only past it.
+  const int64_t p0 = (static_cast<int64_t>(r.prompt.size()) - 1) / a * a;
+  if (q <= p0) return;
+  auto bg = std::make_unique<Request>();
+  bg->id = next_background_id_--;
+  bg->background = true;
+  bg->prompt.assign(r.tokens.begin(), r.tokens.begin() + q);
+  bg->tokens = bg->prompt;
+  bg->cache_salt = r.cache_salt;
+  engine::SequenceRequest sr;
+  sr.id = bg->id;
+  sr.num_prompt_tokens = q;
+  sr.max_new_tokens = 1;
+  sr.block_hashes =
+      engine::ChainedBlockHashes(bg->prompt, options_.block_size, bg->cache_salt);
+  sr.route_hashes = RouteBlockHashes(bg->prompt, bg->cache_salt);
+  // From at least the prompt's snapshot (else its whole prompt would be recomputed).
+  if (!scheduler_->SubmitBackground(sr, p0).ok()) return;  // e.g. at the context limit
+  background_.insert(bg->id);
+  requests_[bg->id] = std::move(bg);
+}
+
+void Engine::ReapBackground() {
+  for (auto it = background_.begin(); it != background_.end();) {
+    auto cur = it++;
+    if (!scheduler_->Contains(*cur)) {
+      requests_.erase(*cur);
+      background_.erase(cur);
+    }
+  }
+}
+
 absl::Status Engine::StoreSnapshots(const StepBatch& batch) {
   for (const engine::ScheduledSequence& ss : batch.plan.sequences) {
     if (!ss.snapshot_at_end || ss.num_draft_tokens > 0) continue;
@@ -474,6 +634,7 @@ absl::Status Engine::StoreSnapshots(const StepBatch& batch) {
                             scheduler_->StoreSnapshot(ss.id, ss.end));
     if (snap < 0) continue;  // one exists there already
     TANDEM_RETURN_IF_ERROR(executor_->CopySlot(ss.slot, snapshot_base_ + snap));
+    generation_snapshots_ += background_.contains(ss.id);
   }
   return absl::OkStatus();
 }
@@ -492,6 +653,13 @@ PrefixCachingStats Engine::prefix_caching_stats() const {
   out.snapshots_held = pc->num_snapshots();
   out.blocks_cached = pc->num_cached_blocks();
   out.blocks_evicted = s.blocks_evicted;
+  const engine::BackgroundStats& b = scheduler_->background_stats();
+  out.continuations_submitted = b.submitted;
+  out.continuations_completed = b.completed;
+  out.continuations_skipped = b.skipped;
+  out.continuations_cancelled = b.cancelled;
+  out.continuation_tokens = b.tokens;
+  out.generation_snapshots = generation_snapshots_;
   int64_t slot_bytes = 0;
   for (int r = 0; r < executor_->tp_size(); ++r) {
     slot_bytes += static_cast<int64_t>(executor_->cache(r).kda_bytes_per_slot());
@@ -524,7 +692,7 @@ std::vector<std::optional<absl::StatusOr<engine::SampleResult>>> Engine::Presamp
           for (int64_t k = b; k < e; ++k) {
             const auto [i, prow] = plain[k];
             presampled[i] =
-                SampleNext(&sampler, *batch.reqs[i],
+                SampleNext(&sampler, batch.reqs[i],
                            absl::MakeConstSpan(logits_).subspan(prow * V, V));
           }
         });
@@ -549,14 +717,24 @@ absl::Status Engine::SampleStep(StepBatch* batch, std::vector<RequestOutput>* ou
     r->replay_from = -1;  // this forward brought the KDA slot up to date
     if (m == 0) {
       if (!presampled[i].has_value()) {  // not sampled up front (one row, one thread)
-        presampled[i] = SampleNext(sampler_.get(), *r, logits.subspan(row * V, V));
+        presampled[i] = SampleNext(sampler_.get(), r, logits.subspan(row * V, V));
       }
-      TANDEM_ASSIGN_OR_RETURN(engine::SampleResult res, *std::move(presampled[i]));
-      TANDEM_RETURN_IF_ERROR(Emit(r, res.token_id, &res, &out));
+      absl::StatusOr<engine::SampleResult> res = *std::move(presampled[i]);
+      absl::Status st = res.ok() ? Emit(r, res->token_id, &*res, &out) : res.status();
+      if (!st.ok()) {
+        // A constrained request that cannot go on (its mask left no token)
+        // ends alone, with an error; any other failure fails the step.
+        if (r->constraint == nullptr) return st;
+        EndWithConstraintError(st, &out);
+      }
     } else {
-      TANDEM_ASSIGN_OR_RETURN(
-          const int32_t accepted,
-          Verify(r, logits.subspan(row * V, (m + 1) * V), prop, &out));
+      absl::StatusOr<int32_t> verified =
+          Verify(r, logits.subspan(row * V, (m + 1) * V), prop, &out);
+      if (!verified.ok() && r->constraint != nullptr) {
+        EndWithConstraintError(verified.status(), &out);
+        verified = 0;
+      }
+      TANDEM_ASSIGN_OR_RETURN(const int32_t accepted, std::move(verified));
       ++spec_stats_.verifications;
       spec_stats_.drafted_tokens += m;
       spec_stats_.accepted_tokens += accepted;
@@ -587,6 +765,7 @@ absl::Status Engine::FinishStep(const StepBatch& batch,
   // that ended; an ending the outputs did not see is the length limit.
   TANDEM_ASSIGN_OR_RETURN(std::vector<engine::SequenceId> ended,
                           scheduler_->CompleteStep(batch.plan, batch.outcomes));
+  ReapBackground();  // continuations computed to their end
   for (engine::SequenceId id : ended) {
     auto it = std::find_if(outputs->begin(), outputs->end(),
                            [&](const RequestOutput& o) { return o.id == id; });
@@ -610,6 +789,7 @@ absl::Status Engine::FinishStep(const StepBatch& batch,
         out.finish_reason == engine::FinishReason::kLength) {
       out.text += rq->second->detok->Flush();
     }
+    if (rq != requests_.end()) ContinueFinished(*rq->second);
     requests_.erase(out.id);
     if (proposer_ != nullptr) proposer_->Release(out.id);
   }
@@ -677,6 +857,15 @@ absl::StatusOr<Engine::Request*> Engine::NewPrefilledRequest(
     if (t < 0 || t >= weights_->config.text.vocab_size) {
       requests_.erase(id);
       return InvalidArgument("request ", id, ": generated token ", t, " out of range");
+    }
+    if (r->constraint != nullptr) {
+      // The hand-off replays the tokens generated elsewhere: the matcher state
+      // is rebuilt exactly (a token the constraint forbids is refused).
+      if (absl::Status c = r->constraint->Accept(t); !c.ok()) {
+        requests_.erase(id);
+        return InvalidArgument("request ", id, ": generated token ", t,
+                               " breaks its structured output: ", c.message());
+      }
     }
     r->tokens.push_back(t);
     r->history.AddOutputToken(t);
@@ -835,9 +1024,35 @@ absl::StatusOr<int32_t> Engine::Verify(Request* r, absl::Span<const float> logit
                                        const speculative::Proposal& proposal,
                                        RequestOutput* out) {
   const int64_t V = weights_->config.text.vocab_size;
-  const std::vector<int32_t>& drafts = proposal.tokens;
-  const int64_t m = static_cast<int64_t>(drafts.size());
+  std::vector<int32_t> drafts = proposal.tokens;
+  int64_t m = static_cast<int64_t>(drafts.size());
   const int64_t g = r->num_generated();  // output position of row 0
+  // Structured output: row j is sampled under the constraint's mask after the
+  // drafts before it. A draft the constraint forbids is rejected with every
+  // draft after it (the verification is cut there); the constraint walks the
+  // drafts to make each row's mask and is rolled back before Emit replays the
+  // accepted ones.
+  std::vector<std::vector<uint32_t>> masks;
+  if (r->constraint != nullptr) {
+    engine::OutputConstraint& c = *r->constraint;
+    int advanced = 0;
+    for (int64_t j = 0; j <= m; ++j) {
+      masks.emplace_back(c.mask_words(), 0u);
+      const absl::Time t0 = absl::Now();
+      c.FillNextTokenBitmask(absl::MakeSpan(masks.back()));
+      structured_mask_ns_ += absl::ToInt64Nanoseconds(absl::Now() - t0);
+      ++structured_masks_;
+      if (j == m) break;
+      const int32_t d = drafts[j];
+      if (((masks.back()[d >> 5] >> (d & 31)) & 1u) == 0 || !c.Accept(d).ok()) {
+        m = j;  // drafts j.. break the grammar
+        break;
+      }
+      ++advanced;
+    }
+    TANDEM_RETURN_IF_ERROR(c.Rollback(advanced));
+    drafts.resize(m);
+  }
   const bool greedy = r->params.IsGreedy();
   const bool penalties = r->params.HasPenalties();
   // Row j is the target's distribution for output position g + j, after the
@@ -858,6 +1073,7 @@ absl::StatusOr<int32_t> Engine::Verify(Request* r, absl::Span<const float> logit
     if (g + j < r->params.min_tokens)
       sr.suppressed_tokens = r->stop->SuppressedTokens();
     sr.position = g + j;
+    if (!masks.empty()) sr.allowed_bitmask = masks[j];
     if (greedy) {
       absl::StatusOr<engine::SampleResult> res = sampler_->Sample(sr);
       status = res.status();
@@ -878,6 +1094,7 @@ absl::StatusOr<int32_t> Engine::Verify(Request* r, absl::Span<const float> logit
   } else {
     std::vector<float> onehot;
     absl::Span<const float> q = proposal.probs;
+    if (!q.empty()) q = q.subspan(0, m * V);  // cut with the drafts
     if (q.empty()) {  // deterministic drafts: q is one-hot at each draft
       onehot.assign(m * V, 0.0f);
       for (int64_t j = 0; j < m; ++j) onehot[j * V + drafts[j]] = 1.0f;

@@ -38,6 +38,7 @@
 #ifndef TANDEM_ENGINE_RUNTIME_ENGINE_H_
 #define TANDEM_ENGINE_RUNTIME_ENGINE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -47,6 +48,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -62,6 +64,7 @@
 #include "engine/sampling/sampler.h"
 #include "engine/sampling/sampling_params.h"
 #include "engine/sampling/stop_checker.h"
+#include "engine/sampling/structured_output.h"
 #include "engine/scheduler/scheduler.h"
 #include "engine/speculative/ngram_proposer.h"
 #include "engine/speculative/proposer.h"
@@ -123,6 +126,10 @@ struct PrefixCachingOptions {
   // Prefix events pending for TakePrefixEvents at most (at least the pool's
   // snapshots + 1, a resync's length); past it the queue is replaced by a resync.
   int64_t max_pending_events = 16384;
+  // Snapshot the end of a finished generation for the next chat turn: a
+  // background prefill continuation recomputes prompt + output up to the last
+  // chunk multiple on spare capacity (docs/prefix_caching.md, "Generations").
+  bool snapshot_generations = true;
 };
 
 // Where a step's time goes (a worker exports it; ./tandem bench engine prints it).
@@ -158,6 +165,15 @@ struct PrefixCachingStats {
   int64_t snapshot_bytes_held = 0;  // every rank's
   int64_t blocks_cached = 0;
   int64_t blocks_evicted = 0;
+  // Generation snapshots (snapshot_generations): continuations queued, run to
+  // their end, skipped (no room, the prompt's state gone, already there) or
+  // cancelled for real requests; positions they recomputed; snapshots they stored.
+  int64_t continuations_submitted = 0;
+  int64_t continuations_completed = 0;
+  int64_t continuations_skipped = 0;
+  int64_t continuations_cancelled = 0;
+  int64_t continuation_tokens = 0;
+  int64_t generation_snapshots = 0;
   double hit_rate() const {
     return queried_tokens > 0 ? static_cast<double>(hit_tokens) / queried_tokens : 0.0;
   }
@@ -217,6 +233,20 @@ struct CacheMemoryOptions {
 absl::StatusOr<CacheSizing> SizeCacheFromMemory(const model::ModelConfig& config,
                                                 const CacheMemoryOptions& memory,
                                                 EngineOptions* options);
+
+// One image of a prompt (image input, VISION.md section 3): the prompt's
+// positions [position, position + rows) hold media_placeholder_token_id, and
+// layer 0 takes `embeddings` ([rows, hidden_size], the vision tower's output
+// for the image, engine/vision/vision_tower.h) there instead of the
+// placeholder's embedding. content_hash enters the prefix-cache keys of the
+// blocks from `position` on, so prompts that differ only in an image never
+// share a hit past it.
+struct MediaInput {
+  int64_t position = 0;
+  int64_t rows = 0;
+  uint64_t content_hash = 0;
+  std::shared_ptr<const std::vector<float>> embeddings;
+};
 
 struct RequestOutput {
   RequestId id = 0;
@@ -286,6 +316,13 @@ class Engine {
   absl::Status AddRequest(RequestId id, std::vector<int32_t> prompt,
                           const engine::SamplingParams& params,
                           std::string_view cache_salt = {});
+  // With images (ascending, non-overlapping MediaInputs over placeholder
+  // tokens; InvalidArgument otherwise). Chunked prefill feeds each chunk the
+  // rows of the images it covers; decode never needs them. Not with tensor
+  // parallelism yet (Unimplemented).
+  absl::Status AddRequest(RequestId id, std::vector<int32_t> prompt,
+                          const engine::SamplingParams& params,
+                          std::string_view cache_salt, std::vector<MediaInput> media);
   // Runs one step; an empty result when there is nothing to do.
   absl::StatusOr<std::vector<RequestOutput>> Step();
   // Cancels a request in any state (a reservation included) and frees its
@@ -364,6 +401,13 @@ class Engine {
   }
   // Forward time and host gaps between steps (StepTimingStats).
   const StepTimingStats& step_timing() const { return timing_; }
+  // Structured outputs: masks computed and the time spent on them (summed over
+  // the sampling threads).
+  int64_t structured_masks() const { return structured_masks_.load(); }
+  double structured_mask_seconds() const { return structured_mask_ns_.load() * 1e-9; }
+  // Constrained requests ended with kError, and the last such error.
+  int64_t structured_failures() const { return structured_failures_; }
+  const absl::Status& last_structured_error() const { return last_structured_error_; }
   // Speculative decoding: counters, and the proposer (null when off).
   const SpeculativeStats& speculative_stats() const { return spec_stats_; }
   speculative::Proposer* proposer() { return proposer_.get(); }
@@ -389,6 +433,17 @@ class Engine {
     // Prefix caching: the prompt's chained block hashes (held by the
     // scheduler) and the hit its current admission started from.
     int64_t hit_tokens = 0;
+    std::string cache_salt;  // its tenant (the continuation's hashes use it)
+    // Image input: rows that replace placeholder embeddings (held until the
+    // request goes; PlanInput slices them per chunk).
+    std::vector<MediaInput> media;
+    // A background continuation (Scheduler::SubmitBackground): never samples,
+    // never reported; the engine's own (negative id).
+    bool background = false;
+    // Structured output (params.structured): the constraint and the mask of
+    // the next token (filled just before sampling).
+    std::unique_ptr<engine::OutputConstraint> constraint;
+    std::vector<uint32_t> mask;
     int64_t num_generated() const { return tokens.size() - prompt.size(); }
   };
 
@@ -415,9 +470,18 @@ class Engine {
   absl::Status SampleStep(StepBatch* batch, std::vector<RequestOutput>* outputs);
   absl::Status FinishStep(const StepBatch& batch, std::vector<RequestOutput>* outputs);
   // Samples `r`'s next token from its `logits` row with `sampler` (scratch of
-  // the calling thread); reads only `r`'s parameters, history and position.
-  static absl::StatusOr<engine::SampleResult> SampleNext(
-      engine::Sampler* sampler, const Request& r, absl::Span<const float> logits);
+  // the calling thread); reads only `r`'s parameters, history and position,
+  // and with a constraint fills r's mask first (nothing else of r changes).
+  absl::StatusOr<engine::SampleResult> SampleNext(engine::Sampler* sampler, Request* r,
+                                                  absl::Span<const float> logits);
+  // Structured output: the constraint of a new request (the grammar compiled
+  // on first use of the vocabulary; cached by the compiler).
+  absl::Status AttachConstraint(Request* r);
+  // Fills r->mask from its constraint (timed).
+  void FillMask(Request* r);
+  // Ends a constrained request whose step failed: finished, kError (the
+  // engine goes on with the others).
+  void EndWithConstraintError(const absl::Status& status, RequestOutput* out);
   // Appends one token to the request and its output (detokenise, stop check);
   // `res` (may be null) supplies the logprobs.
   absl::Status Emit(Request* r, int32_t token, const engine::SampleResult* res,
@@ -462,6 +526,14 @@ class Engine {
   // requests_ until AdmitReserved.
   absl::flat_hash_map<RequestId, int64_t> reserved_;
   std::vector<int32_t> eos_ids_;
+  // Structured outputs: the tokenizer's vocabulary and the compiler (created
+  // on the first constrained request).
+  std::shared_ptr<const grammar::TokenVocabulary> grammar_vocab_;
+  std::unique_ptr<grammar::GrammarCompiler> grammar_compiler_;
+  std::atomic<int64_t> structured_masks_{0};
+  std::atomic<int64_t> structured_mask_ns_{0};
+  int64_t structured_failures_ = 0;
+  absl::Status last_structured_error_;
   SplitMix64 seeds_;  // seeds for sampling requests that bring none
   int64_t prefill_tokens_ = 0;
   int64_t decode_tokens_ = 0;
@@ -472,6 +544,13 @@ class Engine {
   std::optional<absl::Time> last_forward_end_;
   LayerProgressCallback layer_progress_;
   int64_t snapshot_base_ = 0;  // KDA slot of snapshot 0 (after the running slots)
+  // Generation snapshots: the finished request's continuation (queued in the
+  // scheduler as a background sequence), the next id (negative), the ones alive.
+  void ContinueFinished(const Request& r);
+  void ReapBackground();
+  RequestId next_background_id_ = -1;
+  absl::flat_hash_set<RequestId> background_;
+  int64_t generation_snapshots_ = 0;
   // Prefix-cache events (null: caching off); the scheduler's cache pushes.
   std::unique_ptr<engine::PrefixEventQueue> prefix_events_;
   std::vector<LayerProgressEntry> progress_;  // the current step's prefill entries

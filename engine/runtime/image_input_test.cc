@@ -1,0 +1,222 @@
+// Image input in the engine (VISION.md section 3): the vision tower's rows
+// replace the <|media_pad|> placeholders' embeddings in layer 0's input.
+// Chunked prefill with chunk boundaries inside an image equals one chunk; the
+// image's content changes the output; prefix-cache hits never cross a
+// different image (and a legitimate hit before it still continues exactly).
+#include <cmath>
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "engine/media/patched_image.h"
+#include "engine/model/checkpoint.h"
+#include "engine/runtime/engine.h"
+#include "engine/runtime/test_util.h"
+#include "engine/vision/vision_tower.h"
+#include "gtest/gtest.h"
+
+namespace tandem::engine {
+namespace {
+
+using testing::MakeBackend;
+using testing::MakePrompt;
+using testing::TinyWeights;
+
+media::PatchedImage RandomImage(int gh, int gw, uint32_t seed) {
+  media::PatchedImage im;
+  im.grid_h = gh;
+  im.grid_w = gw;
+  im.patch_size = 14;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  im.patches.resize(static_cast<size_t>(gh) * gw * 588);
+  for (float& v : im.patches) v = u(rng);
+  im.content_hash = 0x9e3779b97f4a7c15ull * (seed + 1);
+  return im;
+}
+
+// The prompt: text 70 | image A (20 rows, 70..89) | text 30 | image B (8 rows,
+// 120..127) | text 40: 168 tokens.
+struct Prompt {
+  std::vector<int32_t> tokens;
+  std::vector<MediaInput> media;
+};
+
+class ImageInputTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ckpt_ = model::Checkpoint::Open(testing::kTinyCheckpointDir).value().release();
+    tower_backend_ = MakeBackend("cpu").release();
+    auto t = vision::VisionTower::Load(*ckpt_, tower_backend_);
+    ASSERT_TRUE(t.ok()) << t.status();
+    tower_ = t->release();
+  }
+
+  MediaInput Encode(const media::PatchedImage& im, int64_t position) {
+    auto rows = tower_->Encode({&im});
+    EXPECT_TRUE(rows.ok()) << rows.status();
+    MediaInput m;
+    m.position = position;
+    m.rows = im.num_tokens();
+    m.content_hash = im.content_hash;
+    m.embeddings = std::make_shared<const std::vector<float>>(std::move(rows).value());
+    return m;
+  }
+
+  Prompt MakeImagePrompt(const media::PatchedImage& a, const media::PatchedImage& b) {
+    const int32_t pad =
+        static_cast<int32_t>(TinyWeights().config.media_placeholder_token_id);
+    Prompt p;
+    auto text = [&](int n, uint64_t seed) {
+      std::vector<int32_t> t = MakePrompt(n, seed);
+      p.tokens.insert(p.tokens.end(), t.begin(), t.end());
+    };
+    text(70, 1);
+    p.media.push_back(Encode(a, p.tokens.size()));
+    p.tokens.insert(p.tokens.end(), a.num_tokens(), pad);
+    text(30, 2);
+    p.media.push_back(Encode(b, p.tokens.size()));
+    p.tokens.insert(p.tokens.end(), b.num_tokens(), pad);
+    text(40, 3);
+    EXPECT_EQ(p.tokens.size(), 168u);
+    EXPECT_EQ(p.media[0].position, 70);
+    EXPECT_EQ(p.media[1].position, 120);
+    return p;
+  }
+
+  static EngineOptions Options() {
+    EngineOptions o;
+    o.num_slots = 4;
+    o.max_context_tokens = 1024;
+    o.sampling_threads = 1;
+    return o;
+  }
+
+  struct Run {
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    int64_t cached = 0;
+  };
+  // One engine, the requests in turn (each to completion); greedy, 6 tokens.
+  static std::vector<Run> RunSequentially(EngineOptions o,
+                                          const std::vector<Prompt>& prompts) {
+    auto backend = MakeBackend("cpu");
+    auto e = Engine::Create(&TinyWeights(), backend.get(), nullptr, o);
+    EXPECT_TRUE(e.ok()) << e.status();
+    std::vector<Run> runs;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      SamplingParams p;
+      p.max_tokens = 6;
+      p.ignore_eos = true;
+      p.logprobs = true;
+      Run run;
+      absl::Status s = (*e)->AddRequest(static_cast<RequestId>(i + 1),
+                                        prompts[i].tokens, p, "", prompts[i].media);
+      EXPECT_TRUE(s.ok()) << s;
+      for (int step = 0; (*e)->HasWork() && step < 1000; ++step) {
+        auto res = (*e)->Step();
+        EXPECT_TRUE(res.ok()) << res.status();
+        if (!res.ok()) break;
+        for (const RequestOutput& out : *res) {
+          run.tokens.insert(run.tokens.end(), out.new_tokens.begin(),
+                            out.new_tokens.end());
+          for (const auto& lp : out.logprobs) run.logprobs.push_back(lp.logprob);
+          run.cached = std::max(run.cached, out.cached_prompt_tokens);
+        }
+      }
+      runs.push_back(std::move(run));
+    }
+    return runs;
+  }
+
+  static double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    double d = 0;
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+      d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
+    }
+    return d;
+  }
+
+  static model::Checkpoint* ckpt_;
+  static kernels::Backend* tower_backend_;
+  static vision::VisionTower* tower_;
+};
+
+model::Checkpoint* ImageInputTest::ckpt_ = nullptr;
+kernels::Backend* ImageInputTest::tower_backend_ = nullptr;
+vision::VisionTower* ImageInputTest::tower_ = nullptr;
+
+TEST_F(ImageInputTest, ChunkBoundariesInsideImagesEqualOneChunk) {
+  const media::PatchedImage a = RandomImage(8, 10, 1), b = RandomImage(4, 8, 2);
+  const Prompt p = MakeImagePrompt(a, b);
+  EngineOptions whole = Options();
+  whole.max_tokens_per_step = 256;
+  EngineOptions chunked = Options();
+  chunked.max_tokens_per_step = 64;
+  chunked.max_prefill_chunk = 25;  // boundaries at 75, 100, 125: inside A and B
+  const Run one = RunSequentially(whole, {p})[0];
+  const Run many = RunSequentially(chunked, {p})[0];
+  ASSERT_EQ(one.tokens.size(), 6u);
+  EXPECT_EQ(many.tokens, one.tokens);
+  // Logprobs: chunked prefill regroups the KDA chunks and MLA tiles (fp32
+  // reassociation, chunk_alignment_test): 1e-3 absolute on log-probabilities.
+  EXPECT_LE(MaxDiff(many.logprobs, one.logprobs), 1e-3);
+
+  // The image's content is what the model sees: a different B changes them.
+  const Prompt p2 = MakeImagePrompt(a, RandomImage(4, 8, 3));
+  const Run other = RunSequentially(whole, {p2})[0];
+  EXPECT_GT(MaxDiff(other.logprobs, one.logprobs), 1e-3);
+}
+
+TEST_F(ImageInputTest, PrefixCacheNeverHitsAcrossDifferentImages) {
+  const media::PatchedImage a = RandomImage(8, 10, 1), b = RandomImage(4, 8, 2);
+  const media::PatchedImage a2 = RandomImage(8, 10, 4), b2 = RandomImage(4, 8, 5);
+  const Prompt p = MakeImagePrompt(a, b);
+  const Prompt same = MakeImagePrompt(a, b);
+  const Prompt other_b = MakeImagePrompt(a, b2);
+  const Prompt other_a = MakeImagePrompt(a2, b);
+  EngineOptions cached = Options();
+  cached.prefix_caching.enabled = true;
+  cached.prefix_caching.num_snapshots = 8;
+  cached.prefix_caching.snapshot_grid = 64;
+  cached.prefix_caching.snapshot_generations = false;
+  const std::vector<Run> runs = RunSequentially(cached, {p, same, other_b, other_a});
+  EXPECT_EQ(runs[0].cached, 0);
+  // Hits are at multiples of 64 (the KDA chunk) below the prompt's end.
+  EXPECT_EQ(runs[1].cached, 128);  // the same images: up to the last snapshot
+  EXPECT_EQ(runs[2].cached, 64);   // B differs from 120: only text before it
+  EXPECT_EQ(runs[3].cached, 64);   // A differs from 70
+  // And a hit continues exactly as a recompute with the cache off.
+  const std::vector<Run> fresh = RunSequentially(Options(), {other_b, other_a, same});
+  EXPECT_EQ(runs[2].tokens, fresh[0].tokens);
+  EXPECT_EQ(runs[3].tokens, fresh[1].tokens);
+  EXPECT_EQ(runs[1].tokens, fresh[2].tokens);
+  EXPECT_LE(MaxDiff(runs[2].logprobs, fresh[0].logprobs), 1e-3);
+}
+
+TEST_F(ImageInputTest, BadMediaIsInvalidArgument) {
+  const Prompt p = MakeImagePrompt(RandomImage(8, 10, 1), RandomImage(4, 8, 2));
+  auto backend = MakeBackend("cpu");
+  auto e = Engine::Create(&TinyWeights(), backend.get(), nullptr, Options());
+  ASSERT_TRUE(e.ok());
+  SamplingParams sp;
+  sp.max_tokens = 2;
+  auto expect_bad = [&](std::vector<MediaInput> media, RequestId id) {
+    absl::Status s = (*e)->AddRequest(id, p.tokens, sp, "", std::move(media));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  };
+  std::vector<MediaInput> shifted = p.media;
+  shifted[0].position -= 1;  // its first row is a text token
+  expect_bad(shifted, 1);
+  std::vector<MediaInput> swapped = {p.media[1], p.media[0]};  // not ascending
+  expect_bad(swapped, 2);
+  std::vector<MediaInput> short_rows = p.media;
+  short_rows[1].embeddings = std::make_shared<const std::vector<float>>(10, 0.0f);
+  expect_bad(short_rows, 3);
+  EXPECT_TRUE((*e)->AddRequest(4, p.tokens, sp, "", p.media).ok());
+}
+
+}  // namespace
+}  // namespace tandem::engine
