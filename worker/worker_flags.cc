@@ -88,6 +88,11 @@ ABSL_FLAG(bool, enable_prefix_caching, true,
 ABSL_FLAG(double, prefix_snapshot_memory, 0.05,
           "Share of --kv_cache_memory for prefix-cache KDA snapshots, in [0, 0.9] "
           "(0: no snapshots, so no hits).");
+ABSL_FLAG(bool, prefix_snapshot_generations, true,
+          "Prefix caching: snapshot the end of every finished generation for the "
+          "next chat turn (a background prefill continuation recomputes prompt + "
+          "output to the last 64-token multiple on spare capacity; "
+          "docs/prefix_caching.md).");
 ABSL_FLAG(int64_t, prefix_snapshot_grid, 16384,
           "Prefix caching: also snapshot long prompts every this many tokens "
           "(0: only at the last full chunk and at branch points).");
@@ -137,6 +142,8 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(
   }
   eo.prefix_caching.enabled = absl::GetFlag(FLAGS_enable_prefix_caching);
   eo.prefix_caching.snapshot_grid = absl::GetFlag(FLAGS_prefix_snapshot_grid);
+  eo.prefix_caching.snapshot_generations =
+      absl::GetFlag(FLAGS_prefix_snapshot_generations);
   WorkerMemoryFlags mf;
   mf.kv_cache_memory = absl::GetFlag(FLAGS_kv_cache_memory);
   mf.gpu_memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);

@@ -173,6 +173,21 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
   prefix_cached_blocks = &OrDie(r->AddGauge("tandem_worker_prefix_cached_blocks",
                                             "MLA blocks held by the prefix cache."))
                               ->Add({});
+  prefix_continuations = OrDie(r->AddCounter(
+      "tandem_worker_prefix_continuations_total",
+      "Background prefill continuations of finished generations (their end's KDA "
+      "snapshot for the next turn) by result: completed, skipped, cancelled."));
+  for (const char* res : {"completed", "skipped", "cancelled"}) {
+    prefix_continuations->Add({{"result", res}});
+  }
+  prefix_continuation_tokens =
+      &OrDie(r->AddCounter("tandem_worker_prefix_continuation_tokens_total",
+                           "Positions recomputed by generation continuations."))
+           ->Add({});
+  prefix_generation_snapshots =
+      &OrDie(r->AddCounter("tandem_worker_prefix_generation_snapshots_total",
+                           "KDA snapshots stored at the end of finished generations."))
+           ->Add({});
   cache_budget_bytes =
       &OrDie(
            r->AddGauge("tandem_worker_kv_cache_budget_bytes",
@@ -327,6 +342,16 @@ void WorkerMetrics::Update(const EngineLoopStats& s, absl::Time now) {
   prefix_hit_rate->Set(px.hit_rate());
   prefix_snapshot_bytes->Set(static_cast<double>(px.snapshot_bytes_held));
   prefix_cached_blocks->Set(static_cast<double>(px.blocks_cached));
+  bump(&prefix_continuations->Add({{"result", "completed"}}),
+       px.continuations_completed, last_prefix_.continuations_completed);
+  bump(&prefix_continuations->Add({{"result", "skipped"}}), px.continuations_skipped,
+       last_prefix_.continuations_skipped);
+  bump(&prefix_continuations->Add({{"result", "cancelled"}}),
+       px.continuations_cancelled, last_prefix_.continuations_cancelled);
+  bump(prefix_continuation_tokens, px.continuation_tokens,
+       last_prefix_.continuation_tokens);
+  bump(prefix_generation_snapshots, px.generation_snapshots,
+       last_prefix_.generation_snapshots);
   last_prefix_ = px;
 }
 

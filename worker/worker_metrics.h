@@ -114,6 +114,11 @@ class WorkerMetrics {
   metrics::Counter* prefix_blocks_evicted;
   metrics::Gauge* prefix_snapshot_bytes;
   metrics::Gauge* prefix_cached_blocks;
+  // Generation snapshots: continuations by result (completed, skipped,
+  // cancelled), positions they recomputed, snapshots they stored.
+  metrics::Family<metrics::Counter>* prefix_continuations;
+  metrics::Counter* prefix_continuation_tokens;
+  metrics::Counter* prefix_generation_snapshots;
   metrics::Gauge* cache_budget_bytes;
   metrics::Family<metrics::Gauge>* cache_bytes;
   metrics::Gauge* cache_capacity_blocks;

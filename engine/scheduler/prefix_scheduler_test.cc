@@ -1,6 +1,8 @@
 // The scheduler with prefix caching: where hits start, where prefill chunks end
 // (snapshot positions), what is cached, eviction before preemption, no leaks.
 #include <cstdint>
+#include <iterator>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -220,6 +222,82 @@ TEST(PrefixSchedulerTest, OffMeansNoHashesKeptAndNoSnapshots) {
   EXPECT_FALSE(st[0].snapshot);
   EXPECT_EQ(s->prefix_cache(), nullptr);
   EXPECT_FALSE(s->StoreSnapshot(1, 192).ok());
+}
+
+// Background continuations (generation snapshots) in a random mix of real
+// requests, aborts and block pressure: a block some sequence holds is never
+// freed (CheckInvariants counts every reference after every step), a
+// continuation never samples, pauses while anything waits, and everything
+// is free at the end; the counters balance.
+TEST(PrefixSchedulerTest, FuzzBackgroundContinuationsNeverTakeWhatIsInUse) {
+  std::mt19937_64 rng(23);
+  SchedulerConfig c = Config(/*blocks=*/72, /*budget=*/192, /*snapshots=*/6);
+  c.num_slots = 4;
+  c.max_running = 4;
+  auto s = *Scheduler::Create(c);
+  std::vector<std::vector<int32_t>> convs;
+  for (int i = 0; i < 5; ++i) convs.push_back(Tokens(100 + 40 * i, 70 + i % 3));
+  SequenceId next_real = 1, next_bg = -1;
+  std::set<SequenceId> live;
+  int64_t submitted = 0;
+  for (int step = 0; step < 1500; ++step) {
+    const int op = static_cast<int>(rng() % 6);
+    if (op == 0) {  // a real request: a conversation so far
+      const auto& t = convs[rng() % convs.size()];
+      if (s->Submit(Req(next_real, t, 1 + rng() % 20)).ok()) live.insert(next_real);
+      ++next_real;
+    } else if (op == 1) {  // a finished turn's continuation
+      const size_t k = rng() % convs.size();
+      std::vector<int32_t> t = Concat(convs[k], Tokens(30 + rng() % 100, 900 + k));
+      const int64_t q = static_cast<int64_t>(t.size()) / 64 * 64;
+      t.resize(q);
+      SequenceRequest r = Req(next_bg--, t, 1);
+      ASSERT_TRUE(s->SubmitBackground(r, (convs[k].size() - 1) / 64 * 64).ok());
+      ++submitted;
+      if (rng() % 3 == 0) convs[k] = t;  // the conversation grew
+    } else if (op == 2 && !live.empty()) {
+      auto it = live.begin();
+      std::advance(it, rng() % live.size());
+      if (s->Contains(*it)) ASSERT_TRUE(s->Abort(*it).ok());
+      live.erase(it);
+    }
+    auto plan = s->Schedule();
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    std::vector<SequenceOutcome> out;
+    for (const ScheduledSequence& e : plan->sequences) {
+      if (e.id < 0) {
+        ASSERT_FALSE(e.samples) << "a continuation sampled";
+        ASSERT_EQ(e.num_draft_tokens, 0);
+        ASSERT_TRUE(s->IsBackground(e.id));
+        ASSERT_EQ(s->num_waiting(), 0) << "a continuation ran while a request waits";
+      }
+      if (e.snapshot_at_end) ASSERT_TRUE(s->StoreSnapshot(e.id, e.end).ok());
+      if (e.samples) out.push_back({e.id, 1, rng() % 8 == 0});
+    }
+    ASSERT_TRUE(s->CompleteStep(*plan, out).ok());
+    ASSERT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
+    for (auto it = live.begin(); it != live.end();) {
+      it = s->Contains(*it) ? std::next(it) : live.erase(it);
+    }
+  }
+  for (SequenceId id : live) ASSERT_TRUE(s->Abort(id).ok());
+  for (int i = 0; i < 200 && s->num_background() > 0; ++i) {
+    auto plan = s->Schedule();
+    ASSERT_TRUE(plan.ok());
+    for (const auto& e : plan->sequences) {
+      if (e.snapshot_at_end) ASSERT_TRUE(s->StoreSnapshot(e.id, e.end).ok());
+    }
+    ASSERT_TRUE(s->CompleteStep(*plan, {}).ok());
+  }
+  EXPECT_EQ(s->num_background(), 0);
+  const BackgroundStats& b = s->background_stats();
+  EXPECT_EQ(b.submitted, submitted);
+  EXPECT_EQ(b.completed + b.skipped + b.cancelled, b.submitted);
+  EXPECT_GT(b.completed, 0);
+  EXPECT_GT(b.cancelled + b.skipped, 0);
+  EXPECT_EQ(s->num_free_blocks(), 72);
+  EXPECT_EQ(s->num_free_slots(), 4);
+  ASSERT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
 }
 
 }  // namespace

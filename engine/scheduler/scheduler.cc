@@ -36,6 +36,7 @@ absl::Status SchedulerConfig::Validate() const {
   if (watermark_blocks < 0 || watermark_blocks >= num_blocks) {
     return InvalidArgument("watermark_blocks must be in [0, num_blocks)");
   }
+  if (max_background < 0) return InvalidArgument("max_background must be >= 0");
   if (num_prefix_snapshots < 0 || prefix_snapshot_grid < 0) {
     return InvalidArgument(
         "num_prefix_snapshots and prefix_snapshot_grid must be >= 0");
@@ -125,6 +126,45 @@ absl::Status Scheduler::Submit(const SequenceRequest& r) {
   seqs_.emplace(r.id, std::move(seq));
   waiting_.push_back(r.id);
   return absl::OkStatus();
+}
+
+absl::Status Scheduler::SubmitBackground(const SequenceRequest& r, int64_t min_hit) {
+  if (prefix_ == nullptr) return FailedPrecondition("prefix caching is off");
+  if (config_.max_background <= 0) {
+    return FailedPrecondition("background continuations are off");
+  }
+  if (r.num_prompt_tokens % prefix_->config().kda_chunk != 0 ||
+      r.num_prompt_tokens % config_.block_size != 0 ||
+      static_cast<int64_t>(r.block_hashes.size()) !=
+          r.num_prompt_tokens / config_.block_size) {
+    return InvalidArgument("a background continuation covers whole chunks and blocks (",
+                           r.num_prompt_tokens, " tokens, ", r.block_hashes.size(),
+                           " block hashes)");
+  }
+  TANDEM_RETURN_IF_ERROR(Submit(r));
+  waiting_.pop_back();  // Submit queued it last
+  Sequence* seq = Find(r.id);
+  seq->background = true;
+  seq->min_hit = min_hit;
+  if (static_cast<int32_t>(background_waiting_.size()) >= config_.max_background) {
+    const SequenceId oldest = background_waiting_.front();
+    Erase(oldest);
+    ++background_stats_.skipped;
+  }
+  background_waiting_.push_back(r.id);
+  ++background_stats_.submitted;
+  return absl::OkStatus();
+}
+
+bool Scheduler::IsBackground(SequenceId id) const {
+  const Sequence* seq = Find(id);
+  return seq != nullptr && seq->background;
+}
+
+int32_t Scheduler::num_background() const {
+  int32_t n = static_cast<int32_t>(background_waiting_.size());
+  for (SequenceId id : running_) n += Find(id)->background;
+  return n;
 }
 
 absl::Status Scheduler::AdmitPrefilled(const SequenceRequest& r,
@@ -226,24 +266,50 @@ void Scheduler::Erase(SequenceId id) {
     running_.erase(std::find(running_.begin(), running_.end(), id));
   } else if (seq->state == SequenceState::kReserved) {
     reserved_.erase(id);
+  } else if (seq->background) {
+    auto it = std::find(background_waiting_.begin(), background_waiting_.end(), id);
+    if (it != background_waiting_.end()) background_waiting_.erase(it);
   } else {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
   }
   seqs_.erase(id);
 }
 
-SequenceId Scheduler::PreemptNewest(StepPlan* plan, int64_t* budget) {
-  const SequenceId id = running_.back();
-  running_.pop_back();
-  Sequence* seq = Find(id);
+void Scheduler::Unplan(SequenceId id, StepPlan* plan, int64_t* budget) {
   for (auto it = plan->sequences.begin(); it != plan->sequences.end(); ++it) {
     if (it->id == id) {
       *budget += it->num_tokens();
       plan->num_scheduled_tokens -= it->num_tokens();
       plan->sequences.erase(it);
-      break;
+      return;
     }
   }
+}
+
+bool Scheduler::CancelNewestBackground(StepPlan* plan, int64_t* budget,
+                                       SequenceId* cancelled) {
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+    const SequenceId id = *it;
+    if (!Find(id)->background) continue;
+    Unplan(id, plan, budget);
+    Erase(id);
+    plan->cancelled_background.push_back(id);
+    ++background_stats_.cancelled;
+    if (cancelled != nullptr) *cancelled = id;
+    return true;
+  }
+  return false;
+}
+
+SequenceId Scheduler::PreemptNewest(StepPlan* plan, int64_t* budget) {
+  // Background continuations go first, and for good (they are only a bet on
+  // the next turn).
+  SequenceId bg = 0;
+  if (CancelNewestBackground(plan, budget, &bg)) return bg;
+  const SequenceId id = running_.back();
+  running_.pop_back();
+  Sequence* seq = Find(id);
+  Unplan(id, plan, budget);
   ReleaseResources(seq);
   seq->num_computed = 0;
   seq->prefill_done = false;
@@ -293,7 +359,7 @@ void Scheduler::Reclaim(int64_t free_blocks) {
   }
 }
 
-SnapshotId Scheduler::AdmitWithPrefix(Sequence* seq) {
+SnapshotId Scheduler::AdmitWithPrefix(Sequence* seq, int64_t* matched_blocks) {
   seq->blocks_cached = 0;
   seq->snapshot_positions.clear();
   seq->unaligned_at = std::numeric_limits<int64_t>::max();
@@ -305,9 +371,12 @@ SnapshotId Scheduler::AdmitWithPrefix(Sequence* seq) {
     seq->num_computed = hit.tokens;
   }
   seq->blocks_cached = hit.tokens / config_.block_size;
-  for (int64_t p : SnapshotPositions(
-           seq->num_prompt_tokens, hit.tokens, hit.matched_blocks, config_.block_size,
-           prefix_->config().kda_chunk, prefix_->config().snapshot_grid)) {
+  if (matched_blocks != nullptr) *matched_blocks = hit.matched_blocks;
+  // A background continuation snapshots its end too (it samples nothing).
+  for (int64_t p : SnapshotPositions(seq->num_prompt_tokens + (seq->background ? 1 : 0),
+                                     hit.tokens, hit.matched_blocks, config_.block_size,
+                                     prefix_->config().kda_chunk,
+                                     prefix_->config().snapshot_grid)) {
     const int64_t k = p / config_.block_size;
     if (k <= static_cast<int64_t>(seq->hashes.size()) &&
         !prefix_->HasSnapshot(seq->hashes[k - 1])) {
@@ -375,7 +444,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     e.start = seq->num_computed;
     e.end = seq->num_computed + n;
     e.num_draft_tokens = drafts;
-    e.samples = e.end - drafts == seq->num_tokens;
+    e.samples = e.end - drafts == seq->num_tokens && !seq->background;
     e.slot = seq->slot;
     e.resets_state = e.start == 0;
     e.restore_snapshot = restore;
@@ -408,6 +477,8 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
         self_preempted = true;
         break;
       }
+      // What it held may be cached blocks now (shared with the cache): evict.
+      Reclaim(seq->table.BlocksNeededToAppend(need));
     }
     if (self_preempted) break;  // it was the newest: nothing after it runs
     seq->table.Append(need, &blocks_).IgnoreError();  // fits: checked above
@@ -418,8 +489,12 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence* seq = Find(running_[i]);
     if (seq->prefill_done || planned.contains(seq->id)) continue;
+    // A background continuation pauses while a real request waits (the budget
+    // is the waiting one's; a slot or blocks it needs cancel the continuation).
+    if (seq->background && !waiting_.empty()) continue;
     const int64_t remaining = seq->num_tokens - seq->num_computed;
-    Reclaim(seq->table.BlocksNeededToAppend(std::min(remaining, ChunkLimit(budget))));
+    const int64_t want = std::min(remaining, ChunkLimit(budget));
+    Reclaim(seq->table.BlocksNeededToAppend(want));
     int64_t fit = 0;
     bool self_preempted = false;
     while (true) {
@@ -427,17 +502,27 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
                             seq->table.num_tokens();
       fit = slack + static_cast<int64_t>(blocks_.num_free()) * bs;
       if (fit > 0) break;
+      if (seq->background) break;  // it never makes others give way
       if (PreemptNewest(&plan, &budget) == seq->id) {
         self_preempted = true;
         break;
       }
+      Reclaim(seq->table.BlocksNeededToAppend(want));
     }
     if (self_preempted) break;
+    if (seq->background && fit <= 0) {  // no room left for it: dropped
+      const SequenceId id = seq->id;
+      Erase(id);
+      plan.cancelled_background.push_back(id);
+      ++background_stats_.cancelled;
+      --i;  // running_ shifted down
+      continue;
+    }
     bool at_snapshot = false;
     const int64_t chunk = CutAtSnapshot(
         *seq, seq->num_computed,
         AlignChunk(seq->num_computed, std::min({remaining, ChunkLimit(budget), fit}),
-                   remaining, plan.sequences.empty()),
+                   remaining, plan.sequences.empty() && !seq->background),
         &at_snapshot);
     if (chunk == 0) continue;
     seq->table.Append(chunk, &blocks_).IgnoreError();  // fits: checked above
@@ -445,9 +530,13 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
   }
 
   // 3. Admissions, FCFS, never in a step that had to preempt.
-  while (plan.preempted.empty() && !waiting_.empty() && budget > 0 &&
-         num_running() + num_reserved() < config_.max_running &&
-         slots_.num_free() > 0) {
+  while (plan.preempted.empty() && !waiting_.empty() && budget > 0) {
+    if (num_running() + num_reserved() >= config_.max_running ||
+        slots_.num_free() == 0) {
+      // A background continuation gives its slot to a real request.
+      if (CancelNewestBackground(&plan, &budget)) continue;
+      break;
+    }
     Sequence* seq = Find(waiting_.front());
     // A prefix hit adopts its cached blocks (taking references, so nothing
     // below evicts them) and starts at p; undone if the head cannot run now.
@@ -464,6 +553,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
         static_cast<int64_t>(blocks_.num_free()) - config_.watermark_blocks;
     if (usable <= 0) {
       undo();
+      if (CancelNewestBackground(&plan, &budget)) continue;
       break;
     }
     bool at_snapshot = false;
@@ -484,6 +574,59 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     seq->table.Append(chunk, &blocks_).IgnoreError();  // fits: checked above
     seq->state = SequenceState::kRunning;
     running_.push_back(seq->id);
+    add(seq, chunk, 0, start > 0 ? restore : -1, at_snapshot);
+  }
+
+  // 4. Background continuations, on spare capacity only: nothing waiting, no
+  // preemption this step, a slot, budget, and all their blocks free above the
+  // watermark now (so they never make a real request wait or give way later).
+  while (plan.preempted.empty() && waiting_.empty() && !background_waiting_.empty() &&
+         budget > 0 && num_running() + num_reserved() < config_.max_running &&
+         slots_.num_free() > 0) {
+    Sequence* seq = Find(background_waiting_.front());
+    const SequenceId id = seq->id;
+    auto skip = [&] {
+      Erase(id);  // releases any adopted blocks
+      ++background_stats_.skipped;
+    };
+    const int64_t bs_end = seq->num_tokens / bs;  // its end's block count
+    if (bs_end < 1 || prefix_->HasSnapshot(seq->hashes[bs_end - 1])) {
+      skip();  // already continued (the same conversation twice)
+      continue;
+    }
+    const SnapshotId restore = AdmitWithPrefix(seq);
+    const int64_t start = seq->num_computed;
+    const int64_t remaining = seq->num_tokens - start;
+    if (start < seq->min_hit || seq->snapshot_positions.empty() ||
+        seq->snapshot_positions.back() != seq->num_tokens) {
+      skip();  // its prompt's state is gone: recomputing it all is not spare work
+      continue;
+    }
+    const int64_t need = seq->table.BlocksNeededToAppend(remaining);
+    Reclaim(config_.watermark_blocks + need);
+    if (need > static_cast<int64_t>(blocks_.num_free()) - config_.watermark_blocks) {
+      skip();
+      continue;
+    }
+    bool at_snapshot = false;
+    const int64_t chunk = CutAtSnapshot(
+        *seq, start,
+        AlignChunk(start, std::min(remaining, ChunkLimit(budget)), remaining, false),
+        &at_snapshot);
+    if (chunk == 0) {
+      if (plan.sequences.empty()) {  // it can never get an aligned chunk: drop it
+        skip();
+        continue;
+      }
+      seq->table.Release(&blocks_).IgnoreError();  // waits for a step with budget
+      seq->num_computed = 0;
+      break;
+    }
+    background_waiting_.pop_front();
+    seq->slot = *slots_.Acquire();                     // a slot is free: checked above
+    seq->table.Append(chunk, &blocks_).IgnoreError();  // fits: checked above
+    seq->state = SequenceState::kRunning;
+    running_.push_back(id);
     add(seq, chunk, 0, start > 0 ? restore : -1, at_snapshot);
   }
 
@@ -532,6 +675,13 @@ absl::StatusOr<std::vector<SequenceId>> Scheduler::CompleteStep(
     if (!e.samples) {
       seq->num_computed = e.end;
       CacheComputedBlocks(seq);
+      if (seq->background) {
+        background_stats_.tokens += e.num_tokens();
+        if (seq->num_computed >= seq->num_tokens) {  // computed and snapshotted
+          ++background_stats_.completed;
+          Erase(e.id);
+        }
+      }
       continue;
     }
     const SequenceOutcome& o = *by_id[e.id];
@@ -585,8 +735,11 @@ absl::StatusOr<int64_t> Scheduler::Room(SequenceId id) const {
 absl::Status Scheduler::CheckInvariants() const {
   TANDEM_RETURN_IF_ERROR(blocks_.CheckInvariants());
   TANDEM_RETURN_IF_ERROR(slots_.CheckInvariants());
-  if (running_.size() + waiting_.size() + reserved_.size() != seqs_.size()) {
+  if (running_.size() + waiting_.size() + background_waiting_.size() +
+          reserved_.size() !=
+      seqs_.size()) {
     return Internal(running_.size(), " running + ", waiting_.size(), " waiting + ",
+                    background_waiting_.size(), " background waiting + ",
                     reserved_.size(), " reserved != ", seqs_.size(), " sequences");
   }
   // Holders of each block: sequences, and the prefix cache's one reference. A
@@ -634,9 +787,16 @@ absl::Status Scheduler::CheckInvariants() const {
     }
     TANDEM_RETURN_IF_ERROR(hold(id, seq->table));
   }
+  for (SequenceId id : background_waiting_) {
+    const Sequence* seq = Find(id);
+    if (seq == nullptr || seq->state != SequenceState::kWaiting || !seq->background ||
+        seq->slot >= 0 || !seq->table.blocks().empty()) {
+      return Internal("background queue holds sequence ", id, " wrongly");
+    }
+  }
   for (SequenceId id : waiting_) {
     const Sequence* seq = Find(id);
-    if (seq == nullptr || seq->state != SequenceState::kWaiting) {
+    if (seq == nullptr || seq->state != SequenceState::kWaiting || seq->background) {
       return Internal("waiting list holds sequence ", id, " not waiting");
     }
     if (seq->slot >= 0 || !seq->table.blocks().empty() || seq->num_computed != 0) {

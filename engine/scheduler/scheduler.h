@@ -25,6 +25,16 @@
 //   blocks enter the cache as they are computed (only prompt tokens: nothing a
 //   speculative rollback may undo). Unreferenced cached blocks are evicted (LRU)
 //   before anything is preempted or refused.
+// Background continuations (SubmitBackground): prefill-only sequences the engine
+//   submits when a request finishes, to recompute its prompt + output up to the
+//   last chunk multiple the way a prefill does and snapshot the state there
+//   (the next chat turn continues from it; the decode state is not bit-identical
+//   to it, docs/prefix_caching.md). They run only on spare capacity: admitted
+//   after every waiting request, only from a hit at least `min_hit` deep and
+//   when all their blocks fit above the watermark; they never sample; under
+//   pressure (a block, a slot or the running cap a real request needs) they
+//   are dropped, never preempted and requeued; they end themselves once
+//   computed.
 // Reserve(): a sequence whose state a peer writes in place (the decode worker's
 //   reservation) holds its blocks and slot, RESERVED, outside both queues:
 //   never scheduled, never preempted, until AdmitReserved() makes it running.
@@ -57,6 +67,16 @@ using SequenceId = int64_t;
 // The longest context any configuration may allow (K3: 1M tokens).
 inline constexpr int64_t kMaxContextTokens = 1048576;
 
+// Background continuations' counters (Scheduler::background_stats).
+struct BackgroundStats {
+  int64_t submitted = 0;
+  int64_t completed = 0;  // computed to their end
+  int64_t skipped = 0;    // dropped before running (no hit deep enough, no room,
+                          // queue full, already snapshotted)
+  int64_t cancelled = 0;  // dropped while running, for a real request
+  int64_t tokens = 0;     // positions computed
+};
+
 struct SchedulerConfig {
   int32_t block_size = 16;              // tokens per KV block
   int32_t num_blocks = 0;               // KV blocks in the pool
@@ -81,6 +101,8 @@ struct SchedulerConfig {
   bool enable_prefix_caching = false;
   int32_t num_prefix_snapshots = 0;
   int64_t prefix_snapshot_grid = 0;
+  // Background continuations queued at most (the oldest is dropped past it).
+  int32_t max_background = 8;
 
   absl::Status Validate() const;
 };
@@ -130,6 +152,9 @@ struct StepPlan {
   // Sequences preempted while planning this step (now waiting again); the
   // engine drops their KDA state and keeps their tokens.
   std::vector<SequenceId> preempted;
+  // Background continuations dropped while planning (gone: their entries were
+  // removed from `sequences`).
+  std::vector<SequenceId> cancelled_background;
   int64_t num_scheduled_tokens = 0;
 };
 
@@ -188,6 +213,16 @@ class Scheduler {
   // without the engine finishing them.
   absl::StatusOr<std::vector<SequenceId>> CompleteStep(
       const StepPlan& plan, absl::Span<const SequenceOutcome> outcomes);
+
+  // Queues a background continuation (see above): a prefill-only sequence of
+  // request.num_prompt_tokens tokens (a multiple of the KDA chunk, with its
+  // block hashes) that snapshots its end. It runs from a prefix hit of at least
+  // `min_hit` tokens or not at all. FailedPrecondition when caching is off; the
+  // errors of Submit.
+  absl::Status SubmitBackground(const SequenceRequest& request, int64_t min_hit);
+  bool IsBackground(SequenceId id) const;
+  const BackgroundStats& background_stats() const { return background_stats_; }
+  int32_t num_background() const;
 
   // Prefix caching: registers the state of sequence `id` at `position` (its
   // plan entry's end, snapshot_at_end) and returns the pool entry the engine
@@ -254,6 +289,9 @@ class Scheduler {
     // state after it is not what a clean recompute gives, so nothing after it
     // is cached.
     int64_t unaligned_at = std::numeric_limits<int64_t>::max();
+    // A background continuation, and the shallowest hit it runs from.
+    bool background = false;
+    int64_t min_hit = 0;
   };
 
   explicit Scheduler(const SchedulerConfig& config);
@@ -265,6 +303,13 @@ class Scheduler {
   // Preempts the most recently admitted running sequence (undoing its part of
   // `plan`); returns its id.
   SequenceId PreemptNewest(StepPlan* plan, int64_t* budget);
+  // Drops the most recently admitted running background continuation (undoing
+  // its part of `plan`; its id in *id); false when none runs.
+  bool CancelNewestBackground(StepPlan* plan, int64_t* budget,
+                              SequenceId* id = nullptr);
+  // Removes `id`'s entry from `plan`, giving its tokens back to the budget.
+  void Unplan(SequenceId id, StepPlan* plan, int64_t* budget);
+
   void Erase(SequenceId id);
   int64_t ChunkLimit(int64_t budget) const;
   // `chunk` tokens from `start`, `remaining` left: shortened to end at a multiple
@@ -281,7 +326,7 @@ class Scheduler {
   // Admission of a waiting sequence with hashes: the usable hit (adopted into
   // its table, num_computed = p) and its snapshot positions; the snapshot to
   // restore (-1: none).
-  SnapshotId AdmitWithPrefix(Sequence* seq);
+  SnapshotId AdmitWithPrefix(Sequence* seq, int64_t* matched_blocks = nullptr);
   // Caches the sequence's newly computed full prompt blocks.
   void CacheComputedBlocks(Sequence* seq);
 
@@ -290,6 +335,8 @@ class Scheduler {
   SlotPool slots_;
   absl::flat_hash_map<SequenceId, std::unique_ptr<Sequence>> seqs_;
   std::deque<SequenceId> waiting_;
+  std::deque<SequenceId> background_waiting_;  // background continuations, FIFO
+  BackgroundStats background_stats_;
   std::vector<SequenceId> running_;  // admission order
   absl::flat_hash_set<SequenceId> reserved_;
   bool step_in_flight_ = false;
