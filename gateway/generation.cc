@@ -204,6 +204,7 @@ tandem::v1::GenerateRequest Generation::BuildRequest(int i, absl::Time deadline)
   }
   s->set_logprobs(fields_.logprobs);
   s->set_top_logprobs(fields_.top_logprobs);
+  if (structured_output_) *s->mutable_structured_output() = *structured_output_;
   auto* stop = req.mutable_stop();
   if (fields_.max_tokens) stop->set_max_tokens(*fields_.max_tokens);
   for (const std::string& str : fields_.stop) stop->add_stop_strings(str);

@@ -96,6 +96,10 @@ class Generation : public std::enable_shared_from_this<Generation> {
   Generation(const Generation&) = delete;
   Generation& operator=(const Generation&) = delete;
 
+  // The structured-output constraint every call carries (before Start).
+  void set_structured_output(tandem::v1::StructuredOutput so) {
+    structured_output_ = std::move(so);
+  }
   // Starts the router calls and watches the client (call once, on a
   // shared_ptr: the calls' callbacks keep the Generation alive).
   void Start();
@@ -178,6 +182,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   const std::string model_name_;
   const std::string router_model_;
   const GenerationFields fields_;
+  std::optional<tandem::v1::StructuredOutput> structured_output_;
   const std::vector<Choice> choices_;
   const int prompt_tokens_;
   const std::string chunk_tail_ = ChunkTail();

@@ -11,6 +11,7 @@
 #include "gateway/choice_decoder.h"
 #include "gateway/json_escape.h"
 #include "gateway/request_parser.h"
+#include "gateway/structured_output.h"
 #include "metrics/http_exposer.h"
 #include "metrics/text_format.h"
 #include "nlohmann/json.hpp"
@@ -61,7 +62,6 @@ std::shared_ptr<void> OpenAIService::HoldForRpc() {
     --rpcs_in_flight_;
   });
 }
-
 
 int OpenAIService::active_generations() const { return live_.size(); }
 
@@ -254,33 +254,34 @@ void OpenAIService::HandleModels(std::shared_ptr<RequestContext> ctx) {
   if (absl::StartsWith(ctx->request.path, "/v1/models/")) {
     single = ctx->request.path.substr(std::string("/v1/models/").size());
   }
-  router_->ListModels(
-      absl::Now() + options_.router_rpc_timeout,
-      [this, ctx, single, hold = HoldForRpc()](
+  router_->ListModels(absl::Now() + options_.router_rpc_timeout,
+                      [this, ctx, single, hold = HoldForRpc()](
                           absl::StatusOr<tandem::v1::ListModelsResponse> result) {
-        if (!result.ok()) return ctx->Error(ApiErrorFromStatus(result.status()));
-        json data = json::array();
-        for (int i = 0; i < result->models_size(); ++i) {
-          const auto& m = result->models(i);
-          std::string id = m.id();
-          if (!options_.served_model_name.empty()) {
-            if (i > 0) break;
-            id = options_.served_model_name;
-          }
-          data.push_back({{"id", id},
-                          {"object", "model"},
-                          {"created", m.created_unix()},
-                          {"owned_by", "tandem"},
-                          {"root", m.id()},
-                          {"max_model_len", m.max_context_tokens()}});
-        }
-        if (single.empty()) return ctx->Json(200, {{"object", "list"}, {"data", data}});
-        for (const json& m : data) {
-          if (m["id"] == single) return ctx->Json(200, m);
-        }
-        ctx->Error(ModelNotFound(absl::NotFoundError(
-            absl::StrCat("The model `", single, "` does not exist."))));
-      });
+                        if (!result.ok())
+                          return ctx->Error(ApiErrorFromStatus(result.status()));
+                        json data = json::array();
+                        for (int i = 0; i < result->models_size(); ++i) {
+                          const auto& m = result->models(i);
+                          std::string id = m.id();
+                          if (!options_.served_model_name.empty()) {
+                            if (i > 0) break;
+                            id = options_.served_model_name;
+                          }
+                          data.push_back({{"id", id},
+                                          {"object", "model"},
+                                          {"created", m.created_unix()},
+                                          {"owned_by", "tandem"},
+                                          {"root", m.id()},
+                                          {"max_model_len", m.max_context_tokens()}});
+                        }
+                        if (single.empty())
+                          return ctx->Json(200, {{"object", "list"}, {"data", data}});
+                        for (const json& m : data) {
+                          if (m["id"] == single) return ctx->Json(200, m);
+                        }
+                        ctx->Error(ModelNotFound(absl::NotFoundError(
+                            absl::StrCat("The model `", single, "` does not exist."))));
+                      });
 }
 
 void OpenAIService::HandleHealth(std::shared_ptr<RequestContext> ctx) {
@@ -359,9 +360,13 @@ void OpenAIService::HandleChat(std::shared_ptr<RequestContext> ctx) {
     const std::string name = options_.served_model_name.empty()
                                  ? (*model)->id()
                                  : options_.served_model_name;
+    absl::StatusOr<std::optional<tandem::v1::StructuredOutput>> constraint =
+        ChatConstraint(*req, *tokenizer_);
+    if (!constraint.ok()) return ctx->Error(ParseError(constraint.status()));
     auto g = std::make_shared<Generation>(
         ctx, Deps(), /*chat=*/true, ids_.Next("chatcmpl-"), name, (*model)->id(),
         req->fields, std::move(o), std::move(choices), static_cast<int>(ids->size()));
+    if (*constraint) g->set_structured_output(**std::move(constraint));
     g->Start();
   });
 }
@@ -420,9 +425,13 @@ void OpenAIService::HandleCompletions(std::shared_ptr<RequestContext> ctx) {
     const std::string name = options_.served_model_name.empty()
                                  ? (*model)->id()
                                  : options_.served_model_name;
+    absl::StatusOr<std::optional<tandem::v1::StructuredOutput>> constraint =
+        CompletionConstraint(req->fields);
+    if (!constraint.ok()) return ctx->Error(ParseError(constraint.status()));
     auto g = std::make_shared<Generation>(
         ctx, Deps(), /*chat=*/false, ids_.Next("cmpl-"), name, (*model)->id(),
         req->fields, std::move(o), std::move(choices), prompt_tokens);
+    if (*constraint) g->set_structured_output(**std::move(constraint));
     g->Start();
   });
 }

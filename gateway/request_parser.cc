@@ -99,6 +99,147 @@ absl::Status ParseStop(const json& body, std::vector<std::string>* out) {
   return absl::OkStatus();
 }
 
+// A JSON Schema given as an object (or a boolean schema), or as JSON text.
+absl::StatusOr<std::string> SchemaText(const json& v, const std::string& where) {
+  if (v.is_object() || v.is_boolean()) return v.dump();
+  if (v.is_string()) {
+    json parsed =
+        json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_discarded() || !(parsed.is_object() || parsed.is_boolean())) {
+      return InvalidArgument(where, ": a JSON schema string must hold a JSON object");
+    }
+    return parsed.dump();
+  }
+  return InvalidArgument(where, ": expected a JSON schema object, got ", v.type_name());
+}
+
+absl::StatusOr<std::string> NonEmptyString(const json& v, const std::string& where) {
+  if (!v.is_string())
+    return InvalidArgument(where, ": expected a string, got ", v.type_name());
+  if (v.get<std::string>().empty())
+    return InvalidArgument(where, ": must not be empty");
+  return v.get<std::string>();
+}
+
+absl::StatusOr<std::vector<std::string>> ChoiceList(const json& v,
+                                                    const std::string& where) {
+  if (!v.is_array() || v.empty()) {
+    return InvalidArgument(where, ": expected a non-empty array of strings");
+  }
+  std::vector<std::string> out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_string()) {
+      return InvalidArgument(where, "[", i, "]: expected a string, got ",
+                             v[i].type_name());
+    }
+    out.push_back(v[i].get<std::string>());
+  }
+  return out;
+}
+
+// Every structured-output field of the body; more than one is an error.
+absl::StatusOr<std::optional<StructuredOutputRequest>> ParseStructured(
+    const json& body) {
+  using K = StructuredOutputRequest::Kind;
+  std::vector<StructuredOutputRequest> found;
+  auto add = [&](K kind, std::string param) -> StructuredOutputRequest& {
+    found.push_back({kind, "", {}, std::move(param)});
+    return found.back();
+  };
+  if (const json* rf = Find(body, "response_format")) {
+    std::string type;
+    if (rf->is_string()) {
+      type = rf->get<std::string>();
+    } else if (rf->is_object() && rf->contains("type") && (*rf)["type"].is_string()) {
+      type = (*rf)["type"].get<std::string>();
+    } else {
+      return InvalidArgument("response_format.type: required");
+    }
+    if (type == "json_object") {
+      add(K::kJsonObject, "response_format");
+    } else if (type == "json_schema") {
+      const json* js = rf->is_object() ? Find(*rf, "json_schema") : nullptr;
+      if (js == nullptr || !js->is_object()) {
+        return InvalidArgument(
+            "response_format.json_schema: required (an object with a schema)");
+      }
+      if (const json* strict = Find(*js, "strict");
+          strict != nullptr && !strict->is_boolean()) {
+        return TypeError("response_format.json_schema.strict", "a boolean", *strict);
+      }
+      // As the chat template reads it: json_schema.schema, else
+      // json_schema.json_schema.
+      const json* schema = Find(*js, "schema");
+      if (schema == nullptr) schema = Find(*js, "json_schema");
+      if (schema == nullptr) {
+        return InvalidArgument("response_format.json_schema.schema: required");
+      }
+      TANDEM_ASSIGN_OR_RETURN(
+          std::string text, SchemaText(*schema, "response_format.json_schema.schema"));
+      add(K::kJsonSchema, "response_format").source = std::move(text);
+    } else if (type != "text") {
+      return InvalidArgument("response_format.type: unknown value '", type, "'");
+    }
+  }
+  if (const json* so = Find(body, "structured_outputs")) {
+    if (!so->is_object()) return TypeError("structured_outputs", "an object", *so);
+    for (auto it = so->begin(); it != so->end(); ++it) {
+      if (it->is_null()) continue;
+      const std::string where = absl::StrCat("structured_outputs.", it.key());
+      if (it.key() == "json") {
+        TANDEM_ASSIGN_OR_RETURN(std::string text, SchemaText(*it, where));
+        add(K::kJsonSchema, where).source = std::move(text);
+      } else if (it.key() == "regex") {
+        TANDEM_ASSIGN_OR_RETURN(std::string re, NonEmptyString(*it, where));
+        add(K::kRegex, where).source = std::move(re);
+      } else if (it.key() == "choice") {
+        TANDEM_ASSIGN_OR_RETURN(std::vector<std::string> c, ChoiceList(*it, where));
+        add(K::kChoice, where).choices = std::move(c);
+      } else if (it.key() == "grammar") {
+        TANDEM_ASSIGN_OR_RETURN(std::string g, NonEmptyString(*it, where));
+        add(K::kEbnf, where).source = std::move(g);
+      } else if (it.key() == "json_object") {
+        if (!it->is_boolean())
+          return TypeError("structured_outputs.json_object", "a boolean", *it);
+        if (it->get<bool>()) add(K::kJsonObject, where);
+      } else if (it.key() == "structural_tag") {
+        return Unimplemented("structured_outputs.structural_tag: not supported");
+      } else if (it.key() == "disable_any_whitespace" ||
+                 it.key() == "disable_additional_properties" ||
+                 it.key() == "whitespace_pattern" || it.key() == "backend" ||
+                 it.key() == "disable_fallback") {
+        // vLLM's backend options: Tandem has one engine; accepted, ignored.
+      } else {
+        return InvalidArgument(where, ": unknown field");
+      }
+    }
+  }
+  if (const json* v = Find(body, "guided_json")) {
+    TANDEM_ASSIGN_OR_RETURN(std::string text, SchemaText(*v, "guided_json"));
+    add(K::kJsonSchema, "guided_json").source = std::move(text);
+  }
+  if (const json* v = Find(body, "guided_regex")) {
+    TANDEM_ASSIGN_OR_RETURN(std::string re, NonEmptyString(*v, "guided_regex"));
+    add(K::kRegex, "guided_regex").source = std::move(re);
+  }
+  if (const json* v = Find(body, "guided_choice")) {
+    TANDEM_ASSIGN_OR_RETURN(std::vector<std::string> c,
+                            ChoiceList(*v, "guided_choice"));
+    add(K::kChoice, "guided_choice").choices = std::move(c);
+  }
+  if (const json* v = Find(body, "guided_grammar")) {
+    TANDEM_ASSIGN_OR_RETURN(std::string g, NonEmptyString(*v, "guided_grammar"));
+    add(K::kEbnf, "guided_grammar").source = std::move(g);
+  }
+  if (found.size() > 1) {
+    return InvalidArgument(found[1].param,
+                           ": only one structured output may be given (",
+                           found[0].param, " is set too)");
+  }
+  if (found.empty()) return std::optional<StructuredOutputRequest>();
+  return std::optional<StructuredOutputRequest>(std::move(found[0]));
+}
+
 absl::StatusOr<GenerationFields> ParseFields(const json& body, bool chat) {
   GenerationFields f;
   const json* model = Find(body, "model");
@@ -212,6 +353,18 @@ absl::StatusOr<GenerationFields> ParseFields(const json& body, bool chat) {
         return InvalidArgument("stop_token_ids[", i, "]: expected a token id");
       }
       f.stop_token_ids.push_back(static_cast<int>(id.get<int64_t>()));
+    }
+  }
+  TANDEM_ASSIGN_OR_RETURN(f.structured, ParseStructured(body));
+  if (f.structured) {
+    // The constraint ends with a stop token: it cannot be held back or ignored.
+    if (f.ignore_eos) {
+      return InvalidArgument("ignore_eos: cannot be combined with ",
+                             f.structured->param);
+    }
+    if (f.min_tokens > 0) {
+      return InvalidArgument("min_tokens: cannot be combined with ",
+                             f.structured->param);
     }
   }
   return f;

@@ -23,6 +23,18 @@ inline constexpr int kMaxN = 128;
 inline constexpr int kMaxStopStrings = 16;
 inline constexpr int kMaxTopLogprobs = 20;
 
+// A structured-output constraint asked for by one of: response_format
+// (json_object, json_schema), structured_outputs {json, regex, choice,
+// grammar, json_object}, or vLLM's older guided_json / guided_regex /
+// guided_choice / guided_grammar. At most one per request.
+struct StructuredOutputRequest {
+  enum class Kind { kJsonObject, kJsonSchema, kRegex, kChoice, kEbnf };
+  Kind kind = Kind::kJsonObject;
+  std::string source;  // the schema as compact JSON, the regex, the grammar
+  std::vector<std::string> choices;
+  std::string param;  // the request field it came from, for errors
+};
+
 // The fields chat and completions share: sampling and stopping.
 struct GenerationFields {
   std::string model;
@@ -51,6 +63,8 @@ struct GenerationFields {
   // vLLM's `cache_salt`: the prefix-cache namespace (a tenant's); non-empty
   // when given.
   std::string cache_salt;
+  // Structured output (constrained decoding).
+  std::optional<StructuredOutputRequest> structured;
 };
 
 struct ChatCompletionRequest {

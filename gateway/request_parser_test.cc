@@ -205,3 +205,105 @@ TEST(ChoiceSeedTest, FirstIsSeedOthersDistinct) {
 
 }  // namespace
 }  // namespace tandem::gateway
+
+namespace tandem::gateway {
+namespace {
+
+TEST(StructuredOutputParseTest, EveryFormOnChatAndCompletions) {
+  using K = StructuredOutputRequest::Kind;
+  struct Case {
+    std::string field;
+    K kind;
+    std::string source;
+    std::vector<std::string> choices;
+  };
+  const std::vector<Case> cases = {
+      {R"("response_format":{"type":"json_object"})", K::kJsonObject, "", {}},
+      {R"("response_format":{"type":"json_schema","json_schema":{"name":"n","strict":true,"schema":{"type":"string"}}})",
+       K::kJsonSchema,
+       R"({"type":"string"})",
+       {}},
+      {R"("structured_outputs":{"json":{"type":"integer"}})",
+       K::kJsonSchema,
+       R"({"type":"integer"})",
+       {}},
+      {R"("structured_outputs":{"json":"{\"type\": \"integer\"}"})",
+       K::kJsonSchema,
+       R"({"type":"integer"})",
+       {}},
+      {R"("structured_outputs":{"regex":"[a-z]+"})", K::kRegex, "[a-z]+", {}},
+      {R"("structured_outputs":{"choice":["x","y"]})", K::kChoice, "", {"x", "y"}},
+      {R"("structured_outputs":{"grammar":"root ::= \"a\""})",
+       K::kEbnf,
+       R"(root ::= "a")",
+       {}},
+      {R"("structured_outputs":{"json_object":true})", K::kJsonObject, "", {}},
+      {R"("guided_json":{"type":"boolean"})",
+       K::kJsonSchema,
+       R"({"type":"boolean"})",
+       {}},
+      {R"("guided_regex":"\\d+")", K::kRegex, "\\d+", {}},
+      {R"("guided_choice":["a"])", K::kChoice, "", {"a"}},
+      {R"("guided_grammar":"root ::= \"b\"")", K::kEbnf, R"(root ::= "b")", {}},
+  };
+  for (const Case& c : cases) {
+    for (bool chat : {true, false}) {
+      const std::string body =
+          chat ? std::string(
+                     R"({"model":"m","messages":[{"role":"user","content":"hi"}],)") +
+                     c.field + "}"
+               : std::string(R"({"model":"m","prompt":"p",)") + c.field + "}";
+      absl::StatusOr<GenerationFields> f =
+          chat ? [&]() -> absl::StatusOr<GenerationFields> {
+        auto r = ParseChatCompletionRequest(body);
+        if (!r.ok()) return r.status();
+        return r->fields;
+      }()
+          : [&]() -> absl::StatusOr<GenerationFields> {
+              auto r = ParseCompletionRequest(body);
+              if (!r.ok()) return r.status();
+              return r->fields;
+            }();
+      ASSERT_TRUE(f.ok()) << c.field << ": " << f.status();
+      ASSERT_TRUE(f->structured.has_value()) << c.field;
+      EXPECT_EQ(f->structured->kind, c.kind) << c.field;
+      EXPECT_EQ(f->structured->source, c.source) << c.field;
+      EXPECT_EQ(f->structured->choices, c.choices) << c.field;
+    }
+  }
+  auto text = ParseCompletionRequest(
+      R"({"model":"m","prompt":"p","response_format":{"type":"text"}})");
+  ASSERT_TRUE(text.ok());
+  EXPECT_FALSE(text->fields.structured.has_value());
+}
+
+TEST(StructuredOutputParseTest, BadFormsNameTheField) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {R"("guided_regex":"a","guided_choice":["b"])", "guided_choice"},
+      {R"("response_format":{"type":"json_object"},"guided_json":{})", "guided_json"},
+      {R"("response_format":{"type":"json_schema"})", "response_format.json_schema"},
+      {R"("response_format":{"type":"json_schema","json_schema":{"name":"n"}})",
+       "response_format.json_schema.schema"},
+      {R"("response_format":{"type":"json_schema","json_schema":{"schema":{},"strict":"yes"}})",
+       "strict"},
+      {R"("structured_outputs":{"regex":""})", "structured_outputs.regex"},
+      {R"("structured_outputs":{"choice":[]})", "structured_outputs.choice"},
+      {R"("structured_outputs":{"choice":[1]})", "structured_outputs.choice[0]"},
+      {R"("structured_outputs":{"json":"not json"})", "structured_outputs.json"},
+      {R"("structured_outputs":{"colour":"red"})", "structured_outputs.colour"},
+      {R"("structured_outputs":{"structural_tag":"x"})", "structural_tag"},
+      {R"("structured_outputs":"json")", "structured_outputs"},
+      {R"("guided_json":[1])", "guided_json"},
+      {R"("guided_regex":"a","ignore_eos":true)", "ignore_eos"},
+      {R"("guided_regex":"a","min_tokens":3)", "min_tokens"},
+  };
+  for (const auto& [field, param] : bad) {
+    auto r = ParseCompletionRequest(R"({"model":"m","prompt":"p",)" + field + "}");
+    ASSERT_FALSE(r.ok()) << field;
+    EXPECT_NE(std::string(r.status().message()).find(param), std::string::npos)
+        << field << " -> " << r.status();
+  }
+}
+
+}  // namespace
+}  // namespace tandem::gateway
