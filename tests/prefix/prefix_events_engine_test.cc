@@ -164,5 +164,33 @@ TEST(PrefixEventsEngineTest, ConsumerOnAnotherThreadSeesAConsistentStream) {
   EXPECT_EQ(r.engine->prefix_event_overflows(), 0);
 }
 
+TEST(PrefixEventsEngineTest, AFinishedGenerationIsStoredUnderItsRouteHash) {
+  // 150 prompt tokens + 200 generated: the continuation stores the prefix of
+  // 320 tokens (prompt + reply), named as the router names the next turn's.
+  Rig r = Make(0, 16);
+  ASSERT_NE(r.engine, nullptr);
+  const std::vector<int32_t> prompt = MakePrompt(150, 5);
+  ASSERT_TRUE(r.engine->AddRequest(1, prompt, Greedy(200), "t").ok());
+  std::vector<int32_t> all = prompt;
+  for (int i = 0; r.engine->HasWork() && i < 2000; ++i) {
+    auto res = r.engine->Step();
+    ASSERT_TRUE(res.ok());
+    for (const RequestOutput& o : *res) {
+      all.insert(all.end(), o.new_tokens.begin(), o.new_tokens.end());
+    }
+  }
+  ASSERT_EQ(all.size(), 350u);
+  std::map<int64_t, uint64_t> stored;
+  for (const PrefixEvent& e : r.engine->TakePrefixEvents()) {
+    ASSERT_EQ(e.kind, Kind::kStored);
+    stored[e.tokens] = e.route_hash;
+  }
+  ASSERT_TRUE(stored.contains(320));
+  EXPECT_EQ(stored[320], RoutePrefixHash(all, 320, "t"));
+  EXPECT_EQ(stored[128], RoutePrefixHash(prompt, 128, "t"));  // the prompt's own
+  EXPECT_EQ(stored[256], RoutePrefixHash(all, 256, "t"));     // the grid (128)
+  EXPECT_EQ(r.engine->prefix_caching_stats().generation_snapshots, 2);  // 256, 320
+}
+
 }  // namespace
 }  // namespace tandem::engine
