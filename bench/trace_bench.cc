@@ -198,6 +198,8 @@ absl::StatusOr<nlohmann::json> RunConfig(const std::string& config,
   TraceCluster& c = **cluster;
   auto before = ScrapeSettled(c);
   if (!before.ok()) return before.status();
+  auto choices_before = c.ScrapeRouterChoices();
+  if (!choices_before.ok()) return choices_before.status();
 
   auto stub = v1::Router::NewStub(grpc::CreateChannel(
       absl::StrCat("127.0.0.1:", c.router_port()), grpc::InsecureChannelCredentials()));
@@ -219,6 +221,13 @@ absl::StatusOr<nlohmann::json> RunConfig(const std::string& config,
   const double duration = Sec(Clock::now() - start);
   auto after = ScrapeSettled(c);
   if (!after.ok()) return after.status();
+  auto choices_after = c.ScrapeRouterChoices();
+  if (!choices_after.ok()) return choices_after.status();
+  nlohmann::json choices = nlohmann::json::object();
+  for (const auto& [reason, n] : *choices_after) {
+    auto it = choices_before->find(reason);
+    choices[reason] = n - (it == choices_before->end() ? 0 : it->second);
+  }
 
   std::vector<double> ttft, tpot;
   int ok = 0;
@@ -279,7 +288,8 @@ absl::StatusOr<nlohmann::json> RunConfig(const std::string& config,
                       {"load_spread", mean_load > 0 ? max_load / mean_load : 0},
                       {"ttft", Dist(ttft)},
                       {"tpot", Dist(tpot)},
-                      {"workers", per_worker}};
+                      {"workers", per_worker},
+                      {"router_choices", choices}};
   if (!first_error.empty()) j["first_error"] = first_error;
   return j;
 }
@@ -305,6 +315,13 @@ void Print(const std::string& config, const nlohmann::json& r, double ideal) {
             r[k]["p50_ms"].get<double>(), r[k]["p90_ms"].get<double>(),
             r[k]["p99_ms"].get<double>());
   }
+  std::string reasons;
+  for (const auto& [reason, n] : r["router_choices"].items()) {
+    absl::StrAppend(&reasons, reasons.empty() ? "" : ", ", reason, " ",
+                    n.get<double>());
+  }
+  fprintf(stderr, "   router prefill choices by reason: %s\n",
+          reasons.empty() ? "none counted" : reasons.c_str());
   for (const auto& [id, w] : r["workers"].items()) {
     fprintf(stderr, "   %-10s computed %8.0f  hit %8.0f / %8.0f  snapshots %4.0f\n",
             id.c_str(), w["prefill_tokens_computed"].get<double>(),

@@ -101,6 +101,12 @@ TEST(TraceBenchTest, GeneratesAndReplaysATinyTrace) {
     // Every prompt token is either computed or a hit (a preempted request may be
     // computed again: at least, not exactly).
     EXPECT_GE(computed + hits, prompt_tokens);
+    // The router made one prefill choice per request (the readiness probe's is
+    // before the run).
+    double choices = 0;
+    for (const auto& [reason, n] : c["router_choices"].items())
+      choices += n.get<double>();
+    EXPECT_EQ(choices, 8) << c["router_choices"].dump();
     EXPECT_GE(c["load_spread"].get<double>(), 1);
     EXPECT_LE(c["load_spread"].get<double>(), 2);  // at most all on one of two
     EXPECT_GT(c["ttft"]["p50_ms"].get<double>(), 0);

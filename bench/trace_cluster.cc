@@ -216,6 +216,22 @@ absl::StatusOr<std::map<std::string, double>> TraceCluster::ScrapeWorker(
   return out;
 }
 
+absl::StatusOr<std::map<std::string, double>> TraceCluster::ScrapeRouterChoices()
+    const {
+  auto get =
+      metrics::HttpGet("127.0.0.1", router_metrics_port_, "/metrics", absl::Seconds(5));
+  if (!get.ok()) return get.status();
+  auto parsed = metrics::ParseText(get->body);
+  if (!parsed.ok()) return parsed.status();
+  std::map<std::string, double> out;
+  for (const metrics::ParsedSample* s :
+       parsed->Find("tandem_router_prefill_choices_total")) {
+    auto reason = s->labels.find("reason");
+    out[reason == s->labels.end() ? "" : reason->second] += s->value;
+  }
+  return out;
+}
+
 std::string TraceCluster::LogTails() const {
   std::string s = "--- router\n" + Tail(router_->Log(), 2000);
   for (const WorkerProcess& w : workers_) {

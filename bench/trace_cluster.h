@@ -75,6 +75,9 @@ class TraceCluster {
   // the unlabelled series (the counters the replayer reads).
   absl::StatusOr<std::map<std::string, double>> ScrapeWorker(
       const WorkerProcess& w, const std::vector<std::string>& names) const;
+  // The router's tandem_router_prefill_choices_total by its "reason" label (cache,
+  // balance, load), summed over policies.
+  absl::StatusOr<std::map<std::string, double>> ScrapeRouterChoices() const;
   std::string LogTails() const;
 
  private:
