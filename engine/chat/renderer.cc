@@ -68,8 +68,11 @@ class SegmentWriter {
 
 absl::Status WriteImage(const ImagePart& image, SegmentWriter* w) {
   if (image.num_tokens <= 0 || image.width <= 0 || image.height <= 0) {
-    return InvalidArgument(image.where,
-                           ": image not preprocessed (no size or token count)");
+    // The gateway fills these (engine/media/chat_images.h) once the prefill
+    // worker runs the vision tower; until then image parts end here.
+    return Unimplemented(image.where,
+                         ": image input is not served end to end yet (the image was "
+                         "not preprocessed: no size or token count)");
   }
   w->Markup(kMediaBeginToken);
   w->Text(absl::StrCat("image ", image.width, "x", image.height));

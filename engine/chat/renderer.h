@@ -61,7 +61,7 @@ struct Segment {
 
 // InvalidArgument for what the reference rejects: a tool message whose tool
 // name cannot be resolved, tool-call arguments that are JSON but not an
-// object, a tool call without a name; and for an image part not yet
+// object, a tool call without a name. Unimplemented for an image part not
 // preprocessed (num_tokens 0). Each image is written in place as
 // <|media_begin|> "image {W}x{H}" <|media_content|> <|media_pad|> x N
 // <|media_end|>.

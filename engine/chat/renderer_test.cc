@@ -248,7 +248,7 @@ TEST(RendererTest, UnpreparedImageIsAnError) {
   user.images = {Image(0, 10, 10, 0)};
   auto segments = RenderChat({user}, {}, NoThinking());
   ASSERT_FALSE(segments.ok());
-  EXPECT_EQ(segments.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(segments.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(segments.status().message()), HasSubstr("not preprocessed"));
 }
 
