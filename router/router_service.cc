@@ -69,7 +69,8 @@ RouterService::RouterService(model::ServedModel model, WorkerRegistry* registry,
       metrics_(metrics),
       handoff_(handoff),
       options_(options),
-      tokenizer_(tokenizer) {}
+      tokenizer_(tokenizer),
+      structured_check_(tokenizer, model_.info.vocab_size()) {}
 
 ModelLimits RouterService::Limits() const {
   ModelLimits limits = limits_;
@@ -138,6 +139,11 @@ absl::StatusOr<tandem::v1::GenerateRequest> RouterService::Admit(
     tandem::v1::TokenIds* t = req.mutable_prompt_token_ids();  // clears the text
     for (int id : *ids) t->add_ids(id);
     TANDEM_RETURN_IF_ERROR(ValidateGenerateRequest(req, limits));
+  }
+  if (req.sampling().has_structured_output()) {
+    // Compiled once here (cached by spec): an unsupported feature or a grammar
+    // over budget is a 400 before any worker is asked.
+    TANDEM_RETURN_IF_ERROR(structured_check_.Check(req.sampling().structured_output()));
   }
   if (registry_->Live(tandem::v1::WORKER_ROLE_DECODE).empty()) {
     return Unavailable(
@@ -456,6 +462,13 @@ grpc::ServerUnaryReactor* RegistryService::Register(
     response->set_heartbeat_interval_ms(
         static_cast<int32_t>(absl::ToInt64Milliseconds(heartbeat_interval_)));
     UpdateWorkerGauges();
+    if (handoff_ != nullptr) {
+      // The registration's snapshot replaces what the router knew of the
+      // worker's cache (a first registration, or the resync it asked for).
+      handoff_->prefill_router()->OnRegister(*request);
+      handoff_->metrics()->prefix_events->Increment(request->prefix_snapshot_size());
+      UpdatePrefixGauges();
+    }
   }
   auto* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
@@ -467,6 +480,29 @@ grpc::ServerUnaryReactor* RegistryService::Heartbeat(
     tandem::v1::HeartbeatResponse* response) {
   response->set_known(registry_->Heartbeat(request->worker_id(), request->load()));
   UpdateWorkerGauges();
+  if (handoff_ != nullptr && response->known()) {
+    const ReportOutcome r = handoff_->prefill_router()->OnHeartbeat(*request);
+    response->set_prefix_acked_seq(r.acked_seq);
+    response->set_resync_prefix_index(r.resync);
+    handoff_->metrics()->prefix_events->Increment(static_cast<double>(r.applied));
+    if (r.resync) {
+      handoff_->metrics()->prefix_resyncs->Add({{"reason", r.why}}).Increment();
+      TLOG(WARNING, "prefix index diverged from the worker's cache; asking a resync")
+          .Kv("worker_id", request->worker_id())
+          .Kv("reason", r.why)
+          .Kv("epoch", request->prefix_epoch())
+          .Kv("first_seq", request->prefix_first_seq())
+          .Kv("acked_seq", r.acked_seq);
+    }
+    if (r.applied > 0) {
+      // This worker's series only: heartbeats with events come every 50 ms
+      // from every busy worker.
+      handoff_->metrics()
+          ->prefix_index_entries->Add({{"worker", request->worker_id()}})
+          .Set(static_cast<double>(
+              handoff_->prefill_router()->IndexSize(request->worker_id())));
+    }
+  }
   // A decode worker with free slots and blocks: that many queued requests retry.
   const tandem::v1::WorkerLoad& load = request->load();
   bool decode = false;
@@ -481,6 +517,30 @@ grpc::ServerUnaryReactor* RegistryService::Heartbeat(
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
+}
+
+void RegistryService::UpdatePrefixGauges() {
+  // Workers the registry dropped (expired, removed after failed RPCs) leave
+  // the index (at each registration); their series read 0.
+  absl::flat_hash_set<std::string> live;
+  for (auto role : {tandem::v1::WORKER_ROLE_PREFILL, tandem::v1::WORKER_ROLE_DECODE}) {
+    for (const WorkerRecord& w : registry_->Live(role)) {
+      live.insert(w.registration.worker_id());
+    }
+  }
+  PrefillRouter* router = handoff_->prefill_router();
+  router->Retain(live);
+  absl::MutexLock l(&gauge_mu_);
+  absl::flat_hash_set<std::string> now;
+  for (const auto& [id, n] : router->IndexSizes()) {
+    handoff_->metrics()->prefix_index_entries->Add({{"worker", id}}).Set(n);
+    now.insert(id);
+  }
+  for (const std::string& id : indexed_) {
+    if (!now.contains(id))
+      handoff_->metrics()->prefix_index_entries->Add({{"worker", id}}).Set(0);
+  }
+  indexed_ = std::move(now);
 }
 
 void RegistryService::UpdateWorkerGauges() {

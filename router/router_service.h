@@ -19,7 +19,10 @@
 //     answer lists the workers reset and those that failed or timed out
 //     (UNAVAILABLE when no worker is live)
 //   Register / Heartbeat → WorkerRegistry; a decode worker's report with free
-//     slots wakes that many requests queued for a decode worker
+//     slots wakes that many requests queued for a decode worker; the prefix
+//     snapshot (Register) and events (Heartbeat) go to the Handoff's
+//     PrefillRouter index (prefix_routing.h), which answers the heartbeat
+//     with the events acknowledged or "resync" (register again)
 #ifndef TANDEM_ROUTER_ROUTER_SERVICE_H_
 #define TANDEM_ROUTER_ROUTER_SERVICE_H_
 
@@ -28,6 +31,8 @@
 #include <atomic>
 #include <memory>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/ids.h"
 #include "engine/model/served_model.h"
@@ -37,6 +42,7 @@
 #include "proto/worker.grpc.pb.h"
 #include "router/handoff.h"
 #include "router/request_validation.h"
+#include "router/structured_output_check.h"
 #include "router/worker_registry.h"
 #include "rpc/response_sink.h"
 
@@ -117,6 +123,7 @@ class RouterService final : public tandem::v1::Router::CallbackService {
   Handoff* const handoff_;          // not owned
   const RouterServiceOptions options_;
   const tokenizer::Tokenizer* const tokenizer_;  // not owned; may be null
+  StructuredOutputCheck structured_check_;
   std::atomic<int32_t> in_flight_{0};
   IdGenerator ids_;
 };
@@ -138,9 +145,15 @@ class RegistryService final : public tandem::v1::Registry::CallbackService {
 
  private:
   void UpdateWorkerGauges();
+  // tandem_router_prefix_index_entries of every worker; drops workers no
+  // longer live from the index (at registrations: a heartbeat sets its own
+  // worker's series only).
+  void UpdatePrefixGauges();
 
   WorkerRegistry* const registry_;  // not owned
   RouterMetrics* const metrics_;    // not owned
+  absl::Mutex gauge_mu_;
+  absl::flat_hash_set<std::string> indexed_ ABSL_GUARDED_BY(gauge_mu_);
   const std::string model_fingerprint_;
   const absl::Duration heartbeat_interval_;
   Handoff* const handoff_;  // not owned; may be null
