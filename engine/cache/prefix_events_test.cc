@@ -55,9 +55,8 @@ TEST(PrefixEventQueueTest, ConcurrentTakeLosesNothing) {
       for (const PrefixEvent& e : q.Take()) taken.push_back(e);
     }
   });
-  for (int i = 0; i < kEvents; ++i) q.Push(Stored(64 * (i + 1), i), [] {
-      return std::vector<PrefixEvent>{};
-    });
+  for (int i = 0; i < kEvents; ++i)
+    q.Push(Stored(64 * (i + 1), i), [] { return std::vector<PrefixEvent>{}; });
   consumer.join();
   ASSERT_EQ(static_cast<int>(taken.size()), kEvents);
   for (int i = 0; i < kEvents; ++i) EXPECT_EQ(taken[i].route_hash, uint64_t(i));
