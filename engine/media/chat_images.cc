@@ -1,5 +1,7 @@
 #include "engine/media/chat_images.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -50,21 +52,37 @@ absl::StatusOr<std::vector<tandem::v1::ImageInput>> PrepareImages(
   for (chat::ChatMessage& message : *messages) {
     for (chat::ImagePart& part : message.images) {
       const std::string where = absl::StrCat(part.where, ".image_url");
+      DataUrl data;
       if (absl::StartsWithIgnoreCase(part.url, "http://") ||
           absl::StartsWithIgnoreCase(part.url, "https://")) {
-        return InvalidArgument(where,
-                               ": http(s) image URLs are not fetched by this gateway; "
-                               "send the image inline as a data: URL "
-                               "(data:image/png;base64,...)");
+        if (options.fetch.allowed_domains.empty()) {
+          return InvalidArgument(where,
+                                 ": http(s) image URLs are disabled on this gateway "
+                                 "(--allowed_media_domains is empty); send the image "
+                                 "inline as a data: URL (data:image/png;base64,...)");
+        }
+        FetchOptions fetch = options.fetch;
+        fetch.max_bytes = std::min(fetch.max_bytes, options.decode.max_encoded_bytes);
+        absl::StatusOr<FetchResult> fetched = FetchUrl(part.url, fetch);
+        if (!fetched.ok()) {
+          return absl::Status(fetched.status().code(),
+                              absl::StrCat(where, ": ", fetched.status().message()));
+        }
+        data.bytes = std::move(fetched->body);
+        const std::string type = absl::AsciiStrToLower(fetched->content_type);
+        if (absl::StartsWith(type, "image/")) data.mime = type;
+      } else if (absl::StartsWithIgnoreCase(part.url, "data:")) {
+        absl::StatusOr<DataUrl> parsed =
+            ParseDataUrl(part.url, options.decode.max_encoded_bytes);
+        if (!parsed.ok())
+          return InvalidArgument(where, ": ", parsed.status().message());
+        data = *std::move(parsed);
+      } else {
+        return InvalidArgument(
+            where, ": unsupported URL scheme (expected data:, http: or https:)");
       }
-      if (!absl::StartsWithIgnoreCase(part.url, "data:")) {
-        return InvalidArgument(where, ": unsupported URL scheme (expected data:)");
-      }
-      absl::StatusOr<DataUrl> data =
-          ParseDataUrl(part.url, options.decode.max_encoded_bytes);
-      if (!data.ok()) return InvalidArgument(where, ": ", data.status().message());
       absl::StatusOr<DecodedImage> image =
-          DecodeImage(data->bytes, data->mime, options.decode);
+          DecodeImage(data.bytes, data.mime, options.decode);
       if (!image.ok()) return InvalidArgument(where, ": ", image.status().message());
       absl::StatusOr<PatchedImage> patched = Preprocess(*image, options.media);
       if (!patched.ok())
@@ -73,7 +91,7 @@ absl::StatusOr<std::vector<tandem::v1::ImageInput>> PrepareImages(
       part.height = patched->original_height;
       part.num_tokens = patched->num_tokens();
       tandem::v1::ImageInput input;
-      input.set_data(std::move(data->bytes));
+      input.set_data(std::move(data.bytes));
       input.set_mime_type(std::string(ImageFormatMime(image->format)));
       input.set_width(part.width);
       input.set_height(part.height);

@@ -17,6 +17,7 @@
 #include "engine/chat/chat_types.h"
 #include "engine/media/decode.h"
 #include "engine/media/preprocess.h"
+#include "engine/media/url_fetcher.h"
 #include "proto/router.pb.h"
 
 namespace tandem::media {
@@ -27,6 +28,9 @@ struct ImageInputOptions {
   int max_images_per_request = 16;
   DecodeLimits decode;
   MediaConfig media;
+  // http(s) image URLs (--allowed_media_domains; empty: refused).
+  // fetch.max_bytes is capped at decode.max_encoded_bytes.
+  FetchOptions fetch;
 };
 
 // A `data:[<mime>];base64,<data>` URL's MIME type and decoded bytes.
@@ -38,8 +42,9 @@ absl::StatusOr<DataUrl> ParseDataUrl(absl::string_view url, int64_t max_bytes);
 
 // Decodes and preprocesses every image part of `messages` in prompt order,
 // fills each part's width, height and num_tokens, and returns one ImageInput
-// per part (placeholder_start not yet set). http(s) URLs are refused: this
-// build has no fetcher.
+// per part (placeholder_start not yet set). http(s) URLs are fetched with
+// url_fetcher.h when options.fetch allows their domain; a Content-Type other
+// than image/* is ignored and the magic bytes decide.
 absl::StatusOr<std::vector<tandem::v1::ImageInput>> PrepareImages(
     std::vector<chat::ChatMessage>* messages, const ImageInputOptions& options);
 

@@ -90,7 +90,7 @@ TEST(PrepareImages, BadImagesNameThePart) {
       {DataUrl("image/gif", "GIF89a"), "undecodable GIF"},
       {DataUrl("image/png", Read("bomb_100000x100000.png")), "over the limit"},
       {"data:image/png;base64,@@@", "invalid base64"},
-      {"https://example.com/cat.png", "not fetched by this gateway"},
+      {"https://example.com/cat.png", "--allowed_media_domains is empty"},
       {"file:///etc/passwd", "unsupported URL scheme"},
   };
   for (const Case& c : cases) {
@@ -103,6 +103,23 @@ TEST(PrepareImages, BadImagesNameThePart) {
     EXPECT_THAT(std::string(images.status().message()),
                 HasSubstr("messages[0].content[3].image_url"));
   }
+}
+
+TEST(PrepareImages, RemoteUrlsGoThroughTheFetcherChecks) {
+  std::vector<chat::ChatMessage> messages(1);
+  messages[0].images = {Part("http://127.0.0.1:1/cat.png", "messages[0].content[1]")};
+  ImageInputOptions options;
+  options.fetch.allowed_domains = {"example.com"};
+  auto images = PrepareImages(&messages, options);
+  ASSERT_FALSE(images.ok());
+  EXPECT_EQ(images.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      std::string(images.status().message()),
+      HasSubstr("messages[0].content[1].image_url: host '127.0.0.1' is not in"));
+  options.fetch.allowed_domains = {"*"};
+  images = PrepareImages(&messages, options);
+  ASSERT_FALSE(images.ok());
+  EXPECT_THAT(std::string(images.status().message()), HasSubstr("loopback"));
 }
 
 TEST(PrepareImages, PerRequestLimit) {
