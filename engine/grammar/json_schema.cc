@@ -371,6 +371,33 @@ class SchemaCompiler {
                          "' cannot be merged"));
       }
     }
+    // additionalProperties: false on one side forbids the other side's
+    // extra properties (JSON Schema evaluates each subschema on its own).
+    for (const Json* side : {&*a_d, &*b_d}) {
+      if (!side->contains("additionalProperties") ||
+          !(*side)["additionalProperties"].is_boolean() ||
+          (*side)["additionalProperties"].get<bool>()) {
+        continue;
+      }
+      const Json none = Json::object();
+      const Json& allowed = side->contains("properties") ? (*side)["properties"] : none;
+      if (out.contains("properties")) {
+        Json kept = Json::object();
+        for (auto p = out["properties"].begin(); p != out["properties"].end(); ++p) {
+          if (allowed.contains(p.key())) kept[p.key()] = p.value();
+        }
+        out["properties"] = kept;
+      }
+      if (out.contains("required")) {
+        for (const Json& r : out["required"]) {
+          if (r.is_string() && !allowed.contains(r.get<std::string>())) {
+            return Invalid(absl::StrCat(
+                "allOf: required property '", r.get<std::string>(),
+                "' is excluded by another subschema's additionalProperties: false"));
+          }
+        }
+      }
+    }
     return out;
   }
 

@@ -4,6 +4,15 @@
 
 namespace tandem::grammar {
 
+Pda::Pda(const Automaton* automaton) : a_(automaton) {
+  dfa_at_.assign(a_->num_positions(), nullptr);
+  for (int32_t p = 0; p < a_->num_positions(); ++p) {
+    if (!a_->position_is_end[p] && a_->element(p).kind == Element::Kind::kDfa) {
+      dfa_at_[p] = &a_->dfas[a_->element(p).id];
+    }
+  }
+}
+
 int32_t FramePool::Intern(const Frame& f) {
   auto [it, inserted] = ids_.try_emplace(f, static_cast<int32_t>(frames_.size()));
   if (inserted) frames_.push_back(f);
@@ -100,22 +109,19 @@ StepResult Pda::Step(const std::vector<Item>& in, uint8_t byte, FramePool* pool,
                      std::vector<Item>* out) const {
   out->clear();
   StepResult r;
-  bool need_sort = false;
-  Closure* closure = nullptr;
-  Closure storage{pool, out, &r, {}, {}};
+  std::optional<Closure> closure;
   for (const Item& it : in) {
-    const Dfa& dfa = a_->dfas[a_->element(it.position).id];
-    int32_t next = dfa.Next(it.state, byte);
+    const Dfa& dfa = *dfa_at_[it.position];
+    const int32_t next = dfa.Next(it.state, byte);
     if (next < 0) continue;
     r.consumed = true;
     if (dfa.has_next[next]) out->push_back({it.position, next, it.parent});
     if (dfa.accepting[next]) {
-      closure = &storage;
-      need_sort = true;
-      Enter(it.position + 1, it.parent, closure);
+      if (!closure) closure.emplace(Closure{pool, out, &r, {}, {}});
+      Enter(it.position + 1, it.parent, &*closure);
     }
   }
-  if (need_sort || out->size() > 1) {
+  if (out->size() > 1) {
     std::sort(out->begin(), out->end());
     out->erase(std::unique(out->begin(), out->end()), out->end());
   }

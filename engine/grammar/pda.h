@@ -14,6 +14,7 @@
 #define TANDEM_ENGINE_GRAMMAR_PDA_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -76,7 +77,7 @@ struct StepResult {
 
 class Pda {
  public:
-  explicit Pda(const Automaton* automaton) : a_(automaton) {}  // not owned
+  explicit Pda(const Automaton* automaton);  // not owned
 
   // The frontier before any byte: the root rule entered.
   void Start(FramePool* pool, std::vector<Item>* out, StepResult* r) const;
@@ -89,6 +90,8 @@ class Pda {
                  StepResult* last) const;
 
   const Automaton& automaton() const { return *a_; }
+  // The DFA of a DFA element's position (nullptr for other positions).
+  const Dfa* dfa_at(int32_t position) const { return dfa_at_[position]; }
 
  private:
   struct Closure;
@@ -97,6 +100,7 @@ class Pda {
   void EnterRule(int32_t rule, int32_t frame, Closure* c) const;
 
   const Automaton* a_;
+  std::vector<const Dfa*> dfa_at_;  // per position: its DFA element's DFA
 };
 
 }  // namespace tandem::grammar

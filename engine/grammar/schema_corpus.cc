@@ -267,7 +267,7 @@ std::vector<CorpusSchema> Build() {
       J(R"({"allOf": [{"type": "integer", "minimum": 0}, {"maximum": 50}, {"minimum": 10}]})"));
   b.Add(
       "allOf",
-      J(R"({"$defs": {"base": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}}, "allOf": [{"$ref": "#/$defs/base"}, {"properties": {"label": {"type": "string"}}, "required": ["label"], "additionalProperties": false}]})"));
+      J(R"({"$defs": {"base": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}}, "allOf": [{"$ref": "#/$defs/base"}, {"properties": {"id": true, "label": {"type": "string", "maxLength": 30}}, "required": ["label"], "additionalProperties": false}]})"));
   b.Add("allOf",
         J(R"({"type": ["integer", "string"], "allOf": [{"type": "integer"}]})"));
   // $ref / $defs, including recursion.

@@ -92,8 +92,20 @@ MaskEntry TokenMaskCache::Compute(int32_t position, int32_t state,
       dead_len = -1;
       valid = std::min(valid, lcp[i]);
       for (int32_t d = valid; d < len; ++d) {
-        StepResult r = pda_->Step(frontier[d], static_cast<uint8_t>(t[d]), &pool,
-                                  &frontier[d + 1]);
+        const uint8_t byte = static_cast<uint8_t>(t[d]);
+        if (frontier[d].size() == 1) {
+          // Fast path: one item moving inside its DFA (no closure needed).
+          const Item& it = frontier[d][0];
+          const Dfa& dfa = *pda_->dfa_at(it.position);
+          const int32_t next = dfa.Next(it.state, byte);
+          if (next >= 0 && !dfa.accepting[next]) {
+            frontier[d + 1].assign(1, Item{it.position, next, it.parent});
+            exited[d + 1] = exited[d];
+            valid = d + 1;
+            continue;
+          }
+        }
+        StepResult r = pda_->Step(frontier[d], byte, &pool, &frontier[d + 1]);
         if (!r.consumed) {
           v = exited[d] ? kUncertain : kReject;
           dead_len = d + 1;
