@@ -320,6 +320,11 @@ std::vector<std::pair<std::string, int64_t>> PrefillRouter::IndexSizes() {
   return out;
 }
 
+int64_t PrefillRouter::IndexSize(const std::string& worker) {
+  absl::MutexLock l(&mu_);
+  return index_.size(worker);
+}
+
 int64_t PrefillRouter::Match(const std::string& worker,
                              absl::Span<const uint64_t> hashes, int64_t prompt_tokens) {
   const absl::Time now = clock_->Now();

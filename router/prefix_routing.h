@@ -198,8 +198,9 @@ class PrefillRouter {
   ReportOutcome OnHeartbeat(const tandem::v1::HeartbeatRequest& request);
   void RemoveWorker(const std::string& worker);
   void Retain(const absl::flat_hash_set<std::string>& live);
-  // Reported positions held per reporting worker.
+  // Reported positions held per reporting worker, and for one.
   std::vector<std::pair<std::string, int64_t>> IndexSizes();
+  int64_t IndexSize(const std::string& worker);
   int64_t Match(const std::string& worker, absl::Span<const uint64_t> hashes,
                 int64_t prompt_tokens);
 

@@ -144,6 +144,15 @@ absl::StatusOr<tandem::v1::GenerateRequest> RouterService::Admit(
     // Compiled once here (cached by spec): an unsupported feature or a grammar
     // over budget is a 400 before any worker is asked.
     TANDEM_RETURN_IF_ERROR(structured_check_.Check(req.sampling().structured_output()));
+    // Its end is a stop token: it cannot be ignored or held back.
+    if (req.stop().ignore_eos()) {
+      return InvalidArgument(
+          "stop.ignore_eos cannot be combined with a structured output");
+    }
+    if (req.stop().min_tokens() > 0) {
+      return InvalidArgument(
+          "stop.min_tokens cannot be combined with a structured output");
+    }
   }
   if (registry_->Live(tandem::v1::WORKER_ROLE_DECODE).empty()) {
     return Unavailable(

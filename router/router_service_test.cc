@@ -220,6 +220,78 @@ TEST_F(RouterServiceTest, RegistryRefusesOtherWeightsAndHeartbeatsReportKnown) {
   }
 }
 
+// The Registry service feeds the Handoff's prefix index: the registration's
+// snapshot, then the heartbeats' events (acknowledged), and a gap answered by
+// a resync, counted; the index's size per worker is exported.
+TEST_F(RouterServiceTest, RegistryAppliesPrefixReportsAndAsksResyncOnAGap) {
+  RegistryService registry(&workers_, &metrics_, "fp", absl::Seconds(1), &handoff_);
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&registry);
+  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+  ASSERT_GT(port, 0);
+  auto stub = tandem::v1::Registry::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  std::vector<int32_t> prompt(300);
+  for (int i = 0; i < 300; ++i) prompt[i] = i * 7 % 1000;
+  const std::vector<uint64_t> h = RouterBlockHashes(prompt, "");
+  auto stored = [&](int blocks) {
+    tandem::v1::PrefixCacheEvent e;
+    e.set_kind(tandem::v1::PrefixCacheEvent::KIND_STORED);
+    e.set_tokens(blocks * 64);
+    e.set_route_hash(h[blocks - 1]);
+    return e;
+  };
+  tandem::v1::RegisterRequest r;
+  r.set_worker_id("prefill-0");
+  r.set_role(tandem::v1::WORKER_ROLE_PREFILL);
+  r.set_grpc_address("127.0.0.1:1");
+  r.set_model_fingerprint("fp");
+  r.set_reports_prefix_cache(true);
+  r.set_prefix_epoch(9);
+  r.set_prefix_seq(5);
+  *r.add_prefix_snapshot() = stored(1);
+  {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    tandem::v1::RegisterResponse resp;
+    ASSERT_TRUE(stub->Register(&ctx, r, &resp).ok());
+  }
+  // The registry's record keeps no snapshot; the index has it.
+  EXPECT_EQ(workers_.Live(tandem::v1::WORKER_ROLE_PREFILL)[0]
+                .registration.prefix_snapshot_size(),
+            0);
+  EXPECT_EQ(handoff_.prefill_router()->Match("prefill-0", h, 300), 64);
+  auto heartbeat = [&](uint64_t first, std::vector<tandem::v1::PrefixCacheEvent> evs) {
+    tandem::v1::HeartbeatRequest hb;
+    hb.set_worker_id("prefill-0");
+    hb.set_prefix_epoch(9);
+    hb.set_prefix_first_seq(first);
+    for (auto& e : evs) *hb.add_prefix_events() = e;
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    tandem::v1::HeartbeatResponse resp;
+    EXPECT_TRUE(stub->Heartbeat(&ctx, hb, &resp).ok());
+    return resp;
+  };
+  tandem::v1::HeartbeatResponse a = heartbeat(6, {stored(4)});
+  EXPECT_TRUE(a.known());
+  EXPECT_FALSE(a.resync_prefix_index());
+  EXPECT_EQ(a.prefix_acked_seq(), 6u);
+  EXPECT_EQ(handoff_.prefill_router()->Match("prefill-0", h, 300), 256);
+  EXPECT_EQ(
+      handoff_metrics_.prefix_index_entries->Add({{"worker", "prefill-0"}}).Value(), 2);
+  EXPECT_EQ(handoff_metrics_.prefix_events->Value(), 2);  // snapshot + event
+  // Seq 7 never arrived.
+  tandem::v1::HeartbeatResponse g = heartbeat(8, {stored(2)});
+  EXPECT_TRUE(g.resync_prefix_index());
+  EXPECT_EQ(g.prefix_acked_seq(), 6u);
+  EXPECT_EQ(handoff_metrics_.prefix_resyncs->Add({{"reason", "gap"}}).Value(), 1);
+  EXPECT_EQ(handoff_.prefill_router()->Match("prefill-0", h, 300), 256);  // unchanged
+  server->Shutdown();
+}
+
 }  // namespace
 }  // namespace tandem::router
 
