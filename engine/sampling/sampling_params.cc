@@ -64,17 +64,7 @@ absl::Status SamplingParams::Validate() const {
   for (int32_t id : stop_token_ids) {
     if (id < 0) return InvalidArgument("stop token id must be >= 0, got ", id);
   }
-  if (structured.has_value()) {
-    TANDEM_RETURN_IF_ERROR(structured->Validate());
-    // The constraint's end is a stop token: generating past it (ignore_eos) or
-    // holding it back (min_tokens) would leave no token the grammar allows.
-    if (ignore_eos) {
-      return InvalidArgument("ignore_eos cannot be combined with a structured output");
-    }
-    if (min_tokens > 0) {
-      return InvalidArgument("min_tokens cannot be combined with a structured output");
-    }
-  }
+  if (structured.has_value()) TANDEM_RETURN_IF_ERROR(structured->Validate());
   return absl::OkStatus();
 }
 

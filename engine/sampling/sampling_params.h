@@ -92,6 +92,9 @@ struct SamplingParams {
   bool ignore_eos = false;
 
   // Structured output: every token is sampled under the constraint's mask.
+  // Clients may not combine it with ignore_eos or min_tokens (the gateway and
+  // the router refuse them); the prefill worker sets ignore_eos for its one
+  // token, which the constraint allows.
   std::optional<StructuredOutputSpec> structured;
 
   bool IsGreedy() const { return temperature < kGreedyTemperature; }
