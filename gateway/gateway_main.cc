@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/synchronization/mutex.h"
@@ -42,6 +43,16 @@ ABSL_FLAG(double, idle_timeout_s, 60,
 ABSL_FLAG(double, write_timeout_s, 30, "Deadline for each write to a client.");
 ABSL_FLAG(double, request_timeout_s, 600, "Deadline of one generation (router calls).");
 ABSL_FLAG(double, router_rpc_timeout_s, 5, "Deadline of ListModels and health checks.");
+ABSL_FLAG(
+    std::vector<std::string>, allowed_media_domains, {},
+    "Domains (and their subdomains) whose http(s) image URLs the gateway fetches; "
+    "'*' for any. Empty: image URLs must be data: URLs.");
+ABSL_FLAG(bool, media_allow_private_addresses, false,
+          "Fetch image URLs that resolve to loopback, private or link-local addresses "
+          "(SSRF risk: only for trusted networks).");
+ABSL_FLAG(int, limit_mm_per_prompt, 16, "Images accepted in one chat request.");
+ABSL_FLAG(double, media_fetch_timeout_s, 10,
+          "Deadline of one image URL fetch, redirects included.");
 ABSL_FLAG(int, stream_interval, 1,
           "Streamed tokens go out in chunks of this many (the last of a choice may "
           "be shorter): fewer, larger SSE chunks for less work per token. 1: as "
@@ -106,12 +117,19 @@ int main(int argc, char** argv) {
   tandem::gateway::RouterClient router(
       channel, {.sessions = std::max(0, absl::GetFlag(FLAGS_router_sessions)),
                 .registry = &registry});
+  tandem::media::ImageInputOptions images;
+  images.max_images_per_request = std::max(0, absl::GetFlag(FLAGS_limit_mm_per_prompt));
+  images.fetch.allowed_domains = absl::GetFlag(FLAGS_allowed_media_domains);
+  images.fetch.allow_private_addresses =
+      absl::GetFlag(FLAGS_media_allow_private_addresses);
+  images.fetch.timeout = absl::Seconds(absl::GetFlag(FLAGS_media_fetch_timeout_s));
   tandem::gateway::OpenAIService service(
       {.served_model_name = absl::GetFlag(FLAGS_served_model_name),
        .api_key = api_key,
        .request_timeout = absl::Seconds(absl::GetFlag(FLAGS_request_timeout_s)),
        .router_rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_router_rpc_timeout_s)),
-       .stream_interval = std::max(1, absl::GetFlag(FLAGS_stream_interval))},
+       .stream_interval = std::max(1, absl::GetFlag(FLAGS_stream_interval)),
+       .images = images},
       tokenizer->get(), &router, &registry);
 
   tandem::http::HttpServer server(

@@ -332,6 +332,20 @@ void OpenAIService::HandleChat(std::shared_ptr<RequestContext> ctx) {
       ParseChatCompletionRequest(ctx->request.body);
   if (!parsed.ok()) return ctx->Error(ParseError(parsed.status()));
   auto req = std::make_shared<ChatCompletionRequest>(*std::move(parsed));
+  bool has_images = false;
+  for (const chat::ChatMessage& m : req->messages) has_images |= !m.images.empty();
+  if (has_images) {
+    // Every image is decoded and validated (a bad one is a 400 naming its
+    // part), but none is served yet: the prefill worker does not run the
+    // vision tower, and a prompt of bare <|media_pad|> rows would be answered
+    // as if the image were blank.
+    absl::StatusOr<std::vector<tandem::v1::ImageInput>> images =
+        media::PrepareImages(&req->messages, options_.images);
+    if (!images.ok()) return ctx->Error(ApiErrorFromStatus(images.status()));
+    return ctx->Error(ApiErrorFromStatus(absl::UnimplementedError(
+        "messages: image input is not served end to end yet (the images were decoded "
+        "and validated; the prefill worker does not run the vision tower)")));
+  }
   WithModels([this, ctx, req](ModelsOr models) {
     if (!models.ok()) return ctx->Error(ApiErrorFromStatus(models.status()));
     auto model = ResolveModel(**models, options_.served_model_name, req->fields.model);

@@ -36,6 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/ids.h"
+#include "engine/media/chat_images.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gateway/api_error.h"
 #include "gateway/gateway_metrics.h"
@@ -68,6 +69,9 @@ struct OpenAIServiceOptions {
   // content is the same either way; larger values trade smoothness for less work per
   // token.
   int stream_interval = 1;
+  // Image content parts: limits, the media config and the URL fetcher's
+  // allow-list (engine/media/chat_images.h).
+  media::ImageInputOptions images;
 };
 
 class OpenAIService {

@@ -352,6 +352,20 @@ TEST_P(OpenAIServiceTest, CompletionsNWithSeedsAndStop) {
   EXPECT_TRUE(seeds.count(11));
 }
 
+// engine/media/testdata/rgb_3x2.png.
+const std::string kPng3x2 =
+    "iVBORw0KGgoAAAANSUhEUgAAAAMAAAACCAIAAAASFvFNAAAAGElEQVR4nGP4z8DA8J+BgeE/"
+    "I5eIHAQAADEzA++e06gjAAAAAElFTkSuQmCC";
+
+json ImageChatBody(const std::string& url) {
+  return json{{"model", "kimi-k3"},
+              {"messages",
+               {{{"role", "user"},
+                 {"content",
+                  {{{"type", "image_url"}, {"image_url", {{"url", url}}}},
+                   {{"type", "text"}, {"text", "what is this?"}}}}}}}};
+}
+
 TEST_P(OpenAIServiceTest, ErrorCases) {
   struct Case {
     std::string path;
@@ -386,6 +400,17 @@ TEST_P(OpenAIServiceTest, ErrorCases) {
       {"/v1/chat/completions", ChatBody("#error:UNAVAILABLE").dump(), "sekrit", 503,
        "service_unavailable", ""},
       {"/v1/nothing", "{}", "sekrit", 404, "unknown_url", ""},
+      // Image parts: a bad image is a 400 naming its part; a good one is
+      // validated and then refused until the vision tower serves it.
+      {"/v1/chat/completions",
+       ImageChatBody("data:image/jpeg;base64," + kPng3x2).dump(), "sekrit", 400, "",
+       "messages[0].content[0].image_url"},
+      {"/v1/chat/completions", ImageChatBody("data:image/png;base64,AAAA").dump(),
+       "sekrit", 400, "", "messages[0].content[0].image_url"},
+      {"/v1/chat/completions", ImageChatBody("https://example.com/a.png").dump(),
+       "sekrit", 400, "", "messages[0].content[0].image_url"},
+      {"/v1/chat/completions", ImageChatBody("data:image/png;base64," + kPng3x2).dump(),
+       "sekrit", 501, "not_implemented", ""},
   };
   for (const Case& c : cases) {
     auto r = Post(c.path, c.body, c.key);
