@@ -27,12 +27,14 @@ void EngineLoop::Post(Command command) {
 
 void EngineLoop::AddRequest(engine::RequestId id, std::vector<int32_t> prompt,
                             engine::SamplingParams params, OutputCallback on_output,
-                            std::string cache_salt) {
+                            std::string cache_salt,
+                            std::vector<engine::MediaInput> media) {
   Post([this, id, prompt = std::move(prompt), params = std::move(params),
-        cb = std::move(on_output),
-        salt = std::move(cache_salt)](engine::Engine& e) mutable {
+        cb = std::move(on_output), salt = std::move(cache_salt),
+        media = std::move(media)](engine::Engine& e) mutable {
     const int64_t n = prompt.size();
-    absl::Status s = e.AddRequest(id, std::move(prompt), params, salt);
+    absl::Status s =
+        e.AddRequest(id, std::move(prompt), params, salt, std::move(media));
     if (!s.ok()) {
       cb(e, s);
       return;

@@ -74,9 +74,11 @@ class EngineLoop {
   // AddRequest on the engine thread; an error from it reaches `on_output`.
   // `cache_salt`: the request's prefix-cache namespace (its tenant; empty: the
   // shared one), engine::Engine::AddRequest.
+  // `media`: the prompt's images as vision-tower rows (engine::MediaInput).
   void AddRequest(engine::RequestId id, std::vector<int32_t> prompt,
                   engine::SamplingParams params, OutputCallback on_output,
-                  std::string cache_salt = {});
+                  std::string cache_salt = {},
+                  std::vector<engine::MediaInput> media = {});
   // Registers `on_output` for a request added by a command (e.g. a prefilled
   // admission); call on the engine thread only (inside a Command).
   void WatchOnLoopThread(engine::RequestId id, OutputCallback on_output);
