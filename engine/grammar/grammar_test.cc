@@ -1,5 +1,6 @@
 #include "engine/grammar/grammar.h"
 
+#include <cmath>
 #include <memory>
 #include <random>
 #include <string>
@@ -171,6 +172,211 @@ TEST(GrammarTest, JsonObjectModeRecursionIsBruteForceExact) {
   ASSERT_NE(g, nullptr);
   bool done = false;
   RandomWalk(g, 7, 60, 5, &done);
+}
+
+TEST(GrammarTest, EbnfWalksStayInTheLanguage) {
+  auto g = MustCompile(ConstraintSpec::Kind::kEbnf, R"g(
+# balanced lists of small numbers
+root ::= list
+list ::= "[" (item ("," item)*)? "]"
+item ::= [0-9]{1,2} | list
+)g");
+  ASSERT_NE(g, nullptr);
+  for (uint32_t seed = 0; seed < 4; ++seed) {
+    bool done = false;
+    std::string out = RandomWalk(g, seed, 80, seed == 0 ? 4 : 0, &done);
+    if (!done) continue;
+    int depth = 0;
+    for (char c : out) {
+      depth += c == '[' ? 1 : c == ']' ? -1 : 0;
+      EXPECT_GE(depth, 0) << out;
+    }
+    EXPECT_EQ(depth, 0) << out;
+    EXPECT_TRUE(RE2::FullMatch(out, R"([\[\],0-9]+)")) << out;
+  }
+}
+
+TEST(GrammarTest, RollbackRestoresTheState) {
+  auto g = MustCompile(ConstraintSpec::Kind::kRegex, "abc(d|e)f");
+  ASSERT_NE(g, nullptr);
+  auto t = tokenizer::Tokenizer::Load(kModelDir);
+  ASSERT_TRUE(t.ok());
+  auto ids = (*t)->Encode("abcdf");
+  ASSERT_TRUE(ids.ok());
+  GrammarMatcher m(g, /*max_rollback_tokens=*/4);
+  std::vector<uint32_t> before(g->vocab().bitmask_words()), after(before.size());
+  m.FillNextTokenBitmask(absl::MakeSpan(before));
+  for (int id : *ids) ASSERT_TRUE(m.AcceptToken(id));
+  EXPECT_TRUE(m.CanTerminate());
+  EXPECT_FALSE(m.AcceptToken((*ids)[0]));  // nothing may follow
+  ASSERT_TRUE(m.AcceptToken(tokenizer::kEosId));
+  EXPECT_TRUE(m.IsTerminated());
+  ASSERT_TRUE(m.Rollback(static_cast<int>(ids->size()) + 1).ok());
+  EXPECT_FALSE(m.IsTerminated());
+  m.FillNextTokenBitmask(absl::MakeSpan(after));
+  EXPECT_EQ(before, after);
+  EXPECT_FALSE(m.Rollback(1).ok());  // nothing left to undo
+  EXPECT_EQ(m.Rollback(-1).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GrammarTest, StopTokensOnlyWhenComplete) {
+  auto g = MustCompile(ConstraintSpec::Kind::kJsonSchema,
+                       R"({"type": "integer", "minimum": 0, "maximum": 99})");
+  ASSERT_NE(g, nullptr);
+  GrammarMatcher m(g);
+  std::vector<uint32_t> mask(g->vocab().bitmask_words());
+  m.FillNextTokenBitmask(absl::MakeSpan(mask));
+  EXPECT_FALSE(Bit(mask, tokenizer::kEosId));
+  EXPECT_FALSE(Bit(mask, tokenizer::kOpenId));
+  ASSERT_TRUE(m.AcceptBytes("4"));
+  m.FillNextTokenBitmask(absl::MakeSpan(mask));
+  EXPECT_TRUE(Bit(mask, tokenizer::kEosId));
+  EXPECT_TRUE(Bit(mask, tokenizer::kEndOfMsgId));
+  EXPECT_FALSE(Bit(mask, tokenizer::kOpenId));
+  ASSERT_TRUE(m.AcceptBytes("2"));
+  EXPECT_FALSE(m.AcceptBytes("0"));  // 420 > 99
+  m.FillNextTokenBitmask(absl::MakeSpan(mask));
+  int allowed = 0;
+  for (int32_t id = 0; id < g->vocab().size(); ++id) allowed += Bit(mask, id);
+  EXPECT_EQ(allowed, 2);  // only the two stop tokens
+}
+
+TEST(GrammarTest, JumpForwardFindsForcedBytes) {
+  auto g = MustCompile(
+      ConstraintSpec::Kind::kJsonSchema,
+      R"({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"], "additionalProperties": false})");
+  ASSERT_NE(g, nullptr);
+  CompileLimits limits;
+  GrammarMatcher m(g);
+  ASSERT_TRUE(m.AcceptBytes("{"));
+  // Whitespace may come first, so nothing is forced yet; after the key's
+  // quote the rest of the key is.
+  ASSERT_TRUE(m.AcceptBytes("\""));
+  EXPECT_EQ(m.FindJumpForwardString(), "name\"");
+}
+
+TEST(GrammarTest, CompilerCachesBySpec) {
+  GrammarCompiler compiler(K3Vocab());
+  ConstraintSpec spec;
+  spec.kind = ConstraintSpec::Kind::kRegex;
+  spec.source = "[0-9]+";
+  auto a = compiler.Compile(spec);
+  auto b = compiler.Compile(spec);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->get(), b->get());
+  EXPECT_EQ(compiler.cache_hits(), 1);
+  spec.kind = ConstraintSpec::Kind::kEbnf;  // same text, other kind: a miss
+  spec.source = "root ::= [0-9]+";
+  auto c = compiler.Compile(spec);
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(a->get(), c->get());
+}
+
+struct ErrorCase {
+  ConstraintSpec::Kind kind;
+  std::string source;
+  absl::StatusCode code;
+  std::string needle;
+};
+
+TEST(GrammarTest, ErrorsNameTheProblem) {
+  using K = ConstraintSpec::Kind;
+  const std::vector<ErrorCase> cases = {
+      {K::kJsonSchema, R"({"type": "string", "contentSchema": {}})",
+       absl::StatusCode::kInvalidArgument, "contentSchema"},
+      {K::kJsonSchema, R"({"type": "number", "multipleOf": 3})",
+       absl::StatusCode::kInvalidArgument, "multipleOf"},
+      {K::kJsonSchema, R"({"not": {"type": "string"}})",
+       absl::StatusCode::kInvalidArgument, "'not'"},
+      {K::kJsonSchema, R"({"type": "array", "uniqueItems": true})",
+       absl::StatusCode::kInvalidArgument, "uniqueItems"},
+      {K::kJsonSchema, R"({"type": "object", "patternProperties": {"a": {}}})",
+       absl::StatusCode::kInvalidArgument, "patternProperties"},
+      {K::kJsonSchema, R"({"type": "string", "format": "hostname"})",
+       absl::StatusCode::kInvalidArgument, "hostname"},
+      {K::kJsonSchema, R"j({"type": "string", "pattern": "(?=x)"})j",
+       absl::StatusCode::kInvalidArgument, "lookaround"},
+      {K::kJsonSchema, R"({"$ref": "https://example.com/s.json"})",
+       absl::StatusCode::kInvalidArgument, "remote"},
+      {K::kJsonSchema, R"({"$ref": "#/$defs/missing"})",
+       absl::StatusCode::kInvalidArgument, "does not resolve"},
+      {K::kJsonSchema, R"({"allOf": [{"type": "string"}, {"type": "integer"}]})",
+       absl::StatusCode::kInvalidArgument, "do not intersect"},
+      {K::kJsonSchema, R"({"type": "integer", "minimum": 5, "maximum": 4})",
+       absl::StatusCode::kInvalidArgument, "no integer"},
+      {K::kJsonSchema, R"({"type": "strng"})", absl::StatusCode::kInvalidArgument,
+       "strng"},
+      {K::kJsonSchema, R"({"type": )", absl::StatusCode::kInvalidArgument,
+       "not valid JSON"},
+      {K::kJsonSchema,
+       R"({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})",
+       absl::StatusCode::kInvalidArgument, "no output"},
+      {K::kEbnf, "root ::= item\n", absl::StatusCode::kInvalidArgument,
+       "'item' is used but not defined"},
+      {K::kEbnf, "start ::= \"a\"", absl::StatusCode::kInvalidArgument, "no 'root'"},
+      {K::kEbnf, "root ::= \"a", absl::StatusCode::kInvalidArgument, "line 1"},
+      {K::kEbnf, "root ::= root \"a\" | \"b\"", absl::StatusCode::kInvalidArgument,
+       "left recursion"},
+      {K::kRegex, "a(b", absl::StatusCode::kInvalidArgument, "offset"},
+      {K::kRegex, "(a)\\1", absl::StatusCode::kInvalidArgument, "backreferences"},
+  };
+  for (const ErrorCase& c : cases) {
+    ConstraintSpec spec;
+    spec.kind = c.kind;
+    spec.source = c.source;
+    auto g = Compiler().Compile(spec);
+    ASSERT_FALSE(g.ok()) << c.source;
+    EXPECT_EQ(g.status().code(), c.code) << c.source << ": " << g.status();
+    EXPECT_NE(g.status().message().find(c.needle), std::string::npos)
+        << c.source << ": " << g.status();
+  }
+  ConstraintSpec empty_choice;
+  empty_choice.kind = ConstraintSpec::Kind::kChoice;
+  EXPECT_EQ(Compiler().Compile(empty_choice).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GrammarTest, BudgetsAreResourceExhausted) {
+  CompileLimits limits;
+  limits.max_nesting_depth = 8;
+  limits.max_automaton_states = 20000;
+  limits.max_source_bytes = 4096;
+  GrammarCompiler compiler(K3Vocab(), limits);
+  std::string deep = "{\"type\": \"string\"}";
+  for (int i = 0; i < 12; ++i) deep = "{\"type\": \"array\", \"items\": " + deep + "}";
+  std::string big =
+      R"({"type": "array", "items": {"type": "string", "format": "date-time"}, "minItems": 900, "maxItems": 900})";
+  std::string huge(5000, ' ');
+  huge += "{}";
+  for (const std::string& src : {deep, big, huge}) {
+    ConstraintSpec spec;
+    spec.kind = ConstraintSpec::Kind::kJsonSchema;
+    spec.source = src;
+    auto g = compiler.Compile(spec);
+    ASSERT_FALSE(g.ok()) << src.substr(0, 80);
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kResourceExhausted) << g.status();
+  }
+  CompileLimits fast;
+  fast.max_compile_time = absl::ZeroDuration();
+  GrammarCompiler timed(K3Vocab(), fast);
+  ConstraintSpec spec;
+  spec.kind = ConstraintSpec::Kind::kJsonSchema;
+  spec.source =
+      R"({"type": "object", "properties": {"a": {"type": "string", "maxLength": 300}}})";
+  EXPECT_EQ(timed.Compile(spec).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(GrammarTest, ApplyTokenBitmaskMasksLogits) {
+  std::vector<uint32_t> mask = {0b1010};
+  std::vector<float> logits = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11,
+                               12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,
+                               23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33};
+  ApplyTokenBitmask(mask, absl::MakeSpan(logits));
+  EXPECT_EQ(logits[1], 2);
+  EXPECT_EQ(logits[3], 4);
+  EXPECT_TRUE(std::isinf(logits[0]) && logits[0] < 0);
+  EXPECT_TRUE(std::isinf(logits[2]));
+  EXPECT_TRUE(std::isinf(logits[32]));  // past the bitmask
 }
 
 }  // namespace
