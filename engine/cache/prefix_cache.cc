@@ -100,19 +100,139 @@ PrefixHit PrefixCache::Lookup(absl::Span<const BlockHash> hashes, int64_t prompt
     it->second.last_use = now;
     ++k;
   }
+  const int64_t on_device = k;
+  // The chain continues in the host tier (device blocks are prefix-closed: a
+  // block's parent is on the device, so the host holds the deeper part).
+  while (host_ != nullptr && k < static_cast<int64_t>(hashes.size()) &&
+         host_->HasBlock(hashes[k])) {
+    ++k;
+  }
   hit.matched_blocks = k;
-  hit.tokens =
-      UsablePrefix(k, config_.block_size, config_.kda_chunk, prompt_tokens,
-                   [&](int64_t b) { return snapshots_.contains(hashes[b - 1]); });
+  hit.tokens = UsablePrefix(k, config_.block_size, config_.kda_chunk, prompt_tokens,
+                            [&](int64_t b) { return HasSnapshot(hashes[b - 1]); });
   if (hit.tokens > 0) {
-    const int64_t nb = hit.tokens / config_.block_size;
-    for (int64_t i = 0; i < nb; ++i) hit.blocks.push_back(entries_[hashes[i]].block);
-    Snapshot& s = snapshots_[hashes[nb - 1]];
-    s.last_use = now;
-    hit.snapshot = s.id;
+    int64_t nb = hit.tokens / config_.block_size;
+    if (nb > on_device || !snapshots_.contains(hashes[nb - 1])) {
+      if (LoadFromHost(hashes, on_device, nb, now)) {
+        ++stats_.hits_from_host;
+      } else {
+        // What is usable from the device tier alone (loads that happened stay).
+        ++stats_.host_load_failures;
+        int64_t d = 0;
+        while (d < static_cast<int64_t>(hashes.size()) &&
+               entries_.contains(hashes[d])) {
+          ++d;
+        }
+        hit.tokens =
+            UsablePrefix(d, config_.block_size, config_.kda_chunk, prompt_tokens,
+                         [&](int64_t b) { return snapshots_.contains(hashes[b - 1]); });
+        nb = hit.tokens / config_.block_size;
+      }
+    }
+    if (hit.tokens > 0) {
+      for (int64_t i = 0; i < nb; ++i) hit.blocks.push_back(entries_[hashes[i]].block);
+      Snapshot& s = snapshots_[hashes[nb - 1]];
+      s.last_use = now;
+      hit.snapshot = s.id;
+    }
   }
   if (record) RecordLookup(prompt_tokens, hit.tokens);
   return hit;
+}
+
+bool PrefixCache::FreeOneForLoad(uint64_t now) {
+  if (blocks_->num_free() > 0) return true;
+  const BlockHash* victim = nullptr;
+  uint64_t best = 0;
+  for (const auto& [h, e] : entries_) {
+    if (e.children != 0 || e.last_use == now || blocks_->ref_count(e.block) != 1) {
+      continue;
+    }
+    if (victim == nullptr || e.last_use < best) {
+      victim = &h;
+      best = e.last_use;
+    }
+  }
+  if (victim == nullptr) return false;
+  Evict(*victim);
+  return blocks_->num_free() > 0;
+}
+
+bool PrefixCache::LoadFromHost(absl::Span<const BlockHash> hashes, int64_t first,
+                               int64_t blocks, uint64_t now) {
+  if (host_ == nullptr || !copier_.load_block || !copier_.load_snapshot) return false;
+  const BlockHash key = hashes[blocks - 1];
+  host_->Pin(hashes.subspan(first, blocks - first), key);
+  bool ok = true;
+  for (int64_t i = first; i < blocks && ok; ++i) {
+    const BlockHash h = hashes[i];
+    if (entries_.contains(h)) continue;
+    if (!host_->HasBlock(h) || !FreeOneForLoad(now)) {
+      ok = false;
+      break;
+    }
+    absl::StatusOr<BlockId> id = blocks_->Allocate();
+    if (!id.ok()) {
+      ok = false;
+      break;
+    }
+    std::optional<std::vector<uint8_t>> bytes = host_->TakeBlock(h);
+    if (!copier_.load_block(*id, *bytes).ok()) {
+      // The bytes are lost: the block is gone from both tiers, and so is
+      // whatever hung below it on the host.
+      blocks_->Free(*id).IgnoreError();
+      std::vector<PrefixEvent> removed;
+      host_->DropSubtree(h, &removed);
+      PublishAll(removed);
+      ok = false;
+      break;
+    }
+    Entry e;
+    e.block = *id;
+    if (i > 0) {
+      e.parent = hashes[i - 1];
+      e.has_parent = true;
+      ++entries_[e.parent].children;
+    }
+    e.last_use = now;
+    entries_.emplace(h, e);
+    by_block_.emplace(*id, h);
+    ++stats_.blocks_loaded_from_host;
+  }
+  if (ok && !snapshots_.contains(key)) {
+    if (!host_->HasSnapshot(key)) {
+      ok = false;
+    } else {
+      if (free_snapshots_.empty()) {
+        auto lru = std::min_element(snapshots_.begin(), snapshots_.end(),
+                                    [](const auto& a, const auto& b) {
+                                      return a.second.last_use < b.second.last_use;
+                                    });
+        if (lru != snapshots_.end()) DemoteSnapshot(lru->first);
+      }
+      if (free_snapshots_.empty()) {
+        ok = false;
+      } else {
+        std::optional<HostTier::SnapshotInfo> info = host_->TakeSnapshot(key);
+        const SnapshotId sid = free_snapshots_.back();
+        if (!copier_.load_snapshot(sid, info->bytes).ok()) {
+          Publish({PrefixEvent::Kind::kRemoved, info->tokens, info->route_hash});
+          ok = false;
+        } else {
+          free_snapshots_.pop_back();
+          Snapshot s;
+          s.id = sid;
+          s.last_use = now;
+          s.tokens = info->tokens;
+          s.route_hash = info->route_hash;
+          snapshots_.emplace(key, s);
+          ++stats_.snapshots_loaded_from_host;
+        }
+      }
+    }
+  }
+  host_->UnpinAll();
+  return ok;
 }
 
 bool PrefixCache::InsertBlock(absl::Span<const BlockHash> hashes, int64_t index,
@@ -133,6 +253,9 @@ bool PrefixCache::InsertBlock(absl::Span<const BlockHash> hashes, int64_t index,
     if (e.has_parent) --entries_[e.parent].children;
     return false;
   }
+  // Computed again while a copy sat on the host: the device copy replaces it
+  // (its children there keep it as their parent).
+  if (InHost(h)) host_->TakeBlock(h);
   e.last_use = ++clock_;
   entries_.emplace(h, e);
   by_block_.emplace(id, h);
@@ -149,13 +272,15 @@ absl::StatusOr<SnapshotId> PrefixCache::StoreSnapshot(BlockHash key, int64_t tok
   if (snapshots_.contains(key)) {
     return absl::AlreadyExistsError("a snapshot exists at this position");
   }
+  // A copy on the host (this state was recomputed): the device one replaces
+  // it, and the prefix was usable all along (no kStored again).
+  const bool was_on_host = host_ != nullptr && host_->TakeSnapshot(key).has_value();
   if (free_snapshots_.empty()) {
     auto lru = std::min_element(snapshots_.begin(), snapshots_.end(),
                                 [](const auto& a, const auto& b) {
                                   return a.second.last_use < b.second.last_use;
                                 });
-    DropSnapshot(lru->first);
-    ++stats_.snapshots_evicted;
+    DemoteSnapshot(lru->first);
   }
   Snapshot s;
   s.id = free_snapshots_.back();
@@ -165,13 +290,38 @@ absl::StatusOr<SnapshotId> PrefixCache::StoreSnapshot(BlockHash key, int64_t tok
   s.route_hash = route_hash;
   snapshots_.emplace(key, s);
   ++stats_.snapshots_stored;
-  Publish({PrefixEvent::Kind::kStored, tokens, route_hash});
+  if (!was_on_host) Publish({PrefixEvent::Kind::kStored, tokens, route_hash});
   return s.id;
 }
 
 void PrefixCache::Publish(const PrefixEvent& e) {
   if (events_ == nullptr) return;
   events_->Push(e, [this] { return ResyncEvents(); });
+}
+
+void PrefixCache::PublishAll(const std::vector<PrefixEvent>& events) {
+  for (const PrefixEvent& e : events) Publish(e);
+}
+
+void PrefixCache::DemoteSnapshot(BlockHash key) {
+  auto it = snapshots_.find(key);
+  if (it == snapshots_.end()) return;
+  ++stats_.snapshots_evicted;
+  std::vector<uint8_t> bytes;
+  if (host_ != nullptr && copier_.save_snapshot &&
+      copier_.save_snapshot(it->second.id, &bytes).ok()) {
+    std::vector<PrefixEvent> removed;
+    const bool moved = host_->PutSnapshot(key, it->second.tokens, it->second.route_hash,
+                                          std::move(bytes), &removed);
+    PublishAll(removed);
+    if (moved) {
+      ++stats_.snapshots_moved_to_host;
+      free_snapshots_.push_back(it->second.id);
+      snapshots_.erase(it);
+      return;  // still usable: no event
+    }
+  }
+  DropSnapshot(key);
 }
 
 std::vector<PrefixEvent> PrefixCache::ResyncEvents() const {
@@ -181,6 +331,7 @@ std::vector<PrefixEvent> PrefixCache::ResyncEvents() const {
   for (const auto& [key, s] : snapshots_) {
     out.push_back({PrefixEvent::Kind::kStored, s.tokens, s.route_hash});
   }
+  if (host_ != nullptr) host_->AppendStored(&out);
   std::sort(out.begin() + 1, out.end(), [](const PrefixEvent& a, const PrefixEvent& b) {
     return a.tokens != b.tokens ? a.tokens < b.tokens : a.route_hash < b.route_hash;
   });
@@ -205,12 +356,34 @@ void PrefixCache::Evict(BlockHash h) {
     auto parent = entries_.find(e.parent);
     if (parent != entries_.end()) --parent->second.children;
   }
-  if (snapshots_.contains(h)) {
-    DropSnapshot(h);
-    ++stats_.snapshots_evicted;
+  // To the host tier when it takes the block (and then the snapshot at its
+  // end, if any: it stays usable); else both go, with whatever the host held
+  // below this block (unreachable from now on).
+  bool moved = false;
+  if (host_ != nullptr && copier_.save_block) {
+    std::vector<uint8_t> bytes;
+    if (copier_.save_block(e.block, &bytes).ok()) {
+      std::vector<PrefixEvent> removed;
+      moved = host_->PutBlock(h, e.parent, e.has_parent, std::move(bytes), &removed);
+      PublishAll(removed);
+    }
+  }
+  if (moved) {
+    ++stats_.blocks_moved_to_host;
+    if (snapshots_.contains(h)) DemoteSnapshot(h);
+  } else {
+    if (snapshots_.contains(h)) {
+      DropSnapshot(h);
+      ++stats_.snapshots_evicted;
+    }
+    if (host_ != nullptr) {
+      std::vector<PrefixEvent> removed;
+      host_->DropSubtree(h, &removed);
+      PublishAll(removed);
+    }
   }
   by_block_.erase(e.block);
-  entries_.erase(it);
+  entries_.erase(h);
   blocks_->Free(e.block).IgnoreError();  // the cache's reference
   ++stats_.blocks_evicted;
 }
@@ -249,6 +422,7 @@ void PrefixCache::Clear() {
   by_block_.clear();
   for (const auto& [key, s] : snapshots_) free_snapshots_.push_back(s.id);
   snapshots_.clear();
+  if (host_ != nullptr) host_->Clear();
   Publish({PrefixEvent::Kind::kCleared, 0, 0});
 }
 
@@ -294,6 +468,23 @@ absl::Status PrefixCache::CheckInvariants() const {
   }
   for (SnapshotId s : free_snapshots_) {
     if (ids[s]++ > 0) return Internal("snapshot id ", s, " both free and used");
+  }
+  if (host_ != nullptr) {
+    TANDEM_RETURN_IF_ERROR(host_->CheckInvariants());
+    // Device blocks are prefix-closed (checked above); host blocks hang below a
+    // block of either tier, and a host snapshot's block is in one of them.
+    for (const auto& [h, parent] : host_->BlockParents()) {
+      if (entries_.contains(h)) return Internal("block in both tiers");
+      if (!entries_.contains(parent) && !host_->HasBlock(parent)) {
+        return Internal("host block whose parent is in neither tier");
+      }
+    }
+    for (BlockHash key : host_->SnapshotKeys()) {
+      if (snapshots_.contains(key)) return Internal("snapshot in both tiers");
+      if (!entries_.contains(key) && !host_->HasBlock(key)) {
+        return Internal("host snapshot whose block is in neither tier");
+      }
+    }
   }
   if (static_cast<int32_t>(snapshots_.size() + free_snapshots_.size()) !=
       config_.num_snapshots) {

@@ -53,6 +53,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/cache/block_allocator.h"
+#include "engine/cache/host_tier.h"
 #include "engine/cache/prefix_events.h"
 
 namespace tandem::engine {
@@ -118,6 +119,14 @@ struct PrefixCacheStats {
   int64_t blocks_evicted = 0;
   int64_t snapshots_stored = 0;
   int64_t snapshots_evicted = 0;
+  // The host tier (set_host_tier): device evictions that moved there instead
+  // of being dropped, and loads back into the device tier.
+  int64_t blocks_moved_to_host = 0;
+  int64_t snapshots_moved_to_host = 0;
+  int64_t blocks_loaded_from_host = 0;
+  int64_t snapshots_loaded_from_host = 0;
+  int64_t hits_from_host = 0;      // lookups whose hit needed a load from the host
+  int64_t host_load_failures = 0;  // loads given up (no device room, copy error)
   double hit_rate() const {
     return queried_tokens > 0 ? static_cast<double>(hit_tokens) / queried_tokens : 0.0;
   }
@@ -128,6 +137,17 @@ struct PrefixHit {
   std::vector<BlockId> blocks;  // the cached blocks of [0, p)
   SnapshotId snapshot = -1;     // the KDA state at p
   int64_t matched_blocks = 0;   // leading blocks cached (>= p / block_size)
+};
+
+// Copies between the device tier's storage (the engine's KvCache on every TP
+// rank) and host bytes, for the host tier. Each fills or reads one whole block
+// (every MLA layer, every rank) or one snapshot slot (every KDA layer, every
+// rank).
+struct PrefixTierCopier {
+  std::function<absl::Status(BlockId, std::vector<uint8_t>*)> save_block;
+  std::function<absl::Status(BlockId, absl::Span<const uint8_t>)> load_block;
+  std::function<absl::Status(SnapshotId, std::vector<uint8_t>*)> save_snapshot;
+  std::function<absl::Status(SnapshotId, absl::Span<const uint8_t>)> load_snapshot;
 };
 
 class PrefixCache {
@@ -153,8 +173,10 @@ class PrefixCache {
   // computed it first) or its parent is not.
   bool InsertBlock(absl::Span<const BlockHash> hashes, int64_t index, BlockId id);
 
-  // Whether a snapshot exists after hashes' block `key` (its hash).
-  bool HasSnapshot(BlockHash key) const { return snapshots_.contains(key); }
+  // Whether a snapshot exists after hashes' block `key` (its hash), in either tier.
+  bool HasSnapshot(BlockHash key) const {
+    return snapshots_.contains(key) || (host_ != nullptr && host_->HasSnapshot(key));
+  }
   // A pool entry for the KDA state at the end of the block hashed `key`, now
   // registered under it: the caller copies the state into it at once. Evicts
   // the least recently used snapshot when the pool is full. NotFound when the
@@ -164,6 +186,19 @@ class PrefixCache {
   // (RoutePrefixHash of the prompt at it) name it in the events.
   absl::StatusOr<SnapshotId> StoreSnapshot(BlockHash key, int64_t tokens = 0,
                                            uint64_t route_hash = 0);
+
+  // The host tier (not owned; null: none, evictions drop). From now on a
+  // device eviction (Reclaim, the snapshot pool's LRU) moves the block and the
+  // snapshot at its end to `host` when they fit (else drops them), and Lookup
+  // matches across both tiers and loads what the hit needs from the host into
+  // device blocks / a snapshot slot (evicting unreferenced device leaves
+  // outside the hit when the pool has no free block) before returning it. A
+  // prefix is kRemoved only when usable from neither tier.
+  void set_host_tier(HostTier* host, PrefixTierCopier copier) {
+    host_ = host;
+    copier_ = std::move(copier);
+  }
+  const HostTier* host_tier() const { return host_; }
 
   // Events go to `queue` (not owned; null: none) from now on.
   void set_event_queue(PrefixEventQueue* queue) { events_ = queue; }
@@ -204,8 +239,20 @@ class PrefixCache {
     uint64_t route_hash = 0;  // for events
   };
   void Publish(const PrefixEvent& e);
+  void PublishAll(const std::vector<PrefixEvent>& events);
   void Evict(BlockHash h);
   void DropSnapshot(BlockHash key);
+  // The snapshot pool's LRU victim goes to the host tier (or is dropped).
+  void DemoteSnapshot(BlockHash key);
+  bool InHost(BlockHash h) const { return host_ != nullptr && host_->HasBlock(h); }
+  // Loads hashes[first, blocks) and the snapshot at hashes[blocks - 1] from the
+  // host tier into the device tier, marking them used at `now`; false when it
+  // could not (what was loaded stays cached on the device).
+  bool LoadFromHost(absl::Span<const BlockHash> hashes, int64_t first, int64_t blocks,
+                    uint64_t now);
+  // A free device block for a load, evicting one unreferenced device leaf not
+  // used at `now` (the hit's own blocks) when none is free.
+  bool FreeOneForLoad(uint64_t now);
 
   PrefixCacheConfig config_;
   BlockAllocator* blocks_;  // not owned
@@ -216,6 +263,8 @@ class PrefixCache {
   uint64_t clock_ = 0;
   PrefixCacheStats stats_;
   PrefixEventQueue* events_ = nullptr;  // not owned
+  HostTier* host_ = nullptr;            // not owned; null: no host tier
+  PrefixTierCopier copier_;
 };
 
 }  // namespace tandem::engine

@@ -129,6 +129,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     TANDEM_ASSIGN_OR_RETURN(e->executor_,
                             TpExecutor::CreateLocal(weights, backend, co, ro));
   }
+  if (sc.enable_prefix_caching && options.prefix_caching.host_memory_bytes > 0) {
+    TANDEM_RETURN_IF_ERROR(e->AttachHostTier(options.prefix_caching.host_memory_bytes));
+  }
   e->sampler_ = std::make_unique<engine::Sampler>(weights->config.text.vocab_size);
   {
     int threads = options.sampling_threads;
@@ -639,6 +642,67 @@ absl::Status Engine::StoreSnapshots(const StepBatch& batch) {
   return absl::OkStatus();
 }
 
+// The prefix cache's host tier: evicted blocks and snapshots move to a budgeted
+// host pool and come back on a hit, every TP rank copying its own cache (its own
+// KDA heads; its own replica of the MLA rows), rank after rank in the bytes.
+absl::Status Engine::AttachHostTier(int64_t budget_bytes) {
+  engine::PrefixCache* pc = scheduler_->mutable_prefix_cache();
+  if (pc == nullptr) return FailedPrecondition("host tier without a prefix cache");
+  host_tier_ = std::make_unique<engine::HostTier>(budget_bytes);
+  TpExecutor* ex = executor_.get();
+  const int64_t base = snapshot_base_;
+  engine::PrefixTierCopier c;
+  c.save_block = [ex](engine::BlockId id, std::vector<uint8_t>* out) -> absl::Status {
+    size_t n = 0;
+    for (int r = 0; r < ex->tp_size(); ++r) n += ex->cache(r).block_bytes();
+    out->resize(n);
+    size_t off = 0;
+    for (int r = 0; r < ex->tp_size(); ++r) {
+      TANDEM_RETURN_IF_ERROR(ex->cache(r).CopyBlockToHost(id, out->data() + off));
+      off += ex->cache(r).block_bytes();
+    }
+    return absl::OkStatus();
+  };
+  c.load_block = [ex](engine::BlockId id,
+                      absl::Span<const uint8_t> in) -> absl::Status {
+    size_t off = 0;
+    for (int r = 0; r < ex->tp_size(); ++r) {
+      if (off + ex->cache(r).block_bytes() > in.size()) {
+        return Internal("host tier: block bytes too short for rank ", r);
+      }
+      TANDEM_RETURN_IF_ERROR(ex->cache(r).CopyBlockFromHost(id, in.data() + off));
+      off += ex->cache(r).block_bytes();
+    }
+    return absl::OkStatus();
+  };
+  c.save_snapshot = [ex, base](engine::SnapshotId s,
+                               std::vector<uint8_t>* out) -> absl::Status {
+    size_t n = 0;
+    for (int r = 0; r < ex->tp_size(); ++r) n += ex->cache(r).kda_bytes_per_slot();
+    out->resize(n);
+    size_t off = 0;
+    for (int r = 0; r < ex->tp_size(); ++r) {
+      TANDEM_RETURN_IF_ERROR(ex->cache(r).CopySlotToHost(base + s, out->data() + off));
+      off += ex->cache(r).kda_bytes_per_slot();
+    }
+    return absl::OkStatus();
+  };
+  c.load_snapshot = [ex, base](engine::SnapshotId s,
+                               absl::Span<const uint8_t> in) -> absl::Status {
+    size_t off = 0;
+    for (int r = 0; r < ex->tp_size(); ++r) {
+      if (off + ex->cache(r).kda_bytes_per_slot() > in.size()) {
+        return Internal("host tier: snapshot bytes too short for rank ", r);
+      }
+      TANDEM_RETURN_IF_ERROR(ex->cache(r).CopySlotFromHost(base + s, in.data() + off));
+      off += ex->cache(r).kda_bytes_per_slot();
+    }
+    return absl::OkStatus();
+  };
+  pc->set_host_tier(host_tier_.get(), std::move(c));
+  return absl::OkStatus();
+}
+
 PrefixCachingStats Engine::prefix_caching_stats() const {
   PrefixCachingStats out;
   const engine::PrefixCache* pc = scheduler_->prefix_cache();
@@ -665,6 +729,24 @@ PrefixCachingStats Engine::prefix_caching_stats() const {
     slot_bytes += static_cast<int64_t>(executor_->cache(r).kda_bytes_per_slot());
   }
   out.snapshot_bytes_held = out.snapshots_held * slot_bytes;
+  int64_t block_bytes = 0;
+  for (int r = 0; r < executor_->tp_size(); ++r) {
+    block_bytes += static_cast<int64_t>(executor_->cache(r).block_bytes());
+  }
+  out.device_bytes_held = out.snapshot_bytes_held + out.blocks_cached * block_bytes;
+  out.blocks_moved_to_host = s.blocks_moved_to_host;
+  out.snapshots_moved_to_host = s.snapshots_moved_to_host;
+  out.blocks_loaded_from_host = s.blocks_loaded_from_host;
+  out.snapshots_loaded_from_host = s.snapshots_loaded_from_host;
+  out.hits_from_host = s.hits_from_host;
+  if (const engine::HostTier* h = pc->host_tier(); h != nullptr) {
+    out.host_budget_bytes = h->budget_bytes();
+    out.host_bytes_held = h->bytes_held();
+    out.host_blocks_held = h->num_blocks();
+    out.host_snapshots_held = h->num_snapshots();
+    out.host_blocks_evicted = h->stats().blocks_evicted;
+    out.host_snapshots_evicted = h->stats().snapshots_evicted;
+  }
   return out;
 }
 

@@ -55,6 +55,7 @@
 #include "absl/types/span.h"
 #include "common/splitmix.h"
 #include "engine/cache/cache_sizing.h"
+#include "engine/cache/host_tier.h"
 #include "engine/cache/prefix_events.h"
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/model_runner.h"
@@ -130,6 +131,10 @@ struct PrefixCachingOptions {
   // background prefill continuation recomputes prompt + output up to the last
   // chunk multiple on spare capacity (docs/prefix_caching.md, "Generations").
   bool snapshot_generations = true;
+  // The host-memory tier (docs/prefix_caching.md): bytes of host memory that
+  // hold blocks and snapshots the device tier evicts, loaded back on a hit;
+  // 0: off (evictions drop). The workers' --prefix_host_memory sets it.
+  int64_t host_memory_bytes = 0;
 };
 
 // Where a step's time goes (a worker exports it; ./tandem bench engine prints it).
@@ -174,6 +179,22 @@ struct PrefixCachingStats {
   int64_t continuations_cancelled = 0;
   int64_t continuation_tokens = 0;
   int64_t generation_snapshots = 0;
+  // Tiers: bytes the device tier's blocks and snapshots take (every rank's);
+  // the host tier's budget, bytes, blocks and snapshots held; device evictions
+  // that moved to the host (blocks_evicted and snapshots_evicted count every
+  // device eviction), host-tier evictions (dropped for good), and loads back.
+  int64_t device_bytes_held = 0;
+  int64_t host_budget_bytes = 0;
+  int64_t host_bytes_held = 0;
+  int64_t host_blocks_held = 0;
+  int64_t host_snapshots_held = 0;
+  int64_t host_blocks_evicted = 0;
+  int64_t host_snapshots_evicted = 0;
+  int64_t blocks_moved_to_host = 0;
+  int64_t snapshots_moved_to_host = 0;
+  int64_t blocks_loaded_from_host = 0;
+  int64_t snapshots_loaded_from_host = 0;
+  int64_t hits_from_host = 0;  // lookups whose hit was loaded from the host
   double hit_rate() const {
     return queried_tokens > 0 ? static_cast<double>(hit_tokens) / queried_tokens : 0.0;
   }
@@ -553,6 +574,9 @@ class Engine {
   int64_t generation_snapshots_ = 0;
   // Prefix-cache events (null: caching off); the scheduler's cache pushes.
   std::unique_ptr<engine::PrefixEventQueue> prefix_events_;
+  // The prefix cache's host tier (null: off); the scheduler's cache points here.
+  std::unique_ptr<engine::HostTier> host_tier_;
+  absl::Status AttachHostTier(int64_t budget_bytes);
   std::vector<LayerProgressEntry> progress_;  // the current step's prefill entries
 };
 

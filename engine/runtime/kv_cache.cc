@@ -246,6 +246,73 @@ absl::Status KvCache::CopySlot(int64_t from, int64_t to) {
   return absl::OkStatus();
 }
 
+absl::Status KvCache::CopyBlockToHost(int64_t block, void* host_dst) const {
+  if (block < 0 || block >= options_.num_blocks) {
+    return InvalidArgument("kv cache: block ", block, " not in [0, ",
+                           options_.num_blocks, ")");
+  }
+  const size_t per_layer = block_bytes() / std::max<size_t>(1, mla_.size());
+  auto* out = static_cast<uint8_t*>(host_dst);
+  for (size_t m = 0; m < mla_.size(); ++m) {
+    const uint16_t* src = mla_[m] + block * options_.block_size * mla_width_;
+    if (OnDevice(options_)) {
+      TANDEM_RETURN_IF_ERROR(
+          options_.device->CopyToHost(out + m * per_layer, src, per_layer));
+    } else {
+      std::memcpy(out + m * per_layer, src, per_layer);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::CopyBlockFromHost(int64_t block, const void* host_src) {
+  if (block < 0 || block >= options_.num_blocks) {
+    return InvalidArgument("kv cache: block ", block, " not in [0, ",
+                           options_.num_blocks, ")");
+  }
+  const size_t per_layer = block_bytes() / std::max<size_t>(1, mla_.size());
+  const auto* in = static_cast<const uint8_t*>(host_src);
+  for (size_t m = 0; m < mla_.size(); ++m) {
+    uint16_t* dst = mla_[m] + block * options_.block_size * mla_width_;
+    if (OnDevice(options_)) {
+      TANDEM_RETURN_IF_ERROR(
+          options_.device->CopyToDevice(dst, in + m * per_layer, per_layer));
+    } else {
+      std::memcpy(dst, in + m * per_layer, per_layer);
+    }
+  }
+  // The host bytes may be freed once this returns.
+  if (OnDevice(options_)) return options_.device->Synchronize();
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::CopySlotToHost(int64_t slot, void* host_dst) const {
+  if (slot < 0 || slot >= options_.num_slots) {
+    return InvalidArgument("kv cache: slot ", slot, " not in [0, ", options_.num_slots,
+                           ")");
+  }
+  const float* src = kda_ + slot * num_kda_layers_ * kda_layer_floats_;
+  if (OnDevice(options_)) {
+    return options_.device->CopyToHost(host_dst, src, kda_bytes_per_slot());
+  }
+  std::memcpy(host_dst, src, kda_bytes_per_slot());
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::CopySlotFromHost(int64_t slot, const void* host_src) {
+  if (slot < 0 || slot >= options_.num_slots) {
+    return InvalidArgument("kv cache: slot ", slot, " not in [0, ", options_.num_slots,
+                           ")");
+  }
+  if (OnDevice(options_)) {
+    TANDEM_RETURN_IF_ERROR(options_.device->CopyToDevice(
+        kda_recurrent(slot, 0), host_src, kda_bytes_per_slot()));
+    return options_.device->Synchronize();
+  }
+  std::memcpy(kda_recurrent(slot, 0), host_src, kda_bytes_per_slot());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<StateRange>> KvCache::ExportSequence(
     absl::Span<const int32_t> block_table, int64_t num_tokens, int64_t slot) {
   if (slot < 0 || slot >= options_.num_slots) {

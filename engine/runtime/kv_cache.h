@@ -124,6 +124,19 @@ class KvCache {
   absl::Status RestoreSlot(int64_t slot, const KdaSnapshot& snapshot);
   absl::Status CopySlot(int64_t from, int64_t to);
 
+  // The prefix cache's host tier: one block's rows of every MLA layer
+  // (block_bytes(): layer after layer) and one slot's KDA state
+  // (kda_bytes_per_slot()) to and from host memory; device copies on a device
+  // cache, synchronised before returning (the host bytes may be reused then).
+  size_t block_bytes() const {
+    return mla_.size() * static_cast<size_t>(options_.block_size) * mla_width_ *
+           sizeof(uint16_t);
+  }
+  absl::Status CopyBlockToHost(int64_t block, void* host_dst) const;
+  absl::Status CopyBlockFromHost(int64_t block, const void* host_src);
+  absl::Status CopySlotToHost(int64_t slot, void* host_dst) const;
+  absl::Status CopySlotFromHost(int64_t slot, const void* host_src);
+
   // The state of a sequence of `num_tokens` cached tokens whose blocks are
   // `block_table` (at least ceil(num_tokens / block_size) ids) and KDA slot `slot`:
   // per MLA layer the used rows of each block (tokens in order), per KDA layer one

@@ -234,6 +234,7 @@ class Scheduler {
   void ResetPrefixCache();
   // Null when prefix caching is off.
   const PrefixCache* prefix_cache() const { return prefix_.get(); }
+  PrefixCache* mutable_prefix_cache() { return prefix_.get(); }
   // The prefix cache's events go to `queue` (not owned; ignored when off).
   void set_prefix_event_queue(PrefixEventQueue* queue) {
     if (prefix_ != nullptr) prefix_->set_event_queue(queue);
