@@ -1,0 +1,176 @@
+// structured_output_bench: decode tokens/s of the Engine with and without a
+// structured-output constraint, in the same run, on one checkpoint (default the
+// tiny one from the runfiles), at each batch size.
+//
+//   structured_output_bench [--model DIR] [--batches 1,32] [--tokens 64]
+//                           [--grammar_json LINE]
+//
+// For each batch size B: B requests (prompt of --prompt_len tokens) decode
+// --tokens tokens each, greedy; unconstrained (ignore_eos, so every request
+// makes exactly --tokens) and constrained by a JSON schema of nested objects,
+// arrays and strings (the random model rarely finishes it, so most requests run
+// to --tokens too: both arms decode the same number of tokens). Only decode
+// steps are timed (prefill steps are run first). Reports tokens/s, the
+// constrained/plain ratio, the mean step time and the mask time per token
+// (Engine::structured_mask_seconds over the masks filled). --grammar_json: a
+// JSON line (grammar_bench's) merged into this one's "grammar" field. Ends with
+// ONE JSON line {"bench":"grammar",...}.
+#include <chrono>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/init.h"
+#include "common/status.h"
+#include "engine/model/checkpoint.h"
+#include "engine/runtime/engine.h"
+#include "engine/runtime/weights.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "kernels/backend_factory.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, model, "",
+          "Checkpoint directory (default: the tiny checkpoint)");
+ABSL_FLAG(std::string, batches, "1,32", "Batch sizes");
+ABSL_FLAG(int32_t, tokens, 64, "Tokens decoded per request");
+ABSL_FLAG(int32_t, prompt_len, 32, "Prompt tokens per request");
+ABSL_FLAG(std::string, backend, "cpu", "Kernel backend");
+ABSL_FLAG(std::string, grammar_json, "",
+          "A JSON line (grammar_bench's) to carry in the final line's \"grammar\"");
+
+namespace {
+
+using tandem::engine::Engine;
+using tandem::engine::SamplingParams;
+
+constexpr char kSchema[] =
+    R"({"type":"object","properties":{"name":{"type":"string"},)"
+    R"("tags":{"type":"array","items":{"type":"string"}},)"
+    R"("child":{"type":"object","properties":{"id":{"type":"integer"},)"
+    R"("note":{"type":"string"}},"required":["id","note"]}},)"
+    R"("required":["name","tags","child"]})";
+
+struct Arm {
+  double tokens_per_s = 0;
+  double step_ms = 0;
+  int64_t tokens = 0;
+  double mask_us_per_token = 0;
+};
+
+absl::StatusOr<Arm> Run(const tandem::engine::ModelWeights& w,
+                        tandem::kernels::Backend* backend,
+                        const tandem::tokenizer::Tokenizer* tok, int batch,
+                        bool constrained) {
+  tandem::engine::EngineOptions o;
+  o.num_slots = batch;
+  o.max_context_tokens =
+      absl::GetFlag(FLAGS_prompt_len) + absl::GetFlag(FLAGS_tokens) + 8;
+  o.max_tokens_per_step =
+      std::max<int64_t>(256, batch * (absl::GetFlag(FLAGS_prompt_len) + 1));
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
+                          Engine::Create(&w, backend, tok, o));
+  for (int i = 0; i < batch; ++i) {
+    std::vector<int32_t> prompt;
+    for (int t = 0; t < absl::GetFlag(FLAGS_prompt_len); ++t) {
+      prompt.push_back(1000 + (i * 7919 + t * 104729) % 90000);
+    }
+    SamplingParams p;
+    p.max_tokens = absl::GetFlag(FLAGS_tokens);
+    if (constrained) {
+      tandem::engine::StructuredOutputSpec s;
+      s.kind = tandem::engine::StructuredOutputSpec::Kind::kJsonSchema;
+      s.source = kSchema;
+      p.structured = s;
+    } else {
+      p.ignore_eos = true;
+    }
+    TANDEM_RETURN_IF_ERROR(e->AddRequest(i, std::move(prompt), p));
+  }
+  // Prefill (every request's first token) untimed.
+  const int64_t prompt_tokens =
+      static_cast<int64_t>(batch) * absl::GetFlag(FLAGS_prompt_len);
+  while (e->HasWork() && e->prefill_tokens() < prompt_tokens) {
+    TANDEM_RETURN_IF_ERROR(e->Step().status());
+  }
+  const int64_t masks0 = e->structured_masks();
+  const double mask_s0 = e->structured_mask_seconds();
+  Arm a;
+  int steps = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (e->HasWork()) {
+    TANDEM_ASSIGN_OR_RETURN(auto outs, e->Step());
+    for (const auto& out : outs) a.tokens += out.new_tokens.size();
+    ++steps;
+  }
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  a.tokens_per_s = s > 0 ? a.tokens / s : 0;
+  a.step_ms = steps > 0 ? 1e3 * s / steps : 0;
+  const int64_t masks = e->structured_masks() - masks0;
+  if (masks > 0)
+    a.mask_us_per_token = 1e6 * (e->structured_mask_seconds() - mask_s0) / masks;
+  if (e->structured_failures() > 0) return e->last_structured_error();
+  return a;
+}
+
+int Fail(const absl::Status& s) {
+  std::cerr << "structured_output_bench: " << s << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tandem::InitProgram(
+      argc, argv, "structured_output_bench",
+      "structured_output_bench [--model DIR] [--batches 1,32] [--tokens N]");
+  std::string dir = absl::GetFlag(FLAGS_model);
+  if (dir.empty())
+    dir = std::string(argv[0]) + ".runfiles/tandem/engine/model/tiny_checkpoint";
+  auto ckpt = tandem::model::Checkpoint::Open(dir);
+  if (!ckpt.ok()) return Fail(ckpt.status());
+  auto tok = tandem::tokenizer::Tokenizer::Load(dir);
+  if (!tok.ok()) return Fail(tok.status());
+  auto backend = tandem::kernels::CreateBackend(absl::GetFlag(FLAGS_backend));
+  if (!backend.ok()) return Fail(backend.status());
+  auto weights = tandem::engine::LoadModelWeights(**ckpt);
+  if (!weights.ok()) return Fail(weights.status());
+  weights =
+      tandem::engine::PlaceModelWeights(*std::move(weights), (*backend)->device());
+  if (!weights.ok()) return Fail(weights.status());
+  nlohmann::json line = {{"bench", "grammar"}, {"model", dir}};
+  for (absl::string_view b : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
+    int batch = 0;
+    if (!absl::SimpleAtoi(b, &batch) || batch < 1) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("bad batch '", std::string(b), "'")));
+    }
+    auto plain = Run(**weights, backend->get(), tok->get(), batch, false);
+    if (!plain.ok()) return Fail(plain.status());
+    auto cons = Run(**weights, backend->get(), tok->get(), batch, true);
+    if (!cons.ok()) return Fail(cons.status());
+    const double ratio =
+        plain->tokens_per_s > 0 ? cons->tokens_per_s / plain->tokens_per_s : 0;
+    std::printf(
+        "batch %3d: plain %8.1f tok/s (%6.2f ms/step)  constrained %8.1f tok/s (%6.2f "
+        "ms/step, mask %.1f us/token)  constrained/plain %.3f\n",
+        batch, plain->tokens_per_s, plain->step_ms, cons->tokens_per_s, cons->step_ms,
+        cons->mask_us_per_token, ratio);
+    const std::string k = absl::StrCat("b", batch);
+    line[k + "_plain_tok_s"] = plain->tokens_per_s;
+    line[k + "_constrained_tok_s"] = cons->tokens_per_s;
+    line[k + "_constrained_over_plain"] = ratio;
+    line[k + "_mask_us_per_token"] = cons->mask_us_per_token;
+    line[k + "_constrained_tokens"] = cons->tokens;
+  }
+  const std::string g = absl::GetFlag(FLAGS_grammar_json);
+  if (!g.empty()) {
+    nlohmann::json gj = nlohmann::json::parse(g, nullptr, false);
+    line["grammar"] = gj.is_discarded() ? nlohmann::json(g) : gj;
+  }
+  std::cout << line.dump() << std::endl;
+  return 0;
+}
