@@ -146,7 +146,8 @@ int main(int argc, char** argv) {
   for (absl::string_view b : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
     int batch = 0;
     if (!absl::SimpleAtoi(b, &batch) || batch < 1) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("bad batch '", std::string(b), "'")));
+      return Fail(
+          absl::InvalidArgumentError(absl::StrCat("bad batch '", std::string(b), "'")));
     }
     auto plain = Run(**weights, backend->get(), tok->get(), batch, false);
     if (!plain.ok()) return Fail(plain.status());
