@@ -5,6 +5,7 @@
 #include "absl/flags/flag.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "engine/cache/host_tier.h"
 #include "engine/cache/memory_budget.h"
 #include "kvtransfer/agent_factory.h"
 #include "worker/memory_sizing.h"
@@ -88,6 +89,12 @@ ABSL_FLAG(bool, enable_prefix_caching, true,
 ABSL_FLAG(double, prefix_snapshot_memory, 0.05,
           "Share of --kv_cache_memory for prefix-cache KDA snapshots, in [0, 0.9] "
           "(0: no snapshots, so no hits).");
+ABSL_FLAG(std::string, prefix_host_memory, "",
+          "Prefix caching's host-memory tier: bytes of host memory (64GiB, 512MiB; "
+          "K/M/G mean KiB/MiB/GiB) that hold the MLA blocks and KDA snapshots the "
+          "engine's cache evicts, loaded back on a hit instead of recomputed; 0: off "
+          "(evictions drop). Default: min(2 x --kv_cache_memory's budget, half the "
+          "host memory available at start) (docs/prefix_caching.md).");
 ABSL_FLAG(bool, prefix_snapshot_generations, true,
           "Prefix caching: snapshot the end of every finished generation for the "
           "next chat turn (a background prefill continuation recomputes prompt + "
@@ -152,6 +159,22 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(
   mf.num_blocks = absl::GetFlag(FLAGS_num_blocks);
   mf.prefix_snapshot_memory = absl::GetFlag(FLAGS_prefix_snapshot_memory);
   TANDEM_ASSIGN_OR_RETURN(*sizing, SizeWorkerCache(model, mf, &eo));
+  if (eo.prefix_caching.enabled) {
+    const std::string spec = absl::GetFlag(FLAGS_prefix_host_memory);
+    int64_t available = 0;
+    if (spec.empty()) {
+      absl::StatusOr<int64_t> a = engine::ReadMemAvailable(mf.meminfo_path);
+      if (a.ok()) available = *a;
+    }
+    TANDEM_ASSIGN_OR_RETURN(
+        eo.prefix_caching.host_memory_bytes,
+        engine::ResolveHostTierBudget(spec, sizing->budget_bytes, available));
+    TLOG(INFO, "prefix cache host tier")
+        .Kv("prefix_host_memory", spec.empty() ? "default" : spec)
+        .Kv("kv_cache_budget_bytes", sizing->budget_bytes)
+        .Kv("available_bytes", available)
+        .Kv("host_tier_bytes", eo.prefix_caching.host_memory_bytes);
+  }
   return eo;
 }
 

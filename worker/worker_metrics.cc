@@ -173,6 +173,36 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
   prefix_cached_blocks = &OrDie(r->AddGauge("tandem_worker_prefix_cached_blocks",
                                             "MLA blocks held by the prefix cache."))
                               ->Add({});
+  prefix_tier_evictions = OrDie(r->AddCounter(
+      "tandem_worker_prefix_cache_evictions_total",
+      "Prefix-cache evictions by tier and kind: tier=\"device\" counts every "
+      "eviction from the engine's cache (moved to the host tier when it has room), "
+      "tier=\"host\" what the host tier's LRU dropped for good; kind=\"block\" "
+      "(MLA blocks) or \"snapshot\" (KDA snapshots)."));
+  prefix_tier_bytes = OrDie(r->AddGauge(
+      "tandem_worker_prefix_cache_bytes",
+      "Bytes the prefix cache holds, by tier (device: cached MLA blocks and "
+      "snapshots in the engine's cache; host: the host tier), every TP rank."));
+  for (const char* tier : {"device", "host"}) {
+    prefix_tier_bytes->Add({{"tier", tier}});
+    for (const char* kind : {"block", "snapshot"}) {
+      prefix_tier_evictions->Add({{"tier", tier}, {"kind", kind}});
+    }
+  }
+  prefix_host_loads = OrDie(r->AddCounter("tandem_worker_prefix_cache_host_loads_total",
+                                          "MLA blocks and KDA snapshots loaded back "
+                                          "from the host tier for a hit, by kind."));
+  for (const char* kind : {"block", "snapshot"})
+    prefix_host_loads->Add({{"kind", kind}});
+  prefix_host_hits =
+      &OrDie(r->AddCounter(
+                 "tandem_worker_prefix_cache_host_hits_total",
+                 "Prefix-cache lookups whose hit was loaded from the host tier."))
+           ->Add({});
+  prefix_host_budget_bytes =
+      &OrDie(r->AddGauge("tandem_worker_prefix_cache_host_budget_bytes",
+                         "The host tier's budget (--prefix_host_memory; 0: off)."))
+           ->Add({});
   prefix_continuations = OrDie(r->AddCounter(
       "tandem_worker_prefix_continuations_total",
       "Background prefill continuations of finished generations (their end's KDA "
@@ -342,6 +372,24 @@ void WorkerMetrics::Update(const EngineLoopStats& s, absl::Time now) {
   prefix_hit_rate->Set(px.hit_rate());
   prefix_snapshot_bytes->Set(static_cast<double>(px.snapshot_bytes_held));
   prefix_cached_blocks->Set(static_cast<double>(px.blocks_cached));
+  bump(&prefix_tier_evictions->Add({{"tier", "device"}, {"kind", "block"}}),
+       px.blocks_evicted, last_prefix_.blocks_evicted);
+  bump(&prefix_tier_evictions->Add({{"tier", "device"}, {"kind", "snapshot"}}),
+       px.snapshots_evicted, last_prefix_.snapshots_evicted);
+  bump(&prefix_tier_evictions->Add({{"tier", "host"}, {"kind", "block"}}),
+       px.host_blocks_evicted, last_prefix_.host_blocks_evicted);
+  bump(&prefix_tier_evictions->Add({{"tier", "host"}, {"kind", "snapshot"}}),
+       px.host_snapshots_evicted, last_prefix_.host_snapshots_evicted);
+  prefix_tier_bytes->Add({{"tier", "device"}})
+      .Set(static_cast<double>(px.device_bytes_held));
+  prefix_tier_bytes->Add({{"tier", "host"}})
+      .Set(static_cast<double>(px.host_bytes_held));
+  bump(&prefix_host_loads->Add({{"kind", "block"}}), px.blocks_loaded_from_host,
+       last_prefix_.blocks_loaded_from_host);
+  bump(&prefix_host_loads->Add({{"kind", "snapshot"}}), px.snapshots_loaded_from_host,
+       last_prefix_.snapshots_loaded_from_host);
+  bump(prefix_host_hits, px.hits_from_host, last_prefix_.hits_from_host);
+  prefix_host_budget_bytes->Set(static_cast<double>(px.host_budget_bytes));
   bump(&prefix_continuations->Add({{"result", "completed"}}),
        px.continuations_completed, last_prefix_.continuations_completed);
   bump(&prefix_continuations->Add({{"result", "skipped"}}), px.continuations_skipped,

@@ -114,6 +114,12 @@ class WorkerMetrics {
   metrics::Counter* prefix_blocks_evicted;
   metrics::Gauge* prefix_snapshot_bytes;
   metrics::Gauge* prefix_cached_blocks;
+  // The two tiers (docs/prefix_caching.md, "The host-memory tier").
+  metrics::Family<metrics::Counter>* prefix_tier_evictions;  // {tier, kind}
+  metrics::Family<metrics::Gauge>* prefix_tier_bytes;        // {tier}
+  metrics::Family<metrics::Counter>* prefix_host_loads;      // {kind}
+  metrics::Counter* prefix_host_hits;
+  metrics::Gauge* prefix_host_budget_bytes;
   // Generation snapshots: continuations by result (completed, skipped,
   // cancelled), positions they recomputed, snapshots they stored.
   metrics::Family<metrics::Counter>* prefix_continuations;

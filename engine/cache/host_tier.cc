@@ -3,9 +3,36 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "common/status.h"
+#include "engine/cache/memory_budget.h"
 
 namespace tandem::engine {
+
+absl::StatusOr<int64_t> ResolveHostTierBudget(absl::string_view spec,
+                                              int64_t kv_cache_budget_bytes,
+                                              int64_t mem_available_bytes) {
+  const absl::string_view text = absl::StripAsciiWhitespace(spec);
+  if (text.empty()) {
+    if (mem_available_bytes <= 0) {
+      return InvalidArgument(
+          "--prefix_host_memory: the host memory available cannot be read for the "
+          "default (min(2 x --kv_cache_memory, half of it)); give bytes, like 16GiB, "
+          "or 0 for off");
+    }
+    return std::min(2 * std::max<int64_t>(0, kv_cache_budget_bytes),
+                    mem_available_bytes / 2);
+  }
+  if (text == "0") return 0;
+  absl::StatusOr<MemoryBudget> b = ParseMemoryBudget(text);
+  if (!b.ok()) return InvalidArgument("--prefix_host_memory: ", b.status().message());
+  if (b->is_fraction()) {
+    return InvalidArgument(
+        "--prefix_host_memory=", text,
+        " is a fraction; give bytes with a unit, like 16GiB (0: off)");
+  }
+  return b->bytes;
+}
 
 HostTier::HostTier(int64_t budget_bytes)
     : budget_(std::max<int64_t>(0, budget_bytes)) {}

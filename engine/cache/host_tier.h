@@ -35,10 +35,22 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "engine/cache/prefix_events.h"
 
 namespace tandem::engine {
+
+// The host tier's budget from --prefix_host_memory: bytes with a unit
+// (ParseMemoryBudget's: 64GiB, 512MB, 1048576), "0" for off, or empty for the
+// production default min(2 x kv_cache_budget_bytes, mem_available_bytes / 2)
+// (SGLang HiCache's ratio of 2, capped at half the host memory available at
+// start). A fraction, a negative or garbled size is INVALID_ARGUMENT naming the
+// flag; an empty spec with mem_available_bytes <= 0 (unknown) too, asking for bytes.
+absl::StatusOr<int64_t> ResolveHostTierBudget(absl::string_view spec,
+                                              int64_t kv_cache_budget_bytes,
+                                              int64_t mem_available_bytes);
 
 struct HostTierStats {
   int64_t blocks_stored = 0;      // blocks put here

@@ -14,6 +14,24 @@ namespace {
 
 std::vector<uint8_t> Bytes(size_t n, uint8_t v) { return std::vector<uint8_t>(n, v); }
 
+TEST(ResolveHostTierBudgetTest, Table) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  // Default: twice the KV cache budget, capped at half the available memory.
+  EXPECT_EQ(*ResolveHostTierBudget("", 8 * kGiB, 100 * kGiB), 16 * kGiB);
+  EXPECT_EQ(*ResolveHostTierBudget("", 80 * kGiB, 100 * kGiB), 50 * kGiB);
+  EXPECT_EQ(*ResolveHostTierBudget("0", 8 * kGiB, 100 * kGiB), 0);
+  EXPECT_EQ(*ResolveHostTierBudget("512MiB", 8 * kGiB, 0), 512 << 20);
+  EXPECT_EQ(*ResolveHostTierBudget("2G", 0, 0), 2 * kGiB);
+  EXPECT_EQ(*ResolveHostTierBudget("1048576", 0, 0), 1 << 20);
+  for (const char* bad : {"0.5", "-1", "lots", "12XB"}) {
+    auto r = ResolveHostTierBudget(bad, 8 * kGiB, 100 * kGiB);
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("--prefix_host_memory"), std::string::npos)
+        << r.status();
+  }
+  EXPECT_FALSE(ResolveHostTierBudget("", 8 * kGiB, 0).ok());  // unknown: ask for bytes
+}
+
 TEST(HostTierTest, BudgetLeavesFirstAndPins) {
   HostTier t(300);
   std::vector<PrefixEvent> removed;
