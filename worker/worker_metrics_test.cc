@@ -23,5 +23,38 @@ TEST(WorkerMetricsTest, KvTransportInfoNamesWhatWasOpened) {
       << text;
 }
 
+TEST(WorkerMetricsTest, PrefixCacheTiers) {
+  metrics::Registry registry;
+  WorkerMetrics m(&registry);
+  EngineLoopStats s;
+  s.prefix.blocks_evicted = 7;
+  s.prefix.snapshots_evicted = 2;
+  s.prefix.host_blocks_evicted = 3;
+  s.prefix.device_bytes_held = 4096;
+  s.prefix.host_bytes_held = 1024;
+  s.prefix.blocks_loaded_from_host = 5;
+  s.prefix.snapshots_loaded_from_host = 1;
+  s.prefix.hits_from_host = 1;
+  s.prefix.host_budget_bytes = 1 << 20;
+  m.Update(s, absl::Now());
+  s.prefix.blocks_evicted = 9;  // counters follow the totals
+  m.Update(s, absl::Now() + absl::Seconds(1));
+  const std::string text = metrics::SerializeText(registry.Collect());
+  for (const char* want : {
+           "tandem_worker_prefix_cache_evictions_total{tier=\"device\",kind=\"block\"} "
+           "9",
+           "tandem_worker_prefix_cache_evictions_total{tier=\"device\",kind="
+           "\"snapshot\"} 2",
+           "tandem_worker_prefix_cache_evictions_total{tier=\"host\",kind=\"block\"} 3",
+           "tandem_worker_prefix_cache_bytes{tier=\"device\"} 4096",
+           "tandem_worker_prefix_cache_bytes{tier=\"host\"} 1024",
+           "tandem_worker_prefix_cache_host_loads_total{kind=\"block\"} 5",
+           "tandem_worker_prefix_cache_host_hits_total 1",
+           "tandem_worker_prefix_cache_host_budget_bytes 1048576",
+       }) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+}
+
 }  // namespace
 }  // namespace tandem::worker
