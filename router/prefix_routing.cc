@@ -1,6 +1,7 @@
 #include "router/prefix_routing.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <tuple>
 
@@ -170,11 +171,23 @@ std::vector<std::string> PrefixIndex::workers() const {
   return out;
 }
 
+double RecentWork::At(const std::string& worker, absl::Time now) const {
+  auto it = work_.find(worker);
+  if (it == work_.end()) return 0;
+  const double dt = std::max(0.0, absl::ToDoubleSeconds(now - it->second.at));
+  return it->second.tokens * std::exp(-dt / absl::ToDoubleSeconds(tau_));
+}
+
+void RecentWork::Add(const std::string& worker, int64_t tokens, absl::Time now) {
+  const double before = At(worker, now);
+  work_[worker] = Entry{before + static_cast<double>(tokens), now};
+}
+
 std::optional<PrefillChoice> SelectPrefillCacheAware(
     const std::vector<WorkerRecord>& workers,
     const absl::flat_hash_set<std::string>& exclude, const InFlightMap& in_flight,
     int64_t prompt_tokens, absl::Span<const uint64_t> hashes, const PrefixIndex& index,
-    const CacheAwareOptions& options, absl::Time now) {
+    const CacheAwareOptions& options, absl::Time now, const RecentWork* recent) {
   struct Candidate {
     size_t index;
     int64_t load;
@@ -198,14 +211,16 @@ std::optional<PrefillChoice> SelectPrefillCacheAware(
                           static_cast<double>(max_load) >
                               options.balance_rel * static_cast<double>(min_load);
   std::optional<PrefillChoice> best;
-  std::tuple<double, int64_t, std::string> best_key;
+  std::tuple<double, int64_t, double, std::string> best_key;
   for (const Candidate& k : c) {
     const double cost =
         imbalanced
             ? static_cast<double>(k.load)
             : options.overlap_weight * static_cast<double>(prompt_tokens - k.matched) +
                   static_cast<double>(k.load);
-    auto key = std::make_tuple(cost, k.load, workers[k.index].registration.worker_id());
+    const std::string& id = workers[k.index].registration.worker_id();
+    auto key = std::make_tuple(cost, k.load,
+                               recent == nullptr ? 0.0 : recent->At(id, now), id);
     if (!best.has_value() || key < best_key) {
       best = PrefillChoice{k.index, k.matched, imbalanced};
       best_key = std::move(key);
@@ -222,9 +237,28 @@ std::optional<PrefillChoice> PrefillRouter::Select(
   absl::MutexLock l(&mu_);
   switch (policy_) {
     case RoutingPolicy::kLeastLoad: {
-      std::optional<size_t> i = SelectPrefill(workers, exclude, in_flight);
-      if (!i.has_value()) return std::nullopt;
-      return PrefillChoice{*i, 0, false};
+      // SelectPrefill's order (queued + in-flight tokens, then requests), the
+      // least recent work before the id on a tie.
+      std::optional<size_t> best;
+      std::tuple<int64_t, int64_t, double, std::string> best_key;
+      for (size_t i = 0; i < workers.size(); ++i) {
+        const std::string& id = workers[i].registration.worker_id();
+        if (exclude.contains(id)) continue;
+        auto f = in_flight.find(id);
+        const InFlight fl = f == in_flight.end() ? InFlight{} : f->second;
+        const tandem::v1::WorkerLoad& l = workers[i].load;
+        auto key =
+            std::make_tuple(l.queued_prefill_tokens() + fl.tokens,
+                            static_cast<int64_t>(l.running_requests()) + fl.requests,
+                            recent_.At(id, now), id);
+        if (!best.has_value() || key < best_key) {
+          best = i;
+          best_key = std::move(key);
+        }
+      }
+      if (!best.has_value()) return std::nullopt;
+      recent_.Add(workers[*best].registration.worker_id(), prompt_tokens, now);
+      return PrefillChoice{*best, 0, false};
     }
     case RoutingPolicy::kRoundRobin: {
       // Worker ids in order, the next one after the last choice not excluded.
@@ -240,11 +274,13 @@ std::optional<PrefillChoice> PrefillRouter::Select(
       return PrefillChoice{order[next_++ % order.size()], 0, false};
     }
     case RoutingPolicy::kCacheAware: {
-      std::optional<PrefillChoice> c = SelectPrefillCacheAware(
-          workers, exclude, in_flight, prompt_tokens, hashes, index_, options_, now);
+      std::optional<PrefillChoice> c =
+          SelectPrefillCacheAware(workers, exclude, in_flight, prompt_tokens, hashes,
+                                  index_, options_, now, &recent_);
       if (c.has_value()) {
-        index_.RecordSent(workers[c->index].registration.worker_id(), hashes,
-                          prompt_tokens, now);
+        const std::string& id = workers[c->index].registration.worker_id();
+        index_.RecordSent(id, hashes, prompt_tokens, now);
+        recent_.Add(id, prompt_tokens - c->matched_tokens, now);
       }
       return c;
     }
@@ -306,6 +342,7 @@ ReportOutcome PrefillRouter::OnHeartbeat(const tandem::v1::HeartbeatRequest& r) 
 void PrefillRouter::RemoveWorker(const std::string& worker) {
   absl::MutexLock l(&mu_);
   index_.RemoveWorker(worker);
+  recent_.Remove(worker);
 }
 
 void PrefillRouter::Retain(const absl::flat_hash_set<std::string>& live) {

@@ -1,11 +1,13 @@
 #include "router/prefix_routing.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/route_hash.h"
 #include "gtest/gtest.h"
 
@@ -337,6 +339,82 @@ TEST(SelectPrefillCacheAwareTest, SharedFirstBlocksDoNotHotSpotOneWorker) {
   affinity.balance_abs_tokens = std::numeric_limits<int64_t>::max();
   double affinity_hits = 0;
   EXPECT_GT(Spread(affinity, &affinity_hits), 3.0);  // everything on one worker
+}
+
+TEST(RecentWorkTest, DecaysExponentially) {
+  RecentWork r(absl::Seconds(10));
+  EXPECT_EQ(r.At("a", kNow), 0);
+  r.Add("a", 1000, kNow);
+  EXPECT_DOUBLE_EQ(r.At("a", kNow), 1000);
+  EXPECT_NEAR(r.At("a", kNow + absl::Seconds(10)), 1000 * std::exp(-1.0), 1e-9);
+  r.Add("a", 500, kNow + absl::Seconds(10));
+  EXPECT_NEAR(r.At("a", kNow + absl::Seconds(10)), 1000 * std::exp(-1.0) + 500, 1e-9);
+  r.Remove("a");
+  EXPECT_EQ(r.At("a", kNow), 0);
+}
+
+// Light load (the trace bench's finding): every worker reports 0 queued and
+// nothing is in flight between sequential requests, so cost and load tie on
+// every uncached prompt. The tie used to go to the lowest id, which then took
+// all uncached work; the recent-work tie-break spreads it.
+TEST(PrefillRouterTest, TiesAtLightLoadSpreadOverWorkers) {
+  for (RoutingPolicy policy : {RoutingPolicy::kLeastLoad, RoutingPolicy::kCacheAware}) {
+    FakeClock clock(kNow);
+    PrefillRouter router(policy, CacheAwareOptions{}, &clock);
+    const std::vector<WorkerRecord> ws = {Worker("a", 0), Worker("b", 0),
+                                          Worker("c", 0)};
+    std::map<std::string, int64_t> work;
+    for (int i = 0; i < 300; ++i) {
+      const auto p = Prompt(256 + (i % 5) * 64, i + 1);  // distinct: nothing hits
+      const auto h = RouterBlockHashes(p, "");
+      auto c = router.Select(ws, {}, {}, p.size(), h);
+      ASSERT_TRUE(c.has_value());
+      work[ws[c->index].registration.worker_id()] += p.size();
+      clock.Advance(absl::Milliseconds(200));
+    }
+    ASSERT_EQ(work.size(), 3u) << RoutingPolicyName(policy);
+    int64_t total = 0, most = 0;
+    for (const auto& [id, t] : work) {
+      total += t;
+      most = std::max(most, t);
+    }
+    EXPECT_LE(static_cast<double>(most) / (static_cast<double>(total) / 3), 1.1)
+        << RoutingPolicyName(policy);
+  }
+}
+
+// The tie-break never outweighs the cache: a worker holding the prefix wins
+// although it took all the recent work.
+TEST(PrefillRouterTest, RecentWorkNeverBeatsAHit) {
+  FakeClock clock(kNow);
+  PrefillRouter router(RoutingPolicy::kCacheAware, CacheAwareOptions{}, &clock);
+  const std::vector<WorkerRecord> ws = {Worker("a", 0), Worker("b", 0)};
+  const auto p = Prompt(1024, 7);
+  const auto h = RouterBlockHashes(p, "");
+  // "b" reports the prompt's first 512 tokens; "a" reports nothing.
+  for (const char* id : {"a", "b"}) {
+    tandem::v1::RegisterRequest r;
+    r.set_worker_id(id);
+    r.set_reports_prefix_cache(true);
+    r.set_prefix_epoch(1);
+    if (std::string(id) == "b") {
+      r.set_prefix_seq(1);
+      *r.add_prefix_snapshot() = Stored(h, 8);
+    }
+    router.OnRegister(r);
+  }
+  for (int i = 0; i < 5; ++i) {  // "b" takes every repeat, its recent work growing
+    auto c = router.Select(ws, {}, {}, p.size(), h);
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(ws[c->index].registration.worker_id(), "b");
+    // 512 reported; then the overlay of the prompt sent (its last full chunk).
+    EXPECT_EQ(c->matched_tokens, i == 0 ? 512 : 960);
+  }
+  // Without the hit, recent work sends the next uncached prompt to "a".
+  const auto q = Prompt(1024, 8);
+  auto c = router.Select(ws, {}, {}, q.size(), RouterBlockHashes(q, ""));
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(ws[c->index].registration.worker_id(), "a");
 }
 
 TEST(RoutingPolicyTest, Parse) {
