@@ -8,10 +8,12 @@
 // (stored - removed = snapshots usable in either tier); every block and slot
 // must be idle at the end.
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "engine/runtime/engine.h"
 #include "engine/runtime/test_util.h"
 #include "gtest/gtest.h"
@@ -22,6 +24,25 @@ namespace {
 using testing::MakeBackend;
 using testing::MakePrompt;
 using testing::TinyWeights;
+
+const model::Checkpoint& TinyCheckpoint() {
+  static const model::Checkpoint* c = [] {
+    auto ckpt = model::Checkpoint::Open(testing::kTinyCheckpointDir);
+    if (!ckpt.ok()) std::abort();
+    return ckpt->release();
+  }();
+  return *c;
+}
+
+// TP 2 (two CPU ranks): each rank copies its own KDA heads and MLA replica.
+EngineOptions Tp2(EngineOptions o) {
+  o.tp.tp_size = 2;
+  o.tp.backend = "cpu";
+  o.tp.threads_per_rank = 1;
+  o.tp.timeout = absl::Seconds(30);
+  o.tp_checkpoint = &TinyCheckpoint();
+  return o;
+}
 
 EngineOptions Base() {
   EngineOptions o;
@@ -67,8 +88,10 @@ struct RunResult {
 // device tier by the others).
 RunResult RunOne(const EngineOptions& o, bool seeded) {
   RunResult run;
-  auto backend = MakeBackend("cpu");
-  auto made = Engine::Create(&TinyWeights(), backend.get(), nullptr, o);
+  const bool tp = o.tp.tp_size > 1;
+  auto backend = tp ? nullptr : MakeBackend("cpu");
+  auto made = tp ? Engine::Create(nullptr, nullptr, nullptr, o)
+                 : Engine::Create(&TinyWeights(), backend.get(), nullptr, o);
   EXPECT_TRUE(made.ok()) << made.status();
   if (!made.ok()) return run;
   Engine& e = **made;
@@ -186,6 +209,16 @@ TEST_P(HostTierEngineTest, SmallHostBudgetEvictsAndStaysExact) {
   EXPECT_EQ(on.stored - on.removed,
             on.stats.snapshots_held + on.stats.host_snapshots_held);
   EXPECT_EQ(on.prefill_tokens, off.prefill_tokens - on.stats.hit_tokens);
+}
+
+TEST_P(HostTierEngineTest, Tp2EqualsNoCacheThroughTheHostTier) {
+  const bool seeded = GetParam();
+  const RunResult off = RunOne(Tp2(Base()), seeded);
+  const RunResult on = RunOne(Tp2(Cached(int64_t{64} << 20)), seeded);
+  ExpectSame(off, on);
+  EXPECT_EQ(on.stats.hits, 8);
+  EXPECT_GE(on.stats.hits_from_host, 6);
+  EXPECT_EQ(on.prefill_tokens, off.prefill_tokens - 8 * 192);
 }
 
 INSTANTIATE_TEST_SUITE_P(GreedyAndSeeded, HostTierEngineTest, ::testing::Bool());
