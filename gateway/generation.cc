@@ -214,6 +214,7 @@ tandem::v1::GenerateRequest Generation::BuildRequest(int i, absl::Time deadline)
   req.set_deadline_unix_ms(rpc::ToUnixMillisOrZero(deadline));
   req.set_priority(fields_.priority);
   if (!fields_.cache_salt.empty()) req.set_cache_salt(fields_.cache_salt);
+  for (const tandem::v1::ImageInput& image : images_) *req.add_images() = image;
   return req;
 }
 

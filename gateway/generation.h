@@ -100,6 +100,11 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void set_structured_output(tandem::v1::StructuredOutput so) {
     structured_output_ = std::move(so);
   }
+  // The chat prompt's images (GenerateRequest.images) every call carries
+  // (before Start).
+  void set_images(std::vector<tandem::v1::ImageInput> images) {
+    images_ = std::move(images);
+  }
   // Starts the router calls and watches the client (call once, on a
   // shared_ptr: the calls' callbacks keep the Generation alive).
   void Start();
@@ -183,6 +188,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   const std::string router_model_;
   const GenerationFields fields_;
   std::optional<tandem::v1::StructuredOutput> structured_output_;
+  std::vector<tandem::v1::ImageInput> images_;
   const std::vector<Choice> choices_;
   const int prompt_tokens_;
   const std::string chunk_tail_ = ChunkTail();

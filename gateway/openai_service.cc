@@ -332,21 +332,19 @@ void OpenAIService::HandleChat(std::shared_ptr<RequestContext> ctx) {
       ParseChatCompletionRequest(ctx->request.body);
   if (!parsed.ok()) return ctx->Error(ParseError(parsed.status()));
   auto req = std::make_shared<ChatCompletionRequest>(*std::move(parsed));
+  // Every image is decoded and preprocessed here (a bad one is a 400 naming
+  // its part); the ImageInputs travel to the prefill worker, which runs the
+  // vision tower over the same bytes.
+  auto images = std::make_shared<std::vector<tandem::v1::ImageInput>>();
   bool has_images = false;
   for (const chat::ChatMessage& m : req->messages) has_images |= !m.images.empty();
   if (has_images) {
-    // Every image is decoded and validated (a bad one is a 400 naming its
-    // part), but none is served yet: the prefill worker does not run the
-    // vision tower, and a prompt of bare <|media_pad|> rows would be answered
-    // as if the image were blank.
-    absl::StatusOr<std::vector<tandem::v1::ImageInput>> images =
+    absl::StatusOr<std::vector<tandem::v1::ImageInput>> prepared =
         media::PrepareImages(&req->messages, options_.images);
-    if (!images.ok()) return ctx->Error(ApiErrorFromStatus(images.status()));
-    return ctx->Error(ApiErrorFromStatus(absl::UnimplementedError(
-        "messages: image input is not served end to end yet (the images were decoded "
-        "and validated; the prefill worker does not run the vision tower)")));
+    if (!prepared.ok()) return ctx->Error(ApiErrorFromStatus(prepared.status()));
+    *images = *std::move(prepared);
   }
-  WithModels([this, ctx, req](ModelsOr models) {
+  WithModels([this, ctx, req, images](ModelsOr models) {
     if (!models.ok()) return ctx->Error(ApiErrorFromStatus(models.status()));
     auto model = ResolveModel(**models, options_.served_model_name, req->fields.model);
     if (!model.ok()) return ctx->Error(ModelNotFound(model.status()));
@@ -355,6 +353,11 @@ void OpenAIService::HandleChat(std::shared_ptr<RequestContext> ctx) {
     if (!segments.ok()) return ctx->Error(ParseError(segments.status()));
     absl::StatusOr<std::vector<int>> ids = chat::EncodeChat(*tokenizer_, *segments);
     if (!ids.ok()) return ctx->Error(ParseError(ids.status()));
+    if (!images->empty()) {
+      // Each image's run of <|media_pad|> ids in the encoded prompt.
+      absl::Status located = media::LocatePlaceholders(*ids, images.get());
+      if (!located.ok()) return ctx->Error(ApiErrorFromStatus(located));
+    }
     if (auto e = CheckContext(**model, ids->size(), req->fields, "messages")) {
       return ctx->Error(*e);
     }
@@ -381,6 +384,7 @@ void OpenAIService::HandleChat(std::shared_ptr<RequestContext> ctx) {
         ctx, Deps(), /*chat=*/true, ids_.Next("chatcmpl-"), name, (*model)->id(),
         req->fields, std::move(o), std::move(choices), static_cast<int>(ids->size()));
     if (*constraint) g->set_structured_output(**std::move(constraint));
+    if (!images->empty()) g->set_images(std::move(*images));
     g->Start();
   });
 }

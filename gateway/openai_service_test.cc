@@ -366,6 +366,23 @@ json ImageChatBody(const std::string& url) {
                    {{"type", "text"}, {"text", "what is this?"}}}}}}}};
 }
 
+TEST_P(OpenAIServiceTest, ImageChatIsSentWithItsImages) {
+  // The image's <|media_begin|> "image 3x2" <|media_content|> <|media_pad|>
+  // <|media_end|> are prompt tokens.
+  json text_only = ImageChatBody("x");
+  text_only["messages"][0]["content"] = {{{"type", "text"}, {"text", "what is this?"}}};
+  auto plain = Post("/v1/chat/completions", text_only);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_EQ(plain->status_code, 200) << plain->body;
+  auto r =
+      Post("/v1/chat/completions", ImageChatBody("data:image/png;base64," + kPng3x2));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->status_code, 200) << r->body;
+  const json j = json::parse(r->body);
+  EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(),
+            json::parse(plain->body)["usage"]["prompt_tokens"].get<int>() + 3);
+}
+
 TEST_P(OpenAIServiceTest, ErrorCases) {
   struct Case {
     std::string path;
@@ -400,8 +417,8 @@ TEST_P(OpenAIServiceTest, ErrorCases) {
       {"/v1/chat/completions", ChatBody("#error:UNAVAILABLE").dump(), "sekrit", 503,
        "service_unavailable", ""},
       {"/v1/nothing", "{}", "sekrit", 404, "unknown_url", ""},
-      // Image parts: a bad image is a 400 naming its part; a good one is
-      // validated and then refused until the vision tower serves it.
+      // Image parts: a bad image is a 400 naming its part (a good one is
+      // served: ImageChatIsSentWithItsImages).
       {"/v1/chat/completions",
        ImageChatBody("data:image/jpeg;base64," + kPng3x2).dump(), "sekrit", 400, "",
        "messages[0].content[0].image_url"},
@@ -409,8 +426,6 @@ TEST_P(OpenAIServiceTest, ErrorCases) {
        "sekrit", 400, "", "messages[0].content[0].image_url"},
       {"/v1/chat/completions", ImageChatBody("https://example.com/a.png").dump(),
        "sekrit", 400, "", "messages[0].content[0].image_url"},
-      {"/v1/chat/completions", ImageChatBody("data:image/png;base64," + kPng3x2).dump(),
-       "sekrit", 501, "not_implemented", ""},
   };
   for (const Case& c : cases) {
     auto r = Post(c.path, c.body, c.key);

@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/signals.h"
 #include "common/tls/tls_flags.h"
+#include "engine/vision/vision_tower.h"
 #include "kvtransfer/ucx_agent.h"
 #include "metrics/registry.h"
 #include "prefill/prefill_service.h"
@@ -79,6 +80,28 @@ int main(int argc, char** argv) {
   pso.test_corrupt_transfer = absl::GetFlag(FLAGS_test_corrupt_transfer);
   pso.stream_layers = absl::GetFlag(FLAGS_kv_stream_layers);
   pso.checksum_backends = checksum_backends;
+  // The vision tower, when the checkpoint has one: a prompt's images are
+  // encoded here (the decode worker only receives their state).
+  std::unique_ptr<tandem::vision::VisionTower> vision;
+  {
+    auto tower = tandem::vision::VisionTower::Load(*(*model)->checkpoint,
+                                                   (*model)->backend.get());
+    if (tower.ok()) {
+      vision = *std::move(tower);
+      pso.vision = vision.get();
+      TLOG(INFO, "vision tower loaded: image input is served");
+    } else if (absl::IsNotFound(tower.status())) {
+      TLOG(INFO, "the checkpoint has no vision tower: prompts with images are refused");
+    } else if (absl::IsFailedPrecondition(tower.status())) {
+      TLOG(WARNING,
+           "the vision tower cannot run on this backend: prompts with images "
+           "are refused")
+          .Kv("status", tower.status());
+    } else {
+      TLOG(ERROR, "cannot load the vision tower").Kv("status", tower.status());
+      return 1;
+    }
+  }
   if (pso.test_corrupt_transfer) {
     TLOG(WARNING, "TEST ONLY --test_corrupt_transfer: every transfer is corrupted");
   }
@@ -106,5 +129,6 @@ int main(int argc, char** argv) {
       [&] { metrics.Update(loop->stats(), absl::Now()); });
   loop.reset();  // no engine callbacks after this
   service->reset();
+  vision.reset();
   return rc;
 }

@@ -6,6 +6,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "engine/media/preprocess.h"
 #include "engine/sampling/proto_convert.h"
 #include "engine/sampling/sampling_params.h"
 #include "kvtransfer/plan.h"
@@ -15,6 +16,49 @@
 
 namespace tandem::prefill {
 namespace {
+
+// The request's images decoded and preprocessed with the gateway's code, each
+// checked against what the gateway found (the same bytes must give the same
+// patches: engine/media is deterministic and bit-exact).
+absl::StatusOr<std::vector<media::PatchedImage>> PrepareImages(
+    const tandem::v1::PrefillRequest& req, const vision::VisionTower& tower,
+    const media::DecodeLimits& limits) {
+  media::MediaConfig config;
+  config.patch_size = static_cast<int>(tower.config().patch_size);
+  if (!tower.config().merge_kernel_size.empty()) {
+    config.merge_kernel = tower.config().merge_kernel_size[0];
+  }
+  std::vector<media::PatchedImage> out;
+  int64_t end = 0;
+  for (int i = 0; i < req.images_size(); ++i) {
+    const tandem::v1::ImageInput& im = req.images(i);
+    absl::StatusOr<media::DecodedImage> decoded =
+        media::DecodeImage(im.data(), im.mime_type(), limits);
+    if (!decoded.ok()) {
+      return InvalidArgument("images[", i, "]: ", decoded.status().message());
+    }
+    absl::StatusOr<media::PatchedImage> p = media::Preprocess(*decoded, config);
+    if (!p.ok()) return InvalidArgument("images[", i, "]: ", p.status().message());
+    if (p->grid_h != im.grid_h() || p->grid_w != im.grid_w() ||
+        p->num_tokens() != im.num_tokens() || p->content_hash != im.content_hash()) {
+      return InvalidArgument(
+          "images[", i, "]: the prefill worker's preprocessing gives grid ", p->grid_h,
+          "x", p->grid_w, ", ", p->num_tokens(), " tokens, hash ", p->content_hash,
+          "; the request says grid ", im.grid_h(), "x", im.grid_w(), ", ",
+          im.num_tokens(), " tokens, hash ", im.content_hash(),
+          " (gateway and prefill worker disagree on the image or its preprocessing)");
+    }
+    if (im.placeholder_start() < end ||
+        im.placeholder_start() + im.num_tokens() > req.prompt_token_ids_size()) {
+      return InvalidArgument("images[", i, "]: placeholders [", im.placeholder_start(),
+                             ", ", im.placeholder_start() + im.num_tokens(),
+                             ") are outside the prompt or overlap the previous image");
+    }
+    end = im.placeholder_start() + im.num_tokens();
+    out.push_back(*std::move(p));
+  }
+  return out;
+}
 
 class PrefillReactor final : public grpc::ServerUnaryReactor {
  public:
@@ -200,6 +244,19 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
     spec.targets.push_back(
         {std::move(*dst), t.transfer_descriptor(), t.transfer_address()});
   }
+  std::shared_ptr<std::vector<media::PatchedImage>> images;
+  if (req->images_size() > 0) {
+    if (options_.vision == nullptr) {
+      return refuse(FailedPrecondition(
+          "prefill worker ", options_.worker_id,
+          " has no vision tower (its checkpoint has no vision tensors, or its backend "
+          "cannot run the tower): a prompt with images cannot be prefilled here"));
+    }
+    absl::StatusOr<std::vector<media::PatchedImage>> prepared =
+        PrepareImages(*req, *options_.vision, options_.decode_limits);
+    if (!prepared.ok()) return refuse(prepared.status());
+    images = std::make_shared<std::vector<media::PatchedImage>>(*std::move(prepared));
+  }
   // Prefill-only parameters: the request's sampling; stop conditions are the
   // decode worker's business (the router sends requests with min_tokens > 0 to
   // the colocated path, so no stop token is masked at the first token).
@@ -253,9 +310,7 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   }
   std::vector<int32_t> prompt(req->prompt_token_ids().begin(),
                               req->prompt_token_ids().end());
-  // The request's prefix-cache namespace (its tenant), as the router passed it.
-  loop_->AddRequest(
-      call->eid, std::move(prompt), *params,
+  worker::OutputCallback on_output =
       [this, call, done](engine::Engine& e,
                          const absl::StatusOr<engine::RequestOutput>& out) {
         absl::Status s = out.status();
@@ -278,8 +333,42 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
           return;
         }
         if (call->Finish(grpc::Status::OK)) Count("Prefill", "ok");
-      },
-      req->cache_salt());
+      };
+  // The request's prefix-cache namespace (its tenant), as the router passed it.
+  if (images == nullptr) {
+    loop_->AddRequest(call->eid, std::move(prompt), *params, std::move(on_output),
+                      req->cache_salt());
+    return reactor;
+  }
+  // The tower runs on the engine thread (the engine's backend), then the
+  // request is added with one MediaInput per image.
+  loop_->Post([this, call, images, prompt = std::move(prompt), params = *params,
+               on_output = std::move(on_output)](engine::Engine& e) mutable {
+    std::vector<const media::PatchedImage*> ptrs;
+    for (const media::PatchedImage& p : *images) ptrs.push_back(&p);
+    absl::StatusOr<std::vector<float>> rows = options_.vision->Encode(ptrs);
+    if (!rows.ok()) {
+      on_output(e, absl::InternalError(absl::StrCat("the vision tower failed: ",
+                                                    rows.status().message())));
+      return;
+    }
+    const int64_t hidden = options_.vision->config().text_hidden_size;
+    std::vector<engine::MediaInput> media;
+    int64_t offset = 0;
+    for (int i = 0; i < call->request.images_size(); ++i) {
+      const tandem::v1::ImageInput& im = call->request.images(i);
+      const int64_t n = (*images)[i].num_tokens();
+      auto emb = std::make_shared<std::vector<float>>(
+          rows->begin() + offset * hidden, rows->begin() + (offset + n) * hidden);
+      offset += n;
+      media.push_back({.position = im.placeholder_start(),
+                       .rows = n,
+                       .content_hash = im.content_hash(),
+                       .embeddings = std::move(emb)});
+    }
+    loop_->AddRequest(call->eid, std::move(prompt), params, std::move(on_output),
+                      call->request.cache_salt(), std::move(media));
+  });
   return reactor;
 }
 

@@ -9,6 +9,11 @@
 //     → SendSession::Create (streaming on: Connect, cached per decode agent in
 //       the PeerCache; UNAVAILABLE ends it), registered on the engine thread
 //                                                              COMPUTING
+//     → images (PrefillRequest.images): each decoded and preprocessed again
+//       (engine/media) and checked against the gateway's grid, token count and
+//       content hash (INVALID_ARGUMENT otherwise); on the engine thread the
+//       vision tower encodes them, one MediaInput per image over its
+//       <|media_pad|> run (TP > 1: the engine refuses images, UNIMPLEMENTED)
 //     → engine thread: AddRequest (prefill-only parameters: the request's
 //       sampling, no stop conditions, so the first token is exactly the one a
 //       colocated run samples first)
@@ -57,8 +62,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "engine/media/decode.h"
 #include "engine/runtime/engine.h"
 #include "engine/runtime/kv_cache.h"
+#include "engine/vision/vision_tower.h"
 #include "kernels/backend.h"
 #include "kvtransfer/transfer_agent.h"
 #include "prefill/peer_cache.h"
@@ -89,6 +96,12 @@ struct PrefillServiceOptions {
   // the host computes them (host caches; cuda_sim). Not owned; must outlive the
   // service.
   std::vector<kernels::Backend*> checksum_backends;
+  // The vision tower (prefill_main loads it when the checkpoint has vision
+  // tensors); null: a Prefill with images is refused FAILED_PRECONDITION. It
+  // runs on the engine thread (it shares the engine's backend). Not owned.
+  vision::VisionTower* vision = nullptr;
+  // Limits on the images' encoded bytes and pixels (the gateway's defaults).
+  media::DecodeLimits decode_limits;
 };
 
 class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {

@@ -38,6 +38,7 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
                        // matches them against the decode workers' reports.
                        .prefix_hashes = RouterBlockHashes(req_.prompt_token_ids().ids(),
                                                           req_.cache_salt()),
+                       .has_images = req_.images_size() > 0,
                    }) {}
 
   void Start() {
@@ -135,6 +136,7 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
     prefill_req_.set_deadline_unix_ms(rpc::ToUnixMillisOrZero(a.deadline));
     prefill_req_.set_checksums(h_->options().checksums);
     prefill_req_.set_cache_salt(req_.cache_salt());
+    *prefill_req_.mutable_images() = req_.images();
     prefill_resp_.Clear();
     h_->PrefillStub(a.worker.registration.grpc_address())
         ->async()

@@ -73,6 +73,7 @@ Placement::Actions Placement::Start() {
   if (cancelled_) return Finish(ClientCancelled());
   if (Expired()) return Expire(/*holds_reservation=*/false);
   const int32_t prompt = request_.prompt_tokens;
+  if (request_.has_images) return Reserve();  // Colocate() refuses them
   bool colocate =
       request_.min_tokens > 0 ||
       (options_.max_context_tokens > 0 && prompt + 1 >= options_.max_context_tokens) ||
@@ -305,6 +306,12 @@ Placement::Actions Placement::OnReleased(const absl::Status&) {
 Placement::Actions Placement::Colocate() {
   if (cancelled_) return Finish(ClientCancelled());
   if (Expired()) return Expire(/*holds_reservation=*/false);
+  if (request_.has_images) {
+    // Only a prefill worker runs the vision tower.
+    return Finish(absl::UnavailableError(
+        "no prefill worker is available, and a prompt with images is prefilled "
+        "only on one (the vision tower runs there); the request was not started"));
+  }
   // Draining workers (shutting down) take no new request.
   std::vector<WorkerRecord> live =
       deps_.registry->Available(tandem::v1::WORKER_ROLE_DECODE);

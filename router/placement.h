@@ -105,6 +105,9 @@ struct PlacementRequest {
   // RouterBlockHashes of the prompt (prefix_routing.h), for cache-aware routing
   // and the uncached length.
   std::vector<uint64_t> prefix_hashes;
+  // The prompt has images: always disaggregated (the prefill worker runs the
+  // vision tower; the decode worker gets the state and never needs them).
+  bool has_images = false;
 };
 
 // Shared by every request's Placement; not owned, must outlive it.

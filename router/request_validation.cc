@@ -50,6 +50,37 @@ absl::Status ValidateGenerateRequest(const tandem::v1::GenerateRequest& r,
                            " tokens, more than the model's context of ",
                            limits.max_context_tokens, " tokens");
   }
+  // Images (the gateway located their <|media_pad|> runs; the prefill worker
+  // decodes them again and checks grid, token count and hash).
+  if (r.images_size() > kMaxImages) {
+    return InvalidArgument(r.images_size(), " images, more than ", kMaxImages);
+  }
+  int64_t image_end = 0;
+  for (int i = 0; i < r.images_size(); ++i) {
+    const tandem::v1::ImageInput& im = r.images(i);
+    if (r.prompt_case() != tandem::v1::GenerateRequest::kPromptTokenIds) {
+      return InvalidArgument("images need prompt_token_ids (their placeholders)");
+    }
+    if (im.data().empty()) return InvalidArgument("images[", i, "].data is empty");
+    if (im.num_tokens() <= 0) {
+      return InvalidArgument("images[", i, "].num_tokens must be > 0, got ",
+                             im.num_tokens());
+    }
+    if (im.placeholder_start() < image_end ||
+        im.placeholder_start() + im.num_tokens() > prompt_tokens) {
+      return InvalidArgument("images[", i, "]: placeholders [", im.placeholder_start(),
+                             ", ", im.placeholder_start() + im.num_tokens(),
+                             ") are not inside the prompt of ", prompt_tokens,
+                             " tokens after the previous image's (ending at ",
+                             image_end, ")");
+    }
+    image_end = im.placeholder_start() + im.num_tokens();
+  }
+  if (r.images_size() > 0 && r.stop().min_tokens() > 0) {
+    return InvalidArgument(
+        "stop.min_tokens with images is not supported (an image prompt is prefilled "
+        "on a prefill worker, which samples the first token without stop rules)");
+  }
   const auto& s = r.sampling();
   TANDEM_RETURN_IF_ERROR(InRange("sampling.temperature", s.temperature(), 0, 2));
   TANDEM_RETURN_IF_ERROR(InRange("sampling.top_p", s.top_p(), 0, 1));

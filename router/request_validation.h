@@ -18,6 +18,7 @@ struct ModelLimits {
 // Limits on client-provided lists, so one request cannot make the router allocate
 // without bound.
 inline constexpr int kMaxStopStrings = 16;
+inline constexpr int kMaxImages = 64;
 inline constexpr int kMaxStopStringBytes = 1024;
 inline constexpr int kMaxStopTokenIds = 64;
 inline constexpr int kMaxTopLogprobs = 20;

@@ -1,0 +1,329 @@
+// Image input through the disaggregated cluster in one process: a chat prompt
+// with a base64 PNG data URL is prepared as the gateway does (PrepareImages,
+// RenderChat, EncodeChat, LocatePlaceholders), sent to the router with
+// GenerateRequest.images, prefilled on a prefill worker that runs the tiny
+// checkpoint's vision tower, and decoded on a decode worker that only receives
+// the state.
+//   - a 200-equivalent completion; usage.prompt_tokens counts the image's
+//     <|media_pad|> tokens
+//   - greedy: the same image twice gives the same tokens, another image others
+//   - no prefill worker: UNAVAILABLE naming it (never colocated)
+//   - a content hash the prefill worker's preprocessing disagrees with, and
+//     placeholders outside the prompt: INVALID_ARGUMENT
+#include <grpcpp/grpcpp.h>
+#include <png.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "common/clock.h"
+#include "decode/decode_service.h"
+#include "engine/chat/chat_types.h"
+#include "engine/chat/renderer.h"
+#include "engine/media/chat_images.h"
+#include "engine/model/checkpoint.h"
+#include "engine/runtime/engine.h"
+#include "engine/runtime/test_util.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "engine/vision/vision_tower.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kvtransfer/loopback_agent.h"
+#include "metrics/registry.h"
+#include "prefill/prefill_service.h"
+#include "router/handoff.h"
+#include "router/router_service.h"
+#include "router/worker_registry.h"
+#include "worker/engine_loop.h"
+#include "worker/worker_metrics.h"
+
+namespace tandem {
+namespace {
+
+using engine::testing::TinyWeights;
+using ::testing::HasSubstr;
+
+std::chrono::system_clock::time_point In(int seconds) {
+  return std::chrono::system_clock::now() + std::chrono::seconds(seconds);
+}
+
+const tokenizer::Tokenizer& Tok() {
+  static const tokenizer::Tokenizer* t =
+      tokenizer::Tokenizer::Load(engine::testing::kTinyCheckpointDir)->release();
+  return *t;
+}
+
+std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address) {
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(service);
+  auto server = b.BuildAndStart();
+  *address = "127.0.0.1:" + std::to_string(port);
+  return server;
+}
+
+engine::EngineOptions Options(int block_size) {
+  engine::EngineOptions o;
+  o.block_size = block_size;
+  o.num_slots = 4;
+  o.max_context_tokens = 512;
+  o.max_tokens_per_step = 256;
+  return o;
+}
+
+// A width x height RGB PNG whose pixels follow `seed` (libpng's simplified
+// write API).
+std::string Png(int width, int height, int seed) {
+  std::vector<uint8_t> rgb(static_cast<size_t>(width) * height * 3);
+  for (int y = 0; y < height; ++y) {
+    for (int x = 0; x < width; ++x) {
+      uint8_t* p = &rgb[(static_cast<size_t>(y) * width + x) * 3];
+      p[0] = static_cast<uint8_t>((x * 7 + seed * 31) & 255);
+      p[1] = static_cast<uint8_t>((y * 5 + seed * 97) & 255);
+      p[2] = static_cast<uint8_t>(((x ^ y) * 3 + seed * 13) & 255);
+    }
+  }
+  png_image image = {};
+  image.version = PNG_IMAGE_VERSION;
+  image.width = width;
+  image.height = height;
+  image.format = PNG_FORMAT_RGB;
+  png_alloc_size_t size = 0;
+  EXPECT_TRUE(
+      png_image_write_to_memory(&image, nullptr, &size, 0, rgb.data(), 0, nullptr));
+  std::string out(size, '\0');
+  EXPECT_TRUE(
+      png_image_write_to_memory(&image, out.data(), &size, 0, rgb.data(), 0, nullptr));
+  out.resize(size);
+  return out;
+}
+
+// The prefill worker with the tiny checkpoint's vision tower.
+struct PrefillNode {
+  PrefillNode() {
+    backend = engine::testing::MakeBackend("cpu");
+    ckpt = *model::Checkpoint::Open(engine::testing::kTinyCheckpointDir);
+    auto t = vision::VisionTower::Load(*ckpt, backend.get());
+    EXPECT_TRUE(t.ok()) << t.status();
+    tower = *std::move(t);
+    auto e = engine::Engine::Create(&TinyWeights(), backend.get(), &Tok(), Options(16));
+    cache = &(*e)->cache();
+    loop = std::make_unique<worker::EngineLoop>(std::move(*e));
+    prefill::PrefillServiceOptions o;
+    o.worker_id = "prefill-0";
+    o.vision = tower.get();
+    service = *prefill::PrefillService::Create(loop.get(), cache, &agent, &metrics, o);
+    server = Serve(service.get(), &address);
+  }
+  ~PrefillNode() {
+    server->Shutdown(In(5));
+    loop.reset();
+  }
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<model::Checkpoint> ckpt;
+  std::unique_ptr<vision::VisionTower> tower;
+  engine::KvCache* cache = nullptr;
+  kvtransfer::LoopbackAgent agent;
+  metrics::Registry registry;
+  worker::WorkerMetrics metrics{&registry};
+  std::unique_ptr<worker::EngineLoop> loop;
+  std::unique_ptr<prefill::PrefillService> service;
+  std::unique_ptr<grpc::Server> server;
+  std::string address;
+};
+
+struct DecodeNode {
+  DecodeNode() {
+    backend = engine::testing::MakeBackend("cpu");
+    auto e = engine::Engine::Create(&TinyWeights(), backend.get(), &Tok(), Options(8));
+    engine = e->get();
+    loop = std::make_unique<worker::EngineLoop>(std::move(*e));
+    decode::DecodeServiceOptions o;
+    o.worker_id = "decode-0";
+    o.unlanded_quarantine = absl::Milliseconds(300);
+    service = *decode::DecodeService::Create(loop.get(), {&engine->cache()}, &agent,
+                                             &metrics, o);
+    server = Serve(service.get(), &address);
+  }
+  ~DecodeNode() {
+    server->Shutdown(In(5));
+    service->Stop();
+    loop.reset();
+    service.reset();
+  }
+  std::unique_ptr<kernels::Backend> backend;
+  engine::Engine* engine = nullptr;  // owned by the loop
+  kvtransfer::LoopbackAgent agent;
+  metrics::Registry registry;
+  worker::WorkerMetrics metrics{&registry};
+  std::unique_ptr<worker::EngineLoop> loop;
+  std::unique_ptr<decode::DecodeService> service;
+  std::unique_ptr<grpc::Server> server;
+  std::string address;
+};
+
+struct Result {
+  std::vector<int32_t> tokens;
+  tandem::v1::FinishReason finish = tandem::v1::FINISH_REASON_UNSPECIFIED;
+  int prompt_tokens = 0;
+  grpc::Status status;
+};
+
+// What the gateway sends for one user message: `text` after a PNG image.
+tandem::v1::GenerateRequest ChatRequest(const std::string& png,
+                                        const std::string& text) {
+  std::vector<chat::ChatMessage> messages(1);
+  messages[0].content = {text};
+  chat::ImagePart part;
+  part.position = 0;
+  part.where = "messages[0].content[0]";
+  part.url = "data:image/png;base64," + absl::Base64Escape(png);
+  messages[0].images = {part};
+  tandem::v1::GenerateRequest req;
+  auto images = media::PrepareImages(&messages, {});
+  EXPECT_TRUE(images.ok()) << images.status();
+  auto segments = chat::RenderChat(messages, {}, {});
+  EXPECT_TRUE(segments.ok()) << segments.status();
+  auto ids = chat::EncodeChat(Tok(), *segments);
+  EXPECT_TRUE(ids.ok()) << ids.status();
+  absl::Status located = media::LocatePlaceholders(*ids, &*images);
+  EXPECT_TRUE(located.ok()) << located;
+  for (int id : *ids) req.mutable_prompt_token_ids()->add_ids(id);
+  for (const auto& im : *images) *req.add_images() = im;
+  req.mutable_stop()->set_max_tokens(8);
+  req.mutable_stop()->set_ignore_eos(true);
+  req.mutable_sampling()->set_temperature(0);
+  return req;
+}
+
+class ClusterImageTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    router::HandoffOptions ho;
+    ho.max_context_tokens = 512;
+    handoff_ = std::make_unique<router::Handoff>(&workers_, &handoff_metrics_, ho);
+    served_.info.set_id("kimi-k3");
+    served_.info.set_vocab_size(TinyWeights().config.text.vocab_size);
+    served_.info.set_max_context_tokens(512);
+    served_.fingerprint = "fp";
+    router_ = std::make_unique<router::RouterService>(
+        served_, &workers_, &router_metrics_, handoff_.get(),
+        router::RouterServiceOptions{}, &Tok());
+    router_server_ = Serve(router_.get(), &router_address_);
+    router_stub_ = tandem::v1::Router::NewStub(
+        grpc::CreateChannel(router_address_, grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override { router_server_->Shutdown(In(5)); }
+
+  void Register(const std::string& id, tandem::v1::WorkerRole role,
+                const std::string& address) {
+    tandem::v1::RegisterRequest r;
+    r.set_worker_id(id);
+    r.set_role(role);
+    r.set_grpc_address(address);
+    r.set_model_fingerprint("fp");
+    ASSERT_TRUE(workers_.Register(r).ok());
+  }
+
+  Result Generate(const tandem::v1::GenerateRequest& req) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(60));
+    auto reader = router_stub_->Generate(&ctx, req);
+    Result r;
+    tandem::v1::GenerateResponse m;
+    while (reader->Read(&m)) {
+      r.tokens.insert(r.tokens.end(), m.token_ids().begin(), m.token_ids().end());
+      if (m.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
+        r.finish = m.finish_reason();
+        r.prompt_tokens = m.usage().prompt_tokens();
+      }
+    }
+    r.status = reader->Finish();
+    return r;
+  }
+
+  FakeClock clock_;
+  router::WorkerRegistry workers_{&clock_, absl::Hours(1)};
+  metrics::Registry metric_registry_;
+  router::RouterMetrics router_metrics_{&metric_registry_};
+  router::HandoffMetrics handoff_metrics_{&metric_registry_};
+  std::unique_ptr<router::Handoff> handoff_;
+  model::ServedModel served_;
+  std::unique_ptr<router::RouterService> router_;
+  std::unique_ptr<grpc::Server> router_server_;
+  std::unique_ptr<tandem::v1::Router::Stub> router_stub_;
+  std::string router_address_;
+};
+
+TEST_F(ClusterImageTest, ImagePromptIsPrefilledWithTheTowerAndDecoded) {
+  PrefillNode prefill;
+  DecodeNode decode;
+  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address);
+  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address);
+
+  const std::string a = Png(112, 84, 1);  // grid 6x8 -> 12 image tokens
+  const std::string b = Png(112, 84, 2);
+  tandem::v1::GenerateRequest ra = ChatRequest(a, "What is in this picture?");
+  ASSERT_EQ(ra.images_size(), 1);
+  EXPECT_EQ(ra.images(0).num_tokens(), 12);
+  const int64_t pad = TinyWeights().config.media_placeholder_token_id;
+  const auto& ids = ra.prompt_token_ids().ids();
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), pad), 12);
+
+  Result first = Generate(ra);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.tokens.size(), 8u);
+  EXPECT_EQ(first.finish, tandem::v1::FINISH_REASON_LENGTH);
+  // usage.prompt_tokens: the text and the image's 12 <|media_pad|> tokens.
+  EXPECT_EQ(first.prompt_tokens, ids.size());
+
+  Result again = Generate(ra);
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+  EXPECT_EQ(again.tokens, first.tokens);
+
+  Result other = Generate(ChatRequest(b, "What is in this picture?"));
+  ASSERT_TRUE(other.status.ok()) << other.status.error_message();
+  EXPECT_NE(other.tokens, first.tokens);
+  EXPECT_EQ(handoff_metrics_.paths->Add({{"path", "disaggregated"}}).Value(), 3);
+  EXPECT_EQ(handoff_metrics_.paths->Add({{"path", "colocated"}}).Value(), 0);
+}
+
+TEST_F(ClusterImageTest, WithoutAPrefillWorkerAnImagePromptIsRefused) {
+  DecodeNode decode;
+  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address);
+  Result r = Generate(ChatRequest(Png(56, 56, 1), "Describe."));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("prefill worker"));
+}
+
+TEST_F(ClusterImageTest, BadImageInputsAreInvalidArgument) {
+  PrefillNode prefill;
+  DecodeNode decode;
+  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address);
+  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address);
+  tandem::v1::GenerateRequest good = ChatRequest(Png(56, 56, 3), "Describe.");
+
+  tandem::v1::GenerateRequest hash = good;
+  hash.mutable_images(0)->set_content_hash(good.images(0).content_hash() ^ 1);
+  Result r = Generate(hash);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("images[0]"));
+
+  tandem::v1::GenerateRequest outside = good;
+  outside.mutable_images(0)->set_placeholder_start(good.prompt_token_ids().ids_size());
+  r = Generate(outside);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("not inside the prompt"));
+
+  // The cluster still serves the good one after the refusals.
+  r = Generate(good);
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+}
+
+}  // namespace
+}  // namespace tandem
