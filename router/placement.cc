@@ -73,7 +73,12 @@ Placement::Actions Placement::Start() {
   if (cancelled_) return Finish(ClientCancelled());
   if (Expired()) return Expire(/*holds_reservation=*/false);
   const int32_t prompt = request_.prompt_tokens;
-  if (request_.has_images) return Reserve();  // Colocate() refuses them
+  if (request_.has_images) {
+    // Colocate() refuses them: without a prefill worker nothing is reserved.
+    return deps_.registry->Available(tandem::v1::WORKER_ROLE_PREFILL).empty()
+               ? Colocate()
+               : Reserve();
+  }
   bool colocate =
       request_.min_tokens > 0 ||
       (options_.max_context_tokens > 0 && prompt + 1 >= options_.max_context_tokens) ||

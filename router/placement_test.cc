@@ -821,5 +821,48 @@ TEST_F(PlacementTest, ColocatesByTheUncachedLength) {
   EXPECT_EQ(Paths("colocated"), 1);
 }
 
+namespace images {
+
+PlacementRequest ImageRequest(FakeClock& clock) {
+  return PlacementRequest{.request_id = "req-1",
+                          .prompt_tokens = 10,
+                          .deadline = clock.Now() + absl::Seconds(60),
+                          .started = clock.Now(),
+                          .has_images = true};
+}
+
+}  // namespace images
+
+TEST_F(PlacementTest, ImagePromptsAreDisaggregatedBelowTheThreshold) {
+  options_.colocate_below_tokens = 1000;  // a 10-token text prompt is colocated
+  ASSERT_EQ(Str(Make()->Start()), "colocate d0");
+  Placement p(PlacementDeps{&registry_, &ledger_, &metrics_, &clock_}, options_,
+              images::ImageRequest(clock_));
+  ASSERT_EQ(Str(p.Start()), "reserve d0");
+  ASSERT_EQ(Str(p.OnReserved(absl::OkStatus())), "prefill p0");
+  ASSERT_EQ(Str(p.OnPrefilled(absl::OkStatus())), "decode d0");
+  EXPECT_EQ(Str(p.OnStreamDone(absl::OkStatus())), "finish OK");
+}
+
+TEST_F(PlacementTest, ImagePromptsWithoutAPrefillWorkerAreUnavailableNotColocated) {
+  registry_.Remove("p1");
+  Placement p(PlacementDeps{&registry_, &ledger_, &metrics_, &clock_}, options_,
+              images::ImageRequest(clock_));
+  ASSERT_EQ(Str(p.Start()), "reserve d0");
+  ASSERT_EQ(Str(p.OnReserved(absl::OkStatus())), "prefill p0");
+  ASSERT_EQ(Str(p.OnPrefilled(absl::UnavailableError("gone"))), "release d0 (await)");
+  ASSERT_EQ(Str(p.OnReleased(absl::OkStatus())), "reserve d0");
+  // No prefill worker left: released, then refused instead of colocated.
+  ASSERT_EQ(Str(p.OnReserved(absl::OkStatus())), "release d0 (await)");
+  EXPECT_EQ(Str(p.OnReleased(absl::OkStatus())), "finish UNAVAILABLE");
+  EXPECT_EQ(Paths("colocated"), 0);
+  EXPECT_TRUE(LedgerEmpty());
+
+  registry_.Remove("p0");
+  Placement q(PlacementDeps{&registry_, &ledger_, &metrics_, &clock_}, options_,
+              images::ImageRequest(clock_));
+  EXPECT_EQ(Str(q.Start()), "finish UNAVAILABLE");
+}
+
 }  // namespace
 }  // namespace tandem::router

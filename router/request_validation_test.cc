@@ -44,6 +44,52 @@ INSTANTIATE_TEST_SUITE_P(
     All, ValidationTest,
     ::testing::Values(
         Case{"ok", [](R*) {}, ""},
+        Case{"image_ok",
+             [](R* r) {
+               auto* im = r->add_images();
+               im->set_data("png");
+               im->set_num_tokens(2);
+               im->set_placeholder_start(1);
+             },
+             ""},
+        Case{"image_outside",
+             [](R* r) {
+               auto* im = r->add_images();
+               im->set_data("png");
+               im->set_num_tokens(3);
+               im->set_placeholder_start(1);
+             },
+             "images[0]: placeholders [1, 4) are not inside the prompt of 3 tokens"},
+        Case{"images_overlap",
+             [](R* r) {
+               for (int i = 0; i < 2; ++i) {
+                 auto* im = r->add_images();
+                 im->set_data("png");
+                 im->set_num_tokens(2);
+                 im->set_placeholder_start(i);
+               }
+             },
+             "images[1]: placeholders [1, 3)"},
+        Case{"image_no_tokens", [](R* r) { r->add_images()->set_data("png"); },
+             "images[0].num_tokens must be > 0"},
+        Case{"image_no_data", [](R* r) { r->add_images()->set_num_tokens(1); },
+             "images[0].data is empty"},
+        Case{"image_text_prompt",
+             [](R* r) {
+               r->set_prompt_text("hello");
+               auto* im = r->add_images();
+               im->set_data("png");
+               im->set_num_tokens(1);
+             },
+             "images need prompt_token_ids"},
+        Case{"image_min_tokens",
+             [](R* r) {
+               auto* im = r->add_images();
+               im->set_data("png");
+               im->set_num_tokens(1);
+               r->mutable_stop()->set_min_tokens(1);
+             },
+             "stop.min_tokens with images"},
         Case{"text_prompt", [](R* r) { r->set_prompt_text("hello"); }, ""},
         Case{"no_prompt", [](R* r) { r->clear_prompt(); }, "must be set"},
         Case{"empty_ids", [](R* r) { r->mutable_prompt_token_ids()->clear_ids(); },
