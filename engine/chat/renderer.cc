@@ -68,11 +68,11 @@ class SegmentWriter {
 
 absl::Status WriteImage(const ImagePart& image, SegmentWriter* w) {
   if (image.num_tokens <= 0 || image.width <= 0 || image.height <= 0) {
-    // The gateway fills these (engine/media/chat_images.h) once the prefill
-    // worker runs the vision tower; until then image parts end here.
+    // The gateway fills these (engine/media/chat_images.h PrepareImages)
+    // before rendering; a caller that did not cannot render the image.
     return Unimplemented(image.where,
-                         ": image input is not served end to end yet (the image was "
-                         "not preprocessed: no size or token count)");
+                         ": the image was not preprocessed (no size or token count; "
+                         "media::PrepareImages fills them)");
   }
   w->Markup(kMediaBeginToken);
   w->Text(absl::StrCat("image ", image.width, "x", image.height));
