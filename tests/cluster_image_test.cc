@@ -6,7 +6,8 @@
 // the state.
 //   - a 200-equivalent completion; usage.prompt_tokens counts the image's
 //     <|media_pad|> tokens
-//   - greedy: the same image twice gives the same tokens, another image others
+//   - greedy: the tokens equal one engine's run with the tower's rows; the
+//     same image twice gives the same tokens, another image others
 //   - no prefill worker: UNAVAILABLE naming it (never colocated)
 //   - a content hash the prefill worker's preprocessing disagrees with, and
 //     placeholders outside the prompt: INVALID_ARGUMENT
@@ -25,6 +26,8 @@
 #include "engine/chat/chat_types.h"
 #include "engine/chat/renderer.h"
 #include "engine/media/chat_images.h"
+#include "engine/media/decode.h"
+#include "engine/media/preprocess.h"
 #include "engine/model/checkpoint.h"
 #include "engine/runtime/engine.h"
 #include "engine/runtime/test_util.h"
@@ -201,6 +204,45 @@ tandem::v1::GenerateRequest ChatRequest(const std::string& png,
   return req;
 }
 
+// The same prompt on one engine, the image's rows from the tower directly
+// (what a colocated run would compute): greedy, `max_tokens`.
+std::vector<int32_t> OneEngine(const tandem::v1::GenerateRequest& req,
+                               vision::VisionTower* tower, int max_tokens) {
+  std::vector<int32_t> tokens;
+  std::vector<engine::MediaInput> media;
+  for (const tandem::v1::ImageInput& im : req.images()) {
+    auto decoded = media::DecodeImage(im.data(), im.mime_type());
+    EXPECT_TRUE(decoded.ok()) << decoded.status();
+    auto patched = media::Preprocess(*decoded);
+    EXPECT_TRUE(patched.ok()) << patched.status();
+    auto rows = tower->Encode({&*patched});
+    EXPECT_TRUE(rows.ok()) << rows.status();
+    media.push_back({.position = im.placeholder_start(),
+                     .rows = patched->num_tokens(),
+                     .content_hash = patched->content_hash,
+                     .embeddings = std::make_shared<const std::vector<float>>(*rows)});
+  }
+  auto backend = engine::testing::MakeBackend("cpu");
+  auto e = engine::Engine::Create(&TinyWeights(), backend.get(), nullptr, Options(16));
+  EXPECT_TRUE(e.ok()) << e.status();
+  engine::SamplingParams p;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  std::vector<int32_t> prompt(req.prompt_token_ids().ids().begin(),
+                              req.prompt_token_ids().ids().end());
+  absl::Status s = (*e)->AddRequest(1, prompt, p, "", std::move(media));
+  EXPECT_TRUE(s.ok()) << s;
+  for (int step = 0; (*e)->HasWork() && step < 1000; ++step) {
+    auto res = (*e)->Step();
+    EXPECT_TRUE(res.ok()) << res.status();
+    if (!res.ok()) break;
+    for (const engine::RequestOutput& out : *res) {
+      tokens.insert(tokens.end(), out.new_tokens.begin(), out.new_tokens.end());
+    }
+  }
+  return tokens;
+}
+
 class ClusterImageTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -281,6 +323,10 @@ TEST_F(ClusterImageTest, ImagePromptIsPrefilledWithTheTowerAndDecoded) {
   EXPECT_EQ(first.finish, tandem::v1::FINISH_REASON_LENGTH);
   // usage.prompt_tokens: the text and the image's 12 <|media_pad|> tokens.
   EXPECT_EQ(first.prompt_tokens, ids.size());
+
+  // The disaggregated hand-off computes what one engine computes with the
+  // tower's rows (the prefill worker's tower, a colocated run's input).
+  EXPECT_EQ(first.tokens, OneEngine(ra, prefill.tower.get(), 8));
 
   Result again = Generate(ra);
   ASSERT_TRUE(again.status.ok()) << again.status.error_message();
