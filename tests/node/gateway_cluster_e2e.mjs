@@ -10,7 +10,9 @@
 //      blocks and reservations, and the gateway counts a 499;
 //   4. a prompt longer than the served context (the workers' limit) is a 400
 //      context_length_exceeded;
-//   5. /health is 200.
+//   5. /health is 200;
+//   6. a chat message with a PNG data URL: 200, usage counts the image tokens,
+//      the same image gives the same greedy text, another image another.
 // Every wait is bounded; every child is killed at the end, pass or fail.
 //
 // env: ROUTER_BIN, PREFILL_BIN, DECODE_BIN, GATEWAY_BIN, MODEL_DIR,
@@ -256,6 +258,39 @@ test('chat greedy: streaming equals non-streaming; usage matches the router', as
               `cached_tokens ${d.cached_tokens} of ${usage.prompt_tokens}`);
   }
   assert.equal(await routerPromptTokens(id), routerPrompt);
+});
+
+// Two 56x56 PNGs (one red, one blue): 4 image tokens each (a 4x4 patch grid).
+const RED_PNG = 'iVBORw0KGgoAAAANSUhEUgAAADgAAAA4CAIAAAAn5KxJAAAAWUlEQVR4nO3OUQkAIQBAMTWI/aMYywr38UAOtgSbZ+/xB+t14CvRmmhNtCZaE62J1kRrojXRmmhNtCZaE62J1kRrojXRmmhNtCZaE62J1kRrojXRmmhNtHYByF0BdOurBQ4AAAAASUVORK5CYII=';
+const BLUE_PNG = 'iVBORw0KGgoAAAANSUhEUgAAADgAAAA4CAIAAAAn5KxJAAAAWUlEQVR4nO3OUQkAIQBAMTWI/aMYywr38UAOtgSbe5/xB+t14CvRmmhNtCZaE62J1kRrojXRmmhNtCZaE62J1kRrojXRmmhNtCZaE62J1kRrojXRmmhNtHYBxwkBdIX+mIUAAAAASUVORK5CYII=';
+
+test('chat with an image (data URL): the prefill worker runs the vision tower', async () => {
+  const ask = async (png) => {
+    const r = await client.chat.completions.create({
+      model: MODEL, temperature: 0, max_tokens: 6,
+      messages: [{ role: 'user', content: [
+        { type: 'image_url', image_url: { url: `data:image/png;base64,${png}` } },
+        { type: 'text', text: 'What colour is this?' }] }],
+    });
+    const m = r.choices[0].message;
+    return { r, text: (m.reasoning_content ?? '') + '|' + (m.content ?? '') };
+  };
+  const plain = await client.chat.completions.create({
+    model: MODEL, temperature: 0, max_tokens: 1,
+    messages: [{ role: 'user', content: 'What colour is this?' }],
+  });
+  const red = await ask(RED_PNG);
+  assert.equal(red.r.object, 'chat.completion');
+  assert.equal(red.r.usage.completion_tokens, 6);
+  // The image's 4 <|media_pad|> tokens and its begin/size/content/end markup.
+  assert.equal(red.r.usage.prompt_tokens, await routerPromptTokens(red.r.id));
+  assert.ok(red.r.usage.prompt_tokens >= plain.usage.prompt_tokens + 4 + 3,
+            `${red.r.usage.prompt_tokens} vs ${plain.usage.prompt_tokens} without the image`);
+  const again = await ask(RED_PNG);
+  assert.equal(again.text, red.text);
+  const blue = await ask(BLUE_PNG);
+  assert.notEqual(blue.text, red.text);
+  console.log(`  image: usage=${JSON.stringify(red.r.usage)} red=${JSON.stringify(red.text)} blue=${JSON.stringify(blue.text)}`);
 });
 
 test('completions: the same seed twice gives the same text', async () => {
