@@ -36,8 +36,8 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
                        .started = started,
                        // Every policy: the conditional disaggregation
                        // matches them against the decode workers' reports.
-                       .prefix_hashes = RouterBlockHashes(req_.prompt_token_ids().ids(),
-                                                          req_.cache_salt()),
+                       // With the images' hashes, as the engine's.
+                       .prefix_hashes = RouterBlockHashes(req_),
                        .has_images = req_.images_size() > 0,
                    }) {}
 

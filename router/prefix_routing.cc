@@ -31,8 +31,19 @@ const char* RoutingPolicyName(RoutingPolicy policy) {
 }
 
 std::vector<uint64_t> RouterBlockHashes(absl::Span<const int32_t> prompt,
-                                        std::string_view cache_salt) {
-  return RouteBlockHashes(prompt, cache_salt);
+                                        std::string_view cache_salt,
+                                        absl::Span<const RouteMedia> media) {
+  return RouteBlockHashes(prompt, cache_salt, media);
+}
+
+std::vector<uint64_t> RouterBlockHashes(const tandem::v1::GenerateRequest& request) {
+  std::vector<RouteMedia> media;
+  media.reserve(request.images_size());
+  for (const tandem::v1::ImageInput& im : request.images()) {
+    media.push_back({.position = im.placeholder_start(), .hash = im.content_hash()});
+  }
+  return RouterBlockHashes(request.prompt_token_ids().ids(), request.cache_salt(),
+                           media);
 }
 
 using tandem::v1::PrefixCacheEvent;

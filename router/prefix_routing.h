@@ -55,6 +55,7 @@
 #include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/route_hash.h"
+#include "proto/router.pb.h"
 #include "proto/worker.pb.h"
 #include "router/pair_selection.h"
 #include "router/worker_registry.h"
@@ -87,9 +88,15 @@ struct CacheAwareOptions {
   int64_t max_overlay_per_worker = 1 << 14;
 };
 
-// The route hashes of the prompt's full 64-token blocks (RouteBlockHashes).
+// The route hashes of the prompt's full 64-token blocks (RouteBlockHashes),
+// with each image's content hash at its first placeholder.
 std::vector<uint64_t> RouterBlockHashes(absl::Span<const int32_t> prompt,
-                                        std::string_view cache_salt);
+                                        std::string_view cache_salt,
+                                        absl::Span<const RouteMedia> media = {});
+// The request's: its prompt_token_ids, cache_salt and images
+// (placeholder_start, content_hash), the numbers the prefill worker's engine
+// names the prefixes it reports with (MediaInput position, content_hash).
+std::vector<uint64_t> RouterBlockHashes(const tandem::v1::GenerateRequest& request);
 
 using PrefixEvents = google::protobuf::RepeatedPtrField<tandem::v1::PrefixCacheEvent>;
 

@@ -62,6 +62,49 @@ TEST(RouterBlockHashesTest, ChainedSaltedFullBlocks) {
   EXPECT_EQ(a[2], RoutePrefixHash(Prompt(200, 1), 192, ""));  // what workers send
 }
 
+// A request with images hashes each image's content at its first placeholder
+// (what a prefill worker's engine reports: common/route_hash.h), so a worker
+// that reported the prompt with image A matches it with A, and only up to the
+// image with another one.
+TEST(RouterBlockHashesTest, ImagesAreMixedInAtTheirPlaceholders) {
+  tandem::v1::GenerateRequest req;
+  std::vector<int32_t> prompt = Prompt(400, 1);
+  for (int i = 100; i < 120; ++i) prompt[i] = 163605;  // one image's pads
+  for (int32_t t : prompt) req.mutable_prompt_token_ids()->add_ids(t);
+  req.set_cache_salt("tenant");
+  tandem::v1::ImageInput* im = req.add_images();
+  im->set_placeholder_start(100);
+  im->set_num_tokens(20);
+  im->set_content_hash(0xa11ce);
+  const std::vector<uint64_t> with_a = RouterBlockHashes(req);
+  const RouteMedia a[] = {{.position = 100, .hash = 0xa11ce}};
+  // What the worker names its positions with, from its MediaInput.
+  EXPECT_EQ(with_a, RouteBlockHashes(prompt, "tenant", a));
+  EXPECT_EQ(with_a[4], RoutePrefixHash(prompt, 320, "tenant", a));
+  // Text only: the token chain, as before.
+  tandem::v1::GenerateRequest text = req;
+  text.clear_images();
+  EXPECT_EQ(RouterBlockHashes(text), RouteBlockHashes(prompt, "tenant"));
+
+  tandem::v1::GenerateRequest other = req;
+  other.mutable_images(0)->set_content_hash(0xb0b);
+  const std::vector<uint64_t> with_b = RouterBlockHashes(other);
+  const std::vector<uint64_t> same = RouterBlockHashes(req);
+
+  PrefixIndex idx{CacheAwareOptions{}};
+  // The worker prefilled the prompt with image A: snapshots at 64 (before the
+  // image) and 320.
+  idx.Reset("w", 1, 2, Events({Stored(with_a, 1), Stored(with_a, 5)}));
+  EXPECT_EQ(idx.Match("w", same, 400, kNow), 320);   // equal image: the deep hit
+  EXPECT_EQ(idx.Match("w", with_b, 400, kNow), 64);  // other image: the text before
+  // Without images in the hashes, B's prompt would look like a hit at 320.
+  PrefixIndex text_only{CacheAwareOptions{}};
+  const std::vector<uint64_t> tokens_only = RouteBlockHashes(prompt, "tenant");
+  text_only.Reset("w", 1, 1, Events({Stored(tokens_only, 5)}));
+  EXPECT_EQ(text_only.Match("w", with_b, 400, kNow), 0);
+  EXPECT_EQ(text_only.Match("w", RouterBlockHashes(text), 400, kNow), 320);
+}
+
 // match(w) = the deepest reported position of the prompt, below its last token.
 TEST(PrefixIndexTest, MatchIsTheDeepestReportedPosition) {
   const auto h = RouterBlockHashes(Prompt(640, 1), "");  // 10 blocks

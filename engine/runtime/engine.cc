@@ -272,12 +272,14 @@ absl::Status Engine::AddRequest(RequestId id, std::vector<int32_t> prompt,
   sr.max_new_tokens = r->params.max_tokens;
   if (options_.prefix_caching.enabled) {
     std::vector<engine::MediaHash> media_hashes;
+    std::vector<RouteMedia> route_media;  // the router's, from its ImageInputs
     for (const MediaInput& m : r->media) {
       media_hashes.push_back({m.position, m.content_hash});
+      route_media.push_back({.position = m.position, .hash = m.content_hash});
     }
     sr.block_hashes = engine::ChainedBlockHashes(r->prompt, options_.block_size,
                                                  cache_salt, media_hashes);
-    sr.route_hashes = RouteBlockHashes(r->prompt, cache_salt);
+    sr.route_hashes = RouteBlockHashes(r->prompt, cache_salt, route_media);
     r->cache_salt = std::string(cache_salt);
   }
   absl::Status s = scheduler_->Submit(sr);

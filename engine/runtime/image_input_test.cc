@@ -9,6 +9,8 @@
 #include <random>
 #include <vector>
 
+#include "common/route_hash.h"
+#include "engine/cache/prefix_events.h"
 #include "engine/media/patched_image.h"
 #include "engine/model/checkpoint.h"
 #include "engine/runtime/engine.h"
@@ -194,6 +196,70 @@ TEST_F(ImageInputTest, PrefixCacheNeverHitsAcrossDifferentImages) {
   EXPECT_EQ(runs[3].tokens, fresh[1].tokens);
   EXPECT_EQ(runs[1].tokens, fresh[2].tokens);
   EXPECT_LE(MaxDiff(runs[2].logprobs, fresh[0].logprobs), 1e-3);
+}
+
+// The route hashes the engine names its usable positions with (the prefix
+// events a worker reports to the router) mix each image's content hash in at
+// its first placeholder, exactly as the router hashes a request with images
+// (common/route_hash.h): equal images give the router's hash, another image
+// another hash from the block holding it on, text before it the text's.
+TEST_F(ImageInputTest, PrefixEventsCarryTheRoutersImageHashes) {
+  const media::PatchedImage a = RandomImage(8, 10, 1), b = RandomImage(4, 8, 2);
+  const Prompt p = MakeImagePrompt(a, b);
+  const Prompt other_b = MakeImagePrompt(a, RandomImage(4, 8, 5));
+  auto route_media = [](const Prompt& q) {
+    std::vector<RouteMedia> m;
+    for (const MediaInput& in : q.media) m.push_back({in.position, in.content_hash});
+    return m;
+  };
+  // The two functions agree at the route grid (64-token blocks).
+  std::vector<MediaHash> mh;
+  for (const MediaInput& in : p.media) mh.push_back({in.position, in.content_hash});
+  EXPECT_EQ(ChainedBlockHashes(p.tokens, 64, "tenant", mh),
+            RouteBlockHashes(p.tokens, "tenant", route_media(p)));
+
+  EngineOptions o = Options();
+  o.prefix_caching.enabled = true;
+  o.prefix_caching.num_snapshots = 8;
+  o.prefix_caching.snapshot_grid = 64;
+  o.prefix_caching.snapshot_generations = false;
+  auto backend = MakeBackend("cpu");
+  auto e = Engine::Create(&TinyWeights(), backend.get(), nullptr, o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  auto run = [&](RequestId id, const Prompt& q) {
+    SamplingParams sp;
+    sp.max_tokens = 2;
+    sp.ignore_eos = true;
+    ASSERT_TRUE((*e)->AddRequest(id, q.tokens, sp, "tenant", q.media).ok());
+    for (int step = 0; (*e)->HasWork() && step < 1000; ++step) {
+      ASSERT_TRUE((*e)->Step().ok());
+    }
+  };
+  auto stored = [&]() {
+    std::map<int64_t, uint64_t> out;
+    for (const PrefixEvent& ev : (*e)->TakePrefixEvents()) {
+      if (ev.kind == PrefixEvent::Kind::kStored) out[ev.tokens] = ev.route_hash;
+    }
+    return out;
+  };
+  run(1, p);
+  const std::map<int64_t, uint64_t> first = stored();
+  ASSERT_EQ(first.size(), 2u);  // 64 (the grid) and 128 (the last full chunk)
+  for (const auto& [tokens, hash] : first) {
+    EXPECT_EQ(hash, RoutePrefixHash(p.tokens, tokens, "tenant", route_media(p)))
+        << tokens;
+  }
+  // 64 lies before image A (70): the text's hash; 128 holds A: not the text's.
+  EXPECT_EQ(first.at(64), RoutePrefixHash(p.tokens, 64, "tenant"));
+  EXPECT_NE(first.at(128), RoutePrefixHash(p.tokens, 128, "tenant"));
+  // Another B (120, block 1 of the route grid): a new position at 128 with
+  // the router's hash of that prompt, not the first prompt's.
+  run(2, other_b);
+  const std::map<int64_t, uint64_t> second = stored();
+  ASSERT_EQ(second.count(128), 1u);
+  EXPECT_EQ(second.at(128),
+            RoutePrefixHash(other_b.tokens, 128, "tenant", route_media(other_b)));
+  EXPECT_NE(second.at(128), first.at(128));
 }
 
 TEST_F(ImageInputTest, BadMediaIsInvalidArgument) {
