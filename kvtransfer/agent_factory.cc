@@ -31,9 +31,11 @@ absl::Status ParseKvTransport(absl::string_view spec, AgentFactoryConfig* config
   }
   if (parts.size() == 3) {
     int rails = 0;
-    if (!absl::SimpleAtoi(parts[2], &rails) || rails < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--kv_transport=", spec, ": rails must be a number >= 1"));
+    if (parts[2] == "auto") {
+      rails = 0;  // every NIC tied for the nearest
+    } else if (!absl::SimpleAtoi(parts[2], &rails) || rails < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kv_transport=", spec, ": rails must be a number >= 1 or auto"));
     }
     config->libfabric.rails = rails;
   }
@@ -64,9 +66,10 @@ absl::StatusOr<CreatedAgent> CreateTransferAgent(const AgentFactoryConfig& confi
   out.info.fabric = (*agent)->fabric_name();
   out.info.domain = (*agent)->domain_name();
   out.info.rails = (*agent)->rails();
-  if (config.libfabric.rails > 1) {
-    absl::StrAppend(&out.description, " x", config.libfabric.rails, " rails");
+  if ((*agent)->rails() > 1) {
+    absl::StrAppend(&out.description, " x", (*agent)->rails(), " rails");
   }
+  out.info.nics = (*agent)->nics();
   out.agent = *std::move(agent);
   return out;
 }

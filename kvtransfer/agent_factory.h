@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -29,7 +30,10 @@ struct AgentFactoryConfig {
 //   "ucx"                          UCX
 //   "libfabric"                    libfabric, provider from $FI_PROVIDER (else tcp)
 //   "libfabric:<provider>"         e.g. libfabric:efa, libfabric:shm
-//   "libfabric:<provider>:<rails>" e.g. libfabric:efa:4 (endpoints to stripe over)
+//   "libfabric:<provider>:<rails>" e.g. libfabric:efa:4 (endpoints to stripe over,
+//                                  each on its own NIC where there are enough:
+//                                  the nearest by PCI / NUMA topology)
+//   "libfabric:<provider>:auto"    every NIC tied for the nearest place
 // INVALID_ARGUMENT otherwise.
 absl::Status ParseKvTransport(absl::string_view spec, AgentFactoryConfig* config);
 
@@ -42,8 +46,12 @@ struct TransportInfo {
                          // $UCX_TLS), or "auto" (the transports UCX picked per
                          // peer: Transport(peer))
   std::string fabric;    // libfabric: fi_info's fabric name
-  std::string domain;    // libfabric: fi_info's domain (the NIC, "rdmap16s27")
+  std::string domain;    // libfabric: fi_info's domains (the NICs, "rdmap16s27-rdm";
+                         // comma-separated when several)
   int rails = 1;         // endpoints a batch is striped over
+  // libfabric: one line per NIC opened, nearest first (domain, PCI address, NUMA
+  // node, why: NicPlacement::Describe), for the start-up log.
+  std::vector<std::string> nics;
 };
 
 struct CreatedAgent {

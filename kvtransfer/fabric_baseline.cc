@@ -64,14 +64,15 @@ absl::StatusOr<std::unique_ptr<PlainFabricWrite>> PlainFabricWrite::Create(
   auto d = ParseDescriptor(descriptor);
   if (!d.ok()) return d.status();
   const RegionDescriptor* r = d->FindRegion(region);
-  if (r == nullptr || r->rkey.size() != 8) {
+  if (r == nullptr || r->rkey.size() < 8 || r->rkey.size() % 8 != 0) {
     return absl::InvalidArgumentError("no such region with a libfabric key");
   }
-  // The agent's address: "TKLF", provider, rails, then each rail's name.
+  // The agent's address (libfabric_agent.cc, version 2): "TKL2", provider; per
+  // domain its fabric name and a key; per rail its domain and name; identity.
   const auto* p = reinterpret_cast<const uint8_t*>(d->address.data());
   const uint8_t* end = p + d->address.size();
   uint64_t n = 0;
-  if (d->address.size() < 4 || std::memcmp(p, "TKLF", 4) != 0) {
+  if (d->address.size() < 4 || std::memcmp(p, "TKL2", 4) != 0) {
     return absl::InvalidArgumentError("not a libfabric agent's descriptor");
   }
   p += 4;
@@ -79,9 +80,20 @@ absl::StatusOr<std::unique_ptr<PlainFabricWrite>> PlainFabricWrite::Create(
     return absl::InvalidArgumentError("bad address");
   }
   p += n;
-  uint64_t rails = 0, len = 0;
-  if (!Le(p, end, &rails) || rails == 0 || !Le(p, end, &len) ||
-      len > static_cast<uint64_t>(end - p)) {
+  uint64_t domains = 0;
+  if (!Le(p, end, &domains) || domains == 0) {
+    return absl::InvalidArgumentError("bad address");
+  }
+  for (uint64_t i = 0; i < domains; ++i) {
+    if (!Le(p, end, &n) || n + 8 > static_cast<uint64_t>(end - p)) {
+      return absl::InvalidArgumentError("bad address");
+    }
+    p += n + 8;
+  }
+  uint64_t rails = 0, domain0 = 0, len = 0;
+  if (!Le(p, end, &rails) || rails == 0 || !Le(p, end, &domain0) ||
+      domain0 >= domains || !Le(p, end, &len) || len > static_cast<uint64_t>(end - p) ||
+      r->rkey.size() != 8 * domains) {
     return absl::InvalidArgumentError("bad address");
   }
   const std::string rail0(reinterpret_cast<const char*>(p), len);
@@ -140,7 +152,8 @@ absl::StatusOr<std::unique_ptr<PlainFabricWrite>> PlainFabricWrite::Create(
   if (fi_av_insert(s.av, rail0.data(), 1, &s.peer, 0, nullptr) != 1) {
     return absl::UnavailableError("fi_av_insert of the agent's rail 0 failed");
   }
-  const auto* k = reinterpret_cast<const uint8_t*>(r->rkey.data());
+  // Rail 0's domain's key.
+  const auto* k = reinterpret_cast<const uint8_t*>(r->rkey.data()) + 8 * domain0;
   for (int i = 0; i < 8; ++i) s.key |= static_cast<uint64_t>(k[i]) << (8 * i);
   s.remote_base = (s.info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? r->base : 0;
   return out;

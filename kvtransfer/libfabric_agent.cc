@@ -22,13 +22,18 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "kvtransfer/backend.h"
+#include "kvtransfer/fabric_topology.h"
 #include "kvtransfer/rma_groups.h"
 
 namespace tandem::kvtransfer {
 namespace {
 
-constexpr char kAddressMagic[4] = {'T', 'K', 'L', 'F'};
+// Version 2 of the address (a domain per NIC); version 1's "TKLF" is refused.
+constexpr char kAddressMagic[4] = {'T', 'K', 'L', '2'};
+constexpr char kAddressMagicV1[4] = {'T', 'K', 'L', 'F'};
 constexpr char kMessageMagic[4] = {'T', 'K', 'L', 'N'};
 constexpr uint8_t kNotifyMessage = 2;
 // A message slot: header + request id + payload (kMaxNotificationBytes together).
@@ -36,6 +41,7 @@ constexpr size_t kSlotBytes = 8192;
 constexpr int kRecvSlotsPerRail = 32;
 constexpr int kSendSlots = 64;
 constexpr int kMaxRails = 64;
+constexpr int kMaxDomains = 64;
 constexpr size_t kMaxRailAddressBytes = 4096;
 constexpr int kCqBatch = 32;
 
@@ -156,10 +162,24 @@ class LibfabricBackend final : public Backend {
 
   const std::string& provider() const { return provider_; }
   std::string fabric_name() const {
-    return info_->fabric_attr->name != nullptr ? info_->fabric_attr->name : "";
+    std::vector<std::string> names;
+    for (const Fabric& f : fabrics_) names.push_back(f.name);
+    return absl::StrJoin(names, ",");
   }
   std::string domain_name() const {
-    return info_->domain_attr->name != nullptr ? info_->domain_attr->name : "";
+    std::vector<std::string> names;
+    for (const Domain& d : domains_) names.push_back(d.name);
+    return absl::StrJoin(names, ",");
+  }
+  std::vector<std::string> Nics() const {
+    std::vector<std::string> out;
+    for (const Domain& d : domains_) out.push_back(d.placement.Describe());
+    return out;
+  }
+  std::vector<int> RailNics() const {
+    std::vector<int> out;
+    for (const Rail& r : rails_) out.push_back(r.domain);
+    return out;
   }
   size_t NumRails() const { return rails_.size(); }
   bool hmem() const { return hmem_; }
@@ -174,7 +194,21 @@ class LibfabricBackend final : public Backend {
   const RmaGroupLimits& group_limits() const { return group_limits_; }
 
  private:
+  struct Fabric {
+    std::string name;
+    fid_fabric* fabric = nullptr;
+  };
+  // One NIC: its fi_info, domain, and the message buffers' registration there.
+  struct Domain {
+    fi_info* info = nullptr;
+    int fabric = -1;  // index into fabrics_
+    fid_domain* domain = nullptr;
+    std::string name;
+    NicPlacement placement;
+    fid_mr* msg_mr = nullptr;
+  };
   struct Rail {
+    int domain = 0;  // index into domains_
     fid_ep* ep = nullptr;
     fid_cq* cq = nullptr;
     fid_av* av = nullptr;
@@ -202,9 +236,11 @@ class LibfabricBackend final : public Backend {
   struct Peer {
     AgentDescriptor descriptor;
     std::vector<fi_addr_t> addrs;  // per local rail
-    std::map<uint32_t, uint64_t> keys;
-    fi_rma_iov identity{};  // the peer's agent id, read by Connect
-    int next_rail = 0;
+    // Per local rail, the peer's domain (NIC) its paired rail is on.
+    std::vector<int> remote_domain;
+    std::map<uint32_t, std::vector<uint64_t>> keys;  // per the peer's domain
+    std::vector<fi_rma_iov> identity;  // per local rail: the peer's agent id there
+    uint64_t next_rail = 0;
     int outstanding = 0;  // pieces the provider holds
     absl::Time last_progress;
     absl::Status error;
@@ -217,25 +253,36 @@ class LibfabricBackend final : public Backend {
     // progress thread's next pass. `op` is null when nothing is gathered.
     struct Gathered {
       Op* op = nullptr;
+      int rail = 0;
       bool write = true;
       RmaGroup group;
     } gathered;
   };
   struct Registration {
-    fid_mr* mr = nullptr;
+    std::vector<fid_mr*> mrs;  // per domain
     void* base = nullptr;
     size_t length = 0;
+    MemoryKind kind = MemoryKind::Host();
     bool owned = false;  // from AllocateMemory: unmapped on deregistration
   };
 
   explicit LibfabricBackend(const LibfabricAgentConfig& config) : config_(config) {}
   absl::Status Init();
-  absl::Status OpenRail(int index);
-  // Host memory, or CUDA memory (FI_HMEM_CUDA; the domain has FI_HMEM).
-  absl::StatusOr<fid_mr*> Register(void* base, size_t len, uint64_t access,
-                                   uint64_t requested_key,
-                                   MemoryKind kind = MemoryKind::Host());
-  void* LocalDesc(const void* p, uint64_t len);
+  // Picks the NICs from fi_getinfo's list (topology or config_.domain), opens a
+  // fabric per fabric name and a domain per NIC, and plans the rails
+  // (rail_plan_: a domain per rail; gpu_rails_).
+  absl::Status OpenDomains(fi_info* list, bool hmem);
+  void CloseDomains();
+  absl::Status OpenRail(int index, int domain);
+  // Host memory, or CUDA memory (FI_HMEM_CUDA; the domain has FI_HMEM), in
+  // every domain.
+  absl::StatusOr<std::vector<fid_mr*>> Register(void* base, size_t len, uint64_t access,
+                                                uint64_t requested_key,
+                                                MemoryKind kind = MemoryKind::Host());
+  void CloseMrs(std::vector<fid_mr*>* mrs);
+  const Registration* FindLocal(const void* p, uint64_t len) const;
+  // The rail the next operation to `p` from memory of `kind` goes on.
+  int NextRail(Peer* p, MemoryKind kind);
   Peer* FindPeer(PeerId id);
   Peer* OpenPeer(PeerId id);
   Op* NewOp(Op::Kind kind, PeerId peer, int rail);
@@ -265,9 +312,12 @@ class LibfabricBackend final : public Backend {
   const LibfabricAgentConfig config_;
   BackendHost* host_ = nullptr;  // not owned: the agent
   uint64_t agent_id_ = 0;
-  fi_info* info_ = nullptr;
-  fid_fabric* fabric_ = nullptr;
-  fid_domain* domain_ = nullptr;
+  std::vector<Fabric> fabrics_;
+  std::vector<Domain> domains_;
+  std::vector<int> rail_plan_;  // the domain of each rail to open
+  // Per CUDA ordinal (config_.gpu_pci_bus_ids), the rails nearest that GPU.
+  std::vector<std::vector<int>> gpu_rails_;
+  size_t mr_key_size_ = 8;  // the smallest of the domains'
   std::vector<Rail> rails_;
   std::string provider_;
   uint64_t mr_mode_ = 0;
@@ -287,7 +337,7 @@ class LibfabricBackend final : public Backend {
   uint8_t* msg_buf_ = nullptr;
   size_t msg_buf_len_ = 0;
   uint8_t* identity_ = nullptr;  // last slot of msg_buf_: this agent's id
-  fid_mr* msg_mr_ = nullptr;
+  bool msg_registered_ = false;  // domains_[*].msg_mr
   std::vector<Op*> recv_ops_;
   std::vector<int> free_send_slots_;
   std::atomic<size_t> num_mrs_{0};
@@ -308,9 +358,10 @@ absl::StatusOr<std::unique_ptr<LibfabricBackend>> LibfabricBackend::Create(
 }
 
 absl::Status LibfabricBackend::Init() {
-  if (config_.rails < 1 || config_.rails > kMaxRails) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rails must be in [1, ", kMaxRails, "], got ", config_.rails));
+  if (config_.rails < 0 || config_.rails > kMaxRails) {
+    return absl::InvalidArgumentError(absl::StrCat("rails must be in [0, ", kMaxRails,
+                                                   "] (0: the nearest NICs), got ",
+                                                   config_.rails));
   }
   std::string prov = config_.provider;
   if (prov.empty()) {
@@ -322,8 +373,8 @@ absl::Status LibfabricBackend::Init() {
   const uint64_t offered_mr =
       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
   int ret = -FI_ENODATA;
-  std::string last_try;
-  for (int attempt = 0; attempt < 4 && ret != 0; ++attempt) {
+  absl::Status open_error;
+  for (int attempt = 0; attempt < 4 && domains_.empty(); ++attempt) {
     const bool hmem = (attempt < 2) && config_.want_hmem;
     const bool dc = (attempt % 2) == 0;
     if (attempt < 2 && !config_.want_hmem) continue;
@@ -338,65 +389,71 @@ absl::Status LibfabricBackend::Init() {
     hints->domain_attr->threading = FI_THREAD_DOMAIN;
     if (dc) hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
     hints->fabric_attr->prov_name = strdup(prov.c_str());
-    if (!config_.domain.empty())
-      hints->domain_attr->name = strdup(config_.domain.c_str());
-    fi_info* info = nullptr;
-    ret = fi_getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints, &info);
+    fi_info* list = nullptr;
+    ret = fi_getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints, &list);
     fi_freeinfo(hints);
     if (ret != 0) continue;
-    ret = fi_fabric(info->fabric_attr, &fabric_, nullptr);
-    if (ret == 0) {
-      ret = fi_domain(fabric_, info, &domain_, nullptr);
-      if (ret != 0) {
-        fi_close(&fabric_->fid);
-        fabric_ = nullptr;
-      }
-    }
-    if (ret != 0) {
-      fi_freeinfo(info);
-      if (hmem) {
-        // Seen with shm on a host without a GPU runtime: fi_getinfo lists
-        // FI_HMEM, fi_domain refuses it, and a later plain fi_domain in the
-        // process fails too. Say so rather than fall back.
-        return absl::FailedPreconditionError(absl::StrCat(
-            "libfabric provider ", prov, " lists FI_HMEM but fi_domain refuses it (",
-            fi_strerror(-ret), "); run without want_hmem"));
-      }
+    absl::Status st = OpenDomains(list, hmem);
+    fi_freeinfo(list);
+    if (!st.ok()) {
+      CloseDomains();
+      if (hmem && absl::IsFailedPrecondition(st)) return st;
+      if (absl::IsInvalidArgument(st)) return st;  // a bad domain list or GPU id
+      open_error = st;
       continue;
     }
-    info_ = info;
     hmem_ = hmem;
     delivery_complete_in_info_ = dc;
   }
-  if (ret != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("libfabric: no provider \"", prov,
-                     "\" with FI_EP_RDM, FI_RMA and FI_MSG (fi_getinfo / fi_domain: ",
-                     fi_strerror(-ret), "); providers on this host: fi_info -l"));
+  if (domains_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "libfabric: no provider \"", prov,
+        "\" with FI_EP_RDM, FI_RMA and FI_MSG (fi_getinfo / fi_domain: ",
+        open_error.ok() ? fi_strerror(-ret) : std::string(open_error.message()),
+        "); providers on this host: fi_info -l"));
   }
-  provider_ = info_->fabric_attr->prov_name;
-  mr_mode_ = info_->domain_attr->mr_mode;
+  const fi_info* info0 = domains_[0].info;
+  provider_ = info0->fabric_attr->prov_name;
+  mr_mode_ = info0->domain_attr->mr_mode;
+  uint64_t max_msg = std::numeric_limits<uint64_t>::max();
+  size_t iov_limit = std::numeric_limits<size_t>::max();
+  size_t rma_iov_limit = std::numeric_limits<size_t>::max();
+  for (const Domain& d : domains_) {
+    // One address layout and one key scheme for the agent: the NICs of one
+    // provider demand the same MR modes (EFA devices do).
+    if (d.info->domain_attr->mr_mode != mr_mode_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("libfabric domains ", domains_[0].name, " and ", d.name,
+                       " demand different MR modes (", MrModeString(mr_mode_), " vs ",
+                       MrModeString(d.info->domain_attr->mr_mode),
+                       "): name one with --kv_transport"));
+    }
+    mr_key_size_ = std::min(mr_key_size_, d.info->domain_attr->mr_key_size);
+    max_msg = std::min<uint64_t>(max_msg, d.info->ep_attr->max_msg_size);
+    iov_limit = std::min(iov_limit, d.info->tx_attr->iov_limit);
+    rma_iov_limit = std::min(rma_iov_limit, d.info->tx_attr->rma_iov_limit);
+  }
   if (mr_mode_ & ~(offered_mr | FI_MR_HMEM)) {
     return absl::FailedPreconditionError(
         absl::StrCat("libfabric provider ", provider_,
                      " demands MR modes not handled: ", MrModeString(mr_mode_)));
   }
-  max_piece_bytes_ =
-      std::min<uint64_t>(config_.max_op_bytes, info_->ep_attr->max_msg_size);
+  max_piece_bytes_ = std::min<uint64_t>(config_.max_op_bytes, max_msg);
   if (max_piece_bytes_ == 0) max_piece_bytes_ = 1;
   // One operation carries as many of a batch's pieces as the provider's iov
   // limits let it (tcp and shm: 4 each), up to max_piece_bytes in all.
   const size_t iovs = config_.max_iovs_per_op > 0
                           ? static_cast<size_t>(config_.max_iovs_per_op)
                           : std::numeric_limits<size_t>::max();
-  group_limits_.iov_limit =
-      std::max<size_t>(1, std::min<size_t>(iovs, info_->tx_attr->iov_limit));
+  group_limits_.iov_limit = std::max<size_t>(1, std::min<size_t>(iovs, iov_limit));
   group_limits_.rma_iov_limit =
-      std::max<size_t>(1, std::min<size_t>(iovs, info_->tx_attr->rma_iov_limit));
+      std::max<size_t>(1, std::min<size_t>(iovs, rma_iov_limit));
   group_limits_.max_bytes = max_piece_bytes_;
-  max_inflight_ops_ = std::max<int>(
-      1, std::min<int>(config_.max_inflight_ops,
-                       static_cast<int>(info_->tx_attr->size) * config_.rails));
+  int tx_slots = 0;
+  for (int d : rail_plan_)
+    tx_slots += static_cast<int>(domains_[d].info->tx_attr->size);
+  max_inflight_ops_ =
+      std::max<int>(1, std::min<int>(config_.max_inflight_ops, tx_slots));
 
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
@@ -411,8 +468,8 @@ absl::Status LibfabricBackend::Init() {
   }
 
   wait_fds_ = true;
-  for (int r = 0; r < config_.rails; ++r) {
-    absl::Status st = OpenRail(r);
+  for (size_t r = 0; r < rail_plan_.size(); ++r) {
+    absl::Status st = OpenRail(static_cast<int>(r), rail_plan_[r]);
     if (!st.ok()) return st;
   }
   if (wait_fds_) {
@@ -426,41 +483,52 @@ absl::Status LibfabricBackend::Init() {
     }
   }
 
-  // Message buffers, registered (FI_MR_LOCAL needs descriptors for sends and
-  // receives), receive slots posted.
+  // Message buffers, registered in every domain (FI_MR_LOCAL needs descriptors
+  // for sends and receives), receive slots posted.
   // ... and one slot holding the agent id, which a connecting peer reads.
-  msg_buf_len_ = kSlotBytes * (config_.rails * kRecvSlotsPerRail + kSendSlots + 1);
+  const size_t nrails = rails_.size();
+  msg_buf_len_ = kSlotBytes * (nrails * kRecvSlotsPerRail + kSendSlots + 1);
   void* p = mmap(nullptr, msg_buf_len_, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return absl::ResourceExhaustedError("mmap of message buffers");
   msg_buf_ = static_cast<uint8_t*>(p);
   std::memset(msg_buf_, 0, msg_buf_len_);  // FI_MR_ALLOCATED: backed pages
   identity_ = msg_buf_ + msg_buf_len_ - kSlotBytes;
-  auto mr =
+  auto mrs =
       Register(msg_buf_, msg_buf_len_, FI_SEND | FI_RECV | FI_READ | FI_REMOTE_READ,
-               info_->domain_attr->mr_key_size >= 8 ? key_salt_ << 32 : 0);
-  if (!mr.ok()) return mr.status();
-  msg_mr_ = *mr;
+               mr_key_size_ >= 8 ? key_salt_ << 32 : 0);
+  if (!mrs.ok()) return mrs.status();
+  for (size_t d = 0; d < domains_.size(); ++d) domains_[d].msg_mr = (*mrs)[d];
+  msg_registered_ = true;
   for (int s = 0; s < kSendSlots; ++s) free_send_slots_.push_back(s);
-  recv_ops_.assign(config_.rails * kRecvSlotsPerRail, nullptr);
-  for (int r = 0; r < config_.rails; ++r) {
+  recv_ops_.assign(nrails * kRecvSlotsPerRail, nullptr);
+  for (size_t r = 0; r < nrails; ++r) {
     for (int s = 0; s < kRecvSlotsPerRail; ++s) {
-      absl::Status st = PostRecv(r, r * kRecvSlotsPerRail + s);
+      absl::Status st =
+          PostRecv(static_cast<int>(r), static_cast<int>(r) * kRecvSlotsPerRail + s);
       if (!st.ok()) return st;
     }
   }
 
-  // Address: magic, provider, rail count, each rail's endpoint name.
+  // Address: magic, provider; per domain its fabric name and the key of the
+  // message buffers there; per rail its domain and endpoint name; where the
+  // agent id can be read in the message buffers (remote address).
   address_.assign(kAddressMagic, 4);
   PutLe(&address_, provider_.size(), 4);
   address_.append(provider_);
+  PutLe(&address_, domains_.size(), 4);
+  for (const Domain& d : domains_) {
+    const std::string& fabric = fabrics_[d.fabric].name;
+    PutLe(&address_, fabric.size(), 4);
+    address_.append(fabric);
+    PutLe(&address_, fi_mr_key(d.msg_mr), 8);
+  }
   PutLe(&address_, rails_.size(), 4);
   for (const Rail& rail : rails_) {
+    PutLe(&address_, rail.domain, 4);
     PutLe(&address_, rail.name.size(), 4);
     address_.append(rail.name);
   }
-  // Where the agent id can be read: key, remote address.
-  PutLe(&address_, fi_mr_key(msg_mr_), 8);
   PutLe(&address_,
         (mr_mode_ & FI_MR_VIRT_ADDR) ? reinterpret_cast<uint64_t>(identity_)
                                      : static_cast<uint64_t>(identity_ - msg_buf_),
@@ -468,13 +536,170 @@ absl::Status LibfabricBackend::Init() {
   return absl::OkStatus();
 }
 
-absl::Status LibfabricBackend::OpenRail(int index) {
+absl::Status LibfabricBackend::OpenDomains(fi_info* list, bool hmem) {
+  // The distinct domains (NICs) in fi_getinfo's order, the first entry of each
+  // (tcp lists a domain per interface and address family: eth0's IPv4 first).
+  std::vector<fi_info*> entries;
+  std::vector<NicCandidate> candidates;
+  for (fi_info* i = list; i != nullptr; i = i->next) {
+    const std::string name =
+        i->domain_attr->name != nullptr ? i->domain_attr->name : "";
+    bool seen = false;
+    for (const NicCandidate& c : candidates) seen |= c.domain == name;
+    if (seen) continue;
+    NicCandidate c;
+    c.domain = name;
+    if (i->nic != nullptr && i->nic->bus_attr != nullptr &&
+        i->nic->bus_attr->bus_type == FI_BUS_PCI) {
+      const fi_pci_attr& pci = i->nic->bus_attr->attr.pci;
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "%04x:%02x:%02x.%x", pci.domain_id, pci.bus_id,
+                    pci.device_id, pci.function_id);
+      c.pci_address = buf;
+    }
+    candidates.push_back(c);
+    entries.push_back(i);
+  }
+  // Which NICs, and for each GPU which of them (the rails are planned below).
+  std::vector<std::vector<NicPlacement>> per_gpu;  // one list without GPUs
+  if (!config_.domain.empty()) {
+    std::vector<NicPlacement> named;
+    for (absl::string_view want :
+         absl::StrSplit(config_.domain, ',', absl::SkipEmpty())) {
+      int found = -1;
+      for (size_t c = 0; c < candidates.size(); ++c) {
+        if (candidates[c].domain == want) found = static_cast<int>(c);
+      }
+      if (found < 0) {
+        std::vector<std::string> names;
+        for (const NicCandidate& c : candidates) names.push_back(c.domain);
+        return absl::InvalidArgumentError(
+            absl::StrCat("libfabric: no domain \"", want, "\" for provider ",
+                         entries[0]->fabric_attr->prov_name,
+                         " (it has: ", absl::StrJoin(names, ", "), ")"));
+      }
+      NicPlacement placement;
+      placement.candidate = found;
+      placement.domain = candidates[found].domain;
+      placement.pci_address = candidates[found].pci_address;
+      named.push_back(placement);
+    }
+    if (named.empty())
+      return absl::InvalidArgumentError("libfabric: empty domain list");
+    per_gpu.assign(std::max<size_t>(1, config_.gpu_pci_bus_ids.size()), named);
+  } else {
+    TopologyInput in;
+    in.sysfs_root = config_.sysfs_root;
+    in.candidates = candidates;
+    in.nics = config_.rails;
+    in.process_numa_node = ProcessNumaNode(config_.sysfs_root, AllowedCpus());
+    if (config_.gpu_pci_bus_ids.empty()) {
+      auto sel = SelectNics(in);
+      if (!sel.ok()) return sel.status();
+      per_gpu.push_back(*std::move(sel));
+    }
+    for (const std::string& gpu : config_.gpu_pci_bus_ids) {
+      in.gpu_pci_bus_id = gpu;
+      auto sel = SelectNics(in);
+      if (!sel.ok()) return sel.status();
+      per_gpu.push_back(*std::move(sel));
+    }
+  }
+  // The rails: for each GPU (or the one list) max(rails, its NICs) endpoints,
+  // its i-th on NIC i % n; an endpoint (NIC, k-th on it) is shared between GPUs.
+  std::map<int, int> domain_of;                // candidate -> index into domains_
+  std::map<std::pair<int, int>, int> rail_of;  // (domain, k) -> rail
+  for (const std::vector<NicPlacement>& sel : per_gpu) {
+    std::vector<int> rails;
+    const size_t n = sel.size();
+    const size_t endpoints = std::max<size_t>(n, static_cast<size_t>(config_.rails));
+    for (size_t i = 0; i < endpoints; ++i) {
+      const NicPlacement& nic = sel[i % n];
+      auto d = domain_of.find(nic.candidate);
+      if (d == domain_of.end()) {
+        if (static_cast<int>(domains_.size()) >= kMaxDomains) {
+          return absl::InvalidArgumentError("libfabric: too many NICs");
+        }
+        Domain dom;
+        dom.info = fi_dupinfo(entries[nic.candidate]);
+        if (dom.info == nullptr) return absl::ResourceExhaustedError("fi_dupinfo");
+        dom.name = nic.domain;
+        dom.placement = nic;
+        domains_.push_back(dom);
+        d = domain_of.emplace(nic.candidate, static_cast<int>(domains_.size()) - 1)
+                .first;
+      }
+      const std::pair<int, int> key{d->second, static_cast<int>(i / n)};
+      auto r = rail_of.find(key);
+      if (r == rail_of.end()) {
+        if (static_cast<int>(rail_plan_.size()) >= kMaxRails) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("libfabric: more than ", kMaxRails, " rails"));
+        }
+        rail_plan_.push_back(d->second);
+        r = rail_of.emplace(key, static_cast<int>(rail_plan_.size()) - 1).first;
+      }
+      rails.push_back(r->second);
+    }
+    if (!config_.gpu_pci_bus_ids.empty()) gpu_rails_.push_back(rails);
+  }
+  // A fabric per fabric name, a domain per NIC.
+  for (Domain& d : domains_) {
+    const std::string fabric =
+        d.info->fabric_attr->name != nullptr ? d.info->fabric_attr->name : "";
+    for (size_t f = 0; f < fabrics_.size(); ++f) {
+      if (fabrics_[f].name == fabric) d.fabric = static_cast<int>(f);
+    }
+    if (d.fabric < 0) {
+      Fabric f;
+      f.name = fabric;
+      const int ret = fi_fabric(d.info->fabric_attr, &f.fabric, nullptr);
+      if (ret != 0) return FromFi(ret, absl::StrCat("fi_fabric ", fabric));
+      fabrics_.push_back(f);
+      d.fabric = static_cast<int>(fabrics_.size()) - 1;
+    }
+    const int ret = fi_domain(fabrics_[d.fabric].fabric, d.info, &d.domain, nullptr);
+    if (ret != 0) {
+      d.domain = nullptr;
+      if (hmem) {
+        // Seen with shm on a host without a GPU runtime: fi_getinfo lists
+        // FI_HMEM, fi_domain refuses it, and a later plain fi_domain in the
+        // process fails too. Say so rather than fall back.
+        return absl::FailedPreconditionError(
+            absl::StrCat("libfabric provider ", d.info->fabric_attr->prov_name,
+                         " lists FI_HMEM but fi_domain refuses it (", fi_strerror(-ret),
+                         "); run without want_hmem"));
+      }
+      return FromFi(ret, absl::StrCat("fi_domain ", d.name));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void LibfabricBackend::CloseDomains() {
+  for (Domain& d : domains_) {
+    if (d.domain != nullptr) fi_close(&d.domain->fid);
+    if (d.info != nullptr) fi_freeinfo(d.info);
+  }
+  for (Fabric& f : fabrics_) {
+    if (f.fabric != nullptr) fi_close(&f.fabric->fid);
+  }
+  domains_.clear();
+  fabrics_.clear();
+  rail_plan_.clear();
+  gpu_rails_.clear();
+}
+
+absl::Status LibfabricBackend::OpenRail(int index, int domain) {
   Rail rail;
+  rail.domain = domain;
+  fid_domain* const dom = domains_[domain].domain;
+  const fi_info* const info = domains_[domain].info;
   fi_cq_attr cq_attr{};
   cq_attr.format = FI_CQ_FORMAT_DATA;
   cq_attr.size = 0;  // provider default
   cq_attr.wait_obj = wait_fds_ ? FI_WAIT_FD : FI_WAIT_NONE;
-  int ret = fi_cq_open(domain_, &cq_attr, &rail.cq, nullptr);
+  int ret = fi_cq_open(dom, &cq_attr, &rail.cq, nullptr);
   if (ret != 0 && wait_fds_) {
     // No wait fd from this provider: every rail polls (1 ms naps when idle).
     wait_fds_ = false;
@@ -482,7 +707,7 @@ absl::Status LibfabricBackend::OpenRail(int index) {
       r.wait_fd = -1;
     }
     cq_attr.wait_obj = FI_WAIT_NONE;
-    ret = fi_cq_open(domain_, &cq_attr, &rail.cq, nullptr);
+    ret = fi_cq_open(dom, &cq_attr, &rail.cq, nullptr);
   }
   if (ret != 0) return FromFi(ret, "fi_cq_open");
   if (wait_fds_) {
@@ -493,28 +718,28 @@ absl::Status LibfabricBackend::OpenRail(int index) {
     }
   }
   fi_av_attr av_attr{};
-  av_attr.type = info_->domain_attr->av_type == FI_AV_UNSPEC
+  av_attr.type = info->domain_attr->av_type == FI_AV_UNSPEC
                      ? FI_AV_TABLE
-                     : info_->domain_attr->av_type;
-  ret = fi_av_open(domain_, &av_attr, &rail.av, nullptr);
+                     : info->domain_attr->av_type;
+  ret = fi_av_open(dom, &av_attr, &rail.av, nullptr);
   if (ret != 0) {
     fi_close(&rail.cq->fid);
     return FromFi(ret, "fi_av_open");
   }
   // String addresses (shm's "fi_shm://<pid>") would give every endpoint of the
   // process the same name: each rail of each agent gets its own.
-  fi_info* ep_info = fi_dupinfo(info_);
+  fi_info* ep_info = fi_dupinfo(info);
   if (ep_info == nullptr) return absl::ResourceExhaustedError("fi_dupinfo");
   if (ep_info->addr_format == FI_ADDR_STR && ep_info->src_addr != nullptr) {
     static std::atomic<uint64_t> counter{0};
     const std::string name =
-        absl::StrCat(static_cast<const char*>(info_->src_addr), "_",
+        absl::StrCat(static_cast<const char*>(info->src_addr), "_",
                      absl::Hex(RandomAgentId() & 0xffffff), "_", counter++, "_", index);
     free(ep_info->src_addr);
     ep_info->src_addr = strdup(name.c_str());
     ep_info->src_addrlen = name.size() + 1;
   }
-  ret = fi_endpoint(domain_, ep_info, &rail.ep, nullptr);
+  ret = fi_endpoint(dom, ep_info, &rail.ep, nullptr);
   fi_freeinfo(ep_info);
   if (ret == 0) ret = fi_ep_bind(rail.ep, &rail.av->fid, 0);
   if (ret == 0) ret = fi_ep_bind(rail.ep, &rail.cq->fid, FI_TRANSMIT | FI_RECV);
@@ -535,21 +760,21 @@ LibfabricBackend::~LibfabricBackend() {
     if (r.ep != nullptr) fi_close(&r.ep->fid);
   }
   ops_.clear();  // no endpoint holds an operation any more
-  if (msg_mr_ != nullptr) {
-    fi_close(&msg_mr_->fid);
+  if (msg_registered_) {
+    for (Domain& d : domains_) {
+      if (d.msg_mr != nullptr) fi_close(&d.msg_mr->fid);
+    }
     --num_mrs_;
   }
   for (auto& [id, reg] : regs_) {
-    fi_close(&reg.mr->fid);
+    CloseMrs(&reg.mrs);
     if (reg.owned) munmap(reg.base, reg.length);
   }
   for (Rail& r : rails_) {
     if (r.av != nullptr) fi_close(&r.av->fid);
     if (r.cq != nullptr) fi_close(&r.cq->fid);
   }
-  if (domain_ != nullptr) fi_close(&domain_->fid);
-  if (fabric_ != nullptr) fi_close(&fabric_->fid);
-  if (info_ != nullptr) fi_freeinfo(info_);
+  CloseDomains();
   if (msg_buf_ != nullptr) munmap(msg_buf_, msg_buf_len_);
   if (wake_fd_ >= 0) close(wake_fd_);
   if (epoll_fd_ >= 0) close(epoll_fd_);
@@ -572,32 +797,44 @@ void LibfabricBackend::Wake() {
   [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
 }
 
-absl::StatusOr<fid_mr*> LibfabricBackend::Register(void* base, size_t len,
-                                                   uint64_t access,
-                                                   uint64_t requested_key,
-                                                   MemoryKind kind) {
-  fid_mr* mr = nullptr;
+absl::StatusOr<std::vector<fid_mr*>> LibfabricBackend::Register(void* base, size_t len,
+                                                                uint64_t access,
+                                                                uint64_t requested_key,
+                                                                MemoryKind kind) {
+  std::vector<fid_mr*> mrs;
   // FI_MR_PROV_KEY: the provider picks the key (requested_key is ignored).
   const uint64_t key = (mr_mode_ & FI_MR_PROV_KEY) ? 0 : requested_key;
-  int ret = 0;
-  if (kind.is_host()) {
-    ret = fi_mr_reg(domain_, base, len, access, 0, key, 0, &mr, nullptr);
-  } else {
-    // Device memory: the provider reads and writes it with its HMEM interface
-    // (GPUDirect RDMA on EFA / verbs, cudaMemcpy in shm).
-    iovec iov{base, len};
-    fi_mr_attr attr{};
-    attr.mr_iov = &iov;
-    attr.iov_count = 1;
-    attr.access = access;
-    attr.requested_key = key;
-    attr.iface = FI_HMEM_CUDA;
-    attr.device.cuda = kind.device;
-    ret = fi_mr_regattr(domain_, &attr, 0, &mr);
+  for (Domain& d : domains_) {
+    fid_mr* mr = nullptr;
+    int ret = 0;
+    if (kind.is_host()) {
+      ret = fi_mr_reg(d.domain, base, len, access, 0, key, 0, &mr, nullptr);
+    } else {
+      // Device memory: the provider reads and writes it with its HMEM interface
+      // (GPUDirect RDMA on EFA / verbs, cudaMemcpy in shm).
+      iovec iov{base, len};
+      fi_mr_attr attr{};
+      attr.mr_iov = &iov;
+      attr.iov_count = 1;
+      attr.access = access;
+      attr.requested_key = key;
+      attr.iface = FI_HMEM_CUDA;
+      attr.device.cuda = kind.device;
+      ret = fi_mr_regattr(d.domain, &attr, 0, &mr);
+    }
+    if (ret != 0) {
+      CloseMrs(&mrs);
+      return FromFi(ret, absl::StrCat("fi_mr_reg in domain ", d.name));
+    }
+    mrs.push_back(mr);
   }
-  if (ret != 0) return FromFi(ret, "fi_mr_reg");
   ++num_mrs_;
-  return mr;
+  return mrs;
+}
+
+void LibfabricBackend::CloseMrs(std::vector<fid_mr*>* mrs) {
+  for (fid_mr* mr : *mrs) fi_close(&mr->fid);
+  mrs->clear();
 }
 
 absl::StatusOr<std::string> LibfabricBackend::RegisterMemoryLocked(RegionId region,
@@ -615,15 +852,20 @@ absl::StatusOr<std::string> LibfabricBackend::RegisterMemoryLocked(RegionId regi
   // (no FI_MR_PROV_KEY) and they are 8 bytes, a random salt in the high half,
   // so a stale descriptor that reaches another agent at a reused address names
   // no key there (the access fails) instead of that agent's region.
-  const uint64_t key =
-      info_->domain_attr->mr_key_size >= 8 ? (key_salt_ << 32) | region : region;
-  auto mr = Register(base, len, FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE,
-                     key, kind);
-  if (!mr.ok()) return mr.status();
-  regs_[region] = Registration{*mr, base, len, /*owned=*/false};
-  by_address_[reinterpret_cast<uintptr_t>(base)] = region;
+  const uint64_t key = mr_key_size_ >= 8 ? (key_salt_ << 32) | region : region;
+  auto mrs = Register(base, len, FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE,
+                      key, kind);
+  if (!mrs.ok()) return mrs.status();
+  // The remote key: the key in each domain, in domain order.
   std::string rkey;
-  PutLe(&rkey, fi_mr_key(*mr), 8);
+  for (fid_mr* mr : *mrs) PutLe(&rkey, fi_mr_key(mr), 8);
+  Registration reg;
+  reg.mrs = *std::move(mrs);
+  reg.base = base;
+  reg.length = len;
+  reg.kind = kind;
+  regs_[region] = std::move(reg);
+  by_address_[reinterpret_cast<uintptr_t>(base)] = region;
   return rkey;
 }
 
@@ -650,7 +892,7 @@ absl::StatusOr<Backend::Allocated> LibfabricBackend::AllocateMemoryLocked(
 void LibfabricBackend::DeregisterMemoryLocked(RegionId region) {
   auto it = regs_.find(region);
   if (it == regs_.end()) return;
-  fi_close(&it->second.mr->fid);
+  CloseMrs(&it->second.mrs);
   --num_mrs_;
   auto a = by_address_.find(reinterpret_cast<uintptr_t>(it->second.base));
   if (a != by_address_.end() && a->second == region) by_address_.erase(a);
@@ -658,7 +900,8 @@ void LibfabricBackend::DeregisterMemoryLocked(RegionId region) {
   regs_.erase(it);
 }
 
-void* LibfabricBackend::LocalDesc(const void* p, uint64_t len) {
+const LibfabricBackend::Registration* LibfabricBackend::FindLocal(const void* p,
+                                                                  uint64_t len) const {
   const auto addr = reinterpret_cast<uintptr_t>(p);
   auto covers = [&](const Registration& r) {
     const auto b = reinterpret_cast<uintptr_t>(r.base);
@@ -668,12 +911,23 @@ void* LibfabricBackend::LocalDesc(const void* p, uint64_t len) {
   if (it != by_address_.begin()) {
     --it;
     auto r = regs_.find(it->second);
-    if (r != regs_.end() && covers(r->second)) return fi_mr_desc(r->second.mr);
+    if (r != regs_.end() && covers(r->second)) return &r->second;
   }
-  for (auto& [id, r] : regs_) {  // overlapping registrations
-    if (covers(r)) return fi_mr_desc(r.mr);
+  for (const auto& [id, r] : regs_) {  // overlapping registrations
+    if (covers(r)) return &r;
   }
   return nullptr;
+}
+
+int LibfabricBackend::NextRail(Peer* p, MemoryKind kind) {
+  const uint64_t n = p->next_rail++;
+  if (!kind.is_host() && kind.device >= 0 &&
+      static_cast<size_t>(kind.device) < gpu_rails_.size() &&
+      !gpu_rails_[kind.device].empty()) {
+    const std::vector<int>& near = gpu_rails_[kind.device];
+    return near[n % near.size()];
+  }
+  return static_cast<int>(n % rails_.size());
 }
 
 LibfabricBackend::Peer* LibfabricBackend::FindPeer(PeerId id) {
@@ -707,7 +961,7 @@ absl::Status LibfabricBackend::PostRecv(int rail, int slot) {
   op->slot = slot;
   recv_ops_[slot] = op;
   iovec iov{msg_buf_ + static_cast<size_t>(slot) * kSlotBytes, kSlotBytes};
-  void* desc = fi_mr_desc(msg_mr_);
+  void* desc = fi_mr_desc(domains_[rails_[rail].domain].msg_mr);
   fi_msg msg{};
   msg.msg_iov = &iov;
   msg.desc = &desc;
@@ -731,59 +985,102 @@ absl::Status LibfabricBackend::ConnectLocked(PeerId id,
                                              const AgentDescriptor& descriptor) {
   const auto* p = reinterpret_cast<const uint8_t*>(descriptor.address.data());
   const uint8_t* end = p + descriptor.address.size();
+  if (descriptor.address.size() >= 4 && std::memcmp(p, kAddressMagicV1, 4) == 0) {
+    return absl::InvalidArgumentError(
+        "descriptor's libfabric address is version 1 (one domain per agent): the peer "
+        "runs an older Tandem");
+  }
   if (descriptor.address.size() < 4 || std::memcmp(p, kAddressMagic, 4) != 0) {
     return absl::InvalidArgumentError("descriptor has no libfabric address");
   }
   p += 4;
   std::string prov;
-  uint64_t nrails = 0;
-  if (!GetBytes(p, end, 256, &prov) || !GetLe(p, end, 4, &nrails) || nrails == 0 ||
-      nrails > kMaxRails) {
-    return absl::InvalidArgumentError("libfabric address: bad provider or rail count");
+  if (!GetBytes(p, end, 256, &prov)) {
+    return absl::InvalidArgumentError("libfabric address: bad provider");
   }
   if (prov != provider_) {
     return absl::InvalidArgumentError(
         absl::StrCat("descriptor's libfabric provider is \"", prov,
                      "\", this agent's is \"", provider_, "\""));
   }
+  uint64_t ndomains = 0;
+  if (!GetLe(p, end, 4, &ndomains) || ndomains == 0 || ndomains > kMaxDomains) {
+    return absl::InvalidArgumentError("libfabric address: bad domain count");
+  }
+  std::vector<std::string> remote_fabrics(ndomains);
+  std::vector<uint64_t> identity_keys(ndomains);
+  for (uint64_t d = 0; d < ndomains; ++d) {
+    if (!GetBytes(p, end, 1024, &remote_fabrics[d]) ||
+        !GetLe(p, end, 8, &identity_keys[d])) {
+      return absl::InvalidArgumentError("libfabric address: truncated domain");
+    }
+  }
+  uint64_t nrails = 0;
+  if (!GetLe(p, end, 4, &nrails) || nrails == 0 || nrails > kMaxRails) {
+    return absl::InvalidArgumentError("libfabric address: bad rail count");
+  }
   std::vector<std::string> names(nrails);
-  for (std::string& n : names) {
-    if (!GetBytes(p, end, kMaxRailAddressBytes, &n) || n.empty()) {
+  std::vector<int> rail_domains(nrails);
+  for (uint64_t r = 0; r < nrails; ++r) {
+    uint64_t d = 0;
+    if (!GetLe(p, end, 4, &d) || d >= ndomains) {
+      return absl::InvalidArgumentError("libfabric address: bad rail domain");
+    }
+    rail_domains[r] = static_cast<int>(d);
+    if (!GetBytes(p, end, kMaxRailAddressBytes, &names[r]) || names[r].empty()) {
       return absl::InvalidArgumentError("libfabric address: truncated rail address");
     }
   }
-  uint64_t identity_key = 0, identity_addr = 0;
-  if (!GetLe(p, end, 8, &identity_key) || !GetLe(p, end, 8, &identity_addr)) {
+  uint64_t identity_addr = 0;
+  if (!GetLe(p, end, 8, &identity_addr)) {
     return absl::InvalidArgumentError("libfabric address: truncated identity");
   }
   if (p != end) return absl::InvalidArgumentError("libfabric address: trailing bytes");
   auto peer = std::make_unique<Peer>();
   peer->descriptor = descriptor;
-  peer->identity.addr = identity_addr;
-  peer->identity.len = 8;
-  peer->identity.key = identity_key;
   for (const RegionDescriptor& r : descriptor.regions) {
     const auto* k = reinterpret_cast<const uint8_t*>(r.rkey.data());
-    uint64_t key = 0;
-    if (r.rkey.size() != 8 || !GetLe(k, k + 8, 8, &key)) {
+    if (r.rkey.size() != 8 * ndomains) {
       return absl::InvalidArgumentError(
-          absl::StrCat("remote key of region ", r.id, " is not a libfabric key"));
+          absl::StrCat("remote key of region ", r.id, " is not a libfabric key (",
+                       r.rkey.size(), " bytes for ", ndomains, " domains)"));
     }
-    peer->keys[r.id] = key;
+    std::vector<uint64_t>& keys = peer->keys[r.id];
+    for (uint64_t d = 0; d < ndomains; ++d) {
+      uint64_t key = 0;
+      GetLe(k, k + 8, 8, &key);
+      keys.push_back(key);
+    }
   }
-  // Our rail r talks to the peer's rail r % its rails.
+  // Our rail r talks to a peer rail on the same fabric (tcp: the same subnet;
+  // EFA devices all share one), the k-th of ours there to its k % n-th; where
+  // the peer has none on that fabric, to its rail r % its rails.
+  std::map<std::string, int> seen_on_fabric;
   for (size_t r = 0; r < rails_.size(); ++r) {
+    const std::string& fabric = fabrics_[domains_[rails_[r].domain].fabric].name;
+    std::vector<int> same;
+    for (uint64_t q = 0; q < nrails; ++q) {
+      if (remote_fabrics[rail_domains[q]] == fabric)
+        same.push_back(static_cast<int>(q));
+    }
+    const int k = seen_on_fabric[fabric]++;
+    const int q = same.empty() ? static_cast<int>(r % nrails) : same[k % same.size()];
     fi_addr_t addr = FI_ADDR_NOTAVAIL;
-    const int n =
-        fi_av_insert(rails_[r].av, names[r % nrails].data(), 1, &addr, 0, nullptr);
+    const int n = fi_av_insert(rails_[r].av, names[q].data(), 1, &addr, 0, nullptr);
     if (n != 1) {
-      for (size_t q = 0; q < peer->addrs.size(); ++q)
-        fi_av_remove(rails_[q].av, &peer->addrs[q], 1, 0);
+      for (size_t o = 0; o < peer->addrs.size(); ++o)
+        fi_av_remove(rails_[o].av, &peer->addrs[o], 1, 0);
       return absl::UnavailableError(absl::StrCat(
           "libfabric peer ", absl::Hex(descriptor.agent_id), ": fi_av_insert of rail ",
           r, " failed (", n < 0 ? fi_strerror(-n) : "address not inserted", ")"));
     }
     peer->addrs.push_back(addr);
+    peer->remote_domain.push_back(rail_domains[q]);
+    fi_rma_iov identity{};
+    identity.addr = identity_addr;
+    identity.len = 8;
+    identity.key = identity_keys[rail_domains[q]];
+    peer->identity.push_back(identity);
   }
   Peer* raw = peer.get();
   peers_[id] = std::move(peer);
@@ -793,8 +1090,9 @@ absl::Status LibfabricBackend::ConnectLocked(PeerId id,
   const absl::Time deadline = absl::Now() + config_.connect_timeout;
   for (size_t r = 0; r < rails_.size(); ++r) {
     uint64_t seen = 0;
-    absl::Status st = SendMessageLocked(id, raw, static_cast<int>(r), Op::kProbe, "",
-                                        deadline, "connecting", &raw->identity, &seen);
+    absl::Status st =
+        SendMessageLocked(id, raw, static_cast<int>(r), Op::kProbe, "", deadline,
+                          "connecting", &raw->identity[r], &seen);
     if (st.ok() && seen != descriptor.agent_id) {
       st = absl::UnavailableError(absl::StrCat(
           "libfabric peer ", absl::Hex(descriptor.agent_id), ": its address (rail ", r,
@@ -857,8 +1155,10 @@ void LibfabricBackend::ForgetPeerLocked(PeerId id) {
 
 std::string LibfabricBackend::TransportLocked(PeerId id) {
   if (OpenPeer(id) == nullptr) return "";
-  if (rails_.size() == 1) return provider_;
-  return absl::StrCat(provider_, " x", rails_.size(), " rails");
+  std::string t = provider_;
+  if (rails_.size() > 1) absl::StrAppend(&t, " x", rails_.size(), " rails");
+  if (domains_.size() > 1) absl::StrAppend(&t, " on ", domain_name());
+  return t;
 }
 
 absl::StatusOr<Backend::PostResult> LibfabricBackend::PostPieceLocked(
@@ -871,17 +1171,23 @@ absl::StatusOr<Backend::PostResult> LibfabricBackend::PostPieceLocked(
     return absl::InternalError("no remote key for a checked region");
   }
   if (piece.length == 0) return PostResult::kDone;
-  RmaPiece rp;
-  rp.local = reinterpret_cast<uintptr_t>(piece.local);
-  rp.desc = LocalDesc(piece.local, piece.length);
-  rp.remote = (mr_mode_ & FI_MR_VIRT_ADDR) ? piece.remote->base + piece.remote_offset
-                                           : piece.remote_offset;
-  rp.key = key->second;
-  rp.length = piece.length;
+  const Registration* local = FindLocal(piece.local, piece.length);
+  // The piece as rail `rail` carries it: our MR in that rail's domain, the
+  // peer's key in the domain of the rail it pairs with.
+  auto on_rail = [&](int rail) {
+    RmaPiece rp;
+    rp.local = reinterpret_cast<uintptr_t>(piece.local);
+    rp.desc = local != nullptr ? fi_mr_desc(local->mrs[rails_[rail].domain]) : nullptr;
+    rp.remote = (mr_mode_ & FI_MR_VIRT_ADDR) ? piece.remote->base + piece.remote_offset
+                                             : piece.remote_offset;
+    rp.key = key->second[p->remote_domain[rail]];
+    rp.length = piece.length;
+    return rp;
+  };
   Peer::Gathered& g = p->gathered;
   if (g.op != nullptr) {
     if (g.op->token == token && g.write == write &&
-        AppendToRmaGroup(group_limits_, rp, &g.group)) {
+        AppendToRmaGroup(group_limits_, on_rail(g.rail), &g.group)) {
       ++g.op->pieces;
       return PostResult::kPending;
     }
@@ -897,9 +1203,11 @@ absl::StatusOr<Backend::PostResult> LibfabricBackend::PostPieceLocked(
   op->token = token;
   op->pieces = 1;
   g.op = op;
+  g.rail = NextRail(p, local != nullptr ? local->kind : MemoryKind::Host());
   g.write = write;
   g.group.Clear();
-  AppendToRmaGroup(group_limits_, rp, &g.group);  // an empty group takes any piece
+  // An empty group takes any piece.
+  AppendToRmaGroup(group_limits_, on_rail(g.rail), &g.group);
   return PostResult::kPending;
 }
 
@@ -920,7 +1228,7 @@ absl::Status LibfabricBackend::PostGatheredLocked(PeerId id, Peer* p, OpToken to
     MaybeFree(op);
     return absl::OkStatus();
   }
-  const int rail = p->next_rail;
+  const int rail = g.rail;
   std::vector<iovec> iov(g.group.local.size());
   std::vector<void*> desc(g.group.local.size());
   for (size_t i = 0; i < g.group.local.size(); ++i) {
@@ -965,7 +1273,6 @@ absl::Status LibfabricBackend::PostGatheredLocked(PeerId id, Peer* p, OpToken to
     return own ? st : absl::OkStatus();
   }
   op->rail = rail;
-  p->next_rail = (rail + 1) % static_cast<int>(rails_.size());
   if (p->outstanding++ == 0) p->last_progress = absl::Now();
   pieces_per_rail_[rail] += op->pieces;
   ++rma_ops_;
@@ -1024,7 +1331,7 @@ absl::Status LibfabricBackend::SendMessageLocked(
   op->slot = slot;
   op->waited = true;
   iovec iov{buf, read_from != nullptr ? 8 : bytes.size()};
-  void* desc = fi_mr_desc(msg_mr_);
+  void* desc = fi_mr_desc(domains_[rails_[rail].domain].msg_mr);
   fi_msg msg{};
   msg.msg_iov = &iov;
   msg.desc = &desc;
@@ -1264,11 +1571,18 @@ absl::Duration LibfabricBackend::ArmLocked() {
   // the target's provider carries out incoming RMA (shm's CMA/SAR protocols)
   // only when progressed and nothing wakes it.
   if (!wait_fds_) return config_.idle_poll_interval;
-  std::vector<fid*> fids;
-  for (Rail& r : rails_) fids.push_back(&r.cq->fid);
-  const int ret = fi_trywait(fabric_, fids.data(), static_cast<int>(fids.size()));
-  if (ret == -FI_EAGAIN) return absl::ZeroDuration();
-  if (ret != 0) return absl::Milliseconds(1);
+  // fi_trywait per fabric, over the CQs of the rails on it.
+  for (size_t f = 0; f < fabrics_.size(); ++f) {
+    std::vector<fid*> fids;
+    for (Rail& r : rails_) {
+      if (domains_[r.domain].fabric == static_cast<int>(f)) fids.push_back(&r.cq->fid);
+    }
+    if (fids.empty()) continue;
+    const int ret =
+        fi_trywait(fabrics_[f].fabric, fids.data(), static_cast<int>(fids.size()));
+    if (ret == -FI_EAGAIN) return absl::ZeroDuration();
+    if (ret != 0) return absl::Milliseconds(1);
+  }
   // Bounds how late the progress timeout is checked when idle.
   return absl::Milliseconds(100);
 }
@@ -1294,6 +1608,8 @@ LibfabricAgent::LibfabricAgent(std::unique_ptr<LibfabricBackend> backend)
       fabric_name_(backend_->fabric_name()),
       domain_name_(backend_->domain_name()),
       rails_(static_cast<int>(backend_->NumRails())),
+      nics_(backend_->Nics()),
+      rail_nics_(backend_->RailNics()),
       iov_limit_(backend_->group_limits().iov_limit),
       rma_iov_limit_(backend_->group_limits().rma_iov_limit),
       hmem_(backend_->hmem()),

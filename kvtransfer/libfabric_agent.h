@@ -1,6 +1,8 @@
 // LibfabricAgent: TransferAgent over libfabric (OFI): FI_EP_RDM endpoints with
-// FI_RMA and FI_MSG, one fabric and domain per agent, one or more endpoints
-// ("rails"), each with its own completion queue and address vector. It is an
+// FI_RMA and FI_MSG, one or more endpoints ("rails"), each on a NIC's domain
+// (one fabric and domain per NIC chosen, by PCI / NUMA topology: see
+// fabric_topology.h) with its own completion queue and address vector; every
+// region is registered in every domain (a key per domain in the descriptor). It is an
 // AgentCore (agent_core.h: the batch table, pieces through a window, Poll /
 // Wait / Cancel, callbacks, the notification fence and queue, peer failures)
 // over the libfabric backend in libfabric_agent.cc, which implements only the
@@ -65,12 +67,25 @@ struct LibfabricAgentConfig {
   // Provider name for fi_getinfo: "efa", "tcp" (= "tcp;ofi_rxm" for RDM),
   // "shm", ... Empty: $FI_PROVIDER if set, else "tcp".
   std::string provider;
-  // fi_getinfo domain name (e.g. "rdmap16s27" for one EFA device, "lo", "eth0");
-  // empty: the provider's first.
+  // fi_getinfo domain names to use, comma-separated, in rail order
+  // ("rdmap16s27-rdm,rdmap32s27-rdm" for two EFA devices; "eth0", "eth0,lo" for
+  // tcp). Empty: chosen by topology (fabric_topology.h): the NICs nearest each
+  // GPU of `gpu_pci_bus_ids`, else those on the process's NUMA node.
   std::string domain;
-  // Endpoints per agent; a batch's pieces are striped over them round-robin.
-  // A peer's rail r talks to our rail r % our rails.
+  // Endpoints ("rails") a batch's pieces are striped over, each on its own NIC
+  // (fabric, domain, endpoint, CQ, AV) where fi_getinfo lists enough distinct
+  // NICs: the `rails` nearest ones; with fewer NICs, several endpoints per NIC
+  // (round-robin). With `gpu_pci_bus_ids`, per GPU. 0: every NIC tied for the
+  // nearest place (at least one endpoint). A peer's rail is paired with ours
+  // by fabric name (tcp: the subnet), else rail r with its rail r % its rails.
   int rails = 1;
+  // The PCI bus ids of the GPUs whose memory this agent registers, by CUDA
+  // ordinal ("0000:3b:00.0"; cudaDeviceGetPCIBusId's spelling is accepted). A
+  // region of MemoryKind::Cuda(n) is then carried by the rails nearest GPU n;
+  // host memory by every rail. Empty: rails by the process's NUMA node.
+  std::vector<std::string> gpu_pci_bus_ids;
+  // Where sysfs is (tests point it at a fake tree).
+  std::string sysfs_root = "/sys";
   // Largest fi_writemsg / fi_readmsg; longer segments are posted in pieces.
   uint64_t max_op_bytes = 8 << 20;
   // Local iovs and remote rma_iovs one operation may carry (consecutive pieces
@@ -105,12 +120,18 @@ class LibfabricAgent final : public AgentCore {
   ~LibfabricAgent() override = default;
 
   // What fi_getinfo gave (for logs and metric labels): the provider
-  // ("tcp;ofi_rxm", "shm", "efa"), the fabric and the domain (the NIC:
-  // "rdmap16s27" on EFA, "lo" or "eth0" for tcp), and the endpoints opened.
+  // ("tcp;ofi_rxm", "shm", "efa"), the fabrics and domains opened (the NICs:
+  // "rdmap16s27-rdm" on EFA, "eth0" or "lo" for tcp; comma-separated when there
+  // are several), and the endpoints opened.
   const std::string& provider() const { return provider_; }
   const std::string& fabric_name() const { return fabric_name_; }
   const std::string& domain_name() const { return domain_name_; }
   int rails() const { return rails_; }
+  // One line per NIC opened, nearest first: its domain, PCI address, NUMA node
+  // and why it was chosen (NicPlacement::Describe), for the start-up log.
+  const std::vector<std::string>& nics() const { return nics_; }
+  // For each rail, the index in nics() of the NIC it is on.
+  const std::vector<int>& rail_nics() const { return rail_nics_; }
   // Local iovs / remote rma_iovs one operation carries at most (provider limits
   // and max_iovs_per_op).
   size_t iov_limit() const { return iov_limit_; }
@@ -134,6 +155,8 @@ class LibfabricAgent final : public AgentCore {
   const std::string fabric_name_;
   const std::string domain_name_;
   const int rails_;
+  const std::vector<std::string> nics_;
+  const std::vector<int> rail_nics_;
   const size_t iov_limit_;
   const size_t rma_iov_limit_;
   const bool hmem_;

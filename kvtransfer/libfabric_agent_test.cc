@@ -10,6 +10,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <random>
@@ -424,9 +426,22 @@ TEST(LibfabricAgentTest, UnknownProviderAndBadRailsAreRefused) {
   ASSERT_FALSE(efa.ok());
   EXPECT_EQ(efa.status().code(), absl::StatusCode::kFailedPrecondition);
   config.provider = "tcp";
-  config.rails = 0;
-  EXPECT_EQ(LibfabricAgent::Create(config).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  for (int rails : {-1, 65}) {
+    config.rails = rails;
+    EXPECT_EQ(LibfabricAgent::Create(config).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << rails;
+  }
+  config.rails = 1;
+  config.domain = "nosuchnic";
+  auto st = LibfabricAgent::Create(config).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("no domain \"nosuchnic\""), std::string::npos) << st;
+  config.domain = "";
+  config.gpu_pci_bus_ids = {"gpu0"};
+  st = LibfabricAgent::Create(config).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("GPU PCI bus id"), std::string::npos) << st;
 }
 
 TEST(LibfabricAgentTest, ReportsWhatTheProviderDemands) {
@@ -474,6 +489,169 @@ TEST(LibfabricAgentTest, RailsStripeOneBatch) {
   for (uint64_t n : per_rail)
     EXPECT_GE(n, segs.size() / 3 - a->iov_limit()) << "rail idle";
   EXPECT_EQ(a->Transport(*peer), "tcp;ofi_rxm x3 rails");
+}
+
+// Per-NIC domains: tcp lists one domain per interface (eth0 and lo on this VM),
+// each of its own fabric (subnet), so naming both gives each rail its own
+// fabric, domain, endpoint, CQ and AV, every region registered in both domains
+// and a key per domain in the descriptor: the code path of several EFA devices.
+std::unique_ptr<LibfabricAgent> MakeTcpAgent(const std::string& domains, int rails) {
+  LibfabricAgentConfig config;
+  config.provider = "tcp";
+  config.domain = domains;
+  config.rails = rails;
+  auto agent = LibfabricAgent::Create(config);
+  EXPECT_TRUE(agent.ok()) << domains << ": " << agent.status();
+  return agent.ok() ? std::move(*agent) : nullptr;
+}
+
+bool TcpHasDomains(const std::string& domains) {
+  LibfabricAgentConfig config;
+  config.provider = "tcp";
+  config.domain = domains;
+  return LibfabricAgent::Create(config).ok();
+}
+
+TEST(LibfabricAgentTest, EachRailOnItsOwnDomain) {
+  if (!TcpHasDomains("eth0,lo")) GTEST_SKIP() << "tcp lists no eth0 and lo here";
+  auto a = MakeTcpAgent("eth0,lo", 1);
+  auto b = MakeTcpAgent("lo,eth0", 3);  // three rails over two NICs
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(a->domain_name(), "eth0,lo");
+  EXPECT_EQ(a->rails(), 2);
+  EXPECT_EQ(a->rail_nics(), (std::vector<int>{0, 1}));
+  ASSERT_EQ(a->nics().size(), 2u);
+  EXPECT_EQ(a->nics()[0].substr(0, 5), "eth0 ");
+  EXPECT_EQ(a->nics()[1].substr(0, 3), "lo ");
+  EXPECT_NE(a->fabric_name().find(','), std::string::npos) << a->fabric_name();
+  EXPECT_EQ(b->rails(), 3);
+  EXPECT_EQ(b->rail_nics(), (std::vector<int>{0, 1, 0}));
+  constexpr size_t kBytes = 4 << 20, kSeg = 32 << 10;
+  std::vector<uint8_t> src(kBytes), dst(kBytes, 0), back(kBytes, 0);
+  std::mt19937 rng(11);
+  for (auto& x : src) x = static_cast<uint8_t>(rng());
+  auto s = a->RegisterMemory(src.data(), src.size());
+  auto r = a->RegisterMemory(back.data(), back.size());
+  auto d = b->RegisterMemory(dst.data(), dst.size());
+  ASSERT_TRUE(s.ok() && r.ok() && d.ok());
+  // One logical registration per region, one MR in each domain behind it; the
+  // remote key is one key per domain.
+  EXPECT_EQ(b->NumLibfabricRegistrationsForTesting(), 2u);  // + message buffers
+  auto desc = ParseDescriptor(*b->LocalDescriptor());
+  ASSERT_TRUE(desc.ok()) << desc.status();
+  ASSERT_EQ(desc->regions.size(), 1u);
+  EXPECT_EQ(desc->regions[0].rkey.size(), 16u);
+  // Paired by fabric: a's eth0 rail with b's eth0 rail, a's lo with b's lo
+  // (every rail's identity read succeeds, else Connect is UNAVAILABLE).
+  auto peer = a->Connect(*b->LocalDescriptor());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  EXPECT_EQ(a->Transport(*peer), "tcp;ofi_rxm x2 rails on eth0,lo");
+  std::vector<Segment> segs;
+  for (uint64_t off = 0; off < kBytes; off += 2 * kSeg)  // scattered both sides
+    segs.push_back({*s, off, *d, kBytes - 2 * kSeg - off, kSeg});
+  auto w = a->PostWrite(*peer, segs);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE(a->Wait(*w, absl::Now() + absl::Seconds(30)).ok());
+  std::vector<Segment> reads;
+  for (const Segment& g : segs)
+    reads.push_back({*r, g.local_offset, *d, g.remote_offset, g.length});
+  auto rd = a->PostRead(*peer, reads);
+  ASSERT_TRUE(rd.ok()) << rd.status();
+  ASSERT_TRUE(a->Wait(*rd, absl::Now() + absl::Seconds(30)).ok());
+  for (const Segment& g : segs) {
+    ASSERT_TRUE(std::equal(src.begin() + g.local_offset,
+                           src.begin() + g.local_offset + kSeg,
+                           dst.begin() + g.remote_offset))
+        << g.local_offset;
+    ASSERT_TRUE(std::equal(src.begin() + g.local_offset,
+                           src.begin() + g.local_offset + kSeg,
+                           back.begin() + g.local_offset))
+        << g.local_offset;
+  }
+  const std::vector<uint64_t> per_rail = a->PiecesPerRailForTesting();
+  ASSERT_EQ(per_rail.size(), 2u);
+  for (uint64_t n : per_rail) EXPECT_GT(n, segs.size() / 2) << "a NIC idle";
+  // The other way, from b's three rails (lo, eth0 and a second endpoint on
+  // lo): every one carries pieces.
+  auto bs = b->RegisterMemory(dst.data(), kBytes / 2);
+  auto ad = a->RegisterMemory(back.data() + kBytes / 2, kBytes / 2);
+  ASSERT_TRUE(bs.ok() && ad.ok());
+  auto again = b->Connect(*a->LocalDescriptor());
+  ASSERT_TRUE(again.ok()) << again.status();
+  std::vector<Segment> back_segs;
+  for (uint64_t off = 0; off < kBytes / 2; off += 2 * kSeg)
+    back_segs.push_back({*bs, off, *ad, off, kSeg});
+  auto bw = b->PostWrite(*again, back_segs);
+  ASSERT_TRUE(bw.ok()) << bw.status();
+  ASSERT_TRUE(b->Wait(*bw, absl::Now() + absl::Seconds(30)).ok());
+  for (const Segment& g : back_segs) {
+    ASSERT_TRUE(std::equal(dst.begin() + g.local_offset,
+                           dst.begin() + g.local_offset + kSeg,
+                           back.begin() + kBytes / 2 + g.remote_offset));
+  }
+  for (uint64_t n : b->PiecesPerRailForTesting()) EXPECT_GT(n, 0u) << "rail idle";
+  // A one-NIC agent (lo only) and the two-NIC one talk: its lo rail pairs with
+  // the other's lo rail (same fabric), and the other's eth0 rail, finding no
+  // eth0 here, with rail 0.
+  auto c = MakeTcpAgent("lo", 1);
+  ASSERT_NE(c, nullptr);
+  auto cd = c->RegisterMemory(back.data(), kBytes);
+  ASSERT_TRUE(cd.ok());
+  auto to_c = a->Connect(*c->LocalDescriptor());
+  ASSERT_TRUE(to_c.ok()) << to_c.status();
+  auto cw = a->PostWrite(*to_c, {{*s, 0, *cd, 0, kBytes}});
+  ASSERT_TRUE(cw.ok()) << cw.status();
+  ASSERT_TRUE(a->Wait(*cw, absl::Now() + absl::Seconds(30)).ok());
+  EXPECT_TRUE(std::equal(src.begin(), src.end(), back.begin()));
+  EXPECT_TRUE(c->Connect(*a->LocalDescriptor()).ok());
+}
+
+// The rails planned per GPU from a fake sysfs tree: tcp's eth0 and lo given
+// PCI devices under two switches, one GPU under each; each GPU's nearest NIC
+// gets its rail (host memory, which is all this VM can register, uses both).
+TEST(LibfabricAgentTest, RailsPlannedPerGpuFromTopology) {
+  if (!TcpHasDomains("eth0,lo")) GTEST_SKIP() << "tcp lists no eth0 and lo here";
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string root = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/sysXXXXXX");
+  ASSERT_NE(mkdtemp(root.data()), nullptr);
+  auto sh = [](const std::string& cmd) {
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  };
+  const std::string a = "devices/pci0000:00/0000:00:01.0/0000:01:00.0";
+  const std::string b = "devices/pci0000:00/0000:00:02.0/0000:02:00.0";
+  sh(absl::StrCat("cd ", root, " && mkdir -p ", a, "/0000:01:01.0 ", a,
+                  "/0000:01:02.0 ", b, "/0000:02:01.0 ", b,
+                  "/0000:02:02.0 bus/pci/devices class/net/eth0 class/net/lo"));
+  sh(absl::StrCat("cd ", root, " && ln -s $PWD/", a, "/0000:01:01.0 bus/pci/devices/",
+                  " && ln -s $PWD/", b, "/0000:02:01.0 bus/pci/devices/",
+                  " && ln -s $PWD/", a, "/0000:01:02.0 class/net/eth0/device",
+                  " && ln -s $PWD/", b, "/0000:02:02.0 class/net/lo/device"));
+  LibfabricAgentConfig config;
+  config.provider = "tcp";
+  config.sysfs_root = root;
+  // GPU 0 beside lo's "device", GPU 1 beside eth0's.
+  config.gpu_pci_bus_ids = {"0000:02:01.0", "0000:01:01.0"};
+  auto agent = LibfabricAgent::Create(config);
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  ASSERT_EQ((*agent)->nics().size(), 2u);
+  EXPECT_EQ((*agent)->nics()[0],
+            "lo pci=0000:02:02.0 numa=-1 pci_hops=2 same_pci_root");
+  EXPECT_EQ((*agent)->nics()[1],
+            "eth0 pci=0000:01:02.0 numa=-1 pci_hops=2 same_pci_root");
+  EXPECT_EQ((*agent)->rails(), 2);
+  // Two per GPU: its own NIC first, the other's second, endpoints shared.
+  config.rails = 2;
+  agent = LibfabricAgent::Create(config);
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  EXPECT_EQ((*agent)->rails(), 2);
+  EXPECT_EQ((*agent)->domain_name(), "lo,eth0");
+  // Without GPUs and no NUMA information: fi_getinfo's order, both NICs.
+  config.gpu_pci_bus_ids.clear();
+  agent = LibfabricAgent::Create(config);
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  EXPECT_EQ((*agent)->domain_name(), "eth0,lo");
+  sh(absl::StrCat("rm -rf ", root));
 }
 
 // Multi-segment batches: small scattered segments go out gathered, up to the
