@@ -7,6 +7,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/route_hash.h"
 #include "common/status.h"
@@ -320,6 +321,9 @@ absl::Status Engine::AttachConstraint(Request* r) {
       engine::OutputConstraint::Create(std::move(g), *r->params.structured, eos_ids_,
                                        grammar_vocab_->size(), V, rollback));
   r->mask.assign(r->constraint->mask_words(), 0u);
+  if (mask_pool_ == nullptr && options_.structured_mask_threads > 0) {
+    mask_pool_ = std::make_unique<engine::MaskPool>(options_.structured_mask_threads);
+  }
   return absl::OkStatus();
 }
 
@@ -337,6 +341,38 @@ void Engine::FillMask(Request* r) {
   ++structured_masks_;
 }
 
+namespace {
+
+// The masks of verification rows 0..m for `drafts` (row j after drafts[0, j))
+// into `rows`, and the drafts the constraint allows: the walk stops at the
+// first draft it forbids (rows then has usable + 1 entries). The constraint is
+// left as it was (rolled back). Counts each mask's fill time into *ns.
+absl::Status WalkDraftMasks(engine::OutputConstraint& c,
+                            absl::Span<const int32_t> drafts,
+                            std::vector<std::vector<uint32_t>>* rows, int64_t* usable,
+                            int64_t* ns) {
+  const int64_t m = static_cast<int64_t>(drafts.size());
+  rows->resize(m + 1);
+  int advanced = 0;
+  int64_t j = 0;
+  for (; j <= m; ++j) {
+    std::vector<uint32_t>& row = (*rows)[j];
+    row.assign(c.mask_words(), 0u);
+    const absl::Time t0 = absl::Now();
+    c.FillNextTokenBitmask(absl::MakeSpan(row));
+    *ns += absl::ToInt64Nanoseconds(absl::Now() - t0);
+    if (j == m) break;
+    const int32_t d = drafts[j];
+    if (((row[d >> 5] >> (d & 31)) & 1u) == 0 || !c.Accept(d).ok()) break;
+    ++advanced;
+  }
+  *usable = std::min(j, m);  // drafts j.. break the grammar
+  rows->resize(*usable + 1);
+  return c.Rollback(advanced);
+}
+
+}  // namespace
+
 absl::StatusOr<engine::SampleResult> Engine::SampleNext(
     engine::Sampler* sampler, Request* r, absl::Span<const float> logits) {
   engine::SampleRequest sr;
@@ -346,8 +382,14 @@ absl::StatusOr<engine::SampleResult> Engine::SampleNext(
   sr.suppressed_tokens = r->stop->SuppressedTokens();
   sr.position = r->num_generated();
   if (r->constraint != nullptr) {
-    FillMask(r);
-    sr.allowed_bitmask = r->mask;
+    TANDEM_RETURN_IF_ERROR(r->mask_error);
+    if (r->mask_ready) {  // filled during the forward
+      r->mask_ready = false;
+      sr.allowed_bitmask = r->prepared->rows[0];
+    } else {
+      FillMask(r);
+      sr.allowed_bitmask = r->mask;
+    }
   }
   return sampler->Sample(sr);
 }
@@ -386,7 +428,65 @@ struct Engine::StepBatch {
   std::vector<std::vector<int32_t>> fed;          // inputs' tokens when not a prefix
   std::vector<KdaSnapshot> snapshots;             // taken before verifying drafts
   std::vector<engine::SequenceOutcome> outcomes;  // one per sampling sequence
+  // Structured outputs, the overlapped path: the rows (indices into
+  // plan.sequences) whose masks the mask pool fills during the forward.
+  std::vector<size_t> mask_rows;
+  std::shared_ptr<engine::MaskPool::Batch> mask_batch;
 };
+
+void Engine::StartMasks(StepBatch* batch) {
+  batch->mask_rows.clear();
+  batch->mask_batch.reset();
+  if (mask_pool_ == nullptr) return;
+  std::vector<std::function<void()>> tasks;
+  for (size_t i = 0; i < batch->plan.sequences.size(); ++i) {
+    Request* r = batch->reqs[i];
+    if (r->constraint == nullptr) continue;
+    r->mask_ready = false;
+    if (!batch->plan.sequences[i].samples) continue;
+    // A PreparedMasks still held by a task given up on is left to it.
+    if (r->prepared == nullptr || r->prepared.use_count() > 1) {
+      r->prepared = std::make_shared<PreparedMasks>();
+    }
+    r->prepared->ns = 0;
+    r->prepared->status = absl::OkStatus();
+    // The constraint's state is final for this step: sampling (after the
+    // forward) is the next thing that changes it.
+    tasks.push_back(
+        [c = r->constraint, p = r->prepared, drafts = batch->proposals[i].tokens]() {
+          p->status = WalkDraftMasks(*c, drafts, &p->rows, &p->usable_drafts, &p->ns);
+        });
+    batch->mask_rows.push_back(i);
+  }
+  if (!tasks.empty()) batch->mask_batch = mask_pool_->Start(std::move(tasks));
+}
+
+void Engine::AwaitMasks(StepBatch* batch) {
+  if (batch->mask_batch == nullptr) return;
+  const std::vector<engine::MaskPool::TaskState> states = mask_pool_->Wait(
+      batch->mask_batch.get(), absl::Now() + options_.structured_mask_timeout);
+  for (size_t k = 0; k < batch->mask_rows.size(); ++k) {
+    Request* r = batch->reqs[batch->mask_rows[k]];
+    switch (states[k]) {
+      case engine::MaskPool::TaskState::kDone:
+        r->mask_ready = true;
+        structured_mask_ns_ += r->prepared->ns;
+        structured_masks_ += static_cast<int64_t>(r->prepared->rows.size());
+        structured_masks_overlapped_ += static_cast<int64_t>(r->prepared->rows.size());
+        break;
+      case engine::MaskPool::TaskState::kRunning:
+        // Still filling: its constraint is the task's until it ends.
+        r->mask_error = absl::DeadlineExceededError(
+            absl::StrCat("structured output: request ", r->id, "'s mask was not ready ",
+                         absl::FormatDuration(options_.structured_mask_timeout),
+                         " after the step's forward"));
+        break;
+      default:  // never started: filled at sampling time instead
+        break;
+    }
+  }
+  batch->mask_batch.reset();
+}
 
 absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   std::vector<RequestOutput> outputs;
@@ -399,7 +499,12 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     TANDEM_RETURN_IF_ERROR(scheduler_->CompleteStep(batch.plan, {}).status());
     return outputs;
   }
-  TANDEM_RETURN_IF_ERROR(ForwardStep(batch));
+  // The constrained rows' masks are filled while the forward runs; they are
+  // waited for before anything else (a failed forward included).
+  StartMasks(&batch);
+  const absl::Status forward = ForwardStep(batch);
+  AwaitMasks(&batch);
+  TANDEM_RETURN_IF_ERROR(forward);
   TANDEM_RETURN_IF_ERROR(StoreSnapshots(batch));
   TANDEM_RETURN_IF_ERROR(SampleStep(&batch, &outputs));
   TANDEM_RETURN_IF_ERROR(FinishStep(batch, &outputs));
@@ -1116,27 +1221,28 @@ absl::StatusOr<int32_t> Engine::Verify(Request* r, absl::Span<const float> logit
   // draft after it (the verification is cut there); the constraint walks the
   // drafts to make each row's mask and is rolled back before Emit replays the
   // accepted ones.
-  std::vector<std::vector<uint32_t>> masks;
+  // (The overlapped path walked the drafts during the forward.)
+  std::vector<std::vector<uint32_t>> local;
+  const std::vector<std::vector<uint32_t>>* rows = &local;
   if (r->constraint != nullptr) {
-    engine::OutputConstraint& c = *r->constraint;
-    int advanced = 0;
-    for (int64_t j = 0; j <= m; ++j) {
-      masks.emplace_back(c.mask_words(), 0u);
-      const absl::Time t0 = absl::Now();
-      c.FillNextTokenBitmask(absl::MakeSpan(masks.back()));
-      structured_mask_ns_ += absl::ToInt64Nanoseconds(absl::Now() - t0);
-      ++structured_masks_;
-      if (j == m) break;
-      const int32_t d = drafts[j];
-      if (((masks.back()[d >> 5] >> (d & 31)) & 1u) == 0 || !c.Accept(d).ok()) {
-        m = j;  // drafts j.. break the grammar
-        break;
-      }
-      ++advanced;
+    TANDEM_RETURN_IF_ERROR(r->mask_error);
+    int64_t usable = 0;
+    if (r->mask_ready) {
+      r->mask_ready = false;
+      TANDEM_RETURN_IF_ERROR(r->prepared->status);
+      rows = &r->prepared->rows;
+      usable = r->prepared->usable_drafts;
+    } else {
+      int64_t ns = 0;
+      TANDEM_RETURN_IF_ERROR(
+          WalkDraftMasks(*r->constraint, drafts, &local, &usable, &ns));
+      structured_mask_ns_ += ns;
+      structured_masks_ += static_cast<int64_t>(local.size());
     }
-    TANDEM_RETURN_IF_ERROR(c.Rollback(advanced));
+    m = usable;
     drafts.resize(m);
   }
+  const std::vector<std::vector<uint32_t>>& masks = *rows;
   const bool greedy = r->params.IsGreedy();
   const bool penalties = r->params.HasPenalties();
   // Row j is the target's distribution for output position g + j, after the

@@ -61,6 +61,7 @@
 #include "engine/runtime/model_runner.h"
 #include "engine/runtime/tp_executor.h"
 #include "engine/runtime/weights.h"
+#include "engine/sampling/mask_pool.h"
 #include "engine/sampling/penalty_state.h"
 #include "engine/sampling/sampler.h"
 #include "engine/sampling/sampling_params.h"
@@ -229,6 +230,16 @@ struct EngineOptions {
   // results do not depend on it). 0: one per hardware thread; 1: on the engine
   // thread. Full-vocabulary sampling costs 0.2-3 ms per row on a CPU core.
   int32_t sampling_threads = 0;
+  // Structured outputs: the masks of a step's constrained rows (and of their
+  // drafts) are filled on this many threads of the engine's mask pool
+  // (engine/sampling/mask_pool.h) while the step's forward runs, and applied at
+  // sampling. 0: filled at sampling time, after the forward, on the sampling
+  // threads (the synchronous path; the same tokens either way).
+  int32_t structured_mask_threads = 2;
+  // How long sampling waits for an overlapped mask: one not started by then is
+  // filled at sampling time instead; one still being filled ends its request
+  // with kError (DeadlineExceeded in last_structured_error), the others go on.
+  absl::Duration structured_mask_timeout = absl::Seconds(10);
   // Where every rank's cache buffers come from (a decode worker's: its transfer
   // agent, so that a peer's puts land in memory it maps); empty: the heap.
   KvCacheAllocator cache_allocator;
@@ -426,6 +437,9 @@ class Engine {
   // the sampling threads).
   int64_t structured_masks() const { return structured_masks_.load(); }
   double structured_mask_seconds() const { return structured_mask_ns_.load() * 1e-9; }
+  // Of those, the masks filled on the mask pool during a forward (the rest
+  // were filled at sampling time).
+  int64_t structured_masks_overlapped() const { return structured_masks_overlapped_; }
   // Constrained requests ended with kError, and the last such error.
   int64_t structured_failures() const { return structured_failures_; }
   const absl::Status& last_structured_error() const { return last_structured_error_; }
@@ -435,6 +449,16 @@ class Engine {
 
  private:
   void InstallLayerDoneHook();
+  // Masks a mask-pool task fills for one constrained row during the forward:
+  // row j is the mask after drafts[0, j) (one row without drafts); the walk
+  // stops at the first draft the constraint forbids (usable_drafts). Shared
+  // with the task, so a task the engine stopped waiting for ends on its own.
+  struct PreparedMasks {
+    std::vector<std::vector<uint32_t>> rows;
+    int64_t usable_drafts = 0;
+    absl::Status status;  // the walk's (a rollback failure)
+    int64_t ns = 0;       // time spent filling
+  };
   struct Request {
     RequestId id = 0;
     std::vector<int32_t> prompt;
@@ -462,9 +486,15 @@ class Engine {
     // never reported; the engine's own (negative id).
     bool background = false;
     // Structured output (params.structured): the constraint and the mask of
-    // the next token (filled just before sampling).
-    std::unique_ptr<engine::OutputConstraint> constraint;
+    // the next token (filled just before sampling: the synchronous path).
+    // Shared with this step's mask task (the overlapped path).
+    std::shared_ptr<engine::OutputConstraint> constraint;
     std::vector<uint32_t> mask;
+    // The overlapped path: the masks this step's task filled during the
+    // forward (valid when mask_ready), or why it is missing (mask_error).
+    std::shared_ptr<PreparedMasks> prepared;
+    bool mask_ready = false;
+    absl::Status mask_error;
     int64_t num_generated() const { return tokens.size() - prompt.size(); }
   };
 
@@ -500,6 +530,11 @@ class Engine {
   absl::Status AttachConstraint(Request* r);
   // Fills r->mask from its constraint (timed).
   void FillMask(Request* r);
+  // The overlapped path: starts a mask-pool task per constrained sampling row
+  // of `batch` (before the forward), and waits for them (after it, within
+  // options.structured_mask_timeout), marking each row ready or failed.
+  void StartMasks(StepBatch* batch);
+  void AwaitMasks(StepBatch* batch);
   // Ends a constrained request whose step failed: finished, kError (the
   // engine goes on with the others).
   void EndWithConstraintError(const absl::Status& status, RequestOutput* out);
@@ -554,7 +589,12 @@ class Engine {
   std::atomic<int64_t> structured_masks_{0};
   std::atomic<int64_t> structured_mask_ns_{0};
   int64_t structured_failures_ = 0;
+  int64_t structured_masks_overlapped_ = 0;
   absl::Status last_structured_error_;
+  // The overlapped masks' threads (null: structured_mask_threads 0, or no
+  // constrained request yet). Declared after everything its tasks could
+  // reach; the tasks own what they touch (PreparedMasks, the constraint).
+  std::unique_ptr<engine::MaskPool> mask_pool_;
   SplitMix64 seeds_;  // seeds for sampling requests that bring none
   int64_t prefill_tokens_ = 0;
   int64_t decode_tokens_ = 0;

@@ -12,9 +12,17 @@
 // to --tokens too: both arms decode the same number of tokens). Only decode
 // steps are timed (prefill steps are run first). Reports tokens/s, the
 // constrained/plain ratio, the mean step time and the mask time per token
-// (Engine::structured_mask_seconds over the masks filled). --grammar_json: a
-// JSON line (grammar_bench's) merged into this one's "grammar" field. Ends with
-// ONE JSON line {"bench":"grammar",...}.
+// (Engine::structured_mask_seconds over the masks filled). The constrained arm
+// runs three times: on a fresh engine ("cold": every automaton state's first
+// visit walks the vocabulary), after an untimed pass of the same schema over
+// other prompts ("warm": the compiled grammar's mask cache has those states,
+// as in a server that sees the schema again), both with the masks filled on
+// --mask_threads threads of the engine's mask pool during the forward (the
+// default path), and warm with the masks filled after the forward at sampling
+// time ("sync", structured_mask_threads 0). The plain arm also runs after a
+// warm-up pass. The JSON line's bN_constrained_* are the warm overlapped arm's.
+// --grammar_json: a JSON line (grammar_bench's) merged into this one's
+// "grammar" field. Ends with ONE JSON line {"bench":"grammar",...}.
 #include <chrono>
 #include <iostream>
 #include <string>
@@ -39,6 +47,9 @@ ABSL_FLAG(std::string, batches, "1,32", "Batch sizes");
 ABSL_FLAG(int32_t, tokens, 64, "Tokens decoded per request");
 ABSL_FLAG(int32_t, prompt_len, 32, "Prompt tokens per request");
 ABSL_FLAG(std::string, backend, "cpu", "Kernel backend");
+ABSL_FLAG(int32_t, mask_threads, 2,
+          "Mask-pool threads of the overlapped constrained arm (EngineOptions::"
+          "structured_mask_threads)");
 ABSL_FLAG(std::string, grammar_json, "",
           "A JSON line (grammar_bench's) to carry in the final line's \"grammar\"");
 
@@ -59,24 +70,18 @@ struct Arm {
   double step_ms = 0;
   int64_t tokens = 0;
   double mask_us_per_token = 0;
+  double overlapped = 0;  // share of the masks filled during a forward
 };
 
-absl::StatusOr<Arm> Run(const tandem::engine::ModelWeights& w,
-                        tandem::kernels::Backend* backend,
-                        const tandem::tokenizer::Tokenizer* tok, int batch,
-                        bool constrained) {
-  tandem::engine::EngineOptions o;
-  o.num_slots = batch;
-  o.max_context_tokens =
-      absl::GetFlag(FLAGS_prompt_len) + absl::GetFlag(FLAGS_tokens) + 8;
-  o.max_tokens_per_step =
-      std::max<int64_t>(256, batch * (absl::GetFlag(FLAGS_prompt_len) + 1));
-  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
-                          Engine::Create(&w, backend, tok, o));
+using RequestBase = tandem::engine::RequestId;
+
+// `batch` requests with ids (and prompts) from `base`.
+absl::Status AddBatch(Engine* e, int batch, bool constrained, RequestBase base) {
   for (int i = 0; i < batch; ++i) {
+    const int64_t k = base + i;
     std::vector<int32_t> prompt;
     for (int t = 0; t < absl::GetFlag(FLAGS_prompt_len); ++t) {
-      prompt.push_back(1000 + (i * 7919 + t * 104729) % 90000);
+      prompt.push_back(1000 + (k * 7919 + t * 104729) % 90000);
     }
     SamplingParams p;
     p.max_tokens = absl::GetFlag(FLAGS_tokens);
@@ -88,15 +93,44 @@ absl::StatusOr<Arm> Run(const tandem::engine::ModelWeights& w,
     } else {
       p.ignore_eos = true;
     }
-    TANDEM_RETURN_IF_ERROR(e->AddRequest(i, std::move(prompt), p));
+    TANDEM_RETURN_IF_ERROR(e->AddRequest(k, std::move(prompt), p));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Arm> Run(const tandem::engine::ModelWeights& w,
+                        tandem::kernels::Backend* backend,
+                        const tandem::tokenizer::Tokenizer* tok, int batch,
+                        bool constrained, int mask_threads, bool warm) {
+  tandem::engine::EngineOptions o;
+  o.structured_mask_threads = mask_threads;
+  o.num_slots = batch;
+  o.max_context_tokens =
+      absl::GetFlag(FLAGS_prompt_len) + absl::GetFlag(FLAGS_tokens) + 8;
+  o.max_tokens_per_step =
+      std::max<int64_t>(256, batch * (absl::GetFlag(FLAGS_prompt_len) + 1));
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
+                          Engine::Create(&w, backend, tok, o));
+  // warm: the schema was served before on this engine (other prompts, run to
+  // their end untimed), so the compiled grammar's mask cache holds the
+  // states such outputs visit, as in a server that sees the schema again.
+  RequestBase base = 0;
+  if (warm) {
+    TANDEM_RETURN_IF_ERROR(AddBatch(e.get(), batch, constrained, /*base=*/batch));
+    while (e->HasWork()) TANDEM_RETURN_IF_ERROR(e->Step().status());
+    base = 2 * batch;
+  }
+  TANDEM_RETURN_IF_ERROR(AddBatch(e.get(), batch, constrained, base));
   // Prefill (every request's first token) untimed.
   const int64_t prompt_tokens =
       static_cast<int64_t>(batch) * absl::GetFlag(FLAGS_prompt_len);
-  while (e->HasWork() && e->prefill_tokens() < prompt_tokens) {
+  const int64_t prefilled0 = e->prefill_tokens();
+  while (e->HasWork() && e->prefill_tokens() - prefilled0 < prompt_tokens) {
     TANDEM_RETURN_IF_ERROR(e->Step().status());
   }
+
   const int64_t masks0 = e->structured_masks();
+  const int64_t overlapped0 = e->structured_masks_overlapped();
   const double mask_s0 = e->structured_mask_seconds();
   Arm a;
   int steps = 0;
@@ -111,8 +145,11 @@ absl::StatusOr<Arm> Run(const tandem::engine::ModelWeights& w,
   a.tokens_per_s = s > 0 ? a.tokens / s : 0;
   a.step_ms = steps > 0 ? 1e3 * s / steps : 0;
   const int64_t masks = e->structured_masks() - masks0;
-  if (masks > 0)
+  if (masks > 0) {
     a.mask_us_per_token = 1e6 * (e->structured_mask_seconds() - mask_s0) / masks;
+    a.overlapped =
+        static_cast<double>(e->structured_masks_overlapped() - overlapped0) / masks;
+  }
   if (e->structured_failures() > 0) return e->last_structured_error();
   return a;
 }
@@ -142,30 +179,53 @@ int main(int argc, char** argv) {
   weights =
       tandem::engine::PlaceModelWeights(*std::move(weights), (*backend)->device());
   if (!weights.ok()) return Fail(weights.status());
-  nlohmann::json line = {{"bench", "grammar"}, {"model", dir}};
+  nlohmann::json line = {{"bench", "grammar"},
+                         {"model", dir},
+                         {"mask_threads", absl::GetFlag(FLAGS_mask_threads)}};
   for (absl::string_view b : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
     int batch = 0;
     if (!absl::SimpleAtoi(b, &batch) || batch < 1) {
       return Fail(
           absl::InvalidArgumentError(absl::StrCat("bad batch '", std::string(b), "'")));
     }
-    auto plain = Run(**weights, backend->get(), tok->get(), batch, false);
+    const int mt = absl::GetFlag(FLAGS_mask_threads);
+    // Plain (after a warm-up pass too, so both sides ran as long), then
+    // constrained: cold (a fresh engine), warm, and warm with the masks filled
+    // after the forward (sync).
+    auto plain = Run(**weights, backend->get(), tok->get(), batch, false, mt, true);
     if (!plain.ok()) return Fail(plain.status());
-    auto cons = Run(**weights, backend->get(), tok->get(), batch, true);
-    if (!cons.ok()) return Fail(cons.status());
-    const double ratio =
-        plain->tokens_per_s > 0 ? cons->tokens_per_s / plain->tokens_per_s : 0;
+    auto cold = Run(**weights, backend->get(), tok->get(), batch, true, mt, false);
+    if (!cold.ok()) return Fail(cold.status());
+    auto warm = Run(**weights, backend->get(), tok->get(), batch, true, mt, true);
+    if (!warm.ok()) return Fail(warm.status());
+    auto sync = Run(**weights, backend->get(), tok->get(), batch, true, 0, true);
+    if (!sync.ok()) return Fail(sync.status());
+    auto over = [&](const Arm& a) {
+      return plain->tokens_per_s > 0 ? a.tokens_per_s / plain->tokens_per_s : 0;
+    };
     std::printf(
-        "batch %3d: plain %8.1f tok/s (%6.2f ms/step)  constrained %8.1f tok/s (%6.2f "
-        "ms/step, mask %.1f us/token)  constrained/plain %.3f\n",
-        batch, plain->tokens_per_s, plain->step_ms, cons->tokens_per_s, cons->step_ms,
-        cons->mask_us_per_token, ratio);
+        "batch %3d: plain %7.1f tok/s (%6.2f ms/step) | constrained, cold cache: %7.1f "
+        "tok/s (%6.2f ms/step, mask %.1f us/token) %.3f of plain | warm: %7.1f tok/s "
+        "(%6.2f ms/step, mask %.1f us/token, %.0f%% overlapped) %.3f of plain | warm, "
+        "sync masks: %7.1f tok/s (%6.2f ms/step) %.3f of plain\n",
+        batch, plain->tokens_per_s, plain->step_ms, cold->tokens_per_s, cold->step_ms,
+        cold->mask_us_per_token, over(*cold), warm->tokens_per_s, warm->step_ms,
+        warm->mask_us_per_token, 100 * warm->overlapped, over(*warm),
+        sync->tokens_per_s, sync->step_ms, over(*sync));
     const std::string k = absl::StrCat("b", batch);
     line[k + "_plain_tok_s"] = plain->tokens_per_s;
-    line[k + "_constrained_tok_s"] = cons->tokens_per_s;
-    line[k + "_constrained_over_plain"] = ratio;
-    line[k + "_mask_us_per_token"] = cons->mask_us_per_token;
-    line[k + "_constrained_tokens"] = cons->tokens;
+    line[k + "_plain_step_ms"] = plain->step_ms;
+    line[k + "_constrained_tok_s"] = warm->tokens_per_s;
+    line[k + "_constrained_step_ms"] = warm->step_ms;
+    line[k + "_constrained_over_plain"] = over(*warm);
+    line[k + "_mask_us_per_token"] = warm->mask_us_per_token;
+    line[k + "_overlapped_share"] = warm->overlapped;
+    line[k + "_constrained_tokens"] = warm->tokens;
+    line[k + "_cold_tok_s"] = cold->tokens_per_s;
+    line[k + "_cold_over_plain"] = over(*cold);
+    line[k + "_cold_mask_us_per_token"] = cold->mask_us_per_token;
+    line[k + "_sync_tok_s"] = sync->tokens_per_s;
+    line[k + "_sync_over_plain"] = over(*sync);
   }
   const std::string g = absl::GetFlag(FLAGS_grammar_json);
   if (!g.empty()) {

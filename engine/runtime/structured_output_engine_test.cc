@@ -1,8 +1,9 @@
 // Structured outputs in the Engine (tiny checkpoint, random weights: the model
 // never wants the grammar's text by itself): every output matches its
 // constraint (choice, regex checked by RE2, JSON schema checked field by
-// field), greedy and seeded, in batches whose masks are filled on the sampling
-// pool; a disaggregated run (first token here, the rest on another engine that
+// field), greedy and seeded, in batches; masks filled on the engine's mask pool
+// during the forward (the default) give the tokens of masks filled at sampling
+// time (structured_mask_threads 0), plain and speculative; a disaggregated run (first token here, the rest on another engine that
 // replays it into its matcher) equals a colocated one; speculative decoding
 // with a constraint equals plain constrained decoding (greedy n-gram) and stays
 // valid with a mismatched draft model; a grammar that cannot finish ends by
@@ -184,6 +185,67 @@ TEST(StructuredOutputEngineTest, EveryOutputMatchesGreedyAndSeededInABatch) {
   }
   auto again = RunAll(serial.engine.get());
   for (int i = 0; i < kN; ++i) EXPECT_EQ(again[i].tokens, out[i].tokens) << i;
+}
+
+// The masks filled on the mask pool during the forward (the default) give the
+// tokens of masks filled at sampling time (structured_mask_threads 0), for
+// plain rows and for speculative verification rows (drafts walked during the
+// forward), greedy and seeded, with unconstrained requests in the same batch.
+TEST(StructuredOutputEngineTest, OverlappedMasksEqualSynchronousMasks) {
+  for (const bool speculative : {false, true}) {
+    SCOPED_TRACE(speculative ? "speculative" : "plain");
+    auto options = [&](int mask_threads) {
+      EngineOptions o = Options();
+      o.structured_mask_threads = mask_threads;
+      if (speculative) {
+        o.speculative.method = SpeculativeMethod::kNgram;
+        o.speculative.num_speculative_tokens = 3;
+        o.speculative.ngram.min_n = 1;
+        o.speculative.ngram.max_n = 3;
+      }
+      return o;
+    };
+    constexpr int kN = 10;
+    auto params = [](int i) {
+      SamplingParams p = Params(SpecFor(i), i);
+      if (i % 5 == 4) p.structured.reset();         // unconstrained among them
+      if (i % 2 == 0) p.repetition_penalty = 0.3f;  // loops: n-gram drafts
+      return p;
+    };
+    auto prompt = [](int i) {
+      std::vector<int32_t> p =
+          Tok().Encode("{\"id\": 12, \"tag\": \"a\"} red Abc-1 ").value();
+      const std::vector<int32_t> tail = MakePrompt(i % 4 + 2, 31 + i);
+      p.insert(p.end(), tail.begin(), tail.end());
+      return p;
+    };
+    Rig sync = MakeEngine(options(0));
+    Rig over = MakeEngine(options(2));
+    for (int i = 0; i < kN; ++i) {
+      ASSERT_TRUE(sync.engine->AddRequest(i, prompt(i), params(i)).ok());
+      ASSERT_TRUE(over.engine->AddRequest(i, prompt(i), params(i)).ok());
+    }
+    auto want = RunAll(sync.engine.get());
+    auto got = RunAll(over.engine.get());
+    for (int i = 0; i < kN; ++i) {
+      SCOPED_TRACE(i);
+      EXPECT_EQ(got[i].tokens, want[i].tokens);
+      EXPECT_EQ(got[i].finish, want[i].finish);
+      if (params(i).structured) ExpectValid(SpecFor(i), got[i]);
+    }
+    EXPECT_EQ(sync.engine->structured_masks_overlapped(), 0);
+    EXPECT_GT(over.engine->structured_masks_overlapped(), 0);
+    // Every mask of the overlapped run was filled during a forward.
+    EXPECT_EQ(over.engine->structured_masks_overlapped(),
+              over.engine->structured_masks());
+    EXPECT_EQ(over.engine->structured_masks(), sync.engine->structured_masks());
+    EXPECT_EQ(over.engine->structured_failures(), 0);
+    if (speculative) {
+      EXPECT_GT(over.engine->speculative_stats().drafted_tokens, 0);
+      EXPECT_EQ(over.engine->speculative_stats().accepted_tokens,
+                sync.engine->speculative_stats().accepted_tokens);
+    }
+  }
 }
 
 TEST(StructuredOutputEngineTest, DisaggregatedEqualsColocated) {
