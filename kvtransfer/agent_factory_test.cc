@@ -19,6 +19,8 @@ TEST(ParseKvTransportTest, Table) {
       {"libfabric:efa", true, KvTransport::kLibfabric, "efa", 1},
       {"libfabric:shm:3", true, KvTransport::kLibfabric, "shm", 3},
       {"libfabric:tcp;ofi_rxm:2", true, KvTransport::kLibfabric, "tcp;ofi_rxm", 2},
+      // Every NIC tied for the nearest (fabric_topology.h).
+      {"libfabric:efa:auto", true, KvTransport::kLibfabric, "efa", 0},
       {"", false, KvTransport::kUcx, "", 1},
       {"nccl", false, KvTransport::kUcx, "", 1},
       {"ucx:tcp", false, KvTransport::kUcx, "", 1},
@@ -58,6 +60,11 @@ TEST(CreateTransferAgentTest, MakesTheConfiguredTransport) {
   EXPECT_EQ(lf->info.provider, "tcp;ofi_rxm");
   EXPECT_EQ(lf->info.rails, 2);
   EXPECT_FALSE(lf->info.domain.empty());
+  // One NIC (tcp's interface nearest this process) carries both rails here.
+  ASSERT_EQ(lf->info.nics.size(), 1u);
+  EXPECT_EQ(lf->info.nics[0].substr(0, lf->info.domain.size() + 1),
+            lf->info.domain + " ")
+      << lf->info.nics[0];
   EXPECT_EQ(ucx->info.agent, "ucx");
   EXPECT_EQ(ucx->info.provider, "auto");
   EXPECT_EQ(ucx->info.rails, 1);

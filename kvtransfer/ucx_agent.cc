@@ -11,9 +11,11 @@
 #include <cstring>
 #include <map>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/logging.h"
 #include "kvtransfer/backend.h"
 
 namespace tandem::kvtransfer {
@@ -147,6 +149,9 @@ class UcxBackend final : public Backend {
   static ucp_request_param_t OpParam(OpToken op);
   void ClosePeer(Peer* p, bool graceful, bool wait, absl::Time deadline);
   void ReleaseRkeys(Peer* p);
+  // Logs the transports UCX chose for `p` (and hands them to
+  // config_.on_peer_connected); caches them as p->transport.
+  void LogPeerTransport(Peer* p);
   // Waits (agent lock released) for `op` or the peer's failure, by `deadline`.
   absl::Status AwaitOpLocked(PendingOp* op, Peer* p, absl::Time deadline,
                              absl::string_view what);
@@ -200,6 +205,52 @@ std::string ParseUcxTransports(absl::string_view ep_info) {
     if (!seen) found.push_back(tl);
   }
   return absl::StrJoin(found, ",");
+}
+
+std::string DescribeUcxLanes(absl::string_view ep_info) {
+  // "#   lane[0]:  1:tcp/lo.0 md[0]   -> md[0]/tcp/sysdev[255] am am_bw#0 wireup"
+  std::vector<std::string> lanes;
+  for (absl::string_view line : absl::StrSplit(ep_info, '\n')) {
+    const size_t lane = line.find("lane[");
+    if (lane == absl::string_view::npos) continue;
+    absl::string_view rest = line.substr(lane);
+    const size_t colon = rest.find("]:");
+    if (colon == absl::string_view::npos) continue;
+    rest = absl::StripLeadingAsciiWhitespace(rest.substr(colon + 2));
+    const size_t idx = rest.find(':');
+    const size_t space = rest.find(' ');
+    if (idx == absl::string_view::npos || space == absl::string_view::npos ||
+        space < idx)
+      continue;
+    const absl::string_view resource = rest.substr(idx + 1, space - idx - 1);
+    // The roles follow the remote resource ("-> md[0]/tcp/sysdev[255]").
+    std::vector<std::string> roles;
+    const size_t arrow = rest.find("->");
+    if (arrow != absl::string_view::npos) {
+      std::vector<absl::string_view> words =
+          absl::StrSplit(rest.substr(arrow + 2), ' ', absl::SkipEmpty());
+      for (size_t i = 1; i < words.size(); ++i) {
+        absl::string_view w = words[i];
+        const size_t hash = w.find('#');
+        if (hash != absl::string_view::npos) w = w.substr(0, hash);
+        roles.emplace_back(w);
+      }
+    }
+    // A lane with no role listed serves the RMA protocols UCX selects per
+    // operation (rkeys / memory domains), e.g. sysv and posix over shared memory.
+    lanes.push_back(roles.empty()
+                        ? std::string(resource)
+                        : absl::StrCat(resource, " (", absl::StrJoin(roles, " "), ")"));
+  }
+  return absl::StrJoin(lanes, "; ");
+}
+
+bool UcxTransportsAreTcpOnly(absl::string_view transports) {
+  if (transports.empty()) return false;
+  for (absl::string_view t : absl::StrSplit(transports, ',', absl::SkipEmpty())) {
+    if (t != "tcp") return false;
+  }
+  return true;
 }
 
 absl::StatusOr<std::unique_ptr<UcxBackend>> UcxBackend::Create(
@@ -460,8 +511,46 @@ absl::Status UcxBackend::ConnectLocked(PeerId id, const AgentDescriptor& descrip
       st = absl::UnavailableError(st.message());
     return abandon(st);
   }
+  Peer* raw = peer.get();
   peers_[id] = std::move(peer);
+  LogPeerTransport(raw);
   return absl::OkStatus();
+}
+
+void UcxBackend::LogPeerTransport(Peer* p) {
+  // The lanes UCX chose for this peer: what actually carries its KV.
+  char* buf = nullptr;
+  size_t size = 0;
+  FILE* f = open_memstream(&buf, &size);
+  if (f == nullptr) return;
+  ucp_ep_print_info(p->ep, f);
+  fclose(f);
+  const absl::string_view info(buf, size);
+  UcxPeerTransport t;
+  t.peer_agent_id = p->descriptor.agent_id;
+  t.transports = p->transport = ParseUcxTransports(info);
+  t.lanes = DescribeUcxLanes(info);
+  free(buf);
+  t.tcp_only = UcxTransportsAreTcpOnly(t.transports);
+  if (t.tcp_only) {
+    TLOG(WARNING, "KV transfer peer connected over TCP only")
+        .Kv("agent", "ucx")
+        .Kv("peer_agent", absl::StrCat(absl::Hex(t.peer_agent_id)))
+        .Kv("transports", t.transports)
+        .Kv("lanes", t.lanes)
+        .Kv("peer_failure_detection", config_.peer_failure_detection)
+        .Kv("hint",
+            "one host: --ucx_peer_failure_detection=false (shared memory); between "
+            "hosts UCX found no RDMA transport in common (UCX 1.13 has none for EFA: "
+            "--kv_transport=libfabric:efa)");
+  } else {
+    TLOG(INFO, "KV transfer peer connected")
+        .Kv("agent", "ucx")
+        .Kv("peer_agent", absl::StrCat(absl::Hex(t.peer_agent_id)))
+        .Kv("transports", t.transports)
+        .Kv("lanes", t.lanes);
+  }
+  if (config_.on_peer_connected) config_.on_peer_connected(t);
 }
 
 void UcxBackend::ReleaseRkeys(Peer* p) {

@@ -30,6 +30,7 @@
 #ifndef TANDEM_KVTRANSFER_UCX_AGENT_H_
 #define TANDEM_KVTRANSFER_UCX_AGENT_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -41,6 +42,18 @@
 #include "kvtransfer/agent_core.h"
 
 namespace tandem::kvtransfer {
+
+// What UCX chose for one peer's endpoint, once its wire-up completed: UCX picks
+// transports per peer, after start, so a cluster configured for RDMA can still
+// land on TCP for a peer (issue 19's silent fallback). Every connection is
+// logged ("KV transfer peer connected", a WARNING when it is TCP only) and
+// handed to UcxAgentConfig::on_peer_connected.
+struct UcxPeerTransport {
+  uint64_t peer_agent_id = 0;
+  std::string transports;  // "tcp", "posix,cma", "rc_mlx5,ud_mlx5" (Transport(peer))
+  std::string lanes;       // DescribeUcxLanes: "tcp/eth0 (am am_bw rma_bw)"
+  bool tcp_only = false;   // UcxTransportsAreTcpOnly(transports)
+};
 
 struct UcxAgentConfig {
   // UCX_TLS for this agent's context, e.g. "tcp", "posix,cma,self", "rc,ud,sm";
@@ -83,6 +96,9 @@ struct UcxAgentConfig {
   std::vector<std::pair<std::string, std::string>> ucx_options;
   // Worker name, for UCX logs.
   std::string name = "tandem-kv";
+  // Called for every peer connected (with the agent's lock held: record it,
+  // do not call the agent), e.g. to count connections by transport.
+  std::function<void(const UcxPeerTransport&)> on_peer_connected;
 };
 
 class UcxAgent final : public AgentCore {
@@ -111,6 +127,13 @@ class UcxAgent final : public AgentCore {
 // "tcp", "cma,posix" ...: transports named in ucp_ep_print_info output (exposed for
 // tests).
 std::string ParseUcxTransports(absl::string_view ep_info);
+// Each lane of ucp_ep_print_info output, its transport/device and what it
+// carries: "tcp/eth0.0 (am am_bw keepalive wireup); cma/memory.0 (rma_bw)".
+std::string DescribeUcxLanes(absl::string_view ep_info);
+// True when every transport in a ParseUcxTransports list is tcp (the KV then
+// moves over TCP sockets: fine on one host by choice, the fallback to refuse
+// between RDMA hosts).
+bool UcxTransportsAreTcpOnly(absl::string_view transports);
 
 }  // namespace tandem::kvtransfer
 

@@ -2,6 +2,8 @@
 #include "kvtransfer/ucx_agent.h"
 
 #include <algorithm>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -24,6 +26,69 @@ TEST(UcxTransportsTest, ParsesLaneLines) {
             "tcp");
   EXPECT_EQ(ParseUcxTransports(""), "");
   EXPECT_EQ(ParseUcxTransports("lane[0]: garbage"), "");
+}
+
+TEST(UcxTransportsTest, DescribesEachLane) {
+  const char* info =
+      "#                 lane[0]:  8:posix/memory.0 md[4]           -> "
+      "md[4]/posix/sysdev[255] am am_bw#0\n"
+      "#                 lane[1]:  3:cma/memory.0 md[2]             -> "
+      "md[2]/cma/sysdev[255] rma_bw#0\n"
+      "#                 lane[2]:  3:sysv/memory.0 md[2]           -> "
+      "md[2]/sysv/sysdev[255]\n"
+      "#                 lane[0]:  1:tcp/lo.0 md[0]                -> "
+      "md[0]/tcp/sysdev[255] am am_bw#0 keepalive wireup\n";
+  EXPECT_EQ(DescribeUcxLanes(info),
+            "posix/memory.0 (am am_bw); cma/memory.0 (rma_bw); sysv/memory.0; "
+            "tcp/lo.0 (am am_bw keepalive wireup)");
+  EXPECT_EQ(DescribeUcxLanes("#  lane[0]: garbage\n"), "");
+  EXPECT_EQ(DescribeUcxLanes(""), "");
+}
+
+TEST(UcxTransportsTest, TcpOnly) {
+  const std::pair<const char*, bool> cases[] = {
+      {"tcp", true},         {"tcp,tcp", true},          {"posix,cma", false},
+      {"tcp,cma", false},    {"rc_mlx5,ud_mlx5", false}, {"", false},
+      {"tcp_sockcm", false},
+  };
+  for (const auto& [t, want] : cases) EXPECT_EQ(UcxTransportsAreTcpOnly(t), want) << t;
+}
+
+// The transports UCX chose per peer reach on_peer_connected once the wire-up is
+// done: TCP only with peer-failure detection on one host (UCX 1.13 keeps shared
+// memory out then), shared memory without it.
+TEST(UcxAgentTest, PeerTransportsAreReportedPerConnection) {
+  for (bool detection : {true, false}) {
+    std::vector<UcxPeerTransport> seen;
+    UcxAgentConfig config;
+    config.peer_failure_detection = detection;
+    config.on_peer_connected = [&seen](const UcxPeerTransport& t) {
+      seen.push_back(t);
+    };
+    auto a = UcxAgent::Create(config);
+    config.on_peer_connected = nullptr;
+    auto b = UcxAgent::Create(config);
+    ASSERT_TRUE(a.ok() && b.ok());
+    std::vector<uint8_t> mem(4096, 1);
+    ASSERT_TRUE((*b)->RegisterMemory(mem.data(), mem.size()).ok());
+    const std::string descriptor = *(*b)->LocalDescriptor();
+    auto peer = (*a)->Connect(descriptor);
+    ASSERT_TRUE(peer.ok()) << peer.status();
+    ASSERT_EQ(seen.size(), 1u);
+    const UcxPeerTransport& t = seen[0];
+    EXPECT_EQ(t.transports, (*a)->Transport(*peer));
+    EXPECT_FALSE(t.lanes.empty());
+    EXPECT_NE(t.lanes.find(t.transports.substr(0, t.transports.find(','))),
+              std::string::npos)
+        << t.lanes;
+    EXPECT_EQ(t.tcp_only, detection) << t.transports << ": " << t.lanes;
+    if (detection) {
+      EXPECT_EQ(t.transports, "tcp");
+      EXPECT_NE(t.lanes.find("keepalive"), std::string::npos) << t.lanes;
+    }
+    ASSERT_TRUE((*a)->Connect(descriptor).ok());
+    EXPECT_EQ(seen.size(), 2u);  // every connection
+  }
 }
 
 TEST(UcxAgentTest, RejectsBadConfig) {
