@@ -1,5 +1,7 @@
 #include "decode/decode_service.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -23,6 +25,12 @@ grpc::Status Grpc(const absl::Status& s) { return ToGrpcStatus(s); }
 
 grpc::Status Cancelled() {
   return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+}
+
+// A prompt's token ids, hashed (ReservationInfo::prompt_fingerprint); never 0.
+uint64_t PromptFingerprint(const google::protobuf::RepeatedField<int32_t>& ids) {
+  const uint64_t h = XXH3_64bits(ids.data(), sizeof(int32_t) * ids.size());
+  return h == 0 ? 1 : h;
 }
 
 }  // namespace
@@ -168,6 +176,11 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
     TANDEM_RETURN_IF_ERROR(Usable());
     // The router's registry only pairs equal TP sizes and the prefill worker
     // refuses a target with another number of ranks; this is the third check.
+    if (req->prompt_token_ids_size() > 0 &&
+        req->prompt_token_ids_size() != req->prompt_tokens()) {
+      return InvalidArgument("prompt_token_ids has ", req->prompt_token_ids_size(),
+                             " tokens but prompt_tokens is ", req->prompt_tokens());
+    }
     if (req->prefill_tp_size() > 0 && req->prefill_tp_size() != tp()) {
       return FailedPrecondition("prefill TP ", req->prefill_tp_size(),
                                 " cannot hand off to this decode worker's TP ", tp(),
@@ -207,7 +220,12 @@ absl::Status DecodeService::ReserveOnLoop(engine::Engine& e,
                                           const tandem::v1::ReserveRequest& req,
                                           engine::RequestId eid, absl::Duration lease,
                                           tandem::v1::KvTarget* resp) {
-  absl::StatusOr<engine::StateLocation> loc = e.Reserve(eid, req.prompt_tokens());
+  // With the prompt's ids: the blocks of it the cache holds are shared (a
+  // decode-side prefix hit), and the prefill worker skips their rows.
+  absl::StatusOr<engine::StateLocation> loc = e.Reserve(
+      eid, req.prompt_tokens(),
+      absl::MakeConstSpan(req.prompt_token_ids().data(), req.prompt_token_ids_size()),
+      req.cache_salt());
   if (!loc.ok()) {
     if (absl::IsResourceExhausted(loc.status())) {
       return ResourceExhausted("decode worker ", options_.worker_id, " cannot hold ",
@@ -223,6 +241,9 @@ absl::Status DecodeService::ReserveOnLoop(engine::Engine& e,
   info.blocks = loc->block_ids;
   info.slot = static_cast<int32_t>(loc->slot);
   info.prompt_tokens = req.prompt_tokens();
+  if (req.prompt_token_ids_size() > 0) {
+    info.prompt_fingerprint = PromptFingerprint(req.prompt_token_ids());
+  }
   absl::StatusOr<ReservationInfo> added = table_.Add(std::move(info), lease);
   if (!added.ok()) {  // a concurrent Reserve of the same id won
     e.Abort(eid).IgnoreError();
@@ -233,6 +254,7 @@ absl::Status DecodeService::ReserveOnLoop(engine::Engine& e,
   resp->set_lease_expiry_unix_ms(absl::ToUnixMillis(added->lease_expiry));
   // The engine id is unique per reservation: the notification must carry it.
   resp->set_reservation_token(static_cast<uint64_t>(eid));
+  resp->set_cached_prefix_tokens(static_cast<int32_t>(loc->held_prefix_tokens));
   for (int k = 0; k < tp(); ++k) {  // the same blocks and slot in every rank
     tandem::v1::RankTarget* t = resp->add_ranks();
     t->set_transfer_descriptor(descriptors_[k]);
@@ -384,10 +406,19 @@ void DecodeService::StartDecode(Handoff h) {
                         " tokens but ", r.prompt_tokens, " were reserved"),
         "invalid");
   }
+  // The blocks shared at Reserve belong to the prompt reserved: another one
+  // here would decode on someone else's rows.
+  if (r.prompt_fingerprint != 0 &&
+      PromptFingerprint(req.prompt_token_ids()) != r.prompt_fingerprint) {
+    return fail(
+        InvalidArgument("request ", id, ": the prompt differs from the one reserved"),
+        "invalid");
+  }
   engine::ExportedState state;  // no ranges: the state is in the engine's blocks
   state.prompt.assign(req.prompt_token_ids().begin(), req.prompt_token_ids().end());
   state.generated = {req.first_token_id()};
   state.num_cached_tokens = r.prompt_tokens;
+  state.cacheable_tokens = req.cacheable_prompt_tokens();
   loop_->Post([this, w, info = r, started = h.decode_started, state = std::move(state),
                params = *params](engine::Engine& e) {
     rpc::ResponseStream* stream = w->stream;

@@ -65,6 +65,9 @@ struct ReservationInfo {
   std::vector<int32_t> blocks;
   int32_t slot = -1;
   int32_t prompt_tokens = 0;
+  // Reserved with its prompt's ids (a decode-side prefix hit may share cached
+  // blocks): their XXH3-64, which the Decode's prompt must match; 0: none.
+  uint64_t prompt_fingerprint = 0;
   absl::Time lease_expiry;  // set by Add
 };
 

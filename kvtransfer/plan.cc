@@ -307,13 +307,18 @@ absl::StatusOr<TransferPlan> PlanLayerRows(const RankLayout& src, const RankLayo
 }
 
 absl::StatusOr<TransferPlan> PlanAll(const RankLayout& src, const RankLayout& dst,
-                                     int64_t num_tokens) {
+                                     int64_t num_tokens, int64_t first_token) {
+  if (first_token < 0 || first_token > num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("first token ", first_token,
+                                                   " outside the sequence of ",
+                                                   num_tokens, " tokens"));
+  }
   absl::Status st = ValidatePair(src, dst, num_tokens);
   if (!st.ok()) return st;
   TransferPlan plan;
   auto add = [&](LayerRef layer) {
-    Zip(RangesUnchecked(src, layer, num_tokens),
-        RangesUnchecked(dst, layer, num_tokens), &plan.segments);
+    Zip(RowRangesUnchecked(src, layer, first_token, num_tokens),
+        RowRangesUnchecked(dst, layer, first_token, num_tokens), &plan.segments);
   };
   for (int l = 0; l < src.layout.num_mla_layers(); ++l) add({LayerKind::kMla, l});
   for (int l = 0; l < src.layout.num_kda_layers(); ++l) add({LayerKind::kKda, l});

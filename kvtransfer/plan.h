@@ -109,8 +109,11 @@ absl::StatusOr<TransferPlan> PlanLayer(const RankLayout& src, const RankLayout& 
 absl::StatusOr<TransferPlan> PlanLayerRows(const RankLayout& src, const RankLayout& dst,
                                            LayerRef layer, int64_t begin, int64_t end);
 // Every MLA layer then every KDA layer, coalesced across layer boundaries too.
+// MLA rows [first_token, num_tokens) only: the receiver already holds the rows
+// before first_token (a decode-side prefix hit, KvTarget.cached_prefix_tokens);
+// the KDA slots go whole. InvalidArgument unless 0 <= first_token <= num_tokens.
 absl::StatusOr<TransferPlan> PlanAll(const RankLayout& src, const RankLayout& dst,
-                                     int64_t num_tokens);
+                                     int64_t num_tokens, int64_t first_token = 0);
 
 }  // namespace tandem::kvtransfer
 

@@ -481,5 +481,70 @@ TEST(PlanTest, StreamedChunksEqualTheWholeSequencePlan) {
   }
 }
 
+// A decode-side prefix hit: the receiver holds MLA rows [0, first) already, so
+// PlanAll(.., first) moves the rows [first, n) of every MLA layer and every KDA
+// slot, exactly what streaming the chunks clipped at `first` moves; nothing of
+// the rows before it.
+TEST(PlanTest, PlanAllFromFirstTokenSkipsTheHeldRows) {
+  std::mt19937 rng(99);
+  const int kSizes[] = {1, 4, 16, 64};
+  for (int trial = 0; trial < 100; ++trial) {
+    const int sb = kSizes[rng() % 4];
+    const int db = kSizes[rng() % 4];
+    const int64_t n = 1 + rng() % 300;
+    const int64_t first = (rng() % (n + 1)) / db * db;  // receiver blocks are whole
+    KvLayout ls = K3Layout(sb, 2, 1);
+    ls.set_kda_state_bytes(96);
+    ls.set_kda_conv_bytes(40);
+    ls.set_mla_token_bytes(16);
+    KvLayout ld = ls;
+    ld.set_block_size(db);
+    const int64_t sblocks = (n + sb - 1) / sb, dblocks = (n + db - 1) / db;
+    RankLayout src = ContiguousRankLayout(ls, sblocks + 2, 2, 1);
+    RankLayout dst = ContiguousRankLayout(ld, dblocks + 2, 2, 2);
+    src.block_ids.resize(sblocks);
+    dst.block_ids.resize(dblocks);
+    std::iota(src.block_ids.begin(), src.block_ids.end(), 0);
+    std::iota(dst.block_ids.begin(), dst.block_ids.end(), 1);
+    std::shuffle(src.block_ids.begin(), src.block_ids.end(), rng);
+    auto all = PlanAll(src, dst, n, first);
+    ASSERT_TRUE(all.ok()) << all.status();
+    EXPECT_EQ(all->bytes, 2u * static_cast<uint64_t>(n - first) * 16 + (96 + 40))
+        << "trial " << trial;
+    std::vector<Segment> clipped;
+    for (int l = 0; l < 2; ++l) {
+      auto p = PlanLayerRows(src, dst, {LayerKind::kMla, l}, first, n);
+      ASSERT_TRUE(p.ok()) << p.status();
+      clipped.insert(clipped.end(), p->segments.begin(), p->segments.end());
+    }
+    auto k = PlanLayerRows(src, dst, {LayerKind::kKda, 0}, 0, n);
+    ASSERT_TRUE(k.ok());
+    clipped.insert(clipped.end(), k->segments.begin(), k->segments.end());
+    std::string e1, e2;
+    EXPECT_EQ(Canonical(clipped, &e1), Canonical(all->segments, &e2))
+        << "trial " << trial;
+    // No byte of a held row is written: every remote MLA byte lies at a token
+    // >= first of the receiver's sequence.
+    auto held = PlanLayerRows(src, dst, {LayerKind::kMla, 0}, 0, first);
+    ASSERT_TRUE(held.ok());
+    for (const Segment& h : held->segments) {
+      for (const Segment& g : all->segments) {
+        const bool overlap = g.remote_offset < h.remote_offset + h.length &&
+                             h.remote_offset < g.remote_offset + g.length;
+        EXPECT_FALSE(overlap) << "trial " << trial;
+      }
+    }
+  }
+  RankLayout src = ContiguousRankLayout(K3Layout(16), 4, 1, 1);
+  RankLayout dst = ContiguousRankLayout(K3Layout(16), 4, 1, 2);
+  src.block_ids = dst.block_ids = {0, 1};
+  EXPECT_FALSE(PlanAll(src, dst, 32, 33).ok());
+  EXPECT_FALSE(PlanAll(src, dst, 32, -1).ok());
+  auto none = PlanAll(src, dst, 32, 32);  // every row held: the KDA slots only
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->bytes,
+            2u * (K3Layout(16).kda_state_bytes() + K3Layout(16).kda_conv_bytes()));
+}
+
 }  // namespace
 }  // namespace tandem::kvtransfer

@@ -232,6 +232,15 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   spec.checksums = req->checksums();
   spec.deadline = deadline;
   spec.reservation_token = req->target().reservation_token();
+  // A decode-side prefix hit: those rows are there already (whole blocks of
+  // the target, inside the prompt).
+  const int64_t held = req->target().cached_prefix_tokens();
+  if (held < 0 || held > req->prompt_token_ids_size()) {
+    return refuse(InvalidArgument("the target holds ", held,
+                                  " cached prompt tokens of a prompt of ",
+                                  req->prompt_token_ids_size()));
+  }
+  spec.held_tokens = held;
   for (int r = 0; r < tp(); ++r) {
     const tandem::v1::RankTarget& t = req->target().ranks(r);
     auto dst = worker::TargetRankLayout(t);
@@ -241,6 +250,11 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
     absl::Status one =
         kvtransfer::ValidateRankLayout(*dst, req->prompt_token_ids_size());
     if (!one.ok()) return refuse(one);
+    if (held % std::max(1, dst->layout.block_size()) != 0) {
+      return refuse(InvalidArgument("the target's ", held,
+                                    " cached prompt tokens are not whole blocks of ",
+                                    dst->layout.block_size(), " tokens"));
+    }
     spec.targets.push_back(
         {std::move(*dst), t.transfer_descriptor(), t.transfer_address()});
   }
@@ -410,6 +424,7 @@ absl::Status PrefillService::FinishTransfer(engine::Engine& e, Call* call,
   }
   resp->set_prefill_seconds(absl::ToDoubleSeconds(st.prefill));
   resp->set_cached_prompt_tokens(static_cast<int32_t>(out.cached_prompt_tokens));
+  resp->set_aligned_prompt_tokens(static_cast<int32_t>(loc.aligned_tokens));
   return absl::OkStatus();
 }
 

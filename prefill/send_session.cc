@@ -45,6 +45,11 @@ absl::StatusOr<std::unique_ptr<SendSession>> SendSession::Create(
   if (spec.num_tokens <= 0) {
     return InvalidArgument("request ", spec.request_id, ": no tokens to send");
   }
+  if (spec.held_tokens < 0 || spec.held_tokens > spec.num_tokens) {
+    return InvalidArgument("request ", spec.request_id, ": the decode worker holds ",
+                           spec.held_tokens, " tokens of a prompt of ",
+                           spec.num_tokens);
+  }
   auto s = std::unique_ptr<SendSession>(new SendSession(context, std::move(spec)));
   if (s->spec_.stream_layers) TANDEM_RETURN_IF_ERROR(s->ConnectAll());
   return s;
@@ -53,7 +58,9 @@ absl::StatusOr<std::unique_ptr<SendSession>> SendSession::Create(
 SendSession::SendSession(const SendContext* context, SendSpec spec)
     : context_(context), spec_(std::move(spec)) {
   started_ = context_->clock->Now();
-  rows_.assign(context_->layers.size(), 0);
+  // The rows the decode worker holds count as sent.
+  rows_.assign(context_->layers.size(), spec_.held_tokens);
+  chunk_end_.assign(context_->layers.size(), -1);
   for (const SendSource& src : context_->sources) sources_.push_back(src.pools);
 }
 
@@ -166,8 +173,8 @@ void SendSession::OnLayer(int layer, const LayerRows& en) {
         Internal("layer progress for layer ", layer, " of ", rows_.size())));
     return;
   }
-  if (en.start != rows_[layer]) {
-    // Recomputed from an earlier position (preempted): the rows posted so far
+  if (chunk_end_[layer] >= 0 && en.start != chunk_end_[layer]) {
+    // Recomputed from another position (preempted): the rows posted so far
     // may have been read from blocks freed since. Stop streaming; the whole
     // state goes after the prefill, once every earlier batch has ended.
     state_ = SendState::kRestarted;
@@ -179,10 +186,17 @@ void SendSession::OnLayer(int layer, const LayerRows& en) {
         .Kv("rows_posted", rows_[layer]);
     return;
   }
-  rows_[layer] = en.end;
+  // The layer's first chunk may start past row 0: the prefill's own prefix
+  // hit, whose rows before it are final in the shared cached blocks of the
+  // block table; they go with this chunk's (from the receiver's held rows on).
+  chunk_end_[layer] = en.end;
+  const int64_t begin = rows_[layer];
+  const int64_t end = std::max(begin, en.end);
+  rows_[layer] = end;
   const kvtransfer::LayerRef ref = context_->layers[layer];
   // A KDA slot is final only after the prompt's last chunk.
   if (ref.kind == kvtransfer::LayerKind::kKda && !en.completes_prefill) return;
+  if (ref.kind == kvtransfer::LayerKind::kMla && end == begin) return;  // all held
   // Every rank's rows of the layer to the same rank of the target (the engine
   // reports a layer after its all-reduce: final on every rank).
   for (size_t r = 0; r < sources_.size(); ++r) {
@@ -190,7 +204,7 @@ void SendSession::OnLayer(int layer, const LayerRows& en) {
     src.block_ids.assign(en.block_table.begin(), en.block_table.end());
     src.state_slot = en.slot;
     absl::StatusOr<kvtransfer::TransferPlan> plan =
-        kvtransfer::PlanLayerRows(src, spec_.targets[r].layout, ref, en.start, en.end);
+        kvtransfer::PlanLayerRows(src, spec_.targets[r].layout, ref, begin, end);
     if (!plan.ok()) {
       Fail(TransferError(plan.status()));
       return;
@@ -232,7 +246,7 @@ void SendSession::Computed(const ComputedState& at) {
     src.block_ids.assign(at.block_ids.begin(), at.block_ids.end());
     src.state_slot = at.slot;
     absl::StatusOr<kvtransfer::TransferPlan> plan =
-        kvtransfer::PlanAll(src, spec_.targets[r].layout, n);
+        kvtransfer::PlanAll(src, spec_.targets[r].layout, n, spec_.held_tokens);
     if (!plan.ok()) {
       Fail(plan.status());
       return;

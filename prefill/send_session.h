@@ -6,8 +6,8 @@
 //
 //  COMPUTING ──OnLayer: rows final → PlanLayerRows → PostWrite──▶ STREAMING
 //      │                                                              │
-//      │  OnLayer: a chunk starts below the rows already posted       │
-//      │  (preempted, recomputed): no more streaming                  │
+//      │  OnLayer: a chunk starts anywhere but where the layer's last │
+//      │  one ended (preempted, recomputed): no more streaming        │
 //      ├────────────────────────────▶ RESTARTED ◀─────────────────────┤
 //      │                                  │                           │
 //      │   Computed (first token): checksums, PlanAll per rank        │
@@ -132,6 +132,11 @@ struct SendSpec {
   // decode worker can tell this reservation from an earlier one of the same id.
   // 0: none (an empty payload).
   uint64_t reservation_token = 0;
+  // KvTarget.cached_prefix_tokens: the receiver holds the MLA rows of tokens
+  // [0, held_tokens) already (a decode-side prefix hit); only the rows after
+  // them are written (every KDA slot still goes whole). The checksums cover
+  // every row: the receiver hashes its held rows with the landed ones.
+  int64_t held_tokens = 0;
 };
 
 // A layer's rows [start, end) of the request are final in the source (the
@@ -245,7 +250,10 @@ class SendSession {
   absl::Status status_;
   std::vector<kvtransfer::PeerId> peers_;        // per rank
   std::vector<kvtransfer::RankLayout> sources_;  // per rank, the sequence set per use
-  std::vector<int64_t> rows_;                    // per model layer
+  // Per model layer: rows [0, rows_) posted or held by the receiver
+  // (spec.held_tokens), and where its last reported chunk ended (-1: none yet).
+  std::vector<int64_t> rows_;
+  std::vector<int64_t> chunk_end_;
   std::vector<kvtransfer::BatchId> pending_;     // posted, not seen to end
   std::vector<kvtransfer::TransferPlan> plans_;  // per rank, whole state
   tandem::v1::StateChecksums checksums_;

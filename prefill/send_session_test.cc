@@ -451,6 +451,84 @@ TEST(SendSessionTest, ARestartWaitsForTheEarlierBatchesThenSendsTheWholeState) {
   EXPECT_EQ(s->state(), SendState::kDone);
 }
 
+// A decode-side prefix hit: the target holds tokens [0, 4) (its block 6), so
+// only rows [4, 10) of each MLA layer and the KDA slot are written, streamed
+// or whole; the checksums are still over all 10 rows.
+TEST(SendSessionTest, HeldPrefixRowsAreNotWritten) {
+  constexpr uint64_t kHeldBytes = 2 * (kTokens - 4) * 8 + 24;
+  // Block 6 of the target: offset 6 * 4 * 8 in each MLA layer's pool.
+  auto writes_block6 = [](const FakeAgent& agent, int batches) {
+    const kvtransfer::RankLayout dst =
+        kvtransfer::ContiguousRankLayout(SmallLayout(), 8, 2, kDstRegion);
+    for (int b = 1; b <= batches; ++b) {
+      for (const Segment& g : agent.batch(b).segments) {
+        for (const kvtransfer::MlaPool& p : dst.mla) {
+          const uint64_t lo = p.offset + 6 * 4 * 8, hi = lo + 4 * 8;
+          if (g.remote_offset < hi && lo < g.remote_offset + g.length) return true;
+        }
+      }
+    }
+    return false;
+  };
+  for (bool stream : {true, false}) {
+    SCOPED_TRACE(stream ? "streamed" : "whole");
+    Harness h;
+    SendSpec spec = h.Spec(stream);
+    spec.held_tokens = 4;
+    auto made = SendSession::Create(&h.context, spec);
+    ASSERT_TRUE(made.ok()) << made.status();
+    SendSession& s = **made;
+    h.Chunk(s, 0, 4, false);  // every MLA row of it is held: nothing posted
+    EXPECT_EQ(h.agent.posts(), 0);
+    h.Chunk(s, 4, 10, true);
+    h.Computed(s);
+    EXPECT_EQ(s.stats().whole, !stream);
+    h.agent.CompleteAll();
+    while (!s.Step()) h.agent.CompleteAll();
+    EXPECT_EQ(s.state(), SendState::kDone);
+    EXPECT_EQ(s.stats().bytes, kHeldBytes);
+    EXPECT_EQ(h.agent.posts(), stream ? 3 : 1);
+    EXPECT_FALSE(writes_block6(h.agent, h.agent.posts()));
+    EXPECT_EQ(s.checksums().mla_layer_size(), 2);
+  }
+}
+
+// The prefill's own prefix hit: the first chunk starts past row 0 (its rows
+// before are final in the shared cached blocks). They are streamed with it,
+// from the receiver's held rows on; no restart, no whole-state resend.
+TEST(SendSessionTest, APrefillHitStreamsTheCachedRowsWithTheFirstChunk) {
+  for (int64_t held : {0, 4, 8}) {
+    SCOPED_TRACE(held);
+    Harness h;
+    SendSpec spec = h.Spec();
+    spec.held_tokens = held;
+    auto made = SendSession::Create(&h.context, spec);
+    ASSERT_TRUE(made.ok()) << made.status();
+    SendSession& s = **made;
+    h.Chunk(s, 8, 10, true);  // hit at 8: computes [8, 10) only
+    EXPECT_EQ(s.state(), SendState::kStreaming);
+    EXPECT_EQ(std::vector<int64_t>(s.rows().begin(), s.rows().end()),
+              (std::vector<int64_t>{10, 10, 10}));
+    h.Computed(s);
+    EXPECT_FALSE(s.stats().whole);
+    EXPECT_EQ(s.stats().bytes, 2 * static_cast<uint64_t>(kTokens - held) * 8 + 24);
+    EXPECT_EQ(h.metrics.transfer_restarts->Value(), 0);
+    h.agent.CompleteAll();
+    EXPECT_TRUE(s.Step());
+    EXPECT_EQ(s.state(), SendState::kDone);
+  }
+}
+
+TEST(SendSessionTest, HeldTokensOutsideThePromptAreRefused) {
+  Harness h;
+  for (int64_t held : {int64_t{-1}, kTokens + 1}) {
+    SendSpec spec = h.Spec();
+    spec.held_tokens = held;
+    auto made = SendSession::Create(&h.context, spec);
+    EXPECT_EQ(made.status().code(), absl::StatusCode::kInvalidArgument) << held;
+  }
+}
+
 TEST(SendSessionTest, AShortLayerSendsTheWholeState) {
   Harness h;
   std::unique_ptr<SendSession> s = h.Make();

@@ -115,6 +115,14 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
     reserve_req_.set_prefill_tp_size(std::max(a.worker.registration.tp_size(), 1));
     reserve_req_.set_lease_ms(
         ReservationLeaseMs(deadline_, h_->clock()->Now(), h_->options().lease_ms));
+    // A decode-side prefix hit: the worker shares what its cache holds of this
+    // prompt, and the prefill worker writes only the rest. Text prompts only
+    // (the worker's hashes would not carry the images').
+    reserve_req_.clear_prompt_token_ids();
+    if (req_.images_size() == 0) {
+      *reserve_req_.mutable_prompt_token_ids() = req_.prompt_token_ids().ids();
+      reserve_req_.set_cache_salt(req_.cache_salt());
+    }
     target_.Clear();
     h_->DecodeStub(a.worker.registration.grpc_address())
         ->async()
@@ -342,6 +350,7 @@ void HandoffCall::Decode(const Placement::Action& a) {
   *dr.mutable_stop() = req_.stop();
   if (prefill_resp_.has_checksums())
     *dr.mutable_checksums() = prefill_resp_.checksums();
+  dr.set_cacheable_prompt_tokens(prefill_resp_.aligned_prompt_tokens());
   dr.set_deadline_unix_ms(rpc::ToUnixMillisOrZero(a.deadline));
   dr.set_return_text(req_.return_text());
   auto* relay = new RelayReactor(shared_from_this());

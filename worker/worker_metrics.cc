@@ -199,6 +199,17 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
                  "tandem_worker_prefix_cache_host_hits_total",
                  "Prefix-cache lookups whose hit was loaded from the host tier."))
            ->Add({});
+  prefix_reserve_queried_tokens =
+      &OrDie(r->AddCounter("tandem_worker_prefix_cache_reserve_queried_tokens_total",
+                           "Prompt tokens of KV reservations looked up in the "
+                           "prefix cache (decode workers)."))
+           ->Add({});
+  prefix_reserve_hit_tokens =
+      &OrDie(r->AddCounter("tandem_worker_prefix_cache_reserve_hit_tokens_total",
+                           "Prompt tokens of KV reservations whose MLA rows the "
+                           "cache already held, so the prefill worker did not "
+                           "send them (decode-side prefix hits)."))
+           ->Add({});
   prefix_host_budget_bytes =
       &OrDie(r->AddGauge("tandem_worker_prefix_cache_host_budget_bytes",
                          "The host tier's budget (--prefix_host_memory; 0: off)."))
@@ -389,6 +400,10 @@ void WorkerMetrics::Update(const EngineLoopStats& s, absl::Time now) {
   bump(&prefix_host_loads->Add({{"kind", "snapshot"}}), px.snapshots_loaded_from_host,
        last_prefix_.snapshots_loaded_from_host);
   bump(prefix_host_hits, px.hits_from_host, last_prefix_.hits_from_host);
+  bump(prefix_reserve_queried_tokens, px.reserve_queried_tokens,
+       last_prefix_.reserve_queried_tokens);
+  bump(prefix_reserve_hit_tokens, px.reserve_hit_tokens,
+       last_prefix_.reserve_hit_tokens);
   prefix_host_budget_bytes->Set(static_cast<double>(px.host_budget_bytes));
   bump(&prefix_continuations->Add({{"result", "completed"}}),
        px.continuations_completed, last_prefix_.continuations_completed);

@@ -119,6 +119,10 @@ class WorkerMetrics {
   metrics::Family<metrics::Gauge>* prefix_tier_bytes;        // {tier}
   metrics::Family<metrics::Counter>* prefix_host_loads;      // {kind}
   metrics::Counter* prefix_host_hits;
+  // Decode-side prefix hits: prompt tokens reserved with their ids, and those
+  // whose MLA rows the cache already held (not sent over the wire).
+  metrics::Counter* prefix_reserve_queried_tokens;
+  metrics::Counter* prefix_reserve_hit_tokens;
   metrics::Gauge* prefix_host_budget_bytes;
   // Generation snapshots: continuations by result (completed, skipped,
   // cancelled), positions they recomputed, snapshots they stored.

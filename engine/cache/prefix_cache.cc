@@ -140,6 +140,24 @@ PrefixHit PrefixCache::Lookup(absl::Span<const BlockHash> hashes, int64_t prompt
   return hit;
 }
 
+std::vector<BlockId> PrefixCache::MatchBlocks(absl::Span<const BlockHash> hashes,
+                                              int64_t max_blocks,
+                                              int64_t queried_tokens) {
+  std::vector<BlockId> out;
+  const uint64_t now = ++clock_;
+  const int64_t limit =
+      std::min<int64_t>(max_blocks, static_cast<int64_t>(hashes.size()));
+  for (int64_t k = 0; k < limit; ++k) {
+    auto it = entries_.find(hashes[k]);
+    if (it == entries_.end()) break;
+    it->second.last_use = now;
+    out.push_back(it->second.block);
+  }
+  stats_.reserve_queried_tokens += queried_tokens;
+  stats_.reserve_hit_tokens += static_cast<int64_t>(out.size()) * config_.block_size;
+  return out;
+}
+
 bool PrefixCache::FreeOneForLoad(uint64_t now) {
   if (blocks_->num_free() > 0) return true;
   const BlockHash* victim = nullptr;

@@ -127,6 +127,9 @@ struct PrefixCacheStats {
   int64_t snapshots_loaded_from_host = 0;
   int64_t hits_from_host = 0;      // lookups whose hit needed a load from the host
   int64_t host_load_failures = 0;  // loads given up (no device room, copy error)
+  // Reservations (MatchBlocks): prompt tokens asked about, MLA rows found.
+  int64_t reserve_queried_tokens = 0;
+  int64_t reserve_hit_tokens = 0;
   double hit_rate() const {
     return queried_tokens > 0 ? static_cast<double>(hit_tokens) / queried_tokens : 0.0;
   }
@@ -166,6 +169,17 @@ class PrefixCache {
   PrefixHit Lookup(absl::Span<const BlockHash> hashes, int64_t prompt_tokens,
                    bool record = true);
   void RecordLookup(int64_t prompt_tokens, int64_t hit_tokens);
+
+  // The MLA blocks alone: the device-tier blocks of the longest cached chain
+  // hashes[0 .. k) (k <= max_blocks), marked recently used. Not a hit by THE
+  // RULE (no snapshot is asked for): it serves a decode worker's reservation,
+  // whose KDA state arrives whole from the prefill worker, so only the MLA rows
+  // before k * block_size need not cross the wire (Scheduler::Reserve). The
+  // host tier is not searched (a load there would cost what the wire saves, on
+  // the reservation's critical path). Takes no references; counted apart from
+  // Lookup's hits (reserve_queried_tokens, reserve_hit_tokens).
+  std::vector<BlockId> MatchBlocks(absl::Span<const BlockHash> hashes,
+                                   int64_t max_blocks, int64_t queried_tokens);
 
   // Caches block `id` (full, computed, held by the caller) as the block with
   // hash hashes[index] (whose parent is hashes[index - 1]); takes a reference.

@@ -846,6 +846,8 @@ PrefixCachingStats Engine::prefix_caching_stats() const {
   out.blocks_loaded_from_host = s.blocks_loaded_from_host;
   out.snapshots_loaded_from_host = s.snapshots_loaded_from_host;
   out.hits_from_host = s.hits_from_host;
+  out.reserve_queried_tokens = s.reserve_queried_tokens;
+  out.reserve_hit_tokens = s.reserve_hit_tokens;
   if (const engine::HostTier* h = pc->host_tier(); h != nullptr) {
     out.host_budget_bytes = h->budget_bytes();
     out.host_bytes_held = h->bytes_held();
@@ -1015,6 +1017,7 @@ absl::StatusOr<StateLocation> Engine::Locate(RequestId id) {
   TANDEM_ASSIGN_OR_RETURN(loc.block_ids, scheduler_->Blocks(id));
   loc.slot = r->slot;
   loc.num_cached_tokens = static_cast<int64_t>(r->tokens.size()) - 1;
+  loc.aligned_tokens = std::min(loc.num_cached_tokens, scheduler_->AlignedTokens(id));
   return loc;
 }
 
@@ -1113,19 +1116,33 @@ absl::Status Engine::AddPrefilled(RequestId id, const ExportedState& state,
   return s;
 }
 
-absl::StatusOr<StateLocation> Engine::Reserve(RequestId id, int64_t num_prompt_tokens) {
+absl::StatusOr<StateLocation> Engine::Reserve(RequestId id, int64_t num_prompt_tokens,
+                                              absl::Span<const int32_t> prompt,
+                                              std::string_view cache_salt) {
   if (requests_.contains(id) || reserved_.contains(id)) {
     return absl::AlreadyExistsError(absl::StrCat("request ", id, " already exists"));
+  }
+  if (!prompt.empty() && static_cast<int64_t>(prompt.size()) != num_prompt_tokens) {
+    return InvalidArgument("request ", id, ": ", prompt.size(),
+                           " prompt token ids for a reservation of ", num_prompt_tokens,
+                           " tokens");
   }
   engine::SequenceRequest sr;
   sr.id = id;
   sr.num_prompt_tokens = num_prompt_tokens;
+  if (!prompt.empty() && scheduler_->prefix_cache() != nullptr) {
+    sr.block_hashes =
+        engine::ChainedBlockHashes(prompt, options_.block_size, cache_salt);
+    // (Named in the events should a recompute after preemption snapshot it.)
+    sr.route_hashes = RouteBlockHashes(prompt, cache_salt);
+  }
   TANDEM_RETURN_IF_ERROR(scheduler_->Reserve(sr, /*num_generated_tokens=*/1));
   reserved_[id] = num_prompt_tokens;
   StateLocation loc;
   TANDEM_ASSIGN_OR_RETURN(loc.block_ids, scheduler_->Blocks(id));
   TANDEM_ASSIGN_OR_RETURN(loc.slot, scheduler_->Slot(id));
   loc.num_cached_tokens = num_prompt_tokens;
+  loc.held_prefix_tokens = scheduler_->HeldPrefixTokens(id);
   return loc;
 }
 
@@ -1147,7 +1164,9 @@ absl::StatusOr<RequestOutput> Engine::AdmitReserved(
     TANDEM_RETURN_IF_ERROR(scheduler_->Abort(id));
     return out;
   }
-  if (absl::Status s = scheduler_->AdmitReserved(id, r->params.max_tokens); !s.ok()) {
+  if (absl::Status s =
+          scheduler_->AdmitReserved(id, r->params.max_tokens, state.cacheable_tokens);
+      !s.ok()) {
     requests_.erase(id);
     return s;
   }

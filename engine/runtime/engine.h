@@ -196,6 +196,10 @@ struct PrefixCachingStats {
   int64_t blocks_loaded_from_host = 0;
   int64_t snapshots_loaded_from_host = 0;
   int64_t hits_from_host = 0;  // lookups whose hit was loaded from the host
+  // Reservations with their prompt (Reserve): tokens asked about, and those
+  // whose MLA rows were held (shared, not written by the peer).
+  int64_t reserve_queried_tokens = 0;
+  int64_t reserve_hit_tokens = 0;
   double hit_rate() const {
     return queried_tokens > 0 ? static_cast<double>(hit_tokens) / queried_tokens : 0.0;
   }
@@ -299,6 +303,13 @@ struct StateLocation {
   std::vector<int32_t> block_ids;
   int64_t slot = -1;
   int64_t num_cached_tokens = 0;
+  // Reserve: the leading positions whose MLA rows this engine already holds
+  // (shared cached blocks; the peer must not write them). 0 otherwise.
+  int64_t held_prefix_tokens = 0;
+  // Locate: the leading positions computed on the 64-token chunk grid (every
+  // chunk before them aligned), whose rows a peer may cache as its own
+  // (bit-identical to recomputing them); num_cached_tokens when all are.
+  int64_t aligned_tokens = 0;
 };
 
 // A sequence's state for the hand-off: its tokens and where its bytes are.
@@ -307,6 +318,10 @@ struct ExportedState {
   std::vector<int32_t> generated;
   int64_t num_cached_tokens = 0;   // tokens whose KV/KDA state the ranges hold
   std::vector<StateRange> ranges;  // valid until the sequence advances or ends
+  // AdmitReserved: the leading prompt positions the peer computed on the chunk
+  // grid (its StateLocation::aligned_tokens), the most this engine caches of
+  // the landed prompt; -1: all of it.
+  int64_t cacheable_tokens = -1;
 };
 
 // One prefill sequence of the step being computed, as the layer-progress
@@ -385,14 +400,27 @@ class Engine {
   // scheduled nor preempted until AdmitReserved; Abort frees it.
   // ResourceExhausted when the memory (or the running cap) is not free,
   // InvalidArgument when the prompt cannot fit, AlreadyExists for a known id.
-  absl::StatusOr<StateLocation> Reserve(RequestId id, int64_t num_prompt_tokens);
+  //
+  // Decode-side prefix hit: given the prompt's token ids (and its tenant's
+  // cache_salt) with prefix caching on, the reservation shares the leading
+  // full blocks of the prompt this engine's cache holds instead of allocating
+  // them (their MLA rows are already here; the KDA state crosses whole, so no
+  // snapshot is needed) and reports them as held_prefix_tokens: the peer
+  // writes only the rows after them. Text prompts only (the hashes carry no
+  // media). InvalidArgument when `prompt` is given and its size is not
+  // num_prompt_tokens.
+  absl::StatusOr<StateLocation> Reserve(RequestId id, int64_t num_prompt_tokens,
+                                        absl::Span<const int32_t> prompt = {},
+                                        std::string_view cache_salt = "");
   // Admits reserved request `id` whose state is in place: `state` gives its
   // prompt (num_prompt_tokens of them), its first generated token and
   // num_cached_tokens (= the prompt's); its ranges are not used (nothing is
   // copied). Reports what the generated token yields, as
   // AddPrefilledRequestWithOutput: when it already ends the request, the
   // reservation is freed and the output is `finished`. On an error the
-  // reservation stays (Abort frees it).
+  // reservation stays (Abort frees it). With prefix caching and a prompt given
+  // to Reserve, the landed prompt's full blocks up to state.cacheable_tokens
+  // join this engine's cache.
   absl::StatusOr<RequestOutput> AdmitReserved(RequestId id, const ExportedState& state,
                                               const engine::SamplingParams& params);
 

@@ -149,6 +149,70 @@ TEST(PrefixSchedulerTest, SharedPrefixHitsAtSnapshotsOnly) {
   EXPECT_EQ(s->num_free_slots(), 8);
 }
 
+// A decode worker's reservation shares the prompt's cached leading blocks
+// (MLA rows only: no snapshot needed, the KDA state arrives whole), never has
+// them evicted while held, caches what landed at admission (up to the peer's
+// aligned positions), and never shares without hashes, across tenants, or on
+// the copy path (AdmitPrefilled).
+TEST(PrefixSchedulerTest, ReservationSharesTheCachedPrefixAndCachesWhatLanded) {
+  auto s = *Scheduler::Create(Config(256, 512));
+  const std::vector<int32_t> a = Tokens(200, 1);
+  ASSERT_TRUE(s->Submit(Req(1, a)).ok());
+  Drain(*s);
+  ASSERT_EQ(s->prefix_cache()->num_cached_blocks(), 12);
+  // 2: 160 tokens of a, then its own: the 10 shared blocks are held, 7 new.
+  const std::vector<int32_t> b =
+      Concat(std::vector<int32_t>(a.begin(), a.begin() + 160), Tokens(100, 2));
+  ASSERT_TRUE(s->Reserve(Req(2, b), 1).ok());
+  EXPECT_EQ(s->HeldPrefixTokens(2), 160);
+  auto b2 = s->Blocks(2);
+  ASSERT_TRUE(b2.ok());
+  EXPECT_EQ(b2->size(), 17u);  // 260 positions
+  // 3: a itself: its 12 full blocks (192 positions), the first 10 the same.
+  ASSERT_TRUE(s->Reserve(Req(3, a), 1).ok());
+  EXPECT_EQ(s->HeldPrefixTokens(3), 192);
+  auto b3 = s->Blocks(3);
+  ASSERT_TRUE(b3.ok());
+  for (int i = 0; i < 10; ++i) EXPECT_EQ((*b2)[i], (*b3)[i]) << i;
+  EXPECT_NE((*b2)[10], (*b3)[10]);
+  // Held blocks survive a reclaim of everything.
+  s->mutable_prefix_cache()->Reclaim(256);
+  EXPECT_EQ(s->prefix_cache()->num_cached_blocks(), 12);
+  ASSERT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
+  ASSERT_TRUE(s->Abort(3).ok());
+  // Admitted: b's landed full blocks (16 of 260 positions) are cached after
+  // the shared 10, so the next reservation of b holds all 16.
+  ASSERT_TRUE(s->AdmitReserved(2, 4).ok());
+  ASSERT_TRUE(s->Reserve(Req(4, b), 1).ok());
+  EXPECT_EQ(s->HeldPrefixTokens(4), 256);
+  ASSERT_TRUE(s->Abort(4).ok());
+  // The peer's aligned positions cap what is cached: c landed aligned to 300.
+  const std::vector<int32_t> c = Concat(b, Tokens(100, 5));
+  ASSERT_TRUE(s->Reserve(Req(5, c), 1).ok());
+  EXPECT_EQ(s->HeldPrefixTokens(5), 256);
+  ASSERT_TRUE(s->AdmitReserved(5, 4, /*cacheable_tokens=*/300).ok());
+  ASSERT_TRUE(s->Reserve(Req(6, c), 1).ok());
+  EXPECT_EQ(s->HeldPrefixTokens(6), 288);  // 18 full blocks below 300
+  // No hashes, another tenant, the copy path: nothing shared.
+  SequenceRequest plain = Req(7, c);
+  plain.block_hashes.clear();
+  ASSERT_TRUE(s->Reserve(plain, 1).ok());
+  EXPECT_EQ(s->HeldPrefixTokens(7), 0);
+  SequenceRequest other = Req(8, c);
+  other.block_hashes = ChainedBlockHashes(c, 16, "tenant-b");
+  ASSERT_TRUE(s->Reserve(other, 1).ok());
+  EXPECT_EQ(s->HeldPrefixTokens(8), 0);
+  ASSERT_TRUE(s->AdmitPrefilled(Req(9, c), 1).ok());
+  EXPECT_EQ(s->HeldPrefixTokens(9), 0);
+  const PrefixCacheStats& st = s->prefix_cache()->stats();
+  EXPECT_EQ(st.reserve_hit_tokens, 160 + 192 + 256 + 256 + 288);
+  ASSERT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
+  for (SequenceId id : {2, 5, 6, 7, 8, 9}) ASSERT_TRUE(s->Abort(id).ok()) << id;
+  ASSERT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
+  EXPECT_EQ(s->num_free_blocks(), 256);
+  EXPECT_EQ(s->num_free_slots(), 8);
+}
+
 TEST(PrefixSchedulerTest, CachedBlocksAreEvictedBeforeAnyoneWaits) {
   // 40 blocks: three 192-token prompts (12 blocks each) fill the cache.
   auto s = *Scheduler::Create(Config(40, 512));

@@ -169,7 +169,10 @@ int32_t Scheduler::num_background() const {
 
 absl::Status Scheduler::AdmitPrefilled(const SequenceRequest& r,
                                        int64_t num_generated_tokens) {
-  TANDEM_RETURN_IF_ERROR(Hold(r, num_generated_tokens, /*growth_headroom=*/0));
+  // Its whole state is copied in: nothing may be shared with the cache.
+  SequenceRequest plain = r;
+  plain.block_hashes.clear();
+  TANDEM_RETURN_IF_ERROR(Hold(plain, num_generated_tokens, /*growth_headroom=*/0));
   return AdmitReserved(r.id, r.max_new_tokens);
 }
 
@@ -208,13 +211,30 @@ absl::Status Scheduler::Hold(const SequenceRequest& r, int64_t num_generated_tok
   if (!slot.ok()) return undo(slot.status());
   seq->slot = *slot;
   const int64_t positions = seq->num_tokens - 1;
-  const int64_t need = seq->table.BlocksNeededToAppend(positions);
+  // A decode-side prefix hit: the prompt's leading full blocks this cache
+  // holds are shared (full, never written again: the peer writes only the
+  // rows after them), so only the rest crosses the wire. MLA blocks alone
+  // suffice: the KDA state arrives whole (PrefixCache::MatchBlocks).
+  int64_t held = 0;
+  if (prefix_ != nullptr && !seq->hashes.empty()) {
+    const int64_t bs = config_.block_size;
+    const std::vector<BlockId> have =
+        prefix_->MatchBlocks(seq->hashes, positions / bs, r.num_prompt_tokens);
+    if (!have.empty() &&
+        seq->table.AdoptShared(have, static_cast<int64_t>(have.size()) * bs, &blocks_)
+            .ok()) {
+      held = static_cast<int64_t>(have.size()) * bs;
+      seq->blocks_cached = static_cast<int64_t>(have.size());
+    }
+  }
+  seq->held_prefix_tokens = held;
+  const int64_t need = seq->table.BlocksNeededToAppend(positions - held);
   // Like an admission, a reservation leaves the watermark free for the running
   // sequences' growth (SGLang's decode prealloc keeps such headroom too).
   const int64_t kept = config_.watermark_blocks + growth_headroom;
   Reclaim(need + kept);
   if (need > static_cast<int64_t>(blocks_.num_free()) - kept ||
-      !seq->table.Append(positions, &blocks_).ok()) {
+      !seq->table.Append(positions - held, &blocks_).ok()) {
     return undo(ResourceExhausted("need ", need, " KV blocks for ", positions,
                                   " tokens, ", blocks_.num_free(), " free (", kept,
                                   " kept free for the running sequences)"));
@@ -226,7 +246,8 @@ absl::Status Scheduler::Hold(const SequenceRequest& r, int64_t num_generated_tok
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::AdmitReserved(SequenceId id, int64_t max_new_tokens) {
+absl::Status Scheduler::AdmitReserved(SequenceId id, int64_t max_new_tokens,
+                                      int64_t cacheable_tokens) {
   Sequence* seq = Find(id);
   if (seq == nullptr) return NotFound("no sequence ", id);
   if (seq->state != SequenceState::kReserved) {
@@ -248,7 +269,25 @@ absl::Status Scheduler::AdmitReserved(SequenceId id, int64_t max_new_tokens) {
   reserved_.erase(id);
   seq->state = SequenceState::kRunning;
   running_.push_back(id);
+  // The landed prompt's full blocks (the peer's prefill, verified by the
+  // caller's checksums when asked for) join the cache after those it shared,
+  // so the next reservation extending this prompt shares them too; only as
+  // far as the peer computed them on the chunk grid.
+  if (cacheable_tokens >= 0) {
+    seq->unaligned_at = std::min(seq->unaligned_at, cacheable_tokens);
+  }
+  CacheComputedBlocks(seq);
   return absl::OkStatus();
+}
+
+int64_t Scheduler::AlignedTokens(SequenceId id) const {
+  const Sequence* seq = Find(id);
+  return seq == nullptr ? 0 : std::min(seq->num_computed, seq->unaligned_at);
+}
+
+int64_t Scheduler::HeldPrefixTokens(SequenceId id) const {
+  const Sequence* seq = Find(id);
+  return seq == nullptr ? 0 : seq->held_prefix_tokens;
 }
 
 void Scheduler::ReleaseResources(Sequence* seq) {

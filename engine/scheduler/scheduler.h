@@ -201,7 +201,22 @@ class Scheduler {
   // RESERVED → running. max_new_tokens (0: up to the context limit) bounds it
   // from now on; InvalidArgument when the sequence already exceeds it (it stays
   // reserved), NotFound / FailedPrecondition when `id` is not reserved.
-  absl::Status AdmitReserved(SequenceId id, int64_t max_new_tokens);
+  // cacheable_tokens (-1: every prompt position) caps the landed prompt's
+  // blocks cached (see HeldPrefixTokens).
+  absl::Status AdmitReserved(SequenceId id, int64_t max_new_tokens,
+                             int64_t cacheable_tokens = -1);
+  // The leading positions of `id` computed on the chunk grid (before its
+  // first unaligned chunk end, if any): what may be cached as bit-identical
+  // to a recompute. 0 for an unknown id.
+  int64_t AlignedTokens(SequenceId id) const;
+  // With prefix caching and request.block_hashes, Reserve shares the leading
+  // full blocks of the prompt this cache holds (MLA rows only: no snapshot is
+  // needed, the peer writes the whole KDA state) instead of allocating them:
+  // their count x block_size is the reservation's held prefix, which the peer
+  // must not write (KvTarget.cached_prefix_tokens). AdmitReserved then caches
+  // the landed prompt's full blocks after them. 0 for an unknown id.
+  // AdmitPrefilled never shares (it copies the whole state in).
+  int64_t HeldPrefixTokens(SequenceId id) const;
 
   // Plans the next step. FailedPrecondition if the previous plan was not
   // completed.
@@ -285,6 +300,7 @@ class Scheduler {
     std::vector<BlockHash> hashes;            // the prompt's full blocks
     std::vector<uint64_t> route_hashes;       // the prompt's 64-token route hashes
     int64_t blocks_cached = 0;                // hashes[0 .. blocks_cached) handled
+    int64_t held_prefix_tokens = 0;           // Reserve: the shared prefix
     std::vector<int64_t> snapshot_positions;  // ascending, > the hit
     // A chunk ended off the KDA chunk grid here (progress beat alignment):
     // state after it is not what a clean recompute gives, so nothing after it
