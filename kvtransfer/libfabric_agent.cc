@@ -1,5 +1,6 @@
 #include "kvtransfer/libfabric_agent.h"
 
+#include <dlfcn.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -91,6 +92,14 @@ absl::Status FromFi(int ret, absl::string_view what) {
       // Refused, reset, unreachable, I/O errors.
       return absl::UnavailableError(msg);
   }
+}
+
+// Whether libcuda.so.1 is loaded in this process already (never loads it).
+bool CudaDriverLoaded() {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (h == nullptr) return false;
+  dlclose(h);
+  return true;
 }
 
 std::string MrModeString(uint64_t mode) {
@@ -321,6 +330,7 @@ class LibfabricBackend final : public Backend {
   std::vector<Rail> rails_;
   std::string provider_;
   uint64_t mr_mode_ = 0;
+  bool want_hmem_ = false;  // FI_HMEM asked for (config, or CUDA loaded)
   bool hmem_ = false;
   bool delivery_complete_in_info_ = false;
   bool wait_fds_ = false;
@@ -374,10 +384,11 @@ absl::Status LibfabricBackend::Init() {
       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
   int ret = -FI_ENODATA;
   absl::Status open_error;
+  want_hmem_ = config_.want_hmem || (config_.hmem_if_cuda_loaded && CudaDriverLoaded());
   for (int attempt = 0; attempt < 4 && domains_.empty(); ++attempt) {
-    const bool hmem = (attempt < 2) && config_.want_hmem;
+    const bool hmem = (attempt < 2) && want_hmem_;
     const bool dc = (attempt % 2) == 0;
-    if (attempt < 2 && !config_.want_hmem) continue;
+    if (attempt < 2 && !want_hmem_) continue;
     fi_info* hints = fi_allocinfo();
     if (hints == nullptr) return absl::ResourceExhaustedError("fi_allocinfo");
     hints->caps = FI_RMA | FI_MSG | FI_READ | FI_WRITE | FI_REMOTE_READ |
@@ -668,7 +679,7 @@ absl::Status LibfabricBackend::OpenDomains(fi_info* list, bool hmem) {
         return absl::FailedPreconditionError(
             absl::StrCat("libfabric provider ", d.info->fabric_attr->prov_name,
                          " lists FI_HMEM but fi_domain refuses it (", fi_strerror(-ret),
-                         "); run without want_hmem"));
+                         "); run without want_hmem (and hmem_if_cuda_loaded)"));
       }
       return FromFi(ret, absl::StrCat("fi_domain ", d.name));
     }
@@ -845,8 +856,9 @@ absl::StatusOr<std::string> LibfabricBackend::RegisterMemoryLocked(RegionId regi
     return absl::FailedPreconditionError(absl::StrCat(
         "libfabric provider ", provider_, " cannot register ", MemoryKindName(kind),
         " memory: ",
-        config_.want_hmem ? "the provider does not report FI_HMEM"
-                          : "the agent was created without want_hmem (FI_HMEM)"));
+        want_hmem_ ? "the provider does not report FI_HMEM"
+                   : "the agent was created without want_hmem (FI_HMEM) and no CUDA "
+                     "driver was loaded"));
   }
   // Key 0 is the message buffers'; region ids start at 1. Where we choose keys
   // (no FI_MR_PROV_KEY) and they are 8 bytes, a random salt in the high half,

@@ -107,10 +107,15 @@ struct LibfabricAgentConfig {
   // fd (Debian's shm): the target-side work of incoming RMA waits up to this.
   absl::Duration idle_poll_interval = absl::Microseconds(100);
   // Ask for FI_HMEM (device memory registration) and use it when the provider
-  // reports it. Off by default: nothing registers CUDA memory yet, and with
-  // Debian's shm provider on a host without a GPU runtime fi_getinfo lists
-  // FI_HMEM that fi_domain then refuses (Create fails, saying so).
+  // reports it. Off by default: with Debian's shm provider on a host without a
+  // GPU runtime fi_getinfo lists FI_HMEM that fi_domain then refuses (Create
+  // fails, saying so).
   bool want_hmem = false;
+  // Ask for FI_HMEM also when the CUDA driver (libcuda.so.1) is already loaded
+  // in this process: a worker on a CUDA backend creates its agent after loading
+  // the model, and then registers its device-resident cache (MemoryKind::Cuda),
+  // which needs FI_HMEM (EFA: GPUDirect RDMA).
+  bool hmem_if_cuda_loaded = true;
 };
 
 class LibfabricAgent final : public AgentCore {

@@ -7,6 +7,7 @@
 // rails; every libfabric registration released.
 #include "kvtransfer/libfabric_agent.h"
 
+#include <dlfcn.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -455,6 +456,27 @@ TEST(LibfabricAgentTest, ReportsWhatTheProviderDemands) {
   ASSERT_NE(tcp, nullptr);
   EXPECT_EQ(tcp->provider(), "tcp;ofi_rxm");
   EXPECT_FALSE(tcp->hmem_supported());
+}
+
+// A CUDA worker's cache needs FI_HMEM: the agent asks for it by itself when the
+// CUDA driver is in the process (hmem_if_cuda_loaded). This test process has
+// none, so shm (which would list FI_HMEM and then refuse the domain) opens
+// without it, and CUDA memory is refused saying why, never staged silently.
+TEST(LibfabricAgentTest, CudaMemoryNeedsFiHmem) {
+  ASSERT_EQ(dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), nullptr)
+      << "this test assumes no CUDA driver in the process";
+  for (const char* provider : {"shm", "tcp"}) {
+    auto agent = MakeAgent(provider, 1);
+    ASSERT_NE(agent, nullptr) << provider;
+    EXPECT_FALSE(agent->hmem_supported()) << provider;
+    std::vector<uint8_t> mem(4096);
+    auto r = agent->RegisterMemory(mem.data(), mem.size(), MemoryKind::Cuda(0));
+    ASSERT_FALSE(r.ok()) << provider;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(r.status().message().find("no CUDA driver was loaded"), std::string::npos)
+        << r.status();
+    EXPECT_EQ(agent->NumRegisteredRegions(), 0u);
+  }
 }
 
 // Striping: with 3 rails, every rail carries pieces and the bytes arrive exact.
