@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "engine/cache/host_tier.h"
@@ -120,7 +121,8 @@ absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> TransferAgentFromFlag
       .Kv("provider", created.info.provider)
       .Kv("fabric", created.info.fabric)
       .Kv("domain", created.info.domain)
-      .Kv("rails", created.info.rails);
+      .Kv("rails", created.info.rails)
+      .Kv("nics", absl::StrJoin(created.info.nics, "; "));
   if (info != nullptr) *info = created.info;
   return std::move(created.agent);
 }
