@@ -47,7 +47,8 @@ struct TransportInfo {
                          // peer: Transport(peer))
   std::string fabric;    // libfabric: fi_info's fabric name
   std::string domain;    // libfabric: fi_info's domains (the NICs, "rdmap16s27-rdm";
-                         // comma-separated when several)
+                         // comma-separated when several); ucx: the context's
+                         // resources ("tcp/eth0,tcp/lo,sysv/memory,...")
   int rails = 1;         // endpoints a batch is striped over
   // libfabric: one line per NIC opened, nearest first (domain, PCI address, NUMA
   // node, why: NicPlacement::Describe), for the start-up log.
@@ -61,6 +62,13 @@ struct CreatedAgent {
   std::string description;
   TransportInfo info;
 };
+
+// Refuses (FAILED_PRECONDITION) a UCX whose transport list `tls` (UCX_TLS)
+// names an RDMA transport (rc, dc, ud, srd, ...) when none of the `resources`
+// its context opened (UcxAgent::resources()) is one: UCX would carry on over
+// what else the list allows (tcp) with only a warning.
+absl::Status CheckUcxRdma(absl::string_view tls,
+                          const std::vector<std::string>& resources);
 
 absl::StatusOr<CreatedAgent> CreateTransferAgent(const AgentFactoryConfig& config);
 

@@ -67,6 +67,7 @@ TEST(CreateTransferAgentTest, MakesTheConfiguredTransport) {
       << lf->info.nics[0];
   EXPECT_EQ(ucx->info.agent, "ucx");
   EXPECT_EQ(ucx->info.provider, "auto");
+  EXPECT_NE(ucx->info.domain.find("tcp/"), std::string::npos) << ucx->info.domain;
   EXPECT_EQ(ucx->info.rails, 1);
   config.ucx.tls = "tcp";
   auto ucx_tcp = CreateTransferAgent(config);
@@ -82,13 +83,52 @@ TEST(CreateTransferAgentTest, MakesTheConfiguredTransport) {
 // UCX asked for RDMA transports on a host that has none (this VM: no
 // InfiniBand / RoCE device) must not start over TCP either.
 TEST(CreateTransferAgentTest, UcxRdmaTransportsWithoutDevicesAreRefused) {
-  for (const char* tls : {"rc", "rc_x", "ud"}) {
+  // "rc,tcp": UCX starts (it only warns that rc is not available) and would
+  // carry the KV over tcp; refused here, naming what UCX opened.
+  for (const char* tls : {"rc", "rc_x", "ud", "srd", "dc", "rc,tcp", "tcp, ud_mlx5"}) {
     AgentFactoryConfig config;
     ASSERT_TRUE(ParseKvTransport("ucx", &config).ok());
     config.ucx.tls = tls;
     auto agent = CreateTransferAgent(config);
     EXPECT_FALSE(agent.ok()) << tls << ": started as " << agent->description;
   }
+  AgentFactoryConfig config;
+  config.ucx.tls = "rc,tcp";
+  auto agent = CreateTransferAgent(config);
+  ASSERT_FALSE(agent.ok());
+  EXPECT_EQ(agent.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(agent.status().message().find("opened only tcp/"), std::string::npos)
+      << agent.status();
+  // Told otherwise (tcp alone, or an exclusion list) it starts.
+  for (const char* tls : {"tcp", "^rc,ud"}) {
+    config.ucx.tls = tls;
+    EXPECT_TRUE(CreateTransferAgent(config).ok()) << tls;
+  }
+}
+
+TEST(CheckUcxRdmaTest, Table) {
+  const std::vector<std::string> tcp_only = {"tcp/eth0", "tcp/lo", "sysv/memory"};
+  const std::vector<std::string> ib = {"tcp/eth0", "rc_mlx5/mlx5_0:1",
+                                       "ud_mlx5/mlx5_0:1"};
+  EXPECT_TRUE(CheckUcxRdma("", tcp_only).ok());
+  EXPECT_TRUE(CheckUcxRdma("tcp,sm", tcp_only).ok());
+  EXPECT_TRUE(CheckUcxRdma("^rc", tcp_only).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(CheckUcxRdma("rc,tcp", tcp_only)));
+  EXPECT_TRUE(absl::IsFailedPrecondition(CheckUcxRdma("srd", {})));
+  EXPECT_TRUE(CheckUcxRdma("rc,tcp", ib).ok());
+  EXPECT_TRUE(CheckUcxRdma("dc_x,ud", ib).ok());
+}
+
+TEST(UcxResourcesTest, ParsesContextInfo) {
+  const char* info =
+      "#\n# UCP context\n#\n#     component 0  :  self\n"
+      "#            md 0  :  component 1  tcp \n#\n"
+      "#      resource 0  :  md 0  dev 0  flags -- tcp/eth0\n"
+      "#      resource 1  :  md 0  dev 1  flags -- tcp/lo\n"
+      "#      resource 2  :  md 3  dev 2  flags -- rc_mlx5/mlx5_0:1\n#\n";
+  EXPECT_EQ(ParseUcxContextResources(info),
+            (std::vector<std::string>{"tcp/eth0", "tcp/lo", "rc_mlx5/mlx5_0:1"}));
+  EXPECT_TRUE(ParseUcxContextResources("").empty());
 }
 
 // The bug issue 19 exists for: asking for EFA where there is none must fail,

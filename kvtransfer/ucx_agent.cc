@@ -12,6 +12,7 @@
 #include <map>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -78,6 +79,7 @@ class UcxBackend final : public Backend {
   bool cuda_memory() const {
     return (memory_types_ & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
   }
+  const std::vector<std::string>& resources() const { return resources_; }
   absl::string_view Name() const override { return "UCX"; }
   std::string Address() const override { return worker_address_; }
   BackendLimits Limits() const override {
@@ -177,6 +179,7 @@ class UcxBackend final : public Backend {
   // UCS_BIT(ucs_memory_type_t) of the memory types this UCX build's transports
   // support (ucp_context_query); host only where UCX was built without CUDA.
   uint64_t memory_types_ = UCS_BIT(UCS_MEMORY_TYPE_HOST);
+  std::vector<std::string> resources_;             // ucp_context_print_info's resources
   std::map<RegionId, ucp_mem_h> memh_;             // agent lock
   std::map<PeerId, std::unique_ptr<Peer>> peers_;  // agent lock
 };
@@ -245,6 +248,30 @@ std::string DescribeUcxLanes(absl::string_view ep_info) {
   return absl::StrJoin(lanes, "; ");
 }
 
+std::vector<std::string> ParseUcxContextResources(absl::string_view context_info) {
+  // "#      resource 0  :  md 0  dev 0  flags -- tcp/eth0"
+  std::vector<std::string> out;
+  for (absl::string_view line : absl::StrSplit(context_info, '\n')) {
+    if (line.find("resource") == absl::string_view::npos) continue;
+    const size_t flags = line.find("flags ");
+    if (flags == absl::string_view::npos) continue;
+    std::vector<absl::string_view> words =
+        absl::StrSplit(line.substr(flags), ' ', absl::SkipEmpty());
+    if (words.size() < 3) continue;
+    const absl::string_view resource = words.back();
+    if (resource.find('/') == absl::string_view::npos) continue;
+    out.emplace_back(resource);
+  }
+  return out;
+}
+
+bool IsUcxRdmaTransport(absl::string_view tl) {
+  for (absl::string_view prefix : {"rc", "dc", "ud", "srd", "ib", "gga"}) {
+    if (absl::StartsWith(tl, prefix)) return true;
+  }
+  return false;
+}
+
 bool UcxTransportsAreTcpOnly(absl::string_view transports) {
   if (transports.empty()) return false;
   for (absl::string_view t : absl::StrSplit(transports, ',', absl::SkipEmpty())) {
@@ -302,6 +329,18 @@ absl::Status UcxBackend::Init() {
   ucp_context_attr_t ca{};
   ca.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
   if (ucp_context_query(context_, &ca) == UCS_OK) memory_types_ = ca.memory_types;
+  // The transports and devices the context opened (what UCX_TLS and the host
+  // left): for the start-up log, and to refuse RDMA asked for and not there.
+  {
+    char* buf = nullptr;
+    size_t size = 0;
+    if (FILE* f = open_memstream(&buf, &size)) {
+      ucp_context_print_info(context_, f);
+      fclose(f);
+      resources_ = ParseUcxContextResources(absl::string_view(buf, size));
+      free(buf);
+    }
+  }
 
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -834,8 +873,11 @@ std::string UcxBackend::TransportLocked(PeerId peer) {
   return p->transport;
 }
 
-UcxAgent::UcxAgent(std::unique_ptr<Backend> backend, bool cuda_memory)
-    : AgentCore(std::move(backend)), cuda_memory_(cuda_memory) {}
+UcxAgent::UcxAgent(std::unique_ptr<Backend> backend, bool cuda_memory,
+                   std::vector<std::string> resources)
+    : AgentCore(std::move(backend)),
+      cuda_memory_(cuda_memory),
+      resources_(std::move(resources)) {}
 
 absl::StatusOr<std::unique_ptr<UcxAgent>> UcxAgent::Create(
     const UcxAgentConfig& config) {
@@ -848,7 +890,9 @@ absl::StatusOr<std::unique_ptr<UcxAgent>> UcxAgent::Create(
   auto backend = UcxBackend::Create(config);
   if (!backend.ok()) return backend.status();
   const bool cuda_memory = (*backend)->cuda_memory();
-  return std::unique_ptr<UcxAgent>(new UcxAgent(*std::move(backend), cuda_memory));
+  std::vector<std::string> resources = (*backend)->resources();
+  return std::unique_ptr<UcxAgent>(
+      new UcxAgent(*std::move(backend), cuda_memory, std::move(resources)));
 }
 
 }  // namespace tandem::kvtransfer

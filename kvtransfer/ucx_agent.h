@@ -119,9 +119,17 @@ class UcxAgent final : public AgentCore {
   // UCS_MEMORY_TYPE_CUDA and puts / gets from it name that memory type.
   bool cuda_memory_supported() const { return cuda_memory_; }
 
+  // The transport/device resources UCX's context opened, as
+  // ucp_context_print_info lists them: "tcp/eth0", "tcp/lo", "sysv/memory",
+  // "rc_mlx5/mlx5_0:1". What UCX may use per peer; UCX_TLS=rc,tcp on a host
+  // without RDMA leaves only tcp here (UCX itself only warns).
+  const std::vector<std::string>& resources() const { return resources_; }
+
  private:
-  UcxAgent(std::unique_ptr<Backend> backend, bool cuda_memory);
+  UcxAgent(std::unique_ptr<Backend> backend, bool cuda_memory,
+           std::vector<std::string> resources);
   const bool cuda_memory_;
+  const std::vector<std::string> resources_;
 };
 
 // "tcp", "cma,posix" ...: transports named in ucp_ep_print_info output (exposed for
@@ -134,6 +142,11 @@ std::string DescribeUcxLanes(absl::string_view ep_info);
 // moves over TCP sockets: fine on one host by choice, the fallback to refuse
 // between RDMA hosts).
 bool UcxTransportsAreTcpOnly(absl::string_view transports);
+// The resources ("tcp/eth0") of ucp_context_print_info output.
+std::vector<std::string> ParseUcxContextResources(absl::string_view context_info);
+// rc*, dc*, ud* (InfiniBand / RoCE verbs and mlx5), srd, ib, gga: the RDMA
+// transports and aliases of UCX_TLS.
+bool IsUcxRdmaTransport(absl::string_view tl);
 
 }  // namespace tandem::kvtransfer
 
