@@ -178,6 +178,15 @@ absl::Status ChoiceDecoder::Add(const tandem::v1::GenerateResponse& response,
       }
     }
   }
+  if (response.finish_reason() == tandem::v1::FINISH_REASON_ERROR && !done_) {
+    failed_ = true;
+    done_ = true;
+    return absl::InternalError(absl::StrCat(
+        "generation failed: the worker ended the request with an error after ",
+        completion_tokens_,
+        " tokens (e.g. a structured-output constraint that could not continue); "
+        "the output is incomplete"));
+  }
   if (done_) finish_reason_ = "stop";
   return absl::OkStatus();
 }

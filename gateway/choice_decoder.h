@@ -84,6 +84,11 @@ class ChoiceDecoder {
   // vocabulary. A stop string that matches ends the choice at that token: the
   // message's later tokens are neither shown nor counted, and further
   // messages are ignored (done() is true: the caller cancels the router call).
+  // A message with FINISH_REASON_ERROR (the worker's engine ended the request
+  // with an error, e.g. a structured-output constraint that could not go on)
+  // has its tokens decoded, then ends the choice: Internal naming the failure,
+  // failed() and done() are true (the caller answers with a server error, as
+  // for a failed router call: there is no OpenAI finish_reason for it).
   absl::Status Add(const tandem::v1::GenerateResponse& response,
                    std::vector<ChoiceDelta>* deltas);
   // The same, every delta merged into `delta` (for callers that only
@@ -96,7 +101,9 @@ class ChoiceDecoder {
   void Finish(ChoiceDelta* delta);
 
   bool done() const { return done_; }
-  // "stop", "length" or "tool_calls"; empty until done().
+  // The choice ended with FINISH_REASON_ERROR (see Add).
+  bool failed() const { return failed_; }
+  // "stop", "length" or "tool_calls"; empty until done() (and when failed()).
   const std::string& finish_reason() const { return finish_reason_; }
   int completion_tokens() const { return completion_tokens_; }
 
@@ -123,6 +130,7 @@ class ChoiceDecoder {
   std::vector<chat::ChatEvent> events_;                           // reused
   StopMatcher stop_;
   bool done_ = false;
+  bool failed_ = false;
   std::string finish_reason_;
   tandem::v1::FinishReason last_reason_ = tandem::v1::FINISH_REASON_UNSPECIFIED;
   int completion_tokens_ = 0;

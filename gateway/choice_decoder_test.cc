@@ -2,6 +2,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -173,6 +174,45 @@ TEST_F(ChoiceDecoderTest, IdOutsideVocabularyIsAnError) {
   r.add_token_ids(tokenizer::kVocabSize + 5);
   ChoiceDelta delta;
   EXPECT_EQ(d.Add(r, &delta).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// FINISH_REASON_ERROR (the engine ended the request, e.g. a constraint that
+// could not go on): the message's tokens are decoded, then the choice fails
+// with Internal (a server error for the client), never a normal finish.
+TEST_F(ChoiceDecoderTest, FinishReasonErrorFailsTheChoice) {
+  for (const bool chat : {false, true}) {
+    SCOPED_TRACE(chat);
+    ChoiceDecoder d(tokenizer_,
+                    {.chat = chat, .start = chat::ChatStreamParser::Start::kResponse});
+    const std::vector<int> ids = Ids("{\"a\": 1");
+    GenerateResponse first;
+    first.add_token_ids(ids[0]);
+    ChoiceDelta delta;
+    ASSERT_TRUE(d.Add(first, &delta).ok());
+    EXPECT_FALSE(d.failed());
+    GenerateResponse last;
+    for (size_t i = 1; i < ids.size(); ++i) last.add_token_ids(ids[i]);
+    last.set_finish_reason(tandem::v1::FINISH_REASON_ERROR);
+    absl::Status s = d.Add(last, &delta);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("generation failed"));
+    EXPECT_TRUE(d.failed());
+    EXPECT_TRUE(d.done());
+    EXPECT_EQ(d.finish_reason(), "");
+    EXPECT_EQ(d.completion_tokens(), static_cast<int>(ids.size()));
+    // Nothing after it counts; Finish does not turn it into "stop".
+    GenerateResponse more;
+    more.add_token_ids(ids[0]);
+    EXPECT_TRUE(d.Add(more, &delta).ok());
+    d.Finish(&delta);
+    EXPECT_EQ(d.finish_reason(), "");
+    EXPECT_EQ(d.completion_tokens(), static_cast<int>(ids.size()));
+  }
+  // A normal finish never fails.
+  ChoiceDecoder ok(tokenizer_, {.chat = false});
+  Run(ok, Ids("abc[EOS]"));
+  EXPECT_FALSE(ok.failed());
+  EXPECT_EQ(ok.finish_reason(), "stop");
 }
 
 }  // namespace

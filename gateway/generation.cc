@@ -498,7 +498,13 @@ void Generation::ApplyLocked(
     if (r.has_usage()) st.cached_prompt_tokens = r.usage().cached_prompt_tokens();
     deltas_.clear();
     absl::Status s = st.decoder.Add(r, &deltas_);
-    if (!s.ok()) {
+    if (!s.ok() && st.decoder.failed()) {
+      // FINISH_REASON_ERROR: the engine ended the request (500 server_error,
+      // as a failed router call).
+      TLOG(WARNING, "generation failed").Kv("request_id", id_).Kv("status", s);
+      Fail(ApiErrorFromStatus(s));
+      to_cancel = TakeCallsToCancel();
+    } else if (!s.ok()) {
       TLOG(ERROR, "bad router output").Kv("request_id", id_).Kv("status", s);
       ApiError e;
       e.message = absl::StrCat("the router returned invalid output: ", s.message());
