@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/status.h"
@@ -94,6 +95,53 @@ void Append(const std::vector<int>& ids, Field* f) {
   for (int id : ids) f->Add(id);
 }
 
+// An empty or property-less object schema: any JSON object.
+bool AnyObject(const nlohmann::json& params) {
+  return !params.is_object() || params.empty() ||
+         (params.size() == 1 && params.contains("type") && params["type"] == "object");
+}
+
+// tool_choice "required" with several tools: after the empty response, the
+// tools channel holds one or more calls (at most kMaxRequiredToolCalls), each
+// of one of the tools with its arguments valid against that tool's parameters
+// (a KIND_TOOL_CALLS grammar: engine/grammar/tool_calls.h), then the closing
+// structure; where the grammar ends, <|end_of_msg|> (the terminator, no
+// suffix: a stop token) is the one token allowed.
+absl::StatusOr<Proto> RequiredToolCalls(const ChatCompletionRequest& req,
+                                        const tokenizer::Tokenizer& tok) {
+  nlohmann::json calls = nlohmann::json::array();
+  for (size_t i = 0; i < req.tools.size(); ++i) {
+    const chat::ToolDeclaration& t = req.tools[i];
+    // The grammar reads these spellings as structure tokens and "{index}" as
+    // the call's index: a name holding them cannot be written literally.
+    if (absl::StrContains(t.name, "<|") || absl::StrContains(t.name, "{index}")) {
+      return InvalidArgument("tools[", i, "].function.name: '", t.name,
+                             "' cannot be constrained by tool_choice 'required' "
+                             "(it holds '<|' or '{index}')");
+    }
+    nlohmann::json c = {
+        {"begin", absl::StrCat("<|open|>call tool=\"", EscapeAttribute(t.name),
+                               "\" index=\"{index}\"<|sep|><|open|>json "
+                               "type=\"object\"<|sep|>")},
+        {"end", "<|close|>json<|sep|><|close|>call<|sep|>"}};
+    if (!AnyObject(t.parameters)) c["parameters"] = t.parameters;
+    calls.push_back(std::move(c));
+  }
+  nlohmann::json source = {{"calls", std::move(calls)},
+                           {"end", "<|close|>tools<|sep|><|close|>message<|sep|>"},
+                           {"max_calls", kMaxRequiredToolCalls}};
+  Proto p;
+  p.set_kind(Proto::KIND_TOOL_CALLS);
+  p.set_source(source.dump());
+  Ids prefix(tok);
+  FrameThinking(req.options.thinking, tok, &p, &prefix);
+  prefix.Close("response").Open("tools");
+  TANDEM_RETURN_IF_ERROR(prefix.status());
+  Append(prefix.ids(), p.mutable_prefix_token_ids());
+  p.set_terminator_token_id(tokenizer::kEndOfMsgId);
+  return p;
+}
+
 }  // namespace
 
 absl::StatusOr<std::optional<Proto>> CompletionConstraint(
@@ -111,11 +159,17 @@ absl::StatusOr<std::optional<Proto>> ChatConstraint(const ChatCompletionRequest&
       if (t.name == req.options.tool_choice_name) forced = &t;
     }
   } else if (req.options.tool_choice == chat::ToolChoice::kRequired) {
-    if (req.tools.size() != 1) {
-      return Unimplemented(
-          "tool_choice: 'required' with ", req.tools.size(),
-          " tools is not constrained yet; name the function "
-          "({\"type\":\"function\",\"function\":{\"name\":...}}) or pass one tool");
+    if (req.tools.empty()) {
+      return InvalidArgument("tool_choice: 'required' needs at least one tool");
+    }
+    if (req.fields.structured) {
+      return InvalidArgument(
+          req.fields.structured->param,
+          ": cannot be combined with a forced tool call (tool_choice)");
+    }
+    if (req.tools.size() > 1) {
+      TANDEM_ASSIGN_OR_RETURN(Proto p, RequiredToolCalls(req, tok));
+      return std::optional<Proto>(std::move(p));
     }
     forced = &req.tools[0];
   }
@@ -127,11 +181,7 @@ absl::StatusOr<std::optional<Proto>> ChatConstraint(const ChatCompletionRequest&
     }
     Proto p;
     const nlohmann::json& params = forced->parameters;
-    // An empty or property-less object schema: any JSON object.
-    const bool any_object =
-        !params.is_object() || params.empty() ||
-        (params.size() == 1 && params.contains("type") && params["type"] == "object");
-    if (any_object) {
+    if (AnyObject(params)) {
       p.set_kind(Proto::KIND_JSON_OBJECT);
     } else {
       p.set_kind(Proto::KIND_JSON_SCHEMA);

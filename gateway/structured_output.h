@@ -14,6 +14,15 @@
 //   thinking on: the prompt ends `<|open|>think<|sep|>`: the reasoning is free
 //     (no stop token, no `<|open|>`/`<|sep|>`) until the model writes `<|close|>`;
 //     then `think<|sep|><|open|>response<|sep|>` is forced and BODY as above.
+// Chat, tool_choice "required" with several tools: the response is empty and
+// the tools channel holds one or more calls (at most kMaxRequiredToolCalls),
+// each `<|open|>call tool="NAME" index="N"<|sep|><|open|>json type="object"
+// <|sep|>ARGS<|close|>json<|sep|><|close|>call<|sep|>` with NAME one of the
+// tools, N the call's index and ARGS valid against that tool's parameters,
+// then `<|close|>tools<|sep|><|close|>message<|sep|>`: one KIND_TOOL_CALLS
+// grammar, with <|end_of_msg|> as its terminator (no suffix) (engine/grammar/tool_calls.h; the structure tokens
+// are part of it), after the forced [reasoning framing and]
+// `<|close|>response<|sep|><|open|>tools<|sep|>`.
 // Chat, tool_choice naming a function (or "required" with one tool): the
 // response is empty and the tools channel holds one call whose arguments are a
 // `json type="object"` element (stream_parser passes its body through as
@@ -34,14 +43,17 @@
 
 namespace tandem::gateway {
 
+// tool_choice "required" with several tools: calls per response at most.
+inline constexpr int kMaxRequiredToolCalls = 8;
+
 // Completions: the constraint of `fields.structured`, if any.
 absl::StatusOr<std::optional<tandem::v1::StructuredOutput>> CompletionConstraint(
     const GenerationFields& fields);
 
 // Chat: the response or tool-call constraint, framed for the K3 format.
 // InvalidArgument when a response constraint is combined with a forced tool
-// call; Unimplemented for tool_choice "required" with several tools (the
-// output would not be constrained: name the function instead).
+// call, or (tool_choice "required" with several tools) for a tool name holding
+// '<|' or '{index}'.
 absl::StatusOr<std::optional<tandem::v1::StructuredOutput>> ChatConstraint(
     const ChatCompletionRequest& request, const tokenizer::Tokenizer& tokenizer);
 

@@ -1,10 +1,16 @@
 #include "gateway/structured_output.h"
 
 #include <memory>
+#include <random>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "engine/chat/stream_parser.h"
+#include "engine/grammar/grammar.h"
+#include "engine/grammar/testing_validator.h"
+#include "engine/sampling/structured_output.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -140,12 +146,134 @@ TEST_F(StructuredOutputTest, ForcedToolCallArgumentsRoundTrip) {
   EXPECT_EQ(c.tool_calls[0].arguments, "{}");
 }
 
+// tool_choice "required" with several tools: the constraint (run by the
+// engine's OutputConstraint over the real K3 vocabulary, tokens picked at
+// random among those its masks allow) always writes one or more calls that
+// the stream parser reads back, each naming a declared tool, with the right
+// index, and arguments that parse and validate (an independent validator)
+// against that tool's parameters.
+TEST_F(StructuredOutputTest, RequiredWithSeveralToolsConstrainsEveryCall) {
+  const nlohmann::json schemas = nlohmann::json::parse(R"({
+    "get_weather": {"type":"object","properties":{"city":{"type":"string","maxLength":6},
+                    "unit":{"enum":["c","f"]}},"required":["city","unit"],
+                    "additionalProperties":false},
+    "add": {"type":"object","properties":{"a":{"type":"integer","minimum":0,"maximum":99},
+            "b":{"type":"integer","minimum":-5,"maximum":5}},"required":["a","b"]},
+    "o\"dd&name": {}})");
+  std::string tools = R"("tools":[)";
+  bool first = true;
+  for (const auto& [name, schema] : schemas.items()) {
+    if (!first) tools += ",";
+    first = false;
+    nlohmann::json fn = {{"name", name}};
+    if (!schema.empty()) fn["parameters"] = schema;
+    tools += nlohmann::json({{"type", "function"}, {"function", fn}}).dump();
+  }
+  tools += "]";
+  // The engine's side: the grammar vocabulary and compiler a worker builds.
+  const auto stop_ids = tok_->stop_ids();
+  const std::vector<int32_t> stops(stop_ids.begin(), stop_ids.end());
+  auto vocab = grammar::TokenVocabulary::FromTokenizer(*tok_, stops);
+  ASSERT_TRUE(vocab.ok()) << vocab.status();
+  grammar::GrammarCompiler compiler(*vocab);
+  std::mt19937_64 rng(7);
+  // One-byte tokens that close strings, containers and numbers.
+  std::vector<bool> closer(tok_->vocab_size(), false);
+  for (int32_t id = 0; id < tokenizer::kNumBaseTokens; ++id) {
+    auto b = tok_->IdToken(id);
+    closer[id] = b.ok() && b->size() == 1 && absl::StrContains("\"}],0135", *b);
+  }
+  std::set<std::string> names_seen;
+  int multi = 0;
+  for (int trial = 0; trial < 12; ++trial) {
+    SCOPED_TRACE(trial);
+    const bool thinking = trial % 3 == 2;
+    ChatCompletionRequest r = Chat(tools + R"(,"tool_choice":"required","thinking":)" +
+                                   (thinking ? "true" : "false"));
+    auto p = ChatConstraint(r, *tok_);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_TRUE(p->has_value());
+    const Proto& proto = **p;
+    EXPECT_EQ(proto.kind(), Proto::KIND_TOOL_CALLS);
+    EXPECT_EQ(proto.terminator_token_id(), tokenizer::kEndOfMsgId);
+    EXPECT_EQ(proto.suffix_token_ids_size(), 0);
+    engine::StructuredOutputSpec spec;
+    spec.kind = engine::StructuredOutputSpec::Kind::kToolCalls;
+    spec.source = proto.source();
+    spec.free_banned_token_ids.assign(proto.free_banned_token_ids().begin(),
+                                      proto.free_banned_token_ids().end());
+    if (proto.has_free_until_token_id())
+      spec.free_until_token_id = proto.free_until_token_id();
+    spec.prefix_token_ids.assign(proto.prefix_token_ids().begin(),
+                                 proto.prefix_token_ids().end());
+    spec.terminator_token_id = proto.terminator_token_id();
+    auto g = compiler.Compile(engine::GrammarSpecOf(spec));
+    ASSERT_TRUE(g.ok()) << g.status();
+    auto c = engine::OutputConstraint::Create(*g, spec, stops, (*vocab)->size(),
+                                              tok_->vocab_size(), 1);
+    ASSERT_TRUE(c.ok()) << c.status();
+    // A walk that mostly takes short closing tokens (so strings and numbers
+    // end) and otherwise any allowed token (between calls: another call or
+    // the end, evenly).
+    std::vector<uint32_t> mask((*c)->mask_words());
+    std::vector<int> ids;
+    for (int step = 0; step < 4000 && !(*c)->Done(); ++step) {
+      (*c)->FillNextTokenBitmask(absl::MakeSpan(mask));
+      std::vector<int32_t> allowed, closers;
+      for (int32_t id = 0; id < tok_->vocab_size(); ++id) {
+        if (!((mask[id >> 5] >> (id & 31)) & 1u)) continue;
+        allowed.push_back(id);
+        if (closer[id]) closers.push_back(id);
+      }
+      ASSERT_FALSE(allowed.empty()) << "step " << step;
+      const std::vector<int32_t>& pool =
+          !closers.empty() && rng() % 4 != 0 ? closers : allowed;
+      int32_t t = pool[rng() % pool.size()];
+      // The reasoning ends after a few tokens.
+      if ((*c)->phase() == engine::OutputConstraint::Phase::kFree && step >= 3) {
+        t = proto.free_until_token_id();
+      }
+      ASSERT_TRUE((*c)->Accept(t).ok());
+      ids.push_back(t);
+    }
+    ASSERT_TRUE((*c)->Done()) << "no end within 4000 tokens";
+    EXPECT_EQ(ids.back(), tokenizer::kEndOfMsgId);
+    chat::ParsedCompletion parsed = Parse(r, ids);
+    EXPECT_TRUE(parsed.message_ended);
+    EXPECT_EQ(parsed.content, "");
+    EXPECT_THAT(parsed.warnings, ::testing::IsEmpty());
+    ASSERT_GE(parsed.tool_calls.size(), 1u);
+    EXPECT_LE(parsed.tool_calls.size(), static_cast<size_t>(kMaxRequiredToolCalls));
+    if (parsed.tool_calls.size() > 1) ++multi;
+    for (const auto& call : parsed.tool_calls) {
+      ASSERT_TRUE(schemas.contains(call.name)) << call.name;
+      names_seen.insert(call.name);
+      nlohmann::json args = nlohmann::json::parse(call.arguments, nullptr, false);
+      ASSERT_FALSE(args.is_discarded()) << call.arguments;
+      EXPECT_TRUE(args.is_object()) << call.arguments;
+      EXPECT_EQ(grammar::testing::Validate(schemas[call.name], args), "")
+          << call.name << " " << call.arguments;
+    }
+  }
+  // The walks chose among the tools and made several calls at times.
+  EXPECT_GE(names_seen.size(), 2u);
+  EXPECT_GT(multi, 0);
+}
+
 TEST_F(StructuredOutputTest, RefusedCombinations) {
   const std::string two = R"("tools":[{"type":"function","function":{"name":"a"}},)"
                           R"({"type":"function","function":{"name":"b"}}])";
-  auto required = ChatConstraint(Chat(two + R"(,"tool_choice":"required")"), *tok_);
-  EXPECT_EQ(required.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(required.status().message(), HasSubstr("tool_choice"));
+  auto required = ChatConstraint(
+      Chat(two + R"(,"tool_choice":"required","guided_regex":"x+")"), *tok_);
+  EXPECT_EQ(required.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(required.status().message(), HasSubstr("guided_regex"));
+  // A name the tool-calls grammar would read as markup.
+  auto markup = ChatConstraint(
+      Chat(R"("tool_choice":"required","tools":[{"type":"function","function":)"
+           R"({"name":"a<|sep|>"}},{"type":"function","function":{"name":"b"}}])"),
+      *tok_);
+  EXPECT_EQ(markup.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(markup.status().message(), HasSubstr("tools[0].function.name"));
   auto both = ChatConstraint(
       Chat(two + R"(,"tool_choice":{"type":"function","function":{"name":"a"}},)"
                  R"("guided_regex":"x+")"),

@@ -8,6 +8,7 @@
 #include "engine/grammar/ebnf_parser.h"
 #include "engine/grammar/json_schema.h"
 #include "engine/grammar/regex_parser.h"
+#include "engine/grammar/tool_calls.h"
 
 namespace tandem::grammar {
 
@@ -67,6 +68,12 @@ absl::StatusOr<Automaton> CompileToAutomaton(const ConstraintSpec& spec,
     case ConstraintSpec::Kind::kJsonObject:
       g = JsonObjectGrammar(limits);
       break;
+    case ConstraintSpec::Kind::kToolCalls: {
+      auto parsed = ToolCallsToGrammar(spec.source, limits);
+      if (!parsed.ok()) return parsed.status();
+      g = std::move(*parsed);
+      break;
+    }
   }
   return BuildAutomaton(g, &budget);
 }

@@ -33,9 +33,11 @@
 namespace tandem::grammar {
 
 struct ConstraintSpec {
-  enum class Kind { kJsonObject, kJsonSchema, kRegex, kChoice, kEbnf };
+  // kToolCalls: one or more tool calls in the structure tokens' markup
+  // (tool_calls.h; the source is its JSON).
+  enum class Kind { kJsonObject, kJsonSchema, kRegex, kChoice, kEbnf, kToolCalls };
   Kind kind = Kind::kJsonObject;
-  std::string source;                // schema JSON text / regex / EBNF text
+  std::string source;  // schema JSON text / regex / EBNF text / tool calls JSON
   std::vector<std::string> choices;  // kChoice
 };
 

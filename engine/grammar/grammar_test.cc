@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/tokenizer/tokenizer.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "re2/re2.h"
 
@@ -102,10 +103,91 @@ TEST(GrammarTest, VocabularyExcludesSpecialTokens) {
   auto vocab = K3Vocab();
   EXPECT_EQ(vocab->size(), tokenizer::kVocabSize);
   EXPECT_EQ(vocab->bitmask_words(), tokenizer::kVocabSize / 32);
-  EXPECT_FALSE(vocab->matchable(tokenizer::kOpenId));
   EXPECT_FALSE(vocab->matchable(tokenizer::kEosId));
+  EXPECT_FALSE(vocab->matchable(tokenizer::kNumBaseTokens + 100));  // reserved
   EXPECT_TRUE(vocab->is_stop(tokenizer::kEosId));
   EXPECT_TRUE(vocab->matchable(100));
+  // The structure tokens read as bytes no text can spell: 0xFF is never in a
+  // matchable base token.
+  for (int i = 0; i < kNumStructureTokens; ++i) {
+    EXPECT_EQ(vocab->token_bytes(kStructureTokenIds[i]), StructureTokenBytes(i));
+  }
+  EXPECT_EQ(kStructureTokenIds[0], tokenizer::kOpenId);
+  for (int32_t id = 0; id < tokenizer::kNumBaseTokens; ++id) {
+    ASSERT_EQ(vocab->token_bytes(id).find('\xFF'), std::string::npos) << id;
+  }
+}
+
+// kToolCalls: the structure tokens are allowed exactly where the markup has
+// them (never in a text grammar: the masks of StopTokensOnlyWhenComplete), the
+// index is the call's, the arguments follow the alternative's schema, and the
+// grammar ends (stop tokens) only after the final end.
+TEST(GrammarTest, ToolCallsMaskTheMarkupAndEachCallsArguments) {
+  const std::string source = R"({"calls":[
+      {"begin":"<|open|>call tool=\"a\" index=\"{index}\"<|sep|>","end":"<|close|>call<|sep|>",
+       "parameters":{"type":"object","properties":{"n":{"type":"integer","minimum":0,"maximum":9}},
+                     "required":["n"],"additionalProperties":false}},
+      {"begin":"<|open|>call tool=\"b\" index=\"{index}\"<|sep|>","end":"<|close|>call<|sep|>"}],
+    "end":"<|close|>tools<|sep|>","max_calls":2})";
+  auto g = MustCompile(ConstraintSpec::Kind::kToolCalls, source);
+  ASSERT_NE(g, nullptr);
+  const std::string open = StructureTokenBytes(0), sep = StructureTokenBytes(1),
+                    close = StructureTokenBytes(2);
+  GrammarMatcher m(g);
+  std::vector<uint32_t> mask(g->vocab().bitmask_words());
+  m.FillNextTokenBitmask(absl::MakeSpan(mask));
+  int allowed = 0;
+  for (int32_t id = 0; id < g->vocab().size(); ++id) allowed += Bit(mask, id);
+  EXPECT_EQ(allowed, 1);  // <|open|> only
+  EXPECT_TRUE(Bit(mask, tokenizer::kOpenId));
+  ASSERT_TRUE(m.AcceptToken(tokenizer::kOpenId));
+  EXPECT_FALSE(m.AcceptBytes("call tool=\"c\""));              // not a declared tool
+  EXPECT_FALSE(m.AcceptBytes("call tool=\"a\" index=\"2\""));  // call 1
+  ASSERT_TRUE(m.AcceptBytes("call tool=\"a\" index=\"1\""));
+  m.FillNextTokenBitmask(absl::MakeSpan(mask));
+  EXPECT_TRUE(Bit(mask, tokenizer::kSepId));
+  EXPECT_FALSE(Bit(mask, tokenizer::kCloseId));
+  ASSERT_TRUE(m.AcceptToken(tokenizer::kSepId));
+  EXPECT_FALSE(m.AcceptBytes("{\"n\": 12"));  // maximum 9
+  ASSERT_TRUE(m.AcceptBytes("{\"n\": 7}"));
+  m.FillNextTokenBitmask(absl::MakeSpan(mask));
+  EXPECT_TRUE(Bit(mask, tokenizer::kCloseId));
+  EXPECT_FALSE(Bit(mask, tokenizer::kEosId));
+  ASSERT_TRUE(m.AcceptBytes(close + "call" + sep));
+  // Another call (index 2, tool b: any object) or the end.
+  m.FillNextTokenBitmask(absl::MakeSpan(mask));
+  EXPECT_TRUE(Bit(mask, tokenizer::kOpenId));
+  EXPECT_TRUE(Bit(mask, tokenizer::kCloseId));
+  EXPECT_FALSE(Bit(mask, tokenizer::kEosId));
+  ASSERT_TRUE(m.AcceptBytes(open + "call tool=\"b\" index=\"2\"" + sep +
+                            "{\"x\": [1, \"y\"]}" + close + "call" + sep));
+  // max_calls 2: only the end now.
+  EXPECT_FALSE(m.AcceptBytes(open));
+  ASSERT_TRUE(m.AcceptBytes(close + "tools" + sep));
+  m.FillNextTokenBitmask(absl::MakeSpan(mask));
+  EXPECT_TRUE(Bit(mask, tokenizer::kEosId));
+  EXPECT_TRUE(m.CanTerminate());
+}
+
+TEST(GrammarTest, ToolCallsSourceErrorsNameTheField) {
+  ConstraintSpec spec;
+  spec.kind = ConstraintSpec::Kind::kToolCalls;
+  for (
+      const auto& [src, want] : std::vector<std::pair<std::string, std::string>>{
+          {"[]", "not a JSON object"},
+          {R"({"calls":[],"end":""})", "calls must be a non-empty array"},
+          {R"({"calls":[{"begin":"x","end":"y"}]})", "source.end"},
+          {R"({"calls":[{"end":"y"}],"end":""})", "calls[0].begin"},
+          {R"({"calls":[{"begin":"x","end":"y"}],"end":"","max_calls":0})",
+           "max_calls"},
+          {R"({"calls":[{"begin":"x","end":"y","parameters":{"type":"object","not":{}}}],)"
+           R"("end":""})",
+           "calls[0].parameters"}}) {
+    spec.source = src;
+    auto g = Compiler().Compile(spec);
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument) << src;
+    EXPECT_THAT(std::string(g.status().message()), ::testing::HasSubstr(want)) << src;
+  }
 }
 
 TEST(GrammarTest, RegexWalksMatchRe2) {

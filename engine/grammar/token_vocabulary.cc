@@ -7,6 +7,10 @@
 
 namespace tandem::grammar {
 
+std::string StructureTokenBytes(int index) {
+  return std::string{'\xFF', static_cast<char>(index + 1)};
+}
+
 absl::StatusOr<std::shared_ptr<const TokenVocabulary>> TokenVocabulary::FromTokenizer(
     const tokenizer::Tokenizer& tokenizer, absl::Span<const int32_t> stop_token_ids) {
   std::vector<std::string> bytes(tokenizer.vocab_size());
@@ -14,6 +18,13 @@ absl::StatusOr<std::shared_ptr<const TokenVocabulary>> TokenVocabulary::FromToke
        ++id) {
     absl::Status s = tokenizer.AppendTokenBytes(id, &bytes[id]);
     if (!s.ok()) return s;
+    // Never valid UTF-8 (no grammar's text reads it): keeps the structure
+    // tokens' spellings out of reach of text.
+    if (bytes[id].find('\xFF') != std::string::npos) bytes[id].clear();
+  }
+  for (int i = 0; i < kNumStructureTokens; ++i) {
+    const int32_t id = kStructureTokenIds[i];
+    if (id < tokenizer.vocab_size()) bytes[id] = StructureTokenBytes(i);
   }
   return Build(std::move(bytes), stop_token_ids);
 }

@@ -14,12 +14,25 @@
 
 namespace tandem::grammar {
 
+// Structure tokens a grammar may contain (the K3 markup a tool call is written
+// in: kToolCalls): <|open|>, <|sep|>, <|close|>, in this order. Structure token
+// i reads as the two bytes StructureTokenBytes(i) = 0xFF, i + 1: no text can
+// spell them, since 0xFF is never in valid UTF-8 (no front end's text reads
+// it) and base tokens holding a 0xFF byte are never matchable.
+inline constexpr int kNumStructureTokens = 3;
+inline constexpr int32_t kStructureTokenIds[kNumStructureTokens] = {
+    tokenizer::kOpenId, tokenizer::kSepId, tokenizer::kCloseId};
+inline constexpr const char* kStructureTokenNames[kNumStructureTokens] = {
+    "<|open|>", "<|sep|>", "<|close|>"};
+std::string StructureTokenBytes(int index);
+
 class TokenVocabulary {
  public:
-  // Base tokens (ids below tokenizer::kNumBaseTokens) by their bytes; every
-  // reserved/special slot (including <|open|>, <|sep|>, ...) is never
-  // matched by a grammar. `stop_token_ids` (e.g. [EOS], <|end_of_msg|>) are
-  // allowed exactly when the grammar can end.
+  // Base tokens (ids below tokenizer::kNumBaseTokens) by their bytes (those
+  // holding a 0xFF byte: never matched), the structure tokens by their
+  // StructureTokenBytes (matched only by a grammar that names them); every
+  // other reserved/special slot is never matched by a grammar. `stop_token_ids` (e.g.
+  // [EOS], <|end_of_msg|>) are allowed exactly when the grammar can end.
   static absl::StatusOr<std::shared_ptr<const TokenVocabulary>> FromTokenizer(
       const tokenizer::Tokenizer& tokenizer, absl::Span<const int32_t> stop_token_ids);
   // Explicit vocabulary (tests): token i has bytes token_bytes[i]; ids with

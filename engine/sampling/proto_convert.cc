@@ -25,6 +25,9 @@ absl::StatusOr<StructuredOutputSpec> StructuredFromProto(
     case tandem::v1::StructuredOutput::KIND_EBNF:
       spec.kind = K::kEbnf;
       break;
+    case tandem::v1::StructuredOutput::KIND_TOOL_CALLS:
+      spec.kind = K::kToolCalls;
+      break;
     default:
       return InvalidArgument("structured_output.kind: unknown value ", so.kind());
   }
@@ -54,6 +57,8 @@ tandem::v1::StructuredOutput::Kind KindToProto(StructuredOutputSpec::Kind kind) 
       return tandem::v1::StructuredOutput::KIND_CHOICE;
     case K::kEbnf:
       return tandem::v1::StructuredOutput::KIND_EBNF;
+    case K::kToolCalls:
+      return tandem::v1::StructuredOutput::KIND_TOOL_CALLS;
   }
   return tandem::v1::StructuredOutput::KIND_UNSPECIFIED;
 }

@@ -80,6 +80,8 @@ absl::string_view StructuredOutputKindName(StructuredOutputSpec::Kind kind) {
       return "choice";
     case StructuredOutputSpec::Kind::kEbnf:
       return "grammar";
+    case StructuredOutputSpec::Kind::kToolCalls:
+      return "tool_calls";
   }
   return "unknown";
 }
@@ -95,6 +97,7 @@ absl::Status StructuredOutputSpec::Validate() const {
     case Kind::kJsonSchema:
     case Kind::kRegex:
     case Kind::kEbnf:
+    case Kind::kToolCalls:
       if (source.empty()) {
         return InvalidArgument("structured_output.source: a ",
                                StructuredOutputKindName(kind), " must not be empty");

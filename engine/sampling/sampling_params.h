@@ -36,7 +36,8 @@ inline constexpr int kMaxConstraintFramingTokens = 256;
 // stop tokens (terminator_token_id < 0) or terminator_token_id followed by the
 // forced suffix_token_ids.
 struct StructuredOutputSpec {
-  enum class Kind { kJsonObject, kJsonSchema, kRegex, kChoice, kEbnf };
+  // kToolCalls: source is engine/grammar/tool_calls.h's JSON.
+  enum class Kind { kJsonObject, kJsonSchema, kRegex, kChoice, kEbnf, kToolCalls };
   Kind kind = Kind::kJsonObject;
   std::string source;  // schema JSON, regex, or EBNF
   std::vector<std::string> choices;

@@ -37,6 +37,9 @@ grammar::ConstraintSpec GrammarSpecOf(const StructuredOutputSpec& spec) {
     case K::kEbnf:
       g.kind = G::kEbnf;
       break;
+    case K::kToolCalls:
+      g.kind = G::kToolCalls;
+      break;
   }
   g.source = spec.source;
   g.choices = spec.choices;
