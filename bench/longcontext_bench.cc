@@ -250,7 +250,10 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(tmp);
   Child router(
       {bin + "/router/router_main", "--model=" + model, "--port=0", "--metrics_port=0",
-       "--log_format=json", "--heartbeat_interval_s=0.5", "--request_timeout_s=86400"},
+       "--log_format=json", "--heartbeat_interval_s=0.5", "--request_timeout_s=86400",
+       // Every prompt through the prefill worker (--sizes may be under the
+       // router's default --colocate_below_tokens, 1000).
+       "--colocate_below_tokens=0"},
       tmp + "/router.log");
   const int router_port = router.Port("router serving", "grpc_port");
   const int router_metrics = router.Port("router serving", "metrics_port");

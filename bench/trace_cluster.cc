@@ -124,6 +124,11 @@ absl::StatusOr<std::unique_ptr<TraceCluster>> TraceCluster::Start(
           o.bin_dir + "/router/router_main", "--model=" + o.model, "--port=0",
           "--metrics_port=0", "--log_format=json", "--heartbeat_interval_s=0.2",
           "--routing_policy=" + o.routing_policy,
+          // Every prompt to a prefill worker: the bench compares the prefill
+          // workers' hits and load across policies (docs/benchmarks.md,
+          // "trace"), and at --length-scale 0.125 most prompts are below the
+          // router's default --colocate_below_tokens (1000).
+          "--colocate_below_tokens=0",
           absl::StrCat("--max_in_flight=", o.router_max_in_flight)},
       prefix + "router.log");
   if (!c->router_->started()) return absl::InternalError("cannot start the router");

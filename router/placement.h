@@ -68,6 +68,15 @@
 
 namespace tandem::router {
 
+// The router's --colocate_below_tokens default (router_main.cc, so `./tandem
+// up` and the deployments get it): a prompt whose uncached part is shorter than
+// this is prefilled on the decode worker, as Dynamo's max_local_prefill_length
+// (1000). The hand-off moves a sequence's whole KDA state whatever the prompt's
+// length (about 449 MB at TP 1 for K3), so below about 1000 new tokens the
+// decode worker's own chunked prefill is cheaper (docs/prefix_caching.md,
+// "Routing"). HandoffOptions keeps 0 (always disaggregated) for library users.
+inline constexpr int32_t kDefaultColocateBelowTokens = 1000;
+
 struct HandoffOptions {
   // How the prefill worker is chosen (prefix_routing.h); the router's
   // --routing_policy defaults to cache_aware.
@@ -76,7 +85,8 @@ struct HandoffOptions {
   // Prompts whose uncached part (the prompt less what the decode worker
   // holding most of it reported: prefix_routing.h) is shorter than this
   // prefill on that decode worker (DecodeWorker.Generate); 0: never for the
-  // length. The router's --colocate_below_tokens.
+  // length. The router's --colocate_below_tokens (its default:
+  // kDefaultColocateBelowTokens).
   int32_t colocate_below_tokens = 0;
   // Prefill attempts per request (the first plus retries on other workers).
   int max_prefill_attempts = 3;

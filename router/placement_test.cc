@@ -821,6 +821,70 @@ TEST_F(PlacementTest, ColocatesByTheUncachedLength) {
   EXPECT_EQ(Paths("colocated"), 1);
 }
 
+// The router's default (--colocate_below_tokens = kDefaultColocateBelowTokens,
+// what `./tandem up` runs with): a short prompt is prefilled on a decode
+// worker, a long one disaggregated, and a long one whose uncached part is short
+// goes to the decode worker holding the rest.
+TEST_F(PlacementTest, TheRoutersDefaultColocatesShortPromptsOnly) {
+  EXPECT_EQ(kDefaultColocateBelowTokens, 1000);
+  EXPECT_EQ(HandoffOptions{}.colocate_below_tokens, 0);  // the library's: never
+  options_.colocate_below_tokens = kDefaultColocateBelowTokens;
+  std::vector<int32_t> prompt(3000);
+  for (int i = 0; i < 3000; ++i) prompt[i] = i * 31 % 4093;
+  struct Case {
+    const char* name;
+    int32_t prompt;
+    int d1_blocks;  // d1 reported the prompt's first this many 64-token blocks
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {"a chat message", 40, 0, "colocate d0"},
+      {"just below the default", 999, 0, "colocate d0"},
+      {"at the default", 1000, 0, "reserve d0"},
+      {"a long prompt", 3000, 0, "reserve d0"},
+      // 3000 - 40 * 64 = 440 uncached: on d1, which holds the rest.
+      {"a long prompt, short uncached suffix", 3000, 40, "colocate d1"},
+      // 3000 - 30 * 64 = 1080 uncached: disaggregated.
+      {"a long prompt, long uncached suffix", 3000, 30, "reserve d0"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + c.prompt);
+    const std::vector<uint64_t> h = RouterBlockHashes(tokens, "");
+    PrefillRouter router(RoutingPolicy::kCacheAware, CacheAwareOptions{}, &clock_);
+    tandem::v1::RegisterRequest r = Worker("d1", tandem::v1::WORKER_ROLE_DECODE);
+    r.set_reports_prefix_cache(true);
+    r.set_prefix_epoch(1);
+    if (c.d1_blocks > 0) {
+      tandem::v1::PrefixCacheEvent* e = r.add_prefix_snapshot();
+      e->set_kind(tandem::v1::PrefixCacheEvent::KIND_STORED);
+      e->set_tokens(c.d1_blocks * 64);
+      e->set_route_hash(h[c.d1_blocks - 1]);
+    }
+    router.OnRegister(r);
+    Placement p(PlacementDeps{&registry_, &ledger_, &metrics_, &clock_, &router},
+                options_,
+                PlacementRequest{.request_id = "req-default",
+                                 .prompt_tokens = c.prompt,
+                                 .deadline = clock_.Now() + absl::Seconds(60),
+                                 .started = clock_.Now(),
+                                 .prefix_hashes = h});
+    EXPECT_EQ(Str(p.Start()), c.want);
+    EXPECT_EQ(p.state(),
+              c.want == "reserve d0" ? State::kReserving : State::kColocated);
+  }
+  EXPECT_EQ(Paths("colocated"), 3);
+  // An image prompt below it is still disaggregated (the tower runs on the
+  // prefill worker).
+  Placement image(PlacementDeps{&registry_, &ledger_, &metrics_, &clock_}, options_,
+                  PlacementRequest{.request_id = "req-image",
+                                   .prompt_tokens = 40,
+                                   .deadline = clock_.Now() + absl::Seconds(60),
+                                   .started = clock_.Now(),
+                                   .has_images = true});
+  EXPECT_EQ(Str(image.Start()), "reserve d0");
+}
+
 namespace images {
 
 PlacementRequest ImageRequest(FakeClock& clock) {

@@ -18,6 +18,7 @@
 #include "metrics/http_exposer.h"
 #include "metrics/registry.h"
 #include "router/handoff.h"
+#include "router/placement.h"
 #include "router/router_service.h"
 #include "router/worker_registry.h"
 
@@ -35,11 +36,12 @@ ABSL_FLAG(int, metrics_port, 9100, "Port of the /metrics HTTP endpoint (0: any f
 ABSL_FLAG(double, heartbeat_interval_s, 1.0, "Heartbeat interval asked of workers.");
 ABSL_FLAG(double, heartbeat_timeout_s, 5.0,
           "Workers silent for this long are dropped from the registry.");
-ABSL_FLAG(int, colocate_below_tokens, 0,
+ABSL_FLAG(int, colocate_below_tokens, tandem::router::kDefaultColocateBelowTokens,
           "Prompts whose uncached part (the prompt less the deepest prefix a "
           "decode worker reported holding) is shorter than this are prefilled on "
           "that decode worker itself (conditional disaggregation, as Dynamo's "
-          "max_local_prefill_length); 0: always disaggregate.");
+          "max_local_prefill_length, 1000 there too); 0: always disaggregate. "
+          "Prompts with images are always disaggregated.");
 ABSL_FLAG(int, max_prefill_attempts, 3,
           "Prefill attempts per request when prefill workers are lost.");
 ABSL_FLAG(int, max_in_flight, 256,
@@ -107,6 +109,13 @@ int main(int argc, char** argv) {
     ho.routing_policy = *policy;
   }
   ho.colocate_below_tokens = absl::GetFlag(FLAGS_colocate_below_tokens);
+  if (ho.colocate_below_tokens < 0) {
+    std::fprintf(stderr,
+                 "router: --colocate_below_tokens must be a number of tokens >= 0 "
+                 "(0: always disaggregate), got %d\n",
+                 ho.colocate_below_tokens);
+    return 2;
+  }
   ho.max_prefill_attempts = absl::GetFlag(FLAGS_max_prefill_attempts);
   ho.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
   ho.lease_ms = absl::GetFlag(FLAGS_lease_ms);

@@ -104,7 +104,10 @@ class ClusterProcessTest : public ::testing::Test {
         {testing::RunfilePath("router/router_main"), std::string("--model=") + kModel,
          "--port=" + std::to_string(router_port_),
          "--metrics_port=" + std::to_string(router_metrics_),
-         "--heartbeat_interval_s=0.2", "--heartbeat_timeout_s=30", "--log_format=json"},
+         "--heartbeat_interval_s=0.2", "--heartbeat_timeout_s=30",
+         // Disaggregated: the prompts are shorter than the router's default
+         // --colocate_below_tokens (1000), and the hand-off is what is tested.
+         "--colocate_below_tokens=0", "--log_format=json"},
         tmp_ + "/router.log");
     ASSERT_TRUE(router.ok()) << router.status();
     router_ = std::make_unique<testing::Subprocess>(std::move(*router));

@@ -102,12 +102,16 @@ struct TlsCluster {
     other_pki = Tmp() + "/other_pki";
     MakePki(pki, {"router", "prefill", "decode", "gateway", "client"});
     MakePki(other_pki, {"rogue", "client"});
+    // --colocate_below_tokens=0: disaggregated (the 24-token prompts are below
+    // the router's default, 1000): the router's mTLS channel to the prefill
+    // worker is part of what is tested.
     std::vector<std::string> argv = {RunfilePath("router/router_main"),
                                      std::string("--model=") + kTinyModel,
                                      "--port=0",
                                      "--metrics_port=0",
                                      "--heartbeat_interval_s=0.2",
                                      "--heartbeat_timeout_s=30",
+                                     "--colocate_below_tokens=0",
                                      "--log_format=json"};
     for (const std::string& f : TlsFlags(pki, "router")) argv.push_back(f);
     auto r = Subprocess::Start(argv, Tmp() + "/router.log");

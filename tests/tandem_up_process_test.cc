@@ -3,6 +3,8 @@
 // decode worker on free ports with the tiny model. `--speculative ngram` serves the
 // same greedy tokens as a cluster started without it, and the decode worker's
 // speculative metrics show that the option reached it and drafts were verified.
+// The router runs its default --colocate_below_tokens (1000): short prompts are
+// prefilled on the decode worker, a 1100-token one disaggregated.
 //
 //   test → TandemUp::Start (tandem up ... &, waits for "cluster up") → Generate over
 //   the router's gRPC → decode worker /metrics → SIGTERM (tandem stops everything).
@@ -14,6 +16,7 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -136,6 +139,13 @@ class TandemUp {
     return v;
   }
 
+  // A sample of the router's /metrics (-1 when it cannot be read).
+  double RouterMetric(const std::string& name,
+                      const std::map<std::string, std::string>& labels) {
+    auto m = Metric(metrics_port_, name, labels);
+    return m.ok() ? *m : -1;
+  }
+
   // A gauge of the decode worker (-1 when it cannot be read).
   double DecodeGauge(const std::string& name) {
     auto m = Metric(decode_metrics_, name, {});
@@ -202,6 +212,17 @@ TEST(TandemUpProcessTest, SpeculativeNgramServesThePlainGreedyTokens) {
     EXPECT_EQ(
         plain.DecodeCounter("tandem_worker_spec_verifications_total", absl::Seconds(1)),
         0);
+    // `./tandem up` runs the router's default --colocate_below_tokens (1000):
+    // those short prompts were prefilled on the decode worker, a longer one goes
+    // through the prefill worker (the hand-off).
+    StreamResult longer = plain.Generate(testing::MakeRequest(1100, 5, 4, 0.0f));
+    ASSERT_TRUE(longer.status.ok()) << longer.status.error_message() << plain.Log();
+    EXPECT_EQ(longer.tokens.size(), 4u);
+    EXPECT_EQ(plain.RouterMetric("tandem_router_paths_total", {{"path", "colocated"}}),
+              2);
+    EXPECT_EQ(
+        plain.RouterMetric("tandem_router_paths_total", {{"path", "disaggregated"}}),
+        1);
   }
   TandemUp spec;
   ASSERT_EQ(spec.Start("ngram", {"--speculative", "ngram", "--num-speculative-tokens",

@@ -119,6 +119,10 @@ export async function startCluster({ timeoutMs, maxNumSeqs = 4, kvCacheMemory = 
     const r = await loggedValue('router', process.env.ROUTER_BIN, [
       `--model=${MODEL_DIR}`, '--port=0', '--metrics_port=0', '--heartbeat_interval_s=0.2',
       '--heartbeat_timeout_s=30', '--log_format=json', '--log_level=debug',
+      // Every request disaggregated: the tests' prompts are below the router's
+      // default --colocate_below_tokens (1000), and the prefill worker is
+      // what runs the vision tower and the prompt.
+      '--colocate_below_tokens=0',
     ], 'router serving', 'grpc_port', (e) => {
       if (e.msg === 'generate' && e.request_id !== undefined) routerPrompts.set(e.request_id, e.prompt_tokens);
     });

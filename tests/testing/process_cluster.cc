@@ -81,12 +81,16 @@ std::string ProcessCluster::Start(const std::vector<std::string>& router_flags,
                                   const std::vector<std::string>& prefill_flags,
                                   const std::vector<std::string>& decode_flags) {
   tmp_ = std::getenv("TEST_TMPDIR");
+  // --colocate_below_tokens=0: every request disaggregated. These tests'
+  // prompts are far below the router's default (1000) and they test the
+  // hand-off; a test may pass its own (the last one counts).
   std::vector<std::string> argv = {RunfilePath("router/router_main"),
                                    std::string("--model=") + kTinyModel,
                                    "--port=0",
                                    "--metrics_port=0",
                                    "--heartbeat_interval_s=0.2",
                                    "--heartbeat_timeout_s=30",
+                                   "--colocate_below_tokens=0",
                                    "--log_format=json"};
   argv.insert(argv.end(), router_flags.begin(), router_flags.end());
   auto router = Subprocess::Start(argv, tmp_ + "/router.log");
