@@ -389,6 +389,10 @@ TEST(LibfabricAgentTest, BadAddressesAreRejectedWithAClearError) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_NE(s.message().find("libfabric"), std::string::npos) << s;
   }
+  // An older agent's address (version 1: one domain per agent) says so.
+  const absl::Status v1 = with_address(std::string("TKLF") + good->address.substr(4));
+  EXPECT_EQ(v1.code(), absl::StatusCode::kInvalidArgument) << v1;
+  EXPECT_NE(v1.message().find("version 1"), std::string::npos) << v1;
   // A region whose remote key is not a libfabric key.
   std::vector<uint8_t> buf(4096);
   ASSERT_TRUE(a->RegisterMemory(buf.data(), buf.size()).ok());
