@@ -42,6 +42,12 @@ HandoffMetrics::HandoffMetrics(metrics::Registry* r) : queue(r) {
                            "not yet reported): cache_aware prefill choices and "
                            "colocations by the uncached length."))
            ->Add({});
+  estimated_decode_held_tokens =
+      &OrDie(r->AddCounter("tandem_router_estimated_decode_held_tokens_total",
+                           "Prompt tokens whose MLA rows the chosen decode workers "
+                           "reported holding (a decode-side prefix hit keeps them off "
+                           "the wire)."))
+           ->Add({});
   prefix_index_entries =
       OrDie(r->AddGauge("tandem_router_prefix_index_entries",
                         "Usable prefixes the router's index holds per worker, as "

@@ -24,6 +24,11 @@ struct HandoffMetrics {
   // workers' reports, plus what it sent them and they have not reported yet):
   // cache-aware prefill choices and colocations decided by the uncached length.
   metrics::Counter* estimated_hit_tokens;
+  // Prompt tokens whose MLA rows the chosen decode workers reported holding
+  // (blocks-only announcements or usable prefixes): the rows the decode-side
+  // prefix hit should keep off the wire (the workers' own count is
+  // tandem_worker_prefix_cache_reserve_hit_tokens_total).
+  metrics::Counter* estimated_decode_held_tokens;
   // Reported usable prefixes the index holds, per worker (0 once it is gone).
   metrics::Family<metrics::Gauge>* prefix_index_entries;
   // Resyncs the router asked of a worker, by why: gap (events missing),

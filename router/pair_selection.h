@@ -6,7 +6,13 @@
 //            fewest running, then id (stable)
 //   decode:  must have a free state slot and room for the prompt; most free KV
 //            tokens (free blocks * block size, minus what the router placed
-//            since), then fewest running (+ in flight), then id
+//            since) plus the prompt tokens whose MLA rows it already holds
+//            (`held`: a decode-side prefix hit, which the wire does not carry),
+//            then fewest running (+ in flight), then id. One held token weighs
+//            as one free token: the holder wins when it has about as much
+//            room, and a worker with far more room still wins, so a prefix
+//            every request shares (a system prompt) does not pull every
+//            request onto one worker.
 #ifndef TANDEM_ROUTER_PAIR_SELECTION_H_
 #define TANDEM_ROUTER_PAIR_SELECTION_H_
 
@@ -35,9 +41,13 @@ std::optional<size_t> SelectPrefill(const std::vector<WorkerRecord>& workers,
 
 // Index into `workers` of the decode worker to use for a prompt of
 // `prompt_tokens`, skipping `exclude` and workers that cannot hold it.
-std::optional<size_t> SelectDecode(const std::vector<WorkerRecord>& workers,
-                                   const absl::flat_hash_set<std::string>& exclude,
-                                   const InFlightMap& in_flight, int64_t prompt_tokens);
+// `held` (may be null): tokens of the prompt each worker holds
+// (PrefillRouter::HeldBlocks).
+std::optional<size_t> SelectDecode(
+    const std::vector<WorkerRecord>& workers,
+    const absl::flat_hash_set<std::string>& exclude, const InFlightMap& in_flight,
+    int64_t prompt_tokens,
+    const absl::flat_hash_map<std::string, int64_t>* held = nullptr);
 
 }  // namespace tandem::router
 

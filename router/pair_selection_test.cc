@@ -130,5 +130,55 @@ TEST(PairSelectionTest, DecodeTable) {
   }
 }
 
+// The prompt tokens a worker holds count as free room (a decode-side prefix
+// hit): the holder wins at about equal room, not against far more.
+TEST(PairSelectionTest, DecodeHeldTokensWeighAsFreeRoom) {
+  struct Case {
+    const char* name;
+    std::vector<WorkerRecord> workers;
+    absl::flat_hash_map<std::string, int64_t> held;
+    int64_t prompt;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {"no holdings: most free",
+       {Worker("a", 0, 0, 50, 4), Worker("b", 0, 0, 60, 4)},
+       {},
+       400,
+       "b"},
+      // a: 800 + 256 held > b: 960.
+      {"the holder at about equal room",
+       {Worker("a", 0, 0, 50, 4), Worker("b", 0, 0, 60, 4)},
+       {{"a", 256}},
+       400,
+       "a"},
+      // a: 160 + 256 < b: 960 (a shared system prompt every worker may hold).
+      {"far more room beats a holding",
+       {Worker("a", 0, 0, 10, 4), Worker("b", 0, 0, 60, 4)},
+       {{"a", 256}},
+       400,
+       "b"},
+      {"held counts at most the prompt",
+       {Worker("a", 0, 0, 50, 4), Worker("b", 0, 0, 60, 4)},
+       {{"a", 100000}},
+       100,
+       "b"},
+      {"a holder without a slot is skipped",
+       {Worker("a", 0, 0, 90, 0), Worker("b", 0, 0, 10, 4)},
+       {{"a", 512}},
+       100,
+       "b"},
+      {"the deeper holder",
+       {Worker("a", 0, 0, 50, 4), Worker("b", 0, 0, 50, 4)},
+       {{"a", 64}, {"b", 128}},
+       400,
+       "b"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(Id(c.workers, SelectDecode(c.workers, {}, {}, c.prompt, &c.held)), c.want)
+        << c.name;
+  }
+}
+
 }  // namespace
 }  // namespace tandem::router

@@ -131,10 +131,23 @@ Placement::Actions Placement::Reserve() {
   // Draining workers (shutting down) take no new request.
   std::vector<WorkerRecord> live =
       deps_.registry->Available(tandem::v1::WORKER_ROLE_DECODE);
-  std::optional<size_t> i = SelectDecode(
-      live, tried_decode_, deps_.ledger->Snapshot(live), request_.prompt_tokens);
+  // What each decode worker reported holding of the prompt's MLA rows (a
+  // decode-side prefix hit there keeps them off the wire). Text prompts only:
+  // the Reserve of a prompt with images carries no ids to match.
+  absl::flat_hash_map<std::string, int64_t> held;
+  if (deps_.prefill_router != nullptr && !request_.has_images) {
+    held = deps_.prefill_router->HeldBlocks(live, request_.prompt_tokens,
+                                            request_.prefix_hashes);
+  }
+  std::optional<size_t> i = SelectDecode(live, tried_decode_,
+                                         deps_.ledger->Snapshot(live),
+                                         request_.prompt_tokens, &held);
   if (!i.has_value()) return NoDecodeWorker(AfterRelease::kReserve);
   decode_ = live[*i];
+  if (auto h = held.find(decode_.registration.worker_id()); h != held.end()) {
+    deps_.metrics->estimated_decode_held_tokens->Increment(
+        static_cast<double>(h->second));
+  }
   return {Call(Kind::kReserve, decode_,
                std::min(request_.deadline, deps_.clock->Now() + options_.rpc_timeout))};
 }

@@ -58,25 +58,29 @@ void PrefixIndex::Reset(const std::string& worker, uint64_t epoch, uint64_t seq,
 }
 
 void PrefixIndex::ApplyOne(Worker& w, const PrefixCacheEvent& e) {
+  // Blocks-only holdings (a decode worker's landed prompts) have their own
+  // set and never touch the usable one or the overlay.
+  auto& set = e.blocks_only() ? w.blocks : w.reported;
   switch (e.kind()) {
     case PrefixCacheEvent::KIND_STORED:
-      w.overlay.erase(e.route_hash());
+      if (!e.blocks_only()) w.overlay.erase(e.route_hash());
       if (e.tokens() <= 0 || e.tokens() % kRouteBlockTokens != 0)
         return;  // no position
-      if (static_cast<int64_t>(w.reported.size()) >= options_.max_entries_per_worker &&
-          !w.reported.contains(e.route_hash())) {
+      if (static_cast<int64_t>(set.size()) >= options_.max_entries_per_worker &&
+          !set.contains(e.route_hash())) {
         w.overflowed = true;
         return;
       }
-      w.reported[e.route_hash()] = e.tokens();
+      set[e.route_hash()] = e.tokens();
       return;
     case PrefixCacheEvent::KIND_REMOVED:
-      w.overlay.erase(e.route_hash());
-      w.reported.erase(e.route_hash());
+      if (!e.blocks_only()) w.overlay.erase(e.route_hash());
+      set.erase(e.route_hash());
       return;
     case PrefixCacheEvent::KIND_CLEARED:
       w.overlay.clear();
       w.reported.clear();
+      w.blocks.clear();
       w.overflowed = false;
       return;
     default:
@@ -156,6 +160,24 @@ int64_t PrefixIndex::Match(const std::string& worker, absl::Span<const uint64_t>
     const int64_t p = b * kRouteBlockTokens;
     if (auto r = w.reported.find(h); r != w.reported.end() && r->second == p) return p;
     if (auto o = w.overlay.find(h); o != w.overlay.end() && o->second > now) return p;
+  }
+  return 0;
+}
+
+int64_t PrefixIndex::MatchBlocks(const std::string& worker,
+                                 absl::Span<const uint64_t> hashes,
+                                 int64_t prompt_tokens) const {
+  auto it = workers_.find(worker);
+  if (it == workers_.end()) return 0;
+  const Worker& w = it->second;
+  // Every prompt token's rows may be held (nothing is computed there).
+  const int64_t max_blocks =
+      std::min<int64_t>(hashes.size(), prompt_tokens / kRouteBlockTokens);
+  for (int64_t b = max_blocks; b >= 1; --b) {
+    const uint64_t h = hashes[b - 1];
+    const int64_t p = b * kRouteBlockTokens;
+    if (auto r = w.blocks.find(h); r != w.blocks.end() && r->second == p) return p;
+    if (auto r = w.reported.find(h); r != w.reported.end() && r->second == p) return p;
   }
   return 0;
 }
@@ -315,6 +337,19 @@ std::optional<DecodeMatch> PrefillRouter::BestMatch(
     }
   }
   return best;
+}
+
+absl::flat_hash_map<std::string, int64_t> PrefillRouter::HeldBlocks(
+    const std::vector<WorkerRecord>& workers, int64_t prompt_tokens,
+    absl::Span<const uint64_t> hashes) {
+  absl::flat_hash_map<std::string, int64_t> out;
+  absl::MutexLock l(&mu_);
+  for (const WorkerRecord& w : workers) {
+    const std::string& id = w.registration.worker_id();
+    const int64_t m = index_.MatchBlocks(id, hashes, prompt_tokens);
+    if (m > 0) out[id] = m;
+  }
+  return out;
 }
 
 void PrefillRouter::RecordSent(const std::string& worker,

@@ -129,6 +129,13 @@ class PrefixIndex {
   // match(worker) in tokens (the header's comment); 0 for a non-reporter.
   int64_t Match(const std::string& worker, absl::Span<const uint64_t> hashes,
                 int64_t prompt_tokens, absl::Time now) const;
+  // The deepest p <= prompt_tokens (a multiple of 64) at which `worker`
+  // reported the MLA blocks of the prompt's [0, p) held: a blocks-only
+  // announcement (a decode worker's landed prompt) or a usable position,
+  // which implies its blocks. What a reservation there would share
+  // (KvTarget.cached_prefix_tokens); the overlay is not consulted. 0: none.
+  int64_t MatchBlocks(const std::string& worker, absl::Span<const uint64_t> hashes,
+                      int64_t prompt_tokens) const;
   // Everything of `worker` goes (removed from the registry, or it
   // registered without reports).
   void RemoveWorker(const std::string& worker) { workers_.erase(worker); }
@@ -146,6 +153,7 @@ class PrefixIndex {
     uint64_t last_seq = 0;
     bool overflowed = false;  // a STORED was dropped: resync at the next report
     absl::flat_hash_map<uint64_t, int64_t> reported;    // route hash -> tokens
+    absl::flat_hash_map<uint64_t, int64_t> blocks;      // blocks-only ones
     absl::flat_hash_map<uint64_t, absl::Time> overlay;  // route hash -> expiry
   };
   void ApplyOne(Worker& w, const tandem::v1::PrefixCacheEvent& e);
@@ -220,6 +228,11 @@ class PrefillRouter {
                                        const absl::flat_hash_set<std::string>& exclude,
                                        int64_t prompt_tokens,
                                        absl::Span<const uint64_t> hashes);
+  // MatchBlocks of every worker in `workers` that holds some of the prompt
+  // (the decode choice: pair_selection.h SelectDecode's `held`).
+  absl::flat_hash_map<std::string, int64_t> HeldBlocks(
+      const std::vector<WorkerRecord>& workers, int64_t prompt_tokens,
+      absl::Span<const uint64_t> hashes);
   // A prompt went to `worker` other than by Select (a colocated prefill).
   void RecordSent(const std::string& worker, absl::Span<const uint64_t> hashes,
                   int64_t prompt_tokens);

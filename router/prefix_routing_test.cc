@@ -145,6 +145,43 @@ TEST(PrefixIndexTest, MatchIsTheDeepestReportedPosition) {
   }
 }
 
+// Blocks-only holdings (a decode worker's landed prompts): their own set,
+// matched up to the prompt's end (its rows are all there to share), joined by
+// usable positions (which imply their blocks), never by the overlay; Match
+// (usable hits) ignores them.
+TEST(PrefixIndexTest, MatchBlocksCountsBlocksOnlyAndUsablePositions) {
+  const auto h = RouterBlockHashes(Prompt(640, 1), "");  // 10 blocks
+  auto blocks = [&](int b) {
+    PrefixCacheEvent e = Stored(h, b);
+    e.set_blocks_only(true);
+    return e;
+  };
+  PrefixIndex idx{CacheAwareOptions{}};
+  idx.Reset("w", 7, 0, Events({blocks(10), Stored(h, 3)}));
+  EXPECT_EQ(idx.MatchBlocks("w", h, 640), 640);  // the whole prompt's rows
+  EXPECT_EQ(idx.Match("w", h, 640, kNow), 192);  // usable: the snapshot only
+  EXPECT_EQ(idx.MatchBlocks("w", h, 500), 192);  // 640 lies past this prompt
+  EXPECT_EQ(idx.size("w"), 1);
+  // The blocks-only one goes; the usable one still counts for the blocks.
+  PrefixCacheEvent gone = Removed(h, 10);
+  gone.set_blocks_only(true);
+  auto out = idx.Apply("w", 7, 1, Events({gone}));
+  EXPECT_FALSE(out.resync);
+  EXPECT_EQ(idx.MatchBlocks("w", h, 640), 192);
+  EXPECT_EQ(idx.Match("w", h, 640, kNow), 192);
+  // A usable REMOVED does not take a blocks-only entry of the same hash.
+  out = idx.Apply("w", 7, 2, Events({blocks(3), Removed(h, 3)}));
+  EXPECT_EQ(idx.Match("w", h, 640, kNow), 0);
+  EXPECT_EQ(idx.MatchBlocks("w", h, 640), 192);
+  // The overlay (what was sent) is not a holding of blocks.
+  idx.Reset("v", 9, 0, Events({}));
+  idx.RecordSent("v", h, 640, kNow);
+  EXPECT_GT(idx.Match("v", h, 640, kNow), 0);
+  EXPECT_EQ(idx.MatchBlocks("v", h, 640), 0);
+  idx.Apply("w", 7, 4, Events({Cleared()}));
+  EXPECT_EQ(idx.MatchBlocks("w", h, 640), 0);
+}
+
 // A stream of heartbeats after a registration: what is applied, acknowledged,
 // and when the router asks for a resync.
 TEST(PrefixIndexTest, StoredRemovedClearedGapsAndEpochs) {

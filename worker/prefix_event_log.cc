@@ -17,23 +17,26 @@ PrefixEventLog::PrefixEventLog(uint64_t epoch, int64_t max_pending, int max_per_
 void PrefixEventLog::Add(const std::vector<engine::PrefixEvent>& events) {
   for (const engine::PrefixEvent& e : events) {
     PrefixCacheEvent p;
+    auto& mirror = e.blocks_only ? held_blocks_ : held_;
     switch (e.kind) {
       case engine::PrefixEvent::Kind::kStored:
         p.set_kind(PrefixCacheEvent::KIND_STORED);
-        held_[e.route_hash] = e.tokens;
+        mirror[e.route_hash] = e.tokens;
         break;
       case engine::PrefixEvent::Kind::kRemoved:
         p.set_kind(PrefixCacheEvent::KIND_REMOVED);
-        held_.erase(e.route_hash);
+        mirror.erase(e.route_hash);
         break;
       case engine::PrefixEvent::Kind::kCleared:
         p.set_kind(PrefixCacheEvent::KIND_CLEARED);
         held_.clear();
+        held_blocks_.clear();
         break;
     }
     if (p.kind() != PrefixCacheEvent::KIND_CLEARED) {
       p.set_tokens(e.tokens);
       p.set_route_hash(e.route_hash);
+      p.set_blocks_only(e.blocks_only);
     }
     ++last_seq_;
     if (pending_.empty()) first_pending_ = last_seq_;
@@ -57,6 +60,13 @@ void PrefixEventLog::FillRegister(tandem::v1::RegisterRequest* r) {
     e->set_kind(PrefixCacheEvent::KIND_STORED);
     e->set_tokens(tokens);
     e->set_route_hash(hash);
+  }
+  for (const auto& [hash, tokens] : held_blocks_) {
+    PrefixCacheEvent* e = r->add_prefix_snapshot();
+    e->set_kind(PrefixCacheEvent::KIND_STORED);
+    e->set_tokens(tokens);
+    e->set_route_hash(hash);
+    e->set_blocks_only(true);
   }
   // Everything numbered so far is in the snapshot.
   pending_.clear();

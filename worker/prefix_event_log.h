@@ -46,8 +46,10 @@ class PrefixEventLog {
   uint64_t epoch() const { return epoch_; }
   uint64_t last_seq() const { return last_seq_; }
   int64_t pending() const { return static_cast<int64_t>(pending_.size()); }
-  // Usable prefixes the engine holds (the mirror).
+  // Usable prefixes the engine holds (the mirror), and its blocks-only
+  // announcements (prefix_events.h).
   int64_t held() const { return static_cast<int64_t>(held_.size()); }
+  int64_t held_blocks() const { return static_cast<int64_t>(held_blocks_.size()); }
 
  private:
   const uint64_t epoch_;
@@ -58,7 +60,8 @@ class PrefixEventLog {
   std::deque<tandem::v1::PrefixCacheEvent> pending_;
   uint64_t first_pending_ = 1;
   bool needs_register_ = false;
-  absl::flat_hash_map<uint64_t, int64_t> held_;  // route hash -> tokens
+  absl::flat_hash_map<uint64_t, int64_t> held_;         // route hash -> tokens
+  absl::flat_hash_map<uint64_t, int64_t> held_blocks_;  // blocks_only ones
 };
 
 // A random epoch, never 0.

@@ -102,6 +102,32 @@ TEST(PrefixEventLogTest, ReportsAreBoundedAndABacklogBecomesASnapshot) {
   EXPECT_EQ(reg.prefix_snapshot_size(), 11);
 }
 
+// Blocks-only announcements travel with their flag and have their own mirror:
+// the same route hash may name a usable prefix and a blocks-only one.
+TEST(PrefixEventLogTest, BlocksOnlyEventsKeepTheirFlagAndMirror) {
+  PrefixEventLog log(7);
+  PrefixEvent blocks{Kind::kStored, 128, 21, true};
+  log.Add({Ev(Kind::kStored, 128, 21), blocks});
+  EXPECT_EQ(log.held(), 1);
+  EXPECT_EQ(log.held_blocks(), 1);
+  tandem::v1::HeartbeatRequest hb;
+  log.FillHeartbeat(&hb);
+  ASSERT_EQ(hb.prefix_events_size(), 2);
+  EXPECT_FALSE(hb.prefix_events(0).blocks_only());
+  EXPECT_TRUE(hb.prefix_events(1).blocks_only());
+  // The usable one goes; the blocks-only one stays (and vice versa).
+  log.Add({Ev(Kind::kRemoved, 128, 21)});
+  EXPECT_EQ(log.held(), 0);
+  EXPECT_EQ(log.held_blocks(), 1);
+  tandem::v1::RegisterRequest reg;
+  log.FillRegister(&reg);
+  ASSERT_EQ(reg.prefix_snapshot_size(), 1);
+  EXPECT_TRUE(reg.prefix_snapshot(0).blocks_only());
+  EXPECT_EQ(reg.prefix_snapshot(0).tokens(), 128);
+  log.Add({Ev(Kind::kCleared, 0, 0)});
+  EXPECT_EQ(log.held_blocks(), 0);
+}
+
 TEST(PrefixEventLogTest, RandomEpochsDiffer) {
   EXPECT_NE(RandomPrefixEpoch(), 0u);
   EXPECT_NE(RandomPrefixEpoch(), RandomPrefixEpoch());

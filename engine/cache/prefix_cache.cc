@@ -158,6 +158,17 @@ std::vector<BlockId> PrefixCache::MatchBlocks(absl::Span<const BlockHash> hashes
   return out;
 }
 
+bool PrefixCache::AnnounceBlocks(BlockHash key, int64_t tokens, uint64_t route_hash) {
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second.announced_tokens > 0 || tokens <= 0) {
+    return false;
+  }
+  it->second.announced_tokens = tokens;
+  it->second.announced_route_hash = route_hash;
+  Publish({PrefixEvent::Kind::kStored, tokens, route_hash, /*blocks_only=*/true});
+  return true;
+}
+
 bool PrefixCache::FreeOneForLoad(uint64_t now) {
   if (blocks_->num_free() > 0) return true;
   const BlockHash* victim = nullptr;
@@ -349,9 +360,17 @@ std::vector<PrefixEvent> PrefixCache::ResyncEvents() const {
   for (const auto& [key, s] : snapshots_) {
     out.push_back({PrefixEvent::Kind::kStored, s.tokens, s.route_hash});
   }
+  for (const auto& [h, e] : entries_) {
+    if (e.announced_tokens > 0) {
+      out.push_back({PrefixEvent::Kind::kStored, e.announced_tokens,
+                     e.announced_route_hash, /*blocks_only=*/true});
+    }
+  }
   if (host_ != nullptr) host_->AppendStored(&out);
   std::sort(out.begin() + 1, out.end(), [](const PrefixEvent& a, const PrefixEvent& b) {
-    return a.tokens != b.tokens ? a.tokens < b.tokens : a.route_hash < b.route_hash;
+    if (a.tokens != b.tokens) return a.tokens < b.tokens;
+    if (a.route_hash != b.route_hash) return a.route_hash < b.route_hash;
+    return a.blocks_only < b.blocks_only;
   });
   return out;
 }
@@ -370,6 +389,11 @@ void PrefixCache::Evict(BlockHash h) {
   auto it = entries_.find(h);
   if (it == entries_.end()) return;
   const Entry e = it->second;
+  // Off the device tier: a reservation can no longer share it.
+  if (e.announced_tokens > 0) {
+    Publish({PrefixEvent::Kind::kRemoved, e.announced_tokens, e.announced_route_hash,
+             /*blocks_only=*/true});
+  }
   if (e.has_parent) {
     auto parent = entries_.find(e.parent);
     if (parent != entries_.end()) --parent->second.children;

@@ -180,6 +180,12 @@ class PrefixCache {
   // Lookup's hits (reserve_queried_tokens, reserve_hit_tokens).
   std::vector<BlockId> MatchBlocks(absl::Span<const BlockHash> hashes,
                                    int64_t max_blocks, int64_t queried_tokens);
+  // Announces that the MLA blocks of [0, tokens) are cached, `key` being the
+  // hash of the last of them (a multiple of 64 tokens, named `route_hash` in
+  // the events): a kStored blocks_only event now, and a kRemoved blocks_only
+  // one when that block leaves the device tier (prefix_events.h). False (no
+  // event) when `key` is not cached or was announced already.
+  bool AnnounceBlocks(BlockHash key, int64_t tokens, uint64_t route_hash);
 
   // Caches block `id` (full, computed, held by the caller) as the block with
   // hash hashes[index] (whose parent is hashes[index - 1]); takes a reference.
@@ -245,6 +251,9 @@ class PrefixCache {
     bool has_parent = false;
     int32_t children = 0;  // cached blocks whose parent this is
     uint64_t last_use = 0;
+    // AnnounceBlocks at this block's end (0: not announced).
+    int64_t announced_tokens = 0;
+    uint64_t announced_route_hash = 0;
   };
   struct Snapshot {
     SnapshotId id = -1;

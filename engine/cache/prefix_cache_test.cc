@@ -346,6 +346,39 @@ TEST(PrefixCacheEventsTest, StoredRemovedClearedNameUsablePrefixes) {
   EXPECT_TRUE(f.cache.CheckInvariants().ok());
 }
 
+// Block announcements (a decode worker's landed prompts): a blocks_only
+// kStored once per block, in the resync, and a blocks_only kRemoved when the
+// block leaves the device tier; never for a block not cached.
+TEST(PrefixCacheEventsTest, AnnouncedBlocksAreStoredAndRemovedBlocksOnly) {
+  Fixture f(16, 2);
+  PrefixEventQueue q(64);
+  f.cache.set_event_queue(&q);
+  const auto a = ChainedBlockHashes(Tokens(16 * 8, 5), 16, "");
+  Compute(&f, a);
+  EXPECT_TRUE(f.cache.AnnounceBlocks(a[7], 128, 0xa128));
+  EXPECT_FALSE(f.cache.AnnounceBlocks(a[7], 128, 0xa128));  // once
+  EXPECT_FALSE(f.cache.AnnounceBlocks(0x1234, 64, 0x99));   // not cached
+  std::vector<PrefixEvent> ev = q.Take();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0], (PrefixEvent{PrefixEvent::Kind::kStored, 128, 0xa128, true}));
+  EXPECT_NE(ev[0], (PrefixEvent{PrefixEvent::Kind::kStored, 128, 0xa128, false}));
+  // A snapshot at a[3] as well: the resync lists both kinds.
+  ASSERT_TRUE(f.cache.StoreSnapshot(a[3], 64, 0xa64).ok());
+  q.Take();
+  const std::vector<PrefixEvent> sync = f.cache.ResyncEvents();
+  ASSERT_EQ(sync.size(), 3u);
+  EXPECT_EQ(sync[0].kind, PrefixEvent::Kind::kCleared);
+  EXPECT_EQ(sync[1], (PrefixEvent{PrefixEvent::Kind::kStored, 64, 0xa64, false}));
+  EXPECT_EQ(sync[2], (PrefixEvent{PrefixEvent::Kind::kStored, 128, 0xa128, true}));
+  // Evicting the announced leaf: removed, blocks_only; the snapshot stays.
+  EXPECT_EQ(f.cache.Reclaim(9), 1);
+  ev = q.Take();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0], (PrefixEvent{PrefixEvent::Kind::kRemoved, 128, 0xa128, true}));
+  EXPECT_EQ(f.cache.Lookup(a, 1000).tokens, 64);
+  EXPECT_TRUE(f.cache.CheckInvariants().ok());
+}
+
 TEST(PrefixCacheEventsTest, OverflowResyncsTheConsumer) {
   Fixture f(64, 6);
   PrefixEventQueue q(3);

@@ -11,6 +11,14 @@
 //   kRemoved: it stopped being usable (the snapshot was dropped, or a block
 //             before it was evicted, which drops it);
 //   kCleared: every prefix is gone (ResetPrefixCache, or a resync).
+// blocks_only events name a weaker holding: the MLA blocks of [0, p) are
+// cached but no snapshot at p need exist. They serve decode workers'
+// reservations (a decode-side prefix hit needs the MLA rows only: the KDA
+// state arrives whole), so the router can send a request to the decode
+// worker already holding most of its prompt. A decode worker announces the
+// deepest 64-multiple of each landed prompt's cached blocks
+// (PrefixCache::AnnounceBlocks); kRemoved blocks_only when that block leaves
+// the device tier. A usable position (a snapshot) implies its blocks too.
 // The queue is bounded: when a push would overflow it, its contents are
 // replaced by a resync (kCleared, then kStored for every usable prefix held),
 // so a consumer that falls behind rebuilds its index from the stream alone.
@@ -32,9 +40,11 @@ struct PrefixEvent {
   Kind kind = Kind::kStored;
   int64_t tokens = 0;       // p (0 for kCleared)
   uint64_t route_hash = 0;  // RoutePrefixHash(prompt, p, cache_salt) (0: kCleared)
+  bool blocks_only = false;  // the MLA blocks of [0, p), no snapshot implied
 
   bool operator==(const PrefixEvent& o) const {
-    return kind == o.kind && tokens == o.tokens && route_hash == o.route_hash;
+    return kind == o.kind && tokens == o.tokens && route_hash == o.route_hash &&
+           blocks_only == o.blocks_only;
   }
 };
 

@@ -163,7 +163,9 @@ TEST(PrefixSchedulerTest, ReservationSharesTheCachedPrefixAndCachesWhatLanded) {
   // 2: 160 tokens of a, then its own: the 10 shared blocks are held, 7 new.
   const std::vector<int32_t> b =
       Concat(std::vector<int32_t>(a.begin(), a.begin() + 160), Tokens(100, 2));
-  ASSERT_TRUE(s->Reserve(Req(2, b), 1).ok());
+  SequenceRequest rb = Req(2, b);
+  rb.route_hashes = {101, 102, 103, 104};  // 4 full 64-token blocks of 260
+  ASSERT_TRUE(s->Reserve(rb, 1).ok());
   EXPECT_EQ(s->HeldPrefixTokens(2), 160);
   auto b2 = s->Blocks(2);
   ASSERT_TRUE(b2.ok());
@@ -181,8 +183,14 @@ TEST(PrefixSchedulerTest, ReservationSharesTheCachedPrefixAndCachesWhatLanded) {
   ASSERT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
   ASSERT_TRUE(s->Abort(3).ok());
   // Admitted: b's landed full blocks (16 of 260 positions) are cached after
-  // the shared 10, so the next reservation of b holds all 16.
+  // the shared 10, so the next reservation of b holds all 16; the deepest
+  // 64-multiple of them, 256, is announced to the router (blocks_only).
+  PrefixEventQueue q(64);
+  s->mutable_prefix_cache()->set_event_queue(&q);
   ASSERT_TRUE(s->AdmitReserved(2, 4).ok());
+  std::vector<PrefixEvent> ev = q.Take();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0], (PrefixEvent{PrefixEvent::Kind::kStored, 256, 104, true}));
   ASSERT_TRUE(s->Reserve(Req(4, b), 1).ok());
   EXPECT_EQ(s->HeldPrefixTokens(4), 256);
   ASSERT_TRUE(s->Abort(4).ok());
@@ -207,6 +215,7 @@ TEST(PrefixSchedulerTest, ReservationSharesTheCachedPrefixAndCachesWhatLanded) {
   const PrefixCacheStats& st = s->prefix_cache()->stats();
   EXPECT_EQ(st.reserve_hit_tokens, 160 + 192 + 256 + 256 + 288);
   ASSERT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
+  s->mutable_prefix_cache()->set_event_queue(nullptr);  // q goes first
   for (SequenceId id : {2, 5, 6, 7, 8, 9}) ASSERT_TRUE(s->Abort(id).ok()) << id;
   ASSERT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
   EXPECT_EQ(s->num_free_blocks(), 256);

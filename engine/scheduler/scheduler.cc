@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 
 #include "absl/container/flat_hash_set.h"
 #include "common/status.h"
@@ -277,6 +278,18 @@ absl::Status Scheduler::AdmitReserved(SequenceId id, int64_t max_new_tokens,
     seq->unaligned_at = std::min(seq->unaligned_at, cacheable_tokens);
   }
   CacheComputedBlocks(seq);
+  // Tell the router (prefix_events.h, blocks_only) the deepest 64-multiple of
+  // the prompt whose blocks are now cached here: the next request extending
+  // it (a chat's next turn) is best reserved on this worker.
+  if (prefix_ != nullptr && !seq->hashes.empty()) {
+    const int64_t bs = config_.block_size;
+    const int64_t grid = std::lcm<int64_t>(bs, kKdaChunk);
+    const int64_t q = seq->blocks_cached * bs / grid * grid;
+    const int64_t r = q / kKdaChunk - 1;
+    if (q > 0 && r < static_cast<int64_t>(seq->route_hashes.size())) {
+      prefix_->AnnounceBlocks(seq->hashes[q / bs - 1], q, seq->route_hashes[r]);
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -8,6 +8,10 @@
 //   - The decode worker reports prompts it prefilled itself (colocated): a
 //     longer prompt whose uncached part is below --colocate_below_tokens is
 //     prefilled on it too, while its length alone would disaggregate it.
+// And router + 1 prefill + 2 decode workers: a chat's next turn is reserved
+// on the decode worker that announced holding the previous prompt's blocks
+// (blocks-only events), which shares them (a decode-side prefix hit), while
+// by room and id alone the other would have taken it.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
@@ -102,8 +106,10 @@ class Cluster {
   }
   // Prompt tokens `id` was asked to compute (its prefix-cache lookups).
   double Queried(const std::string& id) {
-    auto v =
-        Metric(metrics_[id], "tandem_worker_prefix_cache_queried_tokens_total", {});
+    return WorkerMetric(id, "tandem_worker_prefix_cache_queried_tokens_total");
+  }
+  double WorkerMetric(const std::string& id, const std::string& name) {
+    auto v = Metric(metrics_[id], name, {});
     return v.ok() ? *v : -1;
   }
   int router_metrics() const { return router_metrics_; }
@@ -233,6 +239,53 @@ TEST(ClusterRoutingTest, RepeatsFollowReportsAndAResetClearsTheView) {
   EXPECT_EQ(s2.usage.cached_prompt_tokens(), 64);
   EXPECT_EQ(c.RouterMetric("tandem_router_paths_total", {{"path", "colocated"}}),
             colocated0 + 2);
+}
+
+TEST(ClusterRoutingTest, ANextTurnIsReservedWhereItsPromptsRowsAre) {
+  Cluster c;
+  ASSERT_EQ(
+      c.StartRouter({"--routing_policy=cache_aware", "--colocate_below_tokens=0"}), "");
+  ASSERT_EQ(c.StartWorker("prefill", "prefill-0", 1), "");
+  // Turn 1 while decode-1 is the only decode worker.
+  ASSERT_EQ(c.StartWorker("decode", "decode-1", 1), "");
+  const tandem::v1::GenerateRequest turn1 = Request("t1", 300, 31);
+  const StreamResult r1 = c.Generate(turn1);
+  ASSERT_TRUE(r1.status.ok()) << r1.status.error_message() << c.Logs();
+  // decode-1 announces the landed prompt's blocks up to 256 (18 full blocks
+  // of 16 tokens, cut to the 64 grid) in its early report, within ~50 ms of
+  // the admission; starting decode-0 takes longer than that.
+  ASSERT_EQ(c.StartWorker("decode", "decode-0", 2), "");
+  // Turn 2 extends turn 1: decode-0 sorts first at equal room and load, but
+  // decode-1 holds 256 of its tokens' rows.
+  tandem::v1::GenerateRequest turn2 = turn1;
+  turn2.set_request_id("t2");
+  for (int i = 0; i < 150; ++i) turn2.mutable_prompt_token_ids()->add_ids(5000 + i);
+  const StreamResult r2 = c.Generate(turn2);
+  ASSERT_TRUE(r2.status.ok()) << r2.status.error_message();
+  EXPECT_EQ(c.RouterMetric("tandem_router_estimated_decode_held_tokens_total"), 256)
+      << c.Logs();
+  double held = -1;
+  for (int i = 0; i < 30 && held <= 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(200));
+    held = c.WorkerMetric("decode-1",
+                          "tandem_worker_prefix_cache_reserve_hit_tokens_total");
+  }
+  // The worker shares every full block it holds: 288 (the router counts 256,
+  // its 64-token grid).
+  EXPECT_EQ(held, 288);
+  EXPECT_EQ(c.WorkerMetric("decode-0",
+                           "tandem_worker_prefix_cache_reserve_queried_tokens_total"),
+            0);
+  // A prompt nobody holds goes by room and id: decode-0.
+  const StreamResult r3 = c.Generate(Request("u1", 300, 32));
+  ASSERT_TRUE(r3.status.ok()) << r3.status.error_message();
+  double queried0 = -1;
+  for (int i = 0; i < 30 && queried0 <= 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(200));
+    queried0 = c.WorkerMetric(
+        "decode-0", "tandem_worker_prefix_cache_reserve_queried_tokens_total");
+  }
+  EXPECT_EQ(queried0, 300);
 }
 
 }  // namespace
