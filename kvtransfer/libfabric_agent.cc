@@ -102,6 +102,38 @@ bool CudaDriverLoaded() {
   return true;
 }
 
+// The PCI bus ids of the CUDA devices by ordinal ("0000:3B:00.0"), from the
+// CUDA driver when it is already loaded in this process (cuDeviceGetPCIBusId;
+// never loads it); empty otherwise or on any error.
+std::vector<std::string> CudaPciBusIds() {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (h == nullptr) return {};
+  using InitFn = int (*)(unsigned);
+  using CountFn = int (*)(int*);
+  using GetFn = int (*)(int*, int);
+  using BusIdFn = int (*)(char*, int, int);
+  auto init = reinterpret_cast<InitFn>(dlsym(h, "cuInit"));
+  auto count = reinterpret_cast<CountFn>(dlsym(h, "cuDeviceGetCount"));
+  auto get = reinterpret_cast<GetFn>(dlsym(h, "cuDeviceGet"));
+  auto bus_id = reinterpret_cast<BusIdFn>(dlsym(h, "cuDeviceGetPCIBusId"));
+  std::vector<std::string> out;
+  int n = 0;
+  if (init != nullptr && count != nullptr && get != nullptr && bus_id != nullptr &&
+      init(0) == 0 && count(&n) == 0) {
+    for (int i = 0; i < n; ++i) {
+      int device = 0;
+      char id[32] = {};
+      if (get(&device, i) != 0 || bus_id(id, sizeof(id), device) != 0) {
+        out.clear();
+        break;
+      }
+      out.emplace_back(id);
+    }
+  }
+  dlclose(h);
+  return out;
+}
+
 std::string MrModeString(uint64_t mode) {
   std::string s;
   auto add = [&](uint64_t bit, const char* name) {
@@ -571,7 +603,14 @@ absl::Status LibfabricBackend::OpenDomains(fi_info* list, bool hmem) {
     candidates.push_back(c);
     entries.push_back(i);
   }
-  // Which NICs, and for each GPU which of them (the rails are planned below).
+  // The GPUs: as configured, else those of the CUDA driver already loaded in
+  // the process (a worker on a CUDA backend), by ordinal.
+  std::vector<std::string> gpus = config_.gpu_pci_bus_ids;
+  const bool gpus_from_cuda = gpus.empty() && config_.gpus_from_cuda;
+  if (gpus_from_cuda) gpus = CudaPciBusIds();
+  // Which NICs, and for each GPU which of them (the rails are planned below);
+  // an empty list: a GPU the driver named and sysfs does not show (its memory
+  // then goes over every rail).
   std::vector<std::vector<NicPlacement>> per_gpu;  // one list without GPUs
   if (!config_.domain.empty()) {
     std::vector<NicPlacement> named;
@@ -597,23 +636,27 @@ absl::Status LibfabricBackend::OpenDomains(fi_info* list, bool hmem) {
     }
     if (named.empty())
       return absl::InvalidArgumentError("libfabric: empty domain list");
-    per_gpu.assign(std::max<size_t>(1, config_.gpu_pci_bus_ids.size()), named);
+    per_gpu.assign(std::max<size_t>(1, gpus.size()), named);
   } else {
     TopologyInput in;
     in.sysfs_root = config_.sysfs_root;
     in.candidates = candidates;
     in.nics = config_.rails;
     in.process_numa_node = ProcessNumaNode(config_.sysfs_root, AllowedCpus());
-    if (config_.gpu_pci_bus_ids.empty()) {
-      auto sel = SelectNics(in);
-      if (!sel.ok()) return sel.status();
-      per_gpu.push_back(*std::move(sel));
-    }
-    for (const std::string& gpu : config_.gpu_pci_bus_ids) {
+    bool any = false;
+    for (const std::string& gpu : gpus) {
       in.gpu_pci_bus_id = gpu;
       auto sel = SelectNics(in);
+      if (!sel.ok() && !gpus_from_cuda) return sel.status();
+      per_gpu.push_back(sel.ok() ? *std::move(sel) : std::vector<NicPlacement>());
+      any |= !per_gpu.back().empty();
+    }
+    if (!any) {  // no GPU, or none that sysfs shows: by the process's NUMA node
+      in.gpu_pci_bus_id.clear();
+      auto sel = SelectNics(in);
       if (!sel.ok()) return sel.status();
       per_gpu.push_back(*std::move(sel));
+      gpus.clear();
     }
   }
   // The rails: for each GPU (or the one list) max(rails, its NICs) endpoints,
@@ -623,7 +666,8 @@ absl::Status LibfabricBackend::OpenDomains(fi_info* list, bool hmem) {
   for (const std::vector<NicPlacement>& sel : per_gpu) {
     std::vector<int> rails;
     const size_t n = sel.size();
-    const size_t endpoints = std::max<size_t>(n, static_cast<size_t>(config_.rails));
+    const size_t endpoints =
+        n == 0 ? 0 : std::max<size_t>(n, static_cast<size_t>(config_.rails));
     for (size_t i = 0; i < endpoints; ++i) {
       const NicPlacement& nic = sel[i % n];
       auto d = domain_of.find(nic.candidate);
@@ -652,7 +696,7 @@ absl::Status LibfabricBackend::OpenDomains(fi_info* list, bool hmem) {
       }
       rails.push_back(r->second);
     }
-    if (!config_.gpu_pci_bus_ids.empty()) gpu_rails_.push_back(rails);
+    if (!gpus.empty()) gpu_rails_.push_back(rails);
   }
   // A fabric per fabric name, a domain per NIC.
   for (Domain& d : domains_) {

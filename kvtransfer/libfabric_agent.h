@@ -82,8 +82,12 @@ struct LibfabricAgentConfig {
   // The PCI bus ids of the GPUs whose memory this agent registers, by CUDA
   // ordinal ("0000:3b:00.0"; cudaDeviceGetPCIBusId's spelling is accepted). A
   // region of MemoryKind::Cuda(n) is then carried by the rails nearest GPU n;
-  // host memory by every rail. Empty: rails by the process's NUMA node.
+  // host memory by every rail. Empty: those of the CUDA driver when it is
+  // loaded in this process and `gpus_from_cuda` (cuDeviceGetPCIBusId per
+  // ordinal; a GPU sysfs does not show is skipped), else rails by the
+  // process's NUMA node.
   std::vector<std::string> gpu_pci_bus_ids;
+  bool gpus_from_cuda = true;
   // Where sysfs is (tests point it at a fake tree).
   std::string sysfs_root = "/sys";
   // Largest fi_writemsg / fi_readmsg; longer segments are posted in pieces.
