@@ -71,6 +71,7 @@ struct Arm {
   int64_t tokens = 0;
   double mask_us_per_token = 0;
   double overlapped = 0;  // share of the masks filled during a forward
+  double forward_ms = 0;  // of step_ms, the forward (the rest: host work)
 };
 
 using RequestBase = tandem::engine::RequestId;
@@ -132,6 +133,8 @@ absl::StatusOr<Arm> Run(const tandem::engine::ModelWeights& w,
   const int64_t masks0 = e->structured_masks();
   const int64_t overlapped0 = e->structured_masks_overlapped();
   const double mask_s0 = e->structured_mask_seconds();
+  const double fwd0 = e->step_timing().forward_seconds;
+  const int64_t fsteps0 = e->step_timing().steps;
   Arm a;
   int steps = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -144,6 +147,9 @@ absl::StatusOr<Arm> Run(const tandem::engine::ModelWeights& w,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   a.tokens_per_s = s > 0 ? a.tokens / s : 0;
   a.step_ms = steps > 0 ? 1e3 * s / steps : 0;
+  const int64_t fsteps = e->step_timing().steps - fsteps0;
+  if (fsteps > 0)
+    a.forward_ms = 1e3 * (e->step_timing().forward_seconds - fwd0) / fsteps;
   const int64_t masks = e->structured_masks() - masks0;
   if (masks > 0) {
     a.mask_us_per_token = 1e6 * (e->structured_mask_seconds() - mask_s0) / masks;
@@ -204,17 +210,25 @@ int main(int argc, char** argv) {
       return plain->tokens_per_s > 0 ? a.tokens_per_s / plain->tokens_per_s : 0;
     };
     std::printf(
-        "batch %3d: plain %7.1f tok/s (%6.2f ms/step) | constrained, cold cache: %7.1f "
-        "tok/s (%6.2f ms/step, mask %.1f us/token) %.3f of plain | warm: %7.1f tok/s "
-        "(%6.2f ms/step, mask %.1f us/token, %.0f%% overlapped) %.3f of plain | warm, "
-        "sync masks: %7.1f tok/s (%6.2f ms/step) %.3f of plain\n",
-        batch, plain->tokens_per_s, plain->step_ms, cold->tokens_per_s, cold->step_ms,
-        cold->mask_us_per_token, over(*cold), warm->tokens_per_s, warm->step_ms,
+        "batch %3d: plain %7.1f tok/s (%6.2f ms/step, forward %.2f) | constrained, "
+        "cold "
+        "cache: %7.1f tok/s (%6.2f ms/step, forward %.2f, mask %.1f us/token) %.3f of "
+        "plain | warm: %7.1f tok/s (%6.2f ms/step, forward %.2f, mask %.1f us/token, "
+        "%.0f%% overlapped) %.3f of plain | warm, sync masks: %7.1f tok/s (%6.2f "
+        "ms/step, "
+        "forward %.2f) %.3f of plain\n",
+        batch, plain->tokens_per_s, plain->step_ms, plain->forward_ms,
+        cold->tokens_per_s, cold->step_ms, cold->forward_ms, cold->mask_us_per_token,
+        over(*cold), warm->tokens_per_s, warm->step_ms, warm->forward_ms,
         warm->mask_us_per_token, 100 * warm->overlapped, over(*warm),
-        sync->tokens_per_s, sync->step_ms, over(*sync));
+        sync->tokens_per_s, sync->step_ms, sync->forward_ms, over(*sync));
     const std::string k = absl::StrCat("b", batch);
     line[k + "_plain_tok_s"] = plain->tokens_per_s;
     line[k + "_plain_step_ms"] = plain->step_ms;
+    line[k + "_plain_forward_ms"] = plain->forward_ms;
+    line[k + "_constrained_forward_ms"] = warm->forward_ms;
+    line[k + "_sync_step_ms"] = sync->step_ms;
+    line[k + "_cold_step_ms"] = cold->step_ms;
     line[k + "_constrained_tok_s"] = warm->tokens_per_s;
     line[k + "_constrained_step_ms"] = warm->step_ms;
     line[k + "_constrained_over_plain"] = over(*warm);
