@@ -7,8 +7,11 @@
 //                  chunks) → drafts (ProposeDrafts) → per sequence (PlanInput):
 //                  reset the KDA slot of sequences starting at position 0, place
 //                  an imported state, the tokens to feed, KDA snapshot if drafts
+//     StartMasks:  structured outputs: one mask-pool task per constrained
+//                  sampling row (its next-token mask, or its drafts' walk)
 //     ForwardStep: ModelRunner::Forward over all planned sequences (one batch;
-//                  layer-progress reports for prefill entries)
+//                  layer-progress reports for prefill entries), the mask tasks
+//                  running meanwhile → AwaitMasks (structured_mask_timeout)
 //     SampleStep:  per sampling sequence: Sampler (seeded per request; rows
 //                  without drafts up front in parallel, PresampleRows) or Verify
 //                  (drafts; KDA rollback on a partial acceptance) → Emit:
