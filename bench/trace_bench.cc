@@ -139,7 +139,11 @@ const std::vector<std::string> kCounters = {
     "tandem_worker_prefix_cache_queried_tokens_total",
     "tandem_worker_prefix_cache_hit_tokens_total",
     "tandem_worker_prefix_snapshots_stored_total",
-    "tandem_worker_prefill_tokens_total"};
+    "tandem_worker_prefill_tokens_total",
+    // The KV hand-off: bytes the prefill workers wrote, and prompt tokens whose
+    // rows the decode workers already held (decode-side prefix hits).
+    "tandem_worker_transfer_bytes_total",
+    "tandem_worker_prefix_cache_reserve_hit_tokens_total"};
 
 absl::StatusOr<std::vector<std::map<std::string, double>>> ScrapeAll(
     const TraceCluster& c) {
@@ -245,7 +249,7 @@ absl::StatusOr<nlohmann::json> RunConfig(const std::string& config,
     return (*after)[w].at(name) - (*before)[w].at(name);
   };
   double queried = 0, hit = 0, snapshots = 0, computed = 0, decode_queried = 0,
-         decode_hit = 0;
+         decode_hit = 0, kv_bytes = 0, reserve_hit = 0;
   nlohmann::json per_worker = nlohmann::json::object();
   std::vector<double> loads;
   for (size_t w = 0; w < c.workers().size(); ++w) {
@@ -254,6 +258,8 @@ absl::StatusOr<nlohmann::json> RunConfig(const std::string& config,
                  s = delta(w, kCounters[2]), p = delta(w, kCounters[3]);
     snapshots += s;
     computed += p;
+    kv_bytes += delta(w, kCounters[4]);
+    reserve_hit += delta(w, kCounters[5]);
     if (wp.role == "prefill") {
       queried += q;
       hit += h;
@@ -283,6 +289,8 @@ absl::StatusOr<nlohmann::json> RunConfig(const std::string& config,
                       {"decode_queried_tokens", decode_queried},
                       {"decode_hit_tokens", decode_hit},
                       {"prefill_tokens_computed", computed},
+                      {"kv_bytes_sent", kv_bytes},
+                      {"decode_reserve_hit_tokens", reserve_hit},
                       {"snapshots_stored", snapshots},
                       {"snapshots_per_request", ok > 0 ? snapshots / ok : 0},
                       {"load_spread", mean_load > 0 ? max_load / mean_load : 0},
@@ -315,6 +323,11 @@ void Print(const std::string& config, const nlohmann::json& r, double ideal) {
             r[k]["p50_ms"].get<double>(), r[k]["p90_ms"].get<double>(),
             r[k]["p99_ms"].get<double>());
   }
+  fprintf(stderr,
+          "   KV hand-off %.1f MB written; %.0f prompt tokens' rows already on the "
+          "decode workers (decode-side hits)\n",
+          r["kv_bytes_sent"].get<double>() / 1e6,
+          r["decode_reserve_hit_tokens"].get<double>());
   std::string reasons;
   for (const auto& [reason, n] : r["router_choices"].items()) {
     absl::StrAppend(&reasons, reasons.empty() ? "" : ", ", reason, " ",
