@@ -7,7 +7,9 @@
 //      once, rotating chat/completions x greedy/temperature 1 x streaming/not:
 //      every output that ends with "stop" parses and validates (and most do);
 //   2. regex and choice (structured_outputs, guided_*): outputs match;
-//   3. tool_choice naming a function: arguments parse and validate;
+//   3. tool_choice naming a function: arguments parse and validate; "required"
+//      with several tools: one or more calls, each naming one of the tools,
+//      its arguments valid against that tool's parameters;
 //   4. a constraint that cannot finish within max_tokens ends "length";
 //      thinking on with a constraint ends "length" too when the reasoning never
 //      closes (the random model never writes <|close|>);
@@ -198,6 +200,61 @@ test('tool_choice naming a function: arguments parse and validate', async () => 
       assert.equal(calls[0].function.name, 'get_weather');
       const args = JSON.parse(calls[0].function.arguments);
       assert.ok(validate(args), `${calls[0].function.arguments}: ${ajv.errorsText(validate.errors)}`);
+    }
+  }
+});
+
+test('tool_choice "required" with several tools: every call names one and validates', async () => {
+  const schemas = {
+    get_weather: {
+      type: 'object',
+      properties: { city: { type: 'string', minLength: 1, maxLength: 8 }, unit: { enum: ['c', 'f'] } },
+      required: ['city', 'unit'], additionalProperties: false,
+    },
+    add: {
+      type: 'object',
+      properties: { a: { type: 'integer', minimum: 0, maximum: 99 }, b: { type: 'number', minimum: -5, maximum: 5 } },
+      required: ['a'],
+    },
+    noop: { type: 'object', properties: {} },
+  };
+  const tools = Object.entries(schemas).map(([name, parameters]) => ({ type: 'function', function: { name, parameters } }));
+  const validators = Object.fromEntries(Object.entries(schemas).map(([n, s]) => [n, ajv.compile(s)]));
+  for (const temperature of [0, 1]) {
+    for (const stream of [false, true]) {
+      const req = { model: MODEL, messages: [{ role: 'user', content: 'Do things.' }], tools, max_tokens: 700,
+        temperature, seed: 11, tool_choice: 'required', ...NO_THINK };
+      let calls;
+      let finish;
+      if (!stream) {
+        const r = await client.chat.completions.create(req);
+        calls = r.choices[0].message.tool_calls;
+        finish = r.choices[0].finish_reason;
+        assert.equal(r.choices[0].message.content, null);
+      } else {
+        const acc = [];
+        for await (const c of await client.chat.completions.create({ ...req, stream: true })) {
+          for (const ch of c.choices) {
+            finish = ch.finish_reason ?? finish;
+            assert.ok(!ch.delta?.content, `content ${ch.delta?.content}`);
+            for (const tc of ch.delta?.tool_calls ?? []) {
+              acc[tc.index] ??= { function: { name: '', arguments: '' } };
+              acc[tc.index].function.name += tc.function?.name ?? '';
+              acc[tc.index].function.arguments += tc.function?.arguments ?? '';
+            }
+          }
+        }
+        calls = acc;
+      }
+      const where = `temperature ${temperature} stream ${stream}`;
+      assert.equal(finish, 'tool_calls', where);
+      assert.ok(calls.length >= 1 && calls.length <= 8, `${where}: ${calls.length} calls`);
+      for (const call of calls) {
+        const validate = validators[call.function.name];
+        assert.ok(validate, `${where}: undeclared tool ${call.function.name}`);
+        const args = JSON.parse(call.function.arguments);
+        assert.ok(validate(args), `${where}: ${call.function.name}(${call.function.arguments}): ${ajv.errorsText(validate.errors)}`);
+      }
     }
   }
 });
