@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -184,18 +185,29 @@ class UcxBackend final : public Backend {
   std::map<PeerId, std::unique_ptr<Peer>> peers_;  // agent lock
 };
 
+namespace {
+
+// The body of a ucp_ep_print_info lane line after "lane[i]:", leading blanks
+// stripped ("3:cma/memory.0 md[3] ..."); nullopt for any other line.
+std::optional<absl::string_view> LaneBody(absl::string_view line) {
+  const size_t lane = line.find("lane[");
+  if (lane == absl::string_view::npos) return std::nullopt;
+  absl::string_view rest = line.substr(lane);
+  const size_t colon = rest.find("]:");
+  if (colon == absl::string_view::npos) return std::nullopt;
+  return absl::StripLeadingAsciiWhitespace(rest.substr(colon + 2));
+}
+
+}  // namespace
+
 std::string ParseUcxTransports(absl::string_view ep_info) {
   // Lane lines look like "#   lane[1]:  3:cma/memory.0 md[3] ... rma_bw#0".
   std::vector<std::string> found;
   for (absl::string_view line : absl::StrSplit(ep_info, '\n')) {
-    const size_t lane = line.find("lane[");
-    if (lane == absl::string_view::npos) continue;
-    absl::string_view rest = line.substr(lane);
-    const size_t colon = rest.find("]:");
-    if (colon == absl::string_view::npos) continue;
-    rest = rest.substr(colon + 2);
-    // Skip blanks and the resource index ("3:").
-    while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+    const std::optional<absl::string_view> body = LaneBody(line);
+    if (!body.has_value()) continue;
+    const absl::string_view rest = *body;
+    // After the resource index ("3:").
     const size_t idx = rest.find(':');
     const size_t slash = rest.find('/');
     if (idx == absl::string_view::npos || slash == absl::string_view::npos ||
@@ -214,12 +226,9 @@ std::string DescribeUcxLanes(absl::string_view ep_info) {
   // "#   lane[0]:  1:tcp/lo.0 md[0]   -> md[0]/tcp/sysdev[255] am am_bw#0 wireup"
   std::vector<std::string> lanes;
   for (absl::string_view line : absl::StrSplit(ep_info, '\n')) {
-    const size_t lane = line.find("lane[");
-    if (lane == absl::string_view::npos) continue;
-    absl::string_view rest = line.substr(lane);
-    const size_t colon = rest.find("]:");
-    if (colon == absl::string_view::npos) continue;
-    rest = absl::StripLeadingAsciiWhitespace(rest.substr(colon + 2));
+    const std::optional<absl::string_view> body = LaneBody(line);
+    if (!body.has_value()) continue;
+    const absl::string_view rest = *body;
     const size_t idx = rest.find(':');
     const size_t space = rest.find(' ');
     if (idx == absl::string_view::npos || space == absl::string_view::npos ||
