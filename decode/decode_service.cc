@@ -387,7 +387,8 @@ void DecodeService::StartDecode(Handoff h) {
   };
   // The reserved blocks are not touched by the engine's steps: read them here.
   const tandem::v1::StateChecksums& want = req.checksums();
-  if (want.mla_layer_size() + want.kda_layer_size() > 0) {
+  const bool verified = want.mla_layer_size() + want.kda_layer_size() > 0;
+  if (verified) {
     absl::StatusOr<tandem::v1::StateChecksums> sums = LandedChecksums(r);
     if (!sums.ok()) return fail(sums.status(), "error");
     const tandem::v1::StateChecksums& got = *sums;
@@ -418,7 +419,12 @@ void DecodeService::StartDecode(Handoff h) {
   state.prompt.assign(req.prompt_token_ids().begin(), req.prompt_token_ids().end());
   state.generated = {req.first_token_id()};
   state.num_cached_tokens = r.prompt_tokens;
-  state.cacheable_tokens = req.cacheable_prompt_tokens();
+  // What landed joins the cache (and is shared with later reservations) only
+  // once verified: unchecked bytes would spoil every later turn, not one
+  // request. Never more than the prompt, never negative (-1 means "all").
+  state.cacheable_tokens =
+      verified ? std::clamp<int64_t>(req.cacheable_prompt_tokens(), 0, r.prompt_tokens)
+               : 0;
   loop_->Post([this, w, info = r, started = h.decode_started, state = std::move(state),
                params = *params](engine::Engine& e) {
     rpc::ResponseStream* stream = w->stream;

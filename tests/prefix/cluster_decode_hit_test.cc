@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "proto/router.grpc.pb.h"
+#include "tests/prefix/prefix_metrics.h"
 #include "tests/testing/process_cluster.h"
 
 namespace tandem {
@@ -65,16 +66,9 @@ double NextReserveHits(ProcessCluster& c, double before) {
   return v;
 }
 
-// The counter once two readings 600 ms apart agree (bounded).
 double SettledReserveHits(ProcessCluster& c) {
-  double last = -1;
-  for (int i = 0; i < 20; ++i) {
-    absl::SleepFor(absl::Milliseconds(600));
-    const double v = ReserveHits(c);
-    if (v == last) return v;
-    last = v;
-  }
-  return last;
+  return testing::SettledMetric(c.decode_metrics(),
+                                "tandem_worker_prefix_cache_reserve_hit_tokens_total");
 }
 
 struct Reference {
@@ -160,6 +154,24 @@ TEST(ClusterDecodeHitTest, OnlyTheRowsTheDecodeWorkerLacksCrossTheWire) {
   EXPECT_EQ(got_o.tokens, off.b.tokens);
   EXPECT_DOUBLE_EQ(WireBytes(c) - w5, 400 * row + kda);
   EXPECT_EQ(SettledReserveHits(c), h1);
+}
+
+// Without checksums nothing that lands is cached: unverified rows would be
+// shared with every later turn. The next turn then sends all its rows.
+TEST(ClusterDecodeHitTest, UnverifiedStateIsNotCached) {
+  ProcessCluster c;
+  ASSERT_EQ(c.Start({"--colocate_below_tokens=0", "--kv_checksums=false"}, 4), "");
+  const tandem::v1::GenerateRequest a = MakeRequest(300, 11, 2, 0.0f);
+  tandem::v1::GenerateRequest b = Extend(a, 100, 5);
+  b.set_request_id("b");
+  ASSERT_TRUE(c.Generate(a).status.ok()) << c.Logs();
+  const double w0 = WireBytes(c);
+  ASSERT_TRUE(c.Generate(b).status.ok()) << c.Logs();
+  const double w1 = WireBytes(c);
+  ASSERT_TRUE(c.Generate(b).status.ok()) << c.Logs();
+  // b twice: the same bytes both times (nothing of a or b was held).
+  EXPECT_DOUBLE_EQ(WireBytes(c) - w1, w1 - w0);
+  EXPECT_EQ(SettledReserveHits(c), 0);
 }
 
 }  // namespace

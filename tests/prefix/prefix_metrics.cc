@@ -13,15 +13,33 @@ double PrefixHitTokens(ProcessCluster& c) {
   return total;
 }
 
-double SettledPrefixHitTokens(ProcessCluster& c) {
+namespace {
+
+// `read()` once two readings 600 ms apart (the workers' update period is
+// 500 ms) agree; at most 20 readings.
+template <typename Read>
+double Settled(Read read) {
   double last = -1;
   for (int i = 0; i < 20; ++i) {
     absl::SleepFor(absl::Milliseconds(600));
-    const double h = PrefixHitTokens(c);
-    if (h == last) return h;
-    last = h;
+    const double v = read();
+    if (v == last) return v;
+    last = v;
   }
   return last;
+}
+
+}  // namespace
+
+double SettledPrefixHitTokens(ProcessCluster& c) {
+  return Settled([&] { return PrefixHitTokens(c); });
+}
+
+double SettledMetric(int port, const std::string& name) {
+  return Settled([&] {
+    auto v = Metric(port, name, {});
+    return v.ok() ? *v : -1.0;
+  });
 }
 
 }  // namespace tandem::testing
