@@ -138,8 +138,7 @@ nlohmann::json Dist(const std::vector<double>& s) {
 const std::vector<std::string> kCounters = {
     "tandem_worker_prefix_cache_queried_tokens_total",
     "tandem_worker_prefix_cache_hit_tokens_total",
-    "tandem_worker_prefix_snapshots_stored_total",
-    "tandem_worker_prefill_tokens_total",
+    "tandem_worker_prefix_snapshots_stored_total", "tandem_worker_prefill_tokens_total",
     // The KV hand-off: bytes the prefill workers wrote, and prompt tokens whose
     // rows the decode workers already held (decode-side prefix hits).
     "tandem_worker_transfer_bytes_total",

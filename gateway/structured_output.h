@@ -20,8 +20,9 @@
 // <|sep|>ARGS<|close|>json<|sep|><|close|>call<|sep|>` with NAME one of the
 // tools, N the call's index and ARGS valid against that tool's parameters,
 // then `<|close|>tools<|sep|><|close|>message<|sep|>`: one KIND_TOOL_CALLS
-// grammar, with <|end_of_msg|> as its terminator (no suffix) (engine/grammar/tool_calls.h; the structure tokens
-// are part of it), after the forced [reasoning framing and]
+// grammar, with <|end_of_msg|> as its terminator (no suffix)
+// (engine/grammar/tool_calls.h; the structure tokens are part of it), after the forced
+// [reasoning framing and]
 // `<|close|>response<|sep|><|open|>tools<|sep|>`.
 // Chat, tool_choice naming a function (or "required" with one tool): the
 // response is empty and the tools channel holds one call whose arguments are a

@@ -54,9 +54,9 @@ std::optional<size_t> SelectDecode(
         holds = std::min<int64_t>(h->second, prompt_tokens);
       }
     }
-    auto key = std::make_tuple(-(free_tokens + holds),
-                               static_cast<int64_t>(l.running_requests()) + f.requests,
-                               id);
+    auto key =
+        std::make_tuple(-(free_tokens + holds),
+                        static_cast<int64_t>(l.running_requests()) + f.requests, id);
     if (!best.has_value() || key < best_key) {
       best = i;
       best_key = std::move(key);

@@ -139,9 +139,8 @@ Placement::Actions Placement::Reserve() {
     held = deps_.prefill_router->HeldBlocks(live, request_.prompt_tokens,
                                             request_.prefix_hashes);
   }
-  std::optional<size_t> i = SelectDecode(live, tried_decode_,
-                                         deps_.ledger->Snapshot(live),
-                                         request_.prompt_tokens, &held);
+  std::optional<size_t> i = SelectDecode(
+      live, tried_decode_, deps_.ledger->Snapshot(live), request_.prompt_tokens, &held);
   if (!i.has_value()) return NoDecodeWorker(AfterRelease::kReserve);
   decode_ = live[*i];
   if (auto h = held.find(decode_.registration.worker_id()); h != held.end()) {

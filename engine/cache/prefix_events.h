@@ -38,8 +38,8 @@ namespace tandem::engine {
 struct PrefixEvent {
   enum class Kind { kStored, kRemoved, kCleared };
   Kind kind = Kind::kStored;
-  int64_t tokens = 0;       // p (0 for kCleared)
-  uint64_t route_hash = 0;  // RoutePrefixHash(prompt, p, cache_salt) (0: kCleared)
+  int64_t tokens = 0;        // p (0 for kCleared)
+  uint64_t route_hash = 0;   // RoutePrefixHash(prompt, p, cache_salt) (0: kCleared)
   bool blocks_only = false;  // the MLA blocks of [0, p), no snapshot implied
 
   bool operator==(const PrefixEvent& o) const {

@@ -3,11 +3,12 @@
 // constraint (choice, regex checked by RE2, JSON schema checked field by
 // field), greedy and seeded, in batches; masks filled on the engine's mask pool
 // during the forward (the default) give the tokens of masks filled at sampling
-// time (structured_mask_threads 0), plain and speculative; a disaggregated run (first token here, the rest on another engine that
-// replays it into its matcher) equals a colocated one; speculative decoding
-// with a constraint equals plain constrained decoding (greedy n-gram) and stays
-// valid with a mismatched draft model; a grammar that cannot finish ends by
-// length; an engine without a tokenizer refuses a constraint.
+// time (structured_mask_threads 0), plain and speculative; a disaggregated run (first
+// token here, the rest on another engine that replays it into its matcher) equals a
+// colocated one; speculative decoding with a constraint equals plain constrained
+// decoding (greedy n-gram) and stays valid with a mismatched draft model; a grammar
+// that cannot finish ends by length; an engine without a tokenizer refuses a
+// constraint.
 #include <map>
 #include <memory>
 #include <string>
