@@ -463,3 +463,42 @@ TEST(GrammarTest, ApplyTokenBitmaskMasksLogits) {
 
 }  // namespace
 }  // namespace tandem::grammar
+
+namespace tandem::grammar {
+namespace {
+
+// The sorted arena and next_shorter() that the mask walk skips decided
+// subtrees with, against their definitions on the real vocabulary.
+TEST(TokenVocabularyTest, SortedArenaAndNextShorterMatchTheirDefinitions) {
+  const TokenVocabulary& v = *K3Vocab();
+  const std::vector<int32_t>& sorted = v.sorted_ids();
+  const std::vector<int32_t>& lcp = v.lcp();
+  const std::vector<int32_t>& ns = v.next_shorter();
+  const int32_t n = static_cast<int32_t>(sorted.size());
+  ASSERT_EQ(ns.size(), sorted.size());
+  for (int32_t i = 0; i < n; ++i) {
+    ASSERT_EQ(v.sorted_token(i), v.token_bytes(sorted[i])) << i;
+    if (i > 0) ASSERT_LT(v.sorted_token(i - 1), v.sorted_token(i)) << i;
+  }
+  std::mt19937 rng(5);
+  for (int k = 0; k < 3000; ++k) {
+    const int32_t i = static_cast<int32_t>(rng() % n);
+    int32_t want = i + 1;
+    while (want < n && lcp[want] >= lcp[i]) ++want;
+    ASSERT_EQ(ns[i], want) << i;
+    // The run of tokens sharing token i's first L bytes, by hops and by scan.
+    const int32_t len = static_cast<int32_t>(v.sorted_token(i).size());
+    const int32_t L = 1 + static_cast<int32_t>(rng() % len);
+    int32_t hop = i + 1;
+    while (hop < n && lcp[hop] >= L) hop = ns[hop];
+    int32_t scan = i + 1;
+    while (scan < n &&
+           v.sorted_token(scan).substr(0, L) == v.sorted_token(i).substr(0, L)) {
+      ++scan;
+    }
+    ASSERT_EQ(hop, scan) << i << " L=" << L;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::grammar

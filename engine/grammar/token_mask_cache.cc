@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/string_view.h"
+
 namespace tandem::grammar {
 
 void MaskEntry::OrAccepted(const TokenVocabulary& vocab, absl::Span<uint32_t> mask,
@@ -70,82 +72,114 @@ MaskEntry TokenMaskCache::Compute(int32_t position, int32_t state,
   enum Verdict : uint8_t { kReject, kAccept, kUncertain };
   const std::vector<int32_t>& sorted = vocab_->sorted_ids();
   const std::vector<int32_t>& lcp = vocab_->lcp();
+  const std::vector<int32_t>& next_shorter = vocab_->next_shorter();
+  const int32_t n = static_cast<int32_t>(sorted.size());
   const int32_t max_len = vocab_->max_token_bytes();
 
+  // The frontier after each prefix length of the current token. Most walks
+  // are one item moving inside its DFA: that item is kept inline (`one`) and
+  // the general frontier (`many`) is used only once a step needs closure.
+  struct Level {
+    bool single = false;
+    bool exited = false;  // an exit after <= this many bytes
+    Item one{};
+    std::vector<Item> many;
+  };
   FramePool pool;
-  std::vector<std::vector<Item>> frontier(max_len + 1);
-  std::vector<uint8_t> exited(max_len + 1, 0);  // an exit after <= d bytes
-  frontier[0] = {Item{position, state, parent}};
-  int32_t valid = 0;      // frontier[0..valid] hold the current prefix
-  int32_t dead_len = -1;  // a prefix of this length is decided (dead)
-  Verdict dead_verdict = kReject;
+  std::vector<Level> lv(max_len + 1);
+  lv[0].single = true;
+  lv[0].one = Item{position, state, parent};
+  std::vector<Item> single_in(1);
+  int32_t valid = 0;  // lv[0..valid] hold the current token's prefix
 
-  std::vector<int32_t> accepted, rejected, uncertain;
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    const int32_t id = sorted[i];
-    const std::string& t = vocab_->token_bytes(id);
+  std::vector<uint32_t> accepted_bits(vocab_->bitmask_words(), 0);
+  int64_t num_accepted = 0;
+  int64_t num_rejected = 0;
+  std::vector<int32_t> uncertain;
+  int32_t i = 0;
+  while (i < n) {
+    const absl::string_view t = vocab_->sorted_token(i);
     const int32_t len = static_cast<int32_t>(t.size());
+    valid = std::min(valid, lcp[i]);
     Verdict v = kAccept;
-    if (dead_len >= 0 && lcp[i] >= dead_len) {
-      v = dead_verdict;
-    } else {
-      dead_len = -1;
-      valid = std::min(valid, lcp[i]);
-      for (int32_t d = valid; d < len; ++d) {
-        const uint8_t byte = static_cast<uint8_t>(t[d]);
-        if (frontier[d].size() == 1) {
-          // Fast path: one item moving inside its DFA (no closure needed).
-          const Item& it = frontier[d][0];
-          const Dfa& dfa = *pda_->dfa_at(it.position);
-          const int32_t next = dfa.Next(it.state, byte);
-          if (next >= 0 && !dfa.accepting[next]) {
-            frontier[d + 1].assign(1, Item{it.position, next, it.parent});
-            exited[d + 1] = exited[d];
-            valid = d + 1;
-            continue;
-          }
+    int32_t dead_len = -1;  // token i's first dead_len bytes decide it
+    for (int32_t d = valid; d < len; ++d) {
+      const uint8_t byte = static_cast<uint8_t>(t[d]);
+      Level& cur = lv[d];
+      Level& nx = lv[d + 1];
+      const std::vector<Item>* in = &cur.many;
+      if (cur.single) {
+        const Dfa& dfa = *pda_->dfa_at(cur.one.position);
+        const int32_t next = dfa.Next(cur.one.state, byte);
+        if (next >= 0 && !dfa.accepting[next]) {
+          nx.single = true;
+          nx.one = Item{cur.one.position, next, cur.one.parent};
+          nx.exited = cur.exited;
+          valid = d + 1;
+          continue;
         }
-        StepResult r = pda_->Step(frontier[d], byte, &pool, &frontier[d + 1]);
-        if (!r.consumed) {
-          v = exited[d] ? kUncertain : kReject;
-          dead_len = d + 1;
-          dead_verdict = v;
-          valid = d;
-          break;
-        }
-        exited[d + 1] = exited[d] || r.exited;
-        valid = d + 1;
+        single_in[0] = cur.one;
+        in = &single_in;
       }
+      StepResult r = pda_->Step(*in, byte, &pool, &nx.many);
+      if (!r.consumed) {
+        v = cur.exited ? kUncertain : kReject;
+        dead_len = d + 1;
+        valid = d;
+        break;
+      }
+      nx.single = nx.many.size() == 1;
+      if (nx.single) nx.one = nx.many[0];
+      nx.exited = cur.exited || r.exited;
+      valid = d + 1;
+    }
+    // Every following token that shares the first dead_len bytes has the same
+    // verdict: find the end of that run by hopping over deeper subtrees.
+    int32_t run_end = i + 1;
+    if (dead_len >= 0) {
+      while (run_end < n && lcp[run_end] >= dead_len) run_end = next_shorter[run_end];
     }
     switch (v) {
       case kAccept:
-        accepted.push_back(id);
+        accepted_bits[sorted[i] >> 5] |= 1u << (sorted[i] & 31);
+        ++num_accepted;
         break;
       case kReject:
-        rejected.push_back(id);
+        num_rejected += run_end - i;
         break;
       case kUncertain:
-        uncertain.push_back(id);
+        for (int32_t j = i; j < run_end; ++j) uncertain.push_back(sorted[j]);
         break;
     }
+    i = run_end;
   }
   MaskEntry e;
   std::sort(uncertain.begin(), uncertain.end());
   e.uncertain = std::move(uncertain);
-  const size_t bitset_words = vocab_->bitmask_words();
-  const size_t smaller = std::min(accepted.size(), rejected.size());
-  if (smaller > kMaxListIds) {
+  const int64_t smaller = std::min(num_accepted, num_rejected);
+  if (smaller > static_cast<int64_t>(kMaxListIds)) {
     e.form = MaskEntry::Form::kBitset;
-    e.bits.assign(bitset_words, 0);
-    for (int32_t id : accepted) e.bits[id >> 5] |= 1u << (id & 31);
-  } else if (accepted.size() <= rejected.size()) {
+    e.bits = std::move(accepted_bits);
+  } else if (num_accepted <= num_rejected) {
     e.form = MaskEntry::Form::kAcceptedList;
-    std::sort(accepted.begin(), accepted.end());
-    e.ids = std::move(accepted);
+    e.ids.reserve(num_accepted);
+    for (size_t w = 0; w < accepted_bits.size(); ++w) {
+      for (uint32_t bits = accepted_bits[w]; bits != 0; bits &= bits - 1) {
+        e.ids.push_back(static_cast<int32_t>(32 * w + __builtin_ctz(bits)));
+      }
+    }
   } else {
+    // Rejected = matchable, not accepted, not uncertain (ids in order).
     e.form = MaskEntry::Form::kRejectedList;
-    std::sort(rejected.begin(), rejected.end());
-    e.ids = std::move(rejected);
+    std::vector<uint32_t> rejected = vocab_->matchable_mask();
+    for (size_t w = 0; w < rejected.size(); ++w) rejected[w] &= ~accepted_bits[w];
+    for (int32_t id : e.uncertain) rejected[id >> 5] &= ~(1u << (id & 31));
+    e.ids.reserve(num_rejected);
+    for (size_t w = 0; w < rejected.size(); ++w) {
+      for (uint32_t bits = rejected[w]; bits != 0; bits &= bits - 1) {
+        e.ids.push_back(static_cast<int32_t>(32 * w + __builtin_ctz(bits)));
+      }
+    }
   }
   return e;
 }

@@ -77,6 +77,23 @@ absl::StatusOr<std::shared_ptr<const TokenVocabulary>> TokenVocabulary::Build(
     while (k < n && p[k] == q[k]) ++k;
     v->lcp_[i] = static_cast<int32_t>(k);
   }
+  const size_t n = v->sorted_.size();
+  v->sorted_offsets_.assign(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    v->sorted_offsets_[i] = static_cast<uint32_t>(v->sorted_bytes_.size());
+    v->sorted_bytes_ += b[v->sorted_[i]];
+  }
+  v->sorted_offsets_[n] = static_cast<uint32_t>(v->sorted_bytes_.size());
+  // Next strictly smaller lcp to the right (a monotonic stack).
+  v->next_shorter_.assign(n, static_cast<int32_t>(n));
+  std::vector<int32_t> stack;
+  for (size_t i = 0; i < n; ++i) {
+    while (!stack.empty() && v->lcp_[i] < v->lcp_[stack.back()]) {
+      v->next_shorter_[stack.back()] = static_cast<int32_t>(i);
+      stack.pop_back();
+    }
+    stack.push_back(static_cast<int32_t>(i));
+  }
   return std::shared_ptr<const TokenVocabulary>(std::move(v));
 }
 

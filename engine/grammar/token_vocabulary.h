@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "engine/tokenizer/tokenizer.h"
 
@@ -52,6 +53,16 @@ class TokenVocabulary {
   // sorted[i-1] and sorted[i] (lcp[0] = 0).
   const std::vector<int32_t>& sorted_ids() const { return sorted_; }
   const std::vector<int32_t>& lcp() const { return lcp_; }
+  // The bytes of sorted_ids()[i], from one contiguous arena in sorted order
+  // (a trie walk reads memory sequentially instead of chasing 163,840 strings).
+  absl::string_view sorted_token(size_t i) const {
+    return absl::string_view(sorted_bytes_.data() + sorted_offsets_[i],
+                             sorted_offsets_[i + 1] - sorted_offsets_[i]);
+  }
+  // next_shorter()[i]: the first j > i with lcp[j] < lcp[i] (size() when none).
+  // From i + 1, following it while lcp[j] >= L reaches the end of the run of
+  // tokens that share token i's first L bytes, in a few hops.
+  const std::vector<int32_t>& next_shorter() const { return next_shorter_; }
   int32_t max_token_bytes() const { return max_len_; }
   // Bitmask (bitmask_words() words) of all matchable tokens.
   const std::vector<uint32_t>& matchable_mask() const { return matchable_mask_; }
@@ -65,6 +76,9 @@ class TokenVocabulary {
   std::vector<int32_t> stop_ids_;
   std::vector<int32_t> sorted_;
   std::vector<int32_t> lcp_;
+  std::string sorted_bytes_;
+  std::vector<uint32_t> sorted_offsets_;
+  std::vector<int32_t> next_shorter_;
   std::vector<uint32_t> matchable_mask_;
   int32_t max_len_ = 0;
 };
