@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "common/status.h"
@@ -16,6 +17,47 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // truncated set for all but nearly flat distributions; otherwise we widen.
 constexpr float kGatherWindow = 16.0f;
 constexpr int64_t kChunk = 256;
+
+// Four-lane vectors (GCC/Clang vector extensions: SSE2 on x86-64, NEON on
+// Arm). The two whole-row scans of greedy sampling below run at memory speed
+// with them; written as scalar loops they did not vectorise at -O2.
+using V4i = int32_t __attribute__((vector_size(16)));
+using V4f = float __attribute__((vector_size(16)));
+
+// Whether x[0, n) holds a NaN or +inf (-inf is a masked token: allowed).
+bool AnyNanOrPosInf(const float* x, int64_t n) {
+  const V4i abs_bits = {0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff};
+  const V4i inf_bits = {0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000};
+  V4i bad = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    V4i b;
+    std::memcpy(&b, x + i, sizeof(b));
+    // NaN: magnitude above inf's bits (either sign); +inf: exactly inf's bits.
+    bad |= ((b & abs_bits) > inf_bits) | (b == inf_bits);
+  }
+  bool any = (bad[0] | bad[1] | bad[2] | bad[3]) != 0;
+  for (; i < n; ++i) any |= std::isnan(x[i]) || x[i] == -kNegInf;
+  return any;
+}
+
+// The largest value of x[0, n), n >= 1, x without NaN.
+float MaxOf(const float* x, int64_t n) {
+  V4f m0 = {x[0], x[0], x[0], x[0]};
+  V4f m1 = m0;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    V4f a, b;
+    std::memcpy(&a, x + i, sizeof(a));
+    std::memcpy(&b, x + i + 4, sizeof(b));
+    m0 = a > m0 ? a : m0;
+    m1 = b > m1 ? b : m1;
+  }
+  m0 = m1 > m0 ? m1 : m0;
+  float m = std::max(std::max(m0[0], m0[1]), std::max(m0[2], m0[3]));
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
 
 struct Greater {
   template <typename C>
@@ -64,20 +106,30 @@ absl::Status Sampler::Prepare(const SampleRequest& request, bool need_softmax) {
                            " entries, vocabulary has ", vocab_size_);
   }
   const SamplingParams& p = *request.params;
-  std::copy(request.logits.begin(), request.logits.end(), x_.begin());
   const bool masked = !request.allowed_bitmask.empty();
-  if (masked) {
+  if (!masked) {
+    std::copy(request.logits.begin(), request.logits.end(), x_.begin());
+  } else {
     const absl::Span<const uint32_t> mask = request.allowed_bitmask;
     if (static_cast<int64_t>(mask.size()) * 32 < vocab_size_) {
       return InvalidArgument("token bitmask has ", mask.size(),
                              " words, vocabulary has ", vocab_size_, " tokens");
     }
-    for (int64_t w = 0; w * 32 < vocab_size_; ++w) {
+    // Copy and mask in one pass, a 32-token word at a time: a grammar's mask
+    // is mostly whole words of allowed or of disallowed tokens.
+    const float* src = request.logits.data();
+    float* dst = x_.data();
+    for (int64_t w = 0, base = 0; base < vocab_size_; ++w, base += 32) {
+      const int64_t end = std::min<int64_t>(vocab_size_, base + 32);
       const uint32_t bits = mask[w];
-      if (bits == 0xffffffffu) continue;
-      const int64_t end = std::min<int64_t>(vocab_size_, (w + 1) * 32);
-      for (int64_t i = w * 32; i < end; ++i) {
-        if (((bits >> (i - w * 32)) & 1u) == 0) x_[i] = kNegInf;
+      if (bits == 0) {
+        std::fill(dst + base, dst + end, kNegInf);
+      } else if (bits == 0xffffffffu) {
+        std::copy(src + base, src + end, dst + base);
+      } else {
+        for (int64_t i = base; i < end; ++i) {
+          dst[i] = ((bits >> (i - base)) & 1u) != 0 ? src[i] : kNegInf;
+        }
       }
     }
   }
@@ -85,8 +137,16 @@ absl::Status Sampler::Prepare(const SampleRequest& request, bool need_softmax) {
     if (id >= 0 && id < vocab_size_) x_[id] = kNegInf;
   }
   if (masked) {
+    // Some allowed token must still be finite; only the mask's set bits are
+    // looked at.
+    const absl::Span<const uint32_t> mask = request.allowed_bitmask;
     bool any = false;
-    for (int64_t i = 0; i < vocab_size_ && !any; ++i) any = x_[i] != kNegInf;
+    for (int64_t w = 0; w * 32 < vocab_size_ && !any; ++w) {
+      for (uint32_t bits = mask[w]; bits != 0 && !any; bits &= bits - 1) {
+        const int64_t i = w * 32 + __builtin_ctz(bits);
+        any = i < vocab_size_ && x_[i] != kNegInf;
+      }
+    }
     if (!any) {
       return absl::FailedPreconditionError(
           "structured output: the constraint allows no next token");
@@ -116,10 +176,8 @@ absl::Status Sampler::Prepare(const SampleRequest& request, bool need_softmax) {
     for (float& v : x_) v /= t;
   }
   if (!need_softmax) {
-    for (float v : x_) {
-      if (std::isnan(v) || v == -kNegInf) {
-        return InvalidArgument("logits contain NaN or +inf");
-      }
+    if (AnyNanOrPosInf(x_.data(), vocab_size_)) {
+      return InvalidArgument("logits contain NaN or +inf");
     }
     return absl::OkStatus();
   }
@@ -157,15 +215,12 @@ absl::Status Sampler::Prepare(const SampleRequest& request, bool need_softmax) {
 }
 
 int32_t Sampler::ArgMax() const {
-  int32_t best = 0;
-  float bv = x_[0];
-  for (int64_t i = 1; i < vocab_size_; ++i) {
-    if (x_[i] > bv) {
-      bv = x_[i];
-      best = static_cast<int32_t>(i);
-    }
+  // The first index of the largest value (x_ holds no NaN here).
+  const float best = MaxOf(x_.data(), vocab_size_);
+  for (int64_t j = 0; j < vocab_size_; ++j) {
+    if (x_[j] == best) return static_cast<int32_t>(j);
   }
-  return best;
+  return 0;
 }
 
 void Sampler::TopN(int n, std::vector<TopLogprob>* out) const {

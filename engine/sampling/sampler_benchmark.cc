@@ -19,13 +19,25 @@ std::vector<float> Logits(double scale) {
   return out;
 }
 
-void Run(benchmark::State& state, SamplingParams p, double scale) {
+// A structured-output mask: `allowed` of every `period` tokens (sparse:
+// a JSON structure position, a few hundred ids; dense: inside a string).
+std::vector<uint32_t> Mask(int period, int allowed) {
+  std::vector<uint32_t> m((kVocab + 31) / 32, 0);
+  for (int64_t i = 0; i < kVocab; ++i) {
+    if (i % period < allowed) m[i >> 5] |= 1u << (i & 31);
+  }
+  return m;
+}
+
+void Run(benchmark::State& state, SamplingParams p, double scale,
+         const std::vector<uint32_t>& mask = {}) {
   const std::vector<float> logits = Logits(scale);
   Sampler sampler(kVocab);
   p.seed = 1;
   SampleRequest r;
   r.logits = logits;
   r.params = &p;
+  r.allowed_bitmask = mask;
   for (auto _ : state) {
     ++r.position;
     benchmark::DoNotOptimize(sampler.Sample(r));
@@ -66,7 +78,23 @@ void BM_Logprobs20(benchmark::State& s) {
   Run(s, p, 3.0);
 }
 
+// Masked rows (structured outputs), beside BM_Greedy / BM_Temperature.
+void BM_GreedyMaskSparse(benchmark::State& s) {
+  Run(s, SamplingParams{}, 3.0, Mask(1024, 1));
+}
+void BM_GreedyMaskDense(benchmark::State& s) {
+  Run(s, SamplingParams{}, 3.0, Mask(4096, 3900));
+}
+void BM_TemperatureMaskDense(benchmark::State& s) {
+  SamplingParams p;
+  p.temperature = 0.8f;
+  Run(s, p, 3.0, Mask(4096, 3900));
+}
+
 BENCHMARK(BM_Greedy)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_GreedyMaskSparse)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_GreedyMaskDense)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_TemperatureMaskDense)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Temperature)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_TopP)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_TopKTopPMinP)->Unit(benchmark::kMicrosecond);
