@@ -75,6 +75,9 @@ int main(int argc, char** argv) {
   }
   tandem::engine::EngineOptions& eo = *options;
   eo.speculative = speculative.speculative;
+  // The router reserves a prompt where its blocks are: announce those of the
+  // prompts this worker computes itself too, not only the landed ones.
+  eo.prefix_caching.announce_blocks = true;
   tandem::kvtransfer::TransportInfo transport;
   auto agent = tandem::worker::TransferAgentFromFlags(absl::GetFlag(FLAGS_worker_id),
                                                       &transport);

@@ -220,12 +220,16 @@ absl::Status DecodeService::ReserveOnLoop(engine::Engine& e,
                                           const tandem::v1::ReserveRequest& req,
                                           engine::RequestId eid, absl::Duration lease,
                                           tandem::v1::KvTarget* resp) {
-  // With the prompt's ids: the blocks of it the cache holds are shared (a
-  // decode-side prefix hit), and the prefill worker skips their rows.
+  // With the prompt's ids and the router's word that the prefill worker
+  // writing this honours held rows (share_held_prefix): the blocks of it the
+  // cache holds are shared (a decode-side prefix hit), and the prefill worker
+  // skips their rows. Without that word (a router older than the field, or a
+  // prefill worker that would write every row from 0 into blocks other
+  // sequences share) nothing is shared; the landed prompt is still cached.
   absl::StatusOr<engine::StateLocation> loc = e.Reserve(
       eid, req.prompt_tokens(),
       absl::MakeConstSpan(req.prompt_token_ids().data(), req.prompt_token_ids_size()),
-      req.cache_salt());
+      req.cache_salt(), /*share_held_prefix=*/req.share_held_prefix());
   if (!loc.ok()) {
     if (absl::IsResourceExhausted(loc.status())) {
       return ResourceExhausted("decode worker ", options_.worker_id, " cannot hold ",

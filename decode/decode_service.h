@@ -4,7 +4,8 @@
 //
 //   Reserve(id, prompt_tokens)
 //     → engine thread: Engine::Reserve (blocks + a KDA slot, held, never
-//       scheduled or preempted; RESOURCE_EXHAUSTED when not free) → the reply,
+//       scheduled or preempted; RESOURCE_EXHAUSTED when not free; cached
+//       blocks of the prompt shared only with share_held_prefix) → the reply,
 //       from the engine thread: KvTarget{agent descriptor (the engine cache's
 //       geometry in its metadata), the engine's block ids, slot, layout, lease
 //       expiry}                                                    RESERVED

@@ -27,6 +27,13 @@ ABSL_FLAG(std::string, worker_id, "prefill-0", "Worker id registered with the ro
 ABSL_FLAG(bool, kv_stream_layers, true,
           "Stream each layer's KV/KDA state to the decode worker while the prefill "
           "computes (false: the whole state after the prefill).");
+ABSL_FLAG(bool, kv_write_after_held_prefix, true,
+          "Write only the KV rows after the decode worker's held prefix "
+          "(KvTarget.cached_prefix_tokens) and say so at registration "
+          "(writes_after_held_prefix), so the router lets decode workers share "
+          "cached blocks for this worker's transfers. false: register without it "
+          "(decode workers then share nothing for its transfers, as for a worker "
+          "older than the field) and refuse a target with held rows.");
 ABSL_FLAG(bool, test_corrupt_transfer, false,
           "TEST ONLY: flip one byte of every transfer after checksumming it.");
 
@@ -79,6 +86,7 @@ int main(int argc, char** argv) {
   pso.worker_id = absl::GetFlag(FLAGS_worker_id);
   pso.test_corrupt_transfer = absl::GetFlag(FLAGS_test_corrupt_transfer);
   pso.stream_layers = absl::GetFlag(FLAGS_kv_stream_layers);
+  pso.write_after_held_prefix = absl::GetFlag(FLAGS_kv_write_after_held_prefix);
   pso.checksum_backends = checksum_backends;
   // The vision tower, when the checkpoint has one: a prompt's images are
   // encoded here (the decode worker only receives their state).
@@ -114,6 +122,9 @@ int main(int argc, char** argv) {
   tandem::worker::WorkerServerOptions so = tandem::worker::ServerOptionsFromFlags(
       pso.worker_id, tandem::v1::WORKER_ROLE_PREFILL, **model, (*service)->layout(),
       eo.max_context_tokens);
+  // The router lets a decode worker share cached blocks (skipping their rows
+  // here) only for transfers a worker that registered this writes.
+  so.registration.set_writes_after_held_prefix(pso.write_after_held_prefix);
   so.health = [l = loop.get()] { return l->health(); };
   // Cache-aware routing: the router matches prompts against what the cache
   // reports (registration.h).

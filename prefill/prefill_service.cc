@@ -240,6 +240,17 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
                                   " cached prompt tokens of a prompt of ",
                                   req->prompt_token_ids_size()));
   }
+  if (held > 0 && !options_.write_after_held_prefix) {
+    return refuse(FailedPrecondition(
+        "the target holds ", held,
+        " cached prompt tokens (a decode-side prefix hit) "
+        "but prefill worker ",
+        options_.worker_id,
+        " does not write after held rows (--kv_write_after_held_prefix=false) and "
+        "did not register writes_after_held_prefix: writing every row would "
+        "overwrite blocks the decode worker shares; the router must not share "
+        "blocks for it (ReserveRequest.share_held_prefix)"));
+  }
   spec.held_tokens = held;
   for (int r = 0; r < tp(); ++r) {
     const tandem::v1::RankTarget& t = req->target().ranks(r);

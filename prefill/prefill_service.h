@@ -102,6 +102,14 @@ struct PrefillServiceOptions {
   vision::VisionTower* vision = nullptr;
   // Limits on the images' encoded bytes and pixels (the gateway's defaults).
   media::DecodeLimits decode_limits;
+  // Write only the MLA rows after a target's held prefix
+  // (KvTarget.cached_prefix_tokens), as registered with the router
+  // (RegisterRequest.writes_after_held_prefix, prefill_main's
+  // --kv_write_after_held_prefix). False: this worker does not take a target
+  // with held rows: such a Prefill is refused FAILED_PRECONDITION before
+  // anything is written (writing every row from 0 would overwrite blocks the
+  // decode worker shares with other sequences).
+  bool write_after_held_prefix = true;
 };
 
 class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {

@@ -169,7 +169,8 @@ constexpr int kChunk = 32;  // engine token budget per step: prompts span chunks
 // The sender: engine (block 16, steps of kChunk tokens) + service + server.
 struct Sender {
   explicit Sender(bool stream, int num_blocks = 0, int max_prefill_chunk = 0,
-                  absl::Duration default_deadline = absl::Seconds(60)) {
+                  absl::Duration default_deadline = absl::Seconds(60),
+                  bool write_after_held_prefix = true) {
     backend = engine::testing::MakeBackend("cpu");
     engine::EngineOptions o;
     o.block_size = 16;
@@ -187,6 +188,7 @@ struct Sender {
     PrefillServiceOptions po;
     po.stream_layers = stream;
     po.default_deadline = default_deadline;
+    po.write_after_held_prefix = write_after_held_prefix;
     service = *PrefillService::Create(loop.get(), cache, &agent, &metrics, po);
     grpc::ServerBuilder b;
     int port = 0;
@@ -431,6 +433,45 @@ TEST(PrefillServiceTest, PreemptedPrefillRestartsTheTransferWhole) {
   EXPECT_TRUE(kvtransfer::Verify(resp_b.checksums(), rb.Landed(300)).ok());
   EXPECT_EQ(sender.agent.ended(), sender.agent.posted());
   EXPECT_TRUE(sender.Idle());
+}
+
+// A worker that does not write after held rows (it did not register
+// writes_after_held_prefix) refuses a target whose leading rows the decode
+// worker shares, before computing or writing anything: writing every row from
+// 0 would overwrite blocks other sequences use. A target without held rows it
+// serves as before; this build's default writes only the rows after them.
+TEST(PrefillServiceTest, ATargetWithHeldRowsIsRefusedByAWorkerThatWouldWriteThem) {
+  Sender sender(/*stream=*/true, 0, 0, absl::Seconds(60),
+                /*write_after_held_prefix=*/false);
+  Receiver receiver;
+  tandem::v1::PrefillRequest req = MakeRequest("held", 100, receiver);
+  req.mutable_target()->set_cached_prefix_tokens(64);
+  tandem::v1::PrefillResponse resp;
+  grpc::Status st = Call(sender, req, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << st.error_message();
+  EXPECT_NE(st.error_message().find("writes_after_held_prefix"), std::string::npos)
+      << st.error_message();
+  EXPECT_EQ(sender.agent.posted(), 0);
+  EXPECT_TRUE(receiver.agent.PollNotifications().empty());
+  EXPECT_TRUE(sender.Idle());
+  // Nothing held: served.
+  st = Call(sender, MakeRequest("plain", 100, receiver), &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_TRUE(kvtransfer::Verify(resp.checksums(), receiver.Landed(100)).ok());
+  // The default worker takes the held target and writes after the held rows.
+  Sender writer(/*stream=*/true);
+  Receiver r2;
+  tandem::v1::PrefillRequest req2 = MakeRequest("held", 100, r2);
+  req2.mutable_target()->set_cached_prefix_tokens(64);
+  tandem::v1::PrefillResponse resp2;
+  st = Call(writer, req2, &resp2);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  const tandem::v1::KvLayout l = worker::KvLayoutOf(*r2.landing);
+  EXPECT_EQ(
+      resp2.transfer().bytes(),
+      static_cast<int64_t>(l.num_mla_layers()) * (100 - 64) * l.mla_token_bytes() +
+          l.num_kda_layers() * (l.kda_state_bytes() + l.kda_conv_bytes()));
 }
 
 }  // namespace

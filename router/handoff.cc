@@ -116,10 +116,14 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
     reserve_req_.set_lease_ms(
         ReservationLeaseMs(deadline_, h_->clock()->Now(), h_->options().lease_ms));
     // A decode-side prefix hit: the worker shares what its cache holds of this
-    // prompt, and the prefill worker writes only the rest. Text prompts only
-    // (the worker's hashes would not carry the images').
+    // prompt, and the prefill worker writes only the rest. Only when the
+    // placement chose to (text prompts, a prefill worker that writes after
+    // held rows available): without the ids a decode worker that predates
+    // share_held_prefix shares nothing either.
     reserve_req_.clear_prompt_token_ids();
-    if (req_.images_size() == 0) {
+    reserve_req_.clear_cache_salt();
+    reserve_req_.set_share_held_prefix(a.share_held_prefix);
+    if (a.share_held_prefix) {
       *reserve_req_.mutable_prompt_token_ids() = req_.prompt_token_ids().ids();
       reserve_req_.set_cache_salt(req_.cache_salt());
     }
@@ -128,7 +132,10 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
         ->async()
         ->Reserve(reserve_ctx_.get(), &reserve_req_, &target_, [self](grpc::Status s) {
           self->ClearActive();
-          self->Step([&](Placement& p) { return p.OnReserved(FromGrpcStatus(s)); });
+          self->Step([&](Placement& p) {
+            return p.OnReserved(FromGrpcStatus(s),
+                                s.ok() ? self->target_.cached_prefix_tokens() : 0);
+          });
         });
   }
 

@@ -10,10 +10,10 @@ using metrics::OrDie;
 
 HandoffMetrics::HandoffMetrics(metrics::Registry* r) : queue(r) {
   const std::vector<double> buckets = *metrics::ExponentialBuckets(0.0005, 2, 18);
-  retries =
-      OrDie(r->AddCounter("tandem_router_retries_total",
-                          "Hand-off retries by reason (prefill_unavailable, "
-                          "decode_full, decode_unavailable, colocated_fallback)."));
+  retries = OrDie(r->AddCounter("tandem_router_retries_total",
+                                "Hand-off retries by reason (prefill_unavailable, "
+                                "decode_full, decode_unavailable, colocated_fallback, "
+                                "held_prefix_writer)."));
   paths = OrDie(r->AddCounter("tandem_router_paths_total",
                               "Requests by path (disaggregated, colocated)."));
   ttft = &OrDie(r->AddHistogram("tandem_router_time_to_first_token_seconds",
@@ -65,7 +65,7 @@ HandoffMetrics::HandoffMetrics(metrics::Registry* r) : queue(r) {
   }
   // Children exist from the start, so every series is scraped (at 0).
   for (const char* reason : {"prefill_unavailable", "decode_full", "decode_unavailable",
-                             "colocated_fallback"}) {
+                             "colocated_fallback", "held_prefix_writer"}) {
     retries->Add({{"reason", reason}});
   }
   for (const char* p : {"disaggregated", "colocated"}) paths->Add({{"path", p}});

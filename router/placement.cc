@@ -131,11 +131,23 @@ Placement::Actions Placement::Reserve() {
   // Draining workers (shutting down) take no new request.
   std::vector<WorkerRecord> live =
       deps_.registry->Available(tandem::v1::WORKER_ROLE_DECODE);
+  // The decode worker may share cached blocks only for a prefill worker that
+  // writes after them: an older one writes every row from 0, into blocks
+  // other sequences share. Text prompts only: the Reserve of a prompt with
+  // images carries no ids to match.
+  bool share = !request_.has_images && !no_sharing_;
+  if (share) {
+    share = false;
+    for (const WorkerRecord& p :
+         deps_.registry->Available(tandem::v1::WORKER_ROLE_PREFILL)) {
+      share |= p.registration.writes_after_held_prefix() &&
+               !tried_prefill_.contains(p.registration.worker_id());
+    }
+  }
   // What each decode worker reported holding of the prompt's MLA rows (a
-  // decode-side prefix hit there keeps them off the wire). Text prompts only:
-  // the Reserve of a prompt with images carries no ids to match.
+  // decode-side prefix hit there keeps them off the wire).
   absl::flat_hash_map<std::string, int64_t> held;
-  if (deps_.prefill_router != nullptr && !request_.has_images) {
+  if (deps_.prefill_router != nullptr && share) {
     held = deps_.prefill_router->HeldBlocks(live, request_.prompt_tokens,
                                             request_.prefix_hashes);
   }
@@ -147,14 +159,19 @@ Placement::Actions Placement::Reserve() {
     deps_.metrics->estimated_decode_held_tokens->Increment(
         static_cast<double>(h->second));
   }
-  return {Call(Kind::kReserve, decode_,
-               std::min(request_.deadline, deps_.clock->Now() + options_.rpc_timeout))};
+  Action a =
+      Call(Kind::kReserve, decode_,
+           std::min(request_.deadline, deps_.clock->Now() + options_.rpc_timeout));
+  a.share_held_prefix = share;
+  return {std::move(a)};
 }
 
-Placement::Actions Placement::OnReserved(const absl::Status& status) {
+Placement::Actions Placement::OnReserved(const absl::Status& status,
+                                         int64_t held_tokens) {
   if (state_ != State::kReserving) return {};
   const std::string id = decode_.registration.worker_id();
   if (status.ok()) {
+    held_tokens_ = held_tokens;
     if (cancelled_) return ReleaseAndFinish(ClientCancelled());
     deps_.ledger->Place(decode_, request_.request_id, request_.prompt_tokens);
     return Prefill();
@@ -224,10 +241,22 @@ Placement::Actions Placement::Prefill() {
   if (Expired()) return Expire(/*holds_reservation=*/true);
   std::vector<WorkerRecord> live =
       deps_.registry->Available(tandem::v1::WORKER_ROLE_PREFILL);
+  // The reservation shares rows: a worker that would write them (it did not
+  // register writes_after_held_prefix) is not a candidate.
+  absl::flat_hash_set<std::string> exclude = tried_prefill_;
+  bool writer_skipped = false;
+  if (held_tokens_ > 0) {
+    for (const WorkerRecord& w : live) {
+      if (!w.registration.writes_after_held_prefix() &&
+          exclude.insert(w.registration.worker_id()).second) {
+        writer_skipped = true;
+      }
+    }
+  }
   std::optional<size_t> i;
   if (deps_.prefill_router != nullptr) {
     std::optional<PrefillChoice> c =
-        deps_.prefill_router->Select(live, tried_prefill_, deps_.ledger->Snapshot(live),
+        deps_.prefill_router->Select(live, exclude, deps_.ledger->Snapshot(live),
                                      request_.prompt_tokens, request_.prefix_hashes);
     if (c.has_value()) {
       i = c->index;
@@ -243,12 +272,23 @@ Placement::Actions Placement::Prefill() {
       }
     }
   } else {
-    i = SelectPrefill(live, tried_prefill_, deps_.ledger->Snapshot(live));
+    i = SelectPrefill(live, exclude, deps_.ledger->Snapshot(live));
     if (i.has_value()) {
       deps_.metrics->prefill_choices
           ->Add({{"policy", "least_load"}, {"reason", "load"}})
           .Increment();
     }
+  }
+  if (!i.has_value() && writer_skipped) {
+    // Only workers that would overwrite the shared rows are left: reserve
+    // again sharing nothing (that reservation takes any of them).
+    TLOG(INFO, "no prefill worker writes after held rows; reserving again unshared")
+        .Kv("request_id", request_.request_id)
+        .Kv("held_tokens", held_tokens_);
+    deps_.metrics->retries->Add({{"reason", "held_prefix_writer"}}).Increment();
+    no_sharing_ = true;
+    tried_decode_.clear();
+    return ReleaseThen(AfterRelease::kReserve);
   }
   if (!i.has_value()) {
     // No prefill worker left: prefill on a decode worker instead, once the

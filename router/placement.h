@@ -21,6 +21,11 @@
 //     │      DEADLINE_EXCEEDED) ──> FINISHED(it)
 //     │  OK, no prefill worker left ──> RELEASING ──> COLOCATED (fallback)
 //     v
+//   Decode-side sharing (docs/prefix_caching.md, "Rolling upgrades"): the
+//     Reserve carries the prompt's ids (share_held_prefix) only while a prefill
+//     worker that registered writes_after_held_prefix is available; a
+//     reservation that shares rows is prefilled only by such a worker (none
+//     left: RELEASING(W) ──> RESERVING again, sharing nothing).
 //   PREFILLING  Prefill(P) with W's target, P = the least-loaded prefill worker
 //     │  UNAVAILABLE (P lost) ──> RELEASING(W) ──> RESERVING again, P excluded
 //     │    (at most max_prefill_attempts; then Release(W), FINISHED(UNAVAILABLE))
@@ -168,6 +173,11 @@ class Placement {
     WorkerRecord worker;  // the worker called (not for kCancelCall, kFinish)
     absl::Time deadline;  // of that call
     bool await = false;   // kRelease: the next step waits for its end
+    // kReserve: the decode worker may share the prompt's cached blocks
+    // (ReserveRequest.share_held_prefix, with the prompt's ids): a prefill
+    // worker that registered writes_after_held_prefix is available, and only
+    // such a worker is chosen for a reservation that shares (Prefill).
+    bool share_held_prefix = false;
     absl::Status status;  // kFinish
   };
   using Actions = std::vector<Action>;
@@ -178,7 +188,9 @@ class Placement {
   // Events. Each returns the actions to run now, in order.
   Actions Start();
   Actions Cancel();  // the client went away
-  Actions OnReserved(const absl::Status& status);
+  // `held_tokens`: the reservation's KvTarget.cached_prefix_tokens (rows the
+  // decode worker shares, which the prefill worker must not write).
+  Actions OnReserved(const absl::Status& status, int64_t held_tokens = 0);
   Actions OnPrefilled(const absl::Status& status);
   Actions OnReleased(const absl::Status& status);    // an awaited Release ended
   Actions OnStreamDone(const absl::Status& status);  // Decode or Colocate ended
@@ -229,6 +241,12 @@ class Placement {
   // The decode worker whose reported cache left the prompt's uncached part
   // below colocate_below_tokens (Start); Colocate tries it first.
   std::string preferred_decode_;
+  // The reservation's shared rows (OnReserved): only a prefill worker that
+  // writes after them may prefill it.
+  int64_t held_tokens_ = 0;
+  // No such worker was left for a sharing reservation: reserve again without
+  // sharing.
+  bool no_sharing_ = false;
 };
 
 const char* PlacementStateName(Placement::State state);

@@ -80,10 +80,14 @@ class PlacementTest : public ::testing::Test {
     AddWorker("p1", tandem::v1::WORKER_ROLE_PREFILL);
   }
 
+  // Prefill workers write after held rows (this build's) unless told.
   void AddWorker(const std::string& id, tandem::v1::WorkerRole role,
-                 const tandem::v1::WorkerLoad& load = {}) {
+                 const tandem::v1::WorkerLoad& load = {},
+                 bool writes_after_held_prefix = true) {
     tandem::v1::RegisterRequest r = Worker(id, role);
     *r.mutable_load() = load;
+    r.set_writes_after_held_prefix(role == tandem::v1::WORKER_ROLE_PREFILL &&
+                                   writes_after_held_prefix);
     ASSERT_TRUE(registry_.Register(r).ok());
   }
   bool Live(const std::string& id) {
@@ -785,6 +789,10 @@ TEST_F(PlacementTest, ColocatesByTheUncachedLength) {
     int d1_blocks;  // d1 reported the prompt's first this many blocks (0: none)
     bool d1_reports;
     std::string want;
+    // d1 announced those blocks in its device tier too (blocks_only), as a
+    // decode worker does for a prompt it computed; false: the usable
+    // position alone (its blocks may sit in d1's host tier).
+    bool d1_device_blocks = true;
   };
   const std::vector<Case> cases = {
       {"no report: the prompt's length decides", 512, 0, true, "reserve d0"},
@@ -792,12 +800,14 @@ TEST_F(PlacementTest, ColocatesByTheUncachedLength) {
       // (d0 sorts first and has as much room).
       {"a short uncached suffix on d1", 512, 30, true, "colocate d1"},
       // Disaggregated, the reservation goes where the prompt's rows are (a
-      // decode-side prefix hit: the usable position implies its blocks; d0
-      // has as much room).
+      // decode-side prefix hit: d1 announced the blocks; d0 has as much room).
       {"the uncached part at the threshold", 80, 30, true, "reserve d1"},
       {"the uncached part above it", 512, 20, true, "reserve d1"},  // 720 left
       {"threshold 0: always disaggregated", 0, 30, true, "reserve d1"},
       {"d1 does not report", 512, 30, false, "reserve d0"},
+      // A usable position is no holding of blocks a reservation can share:
+      // by room and id.
+      {"a usable position alone", 0, 30, true, "reserve d0", false},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -805,7 +815,14 @@ TEST_F(PlacementTest, ColocatesByTheUncachedLength) {
     tandem::v1::RegisterRequest r = Worker("d1", tandem::v1::WORKER_ROLE_DECODE);
     r.set_reports_prefix_cache(c.d1_reports);
     r.set_prefix_epoch(1);
-    if (c.d1_blocks > 0) *r.add_prefix_snapshot() = stored(c.d1_blocks);
+    if (c.d1_blocks > 0) {
+      *r.add_prefix_snapshot() = stored(c.d1_blocks);
+      if (c.d1_device_blocks) {
+        tandem::v1::PrefixCacheEvent* e = r.add_prefix_snapshot();
+        *e = stored(c.d1_blocks);
+        e->set_blocks_only(true);
+      }
+    }
     router.OnRegister(r);
     options_.colocate_below_tokens = c.colocate_below;
     Placement p(PlacementDeps{&registry_, &ledger_, &metrics_, &clock_, &router},
@@ -860,10 +877,14 @@ TEST_F(PlacementTest, TheRoutersDefaultColocatesShortPromptsOnly) {
     r.set_reports_prefix_cache(true);
     r.set_prefix_epoch(1);
     if (c.d1_blocks > 0) {
-      tandem::v1::PrefixCacheEvent* e = r.add_prefix_snapshot();
-      e->set_kind(tandem::v1::PrefixCacheEvent::KIND_STORED);
-      e->set_tokens(c.d1_blocks * 64);
-      e->set_route_hash(h[c.d1_blocks - 1]);
+      // A usable position and its blocks in d1's device tier.
+      for (bool blocks_only : {false, true}) {
+        tandem::v1::PrefixCacheEvent* e = r.add_prefix_snapshot();
+        e->set_kind(tandem::v1::PrefixCacheEvent::KIND_STORED);
+        e->set_tokens(c.d1_blocks * 64);
+        e->set_route_hash(h[c.d1_blocks - 1]);
+        e->set_blocks_only(blocks_only);
+      }
     }
     router.OnRegister(r);
     Placement p(PlacementDeps{&registry_, &ledger_, &metrics_, &clock_, &router},
@@ -887,6 +908,110 @@ TEST_F(PlacementTest, TheRoutersDefaultColocatesShortPromptsOnly) {
                                    .started = clock_.Now(),
                                    .has_images = true});
   EXPECT_EQ(Str(image.Start()), "reserve d0");
+}
+
+// Rolling upgrades: a decode worker shares cached blocks (and the prefill
+// worker skips their rows) only for a prefill worker that registered
+// writes_after_held_prefix; an older one writes every row from 0 and would
+// overwrite rows other sequences share.
+TEST_F(PlacementTest, SharingNeedsAPrefillWorkerThatWritesAfterHeldRows) {
+  std::vector<int32_t> prompt(640);
+  for (int i = 0; i < 640; ++i) prompt[i] = i * 17 % 4093;
+  const std::vector<uint64_t> h = RouterBlockHashes(prompt, "");
+  // d1 holds the prompt's first 512 tokens' blocks (d0 sorts first, same room).
+  tandem::v1::RegisterRequest d1 = Worker("d1", tandem::v1::WORKER_ROLE_DECODE);
+  d1.set_reports_prefix_cache(true);
+  d1.set_prefix_epoch(1);
+  tandem::v1::PrefixCacheEvent* e = d1.add_prefix_snapshot();
+  e->set_kind(tandem::v1::PrefixCacheEvent::KIND_STORED);
+  e->set_tokens(512);
+  e->set_route_hash(h[7]);
+  e->set_blocks_only(true);
+  // A router per block (its recent-work tie-break starts at zero), told d1's
+  // holding.
+  std::unique_ptr<PrefillRouter> router;
+  auto make = [&] {
+    router = std::make_unique<PrefillRouter>(RoutingPolicy::kLeastLoad,
+                                             CacheAwareOptions{}, &clock_);
+    router->OnRegister(d1);
+    return std::make_unique<Placement>(
+        PlacementDeps{&registry_, &ledger_, &metrics_, &clock_, router.get()}, options_,
+        PlacementRequest{.request_id = "req-held",
+                         .prompt_tokens = 640,
+                         .deadline = clock_.Now() + absl::Seconds(60),
+                         .started = clock_.Now(),
+                         .prefix_hashes = h});
+  };
+  // Ends a placement that is prefilling on `d` (the ledger forgets it).
+  auto end = [&](Placement& p, const std::string& d) {
+    ASSERT_EQ(Str(p.Cancel()), "cancel");
+    ASSERT_EQ(Str(p.OnPrefilled(absl::CancelledError())),
+              "release " + d + ", finish CANCELLED");
+  };
+  // Both prefill workers write after held rows: shared, reserved on the holder.
+  {
+    auto p = make();
+    Placement::Actions a = p->Start();
+    ASSERT_EQ(Str(a), "reserve d1");
+    EXPECT_TRUE(a[0].share_held_prefix);
+    EXPECT_EQ(Str(p->OnReserved(absl::OkStatus(), 512)), "prefill p0");
+    end(*p, "d1");
+  }
+  // Neither does (older workers): nothing shared, and the holding weighs
+  // nothing (room and id: d0).
+  AddWorker("p0", tandem::v1::WORKER_ROLE_PREFILL, {}, false);
+  AddWorker("p1", tandem::v1::WORKER_ROLE_PREFILL, {}, false);
+  {
+    auto p = make();
+    Placement::Actions a = p->Start();
+    ASSERT_EQ(Str(a), "reserve d0");
+    EXPECT_FALSE(a[0].share_held_prefix);
+    ASSERT_EQ(Str(p->OnReserved(absl::OkStatus(), 0)), "prefill p0");
+    end(*p, "d0");
+  }
+  // Mid-upgrade: p1 writes after held rows, p0 does not. A reservation that
+  // shares rows goes to p1 although p0 sorts first; one that shares none to
+  // p0.
+  AddWorker("p1", tandem::v1::WORKER_ROLE_PREFILL, {}, true);
+  {
+    auto p = make();
+    Placement::Actions a = p->Start();
+    ASSERT_EQ(Str(a), "reserve d1");
+    EXPECT_TRUE(a[0].share_held_prefix);
+    EXPECT_EQ(Str(p->OnReserved(absl::OkStatus(), 512)), "prefill p1");
+    // p1 is lost: p0 would overwrite the shared rows, so the reservation is
+    // released and made again sharing nothing, which p0 then prefills.
+    ASSERT_EQ(Str(p->OnPrefilled(absl::UnavailableError("p1 died"))),
+              "release d1 (await)");
+    a = p->OnReleased(absl::OkStatus());
+    ASSERT_EQ(Str(a), "reserve d0");
+    EXPECT_FALSE(a[0].share_held_prefix);
+    EXPECT_EQ(Str(p->OnReserved(absl::OkStatus(), 0)), "prefill p0");
+    end(*p, "d0");
+  }
+  AddWorker("p1", tandem::v1::WORKER_ROLE_PREFILL, {}, true);
+  {
+    // d1 shared nothing after all (its blocks went meanwhile): any worker.
+    auto p = make();
+    ASSERT_EQ(Str(p->Start()), "reserve d1");
+    EXPECT_EQ(Str(p->OnReserved(absl::OkStatus(), 0)), "prefill p0");
+    end(*p, "d1");
+  }
+  {
+    // A registration that changes under a sharing reservation (p1 restarted
+    // as an older build): no writer left, so it is reserved again unshared.
+    auto p = make();
+    ASSERT_EQ(Str(p->Start()), "reserve d1");
+    AddWorker("p1", tandem::v1::WORKER_ROLE_PREFILL, {}, false);
+    ASSERT_EQ(Str(p->OnReserved(absl::OkStatus(), 512)), "release d1 (await)");
+    Placement::Actions a = p->OnReleased(absl::OkStatus());
+    ASSERT_EQ(Str(a), "reserve d0");
+    EXPECT_FALSE(a[0].share_held_prefix);
+    EXPECT_EQ(Str(p->OnReserved(absl::OkStatus(), 0)), "prefill p0");
+    end(*p, "d0");
+  }
+  EXPECT_EQ(Retries("held_prefix_writer"), 1);
+  EXPECT_EQ(Retries("prefill_unavailable"), 1);
 }
 
 namespace images {

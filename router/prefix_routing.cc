@@ -176,8 +176,11 @@ int64_t PrefixIndex::MatchBlocks(const std::string& worker,
   for (int64_t b = max_blocks; b >= 1; --b) {
     const uint64_t h = hashes[b - 1];
     const int64_t p = b * kRouteBlockTokens;
+    // Blocks-only announcements alone: a usable position does not imply
+    // blocks a reservation can share (its blocks may sit in the worker's host
+    // tier, which Reserve does not search; the announcement goes when its
+    // block leaves the device tier).
     if (auto r = w.blocks.find(h); r != w.blocks.end() && r->second == p) return p;
-    if (auto r = w.reported.find(h); r != w.reported.end() && r->second == p) return p;
   }
   return 0;
 }

@@ -130,10 +130,12 @@ class PrefixIndex {
   int64_t Match(const std::string& worker, absl::Span<const uint64_t> hashes,
                 int64_t prompt_tokens, absl::Time now) const;
   // The deepest p <= prompt_tokens (a multiple of 64) at which `worker`
-  // reported the MLA blocks of the prompt's [0, p) held: a blocks-only
-  // announcement (a decode worker's landed prompt) or a usable position,
-  // which implies its blocks. What a reservation there would share
-  // (KvTarget.cached_prefix_tokens); the overlay is not consulted. 0: none.
+  // announced the MLA blocks of the prompt's [0, p) in its device tier: a
+  // blocks-only announcement (a decode worker's landed or computed prompt,
+  // withdrawn when its block leaves the device tier). What a reservation
+  // there would share (KvTarget.cached_prefix_tokens). Usable positions are
+  // not consulted (their blocks may be in the host tier, which a reservation
+  // does not search), nor is the overlay. 0: none.
   int64_t MatchBlocks(const std::string& worker, absl::Span<const uint64_t> hashes,
                       int64_t prompt_tokens) const;
   // Everything of `worker` goes (removed from the registry, or it

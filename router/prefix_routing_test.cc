@@ -145,11 +145,12 @@ TEST(PrefixIndexTest, MatchIsTheDeepestReportedPosition) {
   }
 }
 
-// Blocks-only holdings (a decode worker's landed prompts): their own set,
-// matched up to the prompt's end (its rows are all there to share), joined by
-// usable positions (which imply their blocks), never by the overlay; Match
-// (usable hits) ignores them.
-TEST(PrefixIndexTest, MatchBlocksCountsBlocksOnlyAndUsablePositions) {
+// Blocks-only holdings (a decode worker's device-tier blocks): their own set,
+// matched up to the prompt's end (its rows are all there to share), never
+// joined by usable positions (a usable position's blocks may have moved to the
+// worker's host tier, which a reservation does not search) nor by the
+// overlay; Match (usable hits) ignores them.
+TEST(PrefixIndexTest, MatchBlocksCountsBlocksOnlyAnnouncementsAlone) {
   const auto h = RouterBlockHashes(Prompt(640, 1), "");  // 10 blocks
   auto blocks = [&](int b) {
     PrefixCacheEvent e = Stored(h, b);
@@ -160,14 +161,16 @@ TEST(PrefixIndexTest, MatchBlocksCountsBlocksOnlyAndUsablePositions) {
   idx.Reset("w", 7, 0, Events({blocks(10), Stored(h, 3)}));
   EXPECT_EQ(idx.MatchBlocks("w", h, 640), 640);  // the whole prompt's rows
   EXPECT_EQ(idx.Match("w", h, 640, kNow), 192);  // usable: the snapshot only
-  EXPECT_EQ(idx.MatchBlocks("w", h, 500), 192);  // 640 lies past this prompt
+  // 640 lies past this prompt, and the usable 192 is no holding of blocks.
+  EXPECT_EQ(idx.MatchBlocks("w", h, 500), 0);
   EXPECT_EQ(idx.size("w"), 1);
-  // The blocks-only one goes; the usable one still counts for the blocks.
+  // The blocks-only one goes (its block left the device tier); the usable
+  // one is still a hit (from either tier) but no holding of blocks.
   PrefixCacheEvent gone = Removed(h, 10);
   gone.set_blocks_only(true);
   auto out = idx.Apply("w", 7, 1, Events({gone}));
   EXPECT_FALSE(out.resync);
-  EXPECT_EQ(idx.MatchBlocks("w", h, 640), 192);
+  EXPECT_EQ(idx.MatchBlocks("w", h, 640), 0);
   EXPECT_EQ(idx.Match("w", h, 640, kNow), 192);
   // A usable REMOVED does not take a blocks-only entry of the same hash.
   out = idx.Apply("w", 7, 2, Events({blocks(3), Removed(h, 3)}));

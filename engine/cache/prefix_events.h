@@ -12,13 +12,15 @@
 //             before it was evicted, which drops it);
 //   kCleared: every prefix is gone (ResetPrefixCache, or a resync).
 // blocks_only events name a weaker holding: the MLA blocks of [0, p) are
-// cached but no snapshot at p need exist. They serve decode workers'
-// reservations (a decode-side prefix hit needs the MLA rows only: the KDA
-// state arrives whole), so the router can send a request to the decode
-// worker already holding most of its prompt. A decode worker announces the
-// deepest 64-multiple of each landed prompt's cached blocks
-// (PrefixCache::AnnounceBlocks); kRemoved blocks_only when that block leaves
-// the device tier. A usable position (a snapshot) implies its blocks too.
+// cached in the device tier but no snapshot at p need exist. They serve
+// decode workers' reservations (a decode-side prefix hit needs the MLA rows
+// only: the KDA state arrives whole), so the router can send a request to the
+// decode worker already holding most of its prompt. A decode worker announces
+// each landed or computed prompt's cached blocks at its deepest 64-multiple,
+// branch point and grid (Scheduler AnnouncedPositions,
+// PrefixCache::AnnounceBlocks); kRemoved blocks_only when that block leaves
+// the device tier. A usable position does not imply them: its blocks may be
+// in the host tier, which a reservation does not search.
 // The queue is bounded: when a push would overflow it, its contents are
 // replaced by a resync (kCleared, then kStored for every usable prefix held),
 // so a consumer that falls behind rebuilds its index from the stream alone.

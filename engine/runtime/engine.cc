@@ -85,6 +85,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
                                   ? options.prefix_caching.num_snapshots
                                   : options.num_slots;
     sc.prefix_snapshot_grid = options.prefix_caching.snapshot_grid;
+    sc.announce_prompt_blocks = options.prefix_caching.announce_blocks;
   }
   const SpeculativeOptions& so = options.speculative;
   if (so.method != SpeculativeMethod::kNone) {
@@ -1118,7 +1119,8 @@ absl::Status Engine::AddPrefilled(RequestId id, const ExportedState& state,
 
 absl::StatusOr<StateLocation> Engine::Reserve(RequestId id, int64_t num_prompt_tokens,
                                               absl::Span<const int32_t> prompt,
-                                              std::string_view cache_salt) {
+                                              std::string_view cache_salt,
+                                              bool share_held_prefix) {
   if (requests_.contains(id) || reserved_.contains(id)) {
     return absl::AlreadyExistsError(absl::StrCat("request ", id, " already exists"));
   }
@@ -1136,6 +1138,7 @@ absl::StatusOr<StateLocation> Engine::Reserve(RequestId id, int64_t num_prompt_t
     // (Named in the events should a recompute after preemption snapshot it.)
     sr.route_hashes = RouteBlockHashes(prompt, cache_salt);
   }
+  sr.share_cached_blocks = share_held_prefix;
   TANDEM_RETURN_IF_ERROR(scheduler_->Reserve(sr, /*num_generated_tokens=*/1));
   reserved_[id] = num_prompt_tokens;
   StateLocation loc;

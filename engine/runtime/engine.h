@@ -139,6 +139,11 @@ struct PrefixCachingOptions {
   // hold blocks and snapshots the device tier evicts, loaded back on a hit;
   // 0: off (evictions drop). The workers' --prefix_host_memory sets it.
   int64_t host_memory_bytes = 0;
+  // A decode worker's (decode_main): also announce the cached blocks of the
+  // prompts this engine computes itself (colocated prefills, generations'
+  // continuations) as blocks_only events, as it does for every landed prompt
+  // (SchedulerConfig::announce_prompt_blocks).
+  bool announce_blocks = false;
 };
 
 // Where a step's time goes (a worker exports it; ./tandem bench engine prints it).
@@ -409,12 +414,17 @@ class Engine {
   // full blocks of the prompt this engine's cache holds instead of allocating
   // them (their MLA rows are already here; the KDA state crosses whole, so no
   // snapshot is needed) and reports them as held_prefix_tokens: the peer
-  // writes only the rows after them. Text prompts only (the hashes carry no
-  // media). InvalidArgument when `prompt` is given and its size is not
+  // writes only the rows after them. Only with `share_held_prefix`: the
+  // caller's word that the peer honours held_prefix_tokens (a peer that writes
+  // every row from 0 would overwrite blocks other sequences share); without
+  // it every block is allocated and the landed prompt is only cached at
+  // AdmitReserved. Text prompts only (the hashes carry no media).
+  // InvalidArgument when `prompt` is given and its size is not
   // num_prompt_tokens.
   absl::StatusOr<StateLocation> Reserve(RequestId id, int64_t num_prompt_tokens,
                                         absl::Span<const int32_t> prompt = {},
-                                        std::string_view cache_salt = "");
+                                        std::string_view cache_salt = "",
+                                        bool share_held_prefix = false);
   // Admits reserved request `id` whose state is in place: `state` gives its
   // prompt (num_prompt_tokens of them), its first generated token and
   // num_cached_tokens (= the prompt's); its ranges are not used (nothing is

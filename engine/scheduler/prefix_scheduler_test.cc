@@ -184,13 +184,15 @@ TEST(PrefixSchedulerTest, ReservationSharesTheCachedPrefixAndCachesWhatLanded) {
   ASSERT_TRUE(s->Abort(3).ok());
   // Admitted: b's landed full blocks (16 of 260 positions) are cached after
   // the shared 10, so the next reservation of b holds all 16; the deepest
-  // 64-multiple of them, 256, is announced to the router (blocks_only).
+  // 64-multiple of them, 256, and the branch point where b left a's chain,
+  // 160 rounded down to 128, are announced to the router (blocks_only).
   PrefixEventQueue q(64);
   s->mutable_prefix_cache()->set_event_queue(&q);
   ASSERT_TRUE(s->AdmitReserved(2, 4).ok());
   std::vector<PrefixEvent> ev = q.Take();
-  ASSERT_EQ(ev.size(), 1u);
-  EXPECT_EQ(ev[0], (PrefixEvent{PrefixEvent::Kind::kStored, 256, 104, true}));
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0], (PrefixEvent{PrefixEvent::Kind::kStored, 128, 102, true}));
+  EXPECT_EQ(ev[1], (PrefixEvent{PrefixEvent::Kind::kStored, 256, 104, true}));
   ASSERT_TRUE(s->Reserve(Req(4, b), 1).ok());
   EXPECT_EQ(s->HeldPrefixTokens(4), 256);
   ASSERT_TRUE(s->Abort(4).ok());
@@ -220,6 +222,125 @@ TEST(PrefixSchedulerTest, ReservationSharesTheCachedPrefixAndCachesWhatLanded) {
   ASSERT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
   EXPECT_EQ(s->num_free_blocks(), 256);
   EXPECT_EQ(s->num_free_slots(), 8);
+}
+
+// Without the caller's word that the peer writes after held rows
+// (share_cached_blocks false: a router or prefill worker older than the
+// handshake) a reservation shares nothing, even of a prompt the cache holds
+// whole, so the peer may write every row; the landed prompt is still cached
+// and announced, and a later sharing reservation uses it.
+TEST(PrefixSchedulerTest, AReservationNotAllowedToShareAllocatesEveryBlock) {
+  auto s = *Scheduler::Create(Config(256, 512));
+  const std::vector<int32_t> a = Tokens(200, 1);
+  ASSERT_TRUE(s->Submit(Req(1, a)).ok());
+  Drain(*s);
+  ASSERT_EQ(s->prefix_cache()->num_cached_blocks(), 12);
+  const std::vector<int32_t> b = Concat(a, Tokens(100, 2));  // 300: 18 full
+  SequenceRequest rb = Req(2, b);
+  rb.route_hashes = {201, 202, 203, 204};
+  rb.share_cached_blocks = false;
+  ASSERT_TRUE(s->Reserve(rb, 1).ok());
+  EXPECT_EQ(s->HeldPrefixTokens(2), 0);
+  auto blocks = s->Blocks(2);
+  ASSERT_TRUE(blocks.ok());
+  ASSERT_EQ(blocks->size(), 19u);  // 300 positions, all its own
+  for (BlockId id : *blocks) EXPECT_FALSE(s->prefix_cache()->Holds(id)) << id;
+  EXPECT_EQ(s->prefix_cache()->stats().reserve_queried_tokens, 0);
+  // Landed: its blocks after a's 12 join the cache (a's own copies stay),
+  // announced at its deepest 64-multiple (it shared nothing: no branch).
+  PrefixEventQueue q(64);
+  s->mutable_prefix_cache()->set_event_queue(&q);
+  ASSERT_TRUE(s->AdmitReserved(2, 4).ok());
+  std::vector<PrefixEvent> ev = q.Take();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0], (PrefixEvent{PrefixEvent::Kind::kStored, 256, 204, true}));
+  EXPECT_EQ(s->prefix_cache()->num_cached_blocks(), 18);
+  ASSERT_TRUE(s->Reserve(Req(3, b), 1).ok());  // allowed: shares all 18
+  EXPECT_EQ(s->HeldPrefixTokens(3), 288);
+  s->mutable_prefix_cache()->set_event_queue(nullptr);
+  for (SequenceId id : {2, 3}) ASSERT_TRUE(s->Abort(id).ok()) << id;
+  ASSERT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
+  EXPECT_EQ(s->num_free_blocks(), 256);
+}
+
+TEST(AnnouncedPositionsTest, Table) {
+  struct Case {
+    const char* name;
+    int64_t cached, branch;
+    int32_t block_size;
+    int64_t grid;
+    std::vector<int64_t> want;
+  };
+  const std::vector<Case> cases = {
+      {"nothing cached", 0, 0, 16, 0, {}},
+      {"below one chunk", 48, 0, 16, 0, {}},
+      {"the deepest 64-multiple", 300, 0, 16, 0, {256}},
+      {"a branch point too", 300, 160, 16, 0, {128, 256}},
+      {"the branch at the deepest", 300, 280, 16, 0, {256}},
+      {"a branch past what is cached", 300, 900, 16, 0, {256}},
+      {"the grid", 1000, 0, 16, 256, {256, 512, 768, 960}},
+      {"grid, branch and deepest", 1000, 600, 16, 512, {512, 576, 960}},
+      {"block size 48: lcm 192", 1000, 400, 48, 0, {384, 960}},
+      {"a grid off the chunk rounds up",
+       1000,
+       0,
+       16,
+       100,
+       {128, 256, 384, 512, 640, 768, 896, 960}},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(AnnouncedPositions(c.cached, c.branch, c.block_size, c.grid), c.want)
+        << c.name;
+  }
+}
+
+// A decode worker's engine (announce_prompt_blocks) announces what it
+// computes itself as well, not only landed prompts: the deepest 64-multiple,
+// and the branch point where a prompt left another's chain, so a third prompt
+// sharing only that part is reserved where its rows are.
+TEST(PrefixSchedulerTest, ADecodeWorkersOwnPrefillsAreAnnouncedAtTheBranchToo) {
+  SchedulerConfig config = Config(256, 512);
+  config.announce_prompt_blocks = true;
+  auto s = *Scheduler::Create(config);
+  PrefixEventQueue q(64);
+  s->mutable_prefix_cache()->set_event_queue(&q);
+  auto blocks_only = [&] {
+    std::vector<PrefixEvent> out;
+    for (const PrefixEvent& e : q.Take()) {
+      if (e.blocks_only) out.push_back(e);
+    }
+    return out;
+  };
+  const std::vector<int32_t> a = Tokens(200, 1);
+  SequenceRequest ra = Req(1, a);
+  ra.route_hashes = {11, 12, 13};
+  ASSERT_TRUE(s->Submit(ra).ok());
+  Drain(*s);
+  std::vector<PrefixEvent> ev = blocks_only();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0], (PrefixEvent{PrefixEvent::Kind::kStored, 192, 13, true}));
+  // b shares a's first 160 tokens (10 blocks), then its own 140: announced at
+  // its deepest (256) and at the branch (128, a's block there: named by b's
+  // route hash of it, which is a's too for the same tokens).
+  const std::vector<int32_t> b =
+      Concat(std::vector<int32_t>(a.begin(), a.begin() + 160), Tokens(140, 3));
+  SequenceRequest rb = Req(2, b);
+  rb.route_hashes = {11, 12, 23, 24};
+  ASSERT_TRUE(s->Submit(rb).ok());
+  Drain(*s);
+  ev = blocks_only();
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0], (PrefixEvent{PrefixEvent::Kind::kStored, 128, 12, true}));
+  EXPECT_EQ(ev[1], (PrefixEvent{PrefixEvent::Kind::kStored, 256, 24, true}));
+  // Without the option (a prefill worker) nothing of its own is announced.
+  auto plain = *Scheduler::Create(Config(256, 512));
+  PrefixEventQueue q2(64);
+  plain->mutable_prefix_cache()->set_event_queue(&q2);
+  ASSERT_TRUE(plain->Submit(ra).ok());
+  Drain(*plain);
+  for (const PrefixEvent& e : q2.Take()) EXPECT_FALSE(e.blocks_only);
+  plain->mutable_prefix_cache()->set_event_queue(nullptr);
+  s->mutable_prefix_cache()->set_event_queue(nullptr);
 }
 
 TEST(PrefixSchedulerTest, CachedBlocksAreEvictedBeforeAnyoneWaits) {

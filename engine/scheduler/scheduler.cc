@@ -217,7 +217,7 @@ absl::Status Scheduler::Hold(const SequenceRequest& r, int64_t num_generated_tok
   // rows after them), so only the rest crosses the wire. MLA blocks alone
   // suffice: the KDA state arrives whole (PrefixCache::MatchBlocks).
   int64_t held = 0;
-  if (prefix_ != nullptr && !seq->hashes.empty()) {
+  if (prefix_ != nullptr && !seq->hashes.empty() && r.share_cached_blocks) {
     const int64_t bs = config_.block_size;
     const std::vector<BlockId> have =
         prefix_->MatchBlocks(seq->hashes, positions / bs, r.num_prompt_tokens);
@@ -229,6 +229,7 @@ absl::Status Scheduler::Hold(const SequenceRequest& r, int64_t num_generated_tok
     }
   }
   seq->held_prefix_tokens = held;
+  seq->branch_tokens = held;
   const int64_t need = seq->table.BlocksNeededToAppend(positions - held);
   // Like an admission, a reservation leaves the watermark free for the running
   // sequences' growth (SGLang's decode prealloc keeps such headroom too).
@@ -278,19 +279,45 @@ absl::Status Scheduler::AdmitReserved(SequenceId id, int64_t max_new_tokens,
     seq->unaligned_at = std::min(seq->unaligned_at, cacheable_tokens);
   }
   CacheComputedBlocks(seq);
-  // Tell the router (prefix_events.h, blocks_only) the deepest 64-multiple of
-  // the prompt whose blocks are now cached here: the next request extending
-  // it (a chat's next turn) is best reserved on this worker.
-  if (prefix_ != nullptr && !seq->hashes.empty()) {
-    const int64_t bs = config_.block_size;
-    const int64_t grid = std::lcm<int64_t>(bs, kKdaChunk);
-    const int64_t q = seq->blocks_cached * bs / grid * grid;
-    const int64_t r = q / kKdaChunk - 1;
-    if (q > 0 && r < static_cast<int64_t>(seq->route_hashes.size())) {
-      prefix_->AnnounceBlocks(seq->hashes[q / bs - 1], q, seq->route_hashes[r]);
-    }
-  }
+  // Tell the router (prefix_events.h, blocks_only) where the prompt's blocks
+  // are now cached here: the next request extending it (a chat's next turn)
+  // is best reserved on this worker.
+  AnnounceCachedBlocks(*seq);
   return absl::OkStatus();
+}
+
+std::vector<int64_t> AnnouncedPositions(int64_t cached_tokens, int64_t branch_tokens,
+                                        int32_t block_size, int64_t grid) {
+  std::vector<int64_t> out;
+  if (block_size <= 0 || cached_tokens <= 0) return out;
+  const int64_t a = std::lcm<int64_t>(block_size, kKdaChunk);
+  auto add = [&](int64_t p) {
+    p = std::min(p, cached_tokens) / a * a;
+    if (p > 0) out.push_back(p);
+  };
+  add(cached_tokens);
+  add(branch_tokens);
+  if (grid > 0) {
+    const int64_t g = (grid + a - 1) / a * a;
+    for (int64_t p = g; p < cached_tokens; p += g) add(p);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+void Scheduler::AnnounceCachedBlocks(const Sequence& seq) {
+  if (prefix_ == nullptr || seq.hashes.empty()) return;
+  const int64_t bs = config_.block_size;
+  for (int64_t q : AnnouncedPositions(seq.blocks_cached * bs, seq.branch_tokens, bs,
+                                      config_.prefix_snapshot_grid)) {
+    const int64_t r = q / kKdaChunk - 1;
+    if (q / bs > static_cast<int64_t>(seq.hashes.size()) ||
+        r >= static_cast<int64_t>(seq.route_hashes.size())) {
+      continue;
+    }
+    prefix_->AnnounceBlocks(seq.hashes[q / bs - 1], q, seq.route_hashes[r]);
+  }
 }
 
 int64_t Scheduler::AlignedTokens(SequenceId id) const {
@@ -423,6 +450,7 @@ SnapshotId Scheduler::AdmitWithPrefix(Sequence* seq, int64_t* matched_blocks) {
     seq->num_computed = hit.tokens;
   }
   seq->blocks_cached = hit.tokens / config_.block_size;
+  seq->branch_tokens = hit.matched_blocks * config_.block_size;
   if (matched_blocks != nullptr) *matched_blocks = hit.matched_blocks;
   // A background continuation snapshots its end too (it samples nothing).
   for (int64_t p : SnapshotPositions(seq->num_prompt_tokens + (seq->background ? 1 : 0),
@@ -731,6 +759,7 @@ absl::StatusOr<std::vector<SequenceId>> Scheduler::CompleteStep(
         background_stats_.tokens += e.num_tokens();
         if (seq->num_computed >= seq->num_tokens) {  // computed and snapshotted
           ++background_stats_.completed;
+          if (config_.announce_prompt_blocks) AnnounceCachedBlocks(*seq);
           Erase(e.id);
         }
       }
@@ -739,10 +768,13 @@ absl::StatusOr<std::vector<SequenceId>> Scheduler::CompleteStep(
     const SequenceOutcome& o = *by_id[e.id];
     seq->num_computed = e.end - e.num_draft_tokens + (o.num_new_tokens - 1);
     seq->num_tokens += o.num_new_tokens;
+    const bool prompt_done = !seq->prefill_done;
     seq->prefill_done = true;
     // Drop the positions of rejected drafts.
     seq->table.Truncate(seq->num_computed, &blocks_).IgnoreError();
     CacheComputedBlocks(seq);
+    // Its prompt just completed (every full block cached now).
+    if (prompt_done && config_.announce_prompt_blocks) AnnounceCachedBlocks(*seq);
     if (o.finished) {
       Erase(e.id);
     } else if (seq->num_tokens >= seq->max_total_tokens) {

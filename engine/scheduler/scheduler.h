@@ -101,11 +101,31 @@ struct SchedulerConfig {
   bool enable_prefix_caching = false;
   int32_t num_prefix_snapshots = 0;
   int64_t prefix_snapshot_grid = 0;
+  // A decode worker's: also announce the cached blocks of every prompt this
+  // engine computes (colocated prefills, background continuations) as
+  // blocks_only events, as AdmitReserved always does for landed prompts: a
+  // reservation extending them shares them (HeldPrefixTokens).
+  bool announce_prompt_blocks = false;
   // Background continuations queued at most (the oldest is dropped past it).
   int32_t max_background = 8;
 
   absl::Status Validate() const;
 };
+
+// Where a decode worker announces a prompt's cached MLA blocks (blocks_only
+// prefix events; the router reserves a prompt extending one of them where its
+// rows are): multiples of lcm(block_size, 64), ascending, in (0, cached]:
+//   - the deepest (cached rounded down): the same prompt again, a chat's next
+//     turn;
+//   - the branch point (branch rounded down): where the prompt left the chain
+//     it shared, so a third prompt sharing only that part (a system prompt)
+//     finds it; the deeper announcement names a route hash it does not have;
+//   - every `grid` tokens (0: none; the snapshot grid), for prompts that share
+//     a long document and diverge somewhere inside it.
+// One event each (AnnounceBlocks skips a block announced already), so a
+// prompt costs the router 2 + cached / grid index entries at most.
+std::vector<int64_t> AnnouncedPositions(int64_t cached_tokens, int64_t branch_tokens,
+                                        int32_t block_size, int64_t grid);
 
 struct SequenceRequest {
   SequenceId id = 0;
@@ -119,6 +139,11 @@ struct SequenceRequest {
   // entry i names tokens [0, 64 (i + 1))): the name of each snapshot position
   // in the prefix events. Empty: events carry route_hash 0.
   std::vector<uint64_t> route_hashes;
+  // Reserve: the cached blocks of the prompt may be shared (HeldPrefixTokens).
+  // False: the reservation allocates every block (the peer writing it may
+  // write every row from 0, which must never reach a block other sequences
+  // share) and only caches the landed prompt at AdmitReserved.
+  bool share_cached_blocks = true;
 };
 
 // One sequence's work in a step.
@@ -213,8 +238,9 @@ class Scheduler {
   // full blocks of the prompt this cache holds (MLA rows only: no snapshot is
   // needed, the peer writes the whole KDA state) instead of allocating them:
   // their count x block_size is the reservation's held prefix, which the peer
-  // must not write (KvTarget.cached_prefix_tokens). AdmitReserved then caches
-  // the landed prompt's full blocks after them. 0 for an unknown id.
+  // must not write (KvTarget.cached_prefix_tokens); only when
+  // request.share_cached_blocks. AdmitReserved then caches the landed
+  // prompt's full blocks after them. 0 for an unknown id.
   // AdmitPrefilled never shares (it copies the whole state in).
   int64_t HeldPrefixTokens(SequenceId id) const;
 
@@ -297,10 +323,13 @@ class Scheduler {
     BlockTable table;
     int64_t num_prompt_tokens = 0;  // as submitted (max_new_tokens counts from it)
     // Prefix caching.
-    std::vector<BlockHash> hashes;            // the prompt's full blocks
-    std::vector<uint64_t> route_hashes;       // the prompt's 64-token route hashes
-    int64_t blocks_cached = 0;                // hashes[0 .. blocks_cached) handled
-    int64_t held_prefix_tokens = 0;           // Reserve: the shared prefix
+    std::vector<BlockHash> hashes;       // the prompt's full blocks
+    std::vector<uint64_t> route_hashes;  // the prompt's 64-token route hashes
+    int64_t blocks_cached = 0;           // hashes[0 .. blocks_cached) handled
+    int64_t held_prefix_tokens = 0;      // Reserve: the shared prefix
+    // Where the prompt left the cached chain it matched at admission (the
+    // shared prefix of a reservation, the matched blocks of a lookup).
+    int64_t branch_tokens = 0;
     std::vector<int64_t> snapshot_positions;  // ascending, > the hit
     // A chunk ended off the KDA chunk grid here (progress beat alignment):
     // state after it is not what a clean recompute gives, so nothing after it
@@ -346,6 +375,10 @@ class Scheduler {
   SnapshotId AdmitWithPrefix(Sequence* seq, int64_t* matched_blocks = nullptr);
   // Caches the sequence's newly computed full prompt blocks.
   void CacheComputedBlocks(Sequence* seq);
+  // Announces (PrefixCache::AnnounceBlocks, blocks_only events) the MLA
+  // blocks of the sequence's cached prompt at 64-multiples: the deepest, the
+  // branch point and the snapshot grid (AnnouncedPositions).
+  void AnnounceCachedBlocks(const Sequence& seq);
 
   SchedulerConfig config_;
   BlockAllocator blocks_;

@@ -9,13 +9,21 @@
 //     MLA bytes measured from two requests without a hit);
 //   - the tokens equal a cluster with prefix caching off, greedy and seeded;
 //   - the decode worker's reserve-hit counter is that prefix, a whole number of
-//     blocks, and a tenant with another cache_salt shares nothing.
+//     blocks, and a tenant with another cache_salt shares nothing;
+//   - a Reserve with the prompt's ids but without share_held_prefix (a router
+//     older than the field) shares nothing;
+//   - with a prefill worker that does not register writes_after_held_prefix
+//     (--kv_write_after_held_prefix=false, as a worker older than the
+//     handshake) nothing is shared: every row crosses, tokens unchanged.
+#include <grpcpp/grpcpp.h>
+
 #include <string>
 #include <vector>
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "proto/router.grpc.pb.h"
+#include "proto/worker.grpc.pb.h"
 #include "tests/prefix/prefix_metrics.h"
 #include "tests/testing/process_cluster.h"
 
@@ -154,6 +162,58 @@ TEST(ClusterDecodeHitTest, OnlyTheRowsTheDecodeWorkerLacksCrossTheWire) {
   EXPECT_EQ(got_o.tokens, off.b.tokens);
   EXPECT_DOUBLE_EQ(WireBytes(c) - w5, 400 * row + kda);
   EXPECT_EQ(SettledReserveHits(c), h1);
+
+  // A router older than share_held_prefix sends the prompt's ids without it:
+  // the decode worker, which holds all of b's blocks, shares none of them
+  // (the prefill worker that router picks may write every row).
+  {
+    auto decode = tandem::v1::DecodeWorker::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(c.decode_port()),
+                            grpc::InsecureChannelCredentials()));
+    tandem::v1::ReserveRequest rr;
+    rr.set_request_id("old-router");
+    rr.set_prompt_tokens(b.prompt_token_ids().ids_size());
+    rr.set_max_new_tokens(4);
+    rr.set_lease_ms(30000);
+    rr.set_prefill_tp_size(1);
+    *rr.mutable_prompt_token_ids() = b.prompt_token_ids().ids();
+    tandem::v1::KvTarget target;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(testing::In(30));
+    grpc::Status st = decode->Reserve(&ctx, rr, &target);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    EXPECT_EQ(target.cached_prefix_tokens(), 0);
+    tandem::v1::ReleaseRequest rel;
+    rel.set_request_id("old-router");
+    tandem::v1::ReleaseResponse released;
+    grpc::ClientContext rctx;
+    rctx.set_deadline(testing::In(30));
+    ASSERT_TRUE(decode->Release(&rctx, rel, &released).ok());
+    EXPECT_TRUE(released.found());
+  }
+  EXPECT_EQ(SettledReserveHits(c), h1);
+
+  // Rolling upgrade: a prefill worker that does not register
+  // writes_after_held_prefix (as one older than the handshake, which would
+  // write every row from 0 into the shared blocks) gets no sharing: the
+  // router sends no prompt ids with the Reserve, so b's turn carries all 400
+  // rows although the decode worker holds a's, and the tokens are the cache
+  // off's.
+  ProcessCluster old;
+  ASSERT_EQ(old.Start(kRouterFlags, 4, {"--kv_write_after_held_prefix=false"}), "");
+  const StreamResult old_a = old.Generate(a);
+  ASSERT_TRUE(old_a.status.ok()) << old_a.status.error_message() << old.Logs();
+  EXPECT_EQ(old_a.tokens, off.a.tokens);
+  const double o0 = WireBytes(old);
+  const StreamResult old_b = old.Generate(b);
+  ASSERT_TRUE(old_b.status.ok()) << old_b.status.error_message() << old.Logs();
+  EXPECT_EQ(old_b.tokens, off.b.tokens);
+  EXPECT_DOUBLE_EQ(WireBytes(old) - o0, 400 * row + kda);
+  const StreamResult old_bs = old.Generate(b_seeded);
+  ASSERT_TRUE(old_bs.status.ok()) << old_bs.status.error_message();
+  EXPECT_EQ(old_bs.tokens, off.b_seeded.tokens);
+  EXPECT_DOUBLE_EQ(WireBytes(old) - o0, 2 * (400 * row + kda));
+  EXPECT_EQ(SettledReserveHits(old), 0);
 }
 
 // Without checksums nothing that lands is cached: unverified rows would be

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/route_hash.h"
 #include "engine/runtime/engine.h"
 #include "engine/runtime/test_util.h"
 #include "gtest/gtest.h"
@@ -222,6 +223,83 @@ TEST_P(HostTierEngineTest, Tp2EqualsNoCacheThroughTheHostTier) {
 }
 
 INSTANTIATE_TEST_SUITE_P(GreedyAndSeeded, HostTierEngineTest, ::testing::Bool());
+
+// What a decode worker tells the router it holds for reservations (blocks_only
+// events) is what a reservation can share: the device tier only (Reserve does
+// not search the host tier). Four prompts computed on the engine one after the
+// other push each earlier one's blocks and snapshot to the host tier: its
+// usable position stays (a colocated hit loads it back), its blocks-only
+// announcement goes, and a reservation of it shares nothing. The router's
+// held estimate (PrefixIndex::MatchBlocks) reads only the announcements, so
+// it never exceeds what Reserve shares; the usable positions, which it read
+// before, would have claimed 192 held tokens of every evicted prompt.
+TEST(HostTierHeldBlocksTest, AnnouncedBlocksAreWhatAReservationShares) {
+  EngineOptions o = Cached(int64_t{64} << 20);
+  o.prefix_caching.announce_blocks = true;  // decode_main's
+  auto backend = MakeBackend("cpu");
+  auto made = Engine::Create(&TinyWeights(), backend.get(), nullptr, o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Engine& e = **made;
+  std::map<uint64_t, int64_t> announced, usable;  // route hash -> tokens
+  auto drain = [&] {
+    for (const PrefixEvent& ev : e.TakePrefixEvents()) {
+      ASSERT_NE(ev.kind, PrefixEvent::Kind::kCleared);
+      auto& set = ev.blocks_only ? announced : usable;
+      if (ev.kind == PrefixEvent::Kind::kStored) set[ev.route_hash] = ev.tokens;
+      if (ev.kind == PrefixEvent::Kind::kRemoved) set.erase(ev.route_hash);
+    }
+  };
+  // The deepest 64-multiple of `prompt` in `set` (the router's match).
+  auto match = [](const std::map<uint64_t, int64_t>& set,
+                  const std::vector<int32_t>& prompt) {
+    const std::vector<uint64_t> h = RouteBlockHashes(prompt, "");
+    for (int64_t b = static_cast<int64_t>(h.size()); b >= 1; --b) {
+      auto it = set.find(h[b - 1]);
+      if (it != set.end() && it->second == b * 64) return b * 64;
+    }
+    return int64_t{0};
+  };
+  RequestId next = 100;
+  auto reserve_shares = [&](const std::vector<int32_t>& prompt) {
+    const RequestId id = next++;
+    auto loc = e.Reserve(id, static_cast<int64_t>(prompt.size()), prompt, "",
+                         /*share_held_prefix=*/true);
+    EXPECT_TRUE(loc.ok()) << loc.status();
+    const int64_t held = loc.ok() ? loc->held_prefix_tokens : -1;
+    EXPECT_TRUE(e.Abort(id).ok());
+    return held;
+  };
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) prompts.push_back(MakePrompt(220, 50 + i));
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(e.AddRequest(i, prompts[i], Params(i, false)).ok());
+    for (int step = 0; e.HasWork() && step < 2000; ++step) ASSERT_TRUE(e.Step().ok());
+    drain();
+    // Just computed: announced at its deepest 64-multiple of 13 full blocks.
+    EXPECT_EQ(match(announced, prompts[i]), 192) << i;
+    for (int j = 0; j <= i; ++j) {
+      SCOPED_TRACE(::testing::Message() << "prompt " << j << " after " << i);
+      const int64_t router = match(announced, prompts[j]);
+      const int64_t shared = reserve_shares(prompts[j]);
+      drain();  // the reservation's reclaim may move blocks
+      EXPECT_LE(router, shared);
+      // Every prompt's usable position survives in one tier or the other.
+      EXPECT_EQ(match(usable, prompts[j]), 192);
+    }
+  }
+  // The device tier holds about one prompt: the first is on the host now.
+  ASSERT_GT(e.prefix_caching_stats().blocks_moved_to_host, 0);
+  EXPECT_EQ(match(announced, prompts[0]), 0);
+  EXPECT_EQ(reserve_shares(prompts[0]), 0);
+  EXPECT_EQ(match(usable, prompts[0]), 192);  // a colocated hit still loads it
+  // Computed again (a hit through the host tier): announced anew.
+  ASSERT_TRUE(e.AddRequest(9, prompts[0], Params(0, false)).ok());
+  for (int step = 0; e.HasWork() && step < 2000; ++step) ASSERT_TRUE(e.Step().ok());
+  drain();
+  EXPECT_GT(e.prefix_caching_stats().hits_from_host, 0);
+  EXPECT_EQ(match(announced, prompts[0]), 192);
+  EXPECT_GE(reserve_shares(prompts[0]), 192);
+}
 
 }  // namespace
 }  // namespace tandem::engine
