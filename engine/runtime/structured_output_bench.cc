@@ -222,7 +222,30 @@ int main(int argc, char** argv) {
         over(*cold), warm->tokens_per_s, warm->step_ms, warm->forward_ms,
         warm->mask_us_per_token, 100 * warm->overlapped, over(*warm),
         sync->tokens_per_s, sync->step_ms, sync->forward_ms, over(*sync));
+    // The step's time outside the forward (scheduling, sampling with the
+    // mask applied, the matchers' advance; a mask filled during the forward
+    // is inside it). On a GPU backend this is the host's share of a step; on
+    // the CPU backend the forward itself differs between arms (the MoE reads
+    // fewer experts when a batch's outputs are alike, and the mask threads
+    // share the cores), so the extra outside the forward is the comparable
+    // cost of the constraint.
+    auto outside = [](const Arm& a) { return a.step_ms - a.forward_ms; };
+    const double extra =
+        plain->step_ms > 0 ? (outside(*warm) - outside(*plain)) / plain->step_ms : 0;
+    const double mask_ms_per_step =
+        warm->mask_us_per_token * batch / 1e3;  // one mask per sequence and step
+    std::printf(
+        "batch %3d: outside the forward: plain %.2f ms/step, constrained warm %.2f "
+        "(overlapped), %.2f (sync); extra %.3f of the plain step; masks %.2f ms per "
+        "step beside a %.2f ms forward\n",
+        batch, outside(*plain), outside(*warm), outside(*sync), extra, mask_ms_per_step,
+        warm->forward_ms);
     const std::string k = absl::StrCat("b", batch);
+    line[k + "_plain_outside_forward_ms"] = outside(*plain);
+    line[k + "_constrained_outside_forward_ms"] = outside(*warm);
+    line[k + "_sync_outside_forward_ms"] = outside(*sync);
+    line[k + "_constrained_outside_extra_over_plain_step"] = extra;
+    line[k + "_mask_ms_per_step"] = mask_ms_per_step;
     line[k + "_plain_tok_s"] = plain->tokens_per_s;
     line[k + "_plain_step_ms"] = plain->step_ms;
     line[k + "_plain_forward_ms"] = plain->forward_ms;

@@ -122,7 +122,16 @@ absl::Status Sampler::Prepare(const SampleRequest& request, bool need_softmax) {
     for (int64_t w = 0, base = 0; base < vocab_size_; ++w, base += 32) {
       const int64_t end = std::min<int64_t>(vocab_size_, base + 32);
       const uint32_t bits = mask[w];
-      if (bits == 0) {
+      if (end - base == 32 && (bits == 0 || bits == 0xffffffffu)) {
+        // A whole word: eight vector stores (std::fill/std::copy of 32 floats
+        // were a scalar loop and a memmove call).
+        const V4f neg_inf = {kNegInf, kNegInf, kNegInf, kNegInf};
+        for (int k = 0; k < 8; ++k) {
+          V4f v = neg_inf;
+          if (bits != 0) std::memcpy(&v, src + base + 4 * k, sizeof(v));
+          std::memcpy(dst + base + 4 * k, &v, sizeof(v));
+        }
+      } else if (bits == 0) {
         std::fill(dst + base, dst + end, kNegInf);
       } else if (bits == 0xffffffffu) {
         std::copy(src + base, src + end, dst + base);
