@@ -205,10 +205,18 @@ struct Wired {
   PeerId peer = 0;
 };
 
-void WireRaw(const std::string& tls, uint64_t bytes, Wired* w) {
+// `detect`: peer-failure detection on both sides (false: shared memory on one
+// host); `allocated`: the child's region from AllocateMemory (what a decode
+// worker's host cache is), else plain mmap memory; `progress_timeout`: this
+// side's.
+void WireRaw(const std::string& tls, uint64_t bytes, Wired* w, bool detect = true,
+             bool allocated = false,
+             absl::Duration progress_timeout = absl::Seconds(10)) {
   w->child = SpawnPeer();
   ASSERT_NE(w->child, nullptr);
-  ASSERT_EQ(w->child->Call(absl::StrCat("INIT ", tls.empty() ? "-" : tls)), "OK");
+  ASSERT_EQ(w->child->Call(
+                absl::StrCat("INIT ", tls.empty() ? "-" : tls, detect ? "" : " noerr")),
+            "OK");
   // One MLA layer of `bytes / 4096` blocks of one 4096-byte token: a raw region.
   tandem::v1::KvLayout l;
   l.set_block_size(1);
@@ -217,7 +225,7 @@ void WireRaw(const std::string& tls, uint64_t bytes, Wired* w) {
   l.set_tp_size(1);
   std::string reply = w->child->Call(
       absl::StrCat("LAYOUT ", absl::BytesToHexString(l.SerializeAsString()), " ",
-                   bytes / 4096, " 0"));
+                   bytes / 4096, " 0", allocated ? " ucx" : ""));
   ASSERT_TRUE(absl::StartsWith(reply, "OK ")) << reply;
   std::vector<std::string> words = absl::StrSplit(reply, ' ');
   ASSERT_TRUE(absl::SimpleAtoi(words[1], &w->remote));
@@ -225,6 +233,8 @@ void WireRaw(const std::string& tls, uint64_t bytes, Wired* w) {
   ASSERT_TRUE(absl::StartsWith(reply, "DESC ")) << reply;
   UcxAgentConfig config;
   config.tls = tls;
+  config.peer_failure_detection = detect;
+  config.progress_timeout = progress_timeout;
   auto agent = UcxAgent::Create(config);
   ASSERT_TRUE(agent.ok()) << agent.status();
   w->agent = std::move(*agent);
@@ -315,6 +325,83 @@ TEST(PeerFailureTest, KilledPeerMidTransferDefaultTransports) {
   EXPECT_EQ(after.code(), absl::StatusCode::kUnavailable) << after;
   EXPECT_LT(absl::Now() - t0, absl::Seconds(15));
   std::cerr << "first batch: " << first << "; after death: " << after << "\n";
+  ExpectAllReleased(&w);
+}
+
+// Shared memory on one host (no peer-failure detection, what ./tandem up runs):
+// a peer killed mid-transfer never hangs the sender past its progress timeout,
+// and leaves nothing registered or tracked.
+//   - into plain mmap memory UCX 1.13 emulates the puts with active messages,
+//     which a dead process never answers: the batch fails UNAVAILABLE after the
+//     progress timeout (before it, DEADLINE_EXCEEDED), and so does every later
+//     write and notification, at once;
+//   - into memory from AllocateMemory (a decode worker's host cache) a put is a
+//     copy into a shared-memory segment that stays mapped after its owner died:
+//     the batch completes, and the dead decode worker is the router's to notice.
+class SharedMemoryPeerDeathTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SharedMemoryPeerDeathTest, KilledPeerMidTransferEndsWithinTheProgressTimeout) {
+  const bool allocated = GetParam();
+  constexpr uint64_t kBytes = 256 << 20;
+  constexpr absl::Duration kProgressTimeout = absl::Seconds(1);
+  Wired w;
+  WireRaw("", kBytes, &w, /*detect=*/false, allocated, kProgressTimeout);
+  if (HasFatalFailure()) return;
+  const std::string transport = w.agent->Transport(w.peer);
+  EXPECT_FALSE(UcxTransportsAreTcpOnly(transport)) << transport;
+  auto batch = w.agent->PostWrite(w.peer, Chunks(w, kBytes, 64 << 10));
+  ASSERT_TRUE(batch.ok());
+  w.child->Signal(SIGKILL);
+  w.child->Reap();
+  absl::Time t0 = absl::Now();
+  const absl::Status first = w.agent->Wait(*batch, t0 + absl::Seconds(8));
+  const absl::Duration took = absl::Now() - t0;
+  std::cerr << (allocated ? "allocated" : "mmap") << ": first batch " << first
+            << " after " << took << "\n";
+  EXPECT_LT(took, kProgressTimeout + absl::Seconds(3));
+  if (allocated) {
+    EXPECT_TRUE(first.ok() || absl::IsUnavailable(first)) << first;
+  } else {
+    EXPECT_EQ(first.code(), absl::StatusCode::kUnavailable) << first;
+    EXPECT_NE(first.message().find("no completion for"), absl::string_view::npos)
+        << first;
+    // Later operations to the dead peer fail at once.
+    t0 = absl::Now();
+    EXPECT_EQ(w.agent->PostWrite(w.peer, Chunks(w, 4096, 4096)).status().code(),
+              absl::StatusCode::kUnavailable);
+    EXPECT_EQ(w.agent->Notify(w.peer, "r", "", absl::Now() + absl::Seconds(5)).code(),
+              absl::StatusCode::kUnavailable);
+    EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
+  }
+  ExpectAllReleased(&w);
+}
+
+INSTANTIATE_TEST_SUITE_P(Receivers, SharedMemoryPeerDeathTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "allocated" : "mmap";
+                         });
+
+// A stopped peer over shared memory: DEADLINE_EXCEEDED before the progress
+// timeout, UNAVAILABLE after it (nothing completes), the batch ended either way.
+TEST(PeerFailureTest, StoppedPeerOverSharedMemoryFailsAfterTheProgressTimeout) {
+  constexpr uint64_t kBytes = 64 << 20;
+  constexpr absl::Duration kProgressTimeout = absl::Seconds(1);
+  Wired w;
+  WireRaw("", kBytes, &w, /*detect=*/false, /*allocated=*/false, kProgressTimeout);
+  if (HasFatalFailure()) return;
+  w.child->Signal(SIGSTOP);
+  // Before the post: the progress clock starts when the first piece goes out.
+  const absl::Time t0 = absl::Now();
+  auto batch = w.agent->PostWrite(w.peer, Chunks(w, kBytes, 1 << 20));
+  ASSERT_TRUE(batch.ok());
+  EXPECT_EQ(w.agent->Wait(*batch, t0 + absl::Milliseconds(200)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  const absl::Status st = w.agent->Wait(*batch, t0 + absl::Seconds(8));
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_GE(absl::Now() - t0, kProgressTimeout);
+  EXPECT_LT(absl::Now() - t0, kProgressTimeout + absl::Seconds(3));
+  w.child->Signal(SIGKILL);
+  w.child->Reap();
   ExpectAllReleased(&w);
 }
 

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -117,6 +118,15 @@ class UcxBackend final : public Backend {
   void Wake() override;
 
  private:
+  // A piece or fence handed to UCX: its completion's user data. `op` is nulled
+  // when the operation is abandoned (the peer failed or was closed by force):
+  // its batch was told then, and the late completion, if any, is ignored.
+  // Freed by the completion, or with the backend.
+  struct DataOp {
+    UcxBackend* backend;
+    PeerId peer;
+    OpToken op;
+  };
   // An endpoint to another agent plus the remote keys of its regions. Kept after
   // the agent forgot it until its close completed and no caller waits on it.
   struct Peer {
@@ -131,6 +141,10 @@ class UcxBackend final : public Backend {
     bool forgotten = false;  // the agent forgot it: erase once closed
     int waiters = 0;         // threads in AwaitOpLocked on it
     std::string transport;
+    std::set<DataOp*> ops;  // pieces and fences outstanding
+    // When an operation to it last completed, or one was posted to it idle:
+    // the progress timeout counts from here.
+    absl::Time last_progress = absl::InfinitePast();
   };
   // A flush or active message that a caller thread waits for. Heap-allocated: when
   // the caller gives up at its deadline, the completion callback frees it.
@@ -148,8 +162,20 @@ class UcxBackend final : public Backend {
   Peer* FindPeer(PeerId id);
   // The peer if operations may be posted to it (known, not closing), else null.
   Peer* OpenPeer(PeerId id);
-  // Callback parameters reporting to `op` (OnOp).
-  static ucp_request_param_t OpParam(OpToken op);
+  // A DataOp for `op` to `p` (starting its progress clock if `p` was idle), and
+  // the callback parameters reporting to it (OnOp).
+  DataOp* NewDataOp(Peer* p, OpToken op);
+  static ucp_request_param_t OpParam(DataOp* d);
+  // The operation completed at once or failed to post: no callback follows.
+  void DropDataOp(Peer* p, DataOp* d);
+  // Ends every operation outstanding to `p` with `status` (their batches are
+  // told now; late completions are ignored).
+  void AbandonOpsLocked(Peer* p, const absl::Status& status);
+  // Marks `p` failed (UNAVAILABLE `status`), tells the agent, ends its
+  // operations.
+  void FailPeer(Peer* p, const absl::Status& status);
+  // Whether anything to `p` is outstanding (operations or waiters).
+  static bool Outstanding(const Peer& p) { return !p.ops.empty() || p.waiters > 0; }
   void ClosePeer(Peer* p, bool graceful, bool wait, absl::Time deadline);
   void ReleaseRkeys(Peer* p);
   // Logs the transports UCX chose for `p` (and hands them to
@@ -183,6 +209,7 @@ class UcxBackend final : public Backend {
   std::vector<std::string> resources_;             // ucp_context_print_info's resources
   std::map<RegionId, ucp_mem_h> memh_;             // agent lock
   std::map<PeerId, std::unique_ptr<Peer>> peers_;  // agent lock
+  std::set<DataOp*> data_ops_;  // every DataOp not yet freed (agent lock)
 };
 
 namespace {
@@ -393,6 +420,10 @@ absl::Status UcxBackend::Init() {
 
 UcxBackend::~UcxBackend() {
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  // Operations UCX never completed (abandoned to a dead peer): no callback can
+  // run once the worker is gone.
+  for (DataOp* d : data_ops_) delete d;
+  data_ops_.clear();
   if (context_ != nullptr) ucp_cleanup(context_);
   if (wake_fd_ >= 0) close(wake_fd_);
   if (epoll_fd_ >= 0) close(epoll_fd_);
@@ -625,14 +656,25 @@ void UcxBackend::ClosePeer(Peer* p, bool graceful, bool wait, absl::Time deadlin
       p->close_request = req;
     }
   }
-  if (!wait) return;
-  while (p->close_request != nullptr && absl::Now() < deadline) {
-    ucp_worker_progress(worker_);
-    if (ucp_request_check_status(p->close_request) != UCS_INPROGRESS) {
-      ucp_request_free(p->close_request);
-      p->close_request = nullptr;
-      p->closed = true;
+  if (wait) {
+    while (p->close_request != nullptr && absl::Now() < deadline) {
+      ucp_worker_progress(worker_);
+      if (ucp_request_check_status(p->close_request) != UCS_INPROGRESS) {
+        ucp_request_free(p->close_request);
+        p->close_request = nullptr;
+        p->closed = true;
+      }
     }
+  }
+  // A forced close is supposed to complete the outstanding requests
+  // (UCS_ERR_CANCELED); without peer-failure detection UCX 1.13 leaves those to
+  // a dead peer pending for ever (active-message puts), so what is left ends
+  // here and its batches with it.
+  if (!graceful || !p->error.ok()) {
+    AbandonOpsLocked(p, p->error.ok() ? absl::CancelledError(absl::StrCat(
+                                            "peer ", absl::Hex(p->descriptor.agent_id),
+                                            " closed with operations outstanding"))
+                                      : p->error);
   }
 }
 
@@ -642,6 +684,7 @@ void UcxBackend::ForgetPeerLocked(PeerId peer) {
   Peer* p = it->second.get();
   ReleaseRkeys(p);
   p->forgotten = true;
+  AbandonOpsLocked(p, absl::CancelledError("peer disconnected"));
   if (p->closed && p->waiters == 0) peers_.erase(it);  // else ProgressLocked erases it
 }
 
@@ -650,7 +693,8 @@ absl::StatusOr<Backend::PostResult> UcxBackend::PostPieceLocked(PeerId peer, boo
                                                                 OpToken op) {
   Peer* p = OpenPeer(peer);
   if (p == nullptr) return absl::CancelledError("peer disconnected");
-  ucp_request_param_t bulk = OpParam(op);
+  DataOp* d = NewDataOp(p, op);
+  ucp_request_param_t bulk = OpParam(d);
   // Data operations may use bandwidth-oriented protocols (the fence does not).
   if (config_.bandwidth_protocols) bulk.op_attr_mask |= UCP_OP_ATTR_FLAG_MULTI_SEND;
   if (!piece.local_memory.is_host()) {
@@ -663,6 +707,7 @@ absl::StatusOr<Backend::PostResult> UcxBackend::PostPieceLocked(PeerId peer, boo
   ucs_status_ptr_t req =
       write ? ucp_put_nbx(p->ep, piece.local, piece.length, remote, rkey, &bulk)
             : ucp_get_nbx(p->ep, piece.local, piece.length, remote, rkey, &bulk);
+  if (UCS_PTR_IS_ERR(req) || req == nullptr) DropDataOp(p, d);
   if (UCS_PTR_IS_ERR(req)) return FromUcs(UCS_PTR_STATUS(req), "");
   return req == nullptr ? PostResult::kDone : PostResult::kPending;
 }
@@ -672,24 +717,64 @@ absl::StatusOr<Backend::PostResult> UcxBackend::PostFenceLocked(PeerId peer,
   Peer* p = OpenPeer(peer);
   if (p == nullptr) return absl::CancelledError("peer disconnected");
   // Completion of a put is local; the flush makes the bytes visible at the target.
-  const ucp_request_param_t param = OpParam(op);
+  DataOp* d = NewDataOp(p, op);
+  const ucp_request_param_t param = OpParam(d);
   ucs_status_ptr_t req = ucp_ep_flush_nbx(p->ep, &param);
+  if (UCS_PTR_IS_ERR(req) || req == nullptr) DropDataOp(p, d);
   if (UCS_PTR_IS_ERR(req)) return FromUcs(UCS_PTR_STATUS(req), "");
   return req == nullptr ? PostResult::kDone : PostResult::kPending;
 }
 
-ucp_request_param_t UcxBackend::OpParam(OpToken op) {
+UcxBackend::DataOp* UcxBackend::NewDataOp(Peer* p, OpToken op) {
+  if (!Outstanding(*p)) p->last_progress = absl::Now();
+  auto* d = new DataOp{this, p->id, op};
+  p->ops.insert(d);
+  data_ops_.insert(d);
+  return d;
+}
+
+void UcxBackend::DropDataOp(Peer* p, DataOp* d) {
+  p->ops.erase(d);
+  data_ops_.erase(d);
+  delete d;
+}
+
+ucp_request_param_t UcxBackend::OpParam(DataOp* d) {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = &UcxBackend::OnOp;
-  param.user_data = op;
+  param.user_data = d;
   return param;
 }
 
 void UcxBackend::OnOp(void* request, ucs_status_t status, void* user_data) {
+  auto* d = static_cast<DataOp*>(user_data);
   ucp_request_free(request);
-  ReportOpDone(static_cast<OpToken>(user_data),
-               status == UCS_OK ? absl::OkStatus() : FromUcs(status, ""));
+  UcxBackend* self = d->backend;
+  if (d->op != nullptr) {  // else abandoned: its batch was told already
+    if (Peer* p = self->FindPeer(d->peer)) {
+      p->ops.erase(d);
+      p->last_progress = absl::Now();
+    }
+    ReportOpDone(d->op, status == UCS_OK ? absl::OkStatus() : FromUcs(status, ""));
+  }
+  self->data_ops_.erase(d);
+  delete d;
+}
+
+void UcxBackend::AbandonOpsLocked(Peer* p, const absl::Status& status) {
+  for (DataOp* d : p->ops) {
+    ReportOpDone(d->op, status);
+    d->op = nullptr;
+  }
+  p->ops.clear();
+}
+
+void UcxBackend::FailPeer(Peer* p, const absl::Status& status) {
+  if (!p->error.ok()) return;
+  p->error = status;
+  host_->PeerFailedLocked(p->id, p->error);
+  AbandonOpsLocked(p, p->error);
 }
 
 bool UcxBackend::ProgressLocked() {
@@ -707,9 +792,28 @@ bool UcxBackend::ProgressLocked() {
       p->closed = true;
     }
     if (p->forgotten && p->closed && p->waiters == 0) {
+      AbandonOpsLocked(p, absl::CancelledError("peer disconnected"));
       it = peers_.erase(it);
     } else {
       ++it;
+    }
+  }
+  // A peer that holds operations and completes none for progress_timeout is
+  // treated as dead: without peer-failure detection nothing else tells (shared
+  // memory: a killed or stopped process completes nothing).
+  if (config_.progress_timeout != absl::InfiniteDuration()) {
+    const absl::Time now = absl::Now();
+    for (auto& [id, p] : peers_) {
+      if (p->forgotten || !p->error.ok() || !Outstanding(*p) ||
+          now - p->last_progress <= config_.progress_timeout) {
+        continue;
+      }
+      FailPeer(
+          p.get(),
+          absl::UnavailableError(absl::StrCat(
+              "peer ", absl::Hex(p->descriptor.agent_id), " failed: no completion for ",
+              absl::FormatDuration(config_.progress_timeout), " (", p->ops.size(),
+              " operations, ", p->waiters, " waits outstanding; dead or stopped)")));
     }
   }
   return progressed;
@@ -754,6 +858,7 @@ absl::Status UcxBackend::AwaitOpLocked(PendingOp* op, Peer* p, absl::Time deadli
     PendingOp* op;
     Peer* p;
   } args{op, p};
+  if (!Outstanding(*p)) p->last_progress = absl::Now();
   ++p->waiters;  // keeps `p` alive while the agent lock is released
   host_->AwaitLocked(
       absl::Condition(
@@ -761,6 +866,7 @@ absl::Status UcxBackend::AwaitOpLocked(PendingOp* op, Peer* p, absl::Time deadli
       deadline);
   --p->waiters;
   if (op->done) {
+    p->last_progress = absl::Now();
     absl::Status st = FromUcs(op->status, what);
     delete op;
     return st;

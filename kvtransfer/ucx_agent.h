@@ -27,6 +27,11 @@
 // Failure: endpoints use UCP_ERR_HANDLING_MODE_PEER; a dead peer fails every
 // outstanding operation (UNAVAILABLE) and the endpoint is force-closed by the
 // progress thread. Keep-alive interval is configurable (UCX_KEEPALIVE_INTERVAL).
+// Without it (shared memory on one host: UCX 1.13 has no keep-alive there) and
+// as a backstop with it, a peer that holds operations and completes none for
+// `progress_timeout` is failed the same way (a killed or stopped process
+// completes nothing), and a forced close ends the operations still outstanding
+// at once (their late completions ignored), so no batch outlives its peer.
 #ifndef TANDEM_KVTRANSFER_UCX_AGENT_H_
 #define TANDEM_KVTRANSFER_UCX_AGENT_H_
 
@@ -71,6 +76,15 @@ struct UcxAgentConfig {
   bool peer_failure_detection = true;
   // Connect() completes the wire-up within this time or fails UNAVAILABLE.
   absl::Duration connect_timeout = absl::Seconds(10);
+  // A connected peer with operations outstanding (puts, gets, flushes, the
+  // notification) and none of them completed for this long is failed
+  // UNAVAILABLE, its outstanding operations ended: how a dead peer is noticed
+  // without peer-failure detection, where a put emulated with active messages
+  // (into memory UCX did not allocate) never completes. A put into a dead
+  // peer's AllocateMemory region is a copy into shared memory that stays
+  // mapped: it completes, and the death is noticed by the router instead.
+  // InfiniteDuration(): off.
+  absl::Duration progress_timeout = absl::Seconds(10);
   // Operations of one batch handed to UCX at a time.
   int max_inflight_ops = 128;
   // Largest put/get handed to UCX; longer segments are posted in pieces. Over
