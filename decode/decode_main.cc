@@ -78,9 +78,16 @@ int main(int argc, char** argv) {
   // The router reserves a prompt where its blocks are: announce those of the
   // prompts this worker computes itself too, not only the landed ones.
   eo.prefix_caching.announce_blocks = true;
+  // The metrics first: the agent counts its peer connections by transport there
+  // (declared before the agent, so they outlive it).
+  tandem::metrics::Registry registry;
+  tandem::worker::WorkerMetrics metrics(&registry);
   tandem::kvtransfer::TransportInfo transport;
-  auto agent = tandem::worker::TransferAgentFromFlags(absl::GetFlag(FLAGS_worker_id),
-                                                      &transport);
+  auto agent = tandem::worker::TransferAgentFromFlags(
+      absl::GetFlag(FLAGS_worker_id), &transport,
+      [&metrics](const tandem::kvtransfer::UcxPeerTransport& t) {
+        metrics.CountKvPeerConnection("ucx", t.transports, t.tcp_only);
+      });
   if (!agent.ok()) {
     TLOG(ERROR, "cannot start the KV transfer agent").Kv("status", agent.status());
     return 1;
@@ -106,8 +113,6 @@ int main(int argc, char** argv) {
   // checksums run there (worker/device_checksum.h).
   const std::vector<tandem::kernels::Backend*> checksum_backends =
       tandem::worker::DeviceChecksumBackends(**engine);
-  tandem::metrics::Registry registry;
-  tandem::worker::WorkerMetrics metrics(&registry);
   metrics.SetCacheSizing(sizing);
   metrics.SetKvTransport(transport.agent, transport.provider, transport.rails);
   auto loop = std::make_unique<tandem::worker::EngineLoop>(std::move(*engine));

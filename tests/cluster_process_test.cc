@@ -10,6 +10,11 @@
 //     the decode worker verifies the state's checksums (DATA_LOSS otherwise) and
 //     the tokens equal the colocated ones; one batch per layer and chunk
 //   - the same with --kv_stream_layers=false (one whole-state batch per request)
+//   - over shared memory (--ucx_peer_failure_detection=false, ./tandem up's
+//     default): the same tokens, the connection counted under its shared-memory
+//     transports on /metrics; the decode worker killed while the prefill worker
+//     streams a prompt's state to it: the client gets a clear error within its
+//     deadline, and the prefill worker releases every block and keeps serving
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -244,6 +249,12 @@ TEST_F(ClusterProcessTest, DisaggregatedEqualsColocatedOverUcx) {
                     {{"rpc", "Decode"}, {"outcome", "ok"}}),
             8);
   EXPECT_GT(*Metric(prefill_metrics_, "tandem_worker_transfer_bytes_total", {}), 0);
+  // With peer-failure detection on (the workers' default) UCX 1.13 carries the
+  // KV over tcp on one host: the prefill worker's one connection says so.
+  EXPECT_EQ(Metric(prefill_metrics_, "tandem_worker_kv_peer_connections_total",
+                   {{"agent", "ucx"}, {"transports", "tcp"}, {"tcp_only", "true"}})
+                .value_or(-1),
+            1);
   // Every reservation and engine block is free again.
   EXPECT_TRUE(WaitMetric(decode_metrics_, "tandem_worker_reservations", {}, 0));
   EXPECT_TRUE(WaitMetric(decode_metrics_, "tandem_worker_kv_cache_blocks",
@@ -341,6 +352,79 @@ TEST_F(ClusterProcessLibfabricTest, DisaggregatedEqualsColocatedOverLibfabricTcp
         << "port " << port;
   }
   EXPECT_TRUE(WaitMetric(decode_metrics_, "tandem_worker_reservations", {}, 0));
+}
+
+// Shared memory between the workers (what ./tandem up runs on one host): no
+// peer-failure detection, so a dead decode worker is noticed by deadlines, the
+// agent's progress timeout and the router, not by UCX.
+class ClusterProcessShmTest : public ClusterProcessTest {
+ protected:
+  ClusterProcessShmTest() { worker_flags_ = {"--ucx_peer_failure_detection=false"}; }
+};
+
+TEST_F(ClusterProcessShmTest, DisaggregatedEqualsColocatedOverSharedMemory) {
+  ExpectHandOffEqualsColocated(4, 90, /*sample_odd=*/true);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(*Metric(router_metrics_, "tandem_router_paths_total",
+                    {{"path", "disaggregated"}}),
+            4);
+  // One connection, counted under the shared-memory transports UCX chose for it
+  // ("sysv,posix,cma" here), none over TCP.
+  auto get =
+      metrics::HttpGet("127.0.0.1", prefill_metrics_, "/metrics", absl::Seconds(5));
+  ASSERT_TRUE(get.ok()) << get.status();
+  EXPECT_TRUE(std::regex_search(
+      get->body,
+      std::regex("tandem_worker_kv_peer_connections_total\\{agent=\"ucx\","
+                 "transports=\"[^\"]*(sysv|posix)[^\"]*\",tcp_only=\"false\"\\} 1\n")))
+      << get->body;
+  EXPECT_EQ(get->body.find("tcp_only=\"true\""), std::string::npos) << get->body;
+  EXPECT_TRUE(WaitMetric(decode_metrics_, "tandem_worker_reservations", {}, 0));
+}
+
+TEST_F(ClusterProcessShmTest,
+       KilledDecodeWorkerMidTransferIsAClearStatusWithinTheDeadline) {
+  // A prompt of 4 prefill chunks, streamed layer by layer: the decode worker is
+  // killed once the first batches are posted.
+  tandem::v1::GenerateRequest req = Request(1000, 5, 4, 0.0f);
+  const absl::Time start = absl::Now();
+  auto call = std::async(std::launch::async, [&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(60));
+    return Drain(router_stub_->Generate(&ctx, req).get());
+  });
+  bool posted = false;
+  for (const absl::Time end = absl::Now() + absl::Seconds(30); absl::Now() < end;) {
+    auto v = Metric(prefill_metrics_, "tandem_worker_transfer_batches_total", {});
+    if (v.ok() && *v > 0) {
+      posted = true;
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  decode_->Signal(SIGKILL);
+  ASSERT_TRUE(posted) << Logs();
+  Result r = call.get();
+  const absl::Duration took = absl::Now() - start;
+  std::cerr << "status " << r.status.error_code() << " " << r.status.error_message()
+            << " after " << took << "\n";
+  EXPECT_FALSE(r.status.ok()) << Logs();
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << r.status.error_message();
+  EXPECT_LT(took, absl::Seconds(30));
+  // The prefill worker ended the transfer (landed in the dead worker's shared
+  // memory, or failed), released every block, and is alive.
+  EXPECT_TRUE(WaitMetric(prefill_metrics_, "tandem_worker_kv_cache_blocks",
+                         {{"state", "used"}}, 0))
+      << Logs();
+  const double ok =
+      Metric(prefill_metrics_, "tandem_worker_transfers_total", {{"outcome", "ok"}})
+          .value_or(-1);
+  const double failed =
+      Metric(prefill_metrics_, "tandem_worker_transfers_total", {{"outcome", "error"}})
+          .value_or(-1);
+  std::cerr << "prefill transfers ok " << ok << " error " << failed << "\n";
+  EXPECT_EQ(ok + failed, 1) << Logs();
 }
 
 }  // namespace

@@ -108,9 +108,11 @@ ABSL_FLAG(int64_t, prefix_snapshot_grid, 16384,
 namespace tandem::worker {
 
 absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> TransferAgentFromFlags(
-    const std::string& worker_id, kvtransfer::TransportInfo* info) {
+    const std::string& worker_id, kvtransfer::TransportInfo* info,
+    std::function<void(const kvtransfer::UcxPeerTransport&)> on_peer_connected) {
   kvtransfer::AgentFactoryConfig config;
   config.ucx = UcxConfigFromFlags(worker_id);
+  config.ucx.on_peer_connected = std::move(on_peer_connected);
   TANDEM_RETURN_IF_ERROR(
       kvtransfer::ParseKvTransport(absl::GetFlag(FLAGS_kv_transport), &config));
   TANDEM_ASSIGN_OR_RETURN(kvtransfer::CreatedAgent created,

@@ -6,6 +6,7 @@
 #define TANDEM_WORKER_WORKER_FLAGS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/flags/declare.h"
@@ -59,9 +60,13 @@ kvtransfer::UcxAgentConfig UcxConfigFromFlags(const std::string& worker_id);
 // The transfer agent --kv_transport names (UCX configured as above, or
 // libfabric), started and logged with what it opened (agent, provider, fabric,
 // domain, rails; also into `*info` when given, for the metric label); its
-// errors (no fallback between transports).
+// errors (no fallback between transports). `on_peer_connected` (UCX: called
+// for every peer once UCX chose its transports, agent lock held) is how the
+// worker counts connections by transport (WorkerMetrics::CountKvPeerConnection).
 absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> TransferAgentFromFlags(
-    const std::string& worker_id, kvtransfer::TransportInfo* info = nullptr);
+    const std::string& worker_id, kvtransfer::TransportInfo* info = nullptr,
+    std::function<void(const kvtransfer::UcxPeerTransport&)> on_peer_connected =
+        nullptr);
 // Server and registration (--host, --advertise_host, --port, --metrics_port,
 // --router; id, role, model, --tp, the longest request the cache holds
 // (`max_context_tokens`: the router refuses longer ones with INVALID_ARGUMENT),

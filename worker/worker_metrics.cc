@@ -275,6 +275,21 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
       "1 for the KV transfer agent this worker opened at start: agent (ucx, "
       "libfabric), provider (libfabric: fi_info's provider, e.g. tcp;ofi_rxm, shm, "
       "efa; ucx: UCX_TLS or auto), rails (endpoints a transfer is striped over)."));
+  kv_peer_connections = OrDie(r->AddCounter(
+      "tandem_worker_kv_peer_connections_total",
+      "KV transfer connections to peers by the transports that carry them, as the "
+      "agent chose them per peer (ucx: e.g. sysv,posix,cma over shared memory, tcp, "
+      "rc_mlx5); tcp_only=true: every lane is TCP."));
+}
+
+void WorkerMetrics::CountKvPeerConnection(const std::string& agent,
+                                          const std::string& transports,
+                                          bool tcp_only) {
+  kv_peer_connections
+      ->Add({{"agent", agent},
+             {"transports", transports.empty() ? "unknown" : transports},
+             {"tcp_only", tcp_only ? "true" : "false"}})
+      .Increment();
 }
 
 void WorkerMetrics::SetKvTransport(const std::string& agent,

@@ -34,6 +34,14 @@
 //     provider, e.g. "tcp;ofi_rxm", "shm", "efa"; ucx: UCX_TLS or "auto"). The
 //     transfer counters above carry no transport label: one agent per worker,
 //     so join on the instance.
+//   tandem_worker_kv_peer_connections_total{agent=ucx, transports, tcp_only}:
+//     connections to peers by the transports UCX chose for each, once its
+//     wire-up was done (CountKvPeerConnection, from UcxAgentConfig::
+//     on_peer_connected: "sysv,posix,cma" over shared memory, "tcp", "rc_mlx5,
+//     ud_mlx5"); tcp_only="true" is issue 19's per-peer fallback to alert on.
+//     Keyed by transports rather than by peer: agent ids are random per
+//     process, so a peer label would grow with every restart (the peer is in
+//     the "KV transfer peer connected" log line).
 #ifndef TANDEM_WORKER_WORKER_METRICS_H_
 #define TANDEM_WORKER_WORKER_METRICS_H_
 
@@ -60,6 +68,10 @@ class WorkerMetrics {
   // tandem_worker_kv_transport_info{agent, provider, rails} = 1 (once, at start;
   // kvtransfer::TransportInfo's fields).
   void SetKvTransport(const std::string& agent, const std::string& provider, int rails);
+  // tandem_worker_kv_peer_connections_total{agent, transports, tcp_only} += 1.
+  // Thread-safe (UCX calls it with its agent lock held).
+  void CountKvPeerConnection(const std::string& agent, const std::string& transports,
+                             bool tcp_only);
 
   metrics::Family<metrics::Counter>* requests;
   metrics::Histogram* ttft;
@@ -138,6 +150,7 @@ class WorkerMetrics {
   metrics::Family<metrics::Gauge>* gpu_memory;
   metrics::Gauge* gpu_memory_utilization;
   metrics::Family<metrics::Gauge>* kv_transport_info;
+  metrics::Family<metrics::Counter>* kv_peer_connections;
 
  private:
   absl::Mutex mu_;

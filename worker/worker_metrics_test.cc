@@ -23,6 +23,31 @@ TEST(WorkerMetricsTest, KvTransportInfoNamesWhatWasOpened) {
       << text;
 }
 
+TEST(WorkerMetricsTest, KvPeerConnectionsCountedByTransports) {
+  metrics::Registry registry;
+  WorkerMetrics m(&registry);
+  std::string text = metrics::SerializeText(registry.Collect());
+  EXPECT_EQ(text.find("tandem_worker_kv_peer_connections_total{"), std::string::npos)
+      << text;
+  m.CountKvPeerConnection("ucx", "sysv,posix,cma", false);
+  m.CountKvPeerConnection("ucx", "sysv,posix,cma", false);
+  m.CountKvPeerConnection("ucx", "tcp", true);
+  m.CountKvPeerConnection("ucx", "", false);
+  text = metrics::SerializeText(registry.Collect());
+  EXPECT_NE(text.find("tandem_worker_kv_peer_connections_total{agent=\"ucx\","
+                      "transports=\"sysv,posix,cma\",tcp_only=\"false\"} 2"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("tandem_worker_kv_peer_connections_total{agent=\"ucx\","
+                      "transports=\"tcp\",tcp_only=\"true\"} 1"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("tandem_worker_kv_peer_connections_total{agent=\"ucx\","
+                      "transports=\"unknown\",tcp_only=\"false\"} 1"),
+            std::string::npos)
+      << text;
+}
+
 TEST(WorkerMetricsTest, PrefixCacheTiers) {
   metrics::Registry registry;
   WorkerMetrics m(&registry);
