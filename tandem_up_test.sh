@@ -74,6 +74,7 @@ refused "--decode >= 1" --decode 0
 refused "--tp must be >= 1" --tp 0
 refused "needs a value" --prefill
 refused "takes no value" --no-gateway=1
+refused "takes no value" --kv-tcp=1
 refused "unknown option --bogus" --bogus
 
 # ---- command lines
@@ -161,8 +162,26 @@ has decode-0 --backend=cuda_sim_bf16 --backend=cuda_sim_bf16
 # Options that existed: to their process.
 has router --colocate_below_tokens=8 --colocate-below 8
 has prefill-0 --tp=2 --tp 2
+# The KV moves over shared memory by default (peer-failure detection off in every
+# worker, issue 19); --kv-tcp (--no-ucx-shm, up.kv_tcp) keeps UCX's detection on
+# (tcp on one host); the later of --kv-tcp / --ucx-shm / a pass-through wins.
+has prefill-0 --ucx_peer_failure_detection=false
+has decode-0 --ucx_peer_failure_detection=false
+has decode-1 --ucx_peer_failure_detection=false --decode 2
+lacks router ucx_peer_failure_detection
+lacks gateway ucx_peer_failure_detection
 has decode-0 --ucx_peer_failure_detection=false --ucx-shm
 has prefill-0 --ucx_peer_failure_detection=false --ucx-shm
+has prefill-0 --ucx_peer_failure_detection=true --kv-tcp
+has decode-1 --ucx_peer_failure_detection=true --kv_tcp --decode 2
+has decode-0 --ucx_peer_failure_detection=true --no-ucx-shm
+has prefill-0 --ucx_peer_failure_detection=false --kv-tcp --ucx-shm
+has decode-0 --ucx_peer_failure_detection=true --ucx-shm --kv-tcp
+has prefill-0 --ucx_peer_failure_detection=true --prefill-arg=--ucx_peer_failure_detection=true
+has decode-0 --ucx_peer_failure_detection=false --prefill-arg=--ucx_peer_failure_detection=true
+printf 'up:\n  kv_tcp: true\n' >"$TEST_TMPDIR/kv_tcp.yaml"
+has decode-0 --ucx_peer_failure_detection=true --config "$TEST_TMPDIR/kv_tcp.yaml"
+has decode-0 --ucx_peer_failure_detection=false --config "$TEST_TMPDIR/kv_tcp.yaml" --ucx-shm
 # Prefix caching: the workers' default (on) unless --no-prefix-cache (also up.no_prefix_cache).
 lacks prefill-0 enable_prefix_caching
 lacks decode-0 enable_prefix_caching

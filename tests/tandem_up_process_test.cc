@@ -4,7 +4,9 @@
 // same greedy tokens as a cluster started without it, and the decode worker's
 // speculative metrics show that the option reached it and drafts were verified.
 // The router runs its default --colocate_below_tokens (1000): short prompts are
-// prefilled on the decode worker, a 1100-token one disaggregated.
+// prefilled on the decode worker, a 1100-token one disaggregated, its KV state
+// carried over shared memory (the prefill worker's /metrics counts its one
+// connection under UCX's shared-memory transports, issue 19).
 //
 //   test → TandemUp::Start (tandem up ... &, waits for "cluster up") → Generate over
 //   the router's gRPC → decode worker /metrics → SIGTERM (tandem stops everything).
@@ -18,12 +20,14 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "metrics/http_get.h"
 #include "proto/router.grpc.pb.h"
 #include "tests/testing/process_cluster.h"
 #include "tests/testing/subprocess.h"
@@ -80,6 +84,7 @@ class TandemUp {
         worker_metrics == 0) {
       return "no free ports";
     }
+    prefill_metrics_ = worker_metrics;
     decode_metrics_ = worker_metrics + 1;
     // The script runs the binaries of this test's runfiles and keeps its logs here.
     setenv("TANDEM_BIN_DIR", RunfilePath("").c_str(), 1);
@@ -171,10 +176,17 @@ class TandemUp {
     }
   }
 
+  // The prefill worker's /metrics text ("" when it cannot be read).
+  std::string PrefillMetricsText() {
+    auto get =
+        metrics::HttpGet("127.0.0.1", prefill_metrics_, "/metrics", absl::Seconds(5));
+    return get.ok() ? get->body : "";
+  }
+
   std::string Log() const { return proc_ ? proc_->ReadLog() : ""; }
 
  private:
-  int router_port_ = 0, metrics_port_ = 0, decode_metrics_ = 0;
+  int router_port_ = 0, metrics_port_ = 0, prefill_metrics_ = 0, decode_metrics_ = 0;
   std::unique_ptr<Subprocess> proc_;
   std::unique_ptr<v1::Router::Stub> stub_;
 };
@@ -223,6 +235,16 @@ TEST(TandemUpProcessTest, SpeculativeNgramServesThePlainGreedyTokens) {
     EXPECT_EQ(
         plain.RouterMetric("tandem_router_paths_total", {{"path", "disaggregated"}}),
         1);
+    // ... over shared memory, ./tandem up's default: the prefill worker's one
+    // connection to the decode worker, under UCX's sysv/posix transports.
+    const std::string prefill_metrics = plain.PrefillMetricsText();
+    EXPECT_TRUE(std::regex_search(
+        prefill_metrics,
+        std::regex("tandem_worker_kv_peer_connections_total\\{agent=\"ucx\",transports="
+                   "\"[^\"]*(sysv|posix)[^\"]*\",tcp_only=\"false\"\\} 1\n")))
+        << prefill_metrics << plain.Log();
+    EXPECT_EQ(prefill_metrics.find("tcp_only=\"true\""), std::string::npos)
+        << prefill_metrics;
   }
   TandemUp spec;
   ASSERT_EQ(spec.Start("ngram", {"--speculative", "ngram", "--num-speculative-tokens",
