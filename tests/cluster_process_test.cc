@@ -425,6 +425,9 @@ TEST_F(ClusterProcessShmTest,
           .value_or(-1);
   std::cerr << "prefill transfers ok " << ok << " error " << failed << "\n";
   EXPECT_EQ(ok + failed, 1) << Logs();
+  // The dead peer did not take the prefill worker down with it (UCX without
+  // peer-failure detection may treat a transport error as fatal).
+  EXPECT_FALSE(prefill_->Wait(absl::Milliseconds(200)).ok()) << Logs();
 }
 
 }  // namespace
