@@ -429,61 +429,75 @@ void DecodeService::StartDecode(Handoff h) {
   state.cacheable_tokens =
       verified ? std::clamp<int64_t>(req.cacheable_prompt_tokens(), 0, r.prompt_tokens)
                : 0;
-  loop_->Post([this, w, info = r, started = h.decode_started, state = std::move(state),
-               params = *params](engine::Engine& e) {
-    rpc::ResponseStream* stream = w->stream;
-    const tandem::v1::DecodeRequest& req = w->request;
-    const std::string& id = info.request_id;
-    const engine::RequestId eid = info.engine_id;
-    auto refuse = [&](const grpc::Status& s, const char* outcome) {
-      table_.Refuse(id, eid);
-      e.Abort(eid).IgnoreError();  // the reservation, on this thread
-      Count("Decode", outcome);
-      stream->Close(s);
-    };
-    // A cancel that came before this command found nothing to cancel.
-    if (stream->cancelled()) return refuse(Cancelled(), "cancelled");
-    absl::StatusOr<engine::RequestOutput> out = e.AdmitReserved(eid, state, params);
-    if (!out.ok()) {
-      TLOG(WARNING, "admission failed").Kv("request_id", id).Kv("status", out.status());
-      return refuse(Grpc(out.status()), "error");
-    }
-    tandem::v1::GenerateResponse m =
-        worker::OutputToMessage(id, *out, req.return_text());
-    if (params.logprobs && req.has_first_logprob()) {
-      *m.add_logprobs() = req.first_logprob();
-    }
-    if (params.seed.has_value()) m.set_seed(*params.seed);
-    if (metrics_ != nullptr) {
-      metrics_->ttft->Observe(absl::ToDoubleSeconds(clock_->Now() - started));
-    }
-    TLOG(DEBUG, "decode admitted").Kv("request_id", id).Kv("engine_id", eid);
-    if (out->finished) {  // the first token ended it; the reservation is freed
-      table_.Finish(id, eid);
-      m.mutable_usage()->set_prompt_tokens(info.prompt_tokens);
-      m.mutable_usage()->set_completion_tokens(
-          static_cast<int32_t>(out->new_tokens.size()));
-      stream->Push(std::move(m));
-      Count("Decode", "ok");
-      stream->Close(grpc::Status::OK);
-      return;
-    }
-    stream->Push(std::move(m));
-    worker::EngineStreamOptions so;
-    so.request_id = id;
-    so.prompt_tokens = info.prompt_tokens;
-    so.return_text = req.return_text();
-    so.rpc = "Decode";
-    so.started = started;
-    so.tokens_already_sent = 1;
-    worker::OutputCallback inner = worker::StreamEngineOutputs(stream, metrics_, so);
-    loop_->WatchOnLoopThread(
-        eid, [this, id, eid, inner = std::move(inner)](
-                 engine::Engine& e, const absl::StatusOr<engine::RequestOutput>& o) {
-          if (!o.ok() || o->finished) table_.Finish(id, eid);  // FINISHED
-          inner(e, o);
+  // A structured-output grammar is compiled on the loop's compile thread
+  // first (EngineLoop::CompileAhead), not at admission on the engine thread.
+  loop_->CompileAhead(
+      *std::move(params),
+      [this, w, info = r, started = h.decode_started, state = std::move(state)](
+          absl::StatusOr<engine::SamplingParams> compiled) mutable {
+        loop_->Post([this, w, info = std::move(info), started, state = std::move(state),
+                     compiled = std::move(compiled)](engine::Engine& e) {
+          rpc::ResponseStream* stream = w->stream;
+          const tandem::v1::DecodeRequest& req = w->request;
+          const std::string& id = info.request_id;
+          const engine::RequestId eid = info.engine_id;
+          auto refuse = [&](const grpc::Status& s, const char* outcome) {
+            table_.Refuse(id, eid);
+            e.Abort(eid).IgnoreError();  // the reservation, on this thread
+            Count("Decode", outcome);
+            stream->Close(s);
+          };
+          // A cancel that came before this command found nothing to cancel.
+          if (stream->cancelled()) return refuse(Cancelled(), "cancelled");
+          if (!compiled.ok()) return refuse(Grpc(compiled.status()), "invalid");
+          const engine::SamplingParams& params = *compiled;
+          absl::StatusOr<engine::RequestOutput> out =
+              e.AdmitReserved(eid, state, params);
+          if (!out.ok()) {
+            TLOG(WARNING, "admission failed")
+                .Kv("request_id", id)
+                .Kv("status", out.status());
+            return refuse(Grpc(out.status()), "error");
+          }
+          tandem::v1::GenerateResponse m =
+              worker::OutputToMessage(id, *out, req.return_text());
+          if (params.logprobs && req.has_first_logprob()) {
+            *m.add_logprobs() = req.first_logprob();
+          }
+          if (params.seed.has_value()) m.set_seed(*params.seed);
+          if (metrics_ != nullptr) {
+            metrics_->ttft->Observe(absl::ToDoubleSeconds(clock_->Now() - started));
+          }
+          TLOG(DEBUG, "decode admitted").Kv("request_id", id).Kv("engine_id", eid);
+          if (out->finished) {  // the first token ended it; the reservation is freed
+            table_.Finish(id, eid);
+            m.mutable_usage()->set_prompt_tokens(info.prompt_tokens);
+            m.mutable_usage()->set_completion_tokens(
+                static_cast<int32_t>(out->new_tokens.size()));
+            stream->Push(std::move(m));
+            Count("Decode", "ok");
+            stream->Close(grpc::Status::OK);
+            return;
+          }
+          stream->Push(std::move(m));
+          worker::EngineStreamOptions so;
+          so.request_id = id;
+          so.prompt_tokens = info.prompt_tokens;
+          so.return_text = req.return_text();
+          so.rpc = "Decode";
+          so.started = started;
+          so.tokens_already_sent = 1;
+          worker::OutputCallback inner =
+              worker::StreamEngineOutputs(stream, metrics_, so);
+          loop_->WatchOnLoopThread(
+              eid,
+              [this, id, eid, inner = std::move(inner)](
+                  engine::Engine& e, const absl::StatusOr<engine::RequestOutput>& o) {
+                if (!o.ok() || o->finished) table_.Finish(id, eid);  // FINISHED
+                inner(e, o);
+              });
         });
-  });
+      });
 }
 
 grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* DecodeService::Generate(

@@ -10,6 +10,7 @@ EngineLoop::EngineLoop(std::unique_ptr<engine::Engine> engine)
     : engine_(std::move(engine)) {
   PublishStats(*engine_);
   thread_ = std::thread([this] { Run(); });
+  compile_thread_ = std::thread([this] { RunCompiles(); });
 }
 
 EngineLoop::~EngineLoop() {
@@ -17,6 +18,7 @@ EngineLoop::~EngineLoop() {
     absl::MutexLock l(&mu_);
     stop_ = true;
   }
+  compile_thread_.join();  // after the compile in progress, if any (its budget)
   thread_.join();
 }
 
@@ -25,13 +27,13 @@ void EngineLoop::Post(Command command) {
   commands_.push_back(std::move(command));
 }
 
-void EngineLoop::AddRequest(engine::RequestId id, std::vector<int32_t> prompt,
+Command EngineLoop::MakeAdd(engine::RequestId id, std::vector<int32_t> prompt,
                             engine::SamplingParams params, OutputCallback on_output,
                             std::string cache_salt,
                             std::vector<engine::MediaInput> media) {
-  Post([this, id, prompt = std::move(prompt), params = std::move(params),
-        cb = std::move(on_output), salt = std::move(cache_salt),
-        media = std::move(media)](engine::Engine& e) mutable {
+  return [this, id, prompt = std::move(prompt), params = std::move(params),
+          cb = std::move(on_output), salt = std::move(cache_salt),
+          media = std::move(media)](engine::Engine& e) mutable {
     const int64_t n = prompt.size();
     absl::Status s =
         e.AddRequest(id, std::move(prompt), params, salt, std::move(media));
@@ -41,7 +43,85 @@ void EngineLoop::AddRequest(engine::RequestId id, std::vector<int32_t> prompt,
     }
     callbacks_[id] = std::move(cb);
     queued_prompt_[id] = n;
-  });
+  };
+}
+
+namespace {
+bool NeedsCompile(const engine::SamplingParams& p) {
+  return p.structured.has_value() && p.structured->compiled == nullptr;
+}
+}  // namespace
+
+void EngineLoop::AddRequest(engine::RequestId id, std::vector<int32_t> prompt,
+                            engine::SamplingParams params, OutputCallback on_output,
+                            std::string cache_salt,
+                            std::vector<engine::MediaInput> media) {
+  if (!NeedsCompile(params)) {
+    Post(MakeAdd(id, std::move(prompt), std::move(params), std::move(on_output),
+                 std::move(cache_salt), std::move(media)));
+    return;
+  }
+  {
+    absl::MutexLock l(&mu_);
+    compiling_.insert(id);
+  }
+  CompileAhead(
+      std::move(params),
+      [this, id, prompt = std::move(prompt), cb = std::move(on_output),
+       salt = std::move(cache_salt),
+       media = std::move(media)](absl::StatusOr<engine::SamplingParams> p) mutable {
+        // One critical section: an Abort/Cancel either finds the id compiling
+        // (and is seen here) or comes after the add command in the queue.
+        absl::MutexLock l(&mu_);
+        compiling_.erase(id);
+        if (compile_cancelled_.erase(id) > 0) return;
+        if (!p.ok()) {
+          commands_.push_back(
+              [cb = std::move(cb), s = p.status()](engine::Engine& e) { cb(e, s); });
+          return;
+        }
+        commands_.push_back(MakeAdd(id, std::move(prompt), *std::move(p), std::move(cb),
+                                    std::move(salt), std::move(media)));
+      });
+}
+
+void EngineLoop::CompileAhead(engine::SamplingParams params,
+                              CompiledParamsCallback then) {
+  if (!NeedsCompile(params)) {
+    then(std::move(params));
+    return;
+  }
+  absl::MutexLock l(&mu_);
+  compile_jobs_.push_back({std::move(params), std::move(then)});
+}
+
+void EngineLoop::RunCompiles() {
+  while (true) {
+    CompileJob job;
+    {
+      absl::MutexLock l(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(
+                               +[](EngineLoop* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                 return !self->compile_jobs_.empty() || self->stop_;
+                               },
+                               this),
+                           absl::Milliseconds(100));
+      if (stop_) return;
+      if (compile_jobs_.empty()) continue;
+      job = std::move(compile_jobs_.front());
+      compile_jobs_.pop_front();
+    }
+    // Thread-safe (the engine's compiler and its cache); the engine thread
+    // keeps stepping meanwhile.
+    absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> g =
+        engine_->CompileConstraint(*job.params.structured);
+    if (!g.ok()) {
+      job.then(g.status());
+      continue;
+    }
+    job.params.structured->compiled = *std::move(g);
+    job.then(std::move(job.params));
+  }
 }
 
 void EngineLoop::WatchOnLoopThread(engine::RequestId id, OutputCallback on_output) {
@@ -49,6 +129,10 @@ void EngineLoop::WatchOnLoopThread(engine::RequestId id, OutputCallback on_outpu
 }
 
 void EngineLoop::Abort(engine::RequestId id) {
+  {
+    absl::MutexLock l(&mu_);
+    if (compiling_.contains(id)) compile_cancelled_.insert(id);
+  }
   Post([this, id](engine::Engine& e) {
     callbacks_.erase(id);
     queued_prompt_.erase(id);
@@ -57,12 +141,28 @@ void EngineLoop::Abort(engine::RequestId id) {
 }
 
 void EngineLoop::Cancel(engine::RequestId id, std::function<void()> if_alive) {
+  {
+    absl::MutexLock l(&mu_);
+    if (compiling_.contains(id)) {  // never added: alive until now
+      compile_cancelled_.insert(id);
+      if (if_alive)
+        commands_.push_back([f = std::move(if_alive)](engine::Engine&) { f(); });
+      return;
+    }
+  }
   Post([this, id, if_alive = std::move(if_alive)](engine::Engine& e) {
     if (CancelOnLoopThread(e, id) && if_alive) if_alive();
   });
 }
 
 bool EngineLoop::CancelOnLoopThread(engine::Engine& e, engine::RequestId id) {
+  {
+    absl::MutexLock l(&mu_);
+    if (compiling_.contains(id)) {
+      compile_cancelled_.insert(id);
+      return true;
+    }
+  }
   if (callbacks_.erase(id) == 0) return false;
   queued_prompt_.erase(id);
   e.Abort(id).IgnoreError();

@@ -32,7 +32,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/runtime/engine.h"
 
@@ -79,6 +81,21 @@ class EngineLoop {
                   engine::SamplingParams params, OutputCallback on_output,
                   std::string cache_salt = {},
                   std::vector<engine::MediaInput> media = {});
+  // A request with a structured-output constraint is first compiled on the
+  // loop's compile thread (Engine::CompileConstraint; see CompileAhead) and
+  // added after that, so a slow compile holds back only its own request, not
+  // the running batch; a compile error reaches `on_output`. Abort and Cancel
+  // also reach a request that is still compiling (it is then never added).
+  //
+  // Compiles params.structured, when set and not yet compiled, on the compile
+  // thread, then calls `then` there with the params carrying the compiled
+  // grammar (StructuredOutputSpec::compiled) or with the compile error;
+  // without a constraint to compile, calls `then` at once on this thread.
+  // `then` may Post; it must not block. Pending compiles are dropped when the
+  // loop stops.
+  using CompiledParamsCallback =
+      std::function<void(absl::StatusOr<engine::SamplingParams> params)>;
+  void CompileAhead(engine::SamplingParams params, CompiledParamsCallback then);
   // Registers `on_output` for a request added by a command (e.g. a prefilled
   // admission); call on the engine thread only (inside a Command).
   void WatchOnLoopThread(engine::RequestId id, OutputCallback on_output);
@@ -117,7 +134,11 @@ class EngineLoop {
 
  private:
   void Run();
+  void RunCompiles();
   void PublishStats(engine::Engine& e) ABSL_LOCKS_EXCLUDED(mu_);
+  Command MakeAdd(engine::RequestId id, std::vector<int32_t> prompt,
+                  engine::SamplingParams params, OutputCallback on_output,
+                  std::string cache_salt, std::vector<engine::MediaInput> media);
 
   // Used on thread_ only (but for its thread-safe TakePrefixEvents).
   std::unique_ptr<engine::Engine> engine_;
@@ -128,7 +149,16 @@ class EngineLoop {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   EngineLoopStats stats_ ABSL_GUARDED_BY(mu_);
   absl::Status health_ ABSL_GUARDED_BY(mu_);
+  struct CompileJob {
+    engine::SamplingParams params;
+    CompiledParamsCallback then;
+  };
+  std::deque<CompileJob> compile_jobs_ ABSL_GUARDED_BY(mu_);
+  // AddRequest ids queued or compiling, and those of them aborted/cancelled.
+  absl::flat_hash_set<engine::RequestId> compiling_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<engine::RequestId> compile_cancelled_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
+  std::thread compile_thread_;
 };
 
 }  // namespace tandem::worker

@@ -4,10 +4,12 @@
 // the layer-progress callback reaches the engine.
 #include "worker/engine_loop.h"
 
+#include <atomic>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "engine/runtime/test_util.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 
 namespace tandem::worker {
@@ -188,6 +190,168 @@ TEST(EngineLoopTest, LayerProgressAndCancelOnLoopThread) {
     EXPECT_EQ(seen[l].end_pos, 40);
     EXPECT_TRUE(seen[l].completes_prefill);
   }
+}
+
+}  // namespace
+}  // namespace tandem::worker
+
+namespace tandem::worker {
+namespace {
+
+const tokenizer::Tokenizer& Tok() {
+  static const tokenizer::Tokenizer* t = [] {
+    auto r = tokenizer::Tokenizer::Load(engine::testing::kTinyCheckpointDir);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return std::move(*r).release();
+  }();
+  return *t;
+}
+
+struct TokRig {
+  std::unique_ptr<kernels::Backend> backend = engine::testing::MakeBackend("cpu");
+  std::unique_ptr<engine::Engine> Make() {
+    engine::EngineOptions o;
+    o.num_slots = 4;
+    o.max_context_tokens = 256;
+    return *engine::Engine::Create(&engine::testing::TinyWeights(), backend.get(),
+                                   &Tok(), o);
+  }
+};
+
+engine::SamplingParams Constrained(int n, const char* schema) {
+  engine::SamplingParams p;
+  p.max_tokens = n;
+  engine::StructuredOutputSpec s;
+  s.kind = engine::StructuredOutputSpec::Kind::kJsonSchema;
+  s.source = schema;
+  p.structured = s;
+  return p;
+}
+
+constexpr char kSchema[] =
+    R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"}},)"
+    R"("required":["a","b"]})";
+
+// Tokens of one request through the loop, and the engine's compile counters
+// read on the engine thread after it ended.
+struct LoopRun {
+  absl::Status status;
+  std::vector<int32_t> tokens;
+  int64_t precompiled = -1;
+  int64_t at_admission = -1;
+};
+
+LoopRun RunOnLoop(EngineLoop& loop, engine::RequestId id, std::vector<int32_t> prompt,
+                  engine::SamplingParams p) {
+  LoopRun run;
+  absl::Notification done, counted;
+  loop.AddRequest(id, std::move(prompt), std::move(p),
+                  [&](engine::Engine&, const absl::StatusOr<engine::RequestOutput>& o) {
+                    if (!o.ok()) {
+                      run.status = o.status();
+                      done.Notify();
+                      return;
+                    }
+                    run.tokens.insert(run.tokens.end(), o->new_tokens.begin(),
+                                      o->new_tokens.end());
+                    if (o->finished) done.Notify();
+                  });
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  loop.Post([&](engine::Engine& e) {
+    run.precompiled = e.structured_precompiled();
+    run.at_admission = e.structured_compiled_at_admission();
+    counted.Notify();
+  });
+  EXPECT_TRUE(counted.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  return run;
+}
+
+// A constrained request's grammar is compiled on the loop's compile thread,
+// not at admission on the engine thread, and the tokens are those of a direct
+// run (which compiles at admission).
+TEST(EngineLoopCompileTest, AConstrainedRequestIsCompiledOffTheEngineThread) {
+  TokRig rig;
+  const std::vector<int32_t> prompt = engine::testing::MakePrompt(12, 5);
+  auto direct = rig.Make();
+  ASSERT_TRUE(direct->AddRequest(1, prompt, Constrained(24, kSchema)).ok());
+  std::vector<int32_t> want;
+  while (direct->HasWork()) {
+    auto step = direct->Step();
+    ASSERT_TRUE(step.ok()) << step.status();
+    for (const auto& o : *step) {
+      want.insert(want.end(), o.new_tokens.begin(), o.new_tokens.end());
+    }
+  }
+  EXPECT_EQ(direct->structured_compiled_at_admission(), 1);
+  EXPECT_EQ(direct->structured_precompiled(), 0);
+  ASSERT_FALSE(want.empty());
+
+  EngineLoop loop(rig.Make());
+  LoopRun run = RunOnLoop(loop, 7, prompt, Constrained(24, kSchema));
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.tokens, want);
+  EXPECT_EQ(run.precompiled, 1);
+  EXPECT_EQ(run.at_admission, 0);
+}
+
+TEST(EngineLoopCompileTest, ACompileErrorReachesTheCallback) {
+  TokRig rig;
+  EngineLoop loop(rig.Make());
+  LoopRun run = RunOnLoop(loop, 3, engine::testing::MakePrompt(8, 1),
+                          Constrained(8, R"({"type":"object","not":{}})"));
+  EXPECT_EQ(run.status.code(), absl::StatusCode::kInvalidArgument) << run.status;
+  EXPECT_TRUE(run.tokens.empty());
+  EXPECT_EQ(run.precompiled, 0);
+  EXPECT_EQ(run.at_admission, 0);
+}
+
+// Abort and Cancel reach a request whose grammar is still queued for the
+// compile thread (held here behind a CompileAhead whose callback blocks): it
+// is never added, its callback never runs, Cancel's hook runs once.
+TEST(EngineLoopCompileTest, AbortAndCancelReachARequestStillCompiling) {
+  TokRig rig;
+  EngineLoop loop(rig.Make());
+  absl::Notification in_first, release;
+  loop.CompileAhead(Constrained(4, kSchema),
+                    [&](absl::StatusOr<engine::SamplingParams> p) {
+                      EXPECT_TRUE(p.ok()) << p.status();
+                      EXPECT_NE(p->structured->compiled, nullptr);
+                      in_first.Notify();
+                      release.WaitForNotification();
+                    });
+  ASSERT_TRUE(in_first.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  std::atomic<int> outputs{0};
+  auto count = [&](engine::Engine&, const absl::StatusOr<engine::RequestOutput>&) {
+    ++outputs;
+  };
+  loop.AddRequest(10, engine::testing::MakePrompt(8, 2), Constrained(8, kSchema),
+                  count);
+  loop.AddRequest(11, engine::testing::MakePrompt(8, 3), Constrained(8, kSchema),
+                  count);
+  loop.Abort(10);
+  std::atomic<int> hooks{0};
+  absl::Notification hooked;
+  loop.Cancel(11, [&] {
+    ++hooks;
+    hooked.Notify();
+  });
+  ASSERT_TRUE(hooked.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  release.Notify();
+  // A third request queued behind them runs: the two were dropped, not stuck.
+  LoopRun run =
+      RunOnLoop(loop, 12, engine::testing::MakePrompt(8, 4), Constrained(6, kSchema));
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_FALSE(run.tokens.empty());
+  absl::Notification checked;
+  loop.Post([&](engine::Engine& e) {
+    EXPECT_FALSE(e.HasWork());
+    EXPECT_EQ(e.num_free_blocks(), e.scheduler().config().num_blocks);
+    checked.Notify();
+  });
+  ASSERT_TRUE(checked.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(outputs.load(), 0);
+  EXPECT_EQ(hooks.load(), 1);
+  EXPECT_EQ(run.precompiled, 1);  // only request 12 was added
 }
 
 }  // namespace

@@ -300,27 +300,50 @@ absl::Status Engine::Abort(RequestId id) {
   return scheduler_->Abort(id);
 }
 
-absl::Status Engine::AttachConstraint(Request* r) {
+absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>>
+Engine::CompileConstraint(const engine::StructuredOutputSpec& spec) const {
   if (tokenizer_ == nullptr) {
     return absl::FailedPreconditionError(
         "structured output needs the model's tokenizer (this engine has none)");
   }
-  const int64_t V = weights_->config.text.vocab_size;
-  if (grammar_compiler_ == nullptr) {
-    TANDEM_ASSIGN_OR_RETURN(
-        grammar_vocab_, grammar::TokenVocabulary::FromTokenizer(*tokenizer_, eos_ids_));
-    grammar_compiler_ = std::make_unique<grammar::GrammarCompiler>(
-        grammar_vocab_, grammar::CompileLimits{});
+  grammar::GrammarCompiler* compiler = nullptr;
+  {
+    absl::MutexLock lock(&grammar_mu_);
+    if (grammar_compiler_ == nullptr) {
+      TANDEM_ASSIGN_OR_RETURN(grammar_vocab_, grammar::TokenVocabulary::FromTokenizer(
+                                                  *tokenizer_, eos_ids_));
+      grammar_compiler_ = std::make_unique<grammar::GrammarCompiler>(
+          grammar_vocab_, grammar::CompileLimits{});
+    }
+    compiler = grammar_compiler_.get();  // lives as long as the engine
   }
-  TANDEM_ASSIGN_OR_RETURN(
-      std::shared_ptr<const grammar::CompiledGrammar> g,
-      grammar_compiler_->Compile(GrammarSpecOf(*r->params.structured)));
+  return compiler->Compile(GrammarSpecOf(spec));  // thread-safe, outside the lock
+}
+
+absl::Status Engine::AttachConstraint(Request* r) {
+  const int64_t V = weights_->config.text.vocab_size;
+  std::shared_ptr<const grammar::CompiledGrammar> g = r->params.structured->compiled;
+  if (g == nullptr) {
+    TANDEM_ASSIGN_OR_RETURN(g, CompileConstraint(*r->params.structured));
+    ++structured_compiled_at_admission_;
+  } else {
+    ++structured_precompiled_;
+  }
+  std::shared_ptr<const grammar::TokenVocabulary> vocab;
+  {
+    absl::MutexLock lock(&grammar_mu_);
+    vocab = grammar_vocab_;
+  }
+  if (vocab == nullptr || &g->vocab() != vocab.get()) {
+    return absl::InvalidArgumentError(
+        "structured output: the request's grammar was compiled by another engine");
+  }
+  r->params.structured->compiled = nullptr;  // the constraint holds it
   // Verification rolls the constraint back over at most k drafts.
   const int rollback = std::max(options_.speculative.num_speculative_tokens, 0) + 1;
-  TANDEM_ASSIGN_OR_RETURN(
-      r->constraint,
-      engine::OutputConstraint::Create(std::move(g), *r->params.structured, eos_ids_,
-                                       grammar_vocab_->size(), V, rollback));
+  TANDEM_ASSIGN_OR_RETURN(r->constraint, engine::OutputConstraint::Create(
+                                             std::move(g), *r->params.structured,
+                                             eos_ids_, vocab->size(), V, rollback));
   r->mask.assign(r->constraint->mask_words(), 0u);
   if (mask_pool_ == nullptr && options_.structured_mask_threads > 0) {
     mask_pool_ = std::make_unique<engine::MaskPool>(options_.structured_mask_threads);

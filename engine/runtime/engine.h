@@ -50,10 +50,12 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/splitmix.h"
@@ -481,6 +483,18 @@ class Engine {
   // Of those, the masks filled on the mask pool during a forward (the rest
   // were filled at sampling time).
   int64_t structured_masks_overlapped() const { return structured_masks_overlapped_; }
+  // Compiles a structured-output spec with this engine's grammar compiler
+  // (cached by spec), for StructuredOutputSpec::compiled. Thread-safe: the
+  // worker's EngineLoop calls it off the engine thread, so a slow compile
+  // (a large schema: tens to hundreds of ms) delays only its own request.
+  absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> CompileConstraint(
+      const engine::StructuredOutputSpec& spec) const ABSL_LOCKS_EXCLUDED(grammar_mu_);
+  // Constrained requests admitted with their grammar compiled ahead (by
+  // CompileConstraint) and compiled at admission on the engine thread.
+  int64_t structured_precompiled() const { return structured_precompiled_; }
+  int64_t structured_compiled_at_admission() const {
+    return structured_compiled_at_admission_;
+  }
   // Constrained requests ended with kError, and the last such error.
   int64_t structured_failures() const { return structured_failures_; }
   const absl::Status& last_structured_error() const { return last_structured_error_; }
@@ -625,8 +639,14 @@ class Engine {
   std::vector<int32_t> eos_ids_;
   // Structured outputs: the tokenizer's vocabulary and the compiler (created
   // on the first constrained request).
-  std::shared_ptr<const grammar::TokenVocabulary> grammar_vocab_;
-  std::unique_ptr<grammar::GrammarCompiler> grammar_compiler_;
+  // The grammar vocabulary and compiler, made on first use by any thread.
+  mutable absl::Mutex grammar_mu_;
+  mutable std::shared_ptr<const grammar::TokenVocabulary> grammar_vocab_
+      ABSL_GUARDED_BY(grammar_mu_);
+  mutable std::unique_ptr<grammar::GrammarCompiler> grammar_compiler_
+      ABSL_GUARDED_BY(grammar_mu_);
+  int64_t structured_precompiled_ = 0;
+  int64_t structured_compiled_at_admission_ = 0;
   std::atomic<int64_t> structured_masks_{0};
   std::atomic<int64_t> structured_mask_ns_{0};
   int64_t structured_failures_ = 0;

@@ -5,6 +5,7 @@
 #define TANDEM_ENGINE_SAMPLING_SAMPLING_PARAMS_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,6 +14,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/splitmix.h"
+
+namespace tandem::grammar {
+class CompiledGrammar;
+}  // namespace tandem::grammar
 
 namespace tandem::engine {
 
@@ -46,6 +51,11 @@ struct StructuredOutputSpec {
   std::vector<int32_t> prefix_token_ids;
   int32_t terminator_token_id = -1;
   std::vector<int32_t> suffix_token_ids;
+  // The spec compiled ahead of admission by Engine::CompileConstraint (the
+  // worker's compile thread, worker::EngineLoop), so that the engine thread
+  // does not stop every running request for a compile; null: the engine
+  // compiles at admission. Never on the wire.
+  std::shared_ptr<const grammar::CompiledGrammar> compiled;
 
   // Names the field: "structured_output.source: ...".
   absl::Status Validate() const;
