@@ -23,10 +23,11 @@
 // warm-up pass. The JSON line's bN_constrained_* are the warm overlapped arm's.
 // Each arm also reports its time outside the forward (step - forward); the
 // constrained extra there, over the plain step, is the comparable cost on the
-// CPU backend, where the forward itself moves between arms (mask threads share
-// the cores; a MoE forward reads fewer experts when the batch's tokens are
-// alike: --same_prompts shows it). --repeats rounds of the four arms,
-// interleaved; each arm reports its fastest round.
+// CPU backend, where the forward itself moves between arms with the machine's
+// load (and the mask threads share its cores). --repeats rounds of the four
+// arms, interleaved; each arm reports its fastest round. --same_prompts gives
+// every request of a batch one prompt (alike outputs: a MoE forward then reads
+// fewer experts), a diagnostic for forward-time differences between arms.
 // --grammar_json: a JSON line (grammar_bench's) merged into this one's
 // "grammar" field. Ends with ONE JSON line {"bench":"grammar",...}.
 #include <chrono>
@@ -59,7 +60,7 @@ ABSL_FLAG(int32_t, repeats, 3,
           "(a shared machine's load and the order of the arms move single runs)");
 ABSL_FLAG(bool, same_prompts, false,
           "Every request of a batch gets the same prompt (so plain greedy outputs are "
-          "alike too: shows how much of an arm's forward time is MoE routing)");
+          "alike too; a diagnostic for forward-time differences between arms)");
 ABSL_FLAG(int32_t, mask_threads, 2,
           "Mask-pool threads of the overlapped constrained arm (EngineOptions::"
           "structured_mask_threads)");
@@ -251,10 +252,9 @@ int main(int argc, char** argv) {
     // The step's time outside the forward (scheduling, sampling with the
     // mask applied, the matchers' advance; a mask filled during the forward
     // is inside it). On a GPU backend this is the host's share of a step; on
-    // the CPU backend the forward itself differs between arms (the MoE reads
-    // fewer experts when a batch's outputs are alike, and the mask threads
-    // share the cores), so the extra outside the forward is the comparable
-    // cost of the constraint.
+    // the CPU backend the forward itself moves between arms (the machine's
+    // load; the mask threads share the cores), so the extra outside the
+    // forward is the comparable cost of the constraint.
     auto outside = [](const Arm& a) { return a.step_ms - a.forward_ms; };
     const double extra =
         plain->step_ms > 0 ? (outside(*warm) - outside(*plain)) / plain->step_ms : 0;
