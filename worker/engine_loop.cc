@@ -1,5 +1,6 @@
 #include "worker/engine_loop.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "common/logging.h"
@@ -98,18 +99,33 @@ void EngineLoop::CompileAhead(engine::SamplingParams params,
 void EngineLoop::RunCompiles() {
   while (true) {
     CompileJob job;
+    bool have_job = false;
     {
       absl::MutexLock l(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(
-                               +[](EngineLoop* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                                 return !self->compile_jobs_.empty() || self->stop_;
-                               },
-                               this),
-                           absl::Milliseconds(100));
+      if (precompute_.empty()) {
+        mu_.AwaitWithTimeout(absl::Condition(
+                                 +[](EngineLoop* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                   return !self->compile_jobs_.empty() || self->stop_;
+                                 },
+                                 this),
+                             absl::Milliseconds(100));
+      }
       if (stop_) return;
-      if (compile_jobs_.empty()) continue;
-      job = std::move(compile_jobs_.front());
-      compile_jobs_.pop_front();
+      if (!compile_jobs_.empty()) {
+        job = std::move(compile_jobs_.front());
+        compile_jobs_.pop_front();
+        have_job = true;
+      }
+    }
+    if (!have_job) {
+      // Idle: a slice of the oldest grammar's mask precompute.
+      if (precompute_.empty()) continue;
+      Precompute& p = precompute_.front();
+      const absl::Time t0 = absl::Now();
+      const bool done = p.grammar->PrecomputeMasks(t0 + absl::Milliseconds(5));
+      p.spent += absl::Now() - t0;
+      if (done || p.spent >= kMaskPrecomputeBudget) precompute_.pop_front();
+      continue;
     }
     // Thread-safe (the engine's compiler and its cache); the engine thread
     // keeps stepping meanwhile.
@@ -118,6 +134,12 @@ void EngineLoop::RunCompiles() {
     if (!g.ok()) {
       job.then(g.status());
       continue;
+    }
+    const bool queued =
+        std::any_of(precompute_.begin(), precompute_.end(),
+                    [&](const Precompute& p) { return p.grammar == *g; });
+    if (!queued && !(*g)->mask_cache().precomputed()) {
+      precompute_.push_back({*g, absl::ZeroDuration()});
     }
     job.params.structured->compiled = *std::move(g);
     job.then(std::move(job.params));

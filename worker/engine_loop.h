@@ -36,6 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "engine/runtime/engine.h"
 
 namespace tandem::worker {
@@ -62,6 +63,10 @@ struct EngineLoopStats {
   engine::StepTimingStats timing;        // forward time and host gaps
   engine::GraphStats graphs;             // rank 0's CUDA graphs (zero on the host)
 };
+
+// Time the compile thread spends filling one grammar's mask cache ahead of use;
+// the rest fills on first use.
+inline constexpr absl::Duration kMaskPrecomputeBudget = absl::Seconds(2);
 
 class EngineLoop {
  public:
@@ -92,7 +97,10 @@ class EngineLoop {
   // grammar (StructuredOutputSpec::compiled) or with the compile error;
   // without a constraint to compile, calls `then` at once on this thread.
   // `then` may Post; it must not block. Pending compiles are dropped when the
-  // loop stops.
+  // loop stops. While no compile is waiting, the compile thread fills the
+  // token-mask cache of each grammar it compiled (CompiledGrammar::
+  // PrecomputeMasks, in 5 ms slices, at most kMaskPrecomputeBudget per
+  // grammar), so the first requests of a schema find its states warm.
   using CompiledParamsCallback =
       std::function<void(absl::StatusOr<engine::SamplingParams> params)>;
   void CompileAhead(engine::SamplingParams params, CompiledParamsCallback then);
@@ -149,6 +157,11 @@ class EngineLoop {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   EngineLoopStats stats_ ABSL_GUARDED_BY(mu_);
   absl::Status health_ ABSL_GUARDED_BY(mu_);
+  struct Precompute {
+    std::shared_ptr<const grammar::CompiledGrammar> grammar;
+    absl::Duration spent;
+  };
+  std::deque<Precompute> precompute_;  // compile_thread_ only
   struct CompileJob {
     engine::SamplingParams params;
     CompiledParamsCallback then;

@@ -354,5 +354,36 @@ TEST(EngineLoopCompileTest, AbortAndCancelReachARequestStillCompiling) {
   EXPECT_EQ(run.precompiled, 1);  // only request 12 was added
 }
 
+// While idle, the compile thread fills a compiled grammar's mask cache ahead
+// of use (kMaskPrecomputeBudget per grammar); a request with the same schema
+// then uses the same compiled grammar (the compiler's cache) with every state
+// warm: its masks compute no new entry.
+TEST(EngineLoopCompileTest, TheCompileThreadPrecomputesMasksWhileIdle) {
+  TokRig rig;
+  EngineLoop loop(rig.Make());
+  std::shared_ptr<const grammar::CompiledGrammar> g;
+  absl::Notification compiled;
+  loop.CompileAhead(Constrained(4, kSchema),
+                    [&](absl::StatusOr<engine::SamplingParams> p) {
+                      ASSERT_TRUE(p.ok()) << p.status();
+                      g = p->structured->compiled;
+                      compiled.Notify();
+                    });
+  ASSERT_TRUE(compiled.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_NE(g, nullptr);
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (!g->mask_cache().precomputed() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(g->mask_cache().precomputed());
+  const int64_t entries = g->mask_cache().computed_entries();
+  EXPECT_GT(entries, 0);
+  LoopRun run =
+      RunOnLoop(loop, 20, engine::testing::MakePrompt(10, 6), Constrained(24, kSchema));
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_FALSE(run.tokens.empty());
+  EXPECT_EQ(g->mask_cache().computed_entries(), entries);
+}
+
 }  // namespace
 }  // namespace tandem::worker

@@ -56,6 +56,10 @@ class CompiledGrammar {
   const Automaton& automaton() const { return automaton_; }
   const Pda& pda() const { return pda_; }
   const TokenMaskCache& mask_cache() const { return cache_; }
+  // TokenMaskCache::PrecomputeUntil: fills the mask cache ahead of use.
+  bool PrecomputeMasks(absl::Time deadline) const {
+    return cache_.PrecomputeUntil(deadline);
+  }
 
  private:
   Automaton automaton_;

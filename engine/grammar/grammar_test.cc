@@ -502,3 +502,47 @@ TEST(TokenVocabularyTest, SortedArenaAndNextShorterMatchTheirDefinitions) {
 
 }  // namespace
 }  // namespace tandem::grammar
+
+namespace tandem::grammar {
+namespace {
+
+// PrecomputeMasks fills every entry a non-recursive schema's walks can need
+// (a walk afterwards computes nothing new), the entries are the lazily
+// computed ones (brute-force checked masks), and slices resume where the last
+// one stopped.
+TEST(MaskPrecomputeTest, EveryNeededEntryAheadAndResumable) {
+  ConstraintSpec spec;
+  spec.kind = ConstraintSpec::Kind::kJsonSchema;
+  spec.source = R"({"type":"object","properties":{
+      "name":{"type":"string","maxLength":8},
+      "n":{"type":"integer","minimum":0,"maximum":99},
+      "tags":{"type":"array","items":{"enum":["x","yz"]},"maxItems":2}},
+      "required":["name","n"],"additionalProperties":false})";
+  GrammarCompiler whole(K3Vocab(), CompileLimits());
+  auto g = whole.Compile(spec);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_FALSE((*g)->mask_cache().precomputed());
+  EXPECT_FALSE((*g)->PrecomputeMasks(absl::InfinitePast()));  // deadline passed
+  EXPECT_EQ((*g)->mask_cache().computed_entries(), 0);
+  ASSERT_TRUE((*g)->PrecomputeMasks(absl::InfiniteFuture()));
+  EXPECT_TRUE((*g)->mask_cache().precomputed());
+  const int64_t all = (*g)->mask_cache().computed_entries();
+  EXPECT_GT(all, 10);
+  for (uint32_t seed = 0; seed < 4; ++seed) {
+    bool done = false;
+    RandomWalk(*g, seed, 40, seed == 0 ? 5 : 0, &done);
+  }
+  EXPECT_EQ((*g)->mask_cache().computed_entries(), all);
+
+  // The same in 1 ms slices on a fresh compile: the same entries in the end.
+  GrammarCompiler sliced(K3Vocab(), CompileLimits());
+  auto h = sliced.Compile(spec);
+  ASSERT_TRUE(h.ok()) << h.status();
+  int slices = 0;
+  while (!(*h)->PrecomputeMasks(absl::Now() + absl::Milliseconds(1))) ++slices;
+  EXPECT_GT(slices, 0);
+  EXPECT_EQ((*h)->mask_cache().computed_entries(), all);
+}
+
+}  // namespace
+}  // namespace tandem::grammar

@@ -55,8 +55,11 @@ const MaskEntry& TokenMaskCache::Get(int32_t position, int32_t state,
       2 * (pda_->automaton().mask_key_base[position] + state) + (at_root ? 1 : 0);
   MaskEntry* e = entries_[key].load(std::memory_order_acquire);
   if (e != nullptr) return *e;
-  auto fresh = std::make_unique<MaskEntry>(
-      Compute(position, state, at_root ? kRootFrame : kContextFrame));
+  return Store(key, Compute(position, state, at_root ? kRootFrame : kContextFrame));
+}
+
+const MaskEntry& TokenMaskCache::Store(int32_t key, MaskEntry entry) const {
+  auto fresh = std::make_unique<MaskEntry>(std::move(entry));
   MaskEntry* expected = nullptr;
   if (entries_[key].compare_exchange_strong(expected, fresh.get(),
                                             std::memory_order_acq_rel)) {
@@ -65,6 +68,31 @@ const MaskEntry& TokenMaskCache::Get(int32_t position, int32_t state,
     return *fresh.release();
   }
   return *expected;  // another thread computed it first
+}
+
+bool TokenMaskCache::PrecomputeUntil(absl::Time deadline) const {
+  if (precomputed()) return true;
+  const Automaton& a = pda_->automaton();
+  for (int32_t p = precompute_position_.load(); p < a.num_positions(); ++p) {
+    const Dfa* dfa = pda_->dfa_at(p);
+    if (dfa != nullptr) {
+      const bool at_root = a.position_rule[p] == a.root;
+      for (int32_t st = 0; st < dfa->num_states; ++st) {
+        // Items exist only in states with a transition (Pda::Enter, Step).
+        if (!dfa->has_next[st]) continue;
+        const int32_t key = 2 * (a.mask_key_base[p] + st) + (at_root ? 1 : 0);
+        if (entries_[key].load(std::memory_order_acquire) != nullptr) continue;
+        if (absl::Now() >= deadline) {
+          precompute_position_.store(p);
+          return false;
+        }
+        Store(key, Compute(p, st, at_root ? kRootFrame : kContextFrame));
+      }
+    }
+    precompute_position_.store(p + 1);
+  }
+  precomputed_.store(true, std::memory_order_release);
+  return true;
 }
 
 MaskEntry TokenMaskCache::Compute(int32_t position, int32_t state,

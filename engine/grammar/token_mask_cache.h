@@ -20,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "engine/grammar/pda.h"
 #include "engine/grammar/token_vocabulary.h"
@@ -56,6 +57,16 @@ class TokenMaskCache {
   // `at_root`: the item's parent is kRootFrame, so the context is known
   // (nothing may follow the root) and the entry has no uncertain tokens.
   const MaskEntry& Get(int32_t position, int32_t state, bool at_root) const;
+  // Computes the entries not computed yet, in key order (each DFA's states are
+  // numbered from its start, so the first states an output visits come
+  // first), until `deadline`; true once every entry an item can need is
+  // computed (for the root rule's positions the exact at-root entry, for the
+  // others the context one). Safe beside Get on other threads (whoever
+  // computes an entry first stores it, the other copy is dropped); one caller
+  // at a time. The worker's compile thread runs it while idle
+  // (worker::EngineLoop), so a schema's first requests find most states warm.
+  bool PrecomputeUntil(absl::Time deadline) const;
+  bool precomputed() const { return precomputed_.load(std::memory_order_acquire); }
   // Entries computed so far and their memory.
   int64_t computed_entries() const { return computed_.load(); }
   int64_t entry_bytes() const { return bytes_.load(); }
@@ -67,7 +78,11 @@ class TokenMaskCache {
   const TokenVocabulary* vocab_;
   int32_t num_keys_;
   std::unique_ptr<std::atomic<MaskEntry*>[]> entries_;
+  const MaskEntry& Store(int32_t key, MaskEntry entry) const;
+
   mutable std::atomic<int64_t> computed_{0};
+  mutable std::atomic<int32_t> precompute_position_{0};
+  mutable std::atomic<bool> precomputed_{false};
   mutable std::atomic<int64_t> bytes_{0};
 };
 
