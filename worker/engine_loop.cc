@@ -71,18 +71,27 @@ void EngineLoop::AddRequest(engine::RequestId id, std::vector<int32_t> prompt,
       [this, id, prompt = std::move(prompt), cb = std::move(on_output),
        salt = std::move(cache_salt),
        media = std::move(media)](absl::StatusOr<engine::SamplingParams> p) mutable {
-        // One critical section: an Abort/Cancel either finds the id compiling
-        // (and is seen here) or comes after the add command in the queue.
         absl::MutexLock l(&mu_);
-        compiling_.erase(id);
-        if (compile_cancelled_.erase(id) > 0) return;
-        if (!p.ok()) {
-          commands_.push_back(
-              [cb = std::move(cb), s = p.status()](engine::Engine& e) { cb(e, s); });
+        if (compile_cancelled_.contains(id)) {
+          compiling_.erase(id);
+          compile_cancelled_.erase(id);
           return;
         }
-        commands_.push_back(MakeAdd(id, std::move(prompt), *std::move(p), std::move(cb),
-                                    std::move(salt), std::move(media)));
+        // The id stays in compiling_ until this command runs on the engine
+        // thread: a CancelOnLoopThread queued ahead of it (posted while the
+        // grammar compiled) must still find the request alive and stop it.
+        Command add = p.ok() ? MakeAdd(id, std::move(prompt), *std::move(p),
+                                       std::move(cb), std::move(salt), std::move(media))
+                             : Command([cb = std::move(cb), s = p.status()](
+                                           engine::Engine& e) { cb(e, s); });
+        commands_.push_back([this, id, add = std::move(add)](engine::Engine& e) {
+          {
+            absl::MutexLock l(&mu_);
+            compiling_.erase(id);
+            if (compile_cancelled_.erase(id) > 0) return;  // never added
+          }
+          add(e);
+        });
       });
 }
 
@@ -166,8 +175,8 @@ void EngineLoop::Cancel(engine::RequestId id, std::function<void()> if_alive) {
   {
     absl::MutexLock l(&mu_);
     if (compiling_.contains(id)) {  // never added: alive until now
-      compile_cancelled_.insert(id);
-      if (if_alive)
+      // Alive only for the first Cancel or Abort (the hook runs once).
+      if (compile_cancelled_.insert(id).second && if_alive)
         commands_.push_back([f = std::move(if_alive)](engine::Engine&) { f(); });
       return;
     }
@@ -180,10 +189,7 @@ void EngineLoop::Cancel(engine::RequestId id, std::function<void()> if_alive) {
 bool EngineLoop::CancelOnLoopThread(engine::Engine& e, engine::RequestId id) {
   {
     absl::MutexLock l(&mu_);
-    if (compiling_.contains(id)) {
-      compile_cancelled_.insert(id);
-      return true;
-    }
+    if (compiling_.contains(id)) return compile_cancelled_.insert(id).second;
   }
   if (callbacks_.erase(id) == 0) return false;
   queued_prompt_.erase(id);

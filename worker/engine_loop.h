@@ -167,7 +167,9 @@ class EngineLoop {
     CompiledParamsCallback then;
   };
   std::deque<CompileJob> compile_jobs_ ABSL_GUARDED_BY(mu_);
-  // AddRequest ids queued or compiling, and those of them aborted/cancelled.
+  // AddRequest ids from the call until their add (or compile-error) command
+  // runs on the engine thread: queued or compiling, or compiled with the
+  // command still queued; and those of them aborted/cancelled (never added).
   absl::flat_hash_set<engine::RequestId> compiling_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<engine::RequestId> compile_cancelled_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;

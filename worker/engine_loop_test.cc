@@ -385,5 +385,67 @@ TEST(EngineLoopCompileTest, TheCompileThreadPrecomputesMasksWhileIdle) {
   EXPECT_EQ(g->mask_cache().computed_entries(), entries);
 }
 
+// A CancelOnLoopThread command posted while the request compiles but run after
+// the compile finished (its add queued right behind the cancel) still cancels
+// it: the request is never added. A second Cancel, or a Cancel after an Abort,
+// of a request still compiling finds it ended and does not run its hook.
+TEST(EngineLoopCompileTest, ACancelQueuedDuringTheCompileWinsOverItsAdd) {
+  TokRig rig;
+  EngineLoop loop(rig.Make());
+  absl::Notification in_first, release;
+  loop.CompileAhead(Constrained(4, kSchema),
+                    [&](absl::StatusOr<engine::SamplingParams>) {
+                      in_first.Notify();
+                      release.WaitForNotification();
+                    });
+  ASSERT_TRUE(in_first.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  // The engine thread waits inside a command until the compiles are done.
+  absl::Notification engine_held, engine_release;
+  loop.Post([&](engine::Engine&) {
+    engine_held.Notify();
+    engine_release.WaitForNotification();
+  });
+  ASSERT_TRUE(engine_held.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  std::atomic<int> outputs{0};
+  auto count = [&](engine::Engine&, const absl::StatusOr<engine::RequestOutput>&) {
+    ++outputs;
+  };
+  loop.AddRequest(20, engine::testing::MakePrompt(8, 2), Constrained(8, kSchema),
+                  count);
+  bool cancelled = false;
+  loop.Post([&](engine::Engine& e) { cancelled = loop.CancelOnLoopThread(e, 20); });
+  loop.AddRequest(21, engine::testing::MakePrompt(8, 3), Constrained(8, kSchema),
+                  count);
+  loop.AddRequest(22, engine::testing::MakePrompt(8, 5), Constrained(8, kSchema),
+                  count);
+  std::atomic<int> hooks{0};
+  loop.Cancel(21, [&] { ++hooks; });
+  loop.Cancel(21, [&] { ++hooks; });  // already cancelled: not alive
+  loop.Abort(22);
+  loop.Cancel(22, [&] { ++hooks; });  // aborted: not alive
+  // Compiles run in order: once this one's callback runs, 20-22 are compiled
+  // and their continuations have run (the adds queued behind the cancel).
+  absl::Notification compiled;
+  loop.CompileAhead(Constrained(4, kSchema),
+                    [&](absl::StatusOr<engine::SamplingParams>) { compiled.Notify(); });
+  release.Notify();
+  ASSERT_TRUE(compiled.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  engine_release.Notify();
+  LoopRun run =
+      RunOnLoop(loop, 23, engine::testing::MakePrompt(8, 4), Constrained(6, kSchema));
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  absl::Notification checked;
+  loop.Post([&](engine::Engine& e) {
+    EXPECT_FALSE(e.HasWork());
+    EXPECT_EQ(e.num_free_blocks(), e.scheduler().config().num_blocks);
+    checked.Notify();
+  });
+  ASSERT_TRUE(checked.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(cancelled);
+  EXPECT_EQ(outputs.load(), 0);
+  EXPECT_EQ(hooks.load(), 1);
+  EXPECT_EQ(run.precompiled, 1);  // only request 23 was added
+}
+
 }  // namespace
 }  // namespace tandem::worker
