@@ -133,7 +133,10 @@ void EngineLoop::RunCompiles() {
       const absl::Time t0 = absl::Now();
       const bool done = p.grammar->PrecomputeMasks(t0 + absl::Milliseconds(5));
       p.spent += absl::Now() - t0;
-      if (done || p.spent >= kMaskPrecomputeBudget) precompute_.pop_front();
+      if (done || p.spent >= kMaskPrecomputeBudget ||
+          p.grammar->mask_cache().entry_bytes() >= kMaskPrecomputeBytes) {
+        precompute_.pop_front();
+      }
       continue;
     }
     // Thread-safe (the engine's compiler and its cache); the engine thread
