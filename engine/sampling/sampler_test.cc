@@ -533,5 +533,48 @@ TEST(SamplerMaskTest, NoAllowedTokenIsAnErrorNotAChoice) {
   EXPECT_EQ(s.Sample(short_mask).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The mask is applied before the NaN / +inf check: a bad logit in a disallowed
+// position is never read (whole 32-token words and the last partial word, V
+// not a multiple of 32). Greedy ties, -0.0 equal to +0.0 included, go to the
+// lowest allowed id, as in the scalar argmax.
+TEST(SamplerMaskTest, BadLogitsOutsideTheMaskAreIgnoredAndTiesTakeTheLowestId) {
+  const int64_t V = 70;  // two whole words and a 6-token tail
+  std::vector<float> logits(V, -1.0f);
+  for (int32_t i : {0, 5, 31, 33, 40, 63, 64, 69}) {
+    logits[i] = (i % 2 == 0) ? NAN : std::numeric_limits<float>::infinity();
+  }
+  logits[12] = -0.0f;  // allowed: ties with 50 and 66, first
+  logits[50] = 0.0f;
+  logits[66] = 0.0f;
+  const std::vector<uint32_t> mask = MaskOf(V, {3, 12, 50, 66, 67});
+  Sampler s(V);
+  SamplingParams greedy;
+  SamplingParams random;
+  random.temperature = 1.0f;
+  random.seed = 5;
+  for (const SamplingParams* p : {&greedy, &random}) {
+    SampleRequest r;
+    r.logits = logits;
+    r.params = p;
+    r.allowed_bitmask = mask;
+    absl::StatusOr<SampleResult> got = s.Sample(r);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE((mask[got->token_id >> 5] >> (got->token_id & 31)) & 1u);
+    if (p == &greedy) EXPECT_EQ(got->token_id, 12);
+  }
+  // The same bad logit inside the mask is an error, in a whole word and in
+  // the tail.
+  for (int32_t bad : {5, 64, 69}) {
+    const std::vector<uint32_t> with_bad = MaskOf(V, {3, 12, bad});
+    for (const SamplingParams* p : {&greedy, &random}) {
+      SampleRequest r;
+      r.logits = logits;
+      r.params = p;
+      r.allowed_bitmask = with_bad;
+      EXPECT_EQ(s.Sample(r).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem::engine
