@@ -179,8 +179,8 @@ class UcxBackend final : public Backend {
   void ClosePeer(Peer* p, bool graceful, bool wait, absl::Time deadline);
   void ReleaseRkeys(Peer* p);
   // Logs the transports UCX chose for `p` (and hands them to
-  // config_.on_peer_connected); caches them as p->transport.
-  void LogPeerTransport(Peer* p);
+  // config_.on_peer_connected); caches them as p->transport and returns them.
+  UcxPeerTransport LogPeerTransport(Peer* p);
   // Waits (agent lock released) for `op` or the peer's failure, by `deadline`.
   absl::Status AwaitOpLocked(PendingOp* op, Peer* p, absl::Time deadline,
                              absl::string_view what);
@@ -314,6 +314,46 @@ bool UcxTransportsAreTcpOnly(absl::string_view transports) {
     if (t != "tcp") return false;
   }
   return true;
+}
+
+absl::StatusOr<UcxRdmaRequirement> ParseUcxRdmaRequirement(absl::string_view spec) {
+  const std::string v = absl::AsciiStrToLower(absl::StripAsciiWhitespace(spec));
+  if (v == "auto") return UcxRdmaRequirement::kAuto;
+  if (v == "true" || v == "1" || v == "yes") return UcxRdmaRequirement::kRequired;
+  if (v == "false" || v == "0" || v == "no") return UcxRdmaRequirement::kNotRequired;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--kv_require_rdma must be auto, true or false, got \"", spec, "\""));
+}
+
+absl::Status CheckUcxPeerTransport(const UcxPeerTransport& peer,
+                                   UcxRdmaRequirement requirement,
+                                   const std::vector<std::string>& resources) {
+  if (!peer.tcp_only || requirement == UcxRdmaRequirement::kNotRequired) {
+    return absl::OkStatus();
+  }
+  std::vector<std::string> rdma;
+  for (const std::string& r : resources) {
+    if (IsUcxRdmaTransport(absl::string_view(r).substr(0, r.find('/')))) {
+      rdma.push_back(r);
+    }
+  }
+  if (requirement == UcxRdmaRequirement::kAuto && rdma.empty()) {
+    return absl::OkStatus();
+  }
+  const std::string why =
+      requirement == UcxRdmaRequirement::kRequired
+          ? std::string("--kv_require_rdma=true")
+          : absl::StrCat("this host has RDMA (", absl::StrJoin(rdma, ", "),
+                         ") and --kv_require_rdma=auto");
+  return absl::FailedPreconditionError(absl::StrCat(
+      "KV peer agent ", absl::Hex(peer.peer_agent_id),
+      " connected over TCP only (transports ", peer.transports, "; lanes ",
+      peer.lanes.empty() ? std::string("unknown") : peer.lanes, ") but ", why,
+      " refuses TCP: UCX found no RDMA or shared-memory transport in common with "
+      "that peer (its RDMA device, link or UCX_TLS/UCX_NET_DEVICES; EFA: "
+      "--kv_transport=libfabric:efa; one host: --ucx_peer_failure_detection=false "
+      "for shared memory); --kv_require_rdma=false or --ucx_tls=tcp run over TCP "
+      "on purpose"));
 }
 
 absl::StatusOr<std::unique_ptr<UcxBackend>> UcxBackend::Create(
@@ -590,23 +630,34 @@ absl::Status UcxBackend::ConnectLocked(PeerId id, const AgentDescriptor& descrip
       st = absl::UnavailableError(st.message());
     return abandon(st);
   }
-  Peer* raw = peer.get();
+  // What UCX chose for this peer: logged and reported (counted) whether or not
+  // it is allowed, then refused if it is TCP only where RDMA is required.
+  const UcxPeerTransport t = LogPeerTransport(peer.get());
+  if (absl::Status refused = CheckUcxPeerTransport(t, config_.require_rdma, resources_);
+      !refused.ok()) {
+    TLOG(ERROR, "KV transfer peer refused: TCP only")
+        .Kv("agent", "ucx")
+        .Kv("peer_agent", absl::StrCat(absl::Hex(t.peer_agent_id)))
+        .Kv("transports", t.transports)
+        .Kv("lanes", t.lanes)
+        .Kv("error", refused.message());
+    return abandon(refused);
+  }
   peers_[id] = std::move(peer);
-  LogPeerTransport(raw);
   return absl::OkStatus();
 }
 
-void UcxBackend::LogPeerTransport(Peer* p) {
+UcxPeerTransport UcxBackend::LogPeerTransport(Peer* p) {
   // The lanes UCX chose for this peer: what actually carries its KV.
   char* buf = nullptr;
   size_t size = 0;
+  UcxPeerTransport t;
+  t.peer_agent_id = p->descriptor.agent_id;
   FILE* f = open_memstream(&buf, &size);
-  if (f == nullptr) return;
+  if (f == nullptr) return t;
   ucp_ep_print_info(p->ep, f);
   fclose(f);
   const absl::string_view info(buf, size);
-  UcxPeerTransport t;
-  t.peer_agent_id = p->descriptor.agent_id;
   t.transports = p->transport = ParseUcxTransports(info);
   t.lanes = DescribeUcxLanes(info);
   free(buf);
@@ -630,6 +681,7 @@ void UcxBackend::LogPeerTransport(Peer* p) {
         .Kv("lanes", t.lanes);
   }
   if (config_.on_peer_connected) config_.on_peer_connected(t);
+  return t;
 }
 
 void UcxBackend::ReleaseRkeys(Peer* p) {

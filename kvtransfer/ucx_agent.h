@@ -60,6 +60,33 @@ struct UcxPeerTransport {
   bool tcp_only = false;   // UcxTransportsAreTcpOnly(transports)
 };
 
+// Whether a peer UCX connects over TCP only is refused (issue 19 item 3: the
+// silent fallback from RDMA to TCP is the bug). Shared memory (sysv, posix, cma)
+// and RDMA lanes always pass; only a peer whose every lane is tcp is judged.
+enum class UcxRdmaRequirement {
+  // Refused when this agent's context opened an RDMA resource (rc_mlx5/mlx5_0:1,
+  // ...): the host has RDMA, so TCP to this peer is the fallback, not a choice.
+  // A host without RDMA (a laptop, CI, ./tandem up with --kv-tcp) or UCX_TLS=tcp
+  // (the context then opens no RDMA) runs over TCP, logged and counted.
+  kAuto,
+  // Always refused: every peer must have an RDMA or shared-memory lane (the
+  // RDMA clusters' manifests, --kv_require_rdma=true).
+  kRequired,
+  // Never refused: logged and counted only (--kv_require_rdma=false).
+  kNotRequired,
+};
+
+// "auto" | "true" | "false" (also 1/0, yes/no; any case); INVALID_ARGUMENT
+// otherwise.
+absl::StatusOr<UcxRdmaRequirement> ParseUcxRdmaRequirement(absl::string_view spec);
+
+// OK when `peer` may carry KV under `requirement`, this agent's context having
+// opened `resources` (UcxAgent::resources()); else FAILED_PRECONDITION naming
+// the peer agent, its transports and lanes, and what to change.
+absl::Status CheckUcxPeerTransport(const UcxPeerTransport& peer,
+                                   UcxRdmaRequirement requirement,
+                                   const std::vector<std::string>& resources);
+
 struct UcxAgentConfig {
   // UCX_TLS for this agent's context, e.g. "tcp", "posix,cma,self", "rc,ud,sm";
   // empty lets UCX choose (shared memory on one host, RDMA where present).
@@ -85,6 +112,10 @@ struct UcxAgentConfig {
   // mapped: it completes, and the death is noticed by the router instead.
   // InfiniteDuration(): off.
   absl::Duration progress_timeout = absl::Seconds(10);
+  // Whether a peer connected over TCP only is refused: Connect fails
+  // FAILED_PRECONDITION (CheckUcxPeerTransport) after logging and reporting the
+  // connection to on_peer_connected, and no connection is kept.
+  UcxRdmaRequirement require_rdma = UcxRdmaRequirement::kAuto;
   // Operations of one batch handed to UCX at a time.
   int max_inflight_ops = 128;
   // Largest put/get handed to UCX; longer segments are posted in pieces. Over

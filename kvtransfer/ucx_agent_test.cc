@@ -6,7 +6,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kvtransfer/descriptor.h"
 
 namespace tandem::kvtransfer {
 namespace {
@@ -89,6 +91,129 @@ TEST(UcxAgentTest, PeerTransportsAreReportedPerConnection) {
     ASSERT_TRUE((*a)->Connect(descriptor).ok());
     EXPECT_EQ(seen.size(), 2u);  // every connection
   }
+}
+
+TEST(UcxRdmaRequirementTest, Parses) {
+  EXPECT_EQ(*ParseUcxRdmaRequirement("auto"), UcxRdmaRequirement::kAuto);
+  EXPECT_EQ(*ParseUcxRdmaRequirement("true"), UcxRdmaRequirement::kRequired);
+  EXPECT_EQ(*ParseUcxRdmaRequirement(" True"), UcxRdmaRequirement::kRequired);
+  EXPECT_EQ(*ParseUcxRdmaRequirement("1"), UcxRdmaRequirement::kRequired);
+  EXPECT_EQ(*ParseUcxRdmaRequirement("false"), UcxRdmaRequirement::kNotRequired);
+  EXPECT_EQ(*ParseUcxRdmaRequirement("no"), UcxRdmaRequirement::kNotRequired);
+  for (const char* bad : {"", "rdma", "2", "tcp"}) {
+    EXPECT_EQ(ParseUcxRdmaRequirement(bad).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+}
+
+// Which peers may carry KV: only a TCP-only peer is ever refused; auto refuses
+// it where this host opened RDMA, true always, false never.
+TEST(UcxRdmaRequirementTest, DecidesPerPeer) {
+  const UcxRdmaRequirement kAuto = UcxRdmaRequirement::kAuto;
+  const UcxRdmaRequirement kReq = UcxRdmaRequirement::kRequired;
+  const UcxRdmaRequirement kNot = UcxRdmaRequirement::kNotRequired;
+  const std::vector<std::string> no_rdma = {"tcp/eth0", "tcp/lo", "sysv/memory",
+                                            "posix/memory", "cma/memory"};
+  const std::vector<std::string> rdma = {"tcp/eth0", "rc_mlx5/mlx5_0:1",
+                                         "ud_mlx5/mlx5_0:1", "sysv/memory"};
+  struct Case {
+    const char* transports;
+    UcxRdmaRequirement requirement;
+    const std::vector<std::string>* resources;
+    bool refused;
+  };
+  const Case cases[] = {
+      // One host over shared memory: fine under every setting.
+      {"sysv,posix,cma", kAuto, &no_rdma, false},
+      {"sysv,posix,cma", kReq, &no_rdma, false},
+      {"sysv,posix,cma", kReq, &rdma, false},
+      // RDMA lanes (with a tcp one beside them): fine.
+      {"rc_mlx5,ud_mlx5", kReq, &rdma, false},
+      {"tcp,rc_mlx5", kAuto, &rdma, false},
+      // TCP only on a host without RDMA (CI, laptops, ./tandem up --kv-tcp,
+      // UCX_TLS=tcp): auto lets it run, true refuses.
+      {"tcp", kAuto, &no_rdma, false},
+      {"tcp", kNot, &no_rdma, false},
+      {"tcp", kReq, &no_rdma, true},
+      // TCP only where this host has RDMA: the silent fallback.
+      {"tcp", kAuto, &rdma, true},
+      {"tcp", kReq, &rdma, true},
+      {"tcp", kNot, &rdma, false},
+      // Nothing parsed (ucp_ep_print_info unreadable): not judged TCP only.
+      {"", kReq, &rdma, false},
+  };
+  for (const Case& c : cases) {
+    UcxPeerTransport t;
+    t.peer_agent_id = 0xabc123;
+    t.transports = c.transports;
+    t.lanes = "tcp/eth0.0 (am am_bw rma_bw keepalive wireup)";
+    t.tcp_only = UcxTransportsAreTcpOnly(t.transports);
+    const absl::Status st = CheckUcxPeerTransport(t, c.requirement, *c.resources);
+    const std::string where =
+        absl::StrCat(c.transports, " requirement ", static_cast<int>(c.requirement),
+                     " rdma ", c.resources == &rdma);
+    if (!c.refused) {
+      EXPECT_TRUE(st.ok()) << where << ": " << st;
+      continue;
+    }
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << where;
+    // Names the peer, its lanes, and the way out.
+    EXPECT_NE(st.message().find("abc123"), absl::string_view::npos) << st;
+    EXPECT_NE(st.message().find("tcp/eth0.0"), absl::string_view::npos) << st;
+    EXPECT_NE(st.message().find("--kv_require_rdma=false"), absl::string_view::npos)
+        << st;
+    if (c.requirement == kAuto) {
+      EXPECT_NE(st.message().find("rc_mlx5/mlx5_0:1"), absl::string_view::npos) << st;
+    }
+  }
+}
+
+// A real connection UCX makes over TCP only (peer-failure detection on one host
+// keeps shared memory out) is refused with --kv_require_rdma=true: Connect fails
+// naming the peer, the connection is still reported (counted), none is kept; the
+// same agents connect with the requirement off.
+TEST(UcxAgentTest, TcpOnlyPeerRefusedWhenRdmaRequired) {
+  std::vector<UcxPeerTransport> seen;
+  UcxAgentConfig config;
+  config.peer_failure_detection = true;
+  config.require_rdma = UcxRdmaRequirement::kRequired;
+  config.on_peer_connected = [&seen](const UcxPeerTransport& t) { seen.push_back(t); };
+  auto a = UcxAgent::Create(config);
+  UcxAgentConfig plain;
+  auto b = UcxAgent::Create(plain);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<uint8_t> mem(4096, 1);
+  ASSERT_TRUE((*b)->RegisterMemory(mem.data(), mem.size()).ok());
+  const std::string descriptor = *(*b)->LocalDescriptor();
+  auto peer = (*a)->Connect(descriptor);
+  ASSERT_FALSE(peer.ok());
+  EXPECT_EQ(peer.status().code(), absl::StatusCode::kFailedPrecondition)
+      << peer.status();
+  EXPECT_NE(peer.status().message().find("TCP only"), absl::string_view::npos)
+      << peer.status();
+  EXPECT_NE(peer.status().message().find(
+                absl::StrCat(absl::Hex(ParseDescriptor(descriptor)->agent_id))),
+            absl::string_view::npos)
+      << peer.status();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_TRUE(seen[0].tcp_only) << seen[0].transports;
+  EXPECT_EQ((*a)->NumPeers(), 0u);
+  // Shared memory (detection off) passes the same requirement.
+  config.peer_failure_detection = false;
+  auto c = UcxAgent::Create(config);
+  ASSERT_TRUE(c.ok());
+  auto shm_peer = (*c)->Connect(descriptor);
+  ASSERT_TRUE(shm_peer.ok()) << shm_peer.status();
+  EXPECT_FALSE(UcxTransportsAreTcpOnly((*c)->Transport(*shm_peer)));
+  // And with the requirement off, TCP only connects.
+  config.peer_failure_detection = true;
+  config.require_rdma = UcxRdmaRequirement::kNotRequired;
+  auto d = UcxAgent::Create(config);
+  ASSERT_TRUE(d.ok());
+  auto tcp_peer = (*d)->Connect(descriptor);
+  ASSERT_TRUE(tcp_peer.ok()) << tcp_peer.status();
+  EXPECT_EQ((*d)->Transport(*tcp_peer), "tcp");
 }
 
 TEST(UcxAgentTest, RejectsBadConfig) {

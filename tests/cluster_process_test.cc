@@ -15,6 +15,9 @@
 //     transports on /metrics; the decode worker killed while the prefill worker
 //     streams a prompt's state to it: the client gets a clear error within its
 //     deadline, and the prefill worker releases every block and keeps serving
+//   - --kv_require_rdma=true over UCX's tcp (peer-failure detection on one host):
+//     the connection is refused, the client gets FAILED_PRECONDITION naming the
+//     lanes, no KV moves, nothing stays reserved
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -359,7 +362,13 @@ TEST_F(ClusterProcessLibfabricTest, DisaggregatedEqualsColocatedOverLibfabricTcp
 // agent's progress timeout and the router, not by UCX.
 class ClusterProcessShmTest : public ClusterProcessTest {
  protected:
-  ClusterProcessShmTest() { worker_flags_ = {"--ucx_peer_failure_detection=false"}; }
+  ClusterProcessShmTest() {
+    // Hyphenated as operators type it; a shorter progress timeout than the
+    // default (the flag reaches the real binaries; --kv_require_rdma=true passes
+    // shared memory).
+    worker_flags_ = {"--ucx_peer_failure_detection=false", "--kv-progress-timeout=3s",
+                     "--kv-require-rdma=true"};
+  }
 };
 
 TEST_F(ClusterProcessShmTest, DisaggregatedEqualsColocatedOverSharedMemory) {
@@ -428,6 +437,47 @@ TEST_F(ClusterProcessShmTest,
   // The dead peer did not take the prefill worker down with it (UCX without
   // peer-failure detection may treat a transport error as fatal).
   EXPECT_FALSE(prefill_->Wait(absl::Milliseconds(200)).ok()) << Logs();
+}
+
+// --kv_require_rdma=true with the workers' default peer-failure detection: on
+// one host UCX 1.13 then connects over tcp only, the fallback the flag refuses
+// (issue 19 item 3). The request fails with the refusal's status (naming the
+// peer's lanes), never moves KV over TCP, and the connection is still counted.
+class ClusterProcessRequireRdmaTest : public ClusterProcessTest {
+ protected:
+  ClusterProcessRequireRdmaTest() { worker_flags_ = {"--kv_require_rdma=true"}; }
+};
+
+TEST_F(ClusterProcessRequireRdmaTest, TcpOnlyPeerIsRefused) {
+  for (int attempt = 0; attempt < 2; ++attempt) {  // a refused peer is not kept
+    tandem::v1::GenerateRequest req = Request(40, 9 + attempt, 5, 0.0f);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(60));
+    Result r = Drain(router_stub_->Generate(&ctx, req).get());
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+        << r.status.error_message() << Logs();
+    for (const char* want : {"TCP only", "lanes tcp/", "--kv_require_rdma=true",
+                             "--kv_require_rdma=false"}) {
+      EXPECT_NE(r.status.error_message().find(want), std::string::npos)
+          << want << ": " << r.status.error_message();
+    }
+    EXPECT_TRUE(r.tokens.empty());
+  }
+  // Each attempt connected (and was counted) over tcp, and none moved KV.
+  EXPECT_EQ(Metric(prefill_metrics_, "tandem_worker_kv_peer_connections_total",
+                   {{"agent", "ucx"}, {"transports", "tcp"}, {"tcp_only", "true"}})
+                .value_or(-1),
+            2);
+  EXPECT_EQ(
+      Metric(prefill_metrics_, "tandem_worker_transfer_bytes_total", {}).value_or(-1),
+      0);
+  EXPECT_EQ(*Metric(router_metrics_, "tandem_router_paths_total",
+                    {{"path", "disaggregated"}}),
+            0);
+  // Nothing left reserved or held.
+  EXPECT_TRUE(WaitMetric(decode_metrics_, "tandem_worker_reservations", {}, 0));
+  EXPECT_TRUE(WaitMetric(prefill_metrics_, "tandem_worker_kv_cache_blocks",
+                         {{"state", "used"}}, 0));
 }
 
 }  // namespace

@@ -1,8 +1,12 @@
 #include "worker/worker_flags.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -76,6 +80,21 @@ ABSL_FLAG(bool, ucx_peer_failure_detection, true,
           "host (much faster; a dead decode worker is then noticed by the router's "
           "health checks, not the transfer). docs/kvtransfer.md.");
 
+ABSL_FLAG(std::string, kv_progress_timeout, "10s",
+          "KV transfer agents (UCX and libfabric): a peer holding operations and "
+          "completing none for this long is failed UNAVAILABLE (how a killed or "
+          "stopped peer is noticed over shared memory, where UCX has no keep-alive). "
+          "A duration (10s, 500ms, 1m) or seconds (2.5); inf turns it off. "
+          "docs/kvtransfer.md.");
+ABSL_FLAG(std::string, kv_require_rdma, "auto",
+          "Whether KV may move over TCP (issue 19: no silent fallback from RDMA). "
+          "auto: a UCX peer connected over TCP only is refused (the transfer fails "
+          "FAILED_PRECONDITION naming the peer and its lanes) when this host has "
+          "RDMA (UCX opened an rc/ud/dc/srd device); hosts without RDMA and shared "
+          "memory run as before. true: every UCX peer needs RDMA or shared memory, "
+          "and a libfabric tcp/sockets/udp provider stops the worker at start (the "
+          "RDMA clusters' manifests). false: TCP is logged and counted only. "
+          "docs/kvtransfer.md.");
 ABSL_FLAG(std::string, kv_transport, "ucx",
           "KV transfer agent: ucx | libfabric | libfabric:<provider>[:<rails>] "
           "(provider efa on AWS, tcp or shm elsewhere; default $FI_PROVIDER, else "
@@ -110,13 +129,15 @@ namespace tandem::worker {
 absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> TransferAgentFromFlags(
     const std::string& worker_id, kvtransfer::TransportInfo* info,
     std::function<void(const kvtransfer::UcxPeerTransport&)> on_peer_connected) {
-  kvtransfer::AgentFactoryConfig config;
-  config.ucx = UcxConfigFromFlags(worker_id);
+  TANDEM_ASSIGN_OR_RETURN(kvtransfer::AgentFactoryConfig config,
+                          AgentConfigFromFlags(worker_id));
   config.ucx.on_peer_connected = std::move(on_peer_connected);
-  TANDEM_RETURN_IF_ERROR(
-      kvtransfer::ParseKvTransport(absl::GetFlag(FLAGS_kv_transport), &config));
   TANDEM_ASSIGN_OR_RETURN(kvtransfer::CreatedAgent created,
                           kvtransfer::CreateTransferAgent(config));
+  if (config.transport == kvtransfer::KvTransport::kLibfabric) {
+    TANDEM_RETURN_IF_ERROR(
+        CheckLibfabricRdma(created.info.provider, config.ucx.require_rdma));
+  }
   TLOG(INFO, "KV transfer agent started")
       .Kv("kv_transport", absl::GetFlag(FLAGS_kv_transport))
       .Kv("agent", created.description)
@@ -124,6 +145,8 @@ absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> TransferAgentFromFlag
       .Kv("fabric", created.info.fabric)
       .Kv("domain", created.info.domain)
       .Kv("rails", created.info.rails)
+      .Kv("kv_require_rdma", absl::GetFlag(FLAGS_kv_require_rdma))
+      .Kv("kv_progress_timeout", absl::FormatDuration(config.ucx.progress_timeout))
       .Kv("nics", absl::StrJoin(created.info.nics, "; "));
   if (info != nullptr) *info = created.info;
   return std::move(created.agent);
@@ -182,12 +205,64 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(
   return eo;
 }
 
-kvtransfer::UcxAgentConfig UcxConfigFromFlags(const std::string& worker_id) {
+absl::StatusOr<absl::Duration> ParseKvProgressTimeout(absl::string_view spec) {
+  const std::string v = absl::AsciiStrToLower(absl::StripAsciiWhitespace(spec));
+  if (v == "inf" || v == "off") return absl::InfiniteDuration();
+  absl::Duration d;
+  double seconds = 0;
+  if (absl::SimpleAtod(v, &seconds) && std::isfinite(seconds)) {
+    d = absl::Seconds(seconds);
+  } else if (!absl::ParseDuration(v, &d)) {
+    return InvalidArgument(
+        "--kv_progress_timeout must be a duration (10s, 500ms), "
+        "seconds or inf, got \"",
+        spec, "\"");
+  }
+  if (d <= absl::ZeroDuration()) {
+    return InvalidArgument("--kv_progress_timeout must be > 0 (inf: off), got \"", spec,
+                           "\"");
+  }
+  return d;
+}
+
+absl::Status CheckLibfabricRdma(absl::string_view provider,
+                                kvtransfer::UcxRdmaRequirement requirement) {
+  if (requirement != kvtransfer::UcxRdmaRequirement::kRequired) {
+    return absl::OkStatus();
+  }
+  for (absl::string_view tcp : {"tcp", "sockets", "udp"}) {
+    if (absl::StartsWith(provider, tcp)) {
+      return FailedPrecondition(
+          "--kv_require_rdma=true but libfabric opened the ", provider,
+          " provider (TCP/UDP sockets): --kv_transport=libfabric:efa on EFA, "
+          "libfabric:shm on one host, or --kv_require_rdma=false");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<kvtransfer::UcxAgentConfig> UcxConfigFromFlags(
+    const std::string& worker_id) {
   kvtransfer::UcxAgentConfig uc;
   uc.tls = absl::GetFlag(FLAGS_ucx_tls);
   uc.peer_failure_detection = absl::GetFlag(FLAGS_ucx_peer_failure_detection);
   uc.name = worker_id;
+  TANDEM_ASSIGN_OR_RETURN(
+      uc.progress_timeout,
+      ParseKvProgressTimeout(absl::GetFlag(FLAGS_kv_progress_timeout)));
+  TANDEM_ASSIGN_OR_RETURN(uc.require_rdma, kvtransfer::ParseUcxRdmaRequirement(
+                                               absl::GetFlag(FLAGS_kv_require_rdma)));
   return uc;
+}
+
+absl::StatusOr<kvtransfer::AgentFactoryConfig> AgentConfigFromFlags(
+    const std::string& worker_id) {
+  kvtransfer::AgentFactoryConfig config;
+  TANDEM_ASSIGN_OR_RETURN(config.ucx, UcxConfigFromFlags(worker_id));
+  config.libfabric.progress_timeout = config.ucx.progress_timeout;
+  TANDEM_RETURN_IF_ERROR(
+      kvtransfer::ParseKvTransport(absl::GetFlag(FLAGS_kv_transport), &config));
+  return config;
 }
 
 WorkerServerOptions ServerOptionsFromFlags(const std::string& worker_id,

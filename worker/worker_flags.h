@@ -11,6 +11,8 @@
 
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "engine/runtime/engine.h"
 #include "kvtransfer/agent_factory.h"
 #include "kvtransfer/transfer_agent.h"
@@ -39,6 +41,8 @@ ABSL_DECLARE_FLAG(std::string, tp_fail_rank_at_step);
 ABSL_DECLARE_FLAG(std::string, ucx_tls);
 ABSL_DECLARE_FLAG(bool, ucx_peer_failure_detection);
 ABSL_DECLARE_FLAG(std::string, kv_transport);
+ABSL_DECLARE_FLAG(std::string, kv_progress_timeout);
+ABSL_DECLARE_FLAG(std::string, kv_require_rdma);
 
 namespace tandem::worker {
 
@@ -55,8 +59,22 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModelFromFlags();
 // INVALID_ARGUMENT for bad flags, the sizing's errors.
 absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(
     const WorkerModel& model, engine::CacheSizing* sizing);
-// The UCX agent named `worker_id` (--ucx_tls, --ucx_peer_failure_detection).
-kvtransfer::UcxAgentConfig UcxConfigFromFlags(const std::string& worker_id);
+// --kv_progress_timeout: "10s", "500ms" (absl durations), "2.5" (seconds),
+// "inf" or "off" (InfiniteDuration); INVALID_ARGUMENT for anything else or <= 0.
+absl::StatusOr<absl::Duration> ParseKvProgressTimeout(absl::string_view spec);
+// --kv_require_rdma=true refuses a libfabric `provider` (as opened) that moves
+// over sockets (tcp, sockets, udp): FAILED_PRECONDITION. OK otherwise (auto and
+// false: a libfabric provider is always chosen explicitly, no fallback).
+absl::Status CheckLibfabricRdma(absl::string_view provider,
+                                kvtransfer::UcxRdmaRequirement requirement);
+// The UCX agent named `worker_id` (--ucx_tls, --ucx_peer_failure_detection,
+// --kv_progress_timeout, --kv_require_rdma); INVALID_ARGUMENT for bad values.
+absl::StatusOr<kvtransfer::UcxAgentConfig> UcxConfigFromFlags(
+    const std::string& worker_id);
+// The factory's configuration: UCX as above, libfabric's progress timeout from
+// --kv_progress_timeout, the transport from --kv_transport.
+absl::StatusOr<kvtransfer::AgentFactoryConfig> AgentConfigFromFlags(
+    const std::string& worker_id);
 // The transfer agent --kv_transport names (UCX configured as above, or
 // libfabric), started and logged with what it opened (agent, provider, fabric,
 // domain, rails; also into `*info` when given, for the metric label); its
