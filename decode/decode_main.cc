@@ -132,6 +132,9 @@ int main(int argc, char** argv) {
       dso.worker_id, tandem::v1::WORKER_ROLE_DECODE, **model, (*service)->layout(),
       eo.max_context_tokens);
   so.health = [l = loop.get()] { return l->health(); };
+  // It reads ReserveRequest.images: image prompts' keys carry their hashes, and
+  // their rows are never recomputed here.
+  so.registration.set_reserves_with_images(true);
   // Cache-aware routing: the router matches prompts against what the cache
   // reports (registration.h).
   if (eo.prefix_caching.enabled) {

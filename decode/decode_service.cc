@@ -226,10 +226,21 @@ absl::Status DecodeService::ReserveOnLoop(engine::Engine& e,
   // skips their rows. Without that word (a router older than the field, or a
   // prefill worker that would write every row from 0 into blocks other
   // sequences share) nothing is shared; the landed prompt is still cached.
+  // The prompt's images as spans without embeddings (this worker has no
+  // vision tower): their hashes enter the cache keys, and their rows are
+  // never recomputed here.
+  std::vector<engine::MediaInput> media;
+  media.reserve(req.images_size());
+  for (const tandem::v1::ImageInput& im : req.images()) {
+    media.push_back({.position = im.placeholder_start(),
+                     .rows = im.num_tokens(),
+                     .content_hash = im.content_hash()});
+  }
   absl::StatusOr<engine::StateLocation> loc = e.Reserve(
       eid, req.prompt_tokens(),
       absl::MakeConstSpan(req.prompt_token_ids().data(), req.prompt_token_ids_size()),
-      req.cache_salt(), /*share_held_prefix=*/req.share_held_prefix());
+      req.cache_salt(), /*share_held_prefix=*/req.share_held_prefix(),
+      std::move(media));
   if (!loc.ok()) {
     if (absl::IsResourceExhausted(loc.status())) {
       return ResourceExhausted("decode worker ", options_.worker_id, " cannot hold ",

@@ -117,15 +117,25 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
         ReservationLeaseMs(deadline_, h_->clock()->Now(), h_->options().lease_ms));
     // A decode-side prefix hit: the worker shares what its cache holds of this
     // prompt, and the prefill worker writes only the rest. Only when the
-    // placement chose to (text prompts, a prefill worker that writes after
-    // held rows available): without the ids a decode worker that predates
+    // placement chose to (a prefill worker that writes after held rows
+    // available; for a prompt with images, a decode worker that reads their
+    // spans): without the ids a decode worker that predates
     // share_held_prefix shares nothing either.
     reserve_req_.clear_prompt_token_ids();
     reserve_req_.clear_cache_salt();
+    reserve_req_.clear_images();
     reserve_req_.set_share_held_prefix(a.share_held_prefix);
     if (a.share_held_prefix) {
       *reserve_req_.mutable_prompt_token_ids() = req_.prompt_token_ids().ids();
       reserve_req_.set_cache_salt(req_.cache_salt());
+    }
+    if (a.send_images) {  // spans and hashes only: the bytes go to prefill
+      for (const tandem::v1::ImageInput& im : req_.images()) {
+        tandem::v1::ImageInput* span = reserve_req_.add_images();
+        span->set_placeholder_start(im.placeholder_start());
+        span->set_num_tokens(im.num_tokens());
+        span->set_content_hash(im.content_hash());
+      }
     }
     target_.Clear();
     h_->DecodeStub(a.worker.registration.grpc_address())

@@ -123,6 +123,10 @@ Placement::Actions Placement::Cancel() {
   }
 }
 
+bool Placement::MayShareWith(const WorkerRecord& decode) const {
+  return !request_.has_images || decode.registration.reserves_with_images();
+}
+
 // RESERVING
 Placement::Actions Placement::Reserve() {
   state_ = State::kReserving;
@@ -133,9 +137,9 @@ Placement::Actions Placement::Reserve() {
       deps_.registry->Available(tandem::v1::WORKER_ROLE_DECODE);
   // The decode worker may share cached blocks only for a prefill worker that
   // writes after them: an older one writes every row from 0, into blocks
-  // other sequences share. Text prompts only: the Reserve of a prompt with
-  // images carries no ids to match.
-  bool share = !request_.has_images && !no_sharing_;
+  // other sequences share. A prompt with images only with a decode worker
+  // that mixes the images' hashes into its keys (reserves_with_images).
+  bool share = !no_sharing_;
   if (share) {
     share = false;
     for (const WorkerRecord& p :
@@ -148,7 +152,11 @@ Placement::Actions Placement::Reserve() {
   // decode-side prefix hit there keeps them off the wire).
   absl::flat_hash_map<std::string, int64_t> held;
   if (deps_.prefill_router != nullptr && share) {
-    held = deps_.prefill_router->HeldBlocks(live, request_.prompt_tokens,
+    std::vector<WorkerRecord> sharing;
+    for (const WorkerRecord& w : live) {
+      if (MayShareWith(w)) sharing.push_back(w);
+    }
+    held = deps_.prefill_router->HeldBlocks(sharing, request_.prompt_tokens,
                                             request_.prefix_hashes);
   }
   std::optional<size_t> i = SelectDecode(
@@ -162,7 +170,10 @@ Placement::Actions Placement::Reserve() {
   Action a =
       Call(Kind::kReserve, decode_,
            std::min(request_.deadline, deps_.clock->Now() + options_.rpc_timeout));
-  a.share_held_prefix = share;
+  a.share_held_prefix = share && MayShareWith(decode_);
+  // The spans of the images (no bytes) for a worker that reads them: its keys
+  // mix them in, and it never recomputes their rows.
+  a.send_images = request_.has_images && decode_.registration.reserves_with_images();
   return {std::move(a)};
 }
 

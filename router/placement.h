@@ -121,7 +121,9 @@ struct PlacementRequest {
   // and the uncached length.
   std::vector<uint64_t> prefix_hashes;
   // The prompt has images: always disaggregated (the prefill worker runs the
-  // vision tower; the decode worker gets the state and never needs them).
+  // vision tower; the decode worker gets the state and never needs them). A
+  // decode-side hit only on a decode worker that registered
+  // reserves_with_images.
   bool has_images = false;
 };
 
@@ -178,6 +180,10 @@ class Placement {
     // worker that registered writes_after_held_prefix is available, and only
     // such a worker is chosen for a reservation that shares (Prefill).
     bool share_held_prefix = false;
+    // kReserve: the prompt has images and the decode worker registered
+    // reserves_with_images: the Reserve carries their spans and hashes
+    // (ReserveRequest.images, without the bytes).
+    bool send_images = false;
     absl::Status status;  // kFinish
   };
   using Actions = std::vector<Action>;
@@ -211,6 +217,9 @@ class Placement {
 
   bool Expired() const;
   Actions Reserve();
+  // Whether `decode` may share cached blocks of this prompt: always for text,
+  // for a prompt with images only when it registered reserves_with_images.
+  bool MayShareWith(const WorkerRecord& decode) const;
   Actions Prefill();
   Actions Colocate();
   Actions Decode();

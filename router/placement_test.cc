@@ -1014,6 +1014,56 @@ TEST_F(PlacementTest, SharingNeedsAPrefillWorkerThatWritesAfterHeldRows) {
   EXPECT_EQ(Retries("prefill_unavailable"), 1);
 }
 
+// An image prompt's decode-side hit needs a decode worker that reads the
+// images' spans (reserves_with_images): its cache keys carry their hashes. An
+// older one's keys would not, so its holding weighs nothing, nothing is
+// shared with it, and it gets neither the ids nor the spans.
+TEST_F(PlacementTest, ImagePromptsShareOnlyWithDecodeWorkersThatReadTheirSpans) {
+  std::vector<int32_t> prompt(640);
+  for (int i = 0; i < 640; ++i) prompt[i] = i * 17 % 4093;
+  tandem::v1::GenerateRequest req;
+  for (int32_t t : prompt) req.mutable_prompt_token_ids()->add_ids(t);
+  tandem::v1::ImageInput* im = req.add_images();
+  im->set_placeholder_start(100);
+  im->set_num_tokens(20);
+  im->set_content_hash(0xa11ce);
+  const std::vector<uint64_t> h = RouterBlockHashes(req);
+  for (bool reads_spans : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "reserves_with_images " << reads_spans);
+    // d1 reported the prompt's first 512 tokens (with the image) held.
+    tandem::v1::RegisterRequest d1 = Worker("d1", tandem::v1::WORKER_ROLE_DECODE);
+    d1.set_reports_prefix_cache(true);
+    d1.set_prefix_epoch(1);
+    d1.set_reserves_with_images(reads_spans);
+    tandem::v1::PrefixCacheEvent* e = d1.add_prefix_snapshot();
+    e->set_kind(tandem::v1::PrefixCacheEvent::KIND_STORED);
+    e->set_tokens(512);
+    e->set_route_hash(h[7]);
+    e->set_blocks_only(true);
+    ASSERT_TRUE(registry_.Register(d1).ok());
+    PrefillRouter router(RoutingPolicy::kLeastLoad, CacheAwareOptions{}, &clock_);
+    router.OnRegister(d1);
+    Placement p(PlacementDeps{&registry_, &ledger_, &metrics_, &clock_, &router},
+                options_,
+                PlacementRequest{.request_id = "req-image-held",
+                                 .prompt_tokens = 640,
+                                 .deadline = clock_.Now() + absl::Seconds(60),
+                                 .started = clock_.Now(),
+                                 .prefix_hashes = h,
+                                 .has_images = true});
+    Placement::Actions a = p.Start();
+    // d0 (an older decode worker here) sorts first with the same room.
+    ASSERT_EQ(Str(a), reads_spans ? "reserve d1" : "reserve d0");
+    EXPECT_EQ(a[0].share_held_prefix, reads_spans);
+    EXPECT_EQ(a[0].send_images, reads_spans);
+    ASSERT_EQ(Str(p.OnReserved(absl::OkStatus(), reads_spans ? 512 : 0)), "prefill p0");
+    ASSERT_EQ(Str(p.Cancel()), "cancel");
+    ASSERT_EQ(
+        Str(p.OnPrefilled(absl::CancelledError())),
+        absl::StrCat("release ", reads_spans ? "d1" : "d0", ", finish CANCELLED"));
+  }
+}
+
 namespace images {
 
 PlacementRequest ImageRequest(FakeClock& clock) {

@@ -141,9 +141,14 @@ struct PrefillNode {
 };
 
 struct DecodeNode {
-  DecodeNode() {
+  // prefix_caching: as decode_main runs it (landed prompts cached, blocks
+  // announced).
+  explicit DecodeNode(bool prefix_caching = false) {
     backend = engine::testing::MakeBackend("cpu");
-    auto e = engine::Engine::Create(&TinyWeights(), backend.get(), &Tok(), Options(8));
+    engine::EngineOptions eo = Options(8);
+    eo.prefix_caching.enabled = prefix_caching;
+    eo.prefix_caching.announce_blocks = prefix_caching;
+    auto e = engine::Engine::Create(&TinyWeights(), backend.get(), &Tok(), eo);
     engine = e->get();
     loop = std::make_unique<worker::EngineLoop>(std::move(*e));
     decode::DecodeServiceOptions o;
@@ -262,13 +267,18 @@ class ClusterImageTest : public ::testing::Test {
   }
   void TearDown() override { router_server_->Shutdown(In(5)); }
 
+  // current: registered as this build's workers do (prefill workers write
+  // after held rows, decode workers read ReserveRequest.images); otherwise as
+  // workers older than both.
   void Register(const std::string& id, tandem::v1::WorkerRole role,
-                const std::string& address) {
+                const std::string& address, bool current = false) {
     tandem::v1::RegisterRequest r;
     r.set_worker_id(id);
     r.set_role(role);
     r.set_grpc_address(address);
     r.set_model_fingerprint("fp");
+    r.set_writes_after_held_prefix(current && role == tandem::v1::WORKER_ROLE_PREFILL);
+    r.set_reserves_with_images(current && role == tandem::v1::WORKER_ROLE_DECODE);
     ASSERT_TRUE(workers_.Register(r).ok());
   }
 
@@ -337,6 +347,50 @@ TEST_F(ClusterImageTest, ImagePromptIsPrefilledWithTheTowerAndDecoded) {
   EXPECT_NE(other.tokens, first.tokens);
   EXPECT_EQ(handoff_metrics_.paths->Add({{"path", "disaggregated"}}).Value(), 3);
   EXPECT_EQ(handoff_metrics_.paths->Add({{"path", "colocated"}}).Value(), 0);
+}
+
+// A decode-side prefix hit for an image prompt (issue 17): the decode worker
+// caches the landed prompt under keys with the image's hash mixed in, so the
+// same prompt again shares its rows (only the rest crosses), and the tokens
+// stay those of one engine; another image shares only the blocks before its
+// placeholders. With a decode worker older than ReserveRequest.images nothing
+// is shared.
+TEST_F(ClusterImageTest, AnImagePromptAgainSharesTheDecodeWorkersRowsOfTheSameImage) {
+  for (bool current : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << "current decode worker " << current);
+    PrefillNode prefill;
+    DecodeNode decode(/*prefix_caching=*/true);
+    Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address, true);
+    Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address, current);
+    // A longer question, so the prompt has several full blocks of 8 after the
+    // image.
+    const std::string question =
+        "Describe every object in this picture, its colour, its position and what "
+        "it might be used for, in as much detail as you can.";
+    const tandem::v1::GenerateRequest ra = ChatRequest(Png(112, 84, 1), question);
+    const tandem::v1::GenerateRequest rb = ChatRequest(Png(112, 84, 2), question);
+    ASSERT_EQ(ra.images_size(), 1);
+    const int64_t n = ra.prompt_token_ids().ids_size();
+    const int64_t image_at = ra.images(0).placeholder_start();
+    ASSERT_GT(n - image_at - 12, 16);
+    auto held = [&] { return decode.loop->stats().prefix.reserve_hit_tokens; };
+
+    Result first = Generate(ra);
+    ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+    EXPECT_EQ(first.tokens, OneEngine(ra, prefill.tower.get(), 8));
+    EXPECT_EQ(held(), 0);
+    Result again = Generate(ra);
+    ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+    EXPECT_EQ(again.tokens, first.tokens);
+    // Every full block of 8 of the landed prompt (the reservation holds the
+    // prompt's n positions; the first generated token's comes later).
+    const int64_t whole = current ? n / 8 * 8 : 0;
+    EXPECT_EQ(held(), whole);
+    Result other = Generate(rb);
+    ASSERT_TRUE(other.status.ok()) << other.status.error_message();
+    EXPECT_EQ(other.tokens, OneEngine(rb, prefill.tower.get(), 8));
+    EXPECT_EQ(held(), whole + (current ? image_at / 8 * 8 : 0));
+  }
 }
 
 TEST_F(ClusterImageTest, WithoutAPrefillWorkerAnImagePromptIsRefused) {

@@ -230,6 +230,8 @@ void EngineLoop::PublishStats(engine::Engine& e) {
   s.total_slots = e.scheduler().config().num_slots;
   s.running = e.scheduler().num_running();
   s.waiting = e.scheduler().num_waiting();
+  s.preemptions = e.scheduler().num_preemptions();
+  s.unrecomputable_drops = e.unrecomputable_drops();
   for (const auto& [id, n] : queued_prompt_) s.queued_prefill_tokens += n;
   absl::MutexLock l(&mu_);
   s.steps = stats_.steps;

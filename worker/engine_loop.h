@@ -58,6 +58,8 @@ struct EngineLoopStats {
   int32_t running = 0;
   int32_t waiting = 0;
   int64_t queued_prefill_tokens = 0;     // prompts added and not yet producing a token
+  int64_t preemptions = 0;               // scheduler totals
+  int64_t unrecomputable_drops = 0;      // Engine::unrecomputable_drops()
   engine::SpeculativeStats speculative;  // engine totals (zero when off)
   engine::PrefixCachingStats prefix;     // engine totals (zero when off)
   engine::StepTimingStats timing;        // forward time and host gaps

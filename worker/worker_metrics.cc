@@ -124,6 +124,18 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
       &OrDie(r->AddGauge("tandem_worker_host_gap_fraction",
                          "Mean host gap over mean step (gap + forward), since start."))
            ->Add({});
+  preemptions =
+      &OrDie(
+           r->AddCounter("tandem_worker_preemptions_total",
+                         "Running sequences preempted for KV room (recomputed later)."))
+           ->Add({});
+  unrecomputable_requests =
+      &OrDie(
+           r->AddCounter("tandem_worker_unrecomputable_requests_total",
+                         "Preempted requests ended with an error because their "
+                         "recompute needs rows this worker cannot compute (image "
+                         "rows on a decode worker) and no cached prefix covers them."))
+           ->Add({});
   spec_drafted = &OrDie(r->AddCounter("tandem_worker_spec_drafted_tokens_total",
                                       "Speculative drafts verified by the target."))
                       ->Add({});
@@ -348,6 +360,15 @@ void WorkerMetrics::Update(const EngineLoopStats& s, absl::Time now) {
   last_time_ = now;
   last_prefill_ = s.prefill_tokens;
   last_decode_ = s.decode_tokens;
+  if (s.preemptions > last_preemptions_) {
+    preemptions->Increment(static_cast<double>(s.preemptions - last_preemptions_));
+  }
+  if (s.unrecomputable_drops > last_unrecomputable_) {
+    unrecomputable_requests->Increment(
+        static_cast<double>(s.unrecomputable_drops - last_unrecomputable_));
+  }
+  last_preemptions_ = s.preemptions;
+  last_unrecomputable_ = s.unrecomputable_drops;
   const engine::SpeculativeStats& sp = s.speculative;
   auto bump = [](metrics::Counter* c, int64_t now_total, int64_t before) {
     if (now_total > before) c->Increment(static_cast<double>(now_total - before));

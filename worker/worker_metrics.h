@@ -108,6 +108,12 @@ class WorkerMetrics {
   metrics::Counter* graph_padded_rows;
   metrics::Gauge* graphs_live;
   metrics::Gauge* graph_nodes;
+  // Scheduler preemptions (a running sequence freed to make room, recomputed
+  // later), and requests ended with an error instead because the recompute
+  // would need rows this worker cannot compute (an image prompt's rows on a
+  // decode worker, which has no vision tower).
+  metrics::Counter* preemptions;
+  metrics::Counter* unrecomputable_requests;
   // Speculative decoding (decode workers with --speculative): drafts verified,
   // drafts accepted, verifying sequence-steps, and since start the acceptance
   // rate and mean drafts accepted per verifying step.
@@ -157,6 +163,8 @@ class WorkerMetrics {
   absl::Time last_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t last_prefill_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_decode_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_preemptions_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_unrecomputable_ ABSL_GUARDED_BY(mu_) = 0;
   engine::SpeculativeStats last_spec_ ABSL_GUARDED_BY(mu_);
   engine::StepTimingStats last_timing_ ABSL_GUARDED_BY(mu_);
   engine::GraphStats last_graphs_ ABSL_GUARDED_BY(mu_);

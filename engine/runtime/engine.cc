@@ -228,6 +228,61 @@ absl::Status Engine::AddRequest(RequestId id, std::vector<int32_t> prompt,
   return AddRequest(id, std::move(prompt), params, cache_salt, {});
 }
 
+namespace {
+// The end of the last image's rows (0 without images).
+int64_t MediaEnd(absl::Span<const MediaInput> media) {
+  return media.empty() ? 0 : media.back().position + media.back().rows;
+}
+}  // namespace
+
+void Engine::SetPrefixKeys(absl::Span<const int32_t> prompt,
+                           std::string_view cache_salt,
+                           absl::Span<const MediaInput> media,
+                           engine::SequenceRequest* sr) const {
+  std::vector<engine::MediaHash> media_hashes;
+  std::vector<RouteMedia> route_media;  // the router's, from its ImageInputs
+  for (const MediaInput& m : media) {
+    media_hashes.push_back({m.position, m.content_hash});
+    route_media.push_back({.position = m.position, .hash = m.content_hash});
+  }
+  sr->block_hashes =
+      engine::ChainedBlockHashes(prompt, options_.block_size, cache_salt, media_hashes);
+  sr->route_hashes = RouteBlockHashes(prompt, cache_salt, route_media);
+}
+
+absl::Status Engine::CheckMedia(int64_t num_prompt_tokens,
+                                absl::Span<const int32_t> prompt,
+                                absl::Span<const MediaInput> media,
+                                bool embeddings) const {
+  const int64_t H = weights_->config.text.hidden_size;
+  const int32_t pad = static_cast<int32_t>(weights_->config.media_placeholder_token_id);
+  int64_t end = 0;
+  for (size_t i = 0; i < media.size(); ++i) {
+    const MediaInput& m = media[i];
+    if (m.rows <= 0 || m.position < end || m.position + m.rows > num_prompt_tokens) {
+      return InvalidArgument("image ", i, ": rows [", m.position, ", ",
+                             m.position + m.rows,
+                             ") are empty, overlap the previous "
+                             "image or lie outside the ",
+                             num_prompt_tokens, "-token prompt");
+    }
+    if (embeddings && (m.embeddings == nullptr ||
+                       static_cast<int64_t>(m.embeddings->size()) != m.rows * H)) {
+      return InvalidArgument("image ", i, ": ", m.rows, " rows need ", m.rows * H,
+                             " embedding values, got ",
+                             m.embeddings == nullptr ? 0 : m.embeddings->size());
+    }
+    for (int64_t p = m.position; p < m.position + m.rows && !prompt.empty(); ++p) {
+      if (prompt[p] != pad) {
+        return InvalidArgument("image ", i, ": prompt position ", p, " holds token ",
+                               prompt[p], ", not the placeholder ", pad);
+      }
+    }
+    end = m.position + m.rows;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Engine::AddRequest(RequestId id, std::vector<int32_t> prompt,
                                 const engine::SamplingParams& params,
                                 std::string_view cache_salt,
@@ -238,33 +293,7 @@ absl::Status Engine::AddRequest(RequestId id, std::vector<int32_t> prompt,
       return absl::UnimplementedError(
           "image input with tensor parallelism is not implemented yet");
     }
-    const int64_t H = weights_->config.text.hidden_size;
-    const int32_t pad =
-        static_cast<int32_t>(weights_->config.media_placeholder_token_id);
-    int64_t end = 0;
-    for (size_t i = 0; i < media.size(); ++i) {
-      const MediaInput& m = media[i];
-      if (m.rows <= 0 || m.position < end || m.position + m.rows > n) {
-        return InvalidArgument("image ", i, ": rows [", m.position, ", ",
-                               m.position + m.rows,
-                               ") are empty, overlap the previous "
-                               "image or lie outside the ",
-                               n, "-token prompt");
-      }
-      if (m.embeddings == nullptr ||
-          static_cast<int64_t>(m.embeddings->size()) != m.rows * H) {
-        return InvalidArgument("image ", i, ": ", m.rows, " rows need ", m.rows * H,
-                               " embedding values, got ",
-                               m.embeddings == nullptr ? 0 : m.embeddings->size());
-      }
-      for (int64_t p = m.position; p < m.position + m.rows; ++p) {
-        if (prompt[p] != pad) {
-          return InvalidArgument("image ", i, ": prompt position ", p, " holds token ",
-                                 prompt[p], ", not the placeholder ", pad);
-        }
-      }
-      end = m.position + m.rows;
-    }
+    TANDEM_RETURN_IF_ERROR(CheckMedia(n, prompt, media, /*embeddings=*/true));
   }
   TANDEM_ASSIGN_OR_RETURN(Request * r, NewRequest(id, std::move(prompt), params));
   r->media = std::move(media);
@@ -273,15 +302,7 @@ absl::Status Engine::AddRequest(RequestId id, std::vector<int32_t> prompt,
   sr.num_prompt_tokens = n;
   sr.max_new_tokens = r->params.max_tokens;
   if (options_.prefix_caching.enabled) {
-    std::vector<engine::MediaHash> media_hashes;
-    std::vector<RouteMedia> route_media;  // the router's, from its ImageInputs
-    for (const MediaInput& m : r->media) {
-      media_hashes.push_back({m.position, m.content_hash});
-      route_media.push_back({.position = m.position, .hash = m.content_hash});
-    }
-    sr.block_hashes = engine::ChainedBlockHashes(r->prompt, options_.block_size,
-                                                 cache_salt, media_hashes);
-    sr.route_hashes = RouteBlockHashes(r->prompt, cache_salt, route_media);
+    SetPrefixKeys(r->prompt, cache_salt, r->media, &sr);
     r->cache_salt = std::string(cache_salt);
   }
   absl::Status s = scheduler_->Submit(sr);
@@ -519,6 +540,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   TANDEM_RETURN_IF_ERROR(executor_->health());
   StepBatch batch;
   TANDEM_RETURN_IF_ERROR(PlanStep(&batch));
+  EndUnrecomputable(batch.plan, &outputs);
   if (batch.plan.sequences.empty()) {  // nothing fits now: close the empty step
     TANDEM_RETURN_IF_ERROR(scheduler_->CompleteStep(batch.plan, {}).status());
     return outputs;
@@ -535,6 +557,22 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   // The next forward's wait counts as a host gap only if it follows at once.
   if (requests_.empty()) last_forward_end_.reset();
   return outputs;
+}
+
+void Engine::EndUnrecomputable(const engine::StepPlan& plan,
+                               std::vector<RequestOutput>* outputs) {
+  for (engine::SequenceId id : plan.unrecomputable) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    RequestOutput out;
+    out.id = id;
+    out.finished = true;
+    out.finish_reason = engine::FinishReason::kError;
+    outputs->push_back(std::move(out));
+    ++unrecomputable_drops_;
+    if (proposer_ != nullptr) proposer_->Release(id);
+    requests_.erase(it);
+  }
 }
 
 absl::Status Engine::PlanStep(StepBatch* batch) {
@@ -629,6 +667,10 @@ absl::Status Engine::PlanInput(size_t i, StepBatch* batch) {
     const int64_t b = std::max(from, m.position);
     const int64_t e = std::min(fed_end, m.position + m.rows);
     if (b >= e) continue;
+    if (m.embeddings == nullptr) {  // the scheduler's recompute_floor keeps this out
+      return Internal("request ", ss.id, ": positions ", b, "..", e,
+                      " are image rows without embeddings on this engine");
+    }
     in.embedding_rows.push_back(
         {b - from, e - b,
          m.embeddings->data() + (b - m.position) * weights_->config.text.hidden_size});
@@ -1143,7 +1185,8 @@ absl::Status Engine::AddPrefilled(RequestId id, const ExportedState& state,
 absl::StatusOr<StateLocation> Engine::Reserve(RequestId id, int64_t num_prompt_tokens,
                                               absl::Span<const int32_t> prompt,
                                               std::string_view cache_salt,
-                                              bool share_held_prefix) {
+                                              bool share_held_prefix,
+                                              std::vector<MediaInput> media) {
   if (requests_.contains(id) || reserved_.contains(id)) {
     return absl::AlreadyExistsError(absl::StrCat("request ", id, " already exists"));
   }
@@ -1152,18 +1195,26 @@ absl::StatusOr<StateLocation> Engine::Reserve(RequestId id, int64_t num_prompt_t
                            " prompt token ids for a reservation of ", num_prompt_tokens,
                            " tokens");
   }
+  if (absl::Status m =
+          CheckMedia(num_prompt_tokens, prompt, media, /*embeddings=*/false);
+      !m.ok()) {
+    return InvalidArgument("request ", id, ": ", m.message());
+  }
   engine::SequenceRequest sr;
   sr.id = id;
   sr.num_prompt_tokens = num_prompt_tokens;
   if (!prompt.empty() && scheduler_->prefix_cache() != nullptr) {
-    sr.block_hashes =
-        engine::ChainedBlockHashes(prompt, options_.block_size, cache_salt);
-    // (Named in the events should a recompute after preemption snapshot it.)
-    sr.route_hashes = RouteBlockHashes(prompt, cache_salt);
+    // The images' hashes mixed in as the prefill worker mixes them, so a hit
+    // never crosses a different image. (The route hashes name the positions
+    // in the events, should a recompute after preemption snapshot them.)
+    SetPrefixKeys(prompt, cache_salt, media, &sr);
   }
+  // Image rows have no embeddings here: they come only from the peer or from
+  // the cache, never from a recompute.
+  sr.recompute_floor = MediaEnd(media);
   sr.share_cached_blocks = share_held_prefix;
   TANDEM_RETURN_IF_ERROR(scheduler_->Reserve(sr, /*num_generated_tokens=*/1));
-  reserved_[id] = num_prompt_tokens;
+  reserved_[id] = Reservation{num_prompt_tokens, std::move(media)};
   StateLocation loc;
   TANDEM_ASSIGN_OR_RETURN(loc.block_ids, scheduler_->Blocks(id));
   TANDEM_ASSIGN_OR_RETURN(loc.slot, scheduler_->Slot(id));
@@ -1176,11 +1227,19 @@ absl::StatusOr<RequestOutput> Engine::AdmitReserved(
     RequestId id, const ExportedState& state, const engine::SamplingParams& params) {
   auto it = reserved_.find(id);
   if (it == reserved_.end()) return NotFound("request ", id, " has no reservation");
-  if (static_cast<int64_t>(state.prompt.size()) != it->second ||
+  if (static_cast<int64_t>(state.prompt.size()) != it->second.num_prompt_tokens ||
       state.generated.size() != 1) {
-    return InvalidArgument("request ", id, " reserved a prompt of ", it->second,
+    return InvalidArgument("request ", id, " reserved a prompt of ",
+                           it->second.num_prompt_tokens,
                            " tokens and its first generated token; got ",
                            state.prompt.size(), " and ", state.generated.size());
+  }
+  // The image spans the reservation named must lie over placeholders of the
+  // prompt that landed.
+  if (absl::Status m = CheckMedia(it->second.num_prompt_tokens, state.prompt,
+                                  it->second.media, /*embeddings=*/false);
+      !m.ok()) {
+    return InvalidArgument("request ", id, ": ", m.message());
   }
   RequestOutput out;
   out.id = id;
@@ -1190,6 +1249,7 @@ absl::StatusOr<RequestOutput> Engine::AdmitReserved(
     TANDEM_RETURN_IF_ERROR(scheduler_->Abort(id));
     return out;
   }
+  r->media = std::move(it->second.media);  // spans only: no embeddings here
   if (absl::Status s =
           scheduler_->AdmitReserved(id, r->params.max_tokens, state.cacheable_tokens);
       !s.ok()) {

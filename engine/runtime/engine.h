@@ -420,13 +420,20 @@ class Engine {
   // caller's word that the peer honours held_prefix_tokens (a peer that writes
   // every row from 0 would overwrite blocks other sequences share); without
   // it every block is allocated and the landed prompt is only cached at
-  // AdmitReserved. Text prompts only (the hashes carry no media).
+  // AdmitReserved. `media`: the prompt's images as spans (position, rows,
+  // content_hash; no embeddings: MediaInput::embeddings null), ascending and
+  // non-overlapping, over placeholder ids where `prompt` is given. Their
+  // hashes enter the keys as in AddRequest, so an image prompt shares only
+  // with prompts of the same images. Their rows cannot be recomputed here: a
+  // preempted request whose readmission would need them (no prefix hit past
+  // the last image) ends with FinishReason::kError (unrecomputable_drops()).
   // InvalidArgument when `prompt` is given and its size is not
-  // num_prompt_tokens.
+  // num_prompt_tokens, or for bad spans.
   absl::StatusOr<StateLocation> Reserve(RequestId id, int64_t num_prompt_tokens,
                                         absl::Span<const int32_t> prompt = {},
                                         std::string_view cache_salt = "",
-                                        bool share_held_prefix = false);
+                                        bool share_held_prefix = false,
+                                        std::vector<MediaInput> media = {});
   // Admits reserved request `id` whose state is in place: `state` gives its
   // prompt (num_prompt_tokens of them), its first generated token and
   // num_cached_tokens (= the prompt's); its ranges are not used (nothing is
@@ -498,6 +505,9 @@ class Engine {
   // Constrained requests ended with kError, and the last such error.
   int64_t structured_failures() const { return structured_failures_; }
   const absl::Status& last_structured_error() const { return last_structured_error_; }
+  // Requests ended with kError because a preemption left them needing rows
+  // this engine cannot recompute (image rows of a prefilled prompt, Reserve).
+  int64_t unrecomputable_drops() const { return unrecomputable_drops_; }
   // Speculative decoding: counters, and the proposer (null when off).
   const SpeculativeStats& speculative_stats() const { return spec_stats_; }
   speculative::Proposer* proposer() { return proposer_.get(); }
@@ -583,6 +593,17 @@ class Engine {
   // Structured output: the constraint of a new request (the grammar compiled
   // on first use of the vocabulary; cached by the compiler).
   absl::Status AttachConstraint(Request* r);
+  // Image spans over a prompt of num_prompt_tokens (`prompt`, when not empty,
+  // holds the placeholder id there); with `embeddings`, each span's rows.
+  absl::Status CheckMedia(int64_t num_prompt_tokens, absl::Span<const int32_t> prompt,
+                          absl::Span<const MediaInput> media, bool embeddings) const;
+  // The prompt's prefix-cache keys (block and route hashes, images mixed in).
+  void SetPrefixKeys(absl::Span<const int32_t> prompt, std::string_view cache_salt,
+                     absl::Span<const MediaInput> media,
+                     engine::SequenceRequest* sr) const;
+  // Ends the sequences the scheduler dropped (StepPlan::unrecomputable).
+  void EndUnrecomputable(const engine::StepPlan& plan,
+                         std::vector<RequestOutput>* outputs);
   // Fills r->mask from its constraint (timed).
   void FillMask(Request* r);
   // The overlapped path: starts a mask-pool task per constrained sampling row
@@ -635,7 +656,11 @@ class Engine {
   absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_;
   // Reserved ids (Reserve) → their prompt's tokens; in the scheduler, not in
   // requests_ until AdmitReserved.
-  absl::flat_hash_map<RequestId, int64_t> reserved_;
+  struct Reservation {
+    int64_t num_prompt_tokens = 0;
+    std::vector<MediaInput> media;  // spans only (Reserve)
+  };
+  absl::flat_hash_map<RequestId, Reservation> reserved_;
   std::vector<int32_t> eos_ids_;
   // Structured outputs: the tokenizer's vocabulary and the compiler (created
   // on the first constrained request).
@@ -650,6 +675,7 @@ class Engine {
   std::atomic<int64_t> structured_masks_{0};
   std::atomic<int64_t> structured_mask_ns_{0};
   int64_t structured_failures_ = 0;
+  int64_t unrecomputable_drops_ = 0;
   int64_t structured_masks_overlapped_ = 0;
   absl::Status last_structured_error_;
   // The overlapped masks' threads (null: structured_mask_threads 0, or no

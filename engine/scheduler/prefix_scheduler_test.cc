@@ -406,6 +406,56 @@ TEST(PrefixSchedulerTest, ARunningSequencesBlocksAreNotEvictedAndPreemptionRehit
   EXPECT_EQ(s->num_free_blocks(), 24);
 }
 
+// A reserved sequence whose positions [0, floor) this engine cannot recompute
+// (an image prompt on a decode worker: recompute_floor, Engine::Reserve) is
+// readmitted after a preemption only from a prefix hit at least that deep:
+// 1 leaves a snapshot at 128 of the prompt's first 128 tokens; 2 (those 128
+// tokens, then its own) is reserved, admitted, and preempted when the pool
+// runs out. With floor 100 it comes back from the hit at 128; with floor 150
+// no hit reaches it and it is dropped (StepPlan::unrecomputable), freed.
+TEST(PrefixSchedulerTest, AnUnrecomputablePrefixIsReadmittedOnlyFromAHitPastIt) {
+  for (int64_t floor : {100, 150}) {
+    SCOPED_TRACE(::testing::Message() << "recompute_floor " << floor);
+    auto s = *Scheduler::Create(Config(24, 512));
+    const std::vector<int32_t> a = Tokens(129, 7);
+    ASSERT_TRUE(s->Submit(Req(1, a, 100)).ok());
+    Step(*s);  // [0, 128), snapshot at 128
+    Step(*s);  // [128, 129) samples
+    const std::vector<int32_t> b =
+        Concat(std::vector<int32_t>(a.begin(), a.begin() + 128), Tokens(100, 8));
+    SequenceRequest rb = Req(2, b, 200);
+    rb.recompute_floor = floor;
+    ASSERT_TRUE(s->Reserve(rb, 1).ok());
+    ASSERT_TRUE(s->AdmitReserved(2, 200).ok());
+    for (int i = 0; i < 200 && s->num_preemptions() == 0; ++i) Step(*s);
+    ASSERT_EQ(s->num_preemptions(), 1);
+    ASSERT_EQ(*s->State(2), SequenceState::kWaiting);  // the newest went
+    ASSERT_TRUE(s->Abort(1).ok());                     // room again
+    auto plan = s->Schedule();
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    if (floor == 100) {
+      EXPECT_TRUE(plan->unrecomputable.empty());
+      ASSERT_EQ(plan->sequences.size(), 1u);
+      EXPECT_EQ(plan->sequences[0].id, 2);
+      EXPECT_EQ(plan->sequences[0].start, 128);  // from the snapshot
+      EXPECT_GE(plan->sequences[0].restore_snapshot, 0);
+    } else {
+      EXPECT_EQ(plan->unrecomputable, std::vector<SequenceId>{2});
+      EXPECT_TRUE(plan->sequences.empty());
+      EXPECT_FALSE(s->Contains(2));
+    }
+    std::vector<SequenceOutcome> out;
+    for (const ScheduledSequence& e : plan->sequences) {
+      if (e.samples) out.push_back({e.id, 1, false});
+    }
+    ASSERT_TRUE(s->CompleteStep(*plan, out).ok());
+    if (floor == 100) ASSERT_TRUE(s->Abort(2).ok());
+    ASSERT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
+    EXPECT_EQ(s->num_free_blocks(), 24);
+    EXPECT_EQ(s->num_free_slots(), 8);
+  }
+}
+
 TEST(PrefixSchedulerTest, OffMeansNoHashesKeptAndNoSnapshots) {
   SchedulerConfig c = Config(64, 512);
   c.enable_prefix_caching = false;

@@ -117,6 +117,7 @@ absl::Status Scheduler::Submit(const SequenceRequest& r) {
   }
   seq->max_total_tokens = limit;
   seq->num_prompt_tokens = r.num_prompt_tokens;
+  seq->recompute_floor = std::max<int64_t>(r.recompute_floor, 0);
   if (prefix_ != nullptr) {
     seq->hashes = r.block_hashes;
     // Only the prompt's full blocks are content (never generated tokens).
@@ -627,6 +628,15 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
       seq->table.Release(&blocks_).IgnoreError();
       seq->num_computed = 0;
     };
+    if (start < seq->recompute_floor) {
+      // Rows below the floor would be recomputed wrongly (no embeddings for
+      // them here): the sequence goes, the engine ends it with an error.
+      const SequenceId id = seq->id;
+      undo();
+      Erase(id);
+      plan.unrecomputable.push_back(id);
+      continue;
+    }
     Reclaim(config_.watermark_blocks +
             BlocksForTokens(std::min(remaining, ChunkLimit(budget)), bs));
     const int64_t usable =

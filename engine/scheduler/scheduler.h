@@ -144,6 +144,11 @@ struct SequenceRequest {
   // write every row from 0, which must never reach a block other sequences
   // share) and only caches the landed prompt at AdmitReserved.
   bool share_cached_blocks = true;
+  // Positions [0, recompute_floor) cannot be recomputed by this engine (image
+  // rows of a prompt prefilled elsewhere: no embeddings here). A preempted
+  // sequence is readmitted only from a prefix hit at least this deep; without
+  // one it is dropped (StepPlan::unrecomputable). 0: everything recomputes.
+  int64_t recompute_floor = 0;
 };
 
 // One sequence's work in a step.
@@ -180,6 +185,10 @@ struct StepPlan {
   // Background continuations dropped while planning (gone: their entries were
   // removed from `sequences`).
   std::vector<SequenceId> cancelled_background;
+  // Preempted sequences whose readmission found no prefix hit reaching their
+  // recompute_floor: gone (freed, not in `sequences`); the engine ends them
+  // with an error rather than recompute rows it cannot.
+  std::vector<SequenceId> unrecomputable;
   int64_t num_scheduled_tokens = 0;
 };
 
@@ -338,6 +347,7 @@ class Scheduler {
     // A background continuation, and the shallowest hit it runs from.
     bool background = false;
     int64_t min_hit = 0;
+    int64_t recompute_floor = 0;  // SequenceRequest::recompute_floor
   };
 
   explicit Scheduler(const SchedulerConfig& config);
