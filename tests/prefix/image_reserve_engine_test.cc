@@ -33,7 +33,8 @@ constexpr uint64_t kImageB = 0xb0b;
 // A 220-token prompt with one image's placeholders at [70, 100).
 std::vector<int32_t> ImagePrompt() {
   std::vector<int32_t> p = MakePrompt(220, 77);
-  const int32_t pad = static_cast<int32_t>(TinyWeights().config.media_placeholder_token_id);
+  const int32_t pad =
+      static_cast<int32_t>(TinyWeights().config.media_placeholder_token_id);
   for (int i = 70; i < 100; ++i) p[i] = pad;
   return p;
 }
@@ -72,15 +73,26 @@ ExportedState Landed(const std::vector<int32_t>& prompt, int32_t first = 5) {
   return s;
 }
 
+// An engine on the tiny model's CPU backend (null when it cannot be made).
+struct Rig {
+  explicit Rig(const EngineOptions& o) : backend(MakeBackend("cpu")) {
+    auto made = Engine::Create(&TinyWeights(), backend.get(), nullptr, o);
+    EXPECT_TRUE(made.ok()) << made.status();
+    if (made.ok()) engine = *std::move(made);
+  }
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<Engine> engine;
+};
+
 TEST(ImageReserveEngineTest, AReservationSharesOnlyWithTheSameImages) {
-  auto backend = MakeBackend("cpu");
-  auto made = Engine::Create(&TinyWeights(), backend.get(), nullptr, Cached());
-  ASSERT_TRUE(made.ok()) << made.status();
-  Engine& e = **made;
+  Rig rig(Cached());
+  ASSERT_NE(rig.engine, nullptr);
+  Engine& e = *rig.engine;
   const std::vector<int32_t> prompt = ImagePrompt();
   const int64_t n = static_cast<int64_t>(prompt.size());
   auto held = [&](RequestId id, std::vector<MediaInput> media) {
-    auto loc = e.Reserve(id, n, prompt, "", /*share_held_prefix=*/true, std::move(media));
+    auto loc =
+        e.Reserve(id, n, prompt, "", /*share_held_prefix=*/true, std::move(media));
     EXPECT_TRUE(loc.ok()) << loc.status();
     const int64_t h = loc.ok() ? loc->held_prefix_tokens : -1;
     EXPECT_TRUE(e.Abort(id).ok());
@@ -128,10 +140,9 @@ TEST(ImageReserveEngineTest, AReservationSharesOnlyWithTheSameImages) {
 }
 
 TEST(ImageReserveEngineTest, BadSpansAreInvalidArgumentAndReserveNothing) {
-  auto backend = MakeBackend("cpu");
-  auto made = Engine::Create(&TinyWeights(), backend.get(), nullptr, Cached());
-  ASSERT_TRUE(made.ok()) << made.status();
-  Engine& e = **made;
+  Rig rig(Cached());
+  ASSERT_NE(rig.engine, nullptr);
+  Engine& e = *rig.engine;
   const std::vector<int32_t> prompt = ImagePrompt();
   const int64_t n = static_cast<int64_t>(prompt.size());
   const int32_t free_blocks = e.num_free_blocks();
@@ -184,19 +195,18 @@ PreemptionRun RunUntilPreempted(bool reserved_with_image) {
   PreemptionRun run;
   EngineOptions o = Cached();
   o.num_blocks = 24;
-  auto backend = MakeBackend("cpu");
-  auto made = Engine::Create(&TinyWeights(), backend.get(), nullptr, o);
-  EXPECT_TRUE(made.ok()) << made.status();
-  if (!made.ok()) return run;
-  Engine& e = **made;
+  Rig rig(o);
+  if (rig.engine == nullptr) return run;
+  Engine& e = *rig.engine;
   const int32_t blocks = e.num_free_blocks();
   EXPECT_TRUE(e.AddRequest(1, MakePrompt(100, 5), Greedy(120)).ok());
   // Its prefill, then its first decode step.
   for (int i = 0; i < 2; ++i) EXPECT_TRUE(e.Step().ok());
   std::vector<int32_t> prompt = ImagePrompt();
   prompt.resize(150);
-  auto loc = e.Reserve(2, 150, prompt, "", false,
-                       reserved_with_image ? Image(kImageA) : std::vector<MediaInput>{});
+  auto loc =
+      e.Reserve(2, 150, prompt, "", false,
+                reserved_with_image ? Image(kImageA) : std::vector<MediaInput>{});
   EXPECT_TRUE(loc.ok()) << loc.status();
   auto admitted = e.AdmitReserved(2, Landed(prompt), Greedy(100));
   EXPECT_TRUE(admitted.ok()) << admitted.status();
@@ -204,7 +214,8 @@ PreemptionRun RunUntilPreempted(bool reserved_with_image) {
     auto res = e.Step();
     EXPECT_TRUE(res.ok()) << res.status();
     if (!res.ok()) return run;
-    EXPECT_TRUE(e.scheduler().CheckInvariants().ok()) << e.scheduler().CheckInvariants();
+    EXPECT_TRUE(e.scheduler().CheckInvariants().ok())
+        << e.scheduler().CheckInvariants();
     for (const RequestOutput& r : *res) {
       auto& v = run.tokens[r.id];
       v.insert(v.end(), r.new_tokens.begin(), r.new_tokens.end());
