@@ -407,49 +407,76 @@ TEST(PrefixSchedulerTest, ARunningSequencesBlocksAreNotEvictedAndPreemptionRehit
 }
 
 // A reserved sequence whose positions [0, floor) this engine cannot recompute
-// (an image prompt on a decode worker: recompute_floor, Engine::Reserve) is
-// readmitted after a preemption only from a prefix hit at least that deep:
-// 1 leaves a snapshot at 128 of the prompt's first 128 tokens; 2 (those 128
-// tokens, then its own) is reserved, admitted, and preempted when the pool
-// runs out. With floor 100 it comes back from the hit at 128; with floor 150
-// no hit reaches it and it is dropped (StepPlan::unrecomputable), freed.
-TEST(PrefixSchedulerTest, AnUnrecomputablePrefixIsReadmittedOnlyFromAHitPastIt) {
+// (an image prompt on a decode worker: recompute_floor, Engine::Reserve):
+//   - while a sequence without a floor runs, that one is preempted instead,
+//     even though it is older;
+//   - preempted (every running one has a floor), it is readmitted only from a
+//     prefix hit at least that deep: 1 leaves a snapshot at 128 of its first
+//     128 tokens and ends; 2 (another prompt) and 3 (those 128 tokens, then
+//     its own) are reserved with floors and admitted, and 3, the newest, is
+//     preempted when the pool runs out. With floor 100 it comes back from the
+//     hit at 128; with floor 150 no hit reaches it and it is dropped
+//     (StepPlan::unrecomputable), freed.
+TEST(PrefixSchedulerTest,
+     AnUnrecomputablePrefixIsPreemptedLastAndReadmittedOnlyPastIt) {
+  {
+    auto s = *Scheduler::Create(Config(24, 512));
+    ASSERT_TRUE(s->Submit(Req(1, Tokens(129, 7), 100)).ok());
+    Step(*s);
+    Step(*s);
+    SequenceRequest r2 = Req(2, Tokens(180, 8), 200);
+    r2.recompute_floor = 100;
+    ASSERT_TRUE(s->Reserve(r2, 1).ok());
+    ASSERT_TRUE(s->AdmitReserved(2, 200).ok());
+    for (int i = 0; i < 200 && s->num_preemptions() == 0; ++i) Step(*s);
+    ASSERT_EQ(s->num_preemptions(), 1);
+    EXPECT_EQ(*s->State(1), SequenceState::kWaiting);  // the older, recomputable
+    EXPECT_EQ(*s->State(2), SequenceState::kRunning);
+    for (SequenceId id : {1, 2}) ASSERT_TRUE(s->Abort(id).ok());
+    ASSERT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
+    EXPECT_EQ(s->num_free_blocks(), 24);
+  }
   for (int64_t floor : {100, 150}) {
     SCOPED_TRACE(::testing::Message() << "recompute_floor " << floor);
     auto s = *Scheduler::Create(Config(24, 512));
     const std::vector<int32_t> a = Tokens(129, 7);
-    ASSERT_TRUE(s->Submit(Req(1, a, 100)).ok());
-    Step(*s);  // [0, 128), snapshot at 128
-    Step(*s);  // [128, 129) samples
+    ASSERT_TRUE(s->Submit(Req(1, a, 1)).ok());
+    Step(*s);       // [0, 128), snapshot at 128
+    Step(*s, {1});  // [128, 129) samples, ends
+    ASSERT_FALSE(s->Contains(1));
+    SequenceRequest r2 = Req(2, Tokens(100, 9), 200);
+    r2.recompute_floor = 1;
+    ASSERT_TRUE(s->Reserve(r2, 1).ok());
+    ASSERT_TRUE(s->AdmitReserved(2, 200).ok());
     const std::vector<int32_t> b =
         Concat(std::vector<int32_t>(a.begin(), a.begin() + 128), Tokens(100, 8));
-    SequenceRequest rb = Req(2, b, 200);
-    rb.recompute_floor = floor;
-    ASSERT_TRUE(s->Reserve(rb, 1).ok());
-    ASSERT_TRUE(s->AdmitReserved(2, 200).ok());
+    SequenceRequest r3 = Req(3, b, 200);
+    r3.recompute_floor = floor;
+    ASSERT_TRUE(s->Reserve(r3, 1).ok());
+    ASSERT_TRUE(s->AdmitReserved(3, 200).ok());
     for (int i = 0; i < 200 && s->num_preemptions() == 0; ++i) Step(*s);
     ASSERT_EQ(s->num_preemptions(), 1);
-    ASSERT_EQ(*s->State(2), SequenceState::kWaiting);  // the newest went
-    ASSERT_TRUE(s->Abort(1).ok());                     // room again
+    ASSERT_EQ(*s->State(3), SequenceState::kWaiting);  // the newest went
+    ASSERT_TRUE(s->Abort(2).ok());                     // room again
     auto plan = s->Schedule();
     ASSERT_TRUE(plan.ok()) << plan.status();
     if (floor == 100) {
       EXPECT_TRUE(plan->unrecomputable.empty());
       ASSERT_EQ(plan->sequences.size(), 1u);
-      EXPECT_EQ(plan->sequences[0].id, 2);
+      EXPECT_EQ(plan->sequences[0].id, 3);
       EXPECT_EQ(plan->sequences[0].start, 128);  // from the snapshot
       EXPECT_GE(plan->sequences[0].restore_snapshot, 0);
     } else {
-      EXPECT_EQ(plan->unrecomputable, std::vector<SequenceId>{2});
+      EXPECT_EQ(plan->unrecomputable, std::vector<SequenceId>{3});
       EXPECT_TRUE(plan->sequences.empty());
-      EXPECT_FALSE(s->Contains(2));
+      EXPECT_FALSE(s->Contains(3));
     }
     std::vector<SequenceOutcome> out;
     for (const ScheduledSequence& e : plan->sequences) {
       if (e.samples) out.push_back({e.id, 1, false});
     }
     ASSERT_TRUE(s->CompleteStep(*plan, out).ok());
-    if (floor == 100) ASSERT_TRUE(s->Abort(2).ok());
+    if (floor == 100) ASSERT_TRUE(s->Abort(3).ok());
     ASSERT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
     EXPECT_EQ(s->num_free_blocks(), 24);
     EXPECT_EQ(s->num_free_slots(), 8);

@@ -367,10 +367,13 @@ void Scheduler::Unplan(SequenceId id, StepPlan* plan, int64_t* budget) {
 }
 
 bool Scheduler::CancelNewestBackground(StepPlan* plan, int64_t* budget,
-                                       SequenceId* cancelled) {
+                                       SequenceId* cancelled, size_t* index) {
   for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
     const SequenceId id = *it;
     if (!Find(id)->background) continue;
+    if (index != nullptr) {
+      *index = static_cast<size_t>(std::distance(it, running_.rend())) - 1;
+    }
     Unplan(id, plan, budget);
     Erase(id);
     plan->cancelled_background.push_back(id);
@@ -381,13 +384,24 @@ bool Scheduler::CancelNewestBackground(StepPlan* plan, int64_t* budget,
   return false;
 }
 
-SequenceId Scheduler::PreemptNewest(StepPlan* plan, int64_t* budget) {
+SequenceId Scheduler::PreemptNewest(StepPlan* plan, int64_t* budget, size_t* index) {
   // Background continuations go first, and for good (they are only a bet on
   // the next turn).
   SequenceId bg = 0;
-  if (CancelNewestBackground(plan, budget, &bg)) return bg;
-  const SequenceId id = running_.back();
-  running_.pop_back();
+  if (CancelNewestBackground(plan, budget, &bg, index)) return bg;
+  // Then the newest sequence that can be recomputed; one with a
+  // recompute_floor (rows this engine cannot compute: it would be dropped at
+  // readmission) only when every running sequence has one.
+  size_t v = running_.size() - 1;
+  for (size_t k = running_.size(); k-- > 0;) {
+    if (Find(running_[k])->recompute_floor == 0) {
+      v = k;
+      break;
+    }
+  }
+  const SequenceId id = running_[v];
+  running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(v));
+  if (index != nullptr) *index = v;
   Sequence* seq = Find(id);
   Unplan(id, plan, budget);
   ReleaseResources(seq);
@@ -554,14 +568,21 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     bool self_preempted = false;
     Reclaim(seq->table.BlocksNeededToAppend(need));
     while (seq->table.BlocksNeededToAppend(need) > blocks_.num_free()) {
-      if (PreemptNewest(&plan, &budget) == seq->id) {
+      size_t removed = 0;
+      if (PreemptNewest(&plan, &budget, &removed) == seq->id) {
         self_preempted = true;
         break;
       }
+      if (removed < i) --i;  // an older one went: seq moved down
       // What it held may be cached blocks now (shared with the cache): evict.
       Reclaim(seq->table.BlocksNeededToAppend(need));
     }
-    if (self_preempted) break;  // it was the newest: nothing after it runs
+    if (self_preempted) {
+      // It was the newest recomputable one: only sequences that cannot be
+      // recomputed (kept running) may follow it.
+      --i;  // running_ shifted down (wraps to ++i == 0 at the front)
+      continue;
+    }
     seq->table.Append(need, &blocks_).IgnoreError();  // fits: checked above
     add(seq, need, drafts);
   }
@@ -584,13 +605,18 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
       fit = slack + static_cast<int64_t>(blocks_.num_free()) * bs;
       if (fit > 0) break;
       if (seq->background) break;  // it never makes others give way
-      if (PreemptNewest(&plan, &budget) == seq->id) {
+      size_t removed = 0;
+      if (PreemptNewest(&plan, &budget, &removed) == seq->id) {
         self_preempted = true;
         break;
       }
+      if (removed < i) --i;  // an older one went: seq moved down
       Reclaim(seq->table.BlocksNeededToAppend(want));
     }
-    if (self_preempted) break;
+    if (self_preempted) {
+      --i;  // running_ shifted down; later ones cannot be recomputed
+      continue;
+    }
     if (seq->background && fit <= 0) {  // no room left for it: dropped
       const SequenceId id = seq->id;
       Erase(id);

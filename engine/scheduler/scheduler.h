@@ -14,7 +14,11 @@
 //   admitted running sequence is preempted (recompute): its blocks and slot
 //   are freed and it goes back to the FRONT of the waiting queue with all its
 //   tokens (prompt + generated) as the new prompt. No admissions happen in a
-//   step that preempted.
+//   step that preempted. A sequence with a recompute_floor (rows this engine
+//   cannot compute again: an image prompt's on a decode worker) is passed
+//   over while a newer-or-older one without a floor runs: it would be
+//   dropped at readmission, so it is preempted only when nothing else can
+//   be.
 // Prefix caching (SchedulerConfig::prefix_cache): at admission a sequence with
 //   block hashes looks its prompt up (PrefixCache::Lookup, the rule in
 //   engine/cache/prefix_cache.h); a hit at p adopts the cached blocks of [0, p)
@@ -357,12 +361,15 @@ class Scheduler {
   // Frees blocks and slot; the sequence stays in seqs_.
   void ReleaseResources(Sequence* seq);
   // Preempts the most recently admitted running sequence (undoing its part of
-  // `plan`); returns its id.
-  SequenceId PreemptNewest(StepPlan* plan, int64_t* budget);
+  // `plan`): a background continuation first, then the newest that can be
+  // recomputed (recompute_floor 0), the newest of all only when none can.
+  // Returns its id; its former index in running_ in *index.
+  SequenceId PreemptNewest(StepPlan* plan, int64_t* budget, size_t* index = nullptr);
   // Drops the most recently admitted running background continuation (undoing
-  // its part of `plan`; its id in *id); false when none runs.
-  bool CancelNewestBackground(StepPlan* plan, int64_t* budget,
-                              SequenceId* id = nullptr);
+  // its part of `plan`; its id in *id, its former index in running_ in
+  // *index); false when none runs.
+  bool CancelNewestBackground(StepPlan* plan, int64_t* budget, SequenceId* id = nullptr,
+                              size_t* index = nullptr);
   // Removes `id`'s entry from `plan`, giving its tokens back to the budget.
   void Unplan(SequenceId id, StepPlan* plan, int64_t* budget);
 

@@ -502,9 +502,10 @@ TEST(SchedulerTest, ScheduleAndCompleteMustAlternate) {
 // every sequence finishes; the pool ends empty.
 TEST(SchedulerTest, RandomWorkloadsFinishAndFreeEverything) {
   int64_t total_preemptions = 0;
-  for (uint32_t seed = 1; seed <= 6; ++seed) {
+  int64_t dropped = 0;
+  for (uint32_t seed = 1; seed <= 12; ++seed) {
     std::mt19937 rng(seed);
-    SchedulerConfig c = Config(24 + seed * 4, 4, 16 + seed * 3);
+    SchedulerConfig c = Config(20 + seed * 2, 4, 16 + seed * 3);
     c.num_slots = 4 + seed % 3;
     c.max_running = 5;
     c.num_speculative_tokens = seed % 3;
@@ -518,13 +519,29 @@ TEST(SchedulerTest, RandomWorkloadsFinishAndFreeEverything) {
       ++steps;
       if (next < 40 && rng() % 3 == 0) {
         const int64_t prompt = 1 + rng() % 40;
-        ASSERT_TRUE(
-            s->Submit({next, prompt, 1 + static_cast<int64_t>(rng() % 12)}).ok());
-        target[next] = 1 + rng() % 10;
+        const int64_t max_new = 1 + static_cast<int64_t>(rng() % 32);
+        // Some land reserved with rows they cannot recompute (an image
+        // prompt's on a decode worker): preempted last, dropped if preempted.
+        bool reserved = false;
+        // Every third seed, all of them (so a preemption must drop one).
+        if (seed % 3 == 0 || rng() % 2 == 0) {
+          SequenceRequest r{next, prompt, max_new};
+          r.recompute_floor = 1 + static_cast<int64_t>(rng() % prompt);
+          reserved = s->Reserve(r, 1).ok() && s->AdmitReserved(next, max_new).ok();
+          if (!reserved) s->Abort(next).IgnoreError();
+          if (reserved) generated[next] = 1;
+        }
+        if (!reserved) ASSERT_TRUE(s->Submit({next, prompt, max_new}).ok());
+        target[next] = 1 + rng() % 30;
         ++next;
       }
       auto p = s->Schedule();
       ASSERT_TRUE(p.ok());
+      for (SequenceId id : p->unrecomputable) {
+        ASSERT_FALSE(s->Contains(id));
+        ++finished;
+        ++dropped;
+      }
       ASSERT_LE(p->num_scheduled_tokens, c.max_tokens_per_step);
       ASSERT_LE(s->num_running(), c.max_running);
       int64_t sum = 0;
@@ -538,6 +555,7 @@ TEST(SchedulerTest, RandomWorkloadsFinishAndFreeEverything) {
         }
       }
       ASSERT_EQ(sum, p->num_scheduled_tokens);
+      for (SequenceId id : p->unrecomputable) ASSERT_FALSE(ids.contains(id));
       if (rng() % 50 == 0 && !p->sequences.empty()) {
         const SequenceId victim = p->sequences[rng() % p->sequences.size()].id;
         ASSERT_TRUE(s->Abort(victim).ok());
@@ -562,8 +580,10 @@ TEST(SchedulerTest, RandomWorkloadsFinishAndFreeEverything) {
     EXPECT_EQ(s->num_free_blocks(), c.num_blocks);
     EXPECT_EQ(s->num_free_slots(), c.num_slots);
   }
-  // The pools are small enough that preemption paths run.
+  // The pools are small enough that preemption paths run, dropping some that
+  // could not be recomputed.
   EXPECT_GT(total_preemptions, 0);
+  EXPECT_GT(dropped, 0);
 }
 
 }  // namespace

@@ -6,10 +6,11 @@
 //     rows, one with another image (or none) only the blocks before it, and
 //     the router's announced route hashes match only the same image;
 //   - bad spans are InvalidArgument and reserve nothing;
-//   - a preempted image request, whose image rows this engine cannot
-//     recompute, ends with an error (never recomputed with the placeholder's
-//     embedding in place of the image's); the same request without images is
-//     recomputed and finishes; every block and slot is free at the end.
+//   - a request whose image rows this engine cannot recompute is preempted
+//     only when no other running one can be (a text one gives way instead);
+//     preempted, it ends with an error (never recomputed with the
+//     placeholder's embedding in place of the image's); every block and slot
+//     is free at the end.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -189,9 +190,10 @@ struct PreemptionRun {
   int64_t drops = 0;
 };
 
-// A text request decodes beside a reserved one (admitted after it, so the
-// newest) until the 24 blocks run out and the reserved one is preempted.
-PreemptionRun RunUntilPreempted(bool reserved_with_image) {
+// Request 1 (a text prompt added here, or an image prompt reserved and
+// landed) decodes beside request 2, reserved after it (so the newest), with or
+// without an image, until the 24 blocks run out and one of them is preempted.
+PreemptionRun RunUntilPreempted(bool first_image, bool second_image) {
   PreemptionRun run;
   EngineOptions o = Cached();
   o.num_blocks = 24;
@@ -199,21 +201,25 @@ PreemptionRun RunUntilPreempted(bool reserved_with_image) {
   if (rig.engine == nullptr) return run;
   Engine& e = *rig.engine;
   const int32_t blocks = e.num_free_blocks();
-  EXPECT_TRUE(e.AddRequest(1, MakePrompt(100, 5), Greedy(120)).ok());
-  // Its prefill, then its first decode step.
-  for (int i = 0; i < 2; ++i) EXPECT_TRUE(e.Step().ok());
-  std::vector<int32_t> prompt = ImagePrompt();
-  prompt.resize(150);
-  auto loc =
-      e.Reserve(2, 150, prompt, "", false,
-                reserved_with_image ? Image(kImageA) : std::vector<MediaInput>{});
-  EXPECT_TRUE(loc.ok()) << loc.status();
-  auto admitted = e.AdmitReserved(2, Landed(prompt), Greedy(100));
-  EXPECT_TRUE(admitted.ok()) << admitted.status();
-  for (int step = 0; e.HasWork() && step < 3000; ++step) {
+  auto reserve = [&](RequestId id, int64_t n, bool image, int max_tokens) {
+    std::vector<int32_t> prompt = ImagePrompt();
+    prompt.resize(n);
+    auto loc = e.Reserve(id, n, prompt, "", false,
+                         image ? Image(kImageA) : std::vector<MediaInput>{});
+    EXPECT_TRUE(loc.ok()) << loc.status();
+    auto admitted = e.AdmitReserved(id, Landed(prompt), Greedy(max_tokens));
+    EXPECT_TRUE(admitted.ok()) << admitted.status();
+  };
+  if (first_image) {
+    reserve(1, 100, true, 120);
+  } else {
+    EXPECT_TRUE(e.AddRequest(1, MakePrompt(100, 5), Greedy(120)).ok());
+  }
+  // Every step's tokens (a reserved request's landed one is not counted).
+  auto step = [&] {
     auto res = e.Step();
     EXPECT_TRUE(res.ok()) << res.status();
-    if (!res.ok()) return run;
+    if (!res.ok()) return false;
     EXPECT_TRUE(e.scheduler().CheckInvariants().ok())
         << e.scheduler().CheckInvariants();
     for (const RequestOutput& r : *res) {
@@ -221,6 +227,13 @@ PreemptionRun RunUntilPreempted(bool reserved_with_image) {
       v.insert(v.end(), r.new_tokens.begin(), r.new_tokens.end());
       if (r.finished) run.finish[r.id] = r.finish_reason;
     }
+    return true;
+  };
+  // Its prefill (if any), then its first decode step.
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(step());
+  reserve(2, 150, second_image, 100);
+  for (int i = 0; e.HasWork() && i < 3000; ++i) {
+    if (!step()) return run;
   }
   EXPECT_FALSE(e.HasWork());
   run.preemptions = e.scheduler().num_preemptions();
@@ -230,23 +243,39 @@ PreemptionRun RunUntilPreempted(bool reserved_with_image) {
   return run;
 }
 
-TEST(ImageReserveEngineTest, APreemptedImageRequestEndsWithAnErrorNotWrongRows) {
-  const PreemptionRun text = RunUntilPreempted(false);
+TEST(ImageReserveEngineTest, ARequestThatCannotBeRecomputedIsPreemptedLast) {
+  // Two text prompts: the newest (2) is preempted, recomputed, and finishes
+  // (1 token landed + 99 here).
+  const PreemptionRun text = RunUntilPreempted(false, false);
   ASSERT_GE(text.preemptions, 1);
   EXPECT_EQ(text.drops, 0);
-  // Without images the preempted one is recomputed and finishes (1 token
-  // landed + 99 here).
   EXPECT_EQ(text.finish.at(2), FinishReason::kLength);
   EXPECT_EQ(text.tokens.at(2).size(), 99u);
+  EXPECT_EQ(text.finish.at(1), FinishReason::kLength);
+  EXPECT_EQ(text.tokens.at(1).size(), 120u);
+  // The newest is an image prompt, which this engine cannot recompute: the
+  // older text one gives way instead, and both finish.
+  const PreemptionRun mixed = RunUntilPreempted(false, true);
+  ASSERT_GE(mixed.preemptions, 1);
+  EXPECT_EQ(mixed.drops, 0);
+  EXPECT_EQ(mixed.finish.at(2), FinishReason::kLength);
+  EXPECT_EQ(mixed.tokens.at(2).size(), 99u);
+  EXPECT_EQ(mixed.finish.at(1), FinishReason::kLength);
+  EXPECT_EQ(mixed.tokens.at(1).size(), 120u);
+}
 
-  const PreemptionRun image = RunUntilPreempted(true);
+TEST(ImageReserveEngineTest, APreemptedImageRequestEndsWithAnErrorNotWrongRows) {
+  // Both are image prompts: the newest is preempted, and with no prefix hit
+  // past its image it ends with an error rather than be recomputed with the
+  // placeholder's embedding where the image's rows were; the other finishes
+  // (1 landed + 119).
+  const PreemptionRun image = RunUntilPreempted(true, true);
   ASSERT_GE(image.preemptions, 1);
   EXPECT_EQ(image.drops, 1);
   EXPECT_EQ(image.finish.at(2), FinishReason::kError);
   EXPECT_LT(image.tokens.at(2).size(), 99u);
-  // The other request is untouched by it: the same tokens either way.
   EXPECT_EQ(image.finish.at(1), FinishReason::kLength);
-  EXPECT_EQ(image.tokens.at(1), text.tokens.at(1));
+  EXPECT_EQ(image.tokens.at(1).size(), 119u);
 }
 
 }  // namespace
