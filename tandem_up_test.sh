@@ -182,6 +182,24 @@ has decode-0 --ucx_peer_failure_detection=false --prefill-arg=--ucx_peer_failure
 printf 'up:\n  kv_tcp: true\n' >"$TEST_TMPDIR/kv_tcp.yaml"
 has decode-0 --ucx_peer_failure_detection=true --config "$TEST_TMPDIR/kv_tcp.yaml"
 has decode-0 --ucx_peer_failure_detection=false --config "$TEST_TMPDIR/kv_tcp.yaml" --ucx-shm
+# The KV transfer agent and its progress timeout reach both workers (not the
+# router or gateway); bad values are refused before anything starts.
+lacks prefill-0 kv_transport
+lacks decode-0 kv_progress_timeout
+has prefill-0 --kv_transport=libfabric:shm --kv-transport libfabric:shm
+has decode-1 --kv_transport=libfabric --kv_transport=libfabric --decode 2
+has decode-0 --kv_transport=libfabric:tcp:2 --kv-transport=libfabric:tcp:2
+lacks router kv_transport --kv-transport libfabric
+lacks gateway kv_transport --kv-transport libfabric
+has prefill-0 --kv_progress_timeout=3s --kv-progress-timeout 3s
+has decode-0 --kv_progress_timeout=inf --kv_progress_timeout=inf
+printf 'up:\n  kv_transport: libfabric:shm\n  kv_progress_timeout: 500ms\n' >"$TEST_TMPDIR/kv.yaml"
+has decode-0 --kv_transport=libfabric:shm --config "$TEST_TMPDIR/kv.yaml"
+has prefill-0 --kv_progress_timeout=500ms --config "$TEST_TMPDIR/kv.yaml"
+has prefill-0 --kv_transport=ucx --config "$TEST_TMPDIR/kv.yaml" --kv-transport ucx
+refused "--kv-transport must be" --kv-transport rdma
+refused "--kv-transport must be" --kv-transport libfabric:
+refused "--kv-progress-timeout must be" --kv-progress-timeout soon
 # Prefix caching: the workers' default (on) unless --no-prefix-cache (also up.no_prefix_cache).
 lacks prefill-0 enable_prefix_caching
 lacks decode-0 enable_prefix_caching

@@ -178,8 +178,9 @@ class UcxBackend final : public Backend {
   static bool Outstanding(const Peer& p) { return !p.ops.empty() || p.waiters > 0; }
   void ClosePeer(Peer* p, bool graceful, bool wait, absl::Time deadline);
   void ReleaseRkeys(Peer* p);
-  // Logs the transports UCX chose for `p` (and hands them to
-  // config_.on_peer_connected); caches them as p->transport and returns them.
+  // Logs the transports UCX chose for `p`; caches them as p->transport and
+  // returns them (the caller reports them to config_.on_peer_connected once it
+  // has judged them).
   UcxPeerTransport LogPeerTransport(Peer* p);
   // Waits (agent lock released) for `op` or the peer's failure, by `deadline`.
   absl::Status AwaitOpLocked(PendingOp* op, Peer* p, absl::Time deadline,
@@ -632,9 +633,12 @@ absl::Status UcxBackend::ConnectLocked(PeerId id, const AgentDescriptor& descrip
   }
   // What UCX chose for this peer: logged and reported (counted) whether or not
   // it is allowed, then refused if it is TCP only where RDMA is required.
-  const UcxPeerTransport t = LogPeerTransport(peer.get());
-  if (absl::Status refused = CheckUcxPeerTransport(t, config_.require_rdma, resources_);
-      !refused.ok()) {
+  UcxPeerTransport t = LogPeerTransport(peer.get());
+  const absl::Status refused =
+      CheckUcxPeerTransport(t, config_.require_rdma, resources_);
+  t.refused = !refused.ok();
+  if (config_.on_peer_connected) config_.on_peer_connected(t);
+  if (!refused.ok()) {
     TLOG(ERROR, "KV transfer peer refused: TCP only")
         .Kv("agent", "ucx")
         .Kv("peer_agent", absl::StrCat(absl::Hex(t.peer_agent_id)))
@@ -680,7 +684,6 @@ UcxPeerTransport UcxBackend::LogPeerTransport(Peer* p) {
         .Kv("transports", t.transports)
         .Kv("lanes", t.lanes);
   }
-  if (config_.on_peer_connected) config_.on_peer_connected(t);
   return t;
 }
 

@@ -52,12 +52,15 @@ namespace tandem::kvtransfer {
 // transports per peer, after start, so a cluster configured for RDMA can still
 // land on TCP for a peer (issue 19's silent fallback). Every connection is
 // logged ("KV transfer peer connected", a WARNING when it is TCP only) and
-// handed to UcxAgentConfig::on_peer_connected.
+// handed to UcxAgentConfig::on_peer_connected, refused ones too (`refused`).
 struct UcxPeerTransport {
   uint64_t peer_agent_id = 0;
   std::string transports;  // "tcp", "posix,cma", "rc_mlx5,ud_mlx5" (Transport(peer))
   std::string lanes;       // DescribeUcxLanes: "tcp/eth0 (am am_bw rma_bw)"
   bool tcp_only = false;   // UcxTransportsAreTcpOnly(transports)
+  // CheckUcxPeerTransport refused it (TCP only where RDMA is required): the
+  // connection is dropped and the transfer that tried fails.
+  bool refused = false;
 };
 
 // Whether a peer UCX connects over TCP only is refused (issue 19 item 3: the

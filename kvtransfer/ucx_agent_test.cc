@@ -196,8 +196,9 @@ TEST(UcxAgentTest, TcpOnlyPeerRefusedWhenRdmaRequired) {
                 absl::StrCat(absl::Hex(ParseDescriptor(descriptor)->agent_id))),
             absl::string_view::npos)
       << peer.status();
-  ASSERT_EQ(seen.size(), 1u);
+  ASSERT_EQ(seen.size(), 1u);  // reported once, as refused
   EXPECT_TRUE(seen[0].tcp_only) << seen[0].transports;
+  EXPECT_TRUE(seen[0].refused);
   EXPECT_EQ((*a)->NumPeers(), 0u);
   // Shared memory (detection off) passes the same requirement.
   config.peer_failure_detection = false;
@@ -206,6 +207,9 @@ TEST(UcxAgentTest, TcpOnlyPeerRefusedWhenRdmaRequired) {
   auto shm_peer = (*c)->Connect(descriptor);
   ASSERT_TRUE(shm_peer.ok()) << shm_peer.status();
   EXPECT_FALSE(UcxTransportsAreTcpOnly((*c)->Transport(*shm_peer)));
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_FALSE(seen[1].tcp_only);
+  EXPECT_FALSE(seen[1].refused);
   // And with the requirement off, TCP only connects.
   config.peer_failure_detection = true;
   config.require_rdma = UcxRdmaRequirement::kNotRequired;
@@ -214,6 +218,9 @@ TEST(UcxAgentTest, TcpOnlyPeerRefusedWhenRdmaRequired) {
   auto tcp_peer = (*d)->Connect(descriptor);
   ASSERT_TRUE(tcp_peer.ok()) << tcp_peer.status();
   EXPECT_EQ((*d)->Transport(*tcp_peer), "tcp");
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_TRUE(seen[2].tcp_only);
+  EXPECT_FALSE(seen[2].refused);  // allowed: counted, not refused
 }
 
 TEST(UcxAgentTest, RejectsBadConfig) {

@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   auto agent = tandem::worker::TransferAgentFromFlags(
       absl::GetFlag(FLAGS_worker_id), &transport,
       [&metrics](const tandem::kvtransfer::UcxPeerTransport& t) {
-        metrics.CountKvPeerConnection("ucx", t.transports, t.tcp_only);
+        metrics.CountKvPeerConnection("ucx", t.transports, t.tcp_only, t.refused);
       });
   if (!agent.ok()) {
     TLOG(ERROR, "cannot start the KV transfer agent").Kv("status", agent.status());

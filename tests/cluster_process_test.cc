@@ -258,6 +258,11 @@ TEST_F(ClusterProcessTest, DisaggregatedEqualsColocatedOverUcx) {
                    {{"agent", "ucx"}, {"transports", "tcp"}, {"tcp_only", "true"}})
                 .value_or(-1),
             1);
+  // Allowed (--kv_require_rdma=auto on a host without RDMA): none refused.
+  EXPECT_EQ(Metric(prefill_metrics_, "tandem_worker_kv_peer_refused_total",
+                   {{"agent", "ucx"}, {"transports", "tcp"}})
+                .value_or(-1),
+            0);
   // Every reservation and engine block is free again.
   EXPECT_TRUE(WaitMetric(decode_metrics_, "tandem_worker_reservations", {}, 0));
   EXPECT_TRUE(WaitMetric(decode_metrics_, "tandem_worker_kv_cache_blocks",
@@ -387,7 +392,11 @@ TEST_F(ClusterProcessShmTest, DisaggregatedEqualsColocatedOverSharedMemory) {
       std::regex("tandem_worker_kv_peer_connections_total\\{agent=\"ucx\","
                  "transports=\"[^\"]*(sysv|posix)[^\"]*\",tcp_only=\"false\"\\} 1\n")))
       << get->body;
-  EXPECT_EQ(get->body.find("tcp_only=\"true\""), std::string::npos) << get->body;
+  EXPECT_EQ(Metric(prefill_metrics_, "tandem_worker_kv_peer_connections_total",
+                   {{"agent", "ucx"}, {"transports", "tcp"}, {"tcp_only", "true"}})
+                .value_or(-1),
+            0)
+      << get->body;
   EXPECT_TRUE(WaitMetric(decode_metrics_, "tandem_worker_reservations", {}, 0));
 }
 
@@ -463,9 +472,14 @@ TEST_F(ClusterProcessRequireRdmaTest, TcpOnlyPeerIsRefused) {
     }
     EXPECT_TRUE(r.tokens.empty());
   }
-  // Each attempt connected (and was counted) over tcp, and none moved KV.
+  // Each attempt connected (and was counted) over tcp, was refused (counted
+  // again, for the alert), and none moved KV.
   EXPECT_EQ(Metric(prefill_metrics_, "tandem_worker_kv_peer_connections_total",
                    {{"agent", "ucx"}, {"transports", "tcp"}, {"tcp_only", "true"}})
+                .value_or(-1),
+            2);
+  EXPECT_EQ(Metric(prefill_metrics_, "tandem_worker_kv_peer_refused_total",
+                   {{"agent", "ucx"}, {"transports", "tcp"}})
                 .value_or(-1),
             2);
   EXPECT_EQ(

@@ -243,7 +243,11 @@ TEST(TandemUpProcessTest, SpeculativeNgramServesThePlainGreedyTokens) {
         std::regex("tandem_worker_kv_peer_connections_total\\{agent=\"ucx\",transports="
                    "\"[^\"]*(sysv|posix)[^\"]*\",tcp_only=\"false\"\\} 1\n")))
         << prefill_metrics << plain.Log();
-    EXPECT_EQ(prefill_metrics.find("tcp_only=\"true\""), std::string::npos)
+    // None over TCP (the series is exported at 0 from the start).
+    EXPECT_NE(
+        prefill_metrics.find("tandem_worker_kv_peer_connections_total{agent=\"ucx\","
+                             "transports=\"tcp\",tcp_only=\"true\"} 0\n"),
+        std::string::npos)
         << prefill_metrics;
   }
   TandemUp spec;

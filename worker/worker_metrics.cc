@@ -292,16 +292,28 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
       "KV transfer connections to peers by the transports that carry them, as the "
       "agent chose them per peer (ucx: e.g. sysv,posix,cma over shared memory, tcp, "
       "rc_mlx5); tcp_only=true: every lane is TCP."));
+  kv_peer_refused = OrDie(r->AddCounter(
+      "tandem_worker_kv_peer_refused_total",
+      "KV transfer peers refused (also counted in "
+      "tandem_worker_kv_peer_connections_total): connected over TCP only where "
+      "--kv_require_rdma forbids it; each refusal fails the request that tried."));
+  // The series a TCP-only connection and a refusal count in (every lane tcp),
+  // there from the start so that increase() sees the first one.
+  kv_peer_connections->Add(
+      {{"agent", "ucx"}, {"transports", "tcp"}, {"tcp_only", "true"}});
+  kv_peer_refused->Add({{"agent", "ucx"}, {"transports", "tcp"}});
 }
 
 void WorkerMetrics::CountKvPeerConnection(const std::string& agent,
-                                          const std::string& transports,
-                                          bool tcp_only) {
+                                          const std::string& transports, bool tcp_only,
+                                          bool refused) {
+  const std::string t = transports.empty() ? "unknown" : transports;
   kv_peer_connections
       ->Add({{"agent", agent},
-             {"transports", transports.empty() ? "unknown" : transports},
+             {"transports", t},
              {"tcp_only", tcp_only ? "true" : "false"}})
       .Increment();
+  if (refused) kv_peer_refused->Add({{"agent", agent}, {"transports", t}}).Increment();
 }
 
 void WorkerMetrics::SetKvTransport(const std::string& agent,

@@ -42,6 +42,9 @@
 //     Keyed by transports rather than by peer: agent ids are random per
 //     process, so a peer label would grow with every restart (the peer is in
 //     the "KV transfer peer connected" log line).
+//   tandem_worker_kv_peer_refused_total{agent=ucx, transports}: of those, the
+//     ones refused (TCP only where --kv_require_rdma forbids it): each failed
+//     the request that tried (alert TandemKVPeerRefused).
 #ifndef TANDEM_WORKER_WORKER_METRICS_H_
 #define TANDEM_WORKER_WORKER_METRICS_H_
 
@@ -68,10 +71,11 @@ class WorkerMetrics {
   // tandem_worker_kv_transport_info{agent, provider, rails} = 1 (once, at start;
   // kvtransfer::TransportInfo's fields).
   void SetKvTransport(const std::string& agent, const std::string& provider, int rails);
-  // tandem_worker_kv_peer_connections_total{agent, transports, tcp_only} += 1.
-  // Thread-safe (UCX calls it with its agent lock held).
+  // tandem_worker_kv_peer_connections_total{agent, transports, tcp_only} += 1,
+  // and tandem_worker_kv_peer_refused_total{agent, transports} += 1 when the
+  // connection was refused. Thread-safe (UCX calls it with its agent lock held).
   void CountKvPeerConnection(const std::string& agent, const std::string& transports,
-                             bool tcp_only);
+                             bool tcp_only, bool refused = false);
 
   metrics::Family<metrics::Counter>* requests;
   metrics::Histogram* ttft;
@@ -157,6 +161,7 @@ class WorkerMetrics {
   metrics::Gauge* gpu_memory_utilization;
   metrics::Family<metrics::Gauge>* kv_transport_info;
   metrics::Family<metrics::Counter>* kv_peer_connections;
+  metrics::Family<metrics::Counter>* kv_peer_refused;  // {agent, transports}
 
  private:
   absl::Mutex mu_;

@@ -26,20 +26,34 @@ TEST(WorkerMetricsTest, KvTransportInfoNamesWhatWasOpened) {
 TEST(WorkerMetricsTest, KvPeerConnectionsCountedByTransports) {
   metrics::Registry registry;
   WorkerMetrics m(&registry);
+  // Before any connection only the TCP-only and refused series are there, at
+  // 0 (so that an alert's increase() sees the first one).
   std::string text = metrics::SerializeText(registry.Collect());
-  EXPECT_EQ(text.find("tandem_worker_kv_peer_connections_total{"), std::string::npos)
+  EXPECT_NE(text.find("tandem_worker_kv_peer_connections_total{agent=\"ucx\","
+                      "transports=\"tcp\",tcp_only=\"true\"} 0\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("tcp_only=\"false\""), std::string::npos) << text;
+  EXPECT_NE(text.find("tandem_worker_kv_peer_refused_total{agent=\"ucx\","
+                      "transports=\"tcp\"} 0\n"),
+            std::string::npos)
       << text;
   m.CountKvPeerConnection("ucx", "sysv,posix,cma", false);
   m.CountKvPeerConnection("ucx", "sysv,posix,cma", false);
   m.CountKvPeerConnection("ucx", "tcp", true);
+  m.CountKvPeerConnection("ucx", "tcp", true, /*refused=*/true);
   m.CountKvPeerConnection("ucx", "", false);
   text = metrics::SerializeText(registry.Collect());
+  EXPECT_NE(text.find("tandem_worker_kv_peer_refused_total{agent=\"ucx\","
+                      "transports=\"tcp\"} 1\n"),
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("tandem_worker_kv_peer_connections_total{agent=\"ucx\","
                       "transports=\"sysv,posix,cma\",tcp_only=\"false\"} 2"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("tandem_worker_kv_peer_connections_total{agent=\"ucx\","
-                      "transports=\"tcp\",tcp_only=\"true\"} 1"),
+                      "transports=\"tcp\",tcp_only=\"true\"} 2"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("tandem_worker_kv_peer_connections_total{agent=\"ucx\","
