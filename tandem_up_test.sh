@@ -200,6 +200,14 @@ has prefill-0 --kv_transport=ucx --config "$TEST_TMPDIR/kv.yaml" --kv-transport 
 refused "--kv-transport must be" --kv-transport rdma
 refused "--kv-transport must be" --kv-transport libfabric:
 refused "--kv-progress-timeout must be" --kv-progress-timeout soon
+refused "--kv-progress-timeout must be" --kv-progress-timeout 0s
+has decode-0 --kv_progress_timeout=1m30s --kv-progress-timeout 1m30s
+has prefill-0 --kv_transport=libfabric:efa:auto --kv-transport libfabric:efa:auto
+refused "--kv-transport must be" --kv-transport libfabric:tcp:0
+# Pass-through values the workers would refuse are refused here too.
+has decode-0 --kv_transport=libfabric:shm --decode-arg=--kv_transport=libfabric:shm
+refused "--kv-transport must be" --prefill-arg=--kv_transport=rdma
+refused "--kv-progress-timeout must be" --decode-arg=--kv-progress-timeout=never
 # Prefix caching: the workers' default (on) unless --no-prefix-cache (also up.no_prefix_cache).
 lacks prefill-0 enable_prefix_caching
 lacks decode-0 enable_prefix_caching
