@@ -118,6 +118,12 @@ absl::Status Backend::Merge2x2(const float*, int64_t, int64_t, int64_t, int64_t,
   return NotImplemented(*this, Op::kMerge2x2);
 }
 
+absl::Status Backend::SampleTokens(const SampleArgs&) {
+  return absl::UnimplementedError(
+      absl::StrCat("token sampling on the device is not implemented by the ", name(),
+                   " backend (host backends sample with engine::Sampler)"));
+}
+
 absl::Status Backend::CausalConv1dSiluSlots(const float* x, int64_t ldx, const float* w,
                                             int64_t kernel, float* state_base,
                                             int64_t state_stride, const int32_t* slots,

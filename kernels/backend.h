@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "kernels/device.h"
+#include "kernels/sampling_args.h"
 
 namespace tandem::kernels {
 
@@ -364,6 +365,18 @@ class Backend {
   // ---- Integrity ----------------------------------------------------------------
   // XXH64 per chunk of a byte stream in device memory (ChunkHashArgs above).
   virtual absl::Status ChunkHashes(const ChunkHashArgs& args) = 0;
+
+  // ---- Token sampling (optional: device backends) ---------------------------
+  // Samples every row of args.logits where the logits are (kernels/sampling_args.h;
+  // the contract is engine::Sampler's: the same tokens for the same logits,
+  // parameters, history and seed). Every pointer is device memory; the row
+  // statuses and outputs are valid after Synchronize(). Host backends do not
+  // implement it (SupportsSampling() false, SampleTokens Unimplemented): the
+  // engine samples their logits in place with engine::Sampler, no copy needed.
+  // Not an Op: the model's forward never needs it, so no model fails to load
+  // for its absence.
+  virtual bool SupportsSampling() const { return false; }
+  virtual absl::Status SampleTokens(const SampleArgs& args);
 
   // ---- Vision tower (optional: the defaults return Unimplemented naming the op
   // and the backend, and such a backend answers Supports(op) = false) ----------

@@ -104,6 +104,8 @@ class GpuBackend final : public Backend {
                           const float* proj_w, const float* norm_w, float eps,
                           int64_t tokens, int64_t hidden, float* out) override;
   absl::Status ChunkHashes(const ChunkHashArgs& args) override;
+  bool SupportsSampling() const override { return true; }
+  absl::Status SampleTokens(const SampleArgs& args) override;
 
   // ---- For the op families' definitions ---------------------------------------
   // The compute stream's native handle (cudaStream_t / the emulator's stream).

@@ -1,0 +1,83 @@
+// The arguments of token sampling on a device (Backend::SampleTokens, and the
+// CUDA kernels behind it: kernels/cuda/sampling.h, whose comment holds the
+// design and the exactness contract). Plain C++ (no absl, no CUDA): nvcc
+// compiles it with the kernels, the engine fills it (engine/runtime:
+// DeviceSampler). Every pointer is device memory of the backend; scalars are
+// host values.
+#ifndef TANDEM_KERNELS_SAMPLING_ARGS_H_
+#define TANDEM_KERNELS_SAMPLING_ARGS_H_
+
+#include <cstdint>
+
+namespace tandem::kernels {
+
+// engine::kGreedyTemperature: below it a row is greedy.
+constexpr float kSamplingGreedyTemperature = 1e-5f;
+// engine::kMaxTopLogprobs.
+constexpr int kSamplingMaxTopLogprobs = 20;
+// Largest vocabulary one launch takes (shared memory holds 24 bytes per
+// 256-token chunk).
+constexpr int64_t kSamplingMaxVocab = int64_t{1} << 18;
+
+// One row's parameters (engine::SamplingParams plus the row's output position).
+struct SamplingRowParams {
+  float temperature = 0.0f;         // < kSamplingGreedyTemperature: greedy
+  float top_p = 1.0f;               // 1: off
+  float min_p = 0.0f;               // 0: off
+  float presence_penalty = 0.0f;    // output tokens
+  float frequency_penalty = 0.0f;   // output tokens, times the count
+  float repetition_penalty = 1.0f;  // prompt and output tokens
+  int32_t top_k = 0;                // 0 (or >= vocab): off
+  int32_t top_logprobs = 0;         // alternatives to report (<= top_n_stride)
+  int32_t logprobs = 0;             // nonzero: report the chosen token's logprob
+  int32_t has_seed = 0;             // random sampling needs a seed
+  uint64_t seed = 0;
+  int64_t position = 0;  // output position of the token (RNG counter)
+};
+
+enum SampleStatus : int32_t {
+  kSampleOk = 0,
+  kSampleBadLogits = 1,  // NaN or +inf after processing
+  kSampleAllMasked = 2,  // every token -inf
+  kSampleNoSeed = 3,     // random sampling without a seed
+};
+
+struct SampleArgs {
+  int32_t rows = 0;
+  int32_t vocab = 0;
+  // [rows, vocab] fp32, row-major. MODIFIED IN PLACE: suppression and penalties
+  // are applied to it (temperature is not).
+  float* logits = nullptr;
+  const SamplingRowParams* params = nullptr;  // [rows]
+  // Penalty history, CSR over rows (null offsets: no history). Entry e of row r
+  // (offsets[r] <= e < offsets[r+1]) is a DISTINCT token id with its output
+  // count (0 when only in the prompt) and whether the prompt holds it
+  // (engine::PenaltyState's prompt set and output counts, merged).
+  const int32_t* penalty_offsets = nullptr;  // [rows + 1]
+  const int32_t* penalty_tokens = nullptr;
+  const int32_t* penalty_output_counts = nullptr;
+  const uint8_t* penalty_in_prompt = nullptr;
+  // Suppressed ids (StopChecker::SuppressedTokens()), CSR over rows; may repeat.
+  const int32_t* suppress_offsets = nullptr;  // [rows + 1]
+  const int32_t* suppress_tokens = nullptr;
+  // Outputs.
+  int32_t* token_ids = nullptr;   // [rows]; -1 for a failed row
+  int32_t* row_status = nullptr;  // [rows] SampleStatus, or null
+  float* logprobs = nullptr;      // [rows] (rows with params.logprobs), or null
+  // [rows, top_n_stride]: alternatives most likely first; unused columns get id
+  // -1 and logprob -inf. Null when no row asks.
+  int32_t top_n_stride = 0;
+  int32_t* top_ids = nullptr;
+  float* top_logprobs = nullptr;
+  // Optional [rows, vocab]: the distribution the draw is cut from
+  // (engine::Sampler::Distribution; greedy rows one-hot), for speculative
+  // decoding. Null: not written.
+  float* probs = nullptr;
+  int32_t* error_word = nullptr;  // device_errors.h, first error wins
+  // Tests: take the exact sequential replay for every draw.
+  int32_t debug_exact_replay = 0;
+};
+
+}  // namespace tandem::kernels
+
+#endif  // TANDEM_KERNELS_SAMPLING_ARGS_H_
