@@ -13,22 +13,26 @@ namespace tandem::kernels::cuda {
 
 absl::Status GpuBackend::SampleTokens(const SampleArgs& args) {
   if (args.rows < 0 || args.vocab <= 0 || args.vocab > kSamplingMaxVocab) {
-    return InvalidArgument(name(), ": sample tokens: ", args.rows, " rows of vocabulary ",
-                           args.vocab, " (1 .. ", kSamplingMaxVocab, " tokens)");
+    return InvalidArgument(name(), ": sample tokens: ", args.rows,
+                           " rows of vocabulary ", args.vocab, " (1 .. ",
+                           kSamplingMaxVocab, " tokens)");
   }
   if (args.rows == 0) return absl::OkStatus();
   if (args.logits == nullptr || args.params == nullptr || args.token_ids == nullptr) {
-    return InvalidArgument(name(), ": sample tokens needs logits, params and token_ids");
+    return InvalidArgument(name(),
+                           ": sample tokens needs logits, params and token_ids");
   }
   if (args.top_n_stride < 0 || args.top_n_stride > kSamplingMaxTopLogprobs ||
-      (args.top_n_stride > 0 && (args.top_ids == nullptr || args.top_logprobs == nullptr))) {
+      (args.top_n_stride > 0 &&
+       (args.top_ids == nullptr || args.top_logprobs == nullptr))) {
     return InvalidArgument(name(), ": sample tokens: top_n_stride ", args.top_n_stride,
                            " (0 .. ", kSamplingMaxTopLogprobs,
                            ", with top_ids and top_logprobs when above 0)");
   }
   const size_t rows = static_cast<size_t>(args.rows);
   const size_t cells = rows * static_cast<size_t>(args.vocab);
-  TANDEM_RETURN_IF_ERROR(CheckResident(args.logits, cells * sizeof(float), "sample logits"));
+  TANDEM_RETURN_IF_ERROR(
+      CheckResident(args.logits, cells * sizeof(float), "sample logits"));
   TANDEM_RETURN_IF_ERROR(
       CheckResident(args.params, rows * sizeof(SamplingRowParams), "sample params"));
   TANDEM_RETURN_IF_ERROR(
@@ -51,8 +55,8 @@ absl::Status GpuBackend::SampleTokens(const SampleArgs& args) {
     TANDEM_RETURN_IF_ERROR(CheckResident(args.probs, cells * sizeof(float), "probs"));
   }
   if (args.penalty_offsets != nullptr) {
-    TANDEM_RETURN_IF_ERROR(CheckResident(args.penalty_offsets,
-                                         (rows + 1) * sizeof(int32_t), "penalty offsets"));
+    TANDEM_RETURN_IF_ERROR(CheckResident(
+        args.penalty_offsets, (rows + 1) * sizeof(int32_t), "penalty offsets"));
   }
   if (args.suppress_offsets != nullptr) {
     TANDEM_RETURN_IF_ERROR(CheckResident(
