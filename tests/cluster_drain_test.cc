@@ -28,9 +28,15 @@ using testing::ProcessCluster;
 using testing::StreamResult;
 
 // Long enough that decoding outlasts the server's 5 s shutdown grace (about
-// 13 s on a 2-core machine): without the drain, the stream would be cut there.
-constexpr int kLongTokens = 6000;
-const std::vector<std::string> kLongContext = {"--max_model_len=8192"};
+// 20 s on a 2-core machine, 8 s or more on a CI runner): without the drain,
+// the stream would be cut there.
+constexpr int kLongTokens = 10000;
+const std::vector<std::string> kLongContext = {"--max_model_len=12288"};
+// The bounded-drain test must still be streaming when the timeout and the
+// grace have passed (6 s), on any machine: a CI runner once decoded 6000
+// tokens within that. The stream is cut, so its length costs no test time.
+constexpr int kCutTokens = 120000;
+const std::vector<std::string> kCutContext = {"--max_model_len=131072"};
 
 TEST(ClusterDrainTest, SigtermFinishesRunningStreamsAndTakesNoNewRequests) {
   ProcessCluster c;
@@ -74,10 +80,10 @@ TEST(ClusterDrainTest, SigtermFinishesRunningStreamsAndTakesNoNewRequests) {
 
 TEST(ClusterDrainTest, DrainTimeoutBoundsTheWait) {
   ProcessCluster c;
-  std::vector<std::string> decode_flags = kLongContext;
+  std::vector<std::string> decode_flags = kCutContext;
   decode_flags.push_back("--drain_timeout_s=1");
-  ASSERT_EQ(c.Start({}, /*decode_slots=*/4, kLongContext, decode_flags), "");
-  tandem::v1::GenerateRequest long_req = MakeRequest(12, 7, kLongTokens, 0.0f);
+  ASSERT_EQ(c.Start({}, /*decode_slots=*/4, kCutContext, decode_flags), "");
+  tandem::v1::GenerateRequest long_req = MakeRequest(12, 7, kCutTokens, 0.0f);
   long_req.mutable_stop()->set_ignore_eos(true);
   absl::Time signalled = absl::InfiniteFuture();
   std::future<absl::StatusOr<int>> exited;
@@ -89,7 +95,7 @@ TEST(ClusterDrainTest, DrainTimeoutBoundsTheWait) {
                         [&c] { return c.decode().Wait(absl::Seconds(30)); });
   });
   EXPECT_FALSE(a.status.ok()) << "the stream was expected to be cut";
-  EXPECT_LT(a.tokens.size(), static_cast<size_t>(kLongTokens));
+  EXPECT_LT(a.tokens.size(), static_cast<size_t>(kCutTokens));
   ASSERT_TRUE(exited.valid());
   auto rc = exited.get();
   ASSERT_TRUE(rc.ok()) << rc.status() << c.Logs();
