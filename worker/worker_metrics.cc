@@ -97,6 +97,17 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
                            "Host time between back-to-back forwards (device idle): "
                            "scheduling, sampling, streaming."))
            ->Add({});
+  sampled_rows = OrDie(r->AddCounter(
+      "tandem_worker_sampled_rows_total",
+      "Rows (tokens) sampled, by where: device (the logits never left the GPU) or "
+      "host (copied back: a CPU backend, --device_sampling=false, or a step with "
+      "drafts or a structured-output constraint)."));
+  for (const char* where : {"device", "host"}) sampled_rows->Add({{"where", where}});
+  device_sampling_fallbacks =
+      &OrDie(r->AddCounter("tandem_worker_device_sampling_fallbacks_total",
+                           "Steps meant for device sampling that sampled on the host "
+                           "(device memory for the sampler's inputs ran out)."))
+           ->Add({});
   graph_steps = OrDie(r->AddCounter(
       "tandem_worker_cuda_graph_steps_total",
       "Forwards by mode: graph (a captured CUDA graph replayed) or eager."));
@@ -399,6 +410,12 @@ void WorkerMetrics::Update(const EngineLoopStats& s, absl::Time now) {
     host_gap_seconds->Increment(tm.host_gap_seconds - last_timing_.host_gap_seconds);
   }
   host_gap_fraction->Set(tm.host_gap_fraction());
+  bump(&sampled_rows->Add({{"where", "device"}}), tm.device_sampled_rows,
+       last_timing_.device_sampled_rows);
+  bump(&sampled_rows->Add({{"where", "host"}}), tm.host_sampled_rows,
+       last_timing_.host_sampled_rows);
+  bump(device_sampling_fallbacks, tm.device_sampling_fallbacks,
+       last_timing_.device_sampling_fallbacks);
   const engine::GraphStats& g = s.graphs;
   const engine::GraphStats& lg = last_graphs_;
   if (g.replays > lg.replays) {

@@ -103,6 +103,8 @@ class WorkerMetrics {
   metrics::Counter* forward_seconds;
   metrics::Counter* host_gap_seconds;
   metrics::Gauge* host_gap_fraction;
+  metrics::Family<metrics::Counter>* sampled_rows;  // where: device | host
+  metrics::Counter* device_sampling_fallbacks;
   // CUDA graphs of decode steps (engine::GraphStats, rank 0): forwards replayed
   // from a graph or run eagerly, captures and their time, rows added by padding
   // to a bucket, graphs held and their nodes.

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/logging.h"
 #include "common/route_hash.h"
 #include "common/status.h"
 #include "engine/runtime/draft_model_proposer.h"
@@ -135,6 +136,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     TANDEM_RETURN_IF_ERROR(e->AttachHostTier(options.prefix_caching.host_memory_bytes));
   }
   e->sampler_ = std::make_unique<engine::Sampler>(weights->config.text.vocab_size);
+  if (options.device_sampling && backend->SupportsSampling() &&
+      weights->config.text.vocab_size <= kernels::kSamplingMaxVocab) {
+    e->device_sampler_ =
+        std::make_unique<DeviceSampler>(backend, weights->config.text.vocab_size);
+  }
   {
     int threads = options.sampling_threads;
     if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
@@ -477,6 +483,8 @@ struct Engine::StepBatch {
   // plan.sequences) whose masks the mask pool fills during the forward.
   std::vector<size_t> mask_rows;
   std::shared_ptr<engine::MaskPool::Batch> mask_batch;
+  // The forward leaves the logits on the device, to be sampled there.
+  bool logits_on_device = false;
 };
 
 void Engine::StartMasks(StepBatch* batch) {
@@ -548,6 +556,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   // The constrained rows' masks are filled while the forward runs; they are
   // waited for before anything else (a failed forward included).
   StartMasks(&batch);
+  batch.logits_on_device = SamplesOnDevice(batch);
   const absl::Status forward = ForwardStep(batch);
   AwaitMasks(&batch);
   TANDEM_RETURN_IF_ERROR(forward);
@@ -742,7 +751,9 @@ absl::Status Engine::ForwardStep(const StepBatch& batch) {
     timing_.host_gap_seconds += gap;
     timing_.max_host_gap_seconds = std::max(timing_.max_host_gap_seconds, gap);
   }
-  const absl::Status forward = executor_->Forward(batch.inputs, &logits_);
+  const absl::Status forward = executor_->Forward(
+      batch.inputs, &logits_,
+      batch.logits_on_device ? LogitsPlacement::kDevice : LogitsPlacement::kHost);
   const absl::Time end = absl::Now();
   ++timing_.steps;
   timing_.forward_seconds += absl::ToDoubleSeconds(end - start);
@@ -957,11 +968,79 @@ std::vector<std::optional<absl::StatusOr<engine::SampleResult>>> Engine::Presamp
   return presampled;
 }
 
+bool Engine::SamplesOnDevice(const StepBatch& batch) const {
+  if (device_sampler_ == nullptr) return false;
+  bool any = false;
+  for (size_t i = 0; i < batch.plan.sequences.size(); ++i) {
+    if (!batch.plan.sequences[i].samples) continue;
+    if (!batch.proposals[i].tokens.empty() || batch.reqs[i]->constraint != nullptr) {
+      return false;
+    }
+    any = true;
+  }
+  return any;
+}
+
+absl::StatusOr<bool> Engine::SampleRowsOnDevice(
+    const StepBatch& batch,
+    std::vector<std::optional<absl::StatusOr<engine::SampleResult>>>* presampled) {
+  ModelRunner& runner = executor_->runner(0);
+  std::vector<DeviceSampler::Row> rows;
+  std::vector<size_t> seq;  // rows[k] is sequence seq[k]
+  for (size_t i = 0; i < batch.plan.sequences.size(); ++i) {
+    if (!batch.plan.sequences[i].samples) continue;
+    const Request* r = batch.reqs[i];
+    DeviceSampler::Row row;
+    row.params = &r->params;
+    row.history = &r->history;
+    row.suppressed_tokens = r->stop->SuppressedTokens();
+    row.position = r->num_generated();
+    rows.push_back(row);
+    seq.push_back(i);
+  }
+  if (runner.device_logits() == nullptr ||
+      runner.device_logits_rows() != static_cast<int64_t>(rows.size())) {
+    return Internal("device sampling: the forward left ", runner.device_logits_rows(),
+                    " rows of logits on the device for ", rows.size(),
+                    " sampling rows");
+  }
+  if (absl::Status st = device_sampler_->Prepare(rows); !st.ok()) {
+    // The logits are untouched: sample them on the host this step.
+    ++timing_.device_sampling_fallbacks;
+    const int64_t n = timing_.device_sampling_fallbacks;
+    if (n == 1 || n % 1000 == 0) {
+      TLOG(WARNING, "device sampling: a step samples on the host instead")
+          .Kv("rows", static_cast<int64_t>(rows.size()))
+          .Kv("fallbacks", n)
+          .Kv("error", st);
+    }
+    TANDEM_RETURN_IF_ERROR(runner.CopyDeviceLogits(&logits_));
+    return false;
+  }
+  TANDEM_RETURN_IF_ERROR(
+      device_sampler_->Run(runner.device_logits(), &device_results_));
+  for (size_t k = 0; k < seq.size(); ++k) {
+    (*presampled)[seq[k]] = std::move(device_results_[k]);
+  }
+  timing_.device_sampled_rows += static_cast<int64_t>(rows.size());
+  return true;
+}
+
 absl::Status Engine::SampleStep(StepBatch* batch, std::vector<RequestOutput>* outputs) {
   const int64_t V = weights_->config.text.vocab_size;
+  std::vector<std::optional<absl::StatusOr<engine::SampleResult>>> presampled;
+  bool on_device = false;
+  if (batch->logits_on_device) {
+    presampled.resize(batch->plan.sequences.size());
+    TANDEM_ASSIGN_OR_RETURN(on_device, SampleRowsOnDevice(*batch, &presampled));
+  }
+  if (!on_device) {
+    presampled = PresampleRows(*batch);
+    for (const engine::ScheduledSequence& ss : batch->plan.sequences) {
+      if (ss.samples) ++timing_.host_sampled_rows;
+    }
+  }
   const absl::Span<const float> logits = logits_;
-  std::vector<std::optional<absl::StatusOr<engine::SampleResult>>> presampled =
-      PresampleRows(*batch);
   int64_t row = 0;
   for (size_t i = 0; i < batch->plan.sequences.size(); ++i) {
     const engine::ScheduledSequence& ss = batch->plan.sequences[i];

@@ -62,6 +62,7 @@
 #include "engine/cache/cache_sizing.h"
 #include "engine/cache/host_tier.h"
 #include "engine/cache/prefix_events.h"
+#include "engine/runtime/device_sampler.h"
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/model_runner.h"
 #include "engine/runtime/tp_executor.h"
@@ -162,6 +163,12 @@ struct StepTimingStats {
   int64_t gaps = 0;             // gaps measured (back-to-back steps)
   double host_gap_seconds = 0;  // sum of gaps
   double max_host_gap_seconds = 0;
+  // Rows sampled on the device (their logits never copied back) and on the
+  // host; steps that meant to sample on the device and fell back to the host
+  // (device memory for the sampler's inputs ran out: the logits were copied).
+  int64_t device_sampled_rows = 0;
+  int64_t host_sampled_rows = 0;
+  int64_t device_sampling_fallbacks = 0;
   // Host gap as a fraction of the step (gap + forward), over the measured gaps.
   double host_gap_fraction() const {
     const double fwd = steps > 0 ? forward_seconds / steps : 0.0;
@@ -240,6 +247,11 @@ struct EngineOptions {
   // single-rank engine (no threads, no communicator).
   TpExecutorOptions tp;
   const model::Checkpoint* tp_checkpoint = nullptr;  // not owned; outlives the engine
+  // Sampling on the device ("Sampling on the device" below): a step whose rows
+  // all allow it is sampled where its logits are, when the backend samples on
+  // its device (Backend::SupportsSampling: cuda, cuda_sim); false: every row on
+  // the host, the logits copied back (the same tokens either way).
+  bool device_sampling = true;
   // A step's rows are sampled on this many threads (each row on its own: the
   // results do not depend on it). 0: one per hardware thread; 1: on the engine
   // thread. Full-vocabulary sampling costs 0.2-3 ms per row on a CPU core.
@@ -583,6 +595,16 @@ class Engine {
   absl::Status StoreSnapshots(const StepBatch& batch);
   std::vector<std::optional<absl::StatusOr<engine::SampleResult>>> PresampleRows(
       const StepBatch& batch);
+  // Whether the step's logits may stay on the device: a device sampler, at
+  // least one sampling row, and no row with drafts or a structured-output
+  // constraint (those are sampled on the host).
+  bool SamplesOnDevice(const StepBatch& batch) const;
+  // Samples every row of a SamplesOnDevice step on the device into
+  // *presampled; false (nothing sampled) when the sampler's inputs could not
+  // be prepared: the logits are then copied to logits_ for the host.
+  absl::StatusOr<bool> SampleRowsOnDevice(
+      const StepBatch& batch,
+      std::vector<std::optional<absl::StatusOr<engine::SampleResult>>>* presampled);
   absl::Status SampleStep(StepBatch* batch, std::vector<RequestOutput>* outputs);
   absl::Status FinishStep(const StepBatch& batch, std::vector<RequestOutput>* outputs);
   // Samples `r`'s next token from its `logits` row with `sampler` (scratch of
@@ -653,6 +675,10 @@ class Engine {
   std::unique_ptr<kernels::ThreadPool> sample_pool_;
   std::vector<std::unique_ptr<engine::Sampler>> row_samplers_;
   std::vector<float> logits_;  // the step's logits, reused (no per-step allocation)
+  // Sampling on the device: null where the backend cannot, or device_sampling
+  // is off.
+  std::unique_ptr<DeviceSampler> device_sampler_;
+  std::vector<absl::StatusOr<engine::SampleResult>> device_results_;
   absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_;
   // Reserved ids (Reserve) → their prompt's tokens; in the scheduler, not in
   // requests_ until AdmitReserved.

@@ -48,6 +48,9 @@ ABSL_FLAG(int32_t, block_size, 16, "MLA cache block size (tokens)");
 ABSL_FLAG(bool, enforce_eager, false,
           "No CUDA graphs: decode steps run eagerly (device backends capture one "
           "graph per batch-size bucket by default)");
+ABSL_FLAG(bool, device_sampling, true,
+          "Sample on the device where the backend can (cuda, cuda_sim); false: copy "
+          "the logits back and sample on the host (the same tokens)");
 ABSL_FLAG(std::string, kv_cache_memory, "",
           "Memory for the KV cache and KDA state, as the workers take it: bytes with a "
           "unit (8GiB, 512MiB) or a fraction of the available memory (0.2); empty: "
@@ -137,6 +140,7 @@ int main(int argc, char** argv) {
   eo.num_slots = 1;
   eo.block_size = absl::GetFlag(FLAGS_block_size);
   eo.enforce_eager = absl::GetFlag(FLAGS_enforce_eager);
+  eo.device_sampling = absl::GetFlag(FLAGS_device_sampling);
   eo.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
   eo.max_context_tokens =
       static_cast<int64_t>(ids.size()) + absl::GetFlag(FLAGS_max_tokens) + 1;
@@ -244,6 +248,11 @@ int main(int argc, char** argv) {
         static_cast<long long>(g.graph_nodes), static_cast<long long>(g.input_bytes),
         static_cast<long long>(g.capture_device_bytes),
         static_cast<long long>(g.replays), static_cast<long long>(g.eager_steps));
+    const tandem::engine::StepTimingStats& t = (*engine)->step_timing();
+    std::fprintf(stderr, "sampling: %lld rows on the device, %lld on the host%s\n",
+                 static_cast<long long>(t.device_sampled_rows),
+                 static_cast<long long>(t.host_sampled_rows),
+                 eo.device_sampling ? "" : " (--device_sampling=false)");
   }
   return 0;
 }

@@ -278,6 +278,110 @@ TEST_P(GpuEngine, SeededSamplingIsReproducible) {
   for (const auto& [id, tokens] : a) EXPECT_EQ(tokens.size(), 8u) << id;
 }
 
+// Sampling where the logits are (EngineOptions::device_sampling, the default on
+// a device backend): the same tokens and logprobs as sampling them on the host,
+// for greedy, seeded top-k / top-p / min-p, every penalty, logprobs with
+// alternatives, min_tokens (the EOS suppressed on the device); every row
+// of every step sampled on the device (nothing copied back), and none with
+// device_sampling off. With n-gram drafts the verification steps sample on the
+// host and the others on the device, still with the same tokens.
+struct SampledRun {
+  std::map<RequestId, std::vector<int32_t>> tokens;
+  std::map<RequestId, std::vector<float>> logprobs;
+  std::map<RequestId, std::vector<std::vector<int32_t>>> alternatives;
+  StepTimingStats timing;
+};
+
+SampledRun RunMixed(const std::string& backend, const EngineOptions& o) {
+  SampledRun run;
+  auto be = MakeBackend(backend.c_str());
+  auto weights = TinyWeightsOn(*be);
+  auto e = Engine::Create(weights.get(), be.get(), nullptr, o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  if (!e.ok()) return run;
+  std::vector<SamplingParams> params(6);
+  for (SamplingParams& p : params) {
+    p.max_tokens = 7;
+    p.ignore_eos = true;
+  }
+  params[1].temperature = 0.8f;
+  params[1].top_k = 30;
+  params[1].seed = 5;
+  params[2].temperature = 1.0f;
+  params[2].top_p = 0.9f;
+  params[2].min_p = 0.01f;
+  params[2].seed = 6;
+  params[2].logprobs = true;
+  params[2].top_logprobs = 4;
+  params[3].repetition_penalty = 1.5f;
+  params[3].presence_penalty = 0.5f;
+  params[3].frequency_penalty = 0.25f;
+  params[3].logprobs = true;
+  params[4].ignore_eos = false;  // EOS masked out for the first 5 tokens
+  params[4].min_tokens = 5;
+  params[4].temperature = 1.2f;
+  params[4].seed = 8;
+  params[5].repetition_penalty = 0.2f;  // loops over the prompt: n-gram drafts
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::vector<int32_t> phrase = MakePrompt(4 + i, 60 + i), prompt;
+    for (int r = 0; r < 3; ++r)
+      prompt.insert(prompt.end(), phrase.begin(), phrase.end());
+    EXPECT_TRUE((*e)->AddRequest(i, prompt, params[i]).ok());
+  }
+  for (int step = 0; (*e)->HasWork() && step < 500; ++step) {
+    auto res = (*e)->Step();
+    EXPECT_TRUE(res.ok()) << res.status();
+    if (!res.ok()) break;
+    for (const RequestOutput& r : *res) {
+      run.tokens[r.id].insert(run.tokens[r.id].end(), r.new_tokens.begin(),
+                              r.new_tokens.end());
+      for (const SampleResult& lp : r.logprobs) {
+        run.logprobs[r.id].push_back(lp.logprob);
+        std::vector<int32_t> alt;
+        for (const TopLogprob& t : lp.top) alt.push_back(t.token_id);
+        run.alternatives[r.id].push_back(alt);
+      }
+    }
+  }
+  run.timing = (*e)->step_timing();
+  return run;
+}
+
+TEST_P(GpuEngine, DeviceSamplingGivesTheHostSamplersTokens) {
+  EngineOptions on = Options();
+  EngineOptions off = Options();
+  off.device_sampling = false;
+  const SampledRun dev = RunMixed(GetParam(), on);
+  const SampledRun host = RunMixed(GetParam(), off);
+  ASSERT_EQ(dev.tokens.size(), 6u);
+  EXPECT_EQ(dev.tokens, host.tokens);
+  EXPECT_EQ(dev.alternatives, host.alternatives);
+  ASSERT_EQ(dev.logprobs.size(), 2u);
+  for (const auto& [id, lps] : host.logprobs) {
+    ASSERT_EQ(dev.logprobs.at(id).size(), lps.size()) << id;
+    for (size_t k = 0; k < lps.size(); ++k) {
+      EXPECT_NEAR(dev.logprobs.at(id)[k], lps[k], 1e-5) << id << "/" << k;
+    }
+  }
+  int64_t emitted = 0;
+  for (const auto& [id, t] : dev.tokens) emitted += t.size();
+  EXPECT_EQ(dev.timing.device_sampled_rows, emitted);
+  EXPECT_EQ(dev.timing.host_sampled_rows, 0);
+  EXPECT_EQ(dev.timing.device_sampling_fallbacks, 0);
+  EXPECT_EQ(host.timing.device_sampled_rows, 0);
+  EXPECT_EQ(host.timing.host_sampled_rows, emitted);
+
+  EngineOptions spec = Options();
+  spec.speculative.method = SpeculativeMethod::kNgram;
+  spec.speculative.num_speculative_tokens = 2;
+  spec.speculative.ngram.min_n = 1;
+  spec.speculative.ngram.max_n = 3;
+  const SampledRun mixed = RunMixed(GetParam(), spec);
+  EXPECT_EQ(mixed.tokens, host.tokens);
+  EXPECT_GT(mixed.timing.device_sampled_rows, 0);
+  EXPECT_GT(mixed.timing.host_sampled_rows, 0);
+}
+
 // The in-process hand-off (ExportState -> AddPrefilledRequest) across memories:
 // a GPU engine's exported ranges are device memory, copied out by its device;
 // a CPU engine's ranges land in a GPU engine's cache by host-to-device copies.

@@ -208,8 +208,35 @@ absl::Status ModelRunner::Validate(absl::Span<const SequenceInput> seqs) const {
   return absl::OkStatus();
 }
 
+absl::Status ModelRunner::CopyDeviceLogits(std::vector<float>* logits) const {
+  if (device_logits_ == nullptr) {
+    return FailedPrecondition("the last forward left no logits in device memory");
+  }
+  const int64_t cells = device_logits_rows_ * w_->config.text.vocab_size;
+  logits->resize(cells);
+  return device_->CopyToHost(logits->data(), device_logits_, cells * sizeof(float));
+}
+
+absl::Status ModelRunner::FinishLogits(float* dev_logits, int64_t rows,
+                                       std::vector<float>* logits,
+                                       LogitsPlacement placement) {
+  TANDEM_RETURN_IF_ERROR(backend_->Synchronize());  // a kernel's recorded error first
+  if (placement == LogitsPlacement::kDevice) {
+    logits->clear();
+    device_logits_ = dev_logits;
+    device_logits_rows_ = rows;
+    return absl::OkStatus();
+  }
+  return device_->CopyToHost(logits->data(), dev_logits,
+                             rows * w_->config.text.vocab_size * sizeof(float));
+}
+
 absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
-                                  std::vector<float>* logits) {
+                                  std::vector<float>* logits,
+                                  LogitsPlacement placement) {
+  device_logits_ = nullptr;
+  device_logits_rows_ = 0;
+  if (host_device_) placement = LogitsPlacement::kHost;
   TANDEM_RETURN_IF_ERROR(Validate(seqs));
   const int tp_size = comm_ != nullptr ? comm_->size() : 1;
   const int tp_rank = comm_ != nullptr ? comm_->rank() : 0;
@@ -245,7 +272,11 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
     n += q.tokens.size();
     num_logits += q.logits_indices.size();
   }
-  logits->assign(num_logits * V, 0.0f);
+  if (placement == LogitsPlacement::kHost) {
+    logits->assign(num_logits * V, 0.0f);
+  } else {
+    logits->clear();
+  }
   if (n == 0) return absl::OkStatus();
   // A decode or verification step on a device runs the decode kernels (KDA
   // recurrent, MLA absorbed, the bucket's split-KV plan), graph or not.
@@ -253,7 +284,7 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
   const bool overrides =
       std::any_of(seqs.begin(), seqs.end(),
                   [](const SequenceInput& q) { return !q.embedding_rows.empty(); });
-  if (!overrides && GraphEligible(seqs)) return GraphStep(seqs, logits);
+  if (!overrides && GraphEligible(seqs)) return GraphStep(seqs, logits, placement);
   ++graph_stats_.eager_steps;
 
   row_start_.resize(seqs.size() + 1);
@@ -280,9 +311,7 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
   float* dev_logits = S(logits_, num_logits * V);
   TANDEM_RETURN_IF_ERROR(scratch_status_);
   TANDEM_RETURN_IF_ERROR(Enqueue(seqs, bank_table, num_logits, dev_logits));
-  TANDEM_RETURN_IF_ERROR(backend_->Synchronize());  // a kernel's recorded error first
-  return device_->CopyToHost(logits->data(), dev_logits,
-                             num_logits * V * sizeof(float));
+  return FinishLogits(dev_logits, num_logits, logits, placement);
 }
 
 absl::StatusOr<const float* const*> ModelRunner::PrepareActivations(int64_t n) {
@@ -525,7 +554,8 @@ absl::Status ModelRunner::SizeForGraphs(int64_t w, int64_t stride) {
 }
 
 absl::Status ModelRunner::GraphStep(absl::Span<const SequenceInput> seqs,
-                                    std::vector<float>* logits) {
+                                    std::vector<float>* logits,
+                                    LogitsPlacement placement) {
   const int64_t V = w_->config.text.vocab_size;
   const int64_t bs = cache_->block_size();
   const int64_t b = static_cast<int64_t>(seqs.size());
@@ -645,8 +675,7 @@ absl::Status ModelRunner::GraphStep(absl::Span<const SequenceInput> seqs,
           .Kv("capture_device_bytes", graph_stats_.capture_device_bytes);
     }
   }
-  TANDEM_RETURN_IF_ERROR(backend_->Synchronize());  // a kernel's recorded error first
-  return device_->CopyToHost(logits->data(), dev_logits, b * w * V * sizeof(float));
+  return FinishLogits(dev_logits, b * w, logits, placement);
 }
 
 absl::Status ModelRunner::KdaLayer(const LayerWeights& lw,

@@ -117,6 +117,14 @@ using ActivationHook = std::function<void(const ActivationProbe&)>;
 // forward's thread and should return quickly.
 using LayerDoneHook = std::function<void(int layer)>;
 
+// Where Forward leaves the step's logits.
+enum class LogitsPlacement {
+  kHost,  // in the caller's vector (computed there in place on the host device)
+  // In the runner's device buffer (device_logits()), for sampling on the
+  // device: no copy back. On the host device this is kHost.
+  kDevice,
+};
+
 struct ModelRunnerOptions {
   MlaMode mla_mode = MlaMode::kAuto;
   // KDA form: chunked for T > 1 unless this is set (then recurrent always).
@@ -231,8 +239,17 @@ class ModelRunner {
   // Runs the batch. `logits` gets one row of vocab_size fp32 per requested index,
   // sequence after sequence, in the order of logits_indices. On error the state of
   // the batch's slots and cache rows is unspecified.
-  absl::Status Forward(absl::Span<const SequenceInput> seqs,
-                       std::vector<float>* logits);
+  // With LogitsPlacement::kDevice on a device backend the logits stay in device
+  // memory and `logits` is emptied: device_logits() holds them.
+  absl::Status Forward(absl::Span<const SequenceInput> seqs, std::vector<float>* logits,
+                       LogitsPlacement placement = LogitsPlacement::kHost);
+  // The last Forward's logits in device memory, [device_logits_rows(),
+  // vocab_size] fp32, when it ran with kDevice on a device backend (else null).
+  // Valid until the next Forward; sampling may modify them in place.
+  float* device_logits() const { return device_logits_; }
+  int64_t device_logits_rows() const { return device_logits_rows_; }
+  // Copies them to the host (a step whose sampling falls back to the host).
+  absl::Status CopyDeviceLogits(std::vector<float>* logits) const;
 
   void set_activation_hook(ActivationHook hook) { hook_ = std::move(hook); }
   void set_layer_done_hook(LayerDoneHook hook) { layer_done_ = std::move(hook); }
@@ -259,7 +276,11 @@ class ModelRunner {
   };
   bool GraphEligible(absl::Span<const SequenceInput> seqs) const;
   absl::Status GraphStep(absl::Span<const SequenceInput> seqs,
-                         std::vector<float>* logits);
+                         std::vector<float>* logits, LogitsPlacement placement);
+  // The end of a device step: the kernels' errors, then the logits copied back
+  // (kHost) or left where they are (kDevice).
+  absl::Status FinishLogits(float* dev_logits, int64_t rows, std::vector<float>* logits,
+                            LogitsPlacement placement);
   // The device work of a forward over row_start_.back() rows: no host copies
   // when fixed_ is set (the inputs are in fixed_'s buffer), so it can be captured.
   absl::Status Enqueue(absl::Span<const SequenceInput> seqs,
@@ -313,8 +334,10 @@ class ModelRunner {
   ActivationHook hook_;
   LayerDoneHook layer_done_;
 
-  kernels::Device* device_;  // the backend's
-  bool host_device_;         // device_ is the host: no uploads, logits in place
+  kernels::Device* device_;         // the backend's
+  bool host_device_;                // device_ is the host: no uploads, logits in place
+  float* device_logits_ = nullptr;  // the last kDevice Forward's (device_logits())
+  int64_t device_logits_rows_ = 0;
   absl::Status scratch_status_;
 
   // Host-side step data.

@@ -66,7 +66,7 @@ struct TpExecutor::Rank {
   int ordinal = 0;                               // the rank's GPU (device backends)
   std::unique_ptr<ModelRunner> runner;
   std::thread thread;         // ranks >= 1 of a TP group
-  std::vector<float> logits;  // ranks >= 1: their (identical) copy, unused
+  std::vector<float> logits;  // ranks >= 1: their copy on the host device, unused
 };
 
 struct TpExecutor::Shared {
@@ -229,7 +229,8 @@ absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::Create(
                                    ", fail_rank_at_step ", o.fail_rank_at_step, ")");
             break;
           }
-          absl::Status s = rk.runner->Forward(seqs, &rk.logits);
+          absl::Status s =
+              rk.runner->Forward(seqs, &rk.logits, LogitsPlacement::kDevice);
           absl::MutexLock l(&sh.mu);
           sh.done[r] = seen;
           sh.status[r] = std::move(s);
@@ -322,11 +323,12 @@ absl::Status TpExecutor::health() const {
 }
 
 absl::Status TpExecutor::Forward(absl::Span<const SequenceInput> seqs,
-                                 std::vector<float>* logits) {
+                                 std::vector<float>* logits,
+                                 LogitsPlacement placement) {
   if (!broken_.ok()) return Broken();
   const int n = tp_size();
   const int64_t step = ++steps_;
-  if (n == 1) return ranks_[0]->runner->Forward(seqs, logits);
+  if (n == 1) return ranks_[0]->runner->Forward(seqs, logits, placement);
   // Slot operations on this thread may have left another rank's GPU current.
   TANDEM_RETURN_IF_ERROR(CallerOnRank0());
   Shared& sh = *shared_;
@@ -335,7 +337,7 @@ absl::Status TpExecutor::Forward(absl::Span<const SequenceInput> seqs,
     sh.seqs = seqs;
     sh.step = step;
   }
-  const absl::Status s0 = ranks_[0]->runner->Forward(seqs, logits);
+  const absl::Status s0 = ranks_[0]->runner->Forward(seqs, logits, placement);
 
   // Every other rank: finished this step, or its thread ended. The bound covers
   // a rank that is still inside a collective when rank 0 left (at most one

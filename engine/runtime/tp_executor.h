@@ -106,9 +106,11 @@ class TpExecutor {
 
   int tp_size() const { return static_cast<int>(ranks_.size()); }
 
-  // One step on every rank; `logits` as ModelRunner::Forward.
-  absl::Status Forward(absl::Span<const SequenceInput> seqs,
-                       std::vector<float>* logits);
+  // One step on every rank; `logits` and `placement` as ModelRunner::Forward
+  // (rank 0's: with kDevice, runner(0).device_logits() holds them). Ranks 1..N-1
+  // keep theirs on their device: nothing is copied back for them.
+  absl::Status Forward(absl::Span<const SequenceInput> seqs, std::vector<float>* logits,
+                       LogitsPlacement placement = LogitsPlacement::kHost);
 
   absl::Status ResetSlot(int64_t slot);
   // Every rank's KDA state of the slot, rank after rank.

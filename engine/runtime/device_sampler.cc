@@ -1,0 +1,276 @@
+#include "engine/runtime/device_sampler.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "common/status.h"
+
+namespace tandem::engine {
+namespace {
+
+static_assert(kernels::kSamplingGreedyTemperature == kGreedyTemperature);
+static_assert(kernels::kSamplingMaxTopLogprobs == kMaxTopLogprobs);
+
+// Byte offsets of a packed buffer, each array aligned to 8 bytes.
+class Layout {
+ public:
+  template <typename T>
+  size_t Add(size_t count) {
+    size_t at = (bytes_ + 7) / 8 * 8;
+    bytes_ = at + count * sizeof(T);
+    return at;
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  size_t bytes_ = 0;
+};
+
+template <typename T>
+T* At(unsigned char* base, size_t offset) {
+  return reinterpret_cast<T*>(base + offset);
+}
+
+absl::Status RowError(int32_t status) {
+  switch (status) {
+    case kernels::kSampleBadLogits:
+      return InvalidArgument("logits contain NaN or +inf");
+    case kernels::kSampleAllMasked:
+      return InvalidArgument("every token is masked out (all logits -inf)");
+    case kernels::kSampleNoSeed:
+      return FailedPrecondition("random sampling needs a seed (draw one at admission)");
+    default:
+      return Internal("device sampling: unknown row status ", status);
+  }
+}
+
+}  // namespace
+
+DeviceSampler::DeviceSampler(kernels::Backend* backend, int64_t vocab_size)
+    : backend_(backend), vocab_(vocab_size) {}
+
+absl::Status DeviceSampler::Reserve(kernels::DeviceBuffer* buf, size_t bytes) {
+  if (buf->bytes() >= bytes) return absl::OkStatus();
+  const size_t want = std::max(bytes, 2 * buf->bytes());
+  buf->Reset();
+  absl::StatusOr<kernels::DeviceBuffer> b =
+      kernels::DeviceBuffer::Allocate(&backend_->device(), want);
+  if (!b.ok()) {
+    return absl::Status(b.status().code(), absl::StrCat("device sampling: ", want,
+                                                        " bytes of device memory: ",
+                                                        b.status().message()));
+  }
+  *buf = std::move(b).value();
+  return absl::OkStatus();
+}
+
+absl::Status DeviceSampler::Prepare(absl::Span<const Row> rows) {
+  if (args_.rows > 0) {
+    // A prepared step that never ran: its upload may still be queued, reading
+    // staging_ and writing in_, which this call reuses.
+    TANDEM_RETURN_IF_ERROR(backend_->Synchronize());
+  }
+  rows_.assign(rows.begin(), rows.end());
+  args_ = kernels::SampleArgs();
+  if (!backend_->SupportsSampling()) {
+    return FailedPrecondition("backend ", backend_->name(),
+                              " does not sample on its device");
+  }
+  if (vocab_ <= 0 || vocab_ > kernels::kSamplingMaxVocab) {
+    return InvalidArgument("device sampling: vocabulary of ", vocab_, " tokens (1 .. ",
+                           kernels::kSamplingMaxVocab, ")");
+  }
+  const size_t n = rows.size();
+  if (n == 0) return absl::OkStatus();
+
+  // Each row's penalty entries: distinct ids in the vocabulary, the prompt's
+  // first (ascending, so the upload does not depend on hash order), then
+  // output-only ones; and its suppressed ids in the vocabulary.
+  std::vector<int32_t> pen_offsets(n + 1, 0), sup_offsets(n + 1, 0);
+  std::vector<int32_t> pen_tokens, pen_counts, sup_tokens;
+  std::vector<uint8_t> pen_in_prompt;
+  int32_t top_n = 0;
+  struct Entry {
+    int32_t id;
+    int32_t count;
+    uint8_t in_prompt;
+  };
+  std::vector<Entry> entries;
+  auto in_vocab = [&](int32_t id) { return id >= 0 && id < vocab_; };
+  for (size_t i = 0; i < n; ++i) {
+    const Row& r = rows[i];
+    if (r.params == nullptr)
+      return InvalidArgument("device sampling: row ", i, " has no params");
+    const SamplingParams& p = *r.params;
+    if (p.logprobs) top_n = std::max(top_n, p.top_logprobs);
+    if (r.history != nullptr && p.HasPenalties()) {
+      const PenaltyState& hist = *r.history;
+      entries.clear();
+      for (int32_t id : hist.prompt_tokens()) {
+        if (!in_vocab(id)) continue;
+        auto it = hist.output_counts().find(id);
+        entries.push_back({id, it == hist.output_counts().end() ? 0 : it->second, 1});
+      }
+      for (const auto& [id, count] : hist.output_counts()) {
+        if (in_vocab(id) && !hist.prompt_tokens().contains(id)) {
+          entries.push_back({id, count, 0});
+        }
+      }
+      // Ids ascending: the upload does not depend on the hash tables' order.
+      std::sort(entries.begin(), entries.end(),
+                [](const Entry& a, const Entry& b) { return a.id < b.id; });
+      for (const Entry& e : entries) {
+        pen_tokens.push_back(e.id);
+        pen_counts.push_back(e.count);
+        pen_in_prompt.push_back(e.in_prompt);
+      }
+    }
+    pen_offsets[i + 1] = static_cast<int32_t>(pen_tokens.size());
+    for (int32_t id : r.suppressed_tokens) {
+      if (in_vocab(id)) sup_tokens.push_back(id);
+    }
+    sup_offsets[i + 1] = static_cast<int32_t>(sup_tokens.size());
+  }
+  if (top_n > kernels::kSamplingMaxTopLogprobs) {
+    return InvalidArgument("device sampling: top_logprobs ", top_n, " (at most ",
+                           kernels::kSamplingMaxTopLogprobs, ")");
+  }
+  const bool penalties = !pen_tokens.empty();
+  const bool suppress = !sup_tokens.empty();
+
+  Layout in;
+  const size_t o_params = in.Add<kernels::SamplingRowParams>(n);
+  size_t o_pen_off = 0, o_pen_tok = 0, o_pen_cnt = 0, o_pen_flag = 0;
+  if (penalties) {
+    o_pen_off = in.Add<int32_t>(n + 1);
+    o_pen_tok = in.Add<int32_t>(pen_tokens.size());
+    o_pen_cnt = in.Add<int32_t>(pen_counts.size());
+    o_pen_flag = in.Add<uint8_t>(pen_in_prompt.size());
+  }
+  size_t o_sup_off = 0, o_sup_tok = 0;
+  if (suppress) {
+    o_sup_off = in.Add<int32_t>(n + 1);
+    o_sup_tok = in.Add<int32_t>(sup_tokens.size());
+  }
+  Layout out;
+  off_tokens_ = out.Add<int32_t>(n);
+  off_status_ = out.Add<int32_t>(n);
+  off_logprobs_ = out.Add<float>(n);
+  off_top_ids_ = out.Add<int32_t>(n * top_n);
+  off_top_lps_ = out.Add<float>(n * top_n);
+  out_bytes_ = out.bytes();
+
+  TANDEM_RETURN_IF_ERROR(Reserve(&in_, in.bytes()));
+  TANDEM_RETURN_IF_ERROR(Reserve(&out_, out_bytes_));
+  staging_.assign(in.bytes(), 0);
+  unsigned char* h = staging_.data();
+  kernels::SamplingRowParams* params = At<kernels::SamplingRowParams>(h, o_params);
+  for (size_t i = 0; i < n; ++i) {
+    const SamplingParams& p = *rows[i].params;
+    kernels::SamplingRowParams q;
+    q.temperature = p.temperature;
+    q.top_p = p.top_p;
+    q.min_p = p.min_p;
+    q.presence_penalty = p.presence_penalty;
+    q.frequency_penalty = p.frequency_penalty;
+    q.repetition_penalty = p.repetition_penalty;
+    q.top_k = p.top_k;
+    q.logprobs = p.logprobs ? 1 : 0;
+    q.top_logprobs = p.logprobs ? p.top_logprobs : 0;
+    q.has_seed = p.seed.has_value() ? 1 : 0;
+    q.seed = p.seed.value_or(0);
+    q.position = rows[i].position;
+    params[i] = q;
+  }
+  if (penalties) {
+    std::memcpy(h + o_pen_off, pen_offsets.data(),
+                pen_offsets.size() * sizeof(int32_t));
+    std::memcpy(h + o_pen_tok, pen_tokens.data(), pen_tokens.size() * sizeof(int32_t));
+    std::memcpy(h + o_pen_cnt, pen_counts.data(), pen_counts.size() * sizeof(int32_t));
+    std::memcpy(h + o_pen_flag, pen_in_prompt.data(), pen_in_prompt.size());
+  }
+  if (suppress) {
+    std::memcpy(h + o_sup_off, sup_offsets.data(),
+                sup_offsets.size() * sizeof(int32_t));
+    std::memcpy(h + o_sup_tok, sup_tokens.data(), sup_tokens.size() * sizeof(int32_t));
+  }
+  TANDEM_RETURN_IF_ERROR(
+      backend_->device().CopyToDevice(in_.data(), staging_.data(), staging_.size()));
+
+  unsigned char* d = static_cast<unsigned char*>(in_.data());
+  unsigned char* o = static_cast<unsigned char*>(out_.data());
+  args_.rows = static_cast<int32_t>(n);
+  args_.vocab = static_cast<int32_t>(vocab_);
+  args_.params = At<kernels::SamplingRowParams>(d, o_params);
+  if (penalties) {
+    args_.penalty_offsets = At<int32_t>(d, o_pen_off);
+    args_.penalty_tokens = At<int32_t>(d, o_pen_tok);
+    args_.penalty_output_counts = At<int32_t>(d, o_pen_cnt);
+    args_.penalty_in_prompt = At<uint8_t>(d, o_pen_flag);
+  }
+  if (suppress) {
+    args_.suppress_offsets = At<int32_t>(d, o_sup_off);
+    args_.suppress_tokens = At<int32_t>(d, o_sup_tok);
+  }
+  args_.token_ids = At<int32_t>(o, off_tokens_);
+  args_.row_status = At<int32_t>(o, off_status_);
+  args_.logprobs = At<float>(o, off_logprobs_);
+  args_.top_n_stride = top_n;
+  if (top_n > 0) {
+    args_.top_ids = At<int32_t>(o, off_top_ids_);
+    args_.top_logprobs = At<float>(o, off_top_lps_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceSampler::Run(float* logits,
+                                std::vector<absl::StatusOr<SampleResult>>* results) {
+  const size_t n = rows_.size();
+  results->clear();
+  if (n == 0) return absl::OkStatus();
+  if (static_cast<size_t>(args_.rows) != n) {
+    return FailedPrecondition("device sampling: Run without a successful Prepare");
+  }
+  if (logits == nullptr) return InvalidArgument("device sampling: no logits");
+  args_.logits = logits;
+  TANDEM_RETURN_IF_ERROR(backend_->SampleTokens(args_));
+  TANDEM_RETURN_IF_ERROR(backend_->Synchronize());
+  results_.resize(out_bytes_);
+  TANDEM_RETURN_IF_ERROR(
+      backend_->device().CopyToHost(results_.data(), out_.data(), out_bytes_));
+  args_.rows = 0;  // one Run per Prepare
+  unsigned char* h = results_.data();
+  const int32_t* tokens = At<int32_t>(h, off_tokens_);
+  const int32_t* status = At<int32_t>(h, off_status_);
+  const float* logprobs = At<float>(h, off_logprobs_);
+  const int32_t top_n = args_.top_n_stride;
+  const int32_t* top_ids = At<int32_t>(h, off_top_ids_);
+  const float* top_lps = At<float>(h, off_top_lps_);
+  results->reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (status[i] != kernels::kSampleOk) {
+      results->push_back(RowError(status[i]));
+      continue;
+    }
+    if (tokens[i] < 0 || tokens[i] >= vocab_) {
+      return Internal("device sampling: row ", i, " chose token ", tokens[i],
+                      " outside the vocabulary of ", vocab_);
+    }
+    SampleResult res;
+    res.token_id = tokens[i];
+    const SamplingParams& p = *rows_[i].params;
+    if (p.logprobs) {
+      res.logprob = logprobs[i];
+      for (int32_t k = 0; k < p.top_logprobs && k < top_n; ++k) {
+        const int32_t id = top_ids[i * top_n + k];
+        if (id < 0) break;
+        res.top.push_back({id, top_lps[i * top_n + k]});
+      }
+    }
+    results->push_back(std::move(res));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::engine

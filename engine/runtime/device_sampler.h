@@ -1,0 +1,93 @@
+// Samples a step's rows on the backend's device (Backend::SampleTokens) from
+// logits the forward left there (LogitsPlacement::kDevice), so that a decode
+// step moves each row's parameters up and its chosen token back instead of
+// [rows, vocab] fp32 logits down (64 rows of K3's 163,840-token vocabulary:
+// 42 MB per step, against a few kilobytes).
+//
+// The result is engine::Sampler's for the same logits, parameters, history and
+// seed (the kernels' contract, kernels/cuda/sampling.h): the same token, the
+// same logprob and top-n alternatives, and the same per-row errors with the
+// host sampler's messages (NaN or +inf logits, every token masked out, random
+// sampling without a seed).
+//
+// One call: Prepare packs every row's SamplingRowParams, its penalty history
+// (only rows with penalties: each distinct prompt or output token once, with
+// its output count and whether the prompt holds it) and its suppressed tokens
+// (ids outside the vocabulary dropped, as the host sampler ignores them) into
+// one staging buffer and uploads it in one copy; Run launches the kernel on
+// the compute stream, after the forward, and brings the outputs (token, row
+// status, logprob, alternatives) back in one copy. The device buffers grow to
+// the largest step and are reused.
+//
+// Rows with a structured-output mask or speculative drafts are not taken here:
+// the engine samples those steps on the host (engine.h, "Sampling on the
+// device").
+//
+// Not thread-safe: the engine's thread owns it.
+#ifndef TANDEM_ENGINE_RUNTIME_DEVICE_SAMPLER_H_
+#define TANDEM_ENGINE_RUNTIME_DEVICE_SAMPLER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/sampling/penalty_state.h"
+#include "engine/sampling/sampler.h"
+#include "engine/sampling/sampling_params.h"
+#include "kernels/backend.h"
+#include "kernels/device.h"
+
+namespace tandem::engine {
+
+class DeviceSampler {
+ public:
+  // One logits row: what engine::SampleRequest holds, less the logits (on the
+  // device) and the structured-output mask (not taken here).
+  struct Row {
+    const SamplingParams* params = nullptr;  // not owned
+    const PenaltyState* history = nullptr;   // not owned; null = empty history
+    absl::Span<const int32_t> suppressed_tokens;
+    int64_t position = 0;  // output position of the token (the RNG counter)
+  };
+
+  // `backend` (not owned) must sample on its device (SupportsSampling()).
+  DeviceSampler(kernels::Backend* backend, int64_t vocab_size);
+
+  // Packs and uploads the rows' inputs. An error (bad parameters, device
+  // memory) leaves the logits untouched: the caller can still sample them on
+  // the host.
+  absl::Status Prepare(absl::Span<const Row> rows);
+  // Samples the prepared rows from `logits` ([rows, vocab] fp32 device memory,
+  // modified in place: penalties and suppression) and fills one result per row
+  // (a row's own error in its entry). The returned status is the call's: a
+  // device or kernel error.
+  absl::Status Run(float* logits, std::vector<absl::StatusOr<SampleResult>>* results);
+
+  // Device memory held (staging inputs and outputs).
+  int64_t device_bytes() const {
+    return static_cast<int64_t>(in_.bytes() + out_.bytes());
+  }
+
+ private:
+  // Grows *buf to at least `bytes` (doubling), on the backend's device.
+  absl::Status Reserve(kernels::DeviceBuffer* buf, size_t bytes);
+
+  kernels::Backend* backend_;  // not owned
+  int64_t vocab_;
+  kernels::DeviceBuffer in_, out_;
+  std::vector<unsigned char> staging_;  // host side of in_ (valid until Run syncs)
+  std::vector<unsigned char> results_;  // host side of out_
+  // The prepared step.
+  std::vector<Row> rows_;
+  kernels::SampleArgs args_;
+  size_t out_bytes_ = 0;
+  size_t off_tokens_ = 0, off_status_ = 0, off_logprobs_ = 0, off_top_ids_ = 0,
+         off_top_lps_ = 0;
+};
+
+}  // namespace tandem::engine
+
+#endif  // TANDEM_ENGINE_RUNTIME_DEVICE_SAMPLER_H_

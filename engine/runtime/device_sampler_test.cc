@@ -1,0 +1,253 @@
+// DeviceSampler on the emulated GPU (cuda_sim) against engine::Sampler, the
+// host sampler whose results it must reproduce: for the same logits, parameters,
+// penalty history, suppressed tokens and seed, the same token, logprob and
+// alternatives (bit-identical under the emulator, whose exp and log are the
+// host's: kernels/cuda/sampling.h, "Exactness"), and the same per-row errors
+// with the same messages. Also: the inputs it refuses, and a backend that does
+// not sample on its device.
+#include "engine/runtime/device_sampler.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "engine/sampling/penalty_state.h"
+#include "engine/sampling/sampler.h"
+#include "gtest/gtest.h"
+#include "kernels/backend_factory.h"
+#include "kernels/device.h"
+
+namespace tandem::engine {
+namespace {
+
+constexpr int kVocab = 777;  // not a multiple of the kernels' 256-token chunks
+
+std::unique_ptr<kernels::Backend> Sim() {
+  auto b = kernels::CreateBackend("cuda_sim");
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? std::move(b).value() : nullptr;
+}
+
+// Logits in device memory, and a copy on the host for the reference.
+struct DeviceLogits {
+  kernels::DeviceBuffer buf;
+  std::vector<float> host;
+};
+
+DeviceLogits Upload(kernels::Backend& be, const std::vector<float>& host) {
+  DeviceLogits d;
+  d.host = host;
+  auto b = kernels::DeviceBuffer::Allocate(&be.device(), host.size() * sizeof(float));
+  EXPECT_TRUE(b.ok()) << b.status();
+  d.buf = std::move(b).value();
+  EXPECT_TRUE(be.device()
+                  .CopyToDevice(d.buf.data(), host.data(), host.size() * sizeof(float))
+                  .ok());
+  return d;
+}
+
+std::vector<float> RandomLogits(int rows, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 2.5f);
+  std::vector<float> v(static_cast<size_t>(rows) * kVocab);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+TEST(DeviceSampler, RowsGiveTheHostSamplersTokensLogprobsAndAlternatives) {
+  auto be = Sim();
+  ASSERT_NE(be, nullptr);
+  ASSERT_TRUE(be->SupportsSampling());
+
+  // One row per feature, and rows that combine them.
+  std::vector<SamplingParams> params(8);
+  params[1].temperature = 0.7f;  // seeded, top-k
+  params[1].top_k = 40;
+  params[1].seed = 11;
+  params[2].temperature = 1.0f;  // seeded, top-p and min-p, logprobs
+  params[2].top_p = 0.85f;
+  params[2].min_p = 0.02f;
+  params[2].seed = 12;
+  params[2].logprobs = true;
+  params[3].repetition_penalty = 1.4f;  // greedy with every penalty
+  params[3].presence_penalty = 0.6f;
+  params[3].frequency_penalty = 0.35f;
+  params[4].temperature = 0.9f;  // seeded, penalties, logprobs with 5 alternatives
+  params[4].seed = 14;
+  params[4].repetition_penalty = 0.8f;
+  params[4].frequency_penalty = -0.4f;
+  params[4].logprobs = true;
+  params[4].top_logprobs = 5;
+  params[5].logprobs = true;  // greedy with 20 alternatives
+  params[5].top_logprobs = 20;
+  params[6].temperature = 1.3f;  // seeded, no truncation
+  params[6].seed = 16;
+  params[7].temperature = 0.5f;  // seeded, everything at once
+  params[7].top_k = 100;
+  params[7].top_p = 0.95f;
+  params[7].seed = 17;
+  params[7].presence_penalty = 1.0f;
+  params[7].logprobs = true;
+  params[7].top_logprobs = 3;
+
+  // Histories: prompt tokens, output tokens (some repeated, some also in the
+  // prompt), and ids outside the vocabulary (ignored by both samplers).
+  std::vector<PenaltyState> hist(params.size());
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int32_t> tok(0, kVocab - 1);
+  for (size_t r = 0; r < hist.size(); ++r) {
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 60; ++i) prompt.push_back(tok(rng));
+    prompt.push_back(kVocab + 5);
+    prompt.push_back(-3);
+    hist[r].AddPromptTokens(prompt);
+    for (int i = 0; i < 25; ++i)
+      hist[r].AddOutputToken(i % 3 == 0 ? prompt[i] : tok(rng));
+    hist[r].AddOutputToken(kVocab);
+  }
+  // Suppressed: a few ids (one repeated, one outside the vocabulary).
+  const std::vector<int32_t> suppressed = {7, 7, 400, kVocab + 1, -1};
+
+  const int rows = static_cast<int>(params.size());
+  DeviceLogits logits = Upload(*be, RandomLogits(rows, 9));
+  std::vector<DeviceSampler::Row> in(rows);
+  for (int r = 0; r < rows; ++r) {
+    in[r].params = &params[r];
+    in[r].history = &hist[r];
+    in[r].suppressed_tokens =
+        r % 2 == 0 ? absl::MakeConstSpan(suppressed) : absl::Span<const int32_t>();
+    in[r].position = 3 * r + 1;
+  }
+  DeviceSampler ds(be.get(), kVocab);
+  ASSERT_TRUE(ds.Prepare(in).ok());
+  std::vector<absl::StatusOr<SampleResult>> got;
+  absl::Status st = ds.Run(logits.buf.as<float>(), &got);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(got.size(), static_cast<size_t>(rows));
+  EXPECT_GT(ds.device_bytes(), 0);
+
+  Sampler cpu(kVocab);
+  for (int r = 0; r < rows; ++r) {
+    SampleRequest sr;
+    sr.logits = absl::MakeConstSpan(logits.host).subspan(r * kVocab, kVocab);
+    sr.params = &params[r];
+    sr.history = &hist[r];
+    sr.suppressed_tokens = in[r].suppressed_tokens;
+    sr.position = in[r].position;
+    absl::StatusOr<SampleResult> want = cpu.Sample(sr);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(got[r].ok()) << "row " << r << ": " << got[r].status();
+    EXPECT_EQ(got[r]->token_id, want->token_id) << "row " << r;
+    EXPECT_EQ(got[r]->logprob, want->logprob) << "row " << r;
+    ASSERT_EQ(got[r]->top.size(), want->top.size()) << "row " << r;
+    for (size_t k = 0; k < want->top.size(); ++k) {
+      EXPECT_EQ(got[r]->top[k].token_id, want->top[k].token_id) << r << "/" << k;
+      EXPECT_EQ(got[r]->top[k].logprob, want->top[k].logprob) << r << "/" << k;
+    }
+    if (r % 2 == 0) {
+      EXPECT_NE(got[r]->token_id, 7);
+      EXPECT_NE(got[r]->token_id, 400);
+    }
+  }
+
+  // The buffers are reused: a smaller second step on fresh logits.
+  DeviceLogits again = Upload(*be, RandomLogits(2, 10));
+  ASSERT_TRUE(ds.Prepare(absl::MakeConstSpan(in).subspan(0, 2)).ok());
+  ASSERT_TRUE(ds.Run(again.buf.as<float>(), &got).ok());
+  ASSERT_EQ(got.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    SampleRequest sr;
+    sr.logits = absl::MakeConstSpan(again.host).subspan(r * kVocab, kVocab);
+    sr.params = &params[r];
+    sr.history = &hist[r];
+    sr.suppressed_tokens = in[r].suppressed_tokens;
+    sr.position = in[r].position;
+    auto want = cpu.Sample(sr);
+    ASSERT_TRUE(want.ok() && got[r].ok());
+    EXPECT_EQ(got[r]->token_id, want->token_id) << "row " << r;
+  }
+}
+
+TEST(DeviceSampler, BadRowsFailAloneWithTheHostSamplersErrors) {
+  auto be = Sim();
+  ASSERT_NE(be, nullptr);
+  std::vector<float> host = RandomLogits(4, 21);
+  host[1 * kVocab + 50] = std::numeric_limits<float>::quiet_NaN();  // row 1: NaN
+  for (int i = 0; i < kVocab; ++i) {                                // row 2: all -inf
+    host[2 * kVocab + i] = -std::numeric_limits<float>::infinity();
+  }
+  DeviceLogits logits = Upload(*be, host);
+  std::vector<SamplingParams> params(4);
+  params[3].temperature = 1.0f;  // row 3: random without a seed
+  std::vector<DeviceSampler::Row> in(4);
+  for (int r = 0; r < 4; ++r) in[r].params = &params[r];
+  DeviceSampler ds(be.get(), kVocab);
+  ASSERT_TRUE(ds.Prepare(in).ok());
+  std::vector<absl::StatusOr<SampleResult>> got;
+  ASSERT_TRUE(ds.Run(logits.buf.as<float>(), &got).ok());
+  ASSERT_EQ(got.size(), 4u);
+  Sampler cpu(kVocab);
+  for (int r = 0; r < 4; ++r) {
+    SampleRequest sr;
+    sr.logits = absl::MakeConstSpan(host).subspan(r * kVocab, kVocab);
+    sr.params = &params[r];
+    absl::StatusOr<SampleResult> want = cpu.Sample(sr);
+    EXPECT_EQ(got[r].ok(), want.ok()) << "row " << r;
+    if (want.ok()) {
+      EXPECT_EQ(got[r]->token_id, want->token_id) << "row " << r;
+    } else {
+      EXPECT_EQ(got[r].status(), want.status()) << "row " << r;
+    }
+  }
+  EXPECT_TRUE(got[0].ok());
+  EXPECT_EQ(got[1].status().message(), "logits contain NaN or +inf");
+  EXPECT_EQ(got[2].status().message(), "every token is masked out (all logits -inf)");
+  EXPECT_TRUE(absl::IsFailedPrecondition(got[3].status())) << got[3].status();
+}
+
+TEST(DeviceSampler, RefusesWhatItCannotSample) {
+  auto be = Sim();
+  ASSERT_NE(be, nullptr);
+  DeviceSampler ds(be.get(), kVocab);
+  std::vector<absl::StatusOr<SampleResult>> got;
+  // Run before any Prepare (rows were never packed).
+  SamplingParams p;
+  DeviceSampler::Row row;
+  row.params = &p;
+  DeviceLogits logits = Upload(*be, RandomLogits(1, 1));
+  // A row without parameters, and too many alternatives.
+  DeviceSampler::Row none;
+  absl::Status st = ds.Prepare({&none, 1});
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_TRUE(absl::IsFailedPrecondition(ds.Run(logits.buf.as<float>(), &got)));
+  SamplingParams many;
+  many.logprobs = true;
+  many.top_logprobs = 21;
+  DeviceSampler::Row big;
+  big.params = &many;
+  st = ds.Prepare({&big, 1});
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_NE(st.message().find("top_logprobs 21"), std::string::npos) << st;
+  // No logits.
+  ASSERT_TRUE(ds.Prepare({&row, 1}).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(ds.Run(nullptr, &got)));
+  // One Run per Prepare.
+  ASSERT_TRUE(ds.Prepare({&row, 1}).ok());
+  ASSERT_TRUE(ds.Run(logits.buf.as<float>(), &got).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(ds.Run(logits.buf.as<float>(), &got)));
+  // A vocabulary larger than one launch takes.
+  DeviceSampler huge(be.get(), kernels::kSamplingMaxVocab + 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(huge.Prepare({&row, 1})));
+  // A host backend samples its logits in place on the host instead.
+  auto cpu = kernels::CreateBackend("cpu");
+  ASSERT_TRUE(cpu.ok());
+  DeviceSampler on_host(cpu->get(), kVocab);
+  st = on_host.Prepare({&row, 1});
+  EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
+  EXPECT_NE(st.message().find("does not sample on its device"), std::string::npos)
+      << st;
+}
+
+}  // namespace
+}  // namespace tandem::engine
