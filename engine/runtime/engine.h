@@ -247,10 +247,13 @@ struct EngineOptions {
   // single-rank engine (no threads, no communicator).
   TpExecutorOptions tp;
   const model::Checkpoint* tp_checkpoint = nullptr;  // not owned; outlives the engine
-  // Sampling on the device ("Sampling on the device" below): a step whose rows
-  // all allow it is sampled where its logits are, when the backend samples on
-  // its device (Backend::SupportsSampling: cuda, cuda_sim); false: every row on
-  // the host, the logits copied back (the same tokens either way).
+  // Sampling on the device: when the backend samples on its device
+  // (Backend::SupportsSampling: cuda, cuda_sim), a step whose sampling rows have
+  // no drafts and no structured-output constraint keeps its logits in device
+  // memory and samples them there (DeviceSampler; only the chosen ids and
+  // logprobs come back); other steps copy the logits back and sample on the
+  // host. false: every step on the host. The same tokens either way
+  // (docs/ARCHITECTURE.md, "Sampling on the device").
   bool device_sampling = true;
   // A step's rows are sampled on this many threads (each row on its own: the
   // results do not depend on it). 0: one per hardware thread; 1: on the engine

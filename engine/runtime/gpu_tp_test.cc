@@ -192,6 +192,61 @@ TEST_P(GpuTp, Tp2MatchesTp1) {
   EXPECT_GT(two->comm_stats().calls, 0);
 }
 
+// The TP 2 engine samples where rank 0's logits are (every rank holds the full
+// logits after the all-gather; only rank 0's are sampled, and no rank copies
+// its logits back): the same tokens as copying them back to the host sampler,
+// greedy and seeded, every row on the device.
+TEST_P(GpuTp, Tp2EngineSamplesOnRank0sDevice) {
+  if (MaxRanks(GetParam()) < 2) {
+    GTEST_SKIP() << "TP 2 on " << GetParam() << " needs 2 GPUs, " << VisibleGpus()
+                 << " visible";
+  }
+  auto run = [&](bool device_sampling, StepTimingStats* timing) {
+    EngineOptions o;
+    o.num_slots = 2;
+    o.max_context_tokens = 64;
+    o.max_tokens_per_step = 32;
+    o.device_sampling = device_sampling;
+    o.tp.tp_size = 2;
+    o.tp.backend = GetParam();
+    o.tp.threads_per_rank = 1;
+    o.tp.timeout = absl::Seconds(20);
+    o.tp_checkpoint = &Tiny();
+    std::vector<std::vector<int32_t>> out(2);
+    auto e = Engine::Create(nullptr, nullptr, nullptr, o);
+    EXPECT_TRUE(e.ok()) << e.status();
+    if (!e.ok()) return out;
+    SamplingParams greedy, seeded;
+    greedy.max_tokens = seeded.max_tokens = 4;
+    greedy.ignore_eos = seeded.ignore_eos = true;
+    seeded.temperature = 0.9f;
+    seeded.top_k = 20;
+    seeded.seed = 77;
+    EXPECT_TRUE((*e)->AddRequest(0, Prompts()[0], greedy).ok());
+    EXPECT_TRUE((*e)->AddRequest(1, Prompts()[1], seeded).ok());
+    for (int step = 0; (*e)->HasWork() && step < 100; ++step) {
+      auto res = (*e)->Step();
+      EXPECT_TRUE(res.ok()) << res.status();
+      if (!res.ok()) break;
+      for (const RequestOutput& r : *res) {
+        out[r.id].insert(out[r.id].end(), r.new_tokens.begin(), r.new_tokens.end());
+      }
+    }
+    *timing = (*e)->step_timing();
+    return out;
+  };
+  StepTimingStats on, off;
+  const auto dev = run(true, &on);
+  const auto host = run(false, &off);
+  ASSERT_EQ(dev[0].size(), 4u);
+  ASSERT_EQ(dev[1].size(), 4u);
+  EXPECT_EQ(dev, host);
+  EXPECT_EQ(on.device_sampled_rows, 8);
+  EXPECT_EQ(on.host_sampled_rows, 0);
+  EXPECT_EQ(off.device_sampled_rows, 0);
+  EXPECT_EQ(off.host_sampled_rows, 8);
+}
+
 // Rank 1 stops at its third Forward: that Forward fails within the
 // communicator timeout (plus the executor's slack) naming rank 1, and every
 // later call fails at once.
