@@ -31,15 +31,19 @@ struct SamplingRowParams {
   int32_t top_logprobs = 0;         // alternatives to report (<= top_n_stride)
   int32_t logprobs = 0;             // nonzero: report the chosen token's logprob
   int32_t has_seed = 0;             // random sampling needs a seed
+  // Structured output: the row's allowed-token mask, a row of
+  // SampleArgs::allowed_bitmask; -1: no mask.
+  int32_t mask_row = -1;
   uint64_t seed = 0;
   int64_t position = 0;  // output position of the token (RNG counter)
 };
 
 enum SampleStatus : int32_t {
   kSampleOk = 0,
-  kSampleBadLogits = 1,  // NaN or +inf after processing
-  kSampleAllMasked = 2,  // every token -inf
-  kSampleNoSeed = 3,     // random sampling without a seed
+  kSampleBadLogits = 1,       // NaN or +inf after processing
+  kSampleAllMasked = 2,       // every token -inf
+  kSampleNoSeed = 3,          // random sampling without a seed
+  kSampleNoAllowedToken = 4,  // the row's mask (and suppression) left no token
 };
 
 struct SampleArgs {
@@ -57,6 +61,14 @@ struct SampleArgs {
   const int32_t* penalty_tokens = nullptr;
   const int32_t* penalty_output_counts = nullptr;
   const uint8_t* penalty_in_prompt = nullptr;
+  // Structured-output masks (engine::SampleRequest::allowed_bitmask's layout:
+  // bit i % 32 of word i / 32 set = token i allowed), [mask_count, mask_words]
+  // with mask_words * 32 >= vocab; a row with params.mask_row >= 0 may choose
+  // only its mask's tokens (applied before everything else, as on the CPU).
+  // Null: no row is masked.
+  const uint32_t* allowed_bitmask = nullptr;
+  int32_t mask_words = 0;
+  int32_t mask_count = 0;
   // Suppressed ids (StopChecker::SuppressedTokens()), CSR over rows; may repeat.
   const int32_t* suppress_offsets = nullptr;  // [rows + 1]
   const int32_t* suppress_tokens = nullptr;

@@ -64,12 +64,13 @@ ABSL_FLAG(int64_t, max_tokens_per_step, 256, "Engine token budget per step.");
 ABSL_FLAG(bool, enforce_eager, false,
           "Run every step eagerly: no CUDA graphs for decode steps (by default a "
           "device backend captures one per batch-size bucket and replays it).");
-ABSL_FLAG(bool, device_sampling, true,
-          "Sample tokens on the device where the backend can (cuda, cuda_sim): the "
-          "logits stay in GPU memory and only the chosen tokens come back. Steps "
-          "with drafts or a structured-output constraint sample on the host. false: "
-          "every step copies its logits back and samples on the host (the same "
-          "tokens).");
+ABSL_FLAG(
+    bool, device_sampling, true,
+    "Sample tokens on the device where the backend can (cuda, cuda_sim): the "
+    "logits stay in GPU memory and only the chosen tokens come back (structured-"
+    "output masks go up). Steps with speculative drafts sample on the host. false: "
+    "every step copies its logits back and samples on the host (the same "
+    "tokens).");
 ABSL_FLAG(int, tp, 1,
           "Tensor-parallel size: ranks run as threads of this process, one cache "
           "shard each, all registered with the one UCX agent. Prefill and decode "

@@ -101,7 +101,7 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
       "tandem_worker_sampled_rows_total",
       "Rows (tokens) sampled, by where: device (the logits never left the GPU) or "
       "host (copied back: a CPU backend, --device_sampling=false, or a step with "
-      "drafts or a structured-output constraint)."));
+      "speculative drafts)."));
   for (const char* where : {"device", "host"}) sampled_rows->Add({{"where", where}});
   device_sampling_fallbacks =
       &OrDie(r->AddCounter("tandem_worker_device_sampling_fallbacks_total",

@@ -40,6 +40,9 @@ absl::Status RowError(int32_t status) {
       return InvalidArgument("every token is masked out (all logits -inf)");
     case kernels::kSampleNoSeed:
       return FailedPrecondition("random sampling needs a seed (draw one at admission)");
+    case kernels::kSampleNoAllowedToken:
+      return FailedPrecondition(
+          "structured output: the constraint allows no next token");
     default:
       return Internal("device sampling: unknown row status ", status);
   }
@@ -132,6 +135,17 @@ absl::Status DeviceSampler::Prepare(absl::Span<const Row> rows) {
     }
     sup_offsets[i + 1] = static_cast<int32_t>(sup_tokens.size());
   }
+  const int64_t mask_words = (vocab_ + 31) / 32;
+  int32_t masks = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const absl::Span<const uint32_t> m = rows[i].allowed_bitmask;
+    if (m.empty()) continue;
+    if (static_cast<int64_t>(m.size()) < mask_words) {
+      return InvalidArgument("device sampling: row ", i, "'s token bitmask has ",
+                             m.size(), " words, the vocabulary needs ", mask_words);
+    }
+    ++masks;
+  }
   if (top_n > kernels::kSamplingMaxTopLogprobs) {
     return InvalidArgument("device sampling: top_logprobs ", top_n, " (at most ",
                            kernels::kSamplingMaxTopLogprobs, ")");
@@ -153,6 +167,7 @@ absl::Status DeviceSampler::Prepare(absl::Span<const Row> rows) {
     o_sup_off = in.Add<int32_t>(n + 1);
     o_sup_tok = in.Add<int32_t>(sup_tokens.size());
   }
+  const size_t o_masks = masks > 0 ? in.Add<uint32_t>(masks * mask_words) : 0;
   Layout out;
   off_tokens_ = out.Add<int32_t>(n);
   off_status_ = out.Add<int32_t>(n);
@@ -166,9 +181,15 @@ absl::Status DeviceSampler::Prepare(absl::Span<const Row> rows) {
   staging_.assign(in.bytes(), 0);
   unsigned char* h = staging_.data();
   kernels::SamplingRowParams* params = At<kernels::SamplingRowParams>(h, o_params);
+  int32_t mask_row = 0;
   for (size_t i = 0; i < n; ++i) {
     const SamplingParams& p = *rows[i].params;
     kernels::SamplingRowParams q;
+    if (!rows[i].allowed_bitmask.empty()) {
+      std::memcpy(h + o_masks + mask_row * mask_words * sizeof(uint32_t),
+                  rows[i].allowed_bitmask.data(), mask_words * sizeof(uint32_t));
+      q.mask_row = mask_row++;
+    }
     q.temperature = p.temperature;
     q.top_p = p.top_p;
     q.min_p = p.min_p;
@@ -208,6 +229,11 @@ absl::Status DeviceSampler::Prepare(absl::Span<const Row> rows) {
     args_.penalty_tokens = At<int32_t>(d, o_pen_tok);
     args_.penalty_output_counts = At<int32_t>(d, o_pen_cnt);
     args_.penalty_in_prompt = At<uint8_t>(d, o_pen_flag);
+  }
+  if (masks > 0) {
+    args_.allowed_bitmask = At<uint32_t>(d, o_masks);
+    args_.mask_words = static_cast<int32_t>(mask_words);
+    args_.mask_count = masks;
   }
   if (suppress) {
     args_.suppress_offsets = At<int32_t>(d, o_sup_off);

@@ -13,15 +13,15 @@
 // One call: Prepare packs every row's SamplingRowParams, its penalty history
 // (only rows with penalties: each distinct prompt or output token once, with
 // its output count and whether the prompt holds it) and its suppressed tokens
-// (ids outside the vocabulary dropped, as the host sampler ignores them) into
-// one staging buffer and uploads it in one copy; Run launches the kernel on
+// (ids outside the vocabulary dropped, as the host sampler ignores them) and
+// the structured-output masks of the rows that have one (vocab / 32 words
+// each) into one staging buffer and uploads it in one copy; Run launches the kernel on
 // the compute stream, after the forward, and brings the outputs (token, row
 // status, logprob, alternatives) back in one copy. The device buffers grow to
 // the largest step and are reused.
 //
-// Rows with a structured-output mask or speculative drafts are not taken here:
-// the engine samples those steps on the host (engine.h, "Sampling on the
-// device").
+// Steps with speculative drafts are not taken here (verification is host
+// code): the engine samples those on the host.
 //
 // Not thread-safe: the engine's thread owns it.
 #ifndef TANDEM_ENGINE_RUNTIME_DEVICE_SAMPLER_H_
@@ -45,11 +45,14 @@ namespace tandem::engine {
 class DeviceSampler {
  public:
   // One logits row: what engine::SampleRequest holds, less the logits (on the
-  // device) and the structured-output mask (not taken here).
+  // device).
   struct Row {
     const SamplingParams* params = nullptr;  // not owned
     const PenaltyState* history = nullptr;   // not owned; null = empty history
     absl::Span<const int32_t> suppressed_tokens;
+    // Structured output: SampleRequest::allowed_bitmask (at least vocab bits);
+    // empty: no mask. Must stay valid until Prepare returns.
+    absl::Span<const uint32_t> allowed_bitmask;
     int64_t position = 0;  // output position of the token (the RNG counter)
   };
 

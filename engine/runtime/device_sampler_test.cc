@@ -4,8 +4,8 @@
 // penalty history, suppressed tokens and seed, the same token, logprob and
 // alternatives (bit-identical under the emulator, whose exp and log are the
 // host's: kernels/cuda/sampling.h, "Exactness"), and the same per-row errors
-// with the same messages. Also: the inputs it refuses, and a backend that does
-// not sample on its device.
+// with the same messages, structured-output masks included. Also: the inputs it
+// refuses, and a backend that does not sample on its device.
 #include "engine/runtime/device_sampler.h"
 
 #include <cmath>
@@ -135,12 +135,22 @@ TEST_P(DeviceSamplerTest, RowsGiveTheHostSamplersTokensLogprobsAndAlternatives) 
 
   const int rows = static_cast<int>(params.size());
   DeviceLogits logits = Upload(*be, RandomLogits(rows, 9));
+  // Structured-output masks on rows 1 (sampled) and 5 (greedy, alternatives):
+  // every third word allowed, and in the others a few scattered bits.
+  std::vector<std::vector<uint32_t>> masks(rows);
+  for (int r : {1, 5}) {
+    masks[r].assign((kVocab + 31) / 32, 0u);
+    for (size_t w = 0; w < masks[r].size(); ++w) {
+      masks[r][w] = w % 3 == 0 ? ~0u : (0x01010101u << (w % 8));
+    }
+  }
   std::vector<DeviceSampler::Row> in(rows);
   for (int r = 0; r < rows; ++r) {
     in[r].params = &params[r];
     in[r].history = &hist[r];
     in[r].suppressed_tokens =
         r % 2 == 0 ? absl::MakeConstSpan(suppressed) : absl::Span<const int32_t>();
+    in[r].allowed_bitmask = masks[r];
     in[r].position = 3 * r + 1;
   }
   DeviceSampler ds(be.get(), kVocab);
@@ -158,9 +168,15 @@ TEST_P(DeviceSamplerTest, RowsGiveTheHostSamplersTokensLogprobsAndAlternatives) 
     sr.params = &params[r];
     sr.history = &hist[r];
     sr.suppressed_tokens = in[r].suppressed_tokens;
+    sr.allowed_bitmask = masks[r];
     sr.position = in[r].position;
     absl::StatusOr<SampleResult> want = cpu.Sample(sr);
     ASSERT_TRUE(want.ok()) << want.status();
+    if (!masks[r].empty()) {
+      const int32_t t = got[r].ok() ? got[r]->token_id : 0;
+      EXPECT_NE((masks[r][t >> 5] >> (t & 31)) & 1u, 0u)
+          << "row " << r << " token " << t;
+    }
     ASSERT_TRUE(got[r].ok()) << "row " << r << ": " << got[r].status();
     EXPECT_EQ(got[r]->token_id, want->token_id) << "row " << r;
     ExpectLogprob(got[r]->logprob, want->logprob, "row " + std::to_string(r));
@@ -187,6 +203,7 @@ TEST_P(DeviceSamplerTest, RowsGiveTheHostSamplersTokensLogprobsAndAlternatives) 
     sr.params = &params[r];
     sr.history = &hist[r];
     sr.suppressed_tokens = in[r].suppressed_tokens;
+    sr.allowed_bitmask = masks[r];
     sr.position = in[r].position;
     auto want = cpu.Sample(sr);
     ASSERT_TRUE(want.ok() && got[r].ok());
@@ -202,21 +219,30 @@ TEST_P(DeviceSamplerTest, BadRowsFailAloneWithTheHostSamplersErrors) {
   for (int i = 0; i < kVocab; ++i) {                                // row 2: all -inf
     host[2 * kVocab + i] = -std::numeric_limits<float>::infinity();
   }
+  host.resize(5 * kVocab, 1.0f);
   DeviceLogits logits = Upload(*be, host);
-  std::vector<SamplingParams> params(4);
+  std::vector<SamplingParams> params(5);
   params[3].temperature = 1.0f;  // row 3: random without a seed
-  std::vector<DeviceSampler::Row> in(4);
-  for (int r = 0; r < 4; ++r) in[r].params = &params[r];
+  std::vector<DeviceSampler::Row> in(5);
+  for (int r = 0; r < 5; ++r) in[r].params = &params[r];
+  // Row 4: a mask whose one allowed token is suppressed.
+  std::vector<uint32_t> mask((kVocab + 31) / 32, 0u);
+  mask[2] = 1u;  // token 64
+  const std::vector<int32_t> suppress64 = {64};
+  in[4].allowed_bitmask = mask;
+  in[4].suppressed_tokens = suppress64;
   DeviceSampler ds(be.get(), kVocab);
   ASSERT_TRUE(ds.Prepare(in).ok());
   std::vector<absl::StatusOr<SampleResult>> got;
   ASSERT_TRUE(ds.Run(logits.buf.as<float>(), &got).ok());
-  ASSERT_EQ(got.size(), 4u);
+  ASSERT_EQ(got.size(), 5u);
   Sampler cpu(kVocab);
-  for (int r = 0; r < 4; ++r) {
+  for (int r = 0; r < 5; ++r) {
     SampleRequest sr;
     sr.logits = absl::MakeConstSpan(host).subspan(r * kVocab, kVocab);
     sr.params = &params[r];
+    sr.allowed_bitmask = in[r].allowed_bitmask;
+    sr.suppressed_tokens = in[r].suppressed_tokens;
     absl::StatusOr<SampleResult> want = cpu.Sample(sr);
     EXPECT_EQ(got[r].ok(), want.ok()) << "row " << r;
     if (want.ok()) {
@@ -229,6 +255,8 @@ TEST_P(DeviceSamplerTest, BadRowsFailAloneWithTheHostSamplersErrors) {
   EXPECT_EQ(got[1].status().message(), "logits contain NaN or +inf");
   EXPECT_EQ(got[2].status().message(), "every token is masked out (all logits -inf)");
   EXPECT_TRUE(absl::IsFailedPrecondition(got[3].status())) << got[3].status();
+  EXPECT_EQ(got[4].status().message(),
+            "structured output: the constraint allows no next token");
 }
 
 TEST_P(DeviceSamplerTest, RefusesWhatItCannotSample) {
@@ -254,6 +282,13 @@ TEST_P(DeviceSamplerTest, RefusesWhatItCannotSample) {
   st = ds.Prepare({&big, 1});
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   EXPECT_NE(st.message().find("top_logprobs 21"), std::string::npos) << st;
+  // A token bitmask shorter than the vocabulary.
+  const std::vector<uint32_t> short_mask(3, ~0u);
+  DeviceSampler::Row short_row = row;
+  short_row.allowed_bitmask = short_mask;
+  st = ds.Prepare({&short_row, 1});
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_NE(st.message().find("bitmask has 3 words"), std::string::npos) << st;
   // No logits.
   ASSERT_TRUE(ds.Prepare({&row, 1}).ok());
   EXPECT_TRUE(absl::IsInvalidArgument(ds.Run(nullptr, &got)));

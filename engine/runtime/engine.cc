@@ -973,9 +973,7 @@ bool Engine::SamplesOnDevice(const StepBatch& batch) const {
   bool any = false;
   for (size_t i = 0; i < batch.plan.sequences.size(); ++i) {
     if (!batch.plan.sequences[i].samples) continue;
-    if (!batch.proposals[i].tokens.empty() || batch.reqs[i]->constraint != nullptr) {
-      return false;
-    }
+    if (!batch.proposals[i].tokens.empty()) return false;
     any = true;
   }
   return any;
@@ -987,16 +985,31 @@ absl::StatusOr<bool> Engine::SampleRowsOnDevice(
   ModelRunner& runner = executor_->runner(0);
   std::vector<DeviceSampler::Row> rows;
   std::vector<size_t> seq;  // rows[k] is sequence seq[k]
+  std::vector<absl::Status> mask_errors;
   for (size_t i = 0; i < batch.plan.sequences.size(); ++i) {
     if (!batch.plan.sequences[i].samples) continue;
-    const Request* r = batch.reqs[i];
+    Request* r = batch.reqs[i];
     DeviceSampler::Row row;
     row.params = &r->params;
     row.history = &r->history;
     row.suppressed_tokens = r->stop->SuppressedTokens();
     row.position = r->num_generated();
+    // Structured output, as SampleNext: the mask filled during the forward, or
+    // now. A row whose mask failed is sampled unmasked and gets its error.
+    absl::Status mask_error;
+    if (r->constraint != nullptr) {
+      mask_error = r->mask_error;
+      if (mask_error.ok() && r->mask_ready) {
+        r->mask_ready = false;
+        row.allowed_bitmask = r->prepared->rows[0];
+      } else if (mask_error.ok()) {
+        FillMask(r);
+        row.allowed_bitmask = r->mask;
+      }
+    }
     rows.push_back(row);
     seq.push_back(i);
+    mask_errors.push_back(std::move(mask_error));
   }
   if (runner.device_logits() == nullptr ||
       runner.device_logits_rows() != static_cast<int64_t>(rows.size())) {
@@ -1020,7 +1033,9 @@ absl::StatusOr<bool> Engine::SampleRowsOnDevice(
   TANDEM_RETURN_IF_ERROR(
       device_sampler_->Run(runner.device_logits(), &device_results_));
   for (size_t k = 0; k < seq.size(); ++k) {
-    (*presampled)[seq[k]] = std::move(device_results_[k]);
+    (*presampled)[seq[k]] = mask_errors[k].ok()
+                                ? std::move(device_results_[k])
+                                : absl::StatusOr<engine::SampleResult>(mask_errors[k]);
   }
   timing_.device_sampled_rows += static_cast<int64_t>(rows.size());
   return true;

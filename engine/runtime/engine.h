@@ -249,10 +249,10 @@ struct EngineOptions {
   const model::Checkpoint* tp_checkpoint = nullptr;  // not owned; outlives the engine
   // Sampling on the device: when the backend samples on its device
   // (Backend::SupportsSampling: cuda, cuda_sim), a step whose sampling rows have
-  // no drafts and no structured-output constraint keeps its logits in device
-  // memory and samples them there (DeviceSampler; only the chosen ids and
-  // logprobs come back); other steps copy the logits back and sample on the
-  // host. false: every step on the host. The same tokens either way
+  // no drafts keeps its logits in device memory and samples them there
+  // (DeviceSampler; structured-output masks go up with the rows; only the
+  // chosen ids and logprobs come back); steps with drafts copy the logits back
+  // and sample on the host. false: every step on the host. The same tokens either way
   // (docs/ARCHITECTURE.md, "Sampling on the device").
   bool device_sampling = true;
   // A step's rows are sampled on this many threads (each row on its own: the
@@ -599,8 +599,8 @@ class Engine {
   std::vector<std::optional<absl::StatusOr<engine::SampleResult>>> PresampleRows(
       const StepBatch& batch);
   // Whether the step's logits may stay on the device: a device sampler, at
-  // least one sampling row, and no row with drafts or a structured-output
-  // constraint (those are sampled on the host).
+  // least one sampling row, and no row with drafts (verification runs on the
+  // host).
   bool SamplesOnDevice(const StepBatch& batch) const;
   // Samples every row of a SamplesOnDevice step on the device into
   // *presampled; false (nothing sampled) when the sampler's inputs could not

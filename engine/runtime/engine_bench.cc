@@ -18,6 +18,9 @@
 // bf16 (what "cpu_bf16" computes: twice the arithmetic rate, not like for like)
 // and OpenBLAS sgemm, twice: all threads on wall time, and one thread on thread
 // CPU time (the kernels' own efficiency, barely disturbed by other load).
+// On a backend that samples on its device (cuda, cuda_sim) the Engine::Step
+// decode also runs with --device_sampling off (logits copied back, sampled on
+// the host) as the baseline of sampling on the device.
 // Ends with ONE JSON line {"bench":"engine",...}. Default model: the tiny
 // checkpoint from the runfiles.
 #include <algorithm>
@@ -270,8 +273,10 @@ int main(int argc, char** argv) {
       // Decode tokens/s through Engine::Step (forward + sampling + stop
       // checks) with `threads` sampling threads.
       tandem::engine::StepTimingStats timing;
-      auto engine_decode = [&](int threads) -> absl::StatusOr<double> {
+      auto engine_decode = [&](int threads,
+                               bool device_sampling = true) -> absl::StatusOr<double> {
         tandem::engine::EngineOptions eo;
+        eo.device_sampling = device_sampling;
         eo.num_slots = B;
         eo.max_context_tokens = ctx + 1;
         eo.max_tokens_per_step = std::max<int64_t>(256, B * prompt_len);
@@ -299,10 +304,37 @@ int main(int argc, char** argv) {
         timing = engine->step_timing();
         return tok_s;
       };
+      // On a backend that samples on its device: the same decode with the logits
+      // copied back and sampled on the host (the baseline of device sampling).
+      const bool device_samples = (*backend)->SupportsSampling();
+      tandem::engine::StepTimingStats host_timing;
+      absl::StatusOr<double> host = 0.0;
+      if (device_samples) {
+        host = engine_decode(0, /*device_sampling=*/false);
+        if (!host.ok()) return Fail(host.status());
+        host_timing = timing;
+      }
       auto seq = engine_decode(1);
       auto par = engine_decode(0);
       if (!seq.ok()) return Fail(seq.status());
       if (!par.ok()) return Fail(par.status());
+      if (device_samples) {
+        const double host_gap_ms =
+            host_timing.gaps > 0 ? host_timing.host_gap_seconds / host_timing.gaps * 1e3
+                                 : 0.0;
+        const double dev_gap_ms =
+            timing.gaps > 0 ? timing.host_gap_seconds / timing.gaps * 1e3 : 0.0;
+        r["engine_decode_tokens_per_s_host_sampling"] = *host;
+        r["engine_host_gap_ms_host_sampling"] = host_gap_ms;
+        r["engine_device_sampled_rows"] = timing.device_sampled_rows;
+        r["device_vs_host_sampling_decode"] = *host > 0 ? *par / *host : 0.0;
+        std::fprintf(stderr,
+                     "batch %3d: sampling on the device %.1f tok/s (host gap %.3f ms), "
+                     "logits copied back and sampled on the host %.1f tok/s (host gap "
+                     "%.3f ms): x%.2f\n",
+                     B, *par, dev_gap_ms, *host, host_gap_ms,
+                     *host > 0 ? *par / *host : 0.0);
+      }
       r["engine_decode_tokens_per_s_sequential_sampling"] = *seq;
       r["engine_decode_tokens_per_s"] = *par;
       // Host gap of the parallel-sampling run (StepTimingStats): device idle

@@ -359,6 +359,49 @@ TEST(StructuredOutputEngineTest, AGrammarThatCannotFinishEndsByLength) {
   EXPECT_TRUE(RE2::FullMatch(Text(res.tokens), "x+"));
 }
 
+// On a device backend (cuda_sim here) constrained rows are sampled on the
+// device: the masks (filled on the host during the forward) go up with the
+// row parameters and the kernel applies them, so the logits never come back.
+// Greedy and seeded, with an unconstrained request in the batch: the same
+// tokens as copying the logits back to the host sampler, every output valid.
+TEST(StructuredOutputEngineTest, MasksAreAppliedOnTheDeviceWithTheHostsTokens) {
+  auto run = [](bool device_sampling, StepTimingStats* timing) {
+    auto be = MakeBackend("cuda_sim");
+    auto weights = testing::TinyWeightsOn(*be);
+    EngineOptions o = Options();
+    o.num_slots = 4;
+    o.device_sampling = device_sampling;
+    auto e = Engine::Create(weights.get(), be.get(), &Tok(), o);
+    EXPECT_TRUE(e.ok()) << e.status();
+    std::map<RequestId, Result> out;
+    if (!e.ok()) return out;
+    for (int i = 0; i < 3; ++i) {
+      SamplingParams p = Params(i == 2 ? Regex() : Choice(), i);
+      EXPECT_TRUE((*e)->AddRequest(i, MakePrompt(5 + i, i), p).ok());
+    }
+    SamplingParams plain;
+    plain.max_tokens = 4;
+    plain.ignore_eos = true;
+    EXPECT_TRUE((*e)->AddRequest(3, MakePrompt(7, 3), plain).ok());
+    out = RunAll(e->get());
+    EXPECT_GT((*e)->structured_masks(), 0);
+    *timing = (*e)->step_timing();
+    return out;
+  };
+  StepTimingStats on, off;
+  auto dev = run(true, &on);
+  auto host = run(false, &off);
+  ASSERT_EQ(dev.size(), 4u);
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    ExpectValid(i == 2 ? Regex() : Choice(), dev[i]);
+  }
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(dev[i].tokens, host[i].tokens) << i;
+  EXPECT_GT(on.device_sampled_rows, 0);
+  EXPECT_EQ(on.host_sampled_rows, 0);
+  EXPECT_EQ(off.device_sampled_rows, 0);
+}
+
 TEST(StructuredOutputEngineTest, RefusedWithoutATokenizerOrWithABadGrammar) {
   Rig none = MakeEngine(Options(), /*tokenizer=*/false);
   absl::Status s = none.engine->AddRequest(1, MakePrompt(4, 1), Params(Choice(), 0));

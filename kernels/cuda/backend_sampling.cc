@@ -58,6 +58,18 @@ absl::Status GpuBackend::SampleTokens(const SampleArgs& args) {
     TANDEM_RETURN_IF_ERROR(CheckResident(
         args.penalty_offsets, (rows + 1) * sizeof(int32_t), "penalty offsets"));
   }
+  if (args.allowed_bitmask != nullptr) {
+    if (args.mask_count <= 0 ||
+        static_cast<int64_t>(args.mask_words) * 32 < static_cast<int64_t>(args.vocab)) {
+      return InvalidArgument(name(), ": sample tokens: ", args.mask_count, " masks of ",
+                             args.mask_words, " words for a vocabulary of ",
+                             args.vocab);
+    }
+    TANDEM_RETURN_IF_ERROR(CheckResident(
+        args.allowed_bitmask,
+        static_cast<size_t>(args.mask_count) * args.mask_words * sizeof(uint32_t),
+        "allowed bitmask"));
+  }
   if (args.suppress_offsets != nullptr) {
     TANDEM_RETURN_IF_ERROR(CheckResident(
         args.suppress_offsets, (rows + 1) * sizeof(int32_t), "suppress offsets"));

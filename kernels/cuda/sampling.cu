@@ -594,8 +594,22 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleArgs a) {
     }
   };
 
-  // P0: penalties, then suppression (the CPU suppresses first; -inf stays -inf
-  // through both penalties, so the order does not matter).
+  // P0: the structured-output mask, penalties, then suppression (the CPU
+  // suppresses before the penalties; -inf stays -inf through both, so the
+  // order does not matter).
+  const bool masked = a.allowed_bitmask != nullptr && p.mask_row >= 0;
+  if (masked) {
+    if (p.mask_row >= a.mask_count) {
+      atomicCAS(a.error_word, 0, static_cast<int32_t>(kTokenIdOutOfRange));
+      return fail(kSampleNoAllowedToken);
+    }
+    const uint32_t* m =
+        a.allowed_bitmask + static_cast<int64_t>(p.mask_row) * a.mask_words;
+    for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
+      if (((m[i >> 5] >> (i & 31)) & 1u) == 0u) l[i] = NegInf();
+    }
+    __syncthreads();
+  }
   if (a.penalty_offsets != nullptr) {
     const float rep = p.repetition_penalty;
     for (int32_t e = a.penalty_offsets[row] + threadIdx.x;
@@ -658,7 +672,9 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleArgs a) {
   finite = BlockSumI(finite, s);
   BlockArgMax(best, best_id, s);
   if (bad) return fail(kSampleBadLogits);
-  if (finite == 0) return fail(kSampleAllMasked);
+  // A mask that leaves no finite token is the CPU's "the constraint allows no
+  // next token" (only NaN left is bad logits there too, as here).
+  if (finite == 0) return fail(masked ? kSampleNoAllowedToken : kSampleAllMasked);
   if (!greedy && !p.has_seed) return fail(kSampleNoSeed);
 
   // P2: the CPU's chunked online softmax, chunk sums bit for bit.
@@ -1011,6 +1027,12 @@ const char* LaunchSample(const SampleArgs& args, void* stream) {
   }
   if (args.suppress_offsets != nullptr && args.suppress_tokens == nullptr) {
     return "sampling: suppress_offsets needs suppress_tokens";
+  }
+  if (args.allowed_bitmask != nullptr &&
+      (args.mask_count <= 0 ||
+       static_cast<int64_t>(args.mask_words) * 32 < static_cast<int64_t>(args.vocab))) {
+    return "sampling: allowed_bitmask needs mask_count > 0 and mask_words * 32 >= "
+           "vocab";
   }
   const size_t smem = SampleSmemBytes(args.vocab);
   if (smem > 48 * 1024) {

@@ -13,7 +13,9 @@
 // float arithmetic decides (see "Exactness").
 //
 // Design (one 512-thread block per row; no sort of the vocabulary):
-//   P0  repetition / frequency / presence penalties, then suppression, applied IN
+//   P0  the structured-output mask (SampleArgs::allowed_bitmask: disallowed
+//       tokens to -inf), repetition / frequency / presence penalties, then
+//       suppression, applied IN
 //       PLACE to the logits row (each listed id is distinct, one thread each);
 //       temperature is applied on the fly (x = l / t) by every later pass.
 //   P1  per 256-token chunk (the CPU's online-softmax chunk): chunk max, NaN/+inf
@@ -79,11 +81,11 @@
 // products that feed sums use __fmul_rn / __dmul_rn on the device.
 //
 // Errors: a row whose processed logits hold NaN or +inf, or whose every token
-// is -inf, or random sampling without a seed, gets token -1 and a nonzero
-// row_status (SampleStatus); penalty or suppressed ids outside the vocabulary
-// are skipped (as the CPU skips them) and recorded as kTokenIdOutOfRange in
-// error_word; a draft token outside the vocabulary fails its request the same
-// way.
+// is -inf, or whose structured-output mask leaves no token, or random sampling
+// without a seed, gets token -1 and a nonzero row_status (SampleStatus); penalty or
+// suppressed ids outside the vocabulary are skipped (as the CPU skips them) and
+// recorded as kTokenIdOutOfRange in error_word; a draft token outside the vocabulary
+// fails its request the same way.
 #ifndef TANDEM_KERNELS_CUDA_SAMPLING_H_
 #define TANDEM_KERNELS_CUDA_SAMPLING_H_
 
@@ -140,6 +142,7 @@ TANDEM_SAMPLING_HD double CounterUniform(uint64_t seed, int64_t position,
 // The launch arguments (kernels/sampling_args.h, shared with Backend::SampleTokens).
 using kernels::kSampleAllMasked;
 using kernels::kSampleBadLogits;
+using kernels::kSampleNoAllowedToken;
 using kernels::kSampleNoSeed;
 using kernels::kSampleOk;
 using kernels::kSamplingGreedyTemperature;

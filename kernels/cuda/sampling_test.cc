@@ -38,6 +38,8 @@ struct Row {
   engine::PenaltyState history;
   bool has_history = false;
   std::vector<int32_t> suppressed;
+  // Structured output: the allowed-token bitmask (empty: none).
+  std::vector<uint32_t> mask;
   int64_t position = 0;
 };
 
@@ -59,8 +61,16 @@ GpuOut RunGpu(const std::vector<Row>& rows, int vocab, bool exact_replay = false
   std::vector<SamplingRowParams> params(n);
   std::vector<int32_t> pen_off{0}, pen_tok, pen_cnt, sup_off{0}, sup_tok;
   std::vector<uint8_t> pen_prompt;
+  std::vector<uint32_t> masks;
+  const int32_t mask_words = (vocab + 31) / 32;
+  int32_t mask_count = 0;
   for (int r = 0; r < n; ++r) {
     const Row& row = rows[r];
+    if (!row.mask.empty()) {
+      EXPECT_EQ(static_cast<int32_t>(row.mask.size()), mask_words);
+      params[r].mask_row = mask_count++;
+      masks.insert(masks.end(), row.mask.begin(), row.mask.end());
+    }
     logits.insert(logits.end(), row.logits.begin(), row.logits.end());
     const engine::SamplingParams& p = row.params;
     SamplingRowParams& g = params[r];
@@ -112,6 +122,11 @@ GpuOut RunGpu(const std::vector<Row>& rows, int vocab, bool exact_replay = false
   a.penalty_in_prompt = pen_prompt.data();
   a.suppress_offsets = sup_tok.empty() ? nullptr : sup_off.data();
   a.suppress_tokens = sup_tok.data();
+  if (mask_count > 0) {
+    a.allowed_bitmask = masks.data();
+    a.mask_words = mask_words;
+    a.mask_count = mask_count;
+  }
   a.token_ids = out.tokens.data();
   a.row_status = out.status.data();
   a.logprobs = out.logprobs.data();
@@ -133,6 +148,7 @@ absl::StatusOr<engine::SampleResult> RunCpu(const Row& row, int vocab) {
   req.params = &row.params;
   req.history = row.has_history ? &row.history : nullptr;
   req.suppressed_tokens = row.suppressed;
+  req.allowed_bitmask = row.mask;
   req.position = row.position;
   return sampler.Sample(req);
 }
@@ -278,6 +294,19 @@ class Sampling : public ::testing::TestWithParam<uint64_t> {
       if (r % 2 == 0) {
         p.logprobs = true;
         p.top_logprobs = static_cast<int32_t>(rng_() % (kSamplingMaxTopLogprobs + 1));
+      }
+      if (r % 7 == 3) {  // a grammar's mask: whole words, scattered bits, the top out
+        row.mask.assign((vocab + 31) / 32, 0u);
+        for (size_t w = 0; w < row.mask.size(); ++w) {
+          const uint32_t kind = rng_() % 4;
+          row.mask[w] = kind == 0 ? ~0u : kind == 1 ? (rng_() & rng_() & rng_()) : 0u;
+        }
+        const int32_t top = static_cast<int32_t>(
+            std::max_element(row.logits.begin(), row.logits.end()) -
+            row.logits.begin());
+        row.mask[top >> 5] &= ~(1u << (top & 31));
+        const int32_t keep = static_cast<int32_t>(rng_() % vocab);
+        row.mask[keep >> 5] |= 1u << (keep & 31);
       }
     }
     return out;
@@ -511,6 +540,7 @@ TEST_P(Sampling, DistributionMatchesCpu) {
     req.params = &rows[r].params;
     req.history = rows[r].has_history ? &rows[r].history : nullptr;
     req.suppressed_tokens = rows[r].suppressed;
+    req.allowed_bitmask = rows[r].mask;
     req.position = rows[r].position;
     std::vector<float> want;
     ASSERT_TRUE(sampler.Distribution(req, &want).ok());
@@ -552,7 +582,24 @@ TEST_P(Sampling, BadRowsAndIds) {
   rows[1].logits.assign(kVocab, kNegInf);
   rows[2].params.seed.reset();
   rows[3].suppressed = {5, kVocab + 3};  // out of range: skipped, recorded
+  // A mask whose only allowed token is suppressed: the CPU's "the constraint
+  // allows no next token"; a mask allowing only a NaN: bad logits, as there.
+  rows.resize(6);
+  for (int r : {4, 5}) {
+    rows[r].logits = Logits(kVocab, 1.0f);
+    rows[r].mask.assign(kVocab / 32, 0u);
+    rows[r].mask[1] = 1u << 3;  // token 35
+  }
+  rows[4].suppressed = {35};
+  rows[5].logits[35] = std::numeric_limits<float>::quiet_NaN();
   const GpuOut g = RunGpu(rows, kVocab);
+  EXPECT_EQ(g.status[4], kSampleNoAllowedToken);
+  EXPECT_EQ(g.tokens[4], -1);
+  EXPECT_EQ(RunCpu(rows[4], kVocab).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(g.status[5], kSampleBadLogits);
+  EXPECT_EQ(RunCpu(rows[5], kVocab).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(g.status[0], kSampleBadLogits);
   EXPECT_EQ(g.status[1], kSampleAllMasked);
   EXPECT_EQ(g.status[2], kSampleNoSeed);
