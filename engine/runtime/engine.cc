@@ -986,6 +986,8 @@ absl::StatusOr<bool> Engine::SampleRowsOnDevice(
   std::vector<DeviceSampler::Row> rows;
   std::vector<size_t> seq;  // rows[k] is sequence seq[k]
   std::vector<absl::Status> mask_errors;
+  std::vector<std::pair<size_t, Request*>>
+      to_fill;  // (row, request) without a mask yet
   for (size_t i = 0; i < batch.plan.sequences.size(); ++i) {
     if (!batch.plan.sequences[i].samples) continue;
     Request* r = batch.reqs[i];
@@ -1003,14 +1005,25 @@ absl::StatusOr<bool> Engine::SampleRowsOnDevice(
         r->mask_ready = false;
         row.allowed_bitmask = r->prepared->rows[0];
       } else if (mask_error.ok()) {
-        FillMask(r);
-        row.allowed_bitmask = r->mask;
+        to_fill.emplace_back(rows.size(), r);
       }
     }
     rows.push_back(row);
     seq.push_back(i);
     mask_errors.push_back(std::move(mask_error));
   }
+  // Masks not filled during the forward: now, in parallel on the sampling pool
+  // as the host path fills them (each touches only its own request).
+  if (sample_pool_ != nullptr && to_fill.size() > 1) {
+    sample_pool_->ParallelFor(static_cast<int64_t>(to_fill.size()),
+                              [&](int64_t b, int64_t e, int) {
+                                for (int64_t k = b; k < e; ++k)
+                                  FillMask(to_fill[k].second);
+                              });
+  } else {
+    for (const auto& [k, r] : to_fill) FillMask(r);
+  }
+  for (const auto& [k, r] : to_fill) rows[k].allowed_bitmask = r->mask;
   if (runner.device_logits() == nullptr ||
       runner.device_logits_rows() != static_cast<int64_t>(rows.size())) {
     return Internal("device sampling: the forward left ", runner.device_logits_rows(),

@@ -363,14 +363,16 @@ TEST(StructuredOutputEngineTest, AGrammarThatCannotFinishEndsByLength) {
 // device: the masks (filled on the host during the forward) go up with the
 // row parameters and the kernel applies them, so the logits never come back.
 // Greedy and seeded, with an unconstrained request in the batch: the same
-// tokens as copying the logits back to the host sampler, every output valid.
+// tokens as copying the logits back to the host sampler, every output valid,
+// and the same again with the masks filled at sampling time.
 TEST(StructuredOutputEngineTest, MasksAreAppliedOnTheDeviceWithTheHostsTokens) {
-  auto run = [](bool device_sampling, StepTimingStats* timing) {
+  auto run = [](bool device_sampling, StepTimingStats* timing, int mask_threads = 2) {
     auto be = MakeBackend("cuda_sim");
     auto weights = testing::TinyWeightsOn(*be);
     EngineOptions o = Options();
     o.num_slots = 4;
     o.device_sampling = device_sampling;
+    o.structured_mask_threads = mask_threads;
     auto e = Engine::Create(weights.get(), be.get(), &Tok(), o);
     EXPECT_TRUE(e.ok()) << e.status();
     std::map<RequestId, Result> out;
@@ -388,9 +390,14 @@ TEST(StructuredOutputEngineTest, MasksAreAppliedOnTheDeviceWithTheHostsTokens) {
     *timing = (*e)->step_timing();
     return out;
   };
-  StepTimingStats on, off;
+  StepTimingStats on, off, sync;
   auto dev = run(true, &on);
   auto host = run(false, &off);
+  // Masks filled at sampling time instead (on the sampling pool), not during
+  // the forward: the same tokens.
+  auto late = run(true, &sync, /*mask_threads=*/0);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(late[i].tokens, dev[i].tokens) << i;
+  EXPECT_EQ(sync.host_sampled_rows, 0);
   ASSERT_EQ(dev.size(), 4u);
   for (int i = 0; i < 3; ++i) {
     SCOPED_TRACE(i);
