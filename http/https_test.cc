@@ -132,9 +132,13 @@ class Client {
     return out;
   }
 
+  // Goes away while another thread may be blocked reading: shutdown(2) sends
+  // the FIN and wakes that read (a close(2) does neither while the read holds
+  // the socket: the read then waits forever, as this test once did in CI). The
+  // socket itself is closed by the destructor, after that thread is joined.
   void Close() {
     beast::error_code ignored;
-    stream_->next_layer().close(ignored);
+    stream_->next_layer().shutdown(tcp::socket::shutdown_both, ignored);
   }
 
  private:
