@@ -88,17 +88,23 @@ absl::Status DeviceSampler::Prepare(absl::Span<const Row> rows) {
   if (n == 0) return absl::OkStatus();
 
   // Each row's penalty entries: distinct ids in the vocabulary, the prompt's
-  // first, then output-only ones; and its suppressed ids in the vocabulary.
-  std::vector<int32_t> pen_offsets(n + 1, 0), sup_offsets(n + 1, 0);
-  std::vector<int32_t> pen_tokens, pen_counts, sup_tokens;
-  std::vector<uint8_t> pen_in_prompt;
+  // first, then output-only ones, in the hash tables' order (each id is
+  // distinct and the kernel treats each on its own, so the order changes
+  // nothing); and its suppressed ids in the vocabulary. The vectors are members:
+  // no allocation per step once they have grown.
+  std::vector<int32_t>& pen_offsets = pen_offsets_;
+  std::vector<int32_t>& sup_offsets = sup_offsets_;
+  std::vector<int32_t>& pen_tokens = pen_tokens_;
+  std::vector<int32_t>& pen_counts = pen_counts_;
+  std::vector<int32_t>& sup_tokens = sup_tokens_;
+  std::vector<uint8_t>& pen_in_prompt = pen_in_prompt_;
+  pen_offsets.assign(n + 1, 0);
+  sup_offsets.assign(n + 1, 0);
+  pen_tokens.clear();
+  pen_counts.clear();
+  sup_tokens.clear();
+  pen_in_prompt.clear();
   int32_t top_n = 0;
-  struct Entry {
-    int32_t id;
-    int32_t count;
-    uint8_t in_prompt;
-  };
-  std::vector<Entry> entries;
   auto in_vocab = [&](int32_t id) { return id >= 0 && id < vocab_; };
   for (size_t i = 0; i < n; ++i) {
     const Row& r = rows[i];
@@ -108,24 +114,18 @@ absl::Status DeviceSampler::Prepare(absl::Span<const Row> rows) {
     if (p.logprobs) top_n = std::max(top_n, p.top_logprobs);
     if (r.history != nullptr && p.HasPenalties()) {
       const PenaltyState& hist = *r.history;
-      entries.clear();
       for (int32_t id : hist.prompt_tokens()) {
         if (!in_vocab(id)) continue;
         auto it = hist.output_counts().find(id);
-        entries.push_back({id, it == hist.output_counts().end() ? 0 : it->second, 1});
+        pen_tokens.push_back(id);
+        pen_counts.push_back(it == hist.output_counts().end() ? 0 : it->second);
+        pen_in_prompt.push_back(1);
       }
       for (const auto& [id, count] : hist.output_counts()) {
-        if (in_vocab(id) && !hist.prompt_tokens().contains(id)) {
-          entries.push_back({id, count, 0});
-        }
-      }
-      // (In the hash tables' order: each id is distinct and the kernel treats
-      // each on its own, so the order changes nothing, and sorting would cost
-      // O(d log d) a row a step for a prompt of d distinct tokens.)
-      for (const Entry& e : entries) {
-        pen_tokens.push_back(e.id);
-        pen_counts.push_back(e.count);
-        pen_in_prompt.push_back(e.in_prompt);
+        if (!in_vocab(id) || hist.prompt_tokens().contains(id)) continue;
+        pen_tokens.push_back(id);
+        pen_counts.push_back(count);
+        pen_in_prompt.push_back(0);
       }
     }
     pen_offsets[i + 1] = static_cast<int32_t>(pen_tokens.size());

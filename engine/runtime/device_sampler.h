@@ -83,6 +83,10 @@ class DeviceSampler {
   kernels::DeviceBuffer in_, out_;
   std::vector<unsigned char> staging_;  // host side of in_ (valid until Run syncs)
   std::vector<unsigned char> results_;  // host side of out_
+  // Prepare's packing scratch, reused.
+  std::vector<int32_t> pen_offsets_, sup_offsets_, pen_tokens_, pen_counts_,
+      sup_tokens_;
+  std::vector<uint8_t> pen_in_prompt_;
   // The prepared step.
   std::vector<Row> rows_;
   kernels::SampleArgs args_;

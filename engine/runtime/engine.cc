@@ -434,15 +434,19 @@ absl::StatusOr<engine::SampleResult> Engine::SampleNext(
   sr.position = r->num_generated();
   if (r->constraint != nullptr) {
     TANDEM_RETURN_IF_ERROR(r->mask_error);
-    if (r->mask_ready) {  // filled during the forward
-      r->mask_ready = false;
-      sr.allowed_bitmask = r->prepared->rows[0];
-    } else {
+    sr.allowed_bitmask = TakeReadyMask(r);
+    if (sr.allowed_bitmask.empty()) {
       FillMask(r);
       sr.allowed_bitmask = r->mask;
     }
   }
   return sampler->Sample(sr);
+}
+
+absl::Span<const uint32_t> Engine::TakeReadyMask(Request* r) {
+  if (!r->mask_ready) return {};
+  r->mask_ready = false;
+  return r->prepared->rows[0];
 }
 
 absl::Status Engine::Emit(Request* r, int32_t tok, const engine::SampleResult* res,
@@ -1001,11 +1005,9 @@ absl::StatusOr<bool> Engine::SampleRowsOnDevice(
     absl::Status mask_error;
     if (r->constraint != nullptr) {
       mask_error = r->mask_error;
-      if (mask_error.ok() && r->mask_ready) {
-        r->mask_ready = false;
-        row.allowed_bitmask = r->prepared->rows[0];
-      } else if (mask_error.ok()) {
-        to_fill.emplace_back(rows.size(), r);
+      if (mask_error.ok()) {
+        row.allowed_bitmask = TakeReadyMask(r);
+        if (row.allowed_bitmask.empty()) to_fill.emplace_back(rows.size(), r);
       }
     }
     rows.push_back(row);

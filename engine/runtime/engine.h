@@ -631,6 +631,9 @@ class Engine {
                          std::vector<RequestOutput>* outputs);
   // Fills r->mask from its constraint (timed).
   void FillMask(Request* r);
+  // The plain row's mask the mask pool filled during the forward (taken: the
+  // next step needs a new one), or empty when it must be filled now.
+  absl::Span<const uint32_t> TakeReadyMask(Request* r);
   // The overlapped path: starts a mask-pool task per constrained sampling row
   // of `batch` (before the forward), and waits for them (after it, within
   // options.structured_mask_timeout), marking each row ready or failed.
