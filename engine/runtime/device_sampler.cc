@@ -69,13 +69,14 @@ absl::Status DeviceSampler::Reserve(kernels::DeviceBuffer* buf, size_t bytes) {
 }
 
 absl::Status DeviceSampler::Prepare(absl::Span<const Row> rows) {
-  if (args_.rows > 0) {
-    // A prepared step that never ran: its upload may still be queued, reading
-    // staging_ and writing in_, which this call reuses.
-    TANDEM_RETURN_IF_ERROR(backend_->Synchronize());
-  }
-  rows_.assign(rows.begin(), rows.end());
-  args_ = kernels::SampleArgs();
+  TANDEM_RETURN_IF_ERROR(Pack(rows));
+  return Upload();
+}
+
+absl::Status DeviceSampler::Pack(absl::Span<const Row> rows) {
+  packed_ = false;
+  ready_ = false;
+  rows_.clear();
   if (!backend_->SupportsSampling()) {
     return FailedPrecondition("backend ", backend_->name(),
                               " does not sample on its device");
@@ -85,7 +86,10 @@ absl::Status DeviceSampler::Prepare(absl::Span<const Row> rows) {
                            kernels::kSamplingMaxVocab, ")");
   }
   const size_t n = rows.size();
-  if (n == 0) return absl::OkStatus();
+  if (n == 0) {
+    packed_ = true;
+    return absl::OkStatus();
+  }
 
   // Each row's penalty entries: distinct ids in the vocabulary, the prompt's
   // first, then output-only ones, in the hash tables' order (each id is
@@ -112,6 +116,7 @@ absl::Status DeviceSampler::Prepare(absl::Span<const Row> rows) {
       return InvalidArgument("device sampling: row ", i, " has no params");
     const SamplingParams& p = *r.params;
     if (p.logprobs) top_n = std::max(top_n, p.top_logprobs);
+    rows_.push_back({p.logprobs, p.top_logprobs});
     if (r.history != nullptr && p.HasPenalties()) {
       const PenaltyState& hist = *r.history;
       for (int32_t id : hist.prompt_tokens()) {
@@ -175,8 +180,19 @@ absl::Status DeviceSampler::Prepare(absl::Span<const Row> rows) {
   off_top_lps_ = out.Add<float>(n * top_n);
   out_bytes_ = out.bytes();
 
-  TANDEM_RETURN_IF_ERROR(Reserve(&in_, in.bytes()));
-  TANDEM_RETURN_IF_ERROR(Reserve(&out_, out_bytes_));
+  in_bytes_ = in.bytes();
+  o_params_ = o_params;
+  o_pen_off_ = o_pen_off;
+  o_pen_tok_ = o_pen_tok;
+  o_pen_cnt_ = o_pen_cnt;
+  o_pen_flag_ = o_pen_flag;
+  o_sup_off_ = o_sup_off;
+  o_sup_tok_ = o_sup_tok;
+  o_masks_ = o_masks;
+  masks_ = masks;
+  top_n_ = top_n;
+  penalties_ = penalties;
+  suppress_ = suppress;
   staging_.assign(in.bytes(), 0);
   unsigned char* h = staging_.data();
   kernels::SamplingRowParams* params = At<kernels::SamplingRowParams>(h, o_params);
@@ -215,8 +231,34 @@ absl::Status DeviceSampler::Prepare(absl::Span<const Row> rows) {
                 sup_offsets.size() * sizeof(int32_t));
     std::memcpy(h + o_sup_tok, sup_tokens.data(), sup_tokens.size() * sizeof(int32_t));
   }
+  packed_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status DeviceSampler::Upload() {
+  if (!packed_) return FailedPrecondition("device sampling: Upload without a Pack");
+  packed_ = false;
+  if (args_.rows > 0) {
+    // A prepared step that never ran: its upload may still be queued, writing
+    // in_, which this call may replace.
+    TANDEM_RETURN_IF_ERROR(backend_->Synchronize());
+  }
+  args_ = kernels::SampleArgs();
+  const size_t n = rows_.size();
+  if (n == 0) {
+    ready_ = true;
+    return absl::OkStatus();
+  }
+  TANDEM_RETURN_IF_ERROR(Reserve(&in_, in_bytes_));
+  TANDEM_RETURN_IF_ERROR(Reserve(&out_, out_bytes_));
   TANDEM_RETURN_IF_ERROR(
       backend_->device().CopyToDevice(in_.data(), staging_.data(), staging_.size()));
+  const bool penalties = penalties_, suppress = suppress_;
+  const int64_t mask_words = (vocab_ + 31) / 32;
+  const int32_t masks = masks_, top_n = top_n_;
+  const size_t o_params = o_params_, o_pen_off = o_pen_off_, o_pen_tok = o_pen_tok_,
+               o_pen_cnt = o_pen_cnt_, o_pen_flag = o_pen_flag_, o_sup_off = o_sup_off_,
+               o_sup_tok = o_sup_tok_, o_masks = o_masks_;
 
   unsigned char* d = static_cast<unsigned char*>(in_.data());
   unsigned char* o = static_cast<unsigned char*>(out_.data());
@@ -246,6 +288,7 @@ absl::Status DeviceSampler::Prepare(absl::Span<const Row> rows) {
     args_.top_ids = At<int32_t>(o, off_top_ids_);
     args_.top_logprobs = At<float>(o, off_top_lps_);
   }
+  ready_ = true;
   return absl::OkStatus();
 }
 
@@ -253,10 +296,11 @@ absl::Status DeviceSampler::Run(float* logits,
                                 std::vector<absl::StatusOr<SampleResult>>* results) {
   const size_t n = rows_.size();
   results->clear();
-  if (n == 0) return absl::OkStatus();
-  if (static_cast<size_t>(args_.rows) != n) {
+  if (!ready_) {
     return FailedPrecondition("device sampling: Run without a successful Prepare");
   }
+  ready_ = false;  // one Run per Prepare
+  if (n == 0) return absl::OkStatus();
   if (logits == nullptr) return InvalidArgument("device sampling: no logits");
   args_.logits = logits;
   TANDEM_RETURN_IF_ERROR(backend_->SampleTokens(args_));
@@ -284,7 +328,7 @@ absl::Status DeviceSampler::Run(float* logits,
     }
     SampleResult res;
     res.token_id = tokens[i];
-    const SamplingParams& p = *rows_[i].params;
+    const RowOut& p = rows_[i];
     if (p.logprobs) {
       res.logprob = logprobs[i];
       for (int32_t k = 0; k < p.top_logprobs && k < top_n; ++k) {

@@ -23,7 +23,9 @@
 // Steps with speculative drafts are not taken here (verification is host
 // code): the engine samples those on the host.
 //
-// Not thread-safe: the engine's thread owns it.
+// Not thread-safe: one thread at a time (the overlapped step packs on the
+// engine's thread, then uploads and runs on its device thread, never both at
+// once: the engine alternates two samplers).
 #ifndef TANDEM_ENGINE_RUNTIME_DEVICE_SAMPLER_H_
 #define TANDEM_ENGINE_RUNTIME_DEVICE_SAMPLER_H_
 
@@ -59,10 +61,18 @@ class DeviceSampler {
   // `backend` (not owned) must sample on its device (SupportsSampling()).
   DeviceSampler(kernels::Backend* backend, int64_t vocab_size);
 
-  // Packs and uploads the rows' inputs. An error (bad parameters, device
-  // memory) leaves the logits untouched: the caller can still sample them on
-  // the host.
+  // Packs and uploads the rows' inputs (Pack, then Upload). An error (bad
+  // parameters, device memory) leaves the logits untouched: the caller can
+  // still sample them on the host.
   absl::Status Prepare(absl::Span<const Row> rows);
+  // The two halves of Prepare, for the overlapped step (engine.h,
+  // EngineOptions::overlap_steps): Pack reads the rows and fills the host
+  // staging buffer only (no device call: it may run while another thread drives
+  // the device); nothing of `rows` is kept after it returns. Upload reserves the
+  // device buffers and copies the staging buffer up, on the thread that then
+  // calls Run.
+  absl::Status Pack(absl::Span<const Row> rows);
+  absl::Status Upload();
   // Samples the prepared rows from `logits` ([rows, vocab] fp32 device memory,
   // modified in place: penalties and suppression) and fills one result per row
   // (a row's own error in its entry). The returned status is the call's: a
@@ -87,8 +97,20 @@ class DeviceSampler {
   std::vector<int32_t> pen_offsets_, sup_offsets_, pen_tokens_, pen_counts_,
       sup_tokens_;
   std::vector<uint8_t> pen_in_prompt_;
-  // The prepared step.
-  std::vector<Row> rows_;
+  // The prepared step: each row's logprob request (Run's results), the
+  // staging layout.
+  struct RowOut {
+    bool logprobs = false;
+    int32_t top_logprobs = 0;
+  };
+  std::vector<RowOut> rows_;
+  bool packed_ = false;  // Pack succeeded, Upload not called yet
+  bool ready_ = false;   // Upload succeeded, Run not called yet
+  size_t in_bytes_ = 0;
+  size_t o_params_ = 0, o_pen_off_ = 0, o_pen_tok_ = 0, o_pen_cnt_ = 0, o_pen_flag_ = 0,
+         o_sup_off_ = 0, o_sup_tok_ = 0, o_masks_ = 0;
+  int32_t masks_ = 0, top_n_ = 0;
+  bool penalties_ = false, suppress_ = false;
   kernels::SampleArgs args_;
   size_t out_bytes_ = 0;
   size_t off_tokens_ = 0, off_status_ = 0, off_logprobs_ = 0, off_top_ids_ = 0,

@@ -140,6 +140,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
       weights->config.text.vocab_size <= kernels::kSamplingMaxVocab) {
     e->device_sampler_ =
         std::make_unique<DeviceSampler>(backend, weights->config.text.vocab_size);
+    if (options.overlap_steps) {
+      if (options.overlap_step_timeout <= absl::ZeroDuration()) {
+        return InvalidArgument("overlap_step_timeout must be > 0, got ",
+                               absl::FormatDuration(options.overlap_step_timeout));
+      }
+      e->device_sampler2_ =
+          std::make_unique<DeviceSampler>(backend, weights->config.text.vocab_size);
+      e->device_thread_ = std::make_unique<DeviceThread>();
+    }
   }
   {
     int threads = options.sampling_threads;
@@ -454,6 +463,7 @@ absl::Status Engine::Emit(Request* r, int32_t tok, const engine::SampleResult* r
   if (r->params.logprobs && res != nullptr) out->logprobs.push_back(*res);
   if (r->constraint != nullptr) TANDEM_RETURN_IF_ERROR(r->constraint->Accept(tok));
   r->tokens.push_back(tok);
+  if (r->num_generated() == 1) r->first_token_call = step_calls_;
   r->history.AddOutputToken(tok);
   out->new_tokens.push_back(tok);
   out->cached_prompt_tokens = r->hit_tokens;
@@ -489,7 +499,36 @@ struct Engine::StepBatch {
   std::shared_ptr<engine::MaskPool::Batch> mask_batch;
   // The forward leaves the logits on the device, to be sampled there.
   bool logits_on_device = false;
+  // An overlapped step: its job on the device thread, and the sequences the
+  // scheduler ended at the length limit when it completed the step ahead of
+  // its tokens.
+  std::shared_ptr<DeviceJob> job;
+  std::vector<engine::SequenceId> ended;
 };
+
+// What an overlapped step's job reads and writes on the device thread. The
+// host fills the inputs before submitting it and reads the outputs only after
+// DeviceThread::Wait; nothing here points into a Request (the host changes
+// those meanwhile).
+struct Engine::DeviceJob {
+  StepBatch* batch =
+      nullptr;  // its inputs, fed and tables (the batch outlives the job)
+  DeviceSampler* sampler = nullptr;  // packed on the host
+  // The step before, whose sampled tokens feed this one: (row of batch->fed,
+  // index into prev->results). Reset once read.
+  std::shared_ptr<DeviceJob> prev;
+  std::vector<std::pair<size_t, size_t>> pending;
+  std::shared_ptr<DeviceThread::Job> handle;
+  // Outputs.
+  absl::Status status;
+  std::vector<absl::StatusOr<engine::SampleResult>> results;  // one per sampling row
+  StepTimingStats timing;     // the forward and the gap before it
+  std::vector<float> logits;  // (empty: the logits stay on the device)
+};
+
+Engine::~Engine() {
+  device_thread_.reset();  // runs what was submitted; nothing it uses is gone yet
+}
 
 void Engine::StartMasks(StepBatch* batch) {
   batch->mask_rows.clear();
@@ -547,29 +586,328 @@ void Engine::AwaitMasks(StepBatch* batch) {
 
 absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   std::vector<RequestOutput> outputs;
-  if (requests_.empty()) return outputs;
+  if (!HasWork()) return outputs;
+  ++step_calls_;
   // A TP group whose rank failed cannot run steps: fail fast, naming the rank.
   TANDEM_RETURN_IF_ERROR(executor_->health());
-  StepBatch batch;
-  TANDEM_RETURN_IF_ERROR(PlanStep(&batch));
-  EndUnrecomputable(batch.plan, &outputs);
-  if (batch.plan.sequences.empty()) {  // nothing fits now: close the empty step
-    TANDEM_RETURN_IF_ERROR(scheduler_->CompleteStep(batch.plan, {}).status());
-    return outputs;
+  if (inflight_ != nullptr) {
+    TANDEM_RETURN_IF_ERROR(StepOverlapped(&outputs));
+  } else {
+    std::unique_ptr<StepBatch> batch = std::move(planned_);
+    if (batch != nullptr) {
+      // Scheduled by the last Step() while a step ran: the rows of requests
+      // that ended since are dropped; the inputs come from the tokens now known.
+      size_t w = 0;
+      for (size_t i = 0; i < batch->plan.sequences.size(); ++i) {
+        if (!requests_.contains(batch->plan.sequences[i].id)) continue;
+        batch->plan.sequences[w] = batch->plan.sequences[i];
+        batch->reqs[w] = batch->reqs[i];
+        ++w;
+      }
+      batch->plan.sequences.resize(w);
+      batch->reqs.resize(w);
+      if (w > 0) TANDEM_RETURN_IF_ERROR(PlanInputs(batch.get()));
+    } else {
+      batch = std::make_unique<StepBatch>();
+      TANDEM_RETURN_IF_ERROR(PlanStep(batch.get()));
+      EndUnrecomputable(batch->plan, &outputs);
+    }
+    if (batch->plan.sequences.empty()) {  // nothing fits now: close the empty step
+      TANDEM_RETURN_IF_ERROR(scheduler_->CompleteStep(batch->plan, {}).status());
+      return outputs;
+    }
+    if (Overlappable(*batch) && LaunchOverlapped(&batch, nullptr).ok()) {
+      // The pipeline starts: the step after this one is launched before this
+      // one's tokens are emitted.
+      TANDEM_RETURN_IF_ERROR(StepOverlapped(&outputs));
+    } else {
+      TANDEM_RETURN_IF_ERROR(RunStep(batch.get(), &outputs));
+    }
   }
+  // The next forward's wait counts as a host gap only if it follows at once.
+  if (!HasWork()) last_forward_end_.reset();
+  return outputs;
+}
+
+absl::Status Engine::RunStep(StepBatch* batch, std::vector<RequestOutput>* outputs) {
   // The constrained rows' masks are filled while the forward runs; they are
   // waited for before anything else (a failed forward included).
-  StartMasks(&batch);
-  batch.logits_on_device = SamplesOnDevice(batch);
-  const absl::Status forward = ForwardStep(batch);
-  AwaitMasks(&batch);
+  StartMasks(batch);
+  batch->logits_on_device = SamplesOnDevice(*batch);
+  const absl::Status forward = ForwardStep(*batch, &timing_, &logits_);
+  AwaitMasks(batch);
   TANDEM_RETURN_IF_ERROR(forward);
-  TANDEM_RETURN_IF_ERROR(StoreSnapshots(batch));
-  TANDEM_RETURN_IF_ERROR(SampleStep(&batch, &outputs));
-  TANDEM_RETURN_IF_ERROR(FinishStep(batch, &outputs));
-  // The next forward's wait counts as a host gap only if it follows at once.
-  if (requests_.empty()) last_forward_end_.reset();
-  return outputs;
+  TANDEM_RETURN_IF_ERROR(StoreSnapshots(*batch));
+  TANDEM_RETURN_IF_ERROR(SampleStep(batch, outputs));
+  return FinishStep(*batch, outputs);
+}
+
+bool Engine::Overlappable(const StepBatch& batch) const {
+  if (device_thread_ == nullptr || proposer_ != nullptr || layer_progress_)
+    return false;
+  if (batch.plan.sequences.empty()) return false;
+  for (size_t i = 0; i < batch.plan.sequences.size(); ++i) {
+    const engine::ScheduledSequence& ss = batch.plan.sequences[i];
+    const Request* r = batch.reqs[i];
+    if (!ss.samples || ss.num_draft_tokens > 0 || ss.snapshot_at_end) return false;
+    if (r->constraint != nullptr || r->background) return false;
+    if (i < batch.inputs.size() && !batch.inputs[i].embedding_rows.empty())
+      return false;
+    // A first token this Step() returns goes out with no step of its request
+    // in flight (FollowsOverlapped).
+    if (r->num_generated() >= 1 && r->first_token_call == step_calls_) return false;
+  }
+  return true;
+}
+
+bool Engine::FollowsOverlapped(const StepBatch& next, const StepBatch& prev) const {
+  if (next.plan.sequences.empty() || prev.job == nullptr) return false;
+  if (device_thread_ == nullptr || proposer_ != nullptr || layer_progress_)
+    return false;
+  absl::flat_hash_set<engine::SequenceId> fed;  // prev's sampling rows
+  for (const engine::ScheduledSequence& ss : prev.plan.sequences) {
+    if (ss.samples) fed.insert(ss.id);
+  }
+  for (size_t i = 0; i < next.plan.sequences.size(); ++i) {
+    const engine::ScheduledSequence& ss = next.plan.sequences[i];
+    const Request* r = next.reqs[i];
+    // Exactly the one token prev is sampling, at its position.
+    if (!ss.samples || ss.num_draft_tokens > 0 || ss.snapshot_at_end ||
+        ss.resets_state || ss.restore_snapshot >= 0 || ss.end != ss.start + 1 ||
+        !fed.contains(ss.id) || ss.start != static_cast<int64_t>(r->tokens.size())) {
+      return false;
+    }
+    // Nothing the host must know prev's token for before sampling this row
+    // (penalty history, the grammar's state) or must place first.
+    if (r->constraint != nullptr || r->params.HasPenalties() ||
+        !r->pending_import.empty() || r->replay_from >= 0 || r->background) {
+      return false;
+    }
+    // Not right after its first token: a caller may take a request's state
+    // once its first token is out (the disaggregated hand-off, ExportState,
+    // Locate), which a step in flight would have moved on.
+    if (r->num_generated() < 1) return false;
+  }
+  return true;
+}
+
+absl::Status Engine::LaunchOverlapped(std::unique_ptr<StepBatch>* batch,
+                                      const StepBatch* prev) {
+  StepBatch* b = batch->get();
+  const size_t n = b->plan.sequences.size();
+  // The sampler's rows first: a row it cannot take leaves the batch as it was
+  // (the caller runs it synchronously).
+  std::vector<DeviceSampler::Row> rows(n);
+  for (size_t i = 0; i < n; ++i) {
+    Request* r = b->reqs[i];
+    // After prev the row samples the output token after prev's.
+    const int64_t position = r->num_generated() + (prev != nullptr ? 1 : 0);
+    rows[i].params = &r->params;
+    rows[i].history = &r->history;
+    rows[i].position = position;
+    // min_tokens: the stop ids stay masked while fewer were generated.
+    if (position < r->params.min_tokens)
+      rows[i].suppressed_tokens = r->stop->SuppressedTokens();
+  }
+  DeviceSampler* sampler =
+      next_sampler_ == 0 ? device_sampler_.get() : device_sampler2_.get();
+  if (absl::Status st = sampler->Pack(rows); !st.ok()) {
+    ++timing_.device_sampling_fallbacks;
+    return st;
+  }
+  next_sampler_ ^= 1;
+  auto job = std::make_shared<DeviceJob>();
+  job->batch = b;
+  job->sampler = sampler;
+  if (prev != nullptr) {
+    // Each row is fed the token prev is sampling for it: a placeholder here,
+    // patched on the device thread from prev's results before the forward.
+    absl::flat_hash_map<engine::SequenceId, size_t> result_of;
+    size_t k = 0;
+    for (const engine::ScheduledSequence& ss : prev->plan.sequences) {
+      if (ss.samples) result_of[ss.id] = k++;
+    }
+    b->proposals.assign(n, {});
+    b->inputs.assign(n, {});
+    b->tables.assign(n, {});
+    b->fed.assign(n, {});
+    b->snapshots.assign(n, {});
+    for (size_t i = 0; i < n; ++i) {
+      const engine::ScheduledSequence& ss = b->plan.sequences[i];
+      Request* r = b->reqs[i];
+      r->slot = ss.slot;
+      TANDEM_ASSIGN_OR_RETURN(b->tables[i], scheduler_->Blocks(ss.id));
+      b->fed[i].assign(1, 0);
+      SequenceInput& in = b->inputs[i];
+      in.tokens = b->fed[i];
+      in.start_pos = ss.start;
+      in.block_table = b->tables[i];
+      in.kda_slot = ss.slot;
+      in.logits_indices = {0};
+      job->pending.emplace_back(i, result_of.at(ss.id));
+      ++decode_tokens_;
+    }
+    job->prev = prev->job;
+  } else {
+    // The job reads its tokens while the host appends to the requests': copies.
+    for (size_t i = 0; i < n; ++i) {
+      SequenceInput& in = b->inputs[i];
+      if (in.tokens.data() == b->fed[i].data()) continue;
+      b->fed[i].assign(in.tokens.begin(), in.tokens.end());
+      in.tokens = b->fed[i];
+    }
+  }
+  b->logits_on_device = true;
+  b->job = job;
+  ++timing_.overlapped_steps;
+  inflight_ = std::move(*batch);
+  job->handle = device_thread_->Submit([this, job] { RunDeviceJob(job.get()); });
+  return absl::OkStatus();
+}
+
+void Engine::RunDeviceJob(DeviceJob* job) {
+  StepBatch& b = *job->batch;
+  if (job->prev != nullptr) {
+    const DeviceJob& prev = *job->prev;
+    for (const auto& [i, k] : job->pending) {
+      if (!prev.status.ok() || k >= prev.results.size()) {
+        job->status = FailedPrecondition(
+            "overlapped step: the step before it brought no tokens: ",
+            prev.status.message());
+        job->prev.reset();
+        return;
+      }
+      // A row whose sampling failed fails that step at the host; its next row
+      // is never used.
+      b.fed[i][0] = prev.results[k].ok() ? prev.results[k]->token_id : 0;
+    }
+    job->prev.reset();
+  }
+  job->status = executor_->backend(0).device().MakeCurrent();
+  if (job->status.ok()) job->status = ForwardStep(b, &job->timing, &job->logits);
+  if (job->status.ok()) job->status = job->sampler->Upload();
+  if (!job->status.ok()) return;
+  ModelRunner& runner = executor_->runner(0);
+  const int64_t rows = static_cast<int64_t>(
+      job->pending.empty() ? b.plan.sequences.size() : job->pending.size());
+  if (runner.device_logits() == nullptr || runner.device_logits_rows() != rows) {
+    job->status =
+        Internal("overlapped step: the forward left ", runner.device_logits_rows(),
+                 " rows of logits on the device for ", rows, " sampling rows");
+    return;
+  }
+  job->status = job->sampler->Run(runner.device_logits(), &job->results);
+}
+
+absl::Status Engine::StepOverlapped(std::vector<RequestOutput>* outputs) {
+  std::unique_ptr<StepBatch> prev = std::move(inflight_);
+  // 1. The scheduler completes the running step as if each row had gained one
+  //    token and gone on (the length limit it ends itself); the real endings
+  //    are known after its tokens come back (FinishOverlapped).
+  std::vector<engine::SequenceOutcome> optimistic;
+  for (const engine::ScheduledSequence& ss : prev->plan.sequences) {
+    if (!ss.samples || !requests_.contains(ss.id)) continue;  // aborted meanwhile
+    engine::SequenceOutcome oc;
+    oc.id = ss.id;
+    oc.num_new_tokens = 1;
+    optimistic.push_back(oc);
+  }
+  absl::StatusOr<std::vector<engine::SequenceId>> ended =
+      scheduler_->CompleteStep(prev->plan, optimistic);
+  if (!ended.ok()) {
+    FinishOverlapped(prev.get(), outputs).IgnoreError();
+    return ended.status();
+  }
+  prev->ended = *std::move(ended);
+  ReapBackground();
+  // 2. The next step: launched now when its rows only continue prev's.
+  auto next = std::make_unique<StepBatch>();
+  absl::Status planned = ScheduleStep(next.get());
+  if (planned.ok()) {
+    EndUnrecomputable(next->plan, outputs);
+    if (FollowsOverlapped(*next, *prev)) {
+      // (A row the device sampler cannot take: next stays here, run below.)
+      LaunchOverlapped(&next, prev.get()).IgnoreError();
+    }
+  }
+  // 3. The running step's tokens: emitted, stop-checked, ended.
+  const absl::Status finished = FinishOverlapped(prev.get(), outputs);
+  TANDEM_RETURN_IF_ERROR(planned);
+  TANDEM_RETURN_IF_ERROR(finished);
+  if (next == nullptr) return absl::OkStatus();  // launched
+  // 4. Otherwise the next step runs in the next Step() (one step's outputs per
+  //    call), its inputs planned from the tokens just emitted.
+  if (next->plan.sequences.empty())
+    return scheduler_->CompleteStep(next->plan, {}).status();
+  planned_ = std::move(next);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::FinishOverlapped(StepBatch* prev,
+                                      std::vector<RequestOutput>* outputs) {
+  DeviceJob& job = *prev->job;
+  TANDEM_RETURN_IF_ERROR(
+      DeviceThread::Wait(*job.handle, absl::Now() + options_.overlap_step_timeout));
+  timing_.steps += job.timing.steps;
+  timing_.forward_seconds += job.timing.forward_seconds;
+  timing_.gaps += job.timing.gaps;
+  timing_.host_gap_seconds += job.timing.host_gap_seconds;
+  timing_.max_host_gap_seconds =
+      std::max(timing_.max_host_gap_seconds, job.timing.max_host_gap_seconds);
+  TANDEM_RETURN_IF_ERROR(job.status);
+  timing_.device_sampled_rows += static_cast<int64_t>(job.results.size());
+  const absl::flat_hash_set<engine::SequenceId> at_length(prev->ended.begin(),
+                                                          prev->ended.end());
+  absl::flat_hash_set<engine::SequenceId> launched;  // rows of the step launched after
+  if (inflight_ != nullptr) {
+    for (const engine::ScheduledSequence& ss : inflight_->plan.sequences) {
+      launched.insert(ss.id);
+    }
+  }
+  size_t k = 0;
+  for (const engine::ScheduledSequence& ss : prev->plan.sequences) {
+    if (!ss.samples) continue;
+    const size_t row = k++;
+    auto it = requests_.find(ss.id);
+    if (it == requests_.end()) continue;  // aborted while in flight
+    Request* r = it->second.get();
+    if (row >= job.results.size()) {
+      return Internal("overlapped step: ", job.results.size(), " results for ", row + 1,
+                      " sampling rows");
+    }
+    const absl::StatusOr<engine::SampleResult>& res = job.results[row];
+    // As the synchronous path: a row's sampling error fails the step.
+    TANDEM_RETURN_IF_ERROR(res.status());
+    RequestOutput out;
+    out.id = ss.id;
+    TANDEM_RETURN_IF_ERROR(Emit(r, res->token_id, &*res, &out));
+    if (!out.finished && at_length.contains(ss.id)) {
+      out.text += r->stop->Flush(engine::FinishReason::kLength);
+      out.finished = true;
+      out.finish_reason = engine::FinishReason::kLength;
+    }
+    if (out.finished) {
+      if (r->detok != nullptr && out.finish_reason == engine::FinishReason::kLength) {
+        out.text += r->detok->Flush();
+      }
+      ContinueFinished(*r);
+      if (!at_length.contains(ss.id) && scheduler_->Contains(ss.id)) {
+        // Ended by its token (EOS, a stop string): the scheduler still runs it,
+        // in the step launched after (its row there is thrown away) or queued.
+        timing_.overlap_discarded_rows += launched.contains(ss.id);
+        scheduler_->Abort(ss.id).IgnoreError();
+      }
+      requests_.erase(it);
+    }
+    outputs->push_back(std::move(out));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::WaitDevice() {
+  if (inflight_ == nullptr || inflight_->job == nullptr) return absl::OkStatus();
+  return DeviceThread::Wait(*inflight_->job->handle,
+                            absl::Now() + options_.overlap_step_timeout);
 }
 
 void Engine::EndUnrecomputable(const engine::StepPlan& plan,
@@ -589,6 +927,12 @@ void Engine::EndUnrecomputable(const engine::StepPlan& plan,
 }
 
 absl::Status Engine::PlanStep(StepBatch* batch) {
+  TANDEM_RETURN_IF_ERROR(ScheduleStep(batch));
+  if (batch->plan.sequences.empty()) return absl::OkStatus();
+  return PlanInputs(batch);
+}
+
+absl::Status Engine::ScheduleStep(StepBatch* batch) {
   TANDEM_ASSIGN_OR_RETURN(batch->plan, scheduler_->Schedule());
   ReapBackground();  // continuations the scheduler skipped or cancelled
   const engine::StepPlan& plan = batch->plan;
@@ -612,6 +956,12 @@ absl::Status Engine::PlanStep(StepBatch* batch) {
       batch->reqs[i]->replay_from = -1;
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::PlanInputs(StepBatch* batch) {
+  const engine::StepPlan& plan = batch->plan;
+  const size_t n = plan.sequences.size();
   // Speculation: drafts, the tokens each entry feeds, KDA snapshots to roll back to.
   batch->proposals.resize(n);
   if (proposer_ != nullptr) {
@@ -706,6 +1056,12 @@ absl::Status Engine::PlanInput(size_t i, StepBatch* batch) {
 }
 
 void Engine::InstallLayerDoneHook() {
+  // The runner is the device thread's while a step is in flight.
+  if (absl::Status w = WaitDevice(); !w.ok()) {
+    TLOG(ERROR, "layer progress hook not changed: a step is still running")
+        .Kv("status", w);
+    return;
+  }
   if (!layer_progress_) {
     executor_->runner(0).set_layer_done_hook(nullptr);
     return;
@@ -725,7 +1081,8 @@ void Engine::InstallLayerDoneHook() {
   });
 }
 
-absl::Status Engine::ForwardStep(const StepBatch& batch) {
+absl::Status Engine::ForwardStep(const StepBatch& batch, StepTimingStats* timing,
+                                 std::vector<float>* logits) {
   // The prefill entries the layer-progress callback reports during the forward.
   progress_.clear();
   if (layer_progress_) {
@@ -751,16 +1108,16 @@ absl::Status Engine::ForwardStep(const StepBatch& batch) {
   const absl::Time start = absl::Now();
   if (last_forward_end_.has_value()) {
     const double gap = absl::ToDoubleSeconds(start - *last_forward_end_);
-    ++timing_.gaps;
-    timing_.host_gap_seconds += gap;
-    timing_.max_host_gap_seconds = std::max(timing_.max_host_gap_seconds, gap);
+    ++timing->gaps;
+    timing->host_gap_seconds += gap;
+    timing->max_host_gap_seconds = std::max(timing->max_host_gap_seconds, gap);
   }
   const absl::Status forward = executor_->Forward(
-      batch.inputs, &logits_,
+      batch.inputs, logits,
       batch.logits_on_device ? LogitsPlacement::kDevice : LogitsPlacement::kHost);
   const absl::Time end = absl::Now();
-  ++timing_.steps;
-  timing_.forward_seconds += absl::ToDoubleSeconds(end - start);
+  ++timing->steps;
+  timing->forward_seconds += absl::ToDoubleSeconds(end - start);
   last_forward_end_ = end;
   progress_.clear();
   return forward;
@@ -1163,6 +1520,18 @@ absl::Status Engine::FinishStep(const StepBatch& batch,
 }
 
 absl::StatusOr<ExportedState> Engine::ExportState(RequestId id) {
+  if (inflight_ != nullptr) {
+    for (const engine::ScheduledSequence& ss : inflight_->plan.sequences) {
+      if (ss.id == id) {
+        // Its state already holds the next position's token, which the host
+        // has not seen yet.
+        return FailedPrecondition("request ", id,
+                                  " has an overlapped step in flight; its state is "
+                                  "taken between steps (overlap_steps off)");
+      }
+    }
+  }
+  TANDEM_RETURN_IF_ERROR(WaitDevice());
   auto it = requests_.find(id);
   if (it == requests_.end()) return NotFound("request ", id, " not found");
   Request* r = it->second.get();
@@ -1181,6 +1550,18 @@ absl::StatusOr<ExportedState> Engine::ExportState(RequestId id) {
 }
 
 absl::StatusOr<StateLocation> Engine::Locate(RequestId id) {
+  if (inflight_ != nullptr) {
+    for (const engine::ScheduledSequence& ss : inflight_->plan.sequences) {
+      if (ss.id == id) {
+        // Its state already holds the next position's token, which the host
+        // has not seen yet.
+        return FailedPrecondition("request ", id,
+                                  " has an overlapped step in flight; its state is "
+                                  "taken between steps (overlap_steps off)");
+      }
+    }
+  }
+  TANDEM_RETURN_IF_ERROR(WaitDevice());
   auto it = requests_.find(id);
   if (it == requests_.end()) return NotFound("request ", id, " not found");
   Request* r = it->second.get();
@@ -1265,6 +1646,7 @@ absl::StatusOr<Engine::Request*> Engine::NewPrefilledRequest(
 absl::Status Engine::AddPrefilled(RequestId id, const ExportedState& state,
                                   const engine::SamplingParams& params,
                                   RequestOutput* out) {
+  TANDEM_RETURN_IF_ERROR(WaitDevice());  // the copies below use a device
   TANDEM_ASSIGN_OR_RETURN(Request * r, NewPrefilledRequest(id, state, params, out));
   if (r == nullptr) return absl::OkStatus();  // ended by its generated tokens
   // Own a copy of the source bytes until the first step places them.
@@ -1334,6 +1716,7 @@ absl::StatusOr<StateLocation> Engine::Reserve(RequestId id, int64_t num_prompt_t
 
 absl::StatusOr<RequestOutput> Engine::AdmitReserved(
     RequestId id, const ExportedState& state, const engine::SamplingParams& params) {
+  TANDEM_RETURN_IF_ERROR(WaitDevice());
   auto it = reserved_.find(id);
   if (it == reserved_.end()) return NotFound("request ", id, " has no reservation");
   if (static_cast<int64_t>(state.prompt.size()) != it->second.num_prompt_tokens ||

@@ -20,6 +20,12 @@
 //     FinishStep:  Scheduler::CompleteStep (frees finished sequences' blocks and
 //                  slot) → length endings flushed → finished requests dropped
 //     → RequestOutput per sequence that produced a token or finished
+//   Overlapped steps (options.overlap_steps, device backends): a decode step
+//     whose rows all sample on the device runs its ForwardStep and sampling on
+//     the device thread; the next Step() completes it in the scheduler as if
+//     each row had gained one token, plans and launches the step after it (its
+//     rows fed those tokens on the device thread), and only then emits the
+//     running step's tokens (FinishOverlapped): Step() returns one step late.
 //   Abort(id) → Scheduler::Abort (blocks and slot freed at once)
 //   ExportState / AddPrefilledRequest: a sequence's complete state as byte ranges
 //     and its admission on another engine (the disaggregated hand-off in-process).
@@ -63,6 +69,7 @@
 #include "engine/cache/host_tier.h"
 #include "engine/cache/prefix_events.h"
 #include "engine/runtime/device_sampler.h"
+#include "engine/runtime/device_thread.h"
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/model_runner.h"
 #include "engine/runtime/tp_executor.h"
@@ -169,6 +176,12 @@ struct StepTimingStats {
   int64_t device_sampled_rows = 0;
   int64_t host_sampled_rows = 0;
   int64_t device_sampling_fallbacks = 0;
+  // Overlapped steps (EngineOptions::overlap_steps): steps launched on the
+  // device thread before the previous step's tokens reached the host, and rows
+  // such a step computed for a request that had just ended (its token thrown
+  // away, as in vLLM's async scheduling).
+  int64_t overlapped_steps = 0;
+  int64_t overlap_discarded_rows = 0;
   // Host gap as a fraction of the step (gap + forward), over the measured gaps.
   double host_gap_fraction() const {
     const double fwd = steps > 0 ? forward_seconds / steps : 0.0;
@@ -255,6 +268,23 @@ struct EngineOptions {
   // and sample on the host. false: every step on the host. The same tokens either way
   // (docs/ARCHITECTURE.md, "Sampling on the device").
   bool device_sampling = true;
+  // Overlapped steps (async scheduling, as vLLM's async scheduler and SGLang's
+  // overlap scheduler): while a decode step's forward and device sampling run
+  // on the engine's device thread, the engine's thread plans and launches the
+  // next step (each row fed the token the running step is sampling: it is
+  // patched into the next step's inputs on the device thread, never waited for
+  // on the host) and only then turns the running step's tokens into text, stop
+  // checks and outputs. So a Step() returns the previous step's outputs. Taken
+  // for steps whose rows are all sampled on the device with nothing the host
+  // must know first (no drafts, constraints, penalties, images, layer-progress
+  // listener); any other step runs as before, once the one in flight has
+  // finished. A request that ended on the step in flight has its row in the
+  // next step computed and thrown away. The same tokens either way
+  // (docs/ARCHITECTURE.md, "Overlapped steps").
+  bool overlap_steps = true;
+  // How long a step waits for the overlapped step before it: past it the step
+  // fails with DeadlineExceeded (the worker stops taking work).
+  absl::Duration overlap_step_timeout = absl::Minutes(5);
   // A step's rows are sampled on this many threads (each row on its own: the
   // results do not depend on it). 0: one per hardware thread; 1: on the engine
   // thread. Full-vocabulary sampling costs 0.2-3 ms per row on a CPU core.
@@ -461,7 +491,10 @@ class Engine {
   absl::StatusOr<RequestOutput> AdmitReserved(RequestId id, const ExportedState& state,
                                               const engine::SamplingParams& params);
 
-  bool HasWork() const { return !requests_.empty(); }
+  // Requests to step, or an overlapped or planned step the next Step() finishes.
+  bool HasWork() const {
+    return !requests_.empty() || inflight_ != nullptr || planned_ != nullptr;
+  }
   int32_t num_free_blocks() const { return scheduler_->num_free_blocks(); }
   int32_t num_free_slots() const { return scheduler_->num_free_slots(); }
   const engine::Scheduler& scheduler() const { return *scheduler_; }
@@ -576,12 +609,19 @@ class Engine {
     bool mask_ready = false;
     absl::Status mask_error;
     int64_t num_generated() const { return tokens.size() - prompt.size(); }
+    // The Step() call (step_calls_) that emitted its first token (-1: none).
+    int64_t first_token_call = -1;
   };
 
   // The batch one Step() moves through its phases (engine.cc).
   struct StepBatch;
 
   Engine() = default;
+
+ public:
+  ~Engine();
+
+ private:
   absl::StatusOr<Request*> NewRequest(RequestId id, std::vector<int32_t> prompt,
                                       const engine::SamplingParams& params);
   // Step()'s phases, in order. PlanStep: schedule, drafts, each sequence's input
@@ -591,7 +631,8 @@ class Engine {
   // FinishStep: the scheduler completes the step; finished requests go.
   absl::Status PlanStep(StepBatch* batch);
   absl::Status PlanInput(size_t i, StepBatch* batch);
-  absl::Status ForwardStep(const StepBatch& batch);
+  absl::Status ForwardStep(const StepBatch& batch, StepTimingStats* timing,
+                           std::vector<float>* logits);
   // Prefix caching: the slots of entries that ended at a snapshot position are
   // copied into the snapshot pool (before sampling: verification may roll back
   // a decoding slot, never a prefill's).
@@ -609,6 +650,29 @@ class Engine {
       const StepBatch& batch,
       std::vector<std::optional<absl::StatusOr<engine::SampleResult>>>* presampled);
   absl::Status SampleStep(StepBatch* batch, std::vector<RequestOutput>* outputs);
+  // Overlapped steps (EngineOptions::overlap_steps). The job a launched step
+  // runs on device_thread_; whether a planned step may run there (and, after
+  // `prev`, with its rows fed prev's tokens); launching it; the steady state
+  // (plan and launch the next step, then finish the one in flight); finishing
+  // the step in flight; waiting for the device thread before anything else
+  // touches the ranks (every public call that does).
+  struct DeviceJob;
+  bool Overlappable(const StepBatch& batch) const;
+  bool FollowsOverlapped(const StepBatch& next, const StepBatch& prev) const;
+  // On success *batch moves to inflight_; on an error it stays with the caller.
+  absl::Status LaunchOverlapped(std::unique_ptr<StepBatch>* batch,
+                                const StepBatch* prev);
+  void RunDeviceJob(DeviceJob* job);
+  absl::Status StepOverlapped(std::vector<RequestOutput>* outputs);
+  absl::Status FinishOverlapped(StepBatch* prev, std::vector<RequestOutput>* outputs);
+  absl::Status WaitDevice();
+  // The synchronous rest of a planned, non-empty step (forward, sampling,
+  // the scheduler's completion).
+  absl::Status RunStep(StepBatch* batch, std::vector<RequestOutput>* outputs);
+  // Schedules the next step and looks up its requests (PlanStep's first half);
+  // PlanInputs does the rest (drafts, inputs).
+  absl::Status ScheduleStep(StepBatch* batch);
+  absl::Status PlanInputs(StepBatch* batch);
   absl::Status FinishStep(const StepBatch& batch, std::vector<RequestOutput>* outputs);
   // Samples `r`'s next token from its `logits` row with `sampler` (scratch of
   // the calling thread); reads only `r`'s parameters, history and position,
@@ -737,6 +801,18 @@ class Engine {
   std::unique_ptr<engine::HostTier> host_tier_;
   absl::Status AttachHostTier(int64_t budget_bytes);
   std::vector<LayerProgressEntry> progress_;  // the current step's prefill entries
+  // Overlapped steps: the step whose job was launched and whose outputs the
+  // next Step() returns (null: none), the second device sampler (launched
+  // steps alternate between the two: one is packed while the other runs), and
+  // the device thread (last: it is joined before anything its jobs use goes).
+  std::unique_ptr<StepBatch> inflight_;
+  // A step the scheduler planned while the overlapped one ran but that could
+  // not follow it: the next Step() runs it (its rows are already scheduled).
+  std::unique_ptr<StepBatch> planned_;
+  std::unique_ptr<DeviceSampler> device_sampler2_;
+  int next_sampler_ = 0;
+  int64_t step_calls_ = 0;  // Step() calls that had work
+  std::unique_ptr<DeviceThread> device_thread_;
 };
 
 }  // namespace tandem::engine
