@@ -71,6 +71,14 @@ ABSL_FLAG(
     "output masks go up). Steps with speculative drafts sample on the host. false: "
     "every step copies its logits back and samples on the host (the same "
     "tokens).");
+ABSL_FLAG(bool, overlap_steps, true,
+          "Overlap the host's work with the device's (async scheduling): on a device "
+          "backend a decode step whose rows all sample on the device runs on a device "
+          "thread while the next step is planned and launched (fed the running "
+          "step's tokens on the device) and the running step's tokens are "
+          "detokenised afterwards. Steps that need the host first (new requests, "
+          "drafts, structured outputs, penalties) run as before. The same tokens "
+          "either way; false: every step waits for the one before.");
 ABSL_FLAG(int, tp, 1,
           "Tensor-parallel size: ranks run as threads of this process, one cache "
           "shard each, all registered with the one UCX agent. Prefill and decode "
@@ -172,6 +180,7 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(
   eo.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
   eo.enforce_eager = absl::GetFlag(FLAGS_enforce_eager);
   eo.device_sampling = absl::GetFlag(FLAGS_device_sampling);
+  eo.overlap_steps = absl::GetFlag(FLAGS_overlap_steps);
   if (eo.block_size <= 0) {
     return InvalidArgument("--block_size must be >= 1, got ", eo.block_size);
   }

@@ -108,6 +108,19 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
                            "Steps meant for device sampling that sampled on the host "
                            "(device memory for the sampler's inputs ran out)."))
            ->Add({});
+  overlapped_steps =
+      &OrDie(r->AddCounter("tandem_worker_overlapped_steps_total",
+                           "Steps launched on the device thread before the previous "
+                           "step's tokens reached the host (--overlap_steps: async "
+                           "scheduling). Far below the step count: most steps needed "
+                           "the host first (new requests, drafts, constraints, "
+                           "penalties)."))
+           ->Add({});
+  overlap_discarded_rows =
+      &OrDie(r->AddCounter("tandem_worker_overlap_discarded_rows_total",
+                           "Rows an overlapped step computed for a request that "
+                           "had just ended on its previous token (thrown away)."))
+           ->Add({});
   graph_steps = OrDie(r->AddCounter(
       "tandem_worker_cuda_graph_steps_total",
       "Forwards by mode: graph (a captured CUDA graph replayed) or eager."));
@@ -416,6 +429,9 @@ void WorkerMetrics::Update(const EngineLoopStats& s, absl::Time now) {
        last_timing_.host_sampled_rows);
   bump(device_sampling_fallbacks, tm.device_sampling_fallbacks,
        last_timing_.device_sampling_fallbacks);
+  bump(overlapped_steps, tm.overlapped_steps, last_timing_.overlapped_steps);
+  bump(overlap_discarded_rows, tm.overlap_discarded_rows,
+       last_timing_.overlap_discarded_rows);
   const engine::GraphStats& g = s.graphs;
   const engine::GraphStats& lg = last_graphs_;
   if (g.replays > lg.replays) {

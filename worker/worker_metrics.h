@@ -105,6 +105,8 @@ class WorkerMetrics {
   metrics::Gauge* host_gap_fraction;
   metrics::Family<metrics::Counter>* sampled_rows;  // where: device | host
   metrics::Counter* device_sampling_fallbacks;
+  metrics::Counter* overlapped_steps;
+  metrics::Counter* overlap_discarded_rows;
   // CUDA graphs of decode steps (engine::GraphStats, rank 0): forwards replayed
   // from a graph or run eagerly, captures and their time, rows added by padding
   // to a bucket, graphs held and their nodes.

@@ -785,6 +785,7 @@ void Engine::RunDeviceJob(DeviceJob* job) {
   }
   job->status = executor_->backend(0).device().MakeCurrent();
   if (job->status.ok()) job->status = ForwardStep(b, &job->timing, &job->logits);
+  const absl::Time t0 = absl::Now();
   if (job->status.ok()) job->status = job->sampler->Upload();
   if (!job->status.ok()) return;
   ModelRunner& runner = executor_->runner(0);
@@ -797,6 +798,8 @@ void Engine::RunDeviceJob(DeviceJob* job) {
     return;
   }
   job->status = job->sampler->Run(runner.device_logits(), &job->results);
+  last_sampling_seconds_ = absl::ToDoubleSeconds(absl::Now() - t0);
+  job->timing.device_sampling_seconds = last_sampling_seconds_;
 }
 
 absl::Status Engine::StepOverlapped(std::vector<RequestOutput>* outputs) {
@@ -854,6 +857,8 @@ absl::Status Engine::FinishOverlapped(StepBatch* prev,
   timing_.host_gap_seconds += job.timing.host_gap_seconds;
   timing_.max_host_gap_seconds =
       std::max(timing_.max_host_gap_seconds, job.timing.max_host_gap_seconds);
+  timing_.device_sampling_seconds += job.timing.device_sampling_seconds;
+  timing_.idle_gap_seconds += job.timing.idle_gap_seconds;
   TANDEM_RETURN_IF_ERROR(job.status);
   timing_.device_sampled_rows += static_cast<int64_t>(job.results.size());
   const absl::flat_hash_set<engine::SequenceId> at_length(prev->ended.begin(),
@@ -1111,7 +1116,9 @@ absl::Status Engine::ForwardStep(const StepBatch& batch, StepTimingStats* timing
     ++timing->gaps;
     timing->host_gap_seconds += gap;
     timing->max_host_gap_seconds = std::max(timing->max_host_gap_seconds, gap);
+    timing->idle_gap_seconds += std::max(0.0, gap - last_sampling_seconds_);
   }
+  last_sampling_seconds_ = 0;
   const absl::Status forward = executor_->Forward(
       batch.inputs, logits,
       batch.logits_on_device ? LogitsPlacement::kDevice : LogitsPlacement::kHost);
@@ -1389,6 +1396,7 @@ absl::StatusOr<bool> Engine::SampleRowsOnDevice(
                     " rows of logits on the device for ", rows.size(),
                     " sampling rows");
   }
+  const absl::Time t0 = absl::Now();
   if (absl::Status st = device_sampler_->Prepare(rows); !st.ok()) {
     // The logits are untouched: sample them on the host this step.
     ++timing_.device_sampling_fallbacks;
@@ -1404,6 +1412,8 @@ absl::StatusOr<bool> Engine::SampleRowsOnDevice(
   }
   TANDEM_RETURN_IF_ERROR(
       device_sampler_->Run(runner.device_logits(), &device_results_));
+  last_sampling_seconds_ = absl::ToDoubleSeconds(absl::Now() - t0);
+  timing_.device_sampling_seconds += last_sampling_seconds_;
   for (size_t k = 0; k < seq.size(); ++k) {
     (*presampled)[seq[k]] = mask_errors[k].ok()
                                 ? std::move(device_results_[k])

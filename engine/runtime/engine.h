@@ -47,6 +47,7 @@
 #ifndef TANDEM_ENGINE_RUNTIME_ENGINE_H_
 #define TANDEM_ENGINE_RUNTIME_ENGINE_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -182,6 +183,14 @@ struct StepTimingStats {
   // away, as in vLLM's async scheduling).
   int64_t overlapped_steps = 0;
   int64_t overlap_discarded_rows = 0;
+  // Time in device sampling (inputs up, the kernel, the results back), and
+  // of the measured host gaps the part after it: device work follows the
+  // forward it samples, so this is what the device idles waiting for the host.
+  double device_sampling_seconds = 0;
+  double idle_gap_seconds = 0;
+  double idle_gap_seconds_per_step() const {
+    return gaps > 0 ? idle_gap_seconds / gaps : 0.0;
+  }
   // Host gap as a fraction of the step (gap + forward), over the measured gaps.
   double host_gap_fraction() const {
     const double fwd = steps > 0 ? forward_seconds / steps : 0.0;
@@ -786,6 +795,8 @@ class Engine {
   StepTimingStats timing_;
   // End of the last forward, when the engine still had work after that step.
   std::optional<absl::Time> last_forward_end_;
+  // Device sampling after that forward (its seconds: part of the next gap).
+  double last_sampling_seconds_ = 0;
   LayerProgressCallback layer_progress_;
   int64_t snapshot_base_ = 0;  // KDA slot of snapshot 0 (after the running slots)
   // Generation snapshots: the finished request's continuation (queued in the

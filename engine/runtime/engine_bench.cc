@@ -20,7 +20,8 @@
 // CPU time (the kernels' own efficiency, barely disturbed by other load).
 // On a backend that samples on its device (cuda, cuda_sim) the Engine::Step
 // decode also runs with --device_sampling off (logits copied back, sampled on
-// the host) as the baseline of sampling on the device.
+// the host) as the baseline of sampling on the device, and with --overlap_steps
+// off (every step waits for the one before) as the baseline of overlapped steps.
 // Ends with ONE JSON line {"bench":"engine",...}. Default model: the tiny
 // checkpoint from the runfiles.
 #include <algorithm>
@@ -41,6 +42,7 @@
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/model_runner.h"
 #include "engine/runtime/weights.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "kernels/backend_factory.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
@@ -125,6 +127,13 @@ int main(int argc, char** argv) {
     dir = std::string(argv[0]) + ".runfiles/tandem/engine/model/tiny_checkpoint";
   auto ckpt = tandem::model::Checkpoint::Open(dir);
   if (!ckpt.ok()) return Fail(ckpt.status());
+  // The Engine::Step runs detokenise what they generate, as a worker does (host
+  // work between steps); a checkpoint without a tokenizer runs without.
+  auto tokenizer = tandem::tokenizer::Tokenizer::Load(dir);
+  if (!tokenizer.ok()) {
+    std::fprintf(stderr, "no tokenizer (%s): Engine::Step runs do not detokenise\n",
+                 std::string(tokenizer.status().message()).c_str());
+  }
   auto backend = tandem::kernels::CreateBackend(absl::GetFlag(FLAGS_backend));
   if (!backend.ok()) return Fail(backend.status());
   tandem::kernels::Device& device = (*backend)->device();
@@ -273,16 +282,19 @@ int main(int argc, char** argv) {
       // Decode tokens/s through Engine::Step (forward + sampling + stop
       // checks) with `threads` sampling threads.
       tandem::engine::StepTimingStats timing;
-      auto engine_decode = [&](int threads,
-                               bool device_sampling = true) -> absl::StatusOr<double> {
+      auto engine_decode = [&](int threads, bool device_sampling = true,
+                               bool overlap = true) -> absl::StatusOr<double> {
         tandem::engine::EngineOptions eo;
         eo.device_sampling = device_sampling;
+        eo.overlap_steps = overlap;
         eo.num_slots = B;
         eo.max_context_tokens = ctx + 1;
         eo.max_tokens_per_step = std::max<int64_t>(256, B * prompt_len);
         eo.sampling_threads = threads;
-        TANDEM_ASSIGN_OR_RETURN(auto engine, tandem::engine::Engine::Create(
-                                                 &w, backend->get(), nullptr, eo));
+        TANDEM_ASSIGN_OR_RETURN(
+            auto engine,
+            tandem::engine::Engine::Create(
+                &w, backend->get(), tokenizer.ok() ? tokenizer->get() : nullptr, eo));
         for (int q = 0; q < B; ++q) {
           tandem::engine::SamplingParams p;
           p.temperature = 1.0f;
@@ -314,10 +326,43 @@ int main(int argc, char** argv) {
         if (!host.ok()) return Fail(host.status());
         host_timing = timing;
       }
+      tandem::engine::StepTimingStats sync_timing;
+      absl::StatusOr<double> sync = 0.0;
+      if (device_samples) {
+        sync = engine_decode(0, /*device_sampling=*/true, /*overlap=*/false);
+        if (!sync.ok()) return Fail(sync.status());
+        sync_timing = timing;
+      }
       auto seq = engine_decode(1);
       auto par = engine_decode(0);
       if (!seq.ok()) return Fail(seq.status());
       if (!par.ok()) return Fail(par.status());
+      if (device_samples) {
+        const double sync_gap_ms =
+            sync_timing.gaps > 0 ? sync_timing.host_gap_seconds / sync_timing.gaps * 1e3
+                                 : 0.0;
+        const double gap_ms =
+            timing.gaps > 0 ? timing.host_gap_seconds / timing.gaps * 1e3 : 0.0;
+        r["engine_decode_tokens_per_s_no_overlap"] = *sync;
+        r["engine_host_gap_ms_no_overlap"] = sync_gap_ms;
+        r["engine_host_gap_fraction_no_overlap"] = sync_timing.host_gap_fraction();
+        r["engine_overlapped_steps"] = timing.overlapped_steps;
+        r["engine_idle_gap_ms"] = timing.idle_gap_seconds_per_step() * 1e3;
+        r["engine_idle_gap_ms_no_overlap"] =
+            sync_timing.idle_gap_seconds_per_step() * 1e3;
+        r["overlap_vs_sync_decode"] = *sync > 0 ? *par / *sync : 0.0;
+        std::fprintf(
+            stderr,
+            "batch %3d: overlapped steps %.1f tok/s (host gap %.3f ms, %lld of "
+            "%lld steps overlapped; %.3f ms of it not device sampling), each "
+            "step waiting for the one before %.1f tok/s (host gap %.3f ms; "
+            "%.3f ms not device sampling): x%.2f\n",
+            B, *par, gap_ms, static_cast<long long>(timing.overlapped_steps),
+            static_cast<long long>(timing.steps),
+            timing.idle_gap_seconds_per_step() * 1e3, *sync, sync_gap_ms,
+            sync_timing.idle_gap_seconds_per_step() * 1e3,
+            *sync > 0 ? *par / *sync : 0.0);
+      }
       if (device_samples) {
         const double host_gap_ms =
             host_timing.gaps > 0 ? host_timing.host_gap_seconds / host_timing.gaps * 1e3

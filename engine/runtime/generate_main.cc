@@ -51,6 +51,11 @@ ABSL_FLAG(bool, enforce_eager, false,
 ABSL_FLAG(bool, device_sampling, true,
           "Sample on the device where the backend can (cuda, cuda_sim); false: copy "
           "the logits back and sample on the host (the same tokens)");
+ABSL_FLAG(bool, overlap_steps, true,
+          "Overlap the host's work with the device's (async scheduling, device "
+          "backends): the next decode step is launched before this one's token is "
+          "detokenised; false: every step waits for the one before (the same "
+          "tokens)");
 ABSL_FLAG(std::string, kv_cache_memory, "",
           "Memory for the KV cache and KDA state, as the workers take it: bytes with a "
           "unit (8GiB, 512MiB) or a fraction of the available memory (0.2); empty: "
@@ -141,6 +146,7 @@ int main(int argc, char** argv) {
   eo.block_size = absl::GetFlag(FLAGS_block_size);
   eo.enforce_eager = absl::GetFlag(FLAGS_enforce_eager);
   eo.device_sampling = absl::GetFlag(FLAGS_device_sampling);
+  eo.overlap_steps = absl::GetFlag(FLAGS_overlap_steps);
   eo.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
   eo.max_context_tokens =
       static_cast<int64_t>(ids.size()) + absl::GetFlag(FLAGS_max_tokens) + 1;
@@ -253,6 +259,11 @@ int main(int argc, char** argv) {
                  static_cast<long long>(t.device_sampled_rows),
                  static_cast<long long>(t.host_sampled_rows),
                  eo.device_sampling ? "" : " (--device_sampling=false)");
+    std::fprintf(
+        stderr, "overlapped steps: %lld of %lld%s; host gap %.3f ms per step\n",
+        static_cast<long long>(t.overlapped_steps), static_cast<long long>(t.steps),
+        eo.overlap_steps ? "" : " (--overlap_steps=false)",
+        t.gaps > 0 ? 1e3 * t.host_gap_seconds / t.gaps : 0.0);
   }
   return 0;
 }
