@@ -371,8 +371,11 @@ absl::StatusOr<tandem::v1::StateChecksums> DecodeService::LandedChecksums(
     absl::StatusOr<tandem::v1::StateChecksums> result ABSL_GUARDED_BY(mu);
   };
   auto shared = std::make_shared<Shared>();
-  loop_->Post([shared, compute](engine::Engine&) {
-    absl::StatusOr<tandem::v1::StateChecksums> v = compute();
+  loop_->Post([shared, compute](engine::Engine& e) {
+    // Not while an overlapped step runs on the device thread either.
+    absl::Status quiet = e.Quiesce();
+    absl::StatusOr<tandem::v1::StateChecksums> v =
+        quiet.ok() ? compute() : absl::StatusOr<tandem::v1::StateChecksums>(quiet);
     absl::MutexLock l(&shared->mu);
     shared->result = std::move(v);
     shared->done = true;

@@ -223,7 +223,7 @@ void EngineLoop::PublishStats(engine::Engine& e) {
   s.speculative = e.speculative_stats();
   s.prefix = e.prefix_caching_stats();
   s.timing = e.step_timing();
-  s.graphs = e.runner().graph_stats();
+  s.graphs = e.graph_stats();
   s.free_blocks = e.num_free_blocks();
   s.total_blocks = e.scheduler().config().num_blocks;
   s.free_slots = e.num_free_slots();
@@ -267,7 +267,7 @@ void EngineLoop::Run() {
     if (!outs.ok()) {
       TLOG(ERROR, "engine step failed; failing every request")
           .Kv("status", outs.status());
-      if (absl::Status h = e.executor().health(); !h.ok()) {
+      if (absl::Status h = e.health(); !h.ok()) {
         absl::MutexLock l(&mu_);
         health_ = h;
       }

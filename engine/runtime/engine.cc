@@ -205,6 +205,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
 
 absl::StatusOr<Engine::Request*> Engine::NewRequest(
     RequestId id, std::vector<int32_t> prompt, const engine::SamplingParams& params) {
+  TANDEM_RETURN_IF_ERROR(device_error_);  // a stopped engine takes no work
   const int64_t V = weights_->config.text.vocab_size;
   if (requests_.contains(id)) return InvalidArgument("request ", id, " already exists");
   if (id < 0) {  // negative ids are the engine's own (prefix-cache continuations)
@@ -463,7 +464,6 @@ absl::Status Engine::Emit(Request* r, int32_t tok, const engine::SampleResult* r
   if (r->params.logprobs && res != nullptr) out->logprobs.push_back(*res);
   if (r->constraint != nullptr) TANDEM_RETURN_IF_ERROR(r->constraint->Accept(tok));
   r->tokens.push_back(tok);
-  if (r->num_generated() == 1) r->first_token_call = step_calls_;
   r->history.AddOutputToken(tok);
   out->new_tokens.push_back(tok);
   out->cached_prompt_tokens = r->hit_tokens;
@@ -586,10 +586,11 @@ void Engine::AwaitMasks(StepBatch* batch) {
 
 absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   std::vector<RequestOutput> outputs;
+  TANDEM_RETURN_IF_ERROR(device_error_);
   if (!HasWork()) return outputs;
-  ++step_calls_;
   // A TP group whose rank failed cannot run steps: fail fast, naming the rank.
-  TANDEM_RETURN_IF_ERROR(executor_->health());
+  // (While a step is in flight its job reports that.)
+  if (inflight_ == nullptr) TANDEM_RETURN_IF_ERROR(executor_->health());
   if (inflight_ != nullptr) {
     TANDEM_RETURN_IF_ERROR(StepOverlapped(&outputs));
   } else {
@@ -638,6 +639,7 @@ absl::Status Engine::RunStep(StepBatch* batch, std::vector<RequestOutput>* outpu
   AwaitMasks(batch);
   TANDEM_RETURN_IF_ERROR(forward);
   TANDEM_RETURN_IF_ERROR(StoreSnapshots(*batch));
+  graph_stats_ = executor_->runner(0).graph_stats();
   TANDEM_RETURN_IF_ERROR(SampleStep(batch, outputs));
   return FinishStep(*batch, outputs);
 }
@@ -653,9 +655,6 @@ bool Engine::Overlappable(const StepBatch& batch) const {
     if (r->constraint != nullptr || r->background) return false;
     if (i < batch.inputs.size() && !batch.inputs[i].embedding_rows.empty())
       return false;
-    // A first token this Step() returns goes out with no step of its request
-    // in flight (FollowsOverlapped).
-    if (r->num_generated() >= 1 && r->first_token_call == step_calls_) return false;
   }
   return true;
 }
@@ -715,7 +714,6 @@ absl::Status Engine::LaunchOverlapped(std::unique_ptr<StepBatch>* batch,
     ++timing_.device_sampling_fallbacks;
     return st;
   }
-  next_sampler_ ^= 1;
   auto job = std::make_shared<DeviceJob>();
   job->batch = b;
   job->sampler = sampler;
@@ -745,8 +743,8 @@ absl::Status Engine::LaunchOverlapped(std::unique_ptr<StepBatch>* batch,
       in.kda_slot = ss.slot;
       in.logits_indices = {0};
       job->pending.emplace_back(i, result_of.at(ss.id));
-      ++decode_tokens_;
     }
+    decode_tokens_ += static_cast<int64_t>(n);
     job->prev = prev->job;
   } else {
     // The job reads its tokens while the host appends to the requests': copies.
@@ -759,6 +757,7 @@ absl::Status Engine::LaunchOverlapped(std::unique_ptr<StepBatch>* batch,
   }
   b->logits_on_device = true;
   b->job = job;
+  next_sampler_ ^= 1;
   ++timing_.overlapped_steps;
   inflight_ = std::move(*batch);
   job->handle = device_thread_->Submit([this, job] { RunDeviceJob(job.get()); });
@@ -804,6 +803,14 @@ void Engine::RunDeviceJob(DeviceJob* job) {
 
 absl::Status Engine::StepOverlapped(std::vector<RequestOutput>* outputs) {
   std::unique_ptr<StepBatch> prev = std::move(inflight_);
+  // The prefix cache's host tier copies blocks on the device inside the
+  // scheduler's calls: with one, the step in flight finishes first (the next
+  // one still launches before this one's tokens are emitted).
+  if (host_tier_ != nullptr) {
+    if (absl::Status w = WaitJob(*prev); !w.ok()) {
+      return FailOverlap(w, std::move(prev), nullptr);
+    }
+  }
   // 1. The scheduler completes the running step as if each row had gained one
   //    token and gone on (the length limit it ends itself); the real endings
   //    are known after its tokens come back (FinishOverlapped).
@@ -817,10 +824,7 @@ absl::Status Engine::StepOverlapped(std::vector<RequestOutput>* outputs) {
   }
   absl::StatusOr<std::vector<engine::SequenceId>> ended =
       scheduler_->CompleteStep(prev->plan, optimistic);
-  if (!ended.ok()) {
-    FinishOverlapped(prev.get(), outputs).IgnoreError();
-    return ended.status();
-  }
+  if (!ended.ok()) return FailOverlap(ended.status(), std::move(prev), nullptr);
   prev->ended = *std::move(ended);
   ReapBackground();
   // 2. The next step: launched now when its rows only continue prev's.
@@ -835,8 +839,10 @@ absl::Status Engine::StepOverlapped(std::vector<RequestOutput>* outputs) {
   }
   // 3. The running step's tokens: emitted, stop-checked, ended.
   const absl::Status finished = FinishOverlapped(prev.get(), outputs);
-  TANDEM_RETURN_IF_ERROR(planned);
-  TANDEM_RETURN_IF_ERROR(finished);
+  if (!planned.ok() || !finished.ok()) {
+    return FailOverlap(planned.ok() ? finished : planned, std::move(prev),
+                       std::move(next));
+  }
   if (next == nullptr) return absl::OkStatus();  // launched
   // 4. Otherwise the next step runs in the next Step() (one step's outputs per
   //    call), its inputs planned from the tokens just emitted.
@@ -849,8 +855,8 @@ absl::Status Engine::StepOverlapped(std::vector<RequestOutput>* outputs) {
 absl::Status Engine::FinishOverlapped(StepBatch* prev,
                                       std::vector<RequestOutput>* outputs) {
   DeviceJob& job = *prev->job;
-  TANDEM_RETURN_IF_ERROR(
-      DeviceThread::Wait(*job.handle, absl::Now() + options_.overlap_step_timeout));
+  TANDEM_RETURN_IF_ERROR(WaitJob(*prev));
+  graph_stats_ = executor_->runner(0).graph_stats();
   timing_.steps += job.timing.steps;
   timing_.forward_seconds += job.timing.forward_seconds;
   timing_.gaps += job.timing.gaps;
@@ -910,9 +916,49 @@ absl::Status Engine::FinishOverlapped(StepBatch* prev,
 }
 
 absl::Status Engine::WaitDevice() {
-  if (inflight_ == nullptr || inflight_->job == nullptr) return absl::OkStatus();
-  return DeviceThread::Wait(*inflight_->job->handle,
-                            absl::Now() + options_.overlap_step_timeout);
+  TANDEM_RETURN_IF_ERROR(device_error_);
+  if (inflight_ == nullptr) return absl::OkStatus();
+  if (absl::Status w = WaitJob(*inflight_); !w.ok()) {
+    return FailOverlap(w, nullptr, nullptr);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::WaitJob(const StepBatch& batch) {
+  if (batch.job == nullptr) return absl::OkStatus();
+  absl::Status w = DeviceThread::Wait(*batch.job->handle,
+                                      absl::Now() + options_.overlap_step_timeout);
+  if (!w.ok()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("an overlapped step ran past overlap_step_timeout (",
+                     absl::FormatDuration(options_.overlap_step_timeout), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::FailOverlap(const absl::Status& st, std::unique_ptr<StepBatch> a,
+                                 std::unique_ptr<StepBatch> b) {
+  for (std::unique_ptr<StepBatch>* p : {&a, &b, &inflight_, &planned_}) {
+    if (*p != nullptr) abandoned_.push_back(std::move(*p));
+  }
+  if (device_error_.ok()) {
+    device_error_ = absl::Status(
+        st.code(),
+        absl::StrCat("engine stopped after an overlapped step failed: ", st.message()));
+    TLOG(ERROR, "engine stopped: an overlapped step failed").Kv("status", st);
+  }
+  return device_error_;
+}
+
+void Engine::set_layer_progress_callback(LayerProgressCallback cb) {
+  // The device thread reads it during a step (ForwardStep).
+  if (absl::Status w = WaitDevice(); !w.ok()) {
+    TLOG(ERROR, "layer progress callback not set: a step is still running")
+        .Kv("status", w);
+    return;
+  }
+  layer_progress_ = std::move(cb);
+  InstallLayerDoneHook();
 }
 
 void Engine::EndUnrecomputable(const engine::StepPlan& plan,
@@ -968,14 +1014,14 @@ absl::Status Engine::PlanInputs(StepBatch* batch) {
   const engine::StepPlan& plan = batch->plan;
   const size_t n = plan.sequences.size();
   // Speculation: drafts, the tokens each entry feeds, KDA snapshots to roll back to.
-  batch->proposals.resize(n);
+  batch->proposals.assign(n, {});
   if (proposer_ != nullptr) {
     TANDEM_RETURN_IF_ERROR(ProposeDrafts(plan, batch->reqs, &batch->proposals));
   }
-  batch->inputs.resize(n);
-  batch->tables.resize(n);
-  batch->fed.resize(n);
-  batch->snapshots.resize(n);
+  batch->inputs.assign(n, {});
+  batch->tables.assign(n, {});
+  batch->fed.assign(n, {});
+  batch->snapshots.assign(n, {});
   for (size_t i = 0; i < n; ++i) TANDEM_RETURN_IF_ERROR(PlanInput(i, batch));
   return absl::OkStatus();
 }
@@ -1688,6 +1734,9 @@ absl::StatusOr<StateLocation> Engine::Reserve(RequestId id, int64_t num_prompt_t
                                               std::string_view cache_salt,
                                               bool share_held_prefix,
                                               std::vector<MediaInput> media) {
+  // The slot and blocks it hands the peer may be a just-ended request's, which
+  // the step in flight still writes.
+  TANDEM_RETURN_IF_ERROR(WaitDevice());
   if (requests_.contains(id) || reserved_.contains(id)) {
     return absl::AlreadyExistsError(absl::StrCat("request ", id, " already exists"));
   }

@@ -502,7 +502,8 @@ class Engine {
 
   // Requests to step, or an overlapped or planned step the next Step() finishes.
   bool HasWork() const {
-    return !requests_.empty() || inflight_ != nullptr || planned_ != nullptr;
+    return device_error_.ok() &&
+           (!requests_.empty() || inflight_ != nullptr || planned_ != nullptr);
   }
   int32_t num_free_blocks() const { return scheduler_->num_free_blocks(); }
   int32_t num_free_slots() const { return scheduler_->num_free_slots(); }
@@ -515,10 +516,20 @@ class Engine {
   // KV hand-off streams each layer's state while the forward continues.
   // Installs the runner's layer hook only while a callback is set: a runner with
   // a hook runs every step eagerly (no CUDA graphs, model_runner.h).
-  void set_layer_progress_callback(LayerProgressCallback cb) {
-    layer_progress_ = std::move(cb);
-    InstallLayerDoneHook();
+  void set_layer_progress_callback(LayerProgressCallback cb);
+  // Overlapped steps: waits (within overlap_step_timeout) until no step runs
+  // on the device thread, for callers that use the engine's devices between
+  // steps (checksums of the cache on the device). OK at once when none runs.
+  absl::Status Quiesce() { return WaitDevice(); }
+  // The executor's health, or the error that stopped the engine (an
+  // overlapped step that failed or overran overlap_step_timeout: the engine
+  // then takes no more work, and HasWork() is false).
+  absl::Status health() const {
+    return device_error_.ok() ? executor_->health() : device_error_;
   }
+  // Rank 0's CUDA-graph counters as of the last step that finished (the
+  // runner's own are the device thread's while a step is in flight).
+  const GraphStats& graph_stats() const { return graph_stats_; }
   // Tokens computed by forward passes so far (prefill, decode).
   int64_t prefill_tokens() const { return prefill_tokens_; }
   int64_t decode_tokens() const { return decode_tokens_; }
@@ -618,8 +629,6 @@ class Engine {
     bool mask_ready = false;
     absl::Status mask_error;
     int64_t num_generated() const { return tokens.size() - prompt.size(); }
-    // The Step() call (step_calls_) that emitted its first token (-1: none).
-    int64_t first_token_call = -1;
   };
 
   // The batch one Step() moves through its phases (engine.cc).
@@ -675,6 +684,11 @@ class Engine {
   absl::Status StepOverlapped(std::vector<RequestOutput>* outputs);
   absl::Status FinishOverlapped(StepBatch* prev, std::vector<RequestOutput>* outputs);
   absl::Status WaitDevice();
+  absl::Status WaitJob(const StepBatch& batch);
+  // Stops the engine after an overlapped step's failure (device_error_),
+  // keeping alive every batch a job may still read.
+  absl::Status FailOverlap(const absl::Status& st, std::unique_ptr<StepBatch> a,
+                           std::unique_ptr<StepBatch> b);
   // The synchronous rest of a planned, non-empty step (forward, sampling,
   // the scheduler's completion).
   absl::Status RunStep(StepBatch* batch, std::vector<RequestOutput>* outputs);
@@ -822,7 +836,11 @@ class Engine {
   std::unique_ptr<StepBatch> planned_;
   std::unique_ptr<DeviceSampler> device_sampler2_;
   int next_sampler_ = 0;
-  int64_t step_calls_ = 0;  // Step() calls that had work
+  // Set when an overlapped step failed: every later call returns it. The
+  // batches its device thread may still read are kept until it is joined.
+  absl::Status device_error_;
+  std::vector<std::unique_ptr<StepBatch>> abandoned_;
+  GraphStats graph_stats_;
   std::unique_ptr<DeviceThread> device_thread_;
 };
 

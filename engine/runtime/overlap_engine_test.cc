@@ -11,7 +11,9 @@
 //   - the overlap really ran (overlapped steps counted) and a request ended by
 //     its token while the next step was in flight had that row thrown away;
 //   - aborting a request whose step is in flight ends it and leaks nothing;
-//     its state is not exported while a step of it runs (a clear error).
+//     its state is not exported while a step of it runs (a clear error);
+//   - a step that overruns overlap_step_timeout stops the engine with a clear
+//     error instead of hanging or spinning.
 #include <map>
 #include <string>
 #include <vector>
@@ -225,6 +227,40 @@ TEST_P(OverlapEngine, AbortWhileInFlightEndsTheRequestAndLeaksNothing) {
   EXPECT_EQ(got.tokens.at(2), want.tokens.at(2));
   EXPECT_EQ(e->num_free_blocks(), blocks);
   EXPECT_EQ(e->num_free_slots(), slots);
+}
+
+// A step that overruns overlap_step_timeout stops the engine with a clear
+// error (the step cannot be cut short): every later call gets it, HasWork() is
+// false so a worker loop does not spin, health() reports it, and the engine
+// still shuts down (its device thread finishes the step).
+TEST_P(OverlapEngine, AnOverrunningStepStopsTheEngineWithAClearError) {
+  EngineOptions o = Options(true);
+  o.overlap_step_timeout = absl::Microseconds(1);
+  auto e = Engine::Create(weights_.get(), be_.get(), nullptr, o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  SamplingParams greedy;
+  greedy.max_tokens = 8;
+  greedy.ignore_eos = true;
+  ASSERT_TRUE((*e)->AddRequest(1, MakePrompt(9, 40), greedy).ok());
+  absl::Status failed;
+  for (int s = 0; s < 20 && failed.ok(); ++s) failed = (*e)->Step().status();
+  ASSERT_TRUE(absl::IsDeadlineExceeded(failed)) << failed;
+  EXPECT_NE(failed.message().find("engine stopped"), std::string::npos) << failed;
+  EXPECT_NE(failed.message().find("overlap_step_timeout"), std::string::npos) << failed;
+  EXPECT_FALSE((*e)->HasWork());
+  EXPECT_EQ((*e)->health(), failed);
+  EXPECT_EQ((*e)->Step().status(), failed);
+  EXPECT_EQ((*e)->AddRequest(2, MakePrompt(9, 41), greedy), failed);
+  EXPECT_EQ((*e)->Quiesce(), failed);
+  EXPECT_EQ(Engine::Create(weights_.get(), be_.get(), nullptr,
+                           [] {
+                             EngineOptions bad = Options(true);
+                             bad.overlap_step_timeout = absl::ZeroDuration();
+                             return bad;
+                           }())
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, OverlapEngine, ::testing::ValuesIn(GpuBackends()),
