@@ -112,6 +112,7 @@ declare -A KIND=() FILTER=() RACE=()
 # which a --config=cuda build lacks).
 declare -A ENGINE_TESTS=(
   [//engine/runtime:gpu_engine_test]='*/cuda'
+  [//engine/runtime:overlap_engine_test]='*/cuda'
 )
 BUILT=()      # "LABEL<TAB>PATH"
 NOT_BUILT=()  # labels
