@@ -17,6 +17,7 @@
 #include "common/signals.h"
 #include "common/tls/tls_flags.h"
 #include "decode/decode_service.h"
+#include "kvtransfer/host_staging_agent.h"
 #include "kvtransfer/ucx_agent.h"
 #include "metrics/registry.h"
 #include "worker/device_checksum.h"
@@ -92,6 +93,12 @@ int main(int argc, char** argv) {
     TLOG(ERROR, "cannot start the KV transfer agent").Kv("status", agent.status());
     return 1;
   }
+  // TransferAgentFromFlags wraps the agent in the host staging (--kv_buffer).
+  auto* staging = dynamic_cast<tandem::kvtransfer::HostStagingAgent*>(agent->get());
+  if (staging == nullptr) {
+    TLOG(ERROR, "the KV transfer agent has no host staging");
+    return 1;
+  }
   // On a host backend the engine's caches come from the agent (shared memory the
   // prefill worker's puts copy straight into); on a device backend they are the
   // device's memory, registered with the agent as such by the service. Declared
@@ -148,7 +155,10 @@ int main(int argc, char** argv) {
   tandem::decode::DecodeService* svc = service->get();
   const int rc = tandem::worker::ServeWorker(
       so, svc, &registry, [svc] { return svc->Load(); },
-      [&] { metrics.Update(loop->stats(), absl::Now()); });
+      [&] {
+        metrics.Update(loop->stats(), absl::Now());
+        metrics.UpdateKvStaging(staging->stats());
+      });
   svc->Stop();   // no janitor or notifications calling into the loop
   loop.reset();  // no engine callbacks after this
   service->reset();

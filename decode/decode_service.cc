@@ -61,8 +61,15 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(
   for (engine::KvCache* c : s->caches_) {
     TANDEM_ASSIGN_OR_RETURN(worker::CacheRegions r,
                             worker::RegisterCache(agent, c, s->options_.allocations));
+    s->staged_ = s->staged_ || r.staged;
     s->regions_.push_back(std::move(r));
     s->layouts_.push_back(worker::KvLayoutOf(*c));
+  }
+  // Staged caches (--kv_buffer): the landed state is copied to the device
+  // before it is verified and admitted (Land).
+  s->staging_ = dynamic_cast<kvtransfer::HostStagingAgent*>(agent);
+  if (s->staged_ && s->staging_ == nullptr) {
+    return Internal("the cache is staged through host memory without a staging agent");
   }
   const std::vector<kernels::Backend*>& devices = s->options_.checksum_backends;
   if (!devices.empty() && static_cast<int>(devices.size()) != s->tp()) {
@@ -256,6 +263,7 @@ absl::Status DecodeService::ReserveOnLoop(engine::Engine& e,
   info.blocks = loc->block_ids;
   info.slot = static_cast<int32_t>(loc->slot);
   info.prompt_tokens = req.prompt_tokens();
+  info.held_tokens = static_cast<int32_t>(loc->held_prefix_tokens);
   if (req.prompt_token_ids_size() > 0) {
     info.prompt_fingerprint = PromptFingerprint(req.prompt_token_ids());
   }
@@ -348,9 +356,26 @@ void DecodeService::OnNotification(const kvtransfer::Notification& n) {
   if (ready->has_value()) StartDecode(std::move(**ready));
 }
 
-absl::StatusOr<tandem::v1::StateChecksums> DecodeService::LandedChecksums(
-    const ReservationInfo& r) {
-  auto compute = [this, r]() -> absl::StatusOr<tandem::v1::StateChecksums> {
+absl::StatusOr<tandem::v1::StateChecksums> DecodeService::Land(const ReservationInfo& r,
+                                                               bool checksums) {
+  auto compute = [this, r, checksums]() -> absl::StatusOr<tandem::v1::StateChecksums> {
+    // Staged through host memory: what landed in the shadows goes to the
+    // device first (the rows sent and the KDA slot; the held prefix stays).
+    for (int k = 0; k < tp() && staging_ != nullptr; ++k) {
+      if (!regions_[k].staged) continue;
+      TANDEM_ASSIGN_OR_RETURN(
+          std::vector<kvtransfer::ByteRange> ranges,
+          worker::LandedRanges(*caches_[k], regions_[k], r.blocks, r.slot,
+                               r.prompt_tokens, r.held_tokens));
+      if (absl::Status s = staging_->StageIn(ranges); !s.ok()) {
+        return absl::Status(s.code(),
+                            absl::StrCat("request ", r.request_id,
+                                         ": copying the landed state from host "
+                                         "memory to the device: ",
+                                         s.message()));
+      }
+    }
+    if (!checksums) return tandem::v1::StateChecksums();
     std::vector<tandem::v1::StateChecksums> ranks;
     for (int k = 0; k < tp(); ++k) {
       const kvtransfer::RankLayout side =
@@ -362,9 +387,11 @@ absl::StatusOr<tandem::v1::StateChecksums> DecodeService::LandedChecksums(
     }
     return worker::MergeRankChecksums(ranks);
   };
-  if (hashers_.empty()) return compute();  // host memory: here, on this thread
-  // On the device: between two engine steps, so that the hashing (its
-  // allocations, its launches) never meets a CUDA graph capture of a step.
+  // Host memory: here, on this thread.
+  if (hashers_.empty() && !staged_) return compute();
+  // On the device: between two engine steps, so that the hashing and the
+  // staging copies (allocations, launches) never meet a CUDA graph capture of
+  // a step.
   struct Shared {
     absl::Mutex mu;
     bool done ABSL_GUARDED_BY(mu) = false;
@@ -385,7 +412,8 @@ absl::StatusOr<tandem::v1::StateChecksums> DecodeService::LandedChecksums(
                                    kDeviceChecksumWait)) {
     return DeadlineExceeded(
         "request ", r.request_id,
-        ": the state checksums on the device did not finish within ",
+        ": the landed state's staging and checksums on the device did not finish "
+        "within ",
         absl::FormatDuration(kDeviceChecksumWait));
   }
   return std::move(shared->result);
@@ -406,11 +434,12 @@ void DecodeService::StartDecode(Handoff h) {
   // The reserved blocks are not touched by the engine's steps: read them here.
   const tandem::v1::StateChecksums& want = req.checksums();
   const bool verified = want.mla_layer_size() + want.kda_layer_size() > 0;
-  if (verified) {
-    absl::StatusOr<tandem::v1::StateChecksums> sums = LandedChecksums(r);
+  if (verified || staged_) {
+    absl::StatusOr<tandem::v1::StateChecksums> sums = Land(r, verified);
     if (!sums.ok()) return fail(sums.status(), "error");
     const tandem::v1::StateChecksums& got = *sums;
-    if (absl::Status v = kvtransfer::Verify(want, got); !v.ok()) {
+    if (absl::Status v = verified ? kvtransfer::Verify(want, got) : absl::OkStatus();
+        !v.ok()) {
       return fail(
           absl::DataLossError(absl::StrCat(
               "request ", id, ": the transferred state is corrupt: ", v.message())),

@@ -56,6 +56,7 @@
 #include "engine/runtime/kv_cache.h"
 #include "kernels/backend.h"
 #include "kvtransfer/checksum.h"
+#include "kvtransfer/host_staging_agent.h"
 #include "kvtransfer/transfer_agent.h"
 #include "proto/worker.grpc.pb.h"
 #include "rpc/response_stream.h"
@@ -167,10 +168,13 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
                       rpc::ResponseStream* stream);
   // Verifies and admits an ADMITTED reservation (the hand-off).
   void StartDecode(Handoff h);
-  // The landed state's checksums (every rank, merged): on this thread from host
-  // memory; on the engine thread between steps through the ranks' device hashers
-  // (waiting at most kDeviceChecksumWait).
-  absl::StatusOr<tandem::v1::StateChecksums> LandedChecksums(const ReservationInfo& r);
+  // Makes the landed state ready: a staged cache's rows copied from host memory
+  // to the device (kvtransfer::HostStagingAgent::StageIn), then, when
+  // `checksums`, the state's checksums (every rank, merged; empty otherwise).
+  // On this thread from host memory; on the engine thread between steps for a
+  // device (waiting at most kDeviceChecksumWait).
+  absl::StatusOr<tandem::v1::StateChecksums> Land(const ReservationInfo& r,
+                                                  bool checksums);
   static constexpr absl::Duration kDeviceChecksumWait = absl::Seconds(30);
   // Gives a reservation's memory back to the engine (from any thread).
   void FreeInEngine(const ReservationInfo& info);
@@ -181,8 +185,10 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
   kvtransfer::TransferAgent* const agent_;      // not owned
   worker::WorkerMetrics* const metrics_;        // not owned; may be null
   const DecodeServiceOptions options_;
-  Clock* const clock_;                         // not owned
-  std::vector<worker::CacheRegions> regions_;  // per rank
+  Clock* const clock_;                               // not owned
+  std::vector<worker::CacheRegions> regions_;        // per rank
+  bool staged_ = false;                              // some rank's cache is staged
+  kvtransfer::HostStagingAgent* staging_ = nullptr;  // agent_, when staging
   // Per rank: where its checksums are computed (the device's hasher or the host).
   std::vector<std::unique_ptr<worker::BackendChunkHasher>> hashers_;
   std::vector<kvtransfer::ChecksumMemory> checksum_memory_;

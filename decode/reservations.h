@@ -65,6 +65,9 @@ struct ReservationInfo {
   std::vector<int32_t> blocks;
   int32_t slot = -1;
   int32_t prompt_tokens = 0;
+  // Prompt tokens the cache already held (a decode-side prefix hit): the
+  // sender writes the rows from here on.
+  int32_t held_tokens = 0;
   // Reserved with its prompt's ids (a decode-side prefix hit may share cached
   // blocks): their XXH3-64, which the Decode's prompt must match; 0: none.
   uint64_t prompt_fingerprint = 0;

@@ -13,6 +13,7 @@
 #include "common/signals.h"
 #include "common/tls/tls_flags.h"
 #include "engine/vision/vision_tower.h"
+#include "kvtransfer/host_staging_agent.h"
 #include "kvtransfer/ucx_agent.h"
 #include "metrics/registry.h"
 #include "prefill/prefill_service.h"
@@ -84,6 +85,12 @@ int main(int argc, char** argv) {
     TLOG(ERROR, "cannot start the KV transfer agent").Kv("status", agent.status());
     return 1;
   }
+  // TransferAgentFromFlags wraps the agent in the host staging (--kv_buffer).
+  auto* staging = dynamic_cast<tandem::kvtransfer::HostStagingAgent*>(agent->get());
+  if (staging == nullptr) {
+    TLOG(ERROR, "the KV transfer agent has no host staging");
+    return 1;
+  }
   metrics.SetCacheSizing(sizing);
   metrics.SetKvTransport(transport.agent, transport.provider, transport.rails);
   auto loop = std::make_unique<tandem::worker::EngineLoop>(std::move(*engine));
@@ -142,7 +149,10 @@ int main(int argc, char** argv) {
   tandem::prefill::PrefillService* svc = service->get();
   const int rc = tandem::worker::ServeWorker(
       so, svc, &registry, [svc] { return svc->Load(); },
-      [&] { metrics.Update(loop->stats(), absl::Now()); });
+      [&] {
+        metrics.Update(loop->stats(), absl::Now());
+        metrics.UpdateKvStaging(staging->stats());
+      });
   loop.reset();  // no engine callbacks after this
   service->reset();
   vision.reset();

@@ -33,7 +33,9 @@
 #
 # What is built: //kernels:conformance_test, //kernels/cuda:gpu_bench,
 # //engine/runtime:engine_bench (the engine from GPU memory, issue #15),
-# //engine/model:make_checkpoint, the engine tests of ENGINE_TESTS below (run with
+# //engine/model:make_checkpoint, the cluster test //tests:cluster_cuda_sim_test
+# with the router and worker binaries it starts (run there on "cuda"), the
+# engine tests of ENGINE_TESTS below (run with
 # the filter of their "cuda" instances), every test tagged "gpu" (kernel or
 # engine tests that run on the "cuda" backend opt in with that tag, as for
 # ./tandem test --gpu; run whole) and each --target. A target that fails to build is listed in
@@ -114,6 +116,12 @@ declare -A ENGINE_TESTS=(
   [//engine/runtime:gpu_engine_test]='*/cuda'
   [//engine/runtime:overlap_engine_test]='*/cuda'
 )
+# The cluster test on the GPU (TANDEM_CLUSTER_BACKEND=cuda) and the worker and
+# router binaries it starts; gpu_check.sh links them where the test looks
+# (runfiles/decode/decode_main, ...).
+CLUSTER_TEST=//tests:cluster_cuda_sim_test
+CLUSTER_TARGETS=("$CLUSTER_TEST" //prefill:prefill_main //decode:decode_main
+  //router:router_main)
 BUILT=()      # "LABEL<TAB>PATH"
 NOT_BUILT=()  # labels
 
@@ -143,7 +151,11 @@ build_all() {
   gpu_tests="$(bazel_bundle query --keep_going --noshow_progress "attr(tags, '\bgpu\b', tests($universe))" 2>/dev/null || true)"
   local targets=(//kernels:conformance_test //kernels/cuda:gpu_bench //engine/model:make_checkpoint
     //engine/runtime:engine_bench)
-  local t engine_tests=""
+  # The serving path on the GPU (issue #15): the cluster test and the processes
+  # it starts (router, prefill and decode workers), run there on "cuda".
+  local t
+  for t in "${CLUSTER_TARGETS[@]}"; do targets+=("$t"); done
+  local engine_tests=""
   # The engine tests parametrised over the device backends by name (their "cuda"
   # instances): those of ENGINE_TESTS that exist.
   for t in "${!ENGINE_TESTS[@]}"; do
@@ -187,6 +199,9 @@ build_all() {
   KIND[//kernels/cuda:gpu_bench]=bench
   KIND[//engine/runtime:engine_bench]=bench
   KIND[//engine/model:make_checkpoint]=tool
+  KIND[$CLUSTER_TEST]=cluster_test
+  local m
+  for m in "${CLUSTER_TARGETS[@]:1}"; do KIND[$m]=server; done
   # The conformance suite's "cuda" instances and device tests; racecheck on the
   # ops whose kernels share memory (tiles, block reductions).
   FILTER[//kernels:conformance_test]='*/cuda:DeviceBackend*:CudaBackend*'
@@ -308,7 +323,7 @@ pack() {
     strip --strip-debug "$OUT_DIR/bin/$name" 2>/dev/null || true
     pack_libs_of "$path"
     case "${KIND[$label]:-gpu_test}" in
-      conformance | gpu_test | engine_test)
+      conformance | gpu_test | engine_test | cluster_test)
         printf '%s\t%s\t%s\t%s\n' "$name" "${KIND[$label]:-gpu_test}" "${FILTER[$label]:--}" \
           "${RACE[$label]:--}" >>"$OUT_DIR/tests.tsv.unsorted" ;;
     esac

@@ -16,7 +16,10 @@
 #   2. set-up: the bundle's libraries (env.sh), every binary's ldd resolved, the
 #      tiny checkpoint generated (make_checkpoint, seed 0)
 #   3. the conformance suite on "cuda" (gtest filter from tests.tsv), then every
-#      other bundled GPU test (TANDEM_TEST_BACKEND=cuda), plain
+#      other bundled GPU test (TANDEM_TEST_BACKEND=cuda), plain; the cluster test
+#      (router + prefill + decode worker processes on "cuda", their tokens
+#      against a CPU decode worker's; TANDEM_CLUSTER_BACKEND=cuda, the KV in
+#      place where the bundle's UCX has CUDA support, else host-staged)
 #   4. the kernel benchmark (gpu_bench --backend cuda, then cuda_bf16)
 #   4b. the engine from GPU memory (engine_bench --backend cuda, issue #15): the
 #      tiny checkpoint at batch 1/8/64 (CUDA graphs on, then --enforce_eager when
@@ -210,6 +213,15 @@ if [[ -x "$BUNDLE/bin/make_checkpoint" ]]; then
 fi
 export TEST_TMPDIR="$WORK/test_tmp" TANDEM_TEST_BACKEND=cuda
 mkdir -p "$TEST_TMPDIR"
+# The cluster test starts router/router_main, prefill/prefill_main and
+# decode/decode_main from the runfiles root (its cwd, no TEST_SRCDIR); they
+# inherit the bundle's library path from `run`.
+for m in router prefill decode; do
+  if [[ -x "$BUNDLE/bin/${m}_main" ]]; then
+    mkdir -p "$GPU_BUNDLE_RUNFILES/$m"
+    ln -sf "$BUNDLE/bin/${m}_main" "$GPU_BUNDLE_RUNFILES/$m/${m}_main"
+  fi
+done
 
 # ---------------------------------------------------------------- 3. tests, plain
 # tests.tsv: name, kind, gtest filter ('-': none), racecheck filter ('-': none).
@@ -229,8 +241,23 @@ for entry in "${TESTS[@]}"; do
     continue
   fi
   # Caps per kind; 90 s kept for the benchmark.
-  case "$kind" in conformance) want=120 ;; engine_test) want=90 ;; *) want=60 ;; esac
+  case "$kind" in
+    conformance) want=120 ;; engine_test) want=90 ;; cluster_test) want=120 ;; *) want=60 ;;
+  esac
   test_cmd "$name" "$filter"
+  if [[ "$kind" == cluster_test ]]; then
+    missing=""
+    for m in router prefill decode; do
+      [[ -x "$GPU_BUNDLE_RUNFILES/$m/${m}_main" ]] || missing+=" ${m}_main"
+    done
+    if [[ -n "$missing" ]]; then
+      STEPS+=("{\"name\":$(json_str "$name"),\"kind\":\"cluster_test\",\"status\":\"fail\",\"reason\":$(json_str "not in the bundle:$missing")}")
+      FAILED=1
+      continue
+    fi
+    # The CPU reference at fp32 GEMM inputs, as tests/BUILD runs it.
+    CMD=(env TANDEM_CLUSTER_BACKEND=cuda TANDEM_CPU_ISA=avx512 "${CMD[@]}")
+  fi
   run_step "$name" "$kind" "$(budget_for $want 90)" "${CMD[@]}"
 done
 
@@ -302,6 +329,9 @@ else
   for entry in "${TESTS[@]}"; do
     IFS=$'\t' read -r name kind filter race <<<"$entry"
     [[ -z "${UNRESOLVED[$name]:-}" ]] || continue
+    # The cluster test's GPU work is in its child processes (and their start-up
+    # under the sanitizer would not fit the budget): plain only.
+    [[ "$kind" == cluster_test ]] && continue
     # The sanitizer runs the binary itself, with the bundle's library path.
     test_cmd "$name" "$filter"
     bin=("$BUNDLE/bin/$name")

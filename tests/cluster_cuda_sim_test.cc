@@ -9,7 +9,12 @@
 //   - every request took the disaggregated path, its transfer succeeded, and
 //     the decode worker verified the state's checksums on landing (the router
 //     asks for them; a mismatch would end the request DATA_LOSS);
-//   - both workers say their cache is on the cuda_sim device.
+//   - both workers say their cache is on the cuda_sim device;
+//   - the KV moved through host memory (--kv_buffer=host: the emulator's
+//     device memory staged as a GPU's is where the transport cannot register
+//     it): every byte the prefill worker sent was copied device -> host
+//     there, and the same count host -> device on the decode worker, before
+//     the checksums (computed on the device) matched.
 //
 // Tolerance: the GPU kernels differ from the CPU's only in summation order
 // (logits within 1e-3 relative, engine/runtime/gpu_engine_test.cc), which moves
@@ -20,10 +25,13 @@
 // The emulator is slow: a few short prompts and tokens (the test's time is
 // mostly the SIMT emulation of the forward steps).
 //
-// TANDEM_CLUSTER_BACKEND=cuda (or cuda:N) runs the same test on a GPU, with a
-// binary built --config=cuda; where the UCX there has no CUDA support the
-// workers refuse to start (their cache cannot be registered) and the test is
-// skipped with that message.
+// TANDEM_CLUSTER_BACKEND=cuda (or cuda:N) runs the same test on a GPU, with
+// binaries built --config=cuda (the GPU check does), and --kv_buffer=auto
+// there: in place where the UCX has CUDA support, else staged through host
+// memory (the log says which; the staging counters are checked when staged).
+// TANDEM_CLUSTER_KV_BUFFER overrides the mode; with "device" on a UCX without
+// CUDA support the workers refuse to start and the test is skipped with that
+// message.
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
@@ -84,6 +92,15 @@ std::string WorkerBackend() {
   return b != nullptr && *b != '\0' ? b : "cuda_sim";
 }
 
+// The workers' --kv_buffer: $TANDEM_CLUSTER_KV_BUFFER, else host on the
+// emulator (its memory is host-addressable, so only a forced staging takes
+// the path a GPU without a CUDA-capable transport takes) and auto on a GPU.
+std::string KvBuffer(const std::string& backend) {
+  const char* b = std::getenv("TANDEM_CLUSTER_KV_BUFFER");
+  if (b != nullptr && *b != '\0') return b;
+  return backend.rfind("cuda_sim", 0) == 0 ? "host" : "auto";
+}
+
 // The device name a worker on `backend` logs for its cache.
 std::string DeviceOf(const std::string& backend) {
   if (backend.rfind("cuda_sim", 0) == 0) return "cuda_sim";
@@ -108,12 +125,14 @@ TEST(ClusterCudaSimTest, DeviceWorkersServeTheCpuTokens) {
   CpuReference ref;
   ASSERT_EQ(ref.Start(), "");
   const std::string backend = WorkerBackend();
+  const std::string kv_buffer = KvBuffer(backend);
   ProcessCluster cluster;
   // A 16-token step budget on the prefill worker: the 40-token prompt takes 3
   // steps, its MLA rows and KDA state streamed after each layer of each.
-  const std::string started =
-      cluster.Start({}, 2, {"--backend=" + backend, "--max_tokens_per_step=16"},
-                    {"--backend=" + backend});
+  const std::string started = cluster.Start(
+      {}, 2,
+      {"--backend=" + backend, "--max_tokens_per_step=16", "--kv_buffer=" + kv_buffer},
+      {"--backend=" + backend, "--kv_buffer=" + kv_buffer});
   if (!started.empty() &&
       started.find("this UCX build has no CUDA memory support") != std::string::npos) {
     GTEST_SKIP() << "backend " << backend
@@ -171,6 +190,27 @@ TEST(ClusterCudaSimTest, DeviceWorkersServeTheCpuTokens) {
       << cluster.Logs();
   EXPECT_TRUE(CacheOnDevice(cluster.decode().ReadLog(), DeviceOf(backend)))
       << cluster.Logs();
+  // Staged: every byte sent went device -> host on the prefill worker and
+  // host -> device on the decode worker (metrics refreshed every 500 ms).
+  const bool staged =
+      cluster.prefill().ReadLog().find("\"kv_buffer\":\"staged\"") != std::string::npos;
+  if (kv_buffer == "host") EXPECT_TRUE(staged) << cluster.Logs();
+  if (kv_buffer == "device") EXPECT_FALSE(staged) << cluster.Logs();
+  if (staged) {
+    const double sent =
+        *Metric(cluster.prefill_metrics(), "tandem_worker_transfer_bytes_total", {});
+    EXPECT_GT(sent, 0);
+    EXPECT_TRUE(WaitMetric(cluster.prefill_metrics(),
+                           "tandem_worker_kv_staged_bytes_total",
+                           {{"direction", "to_host"}}, sent));
+    EXPECT_TRUE(WaitMetric(cluster.decode_metrics(),
+                           "tandem_worker_kv_staged_bytes_total",
+                           {{"direction", "to_device"}}, sent));
+    EXPECT_GT(*Metric(cluster.decode_metrics(), "tandem_worker_kv_staged_regions", {}),
+              0);
+  }
+  std::printf("KV buffer: %s (%s)\n", kv_buffer.c_str(),
+              staged ? "staged through host memory" : "in place");
   std::printf("%s cluster: %zu requests in %.1f s (start-up included)\n",
               backend.c_str(), reqs.size(), absl::ToDoubleSeconds(absl::Now() - start));
 }

@@ -130,16 +130,66 @@ absl::StatusOr<kvtransfer::MemoryKind> CacheMemoryKind(const engine::KvCache& ca
                        ", which no transfer agent can register (host or cuda:N)");
 }
 
+absl::StatusOr<std::shared_ptr<DeviceStagingCopier>> DeviceStagingCopier::Create(
+    kernels::Device* device) {
+  if (device == nullptr) return InvalidArgument("no device to stage from");
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Stream> stream,
+                          device->CreateStream());
+  return std::shared_ptr<DeviceStagingCopier>(
+      new DeviceStagingCopier(device, std::move(stream)));
+}
+
+absl::Status DeviceStagingCopier::ToHost(void* host_dst, const void* device_src,
+                                         size_t bytes) {
+  absl::MutexLock l(&mu_);
+  return device_->CopyToHost(host_dst, device_src, bytes, stream_.get());
+}
+
+absl::Status DeviceStagingCopier::ToDevice(void* device_dst, const void* host_src,
+                                           size_t bytes) {
+  absl::MutexLock l(&mu_);
+  TANDEM_RETURN_IF_ERROR(
+      device_->CopyToDevice(device_dst, host_src, bytes, stream_.get()));
+  return stream_->Synchronize();
+}
+
+std::string DeviceStagingCopier::DeviceName() const {
+  return std::string(device_->name());
+}
+
 absl::StatusOr<CacheRegions> RegisterCache(kvtransfer::TransferAgent* agent,
                                            engine::KvCache* cache,
                                            const AgentAllocations* allocations) {
   TANDEM_ASSIGN_OR_RETURN(const kvtransfer::MemoryKind kind, CacheMemoryKind(*cache));
+  kernels::Device* device = cache->options().device;
+  const bool on_device = device != nullptr && device->name() != "host";
+  // The staging agent, where the worker runs one (TransferAgentFromFlags):
+  // it says how the cache meets the transport (--kv_buffer).
+  auto* staging = dynamic_cast<kvtransfer::HostStagingAgent*>(agent);
+  const kvtransfer::KvBuffer mode =
+      staging != nullptr ? staging->options().buffer : kvtransfer::KvBuffer::kDevice;
+  std::shared_ptr<kvtransfer::StagingCopier> copier;
+  std::string refused;  // why the agent took no device memory (auto)
+  auto staged = [&](void* base, size_t len) -> absl::StatusOr<kvtransfer::RegionId> {
+    if (copier == nullptr) {
+      TANDEM_ASSIGN_OR_RETURN(copier, DeviceStagingCopier::Create(device));
+    }
+    return staging->RegisterStaged(base, len, copier);
+  };
   auto region = [&](void* base, size_t len) -> absl::StatusOr<kvtransfer::RegionId> {
     if (allocations != nullptr) {
       if (std::optional<kvtransfer::RegionId> r = allocations->RegionOf(base))
         return *r;
     }
-    return agent->RegisterMemory(base, len, kind);
+    if (on_device && mode == kvtransfer::KvBuffer::kHost) return staged(base, len);
+    absl::StatusOr<kvtransfer::RegionId> direct =
+        agent->RegisterMemory(base, len, kind);
+    if (on_device && mode == kvtransfer::KvBuffer::kAuto &&
+        absl::IsFailedPrecondition(direct.status())) {
+      refused = std::string(direct.status().message());
+      return staged(base, len);
+    }
+    return direct;
   };
   CacheRegions r;
   for (int m = 0; m < cache->num_mla_layers(); ++m) {
@@ -151,10 +201,19 @@ absl::StatusOr<CacheRegions> RegisterCache(kvtransfer::TransferAgent* agent,
     TANDEM_ASSIGN_OR_RETURN(r.kda, region(KdaBase(*cache), cache->kda_bytes_per_slot() *
                                                                cache->num_slots()));
   }
-  const kernels::Device* d = cache->options().device;
+  r.staged = copier != nullptr;
+  if (!refused.empty()) {
+    TLOG(WARNING,
+         "the transfer agent cannot register the cache's device memory: the KV "
+         "moves through host memory (--kv_buffer=auto; a transport built with "
+         "CUDA moves it from device memory)")
+        .Kv("device", std::string(device->name()))
+        .Kv("agent_said", refused);
+  }
   TLOG(INFO, "KV cache registered with the transfer agent")
-      .Kv("device", d == nullptr ? std::string("host") : std::string(d->name()))
+      .Kv("device", on_device ? std::string(device->name()) : std::string("host"))
       .Kv("memory", kvtransfer::MemoryKindName(kind))
+      .Kv("kv_buffer", r.staged ? "staged" : "in_place")
       .Kv("tp_rank", cache->tp_rank())
       .Kv("regions", r.mla.size() + (cache->num_kda_layers() > 0 ? 1 : 0))
       .Kv("bytes", cache->total_bytes());
@@ -188,6 +247,21 @@ kvtransfer::RankLayout CacheRankLayout(engine::KvCache& cache,
   side.block_ids.assign(block_ids.begin(), block_ids.end());
   side.state_slot = slot;
   return side;
+}
+
+absl::StatusOr<std::vector<kvtransfer::ByteRange>> LandedRanges(
+    engine::KvCache& cache, const CacheRegions& regions,
+    absl::Span<const int32_t> block_ids, int32_t slot, int64_t prompt_tokens,
+    int64_t held_tokens) {
+  const kvtransfer::RankLayout side = CacheRankLayout(cache, regions, block_ids, slot);
+  TANDEM_ASSIGN_OR_RETURN(kvtransfer::TransferPlan plan,
+                          kvtransfer::PlanAll(side, side, prompt_tokens, held_tokens));
+  std::vector<kvtransfer::ByteRange> ranges;
+  ranges.reserve(plan.segments.size());
+  for (const kvtransfer::Segment& g : plan.segments) {
+    ranges.push_back({g.remote_region, g.remote_offset, g.length});
+  }
+  return ranges;
 }
 
 kvtransfer::RegionBytes CacheRegionBytes(engine::KvCache* cache,

@@ -6,6 +6,7 @@
 #define TANDEM_WORKER_CACHE_LAYOUT_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,7 +17,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "engine/runtime/kv_cache.h"
+#include "kernels/device.h"
 #include "kvtransfer/checksum.h"
+#include "kvtransfer/host_staging_agent.h"
 #include "kvtransfer/plan.h"
 #include "kvtransfer/transfer_agent.h"
 #include "proto/worker.pb.h"
@@ -27,6 +30,33 @@ namespace tandem::worker {
 struct CacheRegions {
   std::vector<kvtransfer::RegionId> mla;  // one per MLA layer
   kvtransfer::RegionId kda = 0;
+  // Staged through host memory (kvtransfer::HostStagingAgent): a receiver
+  // copies what landed to the device with StageIn (LandedRanges).
+  bool staged = false;
+};
+
+// Copies between a device's memory and the host for the host staging of the KV
+// (--kv_buffer=host, or auto on a transport without device memory), on a
+// stream of its own, so that a copy never waits for, or breaks the capture of,
+// the compute stream. The stream is made at Create (which may change the
+// calling thread's current device); the copies never touch the current device
+// (CUDA runs a copy issued to another device's stream), so a TP rank's copy
+// made on rank 0's thread in the middle of its forward leaves that thread's
+// launches where they were. Synchronous; thread-safe.
+class DeviceStagingCopier : public kvtransfer::StagingCopier {
+ public:
+  static absl::StatusOr<std::shared_ptr<DeviceStagingCopier>> Create(
+      kernels::Device* device);
+  absl::Status ToHost(void* host_dst, const void* device_src, size_t bytes) override;
+  absl::Status ToDevice(void* device_dst, const void* host_src, size_t bytes) override;
+  std::string DeviceName() const override;
+
+ private:
+  DeviceStagingCopier(kernels::Device* device, std::unique_ptr<kernels::Stream> stream)
+      : device_(device), stream_(std::move(stream)) {}
+  kernels::Device* const device_;  // not owned
+  absl::Mutex mu_;
+  const std::unique_ptr<kernels::Stream> stream_;
 };
 
 // The KvLayout of `cache` (its TP rank and size, BF16 latents).
@@ -84,7 +114,11 @@ absl::StatusOr<kvtransfer::MemoryKind> CacheMemoryKind(const engine::KvCache& ca
 // outlive the registration), as the memory kind CacheMemoryKind says: a device
 // cache's buffers are registered where they live, as device memory, so the
 // hand-off reads and writes them in place (FAILED_PRECONDITION from an agent
-// whose transports cannot move that memory). Buffers `allocations` (may be
+// whose transports cannot move that memory). Where `agent` is a
+// kvtransfer::HostStagingAgent its KvBuffer decides instead: kHost stages
+// every device buffer through host memory, kAuto does so where the agent
+// refuses the device memory (logged), kDevice registers in place. A host
+// cache is registered as it is in every mode. Buffers `allocations` (may be
 // null) took from the agent are already registered: their regions are reused.
 absl::StatusOr<CacheRegions> RegisterCache(
     kvtransfer::TransferAgent* agent, engine::KvCache* cache,
@@ -95,6 +129,15 @@ kvtransfer::RankLayout CacheRankLayout(engine::KvCache& cache,
                                        const CacheRegions& regions,
                                        absl::Span<const int32_t> block_ids,
                                        int32_t slot);
+
+// The byte ranges of `cache` that a hand-off into `block_ids` / `slot` writes:
+// the MLA rows [held_tokens, prompt_tokens) of every layer (the rows before
+// are a decode-side prefix hit, not sent) and the KDA slot whole; what a
+// receiver with staged regions copies to the device once the state landed.
+absl::StatusOr<std::vector<kvtransfer::ByteRange>> LandedRanges(
+    engine::KvCache& cache, const CacheRegions& regions,
+    absl::Span<const int32_t> block_ids, int32_t slot, int64_t prompt_tokens,
+    int64_t held_tokens);
 
 // Region id → the cache's bytes (for kvtransfer checksums on the host). A cache
 // on a device the host cannot address (CUDA) has no host bytes: every region

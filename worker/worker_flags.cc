@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
@@ -13,6 +14,7 @@
 #include "engine/cache/host_tier.h"
 #include "engine/cache/memory_budget.h"
 #include "kvtransfer/agent_factory.h"
+#include "kvtransfer/host_staging_agent.h"
 #include "worker/memory_sizing.h"
 
 ABSL_FLAG(std::string, model, "",
@@ -110,6 +112,15 @@ ABSL_FLAG(std::string, kv_require_rdma, "auto",
           "and a libfabric tcp/sockets/udp provider stops the worker at start (the "
           "RDMA clusters' manifests). false: TCP is logged and counted only. "
           "docs/kvtransfer.md.");
+ABSL_FLAG(std::string, kv_buffer, "auto",
+          "Where the KV cache meets the transfer agent, for a cache in GPU memory: "
+          "device (registered in place; needs a transport built with CUDA: UCX "
+          "with cuda_copy/cuda_ipc, libfabric with FI_HMEM), host (staged through "
+          "host memory: device -> host before each write on the prefill worker, "
+          "host -> device once the state landed on the decode worker; any "
+          "transport), auto (device where the agent accepts the GPU memory, else "
+          "host, logged). A cache in host memory is registered as it is. "
+          "docs/kvtransfer.md, 'Host staging'.");
 ABSL_FLAG(std::string, kv_transport, "ucx",
           "KV transfer agent: ucx | libfabric | libfabric:<provider>[:<rails>] "
           "(provider efa on AWS, tcp or shm elsewhere; default $FI_PROVIDER, else "
@@ -141,6 +152,15 @@ ABSL_FLAG(int64_t, prefix_snapshot_grid, 16384,
 
 namespace tandem::worker {
 
+bool HostHasRdmaDevices(const std::string& sysfs_dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(sysfs_dir, ec)) {
+    (void)e;
+    return true;
+  }
+  return false;
+}
+
 absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> TransferAgentFromFlags(
     const std::string& worker_id, kvtransfer::TransportInfo* info,
     std::function<void(const kvtransfer::UcxPeerTransport&)> on_peer_connected) {
@@ -164,7 +184,15 @@ absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> TransferAgentFromFlag
       .Kv("kv_progress_timeout", absl::FormatDuration(config.ucx.progress_timeout))
       .Kv("nics", absl::StrJoin(created.info.nics, "; "));
   if (info != nullptr) *info = created.info;
-  return std::move(created.agent);
+  // Device caches may be staged through host memory (--kv_buffer); over host
+  // memory the staging agent is its inner agent. Where the host has RDMA
+  // devices the transport may pin what it registers, so shadow pages are kept.
+  kvtransfer::HostStagingOptions staging;
+  TANDEM_ASSIGN_OR_RETURN(staging.buffer,
+                          kvtransfer::ParseKvBuffer(absl::GetFlag(FLAGS_kv_buffer)));
+  staging.release_pages = !HostHasRdmaDevices();
+  return std::unique_ptr<kvtransfer::TransferAgent>(
+      new kvtransfer::HostStagingAgent(std::move(created.agent), staging));
 }
 
 absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModelFromFlags() {

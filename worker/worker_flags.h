@@ -41,6 +41,7 @@ ABSL_DECLARE_FLAG(std::string, tp_fail_rank_at_step);
 ABSL_DECLARE_FLAG(std::string, ucx_tls);
 ABSL_DECLARE_FLAG(bool, ucx_peer_failure_detection);
 ABSL_DECLARE_FLAG(std::string, kv_transport);
+ABSL_DECLARE_FLAG(std::string, kv_buffer);
 ABSL_DECLARE_FLAG(std::string, kv_progress_timeout);
 ABSL_DECLARE_FLAG(std::string, kv_require_rdma);
 
@@ -78,9 +79,14 @@ absl::StatusOr<kvtransfer::AgentFactoryConfig> AgentConfigFromFlags(
 // The transfer agent --kv_transport names (UCX configured as above, or
 // libfabric), started and logged with what it opened (agent, provider, fabric,
 // domain, rails; also into `*info` when given, for the metric label); its
-// errors (no fallback between transports). `on_peer_connected` (UCX: called
+// errors (no fallback between transports). It comes wrapped in a
+// kvtransfer::HostStagingAgent carrying --kv_buffer (RegisterCache reads it),
+// with page release off where HostHasRdmaDevices(). `on_peer_connected` (UCX: called
 // for every peer once UCX chose its transports, agent lock held) is how the
 // worker counts connections by transport (WorkerMetrics::CountKvPeerConnection).
+// Whether the host has RDMA devices (InfiniBand, RoCE, EFA: entries in
+// /sys/class/infiniband), whose transports pin registered memory.
+bool HostHasRdmaDevices(const std::string& sysfs_dir = "/sys/class/infiniband");
 absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> TransferAgentFromFlags(
     const std::string& worker_id, kvtransfer::TransportInfo* info = nullptr,
     std::function<void(const kvtransfer::UcxPeerTransport&)> on_peer_connected =

@@ -311,6 +311,27 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
       "1 for the KV transfer agent this worker opened at start: agent (ucx, "
       "libfabric), provider (libfabric: fi_info's provider, e.g. tcp;ofi_rxm, shm, "
       "efa; ucx: UCX_TLS or auto), rails (endpoints a transfer is striped over)."));
+  kv_staged_bytes = OrDie(r->AddCounter(
+      "tandem_worker_kv_staged_bytes_total",
+      "KV bytes staged through host memory (--kv_buffer=host, or auto on a "
+      "transport that cannot register the GPU's memory): direction to_host (the "
+      "prefill worker, before each write) or to_device (the decode worker, once the "
+      "state landed)."));
+  for (const char* d : {"to_host", "to_device"})
+    kv_staged_bytes->Add({{"direction", d}});
+  kv_staging_seconds = &OrDie(r->AddCounter("tandem_worker_kv_staging_seconds_total",
+                                            "Time spent in the host staging copies."))
+                            ->Add({});
+  kv_staging_pages_released =
+      &OrDie(r->AddCounter("tandem_worker_kv_staging_pages_released_total",
+                           "Host staging pages given back to the OS once "
+                           "their bytes moved."))
+           ->Add({});
+  kv_staged_regions = &OrDie(r->AddGauge("tandem_worker_kv_staged_regions",
+                                         "Cache regions staged through host memory "
+                                         "(0: the transfer agent reads and writes "
+                                         "the cache where it lives)."))
+                           ->Add({});
   kv_peer_connections = OrDie(r->AddCounter(
       "tandem_worker_kv_peer_connections_total",
       "KV transfer connections to peers by the transports that carry them, as the "
@@ -345,6 +366,24 @@ void WorkerMetrics::SetKvTransport(const std::string& agent,
   kv_transport_info
       ->Add({{"agent", agent}, {"provider", provider}, {"rails", absl::StrCat(rails)}})
       .Set(1);
+}
+
+void WorkerMetrics::UpdateKvStaging(const kvtransfer::HostStagingStats& st) {
+  absl::MutexLock l(&staging_mu_);
+  auto grow = [](metrics::Counter& c, uint64_t now, uint64_t before) {
+    if (now > before) c.Increment(static_cast<double>(now - before));
+  };
+  grow(kv_staged_bytes->Add({{"direction", "to_host"}}), st.bytes_to_host,
+       last_staging_.bytes_to_host);
+  grow(kv_staged_bytes->Add({{"direction", "to_device"}}), st.bytes_to_device,
+       last_staging_.bytes_to_device);
+  grow(*kv_staging_pages_released, st.pages_released, last_staging_.pages_released);
+  if (st.copy_micros > last_staging_.copy_micros) {
+    kv_staging_seconds->Increment(
+        static_cast<double>(st.copy_micros - last_staging_.copy_micros) * 1e-6);
+  }
+  kv_staged_regions->Set(static_cast<double>(st.staged_regions));
+  last_staging_ = st;
 }
 
 void WorkerMetrics::SetCacheSizing(const engine::CacheSizing& sz) {

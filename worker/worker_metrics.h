@@ -34,6 +34,11 @@
 //     provider, e.g. "tcp;ofi_rxm", "shm", "efa"; ucx: UCX_TLS or "auto"). The
 //     transfer counters above carry no transport label: one agent per worker,
 //     so join on the instance.
+//   tandem_worker_kv_staged_bytes_total{direction=to_host|to_device},
+//   tandem_worker_kv_staging_seconds_total,
+//   tandem_worker_kv_staging_pages_released_total, tandem_worker_kv_staged_regions:
+//     the host staging of a device cache (kvtransfer::HostStagingAgent,
+//     --kv_buffer; UpdateKvStaging)
 //   tandem_worker_kv_peer_connections_total{agent=ucx, transports, tcp_only}:
 //     connections to peers by the transports UCX chose for each, once its
 //     wire-up was done (CountKvPeerConnection, from UcxAgentConfig::
@@ -53,6 +58,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/cache/cache_sizing.h"
+#include "kvtransfer/host_staging_agent.h"
 #include "metrics/registry.h"
 #include "worker/engine_loop.h"
 
@@ -66,6 +72,8 @@ class WorkerMetrics {
   void CountRequest(const char* rpc, const char* outcome);
   // Refreshes gauges and rates from the engine loop (call periodically).
   void Update(const EngineLoopStats& s, absl::Time now);
+  // The host staging's counters from its running totals (call periodically).
+  void UpdateKvStaging(const kvtransfer::HostStagingStats& stats);
   // The cache's sizing gauges (once, at start).
   void SetCacheSizing(const engine::CacheSizing& sizing);
   // tandem_worker_kv_transport_info{agent, provider, rails} = 1 (once, at start;
@@ -164,6 +172,10 @@ class WorkerMetrics {
   metrics::Family<metrics::Gauge>* gpu_memory;
   metrics::Gauge* gpu_memory_utilization;
   metrics::Family<metrics::Gauge>* kv_transport_info;
+  metrics::Family<metrics::Counter>* kv_staged_bytes;
+  metrics::Counter* kv_staging_seconds;
+  metrics::Counter* kv_staging_pages_released;
+  metrics::Gauge* kv_staged_regions;
   metrics::Family<metrics::Counter>* kv_peer_connections;
   metrics::Family<metrics::Counter>* kv_peer_refused;  // {agent, transports}
 
@@ -177,6 +189,8 @@ class WorkerMetrics {
   engine::SpeculativeStats last_spec_ ABSL_GUARDED_BY(mu_);
   engine::StepTimingStats last_timing_ ABSL_GUARDED_BY(mu_);
   engine::GraphStats last_graphs_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex staging_mu_;
+  kvtransfer::HostStagingStats last_staging_ ABSL_GUARDED_BY(staging_mu_);
   engine::PrefixCachingStats last_prefix_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,0 +1,305 @@
+#include "kvtransfer/host_staging_agent.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status.h"
+
+namespace tandem::kvtransfer {
+
+absl::StatusOr<KvBuffer> ParseKvBuffer(absl::string_view spec) {
+  if (spec == "auto") return KvBuffer::kAuto;
+  if (spec == "device") return KvBuffer::kDevice;
+  if (spec == "host") return KvBuffer::kHost;
+  return InvalidArgument("--kv_buffer must be auto, device or host, got '", spec, "'");
+}
+
+const char* KvBufferName(KvBuffer buffer) {
+  switch (buffer) {
+    case KvBuffer::kAuto:
+      return "auto";
+    case KvBuffer::kDevice:
+      return "device";
+    case KvBuffer::kHost:
+      return "host";
+  }
+  return "auto";
+}
+
+HostStagingAgent::HostStagingAgent(std::unique_ptr<TransferAgent> inner,
+                                   HostStagingOptions options)
+    : inner_(std::move(inner)),
+      options_(options),
+      page_(static_cast<uint64_t>(sysconf(_SC_PAGESIZE))) {}
+
+HostStagingAgent::~HostStagingAgent() {
+  // The inner agent forgets the shadows before they are unmapped.
+  absl::flat_hash_map<RegionId, Staged> staged;
+  {
+    absl::MutexLock l(&mu_);
+    staged.swap(staged_);
+  }
+  for (auto& [id, s] : staged) {
+    inner_->DeregisterMemory(id).IgnoreError();
+  }
+  for (auto& [id, s] : staged) munmap(s.shadow, s.mapped);
+}
+
+absl::StatusOr<RegionId> HostStagingAgent::RegisterStaged(
+    void* device_base, size_t len, std::shared_ptr<StagingCopier> copier) {
+  if (device_base == nullptr || len == 0) {
+    return InvalidArgument("a staged region needs memory (",
+                           device_base == nullptr ? "null base" : "empty", ")");
+  }
+  if (copier == nullptr) return InvalidArgument("a staged region needs a copier");
+  const size_t mapped = (len + page_ - 1) / page_ * page_;
+  void* shadow = mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (shadow == MAP_FAILED) {
+    return ResourceExhausted("cannot reserve ", mapped,
+                             " bytes of address space for the host staging of ",
+                             copier->DeviceName(), " memory: ", std::strerror(errno));
+  }
+  absl::StatusOr<RegionId> id = inner_->RegisterMemory(shadow, len, MemoryKind::Host());
+  if (!id.ok()) {
+    munmap(shadow, mapped);
+    return id.status();
+  }
+  absl::MutexLock l(&mu_);
+  staged_[*id] = Staged{static_cast<uint8_t*>(device_base),
+                        static_cast<uint8_t*>(shadow), len, mapped, std::move(copier)};
+  ++stats_.staged_regions;
+  stats_.shadow_bytes += len;
+  return *id;
+}
+
+bool HostStagingAgent::IsStaged(RegionId region) const {
+  absl::MutexLock l(&mu_);
+  return staged_.contains(region);
+}
+
+HostStagingStats HostStagingAgent::stats() const {
+  absl::MutexLock l(&mu_);
+  return stats_;
+}
+
+void HostStagingAgent::DropPages(const Staged& s, uint64_t begin, uint64_t end) {
+  if (!options_.release_pages) return;
+  begin = (begin + page_ - 1) / page_ * page_;
+  end = std::min<uint64_t>(end, s.mapped) / page_ * page_;
+  if (end <= begin) return;
+  if (madvise(s.shadow + begin, end - begin, MADV_DONTNEED) == 0) {
+    stats_.pages_released += (end - begin) / page_;
+  }
+}
+
+absl::Status HostStagingAgent::StageIn(absl::Span<const ByteRange> ranges) {
+  struct Copy {
+    uint8_t* device;
+    const uint8_t* shadow;
+    uint64_t length;
+    StagingCopier* copier;
+  };
+  std::vector<Copy> copies;
+  std::vector<std::shared_ptr<StagingCopier>> keep;  // alive across the copies
+  {
+    absl::MutexLock l(&mu_);
+    for (const ByteRange& r : ranges) {
+      auto it = staged_.find(r.region);
+      if (it == staged_.end()) {
+        return InvalidArgument("stage-in of region ", r.region,
+                               ", which is not a host-staged region");
+      }
+      const Staged& s = it->second;
+      if (r.offset > s.len || r.length > s.len - r.offset) {
+        return InvalidArgument("stage-in of [", r.offset, ", +", r.length,
+                               ") outside region ", r.region, " of ", s.len, " bytes");
+      }
+      if (r.length == 0) continue;
+      copies.push_back(
+          {s.device + r.offset, s.shadow + r.offset, r.length, s.copier.get()});
+      keep.push_back(s.copier);
+    }
+  }
+  const absl::Time start = absl::Now();
+  uint64_t bytes = 0;
+  for (const Copy& c : copies) {
+    TANDEM_RETURN_IF_ERROR(c.copier->ToDevice(c.device, c.shadow, c.length));
+    bytes += c.length;
+  }
+  absl::MutexLock l(&mu_);
+  stats_.bytes_to_device += bytes;
+  stats_.copy_micros += absl::ToInt64Microseconds(absl::Now() - start);
+  for (const ByteRange& r : ranges) {
+    auto it = staged_.find(r.region);
+    if (it == staged_.end() || r.length == 0) continue;
+    // Only pages wholly inside the range, and none a sender's batch reads.
+    uint64_t begin = r.offset, end = r.offset + r.length;
+    const uint64_t g0 = begin / kGranule, g1 = (end - 1) / kGranule;
+    bool sending = false;
+    for (uint64_t g = g0; g <= g1 && !sending; ++g) {
+      sending = in_flight_.contains(GranuleKey{r.region, g});
+    }
+    if (!sending) DropPages(it->second, begin, end);
+  }
+  return absl::OkStatus();
+}
+
+void HostStagingAgent::ReleaseGranules(const std::vector<GranuleKey>& granules) {
+  absl::MutexLock l(&mu_);
+  for (const GranuleKey& k : granules) {
+    auto it = in_flight_.find(k);
+    if (it == in_flight_.end()) continue;
+    if (--it->second > 0) continue;
+    in_flight_.erase(it);
+    auto s = staged_.find(k.first);
+    if (s == staged_.end()) continue;
+    DropPages(s->second, k.second * kGranule, (k.second + 1) * kGranule);
+  }
+}
+
+absl::StatusOr<BatchId> HostStagingAgent::PostWrite(PeerId peer,
+                                                    absl::Span<const Segment> segments,
+                                                    CompletionCallback on_done) {
+  struct Copy {
+    uint8_t* shadow;
+    const uint8_t* device;
+    uint64_t length;
+    StagingCopier* copier;
+  };
+  std::vector<Copy> copies;
+  std::vector<std::shared_ptr<StagingCopier>> keep;
+  auto granules = std::make_shared<std::vector<GranuleKey>>();
+  {
+    absl::MutexLock l(&mu_);
+    // Checked whole first: nothing is counted or copied for a refused batch.
+    for (const Segment& g : segments) {
+      auto it = staged_.find(g.local_region);
+      if (it == staged_.end()) continue;
+      const Staged& s = it->second;
+      if (g.local_offset > s.len || g.length > s.len - g.local_offset) {
+        return InvalidArgument("segment [", g.local_offset, ", +", g.length,
+                               ") outside local region ", g.local_region, " of ", s.len,
+                               " bytes");
+      }
+    }
+    for (const Segment& g : segments) {
+      auto it = staged_.find(g.local_region);
+      if (it == staged_.end() || g.length == 0) continue;
+      const Staged& s = it->second;
+      copies.push_back({s.shadow + g.local_offset, s.device + g.local_offset, g.length,
+                        s.copier.get()});
+      keep.push_back(s.copier);
+      const uint64_t g0 = g.local_offset / kGranule;
+      const uint64_t g1 = (g.local_offset + g.length - 1) / kGranule;
+      for (uint64_t k = g0; k <= g1; ++k) {
+        ++in_flight_[GranuleKey{g.local_region, k}];
+        granules->push_back(GranuleKey{g.local_region, k});
+      }
+    }
+  }
+  if (copies.empty()) return inner_->PostWrite(peer, segments, std::move(on_done));
+  const absl::Time start = absl::Now();
+  uint64_t bytes = 0;
+  for (const Copy& c : copies) {
+    if (absl::Status s = c.copier->ToHost(c.shadow, c.device, c.length); !s.ok()) {
+      ReleaseGranules(*granules);
+      return absl::Status(
+          s.code(), absl::StrCat("staging the KV through host memory: ", s.message()));
+    }
+    bytes += c.length;
+  }
+  {
+    absl::MutexLock l(&mu_);
+    stats_.bytes_to_host += bytes;
+    stats_.copy_micros += absl::ToInt64Microseconds(absl::Now() - start);
+  }
+  absl::StatusOr<BatchId> batch = inner_->PostWrite(
+      peer, segments,
+      [this, granules, on_done = std::move(on_done)](BatchId b, const absl::Status& s) {
+        ReleaseGranules(*granules);
+        if (on_done) on_done(b, s);
+      });
+  // Refused at posting: no completion will come.
+  if (!batch.ok()) ReleaseGranules(*granules);
+  return batch;
+}
+
+absl::StatusOr<BatchId> HostStagingAgent::PostRead(PeerId peer,
+                                                   absl::Span<const Segment> segments,
+                                                   CompletionCallback on_done) {
+  {
+    absl::MutexLock l(&mu_);
+    for (const Segment& g : segments) {
+      if (staged_.contains(g.local_region)) {
+        return Unimplemented("a read into host-staged region ", g.local_region,
+                             ": the host staging moves the KV by writes only");
+      }
+    }
+  }
+  return inner_->PostRead(peer, segments, std::move(on_done));
+}
+
+absl::StatusOr<RegionId> HostStagingAgent::RegisterMemory(void* base, size_t len,
+                                                          MemoryKind kind) {
+  return inner_->RegisterMemory(base, len, kind);
+}
+
+absl::StatusOr<Allocation> HostStagingAgent::AllocateMemory(size_t len) {
+  return inner_->AllocateMemory(len);
+}
+
+absl::Status HostStagingAgent::DeregisterMemory(RegionId region) {
+  absl::MutexLock l(&mu_);
+  auto it = staged_.find(region);
+  if (it == staged_.end()) return inner_->DeregisterMemory(region);
+  TANDEM_RETURN_IF_ERROR(inner_->DeregisterMemory(region));
+  munmap(it->second.shadow, it->second.mapped);
+  --stats_.staged_regions;
+  stats_.shadow_bytes -= it->second.len;
+  staged_.erase(it);
+  return absl::OkStatus();
+}
+
+size_t HostStagingAgent::NumRegisteredRegions() const {
+  return inner_->NumRegisteredRegions();
+}
+uint64_t HostStagingAgent::AgentId() const { return inner_->AgentId(); }
+absl::StatusOr<std::string> HostStagingAgent::LocalDescriptor(
+    absl::string_view metadata) {
+  return inner_->LocalDescriptor(metadata);
+}
+absl::StatusOr<PeerId> HostStagingAgent::Connect(absl::string_view peer_descriptor) {
+  return inner_->Connect(peer_descriptor);
+}
+absl::Status HostStagingAgent::Disconnect(PeerId peer) {
+  return inner_->Disconnect(peer);
+}
+size_t HostStagingAgent::NumPeers() const { return inner_->NumPeers(); }
+absl::StatusOr<bool> HostStagingAgent::Poll(BatchId batch) {
+  return inner_->Poll(batch);
+}
+absl::Status HostStagingAgent::Wait(BatchId batch, absl::Time deadline) {
+  return inner_->Wait(batch, deadline);
+}
+absl::Status HostStagingAgent::Cancel(BatchId batch) { return inner_->Cancel(batch); }
+absl::Status HostStagingAgent::Notify(PeerId peer, absl::string_view request_id,
+                                      absl::string_view payload, absl::Time deadline) {
+  return inner_->Notify(peer, request_id, payload, deadline);
+}
+void HostStagingAgent::SetNotificationCallback(NotificationCallback callback) {
+  inner_->SetNotificationCallback(std::move(callback));
+}
+std::vector<Notification> HostStagingAgent::PollNotifications() {
+  return inner_->PollNotifications();
+}
+std::string HostStagingAgent::Transport(PeerId peer) { return inner_->Transport(peer); }
+
+}  // namespace tandem::kvtransfer

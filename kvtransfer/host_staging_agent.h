@@ -1,0 +1,174 @@
+// HostStagingAgent: the KV hand-off from and into device memory that the
+// transport cannot register (Debian's UCX and most distribution builds have no
+// CUDA support; a libfabric provider without FI_HMEM), staged through host
+// memory. vLLM's NIXL connector offers the same choice as kv_buffer_device=cpu;
+// UCX's own cuda_copy transport does it inside UCX.
+//
+// A *staged* region is device memory [device_base, +len) paired with a host
+// shadow of the same size and layout: anonymous memory reserved, not committed
+// (MAP_NORESERVE), so only the pages whose bytes are in flight take memory. The
+// shadow is what the inner agent registers and what the descriptor publishes
+// (its region id, base and key), so a peer's plan computes the same offsets as
+// for the device memory itself and the protocol does not change.
+//
+//   sender    PostWrite copies each segment's bytes of a staged local region
+//             device -> shadow, then posts the segments on the inner agent as
+//             they are. When the batch ends, the shadow pages no other batch in
+//             flight still reads are given back (MADV_DONTNEED).
+//   receiver  a peer's writes land in the shadow. Once the owner is notified
+//             that a request's state landed, it calls StageIn(ranges) with the
+//             byte ranges it reserved for the request: shadow -> device, then
+//             the pages wholly inside those ranges are given back (a page that
+//             also holds another request's bytes stays: they may be landing).
+//
+// Regions registered with RegisterMemory / AllocateMemory pass through
+// untouched, as does everything else (descriptors, connections, waits,
+// notifications): over host memory this agent is its inner agent.
+//
+// Page release must be off (HostStagingOptions::release_pages) where the
+// transport pins registered memory (RDMA verbs, EFA): the NIC would go on
+// writing the pinned physical page after the process dropped it. The workers
+// turn it off where the host has RDMA devices (worker/kv_buffer.h).
+//
+// Reads (PostRead) into a staged region are refused (UNIMPLEMENTED): the
+// hand-off only writes. Thread-safe; the copier is called from the threads that
+// call PostWrite and StageIn.
+#ifndef TANDEM_KVTRANSFER_HOST_STAGING_AGENT_H_
+#define TANDEM_KVTRANSFER_HOST_STAGING_AGENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "kvtransfer/plan.h"
+#include "kvtransfer/transfer_agent.h"
+
+namespace tandem::kvtransfer {
+
+// Where a worker's KV cache meets the transport (--kv_buffer):
+//   kDevice  registered where it lives (device memory needs a transport that
+//            can register it: UCX built with CUDA, libfabric with FI_HMEM);
+//   kHost    staged through host memory (this agent), any transport;
+//   kAuto    kDevice where the agent accepts the device memory, else kHost.
+// A cache in host memory (CPU backends) is registered as it is in every mode.
+enum class KvBuffer { kAuto, kDevice, kHost };
+// "auto", "device", "host".
+absl::StatusOr<KvBuffer> ParseKvBuffer(absl::string_view spec);
+const char* KvBufferName(KvBuffer buffer);
+
+// Copies between one device's memory and the host, synchronously (the bytes
+// are at the destination when the call returns).
+class StagingCopier {
+ public:
+  virtual ~StagingCopier() = default;
+  virtual absl::Status ToHost(void* host_dst, const void* device_src, size_t bytes) = 0;
+  virtual absl::Status ToDevice(void* device_dst, const void* host_src,
+                                size_t bytes) = 0;
+  // The device, for messages ("cuda:0").
+  virtual std::string DeviceName() const = 0;
+};
+
+struct HostStagingOptions {
+  KvBuffer buffer = KvBuffer::kAuto;  // what the worker's RegisterCache does
+  // Give shadow pages back once their bytes reached the peer / the device.
+  bool release_pages = true;
+};
+
+struct HostStagingStats {
+  uint64_t bytes_to_host = 0;    // sender: device -> shadow
+  uint64_t bytes_to_device = 0;  // receiver: shadow -> device
+  uint64_t copy_micros = 0;      // time spent in the copier
+  uint64_t pages_released = 0;   // pages given back (MADV_DONTNEED)
+  size_t staged_regions = 0;
+  uint64_t shadow_bytes = 0;  // the staged regions' size (address space)
+};
+
+class HostStagingAgent final : public TransferAgent {
+ public:
+  explicit HostStagingAgent(std::unique_ptr<TransferAgent> inner,
+                            HostStagingOptions options = {});
+  ~HostStagingAgent() override;
+  HostStagingAgent(const HostStagingAgent&) = delete;
+  HostStagingAgent& operator=(const HostStagingAgent&) = delete;
+
+  const HostStagingOptions& options() const { return options_; }
+  TransferAgent* inner() { return inner_.get(); }
+
+  // Registers device memory [device_base, +len) through a host shadow (above).
+  // INVALID_ARGUMENT for an empty or null region or a null copier; the inner
+  // agent's error when it cannot register the shadow.
+  absl::StatusOr<RegionId> RegisterStaged(void* device_base, size_t len,
+                                          std::shared_ptr<StagingCopier> copier);
+  bool IsStaged(RegionId region) const;
+  // Receiver: copies `ranges` (of staged regions) shadow -> device and gives
+  // back the pages wholly inside them. INVALID_ARGUMENT for a range outside a
+  // staged region (nothing is copied then); the copier's error otherwise.
+  absl::Status StageIn(absl::Span<const ByteRange> ranges);
+  HostStagingStats stats() const;
+
+  // TransferAgent.
+  absl::StatusOr<RegionId> RegisterMemory(void* base, size_t len,
+                                          MemoryKind kind) override;
+  using TransferAgent::RegisterMemory;
+  absl::StatusOr<Allocation> AllocateMemory(size_t len) override;
+  absl::Status DeregisterMemory(RegionId region) override;
+  size_t NumRegisteredRegions() const override;
+  uint64_t AgentId() const override;
+  absl::StatusOr<std::string> LocalDescriptor(absl::string_view metadata) override;
+  absl::StatusOr<PeerId> Connect(absl::string_view peer_descriptor) override;
+  absl::Status Disconnect(PeerId peer) override;
+  size_t NumPeers() const override;
+  absl::StatusOr<BatchId> PostWrite(PeerId peer, absl::Span<const Segment> segments,
+                                    CompletionCallback on_done) override;
+  absl::StatusOr<BatchId> PostRead(PeerId peer, absl::Span<const Segment> segments,
+                                   CompletionCallback on_done) override;
+  absl::StatusOr<bool> Poll(BatchId batch) override;
+  absl::Status Wait(BatchId batch, absl::Time deadline) override;
+  absl::Status Cancel(BatchId batch) override;
+  absl::Status Notify(PeerId peer, absl::string_view request_id,
+                      absl::string_view payload, absl::Time deadline) override;
+  void SetNotificationCallback(NotificationCallback callback) override;
+  std::vector<Notification> PollNotifications() override;
+  std::string Transport(PeerId peer) override;
+
+  // Granule of the sender's in-flight accounting (bytes; a multiple of the
+  // page size).
+  static constexpr uint64_t kGranule = 64 << 10;
+
+ private:
+  struct Staged {
+    uint8_t* device = nullptr;
+    uint8_t* shadow = nullptr;
+    size_t len = 0;
+    size_t mapped = 0;  // len rounded up to the page size
+    std::shared_ptr<StagingCopier> copier;
+  };
+  // (region, granule index) of a sender's batch in flight.
+  using GranuleKey = std::pair<RegionId, uint64_t>;
+
+  // Drops the granules' counts taken by a batch; gives back those at zero.
+  void ReleaseGranules(const std::vector<GranuleKey>& granules);
+  // MADV_DONTNEED over [begin, end) of `s`'s shadow (page-aligned inside).
+  void DropPages(const Staged& s, uint64_t begin, uint64_t end)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::unique_ptr<TransferAgent> inner_;
+  const HostStagingOptions options_;
+  const uint64_t page_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<RegionId, Staged> staged_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<GranuleKey, int> in_flight_ ABSL_GUARDED_BY(mu_);
+  HostStagingStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem::kvtransfer
+
+#endif  // TANDEM_KVTRANSFER_HOST_STAGING_AGENT_H_
