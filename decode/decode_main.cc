@@ -135,6 +135,8 @@ int main(int argc, char** argv) {
     TLOG(ERROR, "cannot start the decode service").Kv("status", service.status());
     return 1;
   }
+  // Staged caches (--kv_buffer): keep the shadows' pages or give them back.
+  tandem::worker::ChooseStagingPageRelease(agent->get());
   tandem::worker::WorkerServerOptions so = tandem::worker::ServerOptionsFromFlags(
       dso.worker_id, tandem::v1::WORKER_ROLE_DECODE, **model, (*service)->layout(),
       eo.max_context_tokens);

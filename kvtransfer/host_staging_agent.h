@@ -25,10 +25,15 @@
 // untouched, as does everything else (descriptors, connections, waits,
 // notifications): over host memory this agent is its inner agent.
 //
-// Page release must be off (HostStagingOptions::release_pages) where the
-// transport pins registered memory (RDMA verbs, EFA): the NIC would go on
-// writing the pinned physical page after the process dropped it. The workers
-// turn it off where the host has RDMA devices (worker/kv_buffer.h).
+// Shadows are mapped with transparent huge pages where the kernel allows
+// (madvise), so their pages fault in 2 MiB at a time. Page release
+// (HostStagingOptions::release_pages) trades speed for memory: each transfer
+// through released pages faults them in again (2.6x slower on the emulator
+// here). It must be off where the transport pins registered memory (RDMA
+// verbs, EFA): the NIC would go on writing the pinned physical page after the
+// process dropped it. The workers turn it on only where the shadows are large
+// against the host's memory and the host has no RDMA device
+// (worker::ChooseStagingPageRelease).
 //
 // Reads (PostRead) into a staged region are refused (UNIMPLEMENTED): the
 // hand-off only writes. Thread-safe; the copier is called from the threads that
@@ -36,6 +41,7 @@
 #ifndef TANDEM_KVTRANSFER_HOST_STAGING_AGENT_H_
 #define TANDEM_KVTRANSFER_HOST_STAGING_AGENT_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -78,7 +84,10 @@ class StagingCopier {
 
 struct HostStagingOptions {
   KvBuffer buffer = KvBuffer::kAuto;  // what the worker's RegisterCache does
-  // Give shadow pages back once their bytes reached the peer / the device.
+  // Give shadow pages back once their bytes reached the peer / the device
+  // (set_release_pages changes it later). Off, a shadow keeps the pages that
+  // bytes once went through: faster (no fault on the next transfer through
+  // them), but its resident part grows towards its size.
   bool release_pages = true;
 };
 
@@ -100,6 +109,8 @@ class HostStagingAgent final : public TransferAgent {
   HostStagingAgent& operator=(const HostStagingAgent&) = delete;
 
   const HostStagingOptions& options() const { return options_; }
+  bool release_pages() const { return release_pages_.load(); }
+  void set_release_pages(bool release) { release_pages_.store(release); }
   TransferAgent* inner() { return inner_.get(); }
 
   // Registers device memory [device_base, +len) through a host shadow (above).
@@ -141,7 +152,7 @@ class HostStagingAgent final : public TransferAgent {
 
   // Granule of the sender's in-flight accounting (bytes; a multiple of the
   // page size).
-  static constexpr uint64_t kGranule = 64 << 10;
+  static constexpr uint64_t kGranule = 2 << 20;
 
  private:
   struct Staged {
@@ -160,8 +171,9 @@ class HostStagingAgent final : public TransferAgent {
   void DropPages(const Staged& s, uint64_t begin, uint64_t end)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const std::unique_ptr<TransferAgent> inner_;
+  std::unique_ptr<TransferAgent> inner_;  // reset first by the destructor
   const HostStagingOptions options_;
+  std::atomic<bool> release_pages_;
   const uint64_t page_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<RegionId, Staged> staged_ ABSL_GUARDED_BY(mu_);

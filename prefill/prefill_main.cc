@@ -131,6 +131,8 @@ int main(int argc, char** argv) {
     TLOG(ERROR, "cannot start the prefill service").Kv("status", service.status());
     return 1;
   }
+  // Staged caches (--kv_buffer): keep the shadows' pages or give them back.
+  tandem::worker::ChooseStagingPageRelease(agent->get());
   tandem::worker::WorkerServerOptions so = tandem::worker::ServerOptionsFromFlags(
       pso.worker_id, tandem::v1::WORKER_ROLE_PREFILL, **model, (*service)->layout(),
       eo.max_context_tokens);

@@ -14,7 +14,9 @@
 #   MANIFEST.txt      what was built, what could not be, every library and why
 #   tests.tsv         the tests gpu_check.sh runs: name, kind, gtest filter,
 #                     racecheck filter
-#   bin/              the binaries (debug info stripped, symbols kept)
+#   bin/              the binaries (debug info stripped, symbols kept); the
+#                     cluster test and its servers as NAME.xz, unpacked by
+#                     env.sh under $TMPDIR (GPU_BUNDLE_XBIN)
 #   lib/              every shared library they load, as `ldd` lists them here,
 #                     except (1) the CUDA driver (libcuda.so.*: the target's own),
 #                     (2) glibc and its loader (ld-linux, libc, libm, libpthread,
@@ -33,6 +35,7 @@
 #
 # What is built: //kernels:conformance_test, //kernels/cuda:gpu_bench,
 # //engine/runtime:engine_bench (the engine from GPU memory, issue #15),
+# //worker:kv_device_bench (the KV hand-off between device buffers),
 # //engine/model:make_checkpoint, the cluster test //tests:cluster_cuda_sim_test
 # with the router and worker binaries it starts (run there on "cuda"), the
 # engine tests of ENGINE_TESTS below (run with
@@ -150,7 +153,7 @@ build_all() {
   local gpu_tests
   gpu_tests="$(bazel_bundle query --keep_going --noshow_progress "attr(tags, '\bgpu\b', tests($universe))" 2>/dev/null || true)"
   local targets=(//kernels:conformance_test //kernels/cuda:gpu_bench //engine/model:make_checkpoint
-    //engine/runtime:engine_bench)
+    //engine/runtime:engine_bench //worker:kv_device_bench)
   # The serving path on the GPU (issue #15): the cluster test and the processes
   # it starts (router, prefill and decode workers), run there on "cuda".
   local t
@@ -198,6 +201,7 @@ build_all() {
   KIND[//kernels:conformance_test]=conformance
   KIND[//kernels/cuda:gpu_bench]=bench
   KIND[//engine/runtime:engine_bench]=bench
+  KIND[//worker:kv_device_bench]=bench
   KIND[//engine/model:make_checkpoint]=tool
   KIND[$CLUSTER_TEST]=cluster_test
   local m
@@ -321,6 +325,11 @@ pack() {
     cp -L "$path" "$OUT_DIR/bin/$name"
     chmod u+w "$OUT_DIR/bin/$name"
     strip --strip-debug "$OUT_DIR/bin/$name" 2>/dev/null || true
+    # The cluster test and its servers (three more copies of the kernels'
+    # device code) travel compressed; env.sh unpacks them (GPU_BUNDLE_XBIN).
+    case "${KIND[$label]:-}" in
+      server | cluster_test) compress_lib "$OUT_DIR/bin/$name" >/dev/null ;;
+    esac
     pack_libs_of "$path"
     case "${KIND[$label]:-gpu_test}" in
       conformance | gpu_test | engine_test | cluster_test)
@@ -353,12 +362,14 @@ B="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$B/env.sh"
 [[ $# -ge 1 ]] || { echo "usage: $0 NAME [ARGS...] (NAME in $B/bin)" >&2; exit 2; }
 name="$1"; shift
+bin="$B/bin/$name"
+[[ -x "$bin" ]] || bin="$GPU_BUNDLE_XBIN/$name"  # a compressed one, unpacked
 cd "${GPU_BUNDLE_RUNFILES:-$B/runfiles}"
 if [[ -n "$GPU_BUNDLE_LOADER" ]]; then
-  exec "$GPU_BUNDLE_LOADER" --library-path "$GPU_BUNDLE_LD_PATH" "$B/bin/$name" "$@"
+  exec "$GPU_BUNDLE_LOADER" --library-path "$GPU_BUNDLE_LD_PATH" "$bin" "$@"
 fi
 export LD_LIBRARY_PATH="$GPU_BUNDLE_LD_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-exec "$B/bin/$name" "$@"
+exec "$bin" "$@"
 RUN
   chmod +x "$OUT_DIR/run" "$OUT_DIR/gpu_check.sh" "$OUT_DIR/env.sh"
   local glibc rev
@@ -375,7 +386,14 @@ RUN
     echo "Tandem GPU bundle, $(date -u +%Y-%m-%dT%H:%M:%SZ), git $rev$(git -C "$ROOT" diff --quiet 2>/dev/null || echo ' (uncommitted changes)'), built on glibc $glibc"
     echo
     echo "Built (--config=cuda):"
-    for entry in "${BUILT[@]}"; do echo "  ${entry%%$'\t'*}  ->  bin/$(basename "${entry#*$'\t'}")"; done
+    for entry in "${BUILT[@]}"; do
+      local bn
+      bn="$(basename "${entry#*$'\t'}")"
+      for f in "$OUT_DIR/bin/$bn" "$OUT_DIR/bin/$bn.xz" "$OUT_DIR/bin/$bn.gz"; do
+        [[ -e "$f" ]] && bn="$(basename "$f")"
+      done
+      echo "  ${entry%%$'\t'*}  ->  bin/$bn"
+    done
     echo
     echo "Could not build (left out):"
     [[ ${#NOT_BUILT[@]} -eq 0 ]] && echo "  (none)"
@@ -414,9 +432,14 @@ verify_bundle() {  # dir
   # shellcheck disable=SC2016
   ld_path="$(bash -c 'source "$1/env.sh" && echo "$GPU_BUNDLE_LD_PATH"' _ "$dir")"
   target_libs="$(bash -c 'source "$1/manifest.env" && echo "$BUNDLE_TARGET_LIBS"' _ "$dir")"
-  local bad=0 b line soname path allowed_dirs=() d
+  local bad=0 b line soname path allowed_dirs=() d xbin checked=()
   IFS=: read -r -a allowed_dirs <<<"$ld_path"
-  for b in "$dir"/bin/*; do
+  # shellcheck disable=SC2016
+  xbin="$(bash -c 'source "$1/env.sh" && echo "$GPU_BUNDLE_XBIN"' _ "$dir")"
+  for b in "$dir"/bin/* "${xbin:-/nonexistent}"/*; do
+    [[ -f "$b" ]] || continue
+    case "$b" in *.xz | *.gz) continue ;; esac
+    checked+=("$(basename "$b")")
     while IFS= read -r line; do
       soname="" path=""
       if [[ "$line" =~ ^[[:space:]]*([^[:space:]]+)[[:space:]]+=\>[[:space:]]+not[[:space:]]+found ]]; then
@@ -456,7 +479,7 @@ verify_bundle() {  # dir
     say "verify: $dir is $((kib / 1024)) MiB, over ${MAX_BUNDLE_MIB} MiB"
     bad=1
   fi
-  (( bad == 0 )) && say "verify: $dir is self-contained ($((kib / 1024)) MiB; libraries outside it: glibc, libcuda${target_libs:+, $target_libs})"
+  (( bad == 0 )) && say "verify: $dir is self-contained ($((kib / 1024)) MiB; binaries: ${checked[*]}; libraries outside it: glibc, libcuda${target_libs:+, $target_libs})"
   return $bad
 }
 

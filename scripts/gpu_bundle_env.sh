@@ -6,6 +6,7 @@
 #                         compressed ones (lib/*.gz, *.xz: under $TMPDIR), the directories holding the CUDA toolkit
 #                         libraries left to the target (manifest.env's
 #                         BUNDLE_TARGET_LIBS), and lib/glibc when it is used
+#   GPU_BUNDLE_XBIN       where the compressed binaries (bin/*.xz) are unpacked
 #   GPU_BUNDLE_LOADER     empty, or lib/glibc's loader when this machine's glibc is
 #                         older than the one the bundle was built on (then the
 #                         binaries run as `$GPU_BUNDLE_LOADER --library-path ...`)
@@ -52,6 +53,22 @@ for _gb_gz in "$GPU_BUNDLE_DIR"/lib/*.gz "$GPU_BUNDLE_DIR"/lib/*.xz; do
 done
 
 GPU_BUNDLE_LD_PATH="$GPU_BUNDLE_DIR/lib:$_gb_unpack_dir"
+
+# Compressed binaries (bin/NAME.xz: the cluster test's servers): unpacked the
+# same way, into GPU_BUNDLE_XBIN; `run NAME` looks there after bin/.
+GPU_BUNDLE_XBIN="${_gb_unpack_dir%/lib}/bin"
+mkdir -p "$GPU_BUNDLE_XBIN"
+for _gb_gz in "$GPU_BUNDLE_DIR"/bin/*.gz "$GPU_BUNDLE_DIR"/bin/*.xz; do
+  [[ -e "$_gb_gz" ]] || continue
+  _gb_so="$GPU_BUNDLE_XBIN/$(basename "${_gb_gz%.*}")"
+  if ! [[ -s "$_gb_so" && "$_gb_so" -nt "$_gb_gz" ]]; then
+    case "$_gb_gz" in
+      *.gz) gzip -dc "$_gb_gz" >"$_gb_so.tmp.$$" ;;
+      *.xz) _gb_unxz "$_gb_gz" >"$_gb_so.tmp.$$" ;;
+    esac && chmod +x "$_gb_so.tmp.$$" && mv -f "$_gb_so.tmp.$$" "$_gb_so" ||
+      { rm -f "$_gb_so.tmp.$$"; _gb_note "could not unpack $_gb_gz"; }
+  fi
+done
 
 # The CUDA toolkit libraries left to the target (cuBLASLt, NCCL, ...): the
 # dynamic linker's cache, the CUDA toolkit folders, then the NVIDIA Python
@@ -106,5 +123,5 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
 fi
 GPU_BUNDLE_ENV_FOR="$GPU_BUNDLE_DIR"
 export GPU_BUNDLE_DIR GPU_BUNDLE_LD_PATH GPU_BUNDLE_LOADER GPU_BUNDLE_MISSING GPU_BUNDLE_NOTES \
-  GPU_BUNDLE_ENV_FOR
+  GPU_BUNDLE_ENV_FOR GPU_BUNDLE_XBIN
 unset _gb_gz _gb_so _gb_dir _gb_glibc _gb_d _gb_unpack_dir

@@ -7,7 +7,8 @@
 #      it is under the size limit;
 #   2. the bundle's `run` wrapper runs the binary from the bundle (the emulator
 #      backend: its JSON line comes out);
-#   3. a library stored as .xz is unpacked (xz, or python3's lzma without it);
+#   3. a library stored as .xz is unpacked (xz, or python3's lzma without it),
+#      and so is a binary (bin/NAME.xz, run from GPU_BUNDLE_XBIN);
 #   4. --verify catches a bundle missing a library;
 #   5. gpu_check.sh on this machine (no GPU) says so, writes its JSON and exits 3
 #      within seconds.
@@ -80,6 +81,17 @@ if command -v python3 >/dev/null; then
   PATH="$TMP/noxz" GPU_BUNDLE_RUNFILES="$TMP" "$TMP/xzb/run" gpu_bench --backend cuda_sim --only copy \
     >/dev/null 2>&1 || fail "./run with an .xz library and no xz failed"
 fi
+
+# 3b. A binary stored compressed (the cluster test's servers) is unpacked by
+# env.sh into GPU_BUNDLE_XBIN, where `run` and --verify find it.
+cp -r "$B" "$TMP/xzbin"
+xz -c "$TMP/xzbin/bin/gpu_bench" >"$TMP/xzbin/bin/gpu_bench.xz" && rm "$TMP/xzbin/bin/gpu_bench"
+"$TMP/repo/scripts/gpu_bundle.sh" --verify "$TMP/xzbin" 2>"$TMP/verify_xzbin.log" ||
+  { cat "$TMP/verify_xzbin.log" >&2; fail "--verify rejects a bundle with an .xz binary"; }
+grep -q "gpu_bench" "$TMP/verify_xzbin.log" || fail "--verify did not check the unpacked gpu_bench"
+out="$(GPU_BUNDLE_RUNFILES="$TMP" "$TMP/xzbin/run" gpu_bench --backend cuda_sim --only copy 2>&1)" ||
+  { echo "$out"; fail "./run of an .xz binary failed"; }
+tail -n 1 <<<"$out" | grep -q '"bench":"gpu_kernels"' || fail "no JSON line from the .xz gpu_bench"
 
 # 4. A missing library is caught.
 cp -r "$B" "$TMP/broken"

@@ -25,6 +25,8 @@
 #      tiny checkpoint at batch 1/8/64 (CUDA graphs on, then --enforce_eager when
 #      the binary has it), then the mid checkpoint (generated there: too big to
 #      carry) at batch 1/8/64 with 4k prompts, and a 32k prefill
+#   4c. the KV hand-off between device buffers (kv_device_bench --backend cuda,
+#      --kv_buffer auto then host) against the device's own copy
 #   5. compute-sanitizer where present: memcheck over the same tests, racecheck
 #      over the shared-memory kernels' tests (tests.tsv's racecheck filter), in
 #      the time left (a step that does not fit is recorded as skipped)
@@ -70,6 +72,7 @@ STEPS=()    # JSON objects
 BENCH_JSON="null"
 BENCH_BF16_JSON="null"
 ENGINE_JSON=()  # "name":{engine_bench JSON line}
+KV_DEVICE_JSON=()  # "auto"|"host":{kv_device_bench JSON line}
 FAILED=0
 
 write_json() {  # status, message
@@ -84,6 +87,8 @@ write_json() {  # status, message
     for i in "${!STEPS[@]}"; do printf '%s%s' "$([[ $i -gt 0 ]] && echo ,)" "${STEPS[$i]}"; done
     printf '],"bench":%s,"bench_bf16":%s,"engine":{' "$BENCH_JSON" "$BENCH_BF16_JSON"
     for i in "${!ENGINE_JSON[@]}"; do printf '%s%s' "$([[ $i -gt 0 ]] && echo ,)" "${ENGINE_JSON[$i]}"; done
+    printf '},"kv_device":{'
+    for i in "${!KV_DEVICE_JSON[@]}"; do printf '%s%s' "$([[ $i -gt 0 ]] && echo ,)" "${KV_DEVICE_JSON[$i]}"; done
     printf '}}\n'
   } >"$JSON"
 }
@@ -140,7 +145,9 @@ fact loader "${GPU_BUNDLE_LOADER:-system}"
 fact missing_target_libs "$GPU_BUNDLE_MISSING"
 
 declare -A UNRESOLVED=()
-for b in "$BUNDLE"/bin/*; do
+for b in "$BUNDLE"/bin/* "${GPU_BUNDLE_XBIN:-/nonexistent}"/*; do
+  [[ -f "$b" ]] || continue
+  case "$b" in *.xz | *.gz) continue ;; esac
   name="$(basename "$b")"
   if [[ -n "$GPU_BUNDLE_LOADER" ]]; then
     missing="$("$GPU_BUNDLE_LOADER" --library-path "$GPU_BUNDLE_LD_PATH" --list "$b" 2>&1 | grep 'not found' || true)"
@@ -217,10 +224,12 @@ mkdir -p "$TEST_TMPDIR"
 # decode/decode_main from the runfiles root (its cwd, no TEST_SRCDIR); they
 # inherit the bundle's library path from `run`.
 for m in router prefill decode; do
-  if [[ -x "$BUNDLE/bin/${m}_main" ]]; then
+  for b in "$BUNDLE/bin/${m}_main" "${GPU_BUNDLE_XBIN:-/nonexistent}/${m}_main"; do
+    [[ -x "$b" ]] || continue
     mkdir -p "$GPU_BUNDLE_RUNFILES/$m"
-    ln -sf "$BUNDLE/bin/${m}_main" "$GPU_BUNDLE_RUNFILES/$m/${m}_main"
-  fi
+    ln -sf "$b" "$GPU_BUNDLE_RUNFILES/$m/${m}_main"
+    break
+  done
 done
 
 # ---------------------------------------------------------------- 3. tests, plain
@@ -318,6 +327,19 @@ if [[ -x "$BUNDLE/bin/engine_bench" && -z "${UNRESOLVED[engine_bench]:-}" ]]; th
 else
   STEPS+=("{\"name\":\"engine_bench\",\"kind\":\"bench\",\"status\":\"fail\",\"reason\":$(json_str "absent or unresolved: ${UNRESOLVED[engine_bench]:-not in the bundle}")}")
   FAILED=1
+fi
+
+# ---------------------------------------------------------------- 4c. KV hand-off
+# The KV between two device buffers as the workers move it (--kv_buffer auto:
+# in place where the bundle's UCX has CUDA support, else staged through host
+# memory), against the device's own copy in the same run; then forced staging.
+if [[ -x "$BUNDLE/bin/kv_device_bench" && -z "${UNRESOLVED[kv_device_bench]:-}" ]]; then
+  for kvb in auto host; do
+    LAST_OUT=""
+    run_step "kv_device_$kvb" bench "$(budget_for 40 20)" "$BUNDLE/run" kv_device_bench \
+      --backend cuda --kv_buffer "$kvb"
+    [[ -n "$LAST_OUT" ]] && KV_DEVICE_JSON+=("$(json_str "$kvb"):$(bench_json "$LAST_OUT" kv_device)")
+  done
 fi
 
 # ---------------------------------------------------------------- 5. sanitizers

@@ -215,5 +215,53 @@ TEST(ClusterCudaSimTest, DeviceWorkersServeTheCpuTokens) {
               backend.c_str(), reqs.size(), absl::ToDoubleSeconds(absl::Now() - start));
 }
 
+// TP 2 on the emulator (each rank's cache on a device of its own), staged
+// through host memory: each rank's rows go device -> host -> host -> device
+// through its own copier, and the tokens are still the CPU's. Not on a GPU
+// machine with one GPU (NCCL refuses two ranks on one device).
+TEST(ClusterCudaSimTest, Tp2StagedThroughHostMemoryServesTheCpuTokens) {
+  const std::string backend = WorkerBackend();
+  if (backend.rfind("cuda_sim", 0) != 0) {
+    GTEST_SKIP() << "TP 2 runs on the emulator only (backend " << backend << ")";
+  }
+  CpuReference ref;
+  ASSERT_EQ(ref.Start(), "");
+  ProcessCluster cluster;
+  ASSERT_EQ(cluster.Start({}, 2,
+                          {"--backend=" + backend, "--tp=2", "--max_tokens_per_step=16",
+                           "--kv_buffer=host"},
+                          {"--backend=" + backend, "--tp=2", "--kv_buffer=host"}),
+            "");
+  const std::vector<tandem::v1::GenerateRequest> reqs = {
+      MakeRequest(24, 21, 4, 0.0f),  // greedy, two prefill steps
+      MakeRequest(7, 22, 4, 1.0f),   // seeded sampling
+  };
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    StreamResult gpu = cluster.Generate(reqs[i]);
+    ASSERT_TRUE(gpu.status.ok())
+        << "request " << i << ": " << gpu.status.error_message() << cluster.Logs();
+    StreamResult cpu = ref.Generate(reqs[i]);
+    ASSERT_TRUE(cpu.status.ok()) << cpu.status.error_message();
+    EXPECT_EQ(gpu.tokens, cpu.tokens) << "request " << i;
+  }
+  EXPECT_EQ(*Metric(cluster.decode_metrics(), "tandem_worker_requests_total",
+                    {{"rpc", "Decode"}, {"outcome", "ok"}}),
+            static_cast<double>(reqs.size()));
+  const double sent =
+      *Metric(cluster.prefill_metrics(), "tandem_worker_transfer_bytes_total", {});
+  EXPECT_GT(sent, 0);
+  EXPECT_TRUE(WaitMetric(cluster.prefill_metrics(),
+                         "tandem_worker_kv_staged_bytes_total",
+                         {{"direction", "to_host"}}, sent));
+  EXPECT_TRUE(WaitMetric(cluster.decode_metrics(),
+                         "tandem_worker_kv_staged_bytes_total",
+                         {{"direction", "to_device"}}, sent));
+  // Every rank's regions staged: per rank, one per MLA layer and the KDA pool.
+  const double regions =
+      *Metric(cluster.decode_metrics(), "tandem_worker_kv_staged_regions", {});
+  EXPECT_GT(regions, 0);
+  EXPECT_EQ(static_cast<int64_t>(regions) % 2, 0) << "regions of two ranks";
+}
+
 }  // namespace
 }  // namespace tandem

@@ -161,6 +161,44 @@ bool HostHasRdmaDevices(const std::string& sysfs_dir) {
   return false;
 }
 
+bool StagingPageRelease(uint64_t shadow_bytes, int64_t mem_available, bool rdma) {
+  if (rdma) return false;  // the NIC may pin the pages: never drop them
+  return mem_available <= 0 || shadow_bytes > static_cast<uint64_t>(mem_available) / 4;
+}
+
+void ChooseStagingPageRelease(kvtransfer::TransferAgent* agent,
+                              const std::string& meminfo_path) {
+  auto* staging = dynamic_cast<kvtransfer::HostStagingAgent*>(agent);
+  if (staging == nullptr) return;
+  const kvtransfer::HostStagingStats st = staging->stats();
+  if (st.staged_regions == 0) return;
+  const bool rdma = HostHasRdmaDevices();
+  const absl::StatusOr<int64_t> avail = engine::ReadMemAvailable(meminfo_path);
+  const int64_t mem = avail.ok() ? *avail : 0;
+  const bool release = StagingPageRelease(st.shadow_bytes, mem, rdma);
+  staging->set_release_pages(release);
+  const bool large = mem <= 0 || st.shadow_bytes > static_cast<uint64_t>(mem) / 4;
+  auto log = [&](auto&& line) {
+    line.Kv("shadow_bytes", st.shadow_bytes)
+        .Kv("mem_available_bytes", mem)
+        .Kv("rdma", rdma)
+        .Kv("release_pages", release);
+  };
+  if (large && rdma) {
+    log(TLOG(WARNING,
+             "KV cache staged through host memory; its shadow pages are kept "
+             "resident (the RDMA transport may pin them) and may grow to their "
+             "size: use a transport built with CUDA"));
+  } else {
+    log(TLOG(INFO, release ? "KV cache staged through host memory; pages go back "
+                             "once their bytes moved (bounded memory, a fault per "
+                             "page per transfer)"
+                           : "KV cache staged through host memory; pages kept "
+                             "resident (the shadows fit in a quarter of the host's "
+                             "available memory)"));
+  }
+}
+
 absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> TransferAgentFromFlags(
     const std::string& worker_id, kvtransfer::TransportInfo* info,
     std::function<void(const kvtransfer::UcxPeerTransport&)> on_peer_connected) {
@@ -185,12 +223,11 @@ absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> TransferAgentFromFlag
       .Kv("nics", absl::StrJoin(created.info.nics, "; "));
   if (info != nullptr) *info = created.info;
   // Device caches may be staged through host memory (--kv_buffer); over host
-  // memory the staging agent is its inner agent. Where the host has RDMA
-  // devices the transport may pin what it registers, so shadow pages are kept.
+  // memory the staging agent is its inner agent.
   kvtransfer::HostStagingOptions staging;
   TANDEM_ASSIGN_OR_RETURN(staging.buffer,
                           kvtransfer::ParseKvBuffer(absl::GetFlag(FLAGS_kv_buffer)));
-  staging.release_pages = !HostHasRdmaDevices();
+  staging.release_pages = false;  // ChooseStagingPageRelease, once registered
   return std::unique_ptr<kvtransfer::TransferAgent>(
       new kvtransfer::HostStagingAgent(std::move(created.agent), staging));
 }

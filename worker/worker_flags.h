@@ -80,13 +80,25 @@ absl::StatusOr<kvtransfer::AgentFactoryConfig> AgentConfigFromFlags(
 // libfabric), started and logged with what it opened (agent, provider, fabric,
 // domain, rails; also into `*info` when given, for the metric label); its
 // errors (no fallback between transports). It comes wrapped in a
-// kvtransfer::HostStagingAgent carrying --kv_buffer (RegisterCache reads it),
-// with page release off where HostHasRdmaDevices(). `on_peer_connected` (UCX: called
+// kvtransfer::HostStagingAgent carrying --kv_buffer (RegisterCache reads it);
+// its page release is chosen once the caches are registered
+// (ChooseStagingPageRelease). `on_peer_connected` (UCX: called
 // for every peer once UCX chose its transports, agent lock held) is how the
 // worker counts connections by transport (WorkerMetrics::CountKvPeerConnection).
 // Whether the host has RDMA devices (InfiniBand, RoCE, EFA: entries in
 // /sys/class/infiniband), whose transports pin registered memory.
 bool HostHasRdmaDevices(const std::string& sysfs_dir = "/sys/class/infiniband");
+// Whether a host staging agent gives its shadow pages back after each
+// transfer (kvtransfer::HostStagingOptions::release_pages): never with RDMA
+// (pinned pages); otherwise when its shadows, `shadow_bytes` in all, are over
+// a quarter of `mem_available` (unknown: <= 0) — kept resident, a shadow grows
+// towards its size, and faulting pages in again costs every transfer.
+bool StagingPageRelease(uint64_t shadow_bytes, int64_t mem_available, bool rdma);
+// Applies StagingPageRelease to `agent` (once its caches are registered; a
+// no-op unless it is a staging agent with staged regions) from this host's
+// MemAvailable and RDMA devices, and logs the decision.
+void ChooseStagingPageRelease(kvtransfer::TransferAgent* agent,
+                              const std::string& meminfo_path = "/proc/meminfo");
 absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> TransferAgentFromFlags(
     const std::string& worker_id, kvtransfer::TransportInfo* info = nullptr,
     std::function<void(const kvtransfer::UcxPeerTransport&)> on_peer_connected =

@@ -2,6 +2,8 @@
 // configuration (--kv_progress_timeout, --kv_require_rdma; issue 19).
 #include "worker/worker_flags.h"
 
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -131,6 +133,45 @@ TEST_F(AgentConfigFromFlagsTest, OffAndBadValues) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("--kv_require_rdma"), absl::string_view::npos)
       << bad.status();
+}
+
+}  // namespace
+}  // namespace tandem::worker
+
+namespace tandem::worker {
+namespace {
+
+// Host-staged shadows: pages go back only when the shadows are large against
+// the host's available memory, and never where an RDMA NIC may pin them.
+TEST(StagingPageReleaseTest, LargeShadowsReleaseUnlessRdma) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  struct Case {
+    uint64_t shadow;
+    int64_t available;
+    bool rdma;
+    bool release;
+  } cases[] = {
+      {1 * kGiB, 64 * kGiB, false, false},   // small: kept resident
+      {16 * kGiB, 64 * kGiB, false, false},  // a quarter: still kept
+      {16 * kGiB + 1, 64 * kGiB, false, true},
+      {100 * kGiB, 64 * kGiB, false, true},
+      {100 * kGiB, 64 * kGiB, true, false},  // pinned by the NIC: never
+      {1 * kGiB, 0, false, true},            // unknown memory: bounded
+      {1 * kGiB, -1, true, false},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(StagingPageRelease(c.shadow, c.available, c.rdma), c.release)
+        << c.shadow << " of " << c.available << " rdma " << c.rdma;
+  }
+}
+
+TEST(StagingPageReleaseTest, RdmaDevicesAreEntriesOfTheSysfsClass) {
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/ib";
+  std::filesystem::create_directories(dir);
+  EXPECT_FALSE(HostHasRdmaDevices(dir));
+  std::filesystem::create_directories(dir + "/mlx5_0");
+  EXPECT_TRUE(HostHasRdmaDevices(dir));
+  EXPECT_FALSE(HostHasRdmaDevices(dir + "/missing"));
 }
 
 }  // namespace
