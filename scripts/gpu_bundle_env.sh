@@ -54,12 +54,21 @@ done
 
 GPU_BUNDLE_LD_PATH="$GPU_BUNDLE_DIR/lib:$_gb_unpack_dir"
 
-# Compressed binaries (bin/NAME.xz: the cluster test's servers): unpacked the
-# same way, into GPU_BUNDLE_XBIN; `run NAME` looks there after bin/.
+# Compressed binaries (bin/binaries.tar.xz, or bin/NAME.gz / NAME.xz one by
+# one): unpacked the same way, into GPU_BUNDLE_XBIN; `run NAME` looks there
+# after bin/.
 GPU_BUNDLE_XBIN="${_gb_unpack_dir%/lib}/bin"
 mkdir -p "$GPU_BUNDLE_XBIN"
+_gb_tar="$GPU_BUNDLE_DIR/bin/binaries.tar.xz"
+if [[ -e "$_gb_tar" && ! ( -e "$GPU_BUNDLE_XBIN/.unpacked" && "$GPU_BUNDLE_XBIN/.unpacked" -nt "$_gb_tar" ) ]]; then
+  if _gb_unxz "$_gb_tar" | tar -C "$GPU_BUNDLE_XBIN" -xf - 2>/dev/null; then
+    : >"$GPU_BUNDLE_XBIN/.unpacked"
+  else
+    _gb_note "could not unpack $_gb_tar"
+  fi
+fi
 for _gb_gz in "$GPU_BUNDLE_DIR"/bin/*.gz "$GPU_BUNDLE_DIR"/bin/*.xz; do
-  [[ -e "$_gb_gz" ]] || continue
+  [[ -e "$_gb_gz" && "$_gb_gz" != *.tar.xz ]] || continue
   _gb_so="$GPU_BUNDLE_XBIN/$(basename "${_gb_gz%.*}")"
   if ! [[ -s "$_gb_so" && "$_gb_so" -nt "$_gb_gz" ]]; then
     case "$_gb_gz" in
@@ -124,4 +133,4 @@ fi
 GPU_BUNDLE_ENV_FOR="$GPU_BUNDLE_DIR"
 export GPU_BUNDLE_DIR GPU_BUNDLE_LD_PATH GPU_BUNDLE_LOADER GPU_BUNDLE_MISSING GPU_BUNDLE_NOTES \
   GPU_BUNDLE_ENV_FOR GPU_BUNDLE_XBIN
-unset _gb_gz _gb_so _gb_dir _gb_glibc _gb_d _gb_unpack_dir
+unset _gb_gz _gb_so _gb_dir _gb_glibc _gb_d _gb_unpack_dir _gb_tar

@@ -8,7 +8,8 @@
 #   2. the bundle's `run` wrapper runs the binary from the bundle (the emulator
 #      backend: its JSON line comes out);
 #   3. a library stored as .xz is unpacked (xz, or python3's lzma without it),
-#      and so is a binary (bin/NAME.xz, run from GPU_BUNDLE_XBIN);
+#      and so is a binary (bin/NAME.gz or .xz, or bin/binaries.tar.xz; run
+#      from GPU_BUNDLE_XBIN);
 #   4. --verify catches a bundle missing a library;
 #   5. gpu_check.sh on this machine (no GPU) says so, writes its JSON and exits 3
 #      within seconds.
@@ -32,9 +33,14 @@ GPU_BUNDLE_COMPRESS=gzip "$TMP/repo/scripts/gpu_bundle.sh" --out "$B" --pack-onl
   { cat "$TMP/pack.log" >&2; fail "packing failed"; }
 cat "$TMP/pack.log"
 grep -q "is self-contained" "$TMP/pack.log" || fail "the packing did not verify the bundle"
-for f in run env.sh gpu_check.sh manifest.env MANIFEST.txt tests.tsv bin/gpu_bench; do
+for f in run env.sh gpu_check.sh manifest.env MANIFEST.txt tests.tsv bin/gpu_bench.gz; do
   [[ -e "$B/$f" ]] || fail "bundle lacks $f"
 done
+[[ ! -e "$B/bin/gpu_bench" ]] || fail "the binary travels uncompressed"
+grep -q "binaries: gpu_bench" "$TMP/pack.log" || fail "--verify did not check the unpacked gpu_bench"
+# shellcheck disable=SC2016
+xbin="$(bash -c 'source "$1/env.sh"; echo "$GPU_BUNDLE_XBIN"' _ "$B")"
+[[ -x "$xbin/gpu_bench" ]] || fail "env.sh did not unpack bin/gpu_bench.gz into $xbin"
 ls "$B"/lib/libabsl_*.so.* >/dev/null 2>&1 || fail "Debian's abseil libraries were not bundled"
 ls "$B"/lib/libstdc++.so.* >/dev/null 2>&1 || fail "libstdc++ was not bundled"
 [[ -e "$B/lib/glibc/libc.so.6" ]] || fail "no fallback copy of glibc"
@@ -52,7 +58,7 @@ while IFS= read -r line; do
   [[ "$real" == "$B"/* ]] ||
     { [[ "$real" == "$TMP"/tandem_gpu_bundle_*/lib/* && ( -e "$B/lib/$so.gz" || -e "$B/lib/$so.xz" ) ]]; } ||
     fail "gpu_bench: $so resolves outside the bundle: $line"
-done < <(LD_LIBRARY_PATH="$ld_path" ldd "$B/bin/gpu_bench")
+done < <(LD_LIBRARY_PATH="$ld_path" ldd "$xbin/gpu_bench")
 "$TMP/repo/scripts/gpu_bundle.sh" --verify "$B" || fail "--verify rejects a good bundle"
 kib="$(du -sk "$B" | cut -f1)"
 (( kib < 56 * 1024 )) || fail "bundle is $kib KiB"
@@ -72,7 +78,7 @@ GPU_BUNDLE_RUNFILES="$TMP" "$TMP/xzb/run" gpu_bench --backend cuda_sim --only co
 if command -v python3 >/dev/null; then
   # Without xz on the PATH (python3's lzma then).
   mkdir -p "$TMP/noxz"
-  for t in bash gzip python3 cksum cut mkdir mv rm id dirname basename ldconfig awk getconf \
+  for t in bash gzip python3 cksum cut mkdir mv rm chmod id dirname basename ldconfig awk getconf \
     grep timeout find readlink cat; do
     p="$(command -v "$t" || true)"
     [[ -n "$p" ]] && ln -sf "$p" "$TMP/noxz/$t"
@@ -82,16 +88,32 @@ if command -v python3 >/dev/null; then
     >/dev/null 2>&1 || fail "./run with an .xz library and no xz failed"
 fi
 
-# 3b. A binary stored compressed (the cluster test's servers) is unpacked by
-# env.sh into GPU_BUNDLE_XBIN, where `run` and --verify find it.
+# 3b. A binary stored as .xz (what the packing makes with xz at hand) is
+# unpacked by env.sh into GPU_BUNDLE_XBIN, where `run` and --verify find it.
 cp -r "$B" "$TMP/xzbin"
-xz -c "$TMP/xzbin/bin/gpu_bench" >"$TMP/xzbin/bin/gpu_bench.xz" && rm "$TMP/xzbin/bin/gpu_bench"
+gzip -dc "$TMP/xzbin/bin/gpu_bench.gz" | xz -c >"$TMP/xzbin/bin/gpu_bench.xz"
+rm "$TMP/xzbin/bin/gpu_bench.gz"
 "$TMP/repo/scripts/gpu_bundle.sh" --verify "$TMP/xzbin" 2>"$TMP/verify_xzbin.log" ||
   { cat "$TMP/verify_xzbin.log" >&2; fail "--verify rejects a bundle with an .xz binary"; }
 grep -q "gpu_bench" "$TMP/verify_xzbin.log" || fail "--verify did not check the unpacked gpu_bench"
 out="$(GPU_BUNDLE_RUNFILES="$TMP" "$TMP/xzbin/run" gpu_bench --backend cuda_sim --only copy 2>&1)" ||
   { echo "$out"; fail "./run of an .xz binary failed"; }
 tail -n 1 <<<"$out" | grep -q '"bench":"gpu_kernels"' || fail "no JSON line from the .xz gpu_bench"
+
+# 3c. The binaries as one solid archive (bin/binaries.tar.xz, what the
+# packing makes with xz at hand).
+cp -r "$B" "$TMP/tarbin"
+mkdir -p "$TMP/tarbin_plain"
+gzip -dc "$TMP/tarbin/bin/gpu_bench.gz" >"$TMP/tarbin_plain/gpu_bench"
+chmod +x "$TMP/tarbin_plain/gpu_bench"
+tar -C "$TMP/tarbin_plain" -cf - . | xz -c >"$TMP/tarbin/bin/binaries.tar.xz"
+rm "$TMP/tarbin/bin/gpu_bench.gz"
+"$TMP/repo/scripts/gpu_bundle.sh" --verify "$TMP/tarbin" 2>"$TMP/verify_tar.log" ||
+  { cat "$TMP/verify_tar.log" >&2; fail "--verify rejects a bundle with binaries.tar.xz"; }
+grep -q "binaries: gpu_bench" "$TMP/verify_tar.log" || fail "--verify did not check the archive's gpu_bench"
+out="$(GPU_BUNDLE_RUNFILES="$TMP" "$TMP/tarbin/run" gpu_bench --backend cuda_sim --only copy 2>&1)" ||
+  { echo "$out"; fail "./run of a binary from binaries.tar.xz failed"; }
+tail -n 1 <<<"$out" | grep -q '"bench":"gpu_kernels"' || fail "no JSON line from the archived gpu_bench"
 
 # 4. A missing library is caught.
 cp -r "$B" "$TMP/broken"

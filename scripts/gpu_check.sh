@@ -144,6 +144,16 @@ fact loader "${GPU_BUNDLE_LOADER:-system}"
 [[ -z "$GPU_BUNDLE_MISSING" ]] || log "gpu_check: WARNING: target libraries not found: $GPU_BUNDLE_MISSING"
 fact missing_target_libs "$GPU_BUNDLE_MISSING"
 
+# A binary of the bundle: bin/NAME, or its compressed copy unpacked by env.sh
+# (GPU_BUNDLE_XBIN); empty when neither is there.
+bin_path() {
+  local b
+  for b in "$BUNDLE/bin/$1" "${GPU_BUNDLE_XBIN:-/nonexistent}/$1"; do
+    [[ -f "$b" && -x "$b" ]] && { echo "$b"; return 0; }
+  done
+  return 0
+}
+
 declare -A UNRESOLVED=()
 for b in "$BUNDLE"/bin/* "${GPU_BUNDLE_XBIN:-/nonexistent}"/*; do
   [[ -f "$b" ]] || continue
@@ -213,7 +223,7 @@ budget_for() {  # wanted seconds, seconds to keep for later steps
 export GPU_BUNDLE_RUNFILES="$WORK/runfiles"
 mkdir -p "$GPU_BUNDLE_RUNFILES/engine/model"
 [[ -d "$BUNDLE/runfiles/third_party" ]] && ln -s "$BUNDLE/runfiles/third_party" "$GPU_BUNDLE_RUNFILES/third_party"
-if [[ -x "$BUNDLE/bin/make_checkpoint" ]]; then
+if [[ -n "$(bin_path make_checkpoint)" ]]; then
   run_step make_checkpoint tool "$(budget_for 60 0)" "$BUNDLE/run" make_checkpoint --size tiny \
     --seed 0 --shards 3 --out "$GPU_BUNDLE_RUNFILES/engine/model/tiny_checkpoint" \
     --tokenizer_dir "$GPU_BUNDLE_RUNFILES/third_party/kimi_k3_tokenizer" --log_level warning
@@ -283,7 +293,7 @@ bench_json() {  # output file [bench name] -> the JSON line (a JSON string if it
     echo "$line"
   fi
 }
-if [[ -x "$BUNDLE/bin/gpu_bench" && -z "${UNRESOLVED[gpu_bench]:-}" ]]; then
+if [[ -n "$(bin_path gpu_bench)" && -z "${UNRESOLVED[gpu_bench]:-}" ]]; then
   LAST_OUT=""
   run_step gpu_bench bench "$(budget_for 120 60)" "$BUNDLE/run" gpu_bench --backend cuda
   [[ -n "$LAST_OUT" ]] && BENCH_JSON="$(bench_json "$LAST_OUT")"
@@ -308,7 +318,7 @@ engine_step() {  # name, wanted seconds, seconds kept for later, engine_bench ar
     ENGINE_JSON+=("$(json_str "$name"):$(bench_json "$LAST_OUT" engine)")
   fi
 }
-if [[ -x "$BUNDLE/bin/engine_bench" && -z "${UNRESOLVED[engine_bench]:-}" ]]; then
+if [[ -n "$(bin_path engine_bench)" && -z "${UNRESOLVED[engine_bench]:-}" ]]; then
   engine_step engine_tiny 60 150 --batches 1,8,64 --prompt_len 512 --decode_steps 32
   if "$BUNDLE/run" engine_bench --helpfull 2>&1 | grep -q -- '-enforce_eager'; then
     engine_step engine_tiny_eager 45 120 --batches 1,8,64 --prompt_len 512 \
@@ -333,7 +343,7 @@ fi
 # The KV between two device buffers as the workers move it (--kv_buffer auto:
 # in place where the bundle's UCX has CUDA support, else staged through host
 # memory), against the device's own copy in the same run; then forced staging.
-if [[ -x "$BUNDLE/bin/kv_device_bench" && -z "${UNRESOLVED[kv_device_bench]:-}" ]]; then
+if [[ -n "$(bin_path kv_device_bench)" && -z "${UNRESOLVED[kv_device_bench]:-}" ]]; then
   for kvb in auto host; do
     LAST_OUT=""
     run_step "kv_device_$kvb" bench "$(budget_for 40 20)" "$BUNDLE/run" kv_device_bench \
@@ -356,8 +366,8 @@ else
     [[ "$kind" == cluster_test ]] && continue
     # The sanitizer runs the binary itself, with the bundle's library path.
     test_cmd "$name" "$filter"
-    bin=("$BUNDLE/bin/$name")
-    [[ -n "$GPU_BUNDLE_LOADER" ]] && bin=("$GPU_BUNDLE_LOADER" --library-path "$GPU_BUNDLE_LD_PATH" "$BUNDLE/bin/$name")
+    bin=("$(bin_path "$name")")
+    [[ -n "$GPU_BUNDLE_LOADER" ]] && bin=("$GPU_BUNDLE_LOADER" --library-path "$GPU_BUNDLE_LD_PATH" "$(bin_path "$name")")
     args=("${CMD[@]:2}")
     san_env=(env -C "$GPU_BUNDLE_RUNFILES" "LD_LIBRARY_PATH=$GPU_BUNDLE_LD_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
     run_step "memcheck_$name" memcheck "$(budget_for 120 45)" "${san_env[@]}" "$SANITIZER" \
