@@ -367,6 +367,11 @@ absl::StatusOr<tandem::v1::StateChecksums> DecodeService::Land(const Reservation
           std::vector<kvtransfer::ByteRange> ranges,
           worker::LandedRanges(*caches_[k], regions_[k], r.blocks, r.slot,
                                r.prompt_tokens, r.held_tokens));
+      // Regions registered in place (auto where the agent took some) landed
+      // on the device already.
+      std::erase_if(ranges, [this](const kvtransfer::ByteRange& b) {
+        return !staging_->IsStaged(b.region);
+      });
       if (absl::Status s = staging_->StageIn(ranges); !s.ok()) {
         return absl::Status(s.code(),
                             absl::StrCat("request ", r.request_id,

@@ -110,6 +110,14 @@ class Device {
                                     Stream* stream = nullptr) = 0;
   virtual absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes,
                                   Stream* stream = nullptr) = 0;
+  // As CopyToHost, but may return before the data is on the host: it is there
+  // once `stream` (nullptr: the compute stream) is synchronised. Many small
+  // copies then cost one wait (the KV's host staging copies a request's blocks
+  // this way). The default is CopyToHost.
+  virtual absl::Status CopyToHostAsync(void* host_dst, const void* src, size_t bytes,
+                                       Stream* stream = nullptr) {
+    return CopyToHost(host_dst, src, bytes, stream);
+  }
   virtual absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes,
                                     Stream* stream = nullptr) = 0;
   virtual absl::Status Memset(void* dst, uint8_t byte, size_t bytes,

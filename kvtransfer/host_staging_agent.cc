@@ -122,15 +122,60 @@ void HostStagingAgent::DropPages(const Staged& s, uint64_t begin, uint64_t end) 
   }
 }
 
-absl::Status HostStagingAgent::StageIn(absl::Span<const ByteRange> ranges) {
-  struct Copy {
-    uint8_t* device;
-    const uint8_t* shadow;
-    uint64_t length;
-    StagingCopier* copier;
-  };
-  std::vector<Copy> copies;
+void HostStagingAgent::set_release_pages(bool release) {
+  absl::MutexLock l(&mu_);
+  if (release && !release_pages_.load()) {
+    for (auto& [id, s] : staged_) madvise(s.shadow, s.mapped, MADV_NOHUGEPAGE);
+  }
+  release_pages_.store(release);
+}
+
+absl::StatusOr<uint64_t> HostStagingAgent::RunCopies(std::vector<PendingCopy> copies,
+                                                     bool to_device) {
+  // Grouped by copier (one device each), in order within a group.
+  absl::flat_hash_map<StagingCopier*, std::vector<StagingCopy>> groups;
   std::vector<std::shared_ptr<StagingCopier>> keep;  // alive across the copies
+  std::vector<RegionId> regions;
+  {
+    absl::MutexLock l(&mu_);
+    for (const PendingCopy& c : copies) {
+      auto it = staged_.find(c.region);
+      if (it == staged_.end()) {  // deregistered since the caller checked
+        for (RegionId r : regions) {
+          if (--busy_[r] == 0) busy_.erase(r);
+        }
+        return FailedPrecondition("host-staged region ", c.region,
+                                  " was deregistered during the transfer");
+      }
+      auto [g, fresh] = groups.try_emplace(it->second.copier.get());
+      if (fresh) keep.push_back(it->second.copier);
+      g->second.push_back(c.copy);
+      if (regions.empty() || regions.back() != c.region) {
+        regions.push_back(c.region);
+        ++busy_[c.region];
+      }
+    }
+  }
+  const absl::Time start = absl::Now();
+  absl::Status status;
+  uint64_t bytes = 0;
+  for (auto& [copier, batch] : groups) {
+    status = to_device ? copier->ToDevice(batch) : copier->ToHost(batch);
+    if (!status.ok()) break;
+    for (const StagingCopy& c : batch) bytes += c.bytes;
+  }
+  absl::MutexLock l(&mu_);
+  for (RegionId r : regions) {
+    if (--busy_[r] == 0) busy_.erase(r);
+  }
+  if (!status.ok()) return status;
+  (to_device ? stats_.bytes_to_device : stats_.bytes_to_host) += bytes;
+  stats_.copy_micros += absl::ToInt64Microseconds(absl::Now() - start);
+  return bytes;
+}
+
+absl::Status HostStagingAgent::StageIn(absl::Span<const ByteRange> ranges) {
+  std::vector<PendingCopy> copies;
   {
     absl::MutexLock l(&mu_);
     for (const ByteRange& r : ranges) {
@@ -146,19 +191,11 @@ absl::Status HostStagingAgent::StageIn(absl::Span<const ByteRange> ranges) {
       }
       if (r.length == 0) continue;
       copies.push_back(
-          {s.device + r.offset, s.shadow + r.offset, r.length, s.copier.get()});
-      keep.push_back(s.copier);
+          {r.region, StagingCopy{s.device + r.offset, s.shadow + r.offset, r.length}});
     }
   }
-  const absl::Time start = absl::Now();
-  uint64_t bytes = 0;
-  for (const Copy& c : copies) {
-    TANDEM_RETURN_IF_ERROR(c.copier->ToDevice(c.device, c.shadow, c.length));
-    bytes += c.length;
-  }
+  TANDEM_RETURN_IF_ERROR(RunCopies(std::move(copies), /*to_device=*/true).status());
   absl::MutexLock l(&mu_);
-  stats_.bytes_to_device += bytes;
-  stats_.copy_micros += absl::ToInt64Microseconds(absl::Now() - start);
   // Only pages wholly inside the ranges, and none a sender's batch reads.
   // Adjacent ranges are merged first (a request's blocks are often
   // consecutive), so that a page split between two of them goes too and one
@@ -227,14 +264,7 @@ void HostStagingAgent::ReleaseGranules(const std::vector<GranuleKey>& granules) 
 absl::StatusOr<BatchId> HostStagingAgent::PostWrite(PeerId peer,
                                                     absl::Span<const Segment> segments,
                                                     CompletionCallback on_done) {
-  struct Copy {
-    uint8_t* shadow;
-    const uint8_t* device;
-    uint64_t length;
-    StagingCopier* copier;
-  };
-  std::vector<Copy> copies;
-  std::vector<std::shared_ptr<StagingCopier>> keep;
+  std::vector<PendingCopy> copies;
   auto granules = std::make_shared<std::vector<GranuleKey>>();
   {
     absl::MutexLock l(&mu_);
@@ -253,9 +283,9 @@ absl::StatusOr<BatchId> HostStagingAgent::PostWrite(PeerId peer,
       auto it = staged_.find(g.local_region);
       if (it == staged_.end() || g.length == 0) continue;
       const Staged& s = it->second;
-      copies.push_back({s.shadow + g.local_offset, s.device + g.local_offset, g.length,
-                        s.copier.get()});
-      keep.push_back(s.copier);
+      copies.push_back(
+          {g.local_region, StagingCopy{s.shadow + g.local_offset,
+                                       s.device + g.local_offset, g.length}});
       const uint64_t g0 = g.local_offset / kGranule;
       const uint64_t g1 = (g.local_offset + g.length - 1) / kGranule;
       for (uint64_t k = g0; k <= g1; ++k) {
@@ -265,20 +295,13 @@ absl::StatusOr<BatchId> HostStagingAgent::PostWrite(PeerId peer,
     }
   }
   if (copies.empty()) return inner_->PostWrite(peer, segments, std::move(on_done));
-  const absl::Time start = absl::Now();
-  uint64_t bytes = 0;
-  for (const Copy& c : copies) {
-    if (absl::Status s = c.copier->ToHost(c.shadow, c.device, c.length); !s.ok()) {
-      ReleaseGranules(*granules);
-      return absl::Status(
-          s.code(), absl::StrCat("staging the KV through host memory: ", s.message()));
-    }
-    bytes += c.length;
-  }
-  {
-    absl::MutexLock l(&mu_);
-    stats_.bytes_to_host += bytes;
-    stats_.copy_micros += absl::ToInt64Microseconds(absl::Now() - start);
+  if (absl::StatusOr<uint64_t> copied =
+          RunCopies(std::move(copies), /*to_device=*/false);
+      !copied.ok()) {
+    ReleaseGranules(*granules);
+    return absl::Status(copied.status().code(),
+                        absl::StrCat("staging the KV through host memory: ",
+                                     copied.status().message()));
   }
   absl::StatusOr<BatchId> batch = inner_->PostWrite(
       peer, segments,
@@ -319,7 +342,15 @@ absl::Status HostStagingAgent::DeregisterMemory(RegionId region) {
   absl::MutexLock l(&mu_);
   auto it = staged_.find(region);
   if (it == staged_.end()) return inner_->DeregisterMemory(region);
+  if (busy_.contains(region)) {
+    return FailedPrecondition("region ", region,
+                              " is being staged (a copy to or from its device runs)");
+  }
   TANDEM_RETURN_IF_ERROR(inner_->DeregisterMemory(region));
+  for (auto f = in_flight_.begin(); f != in_flight_.end();) {
+    auto cur = f++;
+    if (cur->first.first == region) in_flight_.erase(cur);
+  }
   munmap(it->second.shadow, it->second.mapped);
   --stats_.staged_regions;
   stats_.shadow_bytes -= it->second.len;

@@ -70,14 +70,22 @@ enum class KvBuffer { kAuto, kDevice, kHost };
 absl::StatusOr<KvBuffer> ParseKvBuffer(absl::string_view spec);
 const char* KvBufferName(KvBuffer buffer);
 
-// Copies between one device's memory and the host, synchronously (the bytes
-// are at the destination when the call returns).
+// One copy between a device and the host.
+struct StagingCopy {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t bytes = 0;
+};
+
+// Copies between one device's memory and the host. Each call takes a batch
+// (a request's pieces: thousands for a long prompt), so that an
+// implementation can enqueue them all and wait once; every byte is at its
+// destination when the call returns.
 class StagingCopier {
  public:
   virtual ~StagingCopier() = default;
-  virtual absl::Status ToHost(void* host_dst, const void* device_src, size_t bytes) = 0;
-  virtual absl::Status ToDevice(void* device_dst, const void* host_src,
-                                size_t bytes) = 0;
+  virtual absl::Status ToHost(absl::Span<const StagingCopy> copies) = 0;
+  virtual absl::Status ToDevice(absl::Span<const StagingCopy> copies) = 0;
   // The device, for messages ("cuda:0").
   virtual std::string DeviceName() const = 0;
 };
@@ -110,7 +118,11 @@ class HostStagingAgent final : public TransferAgent {
 
   const HostStagingOptions& options() const { return options_; }
   bool release_pages() const { return release_pages_.load(); }
-  void set_release_pages(bool release) { release_pages_.store(release); }
+  // Turning it on also maps the shadows with 4 KiB pages from then on
+  // (MADV_NOHUGEPAGE): a receiver gives back only the pages wholly inside a
+  // request's ranges, and the kernel would fill a partly given-back huge page
+  // again (khugepaged).
+  void set_release_pages(bool release);
   TransferAgent* inner() { return inner_.get(); }
 
   // Registers device memory [device_base, +len) through a host shadow (above).
@@ -165,6 +177,14 @@ class HostStagingAgent final : public TransferAgent {
   // (region, granule index) of a sender's batch in flight.
   using GranuleKey = std::pair<RegionId, uint64_t>;
 
+  // Runs `copies` grouped by copier, counting the regions busy meanwhile
+  // (DeregisterMemory refuses a busy region: its shadow is being read or
+  // written). Returns the bytes copied.
+  struct PendingCopy {
+    RegionId region;
+    StagingCopy copy;
+  };
+  absl::StatusOr<uint64_t> RunCopies(std::vector<PendingCopy> copies, bool to_device);
   // Drops the granules' counts taken by a batch; gives back those at zero.
   void ReleaseGranules(const std::vector<GranuleKey>& granules);
   // MADV_DONTNEED over [begin, end) of `s`'s shadow (page-aligned inside).
@@ -178,6 +198,7 @@ class HostStagingAgent final : public TransferAgent {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<RegionId, Staged> staged_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<GranuleKey, int> in_flight_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<RegionId, int> busy_ ABSL_GUARDED_BY(mu_);  // copies running
   HostStagingStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/descriptor.h"
@@ -27,18 +28,28 @@ namespace {
 class FakeDevice : public StagingCopier {
  public:
   explicit FakeDevice(size_t bytes, uint8_t fill) : mem_(bytes, fill) {}
-  absl::Status ToHost(void* dst, const void* src, size_t n) override {
+  absl::Status ToHost(absl::Span<const StagingCopy> copies) override {
     if (fail_) return absl::InternalError("device lost");
-    Check(src, n);
-    std::memcpy(dst, src, n);
-    to_host_ += n;
+    for (const StagingCopy& c : copies) {
+      if (!Inside(c.src, c.bytes)) return absl::OutOfRangeError("not device memory");
+    }
+    for (const StagingCopy& c : copies) {
+      std::memcpy(c.dst, c.src, c.bytes);
+      to_host_ += c.bytes;
+    }
+    ++batches_;
     return absl::OkStatus();
   }
-  absl::Status ToDevice(void* dst, const void* src, size_t n) override {
+  absl::Status ToDevice(absl::Span<const StagingCopy> copies) override {
     if (fail_) return absl::InternalError("device lost");
-    Check(dst, n);
-    std::memcpy(dst, src, n);
-    to_device_ += n;
+    for (const StagingCopy& c : copies) {
+      if (!Inside(c.dst, c.bytes)) return absl::OutOfRangeError("not device memory");
+    }
+    for (const StagingCopy& c : copies) {
+      std::memcpy(c.dst, c.src, c.bytes);
+      to_device_ += c.bytes;
+    }
+    ++batches_;
     return absl::OkStatus();
   }
   std::string DeviceName() const override { return "fake:0"; }
@@ -46,13 +57,13 @@ class FakeDevice : public StagingCopier {
   uint8_t* data() { return mem_.data(); }
   size_t size() const { return mem_.size(); }
   std::atomic<uint64_t> to_host_{0}, to_device_{0};
+  std::atomic<int> batches_{0};  // copier calls
   std::atomic<bool> fail_{false};
 
  private:
-  void Check(const void* p, size_t n) {
+  bool Inside(const void* p, size_t n) const {
     const auto* b = static_cast<const uint8_t*>(p);
-    ASSERT_GE(b, mem_.data());
-    ASSERT_LE(b + n, mem_.data() + mem_.size());
+    return b >= mem_.data() && b + n <= mem_.data() + mem_.size();
   }
   std::vector<uint8_t> mem_;
 };
@@ -140,6 +151,7 @@ TEST_F(HostStagingTest, DeviceBytesLandOnTheReceiversDeviceAfterStageIn) {
   uint64_t total = 0;
   for (const Segment& s : segs) total += s.length;
   EXPECT_EQ(src_->to_host_.load(), total);
+  EXPECT_EQ(src_->batches_.load(), 1);  // the batch's pieces in one copier call
   // Landed in the shadow only: the device is untouched until StageIn.
   EXPECT_EQ(dst_->to_device_.load(), 0u);
   for (size_t i = 0; i < kBytes; ++i) ASSERT_EQ(dst_->data()[i], 0xEE) << i;
@@ -203,21 +215,40 @@ TEST_F(HostStagingTest, WithoutPageReleaseTheShadowsKeepTheirPages) {
 
 TEST_F(HostStagingTest, AGranuleStaysWhileAnotherBatchInFlightUsesIt) {
   Start();
-  auto* inner = static_cast<LoopbackAgent*>(receiver_->inner());
-  inner->SetPaused(true);  // batches stay in flight
-  // Two batches over the same granule (the second re-sends part of the first).
-  absl::StatusOr<BatchId> a = sender_->PostWrite(peer_, {Seg(0, 0, 8192)}, nullptr);
-  absl::StatusOr<BatchId> b =
-      sender_->PostWrite(peer_, {Seg(4096, 4096, 8192)}, nullptr);
-  ASSERT_TRUE(a.ok() && b.ok());
+  // A second receiver, paused: its batch stays in flight, reading the same
+  // granule of the sender's shadow as a batch to the first receiver.
+  auto dst2 = std::make_shared<FakeDevice>(kBytes, 0xEE);
+  HostStagingAgent receiver2(std::make_unique<LoopbackAgent>());
+  const RegionId region2 = *receiver2.RegisterStaged(dst2->data(), kBytes, dst2);
+  const PeerId peer2 = *sender_->Connect(*receiver2.LocalDescriptor(""));
+  auto* inner2 = static_cast<LoopbackAgent*>(receiver2.inner());
+  inner2->SetPaused(true);
+  absl::StatusOr<BatchId> b = sender_->PostWrite(
+      peer2, {Segment{src_region_, 4096, region2, 4096, 8192}}, nullptr);
+  ASSERT_TRUE(b.ok());
+  absl::Mutex mu;
+  bool a_done = false;
+  absl::StatusOr<BatchId> a =
+      sender_->PostWrite(peer_, {Seg(0, 0, 8192)}, [&](BatchId, const absl::Status&) {
+        absl::MutexLock l(&mu);
+        a_done = true;
+      });
+  ASSERT_TRUE(a.ok());
+  {
+    // a's completion (and its granule release) ran: b still holds the granule.
+    absl::MutexLock l(&mu);
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&a_done), absl::Seconds(10)));
+  }
   EXPECT_EQ(sender_->stats().pages_released, 0u);
-  inner->SetPaused(false);
-  ASSERT_TRUE(sender_->Wait(*a, absl::Now() + absl::Seconds(10)).ok());
+  uint8_t* send_shadow = ShadowOf(*sender_, src_region_);
+  EXPECT_GT(Resident(send_shadow, 16384), 0u);
+  inner2->SetPaused(false);
   ASSERT_TRUE(sender_->Wait(*b, absl::Now() + absl::Seconds(10)).ok());
-  ASSERT_TRUE(receiver_->StageIn({{dst_region_, 0, 12288}}).ok());
-  // Both batches read their bytes before anything was given back.
-  EXPECT_EQ(std::memcmp(dst_->data(), src_->data(), 12288), 0);
-  EXPECT_EQ(ResidentSettled(ShadowOf(*sender_, src_region_), kBytes, 0), 0u);
+  ASSERT_TRUE(receiver2.StageIn({{region2, 4096, 8192}}).ok());
+  // b read its bytes from the shadow before anything was given back.
+  EXPECT_EQ(std::memcmp(dst2->data() + 4096, src_->data() + 4096, 8192), 0);
+  EXPECT_EQ(ResidentSettled(send_shadow, kBytes, 0), 0u);
+  ASSERT_TRUE(sender_->Disconnect(peer2).ok());
 }
 
 TEST_F(HostStagingTest, BadRangesAreRefusedBeforeAnyCopy) {

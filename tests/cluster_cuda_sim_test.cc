@@ -34,6 +34,7 @@
 // message.
 #include <grpcpp/grpcpp.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -256,11 +257,25 @@ TEST(ClusterCudaSimTest, Tp2StagedThroughHostMemoryServesTheCpuTokens) {
   EXPECT_TRUE(WaitMetric(cluster.decode_metrics(),
                          "tandem_worker_kv_staged_bytes_total",
                          {{"direction", "to_device"}}, sent));
-  // Every rank's regions staged: per rank, one per MLA layer and the KDA pool.
+  // Every rank's regions staged: the two ranks' registrations, each logging
+  // its region count, add up to the gauge.
   const double regions =
       *Metric(cluster.decode_metrics(), "tandem_worker_kv_staged_regions", {});
+  const std::string log = cluster.decode().ReadLog();
+  int ranks = 0;
+  double logged = 0;
+  for (size_t at = log.find("KV cache registered with the transfer agent");
+       at != std::string::npos;
+       at = log.find("KV cache registered with the transfer agent", at + 1)) {
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    if (line.find("\"kv_buffer\":\"staged\"") == std::string::npos) continue;
+    ++ranks;
+    const size_t r = line.find("\"regions\":");
+    if (r != std::string::npos) logged += std::atof(line.c_str() + r + 10);
+  }
+  EXPECT_EQ(ranks, 2) << "both ranks' caches staged";
   EXPECT_GT(regions, 0);
-  EXPECT_EQ(static_cast<int64_t>(regions) % 2, 0) << "regions of two ranks";
+  EXPECT_EQ(regions, logged);
 }
 
 }  // namespace

@@ -139,17 +139,22 @@ absl::StatusOr<std::shared_ptr<DeviceStagingCopier>> DeviceStagingCopier::Create
       new DeviceStagingCopier(device, std::move(stream)));
 }
 
-absl::Status DeviceStagingCopier::ToHost(void* host_dst, const void* device_src,
-                                         size_t bytes) {
+absl::Status DeviceStagingCopier::ToHost(
+    absl::Span<const kvtransfer::StagingCopy> copies) {
   absl::MutexLock l(&mu_);
-  return device_->CopyToHost(host_dst, device_src, bytes, stream_.get());
+  for (const kvtransfer::StagingCopy& c : copies) {
+    TANDEM_RETURN_IF_ERROR(
+        device_->CopyToHostAsync(c.dst, c.src, c.bytes, stream_.get()));
+  }
+  return stream_->Synchronize();
 }
 
-absl::Status DeviceStagingCopier::ToDevice(void* device_dst, const void* host_src,
-                                           size_t bytes) {
+absl::Status DeviceStagingCopier::ToDevice(
+    absl::Span<const kvtransfer::StagingCopy> copies) {
   absl::MutexLock l(&mu_);
-  TANDEM_RETURN_IF_ERROR(
-      device_->CopyToDevice(device_dst, host_src, bytes, stream_.get()));
+  for (const kvtransfer::StagingCopy& c : copies) {
+    TANDEM_RETURN_IF_ERROR(device_->CopyToDevice(c.dst, c.src, c.bytes, stream_.get()));
+  }
   return stream_->Synchronize();
 }
 

@@ -47,8 +47,9 @@ class DeviceStagingCopier : public kvtransfer::StagingCopier {
  public:
   static absl::StatusOr<std::shared_ptr<DeviceStagingCopier>> Create(
       kernels::Device* device);
-  absl::Status ToHost(void* host_dst, const void* device_src, size_t bytes) override;
-  absl::Status ToDevice(void* device_dst, const void* host_src, size_t bytes) override;
+  // Every copy enqueued on the stream, then one wait.
+  absl::Status ToHost(absl::Span<const kvtransfer::StagingCopy> copies) override;
+  absl::Status ToDevice(absl::Span<const kvtransfer::StagingCopy> copies) override;
   std::string DeviceName() const override;
 
  private:

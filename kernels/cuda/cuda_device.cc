@@ -291,6 +291,14 @@ class CudaDevice final : public Device {
     if (!st.ok()) return st;
     return CudaError(cudaStreamSynchronize(s), "copy to host (synchronize)");
   }
+  absl::Status CopyToHostAsync(void* host_dst, const void* src, size_t bytes,
+                               Stream* stream) override {
+    cudaStream_t s = StreamOf(stream);
+    if (IsCapturing(s)) return NotDuringCapture("CopyToHostAsync");
+    if (bytes == 0) return absl::OkStatus();
+    return CudaError(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, s),
+                     "copy to host");
+  }
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes,
                             Stream* stream) override {
     if (bytes == 0) return absl::OkStatus();
