@@ -67,6 +67,7 @@ expect "$(bad repetition_penalty)" engine/runtime/speculative_bench --repetition
 expect "$(bad num_prompts)" bench/serving_bench --num-prompts=x
 expect "$(bad repeats)" prefill/stream_bench --prompt-lens=64 --repeats=x
 expect "$(bad decode_steps)" engine/runtime/tp_bench --decode-steps=x
+expect "$(bad piece_bytes)" worker/kv_device_bench --piece-bytes=x
 
 # The processes of ./tandem up: a hyphenated flag whose value makes start-up fail
 # with its own error (an out-of-range port, a tiny health-check deadline).
@@ -76,6 +77,9 @@ expect 'bad port 127.0.0.1:99999' prefill/prefill_main --model="$T/ck" --port=0 
   --router=127.0.0.1:1 --worker-id=prefill-flags --metrics-port 99999
 expect 'bad port 127.0.0.1:99999' decode/decode_main --model="$T/ck" --port=0 \
   --router=127.0.0.1:1 --worker-id=decode-flags --max-lease-s=5 --metrics-port=99999
+# --kv-buffer reaches the transfer agent, which refuses a bad mode by name.
+expect "kv_buffer must be auto, device or host, got 'bogus'" prefill/prefill_main \
+  --model="$T/ck" --port=0 --router=127.0.0.1:1 --worker-id=prefill-kvb --kv-buffer=bogus
 # The gateway's only port is --port: --log-process names its error line (the
 # value keeps its hyphen).
 expect ' gateway-flags gateway_main.cc:[0-9]+\] cannot listen .*bad port 127.0.0.1:99999' \
