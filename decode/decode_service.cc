@@ -103,6 +103,7 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(
   }
   s->layout_ = s->layouts_[0];
   DecodeService* raw = s.get();
+  s->lander_ = std::thread([raw] { raw->LandLoop(); });
   agent->SetNotificationCallback(
       [raw](const kvtransfer::Notification& n) { raw->OnNotification(n); });
   if (s->options_.start_janitor) {
@@ -144,6 +145,13 @@ void DecodeService::Stop() {
     stop_ = true;
   }
   if (janitor_.joinable()) janitor_.join();
+  // The landings already handed over are still started (the engine loop
+  // outlives Stop), then the lander ends.
+  {
+    absl::MutexLock l(&land_mu_);
+    land_stop_ = true;
+  }
+  if (lander_.joinable()) lander_.join();
 }
 
 absl::Status DecodeService::Usable() const {
@@ -353,7 +361,28 @@ void DecodeService::OnNotification(const kvtransfer::Notification& n) {
         .Kv("status", ready.status());
     return;
   }
-  if (ready->has_value()) StartDecode(std::move(**ready));
+  if (!ready->has_value()) return;
+  // Not here: this is the agent's progress thread, and StartDecode waits for
+  // the engine (the state's staging and checksums run between its steps); the
+  // other transfers landing meanwhile need this thread.
+  absl::MutexLock l(&land_mu_);
+  landings_.push_back(std::move(**ready));
+}
+
+bool DecodeService::LandingReady() const { return land_stop_ || !landings_.empty(); }
+
+void DecodeService::LandLoop() {
+  while (true) {
+    std::optional<Handoff> h;
+    {
+      absl::MutexLock l(&land_mu_);
+      land_mu_.Await(absl::Condition(this, &DecodeService::LandingReady));
+      if (landings_.empty()) return;  // stopping, nothing left
+      h = std::move(landings_.front());
+      landings_.pop_front();
+    }
+    StartDecode(std::move(*h));
+  }
 }
 
 absl::StatusOr<tandem::v1::StateChecksums> DecodeService::Land(const ReservationInfo& r,

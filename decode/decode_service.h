@@ -42,6 +42,7 @@
 #define TANDEM_DECODE_DECODE_SERVICE_H_
 
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -163,7 +164,11 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
   absl::Status ReserveOnLoop(engine::Engine& e, const tandem::v1::ReserveRequest& req,
                              engine::RequestId eid, absl::Duration lease,
                              tandem::v1::KvTarget* resp);
+  // A landed state's notification (the agent's progress thread): its handoff
+  // goes to the lander thread, which runs StartDecode.
   void OnNotification(const kvtransfer::Notification& n);
+  bool LandingReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(land_mu_);
+  void LandLoop();
   void OnDecodeCancel(const std::string& id, engine::RequestId eid,
                       rpc::ResponseStream* stream);
   // Verifies and admits an ADMITTED reservation (the hand-off).
@@ -201,6 +206,11 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread janitor_;
+  // Landings from notifications, started in order by lander_.
+  absl::Mutex land_mu_;
+  std::deque<Handoff> landings_ ABSL_GUARDED_BY(land_mu_);
+  bool land_stop_ ABSL_GUARDED_BY(land_mu_) = false;
+  std::thread lander_;
 };
 
 }  // namespace tandem::decode
