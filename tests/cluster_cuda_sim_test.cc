@@ -195,8 +195,12 @@ TEST(ClusterCudaSimTest, DeviceWorkersServeTheCpuTokens) {
   // host -> device on the decode worker (metrics refreshed every 500 ms).
   const bool staged =
       cluster.prefill().ReadLog().find("\"kv_buffer\":\"staged\"") != std::string::npos;
-  if (kv_buffer == "host") EXPECT_TRUE(staged) << cluster.Logs();
-  if (kv_buffer == "device") EXPECT_FALSE(staged) << cluster.Logs();
+  if (kv_buffer == "host") {
+    EXPECT_TRUE(staged) << cluster.Logs();
+  }
+  if (kv_buffer == "device") {
+    EXPECT_FALSE(staged) << cluster.Logs();
+  }
   if (staged) {
     const double sent =
         *Metric(cluster.prefill_metrics(), "tandem_worker_transfer_bytes_total", {});
