@@ -130,10 +130,17 @@ TEST(ClusterCudaSimTest, DeviceWorkersServeTheCpuTokens) {
   ProcessCluster cluster;
   // A 16-token step budget on the prefill worker: the 40-token prompt takes 3
   // steps, its MLA rows and KDA state streamed after each layer of each.
-  const std::string started = cluster.Start(
-      {}, 2,
-      {"--backend=" + backend, "--max_tokens_per_step=16", "--kv_buffer=" + kv_buffer},
-      {"--backend=" + backend, "--kv_buffer=" + kv_buffer});
+  std::vector<std::string> prefill_flags = {
+      "--backend=" + backend, "--max_tokens_per_step=16", "--kv_buffer=" + kv_buffer};
+  std::vector<std::string> decode_flags = {"--backend=" + backend,
+                                           "--kv_buffer=" + kv_buffer};
+  if (backend.rfind("cuda_sim", 0) != 0) {
+    // Both workers share the one GPU: a small cache each, not
+    // --gpu_memory_utilization's 0.9 apiece (./tandem up gives 0.9/N).
+    prefill_flags.push_back("--kv_cache_memory=2GiB");
+    decode_flags.push_back("--kv_cache_memory=2GiB");
+  }
+  const std::string started = cluster.Start({}, 2, prefill_flags, decode_flags);
   if (!started.empty() &&
       started.find("this UCX build has no CUDA memory support") != std::string::npos) {
     GTEST_SKIP() << "backend " << backend
