@@ -121,6 +121,22 @@ bool CacheOnDevice(const std::string& log, const std::string& device) {
   return false;
 }
 
+// Each request through the cluster, then through the reference: the full
+// length, the same tokens.
+void ExpectTheCpuTokens(ProcessCluster& cluster, CpuReference& ref,
+                        const std::vector<tandem::v1::GenerateRequest>& reqs) {
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    StreamResult gpu = cluster.Generate(reqs[i]);
+    ASSERT_TRUE(gpu.status.ok())
+        << "request " << i << ": " << gpu.status.error_message() << cluster.Logs();
+    StreamResult cpu = ref.Generate(reqs[i]);
+    ASSERT_TRUE(cpu.status.ok()) << cpu.status.error_message();
+    EXPECT_EQ(gpu.tokens.size(), static_cast<size_t>(reqs[i].stop().max_tokens()))
+        << "request " << i;
+    EXPECT_EQ(gpu.tokens, cpu.tokens) << "request " << i;
+  }
+}
+
 TEST(ClusterCudaSimTest, DeviceWorkersServeTheCpuTokens) {
   const absl::Time start = absl::Now();
   CpuReference ref;
@@ -153,16 +169,7 @@ TEST(ClusterCudaSimTest, DeviceWorkersServeTheCpuTokens) {
       MakeRequest(40, 12, 4, 0.0f),  // greedy, three prefill steps
       MakeRequest(9, 13, 5, 1.0f),   // seeded sampling (seed 13)
   };
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    StreamResult gpu = cluster.Generate(reqs[i]);
-    ASSERT_TRUE(gpu.status.ok())
-        << "request " << i << ": " << gpu.status.error_message() << cluster.Logs();
-    StreamResult cpu = ref.Generate(reqs[i]);
-    ASSERT_TRUE(cpu.status.ok()) << cpu.status.error_message();
-    EXPECT_EQ(gpu.tokens.size(), static_cast<size_t>(reqs[i].stop().max_tokens()))
-        << "request " << i;
-    EXPECT_EQ(gpu.tokens, cpu.tokens) << "request " << i;
-  }
+  ExpectTheCpuTokens(cluster, ref, reqs);
   const double n = static_cast<double>(reqs.size());
   EXPECT_EQ(*Metric(cluster.router_metrics(), "tandem_router_paths_total",
                     {{"path", "disaggregated"}}),
@@ -248,14 +255,7 @@ TEST(ClusterCudaSimTest, Tp2StagedThroughHostMemoryServesTheCpuTokens) {
       MakeRequest(24, 21, 4, 0.0f),  // greedy, two prefill steps
       MakeRequest(7, 22, 4, 1.0f),   // seeded sampling
   };
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    StreamResult gpu = cluster.Generate(reqs[i]);
-    ASSERT_TRUE(gpu.status.ok())
-        << "request " << i << ": " << gpu.status.error_message() << cluster.Logs();
-    StreamResult cpu = ref.Generate(reqs[i]);
-    ASSERT_TRUE(cpu.status.ok()) << cpu.status.error_message();
-    EXPECT_EQ(gpu.tokens, cpu.tokens) << "request " << i;
-  }
+  ExpectTheCpuTokens(cluster, ref, reqs);
   EXPECT_EQ(*Metric(cluster.decode_metrics(), "tandem_worker_requests_total",
                     {{"rpc", "Decode"}, {"outcome", "ok"}}),
             static_cast<double>(reqs.size()));

@@ -115,8 +115,7 @@ size_t AgentAllocations::num_heap_buffers() const {
   return heap_.size();
 }
 
-absl::StatusOr<kvtransfer::MemoryKind> CacheMemoryKind(const engine::KvCache& cache) {
-  const kernels::Device* d = cache.options().device;
+absl::StatusOr<kvtransfer::MemoryKind> DeviceMemoryKind(const kernels::Device* d) {
   if (d == nullptr || d->name() == "host" || d->host_addressable()) {
     return kvtransfer::MemoryKind::Host();
   }
@@ -128,6 +127,10 @@ absl::StatusOr<kvtransfer::MemoryKind> CacheMemoryKind(const engine::KvCache& ca
   }
   return Unimplemented("the KV cache is on device ", d->name(),
                        ", which no transfer agent can register (host or cuda:N)");
+}
+
+absl::StatusOr<kvtransfer::MemoryKind> CacheMemoryKind(const engine::KvCache& cache) {
+  return DeviceMemoryKind(cache.options().device);
 }
 
 absl::StatusOr<std::shared_ptr<DeviceStagingCopier>> DeviceStagingCopier::Create(
@@ -162,39 +165,56 @@ std::string DeviceStagingCopier::DeviceName() const {
   return std::string(device_->name());
 }
 
+absl::StatusOr<std::unique_ptr<KvBufferRegistrar>> KvBufferRegistrar::Create(
+    kvtransfer::TransferAgent* agent, kernels::Device* device) {
+  TANDEM_ASSIGN_OR_RETURN(const kvtransfer::MemoryKind kind, DeviceMemoryKind(device));
+  return std::unique_ptr<KvBufferRegistrar>(new KvBufferRegistrar(agent, device, kind));
+}
+
+KvBufferRegistrar::KvBufferRegistrar(kvtransfer::TransferAgent* agent,
+                                     kernels::Device* device,
+                                     kvtransfer::MemoryKind kind)
+    : agent_(agent),
+      device_(device),
+      kind_(kind),
+      staging_(dynamic_cast<kvtransfer::HostStagingAgent*>(agent)),
+      mode_(staging_ != nullptr ? staging_->options().buffer
+                                : kvtransfer::KvBuffer::kDevice) {}
+
+absl::StatusOr<kvtransfer::RegionId> KvBufferRegistrar::Staged(void* base, size_t len) {
+  if (copier_ == nullptr) {
+    TANDEM_ASSIGN_OR_RETURN(copier_, DeviceStagingCopier::Create(device_));
+  }
+  return staging_->RegisterStaged(base, len, copier_);
+}
+
+absl::StatusOr<kvtransfer::RegionId> KvBufferRegistrar::Register(void* base,
+                                                                 size_t len) {
+  const bool on_device = device_ != nullptr && device_->name() != "host";
+  if (on_device && mode_ == kvtransfer::KvBuffer::kHost) return Staged(base, len);
+  absl::StatusOr<kvtransfer::RegionId> direct =
+      agent_->RegisterMemory(base, len, kind_);
+  if (on_device && mode_ == kvtransfer::KvBuffer::kAuto &&
+      absl::IsFailedPrecondition(direct.status())) {
+    refused_ = std::string(direct.status().message());
+    return Staged(base, len);
+  }
+  return direct;
+}
+
 absl::StatusOr<CacheRegions> RegisterCache(kvtransfer::TransferAgent* agent,
                                            engine::KvCache* cache,
                                            const AgentAllocations* allocations) {
-  TANDEM_ASSIGN_OR_RETURN(const kvtransfer::MemoryKind kind, CacheMemoryKind(*cache));
   kernels::Device* device = cache->options().device;
   const bool on_device = device != nullptr && device->name() != "host";
-  // The staging agent, where the worker runs one (TransferAgentFromFlags):
-  // it says how the cache meets the transport (--kv_buffer).
-  auto* staging = dynamic_cast<kvtransfer::HostStagingAgent*>(agent);
-  const kvtransfer::KvBuffer mode =
-      staging != nullptr ? staging->options().buffer : kvtransfer::KvBuffer::kDevice;
-  std::shared_ptr<kvtransfer::StagingCopier> copier;
-  std::string refused;  // why the agent took no device memory (auto)
-  auto staged = [&](void* base, size_t len) -> absl::StatusOr<kvtransfer::RegionId> {
-    if (copier == nullptr) {
-      TANDEM_ASSIGN_OR_RETURN(copier, DeviceStagingCopier::Create(device));
-    }
-    return staging->RegisterStaged(base, len, copier);
-  };
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KvBufferRegistrar> registrar,
+                          KvBufferRegistrar::Create(agent, device));
   auto region = [&](void* base, size_t len) -> absl::StatusOr<kvtransfer::RegionId> {
     if (allocations != nullptr) {
       if (std::optional<kvtransfer::RegionId> r = allocations->RegionOf(base))
         return *r;
     }
-    if (on_device && mode == kvtransfer::KvBuffer::kHost) return staged(base, len);
-    absl::StatusOr<kvtransfer::RegionId> direct =
-        agent->RegisterMemory(base, len, kind);
-    if (on_device && mode == kvtransfer::KvBuffer::kAuto &&
-        absl::IsFailedPrecondition(direct.status())) {
-      refused = std::string(direct.status().message());
-      return staged(base, len);
-    }
-    return direct;
+    return registrar->Register(base, len);
   };
   CacheRegions r;
   for (int m = 0; m < cache->num_mla_layers(); ++m) {
@@ -206,18 +226,18 @@ absl::StatusOr<CacheRegions> RegisterCache(kvtransfer::TransferAgent* agent,
     TANDEM_ASSIGN_OR_RETURN(r.kda, region(KdaBase(*cache), cache->kda_bytes_per_slot() *
                                                                cache->num_slots()));
   }
-  r.staged = copier != nullptr;
-  if (!refused.empty()) {
+  r.staged = registrar->staged();
+  if (!registrar->refused().empty()) {
     TLOG(WARNING,
          "the transfer agent cannot register the cache's device memory: the KV "
          "moves through host memory (--kv_buffer=auto; a transport built with "
          "CUDA moves it from device memory)")
         .Kv("device", std::string(device->name()))
-        .Kv("agent_said", refused);
+        .Kv("agent_said", registrar->refused());
   }
   TLOG(INFO, "KV cache registered with the transfer agent")
       .Kv("device", on_device ? std::string(device->name()) : std::string("host"))
-      .Kv("memory", kvtransfer::MemoryKindName(kind))
+      .Kv("memory", kvtransfer::MemoryKindName(registrar->kind()))
       .Kv("kv_buffer", r.staged ? "staged" : "in_place")
       .Kv("tp_rank", cache->tp_rank())
       .Kv("regions", r.mla.size() + (cache->num_kda_layers() > 0 ? 1 : 0))

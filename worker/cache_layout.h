@@ -105,6 +105,40 @@ class AgentAllocations {
   absl::flat_hash_set<const void*> heap_ ABSL_GUARDED_BY(mu_);
 };
 
+// How a device buffer meets a transfer agent, by --kv_buffer's rule: where
+// `agent` is a kvtransfer::HostStagingAgent its KvBuffer decides (kHost: staged
+// through host memory; kAuto: in place where the agent takes the device
+// memory, else staged; kDevice: in place), otherwise in place. Host memory is
+// registered as it is. Used by RegisterCache for each cache buffer, and by
+// `./tandem bench kvdevice` for its buffers. Not thread-safe.
+class KvBufferRegistrar {
+ public:
+  static absl::StatusOr<std::unique_ptr<KvBufferRegistrar>> Create(
+      kvtransfer::TransferAgent* agent, kernels::Device* device);
+  absl::StatusOr<kvtransfer::RegionId> Register(void* base, size_t len);
+  // Some buffer went through host staging (they share one copier).
+  bool staged() const { return copier_ != nullptr; }
+  // What the agent said when it refused the device memory (auto); "" if not.
+  const std::string& refused() const { return refused_; }
+  kvtransfer::MemoryKind kind() const { return kind_; }
+
+ private:
+  KvBufferRegistrar(kvtransfer::TransferAgent* agent, kernels::Device* device,
+                    kvtransfer::MemoryKind kind);
+  absl::StatusOr<kvtransfer::RegionId> Staged(void* base, size_t len);
+  kvtransfer::TransferAgent* const agent_;
+  kernels::Device* const device_;
+  const kvtransfer::MemoryKind kind_;
+  kvtransfer::HostStagingAgent* const staging_;
+  const kvtransfer::KvBuffer mode_;
+  std::shared_ptr<kvtransfer::StagingCopier> copier_;
+  std::string refused_;
+};
+
+// The transfer memory kind of memory on `device` (null: the host), as
+// CacheMemoryKind says.
+absl::StatusOr<kvtransfer::MemoryKind> DeviceMemoryKind(const kernels::Device* device);
+
 // The transfer memory kind of `cache`'s buffers: host memory for a host cache and
 // for cuda_sim (emulated device memory is host memory the host addresses), CUDA
 // memory of device N for "cuda:N". UNIMPLEMENTED for another device the host

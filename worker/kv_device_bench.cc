@@ -31,8 +31,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/init.h"
 #include "common/status.h"
@@ -76,27 +74,11 @@ absl::Status MakeSide(kernels::Device* device, size_t bytes, kvtransfer::KvBuffe
       kvtransfer::HostStagingOptions{
           .buffer = mode, .release_pages = absl::GetFlag(FLAGS_release_pages)});
   TANDEM_ASSIGN_OR_RETURN(side->mem, device->Allocate(bytes));
-  // The workers' rule (worker::RegisterCache): in place unless host, or auto
-  // and the agent refuses the device memory.
-  kvtransfer::MemoryKind kind = kvtransfer::MemoryKind::Host();
-  if (!device->host_addressable()) {
-    int ordinal = 0;
-    absl::string_view name = device->name();
-    if (absl::ConsumePrefix(&name, "cuda:")) (void)absl::SimpleAtoi(name, &ordinal);
-    kind = kvtransfer::MemoryKind::Cuda(ordinal);
-  }
-  absl::StatusOr<kvtransfer::RegionId> id = absl::FailedPreconditionError("staged");
-  if (mode != kvtransfer::KvBuffer::kHost) {
-    id = side->agent->RegisterMemory(side->mem, bytes, kind);
-  }
-  if (!id.ok() && (mode == kvtransfer::KvBuffer::kHost ||
-                   (mode == kvtransfer::KvBuffer::kAuto &&
-                    absl::IsFailedPrecondition(id.status())))) {
-    TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<worker::DeviceStagingCopier> copier,
-                            worker::DeviceStagingCopier::Create(device));
-    id = side->agent->RegisterStaged(side->mem, bytes, copier);
-    side->staged = true;
-  }
+  // The workers' rule (worker::RegisterCache).
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<worker::KvBufferRegistrar> registrar,
+                          worker::KvBufferRegistrar::Create(side->agent.get(), device));
+  absl::StatusOr<kvtransfer::RegionId> id = registrar->Register(side->mem, bytes);
+  side->staged = registrar->staged();
   if (!id.ok()) return id.status();
   side->region = *id;
   return absl::OkStatus();

@@ -177,14 +177,14 @@ void ChooseStagingPageRelease(kvtransfer::TransferAgent* agent,
   const int64_t mem = avail.ok() ? *avail : 0;
   const bool release = StagingPageRelease(st.shadow_bytes, mem, rdma);
   staging->set_release_pages(release);
-  const bool large = mem <= 0 || st.shadow_bytes > static_cast<uint64_t>(mem) / 4;
   auto log = [&](auto&& line) {
     line.Kv("shadow_bytes", st.shadow_bytes)
         .Kv("mem_available_bytes", mem)
         .Kv("rdma", rdma)
         .Kv("release_pages", release);
   };
-  if (large && rdma) {
+  // Large shadows kept only because of RDMA (no release otherwise means small).
+  if (rdma && StagingPageRelease(st.shadow_bytes, mem, /*rdma=*/false)) {
     log(TLOG(WARNING,
              "KV cache staged through host memory; its shadow pages are kept "
              "resident (the RDMA transport may pin them) and may grow to their "
