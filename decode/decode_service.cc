@@ -317,7 +317,7 @@ grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* DecodeService::Decode(
     return stream;
   }
   stream->SetOnCancel([this, id, eid, stream] { OnDecodeCancel(id, eid, stream); });
-  if (ready->has_value()) StartDecode(std::move(**ready));
+  if (ready->has_value()) Enqueue(std::move(**ready));
   return stream;
 }
 
@@ -362,98 +362,186 @@ void DecodeService::OnNotification(const kvtransfer::Notification& n) {
     return;
   }
   if (!ready->has_value()) return;
-  // Not here: this is the agent's progress thread, and StartDecode waits for
-  // the engine (the state's staging and checksums run between its steps); the
-  // other transfers landing meanwhile need this thread.
-  absl::MutexLock l(&land_mu_);
-  landings_.push_back(std::move(**ready));
+  Enqueue(std::move(**ready));
+}
+
+void DecodeService::Enqueue(Handoff h) {
+  {
+    absl::MutexLock l(&land_mu_);
+    if (!land_stop_) {
+      landings_.push_back({std::move(h), absl::Now()});
+      return;
+    }
+  }
+  // Stopped (a Decode after Stop): no lander any more.
+  if (!NeedsLanding(h)) return StartDecode(std::move(h), nullptr);
+  std::vector<absl::StatusOr<tandem::v1::StateChecksums>> sums = Land({ItemOf(h)});
+  StartDecode(std::move(h), &sums[0]);
+}
+
+DecodeService::LandItem DecodeService::ItemOf(const Handoff& h) {
+  const tandem::v1::StateChecksums& want =
+      static_cast<const DecodeWaiter*>(h.waiter.get())->request.checksums();
+  return {h.info, want.mla_layer_size() + want.kda_layer_size() > 0};
 }
 
 bool DecodeService::LandingReady() const { return land_stop_ || !landings_.empty(); }
 
+bool DecodeService::NeedsLanding(const Handoff& h) const {
+  return staged_ || ItemOf(h).checksums;
+}
+
 void DecodeService::LandLoop() {
   while (true) {
-    std::optional<Handoff> h;
+    std::vector<QueuedLanding> batch;
     {
       absl::MutexLock l(&land_mu_);
       land_mu_.Await(absl::Condition(this, &DecodeService::LandingReady));
       if (landings_.empty()) return;  // stopping, nothing left
-      h = std::move(landings_.front());
-      landings_.pop_front();
+      while (!landings_.empty() && batch.size() < kMaxLandingBatch) {
+        batch.push_back(std::move(landings_.front()));
+        landings_.pop_front();
+      }
+      landings_taken_ += static_cast<int64_t>(batch.size());
     }
-    StartDecode(std::move(*h));
+    // One pause of the engine for every state in the batch (a burst of
+    // hand-offs waits one step, not one step each).
+    std::vector<LandItem> items;
+    std::vector<int> item_of(batch.size(), -1);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const Handoff& h = batch[i].handoff;
+      if (!NeedsLanding(h)) continue;
+      item_of[i] = static_cast<int>(items.size());
+      items.push_back(ItemOf(h));
+    }
+    std::vector<absl::StatusOr<tandem::v1::StateChecksums>> sums;
+    if (!items.empty()) sums = Land(std::move(items));
+    if (metrics_ != nullptr) {
+      const absl::Time now = absl::Now();
+      for (const QueuedLanding& q : batch) {
+        metrics_->landing_seconds->Observe(absl::ToDoubleSeconds(now - q.queued));
+      }
+      metrics_->landing_batches->Increment();
+    }
+    for (size_t i = 0; i < batch.size(); ++i) {
+      StartDecode(std::move(batch[i].handoff),
+                  item_of[i] >= 0 ? &sums[item_of[i]] : nullptr);
+    }
   }
 }
 
-absl::StatusOr<tandem::v1::StateChecksums> DecodeService::Land(const ReservationInfo& r,
-                                                               bool checksums) {
-  auto compute = [this, r, checksums]() -> absl::StatusOr<tandem::v1::StateChecksums> {
-    // Staged through host memory: what landed in the shadows goes to the
-    // device first (the rows sent and the KDA slot; the held prefix stays).
+std::vector<absl::StatusOr<tandem::v1::StateChecksums>> DecodeService::Land(
+    std::vector<LandItem> items) {
+  using Result = absl::StatusOr<tandem::v1::StateChecksums>;
+  auto stage_in = [this](const LandItem& item,
+                         std::vector<kvtransfer::ByteRange>* out) -> absl::Status {
     for (int k = 0; k < tp() && staging_ != nullptr; ++k) {
       if (!regions_[k].staged) continue;
+      const ReservationInfo& r = item.info;
       TANDEM_ASSIGN_OR_RETURN(
           std::vector<kvtransfer::ByteRange> ranges,
           worker::LandedRanges(*caches_[k], regions_[k], r.blocks, r.slot,
                                r.prompt_tokens, r.held_tokens));
       // Regions registered in place (auto where the agent took some) landed
       // on the device already.
-      std::erase_if(ranges, [this](const kvtransfer::ByteRange& b) {
-        return !staging_->IsStaged(b.region);
-      });
-      if (absl::Status s = staging_->StageIn(ranges); !s.ok()) {
-        return absl::Status(s.code(),
-                            absl::StrCat("request ", r.request_id,
-                                         ": copying the landed state from host "
-                                         "memory to the device: ",
-                                         s.message()));
+      for (const kvtransfer::ByteRange& b : ranges) {
+        if (staging_->IsStaged(b.region)) out->push_back(b);
       }
     }
-    if (!checksums) return tandem::v1::StateChecksums();
-    std::vector<tandem::v1::StateChecksums> ranks;
-    for (int k = 0; k < tp(); ++k) {
-      const kvtransfer::RankLayout side =
-          worker::CacheRankLayout(*caches_[k], regions_[k], r.blocks, r.slot);
-      auto got =
-          kvtransfer::ComputeChecksums(side, r.prompt_tokens, checksum_memory_[k]);
-      if (!got.ok()) return got.status();
-      ranks.push_back(std::move(*got));
+    return absl::OkStatus();
+  };
+  auto staging_error = [](const ReservationInfo& r, const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("request ", r.request_id,
+                                               ": copying the landed state from host "
+                                               "memory to the device: ",
+                                               s.message()));
+  };
+  auto compute = [this, stage_in, staging_error](const std::vector<LandItem>& items) {
+    std::vector<Result> results(items.size(), tandem::v1::StateChecksums());
+    // Staged through host memory: what landed in the shadows goes to the
+    // device first (the rows sent and the KDA slot; the held prefix stays),
+    // every item's ranges in one copy batch.
+    if (staging_ != nullptr) {
+      std::vector<std::vector<kvtransfer::ByteRange>> per_item(items.size());
+      std::vector<kvtransfer::ByteRange> all;
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (absl::Status s = stage_in(items[i], &per_item[i]); !s.ok()) {
+          results[i] = staging_error(items[i].info, s);
+          continue;
+        }
+        all.insert(all.end(), per_item[i].begin(), per_item[i].end());
+      }
+      if (absl::Status s = staging_->StageIn(all); !s.ok()) {
+        // Which one: each alone (a bad item fails only itself).
+        for (size_t i = 0; i < items.size(); ++i) {
+          if (!results[i].ok()) continue;
+          if (absl::Status one = staging_->StageIn(per_item[i]); !one.ok()) {
+            results[i] = staging_error(items[i].info, one);
+          }
+        }
+      }
     }
-    return worker::MergeRankChecksums(ranks);
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (!results[i].ok() || !items[i].checksums) continue;
+      const ReservationInfo& r = items[i].info;
+      std::vector<tandem::v1::StateChecksums> ranks;
+      for (int k = 0; k < tp(); ++k) {
+        const kvtransfer::RankLayout side =
+            worker::CacheRankLayout(*caches_[k], regions_[k], r.blocks, r.slot);
+        auto got =
+            kvtransfer::ComputeChecksums(side, r.prompt_tokens, checksum_memory_[k]);
+        if (!got.ok()) {
+          results[i] = got.status();
+          break;
+        }
+        ranks.push_back(std::move(*got));
+      }
+      if (results[i].ok()) results[i] = worker::MergeRankChecksums(ranks);
+    }
+    return results;
   };
   // Host memory: here, on this thread.
-  if (hashers_.empty() && !staged_) return compute();
+  if (hashers_.empty() && !staged_) return compute(items);
   // On the device: between two engine steps, so that the hashing and the
   // staging copies (allocations, launches) never meet a CUDA graph capture of
-  // a step.
+  // a step. The command owns its copy of the items: after a timeout here it
+  // may still run.
   struct Shared {
+    std::vector<LandItem> items;
     absl::Mutex mu;
     bool done ABSL_GUARDED_BY(mu) = false;
-    absl::StatusOr<tandem::v1::StateChecksums> result ABSL_GUARDED_BY(mu);
+    std::vector<Result> results ABSL_GUARDED_BY(mu);
   };
   auto shared = std::make_shared<Shared>();
+  shared->items = std::move(items);
   loop_->Post([shared, compute](engine::Engine& e) {
     // Not while an overlapped step runs on the device thread either.
     absl::Status quiet = e.Quiesce();
-    absl::StatusOr<tandem::v1::StateChecksums> v =
-        quiet.ok() ? compute() : absl::StatusOr<tandem::v1::StateChecksums>(quiet);
+    std::vector<Result> v = quiet.ok() ? compute(shared->items)
+                                       : std::vector<Result>(shared->items.size(), quiet);
     absl::MutexLock l(&shared->mu);
-    shared->result = std::move(v);
+    shared->results = std::move(v);
     shared->done = true;
   });
   absl::MutexLock l(&shared->mu);
   if (!shared->mu.AwaitWithTimeout(absl::Condition(&shared->done),
                                    kDeviceChecksumWait)) {
-    return DeadlineExceeded(
-        "request ", r.request_id,
-        ": the landed state's staging and checksums on the device did not finish "
-        "within ",
-        absl::FormatDuration(kDeviceChecksumWait));
+    std::vector<Result> late;
+    for (const LandItem& item : shared->items) {
+      late.push_back(DeadlineExceeded(
+          "request ", item.info.request_id,
+          ": the landed state's staging and checksums on the device did not finish "
+          "within ",
+          absl::FormatDuration(kDeviceChecksumWait), " (", shared->items.size(),
+          " states landing together)"));
+    }
+    return late;
   }
-  return std::move(shared->result);
+  return std::move(shared->results);
 }
 
-void DecodeService::StartDecode(Handoff h) {
+void DecodeService::StartDecode(
+    Handoff h, const absl::StatusOr<tandem::v1::StateChecksums>* landed) {
   std::shared_ptr<DecodeWaiter> w(static_cast<DecodeWaiter*>(h.waiter.release()));
   rpc::ResponseStream* stream = w->stream;
   const tandem::v1::DecodeRequest& req = w->request;
@@ -468,10 +556,9 @@ void DecodeService::StartDecode(Handoff h) {
   // The reserved blocks are not touched by the engine's steps: read them here.
   const tandem::v1::StateChecksums& want = req.checksums();
   const bool verified = want.mla_layer_size() + want.kda_layer_size() > 0;
-  if (verified || staged_) {
-    absl::StatusOr<tandem::v1::StateChecksums> sums = Land(r, verified);
-    if (!sums.ok()) return fail(sums.status(), "error");
-    const tandem::v1::StateChecksums& got = *sums;
+  if (landed != nullptr) {
+    if (!landed->ok()) return fail(landed->status(), "error");
+    const tandem::v1::StateChecksums& got = **landed;
     if (absl::Status v = verified ? kvtransfer::Verify(want, got) : absl::OkStatus();
         !v.ok()) {
       return fail(

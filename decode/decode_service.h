@@ -13,7 +13,10 @@
 //                                                    RESERVED → LANDED
 //   Decode(id, prompt, first token, checksums)
 //     → RESERVED → LANDING: waits (bounded by the deadline) for the notification
-//     → LANDED / LANDING + notification → ADMITTED:
+//     → LANDED / LANDING + notification → ADMITTED: the hand-off is queued for
+//       the lander thread, which takes every queued one together: one pause
+//       between engine steps stages them in (a staged cache) and checksums them
+//       (on the device for a device cache); then for each:
 //       verify checksums over the engine's blocks (DATA_LOSS: freed)
 //       → engine thread: Engine::AdmitReserved (nothing copied: the sequence
 //         becomes runnable where it is)
@@ -147,6 +150,13 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
   // Engine blocks held for hand-offs not yet admitted (quarantined included).
   int64_t reserved_blocks() const { return table_.held_blocks(); }
   int64_t quarantined() const { return table_.num_quarantined(); }
+  // Hand-offs the lander thread has taken from its queue since start (tests).
+  int64_t landings_taken() const { return landings_taken_.load(); }
+  // Hand-offs queued for the lander thread, not yet taken (tests).
+  size_t queued_landings() const {
+    absl::MutexLock l(&land_mu_);
+    return landings_.size();
+  }
   std::optional<ReservationState> state(const std::string& request_id) const {
     return table_.State(request_id);
   }
@@ -165,21 +175,41 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
                              engine::RequestId eid, absl::Duration lease,
                              tandem::v1::KvTarget* resp);
   // A landed state's notification (the agent's progress thread): its handoff
-  // goes to the lander thread, which runs StartDecode.
+  // goes to the lander thread (Enqueue).
   void OnNotification(const kvtransfer::Notification& n);
+  // A hand-off whose state and Decode are both here, from the agent's progress
+  // thread or a gRPC thread: neither may wait for the engine, so the lander
+  // thread makes it ready (after Stop: here, as nothing else would).
+  void Enqueue(Handoff h);
   bool LandingReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(land_mu_);
+  // The lander thread: takes every hand-off queued (up to kMaxLandingBatch),
+  // makes their states ready together (Land), then starts each one's decode.
   void LandLoop();
   void OnDecodeCancel(const std::string& id, engine::RequestId eid,
                       rpc::ResponseStream* stream);
-  // Verifies and admits an ADMITTED reservation (the hand-off).
-  void StartDecode(Handoff h);
-  // Makes the landed state ready: a staged cache's rows copied from host memory
-  // to the device (kvtransfer::HostStagingAgent::StageIn), then, when
-  // `checksums`, the state's checksums (every rank, merged; empty otherwise).
-  // On this thread from host memory; on the engine thread between steps for a
-  // device (waiting at most kDeviceChecksumWait).
-  absl::StatusOr<tandem::v1::StateChecksums> Land(const ReservationInfo& r,
-                                                  bool checksums);
+  // Verifies and admits an ADMITTED reservation (the hand-off). `landed`: its
+  // state made ready by Land (staged in, and the checksums when the request
+  // carries some); null when there was nothing to do (host cache, unchecked).
+  void StartDecode(Handoff h,
+                   const absl::StatusOr<tandem::v1::StateChecksums>* landed);
+  // True when a hand-off's state must be made ready (Land) before its decode.
+  bool NeedsLanding(const Handoff& h) const;
+  // Makes landed states ready, one result per item in order: a staged cache's
+  // rows copied from host memory to the device
+  // (kvtransfer::HostStagingAgent::StageIn; every item's ranges in one call),
+  // then, for items with `checksums`, the state's checksums (every rank,
+  // merged; empty otherwise). On this thread from host memory; on the engine
+  // thread between two steps for a device (one pause for the whole batch,
+  // waiting at most kDeviceChecksumWait).
+  struct LandItem {
+    ReservationInfo info;
+    bool checksums = false;
+  };
+  std::vector<absl::StatusOr<tandem::v1::StateChecksums>> Land(
+      std::vector<LandItem> items);
+  // The Land item of a hand-off (checksums when its Decode carries some).
+  static LandItem ItemOf(const Handoff& h);
+  static constexpr int kMaxLandingBatch = 64;
   static constexpr absl::Duration kDeviceChecksumWait = absl::Seconds(30);
   // Gives a reservation's memory back to the engine (from any thread).
   void FreeInEngine(const ReservationInfo& info);
@@ -206,10 +236,16 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread janitor_;
-  // Landings from notifications, started in order by lander_.
-  absl::Mutex land_mu_;
-  std::deque<Handoff> landings_ ABSL_GUARDED_BY(land_mu_);
+  // Hand-offs ready to land, started in order by lander_ (with the time each
+  // was queued, for tandem_worker_kv_landing_seconds).
+  struct QueuedLanding {
+    Handoff handoff;
+    absl::Time queued;
+  };
+  mutable absl::Mutex land_mu_;
+  std::deque<QueuedLanding> landings_ ABSL_GUARDED_BY(land_mu_);
   bool land_stop_ ABSL_GUARDED_BY(land_mu_) = false;
+  std::atomic<int64_t> landings_taken_{0};
   std::thread lander_;
 };
 

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -216,6 +217,23 @@ class DecodeServiceTest : public ::testing::Test {
                     .Notify(*peer, id, absl::StrCat(target.reservation_token()),
                             absl::Now() + absl::Seconds(10))
                     .ok());
+  }
+
+  // The checksums of the state landed in the target's blocks, as the prefill
+  // worker computes them over its own copy (the host's view of the cache).
+  tandem::v1::StateChecksums LandedChecksums(const tandem::v1::KvTarget& target,
+                                             int32_t prompt_tokens) {
+    kvtransfer::LoopbackAgent view;
+    auto regions = worker::RegisterCache(&view, &engine_->cache());
+    EXPECT_TRUE(regions.ok()) << regions.status();
+    if (!regions.ok()) return {};
+    const tandem::v1::RankTarget& t = target.ranks(0);
+    const std::vector<int32_t> blocks(t.block_ids().begin(), t.block_ids().end());
+    auto sums = kvtransfer::ComputeChecksums(
+        worker::CacheRankLayout(engine_->cache(), *regions, blocks, t.state_slot()),
+        prompt_tokens, worker::CacheRegionBytes(&engine_->cache(), *regions));
+    EXPECT_TRUE(sums.ok()) << sums.status();
+    return sums.ok() ? *sums : tandem::v1::StateChecksums();
   }
 
   FakeClock clock_;
@@ -489,23 +507,103 @@ TEST_F(DecodeServiceTest, ChecksumsFromTheBackendEqualTheHostsAndTheDecodeRuns) 
   Prefilled p = Prefill(prompt);
   Land("c1", target, p.state);
   ASSERT_TRUE(WaitForState("c1", ReservationState::kLanded));
-  kvtransfer::LoopbackAgent view;  // the cache's regions, for the host's view
-  auto regions = worker::RegisterCache(&view, &engine_->cache());
-  ASSERT_TRUE(regions.ok()) << regions.status();
-  const tandem::v1::RankTarget& t = target.ranks(0);
-  const std::vector<int32_t> blocks(t.block_ids().begin(), t.block_ids().end());
-  auto sums = kvtransfer::ComputeChecksums(
-      worker::CacheRankLayout(engine_->cache(), *regions, blocks, t.state_slot()), 27,
-      worker::CacheRegionBytes(&engine_->cache(), *regions));
-  ASSERT_TRUE(sums.ok()) << sums.status();
+  const tandem::v1::StateChecksums sums = LandedChecksums(target, 27);
   tandem::v1::DecodeRequest r = DecodeRequest("c1", prompt, p.state.generated[0]);
-  *r.mutable_checksums() = *sums;
+  *r.mutable_checksums() = sums;
   grpc::ClientContext ctx;
   ctx.set_deadline(In(30));
   auto reader = stub_->Decode(&ctx, r);
   const Output got = ReadAll(reader.get());
   ASSERT_TRUE(got.status.ok()) << got.status.error_message();
   EXPECT_EQ(got.tokens, want.tokens);
+}
+
+// Hand-offs never wait for the engine on the thread that completes them (the
+// agent's progress thread, a gRPC thread): the lander thread makes them ready,
+// and the ones queued while it waits are made ready together, in one pause of
+// the engine, each with its own outcome. Here the engine is held busy while
+// three Decodes of landed states arrive: the first is taken alone, the other
+// two queue (their RPC threads free) and land in one batch, where one carries
+// wrong checksums: it alone ends DATA_LOSS, the others decode as colocated.
+TEST_F(DecodeServiceTest, HandoffsQueuedBehindABusyEngineLandTogether) {
+  const int32_t total = TotalBlocks();
+  const std::vector<std::string> ids = {"a", "b", "c"};
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<Output> want;
+  std::vector<tandem::v1::DecodeRequest> requests;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    prompts.push_back(MakePrompt(19 + static_cast<int>(i), 5 + static_cast<int>(i)));
+    want.push_back(Generate(prompts[i]));
+    ASSERT_TRUE(want[i].status.ok()) << want[i].status.error_message();
+    tandem::v1::KvTarget target;
+    ASSERT_TRUE(Reserve(ids[i], static_cast<int>(prompts[i].size()), &target).ok());
+    Prefilled p = Prefill(prompts[i]);
+    Land(ids[i], target, p.state);
+    ASSERT_TRUE(WaitForState(ids[i], ReservationState::kLanded));
+    requests.push_back(DecodeRequest(ids[i], prompts[i], p.state.generated[0]));
+    *requests[i].mutable_checksums() =
+        LandedChecksums(target, static_cast<int32_t>(prompts[i].size()));
+    ASSERT_GT(requests[i].checksums().mla_layer_size(), 0);
+  }
+  // c's state is not what its checksums say.
+  requests[2].mutable_checksums()->set_mla_layer(
+      0, requests[2].checksums().mla_layer(0) ^ 1);
+  const double batches_before = metrics_.landing_batches->Value();
+  const uint64_t landed_before = metrics_.landing_seconds->Count();
+
+  // The engine busy: a command that holds the loop until released.
+  absl::Notification hold_entered, release;
+  loop_->Post([&](engine::Engine&) {
+    hold_entered.Notify();
+    release.WaitForNotificationWithTimeout(absl::Seconds(30));
+  });
+  ASSERT_TRUE(hold_entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  std::vector<Output> got(ids.size());
+  std::vector<std::thread> clients;
+  auto decode = [&](size_t i) {
+    clients.emplace_back([&, i] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(30));
+      auto reader = stub_->Decode(&ctx, requests[i]);
+      got[i] = ReadAll(reader.get());
+    });
+  };
+  decode(0);
+  // The lander took a and waits for the engine.
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (service_->landings_taken() < 1 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(service_->landings_taken(), 1);
+  decode(1);
+  decode(2);
+  // b and c are handed over (their RPC threads returned) while the lander
+  // still waits for a.
+  while (service_->queued_landings() < 2 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(service_->queued_landings(), 2u);
+  EXPECT_EQ(service_->landings_taken(), 1);
+  EXPECT_EQ(metrics_.landing_batches->Value(), batches_before);
+  release.Notify();
+  for (std::thread& t : clients) t.join();
+
+  for (size_t i = 0; i < 2; ++i) {
+    SCOPED_TRACE(ids[i]);
+    ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message();
+    EXPECT_EQ(got[i].tokens, want[i].tokens);
+  }
+  EXPECT_EQ(got[2].status.error_code(), grpc::StatusCode::DATA_LOSS)
+      << got[2].status.error_message();
+  EXPECT_TRUE(got[2].tokens.empty());
+  // a alone, then b and c together.
+  EXPECT_EQ(service_->landings_taken(), 3);
+  EXPECT_EQ(metrics_.landing_batches->Value(), batches_before + 2);
+  EXPECT_EQ(metrics_.landing_seconds->Count(), landed_before + 3);
+  EXPECT_EQ(Decodes("ok"), 2);
+  EXPECT_EQ(Decodes("data_loss"), 1);
+  EXPECT_EQ(service_->num_reservations(), 0);
+  EXPECT_EQ(FreeBlocks(), total);
 }
 
 // checksum_backends: one per rank or none.

@@ -76,6 +76,18 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
                              "(first token sampled to the last byte landed).",
                              LatencyBuckets()))
            ->Add({});
+  landing_seconds =
+      &OrDie(r->AddHistogram("tandem_worker_kv_landing_seconds",
+                             "Decode worker: from a hand-off's state and Decode both "
+                             "present to the state ready (queued, staged in from host "
+                             "memory, checksums verified).",
+                             LatencyBuckets()))
+           ->Add({});
+  landing_batches =
+      &OrDie(r->AddCounter("tandem_worker_kv_landing_batches_total",
+                           "Decode worker: batches of hand-offs made ready together "
+                           "(one engine pause each)."))
+           ->Add({});
   prefill_tokens = &OrDie(r->AddCounter("tandem_worker_prefill_tokens_total",
                                         "Prompt tokens computed by the engine."))
                         ->Add({});

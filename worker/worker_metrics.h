@@ -39,6 +39,12 @@
 //   tandem_worker_kv_staging_pages_released_total, tandem_worker_kv_staged_regions:
 //     the host staging of a device cache (kvtransfer::HostStagingAgent,
 //     --kv_buffer; UpdateKvStaging)
+//   tandem_worker_kv_landing_seconds (decode worker): per hand-off, from the
+//     moment both its state and its Decode were there to the state ready on the
+//     device (queued behind other landings, staged in, checksums verified);
+//   tandem_worker_kv_landing_batches_total: landings made ready together (one
+//     engine pause for every hand-off queued meanwhile; count / batches is the
+//     mean batch)
 //   tandem_worker_kv_peer_connections_total{agent=ucx, transports, tcp_only}:
 //     connections to peers by the transports UCX chose for each, once its
 //     wire-up was done (CountKvPeerConnection, from UcxAgentConfig::
@@ -102,6 +108,8 @@ class WorkerMetrics {
   metrics::Counter* transfer_batches;
   metrics::Counter* transfer_restarts;
   metrics::Histogram* exposed_transfer_seconds;
+  metrics::Histogram* landing_seconds;
+  metrics::Counter* landing_batches;
   metrics::Counter* prefill_tokens;
   metrics::Counter* decode_tokens;
   metrics::Gauge* prefill_tps;
