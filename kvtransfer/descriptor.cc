@@ -67,9 +67,17 @@ const RegionDescriptor* AgentDescriptor::FindRegion(uint32_t id) const {
   return nullptr;
 }
 
+const DescriptorExtension* AgentDescriptor::FindExtension(uint32_t tag) const {
+  for (const DescriptorExtension& e : extensions) {
+    if (e.tag == tag) return &e;
+  }
+  return nullptr;
+}
+
 std::string SerializeDescriptor(const AgentDescriptor& d) {
   std::string out(kMagic, 4);
-  PutLe(&out, kDescriptorVersion, 2);
+  PutLe(&out, d.extensions.empty() ? kDescriptorVersion : kDescriptorVersionExtensions,
+        2);
   PutU8(&out, static_cast<uint8_t>(d.kind));
   PutU8(&out, 0);
   PutLe(&out, 0, 4);  // total_len, patched below
@@ -82,6 +90,13 @@ std::string SerializeDescriptor(const AgentDescriptor& d) {
     PutLe(&out, r.base, 8);
     PutLe(&out, r.length, 8);
     PutBytes(&out, r.rkey);
+  }
+  if (!d.extensions.empty()) {
+    PutLe(&out, d.extensions.size(), 4);
+    for (const DescriptorExtension& e : d.extensions) {
+      PutLe(&out, e.tag, 4);
+      PutBytes(&out, e.bytes);
+    }
   }
   const uint64_t total = out.size() + kTrailerBytes;
   for (int i = 0; i < 4; ++i) out[8 + i] = static_cast<char>((total >> (8 * i)) & 0xff);
@@ -101,9 +116,10 @@ absl::StatusOr<AgentDescriptor> ParseDescriptor(absl::string_view bytes) {
   header.Le(1, &reserved);
   header.Le(4, &total);
   header.Le(8, &agent_id);
-  if (version != kDescriptorVersion) {
+  if (version != kDescriptorVersion && version != kDescriptorVersionExtensions) {
     return Bad(absl::StrCat("unsupported version ", version, " (want ",
-                            kDescriptorVersion, ")"));
+                            kDescriptorVersion, " or ", kDescriptorVersionExtensions,
+                            ")"));
   }
   if (kind != static_cast<uint8_t>(AgentKind::kUcx) &&
       kind != static_cast<uint8_t>(AgentKind::kLoopback) &&
@@ -157,6 +173,29 @@ absl::StatusOr<AgentDescriptor> ParseDescriptor(absl::string_view bytes) {
     if (!ids.insert(region.id).second)
       return Bad(absl::StrCat("duplicate region id ", region.id));
     d.regions.push_back(std::move(region));
+  }
+  if (version == kDescriptorVersionExtensions) {
+    uint64_t num_extensions = 0;
+    if (!r.Le(4, &num_extensions)) return Bad("truncated extension count");
+    if (num_extensions == 0 || num_extensions > kMaxDescriptorExtensions) {
+      return Bad(absl::StrCat("version ", version, " with ", num_extensions,
+                              " extensions (want 1 to ", kMaxDescriptorExtensions,
+                              ")"));
+    }
+    std::unordered_set<uint32_t> tags;
+    for (uint64_t i = 0; i < num_extensions; ++i) {
+      DescriptorExtension e;
+      uint64_t tag = 0;
+      if (!r.Le(4, &tag)) return Bad(absl::StrCat("truncated extension ", i));
+      e.tag = static_cast<uint32_t>(tag);
+      if (!r.Bytes(kMaxDescriptorExtensionBytes, &e.bytes)) {
+        return Bad(absl::StrCat("truncated or oversized extension ", i));
+      }
+      if (!tags.insert(e.tag).second) {
+        return Bad(absl::StrCat("duplicate extension tag ", e.tag));
+      }
+      d.extensions.push_back(std::move(e));
+    }
   }
   if (r.remaining() != 0) return Bad(absl::StrCat(r.remaining(), " trailing bytes"));
   return d;

@@ -115,5 +115,52 @@ TEST(DescriptorTest, RejectsBadRegions) {
   ExpectRejected(SerializeDescriptor(d), "wraps");
 }
 
+// Version 2 carries extensions after the regions (a decorating agent's, e.g.
+// the host staging's device IPC handles); without any, the bytes stay version 1.
+TEST(DescriptorTest, ExtensionsRoundTripAsVersion2) {
+  AgentDescriptor d = Sample();
+  EXPECT_EQ(SerializeDescriptor(d)[4], 1);
+  d.extensions.push_back({kExtensionDeviceIpc, std::string("\x00handles\xff", 9)});
+  d.extensions.push_back({77, ""});
+  const std::string bytes = SerializeDescriptor(d);
+  EXPECT_EQ(bytes[4], 2);
+  auto parsed = ParseDescriptor(bytes);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->extensions, d.extensions);
+  EXPECT_EQ(parsed->regions.size(), 2u);
+  ASSERT_NE(parsed->FindExtension(kExtensionDeviceIpc), nullptr);
+  EXPECT_EQ(parsed->FindExtension(kExtensionDeviceIpc)->bytes, d.extensions[0].bytes);
+  EXPECT_EQ(parsed->FindExtension(5), nullptr);
+  EXPECT_EQ(SerializeDescriptor(*parsed), bytes);
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_FALSE(ParseDescriptor(bytes.substr(0, n)).ok()) << n;
+  }
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    std::string bad = bytes;
+    bad[i] ^= 0x40;
+    EXPECT_FALSE(ParseDescriptor(bad).ok()) << i;
+  }
+}
+
+TEST(DescriptorTest, RejectsBadExtensions) {
+  // A version 1 body claimed as version 2: no extension section.
+  std::string v = SerializeDescriptor(Sample());
+  v[4] = 2;
+  ExpectRejected(Reseal(v), "truncated extension count");
+  AgentDescriptor d = Sample();
+  d.extensions = {{3, "a"}, {3, "b"}};
+  ExpectRejected(SerializeDescriptor(d), "duplicate extension tag 3");
+  // Zero extensions under version 2 (it would not re-serialise the same).
+  d.extensions = {{3, "a"}};
+  std::string z = SerializeDescriptor(d);
+  z.resize(z.size() - 8 - (4 + 4 + 1) - 4);
+  z += std::string(4, '\0') + std::string(8, '\0');
+  ExpectRejected(Reseal(z), "with 0 extensions");
+  // An extension length beyond the bytes.
+  std::string l = SerializeDescriptor(d);
+  l[l.size() - 8 - 1 - 4 + 3] = 0x7f;
+  ExpectRejected(Reseal(l), "extension 0");
+}
+
 }  // namespace
 }  // namespace tandem::kvtransfer

@@ -8,11 +8,47 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
+#include "kvtransfer/descriptor.h"
 
 namespace tandem::kvtransfer {
+namespace {
+
+// Marks a notification sent after direct writes (the receiver strips it and
+// sets Notification::on_device).
+constexpr absl::string_view kDirectMark = "\x1btandem-direct\x1b";
+// The kExtensionDeviceIpc extension: u32 count, per region u32 id, u64 length,
+// u32 handle length, handle (little-endian).
+constexpr size_t kMaxIpcHandleBytes = 4096;
+
+void PutLe(std::string* out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) {
+    out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  }
+}
+bool GetLe(absl::string_view* in, int bytes, uint64_t* v) {
+  if (in->size() < static_cast<size_t>(bytes)) return false;
+  uint64_t r = 0;
+  for (int i = 0; i < bytes; ++i) {
+    r |= static_cast<uint64_t>(static_cast<uint8_t>((*in)[i])) << (8 * i);
+  }
+  in->remove_prefix(bytes);
+  *v = r;
+  return true;
+}
+
+Notification Unmark(Notification n) {
+  if (absl::StartsWith(n.payload, kDirectMark)) {
+    n.payload.erase(0, kDirectMark.size());
+    n.on_device = true;
+  }
+  return n;
+}
+
+}  // namespace
 
 absl::StatusOr<KvBuffer> ParseKvBuffer(absl::string_view spec) {
   if (spec == "auto") return KvBuffer::kAuto;
@@ -54,7 +90,15 @@ HostStagingAgent::~HostStagingAgent() {
   // callback (ReleaseGranules) that uses this object's members, and a batch
   // still live may read a shadow.
   inner_.reset();
+  {
+    absl::MutexLock l(&mu_);
+    direct_.clear();  // closes the peers' mappings
+  }
   for (auto& [id, s] : staged) munmap(s.shadow, s.mapped);
+}
+
+HostStagingAgent::DirectPeer::~DirectPeer() {
+  for (auto& [id, m] : regions) copier->CloseIpc(m.base);
 }
 
 absl::StatusOr<RegionId> HostStagingAgent::RegisterStaged(
@@ -94,9 +138,24 @@ absl::StatusOr<RegionId> HostStagingAgent::RegisterStaged(
     munmap(shadow, mapped);
     return id.status();
   }
+  // Published for peers of this host to write into directly, where the device
+  // can share it.
+  absl::StatusOr<std::string> handle = std::string();
+  if (options_.device_ipc) handle = copier->ExportIpc(device_base, len);
   absl::MutexLock l(&mu_);
+  if (!handle.ok() && export_status_.ok()) {
+    export_status_ = absl::Status(
+        handle.status().code(),
+        absl::StrCat("cannot share ", copier->DeviceName(),
+                     " memory with other processes: ", handle.status().message()));
+  }
+  if (handle.ok() && !handle->empty()) ++stats_.exported_regions;
   staged_[*id] = Staged{static_cast<uint8_t*>(device_base),
-                        static_cast<uint8_t*>(shadow), len, mapped, std::move(copier)};
+                        static_cast<uint8_t*>(shadow),
+                        len,
+                        mapped,
+                        std::move(copier),
+                        handle.ok() ? *std::move(handle) : std::string()};
   ++stats_.staged_regions;
   stats_.shadow_bytes += len;
   return *id;
@@ -107,9 +166,26 @@ bool HostStagingAgent::IsStaged(RegionId region) const {
   return staged_.contains(region);
 }
 
+bool HostStagingAgent::IsDirect(PeerId peer) const {
+  absl::MutexLock l(&mu_);
+  return direct_.contains(peer);
+}
+
+absl::Status HostStagingAgent::ipc_export_status() const {
+  absl::MutexLock l(&mu_);
+  return export_status_;
+}
+
+absl::Status HostStagingAgent::last_direct_refusal() const {
+  absl::MutexLock l(&mu_);
+  return last_direct_refusal_;
+}
+
 HostStagingStats HostStagingAgent::stats() const {
   absl::MutexLock l(&mu_);
-  return stats_;
+  HostStagingStats s = stats_;
+  s.direct_peers = direct_.size();
+  return s;
 }
 
 void HostStagingAgent::DropPages(const Staged& s, uint64_t begin, uint64_t end) {
@@ -264,6 +340,13 @@ void HostStagingAgent::ReleaseGranules(const std::vector<GranuleKey>& granules) 
 absl::StatusOr<BatchId> HostStagingAgent::PostWrite(PeerId peer,
                                                     absl::Span<const Segment> segments,
                                                     CompletionCallback on_done) {
+  if (IsDirect(peer)) return PostDirect(peer, segments, std::move(on_done));
+  return PostStaged(peer, segments, std::move(on_done));
+}
+
+absl::StatusOr<BatchId> HostStagingAgent::PostStaged(PeerId peer,
+                                                     absl::Span<const Segment> segments,
+                                                     CompletionCallback on_done) {
   std::vector<PendingCopy> copies;
   auto granules = std::make_shared<std::vector<GranuleKey>>();
   {
@@ -314,6 +397,119 @@ absl::StatusOr<BatchId> HostStagingAgent::PostWrite(PeerId peer,
   return batch;
 }
 
+absl::StatusOr<std::shared_ptr<HostStagingAgent::DirectPeer>> HostStagingAgent::MapPeer(
+    absl::string_view extension, std::shared_ptr<StagingCopier> copier) {
+  auto peer = std::make_shared<DirectPeer>();
+  peer->copier = std::move(copier);
+  absl::string_view in = extension;
+  uint64_t count = 0;
+  if (!GetLe(&in, 4, &count) || count > kMaxDescriptorRegions) {
+    return InvalidArgument("malformed device IPC extension (region count)");
+  }
+  for (uint64_t i = 0; i < count; ++i) {
+    uint64_t id = 0, len = 0, handle_len = 0;
+    if (!GetLe(&in, 4, &id) || !GetLe(&in, 8, &len) || !GetLe(&in, 4, &handle_len) ||
+        handle_len == 0 || handle_len > kMaxIpcHandleBytes || handle_len > in.size() ||
+        len == 0) {
+      return InvalidArgument("malformed device IPC extension (region ", i, ")");
+    }
+    const absl::string_view handle = in.substr(0, handle_len);
+    in.remove_prefix(handle_len);
+    if (peer->regions.contains(static_cast<RegionId>(id))) {
+      return InvalidArgument("device IPC extension lists region ", id, " twice");
+    }
+    TANDEM_ASSIGN_OR_RETURN(void* base, peer->copier->OpenIpc(handle));
+    peer->regions[static_cast<RegionId>(id)] = {static_cast<uint8_t*>(base), len};
+  }
+  if (!in.empty()) {
+    return InvalidArgument("malformed device IPC extension (", in.size(),
+                           " trailing bytes)");
+  }
+  return peer;
+}
+
+absl::StatusOr<BatchId> HostStagingAgent::PostDirect(PeerId peer,
+                                                     absl::Span<const Segment> segments,
+                                                     CompletionCallback on_done) {
+  // Segments into the peer's mapped device memory are copied here, device to
+  // device (or host to device); the rest (regions it did not publish) go the
+  // usual way, as the batch posted below.
+  std::shared_ptr<DirectPeer> target;
+  std::vector<StagingCopy> d2d, h2d;
+  std::vector<Segment> rest;
+  std::vector<RegionId> busy;
+  uint64_t bytes = 0;
+  {
+    absl::MutexLock l(&mu_);
+    auto p = direct_.find(peer);
+    if (p == direct_.end())
+      return absl::NotFoundError(absl::StrCat("unknown peer ", peer));
+    target = p->second;
+    for (const Segment& g : segments) {
+      if (g.length == 0) return InvalidArgument("a segment of 0 bytes");
+      auto m = target->regions.find(g.remote_region);
+      if (m == target->regions.end()) {
+        rest.push_back(g);
+        continue;
+      }
+      if (g.remote_offset > m->second.len ||
+          g.length > m->second.len - g.remote_offset) {
+        return InvalidArgument("segment [", g.remote_offset, ", +", g.length,
+                               ") outside remote region ", g.remote_region, " of ",
+                               m->second.len, " bytes");
+      }
+      const uint8_t* src = nullptr;
+      bool device = true;
+      size_t len = 0;
+      if (auto st = staged_.find(g.local_region); st != staged_.end()) {
+        src = st->second.device;
+        len = st->second.len;
+      } else if (auto pt = pass_through_.find(g.local_region);
+                 pt != pass_through_.end()) {
+        src = pt->second.base;
+        len = pt->second.len;
+        device = !pt->second.kind.is_host();
+      } else {
+        return InvalidArgument("unknown local region ", g.local_region);
+      }
+      if (g.local_offset > len || g.length > len - g.local_offset) {
+        return InvalidArgument("segment [", g.local_offset, ", +", g.length,
+                               ") outside local region ", g.local_region, " of ", len,
+                               " bytes");
+      }
+      (device ? d2d : h2d)
+          .push_back(
+              {m->second.base + g.remote_offset, src + g.local_offset, g.length});
+      bytes += g.length;
+      if (busy.empty() || busy.back() != g.local_region) busy.push_back(g.local_region);
+    }
+    // Checked whole: only now counted busy (DeregisterMemory refuses them).
+    for (RegionId r : busy) ++busy_[r];
+  }
+  const absl::Time start = absl::Now();
+  absl::Status copied;
+  if (!d2d.empty()) copied = target->copier->ToPeer(d2d);
+  if (copied.ok() && !h2d.empty()) copied = target->copier->ToDevice(h2d);
+  {
+    absl::MutexLock l(&mu_);
+    for (RegionId r : busy) {
+      if (--busy_[r] == 0) busy_.erase(r);
+    }
+    if (copied.ok()) {
+      stats_.bytes_direct += bytes;
+      stats_.copy_micros += absl::ToInt64Microseconds(absl::Now() - start);
+    }
+  }
+  if (!copied.ok()) {
+    return absl::Status(copied.code(),
+                        absl::StrCat("writing the KV into the peer's device memory: ",
+                                     copied.message()));
+  }
+  // The rest (often nothing: then an empty batch, which keeps Poll, Wait and
+  // the notification's ordering the inner agent's).
+  return PostStaged(peer, rest, std::move(on_done));
+}
+
 absl::StatusOr<BatchId> HostStagingAgent::PostRead(PeerId peer,
                                                    absl::Span<const Segment> segments,
                                                    CompletionCallback on_done) {
@@ -331,17 +527,31 @@ absl::StatusOr<BatchId> HostStagingAgent::PostRead(PeerId peer,
 
 absl::StatusOr<RegionId> HostStagingAgent::RegisterMemory(void* base, size_t len,
                                                           MemoryKind kind) {
-  return inner_->RegisterMemory(base, len, kind);
+  TANDEM_ASSIGN_OR_RETURN(RegionId id, inner_->RegisterMemory(base, len, kind));
+  absl::MutexLock l(&mu_);
+  pass_through_[id] = {static_cast<uint8_t*>(base), len, kind};
+  return id;
 }
 
 absl::StatusOr<Allocation> HostStagingAgent::AllocateMemory(size_t len) {
-  return inner_->AllocateMemory(len);
+  TANDEM_ASSIGN_OR_RETURN(Allocation a, inner_->AllocateMemory(len));
+  absl::MutexLock l(&mu_);
+  pass_through_[a.region] = {static_cast<uint8_t*>(a.base), len, MemoryKind::Host()};
+  return a;
 }
 
 absl::Status HostStagingAgent::DeregisterMemory(RegionId region) {
   absl::MutexLock l(&mu_);
   auto it = staged_.find(region);
-  if (it == staged_.end()) return inner_->DeregisterMemory(region);
+  if (it == staged_.end()) {
+    if (busy_.contains(region)) {
+      return FailedPrecondition("region ", region,
+                                " is being copied into a peer's device memory");
+    }
+    TANDEM_RETURN_IF_ERROR(inner_->DeregisterMemory(region));
+    pass_through_.erase(region);
+    return absl::OkStatus();
+  }
   if (busy_.contains(region)) {
     return FailedPrecondition("region ", region,
                               " is being staged (a copy to or from its device runs)");
@@ -352,6 +562,7 @@ absl::Status HostStagingAgent::DeregisterMemory(RegionId region) {
     if (cur->first.first == region) in_flight_.erase(cur);
   }
   munmap(it->second.shadow, it->second.mapped);
+  if (!it->second.ipc_handle.empty()) --stats_.exported_regions;
   --stats_.staged_regions;
   stats_.shadow_bytes -= it->second.len;
   staged_.erase(it);
@@ -364,12 +575,93 @@ size_t HostStagingAgent::NumRegisteredRegions() const {
 uint64_t HostStagingAgent::AgentId() const { return inner_->AgentId(); }
 absl::StatusOr<std::string> HostStagingAgent::LocalDescriptor(
     absl::string_view metadata) {
-  return inner_->LocalDescriptor(metadata);
+  TANDEM_ASSIGN_OR_RETURN(std::string inner, inner_->LocalDescriptor(metadata));
+  std::string ext;
+  uint64_t count = 0;
+  {
+    absl::MutexLock l(&mu_);
+    // In region order, so that equal registrations publish equal bytes.
+    // All or none: a peer that writes directly skips the shadows of every
+    // staged region, so one without a handle would miss its bytes.
+    std::vector<std::pair<RegionId, const Staged*>> published;
+    for (const auto& [id, st] : staged_) {
+      if (st.ipc_handle.empty()) {
+        published.clear();
+        break;
+      }
+      published.emplace_back(id, &st);
+    }
+    std::sort(published.begin(), published.end());
+    for (const auto& [id, st] : published) {
+      PutLe(&ext, id, 4);
+      PutLe(&ext, st->len, 8);
+      PutLe(&ext, st->ipc_handle.size(), 4);
+      ext += st->ipc_handle;
+      ++count;
+    }
+  }
+  if (count == 0) return inner;
+  TANDEM_ASSIGN_OR_RETURN(AgentDescriptor d, ParseDescriptor(inner));
+  std::string bytes;
+  PutLe(&bytes, count, 4);
+  bytes += ext;
+  d.extensions.push_back({kExtensionDeviceIpc, std::move(bytes)});
+  return SerializeDescriptor(d);
 }
+
 absl::StatusOr<PeerId> HostStagingAgent::Connect(absl::string_view peer_descriptor) {
-  return inner_->Connect(peer_descriptor);
+  // A peer that published device memory is written directly where all of it
+  // maps here (through the copier of one of this agent's staged regions).
+  std::shared_ptr<DirectPeer> direct;
+  absl::Status refused;
+  absl::StatusOr<AgentDescriptor> d = ParseDescriptor(peer_descriptor);
+  const DescriptorExtension* ext =
+      d.ok() ? d->FindExtension(kExtensionDeviceIpc) : nullptr;
+  if (ext != nullptr && options_.device_ipc) {
+    std::shared_ptr<StagingCopier> copier;
+    {
+      absl::MutexLock l(&mu_);
+      RegionId first = 0;
+      for (const auto& [id, st] : staged_) {
+        if (copier == nullptr || id < first) {
+          copier = st.copier;
+          first = id;
+        }
+      }
+    }
+    if (copier != nullptr) {
+      absl::StatusOr<std::shared_ptr<DirectPeer>> mapped = MapPeer(ext->bytes, copier);
+      if (mapped.ok()) {
+        direct = *std::move(mapped);
+      } else {
+        refused = absl::Status(
+            mapped.status().code(),
+            absl::StrCat(
+                "the peer's device memory cannot be mapped from ", copier->DeviceName(),
+                ", so its KV goes through host memory: ", mapped.status().message()));
+      }
+    }
+  }
+  TANDEM_ASSIGN_OR_RETURN(PeerId peer, inner_->Connect(peer_descriptor));
+  absl::MutexLock l(&mu_);
+  if (!refused.ok()) {
+    ++stats_.direct_refused_peers;
+    last_direct_refusal_ = refused;
+  }
+  // Connecting again to a peer already mapped keeps the first mapping.
+  if (direct != nullptr && !direct_.contains(peer)) direct_[peer] = std::move(direct);
+  return peer;
 }
+
 absl::Status HostStagingAgent::Disconnect(PeerId peer) {
+  std::shared_ptr<DirectPeer> direct;  // unmapped after the lock, when last
+  {
+    absl::MutexLock l(&mu_);
+    if (auto it = direct_.find(peer); it != direct_.end()) {
+      direct = std::move(it->second);
+      direct_.erase(it);
+    }
+  }
   return inner_->Disconnect(peer);
 }
 size_t HostStagingAgent::NumPeers() const { return inner_->NumPeers(); }
@@ -382,13 +674,21 @@ absl::Status HostStagingAgent::Wait(BatchId batch, absl::Time deadline) {
 absl::Status HostStagingAgent::Cancel(BatchId batch) { return inner_->Cancel(batch); }
 absl::Status HostStagingAgent::Notify(PeerId peer, absl::string_view request_id,
                                       absl::string_view payload, absl::Time deadline) {
+  if (IsDirect(peer)) {
+    return inner_->Notify(peer, request_id, absl::StrCat(kDirectMark, payload),
+                          deadline);
+  }
   return inner_->Notify(peer, request_id, payload, deadline);
 }
 void HostStagingAgent::SetNotificationCallback(NotificationCallback callback) {
-  inner_->SetNotificationCallback(std::move(callback));
+  if (callback == nullptr) return inner_->SetNotificationCallback(nullptr);
+  inner_->SetNotificationCallback(
+      [callback = std::move(callback)](const Notification& n) { callback(Unmark(n)); });
 }
 std::vector<Notification> HostStagingAgent::PollNotifications() {
-  return inner_->PollNotifications();
+  std::vector<Notification> out = inner_->PollNotifications();
+  for (Notification& n : out) n = Unmark(std::move(n));
+  return out;
 }
 std::string HostStagingAgent::Transport(PeerId peer) { return inner_->Transport(peer); }
 

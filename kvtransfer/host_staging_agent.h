@@ -21,6 +21,22 @@
 //             the pages wholly inside those ranges are given back (a page that
 //             also holds another request's bytes stays: they may be landing).
 //
+// Device to device between processes of one host (IPC). Where the copier can
+// share device memory (StagingCopier::ExportIpc: CUDA IPC; the emulator's
+// memfd mapping), each staged region's device memory is also published in the
+// descriptor (extension kExtensionDeviceIpc: region id, length, handle). A
+// sender whose Connect can map every one of a peer's published regions
+// (OpenIpc: same host, a GPU that reaches the peer's) writes into them
+// directly: device -> peer device (StagingCopier::ToPeer), or host -> peer
+// device for a host region, enqueued together and waited for once before
+// PostWrite returns; the inner agent then carries only the ordering (an empty
+// batch) and the notification. The notification is marked, and the receiver's
+// agent hands it on with Notification::on_device set: its owner skips StageIn
+// for that request (the shadow never saw its bytes). A peer with nothing
+// published, on another host, or whose regions cannot all be mapped is staged
+// as above: a peer is direct for every write or for none, so a request never
+// lands half in the shadow.
+//
 // Regions registered with RegisterMemory / AllocateMemory pass through
 // untouched, as does everything else (descriptors, connections, waits,
 // notifications): over host memory this agent is its inner agent.
@@ -52,6 +68,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "kvtransfer/plan.h"
@@ -88,10 +106,34 @@ class StagingCopier {
   virtual absl::Status ToDevice(absl::Span<const StagingCopy> copies) = 0;
   // The device, for messages ("cuda:0").
   virtual std::string DeviceName() const = 0;
+
+  // Device memory shared between processes of one host (IPC); UNIMPLEMENTED
+  // where the device has none. A handle (opaque bytes) for [device_base, +len)
+  // of this device's memory, which another process's copier maps (OpenIpc)
+  // into its own device's address space until CloseIpc. Copies into a mapping:
+  // ToPeer from this device's memory, ToDevice from the host.
+  virtual absl::StatusOr<std::string> ExportIpc(const void* device_base, size_t len) {
+    return absl::UnimplementedError(
+        absl::StrCat(DeviceName(), " shares no device memory between processes"));
+  }
+  virtual absl::StatusOr<void*> OpenIpc(absl::string_view handle) {
+    return absl::UnimplementedError(
+        absl::StrCat(DeviceName(), " shares no device memory between processes"));
+  }
+  virtual void CloseIpc(void* mapped) {}
+  // Device -> device copies (dst may be an OpenIpc mapping), as ToHost.
+  virtual absl::Status ToPeer(absl::Span<const StagingCopy> copies) {
+    return absl::UnimplementedError(
+        absl::StrCat(DeviceName(), " shares no device memory between processes"));
+  }
 };
 
 struct HostStagingOptions {
   KvBuffer buffer = KvBuffer::kAuto;  // what the worker's RegisterCache does
+  // Publish staged regions' device memory for IPC and write straight into a
+  // peer's where it can be mapped (above). Off: every byte goes through the
+  // shadows.
+  bool device_ipc = true;
   // Give shadow pages back once their bytes reached the peer / the device
   // (set_release_pages changes it later). Off, a shadow keeps the pages that
   // bytes once went through: faster (no fault on the next transfer through
@@ -106,6 +148,13 @@ struct HostStagingStats {
   uint64_t pages_released = 0;   // pages given back (MADV_DONTNEED)
   size_t staged_regions = 0;
   uint64_t shadow_bytes = 0;  // the staged regions' size (address space)
+  // Device to device between processes (IPC): bytes written straight into
+  // peers' device memory, staged regions published, peers written directly,
+  // peers that published regions this agent could not map (staged instead).
+  uint64_t bytes_direct = 0;
+  size_t exported_regions = 0;
+  size_t direct_peers = 0;
+  uint64_t direct_refused_peers = 0;
 };
 
 class HostStagingAgent final : public TransferAgent {
@@ -131,6 +180,14 @@ class HostStagingAgent final : public TransferAgent {
   absl::StatusOr<RegionId> RegisterStaged(void* device_base, size_t len,
                                           std::shared_ptr<StagingCopier> copier);
   bool IsStaged(RegionId region) const;
+  // True when writes to `peer` go straight into its device memory (IPC).
+  bool IsDirect(PeerId peer) const;
+  // OK when every staged region's device memory is published for IPC (or
+  // device_ipc is off, or nothing is staged); else why the first was not.
+  absl::Status ipc_export_status() const;
+  // Why the last peer that published device memory is staged instead (OK:
+  // none was refused).
+  absl::Status last_direct_refusal() const;
   // Receiver: copies `ranges` (of staged regions) shadow -> device and gives
   // back the pages wholly inside them. INVALID_ARGUMENT for a range outside a
   // staged region (nothing is copied then); the copier's error otherwise.
@@ -173,7 +230,40 @@ class HostStagingAgent final : public TransferAgent {
     size_t len = 0;
     size_t mapped = 0;  // len rounded up to the page size
     std::shared_ptr<StagingCopier> copier;
+    std::string ipc_handle;  // ExportIpc's, empty when not published
   };
+  // A region registered through (RegisterMemory / AllocateMemory): what a
+  // direct write reads it as.
+  struct PassThrough {
+    uint8_t* base = nullptr;
+    size_t len = 0;
+    MemoryKind kind;
+  };
+  // A peer written directly: its published regions mapped through `copier`,
+  // closed again when the last holder lets go (Disconnect while a PostWrite
+  // copies keeps them until it returns).
+  struct DirectPeer {
+    struct Mapped {
+      uint8_t* base = nullptr;
+      uint64_t len = 0;
+    };
+    std::shared_ptr<StagingCopier> copier;
+    absl::flat_hash_map<RegionId, Mapped> regions;
+    DirectPeer() = default;
+    DirectPeer(const DirectPeer&) = delete;
+    DirectPeer& operator=(const DirectPeer&) = delete;
+    ~DirectPeer();
+  };
+  // Maps every region of a peer's kExtensionDeviceIpc extension through
+  // `copier`; the error of the first that fails (nothing stays mapped then).
+  static absl::StatusOr<std::shared_ptr<DirectPeer>> MapPeer(
+      absl::string_view extension, std::shared_ptr<StagingCopier> copier);
+  // PostWrite to a direct peer; to any other (staged local regions copied to
+  // their shadows first).
+  absl::StatusOr<BatchId> PostDirect(PeerId peer, absl::Span<const Segment> segments,
+                                     CompletionCallback on_done);
+  absl::StatusOr<BatchId> PostStaged(PeerId peer, absl::Span<const Segment> segments,
+                                     CompletionCallback on_done);
   // (region, granule index) of a sender's batch in flight.
   using GranuleKey = std::pair<RegionId, uint64_t>;
 
@@ -199,6 +289,10 @@ class HostStagingAgent final : public TransferAgent {
   absl::flat_hash_map<RegionId, Staged> staged_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<GranuleKey, int> in_flight_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<RegionId, int> busy_ ABSL_GUARDED_BY(mu_);  // copies running
+  absl::flat_hash_map<RegionId, PassThrough> pass_through_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<PeerId, std::shared_ptr<DirectPeer>> direct_ ABSL_GUARDED_BY(mu_);
+  absl::Status last_direct_refusal_ ABSL_GUARDED_BY(mu_);
+  absl::Status export_status_ ABSL_GUARDED_BY(mu_);
   HostStagingStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -9,13 +9,16 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/status.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/descriptor.h"
 #include "kvtransfer/loopback_agent.h"
@@ -66,6 +69,65 @@ class FakeDevice : public StagingCopier {
     return b >= mem_.data() && b + n <= mem_.data() + mem_.size();
   }
   std::vector<uint8_t> mem_;
+};
+
+// A device that shares its memory between "processes" (IPC): here both agents
+// live in one process, so a handle is the address and opening it returns the
+// same memory (a real device maps it at another address). Opens and closes are
+// counted; opening can be told to fail (another host, no peer access).
+class FakeIpcDevice : public FakeDevice {
+ public:
+  using FakeDevice::FakeDevice;
+  absl::StatusOr<std::string> ExportIpc(const void* base, size_t len) override {
+    if (!export_) return absl::InvalidArgumentError("not a shareable allocation");
+    return absl::StrCat("fake-ipc:", reinterpret_cast<uintptr_t>(base), ":", len);
+  }
+  absl::StatusOr<void*> OpenIpc(absl::string_view handle) override {
+    if (!open_) return absl::FailedPreconditionError("exported on another host");
+    uintptr_t p = 0;
+    size_t len = 0;
+    if (std::sscanf(std::string(handle).c_str(), "fake-ipc:%zu:%zu", &p, &len) != 2) {
+      return absl::InvalidArgumentError("bad handle");
+    }
+    ++opened_;
+    absl::MutexLock l(&mu_);
+    mapped_.push_back({reinterpret_cast<uint8_t*>(p), len});
+    return reinterpret_cast<void*>(p);
+  }
+  // Host -> a mapping of the peer's memory, or -> this device's.
+  absl::Status ToDevice(absl::Span<const StagingCopy> copies) override {
+    bool all_mapped = true;
+    {
+      absl::MutexLock l(&mu_);
+      for (const StagingCopy& c : copies) {
+        bool in = false;
+        for (const auto& [base, len] : mapped_) {
+          const auto* d = static_cast<const uint8_t*>(c.dst);
+          in = in || (d >= base && d + c.bytes <= base + len);
+        }
+        all_mapped = all_mapped && in;
+      }
+    }
+    if (!all_mapped) return FakeDevice::ToDevice(copies);
+    for (const StagingCopy& c : copies) std::memcpy(c.dst, c.src, c.bytes);
+    to_peer_host_ += copies.size();
+    return absl::OkStatus();
+  }
+  void CloseIpc(void* mapped) override { ++closed_; }
+  absl::Status ToPeer(absl::Span<const StagingCopy> copies) override {
+    if (fail_) return absl::InternalError("device lost");
+    for (const StagingCopy& c : copies) {
+      std::memcpy(c.dst, c.src, c.bytes);
+      to_peer_ += c.bytes;
+    }
+    ++peer_batches_;
+    return absl::OkStatus();
+  }
+  bool export_ = true, open_ = true;
+  std::atomic<int> opened_{0}, closed_{0}, peer_batches_{0}, to_peer_host_{0};
+  absl::Mutex mu_;
+  std::vector<std::pair<uint8_t*, size_t>> mapped_;
+  std::atomic<uint64_t> to_peer_{0};
 };
 
 // Resident pages of [p, p + n) (page-aligned p).
@@ -147,7 +209,8 @@ TEST_F(HostStagingTest, DeviceBytesLandOnTheReceiversDeviceAfterStageIn) {
   // Unaligned pieces, one crossing granules, landing elsewhere than they start.
   const std::vector<Segment> segs = {Seg(13, 100, 777), Seg(70000, 200000, 300001),
                                      Seg(kBytes - 5, 0, 5)};
-  ASSERT_TRUE(Send(segs).ok());
+  const absl::Status sent = Send(segs);
+  ASSERT_TRUE(sent.ok()) << sent.ToString();
   uint64_t total = 0;
   for (const Segment& s : segs) total += s.length;
   EXPECT_EQ(src_->to_host_.load(), total);
@@ -306,6 +369,170 @@ TEST_F(HostStagingTest, HostRegionsPassThroughAndStagedOnesDeregister) {
   EXPECT_EQ(sender_->NumRegisteredRegions(), before - 1);
   EXPECT_FALSE(sender_->IsStaged(src_region_));
   EXPECT_EQ(sender_->stats().staged_regions, 0u);
+}
+
+// Device to device between processes (IPC): both devices share their memory.
+class DirectTest : public ::testing::Test {
+ protected:
+  void Start(HostStagingOptions options = {}, bool receiver_exports = true,
+             bool sender_opens = true) {
+    sender_ =
+        std::make_unique<HostStagingAgent>(std::make_unique<LoopbackAgent>(), options);
+    receiver_ =
+        std::make_unique<HostStagingAgent>(std::make_unique<LoopbackAgent>(), options);
+    src_ = std::make_shared<FakeIpcDevice>(kBytes, 0);
+    std::mt19937 rng(11);
+    for (size_t i = 0; i < kBytes; ++i) src_->data()[i] = static_cast<uint8_t>(rng());
+    dst_ = std::make_shared<FakeIpcDevice>(kBytes, 0xEE);
+    dst_->export_ = receiver_exports;
+    src_->open_ = sender_opens;
+    src_region_ = *sender_->RegisterStaged(src_->data(), kBytes, src_);
+    dst_region_ = *receiver_->RegisterStaged(dst_->data(), kBytes, dst_);
+    receiver_->SetNotificationCallback([this](const Notification& n) {
+      absl::MutexLock l(&mu_);
+      notes_.push_back(n);
+    });
+    peer_ = *sender_->Connect(*receiver_->LocalDescriptor("meta"));
+  }
+  absl::Status Send(const std::vector<Segment>& segs) {
+    absl::StatusOr<BatchId> b = sender_->PostWrite(peer_, segs, nullptr);
+    if (!b.ok()) return b.status();
+    TANDEM_RETURN_IF_ERROR(sender_->Wait(*b, absl::Now() + absl::Seconds(10)));
+    return sender_->Notify(peer_, "req", "token-7", absl::Now() + absl::Seconds(10));
+  }
+  Segment Seg(uint64_t src_off, uint64_t dst_off, uint64_t len) {
+    return Segment{src_region_, src_off, dst_region_, dst_off, len};
+  }
+  std::vector<Notification> Notes() {
+    absl::MutexLock l(&mu_);
+    return notes_;
+  }
+
+  std::unique_ptr<HostStagingAgent> sender_, receiver_;
+  std::shared_ptr<FakeIpcDevice> src_, dst_;
+  RegionId src_region_ = 0, dst_region_ = 0;
+  PeerId peer_ = 0;
+  absl::Mutex mu_;
+  std::vector<Notification> notes_;
+};
+
+// A receiver that shares its device memory publishes it; a sender that maps it
+// writes device to device, in one copier call, and nothing passes through
+// either shadow; the notification is handed on marked on_device with the
+// payload as sent.
+TEST_F(DirectTest, WritesGoDeviceToDeviceAndTheNotificationSaysSo) {
+  Start();
+  auto d = ParseDescriptor(*receiver_->LocalDescriptor("meta"));
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_NE(d->FindExtension(kExtensionDeviceIpc), nullptr);
+  EXPECT_EQ(d->metadata, "meta");
+  EXPECT_TRUE(sender_->IsDirect(peer_));
+  EXPECT_EQ(src_->opened_, 1);
+  const std::vector<Segment> segs = {Seg(0, 1 << 20, 65536), Seg(3 << 20, 5, 4099),
+                                     Seg(100, 2 << 20, 1)};
+  const absl::Status sent = Send(segs);
+  ASSERT_TRUE(sent.ok()) << sent.ToString();
+  for (const Segment& g : segs) {
+    EXPECT_EQ(std::memcmp(dst_->data() + g.remote_offset, src_->data() + g.local_offset,
+                          g.length),
+              0);
+  }
+  EXPECT_EQ(dst_->data()[0], 0xEE);  // untouched elsewhere
+  EXPECT_EQ(src_->peer_batches_, 1);
+  EXPECT_EQ(src_->to_peer_, 65536u + 4099u + 1u);
+  EXPECT_EQ(src_->to_host_, 0u);
+  const HostStagingStats st = sender_->stats();
+  EXPECT_EQ(st.bytes_direct, 65536u + 4099u + 1u);
+  EXPECT_EQ(st.bytes_to_host, 0u);
+  EXPECT_EQ(st.direct_peers, 1u);
+  EXPECT_EQ(receiver_->stats().exported_regions, 1u);
+  EXPECT_EQ(Resident(ShadowOf(*receiver_, dst_region_), kBytes), 0u);
+  const std::vector<Notification> notes = Notes();
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_EQ(notes[0].request_id, "req");
+  EXPECT_EQ(notes[0].payload, "token-7");
+  EXPECT_TRUE(notes[0].on_device);
+  // Disconnecting closes the mappings.
+  ASSERT_TRUE(sender_->Disconnect(peer_).ok());
+  EXPECT_EQ(src_->closed_, 1);
+  EXPECT_FALSE(sender_->IsDirect(peer_));
+}
+
+// A peer whose memory this side cannot map (another host, no peer access) is
+// staged as before, and says why; its notification is not marked.
+TEST_F(DirectTest, APeerThatCannotBeMappedIsStaged) {
+  Start({}, /*receiver_exports=*/true, /*sender_opens=*/false);
+  EXPECT_FALSE(sender_->IsDirect(peer_));
+  EXPECT_EQ(sender_->stats().direct_refused_peers, 1u);
+  EXPECT_NE(sender_->last_direct_refusal().message().find("another host"),
+            std::string::npos)
+      << sender_->last_direct_refusal();
+  ASSERT_TRUE(Send({Seg(0, 0, 8192)}).ok());
+  EXPECT_EQ(src_->to_host_, 8192u);
+  EXPECT_EQ(src_->to_peer_, 0u);
+  EXPECT_EQ(dst_->data()[0], 0xEE);  // in the shadow until StageIn
+  ASSERT_TRUE(receiver_->StageIn({{dst_region_, 0, 8192}}).ok());
+  EXPECT_EQ(std::memcmp(dst_->data(), src_->data(), 8192), 0);
+  const std::vector<Notification> notes = Notes();
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_FALSE(notes[0].on_device);
+  EXPECT_EQ(notes[0].payload, "token-7");
+}
+
+// Nothing is published with device_ipc off, nor when a staged region cannot
+// be shared (a direct writer would skip that region's shadow).
+TEST_F(DirectTest, PublishedOnlyWhenOnAndForEveryStagedRegion) {
+  HostStagingOptions off;
+  off.device_ipc = false;
+  Start(off);
+  EXPECT_EQ(ParseDescriptor(*receiver_->LocalDescriptor(""))->extensions.size(), 0u);
+  EXPECT_FALSE(sender_->IsDirect(peer_));
+  Start({}, /*receiver_exports=*/false);
+  EXPECT_EQ(ParseDescriptor(*receiver_->LocalDescriptor(""))->extensions.size(), 0u);
+  EXPECT_NE(receiver_->ipc_export_status().message().find("not a shareable"),
+            std::string::npos)
+      << receiver_->ipc_export_status();
+  EXPECT_FALSE(sender_->IsDirect(peer_));
+  // One region shared, a second not: none published.
+  Start();
+  auto other = std::make_shared<FakeIpcDevice>(4096, 0);
+  other->export_ = false;
+  ASSERT_TRUE(receiver_->RegisterStaged(other->data(), 4096, other).ok());
+  EXPECT_EQ(ParseDescriptor(*receiver_->LocalDescriptor(""))->extensions.size(), 0u);
+}
+
+// Bad segments are refused before anything is copied; a copier failure fails
+// the post and leaves the regions free to deregister; a host region is copied
+// host to device.
+TEST_F(DirectTest, BadSegmentsAndFailuresLeaveNothingBehind) {
+  Start();
+  auto post = [&](const Segment& g) {
+    return sender_->PostWrite(peer_, std::vector<Segment>{g}, nullptr);
+  };
+  EXPECT_EQ(post(Seg(0, kBytes - 10, 11)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(post(Seg(kBytes - 10, 0, 11)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(post(Segment{99, 0, dst_region_, 0, 1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(post(Seg(0, 0, 0)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(src_->to_peer_, 0u);
+  src_->fail_ = true;
+  absl::StatusOr<BatchId> b = post(Seg(0, 0, 64));
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kInternal) << b.status();
+  EXPECT_NE(b.status().message().find("peer's device memory"), std::string::npos);
+  src_->fail_ = false;
+  std::vector<uint8_t> host(4096, 0x5A);
+  absl::StatusOr<RegionId> h = sender_->RegisterMemory(host.data(), host.size());
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE(Send({{*h, 0, dst_region_, 100, 4096}}).ok());
+  EXPECT_EQ(src_->to_peer_host_, 1);
+  EXPECT_EQ(dst_->data()[100], 0x5A);
+  EXPECT_EQ(dst_->data()[4195], 0x5A);
+  EXPECT_TRUE(sender_->DeregisterMemory(*h).ok());
+  EXPECT_TRUE(sender_->DeregisterMemory(src_region_).ok());
+  sender_.reset();  // closes the peer's mappings
+  EXPECT_EQ(src_->closed_, src_->opened_);
 }
 
 }  // namespace

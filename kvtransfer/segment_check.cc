@@ -14,7 +14,6 @@ bool Inside(uint64_t offset, uint64_t length, uint64_t region_length) {
 absl::Status CheckSegments(absl::Span<const Segment> segments,
                            const LocalRegionLength& local,
                            const AgentDescriptor& remote) {
-  if (segments.empty()) return absl::InvalidArgumentError("empty batch: no segments");
   for (size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
     if (s.length == 0)

@@ -16,8 +16,9 @@ namespace tandem::kvtransfer {
 // Length of the local region `id`, or 0 when it is not registered.
 using LocalRegionLength = std::function<uint64_t(RegionId id)>;
 
-// INVALID_ARGUMENT naming the first bad segment (empty batch, zero length,
-// unknown region, or [offset, offset + length) outside the region on either side).
+// INVALID_ARGUMENT naming the first bad segment (zero length, unknown region,
+// or [offset, offset + length) outside the region on either side). No segments
+// at all is a valid batch (it only fences).
 absl::Status CheckSegments(absl::Span<const Segment> segments,
                            const LocalRegionLength& local,
                            const AgentDescriptor& remote);

@@ -94,6 +94,9 @@ struct Notification {
   uint64_t sender_agent_id = 0;
   std::string request_id;
   std::string payload;
+  // The sender wrote the state straight into this agent's device memory (the
+  // host staging's device IPC, host_staging_agent.h): nothing to stage in.
+  bool on_device = false;
 };
 
 // Called once when a batch ends (OK or with its error), on the agent's progress
@@ -154,7 +157,10 @@ class TransferAgent {
   // Posts all `segments` as one batch: local → remote (write) or remote → local
   // (read). Every segment is checked against the local registration and the
   // peer's descriptor before anything moves (INVALID_ARGUMENT otherwise). The
-  // batch is complete when all bytes are visible at the destination.
+  // batch is complete when all bytes are visible at the destination. A batch
+  // without segments moves nothing and completes after a fence towards the
+  // peer (the host staging posts one after writing a peer's device memory
+  // itself, so that Poll, Wait and the callback stay the inner agent's).
   virtual absl::StatusOr<BatchId> PostWrite(PeerId peer,
                                             absl::Span<const Segment> segments,
                                             CompletionCallback on_done = nullptr) = 0;
