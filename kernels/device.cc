@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -16,6 +17,11 @@ namespace tandem::kernels {
 namespace {
 
 constexpr size_t kAlignment = 256;
+
+absl::Status NoShareableMemory(const Device& device) {
+  return absl::UnimplementedError(
+      absl::StrCat(device.name(), " has no device memory shareable between processes"));
+}
 
 // Host memory has no queue: work runs when it is called.
 class HostStream final : public Stream {
@@ -129,6 +135,18 @@ class HostDevice final : public Device {
 };
 
 }  // namespace
+
+// No shareable memory unless a device has it (the host device has none).
+absl::StatusOr<void*> Device::AllocateShareable(size_t) {
+  return NoShareableMemory(*this);
+}
+absl::StatusOr<std::string> Device::ExportShareable(const void*, size_t) {
+  return NoShareableMemory(*this);
+}
+absl::StatusOr<void*> Device::OpenShared(absl::string_view) {
+  return NoShareableMemory(*this);
+}
+void Device::CloseShared(void*) {}
 
 std::unique_ptr<Device> CreateHostDevice() { return std::make_unique<HostDevice>(); }
 

@@ -2,17 +2,18 @@
 //
 // Every pointer handed to a kernels::Backend op is memory of that backend's
 // Device (the CPU backends: host memory; "cuda": GPU memory from cudaMallocAsync
-// pools, never managed memory; "cuda_sim": host memory that the emulated device
-// tracks, so that a host pointer passed by mistake is caught). Only scalars in
-// op arguments are host values. Ops are enqueued on the device's compute stream
-// in call order; results are visible to the host after Synchronize() (or a
-// CopyToHost, which synchronises).
+// pools, or cudaMalloc for shareable memory, never managed memory; "cuda_sim":
+// host memory that the emulated device tracks, so that a host pointer passed by
+// mistake is caught). Only scalars in op arguments are host values. Ops are
+// enqueued on the device's compute stream in call order; results are visible to
+// the host after Synchronize() (or a CopyToHost, which synchronises).
 #ifndef TANDEM_KERNELS_DEVICE_H_
 #define TANDEM_KERNELS_DEVICE_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -97,6 +98,33 @@ class Device {
   // cudaPointerGetAttributes for the device, not the range).
   virtual bool Owns(const void* p, size_t bytes) const = 0;
   virtual DeviceMemoryInfo MemoryInfo() const = 0;
+
+  // Shareable memory moves data device to device between two processes of one
+  // host (a prefill and a decode worker's KV cache): the owner allocates it and
+  // exports a range; the other process opens the handle and copies into or out
+  // of the mapping with ordinary device copies. Ordering between the two
+  // processes' work is the callers' (the memory carries no events).
+  //
+  // Device memory another process of this host can map (OpenShared): CUDA IPC
+  // (cudaMalloc'd; the emulator: a memfd). Freed by Free(); a process that still
+  // has it open must not use it after. Counted in MemoryInfo like Allocate.
+  // UNIMPLEMENTED on devices without it (the host device).
+  virtual absl::StatusOr<void*> AllocateShareable(size_t bytes);
+  // A handle for [p, p + bytes) inside one live shareable allocation of this
+  // device: opaque bytes (at most 256) that a process of the same host passes
+  // to OpenShared. INVALID_ARGUMENT when the range is not inside one.
+  virtual absl::StatusOr<std::string> ExportShareable(const void* p, size_t bytes);
+  // Maps a range another process exported into this device's address space and
+  // returns its start: this device's memory for copies (CopyOnDevice's dst and
+  // src; Owns() true) until CloseShared. FAILED_PRECONDITION saying why when it
+  // cannot: another host (the handle carries /proc/sys/kernel/random/boot_id),
+  // this same process (CUDA refuses its own handles), the exporter gone, the GPU
+  // not reachable from this one; INVALID_ARGUMENT for malformed bytes. Mappings
+  // do not count in MemoryInfo.
+  virtual absl::StatusOr<void*> OpenShared(absl::string_view handle);
+  // Unmaps what OpenShared returned, once the copies using it have run (their
+  // streams synchronised).
+  virtual void CloseShared(void* mapped);  // nullptr: no-op
 
   // The stream every backend op runs on.
   virtual Stream& compute_stream() = 0;

@@ -1,23 +1,57 @@
 #include "kernels/cuda/cuda_device.h"
 
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <iterator>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/cuda/shareable_handle.h"
 
 namespace tandem::kernels::cuda {
 namespace {
 
 constexpr size_t kAlignment = 256;
+// Shareable allocations are rounded to the driver's granularity for IPC memory.
+constexpr size_t kShareableGranularity = size_t{2} << 20;  // 2 MiB
+
+// What a "cuda" handle carries beyond the common header (shareable_handle.h):
+// the driver's IPC handle of the allocation and the exporting GPU's identity
+// (its UUID and PCI location; ordinals differ between processes).
+struct CudaShareablePayload {
+  cudaIpcMemHandle_t ipc;
+  unsigned char uuid[16];
+  int32_t pci_domain;
+  int32_t pci_bus;
+  int32_t pci_device;
+};
+static_assert(sizeof(cudaIpcMemHandle_t) == 64);
+static_assert(sizeof(CudaShareablePayload) == 64 + 16 + 12);
+static_assert(kShareableHandleHeaderBytes + sizeof(CudaShareablePayload) <=
+              kMaxShareableHandleBytes);
+
+// "GPU-<uuid> (PCI 0000:3b:00)".
+std::string GpuIdentity(const CudaShareablePayload& p) {
+  std::string uuid;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) uuid += '-';
+    absl::StrAppendFormat(&uuid, "%02x", p.uuid[i]);
+  }
+  return absl::StrFormat("GPU-%s (PCI %04x:%02x:%02x)", uuid, p.pci_domain, p.pci_bus,
+                         p.pci_device);
+}
 
 absl::Status CudaError(cudaError_t e, absl::string_view what) {
   if (e == cudaSuccess) return absl::OkStatus();
@@ -164,8 +198,16 @@ class CudaDevice final : public Device {
       absl::MutexLock lock(&mu_);
       for (auto& [p, bytes] : sizes_) cudaFreeAsync(p, compute_.get());
       sizes_.clear();
+      for (auto& [base, m] : mappings_) cudaIpcCloseMemHandle(m.base);
+      mappings_.clear();
+      opened_.clear();
     }
     cudaStreamSynchronize(compute_.get());
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [start, sh] : shareable_) cudaFree(reinterpret_cast<void*>(start));
+      shareable_.clear();
+    }
     cudaMemPoolDestroy(pool_);
   }
 
@@ -200,6 +242,7 @@ class CudaDevice final : public Device {
 
   void Free(void* p) override {
     if (p == nullptr) return;
+    if (FreeShareable(p)) return;
     {
       absl::MutexLock lock(&mu_);
       auto it = sizes_.find(p);
@@ -227,6 +270,17 @@ class CudaDevice final : public Device {
 
   bool Owns(const void* p, size_t) const override {
     if (p == nullptr) return false;
+    {
+      // Another process's memory mapped here (OpenShared): its attributes may
+      // name the GPU it lives on, a peer of this one.
+      absl::MutexLock lock(&mu_);
+      const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+      auto it = mappings_.upper_bound(a);
+      if (it != mappings_.begin() &&
+          a - std::prev(it)->first < std::prev(it)->second.bytes) {
+        return true;
+      }
+    }
     cudaPointerAttributes attr;
     if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
       cudaGetLastError();
@@ -250,6 +304,139 @@ class CudaDevice final : public Device {
     absl::MutexLock lock(&mu_);
     info.allocated_bytes = allocated_;
     return info;
+  }
+
+  // cudaMalloc (legacy IPC maps only cudaMalloc'd memory, not pool memory),
+  // rounded to 2 MiB.
+  absl::StatusOr<void*> AllocateShareable(size_t bytes) override {
+    const size_t rounded = (std::max<size_t>(bytes, 1) + kShareableGranularity - 1) /
+                           kShareableGranularity * kShareableGranularity;
+    cudaSetDevice(ordinal_);
+    // cudaMalloc is not allowed in a capture (this thread's; it would invalidate it).
+    if (IsCapturing(compute_.get())) return NotDuringCapture("AllocateShareable");
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, rounded);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it
+      const DeviceMemoryInfo info = MemoryInfo();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          name_, ": cannot allocate ", bytes, " shareable bytes (", info.free_bytes,
+          " of ", info.total_bytes, " bytes free): ", cudaGetErrorString(e)));
+    }
+    absl::MutexLock lock(&mu_);
+    shareable_[reinterpret_cast<uintptr_t>(p)] = Shareable{bytes, rounded};
+    allocated_ += static_cast<int64_t>(bytes);
+    return p;
+  }
+
+  absl::StatusOr<std::string> ExportShareable(const void* p, size_t bytes) override {
+    ShareableHandle h;
+    h.kind = ShareableKind::kCuda;
+    void* base = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+      auto it = shareable_.upper_bound(a);
+      if (p == nullptr || bytes == 0 || it == shareable_.begin() ||
+          a - std::prev(it)->first >= std::prev(it)->second.bytes ||
+          bytes > std::prev(it)->second.bytes - (a - std::prev(it)->first)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name_, ": ExportShareable [", absl::Hex(a), ", +", bytes,
+            ") is not a non-empty range inside one live shareable allocation"));
+      }
+      it = std::prev(it);
+      base = reinterpret_cast<void*>(it->first);
+      h.allocation_bytes = it->second.rounded;
+      h.offset = a - it->first;
+      h.length = bytes;
+    }
+    CudaShareablePayload payload = {};
+    cudaSetDevice(ordinal_);
+    const cudaError_t e = cudaIpcGetMemHandle(&payload.ipc, base);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return absl::InternalError(
+          absl::StrCat(name_, ": cudaIpcGetMemHandle: ", cudaGetErrorString(e)));
+    }
+    absl::Status st = Identity(&payload);
+    if (!st.ok()) return st;
+    absl::StatusOr<std::string> boot_id = HostBootId();
+    if (!boot_id.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(name_, ": ", boot_id.status().message()));
+    }
+    h.boot_id = *boot_id;
+    h.pid = static_cast<int32_t>(getpid());
+    h.payload.assign(reinterpret_cast<const char*>(&payload), sizeof payload);
+    return EncodeShareableHandle(h);
+  }
+
+  // cudaIpcOpenMemHandle maps the whole allocation, once per process: ranges of
+  // one allocation opened here share one mapping, closed with the last of them.
+  absl::StatusOr<void*> OpenShared(absl::string_view handle) override {
+    absl::StatusOr<ShareableHandle> h = DecodeShareableHandle(
+        handle, ShareableKind::kCuda, sizeof(CudaShareablePayload), name_);
+    if (!h.ok()) return h.status();
+    if (absl::Status st = CheckShareableOpenableHere(*h, name_); !st.ok()) return st;
+    CudaShareablePayload payload;
+    std::memcpy(&payload, h->payload.data(), sizeof payload);
+    const std::string key(reinterpret_cast<const char*>(&payload.ipc),
+                          sizeof payload.ipc);
+    absl::MutexLock lock(&mu_);
+    auto known = by_ipc_handle_.find(key);
+    uintptr_t base = 0;
+    if (known != by_ipc_handle_.end()) {
+      base = known->second;
+    } else {
+      void* mapped = nullptr;
+      cudaSetDevice(ordinal_);
+      const cudaError_t e =
+          cudaIpcOpenMemHandle(&mapped, payload.ipc, cudaIpcMemLazyEnablePeerAccess);
+      if (e != cudaSuccess) {
+        cudaGetLastError();  // not sticky: clear it
+        return absl::FailedPreconditionError(absl::StrCat(
+            name_, ": cannot open the shareable memory of process ", h->pid, " on ",
+            GpuIdentity(payload), ": ", cudaGetErrorName(e), " (",
+            cudaGetErrorString(e),
+            "); the exporter may have exited or freed it, or that GPU is not "
+            "reachable from this one (no peer access)"));
+      }
+      base = reinterpret_cast<uintptr_t>(mapped);
+      mappings_[base] =
+          Mapping{mapped, key, static_cast<size_t>(h->allocation_bytes), 0};
+      by_ipc_handle_[key] = base;
+    }
+    ++mappings_[base].refs;
+    void* start = reinterpret_cast<char*>(base) + h->offset;
+    ++opened_[start].refs;
+    opened_[start].base = base;
+    return start;
+  }
+
+  void CloseShared(void* mapped) override {
+    if (mapped == nullptr) return;
+    absl::MutexLock lock(&mu_);
+    auto it = opened_.find(mapped);
+    if (it == opened_.end()) {
+      std::fprintf(stderr,
+                   "%s: CloseShared(%p): not a mapping OpenShared returned (closed "
+                   "twice, or another pointer)\n",
+                   name_.c_str(), mapped);
+      std::abort();
+    }
+    const uintptr_t base = it->second.base;
+    if (--it->second.refs == 0) opened_.erase(it);
+    auto m = mappings_.find(base);
+    if (m == mappings_.end() || --m->second.refs > 0) return;
+    cudaSetDevice(ordinal_);
+    const cudaError_t e = cudaIpcCloseMemHandle(m->second.base);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      std::fprintf(stderr, "%s: cudaIpcCloseMemHandle(%p): %s\n", name_.c_str(),
+                   m->second.base, cudaGetErrorString(e));
+    }
+    by_ipc_handle_.erase(m->second.key);
+    mappings_.erase(m);
   }
 
   Stream& compute_stream() override { return compute_; }
@@ -316,6 +503,64 @@ class CudaDevice final : public Device {
     return static_cast<cudaStream_t>(s == nullptr ? compute_.native() : s->native());
   }
 
+  // True when `p` was a shareable allocation (now freed): cudaFree once the
+  // compute stream's work has run (as Free's cudaFreeAsync is ordered after it).
+  bool FreeShareable(void* p) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = shareable_.find(reinterpret_cast<uintptr_t>(p));
+      if (it == shareable_.end()) return false;
+      allocated_ -= static_cast<int64_t>(it->second.bytes);
+      shareable_.erase(it);
+    }
+    cudaSetDevice(ordinal_);
+    if (IsCapturing(compute_.get())) {
+      // As Free: a synchronous cudaFree is refused in capture and invalidates it,
+      // so the capture fails as it must.
+      std::fprintf(stderr, "%s: Free(%p) during stream capture: capture invalidated\n",
+                   name_.c_str(), p);
+      if (cudaFree(p) != cudaSuccess) cudaGetLastError();
+      return true;
+    }
+    cudaStreamSynchronize(compute_.get());
+    if (const cudaError_t e = cudaFree(p); e != cudaSuccess) {
+      cudaGetLastError();
+      std::fprintf(stderr, "%s: cudaFree(%p) of shareable memory: %s\n", name_.c_str(),
+                   p, cudaGetErrorString(e));
+    }
+    return true;
+  }
+
+  // This GPU's UUID and PCI location (what a handle says it was exported from).
+  absl::Status Identity(CudaShareablePayload* p) const {
+    cudaDeviceProp prop;
+    absl::Status st =
+        CudaError(cudaGetDeviceProperties(&prop, ordinal_), "get device properties");
+    if (!st.ok()) return st;
+    static_assert(sizeof prop.uuid == sizeof p->uuid);
+    std::memcpy(p->uuid, &prop.uuid, sizeof p->uuid);
+    p->pci_domain = prop.pciDomainID;
+    p->pci_bus = prop.pciBusID;
+    p->pci_device = prop.pciDeviceID;
+    return absl::OkStatus();
+  }
+
+  struct Shareable {
+    size_t bytes = 0;    // requested
+    size_t rounded = 0;  // cudaMalloc'd
+  };
+  // One cudaIpcOpenMemHandle of another process's allocation.
+  struct Mapping {
+    void* base = nullptr;
+    std::string key;   // the cudaIpcMemHandle_t's bytes
+    size_t bytes = 0;  // the allocation's size
+    int refs = 0;      // open ranges of it
+  };
+  struct Opened {
+    uintptr_t base = 0;  // its Mapping
+    int refs = 0;        // OpenShared calls that returned this pointer
+  };
+
   const int ordinal_;
   const std::string name_;
   cudaMemPool_t pool_;
@@ -323,6 +568,13 @@ class CudaDevice final : public Device {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<void*, size_t> sizes_ ABSL_GUARDED_BY(mu_);
   int64_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
+  // Shareable allocations by start (cudaMalloc'd; not in sizes_).
+  std::map<uintptr_t, Shareable> shareable_ ABSL_GUARDED_BY(mu_);
+  // Other processes' allocations mapped here, by mapped base and by IPC handle,
+  // and the pointers OpenShared returned.
+  std::map<uintptr_t, Mapping> mappings_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uintptr_t> by_ipc_handle_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<void*, Opened> opened_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -9,6 +9,10 @@
 // instantiates (cudaGraphInstantiate), Graph::Launch is cudaGraphLaunch. Allocate
 // and Free while the compute stream captures, and host copies on a capturing
 // stream, are errors (Free's invalidates the capture).
+// Shareable memory (Device::AllocateShareable): cudaMalloc'd, in 2 MiB units,
+// exported with cudaIpcGetMemHandle and opened with cudaIpcOpenMemHandle
+// (cudaIpcMemLazyEnablePeerAccess: another GPU of the host if peer access works);
+// ranges of one allocation opened in a process share one mapping.
 #ifndef TANDEM_KERNELS_CUDA_CUDA_DEVICE_H_
 #define TANDEM_KERNELS_CUDA_CUDA_DEVICE_H_
 

@@ -1,6 +1,12 @@
 #include "kernels/cuda/sim/sim_device.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/cuda/shareable_handle.h"
 #include "kernels/cuda/sim/simt.h"
 
 // Under ASan the bytes between an allocation's requested size and its 256-byte
@@ -42,6 +49,29 @@ constexpr size_t kAlignment = 256;
 
 size_t Rounded(size_t bytes) {
   return (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+}
+
+size_t PageRounded(size_t bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return (std::max<size_t>(bytes, 1) + page - 1) / page * page;
+}
+
+// What a cuda_sim handle carries beyond the common header (shareable_handle.h):
+// the exporter's memfd, by number (opened through /proc/<pid>/fd/<fd>) and by
+// identity (device and inode: a number reused by another file after a Free is
+// not the allocation).
+struct SimShareablePayload {
+  int32_t fd;
+  int32_t reserved;
+  uint64_t st_dev;
+  uint64_t st_ino;
+};
+static_assert(sizeof(SimShareablePayload) == 24);
+static_assert(kShareableHandleHeaderBytes + sizeof(SimShareablePayload) <=
+              kMaxShareableHandleBytes);
+
+std::string ErrnoText(int e) {
+  return absl::StrCat(std::strerror(e), " (errno ", e, ")");
 }
 
 // Replays the work one capture recorded (kernels/device.h Graph): each launch
@@ -131,9 +161,16 @@ class SimDevice final : public Device {
   ~SimDevice() override {
     absl::MutexLock lock(&mu_);
     for (auto& [start, bytes] : live_) {
+      auto sh = shareable_.find(start);
+      if (sh != shareable_.end()) {
+        munmap(reinterpret_cast<void*>(start), sh->second.mapped_bytes);
+        close(sh->second.fd);
+        continue;
+      }
       TANDEM_SIM_UNPOISON(reinterpret_cast<void*>(start), Rounded(bytes));
       std::free(reinterpret_cast<void*>(start));
     }
+    for (auto& [start, m] : opened_) munmap(m.base, m.mapped_bytes);
   }
 
   absl::string_view name() const override { return "cuda_sim"; }
@@ -173,6 +210,7 @@ class SimDevice final : public Device {
     if (p == nullptr) return;
     // The memory goes (a graph captured now could not use it); the capture fails.
     if (stream_.capturing()) (void)SimStream::CaptureViolation(&stream_, "Free");
+    Shareable shareable;
     {
       absl::MutexLock lock(&mu_);
       auto it = live_.find(reinterpret_cast<uintptr_t>(p));
@@ -184,26 +222,33 @@ class SimDevice final : public Device {
         std::abort();
       }
       const size_t rounded = Rounded(it->second);
-      TANDEM_SIM_UNPOISON(p, rounded);
       reserved_ -= static_cast<int64_t>(rounded);
       allocated_ -= static_cast<int64_t>(it->second);
       live_.erase(it);
+      auto sh = shareable_.find(reinterpret_cast<uintptr_t>(p));
+      if (sh != shareable_.end()) {
+        shareable = sh->second;
+        shareable_.erase(sh);
+      } else {
+        TANDEM_SIM_UNPOISON(p, rounded);
+      }
+    }
+    if (shareable.fd >= 0) {
+      // Another process's mapping of it stays valid (the memfd lives while mapped).
+      munmap(p, shareable.mapped_bytes);
+      close(shareable.fd);
+      return;
     }
     std::free(p);
   }
 
+  // Live allocations (shareable ones included) and the ranges OpenShared mapped.
   bool Owns(const void* p, size_t bytes) const override {
     if (p == nullptr) return false;
     const uintptr_t a = reinterpret_cast<uintptr_t>(p);
     absl::MutexLock lock(&mu_);
-    auto it = live_.upper_bound(a);
-    if (it == live_.begin()) return false;
-    it = std::prev(it);
-    // p inside [start, start + size) and p + bytes <= start + size (the requested
-    // size, not the rounded one).
-    const size_t off = a - it->first;
-    if (off >= std::max<size_t>(it->second, 1)) return false;
-    return bytes <= it->second - off;
+    if (InRange(live_, a, bytes, [](size_t size) { return size; })) return true;
+    return InRange(opened_, a, bytes, [](const Opened& m) { return m.length; });
   }
 
   DeviceMemoryInfo MemoryInfo() const override {
@@ -213,6 +258,132 @@ class SimDevice final : public Device {
     info.free_bytes = capacity_ - reserved_;
     info.allocated_bytes = allocated_;
     return info;
+  }
+
+  // A memfd mapped MAP_SHARED (zero-filled, committed). The fd stays open for
+  // the allocation's life: an opener maps it through /proc/<pid>/fd/<fd>.
+  absl::StatusOr<void*> AllocateShareable(size_t bytes) override {
+    const size_t rounded = Rounded(bytes);
+    if (stream_.capturing()) {
+      return SimStream::CaptureViolation(&stream_, "AllocateShareable on the device");
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (static_cast<int64_t>(rounded) > capacity_ - reserved_) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "cuda_sim: out of device memory allocating ", bytes, " shareable bytes (",
+            capacity_ - reserved_, " of ", capacity_, " bytes free)"));
+      }
+      reserved_ += static_cast<int64_t>(rounded);
+    }
+    absl::StatusOr<Shareable> sh = MapNewMemfd(bytes);
+    absl::MutexLock lock(&mu_);
+    if (!sh.ok()) {
+      reserved_ -= static_cast<int64_t>(rounded);
+      return sh.status();
+    }
+    const uintptr_t start = reinterpret_cast<uintptr_t>(sh->base);
+    live_[start] = bytes;
+    shareable_[start] = *sh;
+    allocated_ += static_cast<int64_t>(bytes);
+    return sh->base;
+  }
+
+  absl::StatusOr<std::string> ExportShareable(const void* p, size_t bytes) override {
+    ShareableHandle h;
+    h.kind = ShareableKind::kCudaSim;
+    SimShareablePayload payload = {};
+    {
+      absl::MutexLock lock(&mu_);
+      const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+      if (p == nullptr || bytes == 0 ||
+          !InRange(shareable_, a, bytes,
+                   [](const Shareable& sh) { return sh.bytes; })) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cuda_sim: ExportShareable [", absl::Hex(a), ", +", bytes,
+            ") is not a non-empty range inside one live shareable allocation"));
+      }
+      auto it = std::prev(shareable_.upper_bound(a));
+      const Shareable& sh = it->second;
+      h.allocation_bytes = sh.bytes;
+      h.offset = a - it->first;
+      h.length = bytes;
+      payload.fd = sh.fd;
+      payload.st_dev = sh.st_dev;
+      payload.st_ino = sh.st_ino;
+    }
+    absl::StatusOr<std::string> boot_id = HostBootId();
+    if (!boot_id.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cuda_sim: ", boot_id.status().message()));
+    }
+    h.boot_id = *boot_id;
+    h.pid = static_cast<int32_t>(getpid());
+    h.payload.assign(reinterpret_cast<const char*>(&payload), sizeof payload);
+    return EncodeShareableHandle(h);
+  }
+
+  absl::StatusOr<void*> OpenShared(absl::string_view handle) override {
+    absl::StatusOr<ShareableHandle> h = DecodeShareableHandle(
+        handle, ShareableKind::kCudaSim, sizeof(SimShareablePayload), name());
+    if (!h.ok()) return h.status();
+    if (absl::Status st = CheckShareableOpenableHere(*h, name()); !st.ok()) return st;
+    SimShareablePayload payload;
+    std::memcpy(&payload, h->payload.data(), sizeof payload);
+    const std::string path = absl::StrCat("/proc/", h->pid, "/fd/", payload.fd);
+    auto gone = [&](absl::string_view why) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cuda_sim: cannot open the shareable memory of process ", h->pid, " (", path,
+          "): ", why, "; the exporter has exited or freed it"));
+    };
+    const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return gone(ErrnoText(errno));
+    struct stat st = {};
+    if (fstat(fd, &st) != 0) {
+      const int e = errno;
+      close(fd);
+      return gone(ErrnoText(e));
+    }
+    const size_t mapped_bytes = PageRounded(h->allocation_bytes);
+    if (static_cast<uint64_t>(st.st_dev) != payload.st_dev ||
+        static_cast<uint64_t>(st.st_ino) != payload.st_ino ||
+        static_cast<uint64_t>(st.st_size) != mapped_bytes) {
+      close(fd);
+      return gone(absl::StrCat("the fd is another file now (inode ", st.st_ino, ", ",
+                               st.st_size, " bytes; the handle's: inode ",
+                               payload.st_ino, ", ", mapped_bytes, " bytes)"));
+    }
+    void* base = mmap(nullptr, mapped_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    const int map_errno = errno;
+    close(fd);  // the mapping keeps the memory
+    if (base == MAP_FAILED) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cuda_sim: cannot map ", mapped_bytes,
+                       " shared bytes: ", ErrnoText(map_errno)));
+    }
+    char* start = static_cast<char*>(base) + h->offset;
+    absl::MutexLock lock(&mu_);
+    opened_[reinterpret_cast<uintptr_t>(start)] = {base, mapped_bytes, h->length};
+    return start;
+  }
+
+  void CloseShared(void* mapped) override {
+    if (mapped == nullptr) return;
+    Opened m;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = opened_.find(reinterpret_cast<uintptr_t>(mapped));
+      if (it == opened_.end()) {
+        std::fprintf(stderr,
+                     "cuda_sim: CloseShared(%p): not a mapping OpenShared returned "
+                     "(closed twice, or another pointer)\n",
+                     mapped);
+        std::abort();
+      }
+      m = it->second;
+      opened_.erase(it);
+    }
+    munmap(m.base, m.mapped_bytes);
   }
 
   Stream& compute_stream() override { return stream_; }
@@ -274,12 +445,76 @@ class SimDevice final : public Device {
         bytes, ") is not inside one live device allocation"));
   }
 
+  // A shareable allocation: its memfd and mapping.
+  struct Shareable {
+    int fd = -1;
+    size_t bytes = 0;         // requested
+    size_t mapped_bytes = 0;  // the memfd's size (page-rounded)
+    void* base = nullptr;
+    uint64_t st_dev = 0;
+    uint64_t st_ino = 0;
+  };
+  // Another process's range, mapped by OpenShared.
+  struct Opened {
+    void* base = nullptr;  // the whole allocation's mapping
+    size_t mapped_bytes = 0;
+    size_t length = 0;  // of the range, from the pointer OpenShared returned
+  };
+
+  // True when [a, a + bytes) lies inside one entry of `m` (start -> entry),
+  // `size` giving an entry's extent (at least one byte).
+  template <typename Map, typename Size>
+  static bool InRange(const Map& m, uintptr_t a, size_t bytes, Size size) {
+    auto it = m.upper_bound(a);
+    if (it == m.begin()) return false;
+    it = std::prev(it);
+    const size_t extent = size(it->second);
+    const size_t off = a - it->first;
+    if (off >= std::max<size_t>(extent, 1)) return false;
+    return bytes <= extent - off;
+  }
+
+  static absl::StatusOr<Shareable> MapNewMemfd(size_t bytes) {
+    Shareable sh;
+    sh.bytes = bytes;
+    sh.mapped_bytes = PageRounded(bytes);
+    auto fail = [&](absl::string_view what, int e) {
+      if (sh.fd >= 0) close(sh.fd);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cuda_sim: shareable allocation of ", bytes, " bytes: ", what,
+                       ": ", ErrnoText(e)));
+    };
+    sh.fd = memfd_create("tandem-cuda-sim-shareable", MFD_CLOEXEC);
+    if (sh.fd < 0) return fail("memfd_create", errno);
+    if (ftruncate(sh.fd, static_cast<off_t>(sh.mapped_bytes)) != 0) {
+      return fail("ftruncate", errno);
+    }
+    // Commit the pages now (as Allocate does), so that a host short of memory
+    // fails here rather than with SIGBUS on first touch.
+    if (const int e = posix_fallocate(sh.fd, 0, static_cast<off_t>(sh.mapped_bytes));
+        e != 0 && e != EOPNOTSUPP && e != EINVAL) {
+      return fail("fallocate", e);
+    }
+    struct stat st = {};
+    if (fstat(sh.fd, &st) != 0) return fail("fstat", errno);
+    sh.st_dev = static_cast<uint64_t>(st.st_dev);
+    sh.st_ino = static_cast<uint64_t>(st.st_ino);
+    sh.base =
+        mmap(nullptr, sh.mapped_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, sh.fd, 0);
+    if (sh.base == MAP_FAILED) return fail("mmap", errno);
+    return sh;
+  }
+
   const int64_t capacity_;
   SimStream stream_;
   mutable absl::Mutex mu_;
-  std::map<uintptr_t, size_t> live_ ABSL_GUARDED_BY(mu_);  // start -> bytes
-  int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;              // rounded sizes
-  int64_t allocated_ ABSL_GUARDED_BY(mu_) = 0;             // requested sizes
+  // start -> bytes; shareable allocations are here too (Owns, Free).
+  std::map<uintptr_t, size_t> live_ ABSL_GUARDED_BY(mu_);
+  std::map<uintptr_t, Shareable> shareable_ ABSL_GUARDED_BY(mu_);  // by start
+  // The pointer OpenShared returned -> its mapping.
+  std::map<uintptr_t, Opened> opened_ ABSL_GUARDED_BY(mu_);
+  int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;   // rounded sizes
+  int64_t allocated_ ABSL_GUARDED_BY(mu_) = 0;  // requested sizes
 };
 
 }  // namespace

@@ -13,6 +13,11 @@
 // capturing stream are errors and invalidate the capture (EndCapture fails). A
 // host dereference of device memory during capture cannot be caught (the memory
 // is host memory); the GpuBackend's ops make none.
+//
+// Shareable memory (Device::AllocateShareable) is a memfd mapped MAP_SHARED,
+// zero-filled, its fd open while it lives; another process's OpenShared maps it
+// through /proc/<pid>/fd/<fd> (the handle names the memfd's inode, so a freed
+// allocation's reused fd number is refused) and Owns only the exported range.
 #ifndef TANDEM_KERNELS_CUDA_SIM_SIM_DEVICE_H_
 #define TANDEM_KERNELS_CUDA_SIM_SIM_DEVICE_H_
 
