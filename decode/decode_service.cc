@@ -317,7 +317,7 @@ grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* DecodeService::Decode(
     return stream;
   }
   stream->SetOnCancel([this, id, eid, stream] { OnDecodeCancel(id, eid, stream); });
-  if (ready->has_value()) Enqueue(std::move(**ready));
+  if (ready->has_value()) Enqueue(std::move(**ready), /*on_rpc_thread=*/true);
   return stream;
 }
 
@@ -354,7 +354,8 @@ void DecodeService::OnNotification(const kvtransfer::Notification& n) {
     }
     token = t;
   }
-  absl::StatusOr<std::optional<Handoff>> ready = table_.Landed(n.request_id, token);
+  absl::StatusOr<std::optional<Handoff>> ready =
+      table_.Landed(n.request_id, token, n.on_device);
   if (!ready.ok()) {
     TLOG(WARNING, "state notification not taken")
         .Kv("request_id", n.request_id)
@@ -362,10 +363,18 @@ void DecodeService::OnNotification(const kvtransfer::Notification& n) {
     return;
   }
   if (!ready->has_value()) return;
-  Enqueue(std::move(**ready));
+  Enqueue(std::move(**ready), /*on_rpc_thread=*/false);
 }
 
-void DecodeService::Enqueue(Handoff h) {
+void DecodeService::Enqueue(Handoff h, bool on_rpc_thread) {
+  // A host cache's checksums need no engine pause: on the RPC's own thread,
+  // in parallel with the other hand-offs' (not on the agent's progress thread,
+  // which the transfers need).
+  if (on_rpc_thread && hashers_.empty() && !staged_) {
+    if (!NeedsLanding(h)) return StartDecode(std::move(h), nullptr);
+    std::vector<absl::StatusOr<tandem::v1::StateChecksums>> sums = Land({ItemOf(h)});
+    return StartDecode(std::move(h), &sums[0]);
+  }
   {
     absl::MutexLock l(&land_mu_);
     if (!land_stop_) {
@@ -388,7 +397,7 @@ DecodeService::LandItem DecodeService::ItemOf(const Handoff& h) {
 bool DecodeService::LandingReady() const { return land_stop_ || !landings_.empty(); }
 
 bool DecodeService::NeedsLanding(const Handoff& h) const {
-  return staged_ || ItemOf(h).checksums;
+  return (staged_ && !h.info.landed_on_device) || ItemOf(h).checksums;
 }
 
 void DecodeService::LandLoop() {
@@ -460,11 +469,13 @@ std::vector<absl::StatusOr<tandem::v1::StateChecksums>> DecodeService::Land(
     std::vector<Result> results(items.size(), tandem::v1::StateChecksums());
     // Staged through host memory: what landed in the shadows goes to the
     // device first (the rows sent and the KDA slot; the held prefix stays),
-    // every item's ranges in one copy batch.
+    // every item's ranges in one copy batch. Not a state the sender wrote
+    // straight into the device memory (IPC): its shadow never saw it.
     if (staging_ != nullptr) {
       std::vector<std::vector<kvtransfer::ByteRange>> per_item(items.size());
       std::vector<kvtransfer::ByteRange> all;
       for (size_t i = 0; i < items.size(); ++i) {
+        if (items[i].info.landed_on_device) continue;
         if (absl::Status s = stage_in(items[i], &per_item[i]); !s.ok()) {
           results[i] = staging_error(items[i].info, s);
           continue;
@@ -517,8 +528,9 @@ std::vector<absl::StatusOr<tandem::v1::StateChecksums>> DecodeService::Land(
   loop_->Post([shared, compute](engine::Engine& e) {
     // Not while an overlapped step runs on the device thread either.
     absl::Status quiet = e.Quiesce();
-    std::vector<Result> v = quiet.ok() ? compute(shared->items)
-                                       : std::vector<Result>(shared->items.size(), quiet);
+    std::vector<Result> v = quiet.ok()
+                                ? compute(shared->items)
+                                : std::vector<Result>(shared->items.size(), quiet);
     absl::MutexLock l(&shared->mu);
     shared->results = std::move(v);
     shared->done = true;

@@ -178,9 +178,11 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
   // goes to the lander thread (Enqueue).
   void OnNotification(const kvtransfer::Notification& n);
   // A hand-off whose state and Decode are both here, from the agent's progress
-  // thread or a gRPC thread: neither may wait for the engine, so the lander
-  // thread makes it ready (after Stop: here, as nothing else would).
-  void Enqueue(Handoff h);
+  // thread or a gRPC thread (`on_rpc_thread`): neither may wait for the
+  // engine, so the lander thread makes it ready (after Stop: here, as nothing
+  // else would). A host cache's hand-off from a gRPC thread is made ready
+  // there (its checksums run in parallel with the others').
+  void Enqueue(Handoff h, bool on_rpc_thread);
   bool LandingReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(land_mu_);
   // The lander thread: takes every hand-off queued (up to kMaxLandingBatch),
   // makes their states ready together (Land), then starts each one's decode.
@@ -190,8 +192,7 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
   // Verifies and admits an ADMITTED reservation (the hand-off). `landed`: its
   // state made ready by Land (staged in, and the checksums when the request
   // carries some); null when there was nothing to do (host cache, unchecked).
-  void StartDecode(Handoff h,
-                   const absl::StatusOr<tandem::v1::StateChecksums>* landed);
+  void StartDecode(Handoff h, const absl::StatusOr<tandem::v1::StateChecksums>* landed);
   // True when a hand-off's state must be made ready (Land) before its decode.
   bool NeedsLanding(const Handoff& h) const;
   // Makes landed states ready, one result per item in order: a staged cache's

@@ -73,7 +73,7 @@ absl::StatusOr<std::optional<Handoff>> Reservations::Decode(
 }
 
 absl::StatusOr<std::optional<Handoff>> Reservations::Landed(
-    const std::string& id, std::optional<int64_t> engine_id) {
+    const std::string& id, std::optional<int64_t> engine_id, bool on_device) {
   absl::MutexLock l(&mu_);
   auto it = table_.find(id);
   if (it == table_.end()) {
@@ -89,8 +89,10 @@ absl::StatusOr<std::optional<Handoff>> Reservations::Landed(
   switch (e.state) {
     case ReservationState::kReserved:
       e.state = ReservationState::kLanded;
+      e.info.landed_on_device = on_device;
       return std::nullopt;
     case ReservationState::kLanding:
+      e.info.landed_on_device = on_device;
       return AdmitLocked(&e);
     default:
       return absl::FailedPreconditionError(

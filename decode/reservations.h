@@ -71,6 +71,9 @@ struct ReservationInfo {
   // Reserved with its prompt's ids (a decode-side prefix hit may share cached
   // blocks): their XXH3-64, which the Decode's prompt must match; 0: none.
   uint64_t prompt_fingerprint = 0;
+  // The sender wrote the state straight into the engine's device memory
+  // (kvtransfer::Notification::on_device): nothing to stage in. Set by Landed.
+  bool landed_on_device = false;
   absl::Time lease_expiry;  // set by Add
 };
 
@@ -138,8 +141,10 @@ class Reservations {
   // `engine_id`, when given, must be the reservation's (its token): a
   // notification for an earlier reservation of the same id is refused
   // (FAILED_PRECONDITION) and changes nothing.
+  // `on_device`: the notification's (ReservationInfo::landed_on_device).
   absl::StatusOr<std::optional<Handoff>> Landed(
-      const std::string& id, std::optional<int64_t> engine_id = std::nullopt);
+      const std::string& id, std::optional<int64_t> engine_id = std::nullopt,
+      bool on_device = false);
 
   // The router's Release: RESERVED and LANDING are quarantined (LANDING hands
   // back its waiter), LANDED is freed now, ADMITTED is left to the engine

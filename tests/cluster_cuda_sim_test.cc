@@ -10,11 +10,17 @@
 //     the decode worker verified the state's checksums on landing (the router
 //     asks for them; a mismatch would end the request DATA_LOSS);
 //   - both workers say their cache is on the cuda_sim device;
-//   - the KV moved through host memory (--kv_buffer=host: the emulator's
-//     device memory staged as a GPU's is where the transport cannot register
-//     it): every byte the prefill worker sent was copied device -> host
-//     there, and the same count host -> device on the decode worker, before
-//     the checksums (computed on the device) matched.
+//   - the KV moved device to device between the two processes
+//     (--kv_buffer=host: the emulator's device memory staged as a GPU's is
+//     where the transport cannot register it; --kv_device_ipc, the default:
+//     the decode worker's cache is shareable device memory, published in its
+//     descriptor, which the prefill worker maps and writes into): every byte
+//     sent went straight into the decode worker's device memory, none through
+//     host memory on either side, before the checksums (computed on the
+//     device) matched;
+//   - at TP 2 with --kv_device_ipc=false, the KV moved through host memory:
+//     every byte the prefill worker sent was copied device -> host there, and
+//     the same count host -> device on the decode worker.
 //
 // Tolerance: the GPU kernels differ from the CPU's only in summation order
 // (logits within 1e-3 relative, engine/runtime/gpu_engine_test.cc), which moves
@@ -205,8 +211,11 @@ TEST(ClusterCudaSimTest, DeviceWorkersServeTheCpuTokens) {
       << cluster.Logs();
   EXPECT_TRUE(CacheOnDevice(cluster.decode().ReadLog(), DeviceOf(backend)))
       << cluster.Logs();
-  // Staged: every byte sent went device -> host on the prefill worker and
-  // host -> device on the decode worker (metrics refreshed every 500 ms).
+  // Staged regions, written device to device (IPC) where the prefill worker
+  // maps the decode worker's memory: every byte sent went there and none
+  // through host memory (metrics refreshed every 500 ms). Otherwise every
+  // byte went device -> host on the prefill worker and host -> device on the
+  // decode worker.
   const bool staged =
       cluster.prefill().ReadLog().find("\"kv_buffer\":\"staged\"") != std::string::npos;
   if (kv_buffer == "host") {
@@ -215,10 +224,41 @@ TEST(ClusterCudaSimTest, DeviceWorkersServeTheCpuTokens) {
   if (kv_buffer == "device") {
     EXPECT_FALSE(staged) << cluster.Logs();
   }
+  bool direct = false;
   if (staged) {
     const double sent =
         *Metric(cluster.prefill_metrics(), "tandem_worker_transfer_bytes_total", {});
     EXPECT_GT(sent, 0);
+    for (int i = 0; i < 50 && !direct; ++i) {
+      auto peers =
+          Metric(cluster.prefill_metrics(), "tandem_worker_kv_direct_peers", {});
+      direct = peers.ok() && *peers >= 1;
+      if (!direct) absl::SleepFor(absl::Milliseconds(100));
+    }
+    // The emulator's shareable memory always maps between processes of one
+    // host; a GPU machine may refuse (the check reports which path ran).
+    if (backend.rfind("cuda_sim", 0) == 0) {
+      EXPECT_TRUE(direct) << cluster.Logs();
+    }
+  }
+  if (direct) {
+    const double sent =
+        *Metric(cluster.prefill_metrics(), "tandem_worker_transfer_bytes_total", {});
+    EXPECT_TRUE(WaitMetric(cluster.prefill_metrics(),
+                           "tandem_worker_kv_staged_bytes_total",
+                           {{"direction", "to_peer_device"}}, sent));
+    EXPECT_EQ(*Metric(cluster.prefill_metrics(), "tandem_worker_kv_staged_bytes_total",
+                      {{"direction", "to_host"}}),
+              0);
+    EXPECT_EQ(*Metric(cluster.decode_metrics(), "tandem_worker_kv_staged_bytes_total",
+                      {{"direction", "to_device"}}),
+              0);
+    EXPECT_NE(cluster.decode().ReadLog().find("\"device_ipc\":\"published\""),
+              std::string::npos)
+        << cluster.Logs();
+  } else if (staged) {
+    const double sent =
+        *Metric(cluster.prefill_metrics(), "tandem_worker_transfer_bytes_total", {});
     EXPECT_TRUE(WaitMetric(cluster.prefill_metrics(),
                            "tandem_worker_kv_staged_bytes_total",
                            {{"direction", "to_host"}}, sent));
@@ -229,14 +269,17 @@ TEST(ClusterCudaSimTest, DeviceWorkersServeTheCpuTokens) {
               0);
   }
   std::printf("KV buffer: %s (%s)\n", kv_buffer.c_str(),
-              staged ? "staged through host memory" : "in place");
+              direct   ? "device to device between the processes (IPC)"
+              : staged ? "staged through host memory"
+                       : "in place");
   std::printf("%s cluster: %zu requests in %.1f s (start-up included)\n",
               backend.c_str(), reqs.size(), absl::ToDoubleSeconds(absl::Now() - start));
 }
 
 // TP 2 on the emulator (each rank's cache on a device of its own), staged
-// through host memory: each rank's rows go device -> host -> host -> device
-// through its own copier, and the tokens are still the CPU's. Not on a GPU
+// through host memory (--kv_device_ipc=false): each rank's rows go device ->
+// host -> host -> device through its own copier, and the tokens are still the
+// CPU's. Not on a GPU
 // machine with one GPU (NCCL refuses two ranks on one device).
 TEST(ClusterCudaSimTest, Tp2StagedThroughHostMemoryServesTheCpuTokens) {
   const std::string backend = WorkerBackend();
@@ -248,8 +291,9 @@ TEST(ClusterCudaSimTest, Tp2StagedThroughHostMemoryServesTheCpuTokens) {
   ProcessCluster cluster;
   ASSERT_EQ(cluster.Start({}, 2,
                           {"--backend=" + backend, "--tp=2", "--max_tokens_per_step=16",
-                           "--kv_buffer=host"},
-                          {"--backend=" + backend, "--tp=2", "--kv_buffer=host"}),
+                           "--kv_buffer=host", "--kv_device_ipc=false"},
+                          {"--backend=" + backend, "--tp=2", "--kv_buffer=host",
+                           "--kv_device_ipc=false"}),
             "");
   const std::vector<tandem::v1::GenerateRequest> reqs = {
       MakeRequest(24, 21, 4, 0.0f),  // greedy, two prefill steps

@@ -165,6 +165,26 @@ std::string DeviceStagingCopier::DeviceName() const {
   return std::string(device_->name());
 }
 
+absl::StatusOr<std::string> DeviceStagingCopier::ExportIpc(const void* device_base,
+                                                           size_t len) {
+  return device_->ExportShareable(device_base, len);
+}
+
+absl::StatusOr<void*> DeviceStagingCopier::OpenIpc(absl::string_view handle) {
+  return device_->OpenShared(handle);
+}
+
+void DeviceStagingCopier::CloseIpc(void* mapped) { device_->CloseShared(mapped); }
+
+absl::Status DeviceStagingCopier::ToPeer(
+    absl::Span<const kvtransfer::StagingCopy> copies) {
+  absl::MutexLock l(&mu_);
+  for (const kvtransfer::StagingCopy& c : copies) {
+    TANDEM_RETURN_IF_ERROR(device_->CopyOnDevice(c.dst, c.src, c.bytes, stream_.get()));
+  }
+  return stream_->Synchronize();
+}
+
 absl::StatusOr<std::unique_ptr<KvBufferRegistrar>> KvBufferRegistrar::Create(
     kvtransfer::TransferAgent* agent, kernels::Device* device) {
   TANDEM_ASSIGN_OR_RETURN(const kvtransfer::MemoryKind kind, DeviceMemoryKind(device));

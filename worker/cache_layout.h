@@ -51,6 +51,13 @@ class DeviceStagingCopier : public kvtransfer::StagingCopier {
   absl::Status ToHost(absl::Span<const kvtransfer::StagingCopy> copies) override;
   absl::Status ToDevice(absl::Span<const kvtransfer::StagingCopy> copies) override;
   std::string DeviceName() const override;
+  // IPC through the device's shareable memory (kernels::Device::
+  // ExportShareable / OpenShared / CloseShared); ToPeer is CopyOnDevice into
+  // the mapping, on this copier's stream.
+  absl::StatusOr<std::string> ExportIpc(const void* device_base, size_t len) override;
+  absl::StatusOr<void*> OpenIpc(absl::string_view handle) override;
+  void CloseIpc(void* mapped) override;
+  absl::Status ToPeer(absl::Span<const kvtransfer::StagingCopy> copies) override;
 
  private:
   DeviceStagingCopier(kernels::Device* device, std::unique_ptr<kernels::Stream> stream)

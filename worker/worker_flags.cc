@@ -121,6 +121,15 @@ ABSL_FLAG(std::string, kv_buffer, "auto",
           "transport), auto (device where the agent accepts the GPU memory, else "
           "host, logged). A cache in host memory is registered as it is. "
           "docs/kvtransfer.md, 'Host staging'.");
+ABSL_FLAG(bool, kv_device_ipc, true,
+          "For a KV cache in GPU memory staged through host memory (--kv_buffer): "
+          "allocate it shareable between processes and, between a prefill and a "
+          "decode worker on one host, write the KV device to device into the "
+          "decode worker's GPU memory (CUDA IPC; no host copy, no shadow pages), "
+          "falling back to the host staging per peer where it cannot map the "
+          "peer's memory (another host, a GPU it cannot reach; logged, "
+          "tandem_worker_kv_direct_refused_peers_total). docs/kvtransfer.md, "
+          "'Device to device on one host'.");
 ABSL_FLAG(std::string, kv_transport, "ucx",
           "KV transfer agent: ucx | libfabric | libfabric:<provider>[:<rails>] "
           "(provider efa on AWS, tcp or shm elsewhere; default $FI_PROVIDER, else "
@@ -177,11 +186,17 @@ void ChooseStagingPageRelease(kvtransfer::TransferAgent* agent,
   const int64_t mem = avail.ok() ? *avail : 0;
   const bool release = StagingPageRelease(st.shadow_bytes, mem, rdma);
   staging->set_release_pages(release);
+  const absl::Status ipc = staging->ipc_export_status();
   auto log = [&](auto&& line) {
     line.Kv("shadow_bytes", st.shadow_bytes)
         .Kv("mem_available_bytes", mem)
         .Kv("rdma", rdma)
-        .Kv("release_pages", release);
+        .Kv("release_pages", release)
+        .Kv("device_ipc_regions", st.exported_regions)
+        .Kv("device_ipc", ipc.ok() ? std::string(st.exported_regions > 0
+                                                     ? "published"
+                                                     : "off (--kv_device_ipc=false)")
+                                   : std::string(ipc.message()));
   };
   // Large shadows kept only because of RDMA (no release otherwise means small).
   if (rdma && StagingPageRelease(st.shadow_bytes, mem, /*rdma=*/false)) {
@@ -228,6 +243,7 @@ absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> TransferAgentFromFlag
   TANDEM_ASSIGN_OR_RETURN(staging.buffer,
                           kvtransfer::ParseKvBuffer(absl::GetFlag(FLAGS_kv_buffer)));
   staging.release_pages = false;  // ChooseStagingPageRelease, once registered
+  staging.device_ipc = absl::GetFlag(FLAGS_kv_device_ipc);
   return std::unique_ptr<kvtransfer::TransferAgent>(
       new kvtransfer::HostStagingAgent(std::move(created.agent), staging));
 }
@@ -246,6 +262,8 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(
   eo.enforce_eager = absl::GetFlag(FLAGS_enforce_eager);
   eo.device_sampling = absl::GetFlag(FLAGS_device_sampling);
   eo.overlap_steps = absl::GetFlag(FLAGS_overlap_steps);
+  // A device cache others may write into directly (--kv_device_ipc).
+  eo.cache_shareable = absl::GetFlag(FLAGS_kv_device_ipc);
   if (eo.block_size <= 0) {
     return InvalidArgument("--block_size must be >= 1, got ", eo.block_size);
   }

@@ -42,6 +42,7 @@ ABSL_DECLARE_FLAG(std::string, ucx_tls);
 ABSL_DECLARE_FLAG(bool, ucx_peer_failure_detection);
 ABSL_DECLARE_FLAG(std::string, kv_transport);
 ABSL_DECLARE_FLAG(std::string, kv_buffer);
+ABSL_DECLARE_FLAG(bool, kv_device_ipc);
 ABSL_DECLARE_FLAG(std::string, kv_progress_timeout);
 ABSL_DECLARE_FLAG(std::string, kv_require_rdma);
 

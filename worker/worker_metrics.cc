@@ -328,8 +328,9 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
       "KV bytes staged through host memory (--kv_buffer=host, or auto on a "
       "transport that cannot register the GPU's memory): direction to_host (the "
       "prefill worker, before each write) or to_device (the decode worker, once the "
-      "state landed)."));
-  for (const char* d : {"to_host", "to_device"})
+      "state landed); to_peer_device: written by the prefill worker straight into "
+      "the decode worker's device memory (one host, --kv_device_ipc), no host copy."));
+  for (const char* d : {"to_host", "to_device", "to_peer_device"})
     kv_staged_bytes->Add({{"direction", d}});
   kv_staging_seconds = &OrDie(r->AddCounter("tandem_worker_kv_staging_seconds_total",
                                             "Time spent in the host staging copies."))
@@ -344,6 +345,18 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
                                          "(0: the transfer agent reads and writes "
                                          "the cache where it lives)."))
                            ->Add({});
+  kv_direct_peers =
+      &OrDie(r->AddGauge("tandem_worker_kv_direct_peers",
+                         "Peers whose device memory this worker writes the KV "
+                         "into directly (device to device between processes of "
+                         "one host: CUDA IPC; --kv_device_ipc)."))
+           ->Add({});
+  kv_direct_refused_peers =
+      &OrDie(r->AddCounter("tandem_worker_kv_direct_refused_peers_total",
+                           "Peers that published device memory this worker could "
+                           "not map (another host, a GPU it cannot reach): staged "
+                           "through host memory instead."))
+           ->Add({});
   kv_peer_connections = OrDie(r->AddCounter(
       "tandem_worker_kv_peer_connections_total",
       "KV transfer connections to peers by the transports that carry them, as the "
@@ -389,6 +402,11 @@ void WorkerMetrics::UpdateKvStaging(const kvtransfer::HostStagingStats& st) {
        last_staging_.bytes_to_host);
   grow(kv_staged_bytes->Add({{"direction", "to_device"}}), st.bytes_to_device,
        last_staging_.bytes_to_device);
+  grow(kv_staged_bytes->Add({{"direction", "to_peer_device"}}), st.bytes_direct,
+       last_staging_.bytes_direct);
+  grow(*kv_direct_refused_peers, st.direct_refused_peers,
+       last_staging_.direct_refused_peers);
+  kv_direct_peers->Set(static_cast<double>(st.direct_peers));
   grow(*kv_staging_pages_released, st.pages_released, last_staging_.pages_released);
   if (st.copy_micros > last_staging_.copy_micros) {
     kv_staging_seconds->Increment(

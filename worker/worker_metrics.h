@@ -34,7 +34,9 @@
 //     provider, e.g. "tcp;ofi_rxm", "shm", "efa"; ucx: UCX_TLS or "auto"). The
 //     transfer counters above carry no transport label: one agent per worker,
 //     so join on the instance.
-//   tandem_worker_kv_staged_bytes_total{direction=to_host|to_device},
+//   tandem_worker_kv_staged_bytes_total{direction=to_host|to_device|to_peer_device}
+//     (to_peer_device: written straight into a peer's device memory, IPC),
+//   tandem_worker_kv_direct_peers, tandem_worker_kv_direct_refused_peers_total,
 //   tandem_worker_kv_staging_seconds_total,
 //   tandem_worker_kv_staging_pages_released_total, tandem_worker_kv_staged_regions:
 //     the host staging of a device cache (kvtransfer::HostStagingAgent,
@@ -184,6 +186,8 @@ class WorkerMetrics {
   metrics::Counter* kv_staging_seconds;
   metrics::Counter* kv_staging_pages_released;
   metrics::Gauge* kv_staged_regions;
+  metrics::Gauge* kv_direct_peers;
+  metrics::Counter* kv_direct_refused_peers;
   metrics::Family<metrics::Counter>* kv_peer_connections;
   metrics::Family<metrics::Counter>* kv_peer_refused;  // {agent, transports}
 

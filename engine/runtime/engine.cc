@@ -112,6 +112,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   co.num_slots = sc.num_slots + sc.num_prefix_snapshots;
   e->snapshot_base_ = sc.num_slots;
   co.allocator = options.cache_allocator;
+  co.shareable = options.cache_shareable;
   ModelRunnerOptions ro;
   ro.mla_mode = options.mla_mode;
   ro.enforce_eager = options.enforce_eager;

@@ -311,6 +311,8 @@ struct EngineOptions {
   // Where every rank's cache buffers come from (a decode worker's: its transfer
   // agent, so that a peer's puts land in memory it maps); empty: the heap.
   KvCacheAllocator cache_allocator;
+  // A device cache in memory another process may map (KvCacheOptions::shareable).
+  bool cache_shareable = false;
 };
 
 // The cache sized from a memory budget rather than from counts (a worker's

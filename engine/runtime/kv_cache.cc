@@ -33,7 +33,10 @@ bool OnDevice(const KvCacheOptions& o) {
 // null with `error` set on failure.
 void* Allocate(const KvCacheOptions& o, size_t bytes, absl::Status* error) {
   if (OnDevice(o)) {
-    absl::StatusOr<void*> p = o.device->Allocate(std::max(bytes, kAlign));
+    absl::StatusOr<void*> p = absl::UnimplementedError("not shareable");
+    if (o.shareable) p = o.device->AllocateShareable(std::max(bytes, kAlign));
+    if (absl::IsUnimplemented(p.status()))
+      p = o.device->Allocate(std::max(bytes, kAlign));
     if (!p.ok()) {
       *error = p.status();
       return nullptr;

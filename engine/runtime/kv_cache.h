@@ -65,6 +65,11 @@ struct KvCacheOptions {
   // its memory (zero-filled at creation); the slot operations below then run
   // as device copies and fills, and `allocator` must be empty.
   kernels::Device* device = nullptr;
+  // On a device: buffers another process of this host can map
+  // (Device::AllocateShareable), so that a peer writes the KV into them device
+  // to device (the host staging's IPC, kvtransfer/host_staging_agent.h). A
+  // device without it allocates as usual.
+  bool shareable = false;
 };
 
 enum class StateKind { kMla, kKda };
