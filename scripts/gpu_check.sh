@@ -26,7 +26,9 @@
 #      the binary has it), then the mid checkpoint (generated there: too big to
 #      carry) at batch 1/8/64 with 4k prompts, and a 32k prefill
 #   4c. the KV hand-off between device buffers (kv_device_bench --backend cuda,
-#      --kv_buffer auto then host) against the device's own copy
+#      --kv_buffer auto then host, then device to device into a second
+#      process's memory: --two_processes, CUDA IPC) against the device's own
+#      copy
 #   5. compute-sanitizer where present: memcheck over the same tests, racecheck
 #      over the shared-memory kernels' tests (tests.tsv's racecheck filter), in
 #      the time left (a step that does not fit is recorded as skipped)
@@ -72,7 +74,7 @@ STEPS=()    # JSON objects
 BENCH_JSON="null"
 BENCH_BF16_JSON="null"
 ENGINE_JSON=()  # "name":{engine_bench JSON line}
-KV_DEVICE_JSON=()  # "auto"|"host":{kv_device_bench JSON line}
+KV_DEVICE_JSON=()  # "auto"|"host"|"ipc":{kv_device_bench JSON line}
 FAILED=0
 
 write_json() {  # status, message
@@ -342,12 +344,16 @@ fi
 # ---------------------------------------------------------------- 4c. KV hand-off
 # The KV between two device buffers as the workers move it (--kv_buffer auto:
 # in place where the bundle's UCX has CUDA support, else staged through host
-# memory), against the device's own copy in the same run; then forced staging.
+# memory), against the device's own copy in the same run; then forced staging;
+# then into a second process's device memory (CUDA IPC, as between a prefill
+# and a decode worker of one host).
 if [[ -n "$(bin_path kv_device_bench)" && -z "${UNRESOLVED[kv_device_bench]:-}" ]]; then
-  for kvb in auto host; do
+  for kvb in auto host ipc; do
     LAST_OUT=""
+    args=(--backend cuda --kv_buffer "$kvb")
+    [[ "$kvb" == ipc ]] && args=(--backend cuda --kv_buffer host --two_processes)
     run_step "kv_device_$kvb" bench "$(budget_for 40 20)" "$BUNDLE/run" kv_device_bench \
-      --backend cuda --kv_buffer "$kvb"
+      "${args[@]}"
     [[ -n "$LAST_OUT" ]] && KV_DEVICE_JSON+=("$(json_str "$kvb"):$(bench_json "$LAST_OUT" kv_device)")
   done
 fi

@@ -19,8 +19,23 @@
 //   d2h, h2d     the device's copies to and from host memory of the same bytes
 //                (the staging's two legs)
 // Where the agent takes the device memory (a UCX built with CUDA), --kv_buffer
-// auto moves it in place; Debian's UCX cannot, so auto stages it. Ends with one
-// JSON line {"bench":"kv_device",...}.
+// auto moves it in place; Debian's UCX cannot, so auto stages it.
+//
+// --two_processes: the receiver is a second process (this binary again,
+// started with --receiver_child), as a decode worker is: its buffer is
+// shareable device memory published in its descriptor, and the sender writes
+// into it device to device (the host staging's IPC path, --kv_device_ipc);
+// checked by the XXH3-64 of the receiver's buffer, which the child computes.
+// A receiver the sender cannot map fails the run, saying why.
+//
+// Ends with one JSON line {"bench":"kv_device",...}.
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -31,10 +46,16 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/init.h"
 #include "common/status.h"
 #include "kernels/backend_factory.h"
+#include "kvtransfer/descriptor.h"
 #include "kvtransfer/host_staging_agent.h"
 #include "kvtransfer/ucx_agent.h"
 #include "nlohmann/json.hpp"
@@ -47,6 +68,11 @@ ABSL_FLAG(int64_t, piece_bytes, 64 * 576 * 2,
           "Bytes per piece (one 64-token block of one K3 MLA layer)");
 ABSL_FLAG(int, iterations, 5, "Timed transfers (best reported)");
 ABSL_FLAG(std::string, kv_buffer, "auto", "auto | device | host (the workers' flag)");
+ABSL_FLAG(bool, two_processes, false,
+          "The receiver in a second process: device to device into its shareable "
+          "memory (IPC), as between a prefill and a decode worker of one host");
+ABSL_FLAG(bool, receiver_child, false, "Internal: the --two_processes receiver");
+ABSL_FLAG(int64_t, receiver_bytes, 0, "Internal: the receiver's buffer size");
 ABSL_FLAG(bool, release_pages, false,
           "Staged: give shadow pages back once their bytes moved (the workers do "
           "when the shadows are large against the host's memory)");
@@ -84,6 +110,144 @@ absl::Status MakeSide(kernels::Device* device, size_t bytes, kvtransfer::KvBuffe
   return absl::OkStatus();
 }
 
+// The --two_processes receiver, as a child process: stdin takes commands,
+// stdout answers, one line each.
+class Child {
+ public:
+  ~Child() { Stop(); }
+  absl::Status Start(const std::vector<std::string>& args) {
+    int in[2], out[2];
+    if (pipe(in) != 0 || pipe(out) != 0) return absl::InternalError("pipe");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_addclose(&fa, in[1]);
+    posix_spawn_file_actions_addclose(&fa, out[0]);
+    std::vector<char*> argv;
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    const int rc =
+        posix_spawn(&pid_, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(in[0]);
+    close(out[1]);
+    to_ = in[1];
+    from_ = out[0];
+    if (rc != 0) {
+      pid_ = -1;
+      return absl::InternalError(absl::StrCat("posix_spawn: ", std::strerror(rc)));
+    }
+    return absl::OkStatus();
+  }
+  // One line from the child, within `timeout`.
+  absl::StatusOr<std::string> ReadLine(absl::Duration timeout) {
+    const absl::Time end = absl::Now() + timeout;
+    while (true) {
+      const size_t nl = buf_.find('\n');
+      if (nl != std::string::npos) {
+        std::string line = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        return line;
+      }
+      const int ms = static_cast<int>(absl::ToInt64Milliseconds(end - absl::Now()));
+      if (ms <= 0) return absl::DeadlineExceededError("the receiver process is silent");
+      pollfd p{from_, POLLIN, 0};
+      if (poll(&p, 1, ms) <= 0) continue;
+      char chunk[65536];
+      const ssize_t n = read(from_, chunk, sizeof(chunk));
+      if (n <= 0) return absl::UnavailableError("the receiver process exited");
+      buf_.append(chunk, n);
+    }
+  }
+  absl::StatusOr<std::string> Ask(const std::string& command) {
+    const std::string line = command + "\n";
+    if (write(to_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+      return absl::UnavailableError("cannot write to the receiver process");
+    }
+    return ReadLine(absl::Minutes(2));
+  }
+  void Stop() {
+    if (to_ >= 0) close(to_);
+    if (from_ >= 0) close(from_);
+    to_ = from_ = -1;
+    if (pid_ <= 0) return;
+    // Its stdin closed, it exits; bounded, then killed.
+    for (int i = 0; i < 200; ++i) {
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        return;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int to_ = -1, from_ = -1;
+  std::string buf_;
+};
+
+// --receiver_child: a shareable buffer staged with IPC published; prints
+// "DESC <hex descriptor>", then answers "HASH" with "HASH <xxh3 hex>" of its
+// buffer until stdin closes.
+int RunReceiverChild() {
+  auto backend = kernels::CreateBackend(absl::GetFlag(FLAGS_backend));
+  if (!backend.ok()) {
+    std::printf("ERROR %s\n", backend.status().ToString().c_str());
+    return 1;
+  }
+  kernels::Device& device = (*backend)->device();
+  const size_t bytes = static_cast<size_t>(absl::GetFlag(FLAGS_receiver_bytes));
+  if (bytes == 0) {
+    std::printf("ERROR --receiver_bytes must be > 0\n");
+    return 1;
+  }
+  kvtransfer::UcxAgentConfig config;
+  config.peer_failure_detection = false;
+  auto ucx = kvtransfer::UcxAgent::Create(config);
+  absl::StatusOr<void*> mem = device.AllocateShareable(bytes);
+  if (!ucx.ok() || !mem.ok()) {
+    std::printf("ERROR %s\n",
+                (!ucx.ok() ? ucx.status() : mem.status()).ToString().c_str());
+    return 1;
+  }
+  HostStagingAgent agent(*std::move(ucx), kvtransfer::HostStagingOptions{
+                                              .buffer = kvtransfer::KvBuffer::kHost,
+                                              .release_pages = false});
+  auto registrar = worker::KvBufferRegistrar::Create(&agent, &device);
+  absl::StatusOr<kvtransfer::RegionId> region =
+      registrar.ok() ? (*registrar)->Register(*mem, bytes)
+                     : absl::StatusOr<kvtransfer::RegionId>(registrar.status());
+  absl::StatusOr<std::string> desc =
+      region.ok() ? agent.LocalDescriptor("") : region.status();
+  if (!desc.ok()) {
+    std::printf("ERROR %s\n", desc.status().ToString().c_str());
+    return 1;
+  }
+  if (!agent.ipc_export_status().ok()) {
+    std::printf("ERROR %s\n", agent.ipc_export_status().ToString().c_str());
+    return 1;
+  }
+  std::printf("DESC %s\n", absl::BytesToHexString(*desc).c_str());
+  std::fflush(stdout);
+  std::vector<uint8_t> host(bytes);
+  char line[256];
+  while (std::fgets(line, sizeof(line), stdin) != nullptr) {
+    if (std::strncmp(line, "HASH", 4) != 0) continue;
+    const bool ok = device.CopyToHost(host.data(), *mem, bytes).ok();
+    std::printf("HASH %016llx %d\n",
+                static_cast<unsigned long long>(XXH3_64bits(host.data(), bytes)),
+                ok ? 1 : 0);
+    std::fflush(stdout);
+  }
+  device.Free(*mem);
+  return 0;
+}
+
 double Gbs(double bytes, double seconds) {
   return seconds > 0 ? bytes / seconds / 1e9 : 0;
 }
@@ -109,17 +273,56 @@ int Run() {
         mode.ok() ? "--mib too small for one piece" : mode.status().ToString().c_str());
     return 1;
   }
+  const bool two = absl::GetFlag(FLAGS_two_processes);
   Side src, dst;
   for (Side* s : {&src, &dst}) {
+    if (two && s == &dst) {             // the receiver is the child's; a local buffer
+      auto m = device.Allocate(bytes);  // for the device-copy yardstick
+      if (!m.ok()) {
+        std::fprintf(stderr, "kv_device_bench: %s\n", m.status().ToString().c_str());
+        return 1;
+      }
+      dst.mem = *m;
+      continue;
+    }
     if (absl::Status st = MakeSide(&device, bytes, *mode, s); !st.ok()) {
       std::fprintf(stderr, "kv_device_bench: %s\n", st.ToString().c_str());
       return 1;
     }
   }
-  auto peer = src.agent->Connect(*dst.agent->LocalDescriptor(""));
+  Child child;
+  std::string child_desc;
+  if (two) {
+    absl::Status st =
+        child.Start({"kv_device_bench", "--receiver_child", "--backend=" + backend_name,
+                     absl::StrCat("--receiver_bytes=", bytes), "--log_format=json"});
+    absl::StatusOr<std::string> first =
+        st.ok() ? child.ReadLine(absl::Minutes(2)) : absl::StatusOr<std::string>(st);
+    if (!first.ok() || !absl::StartsWith(*first, "DESC ")) {
+      std::fprintf(stderr, "kv_device_bench: the receiver process: %s\n",
+                   first.ok() ? first->c_str() : first.status().ToString().c_str());
+      return 1;
+    }
+    child_desc = absl::HexStringToBytes(first->substr(5));
+    auto d = kvtransfer::ParseDescriptor(child_desc);
+    if (!d.ok() || d->regions.size() != 1) {
+      std::fprintf(stderr, "kv_device_bench: the receiver's descriptor: %s\n",
+                   d.ok() ? "not one region" : d.status().ToString().c_str());
+      return 1;
+    }
+    dst.region = d->regions[0].id;
+  }
+  auto peer = src.agent->Connect(two ? child_desc : *dst.agent->LocalDescriptor(""));
   if (!peer.ok()) {
     std::fprintf(stderr, "kv_device_bench: connect: %s\n",
                  peer.status().ToString().c_str());
+    return 1;
+  }
+  if (two && !src.agent->IsDirect(*peer)) {
+    std::fprintf(stderr,
+                 "kv_device_bench: the receiver process's device memory cannot be "
+                 "written directly: %s\n",
+                 src.agent->last_direct_refusal().ToString().c_str());
     return 1;
   }
   // Random bytes on the sender's device; the pieces land shuffled.
@@ -153,7 +356,7 @@ int Run() {
     TANDEM_RETURN_IF_ERROR(src.agent->Wait(b, absl::Now() + absl::Minutes(2)));
     TANDEM_RETURN_IF_ERROR(
         src.agent->Notify(*peer, "bench", "", absl::Now() + absl::Seconds(30)));
-    if (dst.staged) TANDEM_RETURN_IF_ERROR(dst.agent->StageIn(landed));
+    if (!two && dst.staged) TANDEM_RETURN_IF_ERROR(dst.agent->StageIn(landed));
     return absl::ToDoubleSeconds(absl::Now() - t0);
   };
   const int iterations = std::max(1, absl::GetFlag(FLAGS_iterations));
@@ -167,16 +370,33 @@ int Run() {
     }
     if (i > 0) best = std::min(best, *s);
   }
-  // Byte for byte, once: the receiver's device against the sender's pieces.
+  // Byte for byte, once: the receiver's device against the sender's pieces
+  // (two processes: the XXH3-64 of the child's buffer against the expected).
   std::vector<uint8_t> got(bytes);
-  if (!device.CopyToHost(got.data(), dst.mem, bytes).ok()) {
-    std::fprintf(stderr, "kv_device_bench: cannot read the receiver's buffer\n");
-    return 1;
-  }
   bool exact = true;
-  for (int64_t i = 0; i < pieces && exact; ++i) {
-    exact =
-        std::memcmp(got.data() + order[i] * piece, host.data() + i * piece, piece) == 0;
+  if (two) {
+    for (int64_t i = 0; i < pieces; ++i) {
+      std::memcpy(got.data() + order[i] * piece, host.data() + i * piece, piece);
+    }
+    const std::string want = absl::StrFormat(
+        "HASH %016llx 1",
+        static_cast<unsigned long long>(XXH3_64bits(got.data(), bytes)));
+    absl::StatusOr<std::string> answer = child.Ask("HASH");
+    exact = answer.ok() && *answer == want;
+    if (!exact) {
+      std::fprintf(stderr, "kv_device_bench: receiver says '%s', want '%s'\n",
+                   answer.ok() ? answer->c_str() : answer.status().ToString().c_str(),
+                   want.c_str());
+    }
+  } else {
+    if (!device.CopyToHost(got.data(), dst.mem, bytes).ok()) {
+      std::fprintf(stderr, "kv_device_bench: cannot read the receiver's buffer\n");
+      return 1;
+    }
+    for (int64_t i = 0; i < pieces && exact; ++i) {
+      exact = std::memcmp(got.data() + order[i] * piece, host.data() + i * piece,
+                          piece) == 0;
+    }
   }
   // The yardsticks, best of the same count.
   auto timed = [&](auto op) {
@@ -202,7 +422,8 @@ int Run() {
   j["device"] = std::string(device.name());
   j["emulated"] = emulated;
   j["kv_buffer"] = absl::GetFlag(FLAGS_kv_buffer);
-  j["path"] = src.staged || dst.staged ? "staged" : "in_place";
+  j["path"] = two ? "device_ipc" : src.staged || dst.staged ? "staged" : "in_place";
+  j["two_processes"] = two;
   j["transport"] = src.agent->Transport(*peer);
   j["bytes"] = bytes;
   j["pieces"] = pieces;
@@ -215,7 +436,8 @@ int Run() {
   j["vs_d2d_copy"] = d2d > 0 ? gbs / Gbs(b, d2d) : 0;
   const kvtransfer::HostStagingStats st = src.agent->stats();
   j["staged_to_host_bytes"] = st.bytes_to_host;
-  j["staged_to_device_bytes"] = dst.agent->stats().bytes_to_device;
+  j["staged_to_device_bytes"] = two ? 0 : dst.agent->stats().bytes_to_device;
+  j["direct_bytes"] = st.bytes_direct;
   std::printf(
       "kv_device: %s (%s), %lld pieces of %lld bytes, %s: transfer %.2f GB/s, device "
       "copy %.2f GB/s (x%.3f), d2h %.2f, h2d %.2f GB/s, %s\n",
@@ -227,6 +449,7 @@ int Run() {
   std::printf("%s\n", j.dump().c_str());
   src.agent.reset();
   dst.agent.reset();
+  child.Stop();
   device.Free(src.mem);
   device.Free(dst.mem);
   return exact ? 0 : 1;
@@ -238,7 +461,9 @@ int Run() {
 int main(int argc, char** argv) {
   tandem::InitProgram(argc, argv, "kv_device_bench",
                       "kv_device_bench [--backend cuda|cuda_sim] [--mib N] "
-                      "[--kv_buffer auto|device|host]: the KV hand-off between two "
+                      "[--kv_buffer auto|device|host] [--two_processes]: the KV "
+                      "hand-off between two "
                       "device buffers against the device's own copy");
+  if (absl::GetFlag(FLAGS_receiver_child)) return tandem::RunReceiverChild();
   return tandem::Run();
 }
