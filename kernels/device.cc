@@ -148,6 +148,26 @@ absl::StatusOr<void*> Device::OpenShared(absl::string_view) {
 }
 void Device::CloseShared(void*) {}
 
+absl::Status Device::CopyBatchAsync(CopyKind kind, absl::Span<const CopyPiece> pieces,
+                                    Stream* stream) {
+  for (const CopyPiece& p : pieces) {
+    absl::Status s;
+    switch (kind) {
+      case CopyKind::kHostToDevice:
+        s = CopyToDevice(p.dst, p.src, p.bytes, stream);
+        break;
+      case CopyKind::kDeviceToHost:
+        s = CopyToHostAsync(p.dst, p.src, p.bytes, stream);
+        break;
+      case CopyKind::kDeviceToDevice:
+        s = CopyOnDevice(p.dst, p.src, p.bytes, stream);
+        break;
+    }
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 std::unique_ptr<Device> CreateHostDevice() { return std::make_unique<HostDevice>(); }
 
 }  // namespace tandem::kernels

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace tandem::kernels {
 
@@ -71,6 +72,14 @@ class Event {
   virtual absl::StatusOr<bool> Done() = 0;            // non-blocking
   virtual absl::Status Synchronize() = 0;             // host waits
 };
+
+// One piece of a batched copy (Device::CopyBatchAsync).
+struct CopyPiece {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t bytes = 0;
+};
+enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 
 struct DeviceMemoryInfo {
   int64_t total_bytes = 0;      // device capacity
@@ -148,6 +157,15 @@ class Device {
   }
   virtual absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes,
                                     Stream* stream = nullptr) = 0;
+  // Many copies of one kind enqueued on `stream` (nullptr: the compute stream)
+  // as one batch, in no order among themselves (pieces must not overlap);
+  // done once the stream is synchronised, as CopyToHostAsync. CUDA: one
+  // cudaMemcpyBatchAsync per batch, where a copy per piece would cost a call
+  // each (the KV's block pieces number tens of thousands for a long prompt).
+  // Device memory includes OpenShared mappings. The default: one
+  // CopyToDevice / CopyToHostAsync / CopyOnDevice per piece.
+  virtual absl::Status CopyBatchAsync(CopyKind kind, absl::Span<const CopyPiece> pieces,
+                                      Stream* stream = nullptr);
   virtual absl::Status Memset(void* dst, uint8_t byte, size_t bytes,
                               Stream* stream = nullptr) = 0;
   absl::Status Synchronize() { return compute_stream().Synchronize(); }

@@ -142,23 +142,34 @@ absl::StatusOr<std::shared_ptr<DeviceStagingCopier>> DeviceStagingCopier::Create
       new DeviceStagingCopier(device, std::move(stream)));
 }
 
+namespace {
+
+std::vector<kernels::CopyPiece> Pieces(
+    absl::Span<const kvtransfer::StagingCopy> copies) {
+  std::vector<kernels::CopyPiece> pieces;
+  pieces.reserve(copies.size());
+  for (const kvtransfer::StagingCopy& c : copies)
+    pieces.push_back({c.dst, c.src, c.bytes});
+  return pieces;
+}
+
+}  // namespace
+
+absl::Status DeviceStagingCopier::Copy(
+    kernels::CopyKind kind, absl::Span<const kvtransfer::StagingCopy> copies) {
+  absl::MutexLock l(&mu_);
+  TANDEM_RETURN_IF_ERROR(device_->CopyBatchAsync(kind, Pieces(copies), stream_.get()));
+  return stream_->Synchronize();
+}
+
 absl::Status DeviceStagingCopier::ToHost(
     absl::Span<const kvtransfer::StagingCopy> copies) {
-  absl::MutexLock l(&mu_);
-  for (const kvtransfer::StagingCopy& c : copies) {
-    TANDEM_RETURN_IF_ERROR(
-        device_->CopyToHostAsync(c.dst, c.src, c.bytes, stream_.get()));
-  }
-  return stream_->Synchronize();
+  return Copy(kernels::CopyKind::kDeviceToHost, copies);
 }
 
 absl::Status DeviceStagingCopier::ToDevice(
     absl::Span<const kvtransfer::StagingCopy> copies) {
-  absl::MutexLock l(&mu_);
-  for (const kvtransfer::StagingCopy& c : copies) {
-    TANDEM_RETURN_IF_ERROR(device_->CopyToDevice(c.dst, c.src, c.bytes, stream_.get()));
-  }
-  return stream_->Synchronize();
+  return Copy(kernels::CopyKind::kHostToDevice, copies);
 }
 
 std::string DeviceStagingCopier::DeviceName() const {
@@ -178,11 +189,7 @@ void DeviceStagingCopier::CloseIpc(void* mapped) { device_->CloseShared(mapped);
 
 absl::Status DeviceStagingCopier::ToPeer(
     absl::Span<const kvtransfer::StagingCopy> copies) {
-  absl::MutexLock l(&mu_);
-  for (const kvtransfer::StagingCopy& c : copies) {
-    TANDEM_RETURN_IF_ERROR(device_->CopyOnDevice(c.dst, c.src, c.bytes, stream_.get()));
-  }
-  return stream_->Synchronize();
+  return Copy(kernels::CopyKind::kDeviceToDevice, copies);
 }
 
 absl::StatusOr<std::unique_ptr<KvBufferRegistrar>> KvBufferRegistrar::Create(

@@ -47,7 +47,7 @@ class DeviceStagingCopier : public kvtransfer::StagingCopier {
  public:
   static absl::StatusOr<std::shared_ptr<DeviceStagingCopier>> Create(
       kernels::Device* device);
-  // Every copy enqueued on the stream, then one wait.
+  // Every copy enqueued on the stream as one batch, then one wait.
   absl::Status ToHost(absl::Span<const kvtransfer::StagingCopy> copies) override;
   absl::Status ToDevice(absl::Span<const kvtransfer::StagingCopy> copies) override;
   std::string DeviceName() const override;
@@ -62,6 +62,10 @@ class DeviceStagingCopier : public kvtransfer::StagingCopier {
  private:
   DeviceStagingCopier(kernels::Device* device, std::unique_ptr<kernels::Stream> stream)
       : device_(device), stream_(std::move(stream)) {}
+  // The copies as one batch on the stream (Device::CopyBatchAsync), then one
+  // wait.
+  absl::Status Copy(kernels::CopyKind kind,
+                    absl::Span<const kvtransfer::StagingCopy> copies);
   kernels::Device* const device_;  // not owned
   absl::Mutex mu_;
   const std::unique_ptr<kernels::Stream> stream_;

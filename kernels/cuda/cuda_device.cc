@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -493,12 +495,49 @@ class CudaDevice final : public Device {
         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, StreamOf(stream)),
         "copy on device");
   }
+  // One cudaMemcpyBatchAsync (CUDA 12.8+) for the whole batch; where the
+  // driver refuses it, one cudaMemcpyAsync per piece from then on.
+  absl::Status CopyBatchAsync(CopyKind kind, absl::Span<const CopyPiece> pieces,
+                              Stream* stream) override {
+    cudaStream_t s = StreamOf(stream);
+    if (IsCapturing(s)) return NotDuringCapture("CopyBatchAsync");
+    if (pieces.size() <= 1 || !batch_copies_.load()) {
+      return Device::CopyBatchAsync(kind, pieces, stream);
+    }
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+    dsts.reserve(pieces.size());
+    srcs.reserve(pieces.size());
+    sizes.reserve(pieces.size());
+    for (const CopyPiece& p : pieces) {
+      if (p.bytes == 0) continue;
+      dsts.push_back(p.dst);
+      srcs.push_back(p.src);
+      sizes.push_back(p.bytes);
+    }
+    if (dsts.empty()) return absl::OkStatus();
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t first = 0;
+    const cudaError_t e = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(),
+                                               dsts.size(), &attr, &first, 1, s);
+    if (e == cudaErrorNotSupported || e == cudaErrorInvalidValue ||
+        e == cudaErrorCallRequiresNewerDriver) {
+      (void)cudaGetLastError();  // not sticky: clear it
+      batch_copies_.store(false);
+      return Device::CopyBatchAsync(kind, pieces, stream);
+    }
+    return CudaError(e, "batched copy");
+  }
   absl::Status Memset(void* dst, uint8_t byte, size_t bytes, Stream* stream) override {
     if (bytes == 0) return absl::OkStatus();
     return CudaError(cudaMemsetAsync(dst, byte, bytes, StreamOf(stream)), "memset");
   }
 
  private:
+  // cudaMemcpyBatchAsync works here (false once the driver refused it).
+  std::atomic<bool> batch_copies_{true};
   cudaStream_t StreamOf(Stream* s) {
     return static_cast<cudaStream_t>(s == nullptr ? compute_.native() : s->native());
   }

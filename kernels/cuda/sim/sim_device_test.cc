@@ -87,6 +87,49 @@ TEST(SimDevice, CopiesCheckThatDevicePointersAreDeviceMemory) {
   EXPECT_EQ(dev->Memset(host.data(), 0, 4).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A batch of pieces of each kind lands where each piece says, on a stream of
+// its own; a host pointer on the device side of any piece fails the batch.
+TEST(SimDevice, BatchedCopiesLandEveryPieceAndCheckEachSide) {
+  auto dev = CreateSimDevice();
+  auto a = DeviceBuffer::Allocate(dev.get(), 4096);
+  auto b = DeviceBuffer::Allocate(dev.get(), 4096);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto stream = dev->CreateStream();
+  ASSERT_TRUE(stream.ok());
+  std::vector<uint8_t> in(4096), out(4096, 0);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(i * 7 + 3);
+  auto* da = a->as<uint8_t>();
+  auto* db = b->as<uint8_t>();
+  // Host -> device in three pieces, shuffled into a.
+  ASSERT_TRUE(dev->CopyBatchAsync(CopyKind::kHostToDevice,
+                                  {{da + 2048, in.data(), 2048},
+                                   {da, in.data() + 2048, 1024},
+                                   {da + 1024, in.data() + 3072, 1024}},
+                                  stream->get())
+                  .ok());
+  // Device -> device: a's halves swapped into b; device -> host: all of b.
+  ASSERT_TRUE(dev->CopyBatchAsync(CopyKind::kDeviceToDevice,
+                                  {{db, da + 2048, 2048}, {db + 2048, da, 2048}},
+                                  stream->get())
+                  .ok());
+  ASSERT_TRUE(
+      dev->CopyBatchAsync(CopyKind::kDeviceToHost,
+                          {{out.data() + 100, db + 100, 3996}, {out.data(), db, 100}},
+                          stream->get())
+          .ok());
+  ASSERT_TRUE((*stream)->Synchronize().ok());
+  EXPECT_EQ(out, in);
+  EXPECT_TRUE(dev->CopyBatchAsync(CopyKind::kDeviceToHost, {}, stream->get()).ok());
+  std::vector<uint8_t> host(64);
+  EXPECT_EQ(dev->CopyBatchAsync(CopyKind::kHostToDevice,
+                                {{da, in.data(), 64}, {host.data(), in.data(), 64}})
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      dev->CopyBatchAsync(CopyKind::kDeviceToDevice, {{db, host.data(), 64}}).code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SimDevice, StreamsAreDistinctHandlesAndEventsComplete) {
   auto dev = CreateSimDevice();
   auto s1 = dev->CreateStream();
