@@ -8,6 +8,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -97,7 +98,7 @@ HostStagingAgent::~HostStagingAgent() {
   for (auto& [id, s] : staged) munmap(s.shadow, s.mapped);
 }
 
-HostStagingAgent::DirectPeer::~DirectPeer() {
+HostStagingAgent::PeerMapping::~PeerMapping() {
   for (auto& [id, m] : regions) copier->CloseIpc(m.base);
 }
 
@@ -398,14 +399,21 @@ absl::StatusOr<BatchId> HostStagingAgent::PostStaged(PeerId peer,
 }
 
 absl::StatusOr<std::shared_ptr<HostStagingAgent::DirectPeer>> HostStagingAgent::MapPeer(
-    absl::string_view extension, std::shared_ptr<StagingCopier> copier) {
-  auto peer = std::make_shared<DirectPeer>();
-  peer->copier = std::move(copier);
+    absl::string_view extension,
+    const std::vector<std::shared_ptr<StagingCopier>>& copiers) {
+  // The extension: (id, length, handle) per region, checked whole first.
+  struct Entry {
+    RegionId id;
+    uint64_t len;
+    absl::string_view handle;
+  };
+  std::vector<Entry> entries;
   absl::string_view in = extension;
   uint64_t count = 0;
   if (!GetLe(&in, 4, &count) || count > kMaxDescriptorRegions) {
     return InvalidArgument("malformed device IPC extension (region count)");
   }
+  absl::flat_hash_set<RegionId> seen;
   for (uint64_t i = 0; i < count; ++i) {
     uint64_t id = 0, len = 0, handle_len = 0;
     if (!GetLe(&in, 4, &id) || !GetLe(&in, 8, &len) || !GetLe(&in, 4, &handle_len) ||
@@ -413,29 +421,45 @@ absl::StatusOr<std::shared_ptr<HostStagingAgent::DirectPeer>> HostStagingAgent::
         len == 0) {
       return InvalidArgument("malformed device IPC extension (region ", i, ")");
     }
-    const absl::string_view handle = in.substr(0, handle_len);
-    in.remove_prefix(handle_len);
-    if (peer->regions.contains(static_cast<RegionId>(id))) {
+    if (!seen.insert(static_cast<RegionId>(id)).second) {
       return InvalidArgument("device IPC extension lists region ", id, " twice");
     }
-    TANDEM_ASSIGN_OR_RETURN(void* base, peer->copier->OpenIpc(handle));
-    peer->regions[static_cast<RegionId>(id)] = {static_cast<uint8_t*>(base), len};
+    entries.push_back({static_cast<RegionId>(id), len, in.substr(0, handle_len)});
+    in.remove_prefix(handle_len);
   }
   if (!in.empty()) {
     return InvalidArgument("malformed device IPC extension (", in.size(),
                            " trailing bytes)");
   }
+  auto peer = std::make_shared<DirectPeer>();
+  for (const std::shared_ptr<StagingCopier>& copier : copiers) {
+    if (peer->by_copier.contains(copier.get())) continue;
+    auto mapping = std::make_unique<PeerMapping>();
+    mapping->copier = copier;
+    for (const Entry& e : entries) {
+      TANDEM_ASSIGN_OR_RETURN(void* base, copier->OpenIpc(e.handle));
+      mapping->regions[e.id] = {static_cast<uint8_t*>(base), e.len};
+    }
+    if (peer->first == nullptr) peer->first = mapping.get();
+    peer->by_copier[copier.get()] = std::move(mapping);
+  }
+  if (peer->first == nullptr) return InvalidArgument("no copier to map the peer with");
   return peer;
 }
 
 absl::StatusOr<BatchId> HostStagingAgent::PostDirect(PeerId peer,
                                                      absl::Span<const Segment> segments,
                                                      CompletionCallback on_done) {
-  // Segments into the peer's mapped device memory are copied here, device to
-  // device (or host to device); the rest (regions it did not publish) go the
-  // usual way, as the batch posted below.
+  // Segments into the peer's mapped device memory are copied here: from a
+  // staged region by its own device (device to device, into that device's
+  // mapping), from a host region host to device; the rest (regions the peer
+  // did not publish) go the usual way, as the batch posted below.
+  struct Group {
+    PeerMapping* mapping = nullptr;
+    std::vector<StagingCopy> d2d, h2d;
+  };
   std::shared_ptr<DirectPeer> target;
-  std::vector<StagingCopy> d2d, h2d;
+  absl::flat_hash_map<StagingCopier*, Group> groups;
   std::vector<Segment> rest;
   std::vector<RegionId> busy;
   uint64_t bytes = 0;
@@ -445,10 +469,11 @@ absl::StatusOr<BatchId> HostStagingAgent::PostDirect(PeerId peer,
     if (p == direct_.end())
       return absl::NotFoundError(absl::StrCat("unknown peer ", peer));
     target = p->second;
+    const PeerMapping& any = *target->first;
     for (const Segment& g : segments) {
       if (g.length == 0) return InvalidArgument("a segment of 0 bytes");
-      auto m = target->regions.find(g.remote_region);
-      if (m == target->regions.end()) {
+      auto m = any.regions.find(g.remote_region);
+      if (m == any.regions.end()) {
         rest.push_back(g);
         continue;
       }
@@ -461,9 +486,17 @@ absl::StatusOr<BatchId> HostStagingAgent::PostDirect(PeerId peer,
       const uint8_t* src = nullptr;
       bool device = true;
       size_t len = 0;
+      PeerMapping* mapping = target->first;
       if (auto st = staged_.find(g.local_region); st != staged_.end()) {
         src = st->second.device;
         len = st->second.len;
+        auto own = target->by_copier.find(st->second.copier.get());
+        if (own == target->by_copier.end()) {
+          return FailedPrecondition("local region ", g.local_region, " on ",
+                                    st->second.copier->DeviceName(),
+                                    " was staged after the peer was mapped");
+        }
+        mapping = own->second.get();
       } else if (auto pt = pass_through_.find(g.local_region);
                  pt != pass_through_.end()) {
         src = pt->second.base;
@@ -477,9 +510,11 @@ absl::StatusOr<BatchId> HostStagingAgent::PostDirect(PeerId peer,
                                ") outside local region ", g.local_region, " of ", len,
                                " bytes");
       }
-      (device ? d2d : h2d)
-          .push_back(
-              {m->second.base + g.remote_offset, src + g.local_offset, g.length});
+      Group& group = groups[mapping->copier.get()];
+      group.mapping = mapping;
+      (device ? group.d2d : group.h2d)
+          .push_back({mapping->regions.at(g.remote_region).base + g.remote_offset,
+                      src + g.local_offset, g.length});
       bytes += g.length;
       if (busy.empty() || busy.back() != g.local_region) busy.push_back(g.local_region);
     }
@@ -488,8 +523,10 @@ absl::StatusOr<BatchId> HostStagingAgent::PostDirect(PeerId peer,
   }
   const absl::Time start = absl::Now();
   absl::Status copied;
-  if (!d2d.empty()) copied = target->copier->ToPeer(d2d);
-  if (copied.ok() && !h2d.empty()) copied = target->copier->ToDevice(h2d);
+  for (auto& [copier, group] : groups) {
+    if (copied.ok() && !group.d2d.empty()) copied = copier->ToPeer(group.d2d);
+    if (copied.ok() && !group.h2d.empty()) copied = copier->ToDevice(group.h2d);
+  }
   {
     absl::MutexLock l(&mu_);
     for (RegionId r : busy) {
@@ -618,26 +655,26 @@ absl::StatusOr<PeerId> HostStagingAgent::Connect(absl::string_view peer_descript
   const DescriptorExtension* ext =
       d.ok() ? d->FindExtension(kExtensionDeviceIpc) : nullptr;
   if (ext != nullptr && options_.device_ipc) {
-    std::shared_ptr<StagingCopier> copier;
+    // Every local device's copier, in region order.
+    std::vector<std::shared_ptr<StagingCopier>> copiers;
     {
       absl::MutexLock l(&mu_);
-      RegionId first = 0;
-      for (const auto& [id, st] : staged_) {
-        if (copier == nullptr || id < first) {
-          copier = st.copier;
-          first = id;
-        }
-      }
+      std::vector<std::pair<RegionId, std::shared_ptr<StagingCopier>>> by_region;
+      for (const auto& [id, st] : staged_) by_region.emplace_back(id, st.copier);
+      std::sort(by_region.begin(), by_region.end(),
+                [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (auto& [id, c] : by_region) copiers.push_back(std::move(c));
     }
-    if (copier != nullptr) {
-      absl::StatusOr<std::shared_ptr<DirectPeer>> mapped = MapPeer(ext->bytes, copier);
+    if (!copiers.empty()) {
+      absl::StatusOr<std::shared_ptr<DirectPeer>> mapped = MapPeer(ext->bytes, copiers);
       if (mapped.ok()) {
         direct = *std::move(mapped);
       } else {
         refused = absl::Status(
             mapped.status().code(),
             absl::StrCat(
-                "the peer's device memory cannot be mapped from ", copier->DeviceName(),
+                "the peer's device memory cannot be mapped from ",
+                copiers.front()->DeviceName(),
                 ", so its KV goes through host memory: ", mapped.status().message()));
       }
     }

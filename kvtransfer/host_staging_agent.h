@@ -239,25 +239,32 @@ class HostStagingAgent final : public TransferAgent {
     size_t len = 0;
     MemoryKind kind;
   };
-  // A peer written directly: its published regions mapped through `copier`,
-  // closed again when the last holder lets go (Disconnect while a PostWrite
-  // copies keeps them until it returns).
-  struct DirectPeer {
-    struct Mapped {
-      uint8_t* base = nullptr;
-      uint64_t len = 0;
-    };
+  // A peer written directly: its published regions mapped through each of
+  // this agent's copiers (one per local device: a TP rank's rows are copied by
+  // its own device, into that device's mapping), closed again when the last
+  // holder lets go (Disconnect while a PostWrite copies keeps them until it
+  // returns).
+  struct Mapped {
+    uint8_t* base = nullptr;
+    uint64_t len = 0;
+  };
+  struct PeerMapping {
     std::shared_ptr<StagingCopier> copier;
     absl::flat_hash_map<RegionId, Mapped> regions;
-    DirectPeer() = default;
-    DirectPeer(const DirectPeer&) = delete;
-    DirectPeer& operator=(const DirectPeer&) = delete;
-    ~DirectPeer();
+    PeerMapping() = default;
+    PeerMapping(const PeerMapping&) = delete;
+    PeerMapping& operator=(const PeerMapping&) = delete;
+    ~PeerMapping();
   };
-  // Maps every region of a peer's kExtensionDeviceIpc extension through
-  // `copier`; the error of the first that fails (nothing stays mapped then).
+  struct DirectPeer {
+    absl::flat_hash_map<StagingCopier*, std::unique_ptr<PeerMapping>> by_copier;
+    PeerMapping* first = nullptr;  // for host sources
+  };
+  // Maps every region of a peer's kExtensionDeviceIpc extension through each
+  // of `copiers`; the error of the first that fails (nothing stays mapped).
   static absl::StatusOr<std::shared_ptr<DirectPeer>> MapPeer(
-      absl::string_view extension, std::shared_ptr<StagingCopier> copier);
+      absl::string_view extension,
+      const std::vector<std::shared_ptr<StagingCopier>>& copiers);
   // PostWrite to a direct peer; to any other (staged local regions copied to
   // their shadows first).
   absl::StatusOr<BatchId> PostDirect(PeerId peer, absl::Span<const Segment> segments,

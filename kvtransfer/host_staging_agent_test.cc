@@ -458,6 +458,32 @@ TEST_F(DirectTest, WritesGoDeviceToDeviceAndTheNotificationSaysSo) {
   EXPECT_FALSE(sender_->IsDirect(peer_));
 }
 
+// TP ranks: a sender with regions on two devices maps the peer through each
+// device, and each region's bytes are copied by its own device.
+TEST(DirectTpTest, EachLocalDeviceCopiesItsOwnRegionsThroughItsOwnMapping) {
+  HostStagingAgent sender(std::make_unique<LoopbackAgent>());
+  HostStagingAgent receiver(std::make_unique<LoopbackAgent>());
+  auto dev0 = std::make_shared<FakeIpcDevice>(kBytes, 0x10);
+  auto dev1 = std::make_shared<FakeIpcDevice>(kBytes, 0x11);
+  auto dst = std::make_shared<FakeIpcDevice>(kBytes, 0xEE);
+  const RegionId r0 = *sender.RegisterStaged(dev0->data(), kBytes, dev0);
+  const RegionId r1 = *sender.RegisterStaged(dev1->data(), kBytes, dev1);
+  const RegionId d = *receiver.RegisterStaged(dst->data(), kBytes, dst);
+  const PeerId peer = *sender.Connect(*receiver.LocalDescriptor(""));
+  ASSERT_TRUE(sender.IsDirect(peer));
+  EXPECT_EQ(dev0->opened_, 1);  // the receiver's one region, through each device
+  EXPECT_EQ(dev1->opened_, 1);
+  auto b = sender.PostWrite(
+      peer, std::vector<Segment>{{r0, 0, d, 0, 100}, {r1, 0, d, 100, 50}}, nullptr);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(sender.Wait(*b, absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_EQ(dev0->to_peer_, 100u);
+  EXPECT_EQ(dev1->to_peer_, 50u);
+  EXPECT_EQ(dst->data()[99], 0x10);
+  EXPECT_EQ(dst->data()[100], 0x11);
+  EXPECT_EQ(dst->data()[150], 0xEE);
+}
+
 // A peer whose memory this side cannot map (another host, no peer access) is
 // staged as before, and says why; its notification is not marked.
 TEST_F(DirectTest, APeerThatCannotBeMappedIsStaged) {

@@ -281,19 +281,17 @@ TEST(ClusterCudaSimTest, DeviceWorkersServeTheCpuTokens) {
 // host -> host -> device through its own copier, and the tokens are still the
 // CPU's. Not on a GPU
 // machine with one GPU (NCCL refuses two ranks on one device).
-TEST(ClusterCudaSimTest, Tp2StagedThroughHostMemoryServesTheCpuTokens) {
+// The TP 2 cluster on the emulator, --kv_buffer=host, with --kv_device_ipc as
+// given; the CPU's tokens; returns the prefill worker's bytes sent.
+double RunTp2(ProcessCluster& cluster, bool ipc) {
   const std::string backend = WorkerBackend();
-  if (backend.rfind("cuda_sim", 0) != 0) {
-    GTEST_SKIP() << "TP 2 runs on the emulator only (backend " << backend << ")";
-  }
   CpuReference ref;
-  ASSERT_EQ(ref.Start(), "");
-  ProcessCluster cluster;
-  ASSERT_EQ(cluster.Start({}, 2,
+  EXPECT_EQ(ref.Start(), "");
+  const std::string flag = ipc ? "--kv_device_ipc=true" : "--kv_device_ipc=false";
+  EXPECT_EQ(cluster.Start({}, 2,
                           {"--backend=" + backend, "--tp=2", "--max_tokens_per_step=16",
-                           "--kv_buffer=host", "--kv_device_ipc=false"},
-                          {"--backend=" + backend, "--tp=2", "--kv_buffer=host",
-                           "--kv_device_ipc=false"}),
+                           "--kv_buffer=host", flag},
+                          {"--backend=" + backend, "--tp=2", "--kv_buffer=host", flag}),
             "");
   const std::vector<tandem::v1::GenerateRequest> reqs = {
       MakeRequest(24, 21, 4, 0.0f),  // greedy, two prefill steps
@@ -306,6 +304,37 @@ TEST(ClusterCudaSimTest, Tp2StagedThroughHostMemoryServesTheCpuTokens) {
   const double sent =
       *Metric(cluster.prefill_metrics(), "tandem_worker_transfer_bytes_total", {});
   EXPECT_GT(sent, 0);
+  return sent;
+}
+
+// TP 2 device to device (IPC): both ranks' regions are published by the one
+// decode agent and mapped by the prefill worker's, each rank's rows written
+// straight into the decode rank's device memory.
+TEST(ClusterCudaSimTest, Tp2DeviceToDeviceServesTheCpuTokens) {
+  if (WorkerBackend().rfind("cuda_sim", 0) != 0) {
+    GTEST_SKIP() << "TP 2 runs on the emulator only (backend " << WorkerBackend()
+                 << ")";
+  }
+  ProcessCluster cluster;
+  const double sent = RunTp2(cluster, /*ipc=*/true);
+  EXPECT_TRUE(WaitMetric(cluster.prefill_metrics(),
+                         "tandem_worker_kv_staged_bytes_total",
+                         {{"direction", "to_peer_device"}}, sent));
+  EXPECT_EQ(*Metric(cluster.prefill_metrics(), "tandem_worker_kv_staged_bytes_total",
+                    {{"direction", "to_host"}}),
+            0);
+  EXPECT_EQ(*Metric(cluster.decode_metrics(), "tandem_worker_kv_staged_bytes_total",
+                    {{"direction", "to_device"}}),
+            0);
+}
+
+TEST(ClusterCudaSimTest, Tp2StagedThroughHostMemoryServesTheCpuTokens) {
+  const std::string backend = WorkerBackend();
+  if (backend.rfind("cuda_sim", 0) != 0) {
+    GTEST_SKIP() << "TP 2 runs on the emulator only (backend " << backend << ")";
+  }
+  ProcessCluster cluster;
+  const double sent = RunTp2(cluster, /*ipc=*/false);
   EXPECT_TRUE(WaitMetric(cluster.prefill_metrics(),
                          "tandem_worker_kv_staged_bytes_total",
                          {{"direction", "to_host"}}, sent));
