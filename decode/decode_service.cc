@@ -372,7 +372,12 @@ void DecodeService::Enqueue(Handoff h, bool on_rpc_thread) {
   // which the transfers need).
   if (on_rpc_thread && hashers_.empty() && !staged_) {
     if (!NeedsLanding(h)) return StartDecode(std::move(h), nullptr);
+    const absl::Time t0 = absl::Now();
     std::vector<absl::StatusOr<tandem::v1::StateChecksums>> sums = Land({ItemOf(h)});
+    if (metrics_ != nullptr) {
+      metrics_->landing_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+      metrics_->landing_batches->Increment();
+    }
     return StartDecode(std::move(h), &sums[0]);
   }
   {
@@ -536,15 +541,18 @@ std::vector<absl::StatusOr<tandem::v1::StateChecksums>> DecodeService::Land(
     shared->done = true;
   });
   absl::MutexLock l(&shared->mu);
-  if (!shared->mu.AwaitWithTimeout(absl::Condition(&shared->done),
-                                   kDeviceChecksumWait)) {
+  // The bound grows with the batch: each state is staged in and hashed.
+  const absl::Duration wait =
+      kDeviceChecksumWait +
+      absl::Milliseconds(500) * static_cast<int64_t>(shared->items.size() - 1);
+  if (!shared->mu.AwaitWithTimeout(absl::Condition(&shared->done), wait)) {
     std::vector<Result> late;
     for (const LandItem& item : shared->items) {
       late.push_back(DeadlineExceeded(
           "request ", item.info.request_id,
           ": the landed state's staging and checksums on the device did not finish "
           "within ",
-          absl::FormatDuration(kDeviceChecksumWait), " (", shared->items.size(),
+          absl::FormatDuration(wait), " (", shared->items.size(),
           " states landing together)"));
     }
     return late;

@@ -201,7 +201,7 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
   // then, for items with `checksums`, the state's checksums (every rank,
   // merged; empty otherwise). On this thread from host memory; on the engine
   // thread between two steps for a device (one pause for the whole batch,
-  // waiting at most kDeviceChecksumWait).
+  // waiting at most kDeviceChecksumWait and 0.5 s per further item).
   struct LandItem {
     ReservationInfo info;
     bool checksums = false;

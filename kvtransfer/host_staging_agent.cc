@@ -142,7 +142,9 @@ absl::StatusOr<RegionId> HostStagingAgent::RegisterStaged(
   // Published for peers of this host to write into directly, where the device
   // can share it.
   absl::StatusOr<std::string> handle = std::string();
-  if (options_.device_ipc) handle = copier->ExportIpc(device_base, len);
+  if (options_.device_ipc && publish_ipc_.load()) {
+    handle = copier->ExportIpc(device_base, len);
+  }
   absl::MutexLock l(&mu_);
   if (!handle.ok() && export_status_.ok()) {
     export_status_ = absl::Status(
@@ -399,7 +401,7 @@ absl::StatusOr<BatchId> HostStagingAgent::PostStaged(PeerId peer,
 }
 
 absl::StatusOr<std::shared_ptr<HostStagingAgent::DirectPeer>> HostStagingAgent::MapPeer(
-    absl::string_view extension,
+    const AgentDescriptor& descriptor, absl::string_view extension,
     const std::vector<std::shared_ptr<StagingCopier>>& copiers) {
   // The extension: (id, length, handle) per region, checked whole first.
   struct Entry {
@@ -410,8 +412,8 @@ absl::StatusOr<std::shared_ptr<HostStagingAgent::DirectPeer>> HostStagingAgent::
   std::vector<Entry> entries;
   absl::string_view in = extension;
   uint64_t count = 0;
-  if (!GetLe(&in, 4, &count) || count > kMaxDescriptorRegions) {
-    return InvalidArgument("malformed device IPC extension (region count)");
+  if (!GetLe(&in, 4, &count) || count == 0 || count > kMaxDescriptorRegions) {
+    return InvalidArgument("malformed device IPC extension (region count ", count, ")");
   }
   absl::flat_hash_set<RegionId> seen;
   for (uint64_t i = 0; i < count; ++i) {
@@ -424,6 +426,13 @@ absl::StatusOr<std::shared_ptr<HostStagingAgent::DirectPeer>> HostStagingAgent::
     if (!seen.insert(static_cast<RegionId>(id)).second) {
       return InvalidArgument("device IPC extension lists region ", id, " twice");
     }
+    const RegionDescriptor* r = descriptor.FindRegion(static_cast<RegionId>(id));
+    if (r == nullptr || r->length != len) {
+      return InvalidArgument(
+          "device IPC extension lists region ", id, " of ", len,
+          " bytes, which the descriptor ",
+          r == nullptr ? "does not have" : absl::StrCat("has with ", r->length));
+    }
     entries.push_back({static_cast<RegionId>(id), len, in.substr(0, handle_len)});
     in.remove_prefix(handle_len);
   }
@@ -432,6 +441,7 @@ absl::StatusOr<std::shared_ptr<HostStagingAgent::DirectPeer>> HostStagingAgent::
                            " trailing bytes)");
   }
   auto peer = std::make_shared<DirectPeer>();
+  for (const RegionDescriptor& r : descriptor.regions) peer->lengths[r.id] = r.length;
   for (const std::shared_ptr<StagingCopier>& copier : copiers) {
     if (peer->by_copier.contains(copier.get())) continue;
     auto mapping = std::make_unique<PeerMapping>();
@@ -445,6 +455,14 @@ absl::StatusOr<std::shared_ptr<HostStagingAgent::DirectPeer>> HostStagingAgent::
   }
   if (peer->first == nullptr) return InvalidArgument("no copier to map the peer with");
   return peer;
+}
+
+uint64_t HostStagingAgent::LocalLengthLocked(RegionId region) const {
+  if (auto st = staged_.find(region); st != staged_.end()) return st->second.len;
+  if (auto pt = pass_through_.find(region); pt != pass_through_.end()) {
+    return pt->second.len;
+  }
+  return 0;
 }
 
 absl::StatusOr<BatchId> HostStagingAgent::PostDirect(PeerId peer,
@@ -474,6 +492,18 @@ absl::StatusOr<BatchId> HostStagingAgent::PostDirect(PeerId peer,
       if (g.length == 0) return InvalidArgument("a segment of 0 bytes");
       auto m = any.regions.find(g.remote_region);
       if (m == any.regions.end()) {
+        // Checked here too, so that nothing is copied for a batch the inner
+        // agent would refuse.
+        auto rl = target->lengths.find(g.remote_region);
+        const uint64_t local_len = LocalLengthLocked(g.local_region);
+        if (rl == target->lengths.end() || local_len == 0 ||
+            g.remote_offset > rl->second || g.length > rl->second - g.remote_offset ||
+            g.local_offset > local_len || g.length > local_len - g.local_offset) {
+          return InvalidArgument(
+              "segment [", g.local_offset, ", +", g.length, ") of local region ",
+              g.local_region, " to [", g.remote_offset, ", +", g.length,
+              ") of remote region ", g.remote_region, " is outside a region");
+        }
         rest.push_back(g);
         continue;
       }
@@ -638,6 +668,15 @@ absl::StatusOr<std::string> HostStagingAgent::LocalDescriptor(
     }
   }
   if (count == 0) return inner;
+  if (ext.size() + 4 > kMaxDescriptorExtensionBytes) {
+    absl::MutexLock l(&mu_);
+    if (export_status_.ok()) {
+      export_status_ = ResourceExhausted(
+          "the device IPC handles of ", count, " regions (", ext.size(),
+          " bytes) do not fit in a descriptor: not published");
+    }
+    return inner;
+  }
   TANDEM_ASSIGN_OR_RETURN(AgentDescriptor d, ParseDescriptor(inner));
   std::string bytes;
   PutLe(&bytes, count, 4);
@@ -666,7 +705,8 @@ absl::StatusOr<PeerId> HostStagingAgent::Connect(absl::string_view peer_descript
       for (auto& [id, c] : by_region) copiers.push_back(std::move(c));
     }
     if (!copiers.empty()) {
-      absl::StatusOr<std::shared_ptr<DirectPeer>> mapped = MapPeer(ext->bytes, copiers);
+      absl::StatusOr<std::shared_ptr<DirectPeer>> mapped =
+          MapPeer(*d, ext->bytes, copiers);
       if (mapped.ok()) {
         direct = *std::move(mapped);
       } else {

@@ -72,6 +72,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "kvtransfer/descriptor.h"
 #include "kvtransfer/plan.h"
 #include "kvtransfer/transfer_agent.h"
 
@@ -173,6 +174,11 @@ class HostStagingAgent final : public TransferAgent {
   // again (khugepaged).
   void set_release_pages(bool release);
   TransferAgent* inner() { return inner_.get(); }
+  // Off: staged regions registered from now on are not published for IPC
+  // (a sender's: nobody maps them); peers' published memory is still mapped
+  // (device_ipc). On by default.
+  void set_publish_device_ipc(bool publish) { publish_ipc_.store(publish); }
+  bool publish_device_ipc() const { return publish_ipc_.load(); }
 
   // Registers device memory [device_base, +len) through a host shadow (above).
   // INVALID_ARGUMENT for an empty or null region or a null copier; the inner
@@ -259,11 +265,16 @@ class HostStagingAgent final : public TransferAgent {
   struct DirectPeer {
     absl::flat_hash_map<StagingCopier*, std::unique_ptr<PeerMapping>> by_copier;
     PeerMapping* first = nullptr;  // for host sources
+    // Every region of the peer's descriptor: its length (segments are checked
+    // whole before anything moves).
+    absl::flat_hash_map<RegionId, uint64_t> lengths;
   };
   // Maps every region of a peer's kExtensionDeviceIpc extension through each
   // of `copiers`; the error of the first that fails (nothing stays mapped).
+  // The extension must list at least one region, each one of the descriptor's
+  // with its length.
   static absl::StatusOr<std::shared_ptr<DirectPeer>> MapPeer(
-      absl::string_view extension,
+      const AgentDescriptor& descriptor, absl::string_view extension,
       const std::vector<std::shared_ptr<StagingCopier>>& copiers);
   // PostWrite to a direct peer; to any other (staged local regions copied to
   // their shadows first).
@@ -271,6 +282,8 @@ class HostStagingAgent final : public TransferAgent {
                                      CompletionCallback on_done);
   absl::StatusOr<BatchId> PostStaged(PeerId peer, absl::Span<const Segment> segments,
                                      CompletionCallback on_done);
+  // A local region's length (staged or passed through); 0: unknown.
+  uint64_t LocalLengthLocked(RegionId region) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // (region, granule index) of a sender's batch in flight.
   using GranuleKey = std::pair<RegionId, uint64_t>;
 
@@ -291,6 +304,7 @@ class HostStagingAgent final : public TransferAgent {
   std::unique_ptr<TransferAgent> inner_;  // reset first by the destructor
   const HostStagingOptions options_;
   std::atomic<bool> release_pages_;
+  std::atomic<bool> publish_ipc_{true};
   const uint64_t page_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<RegionId, Staged> staged_ ABSL_GUARDED_BY(mu_);

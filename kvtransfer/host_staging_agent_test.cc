@@ -458,6 +458,72 @@ TEST_F(DirectTest, WritesGoDeviceToDeviceAndTheNotificationSaysSo) {
   EXPECT_FALSE(sender_->IsDirect(peer_));
 }
 
+// A peer's published list is checked against its descriptor: empty, or
+// naming a region it does not have or with another length, it is refused
+// (staged, the reason kept), never written directly.
+TEST_F(DirectTest, AnInconsistentPublishedListIsRefused) {
+  Start();
+  auto d = ParseDescriptor(*receiver_->LocalDescriptor(""));
+  ASSERT_TRUE(d.ok());
+  auto with_ext = [&](const std::string& bytes) {
+    AgentDescriptor x = *d;
+    x.extensions = {{kExtensionDeviceIpc, bytes}};
+    return SerializeDescriptor(x);
+  };
+  auto le = [](uint64_t v, int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+    return s;
+  };
+  const std::string handle =
+      absl::StrCat("fake-ipc:", reinterpret_cast<uintptr_t>(dst_->data()), ":", kBytes);
+  auto entry = [&](uint64_t id, uint64_t len) {
+    return le(id, 4) + le(len, 8) + le(handle.size(), 4) + handle;
+  };
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {le(0, 4), "region count 0"},
+      {le(1, 4) + entry(dst_region_ + 7, kBytes), "does not have"},
+      {le(1, 4) + entry(dst_region_, kBytes * 2), "has with"},
+      {le(2, 4) + entry(dst_region_, kBytes) + entry(dst_region_, kBytes), "twice"},
+      {le(1, 4) + entry(dst_region_, kBytes) + "x", "trailing"},
+  };
+  for (const auto& [bytes, why] : bad) {
+    SCOPED_TRACE(why);
+    HostStagingAgent other(std::make_unique<LoopbackAgent>());
+    auto dev = std::make_shared<FakeIpcDevice>(4096, 1);
+    ASSERT_TRUE(other.RegisterStaged(dev->data(), 4096, dev).ok());
+    auto peer = other.Connect(with_ext(bytes));
+    ASSERT_TRUE(peer.ok()) << peer.status();
+    EXPECT_FALSE(other.IsDirect(*peer));
+    EXPECT_NE(other.last_direct_refusal().message().find(why), std::string::npos)
+        << other.last_direct_refusal();
+    EXPECT_EQ(dev->opened_, 0);
+  }
+}
+
+// A batch with a bad segment among direct ones moves nothing: the segments for
+// the inner agent (a region the peer did not publish) are checked first too.
+TEST_F(DirectTest, ABadSegmentForTheInnerAgentStopsTheDirectCopies) {
+  Start();
+  std::vector<uint8_t> host_dst(4096, 0);
+  auto host_region = receiver_->RegisterMemory(host_dst.data(), host_dst.size());
+  ASSERT_TRUE(host_region.ok());
+  peer_ = *sender_->Connect(*receiver_->LocalDescriptor(""));
+  ASSERT_TRUE(sender_->IsDirect(peer_));
+  auto b = sender_->PostWrite(
+      peer_,
+      std::vector<Segment>{Seg(0, 0, 64), {src_region_, 0, *host_region, 4000, 200}},
+      nullptr);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << b.status();
+  EXPECT_EQ(src_->to_peer_, 0u);
+  EXPECT_EQ(dst_->data()[0], 0xEE);
+  // A good one of each kind goes: the mapped one directly, the other through
+  // the shadow and the inner agent.
+  ASSERT_TRUE(Send({Seg(0, 0, 64), {src_region_, 100, *host_region, 0, 32}}).ok());
+  EXPECT_EQ(src_->to_peer_, 64u);
+  EXPECT_EQ(std::memcmp(host_dst.data(), src_->data() + 100, 32), 0);
+}
+
 // TP ranks: a sender with regions on two devices maps the peer through each
 // device, and each region's bytes are copied by its own device.
 TEST(DirectTpTest, EachLocalDeviceCopiesItsOwnRegionsThroughItsOwnMapping) {

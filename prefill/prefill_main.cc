@@ -61,6 +61,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   tandem::engine::EngineOptions& eo = *options;
+  // A prefill worker writes into its decode peers' device memory (IPC); its
+  // own cache is never mapped by anyone, so it stays in the device's pool.
+  eo.cache_shareable = false;
   auto engine = tandem::worker::MakeEngine(model->get(), eo);
   if (!engine.ok()) {
     TLOG(ERROR, "cannot create the engine").Kv("status", engine.status());
@@ -91,6 +94,7 @@ int main(int argc, char** argv) {
     TLOG(ERROR, "the KV transfer agent has no host staging");
     return 1;
   }
+  staging->set_publish_device_ipc(false);  // maps its peers', publishes none
   metrics.SetCacheSizing(sizing);
   metrics.SetKvTransport(transport.agent, transport.provider, transport.rails);
   auto loop = std::make_unique<tandem::worker::EngineLoop>(std::move(*engine));

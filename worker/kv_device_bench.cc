@@ -29,6 +29,7 @@
 // A receiver the sender cannot map fails the run, saying why.
 //
 // Ends with one JSON line {"bench":"kv_device",...}.
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -39,6 +40,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -117,7 +119,14 @@ class Child {
   ~Child() { Stop(); }
   absl::Status Start(const std::vector<std::string>& args) {
     int in[2], out[2];
-    if (pipe(in) != 0 || pipe(out) != 0) return absl::InternalError("pipe");
+    if (pipe2(in, O_CLOEXEC) != 0) return absl::InternalError("pipe");
+    if (pipe2(out, O_CLOEXEC) != 0) {
+      close(in[0]);
+      close(in[1]);
+      return absl::InternalError("pipe");
+    }
+    // A receiver that died must fail the run with a message, not kill it.
+    signal(SIGPIPE, SIG_IGN);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, in[0], 0);
@@ -139,6 +148,18 @@ class Child {
       return absl::InternalError(absl::StrCat("posix_spawn: ", std::strerror(rc)));
     }
     return absl::OkStatus();
+  }
+  // The next line from the child that starts with one of `tags` (others, a
+  // library's output, are skipped), within `timeout`.
+  absl::StatusOr<std::string> ReadReply(std::initializer_list<absl::string_view> tags,
+                                        absl::Duration timeout) {
+    const absl::Time end = absl::Now() + timeout;
+    while (true) {
+      TANDEM_ASSIGN_OR_RETURN(std::string line, ReadLine(end - absl::Now()));
+      for (absl::string_view t : tags) {
+        if (absl::StartsWith(line, t)) return line;
+      }
+    }
   }
   // One line from the child, within `timeout`.
   absl::StatusOr<std::string> ReadLine(absl::Duration timeout) {
@@ -165,7 +186,7 @@ class Child {
     if (write(to_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
       return absl::UnavailableError("cannot write to the receiver process");
     }
-    return ReadLine(absl::Minutes(2));
+    return ReadReply({"HASH ", "ERROR "}, absl::Minutes(2));
   }
   void Stop() {
     if (to_ >= 0) close(to_);
@@ -297,7 +318,8 @@ int Run() {
         child.Start({"kv_device_bench", "--receiver_child", "--backend=" + backend_name,
                      absl::StrCat("--receiver_bytes=", bytes), "--log_format=json"});
     absl::StatusOr<std::string> first =
-        st.ok() ? child.ReadLine(absl::Minutes(2)) : absl::StatusOr<std::string>(st);
+        st.ok() ? child.ReadReply({"DESC ", "ERROR "}, absl::Minutes(2))
+                : absl::StatusOr<std::string>(st);
     if (!first.ok() || !absl::StartsWith(*first, "DESC ")) {
       std::fprintf(stderr, "kv_device_bench: the receiver process: %s\n",
                    first.ok() ? first->c_str() : first.status().ToString().c_str());

@@ -193,10 +193,12 @@ void ChooseStagingPageRelease(kvtransfer::TransferAgent* agent,
         .Kv("rdma", rdma)
         .Kv("release_pages", release)
         .Kv("device_ipc_regions", st.exported_regions)
-        .Kv("device_ipc", ipc.ok() ? std::string(st.exported_regions > 0
-                                                     ? "published"
-                                                     : "off (--kv_device_ipc=false)")
-                                   : std::string(ipc.message()));
+        .Kv("device_ipc", !ipc.ok()                 ? std::string(ipc.message())
+                          : st.exported_regions > 0 ? std::string("published")
+                          : !staging->options().device_ipc
+                              ? std::string("off (--kv_device_ipc=false)")
+                              : std::string("maps its peers' (a prefill "
+                                            "worker publishes none)"));
   };
   // Large shadows kept only because of RDMA (no release otherwise means small).
   if (rdma && StagingPageRelease(st.shadow_bytes, mem, /*rdma=*/false)) {

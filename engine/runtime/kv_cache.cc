@@ -33,10 +33,14 @@ bool OnDevice(const KvCacheOptions& o) {
 // null with `error` set on failure.
 void* Allocate(const KvCacheOptions& o, size_t bytes, absl::Status* error) {
   if (OnDevice(o)) {
+    // Shareable where asked and possible; else (no such memory, or none left
+    // outside the allocator's pool) the device's own: the region is then not
+    // published and peers stage through host memory.
     absl::StatusOr<void*> p = absl::UnimplementedError("not shareable");
     if (o.shareable) p = o.device->AllocateShareable(std::max(bytes, kAlign));
-    if (absl::IsUnimplemented(p.status()))
+    if (absl::IsUnimplemented(p.status()) || absl::IsResourceExhausted(p.status())) {
       p = o.device->Allocate(std::max(bytes, kAlign));
+    }
     if (!p.ok()) {
       *error = p.status();
       return nullptr;

@@ -317,7 +317,16 @@ class CudaDevice final : public Device {
     // cudaMalloc is not allowed in a capture (this thread's; it would invalidate it).
     if (IsCapturing(compute_.get())) return NotDuringCapture("AllocateShareable");
     void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, rounded);
+    cudaError_t e = cudaMalloc(&p, rounded);
+    if (e == cudaErrorMemoryAllocation) {
+      // The pool keeps what it once held (the profiling forward's activations
+      // and cache, counted as free by MemoryInfo): give its unused part back
+      // to the driver, then try again.
+      cudaGetLastError();
+      cudaStreamSynchronize(compute_.get());
+      cudaMemPoolTrimTo(pool_, 0);
+      e = cudaMalloc(&p, rounded);
+    }
     if (e != cudaSuccess) {
       cudaGetLastError();  // not sticky: clear it
       const DeviceMemoryInfo info = MemoryInfo();
@@ -327,7 +336,7 @@ class CudaDevice final : public Device {
     }
     absl::MutexLock lock(&mu_);
     shareable_[reinterpret_cast<uintptr_t>(p)] = Shareable{bytes, rounded};
-    allocated_ += static_cast<int64_t>(bytes);
+    allocated_ += static_cast<int64_t>(rounded);
     return p;
   }
 
@@ -549,7 +558,7 @@ class CudaDevice final : public Device {
       absl::MutexLock lock(&mu_);
       auto it = shareable_.find(reinterpret_cast<uintptr_t>(p));
       if (it == shareable_.end()) return false;
-      allocated_ -= static_cast<int64_t>(it->second.bytes);
+      allocated_ -= static_cast<int64_t>(it->second.rounded);
       shareable_.erase(it);
     }
     cudaSetDevice(ordinal_);
