@@ -10,7 +10,12 @@
 
 namespace tandem::kvtransfer {
 
-std::unique_ptr<PeerProcess> PeerProcess::Spawn(const std::string& binary) {
+std::unique_ptr<PeerProcess> PeerProcess::Spawn(const std::string& binary,
+                                                const std::vector<std::string>& args) {
+  // argv before the fork: the child only dup2s and execs.
+  std::vector<char*> argv = {const_cast<char*>(binary.c_str())};
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
   int in[2], out[2];
   if (pipe2(in, O_CLOEXEC) != 0) return nullptr;
   if (pipe2(out, O_CLOEXEC) != 0) {
@@ -19,11 +24,14 @@ std::unique_ptr<PeerProcess> PeerProcess::Spawn(const std::string& binary) {
     return nullptr;
   }
   const pid_t pid = fork();
-  if (pid < 0) return nullptr;
+  if (pid < 0) {
+    for (int fd : {in[0], in[1], out[0], out[1]}) close(fd);
+    return nullptr;
+  }
   if (pid == 0) {
     dup2(in[0], 0);
     dup2(out[1], 1);
-    execl(binary.c_str(), "transfer_peer", nullptr);
+    execv(binary.c_str(), argv.data());
     _exit(127);
   }
   close(in[0]);

@@ -1,6 +1,7 @@
-// PeerProcess: a transfer_peer child (fork + exec) driven over two pipes with the
-// line protocol documented in transfer_peer.cc. Used by the multi-process tests and
-// the benchmark. Every read has a deadline; the destructor SIGKILLs and reaps.
+// PeerProcess: a child (fork + exec) driven over two pipes, one command line in,
+// one reply line out: transfer_peer (its protocol in transfer_peer.cc) for the
+// multi-process tests and the kvtransfer benchmark, kv_device_bench's receiver. Every
+// read has a deadline; the destructor SIGKILLs and reaps.
 #ifndef TANDEM_KVTRANSFER_PEER_PROCESS_H_
 #define TANDEM_KVTRANSFER_PEER_PROCESS_H_
 
@@ -8,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 
@@ -15,8 +17,9 @@ namespace tandem::kvtransfer {
 
 class PeerProcess {
  public:
-  // Starts `binary`; nullptr when pipes or fork fail.
-  static std::unique_ptr<PeerProcess> Spawn(const std::string& binary);
+  // Starts `binary` with `args`; nullptr when pipes or fork fail.
+  static std::unique_ptr<PeerProcess> Spawn(const std::string& binary,
+                                            const std::vector<std::string>& args = {});
   ~PeerProcess();
   PeerProcess(const PeerProcess&) = delete;
   PeerProcess& operator=(const PeerProcess&) = delete;

@@ -29,18 +29,12 @@
 // A receiver the sender cannot map fails the run, saying why.
 //
 // Ends with one JSON line {"bench":"kv_device",...}.
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <initializer_list>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -59,6 +53,7 @@
 #include "kernels/backend_factory.h"
 #include "kvtransfer/descriptor.h"
 #include "kvtransfer/host_staging_agent.h"
+#include "kvtransfer/peer_process.h"
 #include "kvtransfer/ucx_agent.h"
 #include "nlohmann/json.hpp"
 #include "worker/cache_layout.h"
@@ -112,158 +107,63 @@ absl::Status MakeSide(kernels::Device* device, size_t bytes, kvtransfer::KvBuffe
   return absl::OkStatus();
 }
 
-// The --two_processes receiver, as a child process: stdin takes commands,
-// stdout answers, one line each.
-class Child {
- public:
-  ~Child() { Stop(); }
-  absl::Status Start(const std::vector<std::string>& args) {
-    int in[2], out[2];
-    if (pipe2(in, O_CLOEXEC) != 0) return absl::InternalError("pipe");
-    if (pipe2(out, O_CLOEXEC) != 0) {
-      close(in[0]);
-      close(in[1]);
-      return absl::InternalError("pipe");
-    }
-    // A receiver that died must fail the run with a message, not kill it.
-    signal(SIGPIPE, SIG_IGN);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_addclose(&fa, in[1]);
-    posix_spawn_file_actions_addclose(&fa, out[0]);
-    std::vector<char*> argv;
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    const int rc =
-        posix_spawn(&pid_, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(in[0]);
-    close(out[1]);
-    to_ = in[1];
-    from_ = out[0];
-    if (rc != 0) {
-      pid_ = -1;
-      return absl::InternalError(absl::StrCat("posix_spawn: ", std::strerror(rc)));
-    }
-    return absl::OkStatus();
-  }
-  // The next line from the child that starts with one of `tags` (others, a
-  // library's output, are skipped), within `timeout`.
-  absl::StatusOr<std::string> ReadReply(std::initializer_list<absl::string_view> tags,
-                                        absl::Duration timeout) {
-    const absl::Time end = absl::Now() + timeout;
-    while (true) {
-      TANDEM_ASSIGN_OR_RETURN(std::string line, ReadLine(end - absl::Now()));
-      for (absl::string_view t : tags) {
-        if (absl::StartsWith(line, t)) return line;
-      }
-    }
-  }
-  // One line from the child, within `timeout`.
-  absl::StatusOr<std::string> ReadLine(absl::Duration timeout) {
-    const absl::Time end = absl::Now() + timeout;
-    while (true) {
-      const size_t nl = buf_.find('\n');
-      if (nl != std::string::npos) {
-        std::string line = buf_.substr(0, nl);
-        buf_.erase(0, nl + 1);
-        return line;
-      }
-      const int ms = static_cast<int>(absl::ToInt64Milliseconds(end - absl::Now()));
-      if (ms <= 0) return absl::DeadlineExceededError("the receiver process is silent");
-      pollfd p{from_, POLLIN, 0};
-      if (poll(&p, 1, ms) <= 0) continue;
-      char chunk[65536];
-      const ssize_t n = read(from_, chunk, sizeof(chunk));
-      if (n <= 0) return absl::UnavailableError("the receiver process exited");
-      buf_.append(chunk, n);
-    }
-  }
-  absl::StatusOr<std::string> Ask(const std::string& command) {
-    const std::string line = command + "\n";
-    if (write(to_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
-      return absl::UnavailableError("cannot write to the receiver process");
-    }
-    return ReadReply({"HASH ", "ERROR "}, absl::Minutes(2));
-  }
-  void Stop() {
-    if (to_ >= 0) close(to_);
-    if (from_ >= 0) close(from_);
-    to_ = from_ = -1;
-    if (pid_ <= 0) return;
-    // Its stdin closed, it exits; bounded, then killed.
-    for (int i = 0; i < 200; ++i) {
-      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
-        pid_ = -1;
-        return;
-      }
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int to_ = -1, from_ = -1;
-  std::string buf_;
-};
-
-// --receiver_child: a shareable buffer staged with IPC published; prints
-// "DESC <hex descriptor>", then answers "HASH" with "HASH <xxh3 hex>" of its
-// buffer until stdin closes.
+// --receiver_child (a kvtransfer::PeerProcess): a shareable buffer staged with
+// IPC published; answers "DESC" with "DESC <hex descriptor>" and "HASH" with
+// "HASH <xxh3 hex> 1" of its buffer (or "ERROR <why>"), one line each, until
+// stdin closes. Anything else the process prints goes to stderr.
 int RunReceiverChild() {
-  auto backend = kernels::CreateBackend(absl::GetFlag(FLAGS_backend));
-  if (!backend.ok()) {
-    std::printf("ERROR %s\n", backend.status().ToString().c_str());
+  const int proto_fd = dup(1);
+  dup2(2, 1);
+  FILE* proto = fdopen(proto_fd, "w");
+  if (proto == nullptr) return 1;
+  auto reply = [&](const std::string& line) {
+    std::fprintf(proto, "%s\n", line.c_str());
+    std::fflush(proto);
+  };
+  // Errors are answers too, to every command.
+  auto fail = [&](const absl::Status& s) {
+    char line[256];
+    while (std::fgets(line, sizeof(line), stdin) != nullptr) {
+      reply("ERROR " + s.ToString());
+    }
     return 1;
-  }
+  };
+  auto backend = kernels::CreateBackend(absl::GetFlag(FLAGS_backend));
+  if (!backend.ok()) return fail(backend.status());
   kernels::Device& device = (*backend)->device();
   const size_t bytes = static_cast<size_t>(absl::GetFlag(FLAGS_receiver_bytes));
-  if (bytes == 0) {
-    std::printf("ERROR --receiver_bytes must be > 0\n");
-    return 1;
-  }
+  if (bytes == 0)
+    return fail(absl::InvalidArgumentError("--receiver_bytes must be > 0"));
   kvtransfer::UcxAgentConfig config;
   config.peer_failure_detection = false;
   auto ucx = kvtransfer::UcxAgent::Create(config);
+  if (!ucx.ok()) return fail(ucx.status());
   absl::StatusOr<void*> mem = device.AllocateShareable(bytes);
-  if (!ucx.ok() || !mem.ok()) {
-    std::printf("ERROR %s\n",
-                (!ucx.ok() ? ucx.status() : mem.status()).ToString().c_str());
-    return 1;
-  }
+  if (!mem.ok()) return fail(mem.status());
   HostStagingAgent agent(*std::move(ucx), kvtransfer::HostStagingOptions{
                                               .buffer = kvtransfer::KvBuffer::kHost,
                                               .release_pages = false});
   auto registrar = worker::KvBufferRegistrar::Create(&agent, &device);
-  absl::StatusOr<kvtransfer::RegionId> region =
-      registrar.ok() ? (*registrar)->Register(*mem, bytes)
-                     : absl::StatusOr<kvtransfer::RegionId>(registrar.status());
-  absl::StatusOr<std::string> desc =
-      region.ok() ? agent.LocalDescriptor("") : region.status();
-  if (!desc.ok()) {
-    std::printf("ERROR %s\n", desc.status().ToString().c_str());
-    return 1;
-  }
-  if (!agent.ipc_export_status().ok()) {
-    std::printf("ERROR %s\n", agent.ipc_export_status().ToString().c_str());
-    return 1;
-  }
-  std::printf("DESC %s\n", absl::BytesToHexString(*desc).c_str());
-  std::fflush(stdout);
+  if (!registrar.ok()) return fail(registrar.status());
+  absl::StatusOr<kvtransfer::RegionId> region = (*registrar)->Register(*mem, bytes);
+  if (!region.ok()) return fail(region.status());
+  if (!agent.ipc_export_status().ok()) return fail(agent.ipc_export_status());
+  absl::StatusOr<std::string> desc = agent.LocalDescriptor("");
+  if (!desc.ok()) return fail(desc.status());
   std::vector<uint8_t> host(bytes);
   char line[256];
   while (std::fgets(line, sizeof(line), stdin) != nullptr) {
-    if (std::strncmp(line, "HASH", 4) != 0) continue;
-    const bool ok = device.CopyToHost(host.data(), *mem, bytes).ok();
-    std::printf("HASH %016llx %d\n",
-                static_cast<unsigned long long>(XXH3_64bits(host.data(), bytes)),
-                ok ? 1 : 0);
-    std::fflush(stdout);
+    if (std::strncmp(line, "DESC", 4) == 0) {
+      reply("DESC " + absl::BytesToHexString(*desc));
+    } else if (std::strncmp(line, "HASH", 4) == 0) {
+      const bool ok = device.CopyToHost(host.data(), *mem, bytes).ok();
+      reply(absl::StrFormat(
+          "HASH %016llx %d",
+          static_cast<unsigned long long>(XXH3_64bits(host.data(), bytes)),
+          ok ? 1 : 0));
+    } else {
+      reply("ERROR unknown command");
+    }
   }
   device.Free(*mem);
   return 0;
@@ -311,21 +211,21 @@ int Run() {
       return 1;
     }
   }
-  Child child;
+  std::unique_ptr<kvtransfer::PeerProcess> child;
   std::string child_desc;
   if (two) {
-    absl::Status st =
-        child.Start({"kv_device_bench", "--receiver_child", "--backend=" + backend_name,
-                     absl::StrCat("--receiver_bytes=", bytes), "--log_format=json"});
-    absl::StatusOr<std::string> first =
-        st.ok() ? child.ReadReply({"DESC ", "ERROR "}, absl::Minutes(2))
-                : absl::StatusOr<std::string>(st);
-    if (!first.ok() || !absl::StartsWith(*first, "DESC ")) {
+    child = kvtransfer::PeerProcess::Spawn(
+        "/proc/self/exe",
+        {"--receiver_child", "--backend=" + backend_name,
+         absl::StrCat("--receiver_bytes=", bytes), "--log_format=json"});
+    const std::string first =
+        child != nullptr ? child->Call("DESC", absl::Minutes(2)) : "ERR cannot start";
+    if (!absl::StartsWith(first, "DESC ")) {
       std::fprintf(stderr, "kv_device_bench: the receiver process: %s\n",
-                   first.ok() ? first->c_str() : first.status().ToString().c_str());
+                   first.c_str());
       return 1;
     }
-    child_desc = absl::HexStringToBytes(first->substr(5));
+    child_desc = absl::HexStringToBytes(first.substr(5));
     auto d = kvtransfer::ParseDescriptor(child_desc);
     if (!d.ok() || d->regions.size() != 1) {
       std::fprintf(stderr, "kv_device_bench: the receiver's descriptor: %s\n",
@@ -403,12 +303,11 @@ int Run() {
     const std::string want = absl::StrFormat(
         "HASH %016llx 1",
         static_cast<unsigned long long>(XXH3_64bits(got.data(), bytes)));
-    absl::StatusOr<std::string> answer = child.Ask("HASH");
-    exact = answer.ok() && *answer == want;
+    const std::string answer = child->Call("HASH", absl::Minutes(2));
+    exact = answer == want;
     if (!exact) {
       std::fprintf(stderr, "kv_device_bench: receiver says '%s', want '%s'\n",
-                   answer.ok() ? answer->c_str() : answer.status().ToString().c_str(),
-                   want.c_str());
+                   answer.c_str(), want.c_str());
     }
   } else {
     if (!device.CopyToHost(got.data(), dst.mem, bytes).ok()) {
@@ -471,7 +370,7 @@ int Run() {
   std::printf("%s\n", j.dump().c_str());
   src.agent.reset();
   dst.agent.reset();
-  child.Stop();
+  child.reset();
   device.Free(src.mem);
   device.Free(dst.mem);
   return exact ? 0 : 1;
