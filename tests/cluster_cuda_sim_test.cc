@@ -143,6 +143,24 @@ void ExpectTheCpuTokens(ProcessCluster& cluster, CpuReference& ref,
   }
 }
 
+// Every byte the prefill worker sent went straight into the decode worker's
+// device memory (IPC): none through host memory on either side, and the decode
+// worker published its cache (metrics refreshed every 500 ms).
+void ExpectDeviceToDevice(ProcessCluster& cluster, double sent) {
+  EXPECT_TRUE(WaitMetric(cluster.prefill_metrics(),
+                         "tandem_worker_kv_staged_bytes_total",
+                         {{"direction", "to_peer_device"}}, sent));
+  EXPECT_EQ(*Metric(cluster.prefill_metrics(), "tandem_worker_kv_staged_bytes_total",
+                    {{"direction", "to_host"}}),
+            0);
+  EXPECT_EQ(*Metric(cluster.decode_metrics(), "tandem_worker_kv_staged_bytes_total",
+                    {{"direction", "to_device"}}),
+            0);
+  EXPECT_NE(cluster.decode().ReadLog().find("\"device_ipc\":\"published\""),
+            std::string::npos)
+      << cluster.Logs();
+}
+
 TEST(ClusterCudaSimTest, DeviceWorkersServeTheCpuTokens) {
   const absl::Time start = absl::Now();
   CpuReference ref;
@@ -242,20 +260,8 @@ TEST(ClusterCudaSimTest, DeviceWorkersServeTheCpuTokens) {
     }
   }
   if (direct) {
-    const double sent =
-        *Metric(cluster.prefill_metrics(), "tandem_worker_transfer_bytes_total", {});
-    EXPECT_TRUE(WaitMetric(cluster.prefill_metrics(),
-                           "tandem_worker_kv_staged_bytes_total",
-                           {{"direction", "to_peer_device"}}, sent));
-    EXPECT_EQ(*Metric(cluster.prefill_metrics(), "tandem_worker_kv_staged_bytes_total",
-                      {{"direction", "to_host"}}),
-              0);
-    EXPECT_EQ(*Metric(cluster.decode_metrics(), "tandem_worker_kv_staged_bytes_total",
-                      {{"direction", "to_device"}}),
-              0);
-    EXPECT_NE(cluster.decode().ReadLog().find("\"device_ipc\":\"published\""),
-              std::string::npos)
-        << cluster.Logs();
+    ExpectDeviceToDevice(cluster, *Metric(cluster.prefill_metrics(),
+                                          "tandem_worker_transfer_bytes_total", {}));
   } else if (staged) {
     const double sent =
         *Metric(cluster.prefill_metrics(), "tandem_worker_transfer_bytes_total", {});
@@ -316,16 +322,7 @@ TEST(ClusterCudaSimTest, Tp2DeviceToDeviceServesTheCpuTokens) {
                  << ")";
   }
   ProcessCluster cluster;
-  const double sent = RunTp2(cluster, /*ipc=*/true);
-  EXPECT_TRUE(WaitMetric(cluster.prefill_metrics(),
-                         "tandem_worker_kv_staged_bytes_total",
-                         {{"direction", "to_peer_device"}}, sent));
-  EXPECT_EQ(*Metric(cluster.prefill_metrics(), "tandem_worker_kv_staged_bytes_total",
-                    {{"direction", "to_host"}}),
-            0);
-  EXPECT_EQ(*Metric(cluster.decode_metrics(), "tandem_worker_kv_staged_bytes_total",
-                    {{"direction", "to_device"}}),
-            0);
+  ExpectDeviceToDevice(cluster, RunTp2(cluster, /*ipc=*/true));
 }
 
 TEST(ClusterCudaSimTest, Tp2StagedThroughHostMemoryServesTheCpuTokens) {
