@@ -25,7 +25,7 @@
 #      tiny checkpoint at batch 1/8/64 (CUDA graphs on, then --enforce_eager when
 #      the binary has it), then the mid checkpoint (generated there: too big to
 #      carry) at batch 1/8/64 with 4k prompts, and a 32k prefill
-#   4c. the KV hand-off between device buffers (kv_device_bench --backend cuda,
+#   4c. (run before 4b, being short) the KV hand-off between device buffers (kv_device_bench --backend cuda,
 #      --kv_buffer auto then host, then device to device into a second
 #      process's memory: --two_processes, CUDA IPC) against the device's own
 #      copy
@@ -307,6 +307,25 @@ else
   FAILED=1
 fi
 
+# ---------------------------------------------------------------- 4c. KV hand-off
+# (before the engine benchmarks: three short runs, which the engine's long ones
+# would otherwise leave no time for; 150 s kept for those)
+# The KV between two device buffers as the workers move it (--kv_buffer auto:
+# in place where the bundle's UCX has CUDA support, else staged through host
+# memory), against the device's own copy in the same run; then forced staging;
+# then into a second process's device memory (CUDA IPC, as between a prefill
+# and a decode worker of one host).
+if [[ -n "$(bin_path kv_device_bench)" && -z "${UNRESOLVED[kv_device_bench]:-}" ]]; then
+  for kvb in auto host ipc; do
+    LAST_OUT=""
+    args=(--backend cuda --kv_buffer "$kvb")
+    [[ "$kvb" == ipc ]] && args=(--backend cuda --kv_buffer host --two_processes)
+    run_step "kv_device_$kvb" bench "$(budget_for 30 150)" "$BUNDLE/run" kv_device_bench \
+      "${args[@]}"
+    [[ -n "$LAST_OUT" ]] && KV_DEVICE_JSON+=("$(json_str "$kvb"):$(bench_json "$LAST_OUT" kv_device)")
+  done
+fi
+
 # ---------------------------------------------------------------- 4b. engine
 # The engine from GPU memory: weights, MLA cache, KDA pool and activations on the
 # device, the decode step against the device's own copy bandwidth, the host gap.
@@ -339,23 +358,6 @@ if [[ -n "$(bin_path engine_bench)" && -z "${UNRESOLVED[engine_bench]:-}" ]]; th
 else
   STEPS+=("{\"name\":\"engine_bench\",\"kind\":\"bench\",\"status\":\"fail\",\"reason\":$(json_str "absent or unresolved: ${UNRESOLVED[engine_bench]:-not in the bundle}")}")
   FAILED=1
-fi
-
-# ---------------------------------------------------------------- 4c. KV hand-off
-# The KV between two device buffers as the workers move it (--kv_buffer auto:
-# in place where the bundle's UCX has CUDA support, else staged through host
-# memory), against the device's own copy in the same run; then forced staging;
-# then into a second process's device memory (CUDA IPC, as between a prefill
-# and a decode worker of one host).
-if [[ -n "$(bin_path kv_device_bench)" && -z "${UNRESOLVED[kv_device_bench]:-}" ]]; then
-  for kvb in auto host ipc; do
-    LAST_OUT=""
-    args=(--backend cuda --kv_buffer "$kvb")
-    [[ "$kvb" == ipc ]] && args=(--backend cuda --kv_buffer host --two_processes)
-    run_step "kv_device_$kvb" bench "$(budget_for 40 20)" "$BUNDLE/run" kv_device_bench \
-      "${args[@]}"
-    [[ -n "$LAST_OUT" ]] && KV_DEVICE_JSON+=("$(json_str "$kvb"):$(bench_json "$LAST_OUT" kv_device)")
-  done
 fi
 
 # ---------------------------------------------------------------- 5. sanitizers
