@@ -167,6 +167,22 @@ void DecodeService::Count(const char* rpc, const char* outcome) {
 }
 
 void DecodeService::FreeInEngine(const ReservationInfo& info) {
+  // A staged cache that gives pages back: what landed (or was still landing)
+  // in the shadows for this reservation and was never staged in goes back
+  // too, before the blocks can be reserved again (idempotent after StageIn).
+  if (staging_ != nullptr && staging_->release_pages() && !info.landed_on_device) {
+    for (int k = 0; k < tp(); ++k) {
+      if (!regions_[k].staged) continue;
+      absl::StatusOr<std::vector<kvtransfer::ByteRange>> ranges =
+          worker::LandedRanges(*caches_[k], regions_[k], info.blocks, info.slot,
+                               info.prompt_tokens, info.held_tokens);
+      if (!ranges.ok()) continue;
+      std::erase_if(*ranges, [this](const kvtransfer::ByteRange& b) {
+        return !staging_->IsStaged(b.region);
+      });
+      staging_->Discard(*ranges).IgnoreError();
+    }
+  }
   loop_->Abort(info.engine_id);  // Engine::Abort frees a reservation
 }
 

@@ -274,6 +274,32 @@ absl::Status HostStagingAgent::StageIn(absl::Span<const ByteRange> ranges) {
     }
   }
   TANDEM_RETURN_IF_ERROR(RunCopies(std::move(copies), /*to_device=*/true).status());
+  DropRanges(ranges);
+  return absl::OkStatus();
+}
+
+absl::Status HostStagingAgent::Discard(absl::Span<const ByteRange> ranges) {
+  {
+    absl::MutexLock l(&mu_);
+    for (const ByteRange& r : ranges) {
+      auto it = staged_.find(r.region);
+      if (it == staged_.end()) {
+        return InvalidArgument("discard of region ", r.region,
+                               ", which is not a host-staged region");
+      }
+      if (r.offset > it->second.len || r.length > it->second.len - r.offset) {
+        return InvalidArgument("discard of [", r.offset, ", +", r.length,
+                               ") outside region ", r.region, " of ", it->second.len,
+                               " bytes");
+      }
+    }
+  }
+  DropRanges(ranges);
+  return absl::OkStatus();
+}
+
+void HostStagingAgent::DropRanges(absl::Span<const ByteRange> ranges) {
+  if (!release_pages_.load()) return;
   absl::MutexLock l(&mu_);
   // Only pages wholly inside the ranges, and none a sender's batch reads.
   // Adjacent ranges are merged first (a request's blocks are often
@@ -310,7 +336,6 @@ absl::Status HostStagingAgent::StageIn(absl::Span<const ByteRange> ranges) {
     }
     DropPages(it->second, from, end);
   }
-  return absl::OkStatus();
 }
 
 void HostStagingAgent::ReleaseGranules(const std::vector<GranuleKey>& granules) {

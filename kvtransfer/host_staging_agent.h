@@ -198,6 +198,11 @@ class HostStagingAgent final : public TransferAgent {
   // back the pages wholly inside them. INVALID_ARGUMENT for a range outside a
   // staged region (nothing is copied then); the copier's error otherwise.
   absl::Status StageIn(absl::Span<const ByteRange> ranges);
+  // Receiver: gives back the pages wholly inside `ranges` without copying (a
+  // reservation freed without its state staged in: a failed or abandoned
+  // transfer's bytes, or late writes during its quarantine), when pages are
+  // released at all (release_pages). INVALID_ARGUMENT as StageIn.
+  absl::Status Discard(absl::Span<const ByteRange> ranges);
   HostStagingStats stats() const;
 
   // TransferAgent.
@@ -295,6 +300,9 @@ class HostStagingAgent final : public TransferAgent {
     StagingCopy copy;
   };
   absl::StatusOr<uint64_t> RunCopies(std::vector<PendingCopy> copies, bool to_device);
+  // Gives back the pages wholly inside `ranges` (merged), except in granules a
+  // sender's batch still reads; nothing unless release_pages.
+  void DropRanges(absl::Span<const ByteRange> ranges);
   // Drops the granules' counts taken by a batch; gives back those at zero.
   void ReleaseGranules(const std::vector<GranuleKey>& granules);
   // MADV_DONTNEED over [begin, end) of `s`'s shadow (page-aligned inside).

@@ -263,6 +263,26 @@ TEST_F(HostStagingTest, ShadowPagesAreGivenBackOnceTheBytesMoved) {
   EXPECT_EQ(std::memcmp(dst_->data() + at, src_->data() + (64 << 10), len), 0);
 }
 
+// A receiver's reservation freed without its state staged in (a failed
+// transfer): Discard gives its shadow pages back without copying anything.
+TEST_F(HostStagingTest, DiscardGivesLandedPagesBackWithoutCopying) {
+  Start();
+  ASSERT_TRUE(Send({Seg(0, 0, 1 << 20)}).ok());
+  uint8_t* shadow = ShadowOf(*receiver_, dst_region_);
+  ASSERT_NE(shadow, nullptr);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  EXPECT_EQ(Resident(shadow, 1 << 20), (size_t{1} << 20) / page);
+  const uint64_t copied = dst_->to_device_;
+  ASSERT_TRUE(receiver_->Discard({{dst_region_, 0, 1 << 20}}).ok());
+  EXPECT_EQ(Resident(shadow, 1 << 20), 0u);
+  EXPECT_EQ(dst_->to_device_, copied);
+  EXPECT_EQ(dst_->data()[0], 0xEE);  // the device never saw the bytes
+  EXPECT_EQ(receiver_->Discard({{dst_region_, kBytes - 1, 2}}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(receiver_->Discard({{dst_region_ + 9, 0, 1}}).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(HostStagingTest, WithoutPageReleaseTheShadowsKeepTheirPages) {
   Start(HostStagingOptions{.release_pages = false});
   const uint64_t len = 256 << 10;
