@@ -428,7 +428,13 @@ void DecodeService::LandLoop() {
       absl::MutexLock l(&land_mu_);
       land_mu_.Await(absl::Condition(this, &DecodeService::LandingReady));
       if (landings_.empty()) return;  // stopping, nothing left
+      // Bounded by count and by prompt tokens: the pause holds up the running
+      // requests' next step (a staged state copies its rows host -> device).
+      int64_t tokens = 0;
       while (!landings_.empty() && batch.size() < kMaxLandingBatch) {
+        const int64_t t = landings_.front().handoff.info.prompt_tokens;
+        if (!batch.empty() && tokens + t > options_.max_landing_tokens) break;
+        tokens += t;
         batch.push_back(std::move(landings_.front()));
         landings_.pop_front();
       }

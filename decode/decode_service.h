@@ -96,6 +96,11 @@ struct DecodeServiceOptions {
   Clock* clock = nullptr;
   // Start the janitor thread (false: the owner calls Tick, e.g. tests).
   bool start_janitor = true;
+  // Prompt tokens of hand-offs made ready in one engine pause at most (one
+  // state alone may be larger): the pause holds up the running requests' next
+  // step, and a staged state copies its rows host -> device there (256k tokens
+  // of K3 state are ~7 GB of MLA rows).
+  int64_t max_landing_tokens = 262144;
   // Per TP rank (rank order), the backend whose device holds that rank's cache:
   // the landed state's checksums are then computed on that device
   // (worker/device_checksum.h), never by the host reading device memory. Empty:
@@ -184,7 +189,8 @@ class DecodeService final : public tandem::v1::DecodeWorker::CallbackService {
   // there (its checksums run in parallel with the others').
   void Enqueue(Handoff h, bool on_rpc_thread);
   bool LandingReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(land_mu_);
-  // The lander thread: takes every hand-off queued (up to kMaxLandingBatch),
+  // The lander thread: takes every hand-off queued (up to kMaxLandingBatch and
+  // options_.max_landing_tokens),
   // makes their states ready together (Land), then starts each one's decode.
   void LandLoop();
   void OnDecodeCancel(const std::string& id, engine::RequestId eid,

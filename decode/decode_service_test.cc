@@ -64,6 +64,7 @@ class DecodeServiceTest : public ::testing::Test {
     so.max_landing_wait = absl::Seconds(3);
     so.clock = &clock_;
     so.start_janitor = false;
+    so.max_landing_tokens = max_landing_tokens_;
     // The landed state's checksums through the backend's ChunkHashes (the path
     // of a device cache; the host path is the cluster tests').
     so.checksum_backends = {backend_.get()};
@@ -219,6 +220,10 @@ class DecodeServiceTest : public ::testing::Test {
                     .ok());
   }
 
+  // HandoffsQueuedBehindABusyEngineLandTogether's scenario;
+  // `batches_after_first`: the batches b and c land in.
+  void Run(int batches_after_first);
+
   // The checksums of the state landed in the target's blocks, as the prefill
   // worker computes them over its own copy (the host's view of the cache).
   tandem::v1::StateChecksums LandedChecksums(const tandem::v1::KvTarget& target,
@@ -235,6 +240,10 @@ class DecodeServiceTest : public ::testing::Test {
     EXPECT_TRUE(sums.ok()) << sums.status();
     return sums.ok() ? *sums : tandem::v1::StateChecksums();
   }
+
+  // DecodeServiceOptions::max_landing_tokens of the suite (a suite sets it in
+  // SetUpTestSuite, before its fixtures are made).
+  inline static int64_t max_landing_tokens_ = DecodeServiceOptions().max_landing_tokens;
 
   FakeClock clock_;
   std::unique_ptr<kernels::Backend> backend_;
@@ -525,7 +534,20 @@ TEST_F(DecodeServiceTest, ChecksumsFromTheBackendEqualTheHostsAndTheDecodeRuns) 
 // three Decodes of landed states arrive: the first is taken alone, the other
 // two queue (their RPC threads free) and land in one batch, where one carries
 // wrong checksums: it alone ends DATA_LOSS, the others decode as colocated.
-TEST_F(DecodeServiceTest, HandoffsQueuedBehindABusyEngineLandTogether) {
+TEST_F(DecodeServiceTest, HandoffsQueuedBehindABusyEngineLandTogether) { Run(1); }
+
+// With at most 25 prompt tokens per pause, b (20) and c (21) land one by one.
+class DecodeServiceLandingCapTest : public DecodeServiceTest {
+ protected:
+  static void SetUpTestSuite() { max_landing_tokens_ = 25; }
+  static void TearDownTestSuite() {
+    max_landing_tokens_ = DecodeServiceOptions().max_landing_tokens;
+  }
+};
+
+TEST_F(DecodeServiceLandingCapTest, ThePromptTokenCapSplitsTheBatch) { Run(2); }
+
+void DecodeServiceTest::Run(int batches_after_first) {
   const int32_t total = TotalBlocks();
   const std::vector<std::string> ids = {"a", "b", "c"};
   std::vector<std::vector<int32_t>> prompts;
@@ -596,9 +618,10 @@ TEST_F(DecodeServiceTest, HandoffsQueuedBehindABusyEngineLandTogether) {
   EXPECT_EQ(got[2].status.error_code(), grpc::StatusCode::DATA_LOSS)
       << got[2].status.error_message();
   EXPECT_TRUE(got[2].tokens.empty());
-  // a alone, then b and c together.
+  // a alone, then b and c together (or, capped, one by one).
   EXPECT_EQ(service_->landings_taken(), 3);
-  EXPECT_EQ(metrics_.landing_batches->Value(), batches_before + 2);
+  EXPECT_EQ(metrics_.landing_batches->Value(),
+            batches_before + 1 + batches_after_first);
   EXPECT_EQ(metrics_.landing_seconds->Count(), landed_before + 3);
   EXPECT_EQ(Decodes("ok"), 2);
   EXPECT_EQ(Decodes("data_loss"), 1);
