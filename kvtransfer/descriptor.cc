@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kvtransfer/wire.h"
 
 namespace tandem::kvtransfer {
 namespace {
@@ -16,10 +17,6 @@ constexpr size_t kHeaderBytes = 4 + 2 + 1 + 1 + 4 + 8;
 constexpr size_t kTrailerBytes = 8;
 
 void PutU8(std::string* out, uint8_t v) { out->push_back(static_cast<char>(v)); }
-void PutLe(std::string* out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i)
-    out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
 void PutBytes(std::string* out, absl::string_view s) {
   PutLe(out, s.size(), 4);
   out->append(s.data(), s.size());
@@ -36,13 +33,9 @@ class Reader {
   explicit Reader(absl::string_view data) : data_(data) {}
   size_t remaining() const { return data_.size() - pos_; }
   bool Le(int bytes, uint64_t* v) {
-    if (remaining() < static_cast<size_t>(bytes)) return false;
-    uint64_t r = 0;
-    for (int i = 0; i < bytes; ++i) {
-      r |= static_cast<uint64_t>(static_cast<uint8_t>(data_[pos_ + i])) << (8 * i);
-    }
+    absl::string_view rest = data_.substr(pos_);
+    if (!GetLe(&rest, bytes, v)) return false;
     pos_ += bytes;
-    *v = r;
     return true;
   }
   bool Bytes(size_t cap, std::string* out) {

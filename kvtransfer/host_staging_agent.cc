@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "kvtransfer/descriptor.h"
+#include "kvtransfer/wire.h"
 
 namespace tandem::kvtransfer {
 namespace {
@@ -24,22 +25,6 @@ constexpr absl::string_view kDirectMark = "\x1btandem-direct\x1b";
 // The kExtensionDeviceIpc extension: u32 count, per region u32 id, u64 length,
 // u32 handle length, handle (little-endian).
 constexpr size_t kMaxIpcHandleBytes = 4096;
-
-void PutLe(std::string* out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) {
-    out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  }
-}
-bool GetLe(absl::string_view* in, int bytes, uint64_t* v) {
-  if (in->size() < static_cast<size_t>(bytes)) return false;
-  uint64_t r = 0;
-  for (int i = 0; i < bytes; ++i) {
-    r |= static_cast<uint64_t>(static_cast<uint8_t>((*in)[i])) << (8 * i);
-  }
-  in->remove_prefix(bytes);
-  *v = r;
-  return true;
-}
 
 Notification Unmark(Notification n) {
   if (absl::StartsWith(n.payload, kDirectMark)) {

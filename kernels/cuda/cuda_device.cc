@@ -371,15 +371,9 @@ class CudaDevice final : public Device {
     }
     absl::Status st = Identity(&payload);
     if (!st.ok()) return st;
-    absl::StatusOr<std::string> boot_id = HostBootId();
-    if (!boot_id.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(name_, ": ", boot_id.status().message()));
-    }
-    h.boot_id = *boot_id;
-    h.pid = static_cast<int32_t>(getpid());
-    h.payload.assign(reinterpret_cast<const char*>(&payload), sizeof payload);
-    return EncodeShareableHandle(h);
+    return SealShareableHandle(
+        h, absl::string_view(reinterpret_cast<const char*>(&payload), sizeof payload),
+        name_);
   }
 
   // cudaIpcOpenMemHandle maps the whole allocation, once per process: ranges of

@@ -68,6 +68,20 @@ absl::StatusOr<std::string> HostBootId() {
   return id;
 }
 
+absl::StatusOr<std::string> SealShareableHandle(ShareableHandle h,
+                                                absl::string_view payload,
+                                                absl::string_view device) {
+  absl::StatusOr<std::string> boot_id = HostBootId();
+  if (!boot_id.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(device, ": ", boot_id.status().message()));
+  }
+  h.boot_id = *boot_id;
+  h.pid = static_cast<int32_t>(getpid());
+  h.payload = std::string(payload);
+  return EncodeShareableHandle(h);
+}
+
 std::string EncodeShareableHandle(const ShareableHandle& h) {
   std::string out(kShareableHandleHeaderBytes + h.payload.size(), '\0');
   std::memcpy(out.data(), kMagic, sizeof kMagic);

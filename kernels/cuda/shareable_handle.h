@@ -49,6 +49,13 @@ absl::StatusOr<std::string> HostBootId();
 // The bytes of `h` (h.boot_id must be kBootIdBytes long).
 std::string EncodeShareableHandle(const ShareableHandle& h);
 
+// The handle an exporter gives out: `h`'s kind and range, this host's boot_id,
+// this process's pid and `payload`, encoded. FAILED_PRECONDITION naming
+// `device` where the boot_id is unreadable.
+absl::StatusOr<std::string> SealShareableHandle(ShareableHandle h,
+                                                absl::string_view payload,
+                                                absl::string_view device);
+
 // Parses bytes that claim to be a handle of `kind` with a payload of
 // `payload_bytes`. INVALID_ARGUMENT, naming `device` and what is wrong, for
 // anything malformed: wrong size, magic, kind or version; a zero pid; an empty

@@ -312,15 +312,9 @@ class SimDevice final : public Device {
       payload.st_dev = sh.st_dev;
       payload.st_ino = sh.st_ino;
     }
-    absl::StatusOr<std::string> boot_id = HostBootId();
-    if (!boot_id.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cuda_sim: ", boot_id.status().message()));
-    }
-    h.boot_id = *boot_id;
-    h.pid = static_cast<int32_t>(getpid());
-    h.payload.assign(reinterpret_cast<const char*>(&payload), sizeof payload);
-    return EncodeShareableHandle(h);
+    return SealShareableHandle(
+        h, absl::string_view(reinterpret_cast<const char*>(&payload), sizeof payload),
+        "cuda_sim");
   }
 
   absl::StatusOr<void*> OpenShared(absl::string_view handle) override {
