@@ -14,8 +14,8 @@ namespace tandem::engine {
 std::string CacheSizing::Summary() const {
   std::string line = absl::StrCat(
       num_blocks, " MLA blocks (", cache_tokens, " tokens, ", FormatBytes(block_bytes),
-      "), ", num_slots, " KDA slots (", FormatBytes(slot_bytes), ", ", num_snapshots,
-      " of them prefix snapshots), max_model_len ", max_model_len, " tokens; ",
+      "), ", num_slots, " KDA slots and ", num_snapshots, " prefix snapshots (",
+      FormatBytes(slot_bytes), "), max_model_len ", max_model_len, " tokens; ",
       FormatBytes(total_bytes()), " of a ", FormatBytes(budget_bytes), " budget");
   if (!device.device.empty()) absl::StrAppend(&line, " (", device.Summary(), ")");
   return line;
@@ -201,9 +201,25 @@ absl::StatusOr<CacheSizing> SizeCache(const CacheSizingInput& in) {
                                "--kv_cache_memory");
     }
   }
+  const int64_t block_cost = in.token_bytes * in.block_size;
+  const int64_t wanted = in.max_model_len > 0 ? in.max_model_len : in.model_max_len;
+  if (in.num_blocks_override == 0 && in.slot_bytes > 0) {
+    // One sequence of the full length (the requested one, else the model's)
+    // comes before the last slots: where the slots leave the blocks too few
+    // for it and fewer slots would not, the slots give way.
+    const int64_t need = (wanted + in.block_size - 1) / in.block_size * block_cost;
+    const int64_t blocks_room =
+        in.budget_bytes - snapshot_bytes - slots * in.slot_bytes;
+    if (blocks_room < need) {
+      const int64_t fit = (in.budget_bytes - snapshot_bytes - need) / in.slot_bytes;
+      if (fit >= 1 && fit < slots) {
+        slots = fit;
+        s.slots_limited_by_memory = true;
+      }
+    }
+  }
   s.num_slots = static_cast<int32_t>(slots);
   s.slot_bytes = slots * in.slot_bytes + snapshot_bytes;
-  const int64_t block_cost = in.token_bytes * in.block_size;
   if (in.num_blocks_override > 0) {
     s.num_blocks = in.num_blocks_override;
   } else {
@@ -219,7 +235,6 @@ absl::StatusOr<CacheSizing> SizeCache(const CacheSizingInput& in) {
   }
   s.block_bytes = s.num_blocks * block_cost;
   s.cache_tokens = s.num_blocks * in.block_size;
-  const int64_t wanted = in.max_model_len > 0 ? in.max_model_len : in.model_max_len;
   s.max_model_len = wanted;
   if (wanted > s.cache_tokens) {
     if (in.max_model_len > 0) {

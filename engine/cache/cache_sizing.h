@@ -6,7 +6,12 @@
 //
 //   slots  = max_num_seqs, unless their KDA state would take more than half the
 //            budget: then as many as half the budget holds (concurrency limited
-//            by memory, reported)
+//            by memory, reported); and unless they would leave the blocks too
+//            few for one sequence of the full length (max_model_len, else the
+//            model's) where fewer slots (at least one) would not: then as many
+//            as leave room for it. The model's own context comes before the last
+//            slots (K3 on 8 B300s: 245 slots and 1M tokens rather than 256 and
+//            1,027,920; docs/benchmarks.md, "Projection")
 //   snapshots = floor(budget * snapshot_fraction / slot_bytes): the prefix
 //            cache's KDA snapshots (extra slots), their share taken first
 //   blocks = (budget - (slots + snapshots) * slot_bytes) / (block_size * token_bytes)

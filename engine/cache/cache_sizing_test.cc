@@ -62,6 +62,19 @@ TEST(SizeCache, Table) {
       // An explicit length that fits stays.
       {"len fits", 64 * kMiB, 8, 4096, 0, true, 8, (64 * kMiB - 8 * 38400) / 2560, 4096,
        false, false},
+      // An explicit length that fits only beside fewer slots: 218 slots (half
+      // the budget) leave 3283 blocks; 65536 tokens need 4096, so (16 MiB -
+      // 4096 * 2560) / 38400 = 163 slots, leaving 4108 blocks.
+      {"len fits with fewer slots", 16 * kMiB, 256, 65536, 0, true, 163,
+       (16 * kMiB - 163 * 38400) / 2560, 65536, true, false},
+      // The model's context (1M tokens: 65536 blocks of 2560 bytes) before the
+      // last slots: 256 would leave 64972 blocks; (168 MiB - 65536 * 2560) /
+      // 38400 = 218 slots leave 65542.
+      {"model len over slots", 168 * kMiB, 256, 0, 0, true, 218,
+       (168 * kMiB - 218 * 38400) / 2560, 1048576, true, false},
+      // 170 MiB: 256 slots and 65792 blocks already hold it.
+      {"model len fits", 170 * kMiB, 256, 0, 0, true, 256,
+       (170 * kMiB - 256 * 38400) / 2560, 1048576, false, false},
       // An explicit length that does not fit is an error.
       {"len too long", 64 * kMiB, 256, 1048576, 0, false},
       // Above the model's context.

@@ -9,21 +9,20 @@
 // --decode_steps decode steps of B tokens. Reports prefill and decode tokens/s,
 // the MLA + KDA state bytes per sequence, and the decode step against a memory
 // bandwidth roofline: bytes a step must touch (every dense weight, the routed
-// experts the batch can reach, the cache it reads and the KDA state it reads
-// and writes) over a copy bandwidth measured in the same run. The ratio is given
-// for the mean step and for the fastest step (the machine is often shared: the
-// fastest step and the best-of-5 copy are both "least disturbed" figures).
-// Then (--gemm_yardstick) the prefill GEMMs of the model's own shapes (M = --chunk
-// tokens) against oneDNN f32 (like for like with the exact "cpu" backend), oneDNN
-// bf16 (what "cpu_bf16" computes: twice the arithmetic rate, not like for like)
-// and OpenBLAS sgemm, twice: all threads on wall time, and one thread on thread
-// CPU time (the kernels' own efficiency, barely disturbed by other load).
-// On a backend that samples on its device (cuda, cuda_sim) the Engine::Step
-// decode also runs with --device_sampling off (logits copied back, sampled on
-// the host) as the baseline of sampling on the device, and with --overlap_steps
-// off (every step waits for the one before) as the baseline of overlapped steps.
-// Ends with ONE JSON line {"bench":"engine",...}. Default model: the tiny
-// checkpoint from the runfiles.
+// experts a uniform router expects the batch to reach, the cache it reads and
+// the KDA state it reads and writes; DecodeStepBytesPerRank) over a copy bandwidth
+// measured in the same run. The ratio is given for the mean step and for the fastest
+// step (the machine is often shared: the fastest step and the best-of-5 copy are both
+// "least disturbed" figures). Then (--gemm_yardstick) the prefill GEMMs of the model's
+// own shapes (M = --chunk tokens) against oneDNN f32 (like for like with the exact
+// "cpu" backend), oneDNN bf16 (what "cpu_bf16" computes: twice the arithmetic rate, not
+// like for like) and OpenBLAS sgemm, twice: all threads on wall time, and one thread on
+// thread CPU time (the kernels' own efficiency, barely disturbed by other load). On a
+// backend that samples on its device (cuda, cuda_sim) the Engine::Step decode also runs
+// with --device_sampling off (logits copied back, sampled on the host) as the baseline
+// of sampling on the device, and with --overlap_steps off (every step waits for the one
+// before) as the baseline of overlapped steps. Ends with ONE JSON line
+// {"bench":"engine",...}. Default model: the tiny checkpoint from the runfiles.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -41,6 +40,7 @@
 #include "engine/runtime/engine.h"
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/model_runner.h"
+#include "engine/runtime/projection.h"
 #include "engine/runtime/weights.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "kernels/backend_factory.h"
@@ -243,20 +243,13 @@ int main(int argc, char** argv) {
     const double median_step_s =
         step_times.empty() ? 0 : step_times[step_times.size() / 2];
     const double step_s = decode_s / std::max(1, steps);
-    // Roofline bytes of one decode step at mid context.
-    const int64_t moe_layers = std::count_if(
-        w.layers.begin(), w.layers.end(),
-        [](const auto& l) { return l.spec.ffn == tandem::model::FfnKind::kMoe; });
-    const int64_t experts_touched = std::min<int64_t>(
-        cfg.text.num_experts, int64_t{B} * cfg.text.num_experts_per_token);
+    // Roofline bytes of one decode step at mid context (the projection's
+    // definition, engine/runtime/projection.h: routed experts as a uniform
+    // router reaches them).
     const double mid_ctx = prompt_len + steps / 2.0;
-    const double cache_read =
-        B * mid_ctx * cfg.MlaCacheBytesPerToken() * cfg.NumMlaLayers();
-    const double kda_rw = 2.0 * B * cfg.KdaStateBytesPerSequence() * cfg.NumKdaLayers();
-    const double bytes =
-        static_cast<double>(w.dense_bytes) +
-        static_cast<double>(moe_layers) * experts_touched * w.expert_bytes_each +
-        cache_read + kda_rw;
+    const tandem::engine::DecodeStepBytes step_bytes =
+        tandem::engine::DecodeStepBytesPerRank(w, B, mid_ctx);
+    const double bytes = step_bytes.total();
     // Copy bandwidth counts read + write; a step mostly reads: compare with it as is.
     auto bw_now = measure_bw();
     if (!bw_now.ok()) return Fail(bw_now.status());
@@ -277,6 +270,11 @@ int main(int argc, char** argv) {
     r["decode_bandwidth_efficiency_best_step"] =
         best_step_s > 0 ? roofline_s / best_step_s : 0;
     r["bytes_per_decode_step"] = bytes;
+    r["decode_step_bytes"] = {{"dense", step_bytes.dense},
+                              {"experts", step_bytes.experts},
+                              {"experts_touched_per_layer", step_bytes.experts_touched},
+                              {"mla_cache", step_bytes.mla_cache},
+                              {"kda_state", step_bytes.kda_state}};
     r["state_bytes_per_sequence"] = mem_per_seq;
     if (absl::GetFlag(FLAGS_engine_step)) {
       // Decode tokens/s through Engine::Step (forward + sampling + stop

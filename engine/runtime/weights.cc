@@ -17,16 +17,21 @@ namespace {
 
 using model::DType;
 
+// Views into a checkpoint, counting the bytes each rank reads. Without a
+// checkpoint (SizeModelWeights) it only counts: every pointer is null and the
+// small vectors are zeros of their size, so the byte figures come from this one
+// walk of the model whether a checkpoint is there or not.
 class Loader {
  public:
-  explicit Loader(const model::Checkpoint& ckpt) : ckpt_(ckpt) {}
+  explicit Loader(const model::Checkpoint* ckpt) : ckpt_(ckpt) {}
 
   absl::StatusOr<const uint16_t*> Bf16(const std::string& name,
                                        std::vector<int64_t> shape) {
+    bytes_ += Elements(shape) * 2;
+    if (ckpt_ == nullptr) return static_cast<const uint16_t*>(nullptr);
     TANDEM_ASSIGN_OR_RETURN(model::TensorView v,
-                            ckpt_.GetChecked(name, DType::kBF16, shape));
+                            ckpt_->GetChecked(name, DType::kBF16, shape));
     TANDEM_ASSIGN_OR_RETURN(auto span, v.BF16Bits());
-    bytes_ += v.nbytes;
     return span.data();
   }
   // Rows [begin, begin + count) of a row-major tensor of `shape` (dimension 0
@@ -34,11 +39,12 @@ class Loader {
   absl::StatusOr<const uint16_t*> Bf16Rows(const std::string& name,
                                            std::vector<int64_t> shape, int64_t begin,
                                            int64_t count) {
-    TANDEM_ASSIGN_OR_RETURN(model::TensorView v,
-                            ckpt_.GetChecked(name, DType::kBF16, shape));
-    TANDEM_ASSIGN_OR_RETURN(auto span, v.BF16Bits());
     const int64_t row = RowElements(shape);
     bytes_ += count * row * 2;
+    if (ckpt_ == nullptr) return static_cast<const uint16_t*>(nullptr);
+    TANDEM_ASSIGN_OR_RETURN(model::TensorView v,
+                            ckpt_->GetChecked(name, DType::kBF16, shape));
+    TANDEM_ASSIGN_OR_RETURN(auto span, v.BF16Bits());
     return span.data() + begin * row;
   }
   // Columns [begin, begin + count) of a [rows, cols] tensor: the pointer to
@@ -46,68 +52,81 @@ class Loader {
   absl::StatusOr<const uint16_t*> Bf16Cols(const std::string& name,
                                            std::vector<int64_t> shape, int64_t begin,
                                            int64_t count) {
-    TANDEM_ASSIGN_OR_RETURN(model::TensorView v,
-                            ckpt_.GetChecked(name, DType::kBF16, shape));
-    TANDEM_ASSIGN_OR_RETURN(auto span, v.BF16Bits());
     bytes_ += shape[0] * count * 2;
+    if (ckpt_ == nullptr) return static_cast<const uint16_t*>(nullptr);
+    TANDEM_ASSIGN_OR_RETURN(model::TensorView v,
+                            ckpt_->GetChecked(name, DType::kBF16, shape));
+    TANDEM_ASSIGN_OR_RETURN(auto span, v.BF16Bits());
     return span.data() + begin;
   }
   absl::StatusOr<const float*> F32Rows(const std::string& name,
                                        std::vector<int64_t> shape, int64_t begin,
                                        int64_t count) {
-    TANDEM_ASSIGN_OR_RETURN(model::TensorView v,
-                            ckpt_.GetChecked(name, DType::kF32, shape));
-    TANDEM_ASSIGN_OR_RETURN(auto span, v.F32());
     const int64_t row = RowElements(shape);
     bytes_ += count * row * 4;
+    if (ckpt_ == nullptr) return static_cast<const float*>(nullptr);
+    TANDEM_ASSIGN_OR_RETURN(model::TensorView v,
+                            ckpt_->GetChecked(name, DType::kF32, shape));
+    TANDEM_ASSIGN_OR_RETURN(auto span, v.F32());
     return span.data() + begin * row;
   }
   absl::StatusOr<const float*> F32(const std::string& name,
                                    std::vector<int64_t> shape) {
+    bytes_ += Elements(shape) * 4;
+    if (ckpt_ == nullptr) return static_cast<const float*>(nullptr);
     TANDEM_ASSIGN_OR_RETURN(model::TensorView v,
-                            ckpt_.GetChecked(name, DType::kF32, shape));
+                            ckpt_->GetChecked(name, DType::kF32, shape));
     TANDEM_ASSIGN_OR_RETURN(auto span, v.F32());
-    bytes_ += v.nbytes;
     return span.data();
   }
   absl::StatusOr<const uint8_t*> U8(const std::string& name, std::vector<int64_t> shape,
                                     uint64_t* bytes) {
+    *bytes += Elements(shape);
+    if (ckpt_ == nullptr) return static_cast<const uint8_t*>(nullptr);
     TANDEM_ASSIGN_OR_RETURN(model::TensorView v,
-                            ckpt_.GetChecked(name, DType::kU8, shape));
-    *bytes += v.nbytes;
+                            ckpt_->GetChecked(name, DType::kU8, shape));
     return v.data;
   }
   // A small BF16 vector (norm gain, residual query) as fp32.
   absl::StatusOr<std::vector<float>> SmallBf16(const std::string& name,
                                                std::vector<int64_t> shape) {
     TANDEM_ASSIGN_OR_RETURN(const uint16_t* p, Bf16(name, shape));
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
+    const int64_t n = Elements(shape);
     std::vector<float> out(n);
+    if (p == nullptr) return out;
     for (int64_t i = 0; i < n; ++i) out[i] = model::Bf16ToFloat(p[i]);
     return out;
   }
   uint64_t bytes() const { return bytes_; }
 
  private:
+  static int64_t Elements(const std::vector<int64_t>& shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
   static int64_t RowElements(const std::vector<int64_t>& shape) {
     int64_t n = 1;
     for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
     return n;
   }
-  const model::Checkpoint& ckpt_;
+  const model::Checkpoint* ckpt_;  // null: count only
   uint64_t bytes_ = 0;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
-    const model::Checkpoint& checkpoint, ShardSpec shard) {
-  TANDEM_ASSIGN_OR_RETURN(const parallel::RankShard lay,
-                          parallel::ShardForRank(ShardDimsOf(checkpoint.config()),
-                                                 {shard.rank, shard.size}));
+namespace {
+
+// LoadModelWeights with a checkpoint; SizeModelWeights (counting only) without.
+absl::StatusOr<std::unique_ptr<ModelWeights>> WalkModelWeights(
+    const model::ModelConfig& config, const model::Checkpoint* checkpoint,
+    ShardSpec shard) {
+  TANDEM_ASSIGN_OR_RETURN(
+      const parallel::RankShard lay,
+      parallel::ShardForRank(ShardDimsOf(config), {shard.rank, shard.size}));
   auto w = std::make_unique<ModelWeights>();
-  w->config = checkpoint.config();
+  w->config = config;
   w->shard = shard;
   const model::ModelConfig& c = w->config;
   const model::TextConfig& t = c.text;
@@ -276,8 +295,21 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
   }
   // Embedding rows are gathered, not streamed: count lm_head once, not the table.
   w->dense_bytes = ld.bytes() - static_cast<uint64_t>(Vr) * H * 2;
-  (void)expert_bytes_total;
+  w->routed_expert_bytes = expert_bytes_total;
+  w->rank_bytes = ld.bytes() + expert_bytes_total;
   return w;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
+    const model::Checkpoint& checkpoint, ShardSpec shard) {
+  return WalkModelWeights(checkpoint.config(), &checkpoint, shard);
+}
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> SizeModelWeights(
+    const model::ModelConfig& config, ShardSpec shard) {
+  return WalkModelWeights(config, nullptr, shard);
 }
 
 namespace {

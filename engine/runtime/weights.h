@@ -168,14 +168,27 @@ struct ModelWeights {
   // Bytes of the mapped weights (this rank's slices) one decode token reads at least
   // (every dense matrix + top_k experts per MoE layer + lm_head + its embedding row):
   // the numerator of the decode roofline.
-  uint64_t dense_bytes = 0;        // all BF16/F32 weights except routed experts
-  uint64_t expert_bytes_each = 0;  // one routed expert (w1+w2+w3, packed + scales)
+  uint64_t dense_bytes = 0;          // all BF16/F32 weights except routed experts
+  uint64_t expert_bytes_each = 0;    // one routed expert (w1+w2+w3, packed + scales)
+  uint64_t routed_expert_bytes = 0;  // every routed expert this rank owns, all layers
+  // Everything this rank holds: its vocabulary rows of the embedding and
+  // lm_head, its slices of the dense and attention weights, the replicated
+  // tensors and its routed experts (the checkpoint's formats: BF16, FP32,
+  // MXFP4 packed + scales).
+  uint64_t rank_bytes = 0;
 };
 
 // Builds the views of `shard`'s part; `checkpoint` must outlive the result.
 // Errors name the tensor; CheckTpSize's error for a size the config refuses.
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
     const model::Checkpoint& checkpoint, ShardSpec shard = {});
+
+// The same walk without a checkpoint: the byte figures above (dense_bytes,
+// expert_bytes_each, routed_expert_bytes, rank_bytes) for `config` and `shard`,
+// every pointer null and every small vector zeros. What a rank of a model too
+// large to generate here would hold and read (engine/runtime/projection.h).
+absl::StatusOr<std::unique_ptr<ModelWeights>> SizeModelWeights(
+    const model::ModelConfig& config, ShardSpec shard = {});
 
 // Uploads the weights once to `device`, in their checkpoint formats (BF16
 // matrices, MXFP4 packed nibbles + E8M0 scales, fp32 small tensors), into a few
