@@ -69,7 +69,11 @@ int main(int argc, char** argv) {
     TLOG(ERROR, "bad speculative-decoding flags").Kv("status", s);
     return 1;
   }
-  auto options = tandem::worker::EngineOptionsFromFlags(**model, &sizing);
+  auto options = tandem::worker::EngineOptionsFromFlags(
+      **model, &sizing,
+      speculative.speculative.method == tandem::engine::SpeculativeMethod::kNone
+          ? 0
+          : speculative.speculative.num_speculative_tokens);
   if (!options.ok()) {
     TLOG(ERROR, "bad engine flags").Kv("status", options.status());
     return 1;

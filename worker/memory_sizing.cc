@@ -60,6 +60,9 @@ absl::StatusOr<engine::DeviceMemoryUse> DeviceBudget(const WorkerModel& model,
   const int tp = std::max(1, eo.tp.tp_size);
   engine::MemoryProfileOptions po;
   po.tokens = eo.max_tokens_per_step;
+  po.logit_rows =
+      std::min<int64_t>(po.tokens, int64_t{flags.max_num_seqs} *
+                                       (1 + std::max(0, flags.speculative_tokens)));
   po.block_size = eo.block_size;
   po.tp = eo.tp;
   po.tp.backend = model.backend_name;

@@ -36,6 +36,9 @@ struct WorkerMemoryFlags {
   int64_t max_model_len = 0;
   int num_blocks = 0;
   double prefix_snapshot_memory = 0.05;
+  // Drafts verified per decode step (0: no speculative decoding): the profile
+  // computes logits for max_num_seqs * (1 + it) rows at most.
+  int speculative_tokens = 0;
   std::string meminfo_path = "/proc/meminfo";
 };
 

@@ -73,9 +73,9 @@ TEST(SizeWorkerCacheTest, SimDeviceBudgetIsUtilizationMinusWeightsAndPeak) {
   EXPECT_EQ(d.weights_bytes, static_cast<int64_t>((*model)->weights->device_bytes));
   EXPECT_GT(d.weights_bytes, 40 * kMiB);
   EXPECT_GE(d.in_use_bytes, d.weights_bytes);
-  // The profile's peak holds at least the step's logits (64 rows of the
-  // 163,840-token vocabulary, fp32) and its residual stream.
-  EXPECT_GE(d.activation_peak_bytes, kStep * 163840 * 4);
+  // The profile's peak holds at least the step's logits (8 rows, --max_num_seqs,
+  // of the 163,840-token vocabulary, fp32) and its residual stream.
+  EXPECT_GE(d.activation_peak_bytes, 8 * 163840 * 4);
   EXPECT_LT(d.activation_peak_bytes, 80 * kMiB);
   // The profile's temporary cache and runner are gone.
   EXPECT_LE(dev.MemoryInfo().allocated_bytes - loaded, d.activation_peak_bytes);
@@ -142,6 +142,31 @@ TEST(SizeWorkerCacheTest, SimDeviceBudgetIsUtilizationMinusWeightsAndPeak) {
         << "step " << step;
   }
   EXPECT_TRUE(finished);
+}
+
+// The profiled step computes logits for the rows a step can ask for: the
+// sequences' last rows (--max_num_seqs) and their drafts, not every token.
+TEST(SizeWorkerCacheTest, ProfileLogitsForTheRowsAStepCanAskFor) {
+  auto peak = [](int max_num_seqs, int drafts) -> int64_t {
+    auto model = LoadOnSim(192 * kMiB);
+    EXPECT_TRUE(model.ok()) << model.status();
+    if (!model.ok()) return -1;
+    engine::EngineOptions eo = StepOptions();
+    WorkerMemoryFlags f = Flags(0.75);
+    f.max_num_seqs = max_num_seqs;
+    f.speculative_tokens = drafts;
+    absl::StatusOr<engine::CacheSizing> s = SizeWorkerCache(**model, f, &eo);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? s->device.activation_peak_bytes : -1;
+  };
+  const int64_t row = 163840 * 4;     // one row of fp32 logits
+  const int64_t two = peak(2, 0);     // 2 rows
+  const int64_t ten = peak(2, 4);     // 2 * (1 + 4) rows
+  const int64_t all = peak(1000, 0);  // capped at the step: 64 rows
+  ASSERT_GT(two, 0);
+  EXPECT_GE(ten - two, 8 * row);
+  EXPECT_GE(all - ten, 54 * row);
+  EXPECT_GE(all, kStep * row);
 }
 
 TEST(SizeWorkerCacheTest, TwoRanksProfileTheirOwnDevices) {

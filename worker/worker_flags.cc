@@ -62,7 +62,10 @@ ABSL_FLAG(int64_t, max_model_len, 0,
           "longer than this is refused (400 / INVALID_ARGUMENT).");
 ABSL_FLAG(int, num_blocks, 0,
           "Override: exactly this many MLA cache blocks (0: from --kv_cache_memory).");
-ABSL_FLAG(int64_t, max_tokens_per_step, 256, "Engine token budget per step.");
+ABSL_FLAG(int64_t, max_tokens_per_step, 0,
+          "Engine token budget per step (the prefill chunk, with the decoding rows). "
+          "0: by device: 8192 on a GPU of at least 70 GiB, 2048 on a smaller one "
+          "(vLLM's defaults for an API server), 256 on the CPU and the emulator.");
 ABSL_FLAG(bool, enforce_eager, false,
           "Run every step eagerly: no CUDA graphs for decode steps (by default a "
           "device backend captures one per batch-size bucket and replays it).");
@@ -160,6 +163,13 @@ ABSL_FLAG(int64_t, prefix_snapshot_grid, 16384,
           "(0: only at the last full chunk and at branch points).");
 
 namespace tandem::worker {
+namespace {
+
+// --max_tokens_per_step's default off a GPU: a CPU forward of 256 tokens takes
+// about a decode step's latency budget.
+constexpr int64_t kHostMaxTokensPerStep = 256;
+
+}  // namespace
 
 bool HostHasRdmaDevices(const std::string& sysfs_dir) {
   std::error_code ec;
@@ -257,10 +267,21 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModelFromFlags() {
 }
 
 absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(
-    const WorkerModel& model, engine::CacheSizing* sizing) {
+    const WorkerModel& model, engine::CacheSizing* sizing, int32_t speculative_tokens) {
   engine::EngineOptions eo;
   eo.block_size = absl::GetFlag(FLAGS_block_size);
   eo.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
+  if (eo.max_tokens_per_step < 0) {
+    return InvalidArgument("--max_tokens_per_step must be >= 0 (0: by device), got ",
+                           eo.max_tokens_per_step);
+  }
+  if (eo.max_tokens_per_step == 0) {
+    eo.max_tokens_per_step =
+        engine::DefaultMaxTokensPerStep(model.backend->device(), kHostMaxTokensPerStep);
+    TLOG(INFO, "step budget by device")
+        .Kv("device", model.backend->device().name())
+        .Kv("max_tokens_per_step", eo.max_tokens_per_step);
+  }
   eo.enforce_eager = absl::GetFlag(FLAGS_enforce_eager);
   eo.device_sampling = absl::GetFlag(FLAGS_device_sampling);
   eo.overlap_steps = absl::GetFlag(FLAGS_overlap_steps);
@@ -287,6 +308,7 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(
   mf.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   mf.num_blocks = absl::GetFlag(FLAGS_num_blocks);
   mf.prefix_snapshot_memory = absl::GetFlag(FLAGS_prefix_snapshot_memory);
+  mf.speculative_tokens = speculative_tokens;
   TANDEM_ASSIGN_OR_RETURN(*sizing, SizeWorkerCache(model, mf, &eo));
   if (eo.prefix_caching.enabled) {
     const std::string spec = absl::GetFlag(FLAGS_prefix_host_memory);

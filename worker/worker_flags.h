@@ -58,9 +58,14 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModelFromFlags();
 // overriding), --max_num_seqs, --max_model_len and --num_blocks; the sizing is
 // logged and returned in `sizing`. On a device backend call it after every model
 // on the device is loaded (a draft model too): what is in use is measured.
+// `speculative_tokens`: drafts verified per decode step (decode_main's
+// --num_speculative_tokens where speculative decoding is on; 0 otherwise): a
+// step's rows with logits are at most --max_num_seqs * (1 + it), which is what
+// the profiling forward computes logits for.
 // INVALID_ARGUMENT for bad flags, the sizing's errors.
 absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(
-    const WorkerModel& model, engine::CacheSizing* sizing);
+    const WorkerModel& model, engine::CacheSizing* sizing,
+    int32_t speculative_tokens = 0);
 // --kv_progress_timeout: "10s", "500ms" (absl durations), "2.5" (seconds),
 // "inf" or "off" (InfiniteDuration); INVALID_ARGUMENT for anything else or <= 0.
 absl::StatusOr<absl::Duration> ParseKvProgressTimeout(absl::string_view spec);

@@ -7,6 +7,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
@@ -16,6 +17,12 @@
 #include "engine/sampling/rejection_sampler.h"
 
 namespace tandem::engine {
+
+int64_t DefaultMaxTokensPerStep(const kernels::Device& device, int64_t host_default) {
+  if (!absl::StartsWith(device.name(), "cuda:")) return host_default;
+  constexpr int64_t kLargeGpu = int64_t{70} << 30;
+  return device.MemoryInfo().total_bytes >= kLargeGpu ? 8192 : 2048;
+}
 
 absl::StatusOr<CacheSizing> SizeCacheFromMemory(const model::ModelConfig& config,
                                                 const CacheMemoryOptions& memory,

@@ -315,6 +315,14 @@ struct EngineOptions {
   bool cache_shareable = false;
 };
 
+// The step budget (max_tokens_per_step) a worker takes by default on `device`:
+// on a GPU, vLLM's defaults for an API server (8192 tokens where the GPU has at
+// least 70 GiB, 2048 on a smaller one): a step streams every weight once, so a
+// prefill chunk of a few hundred tokens would be bound by the weights' bytes, not
+// by the arithmetic (docs/benchmarks.md, "Projection"); elsewhere (the CPU, the
+// emulator, where each token costs far more) `host_default`.
+int64_t DefaultMaxTokensPerStep(const kernels::Device& device, int64_t host_default);
+
 // The cache sized from a memory budget rather than from counts (a worker's
 // --kv_cache_memory, --max_num_seqs, --max_model_len, --num_blocks).
 struct CacheMemoryOptions {

@@ -630,5 +630,62 @@ TEST(EngineTest, SizedFromMemoryCountsReplicatedMlaPerRank) {
   EXPECT_NEAR(static_cast<double>(s2->num_blocks), s1->num_blocks / 2.0, 1.0);
 }
 
+// A device that only names itself and its capacity (DefaultMaxTokensPerStep
+// reads nothing else).
+class NamedDevice final : public kernels::Device {
+ public:
+  NamedDevice(std::string name, int64_t total)
+      : name_(std::move(name)), total_(total) {}
+  absl::string_view name() const override { return name_; }
+  bool host_addressable() const override { return false; }
+  absl::StatusOr<void*> Allocate(size_t) override {
+    return absl::UnimplementedError("stand-in");
+  }
+  void Free(void*) override {}
+  bool Owns(const void*, size_t) const override { return false; }
+  kernels::DeviceMemoryInfo MemoryInfo() const override { return {total_, total_, 0}; }
+  kernels::Stream& compute_stream() override { return stream_; }
+  absl::StatusOr<std::unique_ptr<kernels::Stream>> CreateStream() override {
+    return absl::UnimplementedError("stand-in");
+  }
+  absl::StatusOr<std::unique_ptr<kernels::Event>> CreateEvent() override {
+    return absl::UnimplementedError("stand-in");
+  }
+  absl::Status CopyToDevice(void*, const void*, size_t, kernels::Stream*) override {
+    return absl::UnimplementedError("stand-in");
+  }
+  absl::Status CopyToHost(void*, const void*, size_t, kernels::Stream*) override {
+    return absl::UnimplementedError("stand-in");
+  }
+  absl::Status CopyOnDevice(void*, const void*, size_t, kernels::Stream*) override {
+    return absl::UnimplementedError("stand-in");
+  }
+  absl::Status Memset(void*, uint8_t, size_t, kernels::Stream*) override {
+    return absl::UnimplementedError("stand-in");
+  }
+
+ private:
+  class NullStream final : public kernels::Stream {
+   public:
+    void* native() override { return nullptr; }
+    absl::Status Synchronize() override { return absl::OkStatus(); }
+  };
+  std::string name_;
+  int64_t total_;
+  NullStream stream_;
+};
+
+// vLLM's API-server step budgets on a GPU by its memory, the host default
+// elsewhere (the CPU, the emulator).
+TEST(DefaultMaxTokensPerStepTest, ByDevice) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  EXPECT_EQ(DefaultMaxTokensPerStep(NamedDevice("cuda:0", 141 * kGiB), 256), 8192);
+  EXPECT_EQ(DefaultMaxTokensPerStep(NamedDevice("cuda:7", 70 * kGiB), 256), 8192);
+  EXPECT_EQ(DefaultMaxTokensPerStep(NamedDevice("cuda:1", 70 * kGiB - 1), 256), 2048);
+  EXPECT_EQ(DefaultMaxTokensPerStep(NamedDevice("cuda:0", 24 * kGiB), 256), 2048);
+  EXPECT_EQ(DefaultMaxTokensPerStep(NamedDevice("cuda_sim", 141 * kGiB), 256), 256);
+  EXPECT_EQ(DefaultMaxTokensPerStep(NamedDevice("host", 512 * kGiB), 512), 512);
+}
+
 }  // namespace
 }  // namespace tandem::engine

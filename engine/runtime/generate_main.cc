@@ -43,7 +43,9 @@ ABSL_FLAG(std::string, backend, "cpu",
           "Kernel backend: cpu | cpu_bf16 | cpu_reference | cuda | cuda_bf16 | cuda:N "
           "(a GPU; --config=cuda builds) | cuda_sim | cuda_sim_bf16 (the GPU kernels "
           "on the CPU's SIMT emulator)");
-ABSL_FLAG(int32_t, max_tokens_per_step, 512, "Prefill chunk budget per step (tokens)");
+ABSL_FLAG(int32_t, max_tokens_per_step, 0,
+          "Prefill chunk budget per step (tokens); 0: by device (8192 on a GPU of at "
+          "least 70 GiB, 2048 on a smaller one, 512 on the CPU and the emulator)");
 ABSL_FLAG(int32_t, block_size, 16, "MLA cache block size (tokens)");
 ABSL_FLAG(bool, enforce_eager, false,
           "No CUDA graphs: decode steps run eagerly (device backends capture one "
@@ -148,6 +150,13 @@ int main(int argc, char** argv) {
   eo.device_sampling = absl::GetFlag(FLAGS_device_sampling);
   eo.overlap_steps = absl::GetFlag(FLAGS_overlap_steps);
   eo.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
+  if (eo.max_tokens_per_step < 0) {
+    return Fail(absl::InvalidArgumentError("--max_tokens_per_step must be >= 0"));
+  }
+  if (eo.max_tokens_per_step == 0) {
+    eo.max_tokens_per_step =
+        tandem::engine::DefaultMaxTokensPerStep((*backend)->device(), 512);
+  }
   eo.max_context_tokens =
       static_cast<int64_t>(ids.size()) + absl::GetFlag(FLAGS_max_tokens) + 1;
   eo.seed = absl::GetFlag(FLAGS_seed);

@@ -65,7 +65,8 @@ absl::StatusOr<std::vector<DeviceMemoryMeasure>> ProfileDeviceMemory(
     m.weights_bytes = static_cast<int64_t>(ex->weights(r).device_bytes);
     before[r] = info.allocated_bytes;
   }
-  // One sequence of the step's size from position 0, logits for every row.
+  // One sequence of the step's size from position 0, logits for its last
+  // `logit_rows` rows (every row when 0).
   const int64_t V = config->text.vocab_size;
   std::vector<int32_t> tokens(options.tokens);
   for (int64_t i = 0; i < options.tokens; ++i) {
@@ -78,9 +79,12 @@ absl::StatusOr<std::vector<DeviceMemoryMeasure>> ProfileDeviceMemory(
   s.start_pos = 0;
   s.block_table = table;
   s.kda_slot = 0;
-  s.logits_indices.resize(options.tokens);
-  for (int64_t i = 0; i < options.tokens; ++i) {
-    s.logits_indices[i] = static_cast<int32_t>(i);
+  const int64_t rows = options.logit_rows > 0
+                           ? std::min(options.logit_rows, options.tokens)
+                           : options.tokens;
+  s.logits_indices.resize(rows);
+  for (int64_t i = 0; i < rows; ++i) {
+    s.logits_indices[i] = static_cast<int32_t>(options.tokens - rows + i);
   }
   std::vector<float> logits;
   if (absl::Status st = ex->Forward({s}, &logits); !st.ok()) {

@@ -39,6 +39,12 @@ namespace tandem::engine {
 
 struct MemoryProfileOptions {
   int64_t tokens = 256;  // the largest step (EngineOptions::max_tokens_per_step)
+  // Rows of that step with logits (the last ones); 0: every row. A step's
+  // logits are its sequences' last rows (and their drafts'), so a worker passes
+  // min(tokens, max_num_seqs * (1 + drafts per step)): an 8192-token step's
+  // logits for every row would hold 8192 * vocab fp32 values (5.4 GB for K3's
+  // 163,840) that no step ever asks for.
+  int64_t logit_rows = 0;
   int32_t block_size = 16;
   // tp.tp_size > 1: the ranks are built from `checkpoint` with tp.backend (as
   // Engine::Create builds them); tp.cache is replaced by the temporary cache.
