@@ -48,6 +48,42 @@ DecodeStepBytes DecodeStepBytesPerRank(const ModelWeights& w, int64_t batch,
   return b;
 }
 
+double MatrixFlopsPerToken(const ModelWeights& w) {
+  const model::ModelConfig& c = w.config;
+  const int tp = std::max(1, w.shard.size);
+  const std::vector<model::LayerSpec> specs = c.Layers();
+  const int64_t moe_layers = std::count_if(
+      specs.begin(), specs.end(),
+      [](const model::LayerSpec& l) { return l.ffn == model::FfnKind::kMoe; });
+  // dense_bytes: BF16 matrices (and a few small fp32 vectors, under 0.1%), with
+  // the rank's lm_head rows; an expert's bytes are 17/32 of a byte per weight
+  // (a nibble and a 1/32 scale byte).
+  const double lm_head = static_cast<double>(w.vocab_rows) * c.text.hidden_size * 2;
+  const double dense_params = (static_cast<double>(w.dense_bytes) - lm_head) / 2;
+  const double expert_params = static_cast<double>(w.expert_bytes_each) * 32 / 17;
+  const double routed = static_cast<double>(moe_layers) * c.text.num_experts_per_token *
+                        expert_params / tp;
+  return 2 * (dense_params + routed);
+}
+
+double AttentionFlops(const model::ModelConfig& c, int tp, int64_t begin, int64_t end) {
+  if (end <= begin) return 0;
+  tp = std::max(1, tp);
+  const double b = static_cast<double>(begin), e = static_cast<double>(end);
+  // Sum over positions p in [begin, end) of the p + 1 positions p attends to.
+  const double pairs = (e * (e + 1) - b * (b + 1)) / 2;
+  const double mla_heads = static_cast<double>(c.text.num_attention_heads) / tp;
+  const double per_pair =
+      2.0 * mla_heads *
+      static_cast<double>(c.text.qk_nope_head_dim + c.text.qk_rope_head_dim +
+                          c.text.v_head_dim);
+  const double d = static_cast<double>(c.text.linear_attn_config.head_dim);
+  const double kda_heads =
+      static_cast<double>(c.text.linear_attn_config.num_heads) / tp;
+  return c.NumMlaLayers() * per_pair * pairs +
+         c.NumKdaLayers() * kda_heads * 8 * d * d * (e - b);
+}
+
 namespace {
 
 constexpr double kGB = 1e9;
@@ -57,17 +93,17 @@ std::vector<HardwareProfile> Profiles() {
   // SXM datasheets; the node network of the AWS instance each is sold in.
   return {
       {"b300", "NVIDIA B300 (Blackwell Ultra, HGX), 8 per node (AWS p6-b300.48xlarge)",
-       288'000'000'000, 8000 * kGB, 900 * kGB, 6400.0 / 8 * kGB,
-       "NVIDIA: 288 GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s (900 GB/s each way); AWS "
-       "p6-b300.48xlarge: 6.4 Tbps EFA"},
+       288'000'000'000, 8000 * kGB, 900 * kGB, 6400.0 / 8 * kGB, 2250e12,
+       "NVIDIA: 288 GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s (900 GB/s each way), dense "
+       "BF16 2.25 PFLOP/s; AWS p6-b300.48xlarge: 6.4 Tbps EFA"},
       {"h200", "NVIDIA H200 SXM, 8 per node (AWS p5en.48xlarge)", 141'000'000'000,
-       4800 * kGB, 450 * kGB, 3200.0 / 8 * kGB,
-       "NVIDIA: 141 GB HBM3e at 4.8 TB/s, NVLink 4 900 GB/s (450 GB/s each way); AWS "
-       "p5en.48xlarge: 3.2 Tbps EFA"},
+       4800 * kGB, 450 * kGB, 3200.0 / 8 * kGB, 989e12,
+       "NVIDIA: 141 GB HBM3e at 4.8 TB/s, NVLink 4 900 GB/s (450 GB/s each way), dense "
+       "BF16 989 TFLOP/s; AWS p5en.48xlarge: 3.2 Tbps EFA"},
       {"h100", "NVIDIA H100 SXM 80GB, 8 per node (AWS p5.48xlarge)", 80'000'000'000,
-       3350 * kGB, 450 * kGB, 3200.0 / 8 * kGB,
-       "NVIDIA: 80 GB HBM3 at 3.35 TB/s, NVLink 4 900 GB/s (450 GB/s each way); AWS "
-       "p5.48xlarge: 3.2 Tbps EFA"},
+       3350 * kGB, 450 * kGB, 3200.0 / 8 * kGB, 989e12,
+       "NVIDIA: 80 GB HBM3 at 3.35 TB/s, NVLink 4 900 GB/s (450 GB/s each way), dense "
+       "BF16 989 TFLOP/s; AWS p5.48xlarge: 3.2 Tbps EFA"},
   };
 }
 
@@ -130,9 +166,16 @@ absl::StatusOr<Projection> Project(const ProjectionInput& input) {
     }
   }
   if (hw.memory_bytes <= 0 || hw.memory_bandwidth <= 0 || hw.link_bandwidth <= 0 ||
-      hw.network_bandwidth <= 0) {
+      hw.network_bandwidth <= 0 || hw.bf16_flops <= 0) {
     return InvalidArgument("projection: hardware \"", hw.name,
                            "\" needs positive memory, bandwidths and network");
+  }
+  if (input.prefill_chunk <= 0 ||
+      !(input.prefill_efficiency > 0 && input.prefill_efficiency <= 1)) {
+    return InvalidArgument(
+        "projection: the prefill chunk must be positive and its efficiency in (0, 1], "
+        "got ",
+        input.prefill_chunk, " and ", input.prefill_efficiency);
   }
   if (input.activation_peak_bytes < 0 || input.collective_latency_s < 0) {
     return InvalidArgument(
@@ -265,6 +308,34 @@ absl::StatusOr<Projection> Project(const ProjectionInput& input) {
     h.network_latent_once_s = h.bytes_latent_once / hw.network_bandwidth;
     h.link_s = (latent + kda / input.tp) / hw.link_bandwidth;
     p.handoff.push_back(h);
+  }
+
+  // Prefill on rank 0 (the most experts under round-robin).
+  const ModelWeights& r0 = *ranks[0];
+  const double per_token = MatrixFlopsPerToken(r0);
+  const double bandwidth = hw.memory_bandwidth * input.bandwidth_share;
+  for (int64_t prompt : input.handoff_prompts) {
+    PrefillProjection f;
+    f.prompt_tokens = prompt;
+    for (int64_t begin = 0; begin < prompt; begin += input.prefill_chunk) {
+      const int64_t end = std::min(prompt, begin + input.prefill_chunk);
+      const double matrix = per_token * static_cast<double>(end - begin);
+      const double attention = AttentionFlops(c, input.tp, begin, end);
+      // A chunk of (end - begin) tokens streams the weights it meets once.
+      const DecodeStepBytes b = DecodeStepBytesPerRank(r0, end - begin, 0);
+      const double bytes = b.dense + b.experts;
+      f.matrix_flops += matrix;
+      f.attention_flops += attention;
+      f.weight_bytes += bytes;
+      ++f.chunks;
+      f.bound_s +=
+          std::max((matrix + attention) / hw.bf16_flops, bytes / hw.memory_bandwidth);
+      f.at_efficiency_s +=
+          std::max((matrix + attention) / (hw.bf16_flops * input.prefill_efficiency),
+                   bytes / bandwidth);
+    }
+    f.tokens_per_s = static_cast<double>(prompt) / f.at_efficiency_s;
+    p.prefill.push_back(f);
   }
   return p;
 }

@@ -14,6 +14,10 @@
 //             same function), the step's bound = bytes / memory bandwidth, the
 //             projected step = bound / efficiency + the collectives
 //             (count * (latency + ring bytes / link bandwidth))
+//   prefill   a prompt in chunks of the step budget: per chunk the larger of its
+//             arithmetic (matrix FLOPs per token from the same weight walk, the
+//             causal MLA attention, the KDA recurrence) at the BF16 tensor rate
+//             and its weight bytes at the memory bandwidth
 //   hand-off  the bytes a prefill worker sends for a prompt as Tandem sends them
 //             today (rank r to rank r: each rank its copy of the replicated MLA
 //             latent and its KDA heads), and what moving the latent once would
@@ -67,6 +71,7 @@ struct HardwareProfile {
   double memory_bandwidth = 0;   // bytes/s per GPU
   double link_bandwidth = 0;     // bytes/s per GPU, one direction (NVLink)
   double network_bandwidth = 0;  // bytes/s per node (its NICs together)
+  double bf16_flops = 0;         // dense BF16 tensor rate, FLOP/s per GPU
   std::string source;            // where the figures come from
 };
 
@@ -100,7 +105,23 @@ struct ProjectionInput {
   std::vector<int64_t> batches = {1, 8, 32, 64};
   std::vector<int64_t> contexts = {4096, 32768, 131072, 1048576};
   std::vector<int64_t> handoff_prompts = {4096, 32768, 131072, 1048576};
+  // Prefill: the step budget (DefaultMaxTokensPerStep on a large GPU) and the
+  // share of the BF16 rate the kernels reach (assumed: the 0.5 of
+  // cuBLASLt, which itself reaches about 0.8 of the datasheet on an H100).
+  int64_t prefill_chunk = 8192;
+  double prefill_efficiency = 0.4;
 };
+
+// FLOPs of one prompt token on one rank, besides attention: 2 x the matrix
+// parameters it meets (the rank's slices and replicated matrices, not lm_head,
+// which only the last token meets; the routed experts as top_k / tp of one
+// expert's parameters per MoE layer, a uniform router's share).
+double MatrixFlopsPerToken(const ModelWeights& w);
+// Attention FLOPs on one rank for prompt positions [begin, end): MLA expanded
+// (scores and values over every earlier position, the rank's heads) and the KDA
+// recurrence (about 8 d^2 per head per token; linear in the positions).
+double AttentionFlops(const model::ModelConfig& config, int tp, int64_t begin,
+                      int64_t end);
 
 struct DecodeProjection {
   int64_t batch = 0;
@@ -123,6 +144,17 @@ struct HandoffProjection {
   double link_s = 0;  // on one node: each rank's share over its own GPU link
 };
 
+struct PrefillProjection {
+  int64_t prompt_tokens = 0;
+  int64_t chunks = 0;
+  double matrix_flops = 0;     // per rank, the whole prompt
+  double attention_flops = 0;  // per rank
+  double weight_bytes = 0;     // per rank: every chunk streams its weights
+  double bound_s = 0;          // sum over chunks of max(flops / rate, bytes / bw)
+  double at_efficiency_s = 0;  // the same with the rate * prefill_efficiency
+  double tokens_per_s = 0;     // prompt / at_efficiency_s
+};
+
 struct Projection {
   ProjectionInput input;
   uint64_t total_weight_bytes = 0;  // the checkpoint's text tensors (TP 1)
@@ -133,6 +165,7 @@ struct Projection {
   CacheSizing cache;                // what the budget buys
   std::vector<DecodeProjection> decode;
   std::vector<HandoffProjection> handoff;
+  std::vector<PrefillProjection> prefill;  // one per handoff_prompts entry
 };
 
 // INVALID_ARGUMENT for a TP size the config does not divide (CheckTpSize's

@@ -191,6 +191,70 @@ TEST(ProjectionTest, K3OnEightB300s) {
   EXPECT_DOUBLE_EQ(p->handoff[0].network_s, p->handoff[0].bytes_sent / 800e9);
 }
 
+// K3 per token: about 104B active parameters (the published figure), so about
+// 2 x 102B matrix FLOPs at TP 1 without lm_head; a TP 8 rank computes its
+// slices, every replicated matrix, and 16/8 experts per MoE layer.
+TEST(ProjectionTest, MatrixFlopsPerToken) {
+  const model::ModelConfig c = K3();
+  auto whole = SizeModelWeights(c);
+  ASSERT_TRUE(whole.ok());
+  const double one = MatrixFlopsPerToken(**whole);
+  EXPECT_GT(one, 2 * 100e9);
+  EXPECT_LT(one, 2 * 104e9);
+  // The routed part by hand: 92 layers x 16 experts x 3 x 3072 x 3584 weights.
+  const double routed = 2.0 * 92 * 16 * 3 * 3072 * 3584;
+  const double dense_tp1 = one - routed;
+  auto r0 = SizeModelWeights(c, {0, 8});
+  ASSERT_TRUE(r0.ok());
+  const double rank = MatrixFlopsPerToken(**r0);
+  EXPECT_NEAR(rank - routed / 8,
+              2.0 * ((*r0)->dense_bytes - (*r0)->vocab_rows * 7168.0 * 2) / 2, 1.0);
+  // A rank does more than an eighth: the replicated matrices run on all eight.
+  EXPECT_GT(rank, one / 8);
+  EXPECT_LT(rank - routed / 8, dense_tp1);
+}
+
+TEST(ProjectionTest, AttentionFlopsByHandAndAdditive) {
+  const model::ModelConfig c = K3();
+  // Two tokens at TP 8: 1 + 2 attended positions; MLA 2 x 12 heads x (128 + 64 +
+  // 128) per pair over 24 layers; KDA 8 x 128^2 per head per token, 12 heads,
+  // 69 layers.
+  const double mla = 24 * 2.0 * 12 * 320 * 3;
+  const double kda = 69 * 12 * 8.0 * 128 * 128 * 2;
+  EXPECT_DOUBLE_EQ(AttentionFlops(c, 8, 0, 2), mla + kda);
+  EXPECT_EQ(AttentionFlops(c, 8, 5, 5), 0.0);
+  // Chunks add up to the whole prompt.
+  const double whole = AttentionFlops(c, 8, 0, 10000);
+  const double parts =
+      AttentionFlops(c, 8, 0, 8192) + AttentionFlops(c, 8, 8192, 10000);
+  EXPECT_NEAR(parts, whole, whole * 1e-12);
+}
+
+TEST(ProjectionTest, PrefillIsChunkedAndBounded) {
+  ProjectionInput in = K3OnB300();
+  in.handoff_prompts = {4096, 20000};
+  auto p = Project(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->prefill.size(), 2u);
+  const PrefillProjection& a = p->prefill[0];
+  EXPECT_EQ(a.chunks, 1);
+  auto r0 = SizeModelWeights(in.config, {0, 8});
+  ASSERT_TRUE(r0.ok());
+  EXPECT_NEAR(a.matrix_flops, 4096 * MatrixFlopsPerToken(**r0), 1e3);
+  EXPECT_DOUBLE_EQ(a.attention_flops, AttentionFlops(in.config, 8, 0, 4096));
+  // One chunk: the larger of its arithmetic and its weight bytes.
+  const double compute = (a.matrix_flops + a.attention_flops) / 2250e12;
+  EXPECT_DOUBLE_EQ(a.bound_s, std::max(compute, a.weight_bytes / 8e12));
+  EXPECT_DOUBLE_EQ(a.at_efficiency_s, std::max(compute / 0.4, a.weight_bytes / 8e12));
+  const PrefillProjection& b = p->prefill[1];
+  EXPECT_EQ(b.chunks, 3);  // 8192 + 8192 + 3616
+  EXPECT_NEAR(b.attention_flops, AttentionFlops(in.config, 8, 0, 20000),
+              b.attention_flops * 1e-12);
+  EXPECT_DOUBLE_EQ(b.tokens_per_s, 20000 / b.at_efficiency_s);
+  in.prefill_efficiency = 0;
+  EXPECT_EQ(Project(in).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ProjectionTest, MeasuredEfficiencyOfTheNearestBatch) {
   ProjectionInput in = K3OnB300();
   in.batches = {1, 32};
