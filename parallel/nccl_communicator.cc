@@ -101,6 +101,10 @@ struct NcclCommunicator::Impl {
     while (true) {
       cudaError_t q = cudaStreamQuery(stream);
       if (q == cudaSuccess) return absl::OkStatus();
+      // cudaErrorNotReady is also recorded as the thread's last error: cleared,
+      // or the rank's next kernel launch (checked with cudaGetLastError) would
+      // fail with "device not ready".
+      if (q == cudaErrorNotReady) (void)cudaGetLastError();
       if (q != cudaErrorNotReady) {
         return Break(Internal(Where(what), ": CUDA: ", cudaGetErrorString(q)));
       }

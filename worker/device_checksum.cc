@@ -8,14 +8,17 @@
 namespace tandem::worker {
 namespace {
 
-// Grows `buf` on `device` to at least `bytes` (1 MiB steps).
-absl::Status Reserve(kernels::Device* device, size_t bytes,
-                     kernels::DeviceBuffer* buf) {
+// Grows `buf` on `device` to at least `bytes` (1 MiB steps). `grew` is set when
+// it allocated: a device allocates in its compute stream's order, and the
+// hasher's own stream may use the memory only once that has run.
+absl::Status Reserve(kernels::Device* device, size_t bytes, kernels::DeviceBuffer* buf,
+                     bool* grew) {
   if (buf->data() != nullptr && buf->bytes() >= bytes) return absl::OkStatus();
   constexpr size_t kStep = size_t{1} << 20;
   const size_t want = (std::max<size_t>(bytes, 1) + kStep - 1) / kStep * kStep;
   buf->Reset();
   TANDEM_ASSIGN_OR_RETURN(*buf, kernels::DeviceBuffer::Allocate(device, want));
+  *grew = true;
   return absl::OkStatus();
 }
 
@@ -63,13 +66,21 @@ absl::StatusOr<std::vector<std::vector<uint64_t>>> BackendChunkHasher::HashChunk
   if (num_hashes == 0) return out;
 
   absl::MutexLock lock(&mu_);
+  // The calling thread (an engine loop, a sender) may have another device
+  // current: a kernel launched into a stream of a device that is not current
+  // fails on a GPU.
+  TANDEM_RETURN_IF_ERROR(dev.MakeCurrent());
   if (stream_ == nullptr) {
     TANDEM_ASSIGN_OR_RETURN(stream_, dev.CreateStream());
   }
   kernels::Stream* s = stream_.get();
   const size_t table_bytes = table.size() * sizeof(kernels::ByteSegment);
-  TANDEM_RETURN_IF_ERROR(Reserve(&dev, table_bytes, &tables_));
-  TANDEM_RETURN_IF_ERROR(Reserve(&dev, num_hashes * sizeof(uint64_t), &hashes_));
+  bool grew = false;
+  TANDEM_RETURN_IF_ERROR(Reserve(&dev, table_bytes, &tables_, &grew));
+  TANDEM_RETURN_IF_ERROR(Reserve(&dev, num_hashes * sizeof(uint64_t), &hashes_, &grew));
+  // Stream-ordered allocations (cudaMallocFromPoolAsync on the compute stream):
+  // complete before `s` touches them (rare: only when a buffer grows).
+  if (grew) TANDEM_RETURN_IF_ERROR(dev.compute_stream().Synchronize());
   TANDEM_RETURN_IF_ERROR(
       dev.CopyToDevice(tables_.data(), table.data(), table_bytes, s));
   const auto* dtable = tables_.as<kernels::ByteSegment>();

@@ -45,8 +45,11 @@ absl::StatusOr<const T*> ModelRunner::Upload(const std::vector<T>& host,
 }
 
 absl::Status ModelRunner::AllReduce(float* data, int64_t n) {
-  // The host communicator reads the data: the kernels that wrote it must be done.
-  if (!host_device_) TANDEM_RETURN_IF_ERROR(backend_->Synchronize());
+  // A host communicator reads the data: the kernels that wrote it must be done.
+  // A device one (NCCL) enqueues on the compute stream, after them.
+  if (!host_device_ && !comm_->takes_device_pointers()) {
+    TANDEM_RETURN_IF_ERROR(backend_->Synchronize());
+  }
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status s = comm_->AllReduceSum(data, static_cast<size_t>(n));
   comm_stats_.seconds +=

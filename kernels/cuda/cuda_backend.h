@@ -1,7 +1,7 @@
 // The GPU backend: every op of kernels/backend.h as CUDA kernels on device memory.
 //
 // One source, two builds:
-//   "cuda"      the kernels compiled by nvcc (sm_90a, sm_100a), a real GPU, CUDA
+//   "cuda"      the kernels compiled by nvcc (sm_90a, sm_100f), a real GPU, CUDA
 //               runtime memory pools, cuBLASLt for dense GEMMs (--config=cuda);
 //   "cuda_sim"  the same kernel sources compiled as host C++ on the SIMT emulator
 //               (kernels/cuda/sim/simt.h), tracked host memory, host GEMM. Runs on

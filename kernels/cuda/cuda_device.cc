@@ -132,6 +132,9 @@ class CudaStream final : public Stream {
     absl::Status st =
         CudaError(cudaStreamEndCapture(stream_, &graph), "end stream capture");
     if (!st.ok()) {
+      // Not sticky (an invalidated capture): cleared, or the next launch's
+      // cudaGetLastError would report it and fail an eager step.
+      (void)cudaGetLastError();
       if (graph != nullptr) cudaGraphDestroy(graph);
       return st;
     }
@@ -140,6 +143,7 @@ class CudaStream final : public Stream {
     cudaGraphExec_t exec = nullptr;
     st = CudaError(cudaGraphInstantiate(&exec, graph, 0), "graph instantiate");
     if (!st.ok()) {
+      (void)cudaGetLastError();  // as above
       cudaGraphDestroy(graph);
       return st;
     }
@@ -174,7 +178,12 @@ class CudaEvent final : public Event {
   absl::StatusOr<bool> Done() override {
     const cudaError_t e = cudaEventQuery(event_);
     if (e == cudaSuccess) return true;
-    if (e == cudaErrorNotReady) return false;
+    if (e == cudaErrorNotReady) {
+      // Recorded as the thread's last error: cleared, or the next kernel launch
+      // checked with cudaGetLastError would fail with "not ready".
+      (void)cudaGetLastError();
+      return false;
+    }
     return CudaError(e, "event query");
   }
   absl::Status Synchronize() override {

@@ -43,21 +43,26 @@ __device__ __forceinline__ void MmaBf16M16N8K16(float d[4], const uint32_t a[4],
 
 __device__ __forceinline__ void LdMatrixX4(uint32_t r[4], const void* smem_row) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
+  // "memory": shared stores before it must not be moved past it (the register
+  // operands alone do not tell the compiler it reads shared memory).
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
+               : "r"(addr)
+               : "memory");
 }
 
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(gmem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(gmem)
+               : "memory");
 }
 __device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+  // "memory": loads of the copied data must not be hoisted above the wait.
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 #else  // cuda_sim

@@ -8,10 +8,13 @@ CUDA, and the CUDA build says why it was skipped.
 
 load("@local_cuda//:defs.bzl", "HAS_CUDA", "NVCC")
 
-# Hopper (H200: run and measured) and Blackwell (B300: compile-checked).
+# Hopper (H100/H200: run and measured) and Blackwell (compile-checked). B300 is
+# compute capability 10.3 and B200 10.0: an sm_100a cubin loads on 10.0 only, so
+# Blackwell is built for the family target sm_100f (CUDA 12.9+), which loads on
+# both (the kernels use no instruction specific to one member).
 CUDA_ARCH_FLAGS = [
     "-gencode=arch=compute_90a,code=sm_90a",
-    "-gencode=arch=compute_100a,code=sm_100a",
+    "-gencode=arch=compute_100f,code=sm_100f",
 ]
 
 def cuda_library(name, srcs, hdrs = [], deps = [], nvcc_flags = [], visibility = None):

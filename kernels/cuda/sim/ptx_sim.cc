@@ -53,6 +53,10 @@ void MmaBf16M16N8K16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
 }
 
 void LdMatrixX4(uint32_t r[4], const void* smem_row) {
+  // ldmatrix takes 16-byte-aligned row addresses; a GPU faults on others.
+  if (reinterpret_cast<uintptr_t>(smem_row) % 16 != 0) {
+    ::cuda_sim::Fault("ldmatrix: a row address is not 16-byte aligned");
+  }
   const unsigned char* all =
       ::cuda_sim::WarpExchange(kFullMask, &smem_row, sizeof smem_row);
   const int lane = ::cuda_sim::Self().lane;
@@ -64,6 +68,12 @@ void LdMatrixX4(uint32_t r[4], const void* smem_row) {
 }
 
 void CpAsync16(void* smem, const void* gmem) {
+  // cp.async of 16 bytes needs both addresses 16-byte aligned; a GPU faults on
+  // others.
+  if (reinterpret_cast<uintptr_t>(smem) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(gmem) % 16 != 0) {
+    ::cuda_sim::Fault("cp.async: an address is not 16-byte aligned");
+  }
   // Under a shuffling seed a copy lands either at once or only when waited for,
   // drawn per copy: a read before the wait (stale data) and a copy issued into a
   // buffer other threads still read (overwritten too early) both show.

@@ -616,7 +616,10 @@ void Launch(const char* name, const void* kernel, dim3 grid, dim3 block,
       v[1] = 1;
       v[2] = 0;
     }
-    if (dynamic_smem > 0) b.dynamic_smem.assign(dynamic_smem, 0xA5);
+    // Poisoned with all-ones: read as fp32 or bf16 that is NaN, so a kernel
+    // that reads shared memory it never wrote gets NaN (as garbage can be on a
+    // GPU) even where it multiplies by zero.
+    if (dynamic_smem > 0) b.dynamic_smem.assign(dynamic_smem, 0xFF);
     for (int t = 0; t < nthreads; ++t) {
       Fiber* f = w.pool[t].get();
       ResetFiber(f);
