@@ -401,20 +401,29 @@ absl::Status TpExecutor::Forward(absl::Span<const SequenceInput> seqs,
   return broken_;
 }
 
+absl::Status TpExecutor::OnRank(size_t r) {
+  return ranks_[r]->backend->device().MakeCurrent();
+}
+
 absl::Status TpExecutor::ResetSlot(int64_t slot) {
   if (!broken_.ok()) return Broken();
-  for (auto& r : ranks_) TANDEM_RETURN_IF_ERROR(r->cache->ResetSlot(slot));
-  return absl::OkStatus();
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    TANDEM_RETURN_IF_ERROR(OnRank(r));
+    TANDEM_RETURN_IF_ERROR(ranks_[r]->cache->ResetSlot(slot));
+  }
+  return CallerOnRank0();
 }
 
 absl::StatusOr<KdaSnapshot> TpExecutor::SnapshotSlot(int64_t slot) {
   if (!broken_.ok()) return Broken();
   if (ranks_.size() == 1) return ranks_[0]->cache->SnapshotSlot(slot);
   KdaSnapshot all;
-  for (auto& r : ranks_) {
-    TANDEM_ASSIGN_OR_RETURN(KdaSnapshot one, r->cache->SnapshotSlot(slot));
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    TANDEM_RETURN_IF_ERROR(OnRank(r));
+    TANDEM_ASSIGN_OR_RETURN(KdaSnapshot one, ranks_[r]->cache->SnapshotSlot(slot));
     all.values.insert(all.values.end(), one.values.begin(), one.values.end());
   }
+  TANDEM_RETURN_IF_ERROR(CallerOnRank0());
   return all;
 }
 
@@ -429,20 +438,24 @@ absl::Status TpExecutor::RestoreSlot(int64_t slot, const KdaSnapshot& snapshot) 
   }
   size_t off = 0;
   KdaSnapshot one;
-  for (auto& r : ranks_) {
-    const size_t count = r->cache->kda_bytes_per_slot() / sizeof(float);
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    const size_t count = ranks_[r]->cache->kda_bytes_per_slot() / sizeof(float);
     one.values.assign(snapshot.values.begin() + off,
                       snapshot.values.begin() + off + count);
-    TANDEM_RETURN_IF_ERROR(r->cache->RestoreSlot(slot, one));
+    TANDEM_RETURN_IF_ERROR(OnRank(r));
+    TANDEM_RETURN_IF_ERROR(ranks_[r]->cache->RestoreSlot(slot, one));
     off += count;
   }
-  return absl::OkStatus();
+  return CallerOnRank0();
 }
 
 absl::Status TpExecutor::CopySlot(int64_t from, int64_t to) {
   if (!broken_.ok()) return Broken();
-  for (auto& r : ranks_) TANDEM_RETURN_IF_ERROR(r->cache->CopySlot(from, to));
-  return absl::OkStatus();
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    TANDEM_RETURN_IF_ERROR(OnRank(r));
+    TANDEM_RETURN_IF_ERROR(ranks_[r]->cache->CopySlot(from, to));
+  }
+  return CallerOnRank0();
 }
 
 absl::StatusOr<std::vector<StateRange>> TpExecutor::ExportSequence(

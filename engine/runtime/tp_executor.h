@@ -137,6 +137,10 @@ class TpExecutor {
 
  private:
   struct Rank;
+  // Makes rank `r`'s device current on the calling thread (a memset or kernel
+  // into a stream of a device that is not current fails on a GPU): the slot
+  // operations run each rank's part so, then CallerOnRank0.
+  absl::Status OnRank(size_t r);
   TpExecutor();
   absl::Status Broken() const;
   absl::Status Connect(int rank);
