@@ -144,7 +144,10 @@ class CublasLtBlas final : public Blas {
     const cudaError_t e =
         cudaMemset2DAsync(y, ldy * sizeof(float), 0, n * sizeof(float), m,
                           static_cast<cudaStream_t>(stream.native()));
-    if (e != cudaSuccess) return Internal("gemm k=0 memset: ", cudaGetErrorString(e));
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // reported here: not again at the next launch
+      return Internal("gemm k=0 memset: ", cudaGetErrorString(e));
+    }
     return absl::OkStatus();
   }
 

@@ -57,6 +57,10 @@ std::string GpuIdentity(const CudaShareablePayload& p) {
 
 absl::Status CudaError(cudaError_t e, absl::string_view what) {
   if (e == cudaSuccess) return absl::OkStatus();
+  // A failed call also sets the thread's last error; reported here, it is
+  // cleared (where it is not sticky) so that a later launch's cudaGetLastError
+  // check does not report it again as that launch's failure.
+  (void)cudaGetLastError();
   const std::string msg = absl::StrCat("cuda: ", what, ": ", cudaGetErrorName(e), " (",
                                        cudaGetErrorString(e), ")");
   if (e == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
