@@ -170,6 +170,40 @@ TEST_P(GpuEngine, ChunkedPrefillEqualsOneShot) {
   EXPECT_EQ(Argmax(chunked), Argmax(one));
 }
 
+// One step of 1024 prompt tokens (the workers' step budget on a GPU is 2048 or
+// 8192; the emulator's speed bounds the test): the kernels' long-step paths
+// (MLA's key tiles over many blocks, the MoE's large tiles, grid-stride loops)
+// against the CPU backend, and against the same prompt in four 256-token steps.
+TEST_P(GpuEngine, LongStepEqualsTheCpuAndChunks) {
+  constexpr int kLen = 1024, kChunk = 256, kBlocks = kLen / 16 + 2;
+  Rig cpu = MakeRig("cpu", kBlocks, 2), gpu = MakeRig(GetParam(), 2 * kBlocks, 2);
+  const std::vector<int32_t> prompt = MakePrompt(kLen, 11);
+  TestSequence sc{BlockRange(0, kBlocks), 0, 0}, sg = sc,
+                                                 sk{BlockRange(kBlocks, kBlocks), 1, 0};
+  std::vector<float> lc, lg, lk;
+  ASSERT_TRUE(Feed(cpu.runner.get(), &sc, prompt, false, &lc).ok());
+  absl::Status st = Feed(gpu.runner.get(), &sg, prompt, false, &lg);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(lc.size(), lg.size());
+  EXPECT_LE(MaxDiff(lg, lc), kLogitTol * (1 + MaxAbs(lc)));
+  for (int i = 0; i < kLen; i += kChunk) {
+    st = Feed(gpu.runner.get(), &sk, absl::MakeConstSpan(prompt).subspan(i, kChunk),
+              false, &lk);
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  EXPECT_LE(MaxDiff(lk, lg), 1e-4 * (1 + MaxAbs(lg)));
+  EXPECT_EQ(Argmax(lk), Argmax(lg));
+  // Two decode steps after it still follow the CPU.
+  for (int step = 0; step < 2; ++step) {
+    const int32_t next = Argmax(lc);
+    if (Margin(lc) > 2 * kLogitTol * (1 + MaxAbs(lc))) EXPECT_EQ(Argmax(lg), next);
+    ASSERT_TRUE(Feed(cpu.runner.get(), &sc, {&next, 1}, false, &lc).ok());
+    st = Feed(gpu.runner.get(), &sg, {&next, 1}, false, &lg);
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_LE(MaxDiff(lg, lc), kLogitTol * (1 + MaxAbs(lc)));
+  }
+}
+
 TEST_P(GpuEngine, LogitsDoNotDependOnTheBatch) {
   Rig gpu = MakeRig(GetParam());
   const std::vector<int32_t> p0 = MakePrompt(20, 1), p1 = MakePrompt(9, 2),
