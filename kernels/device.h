@@ -150,7 +150,10 @@ class Device {
   // As CopyToHost, but may return before the data is on the host: it is there
   // once `stream` (nullptr: the compute stream) is synchronised. Many small
   // copies then cost one wait (the KV's host staging copies a request's blocks
-  // this way). The default is CopyToHost.
+  // this way) where the host memory is pinned; into pageable memory, which the
+  // host staging's shadows are, CUDA returns only once each copy is done (correct,
+  // slower: pinning the shadows is not done yet, docs/kvtransfer.md). The
+  // default is CopyToHost.
   virtual absl::Status CopyToHostAsync(void* host_dst, const void* src, size_t bytes,
                                        Stream* stream = nullptr) {
     return CopyToHost(host_dst, src, bytes, stream);
