@@ -170,12 +170,14 @@ TEST_P(GpuEngine, ChunkedPrefillEqualsOneShot) {
   EXPECT_EQ(Argmax(chunked), Argmax(one));
 }
 
-// One step of 1024 prompt tokens (the workers' step budget on a GPU is 2048 or
-// 8192; the emulator's speed bounds the test): the kernels' long-step paths
-// (MLA's key tiles over many blocks, the MoE's large tiles, grid-stride loops)
-// against the CPU backend, and against the same prompt in four 256-token steps.
+// One long step of prompt tokens (the workers' step budget on a GPU is 2048 or
+// 8192): 4096 on a GPU, past the MoE's 2048-token chunk; 1024 on the emulator,
+// whose speed bounds it. The kernels' long-step paths (MLA's key tiles over many
+// blocks, the MoE's large tiles and chunks, grid-stride loops) against the CPU
+// backend, and against the same prompt in four steps.
 TEST_P(GpuEngine, LongStepEqualsTheCpuAndChunks) {
-  constexpr int kLen = 1024, kChunk = 256, kBlocks = kLen / 16 + 2;
+  const int kLen = GetParam() == "cuda_sim" ? 1024 : 4096, kChunk = kLen / 4,
+            kBlocks = kLen / 16 + 2;
   Rig cpu = MakeRig("cpu", kBlocks, 2), gpu = MakeRig(GetParam(), 2 * kBlocks, 2);
   const std::vector<int32_t> prompt = MakePrompt(kLen, 11);
   TestSequence sc{BlockRange(0, kBlocks), 0, 0}, sg = sc,
