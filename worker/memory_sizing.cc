@@ -91,12 +91,8 @@ absl::StatusOr<engine::DeviceMemoryUse> DeviceBudget(const WorkerModel& model,
     in.profile_tokens = po.tokens;
   }
   // One block and one slot of the worker's cache (SizeCacheFromMemory's sizes).
-  const model::ModelConfig& c = model.checkpoint->config();
-  engine::CacheSizingInput one;
-  one.token_bytes = tp * c.NumMlaLayers() * c.MlaCacheBytesPerToken();
-  one.slot_bytes = c.NumKdaLayers() * c.KdaStateBytesPerSequence();
-  one.block_size = eo.block_size;
-  in.min_cache_bytes = engine::MinCacheBytes(one);
+  in.min_cache_bytes = engine::MinCacheBytes(
+      engine::WorkerCacheUnits(model.checkpoint->config(), tp, eo.block_size));
   TANDEM_ASSIGN_OR_RETURN(engine::DeviceMemoryUse use, engine::ResolveDeviceBudget(in));
   TLOG(INFO, "KV cache budget from device memory")
       .Kv("device", use.device)

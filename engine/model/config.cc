@@ -618,6 +618,12 @@ int ModelConfig::NumKdaLayers() const {
   return n;
 }
 
+int ModelConfig::NumMoeLayers() const {
+  int n = 0;
+  for (const LayerSpec& l : Layers()) n += l.ffn == FfnKind::kMoe;
+  return n;
+}
+
 int ModelConfig::NumMlaLayers() const {
   return static_cast<int>(text.num_hidden_layers) - NumKdaLayers();
 }

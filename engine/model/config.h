@@ -119,6 +119,7 @@ struct ModelConfig {
   bool IsKda(int layer) const;  // 0-based
   int NumKdaLayers() const;
   int NumMlaLayers() const;
+  int NumMoeLayers() const;  // FFN layers with routed experts (Layers()' kMoe)
   int NumResBlocks() const;  // ceil(num_hidden_layers / attn_res_block_size)
 
   // KDA sizes.

@@ -54,6 +54,7 @@ TEST(ConfigTest, DerivedFactsOfThePublishedConfig) {
   ASSERT_EQ(layers.size(), 93u);
   EXPECT_EQ(c->NumKdaLayers(), 69);
   EXPECT_EQ(c->NumMlaLayers(), 24);
+  EXPECT_EQ(c->NumMoeLayers(), 92);  // first_k_dense_replace = 1 of 93
   EXPECT_EQ(layers[92].attention, AttentionKind::kMla);
   EXPECT_EQ(layers[91].attention, AttentionKind::kMla);  // 1-based 92
   EXPECT_EQ(layers[90].attention, AttentionKind::kKda);

@@ -7,7 +7,6 @@
 #include <thread>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
@@ -19,20 +18,29 @@
 namespace tandem::engine {
 
 int64_t DefaultMaxTokensPerStep(const kernels::Device& device, int64_t host_default) {
-  if (!absl::StartsWith(device.name(), "cuda:")) return host_default;
+  // A GPU is the device whose memory the host cannot address (the emulator's
+  // and the host's it can).
+  if (device.host_addressable()) return host_default;
   constexpr int64_t kLargeGpu = int64_t{70} << 30;
   return device.MemoryInfo().total_bytes >= kLargeGpu ? 8192 : 2048;
+}
+
+CacheSizingInput WorkerCacheUnits(const model::ModelConfig& config, int tp,
+                                  int32_t block_size) {
+  CacheSizingInput in;
+  in.token_bytes =
+      int64_t{std::max(1, tp)} * config.NumMlaLayers() * config.MlaCacheBytesPerToken();
+  in.slot_bytes = config.NumKdaLayers() * config.KdaStateBytesPerSequence();
+  in.block_size = block_size;
+  return in;
 }
 
 absl::StatusOr<CacheSizing> SizeCacheFromMemory(const model::ModelConfig& config,
                                                 const CacheMemoryOptions& memory,
                                                 EngineOptions* options) {
-  const int64_t tp = std::max(1, options->tp.tp_size);
-  CacheSizingInput in;
+  CacheSizingInput in =
+      WorkerCacheUnits(config, options->tp.tp_size, options->block_size);
   in.budget_bytes = memory.budget_bytes;
-  in.token_bytes = tp * config.NumMlaLayers() * config.MlaCacheBytesPerToken();
-  in.slot_bytes = config.NumKdaLayers() * config.KdaStateBytesPerSequence();
-  in.block_size = options->block_size;
   in.max_num_seqs = memory.max_num_seqs;
   in.max_model_len = memory.max_model_len;
   in.model_max_len =

@@ -319,8 +319,8 @@ struct EngineOptions {
 // on a GPU, vLLM's defaults for an API server (8192 tokens where the GPU has at
 // least 70 GiB, 2048 on a smaller one): a step streams every weight once, so a
 // prefill chunk of a few hundred tokens would be bound by the weights' bytes, not
-// by the arithmetic (docs/benchmarks.md, "Projection"); elsewhere (the CPU, the
-// emulator, where each token costs far more) `host_default`.
+// by the arithmetic (docs/benchmarks.md, "Projection"); on a host-addressable
+// device (the CPU, the emulator, where each token costs far more) `host_default`.
 int64_t DefaultMaxTokensPerStep(const kernels::Device& device, int64_t host_default);
 
 // The cache sized from a memory budget rather than from counts (a worker's
@@ -334,6 +334,14 @@ struct CacheMemoryOptions {
   // (options->prefix_caching.num_snapshots is set from it when > 0).
   double prefix_snapshot_fraction = 0.0;
 };
+
+// A worker cache's units for `config` at TP `tp`: token_bytes (one token's MLA
+// latent over every MLA layer, replicated on every rank, so times tp),
+// slot_bytes (one sequence's KDA state, split across the ranks) and
+// block_size; the rest of the input at its defaults. SizeCacheFromMemory sizes
+// with them; MinCacheBytes of them is what a device budget must leave.
+CacheSizingInput WorkerCacheUnits(const model::ModelConfig& config, int tp,
+                                  int32_t block_size);
 
 // Sizes `options` (num_slots, num_blocks, max_context_tokens; block_size and
 // tp.tp_size as set) for `config` from `memory`: the MLA latent of one token

@@ -630,14 +630,14 @@ TEST(EngineTest, SizedFromMemoryCountsReplicatedMlaPerRank) {
   EXPECT_NEAR(static_cast<double>(s2->num_blocks), s1->num_blocks / 2.0, 1.0);
 }
 
-// A device that only names itself and its capacity (DefaultMaxTokensPerStep
+// A device that only says what it is and its capacity (DefaultMaxTokensPerStep
 // reads nothing else).
 class NamedDevice final : public kernels::Device {
  public:
-  NamedDevice(std::string name, int64_t total)
-      : name_(std::move(name)), total_(total) {}
+  NamedDevice(std::string name, int64_t total, bool host_addressable = false)
+      : name_(std::move(name)), total_(total), host_addressable_(host_addressable) {}
   absl::string_view name() const override { return name_; }
-  bool host_addressable() const override { return false; }
+  bool host_addressable() const override { return host_addressable_; }
   absl::StatusOr<void*> Allocate(size_t) override {
     return absl::UnimplementedError("stand-in");
   }
@@ -672,6 +672,7 @@ class NamedDevice final : public kernels::Device {
   };
   std::string name_;
   int64_t total_;
+  bool host_addressable_;
   NullStream stream_;
 };
 
@@ -683,8 +684,9 @@ TEST(DefaultMaxTokensPerStepTest, ByDevice) {
   EXPECT_EQ(DefaultMaxTokensPerStep(NamedDevice("cuda:7", 70 * kGiB), 256), 8192);
   EXPECT_EQ(DefaultMaxTokensPerStep(NamedDevice("cuda:1", 70 * kGiB - 1), 256), 2048);
   EXPECT_EQ(DefaultMaxTokensPerStep(NamedDevice("cuda:0", 24 * kGiB), 256), 2048);
-  EXPECT_EQ(DefaultMaxTokensPerStep(NamedDevice("cuda_sim", 141 * kGiB), 256), 256);
-  EXPECT_EQ(DefaultMaxTokensPerStep(NamedDevice("host", 512 * kGiB), 512), 512);
+  EXPECT_EQ(DefaultMaxTokensPerStep(NamedDevice("cuda_sim", 141 * kGiB, true), 256),
+            256);
+  EXPECT_EQ(DefaultMaxTokensPerStep(NamedDevice("host", 512 * kGiB, true), 512), 512);
 }
 
 }  // namespace

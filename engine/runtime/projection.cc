@@ -29,10 +29,7 @@ DecodeStepBytes DecodeStepBytesPerRank(const ModelWeights& w, int64_t batch,
   const int tp = std::max(1, w.shard.size);
   DecodeStepBytes b;
   b.dense = static_cast<double>(w.dense_bytes);
-  const std::vector<model::LayerSpec> specs = c.Layers();
-  const int64_t moe_layers = std::count_if(
-      specs.begin(), specs.end(),
-      [](const model::LayerSpec& l) { return l.ffn == model::FfnKind::kMoe; });
+  const int64_t moe_layers = c.NumMoeLayers();
   // Round-robin: rank r owns the experts e with e % tp == r.
   const int64_t E = c.text.num_experts;
   const int64_t owned = E / tp + (w.shard.rank < E % tp ? 1 : 0);
@@ -51,10 +48,7 @@ DecodeStepBytes DecodeStepBytesPerRank(const ModelWeights& w, int64_t batch,
 double MatrixFlopsPerToken(const ModelWeights& w) {
   const model::ModelConfig& c = w.config;
   const int tp = std::max(1, w.shard.size);
-  const std::vector<model::LayerSpec> specs = c.Layers();
-  const int64_t moe_layers = std::count_if(
-      specs.begin(), specs.end(),
-      [](const model::LayerSpec& l) { return l.ffn == model::FfnKind::kMoe; });
+  const int64_t moe_layers = c.NumMoeLayers();
   // dense_bytes: BF16 matrices (and a few small fp32 vectors, under 0.1%), with
   // the rank's lm_head rows; an expert's bytes are 17/32 of a byte per weight
   // (a nibble and a 1/32 scale byte).
@@ -218,12 +212,8 @@ absl::StatusOr<Projection> Project(const ProjectionInput& input) {
   budget.devices = devices;
   budget.utilization = input.gpu_memory_utilization;
   budget.profile_tokens = 0;
-  CacheSizingInput one;
-  one.token_bytes =
-      static_cast<int64_t>(input.tp) * c.NumMlaLayers() * c.MlaCacheBytesPerToken();
-  one.slot_bytes = c.NumKdaLayers() * c.KdaStateBytesPerSequence();
-  one.block_size = input.block_size;
-  budget.min_cache_bytes = MinCacheBytes(one);
+  budget.min_cache_bytes =
+      MinCacheBytes(WorkerCacheUnits(c, input.tp, input.block_size));
   absl::StatusOr<DeviceMemoryUse> use = ResolveDeviceBudget(budget);
   if (!use.ok()) {
     return absl::Status(use.status().code(),
@@ -250,10 +240,7 @@ absl::StatusOr<Projection> Project(const ProjectionInput& input) {
   // all-gather.
   const int layers = static_cast<int>(c.text.num_hidden_layers);
   p.collectives_per_step = input.tp > 1 ? 2 + 2 * layers : 0;
-  const std::vector<model::LayerSpec> specs = c.Layers();
-  const int64_t moe_layers = std::count_if(
-      specs.begin(), specs.end(),
-      [](const model::LayerSpec& l) { return l.ffn == model::FfnKind::kMoe; });
+  const int64_t moe_layers = c.NumMoeLayers();
   const double H = static_cast<double>(c.text.hidden_size);
   const double L = static_cast<double>(c.text.routed_expert_hidden_size);
   const double V = static_cast<double>(c.text.vocab_size);

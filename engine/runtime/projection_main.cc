@@ -122,6 +122,8 @@ absl::StatusOr<nlohmann::json> ReadMeasurement(const std::string& path) {
   return doc;
 }
 
+// Decimal units, as the vendors give memory and bandwidth (FormatBytes prints
+// binary ones).
 std::string Bytes(double b) {
   char buf[64];
   if (b >= 1e12) {

@@ -309,8 +309,8 @@ absl::Status TpExecutor::Connect(int r) {
   return absl::OkStatus();
 }
 
-absl::Status TpExecutor::CallerOnRank0() const {
-  return ranks_[0]->backend->device().MakeCurrent();
+absl::Status TpExecutor::OnRank(size_t r) const {
+  return ranks_[r]->backend->device().MakeCurrent();
 }
 
 absl::Status TpExecutor::Broken() const {
@@ -330,7 +330,7 @@ absl::Status TpExecutor::Forward(absl::Span<const SequenceInput> seqs,
   const int64_t step = ++steps_;
   if (n == 1) return ranks_[0]->runner->Forward(seqs, logits, placement);
   // Slot operations on this thread may have left another rank's GPU current.
-  TANDEM_RETURN_IF_ERROR(CallerOnRank0());
+  TANDEM_RETURN_IF_ERROR(OnRank(0));
   Shared& sh = *shared_;
   {
     absl::MutexLock l(&sh.mu);
@@ -401,17 +401,13 @@ absl::Status TpExecutor::Forward(absl::Span<const SequenceInput> seqs,
   return broken_;
 }
 
-absl::Status TpExecutor::OnRank(size_t r) {
-  return ranks_[r]->backend->device().MakeCurrent();
-}
-
 absl::Status TpExecutor::ResetSlot(int64_t slot) {
   if (!broken_.ok()) return Broken();
   for (size_t r = 0; r < ranks_.size(); ++r) {
     TANDEM_RETURN_IF_ERROR(OnRank(r));
     TANDEM_RETURN_IF_ERROR(ranks_[r]->cache->ResetSlot(slot));
   }
-  return CallerOnRank0();
+  return OnRank(0);
 }
 
 absl::StatusOr<KdaSnapshot> TpExecutor::SnapshotSlot(int64_t slot) {
@@ -423,7 +419,7 @@ absl::StatusOr<KdaSnapshot> TpExecutor::SnapshotSlot(int64_t slot) {
     TANDEM_ASSIGN_OR_RETURN(KdaSnapshot one, ranks_[r]->cache->SnapshotSlot(slot));
     all.values.insert(all.values.end(), one.values.begin(), one.values.end());
   }
-  TANDEM_RETURN_IF_ERROR(CallerOnRank0());
+  TANDEM_RETURN_IF_ERROR(OnRank(0));
   return all;
 }
 
@@ -446,7 +442,7 @@ absl::Status TpExecutor::RestoreSlot(int64_t slot, const KdaSnapshot& snapshot) 
     TANDEM_RETURN_IF_ERROR(ranks_[r]->cache->RestoreSlot(slot, one));
     off += count;
   }
-  return CallerOnRank0();
+  return OnRank(0);
 }
 
 absl::Status TpExecutor::CopySlot(int64_t from, int64_t to) {
@@ -455,7 +451,7 @@ absl::Status TpExecutor::CopySlot(int64_t from, int64_t to) {
     TANDEM_RETURN_IF_ERROR(OnRank(r));
     TANDEM_RETURN_IF_ERROR(ranks_[r]->cache->CopySlot(from, to));
   }
-  return CallerOnRank0();
+  return OnRank(0);
 }
 
 absl::StatusOr<std::vector<StateRange>> TpExecutor::ExportSequence(

@@ -137,16 +137,14 @@ class TpExecutor {
 
  private:
   struct Rank;
-  // Makes rank `r`'s device current on the calling thread (a memset or kernel
-  // into a stream of a device that is not current fails on a GPU): the slot
-  // operations run each rank's part so, then CallerOnRank0.
-  absl::Status OnRank(size_t r);
+
   TpExecutor();
   absl::Status Broken() const;
   absl::Status Connect(int rank);
-  // Rank 0's device current on the caller's thread again (after work on the
-  // other ranks' devices from this thread).
-  absl::Status CallerOnRank0() const;
+  // Makes rank `r`'s device current on the calling thread (a memset or kernel
+  // into a stream of a device that is not current fails on a GPU): the slot
+  // operations run each rank's part so, then OnRank(0) again for the caller.
+  absl::Status OnRank(size_t r) const;
 
   std::vector<std::unique_ptr<Rank>> ranks_;
   struct Shared;
