@@ -278,9 +278,20 @@ class Backend {
   // ---- Embedding --------------------------------------------------------------
   // out[t] = fp32(table[ids[t]]), table [vocab, hidden] BF16. Ids out of range:
   // InvalidArgument.
-  virtual absl::Status EmbeddingGather(const uint16_t* table, int64_t vocab,
-                                       int64_t hidden, const int32_t* ids,
-                                       int64_t tokens, float* out) = 0;
+  absl::Status EmbeddingGather(const uint16_t* table, int64_t vocab, int64_t hidden,
+                               const int32_t* ids, int64_t tokens, float* out) {
+    return EmbeddingGatherRows(table, vocab, 0, vocab, hidden, ids, tokens, out);
+  }
+  // The vocabulary-parallel form (tensor parallelism): `table` holds rows
+  // [first, first + rows) of a [vocab, hidden] BF16 embedding; out[t] =
+  // fp32(table[ids[t] - first]) where ids[t] lies in that range, zeros where it
+  // is another rank's row. Ids outside [0, vocab): InvalidArgument (on a device
+  // at the next Synchronize, as every kernel-detected error); a range outside
+  // [0, vocab): InvalidArgument. One launch however the ids fall.
+  virtual absl::Status EmbeddingGatherRows(const uint16_t* table, int64_t vocab,
+                                           int64_t first, int64_t rows, int64_t hidden,
+                                           const int32_t* ids, int64_t tokens,
+                                           float* out) = 0;
 
   // ---- KDA ------------------------------------------------------------------
   // Causal depthwise conv over T new tokens of one sequence, then SiLU:

@@ -325,6 +325,46 @@ TEST_P(Conformance, EmbeddingGather) {
           .ok());
 }
 
+// The vocabulary-parallel gather: each of three "ranks" holds a slice of the
+// rows; a token's row comes from its owner, zeros from the others, so the sum
+// over the slices is the full gather, exactly.
+TEST_P(Conformance, EmbeddingGatherRowsOfASlice) {
+  REQUIRE_OPS(Op::kEmbeddingGather);
+  const int64_t vocab = 48, hidden = 64;
+  auto table = NormalBf16(vocab * hidden);
+  std::vector<int32_t> ids = {0, 47, 15, 16, 16, 31, 32, 5};
+  std::vector<float> full(ids.size() * hidden), sum(ids.size() * hidden, 0.0f);
+  ASSERT_TRUE(be_->EmbeddingGather(table.data(), vocab, hidden, ids.data(), ids.size(),
+                                   full.data())
+                  .ok());
+  for (int64_t first = 0; first < vocab; first += 16) {
+    std::vector<float> got(ids.size() * hidden, 7.0f);
+    ASSERT_TRUE(be_->EmbeddingGatherRows(table.data() + first * hidden, vocab, first,
+                                         16, hidden, ids.data(), ids.size(), got.data())
+                    .ok());
+    for (size_t t = 0; t < ids.size(); ++t) {
+      const bool mine = ids[t] >= first && ids[t] < first + 16;
+      for (int64_t i = 0; i < hidden; ++i) {
+        ASSERT_EQ(got[t * hidden + i], mine ? full[t * hidden + i] : 0.0f)
+            << "slice " << first << " token " << t;
+        sum[t * hidden + i] += got[t * hidden + i];
+      }
+    }
+  }
+  EXPECT_EQ(sum, full);
+  // A slice outside the vocabulary, and an id outside it, are refused.
+  std::vector<float> got(ids.size() * hidden);
+  EXPECT_EQ(be_->EmbeddingGatherRows(table.data(), vocab, 40, 16, hidden, ids.data(),
+                                     ids.size(), got.data())
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<int32_t> bad = {20, 48};
+  absl::Status s = be_->EmbeddingGatherRows(table.data() + 16 * hidden, vocab, 16, 16,
+                                            hidden, bad.data(), 2, got.data());
+  if (s.ok()) s = be_->Synchronize();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
 // ---- KDA -----------------------------------------------------------------------
 
 TEST_P(Conformance, CausalConv1dCarriesStateAcrossCalls) {
@@ -1321,8 +1361,9 @@ class SloppyBackend final : public Backend {
               int64_t, float, float) override SLOPPY_UNIMPLEMENTED() absl::Status
       MulSigmoid(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t,
                  int64_t) override SLOPPY_UNIMPLEMENTED() absl::Status
-      EmbeddingGather(const uint16_t*, int64_t, int64_t, const int32_t*, int64_t,
-                      float*) override SLOPPY_UNIMPLEMENTED() absl::Status
+      EmbeddingGatherRows(const uint16_t*, int64_t, int64_t, int64_t, int64_t,
+                          const int32_t*, int64_t, float*) override
+      SLOPPY_UNIMPLEMENTED() absl::Status
       CausalConv1dSilu(const float*, int64_t, const float*, int64_t, float*, float*,
                        int64_t, int64_t, int64_t) override
       SLOPPY_UNIMPLEMENTED() absl::Status

@@ -28,6 +28,10 @@ class HostStream final : public Stream {
  public:
   void* native() override { return nullptr; }
   absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::Status EnqueueHostFunction(std::function<void()> fn) override {
+    fn();
+    return absl::OkStatus();
+  }
 };
 
 class HostEvent final : public Event {
@@ -163,6 +167,24 @@ absl::Status Device::CopyBatchAsync(CopyKind kind, absl::Span<const CopyPiece> p
         s = CopyOnDevice(p.dst, p.src, p.bytes, stream);
         break;
     }
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Device::CopyOnDevice2D(void* dst, size_t dst_pitch, const void* src,
+                                    size_t src_pitch, size_t width, size_t height,
+                                    Stream* stream) {
+  if (width == 0 || height == 0) return absl::OkStatus();
+  if (dst_pitch < width || src_pitch < width) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name(), ": 2D copy with a pitch (dst ", dst_pitch, ", src ",
+                     src_pitch, ") below the row width ", width));
+  }
+  for (size_t r = 0; r < height; ++r) {
+    absl::Status s =
+        CopyOnDevice(static_cast<char*>(dst) + r * dst_pitch,
+                     static_cast<const char*>(src) + r * src_pitch, width, stream);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -61,6 +62,19 @@ class Stream {
     return absl::UnimplementedError("this device has no stream capture (graphs)");
   }
   virtual bool capturing() const { return false; }
+
+  // Runs `fn` on the host in stream order: after the work enqueued before it,
+  // before the work enqueued after it; while the stream captures, `fn` becomes
+  // part of the graph and runs at each of its launches. The host and cuda_sim
+  // streams run work as it is enqueued, so `fn` runs now (or at each replay). A
+  // CUDA stream answers UNIMPLEMENTED: a host node would stall the GPU between
+  // kernels, and the one user, a host communicator's collective in a captured
+  // step (engine/runtime/model_runner.h), joins ranks of host-addressable
+  // devices only (cuda ranks use NCCL, which enqueues on the stream itself).
+  virtual absl::Status EnqueueHostFunction(std::function<void()> fn) {
+    (void)fn;
+    return absl::UnimplementedError("this stream does not run host functions");
+  }
 };
 
 // A point in a stream's work, for ordering streams and for waiting.
@@ -168,6 +182,14 @@ class Device {
   // Device memory includes OpenShared mappings. The default: one
   // CopyToDevice / CopyToHostAsync / CopyOnDevice per piece.
   virtual absl::Status CopyBatchAsync(CopyKind kind, absl::Span<const CopyPiece> pieces,
+                                      Stream* stream = nullptr);
+  // A strided copy on the device, enqueued on `stream` (nullptr: the compute
+  // stream) and captured into graphs like CopyOnDevice: `height` rows of `width`
+  // bytes from src (rows `src_pitch` bytes apart) to dst (rows `dst_pitch` apart),
+  // pitches >= width. CUDA: one cudaMemcpy2DAsync (the TP logits' re-order is a
+  // copy per rank, not per (rank, row)). The default: a CopyOnDevice per row.
+  virtual absl::Status CopyOnDevice2D(void* dst, size_t dst_pitch, const void* src,
+                                      size_t src_pitch, size_t width, size_t height,
                                       Stream* stream = nullptr);
   virtual absl::Status Memset(void* dst, uint8_t byte, size_t bytes,
                               Stream* stream = nullptr) = 0;

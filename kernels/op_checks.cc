@@ -36,6 +36,14 @@ absl::Status CheckRows(int64_t rows, int64_t n, int64_t ld, const char* what) {
   return absl::OkStatus();
 }
 
+absl::Status CheckEmbeddingRows(int64_t vocab, int64_t first, int64_t rows) {
+  if (vocab < 0 || first < 0 || rows < 0 || first > vocab - rows) {
+    return InvalidArgument("embedding: rows [", first, ", ", first + rows,
+                           ") are not inside the vocabulary [0, ", vocab, ")");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckKda(const KdaArgs& a) {
   if (a.tokens < 0 || a.heads <= 0 || a.head_dim_k <= 0 || a.head_dim_v <= 0) {
     return InvalidArgument("kda: bad shape");

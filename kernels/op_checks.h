@@ -13,6 +13,8 @@ namespace tandem::kernels {
 absl::Status CheckGemm(const void* x, int64_t ldx, const void* w, int64_t ldw,
                        const float* y, int64_t ldy, int64_t m, int64_t n, int64_t k);
 absl::Status CheckRows(int64_t rows, int64_t n, int64_t ld, const char* what);
+// The row range [first, first + rows) of a vocab-row embedding (EmbeddingGatherRows).
+absl::Status CheckEmbeddingRows(int64_t vocab, int64_t first, int64_t rows);
 absl::Status CheckKda(const KdaArgs& a);
 // CheckMla = CheckMlaShape (shapes, strides, null pointers: what a device backend
 // checks on the host) + query_start, seq_lens and every block id of every

@@ -237,9 +237,11 @@ absl::Status StagingBackend::AddInPlace(float* y, const float* x, int64_t n) {
   return st.Finish(inner_->AddInPlace(dy, dx, n));
 }
 
-absl::Status StagingBackend::EmbeddingGather(const uint16_t* table, int64_t vocab,
-                                             int64_t hidden, const int32_t* ids,
-                                             int64_t tokens, float* out) {
+absl::Status StagingBackend::EmbeddingGatherRows(const uint16_t* table, int64_t vocab,
+                                                 int64_t first, int64_t rows,
+                                                 int64_t hidden, const int32_t* ids,
+                                                 int64_t tokens, float* out) {
+  TANDEM_RETURN_IF_ERROR(CheckEmbeddingRows(vocab, first, rows));
   if (options_.check_contents && ids != nullptr) {
     for (int64_t t = 0; t < tokens; ++t) {  // the CPU backends' check and message
       if (ids[t] < 0 || ids[t] >= vocab) {
@@ -250,9 +252,10 @@ absl::Status StagingBackend::EmbeddingGather(const uint16_t* table, int64_t voca
   }
   Stage st(*inner_, "EmbeddingGather", options_.guard_bytes);
   STAGE_OUT(dout, out, Count(tokens, hidden), "out");
-  STAGE_IN(dtable, table, Count(vocab, hidden), "table");
+  STAGE_IN(dtable, table, Count(rows, hidden), "table");
   STAGE_IN(dids, ids, Count(tokens), "ids");
-  return st.Finish(inner_->EmbeddingGather(dtable, vocab, hidden, dids, tokens, dout));
+  return st.Finish(inner_->EmbeddingGatherRows(dtable, vocab, first, rows, hidden, dids,
+                                               tokens, dout));
 }
 
 absl::Status StagingBackend::CausalConv1dSilu(const float* x, int64_t ldx,

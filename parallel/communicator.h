@@ -57,6 +57,36 @@ class Communicator {
   // Root's `bytes` bytes at `data` are copied to `data` on every rank.
   virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
   virtual absl::Status Barrier() = 0;
+
+  // ---- Stream-ordered collectives (stream_ordered(): NCCL) ------------------
+  // The collective is enqueued on the communicator's stream (the rank's compute
+  // stream) after the work before it, and the call returns without waiting: a
+  // step's collectives can then be captured into a CUDA graph with its kernels
+  // and the step waited for once, not once per collective. Its result is there
+  // once the stream has run it. Errors of the enqueue are returned; a peer that
+  // never joins, or an asynchronous error, surfaces at WaitForStream. Same
+  // collective contract as above (every rank, same order, same sizes: an
+  // enqueued and a synchronous call of one kind pair up).
+  virtual bool stream_ordered() const { return false; }
+  virtual absl::Status EnqueueAllReduceSum(float* data, size_t n) {
+    (void)data;
+    (void)n;
+    return absl::UnimplementedError("this communicator's collectives are synchronous");
+  }
+  virtual absl::Status EnqueueAllGather(const float* in, size_t n_per_rank,
+                                        float* out) {
+    (void)in;
+    (void)n_per_rank;
+    (void)out;
+    return absl::UnimplementedError("this communicator's collectives are synchronous");
+  }
+  // Waits until the stream has run everything enqueued on it so far, bounded by
+  // timeout(): DEADLINE_EXCEEDED when it has not (a peer never joined; the
+  // communicator is aborted, so the queued work cannot hang the device for
+  // ever), UNAVAILABLE on an asynchronous error (a peer gone). Not while the
+  // stream captures (a capture records the collectives; the graph's launch
+  // runs them, and is waited for so).
+  virtual absl::Status WaitForStream() { return absl::OkStatus(); }
 };
 
 }  // namespace tandem::parallel

@@ -123,25 +123,33 @@ struct NcclCommunicator::Impl {
     }
   }
 
-  // Enqueues one collective with `launch` (returns ncclResult_t) and waits.
+  absl::Status Usable(const char* what) const {
+    if (broken.ok()) return absl::OkStatus();
+    return Unavailable(Where(what), ": communicator unusable after an earlier error: ",
+                       broken.message());
+  }
+
+  // Enqueues one collective with `launch` (returns ncclResult_t) without waiting
+  // for it to run (a non-blocking communicator may still be issuing it: that is
+  // waited for, bounded).
   template <typename Launch>
-  absl::Status Run(const char* what, Launch&& launch) {
-    if (!broken.ok()) {
-      return Unavailable(
-          Where(what),
-          ": communicator unusable after an earlier error: ", broken.message());
-    }
-    const absl::Time deadline = absl::Now() + timeout;
+  absl::Status Enqueue(const char* what, absl::Time deadline, Launch&& launch) {
+    TANDEM_RETURN_IF_ERROR(Usable(what));
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess) {
       return Break(Internal(Where(what), ": cudaSetDevice: ", cudaGetErrorString(e)));
     }
     ncclResult_t r = launch();
-    if (r == ncclInProgress) {
-      TANDEM_RETURN_IF_ERROR(WaitReady(what, deadline));
-    } else if (r != ncclSuccess) {
-      return FromNccl(what, r);
-    }
+    if (r == ncclInProgress) return WaitReady(what, deadline);
+    if (r != ncclSuccess) return FromNccl(what, r);
+    return absl::OkStatus();
+  }
+
+  // Enqueues one collective and waits for it.
+  template <typename Launch>
+  absl::Status Run(const char* what, Launch&& launch) {
+    const absl::Time deadline = absl::Now() + timeout;
+    TANDEM_RETURN_IF_ERROR(Enqueue(what, deadline, launch));
     return WaitDone(what, deadline);
   }
 };
@@ -265,7 +273,7 @@ void* NcclCommunicator::stream() const { return impl_->stream; }
 
 void NcclCommunicator::Abort() {
   cudaSetDevice(impl_->device);
-  impl_->Break(Unavailable(impl_->Where("abort"), ": aborted by its owner"));
+  (void)impl_->Break(Unavailable(impl_->Where("abort"), ": aborted by its owner"));
 }
 
 absl::Status NcclCommunicator::AllReduceSum(float* data, size_t n) {
@@ -302,6 +310,32 @@ absl::Status NcclCommunicator::Broadcast(void* data, size_t bytes, int root) {
     return ncclBroadcast(data, data, bytes, ncclUint8, root, impl_->comm,
                          impl_->stream);
   });
+}
+
+absl::Status NcclCommunicator::EnqueueAllReduceSum(float* data, size_t n) {
+  if (n == 0) return absl::OkStatus();
+  return impl_->Enqueue("all-reduce", absl::Now() + impl_->timeout, [&] {
+    return ncclAllReduce(data, data, n, ncclFloat32, ncclSum, impl_->comm,
+                         impl_->stream);
+  });
+}
+
+absl::Status NcclCommunicator::EnqueueAllGather(const float* in, size_t n_per_rank,
+                                                float* out) {
+  if (n_per_rank == 0) return absl::OkStatus();
+  return impl_->Enqueue("all-gather", absl::Now() + impl_->timeout, [&] {
+    return ncclAllGather(in, out, n_per_rank, ncclFloat32, impl_->comm, impl_->stream);
+  });
+}
+
+absl::Status NcclCommunicator::WaitForStream() {
+  TANDEM_RETURN_IF_ERROR(impl_->Usable("wait for the stream"));
+  cudaError_t e = cudaSetDevice(impl_->device);
+  if (e != cudaSuccess) {
+    return impl_->Break(Internal(impl_->Where("wait for the stream"),
+                                 ": cudaSetDevice: ", cudaGetErrorString(e)));
+  }
+  return impl_->WaitDone("the step's collectives", absl::Now() + impl_->timeout);
 }
 
 absl::Status NcclCommunicator::Barrier() {

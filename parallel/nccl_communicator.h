@@ -10,6 +10,8 @@
 //                     cudaStreamQuery + ncclCommGetAsyncError until done, an
 //                     error (→ abort, UNAVAILABLE) or the deadline (→ abort,
 //                     DEADLINE_EXCEEDED).
+//   Enqueue*        → enqueue only (capturable into a CUDA graph); the poll
+//                     above happens once, at WaitForStream.
 //
 // Pointers given to the collectives are device pointers on options.device.
 // The collectives run on options.stream when given (the rank's compute stream:
@@ -57,6 +59,11 @@ class NcclCommunicator : public Communicator {
   absl::Status AllGather(const float* in, size_t n_per_rank, float* out) override;
   absl::Status Broadcast(void* data, size_t bytes, int root) override;
   absl::Status Barrier() override;
+  bool stream_ordered() const override { return true; }
+  absl::Status EnqueueAllReduceSum(float* data, size_t n) override;
+  absl::Status EnqueueAllGather(const float* in, size_t n_per_rank,
+                                float* out) override;
+  absl::Status WaitForStream() override;
 
   // The cudaStream_t the collectives run on (options.stream or its own).
   void* stream() const;

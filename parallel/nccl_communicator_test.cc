@@ -2,7 +2,8 @@
 // group of one rank and, when the machine has several GPUs, groups of 2/4/8
 // ranks as threads (one device each); a rank that never joins ends Create with
 // DEADLINE_EXCEEDED within the timeout (runs on one GPU); collectives on the
-// caller's stream; Abort; a peer of an aborted rank fails within its timeout.
+// caller's stream; Abort; a peer of an aborted rank fails within its timeout;
+// stream-ordered collectives captured into a CUDA graph, and their bounded wait.
 #include "parallel/nccl_communicator.h"
 
 #include <cuda_runtime.h>
@@ -223,6 +224,134 @@ TEST(NcclCommunicatorTest, CollectivesRunOnTheCallersStream) {
   }
   EXPECT_EQ(cudaStreamQuery(stream), cudaSuccess);  // still a valid stream
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+// Stream-ordered collectives captured into a CUDA graph on every rank (one
+// thread per GPU, as the TP executor runs them; one rank where the machine has
+// one GPU): the graph's all-reduce and all-gather run at each launch, the
+// launch is waited for once (WaitForStream), and the results are exact.
+TEST(NcclCommunicatorTest, EnqueuedCollectivesCaptureIntoAGraph) {
+  const int devices = DeviceCount();
+  ASSERT_GE(devices, 1);
+  const int n = devices >= 2 ? 2 : 1;
+  MemoryStore store;
+  const size_t len = 4099;
+  std::vector<absl::Status> statuses(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      absl::Status& st = statuses[r];
+      cudaSetDevice(r);
+      cudaStream_t stream = nullptr;
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+      {
+        NcclOptions o;
+        o.rank = r;
+        o.size = n;
+        o.store = &store;
+        o.device = r;
+        o.stream = stream;
+        o.timeout = absl::Seconds(30);
+        auto comm = NcclCommunicator::Create(o);
+        if (!comm.ok()) {
+          st = comm.status();
+          return;
+        }
+        EXPECT_TRUE((*comm)->stream_ordered());
+        std::vector<float> host(len);
+        for (size_t i = 0; i < len; ++i) host[i] = Value(r, i);
+        DeviceBuffer src(len * sizeof(float)), buf(len * sizeof(float)),
+            all(n * len * sizeof(float));
+        src.Write(host);
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) !=
+            cudaSuccess) {
+          st = absl::InternalError("begin capture");
+          return;
+        }
+        cudaMemcpyAsync(buf.as<float>(), src.as<float>(), len * sizeof(float),
+                        cudaMemcpyDeviceToDevice, stream);
+        absl::Status a = (*comm)->EnqueueAllReduceSum(buf.as<float>(), len);
+        absl::Status g =
+            (*comm)->EnqueueAllGather(src.as<float>(), len, all.as<float>());
+        const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+        if (!a.ok() || !g.ok() || end != cudaSuccess) {
+          st = absl::InternalError(absl::StrCat("capture: ", a.ToString(), " ",
+                                                g.ToString(), " ",
+                                                cudaGetErrorString(end)));
+          return;
+        }
+        if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+          st = absl::InternalError("instantiate");
+          return;
+        }
+        for (int launch = 0; launch < 2 && st.ok(); ++launch) {
+          cudaMemsetAsync(buf.as<float>(), 0, len * sizeof(float), stream);
+          cudaGraphLaunch(exec, stream);
+          st = (*comm)->WaitForStream();
+          if (!st.ok()) break;
+          const std::vector<float> sum = buf.Read<float>();
+          const std::vector<float> gathered = all.Read<float>();
+          for (size_t i = 0; i < len && st.ok(); ++i) {
+            float want = 0;
+            for (int q = 0; q < n; ++q) {
+              want += Value(q, i);
+              if (gathered[q * len + i] != Value(q, i)) {
+                st = absl::InternalError(absl::StrCat("all-gather ", q, ",", i));
+              }
+            }
+            if (sum[i] != want) {
+              st = absl::InternalError(
+                  absl::StrCat("all-reduce ", i, ": ", sum[i], " want ", want));
+            }
+          }
+        }
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+      }
+      cudaStreamDestroy(stream);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+  RecordProperty("graph_ranks", n);
+}
+
+// A stream-ordered all-reduce that a peer never joins: the enqueue returns at
+// once, WaitForStream fails within the timeout (DEADLINE_EXCEEDED) and aborts
+// the communicator rather than leaving the stream blocked for ever.
+TEST(NcclCommunicatorTest, WaitForStreamBoundsAnEnqueuedCollective) {
+  if (DeviceCount() < 2) {
+    GTEST_SKIP() << "needs 2 GPUs, " << DeviceCount() << " visible";
+  }
+  MemoryStore store;
+  const absl::Duration timeout = absl::Seconds(3);
+  absl::Status enqueued, waited;
+  absl::Duration took;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      NcclOptions o;
+      o.rank = r;
+      o.size = 2;
+      o.store = &store;
+      o.device = r;
+      o.timeout = timeout;
+      auto comm = NcclCommunicator::Create(o);
+      if (!comm.ok() || r == 1) return;  // rank 1 never joins the all-reduce
+      DeviceBuffer buf(256 * sizeof(float));
+      const absl::Time t0 = absl::Now();
+      enqueued = (*comm)->EnqueueAllReduceSum(buf.as<float>(), 256);
+      waited = (*comm)->WaitForStream();
+      took = absl::Now() - t0;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(enqueued.ok()) << enqueued;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(waited) || absl::IsUnavailable(waited))
+      << waited;
+  EXPECT_LT(took, timeout + absl::Seconds(10));
 }
 
 TEST(NcclCommunicatorTest, AbortMakesLaterCallsUnavailable) {

@@ -41,5 +41,14 @@ absl::Status NcclCommunicator::Broadcast(void*, size_t, int) {
 absl::Status NcclCommunicator::Barrier() {
   return FailedPrecondition("nccl: built without CUDA");
 }
+absl::Status NcclCommunicator::EnqueueAllReduceSum(float*, size_t) {
+  return FailedPrecondition("nccl: built without CUDA");
+}
+absl::Status NcclCommunicator::EnqueueAllGather(const float*, size_t, float*) {
+  return FailedPrecondition("nccl: built without CUDA");
+}
+absl::Status NcclCommunicator::WaitForStream() {
+  return FailedPrecondition("nccl: built without CUDA");
+}
 
 }  // namespace tandem::parallel

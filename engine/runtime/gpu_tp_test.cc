@@ -11,6 +11,8 @@
 //     the rest is the same arithmetic; measured on cuda_sim 1.7e-4 and 5.0e-4,
 //     above the CPU's 1.1e-4 because the split-BF16 tensor-core products round
 //     per k-slice);
+//   - TP 2 decode steps as CUDA graphs (collectives inside) equal the eager TP 2
+//     steps bit for bit; a rank that stops during a replay fails the step;
 //   - the rank-failure drill (rank 1 stops at a chosen step): that step fails
 //     with UNAVAILABLE naming rank 1 within a deadline, every later call fails at
 //     once; through the Engine as the worker's --tp_fail_rank_at_step does.
@@ -190,6 +192,84 @@ TEST_P(GpuTp, Tp2MatchesTp1) {
                                     std::to_string(rel));
   }
   EXPECT_GT(two->comm_stats().calls, 0);
+}
+
+// Decode steps under TP run as CUDA graphs with their collectives inside
+// (NCCL enqueued on the compute stream; on cuda_sim Gloo as host functions in
+// stream order), one bounded wait per step: every rank captures and replays,
+// and the logits equal the eager TP 2 steps' bit for bit (the same kernels, the
+// same split-KV plan, the same collectives).
+TEST_P(GpuTp, Tp2DecodeGraphsEqualEagerSteps) {
+  if (MaxRanks(GetParam()) < 2) {
+    GTEST_SKIP() << "TP 2 on " << GetParam() << " needs 2 GPUs, " << VisibleGpus()
+                 << " visible";
+  }
+  TpExecutorOptions eager_options = Options(2, GetParam());
+  eager_options.runner.enforce_eager = true;
+  auto graphs = Make(Options(2, GetParam()));
+  auto eager = Make(eager_options);
+  ASSERT_TRUE(graphs && eager);
+  for (size_t p = 0; p < Prompts().size(); ++p) {
+    auto want = Generate(eager.get(), Prompts()[p]);
+    auto got = Generate(graphs.get(), Prompts()[p]);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->tokens, want->tokens) << GetParam() << " prompt " << p;
+    EXPECT_EQ(got->logits, want->logits) << GetParam() << " prompt " << p;
+  }
+  for (int r = 0; r < 2; ++r) {
+    const GraphStats& g = graphs->runner(r).graph_stats();
+    EXPECT_GE(g.captures, 1) << "rank " << r;
+    EXPECT_GE(g.replays, 1) << "rank " << r;
+    EXPECT_TRUE(g.disabled.empty()) << "rank " << r << ": " << g.disabled;
+    EXPECT_EQ(eager->runner(r).graph_stats().replays, 0) << "rank " << r;
+    const CommStats& c = graphs->runner(r).comm_stats();
+    // NCCL's collectives in graph steps are enqueued, not waited for one by one.
+    if (GetParam() == "cuda") {
+      EXPECT_GT(c.enqueued, 0) << "rank " << r;
+    } else {
+      EXPECT_EQ(c.enqueued, 0) << "rank " << r;
+    }
+  }
+}
+
+// A rank that stops during a graph replay (forwards: 2 prefill chunks, the
+// capture, a replay, then rank 1 stops): rank 0's replayed collectives fail
+// within the timeout and the step fails naming rank 1, as eagerly.
+TEST_P(GpuTp, RankFailureDuringAGraphReplay) {
+  if (MaxRanks(GetParam()) < 2) {
+    GTEST_SKIP() << "the TP 2 drill on " << GetParam() << " needs 2 GPUs, "
+                 << VisibleGpus() << " visible";
+  }
+  TpExecutorOptions o = Options(2, GetParam());
+  o.timeout = absl::Seconds(5);
+  o.fail_rank = 1;
+  o.fail_rank_at_step = 4;
+  auto ex = Make(o);
+  ASSERT_TRUE(ex);
+  const std::vector<int32_t> blocks = BlockRange(0, 1);
+  const std::vector<int32_t> toks = MakePrompt(11, 5);
+  std::vector<float> logits;
+  auto step = [&](int64_t start, int64_t count) {
+    SequenceInput in;
+    in.tokens = absl::MakeConstSpan(toks).subspan(start, count);
+    in.start_pos = start;
+    in.block_table = blocks;
+    in.logits_indices = {static_cast<int32_t>(count) - 1};
+    return ex->Forward({&in, 1}, &logits);
+  };
+  ASSERT_TRUE(step(0, 4).ok());
+  ASSERT_TRUE(step(4, 4).ok());
+  ASSERT_TRUE(step(8, 1).ok());  // captured
+  ASSERT_TRUE(step(9, 1).ok());  // replayed
+  EXPECT_EQ(ex->runner(0).graph_stats().replays, 1);
+  const absl::Time t0 = absl::Now();
+  absl::Status s = step(10, 1);
+  const absl::Duration took = absl::Now() - t0;
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s;
+  EXPECT_LT(took, o.timeout + absl::Seconds(10)) << absl::FormatDuration(took);
+  EXPECT_FALSE(ex->health().ok());
 }
 
 // The TP 2 engine samples where rank 0's logits are (every rank holds the full

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -44,70 +45,100 @@ absl::StatusOr<const T*> ModelRunner::Upload(const std::vector<T>& host,
   return d;
 }
 
-absl::Status ModelRunner::AllReduce(float* data, int64_t n) {
-  // A host communicator reads the data: the kernels that wrote it must be done.
-  // A device one (NCCL) enqueues on the compute stream, after them.
+// Collectives. An eager step waits for each (the communicator's bounded wait,
+// synchronous: a host communicator reads the data, so the kernels that wrote it
+// must be done first). A step on fixed buffers (a decode graph's capture, its
+// eager run and the replays: GraphStep) enqueues them in stream order instead, so
+// that they are captured with the kernels and the step is waited for once:
+// NCCL on the compute stream (WaitCollectives bounds the wait); a host
+// communicator of emulated devices (cuda_sim) as a host function on the stream,
+// which runs in order, and at each replay of a graph that captured it.
+// SizeForGraphs's all-padding step communicates nothing (sizing_only_): its
+// outputs are discarded, and a rank that sizes while its peers do not must not
+// issue collectives they do not.
+absl::Status ModelRunner::SyncCollective(const std::function<absl::Status()>& call,
+                                         int64_t bytes, bool gather) {
   if (!host_device_ && !comm_->takes_device_pointers()) {
     TANDEM_RETURN_IF_ERROR(backend_->Synchronize());
   }
   const auto t0 = std::chrono::steady_clock::now();
-  absl::Status s = comm_->AllReduceSum(data, static_cast<size_t>(n));
-  comm_stats_.seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ++comm_stats_.calls;
-  comm_stats_.bytes += n * static_cast<int64_t>(sizeof(float));
-  return s;
-}
-
-absl::Status ModelRunner::AllGather(const float* in, int64_t n_per_rank, float* out) {
-  const auto t0 = std::chrono::steady_clock::now();
-  absl::Status s = comm_->AllGather(in, static_cast<size_t>(n_per_rank), out);
+  absl::Status s = call();
   const double sec =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   comm_stats_.seconds += sec;
-  comm_stats_.all_gather_seconds += sec;
+  if (gather) comm_stats_.all_gather_seconds += sec;
   ++comm_stats_.calls;
-  comm_stats_.bytes += n_per_rank * static_cast<int64_t>(sizeof(float));
+  comm_stats_.bytes += bytes;
   return s;
 }
 
-// Vocabulary-parallel embedding: this rank's rows, zeros for the others, summed
-// over the ranks (each row comes from exactly one rank, so the sum is exact).
+absl::Status ModelRunner::Collective(std::function<absl::Status()> sync,
+                                     std::function<absl::Status()> enqueue,
+                                     int64_t bytes, bool gather) {
+  if (sizing_only_) return absl::OkStatus();
+  if (fixed_ == nullptr) return SyncCollective(sync, bytes, gather);
+  if (comm_->stream_ordered()) {
+    ++comm_stats_.calls;
+    comm_stats_.bytes += bytes;
+    ++comm_stats_.enqueued;
+    return enqueue();
+  }
+  // A host function: its error is kept for the end of the step (the first one;
+  // once a collective failed the communicator is broken and the later ones fail
+  // at once, so a failed step never waits more than one timeout).
+  return device_->compute_stream().EnqueueHostFunction(
+      [this, sync = std::move(sync), bytes, gather] {
+        absl::Status s = SyncCollective(sync, bytes, gather);
+        if (!s.ok() && deferred_comm_.ok()) deferred_comm_ = s;
+      });
+}
+
+absl::Status ModelRunner::WaitCollectives() {
+  absl::Status deferred = std::exchange(deferred_comm_, absl::OkStatus());
+  TANDEM_RETURN_IF_ERROR(deferred);
+  if (!tp() || !comm_->stream_ordered()) return absl::OkStatus();
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status s = comm_->WaitForStream();
+  comm_stats_.wait_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return s;
+}
+
+absl::Status ModelRunner::AllReduce(float* data, int64_t n) {
+  parallel::Communicator* c = comm_;
+  const size_t count = static_cast<size_t>(n);
+  return Collective([c, data, count] { return c->AllReduceSum(data, count); },
+                    [c, data, count] { return c->EnqueueAllReduceSum(data, count); },
+                    n * static_cast<int64_t>(sizeof(float)), /*gather=*/false);
+}
+
+absl::Status ModelRunner::AllGather(const float* in, int64_t n_per_rank, float* out) {
+  parallel::Communicator* c = comm_;
+  const size_t count = static_cast<size_t>(n_per_rank);
+  return Collective([c, in, count, out] { return c->AllGather(in, count, out); },
+                    [c, in, count, out] { return c->EnqueueAllGather(in, count, out); },
+                    n_per_rank * static_cast<int64_t>(sizeof(float)), /*gather=*/true);
+}
+
+// Vocabulary-parallel embedding: this rank's rows, zeros for the others (one
+// launch, EmbeddingGatherRows), summed over the ranks (each row comes from
+// exactly one rank, so the sum is exact).
 absl::Status ModelRunner::Embed(int64_t n, float* out) {
   const int64_t H = w_->config.text.hidden_size, V = w_->config.text.vocab_size;
+  const int32_t* ids = nullptr;
   if (fixed_ != nullptr) {  // a graph step: the ids are in its input buffer
-    return backend_->EmbeddingGather(w_->embed, V, H, fixed_->ids, n, out);
+    ids = fixed_->ids;
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(ids, Upload(ids_, d_ids_));
   }
-  if (!tp()) {
-    TANDEM_ASSIGN_OR_RETURN(const int32_t* ids, Upload(ids_, d_ids_));
-    return backend_->EmbeddingGather(w_->embed, V, H, ids, n, out);
-  }
-  const int64_t v0 = w_->vocab_begin, vr = w_->vocab_rows;
-  local_ids_.resize(n);
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t id = ids_[i];
-    if (id < 0 || id >= V) {
-      return InvalidArgument("embedding: token id ", id, " out of range [0, ", V, ")");
-    }
-    local_ids_[i] = (id >= v0 && id < v0 + vr) ? static_cast<int32_t>(id - v0) : 0;
-  }
-  TANDEM_ASSIGN_OR_RETURN(const int32_t* local_ids, Upload(local_ids_, d_local_ids_));
-  TANDEM_RETURN_IF_ERROR(
-      backend_->EmbeddingGather(w_->embed, vr, H, local_ids, n, out));
-  TANDEM_RETURN_IF_ERROR(backend_->Synchronize());  // the host zeroes rows below
-  for (int64_t i = 0; i < n; ++i) {
-    if (ids_[i] >= v0 && ids_[i] < v0 + vr) continue;
-    if (device_->host_addressable()) {
-      std::memset(out + i * H, 0, H * sizeof(float));
-    } else {
-      TANDEM_RETURN_IF_ERROR(device_->Memset(out + i * H, 0, H * sizeof(float)));
-    }
-  }
+  if (!tp()) return backend_->EmbeddingGather(w_->embed, V, H, ids, n, out);
+  TANDEM_RETURN_IF_ERROR(backend_->EmbeddingGatherRows(w_->embed, V, w_->vocab_begin,
+                                                       w_->vocab_rows, H, ids, n, out));
   return AllReduce(out, n * H);
 }
 
 // lm_head over this rank's vocab rows, all-gathered ([rank][row][vocab slice])
-// and re-ordered into [row][V].
+// and re-ordered into [row][V] (a strided copy per rank).
 absl::Status ModelRunner::LmHead(const float* rows, int64_t num_logits, float* logits) {
   const int64_t H = w_->config.text.hidden_size, V = w_->config.text.vocab_size;
   if (!tp()) {
@@ -120,18 +151,12 @@ absl::Status ModelRunner::LmHead(const float* rows, int64_t num_logits, float* l
                                             num_logits, vr, H, /*accumulate=*/false));
   float* all = S(gathered_, N * num_logits * vr);
   TANDEM_RETURN_IF_ERROR(scratch_status_);
-  TANDEM_RETURN_IF_ERROR(backend_->Synchronize());
   TANDEM_RETURN_IF_ERROR(AllGather(local, num_logits * vr, all));
+  const size_t slice = static_cast<size_t>(vr) * sizeof(float);
   for (int64_t r = 0; r < N; ++r) {
-    for (int64_t i = 0; i < num_logits; ++i) {
-      float* dst = logits + i * V + r * vr;
-      const float* src = all + (r * num_logits + i) * vr;
-      if (device_->host_addressable()) {
-        std::memcpy(dst, src, vr * sizeof(float));
-      } else {
-        TANDEM_RETURN_IF_ERROR(device_->CopyOnDevice(dst, src, vr * sizeof(float)));
-      }
-    }
+    TANDEM_RETURN_IF_ERROR(device_->CopyOnDevice2D(
+        logits + r * vr, static_cast<size_t>(V) * sizeof(float),
+        all + r * num_logits * vr, slice, slice, static_cast<size_t>(num_logits)));
   }
   return absl::OkStatus();
 }
@@ -463,8 +488,12 @@ int64_t ModelRunner::StrideClass(int64_t blocks) const {
 }
 
 bool ModelRunner::GraphEligible(absl::Span<const SequenceInput> seqs) const {
-  if (options_.enforce_eager || !graph_stats_.disabled.empty()) return false;
-  if (host_device_ || !device_->supports_graphs() || tp() || hook_ || layer_done_) {
+  if (options_.enforce_eager) return false;
+  // Under TP a rank whose capture failed keeps the graph steps' shape (the padded
+  // batch, its collectives in stream order) and runs them eagerly: its peers'
+  // replays issue the same collectives with the same sizes.
+  if (!graph_stats_.disabled.empty() && !tp()) return false;
+  if (host_device_ || !device_->supports_graphs() || hook_ || layer_done_) {
     return false;
   }
   if (options_.mla_mode == MlaMode::kExpanded) return false;
@@ -551,15 +580,45 @@ absl::Status ModelRunner::SizeForGraphs(int64_t w, int64_t stride) {
   float* dev_logits = S(logits_, B * w * w_->config.text.vocab_size);
   TANDEM_RETURN_IF_ERROR(scratch_status_);
   fixed_ = g;
+  sizing_only_ = true;  // buffers only: the outputs are discarded
   absl::Status st = Enqueue(none, bank_table, B * w, dev_logits);
+  sizing_only_ = false;
   fixed_ = nullptr;
   return st;
+}
+
+absl::StatusOr<float*> ModelRunner::EagerFixedStep(
+    DecodeGraph& g, int64_t stride, absl::Span<const SequenceInput> padded,
+    const float* const** bank_table) {
+  const int64_t B = g.bucket, w = g.width;
+  if (sized_generation_ != Generation() || sized_width_ < w) {
+    // Buffers sized for the largest bucket first (an all-padding step, which
+    // touches no state), so that capturing a larger bucket later does not move
+    // the buffers of the graphs already captured.
+    TANDEM_RETURN_IF_ERROR(SizeForGraphs(std::max(w, sized_width_), stride));
+    sized_generation_ = Generation();
+    sized_width_ = std::max(w, sized_width_);
+    TANDEM_RETURN_IF_ERROR(device_->CopyToDevice(g.inputs.data(), graph_host_.data(),
+                                                 graph_host_.size() * sizeof(int32_t)));
+    row_start_.resize(B + 1);
+    for (int64_t i = 0; i <= B; ++i) row_start_[i] = i * w;
+  }
+  TANDEM_ASSIGN_OR_RETURN(*bank_table, PrepareActivations(B * w));
+  float* dev_logits = S(logits_, B * w * w_->config.text.vocab_size);
+  TANDEM_RETURN_IF_ERROR(scratch_status_);
+  fixed_ = &g;
+  absl::Status st = Enqueue(padded, *bank_table, B * w, dev_logits);
+  fixed_ = nullptr;
+  if (!st.ok()) {
+    (void)WaitCollectives();  // what was enqueued of it, bounded
+    return st;
+  }
+  return dev_logits;
 }
 
 absl::Status ModelRunner::GraphStep(absl::Span<const SequenceInput> seqs,
                                     std::vector<float>* logits,
                                     LogitsPlacement placement) {
-  const int64_t V = w_->config.text.vocab_size;
   const int64_t bs = cache_->block_size();
   const int64_t b = static_cast<int64_t>(seqs.size());
   const int64_t B = GraphBucket(b, MaxGraphBatch());
@@ -603,39 +662,33 @@ absl::Status ModelRunner::GraphStep(absl::Span<const SequenceInput> seqs,
 
   kernels::Stream& stream = device_->compute_stream();
   float* dev_logits = nullptr;
-  if (g.graph != nullptr && g.generation == Generation()) {
+  // Graphs off after a failed capture (under TP only, GraphEligible): the padded
+  // step runs eagerly every time.
+  const bool capture = graph_stats_.disabled.empty();
+  if (capture && g.graph != nullptr && g.generation == Generation()) {
     dev_logits = logits_.data();
-    TANDEM_RETURN_IF_ERROR(g.graph->Launch(stream));
+    absl::Status launched = g.graph->Launch(stream);
+    if (!launched.ok()) {
+      (void)WaitCollectives();  // what did run of it, bounded
+      return launched;
+    }
     ++graph_stats_.replays;
+  } else if (!capture) {
+    const float* const* bank_table = nullptr;
+    TANDEM_ASSIGN_OR_RETURN(dev_logits, EagerFixedStep(g, stride, padded, &bank_table));
+    ++graph_stats_.eager_steps;
   } else {
     // First use (or stale): the padded step eagerly (it sizes every buffer and is
     // this step's result), then the same forward captured.
     const auto t0 = std::chrono::steady_clock::now();
     const bool recapture = g.graph != nullptr;
     g.graph.reset();
-    if (sized_generation_ != Generation() || sized_width_ < w) {
-      // Buffers sized for the largest bucket first (an all-padding step, which
-      // touches no state), so that capturing a larger bucket later does not move
-      // the buffers of the graphs already captured.
-      TANDEM_RETURN_IF_ERROR(SizeForGraphs(std::max(w, sized_width_), stride));
-      sized_generation_ = Generation();
-      sized_width_ = std::max(w, sized_width_);
-      TANDEM_RETURN_IF_ERROR(device_->CopyToDevice(
-          g.inputs.data(), h, graph_host_.size() * sizeof(int32_t)));
-      row_start_.resize(B + 1);
-      for (int64_t i = 0; i <= B; ++i) row_start_[i] = i * w;
-    }
-    TANDEM_ASSIGN_OR_RETURN(const float* const* bank_table, PrepareActivations(B * w));
-    dev_logits = S(logits_, B * w * V);
-    TANDEM_RETURN_IF_ERROR(scratch_status_);
-    fixed_ = &g;
-    absl::Status st = Enqueue(padded, bank_table, B * w, dev_logits);
-    fixed_ = nullptr;
-    TANDEM_RETURN_IF_ERROR(st);
+    const float* const* bank_table = nullptr;
+    TANDEM_ASSIGN_OR_RETURN(dev_logits, EagerFixedStep(g, stride, padded, &bank_table));
     const int64_t free_before = device_->MemoryInfo().free_bytes;
     const int64_t generation = Generation();
     absl::StatusOr<std::unique_ptr<kernels::Graph>> graph;
-    st = stream.BeginCapture();
+    absl::Status st = stream.BeginCapture();
     if (st.ok()) {
       fixed_ = &g;
       st = Enqueue(padded, bank_table, B * w, dev_logits);
@@ -678,6 +731,8 @@ absl::Status ModelRunner::GraphStep(absl::Span<const SequenceInput> seqs,
           .Kv("capture_device_bytes", graph_stats_.capture_device_bytes);
     }
   }
+  // One bounded wait for the step's collectives, before any unbounded one.
+  TANDEM_RETURN_IF_ERROR(WaitCollectives());
   return FinishLogits(dev_logits, b * w, logits, placement);
 }
 

@@ -40,7 +40,10 @@
 //        latent_up output is not reduced)
 //   lm_head: logits of the rank's vocab rows → all-gather → [rows, V]
 // Every rank gets the full logits. A collective's error (a peer gone or late
-// beyond the communicator's timeout) is returned by Forward. Without a
+// beyond the communicator's timeout) is returned by Forward. Eager steps wait
+// for each collective; decode graph steps enqueue them in stream order (NCCL on
+// the compute stream; a host communicator as host functions on it) and wait
+// once, bounded, at the end of the step. Without a
 // communicator (or size 1) nothing is communicated and the arithmetic is the
 // unsharded one, unchanged.
 #ifndef TANDEM_ENGINE_RUNTIME_MODEL_RUNNER_H_
@@ -173,8 +176,15 @@ bool DecodeShaped(absl::Span<const SequenceInput> seqs);
 struct CommStats {
   int64_t calls = 0;
   int64_t bytes = 0;  // payload handed to the collectives (this rank's view)
+  // Time in the synchronous collectives (eager steps; a host communicator's in
+  // graph steps too).
   double seconds = 0;
   double all_gather_seconds = 0;  // of which the logits all-gather
+  // Of `calls`, enqueued on the stream without a wait (NCCL in graph steps: their
+  // time is the device's, inside the step), and the host's one bounded wait per
+  // such step for all of them (WaitForStream).
+  int64_t enqueued = 0;
+  double wait_seconds = 0;
 };
 
 // Device memory reused between calls; grown on demand (contents are not kept
@@ -208,8 +218,10 @@ class DeviceScratch {
 
 // CUDA graphs (decode). A DecodeShaped step (every sequence w new tokens, w = 1
 // for decode or 1 + drafts for speculative verification, all wanting logits), on
-// a device with graphs (Device::supports_graphs), not under tensor parallelism
-// and without hooks, runs as a graph:
+// a device with graphs (Device::supports_graphs) and without hooks, runs as a
+// graph (under tensor parallelism too: every rank captures its own, with the
+// step's collectives in stream order inside it and one bounded wait per step,
+// model_runner.cc "Collectives"):
 //   b sequences → pad to the bucket B = GraphBucket(b) (padding sequences: token
 //   0, KDA slot -1, cache slots -1, context 0: the kernels skip them and give
 //   zero rows) → the step's token ids, cache slots, KDA slots, context lengths,
@@ -288,6 +300,12 @@ class ModelRunner {
                        float* logits_out);
   // Sizes the activation buffers for n rows; uploads the residual bank table.
   absl::StatusOr<const float* const*> PrepareActivations(int64_t n);
+  // The padded step of g's shape on its fixed buffers, eagerly (the inputs in
+  // graph_host_, uploaded; sizing the buffers first where they moved): the
+  // step's device logits, and the bank table a capture of it uses.
+  absl::StatusOr<float*> EagerFixedStep(DecodeGraph& g, int64_t stride,
+                                        absl::Span<const SequenceInput> padded,
+                                        const float* const** bank_table);
   absl::StatusOr<DecodeGraph*> GraphFor(int64_t bucket, int64_t width, int64_t stride);
   // *out filled with the inputs of an all-padding step of g's shape; its data.
   int32_t* PaddingInputs(const DecodeGraph& g, std::vector<int32_t>* out);
@@ -310,7 +328,16 @@ class ModelRunner {
   absl::Status DenseMlp(const DenseMlpWeights& m, const float* x, float* out,
                         bool accumulate);
   bool tp() const { return comm_ != nullptr && comm_->size() > 1; }
-  // Timed collectives (counted in comm_stats_).
+  // Collectives (counted in comm_stats_): synchronous in eager steps, in stream
+  // order on fixed buffers (model_runner.cc, "Collectives").
+  absl::Status SyncCollective(const std::function<absl::Status()>& call, int64_t bytes,
+                              bool gather);
+  absl::Status Collective(std::function<absl::Status()> sync,
+                          std::function<absl::Status()> enqueue, int64_t bytes,
+                          bool gather);
+  // The end of a step whose collectives were enqueued: their first deferred
+  // error, then (NCCL) the bounded wait for the stream.
+  absl::Status WaitCollectives();
   absl::Status AllReduce(float* data, int64_t n);
   absl::Status AllGather(const float* in, int64_t n_per_rank, float* out);
   absl::Status Embed(int64_t n, float* out);
@@ -361,6 +388,8 @@ class ModelRunner {
   bool decode_kernels_ = false;    // this step runs the decode kernels (DecodeShaped)
   int64_t sized_generation_ = -1;  // Generation() after the last SizeForGraphs
   const DecodeGraph* fixed_ = nullptr;  // while a graph's forward is enqueued
+  bool sizing_only_ = false;            // SizeForGraphs: no collectives
+  absl::Status deferred_comm_;          // a host-function collective's first error
   // (bucket, width, stride) -> graph
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<DecodeGraph>> graphs_;
   std::vector<int32_t> graph_host_;  // a graph step's inputs, staged

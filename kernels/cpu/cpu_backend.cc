@@ -154,9 +154,10 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status EmbeddingGather(const uint16_t* table, int64_t vocab, int64_t hidden,
-                               const int32_t* ids, int64_t tokens,
-                               float* out) override {
+  absl::Status EmbeddingGatherRows(const uint16_t* table, int64_t vocab, int64_t first,
+                                   int64_t rows, int64_t hidden, const int32_t* ids,
+                                   int64_t tokens, float* out) override {
+    TANDEM_RETURN_IF_ERROR(CheckEmbeddingRows(vocab, first, rows));
     for (int64_t t = 0; t < tokens; ++t) {
       if (ids[t] < 0 || ids[t] >= vocab) {
         return InvalidArgument("embedding: token id ", ids[t], " out of range [0, ",
@@ -165,8 +166,13 @@ class CpuBackend final : public Backend {
     }
     Rows(tokens, hidden, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
-        const uint16_t* row = table + static_cast<int64_t>(ids[t]) * hidden;
-        for (int64_t i = 0; i < hidden; ++i) out[t * hidden + i] = Bf16ToF32(row[i]);
+        float* dst = out + t * hidden;
+        if (ids[t] < first || ids[t] >= first + rows) {
+          std::fill(dst, dst + hidden, 0.0f);
+          continue;
+        }
+        const uint16_t* row = table + static_cast<int64_t>(ids[t] - first) * hidden;
+        for (int64_t i = 0; i < hidden; ++i) dst[i] = Bf16ToF32(row[i]);
       }
     });
     return absl::OkStatus();

@@ -122,16 +122,21 @@ class ReferenceBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status EmbeddingGather(const uint16_t* table, int64_t vocab, int64_t hidden,
-                               const int32_t* ids, int64_t tokens,
-                               float* out) override {
+  absl::Status EmbeddingGatherRows(const uint16_t* table, int64_t vocab, int64_t first,
+                                   int64_t rows, int64_t hidden, const int32_t* ids,
+                                   int64_t tokens, float* out) override {
+    TANDEM_RETURN_IF_ERROR(CheckEmbeddingRows(vocab, first, rows));
     for (int64_t t = 0; t < tokens; ++t) {
       if (ids[t] < 0 || ids[t] >= vocab) {
         return InvalidArgument("embedding: token id ", ids[t], " out of range [0, ",
                                vocab, ")");
       }
+    }
+    for (int64_t t = 0; t < tokens; ++t) {
+      const bool mine = ids[t] >= first && ids[t] < first + rows;
       for (int64_t i = 0; i < hidden; ++i) {
-        out[t * hidden + i] = Bf16ToF32(table[ids[t] * hidden + i]);
+        out[t * hidden + i] =
+            mine ? Bf16ToF32(table[(ids[t] - first) * hidden + i]) : 0.0f;
       }
     }
     return absl::OkStatus();

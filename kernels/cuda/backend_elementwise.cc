@@ -109,17 +109,18 @@ absl::Status GpuBackend::AddInPlace(float* y, const float* x, int64_t n) {
   return Done(this, LaunchAddInPlace(y, x, n, stream()), "add_in_place");
 }
 
-absl::Status GpuBackend::EmbeddingGather(const uint16_t* table, int64_t vocab,
-                                         int64_t hidden, const int32_t* ids,
-                                         int64_t tokens, float* out) {
+absl::Status GpuBackend::EmbeddingGatherRows(const uint16_t* table, int64_t vocab,
+                                             int64_t first, int64_t rows,
+                                             int64_t hidden, const int32_t* ids,
+                                             int64_t tokens, float* out) {
+  TANDEM_RETURN_IF_ERROR(CheckEmbeddingRows(vocab, first, rows));
   if (tokens <= 0 || hidden <= 0) return absl::OkStatus();
   TANDEM_RETURN_IF_ERROR(Resident(
-      *this,
-      {{table, Span(vocab, hidden, hidden) * sizeof(uint16_t), "embedding table"},
-       {ids, tokens * sizeof(int32_t), "embedding ids"},
-       {out, Span(tokens, hidden, hidden) * kF, "embedding out"}}));
+      *this, {{table, Span(rows, hidden, hidden) * sizeof(uint16_t), "embedding table"},
+              {ids, tokens * sizeof(int32_t), "embedding ids"},
+              {out, Span(tokens, hidden, hidden) * kF, "embedding out"}}));
   return Done(this,
-              LaunchEmbeddingGather(table, vocab, hidden, ids, tokens, out,
+              LaunchEmbeddingGather(table, vocab, first, rows, hidden, ids, tokens, out,
                                     error_word(), stream()),
               "embedding");
 }

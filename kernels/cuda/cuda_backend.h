@@ -68,8 +68,9 @@ class GpuBackend final : public Backend {
   absl::Status MulSigmoid(const float* x, int64_t ldx, const float* gate, int64_t ldg,
                           float* out, int64_t ldo, int64_t rows, int64_t n) override;
   absl::Status AddInPlace(float* y, const float* x, int64_t n) override;
-  absl::Status EmbeddingGather(const uint16_t* table, int64_t vocab, int64_t hidden,
-                               const int32_t* ids, int64_t tokens, float* out) override;
+  absl::Status EmbeddingGatherRows(const uint16_t* table, int64_t vocab, int64_t first,
+                                   int64_t rows, int64_t hidden, const int32_t* ids,
+                                   int64_t tokens, float* out) override;
   absl::Status CausalConv1dSilu(const float* x, int64_t ldx, const float* w,
                                 int64_t kernel, float* state, float* y, int64_t ldy,
                                 int64_t tokens, int64_t channels) override;

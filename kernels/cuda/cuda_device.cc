@@ -511,6 +511,18 @@ class CudaDevice final : public Device {
         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, StreamOf(stream)),
         "copy on device");
   }
+  absl::Status CopyOnDevice2D(void* dst, size_t dst_pitch, const void* src,
+                              size_t src_pitch, size_t width, size_t height,
+                              Stream* stream) override {
+    if (width == 0 || height == 0) return absl::OkStatus();
+    if (dst_pitch < width || src_pitch < width) {
+      return Device::CopyOnDevice2D(dst, dst_pitch, src, src_pitch, width, height,
+                                    stream);  // its error
+    }
+    return CudaError(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height,
+                                       cudaMemcpyDeviceToDevice, StreamOf(stream)),
+                     "2D copy on device");
+  }
   // One cudaMemcpyBatchAsync (CUDA 12.8+) for the whole batch; where the
   // driver refuses it, one cudaMemcpyAsync per piece from then on.
   absl::Status CopyBatchAsync(CopyKind kind, absl::Span<const CopyPiece> pieces,

@@ -351,14 +351,18 @@ __global__ void KdaGatesKernel(const float* graw, int64_t ld_graw, const float* 
 // ---- Row copies with device indices
 // --------------------------------------------------
 template <bool kVec>
-__global__ void EmbeddingKernel(const uint16_t* table, int64_t vocab, int64_t hidden,
-                                const int32_t* ids, int64_t tokens, float* out,
-                                int32_t* error_word) {
+__global__ void EmbeddingKernel(const uint16_t* table, int64_t vocab, int64_t first,
+                                int64_t rows, int64_t hidden, const int32_t* ids,
+                                int64_t tokens, float* out, int32_t* error_word) {
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const int32_t id = ids[t];
-    const bool ok = id >= 0 && id < vocab;
-    if (!ok && threadIdx.x == 0) atomicCAS(error_word, 0, kTokenIdOutOfRange);
-    const uint16_t* src = table + (ok ? static_cast<int64_t>(id) * hidden : 0);
+    if ((id < 0 || id >= vocab) && threadIdx.x == 0) {
+      atomicCAS(error_word, 0, kTokenIdOutOfRange);
+    }
+    // Another rank's row (vocabulary parallelism) or a bad id: zeros.
+    const bool ok = id >= first && id < first + rows;
+    const uint16_t* src =
+        table + (ok ? (static_cast<int64_t>(id) - first) * hidden : 0);
     float* dst = out + t * hidden;
     if constexpr (kVec) {
       for (int64_t i = threadIdx.x; i < hidden / 4; i += blockDim.x) {
@@ -654,19 +658,20 @@ const char* LaunchAddInPlace(float* y, const float* x, int64_t n, void* stream) 
   return ::tandem::gpu::LaunchError();
 }
 
-const char* LaunchEmbeddingGather(const uint16_t* table, int64_t vocab, int64_t hidden,
-                                  const int32_t* ids, int64_t tokens, float* out,
-                                  int32_t* error_word, void* stream) {
+const char* LaunchEmbeddingGather(const uint16_t* table, int64_t vocab, int64_t first,
+                                  int64_t rows, int64_t hidden, const int32_t* ids,
+                                  int64_t tokens, float* out, int32_t* error_word,
+                                  void* stream) {
   if (tokens <= 0 || hidden <= 0) return nullptr;
   const bool vec = hidden % 4 == 0 && Aligned(table, 8) && Aligned(out, 16);
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tokens, kMaxGridBlocks)));
   const dim3 block(128);
   if (vec) {
-    TANDEM_LAUNCH((EmbeddingKernel<true>), grid, block, 0, stream, table, vocab, hidden,
-                  ids, tokens, out, error_word);
+    TANDEM_LAUNCH((EmbeddingKernel<true>), grid, block, 0, stream, table, vocab, first,
+                  rows, hidden, ids, tokens, out, error_word);
   } else {
-    TANDEM_LAUNCH((EmbeddingKernel<false>), grid, block, 0, stream, table, vocab,
-                  hidden, ids, tokens, out, error_word);
+    TANDEM_LAUNCH((EmbeddingKernel<false>), grid, block, 0, stream, table, vocab, first,
+                  rows, hidden, ids, tokens, out, error_word);
   }
   return ::tandem::gpu::LaunchError();
 }

@@ -41,11 +41,14 @@ const char* LaunchMulSigmoid(const float* x, int64_t ldx, const float* gate,
 // y[i] += x[i], i < n.
 const char* LaunchAddInPlace(float* y, const float* x, int64_t n, void* stream);
 
-// out[t] = fp32(table[ids[t]]), out [tokens, hidden] contiguous. An id outside
-// [0, vocab) records kTokenIdOutOfRange and gives a zero row.
-const char* LaunchEmbeddingGather(const uint16_t* table, int64_t vocab, int64_t hidden,
-                                  const int32_t* ids, int64_t tokens, float* out,
-                                  int32_t* error_word, void* stream);
+// out[t] = fp32(table[ids[t] - first]) for ids in [first, first + rows) (table
+// holds those rows of a [vocab, hidden] embedding; first 0, rows vocab: all of
+// it), a zero row for the other ids; out [tokens, hidden] contiguous. An id
+// outside [0, vocab) also records kTokenIdOutOfRange.
+const char* LaunchEmbeddingGather(const uint16_t* table, int64_t vocab, int64_t first,
+                                  int64_t rows, int64_t hidden, const int32_t* ids,
+                                  int64_t tokens, float* out, int32_t* error_word,
+                                  void* stream);
 
 // Causal depthwise conv + SiLU with the carried [kernel-1, channels] state (see
 // Backend::CausalConv1dSilu). kernel >= 1; y may not alias x. A thread per channel

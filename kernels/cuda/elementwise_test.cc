@@ -343,8 +343,8 @@ TEST_P(Elementwise, EmbeddingGatherCopiesRowsAndFlagsBadIds) {
     ASSERT_TRUE(ref_->EmbeddingGather(table.data(), vocab, hidden, ids.data(),
                                       ids.size(), want.data())
                     .ok());
-    ASSERT_EQ(LaunchEmbeddingGather(table.data(), vocab, hidden, ids.data(), ids.size(),
-                                    got.data(), &err, nullptr),
+    ASSERT_EQ(LaunchEmbeddingGather(table.data(), vocab, 0, vocab, hidden, ids.data(),
+                                    ids.size(), got.data(), &err, nullptr),
               nullptr);
     EXPECT_EQ(err, kDeviceOk);
     EXPECT_EQ(got, want) << "hidden " << hidden;
@@ -353,8 +353,8 @@ TEST_P(Elementwise, EmbeddingGatherCopiesRowsAndFlagsBadIds) {
       std::vector<int32_t> ids2 = {3, bad, 9};
       std::vector<float> out(3 * hidden, kGuard);
       err = 0;
-      ASSERT_EQ(LaunchEmbeddingGather(table.data(), vocab, hidden, ids2.data(), 3,
-                                      out.data(), &err, nullptr),
+      ASSERT_EQ(LaunchEmbeddingGather(table.data(), vocab, 0, vocab, hidden,
+                                      ids2.data(), 3, out.data(), &err, nullptr),
                 nullptr);
       EXPECT_EQ(err, kTokenIdOutOfRange) << bad;
       for (int64_t i = 0; i < hidden; ++i) {
@@ -366,10 +366,34 @@ TEST_P(Elementwise, EmbeddingGatherCopiesRowsAndFlagsBadIds) {
     // The first error wins: an earlier code is kept.
     err = kSlotOutOfRange;
     std::vector<int32_t> bad = {-5};
-    ASSERT_EQ(LaunchEmbeddingGather(table.data(), vocab, hidden, bad.data(), 1,
-                                    got.data(), &err, nullptr),
+    ASSERT_EQ(LaunchEmbeddingGather(table.data(), vocab, 0, vocab, hidden, bad.data(),
+                                    1, got.data(), &err, nullptr),
               nullptr);
     EXPECT_EQ(err, kSlotOutOfRange);
+    // Vocabulary parallelism: a table of rows [20, 30); ids elsewhere in the
+    // vocabulary give zero rows without an error, ids outside it record one.
+    const int64_t first = 20, rows = 10;
+    std::vector<int32_t> mixed = {20, 3, 29, 30, 25, 49};
+    std::vector<float> out(mixed.size() * hidden, kGuard);
+    err = 0;
+    ASSERT_EQ(
+        LaunchEmbeddingGather(table.data() + first * hidden, vocab, first, rows, hidden,
+                              mixed.data(), mixed.size(), out.data(), &err, nullptr),
+        nullptr);
+    EXPECT_EQ(err, kDeviceOk);
+    for (size_t t = 0; t < mixed.size(); ++t) {
+      const bool mine = mixed[t] >= first && mixed[t] < first + rows;
+      for (int64_t i = 0; i < hidden; ++i) {
+        ASSERT_EQ(out[t * hidden + i],
+                  mine ? Bf16ToF32(table[mixed[t] * hidden + i]) : 0.0f)
+            << "token " << t << " id " << mixed[t];
+      }
+    }
+    mixed = {25, 50};
+    ASSERT_EQ(LaunchEmbeddingGather(table.data() + first * hidden, vocab, first, rows,
+                                    hidden, mixed.data(), 2, out.data(), &err, nullptr),
+              nullptr);
+    EXPECT_EQ(err, kTokenIdOutOfRange);
   }
 }
 

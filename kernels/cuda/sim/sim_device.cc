@@ -121,6 +121,11 @@ class SimStream final : public Stream {
   bool capturing() const override {
     return cuda_sim::IsCapturing(const_cast<SimStream*>(this));
   }
+  absl::Status EnqueueHostFunction(std::function<void()> fn) override {
+    if (cuda_sim::Record(this, fn)) return absl::OkStatus();  // a host node
+    fn();
+    return absl::OkStatus();
+  }
 
   // Fails `what` on a capturing stream and invalidates the capture, as CUDA
   // does (cudaErrorStreamCaptureUnsupported / ...Invalidated).

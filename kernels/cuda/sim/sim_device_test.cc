@@ -241,6 +241,73 @@ TEST(SimDevice, CaptureRulesHostCopiesSynchronizeAndAllocationFailTheCapture) {
   EXPECT_TRUE((*other)->EndCapture().ok());
 }
 
+// Host functions run in stream order: now on a stream that does not capture,
+// as a node of the graph (at each launch, between the device work around it)
+// on one that does; the host device runs them now.
+TEST(SimDevice, HostFunctionsRunInStreamOrderAndReplayInGraphs) {
+  auto dev = CreateSimDevice();
+  auto buf = DeviceBuffer::Allocate(dev.get(), 4 * sizeof(float));
+  ASSERT_TRUE(buf.ok());
+  float* p = buf->as<float>();
+  Stream& s = dev->compute_stream();
+  std::vector<float> seen;
+  ASSERT_TRUE(dev->Memset(p, 0, 16).ok());
+  ASSERT_TRUE(s.EnqueueHostFunction([&] { seen.push_back(p[0]); }).ok());
+  EXPECT_EQ(seen, std::vector<float>{0.0f});  // ran now
+  ASSERT_TRUE(s.BeginCapture().ok());
+  const float one = 1.0f;
+  ASSERT_TRUE(dev->Memset(p, 0, 16).ok());
+  ASSERT_TRUE(s.EnqueueHostFunction([&] {
+                 seen.push_back(p[0]);
+                 p[0] += one;  // a host collective writes device memory in place
+               }).ok());
+  ASSERT_TRUE(dev->CopyOnDevice(p + 1, p, sizeof(float)).ok());
+  auto graph = s.EndCapture();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_EQ((*graph)->num_nodes(), 3);
+  EXPECT_EQ(seen.size(), 1u);  // recorded, not run
+  for (int launch = 0; launch < 2; ++launch) {
+    ASSERT_TRUE((*graph)->Launch(s).ok());
+    EXPECT_EQ(seen.back(), 0.0f);  // after the memset
+    EXPECT_EQ(p[1], 1.0f);         // before the copy
+  }
+  EXPECT_EQ(seen.size(), 3u);
+  int ran = 0;
+  auto host = CreateHostDevice();
+  ASSERT_TRUE(host->compute_stream().EnqueueHostFunction([&] { ++ran; }).ok());
+  EXPECT_EQ(ran, 1);
+}
+
+// CopyOnDevice2D: rows of `width` bytes between pitched layouts, captured like
+// any copy; pitches below the width are refused.
+TEST(SimDevice, StridedCopiesMoveRowsBetweenPitchesAndCapture) {
+  for (bool host_device : {false, true}) {
+    auto dev = host_device ? CreateHostDevice() : CreateSimDevice();
+    auto src = DeviceBuffer::Allocate(dev.get(), 3 * 5 * sizeof(float));
+    auto dst = DeviceBuffer::Allocate(dev.get(), 3 * 8 * sizeof(float));
+    ASSERT_TRUE(src.ok() && dst.ok());
+    std::vector<float> in(15), out(24, -1.0f);
+    for (int i = 0; i < 15; ++i) in[i] = static_cast<float>(i);
+    ASSERT_TRUE(dev->CopyToDevice(src->data(), in.data(), 60).ok());
+    ASSERT_TRUE(dev->CopyToDevice(dst->data(), out.data(), 96).ok());
+    // Columns 1..3 of the [3, 5] source into columns 2..4 of the [3, 8] one.
+    ASSERT_TRUE(dev->CopyOnDevice2D(dst->as<float>() + 2, 8 * sizeof(float),
+                                    src->as<float>() + 1, 5 * sizeof(float),
+                                    3 * sizeof(float), 3)
+                    .ok());
+    ASSERT_TRUE(dev->CopyToHost(out.data(), dst->data(), 96).ok());
+    for (int r = 0; r < 3; ++r) {
+      for (int c = 0; c < 8; ++c) {
+        const float want = c >= 2 && c < 5 ? in[r * 5 + c - 1] : -1.0f;
+        EXPECT_EQ(out[r * 8 + c], want) << r << "," << c;
+      }
+    }
+    EXPECT_EQ(dev->CopyOnDevice2D(dst->data(), 4, src->data(), 20, 8, 2).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(dev->CopyOnDevice2D(dst->data(), 4, src->data(), 4, 0, 2).ok());
+  }
+}
+
 TEST(SimDevice, TheHostDeviceHasNoGraphs) {
   auto host = CreateHostDevice();
   EXPECT_FALSE(host->supports_graphs());
