@@ -7,6 +7,7 @@
 //     unhealthy and refuses further work naming the rank.
 #include <grpcpp/grpcpp.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,7 @@ class Worker {
     proc_ = std::make_unique<testing::Subprocess>(std::move(*p));
     const int port = LoggedPort(*proc_, "worker serving", "grpc_port");
     if (port == 0) return name + " did not log its port\n" + proc_->ReadLog();
+    metrics_port_ = LoggedPort(*proc_, "worker serving", "metrics_port");
     stub_ = tandem::v1::DecodeWorker::NewStub(grpc::CreateChannel(
         "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
     return "";
@@ -56,10 +58,23 @@ class Worker {
   }
   tandem::v1::DecodeWorker::Stub& stub() { return *stub_; }
   std::string Log() { return proc_->ReadLog(); }
+  // The metric's value once it is above zero (the worker publishes its
+  // engine's counters after steps), or 0 when it stays there for 20 s.
+  double Positive(const std::string& name,
+                  const std::map<std::string, std::string>& labels) {
+    const absl::Time end = absl::Now() + absl::Seconds(20);
+    while (absl::Now() < end) {
+      absl::StatusOr<double> v = testing::Metric(metrics_port_, name, labels);
+      if (v.ok() && *v > 0) return *v;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return 0;
+  }
 
  private:
   std::unique_ptr<testing::Subprocess> proc_;
   std::unique_ptr<tandem::v1::DecodeWorker::Stub> stub_;
+  int metrics_port_ = 0;
 };
 
 // True when `log` has a line with every one of `parts`.
@@ -90,6 +105,14 @@ TEST(TpCudaSimProcessTest, Tp2OnCudaSimGivesTheCpuTp1Tokens) {
     EXPECT_EQ(got.tokens.size(), 4u) << "prompt of " << len;
     EXPECT_EQ(got.tokens, want.tokens) << "prompt of " << len;
   }
+  // The decode steps ran as CUDA graphs with the ranks' collectives inside
+  // (Gloo on the emulator: host functions in the graph, each waited for).
+  EXPECT_GT(sim.Positive("tandem_worker_cuda_graph_steps_total", {{"mode", "graph"}}),
+            0)
+      << sim.Log();
+  EXPECT_GT(sim.Positive("tandem_worker_tp_collectives_total", {{"mode", "waited"}}),
+            0);
+  EXPECT_GT(sim.Positive("tandem_worker_tp_collective_bytes_total", {}), 0);
   // Both ranks' caches live on the emulated device.
   for (const char* rank : {"\"tp_rank\":0", "\"tp_rank\":1"}) {
     EXPECT_TRUE(LogLineHas(sim.Log(), {"KV cache registered with the transfer agent",

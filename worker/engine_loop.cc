@@ -224,6 +224,7 @@ void EngineLoop::PublishStats(engine::Engine& e) {
   s.prefix = e.prefix_caching_stats();
   s.timing = e.step_timing();
   s.graphs = e.graph_stats();
+  s.comm = e.comm_stats();
   s.free_blocks = e.num_free_blocks();
   s.total_blocks = e.scheduler().config().num_blocks;
   s.free_slots = e.num_free_slots();

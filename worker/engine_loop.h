@@ -64,6 +64,7 @@ struct EngineLoopStats {
   engine::PrefixCachingStats prefix;     // engine totals (zero when off)
   engine::StepTimingStats timing;        // forward time and host gaps
   engine::GraphStats graphs;             // rank 0's CUDA graphs (zero on the host)
+  engine::CommStats comm;                // rank 0's TP collectives (zero at TP 1)
 };
 
 // Time the compile thread spends filling one grammar's mask cache ahead of use,

@@ -156,6 +156,24 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
       &OrDie(r->AddGauge("tandem_worker_cuda_graph_nodes",
                          "Nodes (launches, copies, GEMMs) of the graphs held."))
            ->Add({});
+  tp_collectives = OrDie(r->AddCounter(
+      "tandem_worker_tp_collectives_total",
+      "Tensor-parallel collectives of rank 0 by mode: waited (the host waits for "
+      "each: eager steps) or stream_ordered (enqueued inside a CUDA-graph decode "
+      "step, waited for once per step)."));
+  tp_collective_bytes =
+      &OrDie(r->AddCounter("tandem_worker_tp_collective_bytes_total",
+                           "Payload rank 0 handed to its collectives."))
+           ->Add({});
+  tp_collective_wait_seconds = OrDie(r->AddCounter(
+      "tandem_worker_tp_collective_wait_seconds_total",
+      "Host time rank 0 spent waiting for collectives: in each synchronous one "
+      "(wait=\"each\"; includes waiting for the slowest rank) or in a graph step's "
+      "one wait for all of its collectives and kernels (wait=\"step\")."));
+  for (const char* wait : {"each", "step"})
+    tp_collective_wait_seconds->Add({{"wait", wait}});
+  for (const char* mode : {"waited", "stream_ordered"})
+    tp_collectives->Add({{"mode", mode}});
   host_gap_fraction =
       &OrDie(r->AddGauge("tandem_worker_host_gap_fraction",
                          "Mean host gap over mean step (gap + forward), since start."))
@@ -523,6 +541,21 @@ void WorkerMetrics::Update(const EngineLoopStats& s, absl::Time now) {
   graphs_live->Set(static_cast<double>(g.live_graphs));
   graph_nodes->Set(static_cast<double>(g.graph_nodes));
   last_graphs_ = g;
+  const engine::CommStats& c = s.comm;
+  const engine::CommStats& lc = last_comm_;
+  bump(&tp_collectives->Add({{"mode", "waited"}}), c.calls - c.enqueued,
+       lc.calls - lc.enqueued);
+  bump(&tp_collectives->Add({{"mode", "stream_ordered"}}), c.enqueued, lc.enqueued);
+  bump(tp_collective_bytes, c.bytes, lc.bytes);
+  if (c.seconds > lc.seconds) {
+    tp_collective_wait_seconds->Add({{"wait", "each"}})
+        .Increment(c.seconds - lc.seconds);
+  }
+  if (c.wait_seconds > lc.wait_seconds) {
+    tp_collective_wait_seconds->Add({{"wait", "step"}})
+        .Increment(c.wait_seconds - lc.wait_seconds);
+  }
+  last_comm_ = c;
   last_timing_ = tm;
   const engine::PrefixCachingStats& px = s.prefix;
   bump(prefix_queried_tokens, px.queried_tokens, last_prefix_.queried_tokens);

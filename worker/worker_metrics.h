@@ -134,6 +134,13 @@ class WorkerMetrics {
   metrics::Counter* graph_padded_rows;
   metrics::Gauge* graphs_live;
   metrics::Gauge* graph_nodes;
+  // Tensor-parallel collectives (engine::CommStats, rank 0): calls by how the
+  // host handled them (waited for one by one, or enqueued in a graph step and
+  // waited for once per step), their payload, and the host's time waiting
+  // (in each synchronous collective, or in the one wait of a graph step).
+  metrics::Family<metrics::Counter>* tp_collectives;
+  metrics::Counter* tp_collective_bytes;
+  metrics::Family<metrics::Counter>* tp_collective_wait_seconds;
   // Scheduler preemptions (a running sequence freed to make room, recomputed
   // later), and requests ended with an error instead because the recompute
   // would need rows this worker cannot compute (an image prompt's rows on a
@@ -201,6 +208,7 @@ class WorkerMetrics {
   engine::SpeculativeStats last_spec_ ABSL_GUARDED_BY(mu_);
   engine::StepTimingStats last_timing_ ABSL_GUARDED_BY(mu_);
   engine::GraphStats last_graphs_ ABSL_GUARDED_BY(mu_);
+  engine::CommStats last_comm_ ABSL_GUARDED_BY(mu_);
   absl::Mutex staging_mu_;
   kvtransfer::HostStagingStats last_staging_ ABSL_GUARDED_BY(staging_mu_);
   engine::PrefixCachingStats last_prefix_ ABSL_GUARDED_BY(mu_);

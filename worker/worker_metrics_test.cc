@@ -95,5 +95,34 @@ TEST(WorkerMetricsTest, PrefixCacheTiers) {
   }
 }
 
+// Rank 0's collectives: counters follow the engine's totals, split by how the
+// host waited for them.
+TEST(WorkerMetricsTest, TensorParallelCollectives) {
+  metrics::Registry registry;
+  WorkerMetrics m(&registry);
+  EngineLoopStats s;
+  s.comm.calls = 40;
+  s.comm.enqueued = 36;
+  s.comm.bytes = 4096;
+  s.comm.seconds = 0.5;
+  s.comm.wait_seconds = 0.25;
+  m.Update(s, absl::Now());
+  s.comm.calls = 58;  // one more graph step: 18 enqueued, one wait
+  s.comm.enqueued = 54;
+  s.comm.bytes = 6144;
+  s.comm.wait_seconds = 0.5;
+  m.Update(s, absl::Now() + absl::Seconds(1));
+  const std::string text = metrics::SerializeText(registry.Collect());
+  for (const char* want : {
+           "tandem_worker_tp_collectives_total{mode=\"waited\"} 4",
+           "tandem_worker_tp_collectives_total{mode=\"stream_ordered\"} 54",
+           "tandem_worker_tp_collective_bytes_total 6144",
+           "tandem_worker_tp_collective_wait_seconds_total{wait=\"each\"} 0.5",
+           "tandem_worker_tp_collective_wait_seconds_total{wait=\"step\"} 0.5",
+       }) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+}
+
 }  // namespace
 }  // namespace tandem::worker

@@ -656,6 +656,7 @@ absl::Status Engine::RunStep(StepBatch* batch, std::vector<RequestOutput>* outpu
   TANDEM_RETURN_IF_ERROR(forward);
   TANDEM_RETURN_IF_ERROR(StoreSnapshots(*batch));
   graph_stats_ = executor_->runner(0).graph_stats();
+  comm_stats_ = executor_->comm_stats();
   TANDEM_RETURN_IF_ERROR(SampleStep(batch, outputs));
   return FinishStep(*batch, outputs);
 }
@@ -873,6 +874,7 @@ absl::Status Engine::FinishOverlapped(StepBatch* prev,
   DeviceJob& job = *prev->job;
   TANDEM_RETURN_IF_ERROR(WaitJob(*prev));
   graph_stats_ = executor_->runner(0).graph_stats();
+  comm_stats_ = executor_->comm_stats();
   timing_.steps += job.timing.steps;
   timing_.forward_seconds += job.timing.forward_seconds;
   timing_.gaps += job.timing.gaps;

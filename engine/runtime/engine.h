@@ -548,6 +548,9 @@ class Engine {
   // Rank 0's CUDA-graph counters as of the last step that finished (the
   // runner's own are the device thread's while a step is in flight).
   const GraphStats& graph_stats() const { return graph_stats_; }
+  // Rank 0's tensor-parallel collectives as of the last step that finished
+  // (zero at TP 1).
+  const CommStats& comm_stats() const { return comm_stats_; }
   // Tokens computed by forward passes so far (prefill, decode).
   int64_t prefill_tokens() const { return prefill_tokens_; }
   int64_t decode_tokens() const { return decode_tokens_; }
@@ -859,6 +862,7 @@ class Engine {
   absl::Status device_error_;
   std::vector<std::unique_ptr<StepBatch>> abandoned_;
   GraphStats graph_stats_;
+  CommStats comm_stats_;
   std::unique_ptr<DeviceThread> device_thread_;
 };
 
