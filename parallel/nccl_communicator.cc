@@ -20,19 +20,22 @@ constexpr absl::Duration kFinalizeTimeout = absl::Seconds(10);
 
 // Polling pause: none for the first 200 us (a decode step's all-reduce of a
 // few KB over NVLink takes 10-30 us, and a sleep costs the timer slack, ~50 us,
-// on each of a step's collectives), then sleeps growing from 5 us to 1 ms so a
-// long wait does not burn a core.
+// on each of a step's collectives), then sleeps growing from 5 us to `most` so
+// a long wait does not burn a core. A whole step's wait (WaitForStream) caps the
+// pause at 50 us: a 10 ms decode step must not end up to 1 ms late.
 class Backoff {
  public:
+  explicit Backoff(absl::Duration most = absl::Milliseconds(1)) : most_(most) {}
   void Pause() {
     if (absl::Now() - start_ < kSpin) return;
     absl::SleepFor(pause_);
-    pause_ = std::min(pause_ * 2, absl::Milliseconds(1));
+    pause_ = std::min(pause_ * 2, most_);
   }
 
  private:
   static constexpr absl::Duration kSpin = absl::Microseconds(200);
   const absl::Time start_ = absl::Now();
+  const absl::Duration most_;
   absl::Duration pause_ = absl::Microseconds(5);
 };
 
@@ -96,8 +99,9 @@ struct NcclCommunicator::Impl {
   }
 
   // Waits until everything enqueued on the stream has finished.
-  absl::Status WaitDone(const char* what, absl::Time deadline) {
-    Backoff backoff;
+  absl::Status WaitDone(const char* what, absl::Time deadline,
+                        absl::Duration most_pause = absl::Milliseconds(1)) {
+    Backoff backoff(most_pause);
     while (true) {
       cudaError_t q = cudaStreamQuery(stream);
       if (q == cudaSuccess) return absl::OkStatus();
@@ -335,7 +339,8 @@ absl::Status NcclCommunicator::WaitForStream() {
     return impl_->Break(Internal(impl_->Where("wait for the stream"),
                                  ": cudaSetDevice: ", cudaGetErrorString(e)));
   }
-  return impl_->WaitDone("the step's collectives", absl::Now() + impl_->timeout);
+  return impl_->WaitDone("the step's collectives", absl::Now() + impl_->timeout,
+                         absl::Microseconds(50));
 }
 
 absl::Status NcclCommunicator::Barrier() {

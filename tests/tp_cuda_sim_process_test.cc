@@ -106,12 +106,14 @@ TEST(TpCudaSimProcessTest, Tp2OnCudaSimGivesTheCpuTp1Tokens) {
     EXPECT_EQ(got.tokens, want.tokens) << "prompt of " << len;
   }
   // The decode steps ran as CUDA graphs with the ranks' collectives inside
-  // (Gloo on the emulator: host functions in the graph, each waited for).
+  // (Gloo on the emulator: host functions in the graph), every collective in
+  // stream order (no hooks on a decode worker).
   EXPECT_GT(sim.Positive("tandem_worker_cuda_graph_steps_total", {{"mode", "graph"}}),
             0)
       << sim.Log();
-  EXPECT_GT(sim.Positive("tandem_worker_tp_collectives_total", {{"mode", "waited"}}),
-            0);
+  EXPECT_GT(
+      sim.Positive("tandem_worker_tp_collectives_total", {{"mode", "stream_ordered"}}),
+      0);
   EXPECT_GT(sim.Positive("tandem_worker_tp_collective_bytes_total", {}), 0);
   // Both ranks' caches live on the emulated device.
   for (const char* rank : {"\"tp_rank\":0", "\"tp_rank\":1"}) {

@@ -159,8 +159,9 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
   tp_collectives = OrDie(r->AddCounter(
       "tandem_worker_tp_collectives_total",
       "Tensor-parallel collectives of rank 0 by mode: waited (the host waits for "
-      "each: eager steps) or stream_ordered (enqueued inside a CUDA-graph decode "
-      "step, waited for once per step)."));
+      "each: steps with hooks or image rows) or stream_ordered (in stream order, "
+      "the step waited for once: CUDA-graph decode steps, counted per replay, and "
+      "other eager steps)."));
   tp_collective_bytes =
       &OrDie(r->AddCounter("tandem_worker_tp_collective_bytes_total",
                            "Payload rank 0 handed to its collectives."))
@@ -168,8 +169,8 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
   tp_collective_wait_seconds = OrDie(r->AddCounter(
       "tandem_worker_tp_collective_wait_seconds_total",
       "Host time rank 0 spent waiting for collectives: in each synchronous one "
-      "(wait=\"each\"; includes waiting for the slowest rank) or in a graph step's "
-      "one wait for all of its collectives and kernels (wait=\"step\")."));
+      "(wait=\"each\"; includes waiting for the slowest rank) or in a step's one "
+      "wait for all of its collectives and kernels (wait=\"step\")."));
   for (const char* wait : {"each", "step"})
     tp_collective_wait_seconds->Add({{"wait", wait}});
   for (const char* mode : {"waited", "stream_ordered"})

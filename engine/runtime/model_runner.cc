@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -45,19 +46,21 @@ absl::StatusOr<const T*> ModelRunner::Upload(const std::vector<T>& host,
   return d;
 }
 
-// Collectives. An eager step waits for each (the communicator's bounded wait,
-// synchronous: a host communicator reads the data, so the kernels that wrote it
-// must be done first). A step on fixed buffers (a decode graph's capture, its
-// eager run and the replays: GraphStep) enqueues them in stream order instead, so
-// that they are captured with the kernels and the step is waited for once:
-// NCCL on the compute stream (WaitCollectives bounds the wait); a host
-// communicator of emulated devices (cuda_sim) as a host function on the stream,
-// which runs in order, and at each replay of a graph that captured it.
+// Collectives. A step on fixed buffers (a decode graph's capture, its eager run
+// and the replays: GraphStep) enqueues them in stream order, so that they are
+// captured with the kernels and the step is waited for once: NCCL on the
+// compute stream (WaitCollectives bounds the wait); a host communicator of
+// emulated devices (cuda_sim) as a host function on the stream, which runs in
+// order, and at each replay of a graph that captured it. An eager step enqueues
+// NCCL's the same way (stream_collectives_) where the host has nothing to do
+// inside the step; otherwise, and with a host communicator, it waits for each
+// (the communicator's bounded wait, synchronous: a host communicator reads the
+// data, so the kernels that wrote it must be done first).
 // SizeForGraphs's all-padding step communicates nothing (sizing_only_): its
 // outputs are discarded, and a rank that sizes while its peers do not must not
 // issue collectives they do not.
 absl::Status ModelRunner::SyncCollective(const std::function<absl::Status()>& call,
-                                         int64_t bytes, bool gather) {
+                                         bool gather) {
   if (!host_device_ && !comm_->takes_device_pointers()) {
     TANDEM_RETURN_IF_ERROR(backend_->Synchronize());
   }
@@ -67,8 +70,6 @@ absl::Status ModelRunner::SyncCollective(const std::function<absl::Status()>& ca
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   comm_stats_.seconds += sec;
   if (gather) comm_stats_.all_gather_seconds += sec;
-  ++comm_stats_.calls;
-  comm_stats_.bytes += bytes;
   return s;
 }
 
@@ -76,19 +77,27 @@ absl::Status ModelRunner::Collective(std::function<absl::Status()> sync,
                                      std::function<absl::Status()> enqueue,
                                      int64_t bytes, bool gather) {
   if (sizing_only_) return absl::OkStatus();
-  if (fixed_ == nullptr) return SyncCollective(sync, bytes, gather);
-  if (comm_->stream_ordered()) {
+  if (fixed_ == nullptr && !stream_collectives_) {
     ++comm_stats_.calls;
     comm_stats_.bytes += bytes;
-    ++comm_stats_.enqueued;
-    return enqueue();
+    return SyncCollective(sync, gather);
   }
+  // Counted when they run: now, or (captured) at each replay of the graph.
+  if (device_->compute_stream().capturing()) {
+    ++captured_collectives_;
+    captured_bytes_ += bytes;
+  } else {
+    ++comm_stats_.calls;
+    ++comm_stats_.enqueued;
+    comm_stats_.bytes += bytes;
+  }
+  if (comm_->stream_ordered()) return enqueue();
   // A host function: its error is kept for the end of the step (the first one;
   // once a collective failed the communicator is broken and the later ones fail
   // at once, so a failed step never waits more than one timeout).
   return device_->compute_stream().EnqueueHostFunction(
-      [this, sync = std::move(sync), bytes, gather] {
-        absl::Status s = SyncCollective(sync, bytes, gather);
+      [this, sync = std::move(sync), gather] {
+        absl::Status s = SyncCollective(sync, gather);
         if (!s.ok() && deferred_comm_.ok()) deferred_comm_ = s;
       });
 }
@@ -312,7 +321,12 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
   const bool overrides =
       std::any_of(seqs.begin(), seqs.end(),
                   [](const SequenceInput& q) { return !q.embedding_rows.empty(); });
-  if (!overrides && GraphEligible(seqs)) return GraphStep(seqs, logits, placement);
+  // Under TP the executor decides for every rank (set_graph_plan): NCCL needs
+  // the same steps captured, and replayed, on all ranks.
+  const std::optional<GraphPlan> plan = std::exchange(graph_plan_, std::nullopt);
+  if (plan.has_value() ? plan->use_graph : !overrides && GraphEligible(seqs)) {
+    return GraphStep(seqs, logits, placement, plan.has_value() && plan->capture);
+  }
   ++graph_stats_.eager_steps;
 
   row_start_.resize(seqs.size() + 1);
@@ -328,17 +342,30 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
               ids_.begin() + row_start_[s]);
   }
   TANDEM_ASSIGN_OR_RETURN(const float* const* bank_table, PrepareActivations(n));
-  if (num_logits == 0) {
-    TANDEM_RETURN_IF_ERROR(Enqueue(seqs, bank_table, 0, nullptr));
-    return backend_->Synchronize();
-  }
   if (host_device_) {
-    TANDEM_RETURN_IF_ERROR(Enqueue(seqs, bank_table, num_logits, logits->data()));
+    TANDEM_RETURN_IF_ERROR(Enqueue(seqs, bank_table, num_logits,
+                                   num_logits == 0 ? nullptr : logits->data()));
     return backend_->Synchronize();
   }
-  float* dev_logits = S(logits_, num_logits * V);
-  TANDEM_RETURN_IF_ERROR(scratch_status_);
-  TANDEM_RETURN_IF_ERROR(Enqueue(seqs, bank_table, num_logits, dev_logits));
+  float* dev_logits = nullptr;
+  if (num_logits > 0) {
+    dev_logits = S(logits_, num_logits * V);
+    TANDEM_RETURN_IF_ERROR(scratch_status_);
+  }
+  // Collectives in stream order with one bounded wait (NCCL; on the emulator the
+  // host communicator's calls as host functions, which run at once there),
+  // unless the host must act inside the step: hooks (a probe copies activations
+  // back; the layer hook may wait for the device) and image rows (host copies
+  // after the embedding's all-reduce).
+  stream_collectives_ = tp() &&
+                        (comm_->stream_ordered() || device_->host_addressable()) &&
+                        !hook_ && !layer_done_ && !overrides;
+  absl::Status st = Enqueue(seqs, bank_table, num_logits, dev_logits);
+  stream_collectives_ = false;
+  const absl::Status waited = WaitCollectives();
+  TANDEM_RETURN_IF_ERROR(st);
+  TANDEM_RETURN_IF_ERROR(waited);
+  if (num_logits == 0) return backend_->Synchronize();
   return FinishLogits(dev_logits, num_logits, logits, placement);
 }
 
@@ -371,6 +398,9 @@ absl::Status ModelRunner::Enqueue(absl::Span<const SequenceInput> seqs,
   float* attn_out = attn_out_.data();
   float* ffn_out = ffn_out_.data();
 
+  // An eager step's MLA index arrays, before the first collective (no host copy
+  // after one: a pageable upload may wait for the stream).
+  if (fixed_ == nullptr) TANDEM_RETURN_IF_ERROR(PlanMla(seqs));
   TANDEM_RETURN_IF_ERROR(Embed(n, res_[0].data()));
   // Image rows replace their placeholders' embeddings (layer 0's initial P).
   for (size_t s = 0; s < seqs.size(); ++s) {
@@ -488,11 +518,7 @@ int64_t ModelRunner::StrideClass(int64_t blocks) const {
 }
 
 bool ModelRunner::GraphEligible(absl::Span<const SequenceInput> seqs) const {
-  if (options_.enforce_eager) return false;
-  // Under TP a rank whose capture failed keeps the graph steps' shape (the padded
-  // batch, its collectives in stream order) and runs them eagerly: its peers'
-  // replays issue the same collectives with the same sizes.
-  if (!graph_stats_.disabled.empty() && !tp()) return false;
+  if (options_.enforce_eager || !graph_stats_.disabled.empty()) return false;
   if (host_device_ || !device_->supports_graphs() || hook_ || layer_done_) {
     return false;
   }
@@ -616,18 +642,42 @@ absl::StatusOr<float*> ModelRunner::EagerFixedStep(
   return dev_logits;
 }
 
-absl::Status ModelRunner::GraphStep(absl::Span<const SequenceInput> seqs,
-                                    std::vector<float>* logits,
-                                    LogitsPlacement placement) {
+std::tuple<int64_t, int64_t, int64_t> ModelRunner::GraphKey(
+    absl::Span<const SequenceInput> seqs) const {
   const int64_t bs = cache_->block_size();
-  const int64_t b = static_cast<int64_t>(seqs.size());
-  const int64_t B = GraphBucket(b, MaxGraphBatch());
   const int64_t w = static_cast<int64_t>(seqs[0].tokens.size());  // GraphEligible
   int64_t longest = 1;
   for (const SequenceInput& q : seqs) {
     longest = std::max<int64_t>(longest, (q.start_pos + w + bs - 1) / bs);
   }
-  const int64_t stride = StrideClass(longest);
+  return {GraphBucket(static_cast<int64_t>(seqs.size()), MaxGraphBatch()), w,
+          StrideClass(longest)};
+}
+
+GraphPlan ModelRunner::PlanGraph(absl::Span<const SequenceInput> seqs) const {
+  GraphPlan plan;
+  const bool overrides =
+      std::any_of(seqs.begin(), seqs.end(),
+                  [](const SequenceInput& q) { return !q.embedding_rows.empty(); });
+  plan.use_graph = !seqs.empty() && !overrides && GraphEligible(seqs);
+  if (!plan.use_graph) return plan;
+  auto it = graphs_.find(GraphKey(seqs));
+  plan.capture = it == graphs_.end() || it->second->graph == nullptr ||
+                 it->second->generation != Generation();
+  return plan;
+}
+
+void ModelRunner::ReleaseGraphs() {
+  graphs_.clear();
+  UpdateGraphStats();
+}
+
+absl::Status ModelRunner::GraphStep(absl::Span<const SequenceInput> seqs,
+                                    std::vector<float>* logits,
+                                    LogitsPlacement placement, bool force_capture) {
+  const int64_t bs = cache_->block_size();
+  const int64_t b = static_cast<int64_t>(seqs.size());
+  const auto [B, w, stride] = GraphKey(seqs);
   TANDEM_ASSIGN_OR_RETURN(DecodeGraph * gp, GraphFor(B, w, stride));
   DecodeGraph& g = *gp;
 
@@ -662,21 +712,18 @@ absl::Status ModelRunner::GraphStep(absl::Span<const SequenceInput> seqs,
 
   kernels::Stream& stream = device_->compute_stream();
   float* dev_logits = nullptr;
-  // Graphs off after a failed capture (under TP only, GraphEligible): the padded
-  // step runs eagerly every time.
-  const bool capture = graph_stats_.disabled.empty();
-  if (capture && g.graph != nullptr && g.generation == Generation()) {
+  if (!force_capture && g.graph != nullptr && g.generation == Generation()) {
     dev_logits = logits_.data();
     absl::Status launched = g.graph->Launch(stream);
+    // Its collectives, as captured (they ran now, in the graph).
+    comm_stats_.calls += g.collectives;
+    comm_stats_.enqueued += g.collectives;
+    comm_stats_.bytes += g.collective_bytes;
     if (!launched.ok()) {
       (void)WaitCollectives();  // what did run of it, bounded
       return launched;
     }
     ++graph_stats_.replays;
-  } else if (!capture) {
-    const float* const* bank_table = nullptr;
-    TANDEM_ASSIGN_OR_RETURN(dev_logits, EagerFixedStep(g, stride, padded, &bank_table));
-    ++graph_stats_.eager_steps;
   } else {
     // First use (or stale): the padded step eagerly (it sizes every buffer and is
     // this step's result), then the same forward captured.
@@ -690,11 +737,14 @@ absl::Status ModelRunner::GraphStep(absl::Span<const SequenceInput> seqs,
     absl::StatusOr<std::unique_ptr<kernels::Graph>> graph;
     absl::Status st = stream.BeginCapture();
     if (st.ok()) {
+      captured_collectives_ = captured_bytes_ = 0;
       fixed_ = &g;
       st = Enqueue(padded, bank_table, B * w, dev_logits);
       fixed_ = nullptr;
       graph = stream.EndCapture();
       if (st.ok()) st = graph.status();
+      g.collectives = captured_collectives_;
+      g.collective_bytes = captured_bytes_;
     }
     if (st.ok() && Generation() != generation) {
       st = absl::InternalError("a buffer moved during the capture");
@@ -856,6 +906,86 @@ absl::Status ModelRunner::KdaLayer(const LayerWeights& lw,
   return tp() ? AllReduce(out, n * H) : absl::OkStatus();
 }
 
+// An eager step's MLA index arrays depend only on the batch: built and
+// uploaded (one copy) at its first MLA layer, read by every MLA layer.
+absl::Status ModelRunner::PlanMla(absl::Span<const SequenceInput> seqs) {
+  const int64_t bs = cache_->block_size();
+  const int64_t n = row_start_[seqs.size()];
+  auto absorbed_for = [&](const SequenceInput& sq) {
+    switch (options_.mla_mode) {
+      case MlaMode::kExpanded:
+        return false;
+      case MlaMode::kAbsorbed:
+        return true;
+      case MlaMode::kAuto:
+        break;
+    }
+    return sq.tokens.size() == 1 || decode_kernels_;
+  };
+  // [cache slots of the n rows | per run: seq_lens | query_start | tables]
+  mla_index_.assign(n, 0);
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const SequenceInput& sq = seqs[s];
+    for (size_t i = 0; i < sq.tokens.size(); ++i) {
+      const int64_t pos = sq.start_pos + i;
+      mla_index_[row_start_[s] + i] =
+          static_cast<int32_t>(sq.block_table[pos / bs] * bs + pos % bs);
+    }
+  }
+  // Runs of consecutive sequences sharing the attention form, one call each.
+  mla_runs_.clear();
+  std::vector<size_t> offsets;  // of each run's arrays in mla_index_
+  size_t s0 = 0;
+  while (s0 < seqs.size()) {
+    MlaRun run;
+    run.absorbed = absorbed_for(seqs[s0]);
+    size_t s1 = s0 + 1;
+    while (s1 < seqs.size() && absorbed_for(seqs[s1]) == run.absorbed) ++s1;
+    const int64_t num = s1 - s0;
+    int64_t stride = 1;
+    for (size_t s = s0; s < s1; ++s) {
+      stride = std::max<int64_t>(stride, seqs[s].block_table.size());
+    }
+    run.num_seqs = num;
+    run.stride = stride;
+    run.first_row = row_start_[s0];
+    run.num_tokens = row_start_[s1] - row_start_[s0];
+    const size_t at = mla_index_.size();
+    offsets.push_back(at);
+    mla_index_.resize(at + num + (num + 1) + num * stride, 0);
+    int32_t* seq_lens = mla_index_.data() + at;
+    int32_t* query_start = seq_lens + num;
+    int32_t* tables = query_start + num + 1;
+    int64_t longest = 1;
+    for (size_t s = s0; s < s1; ++s) {
+      const int64_t j = s - s0;
+      seq_lens[j] = static_cast<int32_t>(seqs[s].start_pos + seqs[s].tokens.size());
+      query_start[j + 1] = static_cast<int32_t>(row_start_[s + 1] - row_start_[s0]);
+      std::copy(seqs[s].block_table.begin(), seqs[s].block_table.end(),
+                tables + j * stride);
+      longest = std::max<int64_t>(longest, (seq_lens[j] + bs - 1) / bs);
+    }
+    // A decode run plans its split-KV decomposition as the graph of its bucket
+    // would (same arithmetic with graphs on and off).
+    const int64_t bucket = GraphBucket(num, MaxGraphBatch());
+    if (decode_kernels_ && run.absorbed && bucket > 0) {
+      run.split_seqs = bucket;
+      run.split_context = StrideClass(longest) * bs;
+    }
+    mla_runs_.push_back(run);
+    s0 = s1;
+  }
+  TANDEM_ASSIGN_OR_RETURN(const int32_t* d, Upload(mla_index_, d_mla_index_));
+  mla_slots_ = d;
+  for (size_t r = 0; r < mla_runs_.size(); ++r) {
+    MlaRun& run = mla_runs_[r];
+    run.seq_lens = d + offsets[r];
+    run.query_start = run.seq_lens + run.num_seqs;
+    run.tables = run.query_start + run.num_seqs + 1;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ModelRunner::MlaLayer(const LayerWeights& lw,
                                    absl::Span<const SequenceInput> seqs,
                                    const float* xn, float* out) {
@@ -886,34 +1016,12 @@ absl::Status ModelRunner::MlaLayer(const LayerWeights& lw,
 
   // Cache write.
   uint16_t* cache = cache_->mla_layer(lw.mla_index);
-  const int32_t* slots = fixed_ != nullptr ? fixed_->cache_slots : nullptr;
-  if (fixed_ == nullptr) {
-    slots_.resize(n);
-    for (size_t s = 0; s < seqs.size(); ++s) {
-      const SequenceInput& sq = seqs[s];
-      for (size_t i = 0; i < sq.tokens.size(); ++i) {
-        const int64_t pos = sq.start_pos + i;
-        slots_[row_start_[s] + i] =
-            static_cast<int32_t>(sq.block_table[pos / bs] * bs + pos % bs);
-      }
-    }
-    TANDEM_ASSIGN_OR_RETURN(slots, Upload(slots_, d_slots_));
-  }
+  const int32_t* slots = fixed_ != nullptr ? fixed_->cache_slots : mla_slots_;
   TANDEM_RETURN_IF_ERROR(
       be.PagedCacheWrite(kv, W, slots, n, W, cache, cache_->num_blocks() * bs));
 
-  // Attention: runs of consecutive sequences sharing the form, one call each.
-  auto absorbed_for = [&](const SequenceInput& sq) {
-    switch (options_.mla_mode) {
-      case MlaMode::kExpanded:
-        return false;
-      case MlaMode::kAbsorbed:
-        return true;
-      case MlaMode::kAuto:
-        break;
-    }
-    return sq.tokens.size() == 1 || decode_kernels_;
-  };
+  // Attention: one call per run of sequences sharing the form (PlanMla), or one
+  // absorbed call over a graph step's bucket.
   kernels::MlaArgs base;
   base.heads = nh;
   base.nope_dim = t.qk_nope_head_dim;
@@ -941,56 +1049,25 @@ absl::Status ModelRunner::MlaLayer(const LayerWeights& lw,
     a.split_context = fixed_->stride * bs;
     TANDEM_RETURN_IF_ERROR(be.MlaAttentionAbsorbed(a));
   }
-  size_t s0 = 0;
-  while (fixed_ == nullptr && s0 < seqs.size()) {
-    const bool absorbed = absorbed_for(seqs[s0]);
-    size_t s1 = s0 + 1;
-    while (s1 < seqs.size() && absorbed_for(seqs[s1]) == absorbed) ++s1;
-    const int64_t num = s1 - s0;
-    int64_t stride = 1;
-    for (size_t s = s0; s < s1; ++s) {
-      stride = std::max<int64_t>(stride, seqs[s].block_table.size());
-    }
-    seq_lens_.assign(num, 0);
-    query_start_.assign(num + 1, 0);
-    tables_.assign(num * stride, 0);
-    for (size_t s = s0; s < s1; ++s) {
-      const int64_t j = s - s0;
-      seq_lens_[j] = static_cast<int32_t>(seqs[s].start_pos + seqs[s].tokens.size());
-      query_start_[j + 1] = static_cast<int32_t>(row_start_[s + 1] - row_start_[s0]);
-      std::copy(seqs[s].block_table.begin(), seqs[s].block_table.end(),
-                tables_.begin() + j * stride);
-    }
-    TANDEM_ASSIGN_OR_RETURN(const int32_t* seq_lens, Upload(seq_lens_, d_seq_lens_));
-    TANDEM_ASSIGN_OR_RETURN(const int32_t* query_start,
-                            Upload(query_start_, d_query_start_));
-    TANDEM_ASSIGN_OR_RETURN(const int32_t* tables, Upload(tables_, d_tables_));
+  for (size_t r = 0; fixed_ == nullptr && r < mla_runs_.size(); ++r) {
+    const MlaRun& run = mla_runs_[r];
+    const bool absorbed = run.absorbed;
     kernels::MlaArgs a = base;
-    a.num_seqs = num;
-    a.num_tokens = query_start_[num];
-    a.seq_lens = seq_lens;
-    a.query_start = query_start;
-    a.block_tables = tables;
-    a.block_table_stride = stride;
-    a.q = q + row_start_[s0] * nh * qd;
-    a.out = att + row_start_[s0] * nh * vd;
-    // A decode run plans its split-KV decomposition as the graph of its bucket
-    // would (same arithmetic with graphs on and off).
-    const int64_t bucket = GraphBucket(num, MaxGraphBatch());
-    if (decode_kernels_ && absorbed && bucket > 0) {
-      int64_t longest = 1;
-      for (int64_t j = 0; j < num; ++j) {
-        longest = std::max<int64_t>(longest, (seq_lens_[j] + bs - 1) / bs);
-      }
-      a.split_seqs = bucket;
-      a.split_context = StrideClass(longest) * bs;
-    }
+    a.num_seqs = run.num_seqs;
+    a.num_tokens = run.num_tokens;
+    a.seq_lens = run.seq_lens;
+    a.query_start = run.query_start;
+    a.block_tables = run.tables;
+    a.block_table_stride = run.stride;
+    a.q = q + run.first_row * nh * qd;
+    a.out = att + run.first_row * nh * vd;
+    a.split_seqs = run.split_seqs;
+    a.split_context = run.split_context;
     if (absorbed) {
       TANDEM_RETURN_IF_ERROR(be.MlaAttentionAbsorbed(a));
     } else {
       TANDEM_RETURN_IF_ERROR(be.MlaAttentionExpanded(a));
     }
-    s0 = s1;
   }
   TANDEM_RETURN_IF_ERROR(
       be.GemmBf16(xn, H, mw.g_proj, H, gate, nh * vd, n, nh * vd, H, false));

@@ -40,10 +40,11 @@
 //        latent_up output is not reduced)
 //   lm_head: logits of the rank's vocab rows → all-gather → [rows, V]
 // Every rank gets the full logits. A collective's error (a peer gone or late
-// beyond the communicator's timeout) is returned by Forward. Eager steps wait
-// for each collective; decode graph steps enqueue them in stream order (NCCL on
-// the compute stream; a host communicator as host functions on it) and wait
-// once, bounded, at the end of the step. Without a
+// beyond the communicator's timeout) is returned by Forward. Decode graph steps
+// enqueue the collectives in stream order (NCCL on the compute stream; a host
+// communicator as host functions on it) and wait once, bounded, at the end of the
+// step; eager steps do so with NCCL unless hooks or image rows need the host
+// inside the step, and otherwise wait for each. Without a
 // communicator (or size 1) nothing is communicated and the arithmetic is the
 // unsharded one, unchanged.
 #ifndef TANDEM_ENGINE_RUNTIME_MODEL_RUNNER_H_
@@ -54,6 +55,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -187,6 +189,15 @@ struct CommStats {
   double wait_seconds = 0;
 };
 
+// How a decode step runs with respect to CUDA graphs (ModelRunner::PlanGraph):
+// as a graph, and if so whether it (re)captures one. Under tensor parallelism
+// the executor combines the ranks' plans and hands every rank the same one
+// (NCCL: a collective is captured, and replayed, on all ranks or on none).
+struct GraphPlan {
+  bool use_graph = false;
+  bool capture = false;  // capture (or recapture) rather than replay
+};
+
 // Device memory reused between calls; grown on demand (contents are not kept
 // across growth).
 template <typename T>
@@ -263,6 +274,16 @@ class ModelRunner {
   // Copies them to the host (a step whose sampling falls back to the host).
   absl::Status CopyDeviceLogits(std::vector<float>* logits) const;
 
+  // What this runner would do with `seqs` on its own (no side effects).
+  GraphPlan PlanGraph(absl::Span<const SequenceInput> seqs) const;
+  // The plan the next Forward follows instead of its own (the TP executor sets
+  // the ranks' combined plan before each step: use_graph only where every rank
+  // may, capture where any rank must). Consumed by that Forward.
+  void set_graph_plan(const GraphPlan& plan) { graph_plan_ = plan; }
+  // Destroys the captured graphs (before the communicator their collectives
+  // were captured with: NCCL's destroy waits for such graphs to go).
+  void ReleaseGraphs();
+
   void set_activation_hook(ActivationHook hook) { hook_ = std::move(hook); }
   void set_layer_done_hook(LayerDoneHook hook) { layer_done_ = std::move(hook); }
   void set_options(const ModelRunnerOptions& options) { options_ = options; }
@@ -285,10 +306,15 @@ class ModelRunner {
     kernels::DeviceBuffer inputs;
     int32_t *ids = nullptr, *cache_slots = nullptr, *kda_slots = nullptr,
             *seq_lens = nullptr, *query_start = nullptr, *tables = nullptr;
+    int64_t collectives = 0, collective_bytes = 0;  // captured, run per replay
   };
+  // (bucket, width, table stride class) of a graph step over `seqs`.
+  std::tuple<int64_t, int64_t, int64_t> GraphKey(
+      absl::Span<const SequenceInput> seqs) const;
   bool GraphEligible(absl::Span<const SequenceInput> seqs) const;
   absl::Status GraphStep(absl::Span<const SequenceInput> seqs,
-                         std::vector<float>* logits, LogitsPlacement placement);
+                         std::vector<float>* logits, LogitsPlacement placement,
+                         bool force_capture);
   // The end of a device step: the kernels' errors, then the logits copied back
   // (kHost) or left where they are (kDevice).
   absl::Status FinishLogits(float* dev_logits, int64_t rows, std::vector<float>* logits,
@@ -322,6 +348,7 @@ class ModelRunner {
   absl::Status Validate(absl::Span<const SequenceInput> seqs) const;
   absl::Status KdaLayer(const LayerWeights& lw, absl::Span<const SequenceInput> seqs,
                         const float* xn, float* out);
+  absl::Status PlanMla(absl::Span<const SequenceInput> seqs);
   absl::Status MlaLayer(const LayerWeights& lw, absl::Span<const SequenceInput> seqs,
                         const float* xn, float* out);
   absl::Status Ffn(const LayerWeights& lw, const float* xn, float* out);
@@ -330,8 +357,7 @@ class ModelRunner {
   bool tp() const { return comm_ != nullptr && comm_->size() > 1; }
   // Collectives (counted in comm_stats_): synchronous in eager steps, in stream
   // order on fixed buffers (model_runner.cc, "Collectives").
-  absl::Status SyncCollective(const std::function<absl::Status()>& call, int64_t bytes,
-                              bool gather);
+  absl::Status SyncCollective(const std::function<absl::Status()>& call, bool gather);
   absl::Status Collective(std::function<absl::Status()> sync,
                           std::function<absl::Status()> enqueue, int64_t bytes,
                           bool gather);
@@ -369,7 +395,18 @@ class ModelRunner {
 
   // Host-side step data.
   std::vector<int64_t> row_start_;  // per sequence, first row
-  std::vector<int32_t> ids_, slots_, seq_lens_, query_start_, tables_, local_ids_;
+  std::vector<int32_t> ids_;
+  // An eager step's MLA index arrays (PlanMla): per run of sequences sharing the
+  // attention form, its part of the one upload (device pointers).
+  struct MlaRun {
+    bool absorbed = false;
+    int64_t num_seqs = 0, num_tokens = 0, first_row = 0, stride = 1;
+    int64_t split_seqs = 0, split_context = 0;  // MlaArgs' (0: the call's own)
+    const int32_t *seq_lens = nullptr, *query_start = nullptr, *tables = nullptr;
+  };
+  std::vector<MlaRun> mla_runs_;
+  std::vector<int32_t> mla_index_;  // [cache slots | per run: lens, starts, tables]
+  const int32_t* mla_slots_ = nullptr;
   std::vector<const float*> bank_host_;
   std::vector<float> probe_host_;
   // Device scratch reused between calls (grows to the largest N).
@@ -378,8 +415,7 @@ class ModelRunner {
   DeviceScratch<float> t0_, t1_, t2_, t3_, t4_, t5_, t6_, t7_;  // per-op temporaries
   DeviceScratch<float> gates_, betas_, topk_w_, out_rows_, logits_;
   DeviceScratch<float> moe_red_, local_logits_, gathered_;  // TP only
-  DeviceScratch<int32_t> d_ids_, d_slots_, d_seq_lens_, d_query_start_, d_tables_,
-      d_expert_ids_, d_local_ids_;
+  DeviceScratch<int32_t> d_ids_, d_mla_index_, d_expert_ids_;
   DeviceScratch<const float*> d_bank_;
 
   // CUDA graphs (decode).
@@ -389,7 +425,10 @@ class ModelRunner {
   int64_t sized_generation_ = -1;  // Generation() after the last SizeForGraphs
   const DecodeGraph* fixed_ = nullptr;  // while a graph's forward is enqueued
   bool sizing_only_ = false;            // SizeForGraphs: no collectives
+  bool stream_collectives_ = false;     // an eager step's NCCL calls in stream order
   absl::Status deferred_comm_;          // a host-function collective's first error
+  int64_t captured_collectives_ = 0, captured_bytes_ = 0;  // by the capture running
+  std::optional<GraphPlan> graph_plan_;  // set_graph_plan, for the next Forward
   // (bucket, width, stride) -> graph
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<DecodeGraph>> graphs_;
   std::vector<int32_t> graph_host_;  // a graph step's inputs, staged

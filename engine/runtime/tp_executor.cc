@@ -240,6 +240,9 @@ absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::Create(
       // once. NCCL: a rank that stops abnormally aborts (ncclCommAbort); its peers
       // fail when their own timeout passes and abort in turn.
       if (!exit_status.ok() && rk.nccl != nullptr) rk.nccl->Abort();
+      // The graphs that captured the communicator's collectives go first (NCCL's
+      // destroy waits for them).
+      if (rk.runner != nullptr) rk.runner->ReleaseGraphs();
       rk.nccl = nullptr;
       rk.comm.reset();
       absl::MutexLock l(&sh.mu);
@@ -331,6 +334,20 @@ absl::Status TpExecutor::Forward(absl::Span<const SequenceInput> seqs,
   if (n == 1) return ranks_[0]->runner->Forward(seqs, logits, placement);
   // Slot operations on this thread may have left another rank's GPU current.
   TANDEM_RETURN_IF_ERROR(OnRank(0));
+  // One CUDA-graph plan for every rank (the ranks are idle here): a graph only
+  // where every rank may run one (rank 0 alone may have hooks; a rank whose
+  // capture failed has graphs off), a capture where any rank must (a rank's
+  // buffers moved: the draft model grows rank 0's workspace only). NCCL needs
+  // a collective captured, and replayed, on all ranks or on none.
+  GraphPlan plan;
+  plan.use_graph = true;
+  for (int r = 0; r < n; ++r) {
+    const GraphPlan mine = ranks_[r]->runner->PlanGraph(seqs);
+    plan.use_graph = plan.use_graph && mine.use_graph;
+    plan.capture = plan.capture || mine.capture;
+  }
+  if (!plan.use_graph) plan.capture = false;
+  for (int r = 0; r < n; ++r) ranks_[r]->runner->set_graph_plan(plan);
   Shared& sh = *shared_;
   {
     absl::MutexLock l(&sh.mu);
