@@ -400,7 +400,7 @@ absl::Status ModelRunner::Enqueue(absl::Span<const SequenceInput> seqs,
 
   // An eager step's MLA index arrays, before the first collective (no host copy
   // after one: a pageable upload may wait for the stream).
-  if (fixed_ == nullptr) TANDEM_RETURN_IF_ERROR(PlanMla(seqs));
+  if (fixed_ == nullptr) TANDEM_RETURN_IF_ERROR(PlanStep(seqs));
   TANDEM_RETURN_IF_ERROR(Embed(n, res_[0].data()));
   // Image rows replace their placeholders' embeddings (layer 0's initial P).
   for (size_t s = 0; s < seqs.size(); ++s) {
@@ -470,14 +470,18 @@ absl::Status ModelRunner::Enqueue(absl::Span<const SequenceInput> seqs,
     TANDEM_RETURN_IF_ERROR(
         be.RmsNorm(h, H, w_->final_norm.data(), rows, H, num_logits, H, eps));
   } else {
-    int64_t r = 0;
+    // The rows that want logits, gathered in one batch of copies (a mixed
+    // step's decode rows number up to the batch).
+    logit_rows_.clear();
     for (size_t s = 0; s < seqs.size(); ++s) {
       for (int32_t i : seqs[s].logits_indices) {
-        TANDEM_RETURN_IF_ERROR(device_->CopyOnDevice(
-            rows + r * H, h + (row_start_[s] + i) * H, H * sizeof(float)));
-        ++r;
+        const int64_t r = static_cast<int64_t>(logit_rows_.size());
+        logit_rows_.push_back({rows + r * H, h + (row_start_[s] + i) * H,
+                               static_cast<size_t>(H) * sizeof(float)});
       }
     }
+    TANDEM_RETURN_IF_ERROR(
+        device_->CopyBatchAsync(kernels::CopyKind::kDeviceToDevice, logit_rows_));
     TANDEM_RETURN_IF_ERROR(
         be.RmsNorm(rows, H, w_->final_norm.data(), rows, H, num_logits, H, eps));
   }
@@ -827,18 +831,24 @@ absl::Status ModelRunner::KdaLayer(const LayerWeights& lw,
           fixed_->kda_slots, B, conv, P, T, P));
     }
   }
-  for (size_t s = 0; fixed_ == nullptr && s < seqs.size(); ++s) {
-    const int64_t r0 = row_start_[s], T = seqs[s].tokens.size();
-    const int64_t slot = seqs[s].kda_slot;
-    TANDEM_RETURN_IF_ERROR(be.CausalConv1dSilu(q_raw + r0 * P, P, kw.q_conv, K,
-                                               cache_->kda_conv(slot, lw.kda_index, 0),
-                                               q_c + r0 * P, P, T, P));
-    TANDEM_RETURN_IF_ERROR(be.CausalConv1dSilu(k_raw + r0 * P, P, kw.k_conv, K,
-                                               cache_->kda_conv(slot, lw.kda_index, 1),
-                                               k_c + r0 * P, P, T, P));
-    TANDEM_RETURN_IF_ERROR(be.CausalConv1dSilu(v_raw + r0 * P, P, kw.v_conv, K,
-                                               cache_->kda_conv(slot, lw.kda_index, 2),
-                                               v_c + r0 * P, P, T, P));
+  for (size_t r = 0; fixed_ == nullptr && r < kda_runs_.size(); ++r) {
+    const KdaRun& run = kda_runs_[r];
+    const int64_t r0 = run.first_row, T = run.tokens;
+    for (int which = 0; which < 3; ++which) {
+      const float* raw = (which == 0 ? q_raw : which == 1 ? k_raw : v_raw) + r0 * P;
+      const float* wconv = which == 0 ? kw.q_conv : which == 1 ? kw.k_conv : kw.v_conv;
+      float* conv = (which == 0 ? q_c : which == 1 ? k_c : v_c) + r0 * P;
+      if (run.num_seqs == 1) {
+        const int64_t slot = seqs[run.first_seq].kda_slot;
+        TANDEM_RETURN_IF_ERROR(be.CausalConv1dSilu(
+            raw, P, wconv, K, cache_->kda_conv(slot, lw.kda_index, which), conv, P, T,
+            P));
+      } else {
+        TANDEM_RETURN_IF_ERROR(be.CausalConv1dSiluSlots(
+            raw, P, wconv, K, cache_->kda_conv(0, lw.kda_index, which), slot_stride,
+            run.slots, run.num_seqs, conv, P, T, P));
+      }
+    }
   }
   // Normalised q (scaled) and k go back into the raw buffers.
   TANDEM_RETURN_IF_ERROR(be.L2NormHeads(q_c, P, q_raw, P, n, nh, d, kL2NormEps,
@@ -873,27 +883,52 @@ absl::Status ModelRunner::KdaLayer(const LayerWeights& lw,
     TANDEM_RETURN_IF_ERROR(
         be.KdaRecurrentSlots(a, fixed_->bucket, fixed_->kda_slots, slot_stride));
   }
-  for (size_t s = 0; fixed_ == nullptr && s < seqs.size(); ++s) {
-    const int64_t r0 = row_start_[s], T = seqs[s].tokens.size();
-    kernels::KdaArgs a;
-    a.tokens = T;
-    a.heads = nh;
-    a.head_dim_k = d;
-    a.head_dim_v = d;
-    a.q = q_raw + r0 * P;
-    a.k = k_raw + r0 * P;
-    a.ld_qk = P;
-    a.v = v_c + r0 * P;
-    a.ld_v = P;
-    a.g = g + r0 * P;
-    a.beta = beta + r0 * nh;
-    a.state = cache_->kda_recurrent(seqs[s].kda_slot, lw.kda_index);
-    a.out = o + r0 * P;
-    a.ld_out = P;
-    if (T > 1 && !options_.kda_recurrent_only && !decode_kernels_) {
-      TANDEM_RETURN_IF_ERROR(be.KdaChunked(a));
-    } else {
-      TANDEM_RETURN_IF_ERROR(be.KdaRecurrent(a));
+  for (size_t r = 0; fixed_ == nullptr && r < kda_runs_.size(); ++r) {
+    const KdaRun& run = kda_runs_[r];
+    const bool chunked =
+        run.tokens > 1 && !options_.kda_recurrent_only && !decode_kernels_;
+    if (run.num_seqs > 1 && !chunked) {  // one launch for the run
+      kernels::KdaArgs a;
+      a.tokens = run.tokens;
+      a.heads = nh;
+      a.head_dim_k = d;
+      a.head_dim_v = d;
+      a.q = q_raw + run.first_row * P;
+      a.k = k_raw + run.first_row * P;
+      a.ld_qk = P;
+      a.v = v_c + run.first_row * P;
+      a.ld_v = P;
+      a.g = g + run.first_row * P;
+      a.beta = beta + run.first_row * nh;
+      a.state = cache_->kda_recurrent(0, lw.kda_index);
+      a.out = o + run.first_row * P;
+      a.ld_out = P;
+      TANDEM_RETURN_IF_ERROR(
+          be.KdaRecurrentSlots(a, run.num_seqs, run.slots, slot_stride));
+      continue;
+    }
+    for (int64_t s = run.first_seq; s < run.first_seq + run.num_seqs; ++s) {
+      const int64_t r0 = row_start_[s], T = seqs[s].tokens.size();
+      kernels::KdaArgs a;
+      a.tokens = T;
+      a.heads = nh;
+      a.head_dim_k = d;
+      a.head_dim_v = d;
+      a.q = q_raw + r0 * P;
+      a.k = k_raw + r0 * P;
+      a.ld_qk = P;
+      a.v = v_c + r0 * P;
+      a.ld_v = P;
+      a.g = g + r0 * P;
+      a.beta = beta + r0 * nh;
+      a.state = cache_->kda_recurrent(seqs[s].kda_slot, lw.kda_index);
+      a.out = o + r0 * P;
+      a.ld_out = P;
+      if (chunked) {
+        TANDEM_RETURN_IF_ERROR(be.KdaChunked(a));
+      } else {
+        TANDEM_RETURN_IF_ERROR(be.KdaRecurrent(a));
+      }
     }
   }
   // Output gate and projection.
@@ -906,9 +941,9 @@ absl::Status ModelRunner::KdaLayer(const LayerWeights& lw,
   return tp() ? AllReduce(out, n * H) : absl::OkStatus();
 }
 
-// An eager step's MLA index arrays depend only on the batch: built and
-// uploaded (one copy) at its first MLA layer, read by every MLA layer.
-absl::Status ModelRunner::PlanMla(absl::Span<const SequenceInput> seqs) {
+// An eager step's index arrays depend only on the batch: built and uploaded
+// (one copy) before its first layer, read by every layer.
+absl::Status ModelRunner::PlanStep(absl::Span<const SequenceInput> seqs) {
   const int64_t bs = cache_->block_size();
   const int64_t n = row_start_[seqs.size()];
   auto absorbed_for = [&](const SequenceInput& sq) {
@@ -923,18 +958,18 @@ absl::Status ModelRunner::PlanMla(absl::Span<const SequenceInput> seqs) {
     return sq.tokens.size() == 1 || decode_kernels_;
   };
   // [cache slots of the n rows | per run: seq_lens | query_start | tables]
-  mla_index_.assign(n, 0);
+  step_index_.assign(n, 0);
   for (size_t s = 0; s < seqs.size(); ++s) {
     const SequenceInput& sq = seqs[s];
     for (size_t i = 0; i < sq.tokens.size(); ++i) {
       const int64_t pos = sq.start_pos + i;
-      mla_index_[row_start_[s] + i] =
+      step_index_[row_start_[s] + i] =
           static_cast<int32_t>(sq.block_table[pos / bs] * bs + pos % bs);
     }
   }
   // Runs of consecutive sequences sharing the attention form, one call each.
   mla_runs_.clear();
-  std::vector<size_t> offsets;  // of each run's arrays in mla_index_
+  std::vector<size_t> offsets;  // of each run's arrays in step_index_
   size_t s0 = 0;
   while (s0 < seqs.size()) {
     MlaRun run;
@@ -950,10 +985,10 @@ absl::Status ModelRunner::PlanMla(absl::Span<const SequenceInput> seqs) {
     run.stride = stride;
     run.first_row = row_start_[s0];
     run.num_tokens = row_start_[s1] - row_start_[s0];
-    const size_t at = mla_index_.size();
+    const size_t at = step_index_.size();
     offsets.push_back(at);
-    mla_index_.resize(at + num + (num + 1) + num * stride, 0);
-    int32_t* seq_lens = mla_index_.data() + at;
+    step_index_.resize(at + num + (num + 1) + num * stride, 0);
+    int32_t* seq_lens = step_index_.data() + at;
     int32_t* query_start = seq_lens + num;
     int32_t* tables = query_start + num + 1;
     int64_t longest = 1;
@@ -975,7 +1010,27 @@ absl::Status ModelRunner::PlanMla(absl::Span<const SequenceInput> seqs) {
     mla_runs_.push_back(run);
     s0 = s1;
   }
-  TANDEM_ASSIGN_OR_RETURN(const int32_t* d, Upload(mla_index_, d_mla_index_));
+  // KDA: runs of consecutive sequences with the same number of new tokens (a
+  // decode step's, a mixed step's decode rows) go through the batched ops, the
+  // slots on the device; a sequence on its own keeps the single-sequence ops.
+  kda_runs_.clear();
+  const size_t kda_at = step_index_.size();
+  for (const SequenceInput& q : seqs) {
+    step_index_.push_back(static_cast<int32_t>(q.kda_slot));
+  }
+  for (size_t k0 = 0; k0 < seqs.size();) {
+    size_t k1 = k0 + 1;
+    while (k1 < seqs.size() && seqs[k1].tokens.size() == seqs[k0].tokens.size()) ++k1;
+    KdaRun run;
+    run.first_seq = static_cast<int64_t>(k0);
+    run.num_seqs = static_cast<int64_t>(k1 - k0);
+    run.tokens = static_cast<int64_t>(seqs[k0].tokens.size());
+    run.first_row = row_start_[k0];
+    kda_runs_.push_back(run);
+    k0 = k1;
+  }
+  TANDEM_ASSIGN_OR_RETURN(const int32_t* d, Upload(step_index_, d_step_index_));
+  for (KdaRun& run : kda_runs_) run.slots = d + kda_at + run.first_seq;
   mla_slots_ = d;
   for (size_t r = 0; r < mla_runs_.size(); ++r) {
     MlaRun& run = mla_runs_[r];
@@ -1020,7 +1075,7 @@ absl::Status ModelRunner::MlaLayer(const LayerWeights& lw,
   TANDEM_RETURN_IF_ERROR(
       be.PagedCacheWrite(kv, W, slots, n, W, cache, cache_->num_blocks() * bs));
 
-  // Attention: one call per run of sequences sharing the form (PlanMla), or one
+  // Attention: one call per run of sequences sharing the form (PlanStep), or one
   // absorbed call over a graph step's bucket.
   kernels::MlaArgs base;
   base.heads = nh;

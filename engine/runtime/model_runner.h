@@ -348,7 +348,7 @@ class ModelRunner {
   absl::Status Validate(absl::Span<const SequenceInput> seqs) const;
   absl::Status KdaLayer(const LayerWeights& lw, absl::Span<const SequenceInput> seqs,
                         const float* xn, float* out);
-  absl::Status PlanMla(absl::Span<const SequenceInput> seqs);
+  absl::Status PlanStep(absl::Span<const SequenceInput> seqs);
   absl::Status MlaLayer(const LayerWeights& lw, absl::Span<const SequenceInput> seqs,
                         const float* xn, float* out);
   absl::Status Ffn(const LayerWeights& lw, const float* xn, float* out);
@@ -396,7 +396,7 @@ class ModelRunner {
   // Host-side step data.
   std::vector<int64_t> row_start_;  // per sequence, first row
   std::vector<int32_t> ids_;
-  // An eager step's MLA index arrays (PlanMla): per run of sequences sharing the
+  // An eager step's index arrays (PlanStep). MLA: per run of sequences sharing the
   // attention form, its part of the one upload (device pointers).
   struct MlaRun {
     bool absorbed = false;
@@ -405,9 +405,18 @@ class ModelRunner {
     const int32_t *seq_lens = nullptr, *query_start = nullptr, *tables = nullptr;
   };
   std::vector<MlaRun> mla_runs_;
-  std::vector<int32_t> mla_index_;  // [cache slots | per run: lens, starts, tables]
+  // Runs of consecutive sequences with the same number of new tokens (KDA: the
+  // batched conv and recurrence over a run), their KDA slots on the device.
+  struct KdaRun {
+    int64_t first_seq = 0, num_seqs = 0, tokens = 0, first_row = 0;
+    const int32_t* slots = nullptr;
+  };
+  std::vector<KdaRun> kda_runs_;
+  // [cache slots | per MLA run: lens, starts, tables | KDA slot per sequence]
+  std::vector<int32_t> step_index_;
   const int32_t* mla_slots_ = nullptr;
   std::vector<const float*> bank_host_;
+  std::vector<kernels::CopyPiece> logit_rows_;  // an eager step's rows for lm_head
   std::vector<float> probe_host_;
   // Device scratch reused between calls (grows to the largest N).
   std::vector<DeviceScratch<float>> res_;  // bank entries + the running P
@@ -415,7 +424,7 @@ class ModelRunner {
   DeviceScratch<float> t0_, t1_, t2_, t3_, t4_, t5_, t6_, t7_;  // per-op temporaries
   DeviceScratch<float> gates_, betas_, topk_w_, out_rows_, logits_;
   DeviceScratch<float> moe_red_, local_logits_, gathered_;  // TP only
-  DeviceScratch<int32_t> d_ids_, d_mla_index_, d_expert_ids_;
+  DeviceScratch<int32_t> d_ids_, d_step_index_, d_expert_ids_;
   DeviceScratch<const float*> d_bank_;
 
   // CUDA graphs (decode).
