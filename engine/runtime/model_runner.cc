@@ -18,6 +18,9 @@ namespace {
 
 constexpr float kLoraNormEps = 1e-6f;  // q_a / kv_a layernorms (not rms_norm_eps)
 constexpr float kL2NormEps = 1e-6f;
+// The largest eager TP step whose collectives go in stream order with one wait
+// (Forward): decode and mixed steps, not long prefill chunks.
+constexpr int64_t kStreamOrderedRows = 1024;
 
 }  // namespace
 
@@ -61,11 +64,14 @@ absl::StatusOr<const T*> ModelRunner::Upload(const std::vector<T>& host,
 // issue collectives they do not.
 absl::Status ModelRunner::SyncCollective(const std::function<absl::Status()>& call,
                                          bool gather) {
-  if (!host_device_ && !comm_->takes_device_pointers()) {
-    TANDEM_RETURN_IF_ERROR(backend_->Synchronize());
-  }
+  // A kernel's error does not skip the collective: the peers are in it, and a
+  // rank that skipped one would pair its later ones with their earlier ones.
+  absl::Status synced;
+  if (!host_device_ && !comm_->takes_device_pointers())
+    synced = backend_->Synchronize();
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status s = call();
+  if (!synced.ok()) s = synced;
   const double sec =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   comm_stats_.seconds += sec;
@@ -273,6 +279,8 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
                                   LogitsPlacement placement) {
   device_logits_ = nullptr;
   device_logits_rows_ = 0;
+  // This step's graph plan (set_graph_plan), consumed whatever the step does.
+  const std::optional<GraphPlan> plan = std::exchange(graph_plan_, std::nullopt);
   if (host_device_) placement = LogitsPlacement::kHost;
   TANDEM_RETURN_IF_ERROR(Validate(seqs));
   const int tp_size = comm_ != nullptr ? comm_->size() : 1;
@@ -323,7 +331,6 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
                   [](const SequenceInput& q) { return !q.embedding_rows.empty(); });
   // Under TP the executor decides for every rank (set_graph_plan): NCCL needs
   // the same steps captured, and replayed, on all ranks.
-  const std::optional<GraphPlan> plan = std::exchange(graph_plan_, std::nullopt);
   if (plan.has_value() ? plan->use_graph : !overrides && GraphEligible(seqs)) {
     return GraphStep(seqs, logits, placement, plan.has_value() && plan->capture);
   }
@@ -357,9 +364,13 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
   // unless the host must act inside the step: hooks (a probe copies activations
   // back; the layer hook may wait for the device) and image rows (host copies
   // after the embedding's all-reduce).
+  // Only steps of up to kStreamOrderedRows rows: the one wait's deadline (the
+  // communicator timeout) then covers the whole step's device work, which a
+  // long prefill chunk should not have to fit in; its collectives are waited
+  // for one by one (each covering one layer's work), which it amortises.
   stream_collectives_ = tp() &&
                         (comm_->stream_ordered() || device_->host_addressable()) &&
-                        !hook_ && !layer_done_ && !overrides;
+                        !hook_ && !layer_done_ && !overrides && n <= kStreamOrderedRows;
   absl::Status st = Enqueue(seqs, bank_table, num_logits, dev_logits);
   stream_collectives_ = false;
   const absl::Status waited = WaitCollectives();
