@@ -21,6 +21,7 @@
 // three greedy tokens.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -301,45 +302,6 @@ TEST_P(GpuTp, RanksAgreeOnEachStepsGraphPlan) {
   }
 }
 
-// A rank that stops during a graph replay (forwards: 2 prefill chunks, the
-// capture, a replay, then rank 1 stops): rank 0's replayed collectives fail
-// within the timeout and the step fails naming rank 1, as eagerly.
-TEST_P(GpuTp, RankFailureDuringAGraphReplay) {
-  if (MaxRanks(GetParam()) < 2) {
-    GTEST_SKIP() << "the TP 2 drill on " << GetParam() << " needs 2 GPUs, "
-                 << VisibleGpus() << " visible";
-  }
-  TpExecutorOptions o = Options(2, GetParam());
-  o.timeout = absl::Seconds(5);
-  o.fail_rank = 1;
-  o.fail_rank_at_step = 4;
-  auto ex = Make(o);
-  ASSERT_TRUE(ex);
-  const std::vector<int32_t> blocks = BlockRange(0, 1);
-  const std::vector<int32_t> toks = MakePrompt(11, 5);
-  std::vector<float> logits;
-  auto step = [&](int64_t start, int64_t count) {
-    SequenceInput in;
-    in.tokens = absl::MakeConstSpan(toks).subspan(start, count);
-    in.start_pos = start;
-    in.block_table = blocks;
-    in.logits_indices = {static_cast<int32_t>(count) - 1};
-    return ex->Forward({&in, 1}, &logits);
-  };
-  ASSERT_TRUE(step(0, 4).ok());
-  ASSERT_TRUE(step(4, 4).ok());
-  ASSERT_TRUE(step(8, 1).ok());  // captured
-  ASSERT_TRUE(step(9, 1).ok());  // replayed
-  EXPECT_EQ(ex->runner(0).graph_stats().replays, 1);
-  const absl::Time t0 = absl::Now();
-  absl::Status s = step(10, 1);
-  const absl::Duration took = absl::Now() - t0;
-  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
-  EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s;
-  EXPECT_LT(took, o.timeout + absl::Seconds(10)) << absl::FormatDuration(took);
-  EXPECT_FALSE(ex->health().ok());
-}
-
 // The TP 2 engine samples where rank 0's logits are (every rank holds the full
 // logits after the all-gather; only rank 0's are sampled, and no rank copies
 // its logits back): the same tokens as copying them back to the host sampler,
@@ -395,38 +357,38 @@ TEST_P(GpuTp, Tp2EngineSamplesOnRank0sDevice) {
   EXPECT_EQ(off.host_sampled_rows, 8);
 }
 
-// Rank 1 stops at its third Forward: that Forward fails within the
-// communicator timeout (plus the executor's slack) naming rank 1, and every
-// later call fails at once.
-TEST_P(GpuTp, RankFailureFailsTheStepAndBreaksTheExecutor) {
-  if (MaxRanks(GetParam()) < 2) {
-    GTEST_SKIP() << "the TP 2 drill on " << GetParam() << " needs 2 GPUs, "
-                 << VisibleGpus() << " visible";
-  }
-  TpExecutorOptions o = Options(2, GetParam());
+// The drill: one sequence through `ok_steps` forwards (two 4-token prefill
+// chunks, then single tokens: the first one captured, the later ones replayed),
+// then rank 1 stops at the next. That forward fails within the communicator
+// timeout (plus the executor's slack) naming rank 1, and every later call fails
+// at once. `check` looks at the group before the failing step.
+void ExpectRankFailureAfter(const std::string& backend, int ok_steps,
+                            const std::function<void(TpExecutor&)>& check = {}) {
+  TpExecutorOptions o = Options(2, backend);
   o.timeout = absl::Seconds(5);
   o.fail_rank = 1;
-  o.fail_rank_at_step = 2;
+  o.fail_rank_at_step = ok_steps;
   auto ex = Make(o);
   ASSERT_TRUE(ex);
   const std::vector<int32_t> blocks = BlockRange(0, 1);
-  const std::vector<int32_t> toks = MakePrompt(8, 9);
+  const std::vector<int32_t> toks = MakePrompt(8 + ok_steps, 9);
   std::vector<float> logits;
-  for (int step = 0; step < 2; ++step) {
+  int64_t pos = 0;
+  auto step = [&](int k) {
+    const int64_t count = k < 2 ? 4 : 1;
     SequenceInput in;
-    in.tokens = absl::MakeConstSpan(toks).subspan(step * 4, 4);
-    in.start_pos = step * 4;
+    in.tokens = absl::MakeConstSpan(toks).subspan(pos, count);
+    in.start_pos = pos;
     in.block_table = blocks;
-    in.logits_indices = {3};
-    ASSERT_TRUE(ex->Forward({&in, 1}, &logits).ok());
-  }
-  SequenceInput in;
-  in.tokens = absl::MakeConstSpan(toks).subspan(0, 1);
-  in.start_pos = 8;
-  in.block_table = blocks;
-  in.logits_indices = {0};
+    in.logits_indices = {static_cast<int32_t>(count) - 1};
+    absl::Status st = ex->Forward({&in, 1}, &logits);
+    if (st.ok()) pos += count;
+    return st;
+  };
+  for (int k = 0; k < ok_steps; ++k) ASSERT_TRUE(step(k).ok()) << "step " << k;
+  if (check) check(*ex);
   const absl::Time t0 = absl::Now();
-  absl::Status s = ex->Forward({&in, 1}, &logits);
+  absl::Status s = step(ok_steps);
   const absl::Duration took = absl::Now() - t0;
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
   EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s;
@@ -434,14 +396,37 @@ TEST_P(GpuTp, RankFailureFailsTheStepAndBreaksTheExecutor) {
   // Gloo fails the peer at once (closed connections); NCCL when rank 0's own
   // timeout passes.
   EXPECT_LT(took, o.timeout + absl::Seconds(10)) << absl::FormatDuration(took);
-  ::testing::Test::RecordProperty(GetParam() + "_drill_seconds",
-                                  std::to_string(absl::ToDoubleSeconds(took)));
+  ::testing::Test::RecordProperty(
+      backend + "_drill" + std::to_string(ok_steps) + "_seconds",
+      std::to_string(absl::ToDoubleSeconds(took)));
   EXPECT_FALSE(ex->health().ok());
   const absl::Time t1 = absl::Now();
-  absl::Status later = ex->Forward({&in, 1}, &logits);
+  absl::Status later = step(ok_steps);
   EXPECT_TRUE(absl::IsUnavailable(later)) << later;
   EXPECT_NE(later.message().find("rank 1"), std::string::npos) << later;
   EXPECT_LT(absl::Now() - t1, absl::Seconds(1));
+}
+
+// Rank 1 stops at its third forward, the first decode step (a capture).
+TEST_P(GpuTp, RankFailureFailsTheStepAndBreaksTheExecutor) {
+  if (MaxRanks(GetParam()) < 2) {
+    GTEST_SKIP() << "the TP 2 drill on " << GetParam() << " needs 2 GPUs, "
+                 << VisibleGpus() << " visible";
+  }
+  ExpectRankFailureAfter(GetParam(), 2);
+}
+
+// Rank 1 stops during a graph replay: rank 0's replayed collectives fail as
+// its eager ones do.
+TEST_P(GpuTp, RankFailureDuringAGraphReplay) {
+  if (MaxRanks(GetParam()) < 2) {
+    GTEST_SKIP() << "the TP 2 drill on " << GetParam() << " needs 2 GPUs, "
+                 << VisibleGpus() << " visible";
+  }
+  ExpectRankFailureAfter(GetParam(), 4, [](TpExecutor& ex) {
+    EXPECT_EQ(ex.runner(0).graph_stats().captures, 1);
+    EXPECT_EQ(ex.runner(0).graph_stats().replays, 1);
+  });
 }
 
 // The worker's drill (--tp_fail_rank_at_step 1:3) through the Engine on the
