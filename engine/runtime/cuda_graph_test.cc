@@ -13,7 +13,8 @@
 //     buffers moved (a long prefill grows the activations) is recaptured, not
 //     replayed over freed memory;
 //   - padding is harmless: the KDA state and MLA cache rows of a sequence that is
-//     not in a padded step are untouched by it (bytes compared).
+//     not in a padded step are untouched by it (bytes compared);
+//   - a device too full for the largest bucket's buffers runs the step eagerly.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -253,6 +254,64 @@ TEST_P(CudaGraphs, StepsThatAreNotPlainDecodeRunEagerly) {
   ASSERT_TRUE(Decode(graph.runner.get(), &s, {0, 1}, {4, 5}, &logits).ok());
   EXPECT_EQ(graph.runner->graph_stats().captures, 1);
   EXPECT_EQ(graph.runner->graph_stats().eager_steps, 3);
+}
+
+// A device too full for the largest bucket's buffers (the first capture sizes
+// them): the step runs eagerly with the eager runner's logits, graphs stay off
+// with the reason in GraphStats::disabled, and the buffers grown for the bucket
+// are released so that the eager steps fit. On cuda_sim, whose capacity is
+// exact (a CUDA pool may hold freed memory that cudaMemGetInfo does not count).
+TEST(CudaGraphsShortOfMemory, TheStepRunsEagerlyAndGraphsTurnOff) {
+  Rig graph = MakeRig("cuda_sim", /*enforce_eager=*/false);
+  Rig eager = MakeRig("cuda_sim", /*enforce_eager=*/true);
+  std::vector<TestSequence> gs = {{BlockRange(0, kBlocksPerSeq), 0, 0},
+                                  {BlockRange(kBlocksPerSeq, kBlocksPerSeq), 1, 0}};
+  std::vector<TestSequence> es = gs;
+  std::vector<float> got, want;
+  // Both prompts in one step (eager: not decode-shaped), a logits row each.
+  const std::vector<int32_t> p0 = MakePrompt(3, 30), p1 = MakePrompt(4, 31);
+  std::vector<SequenceInput> prefill(2);
+  prefill[0].tokens = p0;
+  prefill[1].tokens = p1;
+  for (int i = 0; i < 2; ++i) {
+    prefill[i].block_table = gs[i].blocks;
+    prefill[i].kda_slot = i;
+    prefill[i].logits_indices = {static_cast<int32_t>(prefill[i].tokens.size()) - 1};
+  }
+  ASSERT_TRUE(graph.runner->Forward(prefill, &got).ok());
+  ASSERT_TRUE(eager.runner->Forward(prefill, &want).ok());
+  ASSERT_EQ(got, want);
+  gs[0].pos = es[0].pos = 3;
+  gs[1].pos = es[1].pos = 4;
+  // Fill the device but 256 KiB: the prefill's buffers hold 2.5 rows of logits
+  // (655 KB a row), the largest bucket (6 sequences) needs 6.
+  kernels::Device& dev = graph.backend->device();
+  const int64_t free_bytes = dev.MemoryInfo().free_bytes;
+  absl::StatusOr<kernels::DeviceBuffer> hog =
+      kernels::DeviceBuffer::Allocate(&dev, free_bytes - (256 << 10));
+  ASSERT_TRUE(hog.ok()) << hog.status();
+  const int64_t V = graph.weights->config.text.vocab_size;
+  std::vector<int32_t> next = {Argmax(absl::MakeConstSpan(got).subspan(0, V)),
+                               Argmax(absl::MakeConstSpan(got).subspan(V, V))};
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(Decode(graph.runner.get(), &gs, {0, 1}, next, &got).ok()) << step;
+    ASSERT_TRUE(Decode(eager.runner.get(), &es, {0, 1}, next, &want).ok()) << step;
+    ASSERT_EQ(got, want) << step;
+    next = {Argmax(absl::MakeConstSpan(got).subspan(0, V)),
+            Argmax(absl::MakeConstSpan(got).subspan(V, V))};
+  }
+  const GraphStats st = graph.runner->graph_stats();
+  EXPECT_EQ(st.captures, 0);
+  EXPECT_EQ(st.replays, 0);
+  EXPECT_EQ(st.live_graphs, 0);
+  EXPECT_EQ(st.eager_steps, 1 + 3);
+  EXPECT_NE(st.disabled.find("did not fit"), std::string::npos) << st.disabled;
+  hog->Reset();
+  // Graphs stay off once turned off (as after a failed capture).
+  ASSERT_TRUE(Decode(graph.runner.get(), &gs, {0, 1}, next, &got).ok());
+  ASSERT_TRUE(Decode(eager.runner.get(), &es, {0, 1}, next, &want).ok());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(graph.runner->graph_stats().captures, 0);
 }
 
 TEST(GraphBuckets, PowersOfTwoThenStepsOf64UpToTheLargestBatch) {

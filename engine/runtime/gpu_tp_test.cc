@@ -12,7 +12,8 @@
 //     above the CPU's 1.1e-4 because the split-BF16 tensor-core products round
 //     per k-slice);
 //   - TP 2 decode steps as CUDA graphs (collectives inside) equal the eager TP 2
-//     steps bit for bit; a rank that stops during a replay fails the step;
+//     steps bit for bit; a rank that stops during a replay fails the step; a
+//     rank too full for a graph's buffers makes the step eager on every rank;
 //   - the rank-failure drill (rank 1 stops at a chosen step): that step fails
 //     with UNAVAILABLE naming rank 1 within a deadline, every later call fails at
 //     once; through the Engine as the worker's --tp_fail_rank_at_step does.
@@ -299,6 +300,72 @@ TEST_P(GpuTp, RanksAgreeOnEachStepsGraphPlan) {
     EXPECT_EQ(ex->runner(r).graph_stats().captures, 1) << "rank " << r;
     EXPECT_EQ(ex->runner(r).graph_stats().replays, 2) << "rank " << r;
     EXPECT_EQ(ex->runner(r).graph_stats().padded_rows, 3) << "rank " << r;
+  }
+}
+
+// A rank whose device is too full for the largest bucket's buffers: the
+// executor has every rank size a capture's buffers before the step
+// (ModelRunner::PrepareGraph, no collectives), rank 1 fails there alone, and the
+// step runs eagerly on both ranks, as every later one (rank 1's graphs are off).
+// Without that phase rank 1 would fail inside the step, before its first
+// collective, and rank 0 would wait in one until the timeout broke the group.
+// The logits equal an enforce_eager group's. On cuda_sim, whose capacity is
+// exact (a CUDA pool may hold freed memory that cudaMemGetInfo does not count).
+TEST(GpuTpShortOfMemory, ARankShortOfGraphMemoryRunsTheStepEagerlyWithItsPeers) {
+  TpExecutorOptions o = Options(2, "cuda_sim");
+  o.cache.num_slots = 4;
+  TpExecutorOptions eager_options = o;
+  eager_options.runner.enforce_eager = true;
+  auto ex = Make(o);
+  auto ref = Make(eager_options);
+  ASSERT_TRUE(ex && ref);
+  const int64_t V = ex->weights(0).config.text.vocab_size;
+  const std::vector<std::vector<int32_t>> prompts = {MakePrompt(6, 41),
+                                                     MakePrompt(9, 42)};
+  std::vector<int64_t> pos(2, 0);
+  std::vector<int32_t> next(2, 0);
+  auto step = [&](bool prefill) -> absl::Status {
+    std::vector<SequenceInput> in(2);
+    for (int i = 0; i < 2; ++i) {
+      in[i].tokens =
+          prefill ? absl::MakeConstSpan(prompts[i]) : absl::MakeConstSpan(&next[i], 1);
+      in[i].start_pos = pos[i];
+      in[i].block_table = BlockRange(4 * i, 4);
+      in[i].kda_slot = i;
+      in[i].logits_indices = {static_cast<int32_t>(in[i].tokens.size()) - 1};
+    }
+    std::vector<float> got, want;
+    TANDEM_RETURN_IF_ERROR(ex->Forward(in, &got));
+    TANDEM_RETURN_IF_ERROR(ref->Forward(in, &want));
+    EXPECT_EQ(got, want);
+    for (int i = 0; i < 2; ++i) {
+      pos[i] += in[i].tokens.size();
+      next[i] = Argmax(absl::MakeConstSpan(got).subspan(i * V, V));
+    }
+    return absl::OkStatus();
+  };
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_TRUE(ex->ResetSlot(s).ok());
+    ASSERT_TRUE(ref->ResetSlot(s).ok());
+  }
+  ASSERT_TRUE(step(/*prefill=*/true).ok());
+  // Rank 1's device full but 256 KiB: the prefill's buffers hold 2.5 rows of
+  // logits, the largest bucket (4 sequences) needs 4.
+  kernels::Device& dev1 = ex->backend(1).device();
+  absl::StatusOr<kernels::DeviceBuffer> hog = kernels::DeviceBuffer::Allocate(
+      &dev1, dev1.MemoryInfo().free_bytes - (256 << 10));
+  ASSERT_TRUE(hog.ok()) << hog.status();
+  const absl::Time t0 = absl::Now();
+  for (int k = 0; k < 3; ++k) ASSERT_TRUE(step(false).ok()) << k;
+  EXPECT_LT(absl::Now() - t0, o.timeout) << "a rank waited out a collective";
+  EXPECT_TRUE(ex->health().ok()) << ex->health();
+  EXPECT_NE(ex->runner(1).graph_stats().disabled.find("did not fit"), std::string::npos)
+      << ex->runner(1).graph_stats().disabled;
+  EXPECT_TRUE(ex->runner(0).graph_stats().disabled.empty());
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ex->runner(r).graph_stats().captures, 0) << "rank " << r;
+    EXPECT_EQ(ex->runner(r).graph_stats().replays, 0) << "rank " << r;
+    EXPECT_EQ(ex->runner(r).graph_stats().eager_steps, 4) << "rank " << r;
   }
 }
 

@@ -331,9 +331,15 @@ absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
                   [](const SequenceInput& q) { return !q.embedding_rows.empty(); });
   // Under TP the executor decides for every rank (set_graph_plan): NCCL needs
   // the same steps captured, and replayed, on all ranks.
-  if (plan.has_value() ? plan->use_graph : !overrides && GraphEligible(seqs)) {
-    return GraphStep(seqs, logits, placement, plan.has_value() && plan->capture);
+  bool graph = plan.has_value() ? plan->use_graph : !overrides && GraphEligible(seqs);
+  // On its own (no executor's plan) the runner sizes a capture's buffers here:
+  // short of memory, this step (and the later ones) runs eagerly.
+  if (graph && !plan.has_value() && PlanGraph(seqs).capture &&
+      !PrepareGraph(seqs).ok()) {
+    graph = false;
   }
+  if (graph)
+    return GraphStep(seqs, logits, placement, plan.has_value() && plan->capture);
   ++graph_stats_.eager_steps;
 
   row_start_.resize(seqs.size() + 1);
@@ -628,22 +634,62 @@ absl::Status ModelRunner::SizeForGraphs(int64_t w, int64_t stride) {
   return st;
 }
 
+absl::Status ModelRunner::PrepareGraph(absl::Span<const SequenceInput> seqs) {
+  if (!graph_stats_.disabled.empty()) {
+    return FailedPrecondition("CUDA graphs are off: ", graph_stats_.disabled);
+  }
+  const auto [B, w, stride] = GraphKey(seqs);
+  absl::Status st = GraphFor(B, w, stride).status();
+  if (st.ok() && (sized_generation_ != Generation() || sized_width_ < w)) {
+    // Buffers sized for the largest bucket first, so that capturing a larger
+    // bucket later does not move the buffers of the graphs already captured.
+    const int64_t width = std::max(w, sized_width_);
+    st = SizeForGraphs(width, stride);
+    if (st.ok()) {
+      sized_generation_ = Generation();
+      sized_width_ = width;
+    }
+  }
+  if (st.ok()) return st;
+  // Eager steps from now on, on buffers of their own size: what the largest
+  // bucket grew is released (a scratch growth that failed freed its buffer).
+  ReleaseScratch();
+  ReleaseGraphs();
+  scratch_status_ = absl::OkStatus();
+  graph_stats_.disabled = absl::StrCat("the buffers of bucket ", MaxGraphBatch(),
+                                       " (width ", w, ") did not fit: ", st.message());
+  TLOG(WARNING,
+       "CUDA graphs off: the largest bucket's buffers did not fit; decode steps run "
+       "eagerly")
+      .Kv("bucket", MaxGraphBatch())
+      .Kv("width", w)
+      .Kv("error", st);
+  return st;
+}
+
+void ModelRunner::ReleaseScratch() {
+  for (auto& r : res_) r.Release();
+  for (DeviceScratch<float>* b :
+       {&h_,      &xn_,       &attn_out_, &ffn_out_, &t0_,           &t1_,      &t2_,
+        &t3_,     &t4_,       &t5_,       &t6_,      &t7_,           &gates_,   &betas_,
+        &topk_w_, &out_rows_, &logits_,   &moe_red_, &local_logits_, &gathered_}) {
+    b->Release();
+  }
+  d_ids_.Release();
+  d_step_index_.Release();
+  d_expert_ids_.Release();
+  d_bank_.Release();
+  ++scratch_moves_;
+  device_logits_ = nullptr;
+  device_logits_rows_ = 0;
+  sized_width_ = 0;
+  sized_generation_ = -1;
+}
+
 absl::StatusOr<float*> ModelRunner::EagerFixedStep(
-    DecodeGraph& g, int64_t stride, absl::Span<const SequenceInput> padded,
+    DecodeGraph& g, absl::Span<const SequenceInput> padded,
     const float* const** bank_table) {
   const int64_t B = g.bucket, w = g.width;
-  if (sized_generation_ != Generation() || sized_width_ < w) {
-    // Buffers sized for the largest bucket first (an all-padding step, which
-    // touches no state), so that capturing a larger bucket later does not move
-    // the buffers of the graphs already captured.
-    TANDEM_RETURN_IF_ERROR(SizeForGraphs(std::max(w, sized_width_), stride));
-    sized_generation_ = Generation();
-    sized_width_ = std::max(w, sized_width_);
-    TANDEM_RETURN_IF_ERROR(device_->CopyToDevice(g.inputs.data(), graph_host_.data(),
-                                                 graph_host_.size() * sizeof(int32_t)));
-    row_start_.resize(B + 1);
-    for (int64_t i = 0; i <= B; ++i) row_start_[i] = i * w;
-  }
   TANDEM_ASSIGN_OR_RETURN(*bank_table, PrepareActivations(B * w));
   float* dev_logits = S(logits_, B * w * w_->config.text.vocab_size);
   TANDEM_RETURN_IF_ERROR(scratch_status_);
@@ -693,6 +739,14 @@ absl::Status ModelRunner::GraphStep(absl::Span<const SequenceInput> seqs,
   const int64_t bs = cache_->block_size();
   const int64_t b = static_cast<int64_t>(seqs.size());
   const auto [B, w, stride] = GraphKey(seqs);
+  // A capture's buffers (done already where the executor prepared every rank).
+  {
+    auto it = graphs_.find({B, w, stride});
+    if (force_capture || it == graphs_.end() || it->second->graph == nullptr ||
+        it->second->generation != Generation()) {
+      TANDEM_RETURN_IF_ERROR(PrepareGraph(seqs));
+    }
+  }
   TANDEM_ASSIGN_OR_RETURN(DecodeGraph * gp, GraphFor(B, w, stride));
   DecodeGraph& g = *gp;
 
@@ -746,7 +800,7 @@ absl::Status ModelRunner::GraphStep(absl::Span<const SequenceInput> seqs,
     const bool recapture = g.graph != nullptr;
     g.graph.reset();
     const float* const* bank_table = nullptr;
-    TANDEM_ASSIGN_OR_RETURN(dev_logits, EagerFixedStep(g, stride, padded, &bank_table));
+    TANDEM_ASSIGN_OR_RETURN(dev_logits, EagerFixedStep(g, padded, &bank_table));
     const int64_t free_before = device_->MemoryInfo().free_bytes;
     const int64_t generation = Generation();
     absl::StatusOr<std::unique_ptr<kernels::Graph>> graph;

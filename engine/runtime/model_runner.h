@@ -222,6 +222,7 @@ class DeviceScratch {
     return buf_.as<T>();
   }
   T* data() const { return buf_.as<T>(); }
+  void Release() { buf_.Reset(); }
 
  private:
   kernels::DeviceBuffer buf_;
@@ -280,6 +281,18 @@ class ModelRunner {
   // the ranks' combined plan before each step: use_graph only where every rank
   // may, capture where any rank must). Consumed by that Forward.
   void set_graph_plan(const GraphPlan& plan) { graph_plan_ = plan; }
+  // Before a step that captures (PlanGraph's capture): allocates the graph's
+  // input buffer and grows every buffer to the largest bucket's size (an
+  // all-padding step that touches no state and communicates nothing). On
+  // failure (out of device memory) graphs turn off for this runner
+  // (graph_stats().disabled) and the step can still run eagerly: the buffers
+  // that did not fit were released. Under tensor parallelism the executor
+  // runs it on every rank before the step, so that a rank short of memory
+  // fails here, before any collective, and the whole group runs the step
+  // eagerly (NCCL: a rank that failed inside the step would leave its peers
+  // waiting in a collective). A Forward without an executor's plan calls it
+  // itself. OK and a no-op when the buffers are already sized.
+  absl::Status PrepareGraph(absl::Span<const SequenceInput> seqs);
   // Destroys the captured graphs (before the communicator their collectives
   // were captured with: NCCL's destroy waits for such graphs to go).
   void ReleaseGraphs();
@@ -326,10 +339,10 @@ class ModelRunner {
                        float* logits_out);
   // Sizes the activation buffers for n rows; uploads the residual bank table.
   absl::StatusOr<const float* const*> PrepareActivations(int64_t n);
-  // The padded step of g's shape on its fixed buffers, eagerly (the inputs in
-  // graph_host_, uploaded; sizing the buffers first where they moved): the
-  // step's device logits, and the bank table a capture of it uses.
-  absl::StatusOr<float*> EagerFixedStep(DecodeGraph& g, int64_t stride,
+  // The padded step of g's shape on its fixed buffers (sized by PrepareGraph),
+  // eagerly, its inputs uploaded: the step's device logits, and the bank table a
+  // capture of it uses.
+  absl::StatusOr<float*> EagerFixedStep(DecodeGraph& g,
                                         absl::Span<const SequenceInput> padded,
                                         const float* const** bank_table);
   absl::StatusOr<DecodeGraph*> GraphFor(int64_t bucket, int64_t width, int64_t stride);
@@ -338,6 +351,8 @@ class ModelRunner {
   // An all-padding step of the largest bucket, eagerly: every buffer a graph
   // step uses gets its largest size.
   absl::Status SizeForGraphs(int64_t width, int64_t stride);
+  // Frees the scratch above (a step regrows what it needs); graphs go stale.
+  void ReleaseScratch();
   int64_t MaxGraphBatch() const;
   int64_t StrideClass(int64_t blocks) const;
   int64_t Generation() const {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "engine/runtime/shard_dims.h"
 #include "kernels/backend_factory.h"
@@ -74,11 +75,16 @@ struct TpExecutor::Shared {
   absl::Mutex mu;
   bool stop ABSL_GUARDED_BY(mu) = false;
   int64_t step ABSL_GUARDED_BY(mu) = 0;  // the published step (1-based)
+  // The step whose graph buffers the ranks prepare (ModelRunner::PrepareGraph),
+  // published before that step when it captures.
+  int64_t prepare ABSL_GUARDED_BY(mu) = 0;
   absl::Span<const SequenceInput> seqs ABSL_GUARDED_BY(mu);
   // Per rank.
   std::vector<bool> connected ABSL_GUARDED_BY(mu);
   std::vector<int64_t> done ABSL_GUARDED_BY(mu);  // last finished step
   std::vector<absl::Status> status ABSL_GUARDED_BY(mu);
+  std::vector<int64_t> prepared ABSL_GUARDED_BY(mu);  // last prepared step
+  std::vector<absl::Status> prepare_status ABSL_GUARDED_BY(mu);
   std::vector<bool> exited ABSL_GUARDED_BY(mu);
   std::vector<absl::Status> exit_status ABSL_GUARDED_BY(mu);
 };
@@ -196,6 +202,8 @@ absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::Create(
     sh.connected.assign(n, false);
     sh.done.assign(n, 0);
     sh.status.assign(n, absl::OkStatus());
+    sh.prepared.assign(n, 0);
+    sh.prepare_status.assign(n, absl::OkStatus());
     sh.exited.assign(n, false);
     sh.exit_status.assign(n, absl::OkStatus());
   }
@@ -211,18 +219,30 @@ absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::Create(
           absl::MutexLock l(&sh.mu);
           sh.connected[r] = true;
         }
-        int64_t seen = 0;
+        int64_t seen = 0, seen_prepare = 0;
         while (true) {
           absl::Span<const SequenceInput> seqs;
+          bool prepare = false;
           {
             absl::MutexLock l(&sh.mu);
-            auto ready = [&sh, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.mu) {
-              return sh.stop || sh.step > seen;
+            auto ready = [&sh, seen,
+                          seen_prepare]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.mu) {
+              return sh.stop || sh.step > seen || sh.prepare > seen_prepare;
             };
             sh.mu.Await(absl::Condition(&ready));
             if (sh.stop) break;
-            seen = sh.step;
+            prepare = sh.prepare > seen_prepare;
+            (prepare ? seen_prepare : seen) = prepare ? sh.prepare : sh.step;
             seqs = sh.seqs;
+          }
+          if (prepare) {
+            // Local work only (allocations, an all-padding step without
+            // collectives): its failure is this rank's alone.
+            absl::Status s = rk.runner->PrepareGraph(seqs);
+            absl::MutexLock l(&sh.mu);
+            sh.prepared[r] = seen_prepare;
+            sh.prepare_status[r] = std::move(s);
+            continue;
           }
           if (r == o.fail_rank && seen - 1 == o.fail_rank_at_step) {
             exit_status = Internal("injected failure (fail_rank ", r,
@@ -347,8 +367,64 @@ absl::Status TpExecutor::Forward(absl::Span<const SequenceInput> seqs,
     plan.capture = plan.capture || mine.capture;
   }
   if (!plan.use_graph) plan.capture = false;
-  for (int r = 0; r < n; ++r) ranks_[r]->runner->set_graph_plan(plan);
   Shared& sh = *shared_;
+  // Every other rank: done with this step (or its preparation), or its thread
+  // ended. The bound covers a rank that is still inside a collective when rank
+  // 0 left (at most one communicator timeout), with room for the compute after
+  // it.
+  const absl::Duration bound = 2 * options_.timeout + absl::Seconds(10);
+  // A capture's buffers on every rank first, each on its thread, before any
+  // collective: a rank short of memory fails there alone, and the step runs
+  // eagerly on every rank (that rank's graphs are off from now on, so every
+  // later plan is eager too) rather than breaking the group.
+  if (plan.capture) {
+    {
+      absl::MutexLock l(&sh.mu);
+      sh.seqs = seqs;
+      sh.prepare = step;
+    }
+    absl::Status prepared = ranks_[0]->runner->PrepareGraph(seqs);
+    int failed = prepared.ok() ? -1 : 0;
+    absl::MutexLock l(&sh.mu);
+    auto all_prepared = [&sh, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.mu) {
+      for (size_t r = 1; r < sh.prepared.size(); ++r) {
+        if (sh.prepared[r] != step && !sh.exited[r]) return false;
+      }
+      return true;
+    };
+    if (!sh.mu.AwaitWithTimeout(absl::Condition(&all_prepared), bound)) {
+      for (int r = 1; r < n; ++r) {
+        if (sh.prepared[r] != step && !sh.exited[r]) {
+          broken_ = absl::UnavailableError(absl::StrCat(
+              "tensor-parallel rank ", r, " did not prepare step ", step,
+              "'s CUDA graph buffers within ", absl::FormatDuration(bound)));
+          return broken_;
+        }
+      }
+    }
+    for (int r = 1; r < n; ++r) {
+      if (sh.exited[r]) {
+        broken_ = absl::UnavailableError(
+            absl::StrCat("tensor-parallel rank ", r, " ended its thread at step ", step,
+                         ": ", sh.exit_status[r].ToString()));
+        return broken_;
+      }
+      if (!sh.prepare_status[r].ok() && failed < 0) {
+        failed = r;
+        prepared = sh.prepare_status[r];
+      }
+    }
+    if (failed >= 0) {
+      TLOG(WARNING,
+           "tensor parallelism: a rank could not size a CUDA graph's buffers; "
+           "the step runs eagerly on every rank")
+          .Kv("rank", failed)
+          .Kv("step", step)
+          .Kv("error", prepared);
+      plan = GraphPlan{};
+    }
+  }
+  for (int r = 0; r < n; ++r) ranks_[r]->runner->set_graph_plan(plan);
   {
     absl::MutexLock l(&sh.mu);
     sh.seqs = seqs;
@@ -356,10 +432,6 @@ absl::Status TpExecutor::Forward(absl::Span<const SequenceInput> seqs,
   }
   const absl::Status s0 = ranks_[0]->runner->Forward(seqs, logits, placement);
 
-  // Every other rank: finished this step, or its thread ended. The bound covers
-  // a rank that is still inside a collective when rank 0 left (at most one
-  // communicator timeout), with room for the compute after it.
-  const absl::Duration bound = 2 * options_.timeout + absl::Seconds(10);
   std::vector<absl::Status> status(n);
   std::vector<bool> exited(n, false);
   std::vector<absl::Status> exit_status(n);

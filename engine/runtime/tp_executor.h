@@ -23,9 +23,13 @@
 //   current there; the caller's thread makes rank 0's GPU current before each
 //   step.
 //
-//   Forward(seqs) → publish step k → ranks 1..N-1 start → rank 0 runs on the
-//     caller → wait for every rank (done, failed, or thread ended) → rank 0's
-//     logits (every rank holds the full logits after the all-gather)
+//   Forward(seqs) → the ranks' CUDA-graph plans combined into one (a graph
+//     only where every rank may, a capture where any must) → a capture:
+//     publish "prepare k", every rank sizes its graph buffers on its thread
+//     (ModelRunner::PrepareGraph, no collectives), any failure makes the step
+//     eager on every rank → publish step k → ranks 1..N-1 start → rank 0 runs
+//     on the caller → wait for every rank (done, failed, or thread ended) →
+//     rank 0's logits (every rank holds the full logits after the all-gather)
 //
 // Slot operations (ResetSlot, SnapshotSlot / RestoreSlot, CopySlot) and
 // ExportSequence act on every rank's cache from the caller's thread (the rank
