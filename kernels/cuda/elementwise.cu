@@ -125,7 +125,7 @@ __device__ __forceinline__ float NormOut(float v, float f, const float* w,
 template <int kMode, bool kVec, bool kBlock>
 __global__ void __launch_bounds__(kBlock ? 1024 : kNormWarpModeThreads)
     NormKernel(NormArgs a) {
-  __shared__ float partials[kWarpSize];
+  TANDEM_SHARED(float, partials, [kWarpSize]);
   int64_t seg;
   int tid, stride;
   if constexpr (kBlock) {
@@ -485,7 +485,7 @@ __global__ void __launch_bounds__(256)
     MixScoreKernel(const float* const* bank, int64_t bank_size, const float* p,
                    const float* proj_w, const float* norm_w, float eps, int64_t hidden,
                    float* score) {
-  __shared__ float partials[2 * kWarpSize];
+  TANDEM_SHARED(float, partials, [2 * kWarpSize]);
   const int64_t t = blockIdx.x, j = blockIdx.y, n = bank_size + 1;
   const float* v = (j < bank_size ? bank[j] : p) + t * hidden;
   float ss = 0.0f, dot = 0.0f;

@@ -124,8 +124,8 @@ __device__ bool FindTile(const MlaLaunchArgs& a, int64_t tile, int64_t rows_per_
 // Shared-memory broadcast of a tile found by thread 0.
 __device__ bool FindTileShared(const MlaLaunchArgs& a, int64_t tile,
                                int64_t rows_per_token, int64_t tile_rows, Tile* t) {
-  __shared__ Tile found;
-  __shared__ int ok;
+  TANDEM_SHARED(Tile, found, );
+  TANDEM_SHARED(int, ok, );
   if (threadIdx.x == 0)
     ok = FindTile(a, tile, rows_per_token, tile_rows, &found) ? 1 : 0;
   __syncthreads();
@@ -641,9 +641,9 @@ __global__ void __launch_bounds__(kGemmThreads)
   if (p0 >= pend) return;
   const int64_t nn = a.nope + a.v, n0 = static_cast<int64_t>(blockIdx.y) * kGemmN;
   if (n0 >= nn) return;
-  __shared__ float as[kGemmK][kGemmPos + 1];  // [k][position]
-  __shared__ float bs[kGemmK][kGemmN + 1];    // [k][output]
-  __shared__ const uint16_t* rows[kGemmPos];
+  TANDEM_SHARED(float, as, [kGemmK][kGemmPos + 1]);  // [k][position]
+  TANDEM_SHARED(float, bs, [kGemmK][kGemmN + 1]);    // [k][output]
+  TANDEM_SHARED(const uint16_t*, rows, [kGemmPos]);
   const int tid = threadIdx.x;
   if (tid < kGemmPos) {
     const int64_t p = p0 + tid;
@@ -712,9 +712,9 @@ __global__ void __launch_bounds__(kEgWarps* kWarpSize)
   if (p0 >= pend) return;
   const int64_t nn = a.nope + a.v, n0 = static_cast<int64_t>(blockIdx.y) * kGemmN;
   if (n0 >= nn) return;
-  __shared__ uint32_t as[kGemmPos * kEgStride];
-  __shared__ uint32_t bs[kGemmN * kEgStride];
-  __shared__ const uint32_t* rows[kGemmPos];
+  TANDEM_SHARED(uint32_t, as, [kGemmPos * kEgStride]);
+  TANDEM_SHARED(uint32_t, bs, [kGemmN * kEgStride]);
+  TANDEM_SHARED(const uint32_t*, rows, [kGemmPos]);
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int g = lane / 4, tq = lane % 4;
   if (tid < kGemmPos) {

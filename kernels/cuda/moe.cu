@@ -70,7 +70,7 @@ template <bool kVec>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     RouterGemvKernel(const float* x, int64_t ldx, const uint16_t* gate, int tokens,
                      int hidden, int num_experts, int split_len, float* logits) {
-  __shared__ float xs[kGemvTokens][kGemvChunk][kRouterSplits + 1];
+  TANDEM_SHARED(float, xs, [kGemvTokens][kGemvChunk][kRouterSplits + 1]);
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int e = blockIdx.y * kGemvWarps + warp;
   const bool has_e = e < num_experts;  // warp-uniform
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   }
   if (!has_e) return;  // no barrier below
   // The 32 range partials of each token, added in range order by lane n.
-  __shared__ float part[kGemvWarps][kGemvTokens][kWarpSize];
+  TANDEM_SHARED(float, part, [kGemvWarps][kGemvTokens][kWarpSize]);
 #pragma unroll
   for (int n = 0; n < kGemvTokens; ++n) {
     if (n < nt) part[warp][n][lane] = acc[n];
@@ -143,8 +143,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 __global__ void __launch_bounds__(kTiledThreads)
     RouterTiledKernel(const float* x, int64_t ldx, const uint16_t* gate, int tokens,
                       int hidden, int num_experts, int split_len, float* logits) {
-  __shared__ __align__(16) float xs[kTiledK][kTiledTokens + 4];
-  __shared__ __align__(16) float gs[kTiledK][kTiledExperts + 4];
+  TANDEM_SHARED(__align__(16) float, xs, [kTiledK][kTiledTokens + 4]);
+  TANDEM_SHARED(__align__(16) float, gs, [kTiledK][kTiledExperts + 4]);
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
   const int t0 = blockIdx.x * kTiledTokens, e0 = blockIdx.y * kTiledExperts;
   float total[4][4], part[4][4];
@@ -221,8 +221,8 @@ __global__ void __launch_bounds__(kTopKThreads)
   float* key = smem;                                          // [E]
   float* score = smem + num_experts;                          // [E]
   int* sel = reinterpret_cast<int*>(smem + 2 * num_experts);  // [top_k]
-  __shared__ float warp_key[kTopKThreads / 32];
-  __shared__ int warp_id[kTopKThreads / 32];
+  TANDEM_SHARED(float, warp_key, [kTopKThreads / 32]);
+  TANDEM_SHARED(int, warp_id, [kTopKThreads / 32]);
   const int t = blockIdx.x, tid = threadIdx.x, lane = tid % kWarpSize,
             warp = tid / kWarpSize;
   const int nwarps = blockDim.x / kWarpSize;
@@ -356,8 +356,8 @@ __global__ void __launch_bounds__(kSortThreads)
   int* counts = smem;                  // [E]
   int* cursor = smem + num_experts;    // [E]
   int* offs = smem + 2 * num_experts;  // [E + 1]
-  __shared__ int warp_sum[kSortThreads / 32];
-  __shared__ int warp_act[kSortThreads / 32];
+  TANDEM_SHARED(int, warp_sum, [kSortThreads / 32]);
+  TANDEM_SHARED(int, warp_act, [kSortThreads / 32]);
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int nthreads = blockDim.x, nwarps = nthreads / kWarpSize;
   for (int e = tid; e < num_experts; e += nthreads) {
@@ -664,8 +664,8 @@ __global__ void __launch_bounds__(kGemmThreads)
   constexpr int kStageK = StageK<kN, kSplit>(), kZStride = kStageK + 16,
                 kChunks = kStageK / 128, kParts = kSplit ? 2 : 1;
   // [part][pair][k]: the hi rows, then (kSplit) the lo rows.
-  __shared__ __align__(16) uint16_t bs[kParts * kN * kZStride];
-  __shared__ int tile_pair[kN];
+  TANDEM_SHARED(__align__(16) uint16_t, bs, [kParts * kN * kZStride]);
+  TANDEM_SHARED(int, tile_pair, [kN]);
   const int slot = blockIdx.z;
   if (slot >= *num_active) return;  // block-uniform, before any barrier
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;

@@ -572,7 +572,7 @@ __device__ int32_t SequentialDraw(int32_t vocab, W weight, double u, double tota
 
 // ---- The sampling kernel -------------------------------------------------------
 __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleArgs a) {
-  __shared__ Shared s;
+  TANDEM_SHARED(Shared, s, );
   TANDEM_DYNAMIC_SMEM(unsigned char, dyn);
   const int32_t row = static_cast<int32_t>(blockIdx.x);
   const int32_t vocab = a.vocab;
@@ -902,7 +902,7 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleArgs a) {
 
 // ---- Rejection sampling --------------------------------------------------------
 __global__ void __launch_bounds__(kThreads, 1) RejectionKernel(RejectionArgs a) {
-  __shared__ Shared s;
+  TANDEM_SHARED(Shared, s, );
   TANDEM_DYNAMIC_SMEM(double, dyn);
   const int32_t req = static_cast<int32_t>(blockIdx.x);
   const int32_t vocab = a.vocab;

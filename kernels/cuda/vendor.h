@@ -9,6 +9,8 @@
 // Kernel code uses, besides the ordinary CUDA built-ins (threadIdx, blockIdx,
 // blockDim, gridDim, __syncthreads, __shfl_*_sync, __ballot_sync, atomicAdd, ...):
 //   TANDEM_LAUNCH(kernel, grid, block, smem_bytes, stream, args...)   instead of <<<>>>
+//   TANDEM_SHARED(T, name, dims)   instead of `__shared__ T name dims` (dims
+//                                  may be empty; the emulator poisons it per block)
 //   TANDEM_DYNAMIC_SMEM(T, name)   instead of `extern __shared__ T name[]`
 //   tandem::gpu::LaunchError()     instead of cudaGetLastError(): nullptr or a message
 //   tandem::gpu::kWarpSize, Bf16ToF32 / F32ToBf16 (uint16_t bit patterns, RNE)
@@ -25,6 +27,7 @@
 #define TANDEM_GPU_NVCC 1
 #define TANDEM_LAUNCH(kernel, grid, block, smem, stream, ...) \
   kernel<<<(grid), (block), (smem), static_cast<cudaStream_t>(stream)>>>(__VA_ARGS__)
+#define TANDEM_SHARED(T, name, dims) __shared__ T name dims
 #define TANDEM_DYNAMIC_SMEM(T, name)                           \
   extern __shared__ __align__(16) unsigned char name##_raw_[]; \
   T* name = reinterpret_cast<T*>(name##_raw_)
@@ -49,6 +52,9 @@ inline const char* AllowDynamicSmem(Kernel kernel, size_t bytes) {
 #define TANDEM_LAUNCH(kernel, grid, block, smem, stream, ...)                          \
   ::cuda_sim::Launch(#kernel, reinterpret_cast<const void*>(&kernel), (grid), (block), \
                      (smem), (stream), [=]() { kernel(__VA_ARGS__); })
+#define TANDEM_SHARED(T, name, dims) \
+  static thread_local T name dims;   \
+  ::cuda_sim::PoisonShared(&name)
 #define TANDEM_DYNAMIC_SMEM(T, name) \
   T* name = reinterpret_cast<T*>(::cuda_sim::DynamicShared())
 

@@ -84,6 +84,7 @@ namespace {
 constexpr int kMaxThreadsPerBlock = 1024;
 constexpr size_t kDefaultSmemLimit = 48 << 10;
 constexpr size_t kMaxSmemOptIn = 227 << 10;
+constexpr size_t kMaxStaticSmem = 48 << 10;  // per kernel, at compile time
 constexpr size_t kSlotBytes = 64;
 #if defined(TANDEM_SIM_ASAN)
 constexpr size_t kStackBytes = 512 << 10;
@@ -135,6 +136,9 @@ struct Block {
   // Per warp, the collectives in progress (disjoint masks).
   std::vector<std::vector<WarpGroup>> warp_groups;
   std::vector<unsigned char> dynamic_smem;
+  // TANDEM_SHARED storage poisoned in this block, and its bytes.
+  std::vector<void*> static_smem;
+  size_t static_smem_bytes = 0;
   std::mt19937_64 rng;
   bool shuffle = true;
   std::string fault;
@@ -371,6 +375,26 @@ const char* CheckDynamicSmemLimit(size_t bytes) {
 void* DynamicShared() {
   Block* b = tl_worker.block;
   return b == nullptr || b->dynamic_smem.empty() ? nullptr : b->dynamic_smem.data();
+}
+
+void PoisonSharedBytes(void* p, size_t bytes) {
+  Block* b = tl_worker.block;
+  if (b == nullptr) return;
+  if (std::find(b->static_smem.begin(), b->static_smem.end(), p) !=
+      b->static_smem.end()) {
+    return;
+  }
+  b->static_smem.push_back(p);
+  b->static_smem_bytes += bytes;
+  // As dynamic shared memory: all-ones reads as NaN in fp32 and bf16.
+  std::memset(p, 0xFF, bytes);
+  if (b->static_smem_bytes > kMaxStaticSmem) {
+    Fault("static shared memory over 48 KiB (ptxas refuses such a kernel)");
+  } else if (b->static_smem_bytes + b->dynamic_smem.size() > kMaxSmemOptIn) {
+    Fault(
+        "too many resources requested for launch: static and dynamic shared "
+        "memory over 227 KiB");
+  }
 }
 
 void Fault(const char* what) {
@@ -620,6 +644,8 @@ void Launch(const char* name, const void* kernel, dim3 grid, dim3 block,
     // that reads shared memory it never wrote gets NaN (as garbage can be on a
     // GPU) even where it multiplies by zero.
     if (dynamic_smem > 0) b.dynamic_smem.assign(dynamic_smem, 0xFF);
+    b.static_smem.clear();
+    b.static_smem_bytes = 0;
     for (int t = 0; t < nthreads; ++t) {
       Fiber* f = w.pool[t].get();
       ResetFiber(f);

@@ -12,10 +12,14 @@
 //   - the order in which runnable fibers go, and the order of the blocks of a
 //     grid, are drawn from a seed (SetSeed, or $TANDEM_SIM_SEED), so a missing
 //     barrier or a race between warps gives a wrong result under some seeds;
-//   - __shared__ storage is per block (a function-local `static thread_local`:
-//     blocks run one after another on one OS thread); dynamic shared memory is a
-//     heap buffer of exactly the launch's size (ASan sees overruns), filled with a
-//     poison pattern at the start of each block;
+//   - static shared memory (TANDEM_SHARED, kernels/cuda/vendor.h) is a
+//     function-local `static thread_local` (blocks run one after another on one
+//     OS thread), filled with a poison pattern by the first thread of each block
+//     that reaches its declaration, so a block never reads what an earlier block
+//     left there; a block's static shared bytes over 48 KiB (ptxas refuses
+//     them), or static and dynamic together over the opt-in limit, fail the
+//     launch; dynamic shared memory is a heap buffer of exactly the launch's
+//     size (ASan sees overruns), poisoned at the start of each block;
 //   - warp collectives check CUDA's rules: every lane named in the mask must reach
 //     the same collective with the same mask; a lane reading from a lane outside
 //     the mask, a barrier that can never complete (a deadlock), or a launch over
@@ -78,6 +82,16 @@ const char* TakeLaunchError();
 const char* AllowDynamicSmemFor(const void* kernel, size_t bytes);
 const char* CheckDynamicSmemLimit(size_t bytes);
 void* DynamicShared();
+// TANDEM_SHARED's: fills `bytes` at p with 0xFF once per block (the first
+// thread of the block to declare it) and counts them against the block's
+// shared memory limits.
+void PoisonSharedBytes(void* p, size_t bytes);
+template <typename T>
+inline void PoisonShared(T* p) {
+  static_assert(std::is_trivially_copyable_v<std::remove_all_extents_t<T>>,
+                "__shared__ storage must be trivially copyable");
+  PoisonSharedBytes(static_cast<void*>(p), sizeof(T));
+}
 
 // ---- Stream capture (CUDA graphs, kernels/device.h Graph) ---------------------
 // While `stream` (a native stream handle) captures, Launch on it checks the launch
@@ -174,7 +188,9 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
 #define __forceinline__ inline __attribute__((always_inline))
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
-#define __shared__ static thread_local
+// Kernels declare static shared memory with TANDEM_SHARED (vendor.h), which
+// poisons it per block; a plain __shared__ would not, so it does not compile.
+#define __shared__ use_TANDEM_SHARED_for_static_shared_memory
 #define __constant__ static
 #define __grid_constant__
 

@@ -55,7 +55,7 @@ TEST(Simt, EveryThreadOfEveryBlockRunsOnceWithItsIndices) {
 
 template <bool kBarrier>
 __global__ void Rotate(const int* in, int* out) {
-  __shared__ int tile[64];
+  TANDEM_SHARED(int, tile, [64]);
   const int t = threadIdx.x;
   tile[t] = in[blockIdx.x * 64 + t] * 10;
   if (kBarrier) __syncthreads();
@@ -91,7 +91,7 @@ TEST(Simt, AMissingBarrierGivesWrongResultsUnderSomeSeeds) {
 }
 
 __global__ void BlockSum(const float* in, float* out, int n) {
-  __shared__ float partial[256];
+  TANDEM_SHARED(float, partial, [256]);
   float s = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) s += in[i];
   partial[threadIdx.x] = s;
@@ -117,6 +117,52 @@ TEST(Simt, TreeReductionWithBarriersIsRightUnderEverySeed) {
     ASSERT_EQ(LaunchError(), nullptr);
     EXPECT_EQ(out, want) << "seed " << seed;
   }
+}
+
+// Static shared memory is poisoned per block, once: a block reads all-ones where
+// it did not write, never what the block before it left (blocks run one after
+// another on one OS thread, which keeps a `static thread_local`), and a thread
+// that reaches the declaration after another thread of its block wrote does not
+// wipe that write.
+__global__ void ReadBeforeWrite(int* before, int* after) {
+  TANDEM_SHARED(int, cell, [2]);
+  if (threadIdx.x == 0) {
+    before[blockIdx.x] = cell[0];
+    cell[0] = 1000 + static_cast<int>(blockIdx.x);
+  }
+  __syncthreads();
+  if (threadIdx.x == 1) after[blockIdx.x] = cell[0];
+}
+
+TEST(Simt, StaticSharedMemoryIsPoisonedOncePerBlock) {
+  SeedGuard guard;
+  for (uint64_t seed : {uint64_t{0}, uint64_t{3}}) {
+    cuda_sim::SetSeed(seed);
+    std::vector<int> before(3, 7), after(3, 7);
+    int* pb = before.data();
+    int* pa = after.data();
+    TANDEM_LAUNCH(ReadBeforeWrite, dim3(3), dim3(32), 0, nullptr, pb, pa);
+    ASSERT_EQ(LaunchError(), nullptr);
+    for (int b = 0; b < 3; ++b) {
+      EXPECT_EQ(before[b], -1) << "block " << b << " seed " << seed;
+      EXPECT_EQ(after[b], 1000 + b) << "block " << b << " seed " << seed;
+    }
+  }
+}
+
+__global__ void TooMuchStaticShared(float* out) {
+  TANDEM_SHARED(float, big, [13 * 1024]);  // 52 KiB
+  big[threadIdx.x] = 1;
+  out[0] = big[0];
+}
+
+TEST(Simt, StaticSharedMemoryOver48KiBFailsTheLaunch) {
+  float out = 0;
+  float* po = &out;
+  TANDEM_LAUNCH(TooMuchStaticShared, dim3(1), dim3(32), 0, nullptr, po);
+  const char* err = LaunchError();
+  ASSERT_NE(err, nullptr);
+  EXPECT_NE(std::string(err).find("48 KiB"), std::string::npos) << err;
 }
 
 __global__ void CountEven(int* out) {
@@ -268,7 +314,7 @@ TEST(Simt, IllegalCollectivesFailTheLaunch) {
 }
 
 __global__ void MisalignedCpAsync(const float* in, float* out) {
-  __shared__ __align__(16) float tile[4 * 32 + 4];
+  TANDEM_SHARED(__align__(16) float, tile, [4 * 32 + 4]);
   // One float (4 bytes) past a 16-byte boundary: a GPU faults.
   tandem::gpu::CpAsync16(&tile[threadIdx.x * 4 + 1], &in[threadIdx.x * 4]);
   tandem::gpu::CpAsyncCommit();
@@ -277,7 +323,7 @@ __global__ void MisalignedCpAsync(const float* in, float* out) {
 }
 
 __global__ void MisalignedLdMatrix(uint32_t* out) {
-  __shared__ __align__(16) uint16_t tile[4 * 64 + 8];
+  TANDEM_SHARED(__align__(16) uint16_t, tile, [4 * 64 + 8]);
   for (int i = threadIdx.x; i < 4 * 64 + 8; i += 32) tile[i] = static_cast<uint16_t>(i);
   __syncthreads();
   // Rows of 8 bf16 (16 bytes) starting 2 bytes into the tile.
@@ -426,7 +472,7 @@ TEST(Simt, MmaBf16M16N8K16MatchesTheMatrixProduct) {
 }
 
 __global__ void LdMatrix(const uint16_t* in, uint32_t* out) {
-  __shared__ uint16_t tile[4 * 64];
+  TANDEM_SHARED(uint16_t, tile, [4 * 64]);
   for (int i = threadIdx.x; i < 256; i += 32) tile[i] = in[i];
   __syncthreads();
   const int lane = threadIdx.x;
@@ -455,7 +501,7 @@ TEST(Simt, LdMatrixX4GivesEachLaneItsFragment) {
 }
 
 __global__ void CpAsyncOrder(const float* in, float* before, float* after) {
-  __shared__ __align__(16) float tile[4 * 32];
+  TANDEM_SHARED(__align__(16) float, tile, [4 * 32]);
   tile[threadIdx.x * 4] = -1;
   tandem::gpu::CpAsync16(&tile[threadIdx.x * 4], &in[threadIdx.x * 4]);
   tandem::gpu::CpAsyncCommit();
