@@ -42,8 +42,13 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
 absl::Status LtError(cublasStatus_t s, absl::string_view what) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return Internal("cuBLASLt ", what, ": ", cublasLtGetStatusName(s), " (",
-                  cublasLtGetStatusString(s), ")");
+  // A failed launch inside cuBLASLt also set the runtime's last error: taken
+  // here, or the next kernel's launch check would report it as its own.
+  const cudaError_t last = cudaGetLastError();
+  return Internal(
+      "cuBLASLt ", what, ": ", cublasLtGetStatusName(s), " (",
+      cublasLtGetStatusString(s), ")",
+      last == cudaSuccess ? "" : absl::StrCat("; CUDA: ", cudaGetErrorString(last)));
 }
 
 #define TANDEM_LT(expr, what) TANDEM_RETURN_IF_ERROR(LtError((expr), (what)))
@@ -131,6 +136,12 @@ class CublasLtBlas final : public Blas {
  private:
   absl::Status Grow(DeviceBuffer* b, size_t bytes) {
     if (b->bytes() >= bytes) return absl::OkStatus();
+    // Not inside a capture: the old buffer may still be read by work queued
+    // before it, and the allocation would be refused anyway.
+    if (device_->compute_stream().capturing()) {
+      return FailedPrecondition("cuBLASLt staging must grow to ", bytes,
+                                " bytes during a stream capture");
+    }
     b->Reset();  // freed in stream order after its last use
     ++moves_;
     TANDEM_ASSIGN_OR_RETURN(*b, DeviceBuffer::Allocate(device_, bytes));

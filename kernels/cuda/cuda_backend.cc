@@ -123,6 +123,12 @@ absl::StatusOr<void*> GpuBackend::Scratch(size_t bytes) {
   // the compute stream (cudaFreeAsync on CUDA; the emulator runs work at once).
   constexpr size_t kStep = size_t{1} << 20;
   const size_t want = (std::max<size_t>(bytes, 1) + kStep - 1) / kStep * kStep;
+  // Not inside a capture: the old buffer may still be read by work queued before
+  // it, and the allocation would be refused anyway.
+  if (device_->compute_stream().capturing()) {
+    return FailedPrecondition(name_, ": scratch must grow to ", want,
+                              " bytes during a stream capture");
+  }
   scratch_.Reset();
   ++scratch_moves_;
   TANDEM_ASSIGN_OR_RETURN(scratch_, DeviceBuffer::Allocate(device_.get(), want));

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -135,6 +136,27 @@ class CudaStream final : public Stream {
     cudaGraph_t graph = nullptr;
     absl::Status st =
         CudaError(cudaStreamEndCapture(stream_, &graph), "end stream capture");
+    // Memory freed during the capture goes now, after the work queued before
+    // it (the capture itself queued none), and the capture fails.
+    std::vector<std::pair<void*, bool>> frees;
+    {
+      absl::MutexLock lock(&mu_);
+      frees.swap(deferred_frees_);
+    }
+    if (!frees.empty()) {
+      for (const auto& [p, pool] : frees) {
+        if (pool) {
+          cudaFreeAsync(p, stream_);
+        } else {
+          cudaStreamSynchronize(stream_);
+          if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
+        }
+      }
+      if (st.ok()) {
+        st = NotDuringCapture(absl::StrCat("Free (", frees.size(),
+                                           " buffer(s) freed during the capture)"));
+      }
+    }
     if (!st.ok()) {
       // Not sticky (an invalidated capture): cleared, or the next launch's
       // cudaGetLastError would report it and fail an eager step.
@@ -155,11 +177,22 @@ class CudaStream final : public Stream {
         new CudaGraph(ordinal_, graph, exec, static_cast<int64_t>(nodes)));
   }
   bool capturing() const override { return IsCapturing(stream_); }
+  // A free asked for while this stream captures: neither cudaFreeAsync (it would
+  // become a node of the graph, a free at every replay) nor cudaFree (not
+  // ordered after the work queued before the capture, which may still read the
+  // buffer). Done at EndCapture, which then fails. pool: cudaMallocAsync memory
+  // (else cudaMalloc's).
+  void DeferFree(void* p, bool pool) {
+    absl::MutexLock lock(&mu_);
+    deferred_frees_.emplace_back(p, pool);
+  }
 
  private:
   int ordinal_;
   cudaStream_t stream_;
   bool owned_;
+  absl::Mutex mu_;
+  std::vector<std::pair<void*, bool>> deferred_frees_ ABSL_GUARDED_BY(mu_);
 };
 
 class CudaEvent final : public Event {
@@ -235,6 +268,10 @@ class CudaDevice final : public Device {
   bool supports_graphs() const override { return true; }
 
   absl::StatusOr<void*> Allocate(size_t bytes) override {
+    if (bytes > (size_t{1} << 62)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name_, ": cannot allocate ", bytes, " bytes (beyond any GPU)"));
+    }
     const size_t rounded =
         (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
     void* p = nullptr;
@@ -272,12 +309,9 @@ class CudaDevice final : public Device {
     // Ordered after the work already queued on the compute stream.
     cudaSetDevice(ordinal_);
     if (IsCapturing(compute_.get())) {
-      // cudaFreeAsync would become a graph node (a free at every replay). A
-      // synchronous cudaFree is refused in capture and invalidates it, so the
-      // capture fails as it must; the block stays allocated.
-      std::fprintf(stderr, "%s: Free(%p) during stream capture: capture invalidated\n",
+      std::fprintf(stderr, "%s: Free(%p) during stream capture: the capture fails\n",
                    name_.c_str(), p);
-      if (cudaFree(p) != cudaSuccess) cudaGetLastError();
+      compute_.DeferFree(p, /*pool=*/true);
       return;
     }
     cudaFreeAsync(p, compute_.get());
@@ -324,6 +358,10 @@ class CudaDevice final : public Device {
   // cudaMalloc (legacy IPC maps only cudaMalloc'd memory, not pool memory),
   // rounded to 2 MiB.
   absl::StatusOr<void*> AllocateShareable(size_t bytes) override {
+    if (bytes > (size_t{1} << 62)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name_, ": cannot allocate ", bytes, " bytes (beyond any GPU)"));
+    }
     const size_t rounded = (std::max<size_t>(bytes, 1) + kShareableGranularity - 1) /
                            kShareableGranularity * kShareableGranularity;
     cudaSetDevice(ordinal_);
@@ -545,11 +583,20 @@ class CudaDevice final : public Device {
       sizes.push_back(p.bytes);
     }
     if (dsts.empty()) return absl::OkStatus();
+#if CUDART_VERSION >= 12080
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     size_t first = 0;
+#if CUDART_VERSION >= 13000
     const cudaError_t e = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(),
                                                dsts.size(), &attr, &first, 1, s);
+#else
+    // CUDA 12.8 / 12.9: non-const pointer arrays and the index of a failed copy.
+    size_t fail_index = 0;
+    const cudaError_t e =
+        cudaMemcpyBatchAsync(dsts.data(), const_cast<void**>(srcs.data()), sizes.data(),
+                             dsts.size(), &attr, &first, 1, &fail_index, s);
+#endif
     if (e == cudaErrorNotSupported || e == cudaErrorInvalidValue ||
         e == cudaErrorCallRequiresNewerDriver) {
       (void)cudaGetLastError();  // not sticky: clear it
@@ -557,6 +604,11 @@ class CudaDevice final : public Device {
       return Device::CopyBatchAsync(kind, pieces, stream);
     }
     return CudaError(e, "batched copy");
+#else
+    // No cudaMemcpyBatchAsync before CUDA 12.8: a copy per piece.
+    batch_copies_.store(false);
+    return Device::CopyBatchAsync(kind, pieces, stream);
+#endif
   }
   absl::Status Memset(void* dst, uint8_t byte, size_t bytes, Stream* stream) override {
     if (bytes == 0) return absl::OkStatus();
@@ -582,11 +634,9 @@ class CudaDevice final : public Device {
     }
     cudaSetDevice(ordinal_);
     if (IsCapturing(compute_.get())) {
-      // As Free: a synchronous cudaFree is refused in capture and invalidates it,
-      // so the capture fails as it must.
-      std::fprintf(stderr, "%s: Free(%p) during stream capture: capture invalidated\n",
+      std::fprintf(stderr, "%s: Free(%p) during stream capture: the capture fails\n",
                    name_.c_str(), p);
-      if (cudaFree(p) != cudaSuccess) cudaGetLastError();
+      compute_.DeferFree(p, /*pool=*/false);
       return true;
     }
     cudaStreamSynchronize(compute_.get());
