@@ -87,6 +87,15 @@ class Communicator {
   // stream captures (a capture records the collectives; the graph's launch
   // runs them, and is waited for so).
   virtual absl::Status WaitForStream() { return absl::OkStatus(); }
+
+  // ---- Deferred abort (NCCL whose collectives CUDA graphs captured) -----------
+  // NCCL's abort waits, without a bound, for every graph that captured the
+  // communicator's collectives to be destroyed. A communicator created with its
+  // abort deferred (NcclOptions::defer_abort) only marks itself broken when a
+  // collective fails; its owner destroys those graphs, then calls AbortNow().
+  // True from such a failure until AbortNow().
+  virtual bool abort_pending() const { return false; }
+  virtual void AbortNow() {}
 };
 
 }  // namespace tandem::parallel

@@ -55,6 +55,7 @@ struct NcclCommunicator::Impl {
   bool own_stream = false;   // created here (else the caller's compute stream)
   float* scratch = nullptr;  // one device float for Barrier
   bool aborted = false;
+  bool defer_abort = false;  // NcclOptions::defer_abort
   absl::Status broken;
 
   std::string Where(const char* what) const {
@@ -62,14 +63,18 @@ struct NcclCommunicator::Impl {
                         "): ", what);
   }
 
-  // Aborts the communicator and remembers `status` as the reason.
+  // Aborts the communicator (unless the abort is deferred to the owner) and
+  // remembers `status` as the reason.
   absl::Status Break(absl::Status status) {
+    if (!defer_abort) AbortComm();
+    if (broken.ok()) broken = status;
+    return status;
+  }
+  void AbortComm() {
     if (comm != nullptr && !aborted) {
       ncclCommAbort(comm);
       aborted = true;
     }
-    if (broken.ok()) broken = status;
-    return status;
   }
 
   absl::Status FromNccl(const char* what, ncclResult_t r) {
@@ -177,6 +182,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   impl->size = options.size;
   impl->device = options.device;
   impl->timeout = options.timeout;
+  impl->defer_abort = options.defer_abort;
   // From here on the communicator owns what it created: ~NcclCommunicator
   // releases it on every error path.
   std::unique_ptr<NcclCommunicator> self(new NcclCommunicator(std::move(impl)));
@@ -248,6 +254,9 @@ NcclCommunicator::~NcclCommunicator() {
   Impl& m = *impl_;
   cudaSetDevice(m.device);
   if (m.comm != nullptr) {
+    // Broken, its abort deferred and not done (an owner that never got to it, or
+    // a failed Create): aborted now, not finalized.
+    if (!m.aborted && !m.broken.ok()) m.AbortComm();
     if (!m.aborted) {
       // Flush what was issued, bounded; abort if it does not finish.
       ncclResult_t r = ncclCommFinalize(m.comm);
@@ -278,6 +287,16 @@ void* NcclCommunicator::stream() const { return impl_->stream; }
 void NcclCommunicator::Abort() {
   cudaSetDevice(impl_->device);
   (void)impl_->Break(Unavailable(impl_->Where("abort"), ": aborted by its owner"));
+  impl_->AbortComm();
+}
+
+bool NcclCommunicator::abort_pending() const {
+  return !impl_->broken.ok() && !impl_->aborted && impl_->comm != nullptr;
+}
+
+void NcclCommunicator::AbortNow() {
+  cudaSetDevice(impl_->device);
+  impl_->AbortComm();
 }
 
 absl::Status NcclCommunicator::AllReduceSum(float* data, size_t n) {

@@ -12,6 +12,9 @@
 //                     DEADLINE_EXCEEDED).
 //   Enqueue*        → enqueue only (capturable into a CUDA graph); the poll
 //                     above happens once, at WaitForStream.
+//   defer_abort     → "abort" above only marks the communicator broken; the
+//                     owner destroys its CUDA graphs, then AbortNow() (NCCL's
+//                     abort waits for the graphs that captured the collectives).
 //
 // Pointers given to the collectives are device pointers on options.device.
 // The collectives run on options.stream when given (the rank's compute stream:
@@ -41,6 +44,11 @@ struct NcclOptions {
   // communicator); nullptr: the communicator creates its own.
   void* stream = nullptr;
   absl::Duration timeout = absl::Seconds(60);
+  // A failed collective (timeout, peer error) marks the communicator broken
+  // without ncclCommAbort; the owner calls AbortNow() after destroying the CUDA
+  // graphs that captured its collectives (Communicator, "Deferred abort"). The
+  // stream keeps the stuck collective until then: nothing may wait for it.
+  bool defer_abort = false;
 };
 
 class NcclCommunicator : public Communicator {
@@ -64,6 +72,8 @@ class NcclCommunicator : public Communicator {
   absl::Status EnqueueAllGather(const float* in, size_t n_per_rank,
                                 float* out) override;
   absl::Status WaitForStream() override;
+  bool abort_pending() const override;
+  void AbortNow() override;
 
   // The cudaStream_t the collectives run on (options.stream or its own).
   void* stream() const;

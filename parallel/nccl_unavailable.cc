@@ -25,6 +25,8 @@ int NcclCommunicator::size() const { return 1; }
 absl::Duration NcclCommunicator::timeout() const { return absl::ZeroDuration(); }
 void* NcclCommunicator::stream() const { return nullptr; }
 void NcclCommunicator::Abort() {}
+bool NcclCommunicator::abort_pending() const { return false; }
+void NcclCommunicator::AbortNow() {}
 
 absl::Status NcclCommunicator::AllReduceSum(float*, size_t) {
   return FailedPrecondition("nccl: built without CUDA");

@@ -23,10 +23,13 @@
 #include <string>
 #include <vector>
 
+#include "engine/model/checkpoint.h"
 #include "engine/runtime/model_runner.h"
 #include "engine/runtime/test_util.h"
+#include "engine/runtime/weights.h"
 #include "gtest/gtest.h"
 #include "kernels/backend_factory.h"
+#include "parallel/communicator.h"
 
 namespace tandem::engine {
 namespace {
@@ -312,6 +315,91 @@ TEST(CudaGraphsShortOfMemory, TheStepRunsEagerlyAndGraphsTurnOff) {
   ASSERT_TRUE(Decode(eager.runner.get(), &es, {0, 1}, next, &want).ok());
   EXPECT_EQ(got, want);
   EXPECT_EQ(graph.runner->graph_stats().captures, 0);
+}
+
+// Rank 0 of a TP 2 group whose communicator defers its abort (NCCL's, in the
+// TP executor): NCCL's abort waits, without a bound, for every graph that
+// captured the communicator's collectives, so when a collective fails the
+// runner must destroy its graphs before it aborts. The stand-in communicator
+// enqueues nothing real (the outputs are not looked at), fails the wait of a
+// chosen step as a timeout would, and records how many graphs were live when
+// AbortNow came.
+class DeferredAbortComm : public parallel::Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  absl::Duration timeout() const override { return absl::Seconds(5); }
+  absl::Status AllReduceSum(float*, size_t) override { return absl::OkStatus(); }
+  absl::Status AllReduceSumBf16(uint16_t*, size_t) override { return absl::OkStatus(); }
+  absl::Status AllGather(const float* in, size_t n, float* out) override {
+    std::memcpy(out, in, n * sizeof(float));
+    std::memcpy(out + n, in, n * sizeof(float));
+    return absl::OkStatus();
+  }
+  absl::Status Broadcast(void*, size_t, int) override { return absl::OkStatus(); }
+  absl::Status Barrier() override { return absl::OkStatus(); }
+  bool stream_ordered() const override { return true; }
+  absl::Status EnqueueAllReduceSum(float* d, size_t n) override {
+    return AllReduceSum(d, n);
+  }
+  absl::Status EnqueueAllGather(const float* in, size_t n, float* out) override {
+    return AllGather(in, n, out);
+  }
+  absl::Status WaitForStream() override {
+    if (++waits_ != fail_wait_) return absl::OkStatus();
+    pending_ = true;
+    return absl::DeadlineExceededError("the step's collectives: not complete in time");
+  }
+  bool abort_pending() const override { return pending_; }
+  void AbortNow() override {
+    pending_ = false;
+    ++aborts_;
+    live_graphs_at_abort_ = runner_->graph_stats().live_graphs;
+  }
+
+  ModelRunner* runner_ = nullptr;
+  int waits_ = 0, fail_wait_ = -1, aborts_ = 0;
+  int64_t live_graphs_at_abort_ = -1;
+  bool pending_ = false;
+};
+
+TEST(CudaGraphsDeferredAbort, TheGraphsGoBeforeTheCommunicatorAborts) {
+  auto backend = MakeBackend("cuda_sim");
+  auto ckpt = model::Checkpoint::Open(testing::kTinyCheckpointDir);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  auto loaded = LoadModelWeights(**ckpt, ShardSpec{0, 2});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  auto weights = PlaceModelWeights(*std::move(loaded), backend->device());
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  KvCacheOptions co;
+  co.num_blocks = 8;
+  co.block_size = 16;
+  co.num_slots = 2;
+  co.tp_rank = 0;
+  co.tp_size = 2;
+  co.device = &backend->device();
+  auto cache = KvCache::Create((*weights)->config, co);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  DeferredAbortComm comm;
+  ModelRunner runner(weights->get(), cache->get(), backend.get(), {}, &comm);
+  comm.runner_ = &runner;
+
+  std::vector<TestSequence> s = {{BlockRange(0, 4), 0, 0}};
+  std::vector<float> logits;
+  ASSERT_TRUE(Feed(&runner, &s[0], MakePrompt(5, 3), false, &logits).ok());
+  // Decode: a capture, then replays; the third decode step's wait fails.
+  comm.fail_wait_ = comm.waits_ + 3;
+  ASSERT_TRUE(Decode(&runner, &s, {0}, {11}, &logits).ok());
+  ASSERT_TRUE(Decode(&runner, &s, {0}, {12}, &logits).ok());
+  EXPECT_EQ(runner.graph_stats().captures, 1);
+  EXPECT_EQ(runner.graph_stats().replays, 1);
+  EXPECT_EQ(runner.graph_stats().live_graphs, 1);
+  EXPECT_EQ(comm.aborts_, 0);
+  const absl::Status failed = Decode(&runner, &s, {0}, {13}, &logits);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(failed)) << failed;
+  EXPECT_EQ(comm.aborts_, 1);
+  EXPECT_EQ(comm.live_graphs_at_abort_, 0) << "aborted while a graph still existed";
+  EXPECT_FALSE(comm.abort_pending());
 }
 
 TEST(GraphBuckets, PowersOfTwoThenStepsOf64UpToTheLargestBatch) {

@@ -277,6 +277,20 @@ absl::Status ModelRunner::FinishLogits(float* dev_logits, int64_t rows,
 absl::Status ModelRunner::Forward(absl::Span<const SequenceInput> seqs,
                                   std::vector<float>* logits,
                                   LogitsPlacement placement) {
+  absl::Status st = ForwardStep(seqs, logits, placement);
+  if (comm_ != nullptr && comm_->abort_pending()) {
+    // A collective failed and the communicator's abort waits for us: NCCL's
+    // abort waits for every graph that captured its collectives, so they go
+    // first (this rank's own graph would otherwise hang the abort for ever).
+    ReleaseGraphs();
+    comm_->AbortNow();
+  }
+  return st;
+}
+
+absl::Status ModelRunner::ForwardStep(absl::Span<const SequenceInput> seqs,
+                                      std::vector<float>* logits,
+                                      LogitsPlacement placement) {
   device_logits_ = nullptr;
   device_logits_rows_ = 0;
   // This step's graph plan (set_graph_plan), consumed whatever the step does.

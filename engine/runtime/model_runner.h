@@ -351,6 +351,10 @@ class ModelRunner {
   // An all-padding step of the largest bucket, eagerly: every buffer a graph
   // step uses gets its largest size.
   absl::Status SizeForGraphs(int64_t width, int64_t stride);
+  // Forward's step; Forward then aborts a communicator whose abort is pending
+  // (Communicator, "Deferred abort") once the graphs are gone.
+  absl::Status ForwardStep(absl::Span<const SequenceInput> seqs,
+                           std::vector<float>* logits, LogitsPlacement placement);
   // Frees the scratch above (a step regrows what it needs); graphs go stale.
   void ReleaseScratch();
   int64_t MaxGraphBatch() const;

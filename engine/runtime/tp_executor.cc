@@ -256,13 +256,13 @@ absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::Create(
           sh.status[r] = std::move(s);
         }
       }
+      // The graphs that captured the communicator's collectives go first: NCCL's
+      // abort and destroy wait for them.
+      if (rk.runner != nullptr) rk.runner->ReleaseGraphs();
       // Gloo: closing the connections fails the peers' pending collectives at
       // once. NCCL: a rank that stops abnormally aborts (ncclCommAbort); its peers
       // fail when their own timeout passes and abort in turn.
       if (!exit_status.ok() && rk.nccl != nullptr) rk.nccl->Abort();
-      // The graphs that captured the communicator's collectives go first (NCCL's
-      // destroy waits for them).
-      if (rk.runner != nullptr) rk.runner->ReleaseGraphs();
       rk.nccl = nullptr;
       rk.comm.reset();
       absl::MutexLock l(&sh.mu);
@@ -322,6 +322,8 @@ absl::Status TpExecutor::Connect(int r) {
     no.device = rk.ordinal;
     no.stream = dev.compute_stream().native();
     no.timeout = o.timeout;
+    // The runner aborts it once its graphs are gone (ModelRunner::Forward).
+    no.defer_abort = true;
     auto comm = parallel::NcclCommunicator::Create(no);
     if (!comm.ok()) return comm.status();
     rk.nccl = comm->get();
