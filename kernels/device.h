@@ -55,6 +55,11 @@ class Stream {
   // rules apply (cudaStreamCaptureModeThreadLocal): no Synchronize of the stream,
   // no CopyToDevice / CopyToHost on it, no Allocate / Free on the device while
   // its compute stream captures. Breaking one fails that call and EndCapture.
+  // Those rules bind the capturing thread only: while the compute stream
+  // captures, the other threads' Allocate / Free, synchronisations of it and
+  // work they enqueue on it wait for the capture to end (kernels/capture_gate.h),
+  // so they neither fail nor join the graph. Free on the capturing thread is
+  // done after the capture, which fails.
   virtual absl::Status BeginCapture() {
     return absl::UnimplementedError("this device has no stream capture (graphs)");
   }

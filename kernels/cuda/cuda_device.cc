@@ -12,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/capture_gate.h"
 #include "kernels/cuda/shareable_handle.h"
 
 namespace tandem::kernels::cuda {
@@ -110,8 +112,9 @@ absl::Status NotDuringCapture(absl::string_view what) {
 
 class CudaStream final : public Stream {
  public:
-  CudaStream(int ordinal, cudaStream_t s, bool owned)
-      : ordinal_(ordinal), stream_(s), owned_(owned) {}
+  // gate: the device's, for its compute stream (CaptureGate); null otherwise.
+  CudaStream(int ordinal, cudaStream_t s, bool owned, CaptureGate* gate = nullptr)
+      : ordinal_(ordinal), stream_(s), owned_(owned), gate_(gate) {}
   ~CudaStream() override {
     if (owned_ && stream_ != nullptr) {
       cudaSetDevice(ordinal_);
@@ -121,6 +124,9 @@ class CudaStream final : public Stream {
   void* native() override { return stream_; }
   cudaStream_t get() const { return stream_; }
   absl::Status Synchronize() override {
+    // Another thread's synchronisation waits out a capture (it would invalidate it).
+    std::optional<CaptureGate::Pass> pass;
+    if (gate_ != nullptr && !gate_->HeldByMe()) pass.emplace(*gate_);
     // Errors of kernels that faulted surface here (they are sticky on CUDA).
     return CudaError(cudaStreamSynchronize(stream_), "stream synchronize");
   }
@@ -128,14 +134,21 @@ class CudaStream final : public Stream {
   // (cudaMalloc, synchronous copies) during the capture; other threads may.
   absl::Status BeginCapture() override {
     cudaSetDevice(ordinal_);
-    return CudaError(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
-                     "begin stream capture");
+    if (gate_ != nullptr && !gate_->Begin()) {
+      return absl::FailedPreconditionError("cuda: the stream is already capturing");
+    }
+    absl::Status st =
+        CudaError(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                  "begin stream capture");
+    if (!st.ok() && gate_ != nullptr) gate_->End();
+    return st;
   }
   absl::StatusOr<std::unique_ptr<Graph>> EndCapture() override {
     cudaSetDevice(ordinal_);
     cudaGraph_t graph = nullptr;
     absl::Status st =
         CudaError(cudaStreamEndCapture(stream_, &graph), "end stream capture");
+    if (gate_ != nullptr) gate_->End();  // other threads' device calls go on
     // Memory freed during the capture goes now, after the work queued before
     // it (the capture itself queued none), and the capture fails.
     std::vector<std::pair<void*, bool>> frees;
@@ -191,6 +204,7 @@ class CudaStream final : public Stream {
   int ordinal_;
   cudaStream_t stream_;
   bool owned_;
+  CaptureGate* const gate_;
   absl::Mutex mu_;
   std::vector<std::pair<void*, bool>> deferred_frees_ ABSL_GUARDED_BY(mu_);
 };
@@ -238,7 +252,7 @@ class CudaDevice final : public Device {
       : ordinal_(ordinal),
         name_(absl::StrCat("cuda:", ordinal)),
         pool_(pool),
-        compute_(ordinal, compute, /*owned=*/true) {}
+        compute_(ordinal, compute, /*owned=*/true, &gate_) {}
   ~CudaDevice() override {
     cudaSetDevice(ordinal_);
     cudaStreamSynchronize(compute_.get());
@@ -276,7 +290,10 @@ class CudaDevice final : public Device {
         (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
     void* p = nullptr;
     cudaSetDevice(ordinal_);
-    // An allocation on the compute stream would become a node of the graph.
+    // An allocation on the compute stream would become a node of the graph:
+    // refused on the capturing thread; another thread's waits out the capture.
+    if (gate_.HeldByMe()) return NotDuringCapture("Allocate");
+    CaptureGate::Pass pass(gate_);
     if (IsCapturing(compute_.get())) return NotDuringCapture("Allocate");
     const cudaError_t e = cudaMallocFromPoolAsync(&p, rounded, pool_, compute_.get());
     if (e != cudaSuccess) {
@@ -308,6 +325,8 @@ class CudaDevice final : public Device {
     }
     // Ordered after the work already queued on the compute stream.
     cudaSetDevice(ordinal_);
+    std::optional<CaptureGate::Pass> pass;
+    if (!gate_.HeldByMe()) pass.emplace(gate_);  // another thread's capture ends first
     if (IsCapturing(compute_.get())) {
       std::fprintf(stderr, "%s: Free(%p) during stream capture: the capture fails\n",
                    name_.c_str(), p);
@@ -365,7 +384,10 @@ class CudaDevice final : public Device {
     const size_t rounded = (std::max<size_t>(bytes, 1) + kShareableGranularity - 1) /
                            kShareableGranularity * kShareableGranularity;
     cudaSetDevice(ordinal_);
-    // cudaMalloc is not allowed in a capture (this thread's; it would invalidate it).
+    // cudaMalloc is not allowed in a capture (this thread's; it would invalidate
+    // it); another thread's waits out the capture (its retry synchronises).
+    if (gate_.HeldByMe()) return NotDuringCapture("AllocateShareable");
+    CaptureGate::Pass pass(gate_);
     if (IsCapturing(compute_.get())) return NotDuringCapture("AllocateShareable");
     void* p = nullptr;
     cudaError_t e = cudaMalloc(&p, rounded);
@@ -517,6 +539,8 @@ class CudaDevice final : public Device {
 
   absl::Status CopyToDevice(void* dst, const void* host_src, size_t bytes,
                             Stream* stream) override {
+    std::optional<CaptureGate::Pass> pass;
+    WaitOutCapture(stream, &pass);
     if (IsCapturing(StreamOf(stream))) return NotDuringCapture("CopyToDevice");
     if (bytes == 0) return absl::OkStatus();
     return CudaError(
@@ -525,6 +549,8 @@ class CudaDevice final : public Device {
   }
   absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes,
                           Stream* stream) override {
+    std::optional<CaptureGate::Pass> pass;
+    WaitOutCapture(stream, &pass);
     cudaStream_t s = StreamOf(stream);
     if (IsCapturing(s)) return NotDuringCapture("CopyToHost");
     if (bytes == 0) return absl::OkStatus();
@@ -536,6 +562,8 @@ class CudaDevice final : public Device {
   }
   absl::Status CopyToHostAsync(void* host_dst, const void* src, size_t bytes,
                                Stream* stream) override {
+    std::optional<CaptureGate::Pass> pass;
+    WaitOutCapture(stream, &pass);
     cudaStream_t s = StreamOf(stream);
     if (IsCapturing(s)) return NotDuringCapture("CopyToHostAsync");
     if (bytes == 0) return absl::OkStatus();
@@ -544,6 +572,8 @@ class CudaDevice final : public Device {
   }
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes,
                             Stream* stream) override {
+    std::optional<CaptureGate::Pass> pass;
+    WaitOutCapture(stream, &pass);
     if (bytes == 0) return absl::OkStatus();
     return CudaError(
         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, StreamOf(stream)),
@@ -552,6 +582,8 @@ class CudaDevice final : public Device {
   absl::Status CopyOnDevice2D(void* dst, size_t dst_pitch, const void* src,
                               size_t src_pitch, size_t width, size_t height,
                               Stream* stream) override {
+    std::optional<CaptureGate::Pass> pass;
+    WaitOutCapture(stream, &pass);
     if (width == 0 || height == 0) return absl::OkStatus();
     if (dst_pitch < width || src_pitch < width) {
       return Device::CopyOnDevice2D(dst, dst_pitch, src, src_pitch, width, height,
@@ -565,6 +597,8 @@ class CudaDevice final : public Device {
   // driver refuses it, one cudaMemcpyAsync per piece from then on.
   absl::Status CopyBatchAsync(CopyKind kind, absl::Span<const CopyPiece> pieces,
                               Stream* stream) override {
+    std::optional<CaptureGate::Pass> pass;
+    WaitOutCapture(stream, &pass);
     cudaStream_t s = StreamOf(stream);
     if (IsCapturing(s)) return NotDuringCapture("CopyBatchAsync");
     if (pieces.size() <= 1 || !batch_copies_.load()) {
@@ -611,11 +645,20 @@ class CudaDevice final : public Device {
 #endif
   }
   absl::Status Memset(void* dst, uint8_t byte, size_t bytes, Stream* stream) override {
+    std::optional<CaptureGate::Pass> pass;
+    WaitOutCapture(stream, &pass);
     if (bytes == 0) return absl::OkStatus();
     return CudaError(cudaMemsetAsync(dst, byte, bytes, StreamOf(stream)), "memset");
   }
 
  private:
+  // Work another thread enqueues on the compute stream waits out a capture of it
+  // (CaptureGate); the capturing thread's own is captured or refused.
+  void WaitOutCapture(Stream* stream, std::optional<CaptureGate::Pass>* pass) {
+    if ((stream == nullptr || stream == &compute_) && !gate_.HeldByMe()) {
+      pass->emplace(gate_);
+    }
+  }
   // cudaMemcpyBatchAsync works here (false once the driver refused it).
   std::atomic<bool> batch_copies_{true};
   cudaStream_t StreamOf(Stream* s) {
@@ -633,6 +676,8 @@ class CudaDevice final : public Device {
       shareable_.erase(it);
     }
     cudaSetDevice(ordinal_);
+    std::optional<CaptureGate::Pass> pass;
+    if (!gate_.HeldByMe()) pass.emplace(gate_);  // another thread's capture ends first
     if (IsCapturing(compute_.get())) {
       std::fprintf(stderr, "%s: Free(%p) during stream capture: the capture fails\n",
                    name_.c_str(), p);
@@ -681,6 +726,7 @@ class CudaDevice final : public Device {
   const int ordinal_;
   const std::string name_;
   cudaMemPool_t pool_;
+  CaptureGate gate_;  // the compute stream's captures (before compute_)
   CudaStream compute_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<void*, size_t> sizes_ ABSL_GUARDED_BY(mu_);

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/capture_gate.h"
 #include "kernels/cuda/shareable_handle.h"
 #include "kernels/cuda/sim/simt.h"
 
@@ -100,21 +102,33 @@ class SimGraph final : public Graph {
 
 class SimStream final : public Stream {
  public:
+  // gate: the device's, for its compute stream (CaptureGate); null otherwise.
+  explicit SimStream(CaptureGate* gate = nullptr) : gate_(gate) {}
   // The emulator only needs a distinct, stable handle per stream.
   void* native() override { return this; }
-  // Launches and copies run when they are enqueued.
+  // Launches and copies run when they are enqueued; another thread's
+  // synchronisation waits out a capture of the compute stream.
   absl::Status Synchronize() override {
+    if (gate_ != nullptr && !gate_->HeldByMe()) {
+      CaptureGate::Pass pass(*gate_);
+      return absl::OkStatus();
+    }
     if (capturing()) return CaptureViolation(this, "Synchronize");
     return absl::OkStatus();
   }
   absl::Status BeginCapture() override {
+    if (gate_ != nullptr && !gate_->Begin()) {
+      return absl::FailedPreconditionError("cuda_sim: stream is already capturing");
+    }
     if (!cuda_sim::BeginCapture(this)) {
+      if (gate_ != nullptr) gate_->End();
       return absl::FailedPreconditionError("cuda_sim: stream is already capturing");
     }
     return absl::OkStatus();
   }
   absl::StatusOr<std::unique_ptr<Graph>> EndCapture() override {
     cuda_sim::Captured c = cuda_sim::EndCapture(this);
+    if (gate_ != nullptr) gate_->End();
     if (!c.error.empty()) return absl::FailedPreconditionError(c.error);
     return std::unique_ptr<Graph>(new SimGraph(std::move(c.ops)));
   }
@@ -137,6 +151,9 @@ class SimStream final : public Stream {
     cuda_sim::InvalidateCapture(s->native(), why);
     return absl::FailedPreconditionError(why);
   }
+
+ private:
+  CaptureGate* const gate_;
 };
 
 class SimEvent final : public Event {
@@ -185,9 +202,10 @@ class SimDevice final : public Device {
 
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     const size_t rounded = Rounded(bytes);
-    if (stream_.capturing()) {
+    if (gate_.HeldByMe()) {
       return SimStream::CaptureViolation(&stream_, "Allocate on the device");
     }
+    CaptureGate::Pass pass(gate_);  // another thread's capture ends first
     {
       absl::MutexLock lock(&mu_);
       if (static_cast<int64_t>(rounded) > capacity_ - reserved_) {
@@ -214,7 +232,9 @@ class SimDevice final : public Device {
   void Free(void* p) override {
     if (p == nullptr) return;
     // The memory goes (a graph captured now could not use it); the capture fails.
-    if (stream_.capturing()) (void)SimStream::CaptureViolation(&stream_, "Free");
+    if (gate_.HeldByMe()) (void)SimStream::CaptureViolation(&stream_, "Free");
+    std::optional<CaptureGate::Pass> pass;
+    if (!gate_.HeldByMe()) pass.emplace(gate_);  // another thread's capture ends first
     Shareable shareable;
     {
       absl::MutexLock lock(&mu_);
@@ -269,9 +289,10 @@ class SimDevice final : public Device {
   // the allocation's life: an opener maps it through /proc/<pid>/fd/<fd>.
   absl::StatusOr<void*> AllocateShareable(size_t bytes) override {
     const size_t rounded = Rounded(bytes);
-    if (stream_.capturing()) {
+    if (gate_.HeldByMe()) {
       return SimStream::CaptureViolation(&stream_, "AllocateShareable on the device");
     }
+    CaptureGate::Pass pass(gate_);  // another thread's capture ends first
     {
       absl::MutexLock lock(&mu_);
       if (static_cast<int64_t>(rounded) > capacity_ - reserved_) {
@@ -398,6 +419,7 @@ class SimDevice final : public Device {
   absl::Status CopyToDevice(void* dst, const void* host_src, size_t bytes,
                             Stream* stream) override {
     Stream* s = StreamOf(stream);
+    const auto pass = WaitOutCapture(s);
     if (s->capturing()) return SimStream::CaptureViolation(s, "CopyToDevice");
     if (bytes == 0) return absl::OkStatus();
     if (!Owns(dst, bytes)) return NotOwned("CopyToDevice destination", dst, bytes);
@@ -407,6 +429,7 @@ class SimDevice final : public Device {
   absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes,
                           Stream* stream) override {
     Stream* s = StreamOf(stream);
+    const auto pass = WaitOutCapture(s);
     if (s->capturing()) return SimStream::CaptureViolation(s, "CopyToHost");
     if (bytes == 0) return absl::OkStatus();
     if (!Owns(src, bytes)) return NotOwned("CopyToHost source", src, bytes);
@@ -415,6 +438,7 @@ class SimDevice final : public Device {
   }
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes,
                             Stream* stream) override {
+    const auto pass = WaitOutCapture(StreamOf(stream));
     if (bytes == 0) return absl::OkStatus();
     if (!Owns(dst, bytes)) return NotOwned("CopyOnDevice destination", dst, bytes);
     if (!Owns(src, bytes)) return NotOwned("CopyOnDevice source", src, bytes);
@@ -426,6 +450,7 @@ class SimDevice final : public Device {
     return absl::OkStatus();
   }
   absl::Status Memset(void* dst, uint8_t byte, size_t bytes, Stream* stream) override {
+    const auto pass = WaitOutCapture(StreamOf(stream));
     if (bytes == 0) return absl::OkStatus();
     if (!Owns(dst, bytes)) return NotOwned("Memset destination", dst, bytes);
     if (cuda_sim::Record(StreamOf(stream)->native(),
@@ -438,6 +463,12 @@ class SimDevice final : public Device {
 
  private:
   Stream* StreamOf(Stream* s) { return s == nullptr ? &stream_ : s; }
+  // Work another thread enqueues on the compute stream waits out a capture of it
+  // (CaptureGate); the capturing thread's own is captured or refused.
+  std::unique_ptr<CaptureGate::Pass> WaitOutCapture(Stream* s) {
+    if (s != &stream_ || gate_.HeldByMe()) return nullptr;
+    return std::make_unique<CaptureGate::Pass>(gate_);
+  }
   static absl::Status NotOwned(const char* what, const void* p, size_t bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cuda_sim: ", what, " [", absl::Hex(reinterpret_cast<uintptr_t>(p)), ", +",
@@ -505,7 +536,8 @@ class SimDevice final : public Device {
   }
 
   const int64_t capacity_;
-  SimStream stream_;
+  CaptureGate gate_;  // the compute stream's captures (before stream_)
+  SimStream stream_{&gate_};
   mutable absl::Mutex mu_;
   // start -> bytes; shareable allocations are here too (Owns, Free).
   std::map<uintptr_t, size_t> live_ ABSL_GUARDED_BY(mu_);

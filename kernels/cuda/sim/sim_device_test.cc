@@ -1,11 +1,14 @@
 #include "kernels/cuda/sim/sim_device.h"
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/sim/simt.h"
 
@@ -239,6 +242,51 @@ TEST(SimDevice, CaptureRulesHostCopiesSynchronizeAndAllocationFailTheCapture) {
   ASSERT_TRUE((*other)->BeginCapture().ok());
   EXPECT_TRUE(dev->CopyToHost(host.data(), buf->data(), 64).ok());
   EXPECT_TRUE((*other)->EndCapture().ok());
+}
+
+// Another thread's device calls while one thread captures the compute stream
+// (the decode service hashing a landed hand-off while the engine captures a
+// decode graph): they wait for the capture to end, then succeed, and the
+// capture is not broken by them: an allocation, a free, a synchronisation and
+// copies on the compute stream, none of which is recorded into the graph.
+TEST(SimDevice, OtherThreadsWaitOutACaptureOfTheComputeStream) {
+  auto dev = CreateSimDevice();
+  auto buf = DeviceBuffer::Allocate(dev.get(), 64);
+  auto old = DeviceBuffer::Allocate(dev.get(), 64);
+  ASSERT_TRUE(buf.ok() && old.ok());
+  Stream& s = dev->compute_stream();
+  ASSERT_TRUE(s.BeginCapture().ok());
+  ASSERT_TRUE(dev->Memset(buf->data(), 7, 64).ok());  // captured
+  std::atomic<bool> capture_ended{false};
+  std::atomic<int> ran_during_capture{0};
+  absl::Status other_status;
+  std::thread other([&] {
+    auto check = [&](absl::Status st) {
+      if (!capture_ended.load()) ++ran_during_capture;
+      if (other_status.ok()) other_status = st;
+    };
+    auto grown = DeviceBuffer::Allocate(dev.get(), 4096);
+    check(grown.status());
+    old->Reset();  // a free
+    check(absl::OkStatus());
+    check(dev->Synchronize());
+    std::vector<char> host(64, 3);
+    if (grown.ok()) {
+      check(dev->CopyToDevice(grown->data(), host.data(), 64));
+      check(dev->Memset(grown->data(), 5, 64));
+      check(dev->CopyToHost(host.data(), grown->data(), 64));
+      EXPECT_EQ(host[0], 5);
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(200));  // the other thread is waiting by now
+  capture_ended.store(true);
+  auto graph = s.EndCapture();
+  other.join();
+  EXPECT_TRUE(other_status.ok()) << other_status;
+  EXPECT_EQ(ran_during_capture.load(), 0);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_EQ((*graph)->num_nodes(), 1);  // the memset only
+  // The capturing thread's own calls are still refused (CaptureRules... above).
 }
 
 // Host functions run in stream order: now on a stream that does not capture,
