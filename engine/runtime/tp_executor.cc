@@ -353,9 +353,10 @@ absl::Status TpExecutor::Forward(absl::Span<const SequenceInput> seqs,
   if (!broken_.ok()) return Broken();
   const int n = tp_size();
   const int64_t step = ++steps_;
-  if (n == 1) return ranks_[0]->runner->Forward(seqs, logits, placement);
-  // Slot operations on this thread may have left another rank's GPU current.
+  // Slot operations on this thread may have left another rank's GPU current, and
+  // a TP 1 runner on cuda:N must not rely on an earlier call having made it so.
   TANDEM_RETURN_IF_ERROR(OnRank(0));
+  if (n == 1) return ranks_[0]->runner->Forward(seqs, logits, placement);
   // One CUDA-graph plan for every rank (the ranks are idle here): a graph only
   // where every rank may run one (rank 0 alone may have hooks; a rank whose
   // capture failed has graphs off), a capture where any rank must (a rank's
