@@ -39,8 +39,12 @@ __host__ __device__ __forceinline__ int RoundUp(int x, int m) {
 // r < kRows, in registers for all T tokens.
 constexpr int kRecCols = 8;
 constexpr int kRecGroups = kWarpSize / kRecCols;
-template <int kRows>
-__global__ void KdaRecurrentKernel(KdaLaunchArgs a, int warps) {
+// kMaxThreads (launch bounds): the block the launch uses, 256 or 1024. A
+// 1024-thread block fits the register file only at <= 64 registers a thread,
+// which the compiler must know, or the launch fails for lack of resources.
+template <int kRows, int kMaxThreads>
+__global__ void __launch_bounds__(kMaxThreads)
+    KdaRecurrentKernel(KdaLaunchArgs a, int warps) {
   const int dk = static_cast<int>(a.head_dim_k), dv = static_cast<int>(a.head_dim_v);
   const int heads = static_cast<int>(a.heads);
   const int h = blockIdx.y;
@@ -614,16 +618,36 @@ const char* KdaRecurrentLaunch(const KdaLaunchArgs& a, void* stream) {
                   static_cast<unsigned>(a.heads), static_cast<unsigned>(a.num_seqs));
   const dim3 block(warps * kWarpSize);
   const size_t smem = (3 * dk + 2 * warps * kRecCols) * sizeof(float);
-  switch (rows) {
-    case 1:
-      TANDEM_LAUNCH(KdaRecurrentKernel<1>, grid, block, smem, stream, a, warps);
-      break;
-    case 2:
-      TANDEM_LAUNCH(KdaRecurrentKernel<2>, grid, block, smem, stream, a, warps);
-      break;
-    default:
-      TANDEM_LAUNCH(KdaRecurrentKernel<4>, grid, block, smem, stream, a, warps);
-      break;
+  if (warps == 8) {
+    switch (rows) {
+      case 1:
+        TANDEM_LAUNCH((KdaRecurrentKernel<1, 256>), grid, block, smem, stream, a,
+                      warps);
+        break;
+      case 2:
+        TANDEM_LAUNCH((KdaRecurrentKernel<2, 256>), grid, block, smem, stream, a,
+                      warps);
+        break;
+      default:
+        TANDEM_LAUNCH((KdaRecurrentKernel<4, 256>), grid, block, smem, stream, a,
+                      warps);
+        break;
+    }
+  } else {
+    switch (rows) {
+      case 1:
+        TANDEM_LAUNCH((KdaRecurrentKernel<1, 1024>), grid, block, smem, stream, a,
+                      warps);
+        break;
+      case 2:
+        TANDEM_LAUNCH((KdaRecurrentKernel<2, 1024>), grid, block, smem, stream, a,
+                      warps);
+        break;
+      default:
+        TANDEM_LAUNCH((KdaRecurrentKernel<4, 1024>), grid, block, smem, stream, a,
+                      warps);
+        break;
+    }
   }
   return ::tandem::gpu::LaunchError();
 }

@@ -1128,8 +1128,11 @@ int AbsorbedRowGroups(const MlaLaunchArgs& a) {
 }
 
 bool AbsorbedMmaFits(const MlaLaunchArgs& a) {
-  // lora + rope a multiple of 8: cache rows of whole 16-byte pieces (cp.async).
+  // lora + rope a multiple of 8 and a 16-byte aligned cache: rows of whole
+  // 16-byte pieces (cp.async faults on a misaligned address; the SIMT kernel
+  // takes any).
   return a.lora % (kAbsWarps * 8) == 0 && (a.lora + a.rope) % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(a.kv_cache) % 16 == 0 &&
          AbsorbedMmaSmem(a, AbsorbedRowGroups(a)) <= kMaxSmem;
 }
 

@@ -71,14 +71,17 @@
 //     tie-group tests) or the target is not that close to a prefix mass.
 // Transcendentals: under the emulator exp/log are the host's libm, the CPU's
 // functions, so the test checks bit-identity. With nvcc, expf/logf of a float
-// are computed as (float)exp((double)x) (CUDA's double exp is within 1 ulp,
-// so the float result is the correctly rounded one except within 2^-29 of a
-// rounding midpoint, where glibc's expf (0.502 ulp) may also round either way):
-// on hardware a chunk sum can therefore differ from the CPU's in its last bit
-// in rare rows, which can flip a draw whose u lands within ~1e-7 of a CDF step.
-// Making that exact needs one shared expf implementation for both samplers
-// (a follow-up for engine/sampling). No FMA contraction where the CPU has none:
-// products that feed sums use __fmul_rn / __dmul_rn on the device.
+// are computed as (float)exp((double)x): CUDA's double exp is within 1 ulp, so
+// that is the correctly rounded float except within 2^-29 of a rounding
+// midpoint. glibc's expf is not correctly rounded (its bound is 0.502 ulp, and
+// logf's 0.818): results that close to a midpoint round either way, a small
+// fraction of arguments but a few tokens of most 163,840-token rows. On
+// hardware a token's weight therefore differs from the CPU's in its last bit in
+// most rows, a chunk sum or a logprob now and then (the GPU tests compare
+// logprobs within 1e-5), and a draw flips only when its u lands within ~1e-7 of
+// a CDF step. Making that exact needs one shared expf implementation for both
+// samplers (a follow-up for engine/sampling). No FMA contraction where the CPU has
+// none: products that feed sums use __fmul_rn / __dmul_rn on the device.
 //
 // Errors: a row whose processed logits hold NaN or +inf, or whose every token
 // is -inf, or whose structured-output mask leaves no token, or random sampling

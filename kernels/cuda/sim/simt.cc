@@ -139,6 +139,8 @@ struct Block {
   // TANDEM_SHARED storage poisoned in this block, and its bytes.
   std::vector<void*> static_smem;
   size_t static_smem_bytes = 0;
+  // Static and dynamic together: 48 KiB, or 227 KiB for a kernel that opted in.
+  size_t smem_total_limit = 0;
   std::mt19937_64 rng;
   bool shuffle = true;
   std::string fault;
@@ -390,10 +392,12 @@ void PoisonSharedBytes(void* p, size_t bytes) {
   std::memset(p, 0xFF, bytes);
   if (b->static_smem_bytes > kMaxStaticSmem) {
     Fault("static shared memory over 48 KiB (ptxas refuses such a kernel)");
-  } else if (b->static_smem_bytes + b->dynamic_smem.size() > kMaxSmemOptIn) {
-    Fault(
-        "too many resources requested for launch: static and dynamic shared "
-        "memory over 227 KiB");
+  } else if (b->static_smem_bytes + b->dynamic_smem.size() > b->smem_total_limit) {
+    Fault(b->smem_total_limit > kDefaultSmemLimit
+              ? "too many resources requested for launch: static and dynamic shared "
+                "memory over 227 KiB"
+              : "too many resources requested for launch: static and dynamic shared "
+                "memory over 48 KiB (the kernel did not opt in to more)");
   }
 }
 
@@ -582,10 +586,14 @@ void Launch(const char* name, const void* kernel, dim3 grid, dim3 block,
     return;
   }
   size_t smem_limit = kDefaultSmemLimit;
+  bool opted_in = false;  // cudaFuncAttributeMaxDynamicSharedMemorySize was set
   {
     std::lock_guard<std::mutex> lock(g_mu);
     auto it = SmemAllowances().find(kernel);
-    if (it != SmemAllowances().end()) smem_limit = std::max(smem_limit, it->second);
+    if (it != SmemAllowances().end()) {
+      smem_limit = std::max(smem_limit, it->second);
+      opted_in = true;
+    }
   }
   if (dynamic_smem > smem_limit) {
     fail("too much dynamic shared memory (" + std::to_string(dynamic_smem) +
@@ -623,6 +631,7 @@ void Launch(const char* name, const void* kernel, dim3 grid, dim3 block,
   b.body = &body;
   b.shuffle = seed != 0;
   b.warp_groups.resize(nwarps);
+  b.smem_total_limit = opted_in ? kMaxSmemOptIn : kDefaultSmemLimit;
   b.rng.seed(seed ^ (launch_no << 20));
   w.block = &b;
   for (uint64_t bi : order) {

@@ -165,6 +165,31 @@ TEST(Simt, StaticSharedMemoryOver48KiBFailsTheLaunch) {
   EXPECT_NE(std::string(err).find("48 KiB"), std::string::npos) << err;
 }
 
+// Without opting in, static and dynamic shared memory together may not pass
+// 48 KiB (a GPU refuses the launch); opting in the dynamic part lifts that.
+__global__ void StaticAndDynamicShared(float* out) {
+  TANDEM_SHARED(float, fixed, [2048]);  // 8 KiB
+  TANDEM_DYNAMIC_SMEM(float, dyn);
+  fixed[threadIdx.x] = 1;
+  dyn[threadIdx.x] = 2;
+  __syncthreads();
+  if (threadIdx.x == 0) out[0] = fixed[0] + dyn[0];
+}
+
+TEST(Simt, StaticPlusDynamicSharedMemoryOver48KiBNeedsTheOptIn) {
+  float out = 0;
+  float* po = &out;
+  const size_t dynamic = 44 << 10;
+  TANDEM_LAUNCH(StaticAndDynamicShared, dim3(1), dim3(32), dynamic, nullptr, po);
+  const char* err = LaunchError();
+  ASSERT_NE(err, nullptr);
+  EXPECT_NE(std::string(err).find("did not opt in"), std::string::npos) << err;
+  ASSERT_EQ(tandem::gpu::AllowDynamicSmem(StaticAndDynamicShared, dynamic), nullptr);
+  TANDEM_LAUNCH(StaticAndDynamicShared, dim3(1), dim3(32), dynamic, nullptr, po);
+  ASSERT_EQ(LaunchError(), nullptr);
+  EXPECT_EQ(out, 3);
+}
+
 __global__ void CountEven(int* out) {
   const int c = __syncthreads_count(threadIdx.x % 2 == 0);
   const int any = __syncthreads_or(threadIdx.x == 5);
