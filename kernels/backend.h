@@ -133,6 +133,12 @@ struct MlaArgs {
   // Host backends ignore both.
   int64_t split_seqs = 0;
   int64_t split_context = 0;
+  // The longest seq_lens value (a host copy) or 0 (unknown: the tables' reach,
+  // block_table_stride * block_size). Device backends walk the expanded form's
+  // context up to it, not to the tables' reach (a table sized for a 1M-token
+  // prompt, the first chunks of its prefill); a sequence longer than it is
+  // refused (kBadSequenceLength). Host backends ignore it.
+  int64_t max_context = 0;
 };
 
 // One routed expert in MXFP4 (compressed-tensors "mxfp4-pack-quantized"):

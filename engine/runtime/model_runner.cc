@@ -1078,6 +1078,7 @@ absl::Status ModelRunner::PlanStep(absl::Span<const SequenceInput> seqs) {
       std::copy(seqs[s].block_table.begin(), seqs[s].block_table.end(),
                 tables + j * stride);
       longest = std::max<int64_t>(longest, (seq_lens[j] + bs - 1) / bs);
+      run.max_context = std::max<int64_t>(run.max_context, seq_lens[j]);
     }
     // A decode run plans its split-KV decomposition as the graph of its bucket
     // would (same arithmetic with graphs on and off).
@@ -1197,6 +1198,7 @@ absl::Status ModelRunner::MlaLayer(const LayerWeights& lw,
     a.out = att + run.first_row * nh * vd;
     a.split_seqs = run.split_seqs;
     a.split_context = run.split_context;
+    a.max_context = run.max_context;
     if (absorbed) {
       TANDEM_RETURN_IF_ERROR(be.MlaAttentionAbsorbed(a));
     } else {

@@ -421,6 +421,7 @@ class ModelRunner {
     bool absorbed = false;
     int64_t num_seqs = 0, num_tokens = 0, first_row = 0, stride = 1;
     int64_t split_seqs = 0, split_context = 0;  // MlaArgs' (0: the call's own)
+    int64_t max_context = 0;                    // MlaArgs': the longest seq_len
     const int32_t *seq_lens = nullptr, *query_start = nullptr, *tables = nullptr;
   };
   std::vector<MlaRun> mla_runs_;

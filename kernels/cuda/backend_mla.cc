@@ -52,6 +52,7 @@ absl::Status Prepare(const MlaArgs& m, int32_t* error_word, bool absorbed,
   a->out = m.out;
   a->ld_out = m.ld_out;
   a->error_word = error_word;
+  a->max_context = m.max_context;
   if (const char* why = MlaUnsupported(*a, absorbed))
     return absl::UnimplementedError(why);
   return absl::OkStatus();

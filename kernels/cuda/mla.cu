@@ -79,7 +79,8 @@ __device__ __forceinline__ bool SeqOk(const MlaLaunchArgs& a, int64_t s, int64_t
   // its rows are zeros.
   return *q0 >= 0 && *q_len >= 0 && *q0 + *q_len <= a.num_tokens &&
          (*q_len <= *ctx || (*ctx == 0 && a.empty_is_padding)) &&
-         *ctx <= a.block_table_stride * a.block_size;
+         *ctx <= a.block_table_stride * a.block_size &&
+         (a.max_context <= 0 || *ctx <= a.max_context);
 }
 
 // One thread checks every sequence's lengths and records the first problem.
@@ -90,7 +91,8 @@ __device__ void CheckSequences(const MlaLaunchArgs& a) {
   for (int64_t s = 0; s < a.num_seqs; ++s) {
     const int64_t q_len = a.query_start[s + 1] - a.query_start[s];
     const int64_t ctx = a.seq_lens[s];
-    if (q_len < 0 || (q_len > ctx && !(ctx == 0 && a.empty_is_padding))) {
+    if (q_len < 0 || (q_len > ctx && !(ctx == 0 && a.empty_is_padding)) ||
+        (a.max_context > 0 && ctx > a.max_context)) {
       RecordError(a.error_word, kBadSequenceLength);
     }
     if (ctx > a.block_table_stride * a.block_size) {
@@ -1105,6 +1107,12 @@ int64_t MaxContext(const MlaLaunchArgs& a) {
   return a.block_table_stride * a.block_size;
 }
 
+// How far the expanded form walks the context: the caller's longest sequence
+// where it gave one, else the tables' reach.
+int64_t ExpandedContext(const MlaLaunchArgs& a) {
+  return a.max_context > 0 ? std::min(a.max_context, MaxContext(a)) : MaxContext(a);
+}
+
 size_t AbsorbedSmem(const MlaLaunchArgs& a) {
   const int64_t width = a.lora + a.rope;
   return sizeof(float) * (kAbsRows * width + kKeys * OddStride(width / 2) +
@@ -1272,7 +1280,7 @@ int64_t MlaExpandedChunk(const MlaLaunchArgs& a, size_t budget_bytes) {
       budget_bytes > fixed
           ? static_cast<int64_t>((budget_bytes - fixed) / per_pos) / kGemmPos * kGemmPos
           : 0;
-  const int64_t max_ctx = (MaxContext(a) + kGemmPos - 1) / kGemmPos * kGemmPos;
+  const int64_t max_ctx = (ExpandedContext(a) + kGemmPos - 1) / kGemmPos * kGemmPos;
   return std::max<int64_t>(kGemmPos, std::min(chunk, max_ctx));
 }
 
@@ -1306,7 +1314,7 @@ const char* MlaExpandedLaunch(const MlaLaunchArgs& a, int64_t chunk, void* scrat
   // The expansion's operands are BF16: tensor cores unless SIMT is asked for.
   const bool mma_expand = core != MlaCore::kSimt && a.lora % kGemmK == 0;
   const dim3 fgrid((a.num_tokens + rows - 1) / rows + a.num_seqs, a.heads);
-  for (int64_t c0 = 0; c0 < std::max<int64_t>(MaxContext(a), 1); c0 += chunk) {
+  for (int64_t c0 = 0; c0 < std::max<int64_t>(ExpandedContext(a), 1); c0 += chunk) {
     if (mma_expand) {
       TANDEM_LAUNCH(MlaExpandKvMma, egrid, kEgWarps * kWarpSize, 0, stream, a, c0,
                     chunk, kv);

@@ -99,6 +99,8 @@ struct MlaLaunchArgs {
   float* out = nullptr;  // [num_tokens, heads, v], ld_out
   int64_t ld_out = 0;
   int32_t* error_word = nullptr;
+  // MlaArgs::max_context: the longest seq_lens value, 0 unknown.
+  int64_t max_context = 0;
   // Absorbed on tensor cores: 16-row groups per block (1..3); 0 = from the
   // average rows per sequence, num_tokens * heads / num_seqs (tests force each).
   int row_groups = 0;

@@ -161,10 +161,11 @@ std::vector<float> Absorbed(const MlaCall& s, int splits, int32_t* error = nullp
 
 // chunk <= 0: MlaExpandedChunk for a 256 MiB budget.
 std::vector<float> Expanded(const MlaCall& s, int64_t chunk, int32_t* error = nullptr,
-                            MlaCore core = MlaCore::kAuto) {
+                            MlaCore core = MlaCore::kAuto, int64_t max_context = 0) {
   std::vector<float> out(s.tokens * s.c.heads * s.c.v, -7.0f);
   int32_t word = 0;
-  const MlaLaunchArgs a = ToLaunch(s.Args(out.data()), &word);
+  MlaLaunchArgs a = ToLaunch(s.Args(out.data()), &word);
+  a.max_context = max_context;
   if (chunk <= 0) chunk = MlaExpandedChunk(a, size_t{256} << 20);
   std::vector<char> scratch(MlaExpandedScratchBytes(a, chunk) + 256);
   const char* e = MlaExpandedLaunch(a, chunk, scratch.data(), nullptr, core);
@@ -263,6 +264,44 @@ TEST(MlaKernels, SplitsAndChunksDoNotChangeTheResult) {
                    std::string("expanded ") + CoreName(core) + " chunk " +
                        std::to_string(chunk));
     }
+  }
+}
+
+// The same call with block tables `factor` times wider (a prompt's table sized
+// for its whole prompt, the early chunks of its prefill): the extra entries are
+// never read.
+MlaCall Widened(const MlaCall& s, int64_t factor) {
+  MlaCall w = s;
+  w.max_blocks = s.max_blocks * factor;
+  w.tables.assign(s.c.ctx.size() * w.max_blocks, 0);
+  for (size_t i = 0; i < s.c.ctx.size(); ++i) {
+    std::copy_n(s.tables.begin() + i * s.max_blocks, s.max_blocks,
+                w.tables.begin() + i * w.max_blocks);
+  }
+  return w;
+}
+
+// The expanded form walks the context up to the longest sequence the caller
+// names (MlaArgs::max_context), not to the tables' reach: the same result in a
+// fraction of the launches, and a sequence longer than the bound is refused.
+TEST(MlaKernels, ExpandedWalksOnlyTheLongestContext) {
+  const Case c{2, 16, 16, 16, 32, {200, 65, 3, 150, 7}, {4, 1, 3, 150, 0}};
+  const MlaCall s = Make(c, 16, 11);
+  const MlaCall wide = Widened(s, 16);  // 3328 positions of reach
+  const std::vector<float> want = Oracle(s);
+  for (MlaCore core : kCores) {
+    const std::vector<float> narrow = Expanded(s, 64, nullptr, core);
+    const uint64_t l0 = cuda_sim::GetStats().launches;
+    const std::vector<float> unbounded = Expanded(wide, 64, nullptr, core);
+    const uint64_t l1 = cuda_sim::GetStats().launches;
+    const std::vector<float> bounded = Expanded(wide, 64, nullptr, core, 200);
+    const uint64_t l2 = cuda_sim::GetStats().launches;
+    ExpectWithin(unbounded, want, kBound, std::string("unbounded ") + CoreName(core));
+    EXPECT_EQ(bounded, narrow) << CoreName(core);
+    EXPECT_LT(8 * (l2 - l1), l1 - l0) << CoreName(core) << ": 4 chunks instead of 52";
+    int32_t err = 0;
+    Expanded(wide, 64, &err, core, 199);
+    EXPECT_EQ(err, kBadSequenceLength) << CoreName(core);
   }
 }
 
