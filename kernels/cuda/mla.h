@@ -50,7 +50,8 @@
 //
 // ---- Expanded (prefill): MlaExpandedLaunch ----------------------------------
 // The context is walked in chunks of `chunk` positions (host loop, so scratch is
-// bounded for any context): per chunk
+// bounded for any context), up to max_context where the caller gave it (else
+// the tables' reach, block_table_stride * block_size): per chunk
 //   1. MlaExpandKvMma / MlaExpandKv: [k_nope | v] = W_h c for every position of
 //      the chunk, head h, fp32 into scratch: a 64 x 128 block tile, K-steps of 32
 //      staged in shared memory; on tensor cores where lora % 32 == 0 (c and W are
@@ -130,7 +131,7 @@ const char* MlaAbsorbedLaunch(const MlaLaunchArgs& a, int splits, void* scratch,
 
 // ---- Expanded ----------------------------------------------------------------
 // Context chunk (a multiple of 64) such that the scratch fits `budget_bytes`
-// (at least one 64-position chunk), no longer than the largest possible context.
+// (at least one 64-position chunk), no longer than the context walked.
 int64_t MlaExpandedChunk(const MlaLaunchArgs& a, size_t budget_bytes);
 size_t MlaExpandedScratchBytes(const MlaLaunchArgs& a, int64_t chunk);
 // kAuto: tensor cores where (nope + rope) % 16 == 0 and v % 8 == 0 (K3), else SIMT.
