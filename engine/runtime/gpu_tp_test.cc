@@ -312,6 +312,9 @@ TEST_P(GpuTp, RanksAgreeOnEachStepsGraphPlan) {
 // The logits equal an enforce_eager group's. On cuda_sim, whose capacity is
 // exact (a CUDA pool may hold freed memory that cudaMemGetInfo does not count).
 TEST(GpuTpShortOfMemory, ARankShortOfGraphMemoryRunsTheStepEagerlyWithItsPeers) {
+  if (!kernels::CreateBackend("cuda_sim").ok()) {
+    GTEST_SKIP() << "cuda_sim is not in this build (--config=cuda)";
+  }
   TpExecutorOptions o = Options(2, "cuda_sim");
   o.cache.num_slots = 4;
   TpExecutorOptions eager_options = o;
