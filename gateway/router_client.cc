@@ -5,6 +5,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "gateway/router_session.h"
+#include "rpc/channel_users.h"
 #include "rpc/deadline.h"
 
 namespace tandem::gateway {
@@ -18,9 +19,11 @@ class GenerateReactor final
       public GenerateCall,
       public std::enable_shared_from_this<GenerateReactor> {
  public:
-  GenerateReactor(tandem::v1::GenerateRequest request, absl::Time deadline,
-                  RouterClient::StreamCallbacks callbacks)
-      : request_(std::move(request)), callbacks_(std::move(callbacks)) {
+  GenerateReactor(rpc::ChannelUsers::Use use, tandem::v1::GenerateRequest request,
+                  absl::Time deadline, RouterClient::StreamCallbacks callbacks)
+      : use_(std::move(use)),
+        request_(std::move(request)),
+        callbacks_(std::move(callbacks)) {
     context_.set_deadline(rpc::ToGrpcDeadline(deadline));
   }
 
@@ -56,6 +59,9 @@ class GenerateReactor final
   }
 
  private:
+  // First: destroyed after context_ (its channel reference); see
+  // rpc/channel_users.h.
+  rpc::ChannelUsers::Use use_;
   grpc::ClientContext context_;
   tandem::v1::GenerateRequest request_;
   tandem::v1::GenerateResponse response_;
@@ -73,14 +79,18 @@ RouterClient::RouterClient(std::shared_ptr<grpc::Channel> channel, Options optio
       health_(grpc::health::v1::Health::NewStub(channel_)) {
   if (options.sessions > 0) {
     sessions_ = std::make_unique<SessionPool>(router_.get(), options.sessions,
-                                              options.registry);
+                                              options.registry, users_);
   }
 }
 
 RouterClient::RouterClient(std::shared_ptr<grpc::Channel> channel)
     : RouterClient(std::move(channel), Options{}) {}
 
-RouterClient::~RouterClient() = default;
+RouterClient::~RouterClient() {
+  sessions_.reset();
+  // The stubs hold the channel too but are destroyed here, on this thread.
+  users_.ReleaseChannel(std::move(channel_), kCallsEndWithin, "gateway router client");
+}
 
 std::shared_ptr<GenerateCall> RouterClient::Generate(
     tandem::v1::GenerateRequest request, absl::Time deadline,
@@ -88,8 +98,8 @@ std::shared_ptr<GenerateCall> RouterClient::Generate(
   if (sessions_ != nullptr) {
     return sessions_->Generate(std::move(request), deadline, std::move(callbacks));
   }
-  auto call = std::make_shared<GenerateReactor>(std::move(request), deadline,
-                                                std::move(callbacks));
+  auto call = std::make_shared<GenerateReactor>(users_.Enter(), std::move(request),
+                                                deadline, std::move(callbacks));
   call->Start(router_.get());
   return call;
 }
@@ -98,11 +108,12 @@ void RouterClient::ResetPrefixCache(
     absl::Time deadline,
     std::function<void(absl::StatusOr<tandem::v1::ResetPrefixCacheResponse>)> done) {
   struct State {
+    rpc::ChannelUsers::Use use;  // first: outlives the context
     grpc::ClientContext context;
     tandem::v1::ResetPrefixCacheRequest request;
     tandem::v1::ResetPrefixCacheResponse response;
   };
-  auto* state = new State;
+  auto* state = new State{.use = users_.Enter()};
   state->context.set_deadline(rpc::ToGrpcDeadline(deadline));
   router_->async()->ResetPrefixCache(
       &state->context, &state->request, &state->response,
@@ -120,11 +131,12 @@ void RouterClient::ListModels(
     absl::Time deadline,
     std::function<void(absl::StatusOr<tandem::v1::ListModelsResponse>)> done) {
   struct State {
+    rpc::ChannelUsers::Use use;  // first: outlives the context
     grpc::ClientContext context;
     tandem::v1::ListModelsRequest request;
     tandem::v1::ListModelsResponse response;
   };
-  auto* state = new State;
+  auto* state = new State{.use = users_.Enter()};
   state->context.set_deadline(rpc::ToGrpcDeadline(deadline));
   router_->async()->ListModels(&state->context, &state->request, &state->response,
                                [state, done = std::move(done)](grpc::Status status) {
@@ -143,11 +155,12 @@ void RouterClient::CheckHealth(
         void(absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus>)>
         done) {
   struct State {
+    rpc::ChannelUsers::Use use;  // first: outlives the context
     grpc::ClientContext context;
     grpc::health::v1::HealthCheckRequest request;
     grpc::health::v1::HealthCheckResponse response;
   };
-  auto* state = new State;
+  auto* state = new State{.use = users_.Enter()};
   state->context.set_deadline(rpc::ToGrpcDeadline(deadline));
   health_->async()->Check(&state->context, &state->request, &state->response,
                           [state, done = std::move(done)](grpc::Status status) {

@@ -27,6 +27,7 @@
 #include "metrics/registry.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/router.grpc.pb.h"
+#include "rpc/channel_users.h"
 
 namespace tandem::gateway {
 
@@ -57,7 +58,13 @@ class RouterClient {
 
   explicit RouterClient(std::shared_ptr<grpc::Channel> channel);
   RouterClient(std::shared_ptr<grpc::Channel> channel, Options options);
+  // Closes the sessions, then waits (up to kCallsEndWithin) until no call
+  // object holds the channel any more, so that its last reference is dropped
+  // here and not on a gRPC thread (rpc/channel_users.h). Every call should
+  // have ended (or been cancelled) and its handle been dropped by then.
   ~RouterClient();
+
+  static constexpr absl::Duration kCallsEndWithin = absl::Seconds(10);
 
   // Starts a Generate stream with `deadline`.
   std::shared_ptr<GenerateCall> Generate(tandem::v1::GenerateRequest request,
@@ -81,6 +88,8 @@ class RouterClient {
           done);
 
  private:
+  // The objects that hold the channel through a ClientContext: every call's.
+  const rpc::ChannelUsers users_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<tandem::v1::Router::Stub> router_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;

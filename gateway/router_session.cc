@@ -35,6 +35,9 @@ struct SessionPoolCore {
   // grpc_shutdown were gone (ref_counted.h "prior > 0" in
   // grpc_cq_internal_unref).
   std::vector<std::shared_ptr<RouterSession>> ended ABSL_GUARDED_BY(mu);
+  // Counts the sessions alive (a session that a caller's call keeps past the
+  // pool included), for the channel's owner.
+  rpc::ChannelUsers users;
   std::atomic<int64_t> sessions_opened{0};
   std::atomic<int64_t> messages_received{0};
   std::atomic<int64_t> events_received{0};
@@ -138,7 +141,7 @@ class RouterSession final : public grpc::ClientBidiReactor<tandem::v1::SessionRe
                             public std::enable_shared_from_this<RouterSession> {
  public:
   explicit RouterSession(std::shared_ptr<SessionPoolCore> core)
-      : core_(std::move(core)) {}
+      : use_(core->users.Enter()), core_(std::move(core)) {}
 
   // Binds and starts the call; what was submitted before goes out now.
   void Start(tandem::v1::Router::Stub* stub) {
@@ -303,6 +306,8 @@ class RouterSession final : public grpc::ClientBidiReactor<tandem::v1::SessionRe
     StartWrite(&writing_);
   }
 
+  // First: destroyed after context_ (its channel reference).
+  rpc::ChannelUsers::Use use_;
   const std::shared_ptr<SessionPoolCore> core_;
   grpc::ClientContext context_;
   std::shared_ptr<RouterSession> self_;   // until OnDone
@@ -361,8 +366,9 @@ metrics::Counter* SessionCounter(metrics::Registry* registry, const char* name,
 }  // namespace
 
 SessionPool::SessionPool(tandem::v1::Router::Stub* stub, int sessions,
-                         metrics::Registry* registry)
+                         metrics::Registry* registry, rpc::ChannelUsers users)
     : stub_(stub), core_(std::make_shared<SessionPoolCore>()) {
+  core_->users = std::move(users);
   core_->opened_counter =
       SessionCounter(registry, "tandem_gateway_router_sessions_opened_total",
                      "GenerateSession streams opened to the router (more than "

@@ -35,6 +35,7 @@
 #include "gateway/router_client.h"
 #include "metrics/registry.h"
 #include "proto/router.grpc.pb.h"
+#include "rpc/channel_users.h"
 
 namespace tandem::gateway {
 
@@ -53,13 +54,16 @@ class SessionPool {
   // `stub` is not owned and must outlive the pool. `sessions` >= 1.
   // `registry` (may be null, else must outlive the pool) gets the counters
   // tandem_gateway_router_sessions_opened_total and
-  // tandem_gateway_router_session_{messages,events}_total.
+  // tandem_gateway_router_session_{messages,events}_total. Each session
+  // counts as one of `users` while it lives (its ClientContext holds the
+  // channel; rpc/channel_users.h).
   SessionPool(tandem::v1::Router::Stub* stub, int sessions,
-              metrics::Registry* registry = nullptr);
+              metrics::Registry* registry = nullptr, rpc::ChannelUsers users = {});
   // Cancels the sessions (calls still running end UNAVAILABLE, their
   // on_done runs before this returns, within 5 s) and stops the reaper. The
   // sessions are destroyed here, on this thread (their ClientContexts hold a
-  // channel reference), unless a caller still holds one of their calls.
+  // channel reference), unless a caller still holds one of their calls; the
+  // channel's owner (RouterClient) waits for those through `users`.
   ~SessionPool();
 
   std::shared_ptr<GenerateCall> Generate(tandem::v1::GenerateRequest request,

@@ -21,7 +21,8 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
   HandoffCall(Handoff* h, tandem::v1::GenerateRequest request,
               rpc::ResponseSink* stream, absl::Time deadline, absl::Time started,
               std::function<void(const absl::Status&)> on_finish)
-      : h_(h),
+      : use_(h->UseChannels()),
+        h_(h),
         req_(std::move(request)),
         stream_(stream),
         started_(started),
@@ -182,11 +183,13 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
   // request id must not race its own Release.
   void Release(const Placement::Action& a) {
     struct Call {
+      rpc::ChannelUsers::Use use;  // first: outlives ctx
       grpc::ClientContext ctx;
       tandem::v1::ReleaseRequest req;
       tandem::v1::ReleaseResponse resp;
     };
     auto r = std::make_shared<Call>();
+    r->use = h_->UseChannels();
     r->ctx.set_deadline(rpc::ToGrpcDeadline(a.deadline));
     r->req.set_request_id(req_.request_id());
     std::shared_ptr<HandoffCall> self;
@@ -276,6 +279,9 @@ class HandoffCall : public std::enable_shared_from_this<HandoffCall> {
     stream_->Close(ToGrpcStatus(s));
   }
 
+  // First: destroyed after the contexts (theirs and the relays', which hold
+  // this call) drop their channel references.
+  rpc::ChannelUsers::Use use_;
   Handoff* const h_;  // not owned
   const tandem::v1::GenerateRequest req_;
   rpc::ResponseSink* const stream_;  // producer reference; Close()d in Finish
@@ -409,6 +415,16 @@ Handoff::~Handoff() {
     stop_ = true;
   }
   ticker_.join();
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto& [address, channel] : channels_) channels.push_back(std::move(channel));
+    channels_.clear();
+    prefill_stubs_.clear();
+    decode_stubs_.clear();
+  }
+  channel_users_.ReleaseChannels(std::move(channels), kCallsEndWithin,
+                                 "router hand-off");
 }
 
 void Handoff::CapacityMayHaveFreed(int decode_slots) {

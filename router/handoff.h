@@ -39,6 +39,7 @@
 #include "router/placement.h"
 #include "router/placement_ledger.h"
 #include "router/worker_registry.h"
+#include "rpc/channel_users.h"
 #include "rpc/response_sink.h"
 
 namespace tandem::router {
@@ -49,7 +50,12 @@ class Handoff {
   // request's latency (its Now() must be wall-clock time for gRPC deadlines).
   Handoff(WorkerRegistry* registry, HandoffMetrics* metrics, HandoffOptions options,
           Clock* clock = Clock::Real());
-  ~Handoff();  // stops the ticker; every request must have finished
+  // Stops the ticker; every request must have finished. Waits (up to
+  // kCallsEndWithin) until no call object holds a worker channel any more, so
+  // that the channels' last references are dropped here, not on a gRPC thread
+  // (rpc/channel_users.h).
+  ~Handoff();
+  static constexpr absl::Duration kCallsEndWithin = absl::Seconds(10);
 
   // Capacity may have freed (a request finished, a decode worker reported free
   // slots): wakes up to `decode_slots` requests waiting for a decode worker.
@@ -80,6 +86,9 @@ class Handoff {
   PrefillRouter* prefill_router() { return &prefill_router_; }
   Clock* clock() { return clock_; }
   const HandoffOptions& options() const { return options_; }
+  // Counts an object that holds a worker channel through a ClientContext
+  // (make it its first member).
+  rpc::ChannelUsers::Use UseChannels() const { return channel_users_.Enter(); }
   // Credentials of the channels to workers (mTLS from --tls_*:
   // common/tls/tls_flags.h); insecure unless set. Set before the first request.
   void SetWorkerCredentials(std::shared_ptr<grpc::ChannelCredentials> credentials);
@@ -98,6 +107,7 @@ class Handoff {
   absl::Mutex tick_mu_;
   bool stop_ ABSL_GUARDED_BY(tick_mu_) = false;
   std::thread ticker_;  // Expire()s the queue every 20 ms
+  const rpc::ChannelUsers channel_users_;
   absl::Mutex mu_;
   std::shared_ptr<grpc::ChannelCredentials> worker_credentials_ ABSL_GUARDED_BY(mu_) =
       grpc::InsecureChannelCredentials();

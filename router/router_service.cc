@@ -354,6 +354,7 @@ namespace {
 // One ResetPrefixCache fan-out: the workers' answers, gathered until the last
 // one arrives, then the router's response and the call's end.
 struct ResetFanOut {
+  rpc::ChannelUsers::Use use;  // first: outlives the targets' contexts
   struct Target {
     std::string worker_id;
     std::string role;
@@ -396,6 +397,7 @@ grpc::ServerUnaryReactor* RouterService::ResetPrefixCache(
     grpc::CallbackServerContext* context, const tandem::v1::ResetPrefixCacheRequest*,
     tandem::v1::ResetPrefixCacheResponse* response) {
   auto fan = std::make_shared<ResetFanOut>();
+  fan->use = handoff_->UseChannels();
   fan->reactor = context->DefaultReactor();
   fan->response = response;
   std::vector<std::pair<tandem::v1::WorkerRole, std::string>> addresses;
