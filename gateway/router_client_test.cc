@@ -79,7 +79,8 @@ TEST_P(RouterClientShutdown, TheDestructorWaitsForCallsStillHoldingTheChannel) {
   grpc::Status status(grpc::StatusCode::UNKNOWN, "not done");
   client
       ->Generate(GenerateRequest(), absl::Now() + absl::Seconds(30),
-                 {.on_response = [&](const GenerateResponse& r) { tokens += r.token_ids_size(); },
+                 {.on_response =
+                      [&](const GenerateResponse& r) { tokens += r.token_ids_size(); },
                   .on_done =
                       [&](const grpc::Status& s) {
                         status = s;

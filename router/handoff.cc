@@ -410,6 +410,9 @@ Handoff::Handoff(WorkerRegistry* registry, HandoffMetrics* metrics,
 }
 
 Handoff::~Handoff() {
+  // First, while the ticker still expires queued calls: a call may still take
+  // a stub (DecodeStub) until it has ended.
+  const bool ended = WaitCallsEnded(kCallsEndWithin);
   {
     absl::MutexLock l(&tick_mu_);
     stop_ = true;
@@ -420,10 +423,17 @@ Handoff::~Handoff() {
     absl::MutexLock l(&mu_);
     for (auto& [address, channel] : channels_) channels.push_back(std::move(channel));
     channels_.clear();
+    if (!ended) {
+      TLOG(ERROR, "hand-off calls still running at shutdown; their stubs are kept")
+          .Kv("waited_s", absl::ToDoubleSeconds(kCallsEndWithin));
+      // A call still running may hold a stub's address: never freed.
+      for (auto& [address, stub] : prefill_stubs_) stub.release();
+      for (auto& [address, stub] : decode_stubs_) stub.release();
+    }
     prefill_stubs_.clear();
     decode_stubs_.clear();
   }
-  channel_users_.ReleaseChannels(std::move(channels), kCallsEndWithin,
+  channel_users_.ReleaseChannels(std::move(channels), absl::ZeroDuration(),
                                  "router hand-off");
 }
 

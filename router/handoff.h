@@ -50,12 +50,20 @@ class Handoff {
   // request's latency (its Now() must be wall-clock time for gRPC deadlines).
   Handoff(WorkerRegistry* registry, HandoffMetrics* metrics, HandoffOptions options,
           Clock* clock = Clock::Real());
-  // Stops the ticker; every request must have finished. Waits (up to
-  // kCallsEndWithin) until no call object holds a worker channel any more, so
-  // that the channels' last references are dropped here, not on a gRPC thread
-  // (rpc/channel_users.h).
+  // Waits (up to kCallsEndWithin) until every hand-off call has ended and no
+  // call object holds a worker channel any more (WaitCallsEnded), stops the
+  // ticker, then drops the stubs and the channels here, not on a gRPC thread
+  // (rpc/channel_users.h). Past the bound it logs and keeps them (a call still
+  // running may use them).
   ~Handoff();
   static constexpr absl::Duration kCallsEndWithin = absl::Seconds(10);
+  // Waits until no hand-off call is left (each ends soon after its client's
+  // call was cancelled: a server's Shutdown cancels them); false if `timeout`
+  // passed first. The router calls it after its server's Shutdown, while the
+  // services whose callbacks the calls run are still alive.
+  bool WaitCallsEnded(absl::Duration timeout) const {
+    return channel_users_.WaitIdle(timeout);
+  }
 
   // Capacity may have freed (a request finished, a decode worker reported free
   // slots): wakes up to `decode_slots` requests waiting for a decode worker.

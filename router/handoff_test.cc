@@ -470,6 +470,28 @@ TEST_F(HandoffTest, ClientCancelWhileReleasingFinishesOnceAndStartsNothingMore) 
   EXPECT_TRUE(sink_.messages().empty());
 }
 
+// Shutdown: a request whose client is gone may still have a worker call in
+// flight (here the held Release); WaitCallsEnded (what the router waits on
+// after its server's Shutdown, and ~Handoff before it drops the stubs and the
+// channels) returns only once that call has ended.
+TEST_F(HandoffTest, WaitCallsEndedWaitsForWorkerCallsStillInFlight) {
+  EXPECT_TRUE(handoff_.WaitCallsEnded(absl::ZeroDuration()));
+  fake_.prefill_unavailable = true;
+  {
+    absl::MutexLock l(&fake_.mu);
+    fake_.hold_releases = 1;
+  }
+  StartOnOnePair();
+  ASSERT_TRUE(fake_.release_held.WaitForNotificationWithTimeout(kWait));
+  sink_.Cancel();
+  ASSERT_EQ(sink_.closes(), 1);  // the request ended for its client...
+  // ...but its Release is still running.
+  EXPECT_FALSE(handoff_.WaitCallsEnded(absl::Milliseconds(200)));
+  fake_.LetReleasesGo();
+  EXPECT_TRUE(handoff_.WaitCallsEnded(kWait));
+  EXPECT_TRUE(call_gone_->HasBeenNotified());
+}
+
 TEST_F(HandoffTest, PrefillRetryReservesAgainOnlyAfterTheReleaseEnded) {
   fake_.prefill_unavailable = true;
   {

@@ -171,6 +171,11 @@ int main(int argc, char** argv) {
   int sig = tandem::WaitForTerminationSignal();
   TLOG(INFO, "shutting down").Kv("signal", sig);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  // The hand-off calls the shutdown cancelled end on gRPC threads, through the
+  // router service's callbacks: wait for them while the services are alive.
+  if (!handoff.WaitCallsEnded(tandem::router::Handoff::kCallsEndWithin)) {
+    TLOG(ERROR, "hand-off calls still running after the shutdown");
+  }
   exposer.Stop();
   return 0;
 }

@@ -10,8 +10,10 @@
 //
 //   test → TandemUp::Start (tandem up ... &, waits for "cluster up") → Generate over
 //   the router's gRPC → decode worker /metrics → SIGTERM (tandem stops everything).
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -53,14 +55,32 @@ bool PortFree(int port) {
   return ok;
 }
 
-// A base port B with B + o free for every offset o (the kernel's ephemeral range
-// is avoided; a port taken between this check and the start fails the start).
+// Claims `port` for this process's life among the processes that claim ports
+// this way (several runs of this test at once: --runs_per_test): an exclusive
+// flock on /tmp/tandem-test-port-N.lock, which the kernel drops when the
+// process ends, so a crashed run leaves nothing behind.
+bool ClaimPort(int port) {
+  const std::string path = absl::StrCat("/tmp/tandem-test-port-", port, ".lock");
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) return true;  // no lock to take: the probe alone decides
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    close(fd);
+    return false;
+  }
+  return true;  // fd stays open: the claim lasts as long as the process
+}
+
+// A base port B with B + o free and claimed for every offset o (the kernel's
+// ephemeral range is avoided: outgoing connections take their ports from it).
+// A port another program binds between this check and the start still fails
+// the start; two runs of this test never pick the same ports (ClaimPort).
 int FreeBase(const std::vector<int>& offsets) {
   static int next = 20000 + static_cast<int>(getpid() % 500) * 40;
   for (int tries = 0; tries < 500; ++tries, next += 23) {
     if (next > 32000) next = 20000;
     bool all = true;
     for (int o : offsets) all = all && PortFree(next + o);
+    for (int o : offsets) all = all && ClaimPort(next + o);
     if (all) {
       const int base = next;
       next += 23;
