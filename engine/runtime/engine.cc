@@ -1593,7 +1593,7 @@ absl::Status Engine::FinishStep(const StepBatch& batch,
   return absl::OkStatus();
 }
 
-absl::StatusOr<ExportedState> Engine::ExportState(RequestId id) {
+absl::StatusOr<Engine::Request*> Engine::SettledState(RequestId id) {
   if (inflight_ != nullptr) {
     for (const engine::ScheduledSequence& ss : inflight_->plan.sequences) {
       if (ss.id == id) {
@@ -1613,6 +1613,11 @@ absl::StatusOr<ExportedState> Engine::ExportState(RequestId id) {
     return FailedPrecondition("request ", id, " has not finished its prefill");
   }
   TANDEM_RETURN_IF_ERROR(CatchUp(r));
+  return r;
+}
+
+absl::StatusOr<ExportedState> Engine::ExportState(RequestId id) {
+  TANDEM_ASSIGN_OR_RETURN(Request * r, SettledState(id));
   ExportedState st;
   st.prompt = r->prompt;
   st.generated.assign(r->tokens.begin() + r->prompt.size(), r->tokens.end());
@@ -1624,25 +1629,7 @@ absl::StatusOr<ExportedState> Engine::ExportState(RequestId id) {
 }
 
 absl::StatusOr<StateLocation> Engine::Locate(RequestId id) {
-  if (inflight_ != nullptr) {
-    for (const engine::ScheduledSequence& ss : inflight_->plan.sequences) {
-      if (ss.id == id) {
-        // Its state already holds the next position's token, which the host
-        // has not seen yet.
-        return FailedPrecondition("request ", id,
-                                  " has an overlapped step in flight; its state is "
-                                  "taken between steps (overlap_steps off)");
-      }
-    }
-  }
-  TANDEM_RETURN_IF_ERROR(WaitDevice());
-  auto it = requests_.find(id);
-  if (it == requests_.end()) return NotFound("request ", id, " not found");
-  Request* r = it->second.get();
-  if (r->num_generated() < 1 || r->slot < 0) {
-    return FailedPrecondition("request ", id, " has not finished its prefill");
-  }
-  TANDEM_RETURN_IF_ERROR(CatchUp(r));
+  TANDEM_ASSIGN_OR_RETURN(Request * r, SettledState(id));
   StateLocation loc;
   TANDEM_ASSIGN_OR_RETURN(loc.block_ids, scheduler_->Blocks(id));
   loc.slot = r->slot;

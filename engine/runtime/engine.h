@@ -767,6 +767,9 @@ class Engine {
   // Replays a rolled-back request's accepted tokens now (before its state is
   // exported or located).
   absl::Status CatchUp(Request* r);
+  // The request whose state ExportState / Locate describe: prefilled, no
+  // overlapped step in flight over it, the device idle, the host caught up.
+  absl::StatusOr<Request*> SettledState(RequestId id);
   // Shared by the AddPrefilledRequest variants; `out` null: the generated tokens'
   // stop results are ignored (the request is always admitted).
   absl::Status AddPrefilled(RequestId id, const ExportedState& state,

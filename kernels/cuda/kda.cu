@@ -601,6 +601,27 @@ const char* LaunchState(const KdaLaunchArgs& a, const unsigned char* scratch, di
   return ::tandem::gpu::LaunchError();
 }
 
+// KdaRecurrentKernel's instance for `rows` (1, 2 or 4) state rows per thread
+// and a kMaxThreads-thread block.
+template <int kMaxThreads>
+void LaunchKdaRecurrent(int rows, dim3 grid, dim3 block, size_t smem, void* stream,
+                        const KdaLaunchArgs& a, int warps) {
+  switch (rows) {
+    case 1:
+      TANDEM_LAUNCH((KdaRecurrentKernel<1, kMaxThreads>), grid, block, smem, stream, a,
+                    warps);
+      break;
+    case 2:
+      TANDEM_LAUNCH((KdaRecurrentKernel<2, kMaxThreads>), grid, block, smem, stream, a,
+                    warps);
+      break;
+    default:
+      TANDEM_LAUNCH((KdaRecurrentKernel<4, kMaxThreads>), grid, block, smem, stream, a,
+                    warps);
+      break;
+  }
+}
+
 }  // namespace
 
 const char* KdaRecurrentLaunch(const KdaLaunchArgs& a, void* stream) {
@@ -619,35 +640,9 @@ const char* KdaRecurrentLaunch(const KdaLaunchArgs& a, void* stream) {
   const dim3 block(warps * kWarpSize);
   const size_t smem = (3 * dk + 2 * warps * kRecCols) * sizeof(float);
   if (warps == 8) {
-    switch (rows) {
-      case 1:
-        TANDEM_LAUNCH((KdaRecurrentKernel<1, 256>), grid, block, smem, stream, a,
-                      warps);
-        break;
-      case 2:
-        TANDEM_LAUNCH((KdaRecurrentKernel<2, 256>), grid, block, smem, stream, a,
-                      warps);
-        break;
-      default:
-        TANDEM_LAUNCH((KdaRecurrentKernel<4, 256>), grid, block, smem, stream, a,
-                      warps);
-        break;
-    }
+    LaunchKdaRecurrent<256>(rows, grid, block, smem, stream, a, warps);
   } else {
-    switch (rows) {
-      case 1:
-        TANDEM_LAUNCH((KdaRecurrentKernel<1, 1024>), grid, block, smem, stream, a,
-                      warps);
-        break;
-      case 2:
-        TANDEM_LAUNCH((KdaRecurrentKernel<2, 1024>), grid, block, smem, stream, a,
-                      warps);
-        break;
-      default:
-        TANDEM_LAUNCH((KdaRecurrentKernel<4, 1024>), grid, block, smem, stream, a,
-                      warps);
-        break;
-    }
+    LaunchKdaRecurrent<1024>(rows, grid, block, smem, stream, a, warps);
   }
   return ::tandem::gpu::LaunchError();
 }
