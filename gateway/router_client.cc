@@ -29,6 +29,7 @@ class GenerateReactor final
 
   void Start(tandem::v1::Router::Stub* stub) {
     self_ = shared_from_this();
+    use_.Track(&context_);  // the client's destructor cancels it
     stub->async()->Generate(&context_, &request_, this);
     StartRead(&response_);
     StartCall();
@@ -49,6 +50,7 @@ class GenerateReactor final
   }
 
   void OnDone(const grpc::Status& status) override {
+    use_.Untrack();
     {
       absl::MutexLock l(&done_mu_);
       done_ = true;
@@ -88,6 +90,9 @@ RouterClient::RouterClient(std::shared_ptr<grpc::Channel> channel)
 
 RouterClient::~RouterClient() {
   sessions_.reset();
+  // Calls still running (an admin RPC, a Generate whose handle is kept) end
+  // now, CANCELLED, instead of at their deadlines.
+  users_.CancelAll();
   // The stubs hold the channel too but are destroyed here, on this thread.
   users_.ReleaseChannel(std::move(channel_), kCallsEndWithin, "gateway router client");
 }
@@ -114,11 +119,13 @@ void RouterClient::ResetPrefixCache(
     tandem::v1::ResetPrefixCacheResponse response;
   };
   auto* state = new State{.use = users_.Enter()};
+  state->use.Track(&state->context);
   state->context.set_deadline(rpc::ToGrpcDeadline(deadline));
   router_->async()->ResetPrefixCache(
       &state->context, &state->request, &state->response,
       [state, done = std::move(done)](grpc::Status status) {
         std::unique_ptr<State> owned(state);
+        owned->use.Untrack();
         if (status.ok()) {
           done(std::move(owned->response));
         } else {
@@ -137,10 +144,12 @@ void RouterClient::ListModels(
     tandem::v1::ListModelsResponse response;
   };
   auto* state = new State{.use = users_.Enter()};
+  state->use.Track(&state->context);
   state->context.set_deadline(rpc::ToGrpcDeadline(deadline));
   router_->async()->ListModels(&state->context, &state->request, &state->response,
                                [state, done = std::move(done)](grpc::Status status) {
                                  std::unique_ptr<State> owned(state);
+                                 owned->use.Untrack();
                                  if (status.ok()) {
                                    done(std::move(owned->response));
                                  } else {
@@ -161,10 +170,12 @@ void RouterClient::CheckHealth(
     grpc::health::v1::HealthCheckResponse response;
   };
   auto* state = new State{.use = users_.Enter()};
+  state->use.Track(&state->context);
   state->context.set_deadline(rpc::ToGrpcDeadline(deadline));
   health_->async()->Check(&state->context, &state->request, &state->response,
                           [state, done = std::move(done)](grpc::Status status) {
                             std::unique_ptr<State> owned(state);
+                            owned->use.Untrack();
                             if (status.ok()) {
                               done(owned->response.status());
                             } else {

@@ -58,10 +58,11 @@ class RouterClient {
 
   explicit RouterClient(std::shared_ptr<grpc::Channel> channel);
   RouterClient(std::shared_ptr<grpc::Channel> channel, Options options);
-  // Closes the sessions, then waits (up to kCallsEndWithin) until no call
-  // object holds the channel any more, so that its last reference is dropped
-  // here and not on a gRPC thread (rpc/channel_users.h). Every call should
-  // have ended (or been cancelled) and its handle been dropped by then.
+  // Closes the sessions, cancels the calls still running (their callbacks
+  // run, CANCELLED), then waits (up to kCallsEndWithin) until no call object
+  // holds the channel any more, so that its last reference is dropped here
+  // and not on a gRPC thread (rpc/channel_users.h). A GenerateCall handle kept
+  // past this wait keeps the channel for the process's life (logged).
   ~RouterClient();
 
   static constexpr absl::Duration kCallsEndWithin = absl::Seconds(10);

@@ -7,7 +7,10 @@
 
 #include <memory>
 #include <thread>
+#include <vector>
 
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
@@ -51,9 +54,59 @@ class OneTokenRouter final : public tandem::v1::Router::CallbackService {
       sink->Close(grpc::Status::OK);
     });
   }
+  // Never answered until FinishHeld (a router that hangs).
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
+                                       const tandem::v1::ListModelsRequest*,
+                                       tandem::v1::ListModelsResponse*) override {
+    auto* reactor = context->DefaultReactor();
+    absl::MutexLock l(&mu_);
+    held_.push_back(reactor);
+    return reactor;
+  }
+  bool WaitHeld() {
+    absl::MutexLock l(&mu_);
+    auto some = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !held_.empty(); };
+    return mu_.AwaitWithTimeout(absl::Condition(&some), absl::Seconds(30));
+  }
+  void FinishHeld() {
+    absl::MutexLock l(&mu_);
+    for (grpc::ServerUnaryReactor* r : held_) r->Finish(grpc::Status::CANCELLED);
+    held_.clear();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<grpc::ServerUnaryReactor*> held_ ABSL_GUARDED_BY(mu_);
 };
 
-class RouterClientShutdown : public ::testing::TestWithParam<int> {};
+// The router on a loopback server and a client of it (parameter: the client's
+// Options::sessions).
+class RouterClientShutdown : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+    ASSERT_NE(port, 0);
+    client = std::make_unique<RouterClient>(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                            grpc::InsecureChannelCredentials()),
+        RouterClient::Options{.sessions = GetParam()});
+  }
+  void TearDown() override {
+    service.FinishHeld();
+    client.reset();
+    if (server != nullptr) {
+      server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    }
+  }
+
+  OneTokenRouter service;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<RouterClient> client;
+};
 
 // The client is destroyed while a call's on_done still runs (on a gRPC
 // thread) and after the server has gone, so that the call's ClientContext
@@ -62,18 +115,6 @@ class RouterClientShutdown : public ::testing::TestWithParam<int> {};
 // the freed queue (ref_counted.h "prior > 0"); the client's destructor waits
 // for the call instead and drops the channel on its own thread.
 TEST_P(RouterClientShutdown, TheDestructorWaitsForCallsStillHoldingTheChannel) {
-  OneTokenRouter service;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(port, 0);
-  auto client = std::make_unique<RouterClient>(
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                          grpc::InsecureChannelCredentials()),
-      RouterClient::Options{.sessions = GetParam()});
-
   absl::Notification in_on_done, release, client_gone;
   int tokens = 0;
   grpc::Status status(grpc::StatusCode::UNKNOWN, "not done");
@@ -103,6 +144,25 @@ TEST_P(RouterClientShutdown, TheDestructorWaitsForCallsStillHoldingTheChannel) {
   release.Notify();
   EXPECT_TRUE(client_gone.WaitForNotificationWithTimeout(absl::Seconds(20)));
   destroyer.join();
+}
+
+// A call still running when the client goes (an admin RPC to a router that
+// hangs) is cancelled by the destructor, which then returns at once instead of
+// waiting out its bound (and keeping the channel).
+TEST_P(RouterClientShutdown, TheDestructorCancelsCallsStillRunning) {
+  absl::Notification done;
+  absl::Status status;
+  client->ListModels(absl::Now() + absl::Seconds(60),
+                     [&](absl::StatusOr<tandem::v1::ListModelsResponse> r) {
+                       status = r.status();
+                       done.Notify();
+                     });
+  ASSERT_TRUE(service.WaitHeld());
+  const absl::Time start = absl::Now();
+  client.reset();
+  EXPECT_LT(absl::Now() - start, RouterClient::kCallsEndWithin / 2);
+  ASSERT_TRUE(done.HasBeenNotified());
+  EXPECT_TRUE(absl::IsCancelled(status)) << status;
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, RouterClientShutdown, ::testing::Values(0, 1),

@@ -25,7 +25,8 @@ struct SessionPoolCore {
   // runs; a call may be aborted from inside its own on_response.
   std::vector<std::shared_ptr<SessionCall>> to_finish ABSL_GUARDED_BY(mu);
   bool stopping ABSL_GUARDED_BY(mu) = false;
-  int live_sessions ABSL_GUARDED_BY(mu) = 0;  // started, OnDone not yet run
+  bool pool_gone ABSL_GUARDED_BY(mu) = false;  // ~SessionPool is done with `ended`
+  int live_sessions ABSL_GUARDED_BY(mu) = 0;   // started, OnDone not yet run
   // Sessions whose OnDone ran, handed over by OnDone so that they (their
   // ClientContext, its call and its grpc::Channel reference, maybe the last)
   // are destroyed off gRPC's threads: by the reaper, or by ~SessionPool after
@@ -277,9 +278,18 @@ class RouterSession final : public grpc::ClientBidiReactor<tandem::v1::SessionRe
     // Last: the core may let ~SessionPool return and the reaper destroy this
     // session as soon as the lock is released (`core` keeps the mutex alive).
     const std::shared_ptr<SessionPoolCore> core = core_;
+    std::shared_ptr<RouterSession> self;
     absl::MutexLock l(&core->mu);
-    core->ended.push_back(std::move(self_));
     --core->live_sessions;
+    if (!core->pool_gone) {
+      core->ended.push_back(std::move(self_));
+      return;
+    }
+    // Ended after ~SessionPool gave up waiting: nobody would empty `ended`.
+    // Dropped here, on this gRPC thread, which is safe while the channel's
+    // owner still holds the channel: it waits for this session (its Use).
+    self = std::move(self_);
+    // `self` goes after the lock (declared before it).
   }
 
  private:
@@ -411,6 +421,7 @@ SessionPool::~SessionPool() {
     core_->mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Seconds(5));
     sessions.swap(core_->sessions);  // they hold the core: break the cycle
     ended.swap(core_->ended);
+    core_->pool_gone = true;
   }
   // The sessions are destroyed here, on this thread, before the stub and the
   // channel they were made from (see SessionPoolCore::ended).

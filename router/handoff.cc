@@ -410,9 +410,8 @@ Handoff::Handoff(WorkerRegistry* registry, HandoffMetrics* metrics,
 }
 
 Handoff::~Handoff() {
-  // First, while the ticker still expires queued calls: a call may still take
-  // a stub (DecodeStub) until it has ended.
-  const bool ended = WaitCallsEnded(kCallsEndWithin);
+  // First, while the ticker still expires queued calls.
+  if (!gave_up_.load(std::memory_order_relaxed)) WaitCallsEnded(kCallsEndWithin);
   {
     absl::MutexLock l(&tick_mu_);
     stop_ = true;
@@ -423,13 +422,6 @@ Handoff::~Handoff() {
     absl::MutexLock l(&mu_);
     for (auto& [address, channel] : channels_) channels.push_back(std::move(channel));
     channels_.clear();
-    if (!ended) {
-      TLOG(ERROR, "hand-off calls still running at shutdown; their stubs are kept")
-          .Kv("waited_s", absl::ToDoubleSeconds(kCallsEndWithin));
-      // A call still running may hold a stub's address: never freed.
-      for (auto& [address, stub] : prefill_stubs_) stub.release();
-      for (auto& [address, stub] : decode_stubs_) stub.release();
-    }
     prefill_stubs_.clear();
     decode_stubs_.clear();
   }

@@ -21,6 +21,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -50,19 +51,24 @@ class Handoff {
   // request's latency (its Now() must be wall-clock time for gRPC deadlines).
   Handoff(WorkerRegistry* registry, HandoffMetrics* metrics, HandoffOptions options,
           Clock* clock = Clock::Real());
-  // Waits (up to kCallsEndWithin) until every hand-off call has ended and no
-  // call object holds a worker channel any more (WaitCallsEnded), stops the
-  // ticker, then drops the stubs and the channels here, not on a gRPC thread
-  // (rpc/channel_users.h). Past the bound it logs and keeps them (a call still
-  // running may use them).
+  // Every request must have finished: the router waits for that
+  // (WaitCallsEnded) after its server's Shutdown. This waits once more (up to
+  // kCallsEndWithin, unless an earlier WaitCallsEnded gave up) until no call
+  // object holds a worker channel, stops the ticker, then drops the stubs and
+  // the channels here, not on a gRPC thread (rpc/channel_users.h); channels
+  // still held past the bound are logged and kept for the process's life.
   ~Handoff();
   static constexpr absl::Duration kCallsEndWithin = absl::Seconds(10);
-  // Waits until no hand-off call is left (each ends soon after its client's
-  // call was cancelled: a server's Shutdown cancels them); false if `timeout`
-  // passed first. The router calls it after its server's Shutdown, while the
-  // services whose callbacks the calls run are still alive.
-  bool WaitCallsEnded(absl::Duration timeout) const {
-    return channel_users_.WaitIdle(timeout);
+  // Waits until no hand-off call is left; false if `timeout` passed first. A
+  // request's calls end soon after its client's call is cancelled (a server's
+  // Shutdown cancels what is still running once its grace period is over); a
+  // reset fan-out's calls end by --admin_rpc_timeout_s. The router calls it
+  // after its server's Shutdown, while the services whose callbacks the calls
+  // run are still alive.
+  bool WaitCallsEnded(absl::Duration timeout) {
+    const bool ended = channel_users_.WaitIdle(timeout);
+    if (!ended) gave_up_.store(true, std::memory_order_relaxed);
+    return ended;
   }
 
   // Capacity may have freed (a request finished, a decode worker reported free
@@ -116,6 +122,7 @@ class Handoff {
   bool stop_ ABSL_GUARDED_BY(tick_mu_) = false;
   std::thread ticker_;  // Expire()s the queue every 20 ms
   const rpc::ChannelUsers channel_users_;
+  std::atomic<bool> gave_up_{false};  // a WaitCallsEnded timed out
   absl::Mutex mu_;
   std::shared_ptr<grpc::ChannelCredentials> worker_credentials_ ABSL_GUARDED_BY(mu_) =
       grpc::InsecureChannelCredentials();

@@ -5,6 +5,7 @@
 #include "common/status.h"
 #include "engine/sampling/sampling_params.h"
 #include "metrics/buckets.h"
+#include "rpc/channel_users.h"
 #include "rpc/deadline.h"
 #include "rpc/response_stream.h"
 #include "rpc/session_stream.h"

@@ -17,8 +17,10 @@
 // this about one run in forty of the gateway's tests.
 //
 // Use: make a Use (Enter) the FIRST member of each object that owns a
-// ClientContext, so it is destroyed after the context; the channel's owner
-// calls ReleaseChannel (or WaitIdle) before it drops the channel.
+// ClientContext, so it is destroyed after the context (or hold the context in
+// an object that keeps such an owner alive until the context is gone); the
+// channel's owner calls CancelAll (for the calls that Track their context),
+// then ReleaseChannel (or WaitIdle) before it drops the channel.
 #ifndef TANDEM_RPC_CHANNEL_USERS_H_
 #define TANDEM_RPC_CHANNEL_USERS_H_
 
@@ -49,11 +51,19 @@ class ChannelUsers {
     Use& operator=(const Use&) = delete;
     ~Use();
 
+    // CancelAll cancels `context` (TryCancel) until Untrack. Call Untrack
+    // before the context goes (the Use outlives it): first thing in the call's
+    // last reaction (OnDone, a unary call's callback).
+    void Track(grpc::ClientContext* context);
+    void Untrack();
+
    private:
     friend class ChannelUsers;
-    explicit Use(std::shared_ptr<State> state) : state_(std::move(state)) {}
+    Use(std::shared_ptr<State> state, uint64_t id)
+        : state_(std::move(state)), id_(id) {}
     void Leave();
     std::shared_ptr<State> state_;
+    uint64_t id_ = 0;
   };
 
   // Copies share the count.
@@ -61,6 +71,9 @@ class ChannelUsers {
 
   Use Enter() const;
   int64_t count() const;
+  // TryCancel on every tracked context (Use::Track): the owner's shutdown ends
+  // the calls still running instead of waiting out their deadlines.
+  void CancelAll() const;
   // Waits until no Use is alive; false if `timeout` passed first.
   bool WaitIdle(absl::Duration timeout) const;
   // Drops `channel` here once no Use is alive. If `timeout` passes first, the

@@ -55,37 +55,48 @@ bool PortFree(int port) {
   return ok;
 }
 
-// Claims `port` for this process's life among the processes that claim ports
-// this way (several runs of this test at once: --runs_per_test): an exclusive
-// flock on /tmp/tandem-test-port-N.lock, which the kernel drops when the
-// process ends, so a crashed run leaves nothing behind.
-bool ClaimPort(int port) {
+// Claims `port` among the processes that claim ports this way (several runs of
+// this test at once: --runs_per_test): an exclusive flock on
+// /tmp/tandem-test-port-N.lock, which the kernel drops when its descriptor is
+// closed or the process ends, so a crashed run leaves no claim behind. Returns
+// the descriptor to keep open, -1 when another process holds the claim, or
+// kNoLock when no lock can be taken (the probe alone decides).
+constexpr int kNoLock = -2;
+int ClaimPort(int port) {
   const std::string path = absl::StrCat("/tmp/tandem-test-port-", port, ".lock");
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-  if (fd < 0) return true;  // no lock to take: the probe alone decides
+  if (fd < 0) return kNoLock;
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     close(fd);
-    return false;
+    return -1;
   }
-  return true;  // fd stays open: the claim lasts as long as the process
+  return fd;
 }
 
 // A base port B with B + o free and claimed for every offset o (the kernel's
 // ephemeral range is avoided: outgoing connections take their ports from it).
 // A port another program binds between this check and the start still fails
-// the start; two runs of this test never pick the same ports (ClaimPort).
+// the start; two runs of this test never pick the same ports (ClaimPort: the
+// claims of the ports used are kept for the process's life).
 int FreeBase(const std::vector<int>& offsets) {
   static int next = 20000 + static_cast<int>(getpid() % 500) * 40;
   for (int tries = 0; tries < 500; ++tries, next += 23) {
     if (next > 32000) next = 20000;
     bool all = true;
     for (int o : offsets) all = all && PortFree(next + o);
-    for (int o : offsets) all = all && ClaimPort(next + o);
+    std::vector<int> claims;
+    for (int o : offsets) {
+      if (!all) break;
+      const int fd = ClaimPort(next + o);
+      all = fd != -1;
+      if (fd >= 0) claims.push_back(fd);
+    }
     if (all) {
       const int base = next;
       next += 23;
       return base;
     }
+    for (int fd : claims) close(fd);  // a partial claim is given back
   }
   return 0;
 }
