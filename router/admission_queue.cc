@@ -75,10 +75,12 @@ absl::StatusOr<uint64_t> AdmissionQueue::Push(Lane lane, int32_t priority,
 
 AdmissionQueue::Entry AdmissionQueue::TakeLocked(Lane lane, const Key& key) {
   auto& entries = lanes_[static_cast<int>(lane)];
+  // Before the erase: `key` may be the entry's own (a caller's iterator).
+  const uint64_t seq = std::get<1>(key);
   auto it = entries.find(key);
   Entry e = std::move(it->second);
   entries.erase(it);
-  tickets_.erase(std::get<1>(key));
+  tickets_.erase(seq);
   metrics_->wait_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - e.queued));
   SetDepthLocked();
   return e;
