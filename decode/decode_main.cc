@@ -148,6 +148,7 @@ int main(int argc, char** argv) {
   // It reads ReserveRequest.images: image prompts' keys carry their hashes, and
   // their rows are never recomputed here.
   so.registration.set_reserves_with_images(true);
+  so.registration.set_samples_logit_bias(true);
   // Cache-aware routing: the router matches prompts against what the cache
   // reports (registration.h).
   if (eo.prefix_caching.enabled) {

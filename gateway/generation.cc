@@ -204,6 +204,9 @@ tandem::v1::GenerateRequest Generation::BuildRequest(int i, absl::Time deadline)
   }
   s->set_logprobs(fields_.logprobs);
   s->set_top_logprobs(fields_.top_logprobs);
+  for (const auto& [id, bias] : fields_.logit_bias) {
+    (*s->mutable_logit_bias())[id] = static_cast<float>(bias);
+  }
   if (structured_output_) *s->mutable_structured_output() = *structured_output_;
   auto* stop = req.mutable_stop();
   if (fields_.max_tokens) stop->set_max_tokens(*fields_.max_tokens);

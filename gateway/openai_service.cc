@@ -168,6 +168,39 @@ ApiError ParseError(const absl::Status& s) {
   return BadRequest(std::string(s.message()), ParamFromMessage(s.message()));
 }
 
+// Every image of `messages` decoded and preprocessed (their placeholders sized;
+// a bad one is an error naming its part); none: empty.
+absl::StatusOr<std::vector<tandem::v1::ImageInput>> ChatImages(
+    std::vector<chat::ChatMessage>* messages, const media::ImageInputOptions& options) {
+  bool has_images = false;
+  for (const chat::ChatMessage& m : *messages) has_images |= !m.images.empty();
+  if (!has_images) return std::vector<tandem::v1::ImageInput>();
+  return media::PrepareImages(messages, options);
+}
+
+// The model a /tokenize or /detokenize request names, or the served one when it
+// names none; null after answering `ctx` with the error.
+const tandem::v1::ModelInfo* OptionalModelOrError(
+    const absl::StatusOr<std::shared_ptr<const tandem::v1::ListModelsResponse>>& models,
+    const std::string& served_name, const std::string& requested, RequestContext* ctx) {
+  if (!models.ok()) {
+    ctx->Error(ApiErrorFromStatus(models.status()));
+    return nullptr;
+  }
+  if (requested.empty()) {
+    if ((*models)->models_size() > 0) return &(*models)->models(0);
+    ctx->Error(
+        ApiErrorFromStatus(absl::UnavailableError("the router serves no model yet")));
+    return nullptr;
+  }
+  auto model = ResolveModel(**models, served_name, requested);
+  if (!model.ok()) {
+    ctx->Error(ModelNotFound(model.status()));
+    return nullptr;
+  }
+  return *model;
+}
+
 }  // namespace
 
 void OpenAIService::Handle(http::HttpRequest request,
@@ -197,6 +230,8 @@ void OpenAIService::Handle(http::HttpRequest request,
        &OpenAIService::HandleResetPrefixCache},
       {"/reset_prefix_cache", "POST", "reset_prefix_cache", true,
        &OpenAIService::HandleResetPrefixCache},
+      {"/tokenize", "POST", "tokenize", true, &OpenAIService::HandleTokenize},
+      {"/detokenize", "POST", "detokenize", true, &OpenAIService::HandleDetokenize},
       {"/health", "GET", "health", false, &OpenAIService::HandleHealth},
       {"/metrics", "GET", "metrics", false, nullptr},
   };
@@ -335,15 +370,11 @@ void OpenAIService::HandleChat(std::shared_ptr<RequestContext> ctx) {
   // Every image is decoded and preprocessed here (a bad one is a 400 naming
   // its part); the ImageInputs travel to the prefill worker, which runs the
   // vision tower over the same bytes.
-  auto images = std::make_shared<std::vector<tandem::v1::ImageInput>>();
-  bool has_images = false;
-  for (const chat::ChatMessage& m : req->messages) has_images |= !m.images.empty();
-  if (has_images) {
-    absl::StatusOr<std::vector<tandem::v1::ImageInput>> prepared =
-        media::PrepareImages(&req->messages, options_.images);
-    if (!prepared.ok()) return ctx->Error(ApiErrorFromStatus(prepared.status()));
-    *images = *std::move(prepared);
-  }
+  absl::StatusOr<std::vector<tandem::v1::ImageInput>> prepared =
+      ChatImages(&req->messages, options_.images);
+  if (!prepared.ok()) return ctx->Error(ApiErrorFromStatus(prepared.status()));
+  auto images =
+      std::make_shared<std::vector<tandem::v1::ImageInput>>(*std::move(prepared));
   WithModels([this, ctx, req, images](ModelsOr models) {
     if (!models.ok()) return ctx->Error(ApiErrorFromStatus(models.status()));
     auto model = ResolveModel(**models, options_.served_model_name, req->fields.model);
@@ -386,6 +417,70 @@ void OpenAIService::HandleChat(std::shared_ptr<RequestContext> ctx) {
     if (*constraint) g->set_structured_output(**std::move(constraint));
     if (!images->empty()) g->set_images(std::move(*images));
     g->Start();
+  });
+}
+
+void OpenAIService::HandleTokenize(std::shared_ptr<RequestContext> ctx) {
+  absl::StatusOr<TokenizeRequest> parsed = ParseTokenizeRequest(ctx->request.body);
+  if (!parsed.ok()) return ctx->Error(ParseError(parsed.status()));
+  auto req = std::make_shared<TokenizeRequest>(*std::move(parsed));
+  // Images count as the chat path counts them (decoded here for their grids).
+  absl::StatusOr<std::vector<tandem::v1::ImageInput>> prepared =
+      ChatImages(&req->messages, options_.images);
+  if (!prepared.ok()) return ctx->Error(ApiErrorFromStatus(prepared.status()));
+  WithModels([this, ctx, req](ModelsOr models) {
+    const tandem::v1::ModelInfo* model =
+        OptionalModelOrError(models, options_.served_model_name, req->model, ctx.get());
+    if (model == nullptr) return;
+    absl::StatusOr<std::vector<int>> ids;
+    if (req->chat) {
+      absl::StatusOr<std::vector<chat::Segment>> segments =
+          chat::RenderChat(req->messages, req->tools, req->options);
+      if (!segments.ok()) return ctx->Error(ParseError(segments.status()));
+      ids = chat::EncodeChat(*tokenizer_, *segments);
+      if (!ids.ok()) return ctx->Error(ParseError(ids.status()));
+    } else {
+      ids = tokenizer_->Encode(req->prompt);
+      if (!ids.ok()) {
+        return ctx->Error(
+            BadRequest(absl::StrCat("prompt: ", ids.status().message()), "prompt"));
+      }
+    }
+    json token_strs = nullptr;
+    if (req->return_token_strs) {
+      token_strs = json::array();
+      for (int id : *ids) {
+        absl::StatusOr<std::string> t = tokenizer_->IdToken(id);
+        token_strs.push_back(t.ok() ? *std::move(t) : std::string());
+      }
+    }
+    ctx->Json(200, {{"count", ids->size()},
+                    {"max_model_len", model->max_context_tokens()},
+                    {"tokens", *ids},
+                    {"token_strs", token_strs}});
+  });
+}
+
+void OpenAIService::HandleDetokenize(std::shared_ptr<RequestContext> ctx) {
+  absl::StatusOr<DetokenizeRequest> parsed = ParseDetokenizeRequest(ctx->request.body);
+  if (!parsed.ok()) return ctx->Error(ParseError(parsed.status()));
+  auto req = std::make_shared<DetokenizeRequest>(*std::move(parsed));
+  WithModels([this, ctx, req](ModelsOr models) {
+    const tandem::v1::ModelInfo* model =
+        OptionalModelOrError(models, options_.served_model_name, req->model, ctx.get());
+    if (model == nullptr) return;
+    for (size_t i = 0; i < req->tokens.size(); ++i) {
+      if (!tokenizer_->IsValidId(req->tokens[i])) {
+        return ctx->Error(ParseError(absl::InvalidArgumentError(absl::StrCat(
+            "tokens[", i, "]: token id ", req->tokens[i],
+            " is outside the vocabulary [0, ", tokenizer_->vocab_size(), ")"))));
+      }
+    }
+    // Special tokens kept (as vLLM's /detokenize); bytes that are not UTF-8
+    // (a character split between ids) become U+FFFD in the JSON.
+    absl::StatusOr<std::string> text = tokenizer_->Decode(req->tokens);
+    if (!text.ok()) return ctx->Error(ParseError(text.status()));
+    ctx->Json(200, {{"prompt", *std::move(text)}});
   });
 }
 

@@ -97,6 +97,8 @@ class OpenAIService {
   void HandleModels(std::shared_ptr<RequestContext> ctx);
   void HandleHealth(std::shared_ptr<RequestContext> ctx);
   void HandleResetPrefixCache(std::shared_ptr<RequestContext> ctx);
+  void HandleTokenize(std::shared_ptr<RequestContext> ctx);
+  void HandleDetokenize(std::shared_ptr<RequestContext> ctx);
   GenerationDeps Deps();
 
   // The router's models, from the cache when fresh; `done` may run inline.

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -350,6 +351,105 @@ TEST_P(OpenAIServiceTest, CompletionsNWithSeedsAndStop) {
   }
   EXPECT_EQ(seeds.size(), 3u);
   EXPECT_TRUE(seeds.count(11));
+}
+
+TEST_P(OpenAIServiceTest, LogitBiasReachesTheRouter) {
+  auto r = Post("/v1/chat/completions",
+                json{{"model", "kimi-k3"},
+                     {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                     {"logit_bias", {{"15", -100}, {"7", 2.5}}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->status_code, 200) << r->body;
+  auto bad =
+      Post("/v1/completions",
+           json{{"model", "kimi-k3"}, {"prompt", "x"}, {"logit_bias", {{"7", 101}}}});
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  EXPECT_EQ(bad->status_code, 400) << bad->body;
+  EXPECT_EQ(json::parse(bad->body)["error"]["param"], "logit_bias") << bad->body;
+  absl::MutexLock lock(&mu_);
+  int generates = 0;
+  for (const json& e : events_) {
+    if (e["event"] != "generate") continue;
+    ++generates;
+    EXPECT_EQ(e["logit_bias"], (json{{"15", -100.0}, {"7", 2.5}})) << e.dump();
+  }
+  EXPECT_EQ(generates, 1);
+}
+
+// vLLM's /tokenize and /detokenize: the same ids the generation endpoints send
+// (a chat's count is its completion's usage.prompt_tokens), round trips, and
+// errors naming the field.
+TEST_P(OpenAIServiceTest, TokenizeAndDetokenize) {
+  const std::string text = "Hello, tokenizer! \u00e9t\u00e9 \U0001F600";
+  auto t = Post("/tokenize", json{{"prompt", text}, {"return_token_strs", true}});
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->status_code, 200) << t->body;
+  const json tj = json::parse(t->body);
+  const std::vector<int> want = *tokenizer_->Encode(text);
+  EXPECT_EQ(tj["tokens"].get<std::vector<int>>(), want);
+  EXPECT_EQ(tj["count"], want.size());
+  EXPECT_EQ(tj["max_model_len"], 4096);
+  ASSERT_EQ(tj["token_strs"].size(), want.size());
+  EXPECT_EQ(tj["token_strs"][0], "Hello");
+  auto d = Post("/detokenize", json{{"model", "kimi-k3"}, {"tokens", tj["tokens"]}});
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->status_code, 200) << d->body;
+  EXPECT_EQ(json::parse(d->body)["prompt"], text);
+
+  // A chat: the ids /v1/chat/completions sends (its prompt_tokens), and one
+  // token longer prompt than without the generation prompt's header.
+  const json chat = ChatBody("What is 2+2?");
+  auto c = Post("/tokenize", chat);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->status_code, 200) << c->body;
+  const json cj = json::parse(c->body);
+  EXPECT_EQ(cj["token_strs"], nullptr);
+  auto g = Post("/v1/chat/completions", chat);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_EQ(g->status_code, 200) << g->body;
+  EXPECT_EQ(cj["count"], json::parse(g->body)["usage"]["prompt_tokens"]);
+  json no_prompt = chat;
+  no_prompt["add_generation_prompt"] = false;
+  auto h = Post("/tokenize", no_prompt);
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_EQ(h->status_code, 200) << h->body;
+  const json hj = json::parse(h->body);
+  EXPECT_LT(hj["count"].get<int>(), cj["count"].get<int>());
+  // Without the generation prompt the ids are a prefix of those with it.
+  const std::vector<int> with = cj["tokens"].get<std::vector<int>>();
+  const std::vector<int> without = hj["tokens"].get<std::vector<int>>();
+  EXPECT_TRUE(std::equal(without.begin(), without.end(), with.begin()));
+  // A special token is kept by /detokenize.
+  auto sp = Post("/detokenize", json{{"tokens", {tokenizer_->eos_id()}}});
+  ASSERT_TRUE(sp.ok()) << sp.status();
+  EXPECT_EQ(json::parse(sp->body)["prompt"],
+            *tokenizer_->IdToken(tokenizer_->eos_id()));
+
+  struct Bad {
+    const char* path;
+    json body;
+    int status;
+    const char* param;
+  };
+  const Bad bad[] = {
+      {"/tokenize", json{{"model", "nope"}, {"prompt", "x"}}, 404, "model"},
+      {"/tokenize", json{{"prompt", "x"}, {"messages", json::array()}}, 400, "prompt"},
+      {"/tokenize", json::object(), 400, "prompt"},
+      {"/tokenize", json{{"prompt", 5}}, 400, "prompt"},
+      {"/detokenize", json::object(), 400, "tokens"},
+      {"/detokenize", json{{"tokens", {1, -2}}}, 400, "tokens[1]"},
+      {"/detokenize", json{{"tokens", {1, 1 << 30}}}, 400, "tokens[1]"},
+  };
+  for (const Bad& b : bad) {
+    auto r = Post(b.path, b.body);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status_code, b.status) << b.path << " " << b.body.dump() << r->body;
+    EXPECT_EQ(json::parse(r->body)["error"]["param"], b.param) << r->body;
+  }
+  // The API key is required, as on /v1.
+  auto anon = Post("/tokenize", json{{"prompt", "x"}}, "");
+  ASSERT_TRUE(anon.ok()) << anon.status();
+  EXPECT_EQ(anon->status_code, 401);
 }
 
 // engine/media/testdata/rgb_3x2.png.

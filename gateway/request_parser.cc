@@ -1,9 +1,11 @@
 #include "gateway/request_parser.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "engine/chat/openai_parse.h"
@@ -326,8 +328,32 @@ absl::StatusOr<GenerationFields> ParseFields(const json& body, bool chat) {
     }
   }
   if (const json* bias = Find(body, "logit_bias")) {
+    // OpenAI: token ids (as the object's keys) to a bias in [-100, 100].
     if (!bias->is_object()) return TypeError("logit_bias", "an object", *bias);
-    if (!bias->empty()) return Unimplemented("logit_bias: not supported");
+    for (auto it = bias->begin(); it != bias->end(); ++it) {
+      const std::string& key = it.key();
+      int64_t id = -1;
+      if (key.empty() || key.size() > 10 ||
+          !std::all_of(key.begin(), key.end(),
+                       [](char c) { return c >= '0' && c <= '9'; }) ||
+          !absl::SimpleAtoi(key, &id) || id > std::numeric_limits<int32_t>::max()) {
+        return InvalidArgument("logit_bias: the key '", key.substr(0, 40),
+                               "' is not a token id (a non-negative integer)");
+      }
+      const json& v = it.value();
+      if (!v.is_number()) {
+        return InvalidArgument("logit_bias: the bias of token ", id,
+                               " must be a number, got ", v.type_name());
+      }
+      const double b = v.get<double>();
+      if (!std::isfinite(b) || b < -100 || b > 100) {
+        return InvalidArgument("logit_bias: the bias of token ", id,
+                               " must be in [-100, 100], got ", b);
+      }
+      if (!f.logit_bias.emplace(static_cast<int>(id), b).second) {
+        return InvalidArgument("logit_bias: token id ", id, " is given more than once");
+      }
+    }
   }
 
   TANDEM_ASSIGN_OR_RETURN(auto top_k, OptInteger(body, "top_k", -1, 1 << 20));
@@ -485,6 +511,61 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
   if (req.prompts.size() * static_cast<size_t>(req.fields.n) > kMaxN) {
     return InvalidArgument("n: prompts x n must be at most ", kMaxN);
   }
+  return req;
+}
+
+namespace {
+
+absl::StatusOr<std::string> OptModel(const json& body) {
+  const json* model = Find(body, "model");
+  if (model == nullptr) return std::string();
+  if (!model->is_string()) return TypeError("model", "a string", *model);
+  return model->get<std::string>();
+}
+
+}  // namespace
+
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
+  TANDEM_ASSIGN_OR_RETURN(json parsed, ParseBody(body));
+  TokenizeRequest req;
+  TANDEM_ASSIGN_OR_RETURN(req.model, OptModel(parsed));
+  TANDEM_ASSIGN_OR_RETURN(req.return_token_strs, OptBool(parsed, "return_token_strs"));
+  const json* prompt = Find(parsed, "prompt");
+  const json* messages = Find(parsed, "messages");
+  if ((prompt == nullptr) == (messages == nullptr)) {
+    return InvalidArgument("prompt: give exactly one of prompt and messages");
+  }
+  if (prompt != nullptr) {
+    if (!prompt->is_string()) return TypeError("prompt", "a string", *prompt);
+    req.prompt = prompt->get<std::string>();
+    return req;
+  }
+  req.chat = true;
+  if (!messages->is_array()) return TypeError("messages", "an array", *messages);
+  if (messages->empty()) return InvalidArgument("messages: must not be empty");
+  TANDEM_ASSIGN_OR_RETURN(req.messages, chat::ParseOpenAIMessages(*messages));
+  if (const json* tools = Find(parsed, "tools")) {
+    TANDEM_ASSIGN_OR_RETURN(req.tools, chat::ParseOpenAITools(*tools));
+  }
+  TANDEM_ASSIGN_OR_RETURN(req.options, chat::ParseOpenAIChatOptions(parsed));
+  // vLLM's top-level flag; it wins over chat_template_kwargs'.
+  if (const json* agp = Find(parsed, "add_generation_prompt")) {
+    if (!agp->is_boolean())
+      return TypeError("add_generation_prompt", "a boolean", *agp);
+    req.options.add_generation_prompt = agp->get<bool>();
+  }
+  return req;
+}
+
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view body) {
+  TANDEM_ASSIGN_OR_RETURN(json parsed, ParseBody(body));
+  DetokenizeRequest req;
+  TANDEM_ASSIGN_OR_RETURN(req.model, OptModel(parsed));
+  const json* tokens = Find(parsed, "tokens");
+  if (tokens == nullptr) return InvalidArgument("tokens: required");
+  if (!tokens->is_array()) return TypeError("tokens", "an array", *tokens);
+  if (tokens->empty()) return req;
+  TANDEM_ASSIGN_OR_RETURN(req.tokens, TokenArray(*tokens, "tokens"));
   return req;
 }
 

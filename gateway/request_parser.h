@@ -8,6 +8,7 @@
 #define TANDEM_GATEWAY_REQUEST_PARSER_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <variant>
@@ -51,6 +52,9 @@ struct GenerationFields {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   std::string user;
+  // token id → bias in [-100, 100] (ids checked against the vocabulary by the
+  // router).
+  std::map<int, double> logit_bias;
   // vLLM-style extensions.
   std::optional<int> top_k;                  // >= 0 (-1 means disabled, as in vLLM)
   std::optional<double> min_p;               // [0, 1]
@@ -85,6 +89,28 @@ struct CompletionRequest {
 absl::StatusOr<ChatCompletionRequest> ParseChatCompletionRequest(
     absl::string_view body);
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body);
+
+// vLLM's POST /tokenize: a `prompt` (text, encoded as /v1/completions encodes
+// it) or chat `messages` (rendered and encoded as /v1/chat/completions does,
+// with `tools`, the chat options and `add_generation_prompt`, default true,
+// which may also be false here). `model` is optional.
+struct TokenizeRequest {
+  std::string model;  // empty: the served model
+  bool chat = false;
+  std::string prompt;
+  std::vector<chat::ChatMessage> messages;
+  std::vector<chat::ToolDeclaration> tools;
+  chat::ChatOptions options;
+  bool return_token_strs = false;
+};
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body);
+
+// vLLM's POST /detokenize: `tokens` (ids) back to text, special tokens kept.
+struct DetokenizeRequest {
+  std::string model;  // empty: the served model
+  std::vector<int> tokens;
+};
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view body);
 
 // The seed of choice `index` of a request with seed `seed`: choice 0 uses the
 // seed itself (so n=1 and n>1 agree on the first choice), others a well-mixed

@@ -1,8 +1,11 @@
 #include "gateway/request_parser.h"
 
+#include <map>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "gateway/api_error.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace tandem::gateway {
@@ -149,8 +152,42 @@ INSTANTIATE_TEST_SUITE_P(
                 R"("tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}})"),
             "tool_choice"},
         BadCase{Chat(R"("reasoning_effort":"medium")"), "reasoning_effort"},
-        BadCase{Chat(R"("logit_bias":{"1":2})"), "logit_bias"},
+        BadCase{Chat(R"("logit_bias":[1,2])"), "logit_bias"},
+        BadCase{Chat(R"("logit_bias":{"x":2})"), "logit_bias"},
+        BadCase{Chat(R"("logit_bias":{"-4":2})"), "logit_bias"},
+        BadCase{Chat(R"("logit_bias":{"99999999999":2})"), "logit_bias"},
+        BadCase{Chat(R"("logit_bias":{"7":"2"})"), "logit_bias"},
+        BadCase{Chat(R"("logit_bias":{"7":100.5})"), "logit_bias"},
+        BadCase{Chat(R"("logit_bias":{"7":1,"07":2})"), "logit_bias"},
         BadCase{Chat(R"("functions":[{"name":"f"}])"), "functions"}));
+
+TEST(ChatRequestTest, LogitBiasMapsTokenIdsToBiases) {
+  auto r = ParseChatCompletionRequest(
+      R"({"model":"m","messages":[{"role":"user","content":"hi"}],)"
+      R"("logit_bias":{"50256":-100,"7":2.5,"0":100}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->fields.logit_bias,
+            (std::map<int, double>{{0, 100.0}, {7, 2.5}, {50256, -100.0}}));
+  auto c =
+      ParseCompletionRequest(R"({"model":"m","prompt":"a","logit_bias":{"3":-1}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->fields.logit_bias, (std::map<int, double>{{3, -1.0}}));
+  auto empty = ParseCompletionRequest(R"({"model":"m","prompt":"a","logit_bias":{}})");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE(empty->fields.logit_bias.empty());
+  // The messages say what is wrong with which entry.
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"x":2})", "the key 'x' is not a token id"},
+      {R"({"7":"2"})", "the bias of token 7 must be a number, got string"},
+      {R"({"7":-100.5})", "the bias of token 7 must be in [-100, 100], got -100.5"},
+      {R"({"7":1,"07":2})", "token id 7 is given more than once"},
+  };
+  for (const auto& [bias, message] : bad) {
+    auto b = ParseCompletionRequest(
+        absl::StrCat(R"({"model":"m","prompt":"a","logit_bias":)", bias, "}"));
+    EXPECT_THAT(b.status().message(), ::testing::HasSubstr(message)) << bias;
+  }
+}
 
 TEST(CompletionRequestTest, PromptForms) {
   auto text = ParseCompletionRequest(R"({"model":"m","prompt":"hello"})");

@@ -61,6 +61,12 @@ struct SampleArgs {
   const int32_t* penalty_tokens = nullptr;
   const int32_t* penalty_output_counts = nullptr;
   const uint8_t* penalty_in_prompt = nullptr;
+  // logit_bias, CSR over rows (null offsets: no row has one): entry e of row r
+  // adds bias_values[e] to token bias_tokens[e]'s logit, after the mask and
+  // before the penalties (engine::Sampler's order). A row's ids are DISTINCT.
+  const int32_t* bias_offsets = nullptr;  // [rows + 1]
+  const int32_t* bias_tokens = nullptr;
+  const float* bias_values = nullptr;
   // Structured-output masks (engine::SampleRequest::allowed_bitmask's layout:
   // bit i % 32 of word i / 32 set = token i allowed), [mask_count, mask_words]
   // with mask_words * 32 >= vocab; a row with params.mask_row >= 0 may choose

@@ -143,6 +143,7 @@ int main(int argc, char** argv) {
   // The router lets a decode worker share cached blocks (skipping their rows
   // here) only for transfers a worker that registered this writes.
   so.registration.set_writes_after_held_prefix(pso.write_after_held_prefix);
+  so.registration.set_samples_logit_bias(true);
   so.health = [l = loop.get()] { return l->health(); };
   // Cache-aware routing: the router matches prompts against what the cache
   // reports (registration.h).

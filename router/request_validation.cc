@@ -93,6 +93,16 @@ absl::Status ValidateGenerateRequest(const tandem::v1::GenerateRequest& r,
       InRange("sampling.repetition_penalty", s.repetition_penalty(), 0, 10));
   if (s.top_k() < 0)
     return InvalidArgument("sampling.top_k must be >= 0, got ", s.top_k());
+  for (const auto& [id, bias] : s.logit_bias()) {
+    if (id < 0 || id >= limits.vocab_size) {
+      return InvalidArgument("sampling.logit_bias: token id ", id,
+                             " is outside the vocabulary [0, ", limits.vocab_size, ")");
+    }
+    if (!std::isfinite(bias) || bias < -kMaxLogitBias || bias > kMaxLogitBias) {
+      return InvalidArgument("sampling.logit_bias: the bias of token ", id,
+                             " must be in [-100, 100], got ", bias);
+    }
+  }
   if (s.top_logprobs() < 0 || s.top_logprobs() > kMaxTopLogprobs) {
     return InvalidArgument("sampling.top_logprobs must be in [0, ", kMaxTopLogprobs,
                            "], got ", s.top_logprobs());

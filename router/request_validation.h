@@ -22,6 +22,8 @@ inline constexpr int kMaxImages = 64;
 inline constexpr int kMaxStopStringBytes = 1024;
 inline constexpr int kMaxStopTokenIds = 64;
 inline constexpr int kMaxTopLogprobs = 20;
+// OpenAI's range of a logit_bias value (engine::kMaxLogitBias).
+inline constexpr float kMaxLogitBias = 100.0f;
 
 absl::Status ValidateGenerateRequest(const tandem::v1::GenerateRequest& request,
                                      const ModelLimits& limits);

@@ -11,6 +11,7 @@
 //   - bad input: INVALID_ARGUMENT
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -175,13 +176,17 @@ class ClusterTest : public ::testing::Test {
   }
   void TearDown() override { router_server_->Shutdown(In(5)); }
 
+  // As prefill_main and decode_main register (samples_logit_bias: false is an
+  // older worker's registration).
   void Register(const std::string& id, tandem::v1::WorkerRole role,
-                const std::string& address, const tandem::v1::WorkerLoad& load) {
+                const std::string& address, const tandem::v1::WorkerLoad& load,
+                bool samples_logit_bias = true) {
     tandem::v1::RegisterRequest r;
     r.set_worker_id(id);
     r.set_role(role);
     r.set_grpc_address(address);
     r.set_model_fingerprint("fp");
+    r.set_samples_logit_bias(samples_logit_bias);
     *r.mutable_load() = load;
     ASSERT_TRUE(workers_.Register(r).ok());
   }
@@ -298,6 +303,71 @@ TEST_F(ClusterTest, DisaggregatedEqualsColocatedTokenForToken) {
   EXPECT_EQ(decode.service->num_reservations(), 0);
   EXPECT_EQ(decode.service->reserved_blocks(), 0);
   EXPECT_GT(prefill.metrics.transfer_bytes->Value(), 0);
+}
+
+// logit_bias reaches the prefill worker's first token and every decode token,
+// on the disaggregated and the colocated path, greedy and sampled; while a
+// worker that predates it is live, a request with a bias is refused rather
+// than sent where the bias would be dropped.
+TEST_F(ClusterTest, LogitBiasReachesEveryTokenOnBothPaths) {
+  PrefillNode prefill("prefill-0");
+  DecodeNode decode;
+  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address,
+           prefill.service->Load());
+  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
+           decode.service->Load());
+  const std::vector<int32_t> prompt = engine::testing::MakePrompt(40, 5);
+  const Result plain = RouterGenerate(Request(prompt, 6, 0.0f, 0));
+  ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+  ASSERT_EQ(plain.tokens.size(), 6u);
+  // A token the model does not choose, pushed to the top: every token is it.
+  int32_t forced = 1000;
+  while (std::find(plain.tokens.begin(), plain.tokens.end(), forced) !=
+         plain.tokens.end()) {
+    ++forced;
+  }
+  for (const float temperature : {0.0f, 0.8f}) {
+    tandem::v1::GenerateRequest req = Request(prompt, 6, temperature, 99);
+    (*req.mutable_sampling()->mutable_logit_bias())[forced] = 100.0f;
+    const Result disagg = RouterGenerate(req);
+    ASSERT_TRUE(disagg.status.ok()) << disagg.status.error_message();
+    EXPECT_EQ(disagg.tokens, std::vector<int32_t>(6, forced)) << temperature;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(60));
+    req.set_request_id("colocated-bias-" + std::to_string(temperature));
+    const Result colocated = Drain(decode.stub->Generate(&ctx, req).get());
+    ASSERT_TRUE(colocated.status.ok()) << colocated.status.error_message();
+    EXPECT_EQ(colocated.tokens, std::vector<int32_t>(6, forced)) << temperature;
+  }
+  // The greedy choice banned: the first token (the prefill worker's) changes.
+  tandem::v1::GenerateRequest ban = Request(prompt, 6, 0.0f, 0);
+  (*ban.mutable_sampling()->mutable_logit_bias())[plain.tokens[0]] = -100.0f;
+  const Result banned = RouterGenerate(ban);
+  ASSERT_TRUE(banned.status.ok()) << banned.status.error_message();
+  ASSERT_FALSE(banned.tokens.empty());
+  EXPECT_NE(banned.tokens[0], plain.tokens[0]);
+  EXPECT_EQ(std::count(banned.tokens.begin(), banned.tokens.end(), plain.tokens[0]), 0);
+  EXPECT_EQ(Paths("disaggregated"), 4);
+  // Out of the vocabulary: refused by the router, naming the field.
+  tandem::v1::GenerateRequest bad = Request(prompt, 6, 0.0f, 0);
+  (*bad.mutable_sampling()->mutable_logit_bias())[1 << 30] = 1.0f;
+  const Result refused = RouterGenerate(bad);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.status.error_message().find("sampling.logit_bias: token id"),
+            std::string::npos)
+      << refused.status.error_message();
+  // An older decode worker joins: requests with a bias are refused, naming it.
+  Register("decode-old", tandem::v1::WORKER_ROLE_DECODE, decode.address,
+           decode.service->Load(), /*samples_logit_bias=*/false);
+  tandem::v1::GenerateRequest late = Request(prompt, 6, 0.0f, 0);
+  (*late.mutable_sampling()->mutable_logit_bias())[forced] = 100.0f;
+  const Result old = RouterGenerate(late);
+  EXPECT_EQ(old.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(old.status.error_message().find("worker 'decode-old' predates logit_bias"),
+            std::string::npos)
+      << old.status.error_message();
+  EXPECT_TRUE(EngineIdle(decode.loop.get(), absl::Seconds(10)));
+  EXPECT_TRUE(EngineIdle(prefill.loop.get(), absl::Seconds(10)));
 }
 
 TEST_F(ClusterTest, ShortPromptsAreColocatedBelowTheThreshold) {

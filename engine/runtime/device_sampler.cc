@@ -102,8 +102,14 @@ absl::Status DeviceSampler::Pack(absl::Span<const Row> rows) {
   std::vector<int32_t>& pen_counts = pen_counts_;
   std::vector<int32_t>& sup_tokens = sup_tokens_;
   std::vector<uint8_t>& pen_in_prompt = pen_in_prompt_;
+  std::vector<int32_t>& bias_offsets = bias_offsets_;
+  std::vector<int32_t>& bias_tokens = bias_tokens_;
+  std::vector<float>& bias_values = bias_values_;
   pen_offsets.assign(n + 1, 0);
   sup_offsets.assign(n + 1, 0);
+  bias_offsets.assign(n + 1, 0);
+  bias_tokens.clear();
+  bias_values.clear();
   pen_tokens.clear();
   pen_counts.clear();
   sup_tokens.clear();
@@ -138,6 +144,13 @@ absl::Status DeviceSampler::Pack(absl::Span<const Row> rows) {
       if (in_vocab(id)) sup_tokens.push_back(id);
     }
     sup_offsets[i + 1] = static_cast<int32_t>(sup_tokens.size());
+    // Distinct ids (SamplingParams::Validate): one thread each on the device.
+    for (const TokenBias& b : p.logit_bias) {
+      if (!in_vocab(b.token_id)) continue;
+      bias_tokens.push_back(b.token_id);
+      bias_values.push_back(b.bias);
+    }
+    bias_offsets[i + 1] = static_cast<int32_t>(bias_tokens.size());
   }
   const int64_t mask_words = (vocab_ + 31) / 32;
   int32_t masks = 0;
@@ -156,6 +169,7 @@ absl::Status DeviceSampler::Pack(absl::Span<const Row> rows) {
   }
   const bool penalties = !pen_tokens.empty();
   const bool suppress = !sup_tokens.empty();
+  const bool bias = !bias_tokens.empty();
 
   Layout in;
   const size_t o_params = in.Add<kernels::SamplingRowParams>(n);
@@ -170,6 +184,12 @@ absl::Status DeviceSampler::Pack(absl::Span<const Row> rows) {
   if (suppress) {
     o_sup_off = in.Add<int32_t>(n + 1);
     o_sup_tok = in.Add<int32_t>(sup_tokens.size());
+  }
+  size_t o_bias_off = 0, o_bias_tok = 0, o_bias_val = 0;
+  if (bias) {
+    o_bias_off = in.Add<int32_t>(n + 1);
+    o_bias_tok = in.Add<int32_t>(bias_tokens.size());
+    o_bias_val = in.Add<float>(bias_values.size());
   }
   const size_t o_masks = masks > 0 ? in.Add<uint32_t>(masks * mask_words) : 0;
   Layout out;
@@ -189,6 +209,10 @@ absl::Status DeviceSampler::Pack(absl::Span<const Row> rows) {
   o_sup_off_ = o_sup_off;
   o_sup_tok_ = o_sup_tok;
   o_masks_ = o_masks;
+  o_bias_off_ = o_bias_off;
+  o_bias_tok_ = o_bias_tok;
+  o_bias_val_ = o_bias_val;
+  bias_ = bias;
   masks_ = masks;
   top_n_ = top_n;
   penalties_ = penalties;
@@ -230,6 +254,13 @@ absl::Status DeviceSampler::Pack(absl::Span<const Row> rows) {
     std::memcpy(h + o_sup_off, sup_offsets.data(),
                 sup_offsets.size() * sizeof(int32_t));
     std::memcpy(h + o_sup_tok, sup_tokens.data(), sup_tokens.size() * sizeof(int32_t));
+  }
+  if (bias) {
+    std::memcpy(h + o_bias_off, bias_offsets.data(),
+                bias_offsets.size() * sizeof(int32_t));
+    std::memcpy(h + o_bias_tok, bias_tokens.data(),
+                bias_tokens.size() * sizeof(int32_t));
+    std::memcpy(h + o_bias_val, bias_values.data(), bias_values.size() * sizeof(float));
   }
   packed_ = true;
   return absl::OkStatus();
@@ -279,6 +310,11 @@ absl::Status DeviceSampler::Upload() {
   if (suppress) {
     args_.suppress_offsets = At<int32_t>(d, o_sup_off);
     args_.suppress_tokens = At<int32_t>(d, o_sup_tok);
+  }
+  if (bias_) {
+    args_.bias_offsets = At<int32_t>(d, o_bias_off_);
+    args_.bias_tokens = At<int32_t>(d, o_bias_tok_);
+    args_.bias_values = At<float>(d, o_bias_val_);
   }
   args_.token_ids = At<int32_t>(o, off_tokens_);
   args_.row_status = At<int32_t>(o, off_status_);

@@ -13,12 +13,12 @@
 // One call: Prepare packs every row's SamplingRowParams, its penalty history
 // (only rows with penalties: each distinct prompt or output token once, with
 // its output count and whether the prompt holds it) and its suppressed tokens
-// (ids outside the vocabulary dropped, as the host sampler ignores them) and
-// the structured-output masks of the rows that have one (vocab / 32 words
-// each) into one staging buffer and uploads it in one copy; Run launches the kernel on
-// the compute stream, after the forward, and brings the outputs (token, row
-// status, logprob, alternatives) back in one copy. The device buffers grow to
-// the largest step and are reused.
+// (ids outside the vocabulary dropped, as the host sampler ignores them), its
+// logit bias (rows that have one), and the structured-output masks of the rows that
+// have one (vocab / 32 words each) into one staging buffer and uploads it in one copy;
+// Run launches the kernel on the compute stream, after the forward, and brings the
+// outputs (token, row status, logprob, alternatives) back in one copy. The device
+// buffers grow to the largest step and are reused.
 //
 // Steps with speculative drafts are not taken here (verification is host
 // code): the engine samples those on the host.
@@ -74,7 +74,7 @@ class DeviceSampler {
   absl::Status Pack(absl::Span<const Row> rows);
   absl::Status Upload();
   // Samples the prepared rows from `logits` ([rows, vocab] fp32 device memory,
-  // modified in place: penalties and suppression) and fills one result per row
+  // modified in place: bias, penalties and suppression) and fills one result per row
   // (a row's own error in its entry). The returned status is the call's: a
   // device or kernel error.
   absl::Status Run(float* logits, std::vector<absl::StatusOr<SampleResult>>* results);
@@ -95,7 +95,8 @@ class DeviceSampler {
   std::vector<unsigned char> results_;  // host side of out_
   // Prepare's packing scratch, reused.
   std::vector<int32_t> pen_offsets_, sup_offsets_, pen_tokens_, pen_counts_,
-      sup_tokens_;
+      sup_tokens_, bias_offsets_, bias_tokens_;
+  std::vector<float> bias_values_;
   std::vector<uint8_t> pen_in_prompt_;
   // The prepared step: each row's logprob request (Run's results), the
   // staging layout.
@@ -108,9 +109,10 @@ class DeviceSampler {
   bool ready_ = false;   // Upload succeeded, Run not called yet
   size_t in_bytes_ = 0;
   size_t o_params_ = 0, o_pen_off_ = 0, o_pen_tok_ = 0, o_pen_cnt_ = 0, o_pen_flag_ = 0,
-         o_sup_off_ = 0, o_sup_tok_ = 0, o_masks_ = 0;
+         o_sup_off_ = 0, o_sup_tok_ = 0, o_masks_ = 0, o_bias_off_ = 0, o_bias_tok_ = 0,
+         o_bias_val_ = 0;
   int32_t masks_ = 0, top_n_ = 0;
-  bool penalties_ = false, suppress_ = false;
+  bool penalties_ = false, suppress_ = false, bias_ = false;
   kernels::SampleArgs args_;
   size_t out_bytes_ = 0;
   size_t off_tokens_ = 0, off_status_ = 0, off_logprobs_ = 0, off_top_ids_ = 0,

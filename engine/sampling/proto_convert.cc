@@ -1,5 +1,7 @@
 #include "engine/sampling/proto_convert.h"
 
+#include <algorithm>
+
 #include "common/status.h"
 
 namespace tandem::engine {
@@ -102,6 +104,13 @@ absl::StatusOr<SamplingParams> SamplingParamsFromProto(
       sampling.repetition_penalty() == 0.0f ? 1.0f : sampling.repetition_penalty();
   p.logprobs = sampling.logprobs();
   p.top_logprobs = sampling.top_logprobs();
+  // A proto map has no order: ascending ids, as SamplingParams keeps them.
+  p.logit_bias.reserve(sampling.logit_bias_size());
+  for (const auto& [id, bias] : sampling.logit_bias())
+    p.logit_bias.push_back({id, bias});
+  std::sort(
+      p.logit_bias.begin(), p.logit_bias.end(),
+      [](const TokenBias& a, const TokenBias& b) { return a.token_id < b.token_id; });
   p.max_tokens = stop.max_tokens();
   p.stop_token_ids.assign(stop.stop_token_ids().begin(), stop.stop_token_ids().end());
   p.stop_strings.assign(stop.stop_strings().begin(), stop.stop_strings().end());
@@ -129,6 +138,9 @@ void SamplingParamsToProto(const SamplingParams& p,
   sampling->set_repetition_penalty(p.repetition_penalty);
   sampling->set_logprobs(p.logprobs);
   sampling->set_top_logprobs(p.top_logprobs);
+  for (const TokenBias& b : p.logit_bias) {
+    (*sampling->mutable_logit_bias())[b.token_id] = b.bias;
+  }
   if (p.structured.has_value()) {
     StructuredOutputToProto(*p.structured, sampling->mutable_structured_output());
   }

@@ -52,6 +52,28 @@ TEST(ProtoConvertTest, RoundTripsEveryField) {
   EXPECT_EQ(c2.SerializeAsString(), c.SerializeAsString());
 }
 
+TEST(ProtoConvertTest, LogitBiasComesInAscendingIdsAndRoundTrips) {
+  tandem::v1::SamplingParams s;
+  (*s.mutable_logit_bias())[900] = -100.0f;
+  (*s.mutable_logit_bias())[7] = 2.5f;
+  (*s.mutable_logit_bias())[31] = 0.0f;
+  auto p = SamplingParamsFromProto(s, {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->logit_bias, ElementsAre(TokenBias{7, 2.5f}, TokenBias{31, 0.0f},
+                                         TokenBias{900, -100.0f}));
+  tandem::v1::SamplingParams s2;
+  tandem::v1::StopConditions c2;
+  SamplingParamsToProto(*p, &s2, &c2);
+  ASSERT_EQ(s2.logit_bias_size(), 3);
+  EXPECT_EQ(s2.logit_bias().at(7), 2.5f);
+  EXPECT_EQ(s2.logit_bias().at(31), 0.0f);
+  EXPECT_EQ(s2.logit_bias().at(900), -100.0f);
+  // Out of range on the wire: refused, naming the field.
+  (*s.mutable_logit_bias())[5] = 250.0f;
+  EXPECT_THAT(SamplingParamsFromProto(s, {}).status().message(),
+              HasSubstr("logit_bias: the bias of token 5"));
+}
+
 TEST(ProtoConvertTest, InvalidValuesAreRejected) {
   tandem::v1::SamplingParams s;
   s.set_temperature(3.0f);

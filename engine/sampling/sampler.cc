@@ -170,6 +170,10 @@ absl::Status Sampler::Prepare(const SampleRequest& request, bool need_softmax) {
           "structured output: the constraint allows no next token");
     }
   }
+  // logit_bias (ids validated in the vocabulary; a masked token stays -inf).
+  for (const TokenBias& b : p.logit_bias) {
+    if (b.token_id >= 0 && b.token_id < vocab_size_) x_[b.token_id] += b.bias;
+  }
   if (request.history != nullptr && p.HasPenalties()) {
     const PenaltyState& h = *request.history;
     const float rep = p.repetition_penalty;

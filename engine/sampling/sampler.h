@@ -2,14 +2,14 @@
 //
 // Order of operations (as vLLM's sampler, README.md):
 //   structured-output mask (tokens the grammar forbids) → suppress (stop
-//   tokens before min_tokens) → repetition penalty (prompt +
+//   tokens before min_tokens) → logit_bias (added) → repetition penalty (prompt +
 //   output) → frequency and presence penalties (output) → temperature →
 //   top-k → top-p → min-p → draw (inverse CDF, counter-based uniform).
-// Greedy (temperature 0) is the argmax after suppression and penalties, ties
+// Greedy (temperature 0) is the argmax after suppression, bias and penalties, ties
 // going to the lowest token id.
 //
-// Reported logprobs are log-softmax of the logits AFTER suppression, penalties
-// and temperature, BEFORE top-k/top-p/min-p truncation (for greedy: at
+// Reported logprobs are log-softmax of the logits AFTER suppression, logit_bias,
+// penalties and temperature, BEFORE top-k/top-p/min-p truncation (for greedy: at
 // temperature 1). So every alternative has a finite value and the numbers
 // describe the distribution the truncation was cut from.
 //

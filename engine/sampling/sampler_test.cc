@@ -138,6 +138,54 @@ TEST(SamplerTest, PenaltiesMatchHandComputedLogits) {
   EXPECT_EQ(sampler.Sample(req)->token_id, 2);
 }
 
+TEST(SamplerTest, LogitBiasIsAddedBeforePenaltiesAndTemperature) {
+  // logits {2, -1, 0.5, 3}; bias {0: +1.5, 3: -100}; prompt {2}, output {0}:
+  // bias first, then repetition 2, then presence 0.25, then temperature 0.5:
+  //   0: (2 + 1.5) / 2 - 0.25 = 1.5    → 3
+  //   1: -1                            → -2
+  //   2: 0.5 / 2 = 0.25                → 0.5
+  //   3: 3 - 100 = -97 (not in the history) → -194
+  // (Penalties before the bias would give token 0 (2/2 - 0.25 + 1.5) = 2.25.)
+  const std::vector<float> logits = {2.0f, -1.0f, 0.5f, 3.0f};
+  const std::vector<float> expected = {3.0f, -2.0f, 0.5f, -194.0f};
+  PenaltyState history;
+  history.AddPromptTokens(std::vector<int32_t>{2});
+  history.AddOutputTokens({0});
+  SamplingParams p;
+  p.logit_bias = {{0, 1.5f}, {3, -100.0f}};
+  p.repetition_penalty = 2.0f;
+  p.presence_penalty = 0.25f;
+  p.temperature = 0.5f;
+  p.seed = 11;
+  p.logprobs = true;
+  p.top_logprobs = 4;
+  ASSERT_TRUE(p.Validate().ok());
+  Sampler sampler(4);
+  SampleRequest req = Request(logits, p);
+  req.history = &history;
+  auto r = sampler.Sample(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::vector<double> ref = RefLogSoftmax(expected, 1.0);
+  ASSERT_EQ(r->top.size(), 4u);
+  const int order[] = {0, 2, 1, 3};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(r->top[i].token_id, order[i]);
+    EXPECT_NEAR(r->top[i].logprob, ref[order[i]], 1e-5);
+  }
+  // Greedy: without the bias token 3 wins; with it token 0 does, and a bias on
+  // a suppressed token does not bring it back.
+  SamplingParams g;
+  EXPECT_EQ(sampler.Sample(Request(logits, g))->token_id, 3);
+  g.logit_bias = {{0, 1.5f}, {3, -100.0f}};
+  EXPECT_EQ(sampler.Sample(Request(logits, g))->token_id, 0);
+  g.logit_bias = {{1, 100.0f}};
+  SampleRequest sup = Request(logits, g);
+  const std::vector<int32_t> suppressed = {1};
+  sup.suppressed_tokens = suppressed;
+  EXPECT_EQ(sampler.Sample(sup)->token_id, 3);
+  EXPECT_EQ(sampler.Sample(Request(logits, g))->token_id, 1);
+}
+
 TEST(SamplerTest, LogprobsMatchFloat64ReferenceOnFullVocab) {
   const std::vector<float> logits = RandomLogits(kK3Vocab, 3.0, 1);
   SamplingParams p;

@@ -64,6 +64,21 @@ absl::Status SamplingParams::Validate() const {
   for (int32_t id : stop_token_ids) {
     if (id < 0) return InvalidArgument("stop token id must be >= 0, got ", id);
   }
+  for (size_t i = 0; i < logit_bias.size(); ++i) {
+    const TokenBias& b = logit_bias[i];
+    if (b.token_id < 0) {
+      return InvalidArgument("logit_bias: token id must be >= 0, got ", b.token_id);
+    }
+    if (i > 0 && b.token_id <= logit_bias[i - 1].token_id) {
+      return InvalidArgument("logit_bias: token ids must be distinct and ascending (",
+                             logit_bias[i - 1].token_id, " then ", b.token_id, ")");
+    }
+    if (!std::isfinite(b.bias) || b.bias < -kMaxLogitBias || b.bias > kMaxLogitBias) {
+      return InvalidArgument("logit_bias: the bias of token ", b.token_id,
+                             " must be in [", -kMaxLogitBias, ", ", kMaxLogitBias,
+                             "], got ", b.bias);
+    }
+  }
   if (structured.has_value()) TANDEM_RETURN_IF_ERROR(structured->Validate());
   return absl::OkStatus();
 }
@@ -173,6 +188,10 @@ absl::Status SamplingParams::ValidateForVocab(int64_t vocab_size) const {
       return InvalidArgument("stop token id ", id, " is outside the vocabulary of ",
                              vocab_size, " tokens");
     }
+  }
+  if (!logit_bias.empty() && logit_bias.back().token_id >= vocab_size) {
+    return InvalidArgument("logit_bias: token id ", logit_bias.back().token_id,
+                           " is outside the vocabulary of ", vocab_size, " tokens");
   }
   if (structured.has_value()) {
     TANDEM_RETURN_IF_ERROR(structured->ValidateForVocab(vocab_size));

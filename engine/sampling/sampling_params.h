@@ -33,6 +33,17 @@ inline constexpr int kMaxStopStringBytes = 256;
 inline constexpr int64_t kMaxConstraintSourceBytes = 1 << 20;
 inline constexpr int kMaxConstraintChoices = 4096;
 inline constexpr int kMaxConstraintFramingTokens = 256;
+// OpenAI's range for a logit_bias value.
+inline constexpr float kMaxLogitBias = 100.0f;
+
+// One entry of a request's logit_bias.
+struct TokenBias {
+  int32_t token_id = 0;
+  float bias = 0.0f;
+  bool operator==(const TokenBias& o) const {
+    return token_id == o.token_id && bias == o.bias;
+  }
+};
 
 // A constraint on the output (proto StructuredOutput; structured_output.h runs
 // it). The output is: a free run (when free_until_token_id >= 0: any token but
@@ -87,6 +98,10 @@ struct SamplingParams {
   // Report the chosen token's logprob, and top_logprobs alternatives (0..20).
   bool logprobs = false;
   int32_t top_logprobs = 0;
+  // OpenAI logit_bias: added to each listed token's logit after the mask and
+  // the suppression, before the penalties and the temperature (sampler.h).
+  // Token ids strictly ascending (distinct), values in [-100, 100].
+  std::vector<TokenBias> logit_bias;
 
   // Stop conditions.
   // Extra token ids that end generation (the model's EOS ids are added by the

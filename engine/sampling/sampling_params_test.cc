@@ -68,6 +68,31 @@ TEST(SamplingParamsTest, RejectsOutOfRangeValuesNamingTheField) {
        "at most 16 stop strings"},
       {"neg_stop_id", [](SamplingParams& p) { p.stop_token_ids = {-3}; },
        "stop token id must be >= 0, got -3"},
+      {"bias_neg_id",
+       [](SamplingParams& p) {
+         p.logit_bias = {{-1, 1.0f}};
+       },
+       "logit_bias: token id must be >= 0, got -1"},
+      {"bias_repeated_id",
+       [](SamplingParams& p) {
+         p.logit_bias = {{4, 1.0f}, {4, 2.0f}};
+       },
+       "logit_bias: token ids must be distinct and ascending (4 then 4)"},
+      {"bias_unsorted",
+       [](SamplingParams& p) {
+         p.logit_bias = {{9, 1.0f}, {4, 2.0f}};
+       },
+       "(9 then 4)"},
+      {"bias_high",
+       [](SamplingParams& p) {
+         p.logit_bias = {{7, 100.5f}};
+       },
+       "logit_bias: the bias of token 7 must be in [-100, 100], got 100.5"},
+      {"bias_nan",
+       [](SamplingParams& p) {
+         p.logit_bias = {{7, NAN}};
+       },
+       "the bias of token 7"},
   };
   for (const BadCase& c : cases) {
     SamplingParams p;
@@ -85,6 +110,12 @@ TEST(SamplingParamsTest, VocabCheckNamesTokenAndVocab) {
   const absl::Status s = p.ValidateForVocab(100);
   EXPECT_THAT(s.message(), HasSubstr("stop token id 100 is outside the "
                                      "vocabulary of 100 tokens"));
+  SamplingParams b;
+  b.logit_bias = {{0, -100.0f}, {99, 100.0f}};
+  EXPECT_TRUE(b.ValidateForVocab(100).ok());
+  b.logit_bias.push_back({100, 1.0f});
+  EXPECT_THAT(b.ValidateForVocab(100).message(),
+              HasSubstr("logit_bias: token id 100 is outside the vocabulary of 100"));
 }
 
 TEST(SamplingParamsTest, EnsureSeedSeedsSamplingRequestsOnly) {

@@ -83,6 +83,13 @@ void BuildMessage(const tandem::v1::GenerateRequest& request,
   }
 }
 
+// {"token id": bias}, as the OpenAI field.
+json LogitBias(const tandem::v1::SamplingParams& s) {
+  json out = json::object();
+  for (const auto& [id, bias] : s.logit_bias()) out[std::to_string(id)] = bias;
+  return out;
+}
+
 json GenerateEvent(const tandem::v1::GenerateRequest& request) {
   return {{"event", "generate"},
           {"request_id", request.request_id()},
@@ -94,6 +101,7 @@ json GenerateEvent(const tandem::v1::GenerateRequest& request) {
           {"top_p", request.sampling().top_p()},
           {"presence_penalty", request.sampling().presence_penalty()},
           {"frequency_penalty", request.sampling().frequency_penalty()},
+          {"logit_bias", LogitBias(request.sampling())},
           {"max_tokens", request.stop().max_tokens()},
           {"stop_strings",
            json(std::vector<std::string>(request.stop().stop_strings().begin(),

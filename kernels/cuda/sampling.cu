@@ -594,9 +594,9 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleArgs a) {
     }
   };
 
-  // P0: the structured-output mask, penalties, then suppression (the CPU
-  // suppresses before the penalties; -inf stays -inf through both, so the
-  // order does not matter).
+  // P0: the structured-output mask, the logit bias, penalties, then
+  // suppression (the CPU suppresses before the bias and the penalties; -inf
+  // stays -inf through all three, so the order does not matter).
   const bool masked = a.allowed_bitmask != nullptr && p.mask_row >= 0;
   if (masked) {
     if (p.mask_row >= a.mask_count) {
@@ -607,6 +607,18 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleArgs a) {
         a.allowed_bitmask + static_cast<int64_t>(p.mask_row) * a.mask_words;
     for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
       if (((m[i >> 5] >> (i & 31)) & 1u) == 0u) l[i] = NegInf();
+    }
+    __syncthreads();
+  }
+  if (a.bias_offsets != nullptr) {
+    for (int32_t e = a.bias_offsets[row] + threadIdx.x; e < a.bias_offsets[row + 1];
+         e += kThreads) {
+      const int32_t id = a.bias_tokens[e];
+      if (id < 0 || id >= vocab) {
+        atomicCAS(a.error_word, 0, static_cast<int32_t>(kTokenIdOutOfRange));
+        continue;
+      }
+      l[id] = AddF(l[id], a.bias_values[e]);
     }
     __syncthreads();
   }
@@ -1027,6 +1039,10 @@ const char* LaunchSample(const SampleArgs& args, void* stream) {
   }
   if (args.suppress_offsets != nullptr && args.suppress_tokens == nullptr) {
     return "sampling: suppress_offsets needs suppress_tokens";
+  }
+  if (args.bias_offsets != nullptr &&
+      (args.bias_tokens == nullptr || args.bias_values == nullptr)) {
+    return "sampling: bias_offsets needs bias_tokens and bias_values";
   }
   if (args.allowed_bitmask != nullptr &&
       (args.mask_count <= 0 ||

@@ -6,7 +6,7 @@
 // seed, LaunchSample chooses the same token as engine::Sampler::Sample, and
 // LaunchRejectionSample makes the same accept/reject decisions and emits the
 // same tokens as engine::RejectionSample. Same order of operations (suppress →
-// repetition → frequency/presence → temperature → top-k → top-p → min-p →
+// logit bias → repetition → frequency/presence → temperature → top-k → top-p → min-p →
 // inverse-CDF draw in token-id order), the same counter-based uniform
 // (CounterUniform below is engine/sampling/counter_rng's Philox-4x32-10,
 // header-inline for both compilers), the same float arithmetic where the CPU's
@@ -14,8 +14,8 @@
 //
 // Design (one 512-thread block per row; no sort of the vocabulary):
 //   P0  the structured-output mask (SampleArgs::allowed_bitmask: disallowed
-//       tokens to -inf), repetition / frequency / presence penalties, then
-//       suppression, applied IN
+//       tokens to -inf), the logit bias, repetition / frequency / presence
+//       penalties, then suppression, applied IN
 //       PLACE to the logits row (each listed id is distinct, one thread each);
 //       temperature is applied on the fly (x = l / t) by every later pass.
 //   P1  per 256-token chunk (the CPU's online-softmax chunk): chunk max, NaN/+inf
@@ -85,8 +85,8 @@
 //
 // Errors: a row whose processed logits hold NaN or +inf, or whose every token
 // is -inf, or whose structured-output mask leaves no token, or random sampling
-// without a seed, gets token -1 and a nonzero row_status (SampleStatus); penalty or
-// suppressed ids outside the vocabulary are skipped (as the CPU skips them) and
+// without a seed, gets token -1 and a nonzero row_status (SampleStatus); penalty,
+// bias or suppressed ids outside the vocabulary are skipped (as the CPU skips them) and
 // recorded as kTokenIdOutOfRange in error_word; a draft token outside the vocabulary
 // fails its request the same way.
 #ifndef TANDEM_KERNELS_CUDA_SAMPLING_H_

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -59,7 +60,9 @@ GpuOut RunGpu(const std::vector<Row>& rows, int vocab, bool exact_replay = false
   const int n = static_cast<int>(rows.size());
   std::vector<float> logits;
   std::vector<SamplingRowParams> params(n);
-  std::vector<int32_t> pen_off{0}, pen_tok, pen_cnt, sup_off{0}, sup_tok;
+  std::vector<int32_t> pen_off{0}, pen_tok, pen_cnt, sup_off{0}, sup_tok, bias_off{0},
+      bias_tok;
+  std::vector<float> bias_val;
   std::vector<uint8_t> pen_prompt;
   std::vector<uint32_t> masks;
   const int32_t mask_words = (vocab + 31) / 32;
@@ -102,6 +105,11 @@ GpuOut RunGpu(const std::vector<Row>& rows, int vocab, bool exact_replay = false
     pen_off.push_back(static_cast<int32_t>(pen_tok.size()));
     sup_tok.insert(sup_tok.end(), row.suppressed.begin(), row.suppressed.end());
     sup_off.push_back(static_cast<int32_t>(sup_tok.size()));
+    for (const engine::TokenBias& b : p.logit_bias) {
+      bias_tok.push_back(b.token_id);
+      bias_val.push_back(b.bias);
+    }
+    bias_off.push_back(static_cast<int32_t>(bias_tok.size()));
   }
   GpuOut out;
   out.tokens.assign(n, -7);
@@ -122,6 +130,9 @@ GpuOut RunGpu(const std::vector<Row>& rows, int vocab, bool exact_replay = false
   a.penalty_in_prompt = pen_prompt.data();
   a.suppress_offsets = sup_tok.empty() ? nullptr : sup_off.data();
   a.suppress_tokens = sup_tok.data();
+  a.bias_offsets = bias_tok.empty() ? nullptr : bias_off.data();
+  a.bias_tokens = bias_tok.data();
+  a.bias_values = bias_val.data();
   if (mask_count > 0) {
     a.allowed_bitmask = masks.data();
     a.mask_words = mask_words;
@@ -160,6 +171,7 @@ std::string Describe(const Row& row) {
          " rep=" + std::to_string(p.repetition_penalty) +
          " freq=" + std::to_string(p.frequency_penalty) +
          " pres=" + std::to_string(p.presence_penalty) +
+         " bias=" + std::to_string(p.logit_bias.size()) +
          " pos=" + std::to_string(row.position) +
          " seed=" + std::to_string(p.seed.value_or(0));
 }
@@ -290,6 +302,19 @@ class Sampling : public ::testing::TestWithParam<uint64_t> {
             std::max_element(row.logits.begin(), row.logits.end()) -
             row.logits.begin());
         row.suppressed = {top, static_cast<int32_t>(rng_() % vocab), top};
+      }
+      if (r % 4 == 3 || r % 24 == 12) {
+        // logit_bias: the top token pushed down, a random one up (enough to
+        // win at the larger spreads' scale now and then), one nudged; some of
+        // them also in the history or suppressed (the order of operations).
+        const int32_t top = static_cast<int32_t>(
+            std::max_element(row.logits.begin(), row.logits.end()) -
+            row.logits.begin());
+        std::map<int32_t, float> bias{
+            {top, -5.0f - 10.0f * uni(rng_)},
+            {static_cast<int32_t>(rng_() % vocab), 8.0f + 20.0f * uni(rng_)},
+            {static_cast<int32_t>(rng_() % vocab), 0.5f}};
+        for (const auto& [id, b] : bias) p.logit_bias.push_back({id, b});
       }
       if (r % 2 == 0) {
         p.logprobs = true;

@@ -8,7 +8,7 @@ CUDA, and the CUDA build says why it was skipped.
 
 load("@local_cuda//:defs.bzl", "HAS_CUDA", "NVCC")
 
-# Hopper (H100/H200: run and measured) and Blackwell (compile-checked). B300 is
+# Hopper (H100/H200) and Blackwell, both compile-checked (no GPU run yet). B300 is
 # compute capability 10.3 and B200 10.0: an sm_100a cubin loads on 10.0 only, so
 # Blackwell is built for the family target sm_100f (CUDA 12.9+), which loads on
 # both (the kernels use no instruction specific to one member).
