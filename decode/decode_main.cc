@@ -149,6 +149,7 @@ int main(int argc, char** argv) {
   // their rows are never recomputed here.
   so.registration.set_reserves_with_images(true);
   so.registration.set_samples_logit_bias(true);
+  so.registration.set_computes_prompt_logprobs(true);
   // Cache-aware routing: the router matches prompts against what the cache
   // reports (registration.h).
   if (eo.prefix_caching.enabled) {

@@ -670,6 +670,7 @@ void DecodeService::StartDecode(
           if (params.logprobs && req.has_first_logprob()) {
             *m.add_logprobs() = req.first_logprob();
           }
+          *m.mutable_prompt_logprobs() = req.prompt_logprobs();
           if (params.seed.has_value()) m.set_seed(*params.seed);
           if (metrics_ != nullptr) {
             metrics_->ttft->Observe(absl::ToDoubleSeconds(clock_->Now() - started));

@@ -63,6 +63,82 @@ json CompletionLogprobs(const std::vector<LogprobEntry>& entries, bool with_top,
           {"text_offset", std::move(offsets)}};
 }
 
+// Appends `more`'s legacy logprobs arrays to `into`'s (top_logprobs stays null
+// when it is).
+void AppendCompletionLogprobs(json* into, json more) {
+  for (const char* key : {"tokens", "token_logprobs", "text_offset"}) {
+    for (json& v : more[key]) (*into)[key].push_back(std::move(v));
+  }
+  if (!(*into)["top_logprobs"].is_null()) {
+    for (json& v : more["top_logprobs"])
+      (*into)["top_logprobs"].push_back(std::move(v));
+  }
+}
+
+std::string TokenText(const tokenizer::Tokenizer& t, int32_t id) {
+  return tokenizer::ReplaceInvalidUtf8(t.IdToken(id).value_or(""));
+}
+
+// Completions' echo: the prompt's tokens as legacy logprobs entries (the first
+// token's logprob and alternatives null: nothing predicts it); `offset` as in
+// CompletionLogprobs. `scores[k]` scores prompt token k + 1.
+json EchoLogprobs(const tokenizer::Tokenizer& t, const std::vector<int>& prompt,
+                  const std::vector<tandem::v1::TokenLogprob>& scores, bool with_top,
+                  size_t* offset) {
+  json tokens = json::array(), lps = json::array(), tops = json::array(),
+       offsets = json::array();
+  for (size_t k = 0; k < prompt.size(); ++k) {
+    const std::string token = t.IdToken(prompt[k]).value_or("");
+    tokens.push_back(tokenizer::ReplaceInvalidUtf8(token));
+    offsets.push_back(*offset);
+    *offset += token.size();
+    const tandem::v1::TokenLogprob* s =
+        k > 0 && k - 1 < scores.size() ? &scores[k - 1] : nullptr;
+    lps.push_back(s != nullptr ? json(s->logprob()) : json(nullptr));
+    if (s == nullptr) {
+      tops.push_back(nullptr);
+      continue;
+    }
+    json top = json::object();
+    for (const auto& alt : s->top()) top[TokenText(t, alt.token_id())] = alt.logprob();
+    tops.push_back(std::move(top));
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(lps)},
+          {"top_logprobs", with_top ? std::move(tops) : json(nullptr)},
+          {"text_offset", std::move(offsets)}};
+}
+
+// vLLM's prompt_logprobs: null for the first prompt token, then per token a
+// map from token id (a string) to {logprob, rank, decoded_token}: the prompt's
+// own token and the alternatives (rank = their place, 1 first).
+json VllmPromptLogprobs(const tokenizer::Tokenizer& t, const std::vector<int>& prompt,
+                        const std::vector<tandem::v1::TokenLogprob>& scores) {
+  json out = json::array();
+  if (prompt.empty()) return out;
+  out.push_back(nullptr);
+  for (size_t k = 1; k < prompt.size(); ++k) {
+    if (k - 1 >= scores.size()) {
+      out.push_back(nullptr);
+      continue;
+    }
+    const tandem::v1::TokenLogprob& s = scores[k - 1];
+    json entry = json::object();
+    for (int a = 0; a < s.top_size(); ++a) {
+      entry[std::to_string(s.top(a).token_id())] = {
+          {"logprob", s.top(a).logprob()},
+          {"rank", a + 1},
+          {"decoded_token", TokenText(t, s.top(a).token_id())}};
+    }
+    entry[std::to_string(s.token_id())] = {
+        {"logprob", s.logprob()},
+        {"rank", s.rank()},
+        {"decoded_token", TokenText(t, s.token_id())}};
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
 json ToolCallsJson(const std::vector<ParsedToolCallOut>& calls) {
   json out = json::array();
   for (const ParsedToolCallOut& c : calls) {
@@ -204,6 +280,11 @@ tandem::v1::GenerateRequest Generation::BuildRequest(int i, absl::Time deadline)
   }
   s->set_logprobs(fields_.logprobs);
   s->set_top_logprobs(fields_.top_logprobs);
+  // Prompt logprobs: asked for, or needed by echo with logprobs.
+  int prompt_lp = fields_.prompt_logprobs.value_or(-1);
+  if (fields_.echo && fields_.logprobs)
+    prompt_lp = std::max(prompt_lp, fields_.top_logprobs);
+  if (prompt_lp >= 0) s->set_prompt_logprobs(prompt_lp);
   for (const auto& [id, bias] : fields_.logit_bias) {
     (*s->mutable_logit_bias())[id] = static_cast<float>(bias);
   }
@@ -310,6 +391,29 @@ void Generation::WriteDelta(int i, const ChoiceDelta& delta,
                                              &st.text_offset);
   }
   c["finish_reason"] = finish_reason == nullptr ? json(nullptr) : json(finish_reason);
+  WriteChunk(std::move(c));
+}
+
+std::string Generation::PromptText(int i) const {
+  absl::StatusOr<std::string> text = deps_.tokenizer->Decode(choices_[i].prompt);
+  return text.ok() ? tokenizer::ReplaceInvalidUtf8(*text) : std::string();
+}
+
+void Generation::WritePromptChunk(int i) {
+  ChoiceState& st = *state_[i];
+  if (chat_ || st.prompt_sent || !(fields_.echo || fields_.prompt_logprobs)) return;
+  st.prompt_sent = true;
+  json c = {{"index", i}, {"text", fields_.echo ? PromptText(i) : std::string()}};
+  c["logprobs"] =
+      fields_.echo && fields_.logprobs
+          ? EchoLogprobs(*deps_.tokenizer, choices_[i].prompt, st.prompt_scores,
+                         fields_.top_logprobs > 0, &st.text_offset)
+          : json(nullptr);
+  if (fields_.prompt_logprobs) {
+    c["prompt_logprobs"] =
+        VllmPromptLogprobs(*deps_.tokenizer, choices_[i].prompt, st.prompt_scores);
+  }
+  c["finish_reason"] = nullptr;
   WriteChunk(std::move(c));
 }
 
@@ -429,12 +533,30 @@ void Generation::Complete() {
       c["message"] = std::move(message);
       c["logprobs"] = fields_.logprobs ? ChatLogprobs(d.logprobs()) : json(nullptr);
     } else {
-      c["text"] = d.content();
       size_t offset = 0;
-      c["logprobs"] =
-          fields_.logprobs
-              ? CompletionLogprobs(d.logprobs(), fields_.top_logprobs > 0, &offset)
-              : json(nullptr);
+      json logprobs = nullptr;
+      if (fields_.echo) {
+        c["text"] = PromptText(i) + d.content();
+        if (fields_.logprobs) {
+          logprobs =
+              EchoLogprobs(*deps_.tokenizer, choices_[i].prompt,
+                           state_[i]->prompt_scores, fields_.top_logprobs > 0, &offset);
+          AppendCompletionLogprobs(
+              &logprobs,
+              CompletionLogprobs(d.logprobs(), fields_.top_logprobs > 0, &offset));
+        }
+      } else {
+        c["text"] = d.content();
+        if (fields_.logprobs) {
+          logprobs =
+              CompletionLogprobs(d.logprobs(), fields_.top_logprobs > 0, &offset);
+        }
+      }
+      c["logprobs"] = std::move(logprobs);
+      if (fields_.prompt_logprobs) {
+        c["prompt_logprobs"] = VllmPromptLogprobs(*deps_.tokenizer, choices_[i].prompt,
+                                                  state_[i]->prompt_scores);
+      }
     }
     c["finish_reason"] = d.finish_reason();
     choices.push_back(std::move(c));
@@ -445,6 +567,11 @@ void Generation::Complete() {
                {"model", model_name_},
                {"choices", std::move(choices)},
                {"usage", Usage()}};
+  if (chat_ && fields_.prompt_logprobs && !state_.empty()) {
+    // vLLM's place for a chat: the response's (every choice has the prompt).
+    body["prompt_logprobs"] = VllmPromptLogprobs(*deps_.tokenizer, choices_[0].prompt,
+                                                 state_[0]->prompt_scores);
+  }
   ctx_->Json(200, body);
 }
 
@@ -499,6 +626,9 @@ void Generation::ApplyLocked(
     }
     tokens_counter_->Increment(r.token_ids_size());
     if (r.has_usage()) st.cached_prompt_tokens = r.usage().cached_prompt_tokens();
+    if (r.prompt_logprobs_size() > 0) {
+      st.prompt_scores.assign(r.prompt_logprobs().begin(), r.prompt_logprobs().end());
+    }
     deltas_.clear();
     absl::Status s = st.decoder.Add(r, &deltas_);
     if (!s.ok() && st.decoder.failed()) {
@@ -515,6 +645,7 @@ void Generation::ApplyLocked(
       to_cancel = TakeCallsToCancel();
     } else if (fields_.stream) {
       StartStream();
+      WritePromptChunk(i);
       for (const ChoiceDelta& delta : deltas_) WriteDelta(i, delta, nullptr);
     }
     if (s.ok() && st.decoder.done()) {  // a stop string matched: choice over
@@ -543,6 +674,7 @@ void Generation::OnDone(int i, const grpc::Status& status) {
         st.finished = true;
         if (fields_.stream) {
           StartStream();
+          WritePromptChunk(i);
           for (const ChoiceDelta& delta : deltas_) WriteDelta(i, delta, nullptr);
           WriteDelta(i, {}, st.decoder.finish_reason().c_str());
         }

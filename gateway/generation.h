@@ -126,6 +126,10 @@ class Generation : public std::enable_shared_from_this<Generation> {
     bool has_pending = false;
     bool output_sent = false;      // some of this choice's output went out
     int cached_prompt_tokens = 0;  // the router's usage: prompt tokens from a cache
+    // Prompt logprobs (the first router message's): entry k scores prompt
+    // token k + 1.
+    std::vector<tandem::v1::TokenLogprob> prompt_scores;
+    bool prompt_sent = false;  // streaming completions: the echo chunk went out
   };
 
   tandem::v1::GenerateRequest BuildRequest(int i, absl::Time deadline) const;
@@ -138,6 +142,11 @@ class Generation : public std::enable_shared_from_this<Generation> {
   // --- output ------------------------------------------------------------
 
   nlohmann::json ChunkBase() const;
+  // Completions' echo: choice i's prompt as text.
+  std::string PromptText(int i) const;
+  // Streaming completions with echo or prompt_logprobs: choice i's first chunk,
+  // the prompt (its text, logprobs) before any output; once.
+  void WritePromptChunk(int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void WriteChunk(nlohmann::json choice) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -327,6 +327,107 @@ TEST_P(OpenAIServiceTest, StreamedChunksAreCanonicalJson) {
   }
 }
 
+// Completions' echo (lm-evaluation-harness's loglikelihood requests: echo,
+// logprobs, max_tokens 1) and vLLM's prompt_logprobs, from the scores the
+// router sends on its first message (the scripted router makes them up:
+// token k scored -1 - 0.25 (k % 5), rank 1 + k % 3).
+TEST_P(OpenAIServiceTest, EchoAndPromptLogprobs) {
+  const std::string prompt = "Say something";
+  const std::vector<int> ids = *tokenizer_->Encode(prompt);
+  ASSERT_GE(ids.size(), 2u);
+  auto post = [&](json body) {
+    auto r = Post("/v1/completions", body);
+    EXPECT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status_code, 200) << r->body;
+    return json::parse(r->body);
+  };
+  const json base = {{"model", "kimi-k3"}, {"prompt", prompt}, {"max_tokens", 3}};
+  const std::string completion = post(base)["choices"][0]["text"];
+  json echo = base;
+  echo["echo"] = true;
+  const json e = post(echo)["choices"][0];
+  EXPECT_EQ(e["text"], prompt + completion);
+  EXPECT_EQ(e["logprobs"], nullptr);
+
+  echo["logprobs"] = 2;
+  const json lp = post(echo)["choices"][0];
+  EXPECT_EQ(lp["text"], prompt + completion);
+  const json& l = lp["logprobs"];
+  ASSERT_EQ(l["tokens"].size(), ids.size() + 3);
+  ASSERT_EQ(l["token_logprobs"].size(), ids.size() + 3);
+  ASSERT_EQ(l["text_offset"].size(), ids.size() + 3);
+  EXPECT_EQ(l["token_logprobs"][0], nullptr);
+  EXPECT_EQ(l["top_logprobs"][0], nullptr);
+  std::string joined;
+  for (size_t k = 0; k < ids.size() + 3; ++k) {
+    EXPECT_EQ(l["text_offset"][k], joined.size()) << k;
+    joined += l["tokens"][k].get<std::string>();
+    if (k == 0) continue;
+    if (k < ids.size()) {
+      EXPECT_FLOAT_EQ(l["token_logprobs"][k].get<float>(), -1.0f - 0.25f * (k % 5))
+          << k;
+    }
+    EXPECT_EQ(l["top_logprobs"][k].size(), 2u) << k;
+  }
+  EXPECT_EQ(joined, prompt + completion);
+
+  json vllm = base;
+  vllm["prompt_logprobs"] = 1;
+  const json v = post(vllm)["choices"][0];
+  EXPECT_EQ(v["text"], completion);
+  ASSERT_EQ(v["prompt_logprobs"].size(), ids.size());
+  EXPECT_EQ(v["prompt_logprobs"][0], nullptr);
+  for (size_t k = 1; k < ids.size(); ++k) {
+    const json& entry = v["prompt_logprobs"][k];
+    const json& own = entry[std::to_string(ids[k])];
+    EXPECT_FLOAT_EQ(own["logprob"].get<float>(), -1.0f - 0.25f * (k % 5)) << k;
+    EXPECT_EQ(own["rank"], 1 + k % 3) << k;
+    EXPECT_EQ(own["decoded_token"], *tokenizer_->IdToken(ids[k]));
+    EXPECT_EQ(entry.size(), 2u) << entry.dump();  // its own token + 1 alternative
+  }
+
+  // Streamed: the prompt (with its logprobs) is the first chunk, then the
+  // output as without echo.
+  echo["stream"] = true;
+  auto st = Post("/v1/completions", echo);
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_EQ(st->status_code, 200) << st->body;
+  std::string text;
+  std::vector<std::string> tokens;
+  bool first = true;
+  SseParser parser;
+  std::vector<std::string> events;
+  parser.Feed(st->body, &events);
+  for (const std::string& data : events) {
+    if (data == "[DONE]") break;
+    const json c = json::parse(data)["choices"][0];
+    if (first) {
+      EXPECT_EQ(c["text"], prompt);
+      ASSERT_EQ(c["logprobs"]["tokens"].size(), ids.size());
+      EXPECT_EQ(c["logprobs"]["token_logprobs"][0], nullptr);
+      first = false;
+    }
+    text += c["text"].get<std::string>();
+    if (!c["logprobs"].is_null()) {
+      for (const json& t : c["logprobs"]["tokens"]) tokens.push_back(t);
+    }
+  }
+  EXPECT_EQ(text, prompt + completion);
+  EXPECT_EQ(tokens.size(), ids.size() + 3);
+
+  // Chat: vLLM's top-level prompt_logprobs; not with streaming.
+  auto chat = Post("/v1/chat/completions", ChatBody("hi", {{"prompt_logprobs", 0}}));
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  ASSERT_EQ(chat->status_code, 200) << chat->body;
+  const json cj = json::parse(chat->body);
+  EXPECT_EQ(cj["prompt_logprobs"].size(), cj["usage"]["prompt_tokens"].get<size_t>());
+  auto streamed = Post("/v1/chat/completions",
+                       ChatBody("hi", {{"prompt_logprobs", 0}, {"stream", true}}));
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  EXPECT_EQ(streamed->status_code, 400) << streamed->body;
+  EXPECT_EQ(json::parse(streamed->body)["error"]["param"], "prompt_logprobs");
+}
+
 TEST_P(OpenAIServiceTest, CompletionsNWithSeedsAndStop) {
   auto r = Post("/v1/completions", json{{"model", "kimi-k3"},
                                         {"prompt", "Say something"},
@@ -508,7 +609,7 @@ TEST_P(OpenAIServiceTest, ErrorCases) {
       {"/v1/chat/completions", ChatBody("Hi", {{"max_tokens", 5000}}).dump(), "sekrit",
        400, "context_length_exceeded", "messages"},
       {"/v1/completions",
-       json{{"model", "kimi-k3"}, {"prompt", "x"}, {"echo", true}}.dump(), "sekrit",
+       json{{"model", "kimi-k3"}, {"prompt", "x"}, {"echo", "yes"}}.dump(), "sekrit",
        400, "", "echo"},
       {"/v1/completions", json{{"model", "kimi-k3"}, {"prompt", {1, 999999}}}.dump(),
        "sekrit", 400, "", "prompt"},

@@ -367,6 +367,15 @@ absl::StatusOr<GenerationFields> ParseFields(const json& body, bool chat) {
   TANDEM_ASSIGN_OR_RETURN(auto priority,
                           OptInteger(body, "priority", -(1 << 30), 1 << 30));
   if (priority) f.priority = static_cast<int>(*priority);
+  TANDEM_ASSIGN_OR_RETURN(auto prompt_lp,
+                          OptInteger(body, "prompt_logprobs", 0, kMaxTopLogprobs));
+  if (prompt_lp) {
+    if (chat && f.stream) {
+      return InvalidArgument(
+          "prompt_logprobs: not returned when streaming a chat completion");
+    }
+    f.prompt_logprobs = static_cast<int>(*prompt_lp);
+  }
   if (f.max_tokens && f.min_tokens > *f.max_tokens) {
     return InvalidArgument("min_tokens: must not exceed max_tokens");
   }
@@ -472,8 +481,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
   TANDEM_ASSIGN_OR_RETURN(json parsed, ParseBody(body));
   CompletionRequest req;
   TANDEM_ASSIGN_OR_RETURN(req.fields, ParseFields(parsed, /*chat=*/false));
-  TANDEM_ASSIGN_OR_RETURN(bool echo, OptBool(parsed, "echo"));
-  if (echo) return Unimplemented("echo: echoing the prompt is not supported");
+  TANDEM_ASSIGN_OR_RETURN(req.fields.echo, OptBool(parsed, "echo"));
   if (const json* suffix = Find(parsed, "suffix")) {
     if (!suffix->is_string()) return TypeError("suffix", "a string", *suffix);
     if (!suffix->get<std::string>().empty()) {

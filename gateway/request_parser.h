@@ -64,6 +64,13 @@ struct GenerationFields {
   std::vector<int> stop_token_ids;
   // vLLM's priority scheduling: lower waits less in the router's queue.
   int priority = 0;
+  // vLLM's prompt_logprobs: score every prompt token (0..20 alternatives);
+  // returned as `prompt_logprobs` (per choice for completions, top level for
+  // chat; not with chat streaming).
+  std::optional<int> prompt_logprobs;
+  // Completions' echo: the prompt goes before each choice's text (and, with
+  // logprobs, its tokens before the choice's: the first with a null logprob).
+  bool echo = false;
   // vLLM's `cache_salt`: the prefix-cache namespace (a tenant's); non-empty
   // when given.
   std::string cache_salt;

@@ -144,6 +144,7 @@ int main(int argc, char** argv) {
   // here) only for transfers a worker that registered this writes.
   so.registration.set_writes_after_held_prefix(pso.write_after_held_prefix);
   so.registration.set_samples_logit_bias(true);
+  so.registration.set_computes_prompt_logprobs(true);
   so.health = [l = loop.get()] { return l->health(); };
   // Cache-aware routing: the router matches prompts against what the cache
   // reports (registration.h).

@@ -433,6 +433,9 @@ absl::Status PrefillService::FinishTransfer(engine::Engine& e, Call* call,
   if (!out.logprobs.empty()) {
     engine::SampleResultToProto(out.logprobs.front(), resp->mutable_first_logprob());
   }
+  for (const engine::SampleResult& p : out.prompt_logprobs) {
+    engine::SampleResultToProto(p, resp->add_prompt_logprobs());
+  }
   resp->set_prefill_seconds(absl::ToDoubleSeconds(st.prefill));
   resp->set_cached_prompt_tokens(static_cast<int32_t>(out.cached_prompt_tokens));
   resp->set_aligned_prompt_tokens(static_cast<int32_t>(loc.aligned_tokens));

@@ -374,6 +374,7 @@ void HandoffCall::Decode(const Placement::Action& a) {
   if (prefill_resp_.has_checksums())
     *dr.mutable_checksums() = prefill_resp_.checksums();
   dr.set_cacheable_prompt_tokens(prefill_resp_.aligned_prompt_tokens());
+  *dr.mutable_prompt_logprobs() = prefill_resp_.prompt_logprobs();
   dr.set_deadline_unix_ms(rpc::ToUnixMillisOrZero(a.deadline));
   dr.set_return_text(req_.return_text());
   auto* relay = new RelayReactor(shared_from_this());

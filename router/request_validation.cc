@@ -103,6 +103,11 @@ absl::Status ValidateGenerateRequest(const tandem::v1::GenerateRequest& r,
                              " must be in [-100, 100], got ", bias);
     }
   }
+  if (s.has_prompt_logprobs() &&
+      (s.prompt_logprobs() < 0 || s.prompt_logprobs() > kMaxTopLogprobs)) {
+    return InvalidArgument("sampling.prompt_logprobs must be in [0, ", kMaxTopLogprobs,
+                           "], got ", s.prompt_logprobs());
+  }
   if (s.top_logprobs() < 0 || s.top_logprobs() > kMaxTopLogprobs) {
     return InvalidArgument("sampling.top_logprobs must be in [0, ", kMaxTopLogprobs,
                            "], got ", s.top_logprobs());

@@ -159,19 +159,29 @@ absl::StatusOr<tandem::v1::GenerateRequest> RouterService::Admit(
     return Unavailable(
         "no decode workers registered with this router; the request was not started");
   }
-  if (req.sampling().logit_bias_size() > 0) {
-    // An older worker would ignore the bias (an unknown field to it): refuse
-    // while one is live (a rolling upgrade) rather than lose it.
+  // Fields an older worker would ignore (unknown to it): refused while one is
+  // live (a rolling upgrade) rather than lost.
+  auto every_worker = [this](bool (tandem::v1::RegisterRequest::*has)() const,
+                             const char* field) -> absl::Status {
     for (tandem::v1::WorkerRole role :
          {tandem::v1::WORKER_ROLE_PREFILL, tandem::v1::WORKER_ROLE_DECODE}) {
       for (const WorkerRecord& w : registry_->Live(role)) {
-        if (!w.registration.samples_logit_bias()) {
-          return Unavailable("logit_bias: worker '", w.registration.worker_id(),
-                             "' predates logit_bias and would ignore it (an upgrade "
+        if (!(w.registration.*has)()) {
+          return Unavailable(field, ": worker '", w.registration.worker_id(),
+                             "' predates ", field, " and would ignore it (an upgrade ",
                              "in progress?); the request was not started");
         }
       }
     }
+    return absl::OkStatus();
+  };
+  if (req.sampling().logit_bias_size() > 0) {
+    TANDEM_RETURN_IF_ERROR(
+        every_worker(&tandem::v1::RegisterRequest::samples_logit_bias, "logit_bias"));
+  }
+  if (req.sampling().has_prompt_logprobs()) {
+    TANDEM_RETURN_IF_ERROR(every_worker(
+        &tandem::v1::RegisterRequest::computes_prompt_logprobs, "prompt_logprobs"));
   }
   if (req.request_id().empty()) req.set_request_id(ids_.Next("req-"));
   if (req.sampling().temperature() >= engine::kGreedyTemperature &&

@@ -27,6 +27,13 @@ bool CoalesceResponse(tandem::v1::GenerateResponse* pending,
   if (pending->has_seed() && next->has_seed() && pending->seed() != next->seed()) {
     return false;
   }
+  // Prompt logprobs come once, on the first message.
+  if (pending->prompt_logprobs_size() > 0 && next->prompt_logprobs_size() > 0) {
+    return false;
+  }
+  for (auto& lp : *next->mutable_prompt_logprobs()) {
+    *pending->add_prompt_logprobs() = std::move(lp);
+  }
   pending->mutable_token_ids()->Add(next->token_ids().begin(), next->token_ids().end());
   for (auto& lp : *next->mutable_logprobs()) {
     *pending->add_logprobs() = std::move(lp);

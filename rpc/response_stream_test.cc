@@ -48,6 +48,27 @@ TEST(CoalesceResponseTest, ConcatenatesTokensLogprobsAndTextInOrder) {
   EXPECT_EQ(a.finish_reason(), tandem::v1::FINISH_REASON_UNSPECIFIED);
 }
 
+TEST(CoalesceResponseTest, KeepsTheFirstMessagesPromptLogprobsOnce) {
+  GenerateResponse a = Tokens({1}, false);
+  a.add_prompt_logprobs()->set_token_id(40);
+  a.add_prompt_logprobs()->set_token_id(41);
+  GenerateResponse b = Tokens({2}, false);
+  ASSERT_TRUE(CoalesceResponse(&a, &b));
+  ASSERT_EQ(a.prompt_logprobs_size(), 2);
+  EXPECT_EQ(a.prompt_logprobs(1).token_id(), 41);
+  // Held back with nothing, then the first message: its scores move along.
+  GenerateResponse empty;
+  empty.set_request_id("r");
+  GenerateResponse c = Tokens({1}, false);
+  c.add_prompt_logprobs()->set_token_id(40);
+  ASSERT_TRUE(CoalesceResponse(&empty, &c));
+  ASSERT_EQ(empty.prompt_logprobs_size(), 1);
+  // Two messages that both carry scores are not merged.
+  GenerateResponse d = Tokens({3}, false);
+  d.add_prompt_logprobs()->set_token_id(50);
+  EXPECT_FALSE(CoalesceResponse(&a, &d));
+}
+
 TEST(CoalesceResponseTest, TakesTheLastMessagesFinishAndUsage) {
   GenerateResponse a = Tokens({1}, false);
   GenerateResponse b = Tokens({2}, false);

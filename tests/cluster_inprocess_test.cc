@@ -136,6 +136,8 @@ struct Result {
   int completion_tokens = 0;
   grpc::Status status;
   int messages = 0;
+  std::vector<tandem::v1::TokenLogprob> prompt_logprobs;
+  int messages_with_prompt_logprobs = 0;
 };
 
 Result Drain(grpc::ClientReaderInterface<tandem::v1::GenerateResponse>* reader) {
@@ -145,6 +147,10 @@ Result Drain(grpc::ClientReaderInterface<tandem::v1::GenerateResponse>* reader) 
     ++r.messages;
     r.tokens.insert(r.tokens.end(), m.token_ids().begin(), m.token_ids().end());
     r.text += m.text();
+    if (m.prompt_logprobs_size() > 0) {
+      ++r.messages_with_prompt_logprobs;
+      r.prompt_logprobs.assign(m.prompt_logprobs().begin(), m.prompt_logprobs().end());
+    }
     if (m.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
       r.finish = m.finish_reason();
       r.completion_tokens = m.usage().completion_tokens();
@@ -176,17 +182,18 @@ class ClusterTest : public ::testing::Test {
   }
   void TearDown() override { router_server_->Shutdown(In(5)); }
 
-  // As prefill_main and decode_main register (samples_logit_bias: false is an
-  // older worker's registration).
+  // As prefill_main and decode_main register (current: false is an older
+  // worker's registration, without the later capability flags).
   void Register(const std::string& id, tandem::v1::WorkerRole role,
                 const std::string& address, const tandem::v1::WorkerLoad& load,
-                bool samples_logit_bias = true) {
+                bool current = true) {
     tandem::v1::RegisterRequest r;
     r.set_worker_id(id);
     r.set_role(role);
     r.set_grpc_address(address);
     r.set_model_fingerprint("fp");
-    r.set_samples_logit_bias(samples_logit_bias);
+    r.set_samples_logit_bias(current);
+    r.set_computes_prompt_logprobs(current);
     *r.mutable_load() = load;
     ASSERT_TRUE(workers_.Register(r).ok());
   }
@@ -358,7 +365,7 @@ TEST_F(ClusterTest, LogitBiasReachesEveryTokenOnBothPaths) {
       << refused.status.error_message();
   // An older decode worker joins: requests with a bias are refused, naming it.
   Register("decode-old", tandem::v1::WORKER_ROLE_DECODE, decode.address,
-           decode.service->Load(), /*samples_logit_bias=*/false);
+           decode.service->Load(), /*current=*/false);
   tandem::v1::GenerateRequest late = Request(prompt, 6, 0.0f, 0);
   (*late.mutable_sampling()->mutable_logit_bias())[forced] = 100.0f;
   const Result old = RouterGenerate(late);
@@ -366,6 +373,68 @@ TEST_F(ClusterTest, LogitBiasReachesEveryTokenOnBothPaths) {
   EXPECT_NE(old.status.error_message().find("worker 'decode-old' predates logit_bias"),
             std::string::npos)
       << old.status.error_message();
+  tandem::v1::GenerateRequest scored = Request(prompt, 6, 0.0f, 0);
+  scored.mutable_sampling()->set_prompt_logprobs(0);
+  const Result old_scored = RouterGenerate(scored);
+  EXPECT_EQ(old_scored.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(old_scored.status.error_message().find(
+                "worker 'decode-old' predates prompt_logprobs"),
+            std::string::npos)
+      << old_scored.status.error_message();
+  EXPECT_TRUE(EngineIdle(decode.loop.get(), absl::Seconds(10)));
+  EXPECT_TRUE(EngineIdle(prefill.loop.get(), absl::Seconds(10)));
+}
+
+// Prompt logprobs on both paths: computed by the prefill worker and relayed by
+// the decode worker on its first message, or computed by the decode worker
+// itself when colocated; equal between the two, one per prompt token after
+// the first, the tokens themselves scored.
+TEST_F(ClusterTest, PromptLogprobsOnBothPathsAreEqual) {
+  PrefillNode prefill("prefill-0");
+  DecodeNode decode;
+  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address,
+           prefill.service->Load());
+  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
+           decode.service->Load());
+  const std::vector<int32_t> prompt = engine::testing::MakePrompt(150, 8);
+  tandem::v1::GenerateRequest req = Request(prompt, 4, 0.0f, 0);
+  req.mutable_sampling()->set_prompt_logprobs(2);
+  const Result disagg = RouterGenerate(req);
+  ASSERT_TRUE(disagg.status.ok()) << disagg.status.error_message();
+  EXPECT_EQ(Paths("disaggregated"), 1);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(60));
+  req.set_request_id("colocated-scored");
+  const Result colocated = Drain(decode.stub->Generate(&ctx, req).get());
+  ASSERT_TRUE(colocated.status.ok()) << colocated.status.error_message();
+  EXPECT_EQ(disagg.tokens, colocated.tokens);
+  for (const Result* r : {&disagg, &colocated}) {
+    EXPECT_EQ(r->messages_with_prompt_logprobs, 1);
+    ASSERT_EQ(r->prompt_logprobs.size(), prompt.size() - 1);
+    for (size_t k = 0; k + 1 < prompt.size(); ++k) {
+      EXPECT_EQ(r->prompt_logprobs[k].token_id(), prompt[k + 1]) << k;
+      EXPECT_LT(r->prompt_logprobs[k].logprob(), 0.0f) << k;
+      EXPECT_GE(r->prompt_logprobs[k].rank(), 1) << k;
+      EXPECT_EQ(r->prompt_logprobs[k].top_size(), 2) << k;
+    }
+  }
+  for (size_t k = 0; k + 1 < prompt.size(); ++k) {
+    EXPECT_NEAR(disagg.prompt_logprobs[k].logprob(),
+                colocated.prompt_logprobs[k].logprob(), 1e-4)
+        << k;
+    EXPECT_EQ(disagg.prompt_logprobs[k].rank(), colocated.prompt_logprobs[k].rank())
+        << k;
+  }
+  // Without the field nothing is scored.
+  const Result plain = RouterGenerate(Request(prompt, 4, 0.0f, 0));
+  ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+  EXPECT_EQ(plain.messages_with_prompt_logprobs, 0);
+  EXPECT_EQ(plain.tokens, disagg.tokens);
+  // Out of range: refused by the router.
+  tandem::v1::GenerateRequest bad = Request(prompt, 4, 0.0f, 0);
+  bad.mutable_sampling()->set_prompt_logprobs(21);
+  EXPECT_EQ(RouterGenerate(bad).status.error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(EngineIdle(decode.loop.get(), absl::Seconds(10)));
   EXPECT_TRUE(EngineIdle(prefill.loop.get(), absl::Seconds(10)));
 }

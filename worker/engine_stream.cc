@@ -17,6 +17,9 @@ tandem::v1::GenerateResponse OutputToMessage(const std::string& request_id,
   for (const engine::SampleResult& r : out.logprobs) {
     engine::SampleResultToProto(r, m.add_logprobs());
   }
+  for (const engine::SampleResult& r : out.prompt_logprobs) {
+    engine::SampleResultToProto(r, m.add_prompt_logprobs());
+  }
   if (return_text) m.set_text(out.text);
   if (out.finished) m.set_finish_reason(engine::FinishReasonToProto(out.finish_reason));
   return m;

@@ -60,9 +60,12 @@ absl::StatusOr<engine::DeviceMemoryUse> DeviceBudget(const WorkerModel& model,
   const int tp = std::max(1, eo.tp.tp_size);
   engine::MemoryProfileOptions po;
   po.tokens = eo.max_tokens_per_step;
-  po.logit_rows =
-      std::min<int64_t>(po.tokens, int64_t{flags.max_num_seqs} *
-                                       (1 + std::max(0, flags.speculative_tokens)));
+  // A step's logits: its sequences' sampled rows, and the prompt rows of
+  // requests with prompt logprobs (SchedulerConfig::max_scored_tokens_per_step).
+  po.logit_rows = std::min<int64_t>(
+      po.tokens,
+      int64_t{flags.max_num_seqs} * (1 + std::max(0, flags.speculative_tokens)) +
+          std::max<int64_t>(0, eo.max_scored_tokens_per_step));
   po.block_size = eo.block_size;
   po.tp = eo.tp;
   po.tp.backend = model.backend_name;

@@ -92,6 +92,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   sc.max_context_tokens = std::min<int64_t>(options.max_context_tokens,
                                             config.text.max_position_embeddings);
   sc.max_prefill_chunk = options.max_prefill_chunk;
+  sc.max_scored_tokens_per_step = options.max_scored_tokens_per_step;
   // KdaChunked's chunk: prompts cut only at its multiples compute bit-identical
   // state however the steps split them (chunk_alignment_test).
   sc.prefill_chunk_alignment = 64;
@@ -249,6 +250,10 @@ absl::StatusOr<Engine::Request*> Engine::NewRequest(
   r->stop = std::make_unique<engine::StopChecker>(r->params, eos_ids_, room);
   if (r->params.structured.has_value())
     TANDEM_RETURN_IF_ERROR(AttachConstraint(r.get()));
+  if (r->params.prompt_logprobs >= 0) {
+    r->scoring_prompt = true;
+    r->prompt_scores.resize(r->prompt.size() - 1);
+  }
   Request* raw = r.get();
   requests_[id] = std::move(r);
   return raw;
@@ -333,7 +338,10 @@ absl::Status Engine::AddRequest(RequestId id, std::vector<int32_t> prompt,
   sr.id = id;
   sr.num_prompt_tokens = n;
   sr.max_new_tokens = r->params.max_tokens;
-  if (options_.prefix_caching.enabled) {
+  // Prompt logprobs need every prompt row computed: no prefix-cache hit (and,
+  // keyless, nothing cached from it); their logits rows bound the chunks.
+  sr.scored_prompt = r->scoring_prompt;
+  if (options_.prefix_caching.enabled && !r->scoring_prompt) {
     SetPrefixKeys(r->prompt, cache_salt, r->media, &sr);
     r->cache_salt = std::string(cache_salt);
   }
@@ -513,6 +521,9 @@ struct Engine::StepBatch {
   // plan.sequences) whose masks the mask pool fills during the forward.
   std::vector<size_t> mask_rows;
   std::shared_ptr<engine::MaskPool::Batch> mask_batch;
+  // Prompt logprobs: the leading logits rows of entry i that score its prompt
+  // (positions inputs[i].start_pos ..), before its sampled rows.
+  std::vector<int32_t> scored_rows;
   // The forward leaves the logits on the device, to be sampled there.
   bool logits_on_device = false;
   // An overlapped step: its job on the device thread, and the sequences the
@@ -670,6 +681,9 @@ bool Engine::Overlappable(const StepBatch& batch) const {
     const Request* r = batch.reqs[i];
     if (!ss.samples || ss.num_draft_tokens > 0 || ss.snapshot_at_end) return false;
     if (r->constraint != nullptr || r->background) return false;
+    // Prompt logprobs: scored on the host, handed out with the first token
+    // (SampleStep).
+    if (r->scoring_prompt) return false;
     if (i < batch.inputs.size() && !batch.inputs[i].embedding_rows.empty())
       return false;
   }
@@ -747,6 +761,7 @@ absl::Status Engine::LaunchOverlapped(std::unique_ptr<StepBatch>* batch,
     b->tables.assign(n, {});
     b->fed.assign(n, {});
     b->snapshots.assign(n, {});
+    b->scored_rows.assign(n, 0);
     for (size_t i = 0; i < n; ++i) {
       const engine::ScheduledSequence& ss = b->plan.sequences[i];
       Request* r = b->reqs[i];
@@ -1040,6 +1055,7 @@ absl::Status Engine::PlanInputs(StepBatch* batch) {
   batch->tables.assign(n, {});
   batch->fed.assign(n, {});
   batch->snapshots.assign(n, {});
+  batch->scored_rows.assign(n, 0);
   for (size_t i = 0; i < n; ++i) TANDEM_RETURN_IF_ERROR(PlanInput(i, batch));
   return absl::OkStatus();
 }
@@ -1106,6 +1122,15 @@ absl::Status Engine::PlanInput(size_t i, StepBatch* batch) {
     in.embedding_rows.push_back(
         {b - from, e - b,
          m.embeddings->data() + (b - m.position) * weights_->config.text.hidden_size});
+  }
+  // Prompt logprobs: every row that predicts a prompt token (they come first:
+  // logits indices ascend, and the sampled row predicts the first output).
+  if (r->scoring_prompt && drafts.empty()) {
+    const int64_t k =
+        std::clamp<int64_t>(static_cast<int64_t>(r->prompt.size()) - 1 - from, 0,
+                            static_cast<int64_t>(in.tokens.size()));
+    for (int32_t j = 0; j < k; ++j) in.logits_indices.push_back(j);
+    batch->scored_rows[i] = static_cast<int32_t>(k);
   }
   if (ss.samples) {
     // The last known token's row, then one per draft.
@@ -1380,6 +1405,7 @@ std::vector<std::optional<absl::StatusOr<engine::SampleResult>>> Engine::Presamp
   std::vector<std::pair<size_t, int64_t>> plain;  // (sequence, logits row)
   int64_t r0 = 0;
   for (size_t i = 0; i < batch.plan.sequences.size(); ++i) {
+    r0 += batch.scored_rows[i];  // its prompt's rows come first
     if (!batch.plan.sequences[i].samples) continue;
     const int64_t m = static_cast<int64_t>(batch.proposals[i].tokens.size());
     if (m == 0) plain.emplace_back(i, r0);
@@ -1400,10 +1426,59 @@ std::vector<std::optional<absl::StatusOr<engine::SampleResult>>> Engine::Presamp
   return presampled;
 }
 
+absl::Status Engine::ScorePrompts(const StepBatch& batch) {
+  const int64_t V = weights_->config.text.vocab_size;
+  struct Row {
+    Request* r;
+    int64_t logits_row;
+    int64_t position;  // scores the prompt token at position + 1
+  };
+  std::vector<Row> rows;
+  int64_t row = 0;
+  for (size_t i = 0; i < batch.plan.sequences.size(); ++i) {
+    for (int32_t j = 0; j < batch.scored_rows[i]; ++j) {
+      rows.push_back({batch.reqs[i], row + j, batch.inputs[i].start_pos + j});
+    }
+    row += batch.scored_rows[i];
+    if (batch.plan.sequences[i].samples) {
+      row += 1 + static_cast<int64_t>(batch.proposals[i].tokens.size());
+    }
+  }
+  if (rows.empty()) return absl::OkStatus();
+  if (static_cast<int64_t>(logits_.size()) < row * V) {
+    return Internal("prompt logprobs: the forward left ", logits_.size() / V,
+                    " logits rows, the step needs ", row);
+  }
+  std::vector<absl::Status> status(rows.size());
+  auto score = [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      const Row& w = rows[k];
+      absl::StatusOr<engine::SampleResult> res =
+          engine::ScoreToken(absl::MakeConstSpan(logits_).subspan(w.logits_row * V, V),
+                             w.r->prompt[w.position + 1], w.r->params.prompt_logprobs);
+      if (res.ok()) {
+        w.r->prompt_scores[w.position] = *std::move(res);
+      } else {
+        status[k] = res.status();
+      }
+    }
+  };
+  if (sample_pool_ != nullptr && rows.size() > 1) {
+    sample_pool_->ParallelFor(static_cast<int64_t>(rows.size()),
+                              [&](int64_t b, int64_t e, int) { score(b, e); });
+  } else {
+    score(0, static_cast<int64_t>(rows.size()));
+  }
+  for (const absl::Status& st : status) TANDEM_RETURN_IF_ERROR(st);
+  return absl::OkStatus();
+}
+
 bool Engine::SamplesOnDevice(const StepBatch& batch) const {
   if (device_sampler_ == nullptr) return false;
   bool any = false;
   for (size_t i = 0; i < batch.plan.sequences.size(); ++i) {
+    // Prompt logprobs are scored on the host: the step's logits come back.
+    if (batch.scored_rows[i] > 0) return false;
     if (!batch.plan.sequences[i].samples) continue;
     if (!batch.proposals[i].tokens.empty()) return false;
     any = true;
@@ -1502,9 +1577,11 @@ absl::Status Engine::SampleStep(StepBatch* batch, std::vector<RequestOutput>* ou
     }
   }
   const absl::Span<const float> logits = logits_;
+  if (!on_device) TANDEM_RETURN_IF_ERROR(ScorePrompts(*batch));
   int64_t row = 0;
   for (size_t i = 0; i < batch->plan.sequences.size(); ++i) {
     const engine::ScheduledSequence& ss = batch->plan.sequences[i];
+    row += batch->scored_rows[i];  // its prompt's rows come first
     if (!ss.samples) continue;
     RequestOutput out;
     out.id = ss.id;
@@ -1546,6 +1623,12 @@ absl::Status Engine::SampleStep(StepBatch* batch, std::vector<RequestOutput>* ou
       proposer_->OnAccepted(ss.id, accepted, r->tokens.back());
     }
     row += m + 1;
+    if (r->scoring_prompt && !out.new_tokens.empty()) {
+      // The first token is out: the prompt's scores go with it.
+      out.prompt_logprobs = std::move(r->prompt_scores);
+      r->prompt_scores.clear();
+      r->scoring_prompt = false;
+    }
     engine::SequenceOutcome oc;
     oc.id = ss.id;
     oc.num_new_tokens = static_cast<int32_t>(out.new_tokens.size());
@@ -1662,6 +1745,9 @@ absl::StatusOr<Engine::Request*> Engine::NewPrefilledRequest(
                            "the state of every token but the last");
   }
   TANDEM_ASSIGN_OR_RETURN(Request * r, NewRequest(id, state.prompt, params));
+  // The peer computed the prompt (and its logprobs, which travel beside it).
+  r->scoring_prompt = false;
+  r->prompt_scores.clear();
   for (int32_t t : state.generated) {
     if (t < 0 || t >= weights_->config.text.vocab_size) {
       requests_.erase(id);

@@ -251,6 +251,10 @@ struct EngineOptions {
   int32_t num_slots = 8;              // KDA state slots = concurrent sequences
   int64_t max_tokens_per_step = 256;  // bounds activation memory
   int64_t max_prefill_chunk = 0;      // 0: the step budget
+  // Prompt logprobs: the prompt tokens scored requests prefill in one step,
+  // all together (their logits rows; SchedulerConfig::max_scored_tokens_per_step;
+  // the memory profile counts them). <= 0: no limit.
+  int64_t max_scored_tokens_per_step = 128;
   int64_t max_context_tokens = 4096;
   MlaMode mla_mode = MlaMode::kAuto;
   // Decode steps as CUDA graphs where the backend's device supports them
@@ -377,6 +381,10 @@ struct RequestOutput {
   // Prompt tokens this engine took from its prefix cache instead of computing
   // them (the last prefill's hit; 0 without a hit or with caching off).
   int64_t cached_prompt_tokens = 0;
+  // params.prompt_logprobs >= 0, on the output with the first token: one entry
+  // per prompt token after the first (entry i scores prompt token i + 1 under
+  // the raw model, engine::ScoreToken).
+  std::vector<engine::SampleResult> prompt_logprobs;
 };
 
 // Where a running request's state lives in this engine's cache (the KV hand-off
@@ -649,6 +657,11 @@ class Engine {
     std::shared_ptr<PreparedMasks> prepared;
     bool mask_ready = false;
     absl::Status mask_error;
+    // params.prompt_logprobs >= 0 and the prompt computed here: its scores
+    // (entry p for prompt token p + 1), filled chunk by chunk (a recompute
+    // writes the same entries again) and handed out with the first token.
+    bool scoring_prompt = false;
+    std::vector<engine::SampleResult> prompt_scores;
     int64_t num_generated() const { return tokens.size() - prompt.size(); }
   };
 
@@ -669,6 +682,9 @@ class Engine {
   // without drafts, in parallel), appending outputs and the scheduler's outcomes.
   // FinishStep: the scheduler completes the step; finished requests go.
   absl::Status PlanStep(StepBatch* batch);
+  // Prompt logprobs: scores the step's prompt rows (StepBatch::scored_rows)
+  // from the host logits into their requests.
+  absl::Status ScorePrompts(const StepBatch& batch);
   absl::Status PlanInput(size_t i, StepBatch* batch);
   absl::Status ForwardStep(const StepBatch& batch, StepTimingStats* timing,
                            std::vector<float>* logits);

@@ -253,6 +253,98 @@ TEST(EngineTest, GreedyEqualsBareRunner) {
   EXPECT_EQ(r.engine->decode_tokens(), 6);
 }
 
+// Prompt logprobs: every prompt token after the first scored under the raw
+// model, equal to scoring the bare runner's logits of the whole prompt in one
+// forward; delivered with the first token, whatever the chunking (the scored
+// tokens' per-step cap cuts a 200-token prompt in several chunks); the rows
+// they add to a step do not disturb the other requests' sampling; and no
+// prefix-cache hit stands in for the rows.
+TEST(EngineTest, PromptLogprobsEqualTheRunnersOneShotScores) {
+  const std::vector<int32_t> prompt = MakePrompt(200, 3);
+  auto backend = MakeBackend("cpu");
+  auto cache = MakeCache(TinyWeights(), 64, 16, 1);
+  ModelRunner runner(&TinyWeights(), cache.get(), backend.get());
+  TestSequence seq{BlockRange(0, 13), 0, 0};
+  std::vector<float> all;
+  ASSERT_TRUE(testing::Feed(&runner, &seq, prompt, /*all_logits=*/true, &all).ok());
+  const int64_t V = TinyWeights().config.text.vocab_size;
+  ASSERT_EQ(static_cast<int64_t>(all.size()), 200 * V);
+
+  const std::vector<int32_t> other = MakePrompt(30, 4);
+  std::vector<int32_t> alone;
+  {
+    Rig r = MakeEngine();
+    ASSERT_TRUE(r.engine->AddRequest(9, other, Greedy(12)).ok());
+    alone = RunAll(r.engine.get())[9];
+  }
+  // Sampled one row at a time (1 thread) and in parallel (PresampleRows).
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE(threads);
+    EngineOptions o;
+    o.sampling_threads = threads;
+    o.prefix_caching.enabled = true;
+    Rig r = MakeEngine(o);
+    engine::SamplingParams p = Greedy(3);
+    p.prompt_logprobs = 3;
+    ASSERT_TRUE(r.engine->AddRequest(9, other, Greedy(12)).ok());
+    ASSERT_TRUE(r.engine->AddRequest(1, prompt, p).ok());
+    ASSERT_TRUE(r.engine->AddRequest(2, prompt, p).ok());  // the same prompt again
+    std::map<RequestId, std::vector<engine::SampleResult>> scores;
+    std::map<RequestId, std::vector<int32_t>> tokens;
+    std::map<RequestId, int> outputs_with_scores;
+    for (int step = 0; r.engine->HasWork() && step < 1000; ++step) {
+      auto res = r.engine->Step();
+      ASSERT_TRUE(res.ok()) << res.status();
+      for (const RequestOutput& out : *res) {
+        tokens[out.id].insert(tokens[out.id].end(), out.new_tokens.begin(),
+                              out.new_tokens.end());
+        if (!out.prompt_logprobs.empty()) {
+          ++outputs_with_scores[out.id];
+          EXPECT_FALSE(out.new_tokens.empty());  // with the first token
+          EXPECT_EQ(tokens[out.id].size(), out.new_tokens.size());
+          scores[out.id] = out.prompt_logprobs;
+          EXPECT_EQ(out.cached_prompt_tokens, 0);
+        }
+      }
+    }
+    EXPECT_EQ(tokens[9], alone);
+    EXPECT_FALSE(outputs_with_scores.contains(9));
+    for (RequestId id : {1, 2}) {
+      EXPECT_EQ(outputs_with_scores[id], 1) << id;
+      ASSERT_EQ(scores[id].size(), prompt.size() - 1) << id;
+      for (size_t k = 0; k + 1 < prompt.size(); ++k) {
+        const engine::SampleResult& got = scores[id][k];
+        auto want = engine::ScoreToken(absl::MakeConstSpan(all).subspan(k * V, V),
+                                       prompt[k + 1], 3);
+        ASSERT_TRUE(want.ok()) << want.status();
+        ASSERT_EQ(got.token_id, prompt[k + 1]) << k;
+        EXPECT_NEAR(got.logprob, want->logprob, 1e-4) << k;
+        EXPECT_EQ(got.rank, want->rank) << k;
+        ASSERT_EQ(got.top.size(), 3u) << k;
+        for (int a = 0; a < 3; ++a) {
+          EXPECT_EQ(got.top[a].token_id, want->top[a].token_id) << k << " " << a;
+          EXPECT_NEAR(got.top[a].logprob, want->top[a].logprob, 1e-4) << k;
+        }
+      }
+    }
+    // The greedy tokens are the ones without scoring.
+    EXPECT_EQ(tokens[1], tokens[2]);
+    {
+      Rig plain = MakeEngine();
+      ASSERT_TRUE(plain.engine->AddRequest(1, prompt, Greedy(3)).ok());
+      EXPECT_EQ(RunAll(plain.engine.get())[1], tokens[1]);
+    }
+    // A one-token prompt has nothing to score: an empty list, no error.
+    engine::SamplingParams one = Greedy(1);
+    one.prompt_logprobs = 0;
+    ASSERT_TRUE(r.engine->AddRequest(5, {prompt[0]}, one).ok());
+    EXPECT_EQ(RunAll(r.engine.get())[5].size(), 1u);
+    EXPECT_EQ(r.engine->scheduler().num_free_blocks(),
+              r.engine->scheduler().config().num_blocks);
+    EXPECT_TRUE(r.engine->scheduler().CheckInvariants().ok());
+  }
+}
+
 TEST(EngineTest, SixteenRequestsTogetherEqualEachAlone) {
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 16; ++i) prompts.push_back(MakePrompt(3 + (i * 11) % 40, 50 + i));

@@ -343,6 +343,7 @@ SampledRun RunMixed(const std::string& backend, const EngineOptions& o) {
   params[1].temperature = 0.8f;
   params[1].top_k = 30;
   params[1].seed = 5;
+  params[1].logit_bias = {{3, 2.0f}, {17, -5.0f}, {1000, 6.0f}};
   params[2].temperature = 1.0f;
   params[2].top_p = 0.9f;
   params[2].min_p = 0.01f;
@@ -416,6 +417,45 @@ TEST_P(GpuEngine, DeviceSamplingGivesTheHostSamplersTokens) {
   EXPECT_EQ(mixed.tokens, host.tokens);
   EXPECT_GT(mixed.timing.device_sampled_rows, 0);
   EXPECT_GT(mixed.timing.host_sampled_rows, 0);
+}
+
+// Prompt logprobs on a device backend: the step's logits come back to the host
+// for scoring (and its sampling with them); the scores equal the CPU engine's
+// within the logits' tolerance, for the prompt's own tokens.
+TEST_P(GpuEngine, PromptLogprobsMatchTheCpu) {
+  const std::vector<int32_t> prompt = MakePrompt(24, 77);
+  SamplingParams p;
+  p.max_tokens = 2;
+  p.ignore_eos = true;
+  p.prompt_logprobs = 2;
+  std::map<std::string, std::vector<SampleResult>> scores;
+  std::map<std::string, std::vector<int32_t>> tokens;
+  for (const std::string backend : {std::string("cpu"), GetParam()}) {
+    auto be = MakeBackend(backend.c_str());
+    auto weights = TinyWeightsOn(*be);
+    auto e = Engine::Create(weights.get(), be.get(), nullptr, Options());
+    ASSERT_TRUE(e.ok()) << e.status();
+    ASSERT_TRUE((*e)->AddRequest(1, prompt, p).ok());
+    for (int step = 0; (*e)->HasWork() && step < 100; ++step) {
+      auto res = (*e)->Step();
+      ASSERT_TRUE(res.ok()) << res.status();
+      for (const RequestOutput& r : *res) {
+        tokens[backend].insert(tokens[backend].end(), r.new_tokens.begin(),
+                               r.new_tokens.end());
+        if (!r.prompt_logprobs.empty()) scores[backend] = r.prompt_logprobs;
+      }
+    }
+  }
+  const std::vector<SampleResult>& cpu = scores["cpu"];
+  const std::vector<SampleResult>& gpu = scores[GetParam()];
+  ASSERT_EQ(cpu.size(), prompt.size() - 1);
+  ASSERT_EQ(gpu.size(), prompt.size() - 1);
+  for (size_t k = 0; k < gpu.size(); ++k) {
+    EXPECT_EQ(gpu[k].token_id, prompt[k + 1]) << k;
+    EXPECT_NEAR(gpu[k].logprob, cpu[k].logprob, 1e-2) << k;
+    EXPECT_EQ(gpu[k].top.size(), 2u) << k;
+  }
+  EXPECT_EQ(tokens[GetParam()].size(), 2u);
 }
 
 // The in-process hand-off (ExportState -> AddPrefilledRequest) across memories:

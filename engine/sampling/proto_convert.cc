@@ -111,6 +111,7 @@ absl::StatusOr<SamplingParams> SamplingParamsFromProto(
   std::sort(
       p.logit_bias.begin(), p.logit_bias.end(),
       [](const TokenBias& a, const TokenBias& b) { return a.token_id < b.token_id; });
+  if (sampling.has_prompt_logprobs()) p.prompt_logprobs = sampling.prompt_logprobs();
   p.max_tokens = stop.max_tokens();
   p.stop_token_ids.assign(stop.stop_token_ids().begin(), stop.stop_token_ids().end());
   p.stop_strings.assign(stop.stop_strings().begin(), stop.stop_strings().end());
@@ -141,6 +142,7 @@ void SamplingParamsToProto(const SamplingParams& p,
   for (const TokenBias& b : p.logit_bias) {
     (*sampling->mutable_logit_bias())[b.token_id] = b.bias;
   }
+  if (p.prompt_logprobs >= 0) sampling->set_prompt_logprobs(p.prompt_logprobs);
   if (p.structured.has_value()) {
     StructuredOutputToProto(*p.structured, sampling->mutable_structured_output());
   }
@@ -187,6 +189,7 @@ void SampleResultToProto(const SampleResult& result, tandem::v1::TokenLogprob* o
   out->Clear();
   out->set_token_id(result.token_id);
   out->set_logprob(result.logprob);
+  out->set_rank(result.rank);
   for (const TopLogprob& t : result.top) {
     tandem::v1::TopLogprob* e = out->add_top();
     e->set_token_id(t.token_id);

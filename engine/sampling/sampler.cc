@@ -107,6 +107,50 @@ size_t PrefixByMass(std::vector<C>& v, double target) {
 
 }  // namespace
 
+absl::StatusOr<SampleResult> ScoreToken(absl::Span<const float> logits, int32_t token,
+                                        int top_n) {
+  const int64_t n = static_cast<int64_t>(logits.size());
+  if (token < 0 || token >= n) {
+    return InvalidArgument("token ", token, " is outside the ", n, "-entry logits row");
+  }
+  if (top_n < 0 || top_n > kMaxTopLogprobs) {
+    return InvalidArgument("top_n must be in [0, ", kMaxTopLogprobs, "], got ", top_n);
+  }
+  if (AnyNanOrPosInf(logits.data(), n)) {
+    return InvalidArgument("logits contain NaN or +inf");
+  }
+  const float m = MaxOf(logits.data(), n);
+  if (m == kNegInf) return InvalidArgument("every logit is -inf");
+  double sum = 0.0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x) - m);
+  const double lse = m + std::log(sum);
+  SampleResult res;
+  res.token_id = token;
+  res.logprob = static_cast<float>(logits[token] - lse);
+  const float own = logits[token];
+  int64_t above = 0;
+  for (float x : logits) above += x > own;
+  res.rank = static_cast<int32_t>(above + 1);
+  if (top_n > 0) {
+    // The best top_n in one pass: a short list, most likely first.
+    std::vector<std::pair<float, int32_t>> best;
+    best.reserve(top_n + 1);
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = logits[i];
+      if (static_cast<int>(best.size()) == top_n && !(x > best.back().first)) continue;
+      auto at = std::upper_bound(
+          best.begin(), best.end(), x,
+          [](float v, const std::pair<float, int32_t>& e) { return v > e.first; });
+      best.insert(at, {x, static_cast<int32_t>(i)});
+      if (static_cast<int>(best.size()) > top_n) best.pop_back();
+    }
+    for (const auto& [x, id] : best) {
+      res.top.push_back({id, static_cast<float>(x - lse)});
+    }
+  }
+  return res;
+}
+
 Sampler::Sampler(int64_t vocab_size)
     : vocab_size_(vocab_size), x_(static_cast<size_t>(vocab_size)) {}
 

@@ -45,6 +45,9 @@ struct SampleResult {
   float logprob = 0.0f;
   // params.top_logprobs alternatives, most likely first.
   std::vector<TopLogprob> top;
+  // ScoreToken: 1 + the number of tokens more likely than token_id. 0: not
+  // computed (Sample).
+  int32_t rank = 0;
 };
 
 struct SampleRequest {
@@ -63,6 +66,13 @@ struct SampleRequest {
   // params.seed this alone fixes the random draw.
   int64_t position = 0;
 };
+
+// The raw model's view of one position (prompt logprobs): `token`'s log-softmax
+// value in `logits` (no mask, bias, penalty or temperature; the sum in float64)
+// and the `top_n` (0..20) most likely tokens, most likely first, ties to the
+// lower id. InvalidArgument for NaN or +inf logits or a token outside the row.
+absl::StatusOr<SampleResult> ScoreToken(absl::Span<const float> logits, int32_t token,
+                                        int top_n);
 
 class Sampler {
  public:

@@ -186,6 +186,47 @@ TEST(SamplerTest, LogitBiasIsAddedBeforePenaltiesAndTemperature) {
   EXPECT_EQ(sampler.Sample(Request(logits, g))->token_id, 1);
 }
 
+TEST(ScoreTokenTest, MatchesFloat64ReferenceWithRankAndTies) {
+  const std::vector<float> logits = RandomLogits(kK3Vocab, 3.0, 7);
+  const std::vector<double> ref = RefLogSoftmax(logits, 1.0);
+  std::vector<int> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return logits[a] > logits[b]; });
+  for (const int32_t token :
+       {order[0], order[1], order[57], order.back(), int32_t{5}}) {
+    auto r = ScoreToken(logits, token, 5);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->token_id, token);
+    EXPECT_NEAR(r->logprob, ref[token], 1e-4);
+    const int32_t rank = static_cast<int32_t>(
+        std::find(order.begin(), order.end(), token) - order.begin() + 1);
+    EXPECT_EQ(r->rank, rank) << token;
+    ASSERT_EQ(r->top.size(), 5u);
+    for (int k = 0; k < 5; ++k) {
+      EXPECT_EQ(r->top[k].token_id, order[k]);
+      EXPECT_NEAR(r->top[k].logprob, ref[order[k]], 1e-4);
+    }
+  }
+  // Ties: the lower id first, and a tied token's rank counts only those above.
+  const std::vector<float> tied = {1.0f, 3.0f, 3.0f, -1.0f, 3.0f};
+  auto t = ScoreToken(tied, 4, 3);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->rank, 1);
+  ASSERT_EQ(t->top.size(), 3u);
+  EXPECT_EQ(t->top[0].token_id, 1);
+  EXPECT_EQ(t->top[1].token_id, 2);
+  EXPECT_EQ(t->top[2].token_id, 4);
+  EXPECT_EQ(ScoreToken(tied, 3, 0)->rank, 5);
+  EXPECT_TRUE(ScoreToken(tied, 3, 0)->top.empty());
+  // Errors, not garbage.
+  EXPECT_THAT(ScoreToken(tied, 5, 0).status().message(), HasSubstr("outside"));
+  EXPECT_THAT(ScoreToken(tied, 0, 21).status().message(), HasSubstr("top_n"));
+  std::vector<float> bad = tied;
+  bad[2] = std::nanf("");
+  EXPECT_THAT(ScoreToken(bad, 0, 1).status().message(), HasSubstr("NaN"));
+}
+
 TEST(SamplerTest, LogprobsMatchFloat64ReferenceOnFullVocab) {
   const std::vector<float> logits = RandomLogits(kK3Vocab, 3.0, 1);
   SamplingParams p;

@@ -40,6 +40,10 @@ absl::Status SamplingParams::Validate() const {
     return InvalidArgument("top_logprobs = ", top_logprobs,
                            " requires logprobs = true");
   }
+  if (prompt_logprobs < -1 || prompt_logprobs > kMaxTopLogprobs) {
+    return InvalidArgument("prompt_logprobs must be in [0, ", kMaxTopLogprobs,
+                           "] (or -1: none), got ", prompt_logprobs);
+  }
   if (max_tokens < 0) {
     return InvalidArgument("max_tokens must be >= 0, got ", max_tokens);
   }

@@ -102,6 +102,10 @@ struct SamplingParams {
   // the suppression, before the penalties and the temperature (sampler.h).
   // Token ids strictly ascending (distinct), values in [-100, 100].
   std::vector<TokenBias> logit_bias;
+  // vLLM's prompt_logprobs: -1 none; else every prompt token after the first is
+  // scored under the raw model (ScoreToken) with this many alternatives
+  // (0..20), returned with the first output token.
+  int32_t prompt_logprobs = -1;
 
   // Stop conditions.
   // Extra token ids that end generation (the model's EOS ids are added by the

@@ -118,6 +118,7 @@ absl::Status Scheduler::Submit(const SequenceRequest& r) {
   seq->max_total_tokens = limit;
   seq->num_prompt_tokens = r.num_prompt_tokens;
   seq->recompute_floor = std::max<int64_t>(r.recompute_floor, 0);
+  seq->scored_prompt = r.scored_prompt;
   if (prefix_ != nullptr) {
     seq->hashes = r.block_hashes;
     // Only the prompt's full blocks are content (never generated tokens).
@@ -422,6 +423,12 @@ int64_t Scheduler::ChunkLimit(int64_t budget) const {
                                        : budget;
 }
 
+int64_t Scheduler::ChunkLimit(int64_t budget, const Sequence& seq,
+                              int64_t scored_left) const {
+  const int64_t limit = ChunkLimit(budget);
+  return seq.scored_prompt ? std::min(limit, scored_left) : limit;
+}
+
 int64_t Scheduler::AlignChunk(int64_t start, int64_t chunk, int64_t remaining,
                               bool plan_empty) const {
   const int64_t a = config_.prefill_chunk_alignment;
@@ -587,6 +594,11 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     add(seq, need, drafts);
   }
 
+  // Prompt tokens of scored sequences this step may still take (all of them
+  // together: their logits rows).
+  int64_t scored_left = config_.max_scored_tokens_per_step > 0
+                            ? config_.max_scored_tokens_per_step
+                            : std::numeric_limits<int64_t>::max();
   // 2. Running sequences still prefilling, oldest first.
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence* seq = Find(running_[i]);
@@ -595,7 +607,9 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     // is the waiting one's; a slot or blocks it needs cancel the continuation).
     if (seq->background && !waiting_.empty()) continue;
     const int64_t remaining = seq->num_tokens - seq->num_computed;
-    const int64_t want = std::min(remaining, ChunkLimit(budget));
+    const int64_t limit = ChunkLimit(budget, *seq, scored_left);
+    if (limit <= 0) continue;  // the step's scored tokens are taken
+    const int64_t want = std::min(remaining, limit);
     Reclaim(seq->table.BlocksNeededToAppend(want));
     int64_t fit = 0;
     bool self_preempted = false;
@@ -626,13 +640,14 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
       continue;
     }
     bool at_snapshot = false;
-    const int64_t chunk = CutAtSnapshot(
-        *seq, seq->num_computed,
-        AlignChunk(seq->num_computed, std::min({remaining, ChunkLimit(budget), fit}),
-                   remaining, plan.sequences.empty() && !seq->background),
-        &at_snapshot);
+    const int64_t chunk =
+        CutAtSnapshot(*seq, seq->num_computed,
+                      AlignChunk(seq->num_computed, std::min({remaining, limit, fit}),
+                                 remaining, plan.sequences.empty() && !seq->background),
+                      &at_snapshot);
     if (chunk == 0) continue;
     seq->table.Append(chunk, &blocks_).IgnoreError();  // fits: checked above
+    if (seq->scored_prompt) scored_left -= chunk;
     add(seq, chunk, 0, -1, at_snapshot);
   }
 
@@ -663,8 +678,12 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
       plan.unrecomputable.push_back(id);
       continue;
     }
-    Reclaim(config_.watermark_blocks +
-            BlocksForTokens(std::min(remaining, ChunkLimit(budget)), bs));
+    const int64_t limit = ChunkLimit(budget, *seq, scored_left);
+    if (limit <= 0) {  // the step's scored tokens are taken: the head waits
+      undo();
+      break;
+    }
+    Reclaim(config_.watermark_blocks + BlocksForTokens(std::min(remaining, limit), bs));
     const int64_t usable =
         static_cast<int64_t>(blocks_.num_free()) - config_.watermark_blocks;
     if (usable <= 0) {
@@ -673,11 +692,11 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
       break;
     }
     bool at_snapshot = false;
-    const int64_t chunk = CutAtSnapshot(
-        *seq, start,
-        AlignChunk(start, std::min({remaining, ChunkLimit(budget), usable * bs}),
-                   remaining, plan.sequences.empty()),
-        &at_snapshot);
+    const int64_t chunk =
+        CutAtSnapshot(*seq, start,
+                      AlignChunk(start, std::min({remaining, limit, usable * bs}),
+                                 remaining, plan.sequences.empty()),
+                      &at_snapshot);
     if (chunk == 0) {  // the head waits for a step with room
       undo();
       break;
@@ -690,6 +709,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     seq->table.Append(chunk, &blocks_).IgnoreError();  // fits: checked above
     seq->state = SequenceState::kRunning;
     running_.push_back(seq->id);
+    if (seq->scored_prompt) scored_left -= chunk;
     add(seq, chunk, 0, start > 0 ? restore : -1, at_snapshot);
   }
 

@@ -90,6 +90,11 @@ struct SchedulerConfig {
   int64_t max_context_tokens = 131072;  // prompt + output, <= kMaxContextTokens
   int32_t num_speculative_tokens = 0;   // drafts verified per decode step
   int64_t max_prefill_chunk = 0;        // per-sequence chunk cap; 0 = the budget
+  // Scored sequences (SequenceRequest::scored_prompt: every prompt row's logits
+  // are kept, for prompt logprobs): their prefill tokens in one step, all
+  // together, at most this many (bounds the step's logits; a scored sequence
+  // that gets none waits for the next step).
+  int64_t max_scored_tokens_per_step = 128;
   // When > 0, a prefill chunk that is not the prompt's last ends at a multiple
   // of this many positions; a sequence that cannot get one this step (budget or
   // blocks left below the next multiple) waits for the next, unless it is the
@@ -153,6 +158,10 @@ struct SequenceRequest {
   // sequence is readmitted only from a prefix hit at least this deep; without
   // one it is dropped (StepPlan::unrecomputable). 0: everything recomputes.
   int64_t recompute_floor = 0;
+  // Every prompt row's logits are wanted (prompt logprobs): the prefill goes at
+  // most SchedulerConfig::max_scored_tokens_per_step tokens per step, shared
+  // with the step's other scored sequences.
+  bool scored_prompt = false;
 };
 
 // One sequence's work in a step.
@@ -352,6 +361,7 @@ class Scheduler {
     bool background = false;
     int64_t min_hit = 0;
     int64_t recompute_floor = 0;  // SequenceRequest::recompute_floor
+    bool scored_prompt = false;   // SequenceRequest::scored_prompt
   };
 
   explicit Scheduler(const SchedulerConfig& config);
@@ -375,6 +385,9 @@ class Scheduler {
 
   void Erase(SequenceId id);
   int64_t ChunkLimit(int64_t budget) const;
+  // ChunkLimit for `seq`: a scored sequence also within `scored_left` (the
+  // step's scored tokens not yet planned).
+  int64_t ChunkLimit(int64_t budget, const Sequence& seq, int64_t scored_left) const;
   // `chunk` tokens from `start`, `remaining` left: shortened to end at a multiple
   // of prefill_chunk_alignment when it is not the last chunk and that keeps >= 1;
   // 0 (wait) when it cannot and the plan already has work, else unchanged.

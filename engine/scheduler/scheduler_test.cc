@@ -96,6 +96,34 @@ TEST(SchedulerTest, PerSequenceChunkCap) {
   EXPECT_THAT(Entries(*p), ElementsAre(Entry{2, 3, 4, true}, Entry{1, 5, 10, false}));
 }
 
+// Scored prompts (prompt logprobs) share max_scored_tokens_per_step between
+// them, in both the running and the admission phases; others are not limited.
+TEST(SchedulerTest, ScoredPromptsShareTheirPerStepTokens) {
+  SchedulerConfig c = Config(256, 4, 64);
+  c.max_scored_tokens_per_step = 10;
+  auto s = Make(c);
+  SequenceRequest a{1, 14};
+  a.scored_prompt = true;
+  SequenceRequest b{2, 8};
+  b.scored_prompt = true;
+  ASSERT_TRUE(s->Submit(a).ok());
+  ASSERT_TRUE(s->Submit(b).ok());
+  ASSERT_TRUE(s->Submit({3, 20}).ok());  // not scored: the budget's
+  auto p = s->Schedule();
+  // 1 takes all 10 scored tokens; 2 (scored) waits at the queue's head, so 3
+  // behind it waits too (FCFS).
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 0, 10, false}));
+  Complete(*s, *p);
+  p = s->Schedule();
+  // 1's last 4, then 2 gets the 6 left; 3 is admitted with the rest.
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 10, 14, true}, Entry{2, 0, 6, false},
+                                       Entry{3, 0, 20, true}));
+  Complete(*s, *p);
+  p = s->Schedule();
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 14, 15, true}, Entry{3, 20, 21, true},
+                                       Entry{2, 6, 8, true}));
+}
+
 // Non-final chunks end at multiples of the alignment when that keeps >= 1
 // token; a budget below the alignment still makes progress (unaligned), and
 // the next chunk realigns.

@@ -54,6 +54,22 @@ void BuildMessage(const tandem::v1::GenerateRequest& request,
                   const ScriptedRouter::Script& script, int limit, int end, int* sent,
                   bool* seed_sent, tandem::v1::GenerateResponse* response) {
   response->set_request_id(request.request_id());
+  if (*sent == 0 && request.sampling().has_prompt_logprobs()) {
+    // Made-up prompt scores: token k scored -1 - 0.25 (k % 5), rank 1 + k % 3.
+    const auto& prompt = request.prompt_token_ids().ids();
+    for (int k = 1; k < prompt.size(); ++k) {
+      auto* lp = response->add_prompt_logprobs();
+      const float value = -1.0f - 0.25f * static_cast<float>(k % 5);
+      lp->set_token_id(prompt[k]);
+      lp->set_logprob(value);
+      lp->set_rank(1 + k % 3);
+      for (int a = 0; a < request.sampling().prompt_logprobs(); ++a) {
+        auto* top = lp->add_top();
+        top->set_token_id((prompt[k] + a + 1) % tokenizer::kNumBaseTokens);
+        top->set_logprob(value + 0.5f - static_cast<float>(a) * 0.125f);
+      }
+    }
+  }
   for (; *sent < end; ++*sent) {
     const int id = script.ids[*sent];
     response->add_token_ids(id);

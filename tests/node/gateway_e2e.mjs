@@ -281,6 +281,20 @@ test('chat: tools round trip (whole and streamed)', async () => {
   assert.equal(followUp.choices[0].finish_reason, 'stop');
 });
 
+// lm-evaluation-harness's loglikelihood request, through the official client:
+// echo + logprobs 1 + max_tokens 1 gives the prompt's tokens first (the first
+// with a null logprob) and the text prompt + output; logit_bias passes.
+test('completions: echo with logprobs, logit_bias', async () => {
+  const r = await client.completions.create({ model: MODEL, prompt: 'Say something', max_tokens: 1, echo: true, logprobs: 1, logit_bias: { '15': -100 } });
+  const c = r.choices[0];
+  assert.ok(c.text.startsWith('Say something'), c.text);
+  assert.equal(c.logprobs.token_logprobs[0], null);
+  assert.equal(c.logprobs.top_logprobs[0], null);
+  assert.ok(c.logprobs.tokens.length >= 3);
+  assert.equal(c.logprobs.tokens.join(''), c.text);
+  for (const lp of c.logprobs.token_logprobs.slice(1)) assert.equal(typeof lp, 'number');
+});
+
 test('completions: text, token prompt, streaming, n', async () => {
   const r = await client.completions.create({ model: MODEL, prompt: 'Tell me', max_tokens: 100 });
   assert.match(r.id, /^cmpl-/);
@@ -339,7 +353,8 @@ test('errors: auth, JSON, types, ranges, context, model, overload', async () => 
   await expectApiError(client.chat.completions.create({ model: MODEL, messages: msgs, max_tokens: 5000 }), 400, 'context_length_exceeded', 'messages');
   await expectApiError(client.completions.create({ model: MODEL, prompt: 'word '.repeat(5000) }), 400, 'context_length_exceeded', 'prompt');
   await expectApiError(client.chat.completions.create({ model: 'gpt-nope', messages: msgs }), 404, 'model_not_found', 'model');
-  await expectApiError(client.completions.create({ model: MODEL, prompt: 'x', echo: true }), 400, null, 'echo');
+  await expectApiError(client.completions.create({ model: MODEL, prompt: 'x', suffix: 'y' }), 400, null, 'suffix');
+  await expectApiError(client.completions.create({ model: MODEL, prompt: 'x', logit_bias: { '7': 101 } }), 400, null, 'logit_bias');
 
   const e429 = await expectApiError(client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: '#error:RESOURCE_EXHAUSTED' }] }), 429, 'rate_limit_exceeded');
   assert.equal(e429.headers['retry-after'], '1');
