@@ -341,4 +341,23 @@ done
 [[ ! -e "$tlsdir" ]] || fail "--dry-run --tls made certificates"
 if dry | grep -q -- '--tls_'; then fail "TLS flags without --tls"; fi
 refused "--tls takes no value" --tls=1
+
+# A port something already listens on (an earlier ./tandem up) is refused before
+# anything is built or started, naming it.
+portfile="$TEST_TMPDIR/listener.port"
+python3 -c '
+import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(4)
+open(sys.argv[1], "w").write(str(s.getsockname()[1])); time.sleep(60)' "$portfile" &
+listener=$!
+trap 'kill $listener 2>/dev/null || true' EXIT
+for _ in $(seq 1 50); do [[ -s "$portfile" ]] && break; sleep 0.1; done
+busy="$(cat "$portfile")"
+set +e
+out="$("$TANDEM" up --no-setup --router-port "$busy" 2>&1)"
+rc=$?
+set -e
+(( rc != 0 )) || fail "a busy router port was accepted"
+grep -q "port $busy (router's port) is in use" <<<"$out" || fail "busy port: $out"
+[[ ! -d "$TANDEM_CACHE_DIR/logs" ]] || fail "a busy port started something"
 echo PASS

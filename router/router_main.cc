@@ -148,6 +148,9 @@ int main(int argc, char** argv) {
   const std::string address =
       absl::GetFlag(FLAGS_host) + ":" + std::to_string(absl::GetFlag(FLAGS_port));
   builder.AddListeningPort(address, creds->server, &port);
+  // A second router on a taken port fails to bind (gRPC's SO_REUSEPORT would let
+  // it share the port with the first, each getting some of the connections).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Clients that hold long-lived GenerateSession streams (the gateway) ping
   // every 20 s to notice a half-open connection; accept that rate, with or
   // without calls in flight (gRPC's default answers it with GOAWAY).

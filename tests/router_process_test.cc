@@ -99,6 +99,20 @@ TEST(RouterProcessTest, ServesAndShutsDownCleanly) {
     EXPECT_EQ(*unavailable, 1);
     EXPECT_EQ(*parsed->Value("tandem_router_workers", {{"role", "decode"}}), 0);
   }
+  {
+    // A second router on the same gRPC port (its own metrics port) fails to
+    // listen and exits, instead of sharing the port (gRPC's SO_REUSEPORT).
+    auto second = testing::Subprocess::Start(
+        {testing::RunfilePath("router/router_main"), "--model=" + tmp + "/model",
+         "--port=" + std::to_string(grpc_port), "--metrics_port=0"},
+        tmp + "/router_second.log");
+    ASSERT_TRUE(second.ok()) << second.status();
+    auto st = second->Wait(absl::Seconds(30));
+    ASSERT_TRUE(st.ok()) << st.status() << second->ReadLog();
+    EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 1) << second->ReadLog();
+    EXPECT_NE(second->ReadLog().find("cannot listen"), std::string::npos)
+        << second->ReadLog();
+  }
   proc->Signal(SIGTERM);
   auto st = proc->Wait(absl::Seconds(15));
   ASSERT_TRUE(st.ok()) << st.status();

@@ -82,6 +82,9 @@ int ServeWorker(const WorkerServerOptions& options, grpc::Service* service,
   int port = 0;
   const std::string address = options.host + ":" + std::to_string(options.port);
   builder.AddListeningPort(address, options.server_credentials, &port);
+  // A second worker on a taken port fails to bind instead of sharing it
+  // (gRPC's default SO_REUSEPORT).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
