@@ -34,6 +34,15 @@ absl::Status SchedulerConfig::Validate() const {
   if (max_prefill_chunk < 0) {
     return InvalidArgument("max_prefill_chunk must be >= 0");
   }
+  // A scored sequence's chunk within the cap must be able to end on the
+  // alignment, or it would wait behind other work for ever.
+  if (max_scored_tokens_per_step > 0 &&
+      max_scored_tokens_per_step < prefill_chunk_alignment) {
+    return InvalidArgument(
+        "max_scored_tokens_per_step (", max_scored_tokens_per_step,
+        ") must be 0 (no limit) or at least prefill_chunk_alignment (",
+        prefill_chunk_alignment, ")");
+  }
   if (watermark_blocks < 0 || watermark_blocks >= num_blocks) {
     return InvalidArgument("watermark_blocks must be in [0, num_blocks)");
   }

@@ -93,7 +93,8 @@ struct SchedulerConfig {
   // Scored sequences (SequenceRequest::scored_prompt: every prompt row's logits
   // are kept, for prompt logprobs): their prefill tokens in one step, all
   // together, at most this many (bounds the step's logits; a scored sequence
-  // that gets none waits for the next step).
+  // that gets none waits for the next step). 0: no limit; else at least
+  // prefill_chunk_alignment (a chunk must be able to end on it).
   int64_t max_scored_tokens_per_step = 128;
   // When > 0, a prefill chunk that is not the prompt's last ends at a multiple
   // of this many positions; a sequence that cannot get one this step (budget or

@@ -180,6 +180,16 @@ TEST(SchedulerTest, PrefillChunksAlignToTheKdaChunk) {
   SchedulerConfig bad = Config(256, 16, 40);
   bad.prefill_chunk_alignment = -1;
   EXPECT_FALSE(Scheduler::Create(bad).ok());
+  // A scored cap below the alignment could never end a chunk on it.
+  SchedulerConfig scored = Config(256, 16, 256);
+  scored.prefill_chunk_alignment = 64;
+  scored.max_scored_tokens_per_step = 63;
+  EXPECT_THAT(
+      Scheduler::Create(scored).status().message(),
+      HasSubstr("max_scored_tokens_per_step (63) must be 0 (no limit) or at least "
+                "prefill_chunk_alignment (64)"));
+  scored.max_scored_tokens_per_step = 64;
+  EXPECT_TRUE(Scheduler::Create(scored).ok());
 }
 
 TEST(SchedulerTest, DecodesFirstThenPrefillsThenAdmissionsFcfs) {
