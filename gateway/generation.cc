@@ -83,8 +83,9 @@ std::string TokenText(const tokenizer::Tokenizer& t, int32_t id) {
 // token's logprob and alternatives null: nothing predicts it); `offset` as in
 // CompletionLogprobs. `scores[k]` scores prompt token k + 1.
 json EchoLogprobs(const tokenizer::Tokenizer& t, const std::vector<int>& prompt,
-                  const std::vector<tandem::v1::TokenLogprob>& scores, bool with_top,
+                  const std::vector<tandem::v1::TokenLogprob>& scores, int top_n,
                   size_t* offset) {
+  const bool with_top = top_n > 0;
   json tokens = json::array(), lps = json::array(), tops = json::array(),
        offsets = json::array();
   for (size_t k = 0; k < prompt.size(); ++k) {
@@ -99,8 +100,11 @@ json EchoLogprobs(const tokenizer::Tokenizer& t, const std::vector<int>& prompt,
       tops.push_back(nullptr);
       continue;
     }
+    // The scores may carry more alternatives (prompt_logprobs asked for more).
     json top = json::object();
-    for (const auto& alt : s->top()) top[TokenText(t, alt.token_id())] = alt.logprob();
+    for (int a = 0; a < s->top_size() && a < top_n; ++a) {
+      top[TokenText(t, s->top(a).token_id())] = s->top(a).logprob();
+    }
     tops.push_back(std::move(top));
   }
   return {{"tokens", std::move(tokens)},
@@ -113,7 +117,8 @@ json EchoLogprobs(const tokenizer::Tokenizer& t, const std::vector<int>& prompt,
 // map from token id (a string) to {logprob, rank, decoded_token}: the prompt's
 // own token and the alternatives (rank = their place, 1 first).
 json VllmPromptLogprobs(const tokenizer::Tokenizer& t, const std::vector<int>& prompt,
-                        const std::vector<tandem::v1::TokenLogprob>& scores) {
+                        const std::vector<tandem::v1::TokenLogprob>& scores,
+                        int top_n) {
   json out = json::array();
   if (prompt.empty()) return out;
   out.push_back(nullptr);
@@ -124,7 +129,7 @@ json VllmPromptLogprobs(const tokenizer::Tokenizer& t, const std::vector<int>& p
     }
     const tandem::v1::TokenLogprob& s = scores[k - 1];
     json entry = json::object();
-    for (int a = 0; a < s.top_size(); ++a) {
+    for (int a = 0; a < s.top_size() && a < top_n; ++a) {
       entry[std::to_string(s.top(a).token_id())] = {
           {"logprob", s.top(a).logprob()},
           {"rank", a + 1},
@@ -280,11 +285,7 @@ tandem::v1::GenerateRequest Generation::BuildRequest(int i, absl::Time deadline)
   }
   s->set_logprobs(fields_.logprobs);
   s->set_top_logprobs(fields_.top_logprobs);
-  // Prompt logprobs: asked for, or needed by echo with logprobs.
-  int prompt_lp = fields_.prompt_logprobs.value_or(-1);
-  if (fields_.echo && fields_.logprobs)
-    prompt_lp = std::max(prompt_lp, fields_.top_logprobs);
-  if (prompt_lp >= 0) s->set_prompt_logprobs(prompt_lp);
+  if (const int k = PromptLogprobsAsked(); k >= 0) s->set_prompt_logprobs(k);
   for (const auto& [id, bias] : fields_.logit_bias) {
     (*s->mutable_logit_bias())[id] = static_cast<float>(bias);
   }
@@ -394,6 +395,12 @@ void Generation::WriteDelta(int i, const ChoiceDelta& delta,
   WriteChunk(std::move(c));
 }
 
+int Generation::PromptLogprobsAsked() const {
+  int k = fields_.prompt_logprobs.value_or(-1);
+  if (fields_.echo && fields_.logprobs) k = std::max(k, fields_.top_logprobs);
+  return k;
+}
+
 std::string Generation::PromptText(int i) const {
   absl::StatusOr<std::string> text = deps_.tokenizer->Decode(choices_[i].prompt);
   return text.ok() ? tokenizer::ReplaceInvalidUtf8(*text) : std::string();
@@ -407,11 +414,12 @@ void Generation::WritePromptChunk(int i) {
   c["logprobs"] =
       fields_.echo && fields_.logprobs
           ? EchoLogprobs(*deps_.tokenizer, choices_[i].prompt, st.prompt_scores,
-                         fields_.top_logprobs > 0, &st.text_offset)
+                         fields_.top_logprobs, &st.text_offset)
           : json(nullptr);
   if (fields_.prompt_logprobs) {
     c["prompt_logprobs"] =
-        VllmPromptLogprobs(*deps_.tokenizer, choices_[i].prompt, st.prompt_scores);
+        VllmPromptLogprobs(*deps_.tokenizer, choices_[i].prompt, st.prompt_scores,
+                           *fields_.prompt_logprobs);
   }
   c["finish_reason"] = nullptr;
   WriteChunk(std::move(c));
@@ -540,7 +548,7 @@ void Generation::Complete() {
         if (fields_.logprobs) {
           logprobs =
               EchoLogprobs(*deps_.tokenizer, choices_[i].prompt,
-                           state_[i]->prompt_scores, fields_.top_logprobs > 0, &offset);
+                           state_[i]->prompt_scores, fields_.top_logprobs, &offset);
           AppendCompletionLogprobs(
               &logprobs,
               CompletionLogprobs(d.logprobs(), fields_.top_logprobs > 0, &offset));
@@ -554,8 +562,9 @@ void Generation::Complete() {
       }
       c["logprobs"] = std::move(logprobs);
       if (fields_.prompt_logprobs) {
-        c["prompt_logprobs"] = VllmPromptLogprobs(*deps_.tokenizer, choices_[i].prompt,
-                                                  state_[i]->prompt_scores);
+        c["prompt_logprobs"] =
+            VllmPromptLogprobs(*deps_.tokenizer, choices_[i].prompt,
+                               state_[i]->prompt_scores, *fields_.prompt_logprobs);
       }
     }
     c["finish_reason"] = d.finish_reason();
@@ -569,8 +578,9 @@ void Generation::Complete() {
                {"usage", Usage()}};
   if (chat_ && fields_.prompt_logprobs && !state_.empty()) {
     // vLLM's place for a chat: the response's (every choice has the prompt).
-    body["prompt_logprobs"] = VllmPromptLogprobs(*deps_.tokenizer, choices_[0].prompt,
-                                                 state_[0]->prompt_scores);
+    body["prompt_logprobs"] =
+        VllmPromptLogprobs(*deps_.tokenizer, choices_[0].prompt,
+                           state_[0]->prompt_scores, *fields_.prompt_logprobs);
   }
   ctx_->Json(200, body);
 }
@@ -628,6 +638,21 @@ void Generation::ApplyLocked(
     if (r.has_usage()) st.cached_prompt_tokens = r.usage().cached_prompt_tokens();
     if (r.prompt_logprobs_size() > 0) {
       st.prompt_scores.assign(r.prompt_logprobs().begin(), r.prompt_logprobs().end());
+    }
+    if (!st.first_message_seen) {
+      st.first_message_seen = true;
+      // Asked for and missing: an older router or worker dropped the field
+      // (each scores prompts of 2+ tokens on the first message).
+      if (PromptLogprobsAsked() >= 0 && choices_[i].prompt.size() >= 2 &&
+          r.prompt_logprobs_size() == 0) {
+        ApiError e;
+        e.message =
+            "the router returned no prompt logprobs (a router or worker older than "
+            "prompt_logprobs?)";
+        Fail(e);
+        to_cancel = TakeCallsToCancel();
+        return;
+      }
     }
     deltas_.clear();
     absl::Status s = st.decoder.Add(r, &deltas_);

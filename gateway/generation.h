@@ -130,6 +130,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     // token k + 1.
     std::vector<tandem::v1::TokenLogprob> prompt_scores;
     bool prompt_sent = false;  // streaming completions: the echo chunk went out
+    bool first_message_seen = false;
   };
 
   tandem::v1::GenerateRequest BuildRequest(int i, absl::Time deadline) const;
@@ -144,6 +145,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
   nlohmann::json ChunkBase() const;
   // Completions' echo: choice i's prompt as text.
   std::string PromptText(int i) const;
+  // The alternatives of SamplingParams.prompt_logprobs the calls ask for
+  // (prompt_logprobs, or echo with logprobs; the larger); -1: none.
+  int PromptLogprobsAsked() const;
   // Streaming completions with echo or prompt_logprobs: choice i's first chunk,
   // the prompt (its text, logprobs) before any output; once.
   void WritePromptChunk(int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

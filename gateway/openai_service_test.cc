@@ -386,6 +386,13 @@ TEST_P(OpenAIServiceTest, EchoAndPromptLogprobs) {
     EXPECT_EQ(entry.size(), 2u) << entry.dump();  // its own token + 1 alternative
   }
 
+  // Both at once: the calls ask for the larger count, each output keeps its own.
+  json both = echo;
+  both["prompt_logprobs"] = 1;  // echo's logprobs: 2
+  const json b = post(both)["choices"][0];
+  EXPECT_EQ(b["logprobs"]["top_logprobs"][1].size(), 2u);
+  EXPECT_EQ(b["prompt_logprobs"][1].size(), 2u);  // its own token + 1
+
   // Streamed: the prompt (with its logprobs) is the first chunk, then the
   // output as without echo.
   echo["stream"] = true;

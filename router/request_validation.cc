@@ -108,6 +108,21 @@ absl::Status ValidateGenerateRequest(const tandem::v1::GenerateRequest& r,
     return InvalidArgument("sampling.prompt_logprobs must be in [0, ", kMaxTopLogprobs,
                            "], got ", s.prompt_logprobs());
   }
+  if (s.has_prompt_logprobs() && prompt_tokens > 1) {
+    const int64_t per =
+        kPromptScoreBytes + kPromptAlternativeBytes * s.prompt_logprobs();
+    if ((prompt_tokens - 1) * per > kMaxPromptScoreBytes) {
+      return InvalidArgument(
+          "sampling.prompt_logprobs: the scores of a ", prompt_tokens,
+          "-token prompt with ", s.prompt_logprobs(), " alternatives would take about ",
+          ((prompt_tokens - 1) * per) >> 20, " MiB, more than the ",
+          kMaxPromptScoreBytes >> 10,
+          " KiB one message carries between the workers; "
+          "score at most ",
+          kMaxPromptScoreBytes / per + 1,
+          " prompt tokens with that many alternatives, or ask fewer");
+    }
+  }
   if (s.top_logprobs() < 0 || s.top_logprobs() > kMaxTopLogprobs) {
     return InvalidArgument("sampling.top_logprobs must be in [0, ", kMaxTopLogprobs,
                            "], got ", s.top_logprobs());

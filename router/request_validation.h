@@ -24,6 +24,13 @@ inline constexpr int kMaxStopTokenIds = 64;
 inline constexpr int kMaxTopLogprobs = 20;
 // OpenAI's range of a logit_bias value (engine::kMaxLogitBias).
 inline constexpr float kMaxLogitBias = 100.0f;
+// Prompt logprobs travel in one gRPC message between the workers and the
+// router (gRPC's 4 MiB default): the scores of a prompt may take this much,
+// estimated at kPromptScoreBytes + kPromptAlternativeBytes * alternatives per
+// token (a TokenLogprob and its TopLogprobs on the wire, rounded up).
+inline constexpr int64_t kMaxPromptScoreBytes = int64_t{7} << 19;  // 3.5 MiB
+inline constexpr int64_t kPromptScoreBytes = 16;
+inline constexpr int64_t kPromptAlternativeBytes = 12;
 
 absl::Status ValidateGenerateRequest(const tandem::v1::GenerateRequest& request,
                                      const ModelLimits& limits);

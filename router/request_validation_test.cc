@@ -127,8 +127,40 @@ INSTANTIATE_TEST_SUITE_P(
              },
              "at most 16"},
         Case{"stop_id", [](R* r) { r->mutable_stop()->add_stop_token_ids(200000); },
-             "stop_token_ids[0]"}),
+             "stop_token_ids[0]"},
+        Case{
+            "logit_bias_ok",
+            [](R* r) { (*r->mutable_sampling()->mutable_logit_bias())[163839] = -100; },
+            ""},
+        Case{"logit_bias_id",
+             [](R* r) { (*r->mutable_sampling()->mutable_logit_bias())[163840] = 1; },
+             "sampling.logit_bias: token id 163840 is outside the vocabulary"},
+        Case{"logit_bias_value",
+             [](R* r) { (*r->mutable_sampling()->mutable_logit_bias())[5] = 100.5f; },
+             "sampling.logit_bias: the bias of token 5 must be in [-100, 100]"},
+        Case{"prompt_logprobs_ok",
+             [](R* r) { r->mutable_sampling()->set_prompt_logprobs(20); }, ""},
+        Case{"prompt_logprobs_range",
+             [](R* r) { r->mutable_sampling()->set_prompt_logprobs(21); },
+             "sampling.prompt_logprobs must be in [0, 20]"}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// Prompt logprobs ride in one message: a prompt whose scores would pass
+// kMaxPromptScoreBytes is refused up front, naming how many tokens fit.
+TEST(PromptLogprobsSize, TooManyScoresForOneMessageAreRefused) {
+  constexpr ModelLimits kLong{.vocab_size = 163840, .max_context_tokens = 1 << 20};
+  tandem::v1::GenerateRequest r = Good();
+  r.mutable_prompt_token_ids()->clear_ids();
+  for (int i = 0; i < 20000; ++i) r.mutable_prompt_token_ids()->add_ids(i + 1);
+  r.mutable_sampling()->set_prompt_logprobs(20);  // 256 bytes a token
+  absl::Status s = ValidateGenerateRequest(r, kLong);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("score at most 14337 prompt tokens"),
+            absl::string_view::npos)
+      << s;
+  r.mutable_sampling()->set_prompt_logprobs(0);  // 16 bytes a token: fits
+  EXPECT_TRUE(ValidateGenerateRequest(r, kLong).ok());
+}
 
 }  // namespace
 }  // namespace tandem::router

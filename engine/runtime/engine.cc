@@ -341,9 +341,10 @@ absl::Status Engine::AddRequest(RequestId id, std::vector<int32_t> prompt,
   // Prompt logprobs need every prompt row computed: no prefix-cache hit (and,
   // keyless, nothing cached from it); their logits rows bound the chunks.
   sr.scored_prompt = r->scoring_prompt;
+  // The tenant, also for a scored request's continuation at its end.
+  r->cache_salt = std::string(cache_salt);
   if (options_.prefix_caching.enabled && !r->scoring_prompt) {
     SetPrefixKeys(r->prompt, cache_salt, r->media, &sr);
-    r->cache_salt = std::string(cache_salt);
   }
   absl::Status s = scheduler_->Submit(sr);
   if (!s.ok()) requests_.erase(id);
@@ -1469,7 +1470,16 @@ absl::Status Engine::ScorePrompts(const StepBatch& batch) {
   } else {
     score(0, static_cast<int64_t>(rows.size()));
   }
-  for (const absl::Status& st : status) TANDEM_RETURN_IF_ERROR(st);
+  // A row that cannot be scored ends its own request (at its first token),
+  // not the step: the other requests go on.
+  for (size_t k = 0; k < rows.size(); ++k) {
+    if (!status[k].ok() && rows[k].r->prompt_score_error.ok()) {
+      rows[k].r->prompt_score_error =
+          absl::Status(status[k].code(),
+                       absl::StrCat("prompt logprobs at position ",
+                                    rows[k].position + 1, ": ", status[k].message()));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -1589,7 +1599,13 @@ absl::Status Engine::SampleStep(StepBatch* batch, std::vector<RequestOutput>* ou
     const speculative::Proposal& prop = batch->proposals[i];
     const int64_t m = static_cast<int64_t>(prop.tokens.size());
     r->replay_from = -1;  // this forward brought the KDA slot up to date
-    if (m == 0) {
+    if (!r->prompt_score_error.ok()) {
+      TLOG(WARNING, "request ended: its prompt could not be scored")
+          .Kv("request_id", ss.id)
+          .Kv("error", r->prompt_score_error);
+      out.finished = true;
+      out.finish_reason = engine::FinishReason::kError;
+    } else if (m == 0) {
       if (!presampled[i].has_value()) {  // not sampled up front (one row, one thread)
         presampled[i] = SampleNext(sampler_.get(), r, logits.subspan(row * V, V));
       }
@@ -1747,7 +1763,7 @@ absl::StatusOr<Engine::Request*> Engine::NewPrefilledRequest(
   TANDEM_ASSIGN_OR_RETURN(Request * r, NewRequest(id, state.prompt, params));
   // The peer computed the prompt (and its logprobs, which travel beside it).
   r->scoring_prompt = false;
-  r->prompt_scores.clear();
+  std::vector<engine::SampleResult>().swap(r->prompt_scores);
   for (int32_t t : state.generated) {
     if (t < 0 || t >= weights_->config.text.vocab_size) {
       requests_.erase(id);

@@ -662,6 +662,9 @@ class Engine {
     // writes the same entries again) and handed out with the first token.
     bool scoring_prompt = false;
     std::vector<engine::SampleResult> prompt_scores;
+    // A prompt row that could not be scored (NaN or +inf logits): the request
+    // ends with an error at its first token, alone.
+    absl::Status prompt_score_error;
     int64_t num_generated() const { return tokens.size() - prompt.size(); }
   };
 

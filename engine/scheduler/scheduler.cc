@@ -660,15 +660,18 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     add(seq, chunk, 0, -1, at_snapshot);
   }
 
-  // 3. Admissions, FCFS, never in a step that had to preempt.
-  while (plan.preempted.empty() && !waiting_.empty() && budget > 0) {
+  // 3. Admissions, FCFS, never in a step that had to preempt. A scored sequence
+  // that finds the step's scored tokens taken is passed over (it stays where
+  // it is in the queue) rather than holding the requests behind it back.
+  size_t head = 0;
+  while (plan.preempted.empty() && head < waiting_.size() && budget > 0) {
     if (num_running() + num_reserved() >= config_.max_running ||
         slots_.num_free() == 0) {
       // A background continuation gives its slot to a real request.
       if (CancelNewestBackground(&plan, &budget)) continue;
       break;
     }
-    Sequence* seq = Find(waiting_.front());
+    Sequence* seq = Find(waiting_[head]);
     // A prefix hit adopts its cached blocks (taking references, so nothing
     // below evicts them) and starts at p; undone if the head cannot run now.
     const SnapshotId restore = AdmitWithPrefix(seq);
@@ -688,9 +691,10 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
       continue;
     }
     const int64_t limit = ChunkLimit(budget, *seq, scored_left);
-    if (limit <= 0) {  // the step's scored tokens are taken: the head waits
+    if (limit <= 0) {  // the step's scored tokens are taken: it waits, others go
       undo();
-      break;
+      ++head;
+      continue;
     }
     Reclaim(config_.watermark_blocks + BlocksForTokens(std::min(remaining, limit), bs));
     const int64_t usable =
@@ -713,7 +717,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     if (prefix_ != nullptr && !seq->hashes.empty()) {
       prefix_->RecordLookup(seq->num_tokens, start);
     }
-    waiting_.pop_front();
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(head));
     seq->slot = *slots_.Acquire();                     // a slot is free: checked above
     seq->table.Append(chunk, &blocks_).IgnoreError();  // fits: checked above
     seq->state = SequenceState::kRunning;

@@ -97,7 +97,9 @@ TEST(SchedulerTest, PerSequenceChunkCap) {
 }
 
 // Scored prompts (prompt logprobs) share max_scored_tokens_per_step between
-// them, in both the running and the admission phases; others are not limited.
+// them, in both the running and the admission phases; others are not limited,
+// and a scored request waiting for its share does not hold back the requests
+// queued behind it (it keeps its place).
 TEST(SchedulerTest, ScoredPromptsShareTheirPerStepTokens) {
   SchedulerConfig c = Config(256, 4, 64);
   c.max_scored_tokens_per_step = 10;
@@ -110,17 +112,17 @@ TEST(SchedulerTest, ScoredPromptsShareTheirPerStepTokens) {
   ASSERT_TRUE(s->Submit(b).ok());
   ASSERT_TRUE(s->Submit({3, 20}).ok());  // not scored: the budget's
   auto p = s->Schedule();
-  // 1 takes all 10 scored tokens; 2 (scored) waits at the queue's head, so 3
-  // behind it waits too (FCFS).
-  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 0, 10, false}));
+  // 1 takes all 10 scored tokens; 2 (scored) waits, 3 behind it goes.
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 0, 10, false}, Entry{3, 0, 20, true}));
+  EXPECT_EQ(*s->State(2), SequenceState::kWaiting);
   Complete(*s, *p);
   p = s->Schedule();
-  // 1's last 4, then 2 gets the 6 left; 3 is admitted with the rest.
-  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 10, 14, true}, Entry{2, 0, 6, false},
-                                       Entry{3, 0, 20, true}));
+  // 3 decodes; 1's last 4, then 2 gets the 6 left.
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{3, 20, 21, true}, Entry{1, 10, 14, true},
+                                       Entry{2, 0, 6, false}));
   Complete(*s, *p);
   p = s->Schedule();
-  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 14, 15, true}, Entry{3, 20, 21, true},
+  EXPECT_THAT(Entries(*p), ElementsAre(Entry{1, 14, 15, true}, Entry{3, 21, 22, true},
                                        Entry{2, 6, 8, true}));
 }
 
