@@ -102,6 +102,28 @@ void BM_TemperatureMaskDense(benchmark::State& s) {
   Run(s, p, 3.0, Mask(4096, 3900));
 }
 
+// logit_bias: 300 entries (OpenAI's usual ceiling), beside BM_Temperature.
+void BM_TemperatureLogitBias300(benchmark::State& s) {
+  SamplingParams p;
+  p.temperature = 0.8f;
+  for (int32_t i = 0; i < 300; ++i) p.logit_bias.push_back({i * 500, -5.0f});
+  Run(s, p, 3.0);
+}
+
+// Prompt logprobs: one prompt row scored (ScoreToken), with 1 and 20
+// alternatives; a 128-token scored chunk costs 128 of these (beside
+// BM_Logprobs20, a sampled row with its alternatives).
+void ScoreRow(benchmark::State& state, int top_n) {
+  const std::vector<float> logits = Logits(3.0);
+  int32_t token = 0;
+  for (auto _ : state) {
+    token = (token + 7919) % kVocab;
+    benchmark::DoNotOptimize(ScoreToken(logits, token, top_n));
+  }
+}
+void BM_ScoreToken1(benchmark::State& s) { ScoreRow(s, 1); }
+void BM_ScoreToken20(benchmark::State& s) { ScoreRow(s, 20); }
+
 BENCHMARK(BM_Greedy)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_GreedyMaskSparse)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_GreedyMaskDense)->Unit(benchmark::kMicrosecond);
@@ -112,6 +134,9 @@ BENCHMARK(BM_TopP)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_TopKTopPMinP)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_TopPFlat)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Logprobs20)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_TemperatureLogitBias300)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ScoreToken1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ScoreToken20)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace tandem::engine
