@@ -198,6 +198,14 @@ class ClusterTest : public ::testing::Test {
     ASSERT_TRUE(workers_.Register(r).ok());
   }
 
+  // prefill-0 and decode-0, as their mains register them.
+  void RegisterBoth(PrefillNode& prefill, DecodeNode& decode) {
+    Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address,
+             prefill.service->Load());
+    Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
+             decode.service->Load());
+  }
+
   Result RouterGenerate(const tandem::v1::GenerateRequest& req, int cancel_after = -1) {
     grpc::ClientContext ctx;
     ctx.set_deadline(In(60));
@@ -273,10 +281,7 @@ bool EngineIdle(worker::EngineLoop* loop, absl::Duration timeout) {
 TEST_F(ClusterTest, DisaggregatedEqualsColocatedTokenForToken) {
   PrefillNode prefill("prefill-0");
   DecodeNode decode;
-  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address,
-           prefill.service->Load());
-  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
-           decode.service->Load());
+  RegisterBoth(prefill, decode);
   const int kPrompts = 50;
   int compared_tokens = 0;
   for (int i = 0; i < kPrompts; ++i) {
@@ -319,10 +324,7 @@ TEST_F(ClusterTest, DisaggregatedEqualsColocatedTokenForToken) {
 TEST_F(ClusterTest, LogitBiasReachesEveryTokenOnBothPaths) {
   PrefillNode prefill("prefill-0");
   DecodeNode decode;
-  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address,
-           prefill.service->Load());
-  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
-           decode.service->Load());
+  RegisterBoth(prefill, decode);
   const std::vector<int32_t> prompt = engine::testing::MakePrompt(40, 5);
   const Result plain = RouterGenerate(Request(prompt, 6, 0.0f, 0));
   ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
@@ -392,10 +394,7 @@ TEST_F(ClusterTest, LogitBiasReachesEveryTokenOnBothPaths) {
 TEST_F(ClusterTest, PromptLogprobsOnBothPathsAreEqual) {
   PrefillNode prefill("prefill-0");
   DecodeNode decode;
-  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address,
-           prefill.service->Load());
-  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
-           decode.service->Load());
+  RegisterBoth(prefill, decode);
   const std::vector<int32_t> prompt = engine::testing::MakePrompt(150, 8);
   tandem::v1::GenerateRequest req = Request(prompt, 4, 0.0f, 0);
   req.mutable_sampling()->set_prompt_logprobs(2);
@@ -444,10 +443,7 @@ TEST_F(ClusterTest, ShortPromptsAreColocatedBelowTheThreshold) {
   StartRouter(/*colocate_below=*/10);
   PrefillNode prefill("prefill-0");
   DecodeNode decode;
-  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address,
-           prefill.service->Load());
-  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
-           decode.service->Load());
+  RegisterBoth(prefill, decode);
   ASSERT_TRUE(
       RouterGenerate(Request(engine::testing::MakePrompt(5, 1), 4, 0, 0)).status.ok());
   ASSERT_TRUE(
@@ -531,10 +527,7 @@ TEST_F(ClusterTest, UnlandedReservationIsQuarantinedThenFreed) {
 TEST_F(ClusterTest, CorruptTransferIsDataLossAndNothingLeaks) {
   PrefillNode prefill("prefill-0", /*corrupt=*/true);
   DecodeNode decode;
-  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address,
-           prefill.service->Load());
-  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
-           decode.service->Load());
+  RegisterBoth(prefill, decode);
   Result r = RouterGenerate(Request(engine::testing::MakePrompt(33, 4), 5, 0, 0));
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DATA_LOSS)
       << r.status.error_message();
@@ -550,10 +543,7 @@ TEST_F(ClusterTest, CorruptTransferIsDataLossAndNothingLeaks) {
 TEST_F(ClusterTest, ClientCancelMidStreamFreesTheDecodeWorkersBlocks) {
   PrefillNode prefill("prefill-0");
   DecodeNode decode;
-  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address,
-           prefill.service->Load());
-  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
-           decode.service->Load());
+  RegisterBoth(prefill, decode);
   tandem::v1::GenerateRequest req =
       Request(engine::testing::MakePrompt(50, 5), 400, 0, 0);
   req.mutable_stop()->set_ignore_eos(true);
@@ -589,10 +579,7 @@ TEST_F(ClusterTest, BadInputIsInvalidArgument) {
 TEST_F(ClusterTest, MultiChunkPromptsStreamedLayerByLayerEqualColocated) {
   PrefillNode prefill("prefill-0");
   DecodeNode decode;
-  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address,
-           prefill.service->Load());
-  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
-           decode.service->Load());
+  RegisterBoth(prefill, decode);
   // 300..480 tokens: 2 chunks of the prefill engine's 256-token steps.
   for (int i = 0; i < 4; ++i) {
     const std::vector<int32_t> prompt =

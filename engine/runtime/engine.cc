@@ -1404,13 +1404,11 @@ std::vector<std::optional<absl::StatusOr<engine::SampleResult>>> Engine::Presamp
       batch.plan.sequences.size());
   if (sample_pool_ == nullptr) return presampled;
   std::vector<std::pair<size_t, int64_t>> plain;  // (sequence, logits row)
-  int64_t r0 = 0;
+  const std::vector<int64_t> starts = LogitsRowStarts(batch);
   for (size_t i = 0; i < batch.plan.sequences.size(); ++i) {
-    r0 += batch.scored_rows[i];  // its prompt's rows come first
-    if (!batch.plan.sequences[i].samples) continue;
-    const int64_t m = static_cast<int64_t>(batch.proposals[i].tokens.size());
-    if (m == 0) plain.emplace_back(i, r0);
-    r0 += m + 1;
+    if (batch.plan.sequences[i].samples && batch.proposals[i].tokens.empty()) {
+      plain.emplace_back(i, starts[i] + batch.scored_rows[i]);
+    }
   }
   if (plain.size() > 1) {
     sample_pool_->ParallelFor(
@@ -1427,6 +1425,19 @@ std::vector<std::optional<absl::StatusOr<engine::SampleResult>>> Engine::Presamp
   return presampled;
 }
 
+std::vector<int64_t> Engine::LogitsRowStarts(const StepBatch& batch) {
+  const size_t n = batch.plan.sequences.size();
+  std::vector<int64_t> starts(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t rows = batch.scored_rows.empty() ? 0 : batch.scored_rows[i];
+    if (batch.plan.sequences[i].samples) {
+      rows += 1 + static_cast<int64_t>(batch.proposals[i].tokens.size());
+    }
+    starts[i + 1] = starts[i] + rows;
+  }
+  return starts;
+}
+
 absl::Status Engine::ScorePrompts(const StepBatch& batch) {
   const int64_t V = weights_->config.text.vocab_size;
   struct Row {
@@ -1435,17 +1446,14 @@ absl::Status Engine::ScorePrompts(const StepBatch& batch) {
     int64_t position;  // scores the prompt token at position + 1
   };
   std::vector<Row> rows;
-  int64_t row = 0;
+  const std::vector<int64_t> starts = LogitsRowStarts(batch);
   for (size_t i = 0; i < batch.plan.sequences.size(); ++i) {
     for (int32_t j = 0; j < batch.scored_rows[i]; ++j) {
-      rows.push_back({batch.reqs[i], row + j, batch.inputs[i].start_pos + j});
-    }
-    row += batch.scored_rows[i];
-    if (batch.plan.sequences[i].samples) {
-      row += 1 + static_cast<int64_t>(batch.proposals[i].tokens.size());
+      rows.push_back({batch.reqs[i], starts[i] + j, batch.inputs[i].start_pos + j});
     }
   }
   if (rows.empty()) return absl::OkStatus();
+  const int64_t row = starts.back();
   if (static_cast<int64_t>(logits_.size()) < row * V) {
     return Internal("prompt logprobs: the forward left ", logits_.size() / V,
                     " logits rows, the step needs ", row);
@@ -1588,11 +1596,11 @@ absl::Status Engine::SampleStep(StepBatch* batch, std::vector<RequestOutput>* ou
   }
   const absl::Span<const float> logits = logits_;
   if (!on_device) TANDEM_RETURN_IF_ERROR(ScorePrompts(*batch));
-  int64_t row = 0;
+  const std::vector<int64_t> starts = LogitsRowStarts(*batch);
   for (size_t i = 0; i < batch->plan.sequences.size(); ++i) {
     const engine::ScheduledSequence& ss = batch->plan.sequences[i];
-    row += batch->scored_rows[i];  // its prompt's rows come first
     if (!ss.samples) continue;
+    const int64_t row = starts[i] + batch->scored_rows[i];  // its sampled rows
     RequestOutput out;
     out.id = ss.id;
     Request* r = batch->reqs[i];
@@ -1638,7 +1646,6 @@ absl::Status Engine::SampleStep(StepBatch* batch, std::vector<RequestOutput>* ou
       }
       proposer_->OnAccepted(ss.id, accepted, r->tokens.back());
     }
-    row += m + 1;
     if (r->scoring_prompt && !out.new_tokens.empty()) {
       // The first token is out: the prompt's scores go with it.
       out.prompt_logprobs = std::move(r->prompt_scores);

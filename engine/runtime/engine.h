@@ -685,6 +685,10 @@ class Engine {
   // without drafts, in parallel), appending outputs and the scheduler's outcomes.
   // FinishStep: the scheduler completes the step; finished requests go.
   absl::Status PlanStep(StepBatch* batch);
+  // Where each entry's rows start in the step's logits (the runner's order:
+  // entry after entry, each its scored prompt rows, then its sampled row and
+  // one per draft); entry n is the step's row count.
+  static std::vector<int64_t> LogitsRowStarts(const StepBatch& batch);
   // Prompt logprobs: scores the step's prompt rows (StepBatch::scored_rows)
   // from the host logits into their requests.
   absl::Status ScorePrompts(const StepBatch& batch);

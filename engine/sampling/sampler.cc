@@ -129,16 +129,15 @@ absl::StatusOr<SampleResult> ScoreToken(absl::Span<const float> logits, int32_t 
   SampleResult res;
   res.token_id = token;
   res.logprob = static_cast<float>(logits[token] - lse);
+  // The rank and the best top_n in one pass (the list short, most likely first).
   const float own = logits[token];
   int64_t above = 0;
-  for (float x : logits) above += x > own;
-  res.rank = static_cast<int32_t>(above + 1);
-  if (top_n > 0) {
-    // The best top_n in one pass: a short list, most likely first.
-    std::vector<std::pair<float, int32_t>> best;
-    best.reserve(top_n + 1);
-    for (int64_t i = 0; i < n; ++i) {
-      const float x = logits[i];
+  std::vector<std::pair<float, int32_t>> best;
+  best.reserve(top_n + 1);
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = logits[i];
+    above += x > own;
+    if (top_n > 0) {
       if (static_cast<int>(best.size()) == top_n && !(x > best.back().first)) continue;
       auto at = std::upper_bound(
           best.begin(), best.end(), x,
@@ -146,10 +145,9 @@ absl::StatusOr<SampleResult> ScoreToken(absl::Span<const float> logits, int32_t 
       best.insert(at, {x, static_cast<int32_t>(i)});
       if (static_cast<int>(best.size()) > top_n) best.pop_back();
     }
-    for (const auto& [x, id] : best) {
-      res.top.push_back({id, static_cast<float>(x - lse)});
-    }
   }
+  res.rank = static_cast<int32_t>(above + 1);
+  for (const auto& [x, id] : best) res.top.push_back({id, static_cast<float>(x - lse)});
   return res;
 }
 
