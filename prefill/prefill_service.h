@@ -13,7 +13,7 @@
 //       (engine/media) and checked against the gateway's grid, token count and
 //       content hash (INVALID_ARGUMENT otherwise); on the engine thread the
 //       vision tower encodes them, one MediaInput per image over its
-//       <|media_pad|> run (TP > 1: the engine refuses images, UNIMPLEMENTED)
+//       <|media_pad|> run (TP > 1: every rank writes the same rows)
 //     → engine thread: AddRequest (prefill-only parameters: the request's
 //       sampling, no stop conditions, so the first token is exactly the one a
 //       colocated run samples first)

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/time/time.h"
 #include "common/clock.h"
 #include "decode/decode_service.h"
 #include "engine/chat/chat_types.h"
@@ -70,13 +71,30 @@ std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address
   return server;
 }
 
-engine::EngineOptions Options(int block_size) {
+engine::EngineOptions Options(int block_size, int tp = 1) {
   engine::EngineOptions o;
   o.block_size = block_size;
   o.num_slots = 4;
   o.max_context_tokens = 512;
   o.max_tokens_per_step = 256;
+  if (tp > 1) {  // CPU ranks as threads, as a worker's --tp runs them
+    static const model::Checkpoint* tiny =
+        model::Checkpoint::Open(engine::testing::kTinyCheckpointDir)->release();
+    o.tp.tp_size = tp;
+    o.tp.backend = "cpu";
+    o.tp.threads_per_rank = 1;
+    o.tp.timeout = absl::Seconds(30);
+    o.tp_checkpoint = tiny;
+  }
   return o;
+}
+
+// Every rank's cache of a (TP) engine, rank order.
+std::vector<engine::KvCache*> RankCaches(engine::Engine& e) {
+  std::vector<engine::KvCache*> caches;
+  for (int r = 0; r < e.executor().tp_size(); ++r)
+    caches.push_back(&e.executor().cache(r));
+  return caches;
 }
 
 // A width x height RGB PNG whose pixels follow `seed` (libpng's simplified
@@ -106,21 +124,24 @@ std::string Png(int width, int height, int seed) {
   return out;
 }
 
-// The prefill worker with the tiny checkpoint's vision tower.
+// The prefill worker with the tiny checkpoint's vision tower; `tp` ranks (the
+// tower runs once, on the worker's backend, as prefill_main runs it).
 struct PrefillNode {
-  PrefillNode() {
+  explicit PrefillNode(int tp = 1) {
     backend = engine::testing::MakeBackend("cpu");
     ckpt = *model::Checkpoint::Open(engine::testing::kTinyCheckpointDir);
     auto t = vision::VisionTower::Load(*ckpt, backend.get());
     EXPECT_TRUE(t.ok()) << t.status();
     tower = *std::move(t);
-    auto e = engine::Engine::Create(&TinyWeights(), backend.get(), &Tok(), Options(16));
-    cache = &(*e)->cache();
+    auto e = engine::Engine::Create(tp > 1 ? nullptr : &TinyWeights(), backend.get(),
+                                    &Tok(), Options(16, tp));
+    EXPECT_TRUE(e.ok()) << e.status();
+    caches = RankCaches(**e);
     loop = std::make_unique<worker::EngineLoop>(std::move(*e));
     prefill::PrefillServiceOptions o;
     o.worker_id = "prefill-0";
     o.vision = tower.get();
-    service = *prefill::PrefillService::Create(loop.get(), cache, &agent, &metrics, o);
+    service = *prefill::PrefillService::Create(loop.get(), caches, &agent, &metrics, o);
     server = Serve(service.get(), &address);
   }
   ~PrefillNode() {
@@ -130,7 +151,7 @@ struct PrefillNode {
   std::unique_ptr<kernels::Backend> backend;
   std::unique_ptr<model::Checkpoint> ckpt;
   std::unique_ptr<vision::VisionTower> tower;
-  engine::KvCache* cache = nullptr;
+  std::vector<engine::KvCache*> caches;
   kvtransfer::LoopbackAgent agent;
   metrics::Registry registry;
   worker::WorkerMetrics metrics{&registry};
@@ -143,18 +164,20 @@ struct PrefillNode {
 struct DecodeNode {
   // prefix_caching: as decode_main runs it (landed prompts cached, blocks
   // announced).
-  explicit DecodeNode(bool prefix_caching = false) {
+  explicit DecodeNode(bool prefix_caching = false, int tp = 1) {
     backend = engine::testing::MakeBackend("cpu");
-    engine::EngineOptions eo = Options(8);
+    engine::EngineOptions eo = Options(8, tp);
     eo.prefix_caching.enabled = prefix_caching;
     eo.prefix_caching.announce_blocks = prefix_caching;
-    auto e = engine::Engine::Create(&TinyWeights(), backend.get(), &Tok(), eo);
+    auto e = engine::Engine::Create(tp > 1 ? nullptr : &TinyWeights(), backend.get(),
+                                    &Tok(), eo);
+    EXPECT_TRUE(e.ok()) << e.status();
     engine = e->get();
     loop = std::make_unique<worker::EngineLoop>(std::move(*e));
     decode::DecodeServiceOptions o;
     o.worker_id = "decode-0";
     o.unlanded_quarantine = absl::Milliseconds(300);
-    service = *decode::DecodeService::Create(loop.get(), {&engine->cache()}, &agent,
+    service = *decode::DecodeService::Create(loop.get(), RankCaches(*engine), &agent,
                                              &metrics, o);
     server = Serve(service.get(), &address);
   }
@@ -271,8 +294,9 @@ class ClusterImageTest : public ::testing::Test {
   // after held rows, decode workers read ReserveRequest.images); otherwise as
   // workers older than both.
   void Register(const std::string& id, tandem::v1::WorkerRole role,
-                const std::string& address, bool current = false) {
+                const std::string& address, bool current = false, int tp = 1) {
     tandem::v1::RegisterRequest r;
+    r.set_tp_size(tp);
     r.set_worker_id(id);
     r.set_role(role);
     r.set_grpc_address(address);
@@ -347,6 +371,33 @@ TEST_F(ClusterImageTest, ImagePromptIsPrefilledWithTheTowerAndDecoded) {
   EXPECT_NE(other.tokens, first.tokens);
   EXPECT_EQ(handoff_metrics_.paths->Add({{"path", "disaggregated"}}).Value(), 3);
   EXPECT_EQ(handoff_metrics_.paths->Add({{"path", "colocated"}}).Value(), 0);
+}
+
+// Tensor parallelism on both sides (CPU ranks as threads, as `--tp 2` runs
+// them): the prefill worker's tower encodes the image once, every prefill rank
+// writes its rows, rank r's state goes to decode rank r, and the tokens are
+// one TP 1 engine's.
+TEST_F(ClusterImageTest, ImagePromptWithTensorParallelWorkersGivesTheTp1Tokens) {
+  PrefillNode prefill(/*tp=*/2);
+  DecodeNode decode(/*prefix_caching=*/true, /*tp=*/2);
+  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address,
+           /*current=*/true, /*tp=*/2);
+  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address,
+           /*current=*/true, /*tp=*/2);
+  const tandem::v1::GenerateRequest ra =
+      ChatRequest(Png(112, 84, 1), "What is in this picture?");
+  const tandem::v1::GenerateRequest rb =
+      ChatRequest(Png(112, 84, 2), "What is in this picture?");
+  const std::vector<int32_t> want_a = OneEngine(ra, prefill.tower.get(), 8);
+  const std::vector<int32_t> want_b = OneEngine(rb, prefill.tower.get(), 8);
+  ASSERT_NE(want_a, want_b);
+  for (const auto& [req, want] :
+       {std::pair{&ra, &want_a}, std::pair{&rb, &want_b}, std::pair{&ra, &want_a}}) {
+    Result r = Generate(*req);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens, *want);
+  }
+  EXPECT_EQ(handoff_metrics_.paths->Add({{"path", "disaggregated"}}).Value(), 3);
 }
 
 // A decode-side prefix hit for an image prompt (issue 17): the decode worker

@@ -326,10 +326,9 @@ absl::Status Engine::AddRequest(RequestId id, std::vector<int32_t> prompt,
                                 std::vector<MediaInput> media) {
   const int64_t n = prompt.size();
   if (!media.empty()) {
-    if (options_.tp.tp_size > 1) {
-      return absl::UnimplementedError(
-          "image input with tensor parallelism is not implemented yet");
-    }
+    // Under TP every rank runs the same step inputs (TpExecutor): each writes
+    // the image rows over its all-reduced embeddings, so the rows need no
+    // sharding.
     TANDEM_RETURN_IF_ERROR(CheckMedia(n, prompt, media, /*embeddings=*/true));
   }
   TANDEM_ASSIGN_OR_RETURN(Request * r, NewRequest(id, std::move(prompt), params));
@@ -1232,9 +1231,7 @@ absl::Status Engine::ForwardStep(const StepBatch& batch, StepTimingStats* timing
 // prompt's) and snapshots its end; under pressure it is dropped.
 void Engine::ContinueFinished(const Request& r) {
   const engine::PrefixCache* pc = scheduler_->prefix_cache();
-  // (Not for prompts with images: a continuation replays tokens only.)
-  if (pc == nullptr || !options_.prefix_caching.snapshot_generations || r.background ||
-      !r.media.empty()) {
+  if (pc == nullptr || !options_.prefix_caching.snapshot_generations || r.background) {
     return;
   }
   const int64_t a = std::lcm<int64_t>(options_.block_size, pc->config().kda_chunk);
@@ -1243,19 +1240,28 @@ void Engine::ContinueFinished(const Request& r) {
   // starts there, and is worth running only past it.
   const int64_t p0 = (static_cast<int64_t>(r.prompt.size()) - 1) / a * a;
   if (q <= p0) return;
+  // Images: their hashes key the continuation's blocks as they keyed the
+  // prompt's (the next turn carries the same images at the same positions).
+  // Rows of an image this engine has no embeddings for (a decode worker gets
+  // only the spans) cannot be recomputed: past p0 there is nothing to run.
+  int64_t floor = 0;
+  for (const MediaInput& m : r.media) {
+    if (m.embeddings == nullptr) floor = std::max(floor, m.position + m.rows);
+  }
+  if (floor > p0) return;
   auto bg = std::make_unique<Request>();
   bg->id = next_background_id_--;
   bg->background = true;
   bg->prompt.assign(r.tokens.begin(), r.tokens.begin() + q);
   bg->tokens = bg->prompt;
   bg->cache_salt = r.cache_salt;
+  bg->media = r.media;  // shared embeddings, rows below q
   engine::SequenceRequest sr;
   sr.id = bg->id;
   sr.num_prompt_tokens = q;
   sr.max_new_tokens = 1;
-  sr.block_hashes =
-      engine::ChainedBlockHashes(bg->prompt, options_.block_size, bg->cache_salt);
-  sr.route_hashes = RouteBlockHashes(bg->prompt, bg->cache_salt);
+  sr.recompute_floor = floor;
+  SetPrefixKeys(bg->prompt, bg->cache_salt, bg->media, &sr);
   // From at least the prompt's snapshot (else its whole prompt would be recomputed).
   if (!scheduler_->SubmitBackground(sr, p0).ok()) return;  // e.g. at the context limit
   background_.insert(bg->id);

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "common/route_hash.h"
 #include "engine/cache/prefix_events.h"
 #include "engine/media/patched_image.h"
@@ -101,10 +102,20 @@ class ImageInputTest : public ::testing::Test {
     int64_t cached = 0;
   };
   // One engine, the requests in turn (each to completion); greedy, 6 tokens.
+  // With o.tp.tp_size > 1 the engine runs that many CPU ranks (threads).
   static std::vector<Run> RunSequentially(EngineOptions o,
                                           const std::vector<Prompt>& prompts) {
-    auto backend = MakeBackend("cpu");
-    auto e = Engine::Create(&TinyWeights(), backend.get(), nullptr, o);
+    std::unique_ptr<kernels::Backend> backend;
+    if (o.tp.tp_size > 1) {
+      o.tp.backend = "cpu";
+      o.tp.threads_per_rank = 1;
+      o.tp.timeout = absl::Seconds(30);
+      o.tp_checkpoint = ckpt_;
+    } else {
+      backend = MakeBackend("cpu");
+    }
+    auto e = Engine::Create(o.tp.tp_size > 1 ? nullptr : &TinyWeights(), backend.get(),
+                            nullptr, o);
     EXPECT_TRUE(e.ok()) << e.status();
     std::vector<Run> runs;
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -172,6 +183,46 @@ TEST_F(ImageInputTest, ChunkBoundariesInsideImagesEqualOneChunk) {
   EXPECT_GT(MaxDiff(other.logprobs, one.logprobs), 1e-3);
 }
 
+// Tensor parallelism: every rank writes the image rows over its all-reduced
+// embeddings, so TP 2 and TP 4 give the TP 1 tokens (logprobs within the TP
+// reduction order's rounding): with chunk boundaries inside both images, and
+// with a prefix-cache hit of the same images (none across another image).
+TEST_F(ImageInputTest, TensorParallelRanksGiveTheTp1Tokens) {
+  const media::PatchedImage a = RandomImage(8, 10, 1), b = RandomImage(4, 8, 2);
+  const Prompt p = MakeImagePrompt(a, b);
+  const Prompt other_b = MakeImagePrompt(a, RandomImage(4, 8, 5));
+  EngineOptions chunked = Options();
+  chunked.max_tokens_per_step = 64;
+  chunked.max_prefill_chunk = 25;  // boundaries at 75, 100, 125: inside A and B
+  EngineOptions cached = Options();
+  cached.max_tokens_per_step = 256;
+  cached.prefix_caching.enabled = true;
+  cached.prefix_caching.num_snapshots = 8;
+  cached.prefix_caching.snapshot_grid = 64;
+  cached.prefix_caching.snapshot_generations = false;
+  for (EngineOptions o : {chunked, cached}) {
+    SCOPED_TRACE(o.prefix_caching.enabled ? "cached" : "chunked");
+    const std::vector<Run> want = RunSequentially(o, {p, other_b, p});
+    ASSERT_EQ(want[0].tokens.size(), 6u);
+    EXPECT_NE(want[1].tokens, want[0].tokens);  // the image matters
+    if (o.prefix_caching.enabled) {
+      EXPECT_EQ(want[1].cached, 64);   // B differs from 120
+      EXPECT_EQ(want[2].cached, 128);  // the same images
+    }
+    for (int tp : {2, 4}) {
+      SCOPED_TRACE(::testing::Message() << "TP " << tp);
+      o.tp.tp_size = tp;
+      const std::vector<Run> got = RunSequentially(o, {p, other_b, p});
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+        EXPECT_EQ(got[i].cached, want[i].cached) << "request " << i;
+        EXPECT_LE(MaxDiff(got[i].logprobs, want[i].logprobs), 1e-3) << "request " << i;
+      }
+    }
+  }
+}
+
 TEST_F(ImageInputTest, PrefixCacheNeverHitsAcrossDifferentImages) {
   const media::PatchedImage a = RandomImage(8, 10, 1), b = RandomImage(4, 8, 2);
   const media::PatchedImage a2 = RandomImage(8, 10, 4), b2 = RandomImage(4, 8, 5);
@@ -196,6 +247,136 @@ TEST_F(ImageInputTest, PrefixCacheNeverHitsAcrossDifferentImages) {
   EXPECT_EQ(runs[3].tokens, fresh[1].tokens);
   EXPECT_EQ(runs[1].tokens, fresh[2].tokens);
   EXPECT_LE(MaxDiff(runs[2].logprobs, fresh[0].logprobs), 1e-3);
+}
+
+// A finished image prompt's reply is cached for the next turn (the background
+// continuation, prefix_caching.snapshot_generations): it keys its blocks with
+// the images' hashes, so the next turn (the same images, the reply, more
+// text) hits past the prompt, and continues as a cache-off run does.
+TEST_F(ImageInputTest, TheReplyToAnImagePromptIsCachedForTheNextTurn) {
+  const Prompt p = MakeImagePrompt(RandomImage(8, 10, 1), RandomImage(4, 8, 2));
+  EngineOptions o = Options();
+  o.max_tokens_per_step = 256;
+  o.prefix_caching.enabled = true;
+  o.prefix_caching.num_snapshots = 8;
+  o.prefix_caching.snapshot_grid = 64;
+  o.prefix_caching.snapshot_generations = true;
+  auto backend = MakeBackend("cpu");
+  auto e = Engine::Create(&TinyWeights(), backend.get(), nullptr, o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  auto run = [&](RequestId id, const Prompt& q, int max_tokens) {
+    SamplingParams sp;
+    sp.max_tokens = max_tokens;
+    sp.ignore_eos = true;
+    sp.logprobs = true;
+    Run out;
+    EXPECT_TRUE((*e)->AddRequest(id, q.tokens, sp, "", q.media).ok());
+    for (int step = 0; (*e)->HasWork() && step < 2000; ++step) {
+      auto res = (*e)->Step();
+      EXPECT_TRUE(res.ok()) << res.status();
+      if (!res.ok()) break;
+      for (const RequestOutput& r : *res) {
+        if (r.id != id) continue;
+        out.tokens.insert(out.tokens.end(), r.new_tokens.begin(), r.new_tokens.end());
+        for (const auto& lp : r.logprobs) out.logprobs.push_back(lp.logprob);
+        out.cached = std::max(out.cached, r.cached_prompt_tokens);
+      }
+    }
+    return out;
+  };
+  const Run first = run(1, p, 100);  // 268 tokens: the continuation runs 128..256
+  ASSERT_EQ(first.tokens.size(), 100u);
+  Prompt next = p;
+  next.tokens.insert(next.tokens.end(), first.tokens.begin(), first.tokens.end());
+  const std::vector<int32_t> more = MakePrompt(20, 9);
+  next.tokens.insert(next.tokens.end(), more.begin(), more.end());
+  const Run second = run(2, next, 6);
+  EXPECT_EQ(second.cached, 256);  // past the prompt's own snapshot (128)
+  const Run fresh = RunSequentially(Options(), {next})[0];
+  EXPECT_EQ(second.tokens, fresh.tokens);
+  EXPECT_LE(MaxDiff(second.logprobs, fresh.logprobs), 1e-3);
+}
+
+// On a decode worker the images come as spans without embeddings (Reserve).
+// A reply is never continued past an image whose rows it could not recompute:
+// an image reaching past the prompt's last chunk is not submitted at all.
+// (One before it is submitted, and skipped as a text prompt's is there: a
+// landed prompt leaves blocks, no KDA snapshot to continue from.)
+TEST_F(ImageInputTest, ADecodeWorkerNeverContinuesOverImageRowsItCannotCompute) {
+  const int32_t pad =
+      static_cast<int32_t>(TinyWeights().config.media_placeholder_token_id);
+  // 168 tokens, images end at 128 = the prompt's snapshot: continued.
+  const Prompt early = MakeImagePrompt(RandomImage(8, 10, 1), RandomImage(4, 8, 2));
+  // text 130 | image (8 rows, 130..137) | text 20: it ends past 128.
+  Prompt late;
+  late.tokens = MakePrompt(130, 4);
+  late.media.push_back(Encode(RandomImage(4, 8, 3), 130));
+  late.tokens.insert(late.tokens.end(), 8, pad);
+  const std::vector<int32_t> tail = MakePrompt(20, 5);
+  late.tokens.insert(late.tokens.end(), tail.begin(), tail.end());
+
+  EngineOptions o = Options();
+  o.max_tokens_per_step = 256;
+  o.prefix_caching.enabled = true;
+  o.prefix_caching.num_snapshots = 8;
+  o.prefix_caching.snapshot_grid = 64;
+  o.prefix_caching.snapshot_generations = true;
+  auto prefill_backend = MakeBackend("cpu");
+  auto decode_backend = MakeBackend("cpu");
+  auto prefill =
+      Engine::Create(&TinyWeights(), prefill_backend.get(), nullptr, Options());
+  auto decode = Engine::Create(&TinyWeights(), decode_backend.get(), nullptr, o);
+  ASSERT_TRUE(prefill.ok() && decode.ok());
+  SamplingParams sp;
+  sp.max_tokens = 100;
+  sp.ignore_eos = true;
+  // Prefills `q` on the prefill engine and lands it in a reservation with the
+  // images' spans on the decode engine; returns its 100 tokens.
+  auto hand_off = [&](RequestId id, const Prompt& q) {
+    std::vector<int32_t> tokens;
+    EXPECT_TRUE((*prefill)->AddRequest(id, q.tokens, sp, "", q.media).ok());
+    for (int step = 0; tokens.empty() && step < 100; ++step) {
+      auto res = (*prefill)->Step();
+      EXPECT_TRUE(res.ok()) << res.status();
+      if (!res.ok()) return tokens;
+      for (const RequestOutput& r : *res) tokens = r.new_tokens;
+    }
+    auto state = (*prefill)->ExportState(id);
+    EXPECT_TRUE(state.ok()) << state.status();
+    std::vector<MediaInput> spans = q.media;
+    for (MediaInput& m : spans) m.embeddings = nullptr;
+    auto loc = (*decode)->Reserve(id, static_cast<int64_t>(q.tokens.size()), q.tokens,
+                                  "", /*share_held_prefix=*/false, std::move(spans));
+    EXPECT_TRUE(loc.ok()) << loc.status();
+    auto dst = (*decode)->executor().ExportSequence(
+        loc->block_ids, loc->num_cached_tokens, static_cast<int32_t>(loc->slot));
+    EXPECT_TRUE(dst.ok()) << dst.status();
+    EXPECT_TRUE(CopyStateRanges(state->ranges, *dst).ok());
+    auto out = (*decode)->AdmitReserved(id, *state, sp);
+    EXPECT_TRUE(out.ok()) << out.status();
+    EXPECT_TRUE((*prefill)->Abort(id).ok());  // the prefill side's copy
+    for (int step = 0; (*decode)->HasWork() && step < 2000; ++step) {
+      auto res = (*decode)->Step();
+      EXPECT_TRUE(res.ok()) << res.status();
+      if (!res.ok()) break;
+      for (const RequestOutput& r : *res) {
+        if (r.id == id)
+          tokens.insert(tokens.end(), r.new_tokens.begin(), r.new_tokens.end());
+      }
+    }
+    return tokens;
+  };
+  const std::vector<int32_t> late_reply = hand_off(1, late);
+  ASSERT_EQ(late_reply.size(), 100u);
+  EXPECT_EQ((*decode)->prefix_caching_stats().continuations_submitted, 0);
+  const std::vector<int32_t> early_reply = hand_off(2, early);
+  ASSERT_EQ(early_reply.size(), 100u);
+  const PrefixCachingStats st = (*decode)->prefix_caching_stats();
+  EXPECT_EQ(st.continuations_submitted, 1);
+  EXPECT_EQ(st.continuations_skipped, 1);
+  EXPECT_EQ(st.continuations_completed, 0);
+  EXPECT_EQ((*decode)->unrecomputable_drops(), 0);
+  EXPECT_FALSE((*decode)->HasWork());
 }
 
 // The route hashes the engine names its usable positions with (the prefix
