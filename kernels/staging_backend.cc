@@ -490,4 +490,58 @@ absl::Status StagingBackend::ChunkHashes(const ChunkHashArgs& a) {
   return st.Finish(inner_->ChunkHashes(d));
 }
 
+absl::Status StagingBackend::Rope2d(float* x, int64_t ldx, const int32_t* pos,
+                                    int64_t tokens, int64_t heads, int64_t head_dim,
+                                    float theta) {
+  TANDEM_RETURN_IF_ERROR(
+      options_.check_contents
+          ? CheckRope2d(x, ldx, pos, tokens, heads, head_dim, theta)
+          : CheckRope2dShape(x, ldx, pos, tokens, heads, head_dim, theta));
+  Stage st(*inner_, "Rope2d", options_.guard_bytes);
+  const int64_t width = heads > 0 && head_dim > 0 ? heads * head_dim : 0;
+  STAGE_OUT(dx, x, Span(tokens, width, ldx), "x");
+  STAGE_IN(dpos, pos, Count(tokens, 2), "pos");
+  return st.Finish(inner_->Rope2d(dx, ldx, dpos, tokens, heads, head_dim, theta));
+}
+
+absl::Status StagingBackend::Gelu(const float* x, int64_t ldx, float* y, int64_t ldy,
+                                  int64_t rows, int64_t n, bool tanh_approx) {
+  TANDEM_RETURN_IF_ERROR(CheckRows(rows, n, ldx, "gelu"));
+  TANDEM_RETURN_IF_ERROR(CheckRows(rows, n, ldy, "gelu"));
+  Stage st(*inner_, "Gelu", options_.guard_bytes);
+  STAGE_OUT(dy, y, Span(rows, n, ldy), "y");
+  STAGE_IN(dx, x, Span(rows, n, ldx), "x");
+  return st.Finish(inner_->Gelu(dx, ldx, dy, ldy, rows, n, tanh_approx));
+}
+
+absl::Status StagingBackend::VisionAttention(const VisionAttnArgs& a) {
+  TANDEM_RETURN_IF_ERROR(options_.check_contents ? CheckVisionAttention(a)
+                                                 : CheckVisionAttentionShape(a));
+  Stage st(*inner_, "VisionAttention", options_.guard_bytes);
+  VisionAttnArgs d = a;
+  const int64_t width = a.heads > 0 && a.head_dim > 0 ? a.heads * a.head_dim : 0;
+  STAGE_OUT(dout, a.out, Span(a.num_tokens, width, a.ld_out), "out");
+  STAGE_IN(dcu, a.cu_seqlens, a.num_images >= 0 ? Count(a.num_images + 1) : 0,
+           "cu_seqlens");
+  STAGE_IN(dq, a.q, Span(a.num_tokens, width, a.ld_qkv), "q");
+  STAGE_IN(dk, a.k, Span(a.num_tokens, width, a.ld_qkv), "k");
+  STAGE_IN(dv, a.v, Span(a.num_tokens, width, a.ld_qkv), "v");
+  d.out = dout;
+  d.cu_seqlens = dcu;
+  d.q = dq;
+  d.k = dk;
+  d.v = dv;
+  return st.Finish(inner_->VisionAttention(d));
+}
+
+absl::Status StagingBackend::Merge2x2(const float* x, int64_t ldx, int64_t grid_h,
+                                      int64_t grid_w, int64_t d, float* out,
+                                      int64_t ldo) {
+  TANDEM_RETURN_IF_ERROR(CheckMerge2x2(x, ldx, grid_h, grid_w, d, out, ldo));
+  Stage st(*inner_, "Merge2x2", options_.guard_bytes);
+  STAGE_OUT(dout, out, Span(grid_h * grid_w / 4, 4 * d, ldo), "out");
+  STAGE_IN(dx, x, Span(grid_h * grid_w, d, ldx), "x");
+  return st.Finish(inner_->Merge2x2(dx, ldx, grid_h, grid_w, d, dout, ldo));
+}
+
 }  // namespace tandem::kernels

@@ -97,6 +97,13 @@ class StagingBackend final : public Backend {
                           const float* proj_w, const float* norm_w, float eps,
                           int64_t tokens, int64_t hidden, float* out) override;
   absl::Status ChunkHashes(const ChunkHashArgs& args) override;
+  absl::Status Rope2d(float* x, int64_t ldx, const int32_t* pos, int64_t tokens,
+                      int64_t heads, int64_t head_dim, float theta) override;
+  absl::Status Gelu(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                    int64_t n, bool tanh_approx) override;
+  absl::Status VisionAttention(const VisionAttnArgs& args) override;
+  absl::Status Merge2x2(const float* x, int64_t ldx, int64_t grid_h, int64_t grid_w,
+                        int64_t d, float* out, int64_t ldo) override;
 
  private:
   absl::Status Kda(const KdaArgs& args, bool chunked);

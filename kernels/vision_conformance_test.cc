@@ -2,9 +2,9 @@
 // Merge2x2; kernels/backend.h), in the pattern of conformance_test.cc: every
 // backend that Supports() them runs the same inputs as the "cpu_reference" oracle
 // (fp64 loops) and must agree within the bound stated at each test; the oracle
-// itself is checked against known values. Backends that lack the ops (the GPU
-// backends today) must say so: Supports() false and an Unimplemented error
-// naming the op, never a wrong answer.
+// itself is checked against known values. The GPU backends (cuda_sim here, cuda
+// in the GPU check) run them as kernels (kernels/cuda/vision.cu). Part of
+// //kernels:conformance_test.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -176,6 +176,41 @@ TEST(VisionOracle, GeluKnownValues) {
   }
 }
 
+TEST_P(VisionConformance, VisionAttentionAtK3HeadShapes) {
+  // K3's tower: 12 heads of 128 (1536 / 12); and a head narrower than a warp's
+  // columns (hd 20). Two images, the first over two key tiles and a partial
+  // query tile. Bound as below.
+  for (const auto& [heads, hd] : {std::pair<int64_t, int64_t>{12, 128}, {3, 20}}) {
+    const int64_t width = heads * hd;
+    const std::vector<int32_t> cu = {0, 45, 45 + 18};
+    const int64_t T = cu.back(), ld = 3 * width;
+    auto qkv = Normal(T * ld);
+    VisionAttnArgs a;
+    a.heads = heads;
+    a.head_dim = hd;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    a.num_images = 2;
+    a.num_tokens = T;
+    a.max_seqlen = 45;
+    a.cu_seqlens = cu.data();
+    a.q = qkv.data();
+    a.k = qkv.data() + width;
+    a.v = qkv.data() + 2 * width;
+    a.ld_qkv = ld;
+    a.ld_out = width;
+    std::vector<float> want(T * width), got(T * width, 7.0f);
+    a.out = want.data();
+    ASSERT_TRUE(ref_->VisionAttention(a).ok());
+    a.out = got.data();
+    ASSERT_TRUE(be_->VisionAttention(a).ok());
+    double mx = 0, worst = 0;
+    for (float w : want) mx = std::max(mx, std::fabs(static_cast<double>(w)));
+    for (size_t i = 0; i < got.size(); ++i)
+      worst = std::max(worst, std::fabs(got[i] - want[i]) / mx);
+    EXPECT_LE(worst, 2e-5) << heads << " heads of " << hd;
+  }
+}
+
 TEST_P(VisionConformance, VisionAttentionMatchesOracleAndStaysInsideEachImage) {
   // Bound 2e-5 * max|want| (norm-wise, as MLA in conformance_test.cc): fp32
   // GEMM products and an fp32 softmax against fp64.
@@ -278,18 +313,70 @@ TEST_P(VisionConformance, BadInputsAreInvalidArgument) {
   EXPECT_EQ(out, keep);
 }
 
-TEST(VisionOps, VisionOpsAreRefusedWhereMissing) {
+// On a device backend the position and cu_seqlens tables are device memory: the
+// kernels check them, and Synchronize() reports a bad entry by name (the
+// staging adapter's host checks off, so the table reaches the device as is).
+TEST(VisionOps, GpuKernelsReportBadTablesThroughTheErrorWord) {
+  // The emulator in the default build; the GPU in a --config=cuda build.
+  auto device = cuda::CreateCudaSimBackend();
+  if (!device.ok()) device = cuda::CreateCudaBackend();
+  if (!device.ok()) GTEST_SKIP() << "no GPU backend here: " << device.status();
+  StagingBackend::Options o;
+  o.check_contents = false;
+  StagingBackend be(std::move(device).value(), o);
+  std::vector<float> x(64, 1.0f), out(64, 0.0f);
+  const std::vector<int32_t> pos = {0, 0, 3, kMaxRopePosition};
+  absl::Status st = be.Rope2d(x.data(), 8, pos.data(), 2, 1, 8, 10000.0f);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "rotary position out of range")) << st;
+  // The next op runs clean: the error word was cleared.
+  const std::vector<int32_t> good = {0, 0, 3, 4};
+  EXPECT_TRUE(be.Rope2d(x.data(), 8, good.data(), 2, 1, 8, 10000.0f).ok());
+
+  const std::vector<int32_t> cu = {0, 3, 2};  // image 1 has -1 tokens
+  VisionAttnArgs a;
+  a.heads = 1;
+  a.head_dim = 4;
+  a.scale = 0.5f;
+  a.num_images = 2;
+  a.num_tokens = 2;
+  a.max_seqlen = 3;
+  a.cu_seqlens = cu.data();
+  a.q = a.k = a.v = x.data();
+  a.ld_qkv = 12;
+  a.out = out.data();
+  a.ld_out = 4;
+  st = be.VisionAttention(a);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "cu_seqlens")) << st;
+  // A head wider than the kernel takes is refused by name, before any launch.
+  a.head_dim = 256;
+  a.ld_qkv = 3 * 256;
+  a.ld_out = 256;
+  const std::vector<int32_t> one = {0, 1};
+  a.cu_seqlens = one.data();
+  a.num_images = 1;
+  a.num_tokens = 1;
+  a.max_seqlen = 1;
+  std::vector<float> wide(3 * 256, 0.5f), wide_out(256);
+  a.q = wide.data();
+  a.k = wide.data() + 256;
+  a.v = wide.data() + 512;
+  a.out = wide_out.data();
+  st = be.VisionAttention(a);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "head_dim 256")) << st;
+}
+
+// Every backend here implements the four ops (the GPU backends as kernels): the
+// tower loads wherever the text model runs. A backend that lacked one would have
+// to answer Supports() = false and Unimplemented naming the op (Backend's
+// defaults), which VisionTower::Create turns into a load error.
+TEST(VisionOps, EveryBackendImplementsTheVisionOps) {
   for (const std::string& name : BackendNames()) {
     std::unique_ptr<Backend> be = MakeBackend(name);
     ASSERT_NE(be, nullptr) << name;
-    if (be->Supports(Op::kRope2d)) continue;
-    for (Op op : kVisionOps)
-      EXPECT_FALSE(be->Supports(op)) << name << " " << OpName(op);
-    float x[8] = {};
-    const int32_t pos[2] = {0, 0};
-    absl::Status st = be->Rope2d(x, 8, pos, 1, 1, 8, 10000.0f);
-    EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << name;
-    EXPECT_TRUE(absl::StrContains(st.message(), "Rope2d")) << st;
+    for (Op op : kVisionOps) EXPECT_TRUE(be->Supports(op)) << name << " " << OpName(op);
   }
 }
 

@@ -13,6 +13,7 @@
 #include "common/signals.h"
 #include "common/tls/tls_flags.h"
 #include "engine/vision/vision_tower.h"
+#include "kernels/backend_factory.h"
 #include "kvtransfer/host_staging_agent.h"
 #include "kvtransfer/ucx_agent.h"
 #include "metrics/registry.h"
@@ -53,6 +54,54 @@ int main(int argc, char** argv) {
   if (!model.ok()) {
     TLOG(ERROR, "cannot load the model").Kv("status", model.status());
     return 1;
+  }
+  // The vision tower, when the checkpoint has one: a prompt's images are
+  // encoded here (the decode worker only receives their state). On a device
+  // backend it gets a backend of its own on the same device (its own stream and
+  // scratch: it runs on the engine thread while an overlapped step may be in
+  // flight on the engine's), loaded before the cache is sized so that its
+  // weights and one call's activations come out of the budget.
+  std::unique_ptr<tandem::kernels::Backend> vision_backend;
+  std::unique_ptr<tandem::vision::VisionTower> vision;
+  {
+    tandem::kernels::Backend* tower_backend = (*model)->backend.get();
+    absl::Status status;
+    if (tower_backend->device().name() != "host") {
+      auto b = tandem::kernels::CreateBackend((*model)->backend_name);
+      if (b.ok()) {
+        vision_backend = *std::move(b);
+        tower_backend = vision_backend.get();
+      } else {
+        status = b.status();
+      }
+    }
+    auto tower =
+        status.ok()
+            ? tandem::vision::VisionTower::Load(*(*model)->checkpoint, tower_backend)
+            : absl::StatusOr<std::unique_ptr<tandem::vision::VisionTower>>(status);
+    if (tower.ok()) {
+      vision = *std::move(tower);
+      const int64_t reserve =
+          vision->weight_device_bytes() > 0
+              ? vision->weight_device_bytes() +
+                    vision->ActivationBytes(vision->max_patches_per_call())
+              : 0;
+      (*model)->extra_device_bytes += reserve;
+      TLOG(INFO, "vision tower loaded: image input is served")
+          .Kv("backend", tower_backend->name())
+          .Kv("weight_bytes", vision->weight_device_bytes())
+          .Kv("device_reserve_bytes", reserve);
+    } else if (absl::IsNotFound(tower.status())) {
+      TLOG(INFO, "the checkpoint has no vision tower: prompts with images are refused");
+    } else if (absl::IsFailedPrecondition(tower.status())) {
+      TLOG(WARNING,
+           "the vision tower cannot run on this backend: prompts with images "
+           "are refused")
+          .Kv("status", tower.status());
+    } else {
+      TLOG(ERROR, "cannot load the vision tower").Kv("status", tower.status());
+      return 1;
+    }
   }
   tandem::engine::CacheSizing sizing;
   auto options = tandem::worker::EngineOptionsFromFlags(**model, &sizing);
@@ -104,28 +153,7 @@ int main(int argc, char** argv) {
   pso.stream_layers = absl::GetFlag(FLAGS_kv_stream_layers);
   pso.write_after_held_prefix = absl::GetFlag(FLAGS_kv_write_after_held_prefix);
   pso.checksum_backends = checksum_backends;
-  // The vision tower, when the checkpoint has one: a prompt's images are
-  // encoded here (the decode worker only receives their state).
-  std::unique_ptr<tandem::vision::VisionTower> vision;
-  {
-    auto tower = tandem::vision::VisionTower::Load(*(*model)->checkpoint,
-                                                   (*model)->backend.get());
-    if (tower.ok()) {
-      vision = *std::move(tower);
-      pso.vision = vision.get();
-      TLOG(INFO, "vision tower loaded: image input is served");
-    } else if (absl::IsNotFound(tower.status())) {
-      TLOG(INFO, "the checkpoint has no vision tower: prompts with images are refused");
-    } else if (absl::IsFailedPrecondition(tower.status())) {
-      TLOG(WARNING,
-           "the vision tower cannot run on this backend: prompts with images "
-           "are refused")
-          .Kv("status", tower.status());
-    } else {
-      TLOG(ERROR, "cannot load the vision tower").Kv("status", tower.status());
-      return 1;
-    }
-  }
+  pso.vision = vision.get();
   if (pso.test_corrupt_transfer) {
     TLOG(WARNING, "TEST ONLY --test_corrupt_transfer: every transfer is corrupted");
   }

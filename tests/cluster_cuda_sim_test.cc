@@ -9,7 +9,8 @@
 //   - every request took the disaggregated path, its transfer succeeded, and
 //     the decode worker verified the state's checksums on landing (the router
 //     asks for them; a mismatch would end the request DATA_LOSS);
-//   - both workers say their cache is on the cuda_sim device;
+//   - both workers say their cache is on the cuda_sim device, and the prefill
+//     worker's vision tower runs there too;
 //   - the KV moved device to device between the two processes
 //     (--kv_buffer=host: the emulator's device memory staged as a GPU's is
 //     where the transport cannot register it; --kv_device_ipc, the default:
@@ -227,6 +228,17 @@ TEST(ClusterCudaSimTest, DeviceWorkersServeTheCpuTokens) {
       1);
   EXPECT_TRUE(CacheOnDevice(cluster.prefill().ReadLog(), DeviceOf(backend)))
       << cluster.Logs();
+  // The prefill worker's vision tower runs on the device too (a backend of its
+  // own there), its weights and one call's activations set aside from the
+  // cache budget (the image path: tests/cluster_image_test.cc).
+  {
+    const std::string log = cluster.prefill().ReadLog();
+    const size_t at = log.find("vision tower loaded");
+    ASSERT_NE(at, std::string::npos) << cluster.Logs();
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    EXPECT_NE(line.find("\"backend\":\"cuda"), std::string::npos) << line;
+    EXPECT_EQ(line.find("\"device_reserve_bytes\":0"), std::string::npos) << line;
+  }
   EXPECT_TRUE(CacheOnDevice(cluster.decode().ReadLog(), DeviceOf(backend)))
       << cluster.Logs();
   // Staged regions, written device to device (IPC) where the prefill worker

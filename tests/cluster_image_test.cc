@@ -36,6 +36,7 @@
 #include "engine/vision/vision_tower.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/backend_factory.h"
 #include "kvtransfer/loopback_agent.h"
 #include "metrics/registry.h"
 #include "prefill/prefill_service.h"
@@ -124,17 +125,31 @@ std::string Png(int width, int height, int seed) {
   return out;
 }
 
+// The weights for an engine on `backend`: the host's, or placed on its device.
+const engine::ModelWeights* WeightsFor(kernels::Backend& backend,
+                                       std::unique_ptr<engine::ModelWeights>* placed) {
+  if (backend.device().name() == "host") return &TinyWeights();
+  *placed = engine::testing::TinyWeightsOn(backend);
+  return placed->get();
+}
+
 // The prefill worker with the tiny checkpoint's vision tower; `tp` ranks (the
-// tower runs once, on the worker's backend, as prefill_main runs it).
+// tower runs once, on the worker's backend, as prefill_main runs it). On a
+// device backend the engine and the tower each get a backend on that device,
+// as prefill_main gives them.
 struct PrefillNode {
-  explicit PrefillNode(int tp = 1) {
-    backend = engine::testing::MakeBackend("cpu");
+  explicit PrefillNode(int tp = 1, const char* backend_name = "cpu") {
+    backend = engine::testing::MakeBackend(backend_name);
+    tower_backend = std::string(backend_name) == "cpu"
+                        ? nullptr
+                        : engine::testing::MakeBackend(backend_name);
     ckpt = *model::Checkpoint::Open(engine::testing::kTinyCheckpointDir);
-    auto t = vision::VisionTower::Load(*ckpt, backend.get());
+    auto t = vision::VisionTower::Load(
+        *ckpt, tower_backend != nullptr ? tower_backend.get() : backend.get());
     EXPECT_TRUE(t.ok()) << t.status();
     tower = *std::move(t);
-    auto e = engine::Engine::Create(tp > 1 ? nullptr : &TinyWeights(), backend.get(),
-                                    &Tok(), Options(16, tp));
+    auto e = engine::Engine::Create(tp > 1 ? nullptr : WeightsFor(*backend, &weights),
+                                    backend.get(), &Tok(), Options(16, tp));
     EXPECT_TRUE(e.ok()) << e.status();
     caches = RankCaches(**e);
     loop = std::make_unique<worker::EngineLoop>(std::move(*e));
@@ -149,6 +164,8 @@ struct PrefillNode {
     loop.reset();
   }
   std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<kernels::Backend> tower_backend;
+  std::unique_ptr<engine::ModelWeights> weights;
   std::unique_ptr<model::Checkpoint> ckpt;
   std::unique_ptr<vision::VisionTower> tower;
   std::vector<engine::KvCache*> caches;
@@ -164,13 +181,14 @@ struct PrefillNode {
 struct DecodeNode {
   // prefix_caching: as decode_main runs it (landed prompts cached, blocks
   // announced).
-  explicit DecodeNode(bool prefix_caching = false, int tp = 1) {
-    backend = engine::testing::MakeBackend("cpu");
+  explicit DecodeNode(bool prefix_caching = false, int tp = 1,
+                      const char* backend_name = "cpu") {
+    backend = engine::testing::MakeBackend(backend_name);
     engine::EngineOptions eo = Options(8, tp);
     eo.prefix_caching.enabled = prefix_caching;
     eo.prefix_caching.announce_blocks = prefix_caching;
-    auto e = engine::Engine::Create(tp > 1 ? nullptr : &TinyWeights(), backend.get(),
-                                    &Tok(), eo);
+    auto e = engine::Engine::Create(tp > 1 ? nullptr : WeightsFor(*backend, &weights),
+                                    backend.get(), &Tok(), eo);
     EXPECT_TRUE(e.ok()) << e.status();
     engine = e->get();
     loop = std::make_unique<worker::EngineLoop>(std::move(*e));
@@ -188,6 +206,7 @@ struct DecodeNode {
     service.reset();
   }
   std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<engine::ModelWeights> weights;
   engine::Engine* engine = nullptr;  // owned by the loop
   kvtransfer::LoopbackAgent agent;
   metrics::Registry registry;
@@ -398,6 +417,32 @@ TEST_F(ClusterImageTest, ImagePromptWithTensorParallelWorkersGivesTheTp1Tokens) 
     EXPECT_EQ(r.tokens, *want);
   }
   EXPECT_EQ(handoff_metrics_.paths->Add({{"path", "disaggregated"}}).Value(), 3);
+}
+
+// Both workers on a GPU backend (the emulator): the prefill worker's tower runs
+// from device memory on a backend of its own, the engines' weights, caches and
+// activations are device memory, and the tokens are one CPU engine's with the
+// CPU tower's rows (the tower within 1e-5 of it, vision_tower_test; the
+// engine's logits within 1e-3, gpu_engine_test: neither moves these argmaxes).
+TEST_F(ClusterImageTest, ImagePromptOnDeviceWorkersGivesTheCpuTokens) {
+  PrefillNode prefill(/*tp=*/1, "cuda_sim");
+  DecodeNode decode(/*prefix_caching=*/false, /*tp=*/1, "cuda_sim");
+  ASSERT_NE(prefill.tower_backend, nullptr);
+  EXPECT_GT(prefill.tower->weight_device_bytes(), 0);
+  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address);
+  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address);
+  const tandem::v1::GenerateRequest req =
+      ChatRequest(Png(112, 84, 1), "What is in this picture?");
+  auto cpu = kernels::CreateBackend("cpu");
+  ASSERT_TRUE(cpu.ok());
+  auto cpu_tower = vision::VisionTower::Load(*prefill.ckpt, cpu->get());
+  ASSERT_TRUE(cpu_tower.ok()) << cpu_tower.status();
+  const std::vector<int32_t> want = OneEngine(req, cpu_tower->get(), 4);
+  tandem::v1::GenerateRequest four = req;
+  four.mutable_stop()->set_max_tokens(4);
+  Result r = Generate(four);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, want);
 }
 
 // A decode-side prefix hit for an image prompt (issue 17): the decode worker

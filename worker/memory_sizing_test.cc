@@ -147,6 +147,30 @@ TEST(SizeWorkerCacheTest, SimDeviceBudgetIsUtilizationMinusWeightsAndPeak) {
 // The profiled step computes logits for the rows a step can ask for: the
 // sequences' last rows (--max_num_seqs), their drafts and the scored prompt rows
 // (prompt logprobs; one here), not every token.
+// What the worker holds beside the engine on the device (the prefill worker's
+// vision tower: WorkerModel::extra_device_bytes) comes out of the budget, byte
+// for byte, and shows as "other buffers" in use.
+TEST(SizeWorkerCacheTest, ExtraDeviceBytesComeOutOfTheBudget) {
+  // Two fresh models: a first sizing leaves the backend's lazily made buffers.
+  const int64_t capacity = 192 * kMiB;
+  auto model = LoadOnSim(capacity);
+  ASSERT_TRUE(model.ok()) << model.status();
+  engine::EngineOptions plain = StepOptions();
+  auto without = SizeWorkerCache(**model, Flags(0.75), &plain);
+  ASSERT_TRUE(without.ok()) << without.status();
+  auto other = LoadOnSim(capacity);
+  ASSERT_TRUE(other.ok()) << other.status();
+  (*other)->extra_device_bytes = 7 * kMiB;
+  engine::EngineOptions eo = StepOptions();
+  auto with = SizeWorkerCache(**other, Flags(0.75), &eo);
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_EQ(with->device.in_use_bytes, without->device.in_use_bytes + 7 * kMiB);
+  EXPECT_EQ(with->device.weights_bytes, without->device.weights_bytes);
+  EXPECT_EQ(with->device.activation_peak_bytes, without->device.activation_peak_bytes);
+  EXPECT_EQ(with->budget_bytes, without->budget_bytes - 7 * kMiB);
+  EXPECT_LT(with->num_blocks, without->num_blocks);
+}
+
 TEST(SizeWorkerCacheTest, ProfileLogitsForTheRowsAStepCanAskFor) {
   auto peak = [](int max_num_seqs, int drafts) -> int64_t {
     auto model = LoadOnSim(192 * kMiB);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <set>
 #include <string>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -124,16 +125,84 @@ absl::StatusOr<std::unique_ptr<VisionTower>> VisionTower::Create(
     if (!backend->Supports(op)) {
       return FailedPrecondition("vision tower: backend ", backend->name(),
                                 " does not implement ", kernels::OpName(op),
-                                "; image input needs a backend that has it (cpu)");
+                                "; image input needs a backend that has it");
     }
   }
-  if (!backend->device().host_addressable()) {
-    return FailedPrecondition("vision tower: backend ", backend->name(),
-                              " is not host-addressable (the tower reads its weights "
-                              "from the checkpoint mapping)");
-  }
   TANDEM_RETURN_IF_ERROR(model::ValidateVisionConfig(weights.config));
-  return std::unique_ptr<VisionTower>(new VisionTower(std::move(weights), backend));
+  std::unique_ptr<VisionTower> tower(new VisionTower(std::move(weights), backend));
+  TANDEM_RETURN_IF_ERROR(tower->Place());
+  return tower;
+}
+
+absl::Status VisionTower::Place() {
+  const model::VisionConfig& c = w_.config;
+  kernels::Device& dev = be_->device();
+  const bool host = dev.name() == "host";
+  // The host's pointers as they are; on a device an uploaded copy of `count`
+  // elements.
+  auto place = [&](const auto* src, int64_t count, const char* what, auto** dst) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(src)>>;
+    if (host) {
+      *dst = src;
+      return absl::OkStatus();
+    }
+    const size_t bytes = static_cast<size_t>(count) * sizeof(T);
+    auto buf = kernels::DeviceBuffer::Allocate(&dev, bytes);
+    if (!buf.ok()) {
+      return Annotate(buf.status(), absl::StrCat("vision tower: uploading ", what, " (",
+                                                 bytes, " bytes) to ", dev.name()));
+    }
+    TANDEM_RETURN_IF_ERROR(dev.CopyToDevice(buf->data(), src, bytes));
+    *dst = buf->as<T>();
+    weight_device_bytes_ += static_cast<int64_t>(bytes);
+    uploaded_.push_back(std::move(buf).value());
+    return absl::OkStatus();
+  };
+  const int64_t D = c.vt_hidden_size, Q = c.qkv_hidden_size, I = c.vt_intermediate_size;
+  const int64_t M4 = c.merged_dim(), Ht = c.text_hidden_size, pd = c.patch_dim();
+  TANDEM_RETURN_IF_ERROR(place(w_.patch_embed, D * pd, "patch_embed", &p_.patch_embed));
+  p_.blocks.resize(w_.blocks.size());
+  for (size_t i = 0; i < w_.blocks.size(); ++i) {
+    const VisionBlockWeights& b = w_.blocks[i];
+    BlockPtrs& d = p_.blocks[i];
+    TANDEM_RETURN_IF_ERROR(place(b.norm0.data(), D, "norm0", &d.norm0));
+    TANDEM_RETURN_IF_ERROR(place(b.norm1.data(), D, "norm1", &d.norm1));
+    TANDEM_RETURN_IF_ERROR(place(b.wqkv, 3 * Q * D, "wqkv", &d.wqkv));
+    TANDEM_RETURN_IF_ERROR(place(b.wo, D * Q, "wo", &d.wo));
+    TANDEM_RETURN_IF_ERROR(place(b.fc0, I * D, "fc0", &d.fc0));
+    TANDEM_RETURN_IF_ERROR(place(b.fc1, D * I, "fc1", &d.fc1));
+  }
+  TANDEM_RETURN_IF_ERROR(place(w_.final_norm.data(), D, "final_norm", &p_.final_norm));
+  TANDEM_RETURN_IF_ERROR(place(w_.proj0, M4 * M4, "proj.0", &p_.proj0));
+  TANDEM_RETURN_IF_ERROR(place(w_.proj2, Ht * M4, "proj.2", &p_.proj2));
+  TANDEM_RETURN_IF_ERROR(place(w_.post_norm.data(), Ht, "post_norm", &p_.post_norm));
+  return host ? absl::OkStatus() : dev.Synchronize();
+}
+
+namespace {
+// Sub-buffers carved from one allocation, each 256-byte aligned.
+constexpr size_t kAlign = 256;
+size_t Aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+int64_t VisionTower::ActivationBytes(int64_t patches, int64_t images) const {
+  const model::VisionConfig& c = w_.config;
+  const int64_t P = patches, N = patches / 4;
+  const size_t f = sizeof(float), i32 = sizeof(int32_t);
+  const size_t parts[] = {
+      P * c.patch_dim() * f,           // patches
+      2 * P * i32,                     // positions
+      (images + 1) * i32,              // cu_seqlens
+      P * c.vt_hidden_size * f,        // position table rows
+      2 * P * c.vt_hidden_size * f,    // x, h
+      4 * P * c.qkv_hidden_size * f,   // qkv, attn
+      P * c.vt_intermediate_size * f,  // mlp
+      2 * N * c.merged_dim() * f,      // merged, hidden
+      N * c.text_hidden_size * f,      // out
+  };
+  size_t total = 0;
+  for (size_t b : parts) total += Aligned(b);
+  return static_cast<int64_t>(total);
 }
 
 absl::StatusOr<std::unique_ptr<VisionTower>> VisionTower::Load(
@@ -158,11 +227,8 @@ const std::vector<float>& VisionTower::PosEmbFor(int64_t grid_h, int64_t grid_w)
 absl::StatusOr<std::vector<float>> VisionTower::Encode(
     absl::Span<const media::PatchedImage* const> images) {
   const model::VisionConfig& c = w_.config;
-  const int64_t D = c.vt_hidden_size, Q = c.qkv_hidden_size, I = c.vt_intermediate_size;
-  const int64_t nh = c.vt_num_attention_heads, hd = c.head_dim(), pd = c.patch_dim();
-  const int64_t M4 = c.merged_dim(), Ht = c.text_hidden_size;
-  const float eps = static_cast<float>(c.vt_norm_eps);
-  int64_t P = 0, N = 0, max_len = 0;
+  const int64_t pd = c.patch_dim();
+  std::vector<int64_t> sizes(images.size());
   for (size_t i = 0; i < images.size(); ++i) {
     const media::PatchedImage* im = images[i];
     if (im == nullptr) return InvalidArgument("vision tower: image ", i, " is null");
@@ -180,23 +246,62 @@ absl::StatusOr<std::vector<float>> VisionTower::Encode(
       return InvalidArgument("vision tower: image ", i, " holds ", im->patches.size(),
                              " patch values, its grid needs ", n * pd);
     }
+    sizes[i] = n;
+  }
+  // Groups of consecutive images within max_patches_per_call_ (an image alone
+  // beyond it): the images are independent, so the rows are the same (up to
+  // the GEMMs' blocking by row count).
+  std::vector<float> out;
+  for (size_t i = 0; i < images.size();) {
+    size_t j = i;
+    int64_t patches = 0;
+    while (j < images.size() &&
+           (j == i || patches + sizes[j] <= max_patches_per_call_)) {
+      patches += sizes[j++];
+    }
+    TANDEM_ASSIGN_OR_RETURN(std::vector<float> rows,
+                            EncodeGroup(images.subspan(i, j - i)));
+    if (out.empty()) {
+      out = std::move(rows);
+    } else {
+      out.insert(out.end(), rows.begin(), rows.end());
+    }
+    i = j;
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> VisionTower::EncodeGroup(
+    absl::Span<const media::PatchedImage* const> images) {
+  const model::VisionConfig& c = w_.config;
+  const int64_t D = c.vt_hidden_size, Q = c.qkv_hidden_size, I = c.vt_intermediate_size;
+  const int64_t nh = c.vt_num_attention_heads, hd = c.head_dim(), pd = c.patch_dim();
+  const int64_t M4 = c.merged_dim(), Ht = c.text_hidden_size;
+  const float eps = static_cast<float>(c.vt_norm_eps);
+  const int64_t G = static_cast<int64_t>(images.size());
+  int64_t P = 0, max_len = 0;
+  for (const media::PatchedImage* im : images) {
+    const int64_t n = int64_t{im->grid_h} * im->grid_w;
     P += n;
-    N += n / 4;
     max_len = std::max(max_len, n);
   }
+  const int64_t N = P / 4;
   if (P == 0) return std::vector<float>();
 
-  // Inputs: the patches rounded to BF16 (the reference's cast), RoPE positions
-  // (row, column) from (0, 0) per image, cu_seqlens.
-  std::vector<float> patches(P * pd);
-  std::vector<int32_t> pos(2 * P), cu(images.size() + 1, 0);
+  // Host inputs: the patches rounded to BF16 (the reference's cast), RoPE
+  // positions (row, column) from (0, 0) per image, cu_seqlens, and each image's
+  // position table rows.
+  std::vector<float> patches(P * pd), pe(P * D);
+  std::vector<int32_t> pos(2 * P), cu(G + 1, 0);
   {
     int64_t t = 0;
-    for (size_t i = 0; i < images.size(); ++i) {
+    for (int64_t i = 0; i < G; ++i) {
       const media::PatchedImage& im = *images[i];
       for (size_t k = 0; k < im.patches.size(); ++k) {
         patches[t * pd + k] = model::Bf16ToFloat(model::FloatToBf16(im.patches[k]));
       }
+      const std::vector<float>& table = PosEmbFor(im.grid_h, im.grid_w);
+      std::copy(table.begin(), table.end(), pe.begin() + t * D);
       for (int r = 0; r < im.grid_h; ++r) {
         for (int col = 0; col < im.grid_w; ++col, ++t) {
           pos[2 * t] = r;
@@ -207,70 +312,91 @@ absl::StatusOr<std::vector<float>> VisionTower::Encode(
     }
   }
 
-  std::vector<float> x(P * D), h(P * D), qkv(P * 3 * Q), attn(P * Q), mlp(P * I);
-  TANDEM_RETURN_IF_ERROR(be_->GemmBf16(patches.data(), pd, w_.patch_embed, pd, x.data(),
-                                       D, P, D, pd, false));
-  for (size_t i = 0; i < images.size(); ++i) {
-    const std::vector<float>& pe = PosEmbFor(images[i]->grid_h, images[i]->grid_w);
-    TANDEM_RETURN_IF_ERROR(be_->AddInPlace(x.data() + int64_t{cu[i]} * D, pe.data(),
-                                           static_cast<int64_t>(pe.size())));
-  }
+  // Every buffer of the call in one allocation of the backend's memory.
+  kernels::Device& dev = be_->device();
+  TANDEM_ASSIGN_OR_RETURN(kernels::DeviceBuffer arena,
+                          kernels::DeviceBuffer::Allocate(
+                              &dev, static_cast<size_t>(ActivationBytes(P, G))));
+  char* next = arena.as<char>();
+  auto carve = [&next](auto* type_tag, int64_t count) {
+    using T = std::remove_pointer_t<decltype(type_tag)>;
+    T* p = reinterpret_cast<T*>(next);
+    next += Aligned(static_cast<size_t>(count) * sizeof(T));
+    return p;
+  };
+  float* d_patches = carve(static_cast<float*>(nullptr), P * pd);
+  int32_t* d_pos = carve(static_cast<int32_t*>(nullptr), 2 * P);
+  int32_t* d_cu = carve(static_cast<int32_t*>(nullptr), G + 1);
+  float* d_pe = carve(static_cast<float*>(nullptr), P * D);
+  float* x = carve(static_cast<float*>(nullptr), P * D);
+  float* h = carve(static_cast<float*>(nullptr), P * D);
+  float* qkv = carve(static_cast<float*>(nullptr), 3 * P * Q);
+  float* attn = carve(static_cast<float*>(nullptr), P * Q);
+  float* mlp = carve(static_cast<float*>(nullptr), P * I);
+  float* merged = carve(static_cast<float*>(nullptr), N * M4);
+  float* hidden = carve(static_cast<float*>(nullptr), N * M4);
+  float* d_out = carve(static_cast<float*>(nullptr), N * Ht);
+  TANDEM_RETURN_IF_ERROR(
+      dev.CopyToDevice(d_patches, patches.data(), patches.size() * sizeof(float)));
+  TANDEM_RETURN_IF_ERROR(
+      dev.CopyToDevice(d_pos, pos.data(), pos.size() * sizeof(int32_t)));
+  TANDEM_RETURN_IF_ERROR(
+      dev.CopyToDevice(d_cu, cu.data(), cu.size() * sizeof(int32_t)));
+  TANDEM_RETURN_IF_ERROR(dev.CopyToDevice(d_pe, pe.data(), pe.size() * sizeof(float)));
+
+  TANDEM_RETURN_IF_ERROR(
+      be_->GemmBf16(d_patches, pd, p_.patch_embed, pd, x, D, P, D, pd, false));
+  TANDEM_RETURN_IF_ERROR(be_->AddInPlace(x, d_pe, P * D));
 
   kernels::VisionAttnArgs a;
   a.heads = nh;
   a.head_dim = hd;
   a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  a.num_images = static_cast<int64_t>(images.size());
+  a.num_images = G;
   a.num_tokens = P;
   a.max_seqlen = max_len;
-  a.cu_seqlens = cu.data();
-  a.q = qkv.data();
-  a.k = qkv.data() + Q;
-  a.v = qkv.data() + 2 * Q;
+  a.cu_seqlens = d_cu;
+  a.q = qkv;
+  a.k = qkv + Q;
+  a.v = qkv + 2 * Q;
   a.ld_qkv = 3 * Q;
-  a.out = attn.data();
+  a.out = attn;
   a.ld_out = Q;
   const float theta = static_cast<float>(c.vt_rope_theta);
-  for (const VisionBlockWeights& b : w_.blocks) {
+  for (const BlockPtrs& b : p_.blocks) {
+    TANDEM_RETURN_IF_ERROR(be_->RmsNorm(x, D, b.norm0, h, D, P, D, eps));
     TANDEM_RETURN_IF_ERROR(
-        be_->RmsNorm(x.data(), D, b.norm0.data(), h.data(), D, P, D, eps));
-    TANDEM_RETURN_IF_ERROR(
-        be_->GemmBf16(h.data(), D, b.wqkv, D, qkv.data(), 3 * Q, P, 3 * Q, D, false));
+        be_->GemmBf16(h, D, b.wqkv, D, qkv, 3 * Q, P, 3 * Q, D, false));
     // q and k are the first 2Q columns: 2 * nh heads of hd.
-    TANDEM_RETURN_IF_ERROR(
-        be_->Rope2d(qkv.data(), 3 * Q, pos.data(), P, 2 * nh, hd, theta));
+    TANDEM_RETURN_IF_ERROR(be_->Rope2d(qkv, 3 * Q, d_pos, P, 2 * nh, hd, theta));
     TANDEM_RETURN_IF_ERROR(be_->VisionAttention(a));
-    TANDEM_RETURN_IF_ERROR(
-        be_->GemmBf16(attn.data(), Q, b.wo, Q, x.data(), D, P, D, Q, true));
-    TANDEM_RETURN_IF_ERROR(
-        be_->RmsNorm(x.data(), D, b.norm1.data(), h.data(), D, P, D, eps));
-    TANDEM_RETURN_IF_ERROR(
-        be_->GemmBf16(h.data(), D, b.fc0, D, mlp.data(), I, P, I, D, false));
-    TANDEM_RETURN_IF_ERROR(
-        be_->Gelu(mlp.data(), I, mlp.data(), I, P, I, /*tanh_approx=*/true));
-    TANDEM_RETURN_IF_ERROR(
-        be_->GemmBf16(mlp.data(), I, b.fc1, I, x.data(), D, P, D, I, true));
+    TANDEM_RETURN_IF_ERROR(be_->GemmBf16(attn, Q, b.wo, Q, x, D, P, D, Q, true));
+    TANDEM_RETURN_IF_ERROR(be_->RmsNorm(x, D, b.norm1, h, D, P, D, eps));
+    TANDEM_RETURN_IF_ERROR(be_->GemmBf16(h, D, b.fc0, D, mlp, I, P, I, D, false));
+    TANDEM_RETURN_IF_ERROR(be_->Gelu(mlp, I, mlp, I, P, I, /*tanh_approx=*/true));
+    TANDEM_RETURN_IF_ERROR(be_->GemmBf16(mlp, I, b.fc1, I, x, D, P, D, I, true));
   }
-  TANDEM_RETURN_IF_ERROR(
-      be_->RmsNorm(x.data(), D, w_.final_norm.data(), x.data(), D, P, D, eps));
+  TANDEM_RETURN_IF_ERROR(be_->RmsNorm(x, D, p_.final_norm, x, D, P, D, eps));
 
-  std::vector<float> merged(N * M4), hidden(N * M4), out(N * Ht);
   int64_t m0 = 0;
-  for (size_t i = 0; i < images.size(); ++i) {
+  for (int64_t i = 0; i < G; ++i) {
     const media::PatchedImage& im = *images[i];
-    TANDEM_RETURN_IF_ERROR(be_->Merge2x2(x.data() + int64_t{cu[i]} * D, D, im.grid_h,
-                                         im.grid_w, D, merged.data() + m0 * M4, M4));
+    TANDEM_RETURN_IF_ERROR(be_->Merge2x2(x + int64_t{cu[i]} * D, D, im.grid_h,
+                                         im.grid_w, D, merged + m0 * M4, M4));
     m0 += im.num_tokens();
   }
-  TANDEM_RETURN_IF_ERROR(be_->GemmBf16(merged.data(), M4, w_.proj0, M4, hidden.data(),
-                                       M4, N, M4, M4, false));
   TANDEM_RETURN_IF_ERROR(
-      be_->Gelu(hidden.data(), M4, hidden.data(), M4, N, M4, /*tanh_approx=*/false));
+      be_->GemmBf16(merged, M4, p_.proj0, M4, hidden, M4, N, M4, M4, false));
   TANDEM_RETURN_IF_ERROR(
-      be_->GemmBf16(hidden.data(), M4, w_.proj2, M4, out.data(), Ht, N, Ht, M4, false));
-  TANDEM_RETURN_IF_ERROR(be_->RmsNorm(out.data(), Ht, w_.post_norm.data(), out.data(),
-                                      Ht, N, Ht,
+      be_->Gelu(hidden, M4, hidden, M4, N, M4, /*tanh_approx=*/false));
+  TANDEM_RETURN_IF_ERROR(
+      be_->GemmBf16(hidden, M4, p_.proj2, M4, d_out, Ht, N, Ht, M4, false));
+  TANDEM_RETURN_IF_ERROR(be_->RmsNorm(d_out, Ht, p_.post_norm, d_out, Ht, N, Ht,
                                       static_cast<float>(c.projector_ln_eps)));
+  std::vector<float> out(N * Ht);
+  TANDEM_RETURN_IF_ERROR(dev.CopyToHost(out.data(), d_out, out.size() * sizeof(float)));
+  // Device errors of the call's kernels (bad tables), and the inputs' host
+  // copies outlive their uploads.
   TANDEM_RETURN_IF_ERROR(be_->Synchronize());
   return out;
 }

@@ -10,9 +10,17 @@
 //
 // Attention is block-diagonal: each image attends only within itself, and its
 // RoPE positions start at (0, 0), so an image's rows do not depend on the other
-// images of the batch. Weights are BF16 views into the checkpoint mapping (no
-// copy), norm gains fp32 copies; activations fp32. Every vision tensor's shape
-// is checked against vision_config at Load.
+// images of the batch. On the host backends the weights are BF16 views into the
+// checkpoint mapping (no copy), norm gains fp32 copies; on a device backend
+// (cuda, cuda_sim) both are uploaded once at Create and every activation lives
+// in device memory: only the patches, positions and position table go in, the
+// embeddings come back. Activations fp32. Every vision tensor's shape is
+// checked against vision_config at Load.
+//
+// Images are encoded in groups of at most kMaxPatchesPerCall patches (an image
+// larger than that alone), so the activations a call needs are bounded:
+// ActivationBytes(kMaxPatchesPerCall), which a GPU worker sets aside from its
+// cache budget.
 #ifndef TANDEM_ENGINE_VISION_VISION_TOWER_H_
 #define TANDEM_ENGINE_VISION_VISION_TOWER_H_
 
@@ -29,6 +37,7 @@
 #include "engine/model/checkpoint.h"
 #include "engine/model/vision_config.h"
 #include "kernels/backend.h"
+#include "kernels/device.h"
 
 namespace tandem::vision {
 
@@ -65,14 +74,29 @@ std::vector<float> InterpolatePosEmb(const std::vector<float>& table, int64_t h0
 
 class VisionTower {
  public:
-  // Fails (naming the op) on a backend that lacks an op the tower needs, and on
-  // one whose memory is not host-addressable (the weights are mapping views).
+  // The patches one call of the tower's graph takes at most (the preprocessing's
+  // default in_patch_limit: one image of the largest size).
+  static constexpr int64_t kMaxPatchesPerCall = 65536;
+
+  // Fails (naming the op) on a backend that lacks an op the tower needs;
+  // ResourceExhausted (naming the tower) when a device cannot hold its weights.
   static absl::StatusOr<std::unique_ptr<VisionTower>> Create(VisionWeights weights,
                                                              kernels::Backend* backend);
   static absl::StatusOr<std::unique_ptr<VisionTower>> Load(
       const model::Checkpoint& ckpt, kernels::Backend* backend);
 
   const model::VisionConfig& config() const { return w_.config; }
+  // Device memory the uploaded weights take (0 on the host backends).
+  int64_t weight_device_bytes() const { return weight_device_bytes_; }
+  // Device memory one call over `patches` patches (in `images` images) holds
+  // for its inputs and activations (the host backends allocate the same).
+  int64_t ActivationBytes(int64_t patches, int64_t images = 1) const;
+  // The group bound Encode uses (kMaxPatchesPerCall unless lowered: a smaller
+  // activation peak for more, smaller calls; >= 4).
+  int64_t max_patches_per_call() const { return max_patches_per_call_; }
+  void set_max_patches_per_call(int64_t patches) {
+    max_patches_per_call_ = patches < 4 ? 4 : patches;
+  }
 
   // The embeddings of `images` in order: image i's num_tokens() rows of
   // text_hidden_size floats, concatenated ([sum N_i, Ht] row-major). Images
@@ -82,11 +106,40 @@ class VisionTower {
       absl::Span<const media::PatchedImage* const> images);
 
  private:
+  // The weights as the backend's ops take them: w_'s own pointers on the host,
+  // uploaded copies on a device.
+  struct BlockPtrs {
+    const float* norm0 = nullptr;
+    const float* norm1 = nullptr;
+    const uint16_t* wqkv = nullptr;
+    const uint16_t* wo = nullptr;
+    const uint16_t* fc0 = nullptr;
+    const uint16_t* fc1 = nullptr;
+  };
+  struct WeightPtrs {
+    const uint16_t* patch_embed = nullptr;
+    std::vector<BlockPtrs> blocks;
+    const float* final_norm = nullptr;
+    const uint16_t* proj0 = nullptr;
+    const uint16_t* proj2 = nullptr;
+    const float* post_norm = nullptr;
+  };
+
   VisionTower(VisionWeights w, kernels::Backend* be) : w_(std::move(w)), be_(be) {}
+  // Points p_ at w_ (host) or uploads w_ to the backend's device.
+  absl::Status Place();
   const std::vector<float>& PosEmbFor(int64_t grid_h, int64_t grid_w);
+  // One group of validated images (their patches within kMaxPatchesPerCall, or
+  // one image).
+  absl::StatusOr<std::vector<float>> EncodeGroup(
+      absl::Span<const media::PatchedImage* const> images);
 
   VisionWeights w_;
   kernels::Backend* be_;
+  WeightPtrs p_;
+  std::vector<kernels::DeviceBuffer> uploaded_;
+  int64_t weight_device_bytes_ = 0;
+  int64_t max_patches_per_call_ = kMaxPatchesPerCall;
   std::map<std::pair<int64_t, int64_t>, std::vector<float>> pos_cache_;
 };
 

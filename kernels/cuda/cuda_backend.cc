@@ -50,12 +50,11 @@ constexpr std::array<std::pair<Op, bool>, kNumOps> kImplemented = {{
     {Op::kMoeMxfp4, true},
     // checksum (backend_checksum.cc)
     {Op::kChunkHashes, true},
-    // vision tower (not yet on the GPU backends: the Backend defaults answer
-    // Unimplemented, and the tower refuses to load on a backend lacking them)
-    {Op::kRope2d, false},
-    {Op::kGelu, false},
-    {Op::kVisionAttention, false},
-    {Op::kMerge2x2, false},
+    // vision tower (backend_vision.cc)
+    {Op::kRope2d, true},
+    {Op::kGelu, true},
+    {Op::kVisionAttention, true},
+    {Op::kMerge2x2, true},
 }};
 
 constexpr std::array<bool, kNumOps> SupportTable() {

@@ -8,9 +8,9 @@
 //               any machine: the conformance suite and engine tests use it in CI.
 // Method definitions are split by op family: cuda_backend.cc (device, GEMM,
 // errors, scratch), backend_elementwise.cc, backend_kda.cc, backend_mla.cc,
-// backend_moe.cc, backend_checksum.cc; each family's kernels live in <family>.cu with
-// launchers declared in <family>.h (plain C++ types only, so nvcc needs no project
-// headers).
+// backend_moe.cc, backend_checksum.cc, backend_sampling.cc, backend_vision.cc;
+// each family's kernels live in <family>.cu with launchers declared in <family>.h
+// (plain C++ types only, so nvcc needs no project headers).
 #ifndef TANDEM_KERNELS_CUDA_CUDA_BACKEND_H_
 #define TANDEM_KERNELS_CUDA_CUDA_BACKEND_H_
 
@@ -107,6 +107,14 @@ class GpuBackend final : public Backend {
   absl::Status ChunkHashes(const ChunkHashArgs& args) override;
   bool SupportsSampling() const override { return true; }
   absl::Status SampleTokens(const SampleArgs& args) override;
+  // The vision tower (backend_vision.cc).
+  absl::Status Rope2d(float* x, int64_t ldx, const int32_t* pos, int64_t tokens,
+                      int64_t heads, int64_t head_dim, float theta) override;
+  absl::Status Gelu(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                    int64_t n, bool tanh_approx) override;
+  absl::Status VisionAttention(const VisionAttnArgs& args) override;
+  absl::Status Merge2x2(const float* x, int64_t ldx, int64_t grid_h, int64_t grid_w,
+                        int64_t d, float* out, int64_t ldo) override;
 
   // ---- For the op families' definitions ---------------------------------------
   // The compute stream's native handle (cudaStream_t / the emulator's stream).

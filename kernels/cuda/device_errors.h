@@ -16,6 +16,8 @@ enum DeviceError : int32_t {
   kExpertIdOutOfRange = 4,
   kBadSequenceLength = 5,
   kBadSegmentTable = 6,
+  kPositionOutOfRange = 7,
+  kBadImageTable = 8,
 };
 
 inline const char* DeviceErrorName(int32_t code) {
@@ -32,6 +34,11 @@ inline const char* DeviceErrorName(int32_t code) {
       return "query longer than its sequence";
     case kBadSegmentTable:
       return "byte segment table does not run contiguously over total_bytes";
+    case kPositionOutOfRange:
+      return "rotary position out of range";
+    case kBadImageTable:
+      return "image token table (cu_seqlens) not ascending from 0 to num_tokens within "
+             "max_seqlen";
     default:
       return "unknown device error";
   }
