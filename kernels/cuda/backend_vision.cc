@@ -50,19 +50,18 @@ absl::Status GpuBackend::Rope2d(float* x, int64_t ldx, const int32_t* pos,
     return InvalidArgument("rope2d: head_dim ", head_dim, " > ", kRope2dMaxHeadDim,
                            ", the widest the ", name(), " kernel takes");
   }
-  TANDEM_RETURN_IF_ERROR(
-      Resident(*this, {{x, Span(tokens, heads * head_dim, ldx) * kF, "rope2d x"},
-                       {pos, static_cast<size_t>(2 * tokens) * sizeof(int32_t),
-                        "rope2d pos"}}));
+  TANDEM_RETURN_IF_ERROR(Resident(
+      *this, {{x, Span(tokens, heads * head_dim, ldx) * kF, "rope2d x"},
+              {pos, static_cast<size_t>(2 * tokens) * sizeof(int32_t), "rope2d pos"}}));
   // The CPU backend's frequencies (fp32 pow), so the angles are its own.
   float freq[kRope2dMaxHeadDim / 4];
   for (int64_t i = 0; i < head_dim / 4; ++i) {
-    freq[i] = 1.0f / std::pow(theta, static_cast<float>(4 * i) /
-                                         static_cast<float>(head_dim));
+    freq[i] = 1.0f /
+              std::pow(theta, static_cast<float>(4 * i) / static_cast<float>(head_dim));
   }
   return Done(this,
-              LaunchRope2d(x, ldx, pos, tokens, heads, head_dim, freq,
-                           kMaxRopePosition, error_word(), stream()),
+              LaunchRope2d(x, ldx, pos, tokens, heads, head_dim, freq, kMaxRopePosition,
+                           error_word(), stream()),
               "rope2d");
 }
 
@@ -90,29 +89,27 @@ absl::Status GpuBackend::VisionAttention(const VisionAttnArgs& a) {
   }
   const int64_t width = a.heads * a.head_dim;
   TANDEM_RETURN_IF_ERROR(Resident(
-      *this,
-      {{a.q, Span(a.num_tokens, width, a.ld_qkv) * kF, "vision_attention q"},
-       {a.k, Span(a.num_tokens, width, a.ld_qkv) * kF, "vision_attention k"},
-       {a.v, Span(a.num_tokens, width, a.ld_qkv) * kF, "vision_attention v"},
-       {a.out, Span(a.num_tokens, width, a.ld_out) * kF, "vision_attention out"},
-       {a.cu_seqlens, static_cast<size_t>(a.num_images + 1) * sizeof(int32_t),
-        "vision_attention cu_seqlens"}}));
-  return Done(this,
-              LaunchVisionAttention(a.q, a.k, a.v, a.ld_qkv, a.out, a.ld_out,
-                                    a.cu_seqlens, a.num_images, a.num_tokens,
-                                    a.max_seqlen, a.heads, a.head_dim, a.scale,
-                                    error_word(), stream()),
-              "vision_attention");
+      *this, {{a.q, Span(a.num_tokens, width, a.ld_qkv) * kF, "vision_attention q"},
+              {a.k, Span(a.num_tokens, width, a.ld_qkv) * kF, "vision_attention k"},
+              {a.v, Span(a.num_tokens, width, a.ld_qkv) * kF, "vision_attention v"},
+              {a.out, Span(a.num_tokens, width, a.ld_out) * kF, "vision_attention out"},
+              {a.cu_seqlens, static_cast<size_t>(a.num_images + 1) * sizeof(int32_t),
+               "vision_attention cu_seqlens"}}));
+  return Done(
+      this,
+      LaunchVisionAttention(a.q, a.k, a.v, a.ld_qkv, a.out, a.ld_out, a.cu_seqlens,
+                            a.num_images, a.num_tokens, a.max_seqlen, a.heads,
+                            a.head_dim, a.scale, error_word(), stream()),
+      "vision_attention");
 }
 
 absl::Status GpuBackend::Merge2x2(const float* x, int64_t ldx, int64_t grid_h,
                                   int64_t grid_w, int64_t d, float* out, int64_t ldo) {
   TANDEM_RETURN_IF_ERROR(CheckMerge2x2(x, ldx, grid_h, grid_w, d, out, ldo));
   if (grid_h == 0 || grid_w == 0) return absl::OkStatus();
-  TANDEM_RETURN_IF_ERROR(
-      Resident(*this, {{x, Span(grid_h * grid_w, d, ldx) * kF, "merge2x2 x"},
-                       {out, Span(grid_h * grid_w / 4, 4 * d, ldo) * kF,
-                        "merge2x2 out"}}));
+  TANDEM_RETURN_IF_ERROR(Resident(
+      *this, {{x, Span(grid_h * grid_w, d, ldx) * kF, "merge2x2 x"},
+              {out, Span(grid_h * grid_w / 4, 4 * d, ldo) * kF, "merge2x2 out"}}));
   return Done(this, LaunchMerge2x2(x, ldx, grid_h, grid_w, d, out, ldo, stream()),
               "merge2x2");
 }

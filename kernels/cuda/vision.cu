@@ -122,7 +122,7 @@ __global__ void Merge2x2Kernel(const float* x, int64_t ldx, int64_t grid_w, int6
 constexpr int kAttnWarps = 4;
 constexpr int kAttnQueriesPerWarp = 4;
 constexpr int kAttnQueryTile = kAttnWarps * kAttnQueriesPerWarp;  // 16
-constexpr int kAttnKeyTile = kWarpSize;                             // a key per lane
+constexpr int kAttnKeyTile = kWarpSize;                           // a key per lane
 constexpr int kAttnDimRegs = static_cast<int>(kVisionMaxHeadDim) / kWarpSize;  // 4
 constexpr int kMaxHd = static_cast<int>(kVisionMaxHeadDim);
 
@@ -142,7 +142,7 @@ struct AttnArgs {
   int32_t* error_word;
 };
 
-__global__ void __launch_bounds__(kAttnWarps * kWarpSize)
+__global__ void __launch_bounds__(kAttnWarps* kWarpSize)
     VisionAttentionKernel(AttnArgs a) {
   TANDEM_SHARED(float, ks, [kAttnKeyTile][kMaxHd + 1]);
   TANDEM_SHARED(float, vs, [kAttnKeyTile][kMaxHd]);
@@ -278,10 +278,19 @@ const char* LaunchVisionAttention(const float* q, const float* k, const float* v
   if (heads > 65535 || num_images > 65535) {
     return "vision_attention: more than 65535 heads or images in one call";
   }
-  AttnArgs a = {q,          k,          v,          ld_qkv,
-                out,        ld_out,     cu_seqlens, num_images,
-                num_tokens, max_seqlen, static_cast<int>(head_dim),
-                scale,      error_word};
+  AttnArgs a = {q,
+                k,
+                v,
+                ld_qkv,
+                out,
+                ld_out,
+                cu_seqlens,
+                num_images,
+                num_tokens,
+                max_seqlen,
+                static_cast<int>(head_dim),
+                scale,
+                error_word};
   const int64_t tiles = (max_seqlen + kAttnQueryTile - 1) / kAttnQueryTile;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(heads),
                   static_cast<unsigned>(num_images));
