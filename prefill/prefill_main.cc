@@ -56,24 +56,22 @@ int main(int argc, char** argv) {
     return 1;
   }
   // The vision tower, when the checkpoint has one: a prompt's images are
-  // encoded here (the decode worker only receives their state). On a device
-  // backend it gets a backend of its own on the same device (its own stream and
-  // scratch: it runs on the engine thread while an overlapped step may be in
-  // flight on the engine's), loaded before the cache is sized so that its
-  // weights and one call's activations come out of the budget.
+  // encoded here (the decode worker only receives their state), on the
+  // service's encoder thread while the engine steps. So it gets a backend of its
+  // own (on a device: the same device, its own stream and scratch; on the host:
+  // its own thread pool), loaded before the cache is sized so that on a device
+  // its weights and one call's activations come out of the budget.
   std::unique_ptr<tandem::kernels::Backend> vision_backend;
   std::unique_ptr<tandem::vision::VisionTower> vision;
   {
-    tandem::kernels::Backend* tower_backend = (*model)->backend.get();
+    tandem::kernels::Backend* tower_backend = nullptr;
     absl::Status status;
-    if (tower_backend->device().name() != "host") {
-      auto b = tandem::kernels::CreateBackend((*model)->backend_name);
-      if (b.ok()) {
-        vision_backend = *std::move(b);
-        tower_backend = vision_backend.get();
-      } else {
-        status = b.status();
-      }
+    auto b = tandem::kernels::CreateBackend((*model)->backend_name);
+    if (b.ok()) {
+      vision_backend = *std::move(b);
+      tower_backend = vision_backend.get();
+    } else {
+      status = b.status();
     }
     auto tower =
         status.ok()
@@ -189,7 +187,8 @@ int main(int argc, char** argv) {
         metrics.Update(loop->stats(), absl::Now());
         metrics.UpdateKvStaging(staging->stats());
       });
-  loop.reset();  // no engine callbacks after this
+  (*service)->StopEncoding();  // its last requests go through the loop
+  loop.reset();                // no engine callbacks after this
   service->reset();
   vision.reset();
   return rc;

@@ -76,6 +76,9 @@ struct PrefillService::Call {
   PrefillReactor* reactor = nullptr;                // valid until finished
   tandem::v1::PrefillResponse* response = nullptr;  // owned by gRPC, same
   std::atomic<bool> finished{false};
+  // Set by CancelCall before its command is posted: an image request still at
+  // the tower then never reaches the engine.
+  std::atomic<bool> cancelled{false};
   tandem::v1::PrefillRequest request;
   engine::RequestId eid = 0;
   // Set before the call is visible to Cancel; engine thread only, except its
@@ -158,11 +161,59 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
           self->OnLayer(layer, entries);
         });
   }
+  if (s->options_.vision != nullptr) {
+    PrefillService* self = s.get();
+    s->encoder_ = std::thread([self] { self->EncoderLoop(); });
+  }
   return s;
 }
 
 PrefillService::~PrefillService() {
+  StopEncoding();
   for (auto& [eid, session] : sessions_) session->End();
+}
+
+void PrefillService::StopEncoding() {
+  std::deque<EncodeJob> dropped;
+  {
+    absl::MutexLock l(&encode_mu_);
+    encode_stop_ = true;
+    dropped.swap(encode_jobs_);
+  }
+  if (encoder_.joinable()) encoder_.join();
+  for (EncodeJob& job : dropped) job(/*run=*/false);
+}
+
+void PrefillService::EncoderLoop() {
+  for (;;) {
+    EncodeJob job;
+    {
+      absl::MutexLock l(&encode_mu_);
+      encode_mu_.Await(absl::Condition(
+          +[](PrefillService* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->encode_mu_) {
+            return s->encode_stop_ || !s->encode_jobs_.empty();
+          },
+          this));
+      if (encode_jobs_.empty()) return;  // stopping
+      job = std::move(encode_jobs_.front());
+      encode_jobs_.pop_front();
+      if (metrics_ != nullptr) {
+        metrics_->vision_queue->Set(static_cast<double>(encode_jobs_.size()));
+      }
+    }
+    job(/*run=*/true);
+  }
+}
+
+void PrefillService::EndBeforeEngine(Call* call, const grpc::Status& status,
+                                     const char* outcome) {
+  sessions_.erase(call->eid);
+  call->session->End();
+  {
+    absl::MutexLock l(&mu_);
+    active_.erase(call->request.request_id());
+  }
+  if (call->Finish(status)) Count("Prefill", outcome);
 }
 
 PrefillService::PrefillService(worker::EngineLoop* loop,
@@ -365,35 +416,80 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
                       req->cache_salt());
     return reactor;
   }
-  // The tower runs on the engine thread (the engine's backend), then the
-  // request is added with one MediaInput per image.
-  loop_->Post([this, call, images, prompt = std::move(prompt), params = *params,
-               on_output = std::move(on_output)](engine::Engine& e) mutable {
-    std::vector<const media::PatchedImage*> ptrs;
-    for (const media::PatchedImage& p : *images) ptrs.push_back(&p);
-    absl::StatusOr<std::vector<float>> rows = options_.vision->Encode(ptrs);
-    if (!rows.ok()) {
-      on_output(e, absl::InternalError(absl::StrCat("the vision tower failed: ",
-                                                    rows.status().message())));
+  // The tower runs on the encoder thread (the engine keeps stepping
+  // meanwhile), then the request is added on the engine thread with one
+  // MediaInput per image, unless it was cancelled while it waited.
+  EncodeJob job = [this, call, images, prompt = std::move(prompt), params = *params,
+                   on_output = std::move(on_output)](bool run) mutable {
+    if (!run) {
+      loop_->Post([this, call](engine::Engine&) {
+        EndBeforeEngine(call.get(),
+                        grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                     "the prefill worker is shutting down"),
+                        "UNAVAILABLE");
+      });
       return;
     }
-    const int64_t hidden = options_.vision->config().text_hidden_size;
-    std::vector<engine::MediaInput> media;
-    int64_t offset = 0;
-    for (int i = 0; i < call->request.images_size(); ++i) {
-      const tandem::v1::ImageInput& im = call->request.images(i);
-      const int64_t n = (*images)[i].num_tokens();
-      auto emb = std::make_shared<std::vector<float>>(
-          rows->begin() + offset * hidden, rows->begin() + (offset + n) * hidden);
-      offset += n;
-      media.push_back({.position = im.placeholder_start(),
-                       .rows = n,
-                       .content_hash = im.content_hash(),
-                       .embeddings = std::move(emb)});
+    std::shared_ptr<std::vector<engine::MediaInput>> media;
+    absl::Status encoded;
+    if (!call->cancelled.load()) {
+      std::vector<const media::PatchedImage*> ptrs;
+      for (const media::PatchedImage& p : *images) ptrs.push_back(&p);
+      const absl::Time start = absl::Now();
+      absl::StatusOr<std::vector<float>> rows = options_.vision->Encode(ptrs);
+      if (metrics_ != nullptr) {
+        metrics_->vision_encode_seconds->Observe(
+            absl::ToDoubleSeconds(absl::Now() - start));
+      }
+      if (rows.ok()) {
+        const int64_t hidden = options_.vision->config().text_hidden_size;
+        media = std::make_shared<std::vector<engine::MediaInput>>();
+        int64_t offset = 0;
+        for (int i = 0; i < call->request.images_size(); ++i) {
+          const tandem::v1::ImageInput& im = call->request.images(i);
+          const int64_t n = (*images)[i].num_tokens();
+          auto emb = std::make_shared<std::vector<float>>(
+              rows->begin() + offset * hidden, rows->begin() + (offset + n) * hidden);
+          offset += n;
+          media->push_back({.position = im.placeholder_start(),
+                            .rows = n,
+                            .content_hash = im.content_hash(),
+                            .embeddings = std::move(emb)});
+        }
+      } else {
+        encoded = absl::InternalError(
+            absl::StrCat("the vision tower failed: ", rows.status().message()));
+      }
     }
-    loop_->AddRequest(call->eid, std::move(prompt), params, std::move(on_output),
-                      call->request.cache_salt(), std::move(media));
-  });
+    // On the engine thread, ordered with CancelCall's command: a cancel seen
+    // here ends the call; one after the add finds the request in the engine.
+    loop_->Post([this, call, encoded, media, prompt = std::move(prompt), params,
+                 on_output = std::move(on_output)](engine::Engine& e) mutable {
+      if (call->cancelled.load()) {
+        EndBeforeEngine(call.get(),
+                        grpc::Status(grpc::StatusCode::CANCELLED, "prefill cancelled"),
+                        "cancelled");
+        return;
+      }
+      if (!encoded.ok()) {
+        on_output(e, encoded);
+        return;
+      }
+      loop_->AddRequest(call->eid, std::move(prompt), params, std::move(on_output),
+                        call->request.cache_salt(), std::move(*media));
+    });
+  };
+  {
+    absl::MutexLock l(&encode_mu_);
+    if (!encode_stop_) {
+      encode_jobs_.push_back(std::move(job));
+      if (metrics_ != nullptr) {
+        metrics_->vision_queue->Set(static_cast<double>(encode_jobs_.size()));
+      }
+      return reactor;
+    }
+  }
+  job(/*run=*/false);
   return reactor;
 }
 
@@ -443,7 +539,8 @@ absl::Status PrefillService::FinishTransfer(engine::Engine& e, Call* call,
 }
 
 void PrefillService::CancelCall(std::shared_ptr<Call> call) {
-  call->session->Cancel();  // seen by the session's wait at the first token
+  call->cancelled.store(true);  // an image request at the tower stops there
+  call->session->Cancel();      // seen by the session's wait at the first token
   // One command: the session's batches end before the request (and its blocks)
   // goes, and no step runs in between.
   loop_->Post([this, call](engine::Engine& e) {

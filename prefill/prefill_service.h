@@ -53,8 +53,11 @@
 #define TANDEM_PREFILL_PREFILL_SERVICE_H_
 
 #include <atomic>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -98,7 +101,9 @@ struct PrefillServiceOptions {
   std::vector<kernels::Backend*> checksum_backends;
   // The vision tower (prefill_main loads it when the checkpoint has vision
   // tensors); null: a Prefill with images is refused FAILED_PRECONDITION. It
-  // runs on the engine thread (it shares the engine's backend). Not owned.
+  // runs on the service's encoder thread, one request's images at a time, while
+  // the engine keeps stepping: its backend must not be the engine's (prefill_main
+  // gives it one of its own). Not owned; must outlive the service.
   vision::VisionTower* vision = nullptr;
   // Limits on the images' encoded bytes and pixels (the gateway's defaults).
   media::DecodeLimits decode_limits;
@@ -140,7 +145,12 @@ class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {
 
   // Destroy after the engine loop (no more engine callbacks); ends any session
   // still in flight.
-  ~PrefillService() override;
+  ~PrefillService() override;  // StopEncoding()s
+
+  // Stops the encoder thread: the images being encoded finish (and their
+  // requests go to the engine), the queued ones end UNAVAILABLE. Call before
+  // the loop goes (their requests are added through it); idempotent.
+  void StopEncoding();
 
   tandem::v1::WorkerLoad Load() const;
   tandem::v1::KvLayout layout() const { return layout_; }
@@ -160,6 +170,12 @@ class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {
   void Count(const char* rpc, const char* outcome);
   // Stops the call's engine work and ends it CANCELLED (unless it already ended).
   void CancelCall(std::shared_ptr<Call> call);
+  // Engine thread: ends a call that never reached the engine (cancelled while its
+  // images were encoded, or the encoder stopped) with `status`.
+  void EndBeforeEngine(Call* call, const grpc::Status& status, const char* outcome);
+  // The encoder thread: runs the queued jobs (a request's images through the
+  // tower, then its AddRequest on the engine thread) in order.
+  void EncoderLoop();
 
   worker::EngineLoop* const loop_;              // not owned
   const std::vector<engine::KvCache*> caches_;  // not owned; one per rank
@@ -182,6 +198,14 @@ class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Call>> active_ ABSL_GUARDED_BY(mu_);
+
+  // Image requests waiting for the tower (EncoderLoop); false: the job is
+  // dropped (the encoder stopped) and must end its call.
+  using EncodeJob = std::function<void(bool run)>;
+  absl::Mutex encode_mu_;
+  std::deque<EncodeJob> encode_jobs_ ABSL_GUARDED_BY(encode_mu_);
+  bool encode_stop_ ABSL_GUARDED_BY(encode_mu_) = false;
+  std::thread encoder_;  // started by Create when options_.vision is set
 };
 
 }  // namespace tandem::prefill

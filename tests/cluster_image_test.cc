@@ -18,9 +18,11 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "decode/decode_service.h"
@@ -76,7 +78,7 @@ engine::EngineOptions Options(int block_size, int tp = 1) {
   engine::EngineOptions o;
   o.block_size = block_size;
   o.num_slots = 4;
-  o.max_context_tokens = 512;
+  o.max_context_tokens = 4096;  // a 1920x1080 image is 2691 tokens
   o.max_tokens_per_step = 256;
   if (tp > 1) {  // CPU ranks as threads, as a worker's --tp runs them
     static const model::Checkpoint* tiny =
@@ -134,18 +136,15 @@ const engine::ModelWeights* WeightsFor(kernels::Backend& backend,
 }
 
 // The prefill worker with the tiny checkpoint's vision tower; `tp` ranks (the
-// tower runs once, on the worker's backend, as prefill_main runs it). On a
-// device backend the engine and the tower each get a backend on that device,
-// as prefill_main gives them.
+// tower runs once per request, on the service's encoder thread). The engine
+// and the tower each get a backend of the kind named, as prefill_main gives
+// them.
 struct PrefillNode {
   explicit PrefillNode(int tp = 1, const char* backend_name = "cpu") {
     backend = engine::testing::MakeBackend(backend_name);
-    tower_backend = std::string(backend_name) == "cpu"
-                        ? nullptr
-                        : engine::testing::MakeBackend(backend_name);
+    tower_backend = engine::testing::MakeBackend(backend_name);
     ckpt = *model::Checkpoint::Open(engine::testing::kTinyCheckpointDir);
-    auto t = vision::VisionTower::Load(
-        *ckpt, tower_backend != nullptr ? tower_backend.get() : backend.get());
+    auto t = vision::VisionTower::Load(*ckpt, tower_backend.get());
     EXPECT_TRUE(t.ok()) << t.status();
     tower = *std::move(t);
     auto e = engine::Engine::Create(tp > 1 ? nullptr : WeightsFor(*backend, &weights),
@@ -161,6 +160,7 @@ struct PrefillNode {
   }
   ~PrefillNode() {
     server->Shutdown(In(5));
+    service->StopEncoding();
     loop.reset();
   }
   std::unique_ptr<kernels::Backend> backend;
@@ -294,11 +294,11 @@ class ClusterImageTest : public ::testing::Test {
  protected:
   void SetUp() override {
     router::HandoffOptions ho;
-    ho.max_context_tokens = 512;
+    ho.max_context_tokens = 4096;
     handoff_ = std::make_unique<router::Handoff>(&workers_, &handoff_metrics_, ho);
     served_.info.set_id("kimi-k3");
     served_.info.set_vocab_size(TinyWeights().config.text.vocab_size);
-    served_.info.set_max_context_tokens(512);
+    served_.info.set_max_context_tokens(4096);
     served_.fingerprint = "fp";
     router_ = std::make_unique<router::RouterService>(
         served_, &workers_, &router_metrics_, handoff_.get(),
@@ -487,6 +487,74 @@ TEST_F(ClusterImageTest, AnImagePromptAgainSharesTheDecodeWorkersRowsOfTheSameIm
     EXPECT_EQ(other.tokens, OneEngine(rb, prefill.tower.get(), 8));
     EXPECT_EQ(held(), whole + (current ? image_at / 8 * 8 : 0));
   }
+}
+
+// The tower runs on the prefill worker's encoder thread, not the engine's: a
+// text prompt sent while a large image is being encoded is prefilled (and
+// decoded) meanwhile, and finishes first. A client that goes away while its
+// images are encoded ends the prefill CANCELLED without the engine seeing it.
+TEST_F(ClusterImageTest, EncodingImagesHoldsBackNoOtherPrefill) {
+  PrefillNode prefill;
+  DecodeNode decode;
+  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address);
+  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address);
+  // 1920x1080: 10764 patches, seconds of the tiny tower on the CPU.
+  const tandem::v1::GenerateRequest big =
+      ChatRequest(Png(1920, 1080, 3), "Describe this picture.");
+  tandem::v1::GenerateRequest text;
+  const auto ids = Tok().Encode("Hello there, how are you today?");
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  for (int id : *ids) text.mutable_prompt_token_ids()->add_ids(id);
+  text.mutable_stop()->set_max_tokens(4);
+  text.mutable_stop()->set_ignore_eos(true);
+  text.mutable_sampling()->set_temperature(0);
+
+  absl::Time big_done, text_done;
+  Result big_result;
+  std::thread image([&] {
+    big_result = Generate(big);
+    big_done = absl::Now();
+  });
+  // The image reaches the tower (decoded, preprocessed again, queued).
+  metrics::Histogram* encode = prefill.metrics.vision_encode_seconds;
+  absl::SleepFor(absl::Milliseconds(500));
+  const absl::Time text_sent = absl::Now();
+  const Result t = Generate(text);
+  text_done = absl::Now();
+  image.join();
+  // The text request's whole life against the tower's time for the image: on
+  // the engine thread it would have waited for the rest of the encoding.
+  const double text_s = absl::ToDoubleSeconds(text_done - text_sent);
+  std::printf("tower %.3f s for the image; the text request %.3f s meanwhile\n",
+              encode->Sum(), text_s);
+  EXPECT_LT(text_s, 0.5 * encode->Sum());
+  ASSERT_TRUE(t.status.ok()) << t.status.error_message();
+  ASSERT_TRUE(big_result.status.ok()) << big_result.status.error_message();
+  EXPECT_EQ(t.tokens.size(), 4u);
+  EXPECT_EQ(big_result.tokens.size(), 8u);
+  EXPECT_LT(text_done, big_done) << "the text prompt waited for the image's tower";
+  EXPECT_EQ(encode->Count(), 1u);
+
+  // Cancelled while encoding: the client's deadline passes during the tower.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(1));
+  auto reader = router_stub_->Generate(&ctx, big);
+  tandem::v1::GenerateResponse m;
+  while (reader->Read(&m)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  auto cancelled = [&] {
+    return prefill.metrics.requests->Add({{"rpc", "Prefill"}, {"outcome", "cancelled"}})
+        .Value();
+  };
+  for (int i = 0; i < 200 && cancelled() < 1; ++i)
+    absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(cancelled(), 1);
+  EXPECT_EQ(encode->Count(), 2u);  // encoded, then never added to the engine
+  // The worker serves on.
+  const Result again = Generate(text);
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+  EXPECT_EQ(again.tokens, t.tokens);
 }
 
 TEST_F(ClusterImageTest, WithoutAPrefillWorkerAnImagePromptIsRefused) {

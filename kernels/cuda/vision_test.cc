@@ -68,7 +68,8 @@ TEST_P(Vision, Rope2dMatchesTheOracleAndLeavesPaddingAlone) {
     pos[2 * t + 1] = static_cast<int32_t>((t * 7 + 500) % kMaxRopePosition);
   }
   std::vector<float> want = x, got = x;
-  ASSERT_TRUE(ref_->Rope2d(want.data(), ld, pos.data(), tokens, heads, hd, 10000.0f).ok());
+  ASSERT_TRUE(
+      ref_->Rope2d(want.data(), ld, pos.data(), tokens, heads, hd, 10000.0f).ok());
   const std::vector<float> f = Freqs(hd, 10000.0f);
   int32_t err = kDeviceOk;
   ASSERT_EQ(LaunchRope2d(got.data(), ld, pos.data(), tokens, heads, hd, f.data(),
@@ -165,12 +166,15 @@ TEST_P(Vision, Merge2x2IsTheOraclesPermutation) {
   const std::vector<float> x = Normal(gh * gw * ldx);
   std::vector<float> want(gh * gw / 4 * ldo, kGuard), got = want;
   ASSERT_TRUE(ref_->Merge2x2(x.data(), ldx, gh, gw, d, want.data(), ldo).ok());
-  ASSERT_EQ(LaunchMerge2x2(x.data(), ldx, gh, gw, d, got.data(), ldo, nullptr), nullptr);
+  ASSERT_EQ(LaunchMerge2x2(x.data(), ldx, gh, gw, d, got.data(), ldo, nullptr),
+            nullptr);
   EXPECT_EQ(got, want);
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, Vision, ::testing::Values(0, 1, 2, 77),
-                         [](const auto& info) { return "seed" + std::to_string(info.param); });
+                         [](const auto& info) {
+                           return "seed" + std::to_string(info.param);
+                         });
 
 }  // namespace
 }  // namespace tandem::kernels::cuda
