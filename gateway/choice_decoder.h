@@ -99,6 +99,12 @@ class ChoiceDecoder {
   // tool_calls).
   void Finish(std::vector<ChoiceDelta>* deltas);
   void Finish(ChoiceDelta* delta);
+  // Ends the choice with `finish_reason` and nothing decoded from now on (a
+  // score-only completion: its router output is not shown).
+  void EndWithoutOutput(std::string finish_reason) {
+    done_ = true;
+    finish_reason_ = std::move(finish_reason);
+  }
 
   bool done() const { return done_; }
   // The choice ended with FINISH_REASON_ERROR (see Add).

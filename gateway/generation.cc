@@ -291,7 +291,9 @@ tandem::v1::GenerateRequest Generation::BuildRequest(int i, absl::Time deadline)
   }
   if (structured_output_) *s->mutable_structured_output() = *structured_output_;
   auto* stop = req.mutable_stop();
-  if (fields_.max_tokens) stop->set_max_tokens(*fields_.max_tokens);
+  // Score-only (echo, max_tokens 0): one token is computed with the prompt's
+  // scores and dropped here (ApplyLocked).
+  if (fields_.max_tokens) stop->set_max_tokens(std::max(*fields_.max_tokens, 1));
   for (const std::string& str : fields_.stop) stop->add_stop_strings(str);
   for (int id : fields_.stop_token_ids) stop->add_stop_token_ids(id);
   stop->set_ignore_eos(fields_.ignore_eos);
@@ -634,7 +636,7 @@ void Generation::ApplyLocked(
     if (tokens_counter_ == nullptr) {  // looked up once, at the first message
       tokens_counter_ = &deps_.metrics->tokens->Add({{"endpoint", ctx_->endpoint}});
     }
-    tokens_counter_->Increment(r.token_ids_size());
+    if (!fields_.ScoreOnly()) tokens_counter_->Increment(r.token_ids_size());
     if (r.has_usage()) st.cached_prompt_tokens = r.usage().cached_prompt_tokens();
     if (r.prompt_logprobs_size() > 0) {
       st.prompt_scores.assign(r.prompt_logprobs().begin(), r.prompt_logprobs().end());
@@ -653,6 +655,21 @@ void Generation::ApplyLocked(
         to_cancel = TakeCallsToCancel();
         return;
       }
+    }
+    if (fields_.ScoreOnly()) {
+      // The prompt's scores are all this choice returns: its generated token
+      // is dropped, the choice ends "length" with no completion tokens, and
+      // the router call is cancelled.
+      st.decoder.EndWithoutOutput("length");
+      st.finished = true;
+      if (fields_.stream) {
+        StartStream();
+        WritePromptChunk(i);
+        WriteDelta(i, {}, "length");
+      }
+      st.cancel_requested = true;
+      if (st.call) to_cancel.push_back(st.call);
+      return;
     }
     deltas_.clear();
     absl::Status s = st.decoder.Add(r, &deltas_);

@@ -435,6 +435,70 @@ TEST_P(OpenAIServiceTest, EchoAndPromptLogprobs) {
   EXPECT_EQ(json::parse(streamed->body)["error"]["param"], "prompt_logprobs");
 }
 
+// vLLM's echo without generation (`echo` + `max_tokens: 0`): the prompt and
+// its scores, no generated text, finish_reason "length", 0 completion tokens;
+// streamed as the prompt chunk and the finish. max_tokens 0 without echo, or
+// in a chat, is a 400 naming max_tokens.
+TEST_P(OpenAIServiceTest, EchoWithMaxTokensZeroScoresThePromptOnly) {
+  const std::string prompt = "Say something";
+  const std::vector<int> ids = *tokenizer_->Encode(prompt);
+  ASSERT_GE(ids.size(), 2u);
+  const json body = {{"model", "kimi-k3"},
+                     {"prompt", prompt},
+                     {"max_tokens", 0},
+                     {"echo", true},
+                     {"logprobs", 1}};
+  auto r = Post("/v1/completions", body);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->status_code, 200) << r->body;
+  const json j = json::parse(r->body);
+  const json& c = j["choices"][0];
+  EXPECT_EQ(c["text"], prompt);
+  EXPECT_EQ(c["finish_reason"], "length");
+  ASSERT_EQ(c["logprobs"]["tokens"].size(), ids.size());
+  EXPECT_EQ(c["logprobs"]["token_logprobs"][0], nullptr);
+  for (size_t k = 1; k < ids.size(); ++k) {
+    EXPECT_FLOAT_EQ(c["logprobs"]["token_logprobs"][k].get<float>(),
+                    -1.0f - 0.25f * (k % 5))
+        << k;
+  }
+  EXPECT_EQ(j["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], ids.size());
+
+  json streamed = body;
+  streamed["stream"] = true;
+  auto st = Post("/v1/completions", streamed);
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_EQ(st->status_code, 200) << st->body;
+  SseParser parser;
+  std::vector<std::string> events;
+  parser.Feed(st->body, &events);
+  std::string text, finish;
+  size_t tokens = 0;
+  for (const std::string& data : events) {
+    if (data == "[DONE]") break;
+    const json e = json::parse(data)["choices"][0];
+    text += e["text"].get<std::string>();
+    if (!e["logprobs"].is_null()) tokens += e["logprobs"]["tokens"].size();
+    if (!e["finish_reason"].is_null()) finish = e["finish_reason"];
+  }
+  EXPECT_EQ(text, prompt);
+  EXPECT_EQ(tokens, ids.size());
+  EXPECT_EQ(finish, "length");
+
+  for (const json& bad :
+       {json{{"model", "kimi-k3"}, {"prompt", prompt}, {"max_tokens", 0}},
+        json{{"model", "kimi-k3"},
+             {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+             {"max_tokens", 0}}}) {
+    const bool chat = bad.contains("messages");
+    auto e = Post(chat ? "/v1/chat/completions" : "/v1/completions", bad);
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_EQ(e->status_code, 400) << e->body;
+    EXPECT_EQ(json::parse(e->body)["error"]["param"], "max_tokens") << e->body;
+  }
+}
+
 TEST_P(OpenAIServiceTest, CompletionsNWithSeedsAndStop) {
   auto r = Post("/v1/completions", json{{"model", "kimi-k3"},
                                         {"prompt", "Say something"},

@@ -261,8 +261,9 @@ absl::StatusOr<GenerationFields> ParseFields(const json& body, bool chat) {
     }
   }
   constexpr int64_t kMaxTokensLimit = 1 << 30;
-  TANDEM_ASSIGN_OR_RETURN(auto max_tokens,
-                          OptInteger(body, "max_tokens", 1, kMaxTokensLimit));
+  // 0: completions with echo only (checked once echo is parsed).
+  TANDEM_ASSIGN_OR_RETURN(
+      auto max_tokens, OptInteger(body, "max_tokens", chat ? 1 : 0, kMaxTokensLimit));
   if (chat) {
     TANDEM_ASSIGN_OR_RETURN(
         auto mct, OptInteger(body, "max_completion_tokens", 1, kMaxTokensLimit));
@@ -482,6 +483,21 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
   CompletionRequest req;
   TANDEM_ASSIGN_OR_RETURN(req.fields, ParseFields(parsed, /*chat=*/false));
   TANDEM_ASSIGN_OR_RETURN(req.fields.echo, OptBool(parsed, "echo"));
+  if (req.fields.max_tokens && *req.fields.max_tokens == 0) {
+    if (!req.fields.echo) {
+      return InvalidArgument(
+          "max_tokens: must be at least 1 (0 only with echo, to score the prompt "
+          "without generating)");
+    }
+    if (req.fields.min_tokens > 0) {
+      return InvalidArgument("min_tokens: must be 0 with max_tokens 0");
+    }
+    if (req.fields.structured) {
+      return InvalidArgument(
+          "max_tokens: 0 scores the prompt only; a structured-output constraint "
+          "has nothing to constrain");
+    }
+  }
   if (const json* suffix = Find(parsed, "suffix")) {
     if (!suffix->is_string()) return TypeError("suffix", "a string", *suffix);
     if (!suffix->get<std::string>().empty()) {

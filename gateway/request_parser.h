@@ -42,8 +42,10 @@ struct GenerationFields {
   std::optional<double> temperature;  // [0, 2]
   std::optional<double> top_p;        // (0, 1]
   int n = 1;                          // [1, kMaxN]
-  std::optional<int> max_tokens;      // >= 1 (max_completion_tokens wins)
-  std::vector<std::string> stop;      // at most kMaxStopStrings
+  // >= 1 (max_completion_tokens wins); 0 only for completions with echo: the
+  // prompt scored, nothing generated (ScoreOnly()).
+  std::optional<int> max_tokens;
+  std::vector<std::string> stop;  // at most kMaxStopStrings
   std::optional<uint64_t> seed;
   double presence_penalty = 0;   // [-2, 2]
   double frequency_penalty = 0;  // [-2, 2]
@@ -76,6 +78,10 @@ struct GenerationFields {
   std::string cache_salt;
   // Structured output (constrained decoding).
   std::optional<StructuredOutputRequest> structured;
+
+  // Completions' `echo` with `max_tokens: 0` (vLLM's echo without generation):
+  // the prompt (with its logprobs when asked) and no generated text.
+  bool ScoreOnly() const { return echo && max_tokens && *max_tokens == 0; }
 };
 
 struct ChatCompletionRequest {
