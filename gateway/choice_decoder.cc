@@ -83,6 +83,11 @@ void ChoiceDecoder::Apply(const chat::ChatEvent& event,
       break;
     case Type::kToolCallStart: {
       if (event.tool_index < 0) break;
+      if (options_.max_tool_calls > 0 && event.tool_index >= options_.max_tool_calls) {
+        tool_call_limit_hit_ = true;
+        done_ = true;  // the caller cancels the rest
+        break;
+      }
       if (tool_calls_.size() <= static_cast<size_t>(event.tool_index)) {
         tool_calls_.resize(event.tool_index + 1);
       }
@@ -95,7 +100,7 @@ void ChoiceDecoder::Apply(const chat::ChatEvent& event,
       break;
     }
     case Type::kToolCallArgumentsDelta:
-      if (event.tool_index < 0 || event.text.empty()) break;
+      if (event.tool_index < 0 || event.text.empty() || OverToolLimit(event)) break;
       if (tool_calls_.size() <= static_cast<size_t>(event.tool_index)) {
         tool_calls_.resize(event.tool_index + 1);
       }
@@ -114,7 +119,7 @@ void ChoiceDecoder::Apply(const chat::ChatEvent& event,
     case Type::kToolCallEnd:
       // The deltas already carried every piece; keep the complete text (the
       // parser's final word) for the whole-message form.
-      if (event.tool_index >= 0 &&
+      if (event.tool_index >= 0 && !OverToolLimit(event) &&
           static_cast<size_t>(event.tool_index) < tool_calls_.size()) {
         tool_calls_[event.tool_index].arguments = event.text;
       }
@@ -187,7 +192,7 @@ absl::Status ChoiceDecoder::Add(const tandem::v1::GenerateResponse& response,
         " tokens (e.g. a structured-output constraint that could not continue); "
         "the output is incomplete"));
   }
-  if (done_) finish_reason_ = "stop";
+  if (done_) finish_reason_ = tool_call_limit_hit_ ? "tool_calls" : "stop";
   return absl::OkStatus();
 }
 

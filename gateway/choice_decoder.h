@@ -74,6 +74,10 @@ class ChoiceDecoder {
     std::string tool_call_id_prefix = "call_";
     std::vector<std::string> stop;
     bool logprobs = false;
+    // At most this many tool calls (0: no limit): the choice ends, finish
+    // reason "tool_calls", where the next one would start (OpenAI's
+    // parallel_tool_calls: false is 1).
+    int max_tool_calls = 0;
   };
 
   // `tokenizer` is not owned and must outlive the decoder.
@@ -128,6 +132,9 @@ class ChoiceDecoder {
   enum class Kind { kReasoning, kContent, kToolCall };
   ChoiceDelta* DeltaFor(Kind kind, int tool_index, std::vector<ChoiceDelta>* deltas);
   LogprobEntry MakeLogprob(const tandem::v1::TokenLogprob& lp) const;
+  bool OverToolLimit(const chat::ChatEvent& e) const {
+    return options_.max_tool_calls > 0 && e.tool_index >= options_.max_tool_calls;
+  }
 
   const tokenizer::Tokenizer* tokenizer_;  // not owned
   const Options options_;
@@ -136,6 +143,7 @@ class ChoiceDecoder {
   std::vector<chat::ChatEvent> events_;                           // reused
   StopMatcher stop_;
   bool done_ = false;
+  bool tool_call_limit_hit_ = false;  // done_ at Options::max_tool_calls
   bool failed_ = false;
   std::string finish_reason_;
   tandem::v1::FinishReason last_reason_ = tandem::v1::FINISH_REASON_UNSPECIFIED;

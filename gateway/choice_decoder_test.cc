@@ -155,6 +155,40 @@ TEST_F(ChoiceDecoderTest, ChatToolCallWholeAndStreamed) {
   EXPECT_EQ(args, d.tool_calls()[0].arguments);
 }
 
+// parallel_tool_calls false (max_tool_calls 1): the first call whole, the
+// choice ends "tool_calls" where the second starts, and nothing of it shows;
+// without the limit both calls come through.
+TEST_F(ChoiceDecoderTest, ToolCallLimitEndsTheChoiceAtTheNextCall) {
+  const std::vector<int> ids =
+      Ids("<|close|>response<|sep|><|open|>tools<|sep|>"
+          "<|open|>call tool=\"get_weather\" index=\"1\"<|sep|>"
+          "<|open|>argument key=\"city\" type=\"string\"<|sep|>Paris"
+          "<|close|>argument<|sep|><|close|>call<|sep|>"
+          "<|open|>call tool=\"get_time\" index=\"2\"<|sep|>"
+          "<|open|>argument key=\"zone\" type=\"string\"<|sep|>CET"
+          "<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>"
+          "<|close|>message<|sep|><|end_of_msg|>");
+  ChoiceDecoder both(tokenizer_,
+                     {.chat = true, .start = chat::ChatStreamParser::Start::kResponse});
+  Run(both, ids);
+  ASSERT_EQ(both.tool_calls().size(), 2u);
+  EXPECT_EQ(both.tool_calls()[1].name, "get_time");
+
+  ChoiceDecoder one(tokenizer_, {.chat = true,
+                                 .start = chat::ChatStreamParser::Start::kResponse,
+                                 .max_tool_calls = 1});
+  ChoiceDelta all = Run(one, ids);
+  EXPECT_TRUE(one.done());
+  ASSERT_EQ(one.tool_calls().size(), 1u);
+  EXPECT_EQ(one.tool_calls()[0].name, "get_weather");
+  EXPECT_EQ(nlohmann::json::parse(one.tool_calls()[0].arguments),
+            nlohmann::json({{"city", "Paris"}}));
+  EXPECT_EQ(one.finish_reason(), "tool_calls");
+  for (const auto& t : all.tool_calls) EXPECT_EQ(t.index, 0) << t.name;
+  // It stopped reading at the second call's start: fewer tokens counted.
+  EXPECT_LT(one.completion_tokens(), both.completion_tokens());
+}
+
 TEST_F(ChoiceDecoderTest, LogprobsOnePerToken) {
   ChoiceDecoder d(tokenizer_, {.chat = false, .logprobs = true});
   const std::vector<int> ids = Ids(" a b c");

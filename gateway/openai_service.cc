@@ -404,6 +404,7 @@ void OpenAIService::HandleChat(std::shared_ptr<RequestContext> ctx) {
     o.start = chat::ChatStreamParser::StartFor(req->options);
     o.stop = req->fields.stop;
     o.logprobs = req->fields.logprobs;
+    o.max_tool_calls = req->parallel_tool_calls ? 0 : 1;
     o.tool_call_id_prefix = absl::StrCat("call_", ids_.Next().substr(0, 12), "_");
     const std::string name = options_.served_model_name.empty()
                                  ? (*model)->id()

@@ -458,6 +458,11 @@ absl::StatusOr<ChatCompletionRequest> ParseChatCompletionRequest(
         "functions: the deprecated functions API is not supported; use tools");
   }
   TANDEM_ASSIGN_OR_RETURN(req.options, chat::ParseOpenAIChatOptions(parsed));
+  if (const json* p = Find(parsed, "parallel_tool_calls");
+      p != nullptr && !p->is_null()) {
+    if (!p->is_boolean()) return TypeError("parallel_tool_calls", "a boolean", *p);
+    req.parallel_tool_calls = p->get<bool>();
+  }
   if (req.options.tool_choice == chat::ToolChoice::kRequired && req.tools.empty()) {
     return InvalidArgument("tool_choice: 'required' needs at least one tool in tools");
   }

@@ -89,6 +89,10 @@ struct ChatCompletionRequest {
   std::vector<chat::ChatMessage> messages;  // at least one
   std::vector<chat::ToolDeclaration> tools;
   chat::ChatOptions options;  // thinking, tool_choice, response_format
+  // OpenAI's parallel_tool_calls: false allows at most one tool call (the
+  // first; generation ends where a second would start, and tool_choice
+  // "required" is constrained to one call).
+  bool parallel_tool_calls = true;
 };
 
 // A prompt: text, or token ids.

@@ -102,7 +102,8 @@ bool AnyObject(const nlohmann::json& params) {
 }
 
 // tool_choice "required" with several tools: after the empty response, the
-// tools channel holds one or more calls (at most kMaxRequiredToolCalls), each
+// tools channel holds one or more calls (at most kMaxRequiredToolCalls; exactly
+// one with parallel_tool_calls false), each
 // of one of the tools with its arguments valid against that tool's parameters
 // (a KIND_TOOL_CALLS grammar: engine/grammar/tool_calls.h), then the closing
 // structure; where the grammar ends, <|end_of_msg|> (the terminator, no
@@ -127,9 +128,10 @@ absl::StatusOr<Proto> RequiredToolCalls(const ChatCompletionRequest& req,
     if (!AnyObject(t.parameters)) c["parameters"] = t.parameters;
     calls.push_back(std::move(c));
   }
-  nlohmann::json source = {{"calls", std::move(calls)},
-                           {"end", "<|close|>tools<|sep|><|close|>message<|sep|>"},
-                           {"max_calls", kMaxRequiredToolCalls}};
+  nlohmann::json source = {
+      {"calls", std::move(calls)},
+      {"end", "<|close|>tools<|sep|><|close|>message<|sep|>"},
+      {"max_calls", req.parallel_tool_calls ? kMaxRequiredToolCalls : 1}};
   Proto p;
   p.set_kind(Proto::KIND_TOOL_CALLS);
   p.set_source(source.dump());

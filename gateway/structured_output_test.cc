@@ -188,8 +188,12 @@ TEST_F(StructuredOutputTest, RequiredWithSeveralToolsConstrainsEveryCall) {
   for (int trial = 0; trial < 12; ++trial) {
     SCOPED_TRACE(trial);
     const bool thinking = trial % 3 == 2;
+    // parallel_tool_calls false: exactly one call.
+    const bool parallel = trial % 4 != 3;
     ChatCompletionRequest r = Chat(tools + R"(,"tool_choice":"required","thinking":)" +
-                                   (thinking ? "true" : "false"));
+                                   (thinking ? "true" : "false") +
+                                   (parallel ? "" : R"(,"parallel_tool_calls":false)"));
+    EXPECT_EQ(r.parallel_tool_calls, parallel);
     auto p = ChatConstraint(r, *tok_);
     ASSERT_TRUE(p.ok()) << p.status();
     ASSERT_TRUE(p->has_value());
@@ -244,6 +248,7 @@ TEST_F(StructuredOutputTest, RequiredWithSeveralToolsConstrainsEveryCall) {
     EXPECT_THAT(parsed.warnings, ::testing::IsEmpty());
     ASSERT_GE(parsed.tool_calls.size(), 1u);
     EXPECT_LE(parsed.tool_calls.size(), static_cast<size_t>(kMaxRequiredToolCalls));
+    if (!parallel) EXPECT_EQ(parsed.tool_calls.size(), 1u);
     if (parsed.tool_calls.size() > 1) ++multi;
     for (const auto& call : parsed.tool_calls) {
       ASSERT_TRUE(schemas.contains(call.name)) << call.name;
