@@ -4,9 +4,12 @@
 //
 //   prefill_main --model=DIR --router=HOST:PORT [--port=0] [--metrics_port=0]
 //                [--kv_stream_layers=true] [--tp=N] [--tp_fail_rank_at_step=R:S]
+#include <algorithm>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "common/init.h"
 #include "common/logging.h"
@@ -24,6 +27,8 @@
 #include "worker/worker_metrics.h"
 #include "worker/worker_model.h"
 #include "worker/worker_server.h"
+
+ABSL_DECLARE_FLAG(int, tp);  // worker/worker_flags.cc
 
 ABSL_FLAG(std::string, worker_id, "prefill-0", "Worker id registered with the router.");
 ABSL_FLAG(bool, kv_stream_layers, true,
@@ -55,49 +60,66 @@ int main(int argc, char** argv) {
     TLOG(ERROR, "cannot load the model").Kv("status", model.status());
     return 1;
   }
-  // The vision tower, when the checkpoint has one: a prompt's images are
+  // The vision towers, when the checkpoint has one: a prompt's images are
   // encoded here (the decode worker only receives their state), on the
-  // service's encoder thread while the engine steps. So it gets a backend of its
-  // own (on a device: the same device, its own stream and scratch; on the host:
-  // its own thread pool), loaded before the cache is sized so that on a device
-  // its weights and one call's activations come out of the budget.
-  std::unique_ptr<tandem::kernels::Backend> vision_backend;
-  std::unique_ptr<tandem::vision::VisionTower> vision;
+  // service's encoder threads while the engine steps. So each tower gets a
+  // backend of its own: on a device backend one tower per TP rank's GPU (the
+  // same device as the rank, its own stream and scratch; requests' images are
+  // spread over them, as vLLM's data-parallel encoder mode), on the host one
+  // (its own thread pool). Loaded before the cache is sized, so that on a
+  // device each tower's weights and one call's activations come out of its
+  // GPU's budget.
+  std::vector<std::unique_ptr<tandem::kernels::Backend>> vision_backends;
+  std::vector<std::unique_ptr<tandem::vision::VisionTower>> towers;
   {
-    tandem::kernels::Backend* tower_backend = nullptr;
-    absl::Status status;
-    auto b = tandem::kernels::CreateBackend((*model)->backend_name);
-    if (b.ok()) {
-      vision_backend = *std::move(b);
-      tower_backend = vision_backend.get();
-    } else {
-      status = b.status();
-    }
-    auto tower =
-        status.ok()
-            ? tandem::vision::VisionTower::Load(*(*model)->checkpoint, tower_backend)
-            : absl::StatusOr<std::unique_ptr<tandem::vision::VisionTower>>(status);
-    if (tower.ok()) {
-      vision = *std::move(tower);
+    auto parsed = tandem::kernels::ParseBackendName((*model)->backend_name);
+    const bool on_device = (*model)->backend->device().name() != "host";
+    const int count = on_device ? std::max(1, absl::GetFlag(FLAGS_tp)) : 1;
+    for (int r = 0; r < count && parsed.ok(); ++r) {
+      auto b = count == 1
+                   ? tandem::kernels::CreateBackend((*model)->backend_name)
+                   : tandem::kernels::CreateBackend(parsed->kind, parsed->ordinal + r);
+      absl::StatusOr<std::unique_ptr<tandem::vision::VisionTower>> tower =
+          b.ok() ? tandem::vision::VisionTower::Load(*(*model)->checkpoint, b->get())
+                 : absl::StatusOr<std::unique_ptr<tandem::vision::VisionTower>>(
+                       b.status());
+      if (absl::IsNotFound(tower.status())) {
+        TLOG(INFO,
+             "the checkpoint has no vision tower: prompts with images are refused");
+        break;
+      }
+      if (absl::IsFailedPrecondition(tower.status())) {
+        TLOG(WARNING,
+             "the vision tower cannot run on this backend: prompts with images "
+             "are refused")
+            .Kv("status", tower.status());
+        towers.clear();
+        break;
+      }
+      if (!tower.ok()) {
+        TLOG(ERROR, "cannot load the vision tower")
+            .Kv("tower", r)
+            .Kv("status", tower.status());
+        return 1;
+      }
       const int64_t reserve =
-          vision->weight_device_bytes() > 0
-              ? vision->weight_device_bytes() +
-                    vision->ActivationBytes(vision->max_patches_per_call())
+          (*tower)->weight_device_bytes() > 0
+              ? (*tower)->weight_device_bytes() +
+                    (*tower)->ActivationBytes((*tower)->max_patches_per_call())
               : 0;
-      (*model)->extra_device_bytes += reserve;
+      (*model)->extra_device_bytes.resize(r + 1, 0);
+      (*model)->extra_device_bytes[r] += reserve;
       TLOG(INFO, "vision tower loaded: image input is served")
-          .Kv("backend", tower_backend->name())
-          .Kv("weight_bytes", vision->weight_device_bytes())
+          .Kv("tower", r)
+          .Kv("backend", (*b)->name())
+          .Kv("device", (*b)->device().name())
+          .Kv("weight_bytes", (*tower)->weight_device_bytes())
           .Kv("device_reserve_bytes", reserve);
-    } else if (absl::IsNotFound(tower.status())) {
-      TLOG(INFO, "the checkpoint has no vision tower: prompts with images are refused");
-    } else if (absl::IsFailedPrecondition(tower.status())) {
-      TLOG(WARNING,
-           "the vision tower cannot run on this backend: prompts with images "
-           "are refused")
-          .Kv("status", tower.status());
-    } else {
-      TLOG(ERROR, "cannot load the vision tower").Kv("status", tower.status());
+      towers.push_back(*std::move(tower));
+      vision_backends.push_back(*std::move(b));
+    }
+    if (!parsed.ok()) {
+      TLOG(ERROR, "bad backend name").Kv("status", parsed.status());
       return 1;
     }
   }
@@ -151,7 +173,7 @@ int main(int argc, char** argv) {
   pso.stream_layers = absl::GetFlag(FLAGS_kv_stream_layers);
   pso.write_after_held_prefix = absl::GetFlag(FLAGS_kv_write_after_held_prefix);
   pso.checksum_backends = checksum_backends;
-  pso.vision = vision.get();
+  for (const auto& t : towers) pso.vision.push_back(t.get());
   if (pso.test_corrupt_transfer) {
     TLOG(WARNING, "TEST ONLY --test_corrupt_transfer: every transfer is corrupted");
   }
@@ -190,6 +212,6 @@ int main(int argc, char** argv) {
   (*service)->StopEncoding();  // its last requests go through the loop
   loop.reset();                // no engine callbacks after this
   service->reset();
-  vision.reset();
+  towers.clear();
   return rc;
 }

@@ -105,6 +105,10 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
     kvtransfer::TransferAgent* agent, worker::WorkerMetrics* metrics,
     PrefillServiceOptions options) {
   if (caches.empty()) return InvalidArgument("no caches");
+  for (size_t t = 0; t < options.vision.size(); ++t) {
+    if (options.vision[t] == nullptr)
+      return InvalidArgument("vision tower ", t, " is null");
+  }
   engine::KvCache* cache = caches[0];
   auto s = std::unique_ptr<PrefillService>(
       new PrefillService(loop, std::move(caches), agent, metrics, std::move(options)));
@@ -161,9 +165,9 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
           self->OnLayer(layer, entries);
         });
   }
-  if (s->options_.vision != nullptr) {
+  for (size_t t = 0; t < s->options_.vision.size(); ++t) {
     PrefillService* self = s.get();
-    s->encoder_ = std::thread([self] { self->EncoderLoop(); });
+    s->encoders_.emplace_back([self, t] { self->EncoderLoop(static_cast<int>(t)); });
   }
   return s;
 }
@@ -180,11 +184,13 @@ void PrefillService::StopEncoding() {
     encode_stop_ = true;
     dropped.swap(encode_jobs_);
   }
-  if (encoder_.joinable()) encoder_.join();
-  for (EncodeJob& job : dropped) job(/*run=*/false);
+  for (std::thread& t : encoders_) {
+    if (t.joinable()) t.join();
+  }
+  for (EncodeJob& job : dropped) job(nullptr, -1);
 }
 
-void PrefillService::EncoderLoop() {
+void PrefillService::EncoderLoop(int t) {
   for (;;) {
     EncodeJob job;
     {
@@ -201,7 +207,7 @@ void PrefillService::EncoderLoop() {
         metrics_->vision_queue->Set(static_cast<double>(encode_jobs_.size()));
       }
     }
-    job(/*run=*/true);
+    job(options_.vision[t], t);
   }
 }
 
@@ -322,14 +328,14 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   }
   std::shared_ptr<std::vector<media::PatchedImage>> images;
   if (req->images_size() > 0) {
-    if (options_.vision == nullptr) {
+    if (options_.vision.empty()) {
       return refuse(FailedPrecondition(
           "prefill worker ", options_.worker_id,
           " has no vision tower (its checkpoint has no vision tensors, or its backend "
           "cannot run the tower): a prompt with images cannot be prefilled here"));
     }
     absl::StatusOr<std::vector<media::PatchedImage>> prepared =
-        PrepareImages(*req, *options_.vision, options_.decode_limits);
+        PrepareImages(*req, *options_.vision[0], options_.decode_limits);
     if (!prepared.ok()) return refuse(prepared.status());
     images = std::make_shared<std::vector<media::PatchedImage>>(*std::move(prepared));
   }
@@ -420,8 +426,9 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   // meanwhile), then the request is added on the engine thread with one
   // MediaInput per image, unless it was cancelled while it waited.
   EncodeJob job = [this, call, images, prompt = std::move(prompt), params = *params,
-                   on_output = std::move(on_output)](bool run) mutable {
-    if (!run) {
+                   on_output = std::move(on_output)](vision::VisionTower* tower,
+                                                     int index) mutable {
+    if (tower == nullptr) {
       loop_->Post([this, call](engine::Engine&) {
         EndBeforeEngine(call.get(),
                         grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -436,13 +443,13 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
       std::vector<const media::PatchedImage*> ptrs;
       for (const media::PatchedImage& p : *images) ptrs.push_back(&p);
       const absl::Time start = absl::Now();
-      absl::StatusOr<std::vector<float>> rows = options_.vision->Encode(ptrs);
+      absl::StatusOr<std::vector<float>> rows = tower->Encode(ptrs);
       if (metrics_ != nullptr) {
-        metrics_->vision_encode_seconds->Observe(
-            absl::ToDoubleSeconds(absl::Now() - start));
+        metrics_->vision_encode_seconds->Add({{"tower", absl::StrCat(index)}})
+            .Observe(absl::ToDoubleSeconds(absl::Now() - start));
       }
       if (rows.ok()) {
-        const int64_t hidden = options_.vision->config().text_hidden_size;
+        const int64_t hidden = tower->config().text_hidden_size;
         media = std::make_shared<std::vector<engine::MediaInput>>();
         int64_t offset = 0;
         for (int i = 0; i < call->request.images_size(); ++i) {
@@ -489,7 +496,7 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
       return reactor;
     }
   }
-  job(/*run=*/false);
+  job(nullptr, -1);
   return reactor;
 }
 

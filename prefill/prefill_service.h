@@ -99,12 +99,14 @@ struct PrefillServiceOptions {
   // the host computes them (host caches; cuda_sim). Not owned; must outlive the
   // service.
   std::vector<kernels::Backend*> checksum_backends;
-  // The vision tower (prefill_main loads it when the checkpoint has vision
-  // tensors); null: a Prefill with images is refused FAILED_PRECONDITION. It
-  // runs on the service's encoder thread, one request's images at a time, while
-  // the engine keeps stepping: its backend must not be the engine's (prefill_main
-  // gives it one of its own). Not owned; must outlive the service.
-  vision::VisionTower* vision = nullptr;
+  // The vision towers (prefill_main loads them when the checkpoint has vision
+  // tensors: one per TP rank's GPU on a device backend, one on the host); none:
+  // a Prefill with images is refused FAILED_PRECONDITION. Each runs on an
+  // encoder thread of its own, taking the next request's images from one
+  // queue, while the engine keeps stepping: their backends must not be the
+  // engine's (prefill_main gives each one of its own). Not owned; must outlive
+  // the service.
+  std::vector<vision::VisionTower*> vision;
   // Limits on the images' encoded bytes and pixels (the gateway's defaults).
   media::DecodeLimits decode_limits;
   // Write only the MLA rows after a target's held prefix
@@ -173,9 +175,9 @@ class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {
   // Engine thread: ends a call that never reached the engine (cancelled while its
   // images were encoded, or the encoder stopped) with `status`.
   void EndBeforeEngine(Call* call, const grpc::Status& status, const char* outcome);
-  // The encoder thread: runs the queued jobs (a request's images through the
-  // tower, then its AddRequest on the engine thread) in order.
-  void EncoderLoop();
+  // Tower `t`'s encoder thread: runs queued jobs (a request's images through
+  // the tower, then its AddRequest on the engine thread) in queue order.
+  void EncoderLoop(int t);
 
   worker::EngineLoop* const loop_;              // not owned
   const std::vector<engine::KvCache*> caches_;  // not owned; one per rank
@@ -199,13 +201,14 @@ class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Call>> active_ ABSL_GUARDED_BY(mu_);
 
-  // Image requests waiting for the tower (EncoderLoop); false: the job is
-  // dropped (the encoder stopped) and must end its call.
-  using EncodeJob = std::function<void(bool run)>;
+  // Image requests waiting for a tower (EncoderLoop), called with the tower
+  // that runs it; null: the job is dropped (the encoders stopped) and must end
+  // its call.
+  using EncodeJob = std::function<void(vision::VisionTower* tower, int index)>;
   absl::Mutex encode_mu_;
   std::deque<EncodeJob> encode_jobs_ ABSL_GUARDED_BY(encode_mu_);
   bool encode_stop_ ABSL_GUARDED_BY(encode_mu_) = false;
-  std::thread encoder_;  // started by Create when options_.vision is set
+  std::vector<std::thread> encoders_;  // one per tower, started by Create
 };
 
 }  // namespace tandem::prefill

@@ -140,7 +140,9 @@ const engine::ModelWeights* WeightsFor(kernels::Backend& backend,
 // and the tower each get a backend of the kind named, as prefill_main gives
 // them.
 struct PrefillNode {
-  explicit PrefillNode(int tp = 1, const char* backend_name = "cpu") {
+  // `towers`: vision towers on backends of their own (a device worker's one
+  // per rank), their encoder threads taking requests from one queue.
+  explicit PrefillNode(int tp = 1, const char* backend_name = "cpu", int towers = 1) {
     backend = engine::testing::MakeBackend(backend_name);
     tower_backend = engine::testing::MakeBackend(backend_name);
     ckpt = *model::Checkpoint::Open(engine::testing::kTinyCheckpointDir);
@@ -154,7 +156,14 @@ struct PrefillNode {
     loop = std::make_unique<worker::EngineLoop>(std::move(*e));
     prefill::PrefillServiceOptions o;
     o.worker_id = "prefill-0";
-    o.vision = tower.get();
+    o.vision = {tower.get()};
+    for (int t = 1; t < towers; ++t) {
+      extra_backends.push_back(engine::testing::MakeBackend(backend_name));
+      auto more = vision::VisionTower::Load(*ckpt, extra_backends.back().get());
+      EXPECT_TRUE(more.ok()) << more.status();
+      extra_towers.push_back(*std::move(more));
+      o.vision.push_back(extra_towers.back().get());
+    }
     service = *prefill::PrefillService::Create(loop.get(), caches, &agent, &metrics, o);
     server = Serve(service.get(), &address);
   }
@@ -168,6 +177,8 @@ struct PrefillNode {
   std::unique_ptr<engine::ModelWeights> weights;
   std::unique_ptr<model::Checkpoint> ckpt;
   std::unique_ptr<vision::VisionTower> tower;
+  std::vector<std::unique_ptr<kernels::Backend>> extra_backends;
+  std::vector<std::unique_ptr<vision::VisionTower>> extra_towers;
   std::vector<engine::KvCache*> caches;
   kvtransfer::LoopbackAgent agent;
   metrics::Registry registry;
@@ -516,7 +527,8 @@ TEST_F(ClusterImageTest, EncodingImagesHoldsBackNoOtherPrefill) {
     big_done = absl::Now();
   });
   // The image reaches the tower (decoded, preprocessed again, queued).
-  metrics::Histogram* encode = prefill.metrics.vision_encode_seconds;
+  metrics::Histogram* encode =
+      &prefill.metrics.vision_encode_seconds->Add({{"tower", "0"}});
   absl::SleepFor(absl::Milliseconds(500));
   const absl::Time text_sent = absl::Now();
   const Result t = Generate(text);
@@ -555,6 +567,34 @@ TEST_F(ClusterImageTest, EncodingImagesHoldsBackNoOtherPrefill) {
   const Result again = Generate(text);
   ASSERT_TRUE(again.status.ok()) << again.status.error_message();
   EXPECT_EQ(again.tokens, t.tokens);
+}
+
+// Several towers (a device worker has one per TP rank's GPU): requests' images
+// are spread over them, each tower's encoder thread taking the next request, so
+// two image prompts sent together are encoded at once, one on each tower; the
+// tokens are those of one engine.
+TEST_F(ClusterImageTest, ImagePromptsSpreadOverTheTowers) {
+  PrefillNode prefill(/*tp=*/1, "cpu", /*towers=*/2);
+  DecodeNode decode;
+  Register("prefill-0", tandem::v1::WORKER_ROLE_PREFILL, prefill.address);
+  Register("decode-0", tandem::v1::WORKER_ROLE_DECODE, decode.address);
+  // 1024x1024: 5476 patches, a second or so of the tiny tower each.
+  const tandem::v1::GenerateRequest a = ChatRequest(Png(1024, 1024, 4), "What is it?");
+  const tandem::v1::GenerateRequest b = ChatRequest(Png(1024, 1024, 5), "What is it?");
+  Result ra, rb;
+  std::thread ta([&] { ra = Generate(a); });
+  std::thread tb([&] { rb = Generate(b); });
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(ra.status.ok()) << ra.status.error_message();
+  ASSERT_TRUE(rb.status.ok()) << rb.status.error_message();
+  auto count = [&](const char* t) {
+    return prefill.metrics.vision_encode_seconds->Add({{"tower", t}}).Count();
+  };
+  EXPECT_EQ(count("0"), 1u);
+  EXPECT_EQ(count("1"), 1u);
+  EXPECT_EQ(ra.tokens, OneEngine(a, prefill.tower.get(), 8));
+  EXPECT_EQ(rb.tokens, OneEngine(b, prefill.tower.get(), 8));
 }
 
 TEST_F(ClusterImageTest, WithoutAPrefillWorkerAnImagePromptIsRefused) {

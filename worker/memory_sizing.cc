@@ -93,10 +93,11 @@ absl::StatusOr<engine::DeviceMemoryUse> DeviceBudget(const WorkerModel& model,
                                             model.checkpoint.get(), po));
     in.profile_tokens = po.tokens;
   }
-  // What the worker holds beside the engine on rank 0's device (its own
+  // What the worker holds beside the engine on each rank's device (its own
   // allocations, which the engine's profile does not see).
-  if (model.extra_device_bytes > 0 && !in.devices.empty()) {
-    in.devices[0].in_use_bytes += model.extra_device_bytes;
+  for (size_t r = 0; r < model.extra_device_bytes.size() && r < in.devices.size();
+       ++r) {
+    in.devices[r].in_use_bytes += model.extra_device_bytes[r];
   }
   // One block and one slot of the worker's cache (SizeCacheFromMemory's sizes).
   in.min_cache_bytes = engine::MinCacheBytes(

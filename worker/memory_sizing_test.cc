@@ -160,7 +160,7 @@ TEST(SizeWorkerCacheTest, ExtraDeviceBytesComeOutOfTheBudget) {
   ASSERT_TRUE(without.ok()) << without.status();
   auto other = LoadOnSim(capacity);
   ASSERT_TRUE(other.ok()) << other.status();
-  (*other)->extra_device_bytes = 7 * kMiB;
+  (*other)->extra_device_bytes = {7 * kMiB};
   engine::EngineOptions eo = StepOptions();
   auto with = SizeWorkerCache(**other, Flags(0.75), &eo);
   ASSERT_TRUE(with.ok()) << with.status();

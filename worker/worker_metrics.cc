@@ -33,15 +33,14 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
       &OrDie(r->AddHistogram("tandem_worker_prefill_seconds",
                              "Prefill compute time per request.", LatencyBuckets()))
            ->Add({});
-  vision_encode_seconds =
-      &OrDie(r->AddHistogram("tandem_worker_vision_encode_seconds",
-                             "Vision-tower time per request with images (all its "
-                             "images, on the prefill worker's encoder thread).",
-                             LatencyBuckets()))
-           ->Add({});
+  vision_encode_seconds = OrDie(r->AddHistogram(
+      "tandem_worker_vision_encode_seconds",
+      "Vision-tower time per request with images (all its images, on the encoder "
+      "thread of the prefill worker's tower `tower`: one per TP rank's GPU).",
+      LatencyBuckets()));
   vision_queue = &OrDie(r->AddGauge("tandem_worker_vision_queue_requests",
-                                    "Requests with images waiting for the vision "
-                                    "tower (not counting the one it encodes)."))
+                                    "Requests with images waiting for a vision "
+                                    "tower (not counting those being encoded)."))
                       ->Add({});
   waiting = &OrDie(r->AddGauge("tandem_worker_waiting_requests",
                                "Requests waiting for admission in the engine."))

@@ -97,9 +97,10 @@ class WorkerMetrics {
   metrics::Histogram* ttft;
   metrics::Histogram* inter_token;
   metrics::Histogram* prefill_seconds;
-  // The prefill worker's vision tower: one request's images, on its encoder
-  // thread (tandem_worker_vision_encode_seconds), and the requests waiting for it.
-  metrics::Histogram* vision_encode_seconds;
+  // The prefill worker's vision towers: one request's images, on tower `tower`'s
+  // encoder thread (tandem_worker_vision_encode_seconds{tower}), and the
+  // requests waiting for a tower.
+  metrics::Family<metrics::Histogram>* vision_encode_seconds;
   metrics::Gauge* vision_queue;
   metrics::Gauge* waiting;
   metrics::Gauge* running;

@@ -30,10 +30,10 @@ struct WorkerModel {
   // The draft model of draft-model speculative decoding (ApplySpeculativeFlags);
   // null otherwise.
   std::unique_ptr<WorkerModel> draft;
-  // Device memory the worker holds on rank 0's device outside the engine (the
-  // prefill worker's vision tower: its weights and one call's activations). The
-  // device cache budget (--gpu_memory_utilization) is sized after it.
-  int64_t extra_device_bytes = 0;
+  // Device memory the worker holds outside the engine, per TP rank's device
+  // (the prefill worker's vision towers: weights and one call's activations
+  // each). The device cache budget (--gpu_memory_utilization) is sized after it.
+  std::vector<int64_t> extra_device_bytes;
 };
 
 // Loads `dir` (config.json, safetensors, tokenizer) with backend `backend_name`.

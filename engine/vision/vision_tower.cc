@@ -138,6 +138,7 @@ absl::Status VisionTower::Place() {
   const model::VisionConfig& c = w_.config;
   kernels::Device& dev = be_->device();
   const bool host = dev.name() == "host";
+  TANDEM_RETURN_IF_ERROR(dev.MakeCurrent());
   // The host's pointers as they are; on a device an uploaded copy of `count`
   // elements.
   auto place = [&](const auto* src, int64_t count, const char* what, auto** dst) {
@@ -312,8 +313,10 @@ absl::StatusOr<std::vector<float>> VisionTower::EncodeGroup(
     }
   }
 
-  // Every buffer of the call in one allocation of the backend's memory.
+  // Every buffer of the call in one allocation of the backend's memory, the
+  // kernels launched on its device (the calling thread's current one on CUDA).
   kernels::Device& dev = be_->device();
+  TANDEM_RETURN_IF_ERROR(dev.MakeCurrent());
   TANDEM_ASSIGN_OR_RETURN(kernels::DeviceBuffer arena,
                           kernels::DeviceBuffer::Allocate(
                               &dev, static_cast<size_t>(ActivationBytes(P, G))));
