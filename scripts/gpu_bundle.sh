@@ -36,6 +36,7 @@
 # What is built: //kernels:conformance_test, //kernels/cuda:gpu_bench,
 # //engine/runtime:engine_bench (the engine from GPU memory, issue #15),
 # //worker:kv_device_bench (the KV hand-off between device buffers),
+# //engine/vision:vision_bench (the vision tower from GPU memory),
 # //engine/model:make_checkpoint, the cluster test //tests:cluster_cuda_sim_test
 # with the router and worker binaries it starts (run there on "cuda"), the
 # engine tests of ENGINE_TESTS below (run with
@@ -153,7 +154,7 @@ build_all() {
   local gpu_tests
   gpu_tests="$(bazel_bundle query --keep_going --noshow_progress "attr(tags, '\bgpu\b', tests($universe))" 2>/dev/null || true)"
   local targets=(//kernels:conformance_test //kernels/cuda:gpu_bench //engine/model:make_checkpoint
-    //engine/runtime:engine_bench //worker:kv_device_bench)
+    //engine/runtime:engine_bench //worker:kv_device_bench //engine/vision:vision_bench)
   # The serving path on the GPU (issue #15): the cluster test and the processes
   # it starts (router, prefill and decode workers), run there on "cuda".
   local t
@@ -202,6 +203,7 @@ build_all() {
   KIND[//kernels/cuda:gpu_bench]=bench
   KIND[//engine/runtime:engine_bench]=bench
   KIND[//worker:kv_device_bench]=bench
+  KIND[//engine/vision:vision_bench]=bench
   KIND[//engine/model:make_checkpoint]=tool
   KIND[$CLUSTER_TEST]=cluster_test
   local m

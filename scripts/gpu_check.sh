@@ -75,6 +75,7 @@ BENCH_JSON="null"
 BENCH_BF16_JSON="null"
 ENGINE_JSON=()  # "name":{engine_bench JSON line}
 KV_DEVICE_JSON=()  # "auto"|"host"|"ipc":{kv_device_bench JSON line}
+VISION_JSON="null"  # vision_bench's JSON line
 FAILED=0
 
 write_json() {  # status, message
@@ -91,7 +92,7 @@ write_json() {  # status, message
     for i in "${!ENGINE_JSON[@]}"; do printf '%s%s' "$([[ $i -gt 0 ]] && echo ,)" "${ENGINE_JSON[$i]}"; done
     printf '},"kv_device":{'
     for i in "${!KV_DEVICE_JSON[@]}"; do printf '%s%s' "$([[ $i -gt 0 ]] && echo ,)" "${KV_DEVICE_JSON[$i]}"; done
-    printf '}}\n'
+    printf '},"vision":%s}\n' "$VISION_JSON"
   } >"$JSON"
 }
 
@@ -324,6 +325,16 @@ if [[ -n "$(bin_path kv_device_bench)" && -z "${UNRESOLVED[kv_device_bench]:-}" 
       "${args[@]}"
     [[ -n "$LAST_OUT" ]] && KV_DEVICE_JSON+=("$(json_str "$kvb"):$(bench_json "$LAST_OUT" kv_device)")
   done
+fi
+
+# ---------------------------------------------------------------- 4d. vision tower
+# The vision tower from GPU memory (weights uploaded, each call in device memory):
+# latency per image at 448x448, 1024x1024 and 1920x1080 for the tiny and mid towers.
+if [[ -n "$(bin_path vision_bench)" && -z "${UNRESOLVED[vision_bench]:-}" ]]; then
+  LAST_OUT=""
+  run_step vision_bench bench "$(budget_for 45 150)" "$BUNDLE/run" vision_bench \
+    --backend cuda --towers tiny,mid --min_seconds 0.5
+  [[ -n "$LAST_OUT" ]] && VISION_JSON="$(bench_json "$LAST_OUT" vision)"
 fi
 
 # ---------------------------------------------------------------- 4b. engine

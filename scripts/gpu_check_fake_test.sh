@@ -79,6 +79,7 @@ case "$name" in
     out=""; prev=""
     for a in "$@"; do [[ "$prev" == --out ]] && out="$a"; prev="$a"; done
     mkdir -p "$out" && echo '{}' >"$out/config.json" ;;
+  vision_bench) echo "{\"bench\":\"vision\",\"backend\":\"$2\",\"towers\":[]}" ;;
   kv_device_bench)
     two=false; [[ "$*" == *--two_processes* ]] && two=true
     echo "kv_device: fake"
@@ -88,7 +89,7 @@ esac
 STUB
 chmod +x "$TMP/fake/stub"
 for b in conformance_test gpu_engine_test cuda_graph_test cluster_cuda_sim_test gpu_bench \
-  engine_bench make_checkpoint kv_device_bench router_main prefill_main decode_main; do
+  engine_bench make_checkpoint kv_device_bench vision_bench router_main prefill_main decode_main; do
   ln -s "$TMP/fake/stub" "$B/bin/$b"
 done
 cat >"$TMP/fake/nvidia-smi" <<'SMI'
@@ -132,7 +133,7 @@ steps = {s["name"]: s for s in j["steps"]}
 want = ["make_checkpoint", "conformance_test", "gpu_engine_test", "cuda_graph_test",
         "cluster_cuda_sim_test", "gpu_bench", "gpu_bench_bf16", "engine_tiny",
         "engine_tiny_eager", "make_checkpoint_mid", "engine_mid", "engine_mid_prefill_32k",
-        "kv_device_auto", "kv_device_host", "kv_device_ipc",
+        "kv_device_auto", "kv_device_host", "kv_device_ipc", "vision_bench",
         "memcheck_conformance_test", "racecheck_conformance_test",
         "memcheck_gpu_engine_test", "memcheck_cuda_graph_test"]
 missing = [w for w in want if w not in steps]
@@ -152,9 +153,12 @@ kv = j["kv_device"]
 assert set(kv) == {"auto", "host", "ipc"}, kv
 assert kv["ipc"]["two_processes"] is True and kv["host"]["two_processes"] is False
 assert j["facts"]["gpu"].startswith("GPU 0: NVIDIA H200"), j["facts"]["gpu"]
+assert j["vision"]["bench"] == "vision" and j["vision"]["backend"] == "cuda", j["vision"]
 PY
 grep -q -- "^conformance_test --gtest_filter=\*/cuda:DeviceBackend\*$" "$CALLS" ||
   fail "conformance_test not run with its filter"
+grep -q -- "^vision_bench --backend cuda --towers tiny,mid --min_seconds 0.5$" "$CALLS" ||
+  fail "vision_bench not run on cuda"
 grep -q -- "^kv_device_bench --backend cuda --kv_buffer host --two_processes$" "$CALLS" ||
   fail "kv_device_bench's two-process run not as documented"
 grep -q -- "^kv_device_bench --backend cuda --kv_buffer auto$" "$CALLS" ||
