@@ -656,7 +656,8 @@ void Generation::ApplyLocked(
         return;
       }
     }
-    if (fields_.ScoreOnly()) {
+    // (An error ending the request goes the decoder's way: a server error.)
+    if (fields_.ScoreOnly() && r.finish_reason() != tandem::v1::FINISH_REASON_ERROR) {
       // The prompt's scores are all this choice returns: its generated token
       // is dropped, the choice ends "length" with no completion tokens, and
       // the router call is cancelled.

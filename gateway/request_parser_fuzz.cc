@@ -16,7 +16,8 @@ void CheckFields(const tandem::gateway::GenerationFields& f) {
   Check(f.n >= 1 && f.n <= tandem::gateway::kMaxN);
   Check(!f.temperature || (*f.temperature >= 0 && *f.temperature <= 2));
   Check(!f.top_p || (*f.top_p > 0 && *f.top_p <= 1));
-  Check(!f.max_tokens || *f.max_tokens >= 1);
+  // 0 only for a score-only completion (echo without generation).
+  Check(!f.max_tokens || *f.max_tokens >= 1 || f.ScoreOnly());
   Check(f.top_logprobs >= 0 && f.top_logprobs <= tandem::gateway::kMaxTopLogprobs);
   Check(f.stop.size() <= static_cast<size_t>(tandem::gateway::kMaxStopStrings));
   for (const auto& s : f.stop) Check(!s.empty());

@@ -94,6 +94,8 @@ int main(int argc, char** argv) {
              "are refused")
             .Kv("status", tower.status());
         towers.clear();
+        vision_backends.clear();
+        (*model)->extra_device_bytes.clear();
         break;
       }
       if (!tower.ok()) {
@@ -102,10 +104,22 @@ int main(int argc, char** argv) {
             .Kv("status", tower.status());
         return 1;
       }
+      // On a device: the weights, the calls' buffer (allocated now, for the
+      // largest image and the router's 64 images a request), and the tower
+      // backend's own workspace (cuBLASLt's, the op scratch).
+      constexpr int64_t kImagesPerRequest = 64;  // router/request_validation.h
+      constexpr int64_t kBackendWorkspaceBytes = int64_t{64} << 20;
+      auto held = (*tower)->ReserveActivations(
+          tandem::vision::VisionTower::kMaxPatchesPerImage, kImagesPerRequest);
+      if (!held.ok()) {
+        TLOG(ERROR, "cannot load the vision tower")
+            .Kv("tower", r)
+            .Kv("status", held.status());
+        return 1;
+      }
       const int64_t reserve =
           (*tower)->weight_device_bytes() > 0
-              ? (*tower)->weight_device_bytes() +
-                    (*tower)->ActivationBytes((*tower)->max_patches_per_call())
+              ? (*tower)->weight_device_bytes() + *held + kBackendWorkspaceBytes
               : 0;
       (*model)->extra_device_bytes.resize(r + 1, 0);
       (*model)->extra_device_bytes[r] += reserve;

@@ -429,12 +429,17 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
                    on_output = std::move(on_output)](vision::VisionTower* tower,
                                                      int index) mutable {
     if (tower == nullptr) {
-      loop_->Post([this, call](engine::Engine&) {
-        EndBeforeEngine(call.get(),
-                        grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                     "the prefill worker is shutting down"),
-                        "UNAVAILABLE");
-      });
+      // Stopping: ended here, not through the loop (which may run no more
+      // commands); its session entry, if any, ends with the service.
+      call->session->Cancel();
+      {
+        absl::MutexLock l(&mu_);
+        active_.erase(call->request.request_id());
+      }
+      if (call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                    "the prefill worker is shutting down"))) {
+        Count("Prefill", "UNAVAILABLE");
+      }
       return;
     }
     std::shared_ptr<std::vector<engine::MediaInput>> media;
@@ -482,8 +487,11 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
         on_output(e, encoded);
         return;
       }
-      loop_->AddRequest(call->eid, std::move(prompt), params, std::move(on_output),
-                        call->request.cache_salt(), std::move(*media));
+      // Known to the loop when this returns: a cancel posted meanwhile (queued
+      // behind this command) finds it.
+      loop_->AddRequestOnLoopThread(e, call->eid, std::move(prompt), params,
+                                    std::move(on_output), call->request.cache_salt(),
+                                    std::move(*media));
     });
   };
   {

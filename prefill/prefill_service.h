@@ -11,9 +11,10 @@
 //                                                              COMPUTING
 //     → images (PrefillRequest.images): each decoded and preprocessed again
 //       (engine/media) and checked against the gateway's grid, token count and
-//       content hash (INVALID_ARGUMENT otherwise); on the engine thread the
-//       vision tower encodes them, one MediaInput per image over its
-//       <|media_pad|> run (TP > 1: every rank writes the same rows)
+//       content hash (INVALID_ARGUMENT otherwise); on an encoder thread (one
+//       per tower; the engine steps meanwhile) a vision tower encodes them,
+//       one MediaInput per image over its <|media_pad|> run (TP > 1: every rank
+//       writes the same rows); a request cancelled meanwhile ends there
 //     → engine thread: AddRequest (prefill-only parameters: the request's
 //       sampling, no stop conditions, so the first token is exactly the one a
 //       colocated run samples first)
@@ -149,9 +150,10 @@ class PrefillService final : public tandem::v1::PrefillWorker::CallbackService {
   // still in flight.
   ~PrefillService() override;  // StopEncoding()s
 
-  // Stops the encoder thread: the images being encoded finish (and their
-  // requests go to the engine), the queued ones end UNAVAILABLE. Call before
-  // the loop goes (their requests are added through it); idempotent.
+  // Stops the encoder threads: the images being encoded finish (and their
+  // requests go to the engine), the queued ones end UNAVAILABLE at once. Call
+  // before the loop is destroyed (the encoding ones are added through it; the
+  // destructor's call is a no-op then); idempotent.
   void StopEncoding();
 
   tandem::v1::WorkerLoad Load() const;

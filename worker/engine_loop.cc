@@ -53,6 +53,22 @@ bool NeedsCompile(const engine::SamplingParams& p) {
 }
 }  // namespace
 
+void EngineLoop::AddRequestOnLoopThread(engine::Engine& engine, engine::RequestId id,
+                                        std::vector<int32_t> prompt,
+                                        engine::SamplingParams params,
+                                        OutputCallback on_output,
+                                        std::string cache_salt,
+                                        std::vector<engine::MediaInput> media) {
+  if (!NeedsCompile(params)) {
+    MakeAdd(id, std::move(prompt), std::move(params), std::move(on_output),
+            std::move(cache_salt), std::move(media))(engine);
+    return;
+  }
+  // Registered in compiling_ before AddRequest returns.
+  AddRequest(id, std::move(prompt), std::move(params), std::move(on_output),
+             std::move(cache_salt), std::move(media));
+}
+
 void EngineLoop::AddRequest(engine::RequestId id, std::vector<int32_t> prompt,
                             engine::SamplingParams params, OutputCallback on_output,
                             std::string cache_salt,

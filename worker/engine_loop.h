@@ -110,6 +110,14 @@ class EngineLoop {
   using CompiledParamsCallback =
       std::function<void(absl::StatusOr<engine::SamplingParams> params)>;
   void CompileAhead(engine::SamplingParams params, CompiledParamsCallback then);
+  // AddRequest from the engine thread (inside a Command), without a queue hop:
+  // the request is known to the loop when this returns (added, or compiling),
+  // so a CancelOnLoopThread queued behind the calling command finds it.
+  void AddRequestOnLoopThread(engine::Engine& engine, engine::RequestId id,
+                              std::vector<int32_t> prompt,
+                              engine::SamplingParams params, OutputCallback on_output,
+                              std::string cache_salt = {},
+                              std::vector<engine::MediaInput> media = {});
   // Registers `on_output` for a request added by a command (e.g. a prefilled
   // admission); call on the engine thread only (inside a Command).
   void WatchOnLoopThread(engine::RequestId id, OutputCallback on_output);

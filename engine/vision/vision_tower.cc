@@ -186,24 +186,48 @@ constexpr size_t kAlign = 256;
 size_t Aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
-int64_t VisionTower::ActivationBytes(int64_t patches, int64_t images) const {
+std::vector<size_t> VisionTower::BufferBytes(int64_t patches, int64_t images) const {
   const model::VisionConfig& c = w_.config;
   const int64_t P = patches, N = patches / 4;
   const size_t f = sizeof(float), i32 = sizeof(int32_t);
-  const size_t parts[] = {
+  return {
       P * c.patch_dim() * f,           // patches
       2 * P * i32,                     // positions
       (images + 1) * i32,              // cu_seqlens
       P * c.vt_hidden_size * f,        // position table rows
-      2 * P * c.vt_hidden_size * f,    // x, h
-      4 * P * c.qkv_hidden_size * f,   // qkv, attn
+      P * c.vt_hidden_size * f,        // x
+      P * c.vt_hidden_size * f,        // h
+      3 * P * c.qkv_hidden_size * f,   // qkv
+      P * c.qkv_hidden_size * f,       // attn
       P * c.vt_intermediate_size * f,  // mlp
-      2 * N * c.merged_dim() * f,      // merged, hidden
+      N * c.merged_dim() * f,          // merged
+      N * c.merged_dim() * f,          // hidden
       N * c.text_hidden_size * f,      // out
   };
+}
+
+int64_t VisionTower::ActivationBytes(int64_t patches, int64_t images) const {
   size_t total = 0;
-  for (size_t b : parts) total += Aligned(b);
+  for (size_t b : BufferBytes(patches, images)) total += Aligned(b);
   return static_cast<int64_t>(total);
+}
+
+absl::StatusOr<int64_t> VisionTower::ReserveActivations(int64_t patches,
+                                                        int64_t images) {
+  kernels::Device& dev = be_->device();
+  if (dev.name() == "host") return 0;
+  const size_t bytes = static_cast<size_t>(ActivationBytes(patches, images));
+  if (arena_.bytes() >= bytes) return static_cast<int64_t>(arena_.bytes());
+  TANDEM_RETURN_IF_ERROR(dev.MakeCurrent());
+  arena_.Reset();
+  auto buf = kernels::DeviceBuffer::Allocate(&dev, bytes);
+  if (!buf.ok()) {
+    return Annotate(buf.status(),
+                    absl::StrCat("vision tower: reserving ", bytes, " bytes on ",
+                                 dev.name(), " for calls of ", patches, " patches"));
+  }
+  arena_ = std::move(buf).value();
+  return static_cast<int64_t>(bytes);
 }
 
 absl::StatusOr<std::unique_ptr<VisionTower>> VisionTower::Load(
@@ -313,32 +337,43 @@ absl::StatusOr<std::vector<float>> VisionTower::EncodeGroup(
     }
   }
 
-  // Every buffer of the call in one allocation of the backend's memory, the
-  // kernels launched on its device (the calling thread's current one on CUDA).
+  // Every buffer of the call in one allocation of the backend's memory (on a
+  // device the tower's kept one, grown when a call needs more; on the host the
+  // call's own), the kernels launched on its device (the calling thread's
+  // current one on CUDA).
   kernels::Device& dev = be_->device();
   TANDEM_RETURN_IF_ERROR(dev.MakeCurrent());
-  TANDEM_ASSIGN_OR_RETURN(kernels::DeviceBuffer arena,
-                          kernels::DeviceBuffer::Allocate(
-                              &dev, static_cast<size_t>(ActivationBytes(P, G))));
-  char* next = arena.as<char>();
-  auto carve = [&next](auto* type_tag, int64_t count) {
+  kernels::DeviceBuffer local;
+  char* next = nullptr;
+  if (dev.name() == "host") {
+    TANDEM_ASSIGN_OR_RETURN(local,
+                            kernels::DeviceBuffer::Allocate(
+                                &dev, static_cast<size_t>(ActivationBytes(P, G))));
+    next = local.as<char>();
+  } else {
+    TANDEM_RETURN_IF_ERROR(ReserveActivations(P, G).status());
+    next = arena_.as<char>();
+  }
+  const std::vector<size_t> sizes = BufferBytes(P, G);
+  size_t part = 0;
+  auto carve = [&](auto* type_tag) {
     using T = std::remove_pointer_t<decltype(type_tag)>;
     T* p = reinterpret_cast<T*>(next);
-    next += Aligned(static_cast<size_t>(count) * sizeof(T));
+    next += Aligned(sizes[part++]);
     return p;
   };
-  float* d_patches = carve(static_cast<float*>(nullptr), P * pd);
-  int32_t* d_pos = carve(static_cast<int32_t*>(nullptr), 2 * P);
-  int32_t* d_cu = carve(static_cast<int32_t*>(nullptr), G + 1);
-  float* d_pe = carve(static_cast<float*>(nullptr), P * D);
-  float* x = carve(static_cast<float*>(nullptr), P * D);
-  float* h = carve(static_cast<float*>(nullptr), P * D);
-  float* qkv = carve(static_cast<float*>(nullptr), 3 * P * Q);
-  float* attn = carve(static_cast<float*>(nullptr), P * Q);
-  float* mlp = carve(static_cast<float*>(nullptr), P * I);
-  float* merged = carve(static_cast<float*>(nullptr), N * M4);
-  float* hidden = carve(static_cast<float*>(nullptr), N * M4);
-  float* d_out = carve(static_cast<float*>(nullptr), N * Ht);
+  float* d_patches = carve(static_cast<float*>(nullptr));
+  int32_t* d_pos = carve(static_cast<int32_t*>(nullptr));
+  int32_t* d_cu = carve(static_cast<int32_t*>(nullptr));
+  float* d_pe = carve(static_cast<float*>(nullptr));
+  float* x = carve(static_cast<float*>(nullptr));
+  float* h = carve(static_cast<float*>(nullptr));
+  float* qkv = carve(static_cast<float*>(nullptr));
+  float* attn = carve(static_cast<float*>(nullptr));
+  float* mlp = carve(static_cast<float*>(nullptr));
+  float* merged = carve(static_cast<float*>(nullptr));
+  float* hidden = carve(static_cast<float*>(nullptr));
+  float* d_out = carve(static_cast<float*>(nullptr));
   TANDEM_RETURN_IF_ERROR(
       dev.CopyToDevice(d_patches, patches.data(), patches.size() * sizeof(float)));
   TANDEM_RETURN_IF_ERROR(

@@ -75,8 +75,10 @@ std::vector<float> InterpolatePosEmb(const std::vector<float>& table, int64_t h0
 class VisionTower {
  public:
   // The patches one call of the tower's graph takes at most (the preprocessing's
-  // default in_patch_limit: one image of the largest size).
+  // default in_patch_limit), and those of the largest single image it can get:
+  // the limit's 256 x 256 grid, each side padded to an even count (258 x 258).
   static constexpr int64_t kMaxPatchesPerCall = 65536;
+  static constexpr int64_t kMaxPatchesPerImage = 258 * 258;
 
   // Fails (naming the op) on a backend that lacks an op the tower needs;
   // ResourceExhausted (naming the tower) when a device cannot hold its weights.
@@ -91,6 +93,13 @@ class VisionTower {
   // Device memory one call over `patches` patches (in `images` images) holds
   // for its inputs and activations (the host backends allocate the same).
   int64_t ActivationBytes(int64_t patches, int64_t images = 1) const;
+  // On a device backend: allocates now the buffer that calls of up to `patches`
+  // patches in `images` images use (kept, and grown only by a larger call), so
+  // the memory is taken at load and a call never waits on the allocator.
+  // ResourceExhausted naming the tower when it does not fit. A no-op on the
+  // host backends (each call allocates and frees its own). Returns the bytes
+  // held.
+  absl::StatusOr<int64_t> ReserveActivations(int64_t patches, int64_t images);
   // The group bound Encode uses (kMaxPatchesPerCall unless lowered: a smaller
   // activation peak for more, smaller calls; >= 4).
   int64_t max_patches_per_call() const { return max_patches_per_call_; }
@@ -128,6 +137,8 @@ class VisionTower {
   VisionTower(VisionWeights w, kernels::Backend* be) : w_(std::move(w)), be_(be) {}
   // Points p_ at w_ (host) or uploads w_ to the backend's device.
   absl::Status Place();
+  // The byte sizes of one call's buffers, in the order EncodeGroup carves them.
+  std::vector<size_t> BufferBytes(int64_t patches, int64_t images) const;
   const std::vector<float>& PosEmbFor(int64_t grid_h, int64_t grid_w);
   // One group of validated images (their patches within kMaxPatchesPerCall, or
   // one image).
@@ -138,6 +149,7 @@ class VisionTower {
   kernels::Backend* be_;
   WeightPtrs p_;
   std::vector<kernels::DeviceBuffer> uploaded_;
+  kernels::DeviceBuffer arena_;  // device backends: the calls' buffers, kept
   int64_t weight_device_bytes_ = 0;
   int64_t max_patches_per_call_ = kMaxPatchesPerCall;
   std::map<std::pair<int64_t, int64_t>, std::vector<float>> pos_cache_;

@@ -291,10 +291,10 @@ TEST_F(VisionTowerTest, BadImagesAreInvalidArgument) {
 }
 
 // On a device backend the tower uploads its weights once and runs every call
-// in device memory it frees after the call (the worker sets aside
-// weight_device_bytes() + ActivationBytes(max_patches_per_call()) from its cache
-// budget); the host backends keep the mapping's views.
-TEST_F(VisionTowerTest, DeviceBackendsHoldTheWeightsAndFreeEachCallsBuffers) {
+// in one device buffer it keeps (reserved at load by the worker, which sets the
+// weights and that buffer aside from its cache budget; grown only by a larger
+// call); the host backends keep the mapping's views and free each call's.
+TEST_F(VisionTowerTest, DeviceBackendsHoldTheWeightsAndOneCallBuffer) {
   auto cpu = kernels::CreateBackend("cpu");
   ASSERT_TRUE(cpu.ok());
   auto on_host = VisionTower::Load(*ckpt_, cpu->get());
@@ -318,13 +318,27 @@ TEST_F(VisionTowerTest, DeviceBackendsHoldTheWeightsAndFreeEachCallsBuffers) {
   EXPECT_EQ((*tower)->weight_device_bytes(), want);
   EXPECT_GE(dev.MemoryInfo().allocated_bytes - before, want);
   const int64_t loaded = dev.MemoryInfo().allocated_bytes;
-  const media::PatchedImage a = RandomImage(8, 10, 5);
+  const media::PatchedImage a = RandomImage(8, 10, 5), small = RandomImage(4, 4, 6);
   auto rows = (*tower)->Encode({&a});
   ASSERT_TRUE(rows.ok()) << rows.status();
   EXPECT_EQ(rows->size(), static_cast<size_t>(a.num_tokens() * Ht));
-  EXPECT_EQ(dev.MemoryInfo().allocated_bytes, loaded);  // the call's arena is freed
-  EXPECT_GE((*tower)->ActivationBytes(80),
-            80 * (c.patch_dim() + 3 * D + 4 * Q + I) * 4);
+  // The call's buffer stays, exactly its size (patches, positions, table rows,
+  // every activation), and a smaller call reuses it.
+  const int64_t call = (*tower)->ActivationBytes(80, 1);
+  EXPECT_GE(call, 80 * (c.patch_dim() + 3 * D + 4 * Q + I) * 4);
+  EXPECT_GE(dev.MemoryInfo().allocated_bytes - loaded, call);
+  EXPECT_LT(dev.MemoryInfo().allocated_bytes - loaded, call + 4096);
+  const int64_t after_first = dev.MemoryInfo().allocated_bytes;
+  ASSERT_TRUE((*tower)->Encode({&small}).ok());
+  EXPECT_EQ(dev.MemoryInfo().allocated_bytes, after_first);
+  // Reserved ahead for larger calls (as the worker does at load): no growth.
+  auto held = (*tower)->ReserveActivations(400, 3);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(*held, (*tower)->ActivationBytes(400, 3));
+  const int64_t reserved = dev.MemoryInfo().allocated_bytes;
+  const media::PatchedImage big = RandomImage(20, 20, 7);
+  ASSERT_TRUE((*tower)->Encode({&big}).ok());
+  EXPECT_EQ(dev.MemoryInfo().allocated_bytes, reserved);
   tower->reset();
   EXPECT_EQ(dev.MemoryInfo().allocated_bytes, before);
 }

@@ -78,6 +78,10 @@ absl::Status GpuBackend::Gelu(const float* x, int64_t ldx, float* y, int64_t ldy
 absl::Status GpuBackend::VisionAttention(const VisionAttnArgs& a) {
   TANDEM_RETURN_IF_ERROR(CheckVisionAttentionShape(a));
   if (a.num_images == 0 || a.num_tokens == 0) return absl::OkStatus();
+  if (a.max_seqlen <= 0) {  // the grid is sized from it: every image would be skipped
+    return InvalidArgument("vision_attention: max_seqlen ", a.max_seqlen, " with ",
+                           a.num_tokens, " tokens");
+  }
   if (a.head_dim > kVisionMaxHeadDim) {
     return InvalidArgument("vision_attention: head_dim ", a.head_dim, " > ",
                            kVisionMaxHeadDim, ", the widest the ", name(),
