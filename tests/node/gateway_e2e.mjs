@@ -295,6 +295,20 @@ test('completions: echo with logprobs, logit_bias', async () => {
   for (const lp of c.logprobs.token_logprobs.slice(1)) assert.equal(typeof lp, 'number');
 });
 
+// Echo without generation (max_tokens 0): the prompt scored, nothing generated.
+test('completions: echo with max_tokens 0 scores the prompt only', async () => {
+  const r = await client.completions.create({ model: MODEL, prompt: 'Say something', max_tokens: 0, echo: true, logprobs: 1 });
+  const c = r.choices[0];
+  assert.equal(c.text, 'Say something');
+  assert.equal(c.finish_reason, 'length');
+  assert.equal(c.logprobs.tokens.join(''), 'Say something');
+  assert.equal(c.logprobs.token_logprobs[0], null);
+  assert.equal(r.usage.completion_tokens, 0);
+  await assert.rejects(
+    client.completions.create({ model: MODEL, prompt: 'Say something', max_tokens: 0 }),
+    (e) => e.status === 400 && e.param === 'max_tokens');
+});
+
 test('completions: text, token prompt, streaming, n', async () => {
   const r = await client.completions.create({ model: MODEL, prompt: 'Tell me', max_tokens: 100 });
   assert.match(r.id, /^cmpl-/);
