@@ -73,6 +73,44 @@ TEST(EngineLoopTest, BadRequestGetsItsError) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
 }
 
+// AddRequestOnLoopThread adds inside the calling command: a CancelOnLoopThread
+// posted behind that command (while it ran) finds the request alive and aborts
+// it, where AddRequest's queued add would come after the cancel and run on.
+TEST(EngineLoopTest, AnAddOnTheLoopThreadIsSeenByACancelQueuedBehindIt) {
+  Rig rig;
+  EngineLoop loop(rig.Make());
+  absl::Notification in_command, cancel_posted, checked;
+  std::atomic<int> outputs{0};
+  bool alive = false;
+  const auto count = [&](engine::Engine&,
+                         const absl::StatusOr<engine::RequestOutput>&) {
+    outputs.fetch_add(1);
+  };
+  loop.Post([&](engine::Engine& e) {
+    in_command.Notify();
+    cancel_posted.WaitForNotification();  // the cancel is queued behind us
+    loop.AddRequestOnLoopThread(e, 5, engine::testing::MakePrompt(9, 1), Greedy(20),
+                                count);
+  });
+  ASSERT_TRUE(in_command.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  loop.Post([&](engine::Engine& e) {
+    alive = loop.CancelOnLoopThread(e, 5);
+    checked.Notify();
+  });
+  cancel_posted.Notify();
+  ASSERT_TRUE(checked.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(alive);
+  const int before = outputs.load();  // a step may have run between the commands
+  absl::Notification idle;
+  loop.Post([&](engine::Engine& e) {
+    EXPECT_FALSE(e.HasWork());  // aborted: nothing left to step
+    idle.Notify();
+  });
+  ASSERT_TRUE(idle.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(outputs.load(), before);  // its callback was dropped
+  EXPECT_LE(before, 1);               // 20 tokens asked: cut short
+}
+
 TEST(EngineLoopTest, CancelFreesBlocksAndRunsItsHookOnce) {
   Rig rig;
   EngineLoop loop(rig.Make());
