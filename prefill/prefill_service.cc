@@ -166,6 +166,10 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
         });
   }
   for (size_t t = 0; t < s->options_.vision.size(); ++t) {
+    // Each tower's series exported from the start (zero until an image).
+    if (s->metrics_ != nullptr) {
+      s->metrics_->vision_encode_seconds->Add({{"tower", absl::StrCat(t)}});
+    }
     PrefillService* self = s.get();
     s->encoders_.emplace_back([self, t] { self->EncoderLoop(static_cast<int>(t)); });
   }
