@@ -95,6 +95,16 @@ class ImageInputTest : public ::testing::Test {
     o.sampling_threads = 1;
     return o;
   }
+  // Prefix caching at the KDA chunk grid (64), 8 snapshots; `generations`: a
+  // finished reply is continued for the next turn.
+  static EngineOptions Cached(bool generations) {
+    EngineOptions o = Options();
+    o.prefix_caching.enabled = true;
+    o.prefix_caching.num_snapshots = 8;
+    o.prefix_caching.snapshot_grid = 64;
+    o.prefix_caching.snapshot_generations = generations;
+    return o;
+  }
 
   struct Run {
     std::vector<int32_t> tokens;
@@ -194,12 +204,8 @@ TEST_F(ImageInputTest, TensorParallelRanksGiveTheTp1Tokens) {
   EngineOptions chunked = Options();
   chunked.max_tokens_per_step = 64;
   chunked.max_prefill_chunk = 25;  // boundaries at 75, 100, 125: inside A and B
-  EngineOptions cached = Options();
+  EngineOptions cached = Cached(/*generations=*/false);
   cached.max_tokens_per_step = 256;
-  cached.prefix_caching.enabled = true;
-  cached.prefix_caching.num_snapshots = 8;
-  cached.prefix_caching.snapshot_grid = 64;
-  cached.prefix_caching.snapshot_generations = false;
   for (EngineOptions o : {chunked, cached}) {
     SCOPED_TRACE(o.prefix_caching.enabled ? "cached" : "chunked");
     const std::vector<Run> want = RunSequentially(o, {p, other_b, p});
@@ -230,11 +236,7 @@ TEST_F(ImageInputTest, PrefixCacheNeverHitsAcrossDifferentImages) {
   const Prompt same = MakeImagePrompt(a, b);
   const Prompt other_b = MakeImagePrompt(a, b2);
   const Prompt other_a = MakeImagePrompt(a2, b);
-  EngineOptions cached = Options();
-  cached.prefix_caching.enabled = true;
-  cached.prefix_caching.num_snapshots = 8;
-  cached.prefix_caching.snapshot_grid = 64;
-  cached.prefix_caching.snapshot_generations = false;
+  EngineOptions cached = Cached(/*generations=*/false);
   const std::vector<Run> runs = RunSequentially(cached, {p, same, other_b, other_a});
   EXPECT_EQ(runs[0].cached, 0);
   // Hits are at multiples of 64 (the KDA chunk) below the prompt's end.
@@ -255,12 +257,8 @@ TEST_F(ImageInputTest, PrefixCacheNeverHitsAcrossDifferentImages) {
 // text) hits past the prompt, and continues as a cache-off run does.
 TEST_F(ImageInputTest, TheReplyToAnImagePromptIsCachedForTheNextTurn) {
   const Prompt p = MakeImagePrompt(RandomImage(8, 10, 1), RandomImage(4, 8, 2));
-  EngineOptions o = Options();
+  EngineOptions o = Cached(/*generations=*/true);
   o.max_tokens_per_step = 256;
-  o.prefix_caching.enabled = true;
-  o.prefix_caching.num_snapshots = 8;
-  o.prefix_caching.snapshot_grid = 64;
-  o.prefix_caching.snapshot_generations = true;
   auto backend = MakeBackend("cpu");
   auto e = Engine::Create(&TinyWeights(), backend.get(), nullptr, o);
   ASSERT_TRUE(e.ok()) << e.status();
@@ -315,12 +313,8 @@ TEST_F(ImageInputTest, ADecodeWorkerNeverContinuesOverImageRowsItCannotCompute) 
   const std::vector<int32_t> tail = MakePrompt(20, 5);
   late.tokens.insert(late.tokens.end(), tail.begin(), tail.end());
 
-  EngineOptions o = Options();
+  EngineOptions o = Cached(/*generations=*/true);
   o.max_tokens_per_step = 256;
-  o.prefix_caching.enabled = true;
-  o.prefix_caching.num_snapshots = 8;
-  o.prefix_caching.snapshot_grid = 64;
-  o.prefix_caching.snapshot_generations = true;
   auto prefill_backend = MakeBackend("cpu");
   auto decode_backend = MakeBackend("cpu");
   auto prefill =
@@ -399,11 +393,7 @@ TEST_F(ImageInputTest, PrefixEventsCarryTheRoutersImageHashes) {
   EXPECT_EQ(ChainedBlockHashes(p.tokens, 64, "tenant", mh),
             RouteBlockHashes(p.tokens, "tenant", route_media(p)));
 
-  EngineOptions o = Options();
-  o.prefix_caching.enabled = true;
-  o.prefix_caching.num_snapshots = 8;
-  o.prefix_caching.snapshot_grid = 64;
-  o.prefix_caching.snapshot_generations = false;
+  EngineOptions o = Cached(/*generations=*/false);
   auto backend = MakeBackend("cpu");
   auto e = Engine::Create(&TinyWeights(), backend.get(), nullptr, o);
   ASSERT_TRUE(e.ok()) << e.status();

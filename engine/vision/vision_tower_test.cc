@@ -344,7 +344,8 @@ TEST_F(VisionTowerTest, DeviceBackendsHoldTheWeightsAndOneCallBuffer) {
 }
 
 // Images beyond max_patches_per_call() are encoded in several calls: the rows
-// are those of one call (up to GEMM blocking by row count, as above).
+// are those of one call (up to GEMM blocking by row count, as above), and on a
+// device the kept buffer is that of the largest group, not of all the images.
 TEST_F(VisionTowerTest, ImagesBeyondOneCallsPatchesAreEncodedInGroups) {
   auto be = kernels::CreateBackend("cpu");
   ASSERT_TRUE(be.ok());
@@ -365,6 +366,26 @@ TEST_F(VisionTowerTest, ImagesBeyondOneCallsPatchesAreEncodedInGroups) {
       err = std::max(err, static_cast<double>(std::fabs((*grouped)[i] - (*one)[i])));
     EXPECT_LE(err, 1e-4) << limit;
   }
+
+  auto sim = kernels::CreateBackend("cuda_sim");
+  if (!sim.ok()) return;  // a --config=cuda build
+  auto on_device = VisionTower::Load(*ckpt_, sim->get());
+  ASSERT_TRUE(on_device.ok()) << on_device.status();
+  kernels::Device& dev = (*sim)->device();
+  const int64_t loaded = dev.MemoryInfo().allocated_bytes;
+  (*on_device)->set_max_patches_per_call(70);  // [a] (80), [b, c] (32 + 36)
+  auto grouped = (*on_device)->Encode({&a, &b, &c});
+  ASSERT_TRUE(grouped.ok()) << grouped.status();
+  const int64_t largest = std::max((*on_device)->ActivationBytes(80, 1),
+                                   (*on_device)->ActivationBytes(68, 2));
+  ASSERT_LT(largest, (*on_device)->ActivationBytes(148, 3));
+  EXPECT_GE(dev.MemoryInfo().allocated_bytes - loaded, largest);
+  EXPECT_LT(dev.MemoryInfo().allocated_bytes - loaded,
+            (*on_device)->ActivationBytes(148, 3));
+  double err = 0;
+  for (size_t i = 0; i < one->size(); ++i)
+    err = std::max(err, static_cast<double>(std::fabs((*grouped)[i] - (*one)[i])));
+  EXPECT_LE(err, 1e-4);
 }
 
 // A checkpoint whose vision_config disagrees with its tensors: the error names

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "kernels/cuda/backend_util.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/op_checks.h"
@@ -21,26 +22,10 @@ static_assert(offsetof(MoeExpertPtrs, w2_scale) == offsetof(Mxfp4Expert, w2_scal
 
 namespace {
 
-// Elements spanned by `rows` rows of `width` with stride ld.
-size_t Span(int64_t rows, int64_t width, int64_t ld) {
-  return rows <= 0 || width <= 0 ? 0 : static_cast<size_t>((rows - 1) * ld + width);
-}
-
-struct Range {
-  const void* p;
-  size_t bytes;
-  const char* what;
-};
-
-// FailedPrecondition unless every range is memory of the backend's device (checked
-// where that is cheap: cuda_sim). The expert weights behind MoeArgs::experts are
-// device pointers in device memory: not readable here, not checked.
-absl::Status Resident(const GpuBackend& be, std::initializer_list<Range> ranges) {
-  for (const Range& r : ranges) {
-    TANDEM_RETURN_IF_ERROR(be.CheckResident(r.p, r.bytes, r.what));
-  }
-  return absl::OkStatus();
-}
+using backend_util::Range;
+using backend_util::Resident;  // the expert weights behind MoeArgs::experts are
+                               // device pointers in device memory: not checked
+using backend_util::Span;
 
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include <initializer_list>
 
 #include "common/status.h"
+#include "kernels/cuda/backend_util.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/vision.h"
 #include "kernels/op_checks.h"
@@ -14,30 +15,11 @@
 namespace tandem::kernels::cuda {
 namespace {
 
-absl::Status Done(GpuBackend* be, const char* launch_error, const char* what) {
-  if (launch_error != nullptr) {
-    return Internal(be->name(), ": launching ", what, " failed: ", launch_error);
-  }
-  return be->Launched(what);
-}
-
-size_t Span(int64_t rows, int64_t width, int64_t ld) {
-  return rows <= 0 || width <= 0 ? 0 : static_cast<size_t>((rows - 1) * ld + width);
-}
-
-struct Range {
-  const void* p;
-  size_t bytes;
-  const char* what;
-};
-
-absl::Status Resident(const GpuBackend& be, std::initializer_list<Range> ranges) {
-  for (const Range& r : ranges)
-    TANDEM_RETURN_IF_ERROR(be.CheckResident(r.p, r.bytes, r.what));
-  return absl::OkStatus();
-}
-
-constexpr size_t kF = sizeof(float);
+using backend_util::Done;
+using backend_util::kF;
+using backend_util::Range;
+using backend_util::Resident;
+using backend_util::Span;
 
 }  // namespace
 
