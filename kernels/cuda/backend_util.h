@@ -27,7 +27,8 @@ struct Range {
 
 // FailedPrecondition unless every range is memory of the backend's device (checked
 // where that is cheap: cuda_sim).
-inline absl::Status Resident(const GpuBackend& be, std::initializer_list<Range> ranges) {
+inline absl::Status Resident(const GpuBackend& be,
+                             std::initializer_list<Range> ranges) {
   for (const Range& r : ranges) {
     TANDEM_RETURN_IF_ERROR(be.CheckResident(r.p, r.bytes, r.what));
   }
