@@ -242,9 +242,13 @@ TEST_P(VisionConformance, VisionAttentionMatchesOracleAndStaysInsideEachImage) {
   for (size_t i = 0; i < got.size(); ++i)
     worst = std::max(worst, std::fabs(got[i] - want[i]) / mx);
   EXPECT_LE(worst, 2e-5);
-  // A one-token image attends only to itself: out = v.
-  for (int64_t c = 0; c < width; ++c)
-    EXPECT_NEAR(got[76 * ldo + c], qkv[76 * ld + 2 * width + c], 1e-6);
+  // A one-token image attends only to itself: out = v, up to how the backend
+  // carries v: the GPU's tensor-core kernel as split-BF16 hi + lo, whose lo is
+  // rounded to BF16 (at most 2^-16 of |v|); fp32 elsewhere.
+  for (int64_t c = 0; c < width; ++c) {
+    const float v = qkv[76 * ld + 2 * width + c];
+    EXPECT_NEAR(got[76 * ldo + c], v, 1.6e-5 * std::fabs(v) + 1e-7);
+  }
   // Changing image 1's keys and values changes no other image's rows.
   std::vector<float> qkv2 = qkv;
   for (int64_t t = cu[1]; t < cu[2]; ++t) {

@@ -212,14 +212,17 @@ TEST_F(VisionTowerTest, MatchesThePlainReference) {
   // GEMM inputs to BF16 (2^-9 relative per product, kernels/README.md) through
   // 2 blocks + projector: 3e-2 (measured ~5e-3).
   // The GPU backends run it from device memory (weights uploaded, activations
-  // there): "cuda_sim" (the emulator; its GEMMs fp32-exact as "cpu") and
-  // "cuda_sim_bf16" with the CPU bounds, "cuda" where built and visible.
+  // there): "cuda_sim" (the emulator; its GEMMs fp32-exact as "cpu"), "cuda"
+  // where built and visible: 2e-5, measured ~6e-6 on the emulator: their
+  // attention runs on tensor cores with split-BF16 operands (hi + lo, 2^-16 of
+  // each value at worst; kernels/cuda/vision.cu), 20x the fp32 kernel's ~3e-7.
+  // "cuda_sim_bf16" with cpu_bf16's bound.
   for (auto [name, bound] : {std::pair<const char*, double>{"cpu_reference", 1e-5},
                              {"cpu", 1e-5},
                              {"cpu_bf16", 3e-2},
-                             {"cuda_sim", 1e-5},
+                             {"cuda_sim", 2e-5},
                              {"cuda_sim_bf16", 3e-2},
-                             {"cuda", 1e-5}}) {
+                             {"cuda", 2e-5}}) {
     auto be = kernels::CreateBackend(name);
     if (!be.ok() && absl::StartsWith(name, "cuda")) {
       std::printf("%s: not in this build or no GPU (%s)\n", name,

@@ -20,7 +20,9 @@
 //            bytes touched / time / copy bandwidth, target >= 0.6;
 //   prefill  MLA expanded prefill (2048 tokens, causal), KDA chunked prefill
 //            (2048 tokens) and the MoE grouped GEMM at batch 2048 in TFLOP/s
-//            against GemmBf16 at the same FLOPs: target >= 0.5.
+//            against GemmBf16 at the same FLOPs: target >= 0.5; with them the
+//            vision tower's attention over one 4096-patch image (K3's 12 heads
+//            of 128; the tensor-core kernel, split-BF16: three mma a product).
 //
 // Timing: wall clock around back-to-back enqueued ops followed by one
 // Synchronize (best of 3 rounds of >= --min_time_s each); launch overhead is
@@ -692,6 +694,46 @@ void Prefill(Backend& be, ExpertBank* bank, const MoeShape& moe_sh) {
     }
   } else {
     g_errors.push_back("MoeMxfp4 (prefill): unsupported");
+  }
+  // The vision tower's attention (non-causal within one image): K3's 12 heads of
+  // 128 over one image of `patches` patches (4096: an 896 x 896 image at 14-pixel
+  // patches). FLOPs = 4 * heads * n^2 * head_dim (S = Q K^T and P V). One call per
+  // tower layer (27 for K3).
+  if (be.Supports(Op::kVisionAttention)) {
+    const int64_t patches = g_emulated ? 80 : 4096, heads = 12, hd = 128;
+    const int64_t width = heads * hd;
+    Buffers buf{&be.device()};
+    const std::vector<int32_t> cu = {0, static_cast<int32_t>(patches)};
+    float* qkv = buf.Upload(RandomF32(patches * 3 * width, rng));
+    float* out = buf.Alloc<float>(patches * width);
+    const int32_t* cu_dev = buf.Upload(cu);
+    VisionAttnArgs a;
+    a.heads = heads;
+    a.head_dim = hd;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    a.num_images = 1;
+    a.num_tokens = patches;
+    a.max_seqlen = patches;
+    a.cu_seqlens = cu_dev;
+    a.q = qkv;
+    a.k = qkv + width;
+    a.v = qkv + 2 * width;
+    a.ld_qkv = 3 * width;
+    a.out = out;
+    a.ld_out = width;
+    const double flops = 4.0 * heads * patches * patches * hd;
+    absl::StatusOr<double> t = buf.status.ok()
+                                   ? TimeOp(be, [&] { return be.VisionAttention(a); })
+                                   : absl::StatusOr<double>(buf.status);
+    if (!t.ok()) {
+      Fail("vision_attention", t.status());
+    } else {
+      const double g =
+          GemmAtFlops(be, flops, tokens, 1024, "gemm @ vision_attention FLOPs");
+      ReportPrefill("vision_attention",
+                    absl::StrCat("vision attention (", patches, " patches)"), flops, *t,
+                    g);
+    }
   }
 }
 

@@ -14,7 +14,7 @@ grep -q "EMULATED" "$out" || fail "the emulated run does not say so"
 last="$(tail -n 1 "$out")"
 [[ "$last" == '{"bench":"gpu_kernels"'* ]] || fail "the last line is not the JSON line: $last"
 for key in '"backend":"cuda_sim"' '"emulated":true' '"copy_gbs":' '"gemm_64_tflops":' \
-           '"targets":{'; do
+           '"targets":{' '"vision_attention_tflops":'; do
   [[ "$last" == *"$key"* ]] || fail "JSON line lacks $key"
 done
 if command -v python3 >/dev/null; then

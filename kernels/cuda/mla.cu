@@ -30,7 +30,9 @@ using tandem::gpu::F32ToBf16;
 using tandem::gpu::kFullMask;
 using tandem::gpu::kWarpSize;
 using tandem::gpu::MmaBf16M16N8K16;
+using tandem::gpu::MmaStride;
 using tandem::gpu::PackBf16x2;
+using tandem::gpu::SplitBf16x2;
 using tandem::gpu::WarpMax;
 using tandem::gpu::WarpSum;
 
@@ -346,20 +348,6 @@ __global__ void __launch_bounds__(kAbsWarps* kWarpSize)
 // Needs lora % 32 == 0 (whole n8 tiles per warp).
 constexpr int kMmaMaxTiles = kMlaMaxLora / (kAbsWarps * 8);
 constexpr int kScoreStride = kKeys + 8;  // floats per score row in shared memory
-
-// Words per shared row of `width` BF16 (padded to a multiple of 16), = 4 mod 8 so
-// that the fragment loads (8 rows x 4 words) hit 32 banks.
-__host__ __device__ __forceinline__ int64_t MmaStride(int64_t width) {
-  int64_t w = (width + 15) / 16 * 8;
-  while (w % 8 != 4) ++w;
-  return w;
-}
-
-__device__ __forceinline__ uint32_t SplitBf16x2(float x0, float x1, uint32_t* lo) {
-  const uint16_t h0 = F32ToBf16(x0), h1 = F32ToBf16(x1);
-  *lo = PackBf16x2(F32ToBf16(x0 - Bf16ToF32(h0)), F32ToBf16(x1 - Bf16ToF32(h1)));
-  return PackBf16x2(h0, h1);
-}
 
 template <int kGroups>
 __global__ void __launch_bounds__(kGroups* kAbsWarps* kWarpSize)

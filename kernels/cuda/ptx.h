@@ -79,6 +79,26 @@ inline void CpAsyncWait() {
 
 #endif
 
+// ---- Operand helpers of the mma kernels (MLA, vision) --------------------------
+
+// Words per shared-memory row of `width` BF16 operands (padded to a multiple of
+// 16 values), = 4 mod 8 so that the fragment loads (8 rows x 4 words) hit 32
+// banks.
+__host__ __device__ __forceinline__ int64_t MmaStride(int64_t width) {
+  int64_t w = (width + 15) / 16 * 8;
+  while (w % 8 != 4) ++w;
+  return w;
+}
+
+// Split-BF16 of two fp32 values: returns hi (two BF16, x0 in the low half) and
+// stores lo = bf16(x - hi), so hi + lo carries ~16 of fp32's 24 bits and
+// a.b ~ hi.hi + hi.lo + lo.hi (three mma) is exact to ~2^-16 relative.
+__device__ __forceinline__ uint32_t SplitBf16x2(float x0, float x1, uint32_t* lo) {
+  const uint16_t h0 = F32ToBf16(x0), h1 = F32ToBf16(x1);
+  *lo = PackBf16x2(F32ToBf16(x0 - Bf16ToF32(h0)), F32ToBf16(x1 - Bf16ToF32(h1)));
+  return PackBf16x2(h0, h1);
+}
+
 }  // namespace tandem::gpu
 
 #endif  // TANDEM_KERNELS_CUDA_PTX_H_

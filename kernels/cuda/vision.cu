@@ -10,31 +10,47 @@
 //     are the CPU's bit for bit; a bad position is recorded once per token.
 //   - Gelu, Merge2x2: flat grid-stride loops, an element per thread (Merge2x2 is a
 //     permutation copy: coalesced along d on both sides).
-//   - VisionAttention (non-causal, within each image; the tower's only attention):
-//     a block per (16-query tile, head, image), 4 warps of 4 queries each. Keys and
-//     values stream through shared memory in tiles of 32 (a key per lane; the key
-//     tile's rows padded to 129 floats so the lanes' column reads hit 32 banks).
-//     Each lane scores its key against its warp's 4 queries (query rows in shared
-//     memory, read as broadcasts), the warp takes the online-softmax max and sum
-//     with shuffles (fp32 running max and denominator, as FlashAttention), writes
-//     the 32 probabilities to shared memory, and every lane accumulates its own
-//     output columns (d = lane + 32r, r < 4: head_dim <= 128) over the tile's
-//     values. CUDA cores, fp32: the tower is a small share of a request's work
-//     (K3's: 27 layers of 1024 wide against the text model's 93 of 7168), so
-//     this kernel favours exactness (the CPU backend's results within fp32
-//     rounding) over tensor cores; docs/ARCHITECTURE.md "Image input on GPUs".
+//   - VisionAttention (non-causal, within each image; the tower's only attention),
+//     two kernels (launcher: VisionAttnCore):
+//     * on tensor cores (VisionAttentionMmaKernel; head_dim % 16 == 0: K3's 128,
+//       the tiny and mid towers' 48 and 64): FlashAttention-2 on mma.sync
+//       m16n8k16, the design of MLA's expanded kernel (mla.cu MlaFlashChunkMma):
+//       a block per (64-query tile, head, image), 4 warps of 16 query rows each
+//       (a warp's online softmax stays in its registers), key tiles of 32 through
+//       shared memory. Every operand is split-BF16 (q scaled, k, v and p as
+//       hi + lo), three mma per product (hi.hi + hi.lo + lo.hi): error ~2^-16
+//       relative per term, so the results stay within the SIMT kernel's bound of
+//       the fp64 oracle (the CPU backend's, within fp32 rounding) at a third of
+//       the tensor cores' BF16 rate;
+//     * on CUDA cores (VisionAttentionKernel, any head_dim <= 128), fp32: a block
+//       per (16-query tile, head, image), 4 warps of 4 queries each. Keys and
+//       values stream through shared memory in tiles of 32 (a key per lane; the key
+//       tile's rows padded to 129 floats so the lanes' column reads hit 32 banks).
+//       Each lane scores its key against its warp's 4 queries (query rows in shared
+//       memory, read as broadcasts), the warp takes the online-softmax max and sum
+//       with shuffles (fp32 running max and denominator, as FlashAttention), writes
+//       the 32 probabilities to shared memory, and every lane accumulates its own
+//       output columns (d = lane + 32r, r < 4: head_dim <= 128) over the tile's
+//       values.
+//     docs/ARCHITECTURE.md "Image input on GPUs".
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 
 #include "kernels/cuda/device_errors.h"
+#include "kernels/cuda/ptx.h"
 #include "kernels/cuda/vision.h"
 
 namespace tandem::kernels::cuda {
 namespace {
 
+using ::tandem::gpu::kFullMask;
 using ::tandem::gpu::kWarpSize;
+using ::tandem::gpu::MmaBf16M16N8K16;
+using ::tandem::gpu::MmaStride;
+using ::tandem::gpu::PackBf16x2;
+using ::tandem::gpu::SplitBf16x2;
 using ::tandem::gpu::WarpMax;
 using ::tandem::gpu::WarpSum;
 
@@ -142,25 +158,34 @@ struct AttnArgs {
   int32_t* error_word;
 };
 
+// Image img's tokens [*b, *b + *n) from cu_seqlens. A bad entry (the table not
+// starting at 0 or not ending at num_tokens, a negative count, one above
+// max_seqlen) is recorded once (by the image's first block) and the block
+// returns false: the condition is the same for all its threads, so no barrier
+// is left waiting.
+__device__ __forceinline__ bool ImageRange(const AttnArgs& a, int64_t img, int64_t* b,
+                                           int64_t* n) {
+  const int64_t s = a.cu_seqlens[img], e = a.cu_seqlens[img + 1];
+  *b = s;
+  *n = e - s;
+  const bool bad = (img == 0 && s != 0) || *n < 0 || *n > a.max_seqlen || s < 0 ||
+                   e > a.num_tokens || (img == a.num_images - 1 && e != a.num_tokens);
+  if (bad && threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) {
+    atomicCAS(a.error_word, 0, kBadImageTable);
+  }
+  return !bad;
+}
+
 __global__ void __launch_bounds__(kAttnWarps* kWarpSize)
     VisionAttentionKernel(AttnArgs a) {
   TANDEM_SHARED(float, ks, [kAttnKeyTile][kMaxHd + 1]);
   TANDEM_SHARED(float, vs, [kAttnKeyTile][kMaxHd]);
   TANDEM_SHARED(float, qs, [kAttnQueryTile][kMaxHd]);
   TANDEM_SHARED(float, ps, [kAttnWarps][kAttnQueriesPerWarp][kAttnKeyTile]);
-  const int64_t img = blockIdx.z;
   const int64_t h = blockIdx.y;
   const int hd = a.head_dim;
-  const int64_t b = a.cu_seqlens[img], e = a.cu_seqlens[img + 1];
-  const int64_t n = e - b;
-  const bool bad = (img == 0 && b != 0) || n < 0 || n > a.max_seqlen || b < 0 ||
-                   e > a.num_tokens || (img == a.num_images - 1 && e != a.num_tokens);
-  if (bad) {
-    if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) {
-      atomicCAS(a.error_word, 0, kBadImageTable);
-    }
-    return;  // the whole block: no barrier is left waiting
-  }
+  int64_t b = 0, n = 0;
+  if (!ImageRange(a, blockIdx.z, &b, &n)) return;
   const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kAttnQueryTile;
   if (q0 >= n) return;
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
@@ -233,6 +258,182 @@ __global__ void __launch_bounds__(kAttnWarps* kWarpSize)
   }
 }
 
+// ---- VisionAttention on tensor cores ---------------------------------------------
+constexpr int kMmaWarps = 4;
+constexpr int kMmaRows = kMmaWarps * 16;  // queries a block
+constexpr int kMmaKeys = 32;              // keys a tile: 4 n8 tiles of scores
+constexpr int kMmaMaxTiles = kMaxHd / 8;  // n8 tiles of output columns
+
+// Shared memory: q hi/lo [64][s], k hi/lo and v hi/lo [32][s] (s = MmaStride(hd)
+// words a row): 68 KiB at head_dim 128.
+size_t MmaSmemBytes(int64_t head_dim) {
+  return sizeof(uint32_t) * (2 * kMmaRows + 4 * kMmaKeys) * MmaStride(head_dim);
+}
+
+__global__ void __launch_bounds__(kMmaWarps* kWarpSize)
+    VisionAttentionMmaKernel(AttnArgs a) {
+  int64_t b = 0, n = 0;
+  if (!ImageRange(a, blockIdx.z, &b, &n)) return;
+  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
+  if (q0 >= n) return;
+  const int hd = a.head_dim, half = hd / 2, steps = hd / 16, vt = hd / 8;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.y) * hd;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int g = lane / 4, tq = lane % 4;
+  const int64_t s = MmaStride(hd);
+  TANDEM_DYNAMIC_SMEM(uint32_t, smem);
+  uint32_t* qh = smem;               // [64][s]
+  uint32_t* ql = qh + kMmaRows * s;  // [64][s]
+  uint32_t* kh = ql + kMmaRows * s;  // [32][s]
+  uint32_t* kl = kh + kMmaKeys * s;  // [32][s]
+  uint32_t* vh = kl + kMmaKeys * s;  // [32][s]
+  uint32_t* vl = vh + kMmaKeys * s;  // [32][s]
+  const uint16_t* vh16 = reinterpret_cast<const uint16_t*>(vh);
+  const uint16_t* vl16 = reinterpret_cast<const uint16_t*>(vl);
+
+  // The tile's queries, scaled, split (rows past the image: zeros).
+  for (int i = threadIdx.x; i < kMmaRows * half; i += blockDim.x) {
+    const int r = i / half, w = i % half;
+    const int64_t t = q0 + r;
+    float x0 = 0.0f, x1 = 0.0f;
+    if (t < n) {
+      const float* src = a.q + (b + t) * a.ld_qkv + col0 + 2 * w;
+      x0 = a.scale * src[0];
+      x1 = a.scale * src[1];
+    }
+    uint32_t lo;
+    qh[r * s + w] = SplitBf16x2(x0, x1, &lo);
+    ql[r * s + w] = lo;
+  }
+  // This lane's rows: 16 warp + g (hr 0) and + 8 (hr 1).
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float acc[kMmaMaxTiles][4];
+#pragma unroll
+  for (int j = 0; j < kMmaMaxTiles; ++j)
+    acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0;
+  const bool warp_live = q0 + 16 * warp < n;  // warp-uniform
+  for (int64_t k0 = 0; k0 < n; k0 += kMmaKeys) {
+    // The previous tile is consumed (first pass: the queries are stored).
+    __syncthreads();
+    for (int i = threadIdx.x; i < kMmaKeys * half; i += blockDim.x) {
+      const int j = i / half, w = i % half;
+      const int64_t kk = k0 + j;
+      uint32_t khi = 0, klo = 0, vhi = 0, vlo = 0;
+      if (kk < n) {
+        const int64_t off = (b + kk) * a.ld_qkv + col0 + 2 * w;
+        khi = SplitBf16x2(a.k[off], a.k[off + 1], &klo);
+        vhi = SplitBf16x2(a.v[off], a.v[off + 1], &vlo);
+      }
+      kh[j * s + w] = khi;
+      kl[j * s + w] = klo;
+      vh[j * s + w] = vhi;
+      vl[j * s + w] = vlo;
+    }
+    __syncthreads();
+    if (!warp_live) continue;  // every row of this warp lies past the image
+    // S = Q K^T over 4 n8 tiles of keys.
+    float sc[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+      const uint32_t* kbh = kh + (8 * nt + g) * s;
+      const uint32_t* kbl = kl + (8 * nt + g) * s;
+      const uint32_t* q0h = qh + (16 * warp + g) * s;
+      const uint32_t* q1h = q0h + 8 * s;
+      const uint32_t* q0l = ql + (16 * warp + g) * s;
+      const uint32_t* q1l = q0l + 8 * s;
+      for (int ks = 0; ks < steps; ++ks) {
+        const int w0 = ks * 8 + tq;
+        const uint32_t ah[4] = {q0h[w0], q1h[w0], q0h[w0 + 4], q1h[w0 + 4]};
+        const uint32_t al[4] = {q0l[w0], q1l[w0], q0l[w0 + 4], q1l[w0 + 4]};
+        const uint32_t bh[2] = {kbh[w0], kbh[w0 + 4]};
+        const uint32_t bl[2] = {kbl[w0], kbl[w0 + 4]};
+        MmaBf16M16N8K16(sc[nt], ah, bh);
+        MmaBf16M16N8K16(sc[nt], ah, bl);
+        MmaBf16M16N8K16(sc[nt], al, bh);
+      }
+    }
+    // Online softmax: row hr's scores are sc[nt][2 hr + e], key k0 + 8 nt + 2 tq + e.
+    // Key k0 is in the image, so every row's maximum is finite.
+    float alpha[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& v = sc[nt][2 * hr + e];
+          if (k0 + 8 * nt + 2 * tq + e >= n) v = -INFINITY;
+          mx = fmaxf(mx, v);
+        }
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+      const float m_new = fmaxf(m[hr], mx);
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& v = sc[nt][2 * hr + e];
+          v = expf(v - m_new);  // 0 for a masked key
+          sum += v;
+        }
+      }
+      alpha[hr] = expf(m[hr] - m_new);  // 0 on the first tile
+      sum += __shfl_xor_sync(kFullMask, sum, 1);
+      sum += __shfl_xor_sync(kFullMask, sum, 2);
+      l[hr] = l[hr] * alpha[hr] + sum;
+      m[hr] = m_new;
+    }
+#pragma unroll
+    for (int j = 0; j < kMmaMaxTiles; ++j) {
+      acc[j][0] *= alpha[0];
+      acc[j][1] *= alpha[0];
+      acc[j][2] *= alpha[1];
+      acc[j][3] *= alpha[1];
+    }
+    // O += P V: the S accumulators of n8 tiles 2 kk and 2 kk + 1 are the A
+    // fragment of k-step kk; V's B fragment packs two keys' values of column
+    // 8 j + g from the 16-bit rows.
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      uint32_t ph[4], pl[4];
+      ph[0] = SplitBf16x2(sc[2 * kk][0], sc[2 * kk][1], &pl[0]);
+      ph[1] = SplitBf16x2(sc[2 * kk][2], sc[2 * kk][3], &pl[1]);
+      ph[2] = SplitBf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], &pl[2]);
+      ph[3] = SplitBf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], &pl[3]);
+      const int64_t r0 = (16 * kk + 2 * tq) * 2 * s;  // key rows 2 tq, +1, +8, +9
+      const int64_t r1 = r0 + 2 * s, r8 = r0 + 16 * s, r9 = r8 + 2 * s;
+#pragma unroll
+      for (int j = 0; j < kMmaMaxTiles; ++j) {
+        if (j >= vt) break;
+        const int64_t c = 8 * j + g;
+        const uint32_t bh[2] = {PackBf16x2(vh16[r0 + c], vh16[r1 + c]),
+                                PackBf16x2(vh16[r8 + c], vh16[r9 + c])};
+        const uint32_t bl[2] = {PackBf16x2(vl16[r0 + c], vl16[r1 + c]),
+                                PackBf16x2(vl16[r8 + c], vl16[r9 + c])};
+        MmaBf16M16N8K16(acc[j], ph, bh);
+        MmaBf16M16N8K16(acc[j], ph, bl);
+        MmaBf16M16N8K16(acc[j], pl, bh);
+      }
+    }
+  }
+  for (int hr = 0; hr < 2; ++hr) {
+    const int64_t t = q0 + 16 * warp + g + 8 * hr;
+    if (t >= n) continue;
+    const float inv = 1.0f / l[hr];  // l >= 1: the row's maximum contributes exp(0)
+    float* o = a.out + (b + t) * a.ld_out + col0 + 2 * tq;
+#pragma unroll
+    for (int j = 0; j < kMmaMaxTiles; ++j) {
+      if (j >= vt) break;
+      o[8 * j] = acc[j][2 * hr] * inv;
+      o[8 * j + 1] = acc[j][2 * hr + 1] * inv;
+    }
+  }
+}
+
 }  // namespace
 
 const char* LaunchRope2d(float* x, int64_t ldx, const int32_t* pos, int64_t tokens,
@@ -268,7 +469,7 @@ const char* LaunchVisionAttention(const float* q, const float* k, const float* v
                                   const int32_t* cu_seqlens, int64_t num_images,
                                   int64_t num_tokens, int64_t max_seqlen, int64_t heads,
                                   int64_t head_dim, float scale, int32_t* error_word,
-                                  void* stream) {
+                                  void* stream, VisionAttnCore core) {
   if (num_images <= 0 || num_tokens <= 0 || max_seqlen <= 0 || heads <= 0) {
     return nullptr;
   }
@@ -278,6 +479,12 @@ const char* LaunchVisionAttention(const float* q, const float* k, const float* v
   if (heads > 65535 || num_images > 65535) {
     return "vision_attention: more than 65535 heads or images in one call";
   }
+  const bool mma_fits = head_dim % 16 == 0;
+  if (core == VisionAttnCore::kTensorCore && !mma_fits) {
+    return "vision_attention: the tensor-core kernel needs head_dim % 16 == 0";
+  }
+  const bool mma = core == VisionAttnCore::kTensorCore ||
+                   (core == VisionAttnCore::kAuto && mma_fits);
   AttnArgs a = {q,
                 k,
                 v,
@@ -291,11 +498,23 @@ const char* LaunchVisionAttention(const float* q, const float* k, const float* v
                 static_cast<int>(head_dim),
                 scale,
                 error_word};
-  const int64_t tiles = (max_seqlen + kAttnQueryTile - 1) / kAttnQueryTile;
+  const int64_t rows = mma ? kMmaRows : kAttnQueryTile;
+  const int64_t tiles = (max_seqlen + rows - 1) / rows;
+  if (tiles > 0x7fffffff) return "vision_attention: max_seqlen too large";
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(heads),
                   static_cast<unsigned>(num_images));
-  TANDEM_LAUNCH(VisionAttentionKernel, grid, dim3(kAttnWarps * kWarpSize), 0, stream,
-                a);
+  if (mma) {
+    const size_t smem = MmaSmemBytes(head_dim);
+    if (const char* e =
+            ::tandem::gpu::AllowDynamicSmem(VisionAttentionMmaKernel, smem)) {
+      return e;
+    }
+    TANDEM_LAUNCH(VisionAttentionMmaKernel, grid, dim3(kMmaWarps * kWarpSize), smem,
+                  stream, a);
+  } else {
+    TANDEM_LAUNCH(VisionAttentionKernel, grid, dim3(kAttnWarps * kWarpSize), 0, stream,
+                  a);
+  }
   return ::tandem::gpu::LaunchError();
 }
 

@@ -32,6 +32,13 @@ const char* LaunchRope2d(float* x, int64_t ldx, const int32_t* pos, int64_t toke
 const char* LaunchGelu(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                        int64_t n, bool tanh_approx, void* stream);
 
+// Which kernel LaunchVisionAttention runs. kAuto: the tensor-core kernel
+// (split-BF16 mma.sync, FlashAttention-2) where head_dim % 16 == 0 (K3's 128),
+// else the fp32 CUDA-core one; both stay within the same bound of the fp64
+// oracle. Tests and the benchmark name one; kTensorCore with another head_dim is
+// an error.
+enum class VisionAttnCore { kAuto, kSimt, kTensorCore };
+
 // Block-diagonal attention (kernels/backend.h VisionAttnArgs): cu_seqlens is
 // device memory; num_tokens and max_seqlen host copies. head_dim <=
 // kVisionMaxHeadDim. An image whose token count is negative or above max_seqlen,
@@ -42,7 +49,8 @@ const char* LaunchVisionAttention(const float* q, const float* k, const float* v
                                   const int32_t* cu_seqlens, int64_t num_images,
                                   int64_t num_tokens, int64_t max_seqlen, int64_t heads,
                                   int64_t head_dim, float scale, int32_t* error_word,
-                                  void* stream);
+                                  void* stream,
+                                  VisionAttnCore core = VisionAttnCore::kAuto);
 
 // The 2x2 patch merge of one image's [grid_h * grid_w, d] grid into
 // [grid_h * grid_w / 4, 4d] (kernels/backend.h Merge2x2).

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/reference_backend.h"
@@ -104,22 +106,37 @@ TEST_P(Vision, GeluBothFormsMatchTheOracle) {
   }
 }
 
+// Both attention kernels against the oracle. Four images: 1 token, 33, 20 and
+// 150 (the tensor-core kernel: three 64-query tiles, the last partial, five key
+// tiles, the last partial; the SIMT kernel: ten 16-query tiles); K3's head_dim
+// 128, 48 (the tiny tower's) on both kernels, a narrow 24 on the SIMT one.
 TEST_P(Vision, AttentionMatchesTheOracleWithinEachImage) {
-  // Three images: 1 token, 33 (two key tiles, three query tiles), 20; K3's
-  // head_dim 128, and a narrow 24.
-  for (int64_t hd : {128, 24}) {
+  struct Case {
+    int64_t hd;
+    VisionAttnCore core;
+  };
+  for (const Case& c :
+       {Case{128, VisionAttnCore::kTensorCore}, Case{128, VisionAttnCore::kSimt},
+        Case{48, VisionAttnCore::kTensorCore}, Case{48, VisionAttnCore::kSimt},
+        Case{24, VisionAttnCore::kAuto}}) {
+    const int64_t hd = c.hd;
+    const std::string what =
+        absl::StrCat("hd ", hd,
+                     c.core == VisionAttnCore::kTensorCore ? " tensor cores"
+                     : c.core == VisionAttnCore::kSimt     ? " simt"
+                                                           : " auto");
     const int64_t heads = 3, width = heads * hd, ld = 3 * width + 1, ldo = width + 2;
-    const std::vector<int32_t> cu = {0, 1, 34, 54};
-    const int64_t T = cu.back();
+    const std::vector<int32_t> cu = {0, 1, 34, 54, 204};
+    const int64_t T = cu.back(), max_seqlen = 150;
     const std::vector<float> qkv = Normal(T * ld);
     std::vector<float> want(T * ldo, kGuard), got(T * ldo, kGuard);
     VisionAttnArgs a;
     a.heads = heads;
     a.head_dim = hd;
     a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    a.num_images = 3;
+    a.num_images = 4;
     a.num_tokens = T;
-    a.max_seqlen = 33;
+    a.max_seqlen = max_seqlen;
     a.cu_seqlens = cu.data();
     a.q = qkv.data();
     a.k = qkv.data() + width;
@@ -129,17 +146,33 @@ TEST_P(Vision, AttentionMatchesTheOracleWithinEachImage) {
     a.ld_out = ldo;
     ASSERT_TRUE(ref_->VisionAttention(a).ok());
     int32_t err = kDeviceOk;
-    ASSERT_EQ(LaunchVisionAttention(a.q, a.k, a.v, ld, got.data(), ldo, cu.data(), 3, T,
-                                    33, heads, hd, a.scale, &err, nullptr),
-              nullptr);
-    EXPECT_EQ(err, kDeviceOk);
+    ASSERT_EQ(
+        LaunchVisionAttention(a.q, a.k, a.v, ld, got.data(), ldo, cu.data(), 4, T,
+                              max_seqlen, heads, hd, a.scale, &err, nullptr, c.core),
+        nullptr)
+        << what;
+    EXPECT_EQ(err, kDeviceOk) << what;
     double mx = 0, worst = 0;
     for (float w : want)
       if (w != kGuard) mx = std::max(mx, std::fabs(static_cast<double>(w)));
-    for (size_t i = 0; i < got.size(); ++i)
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (want[i] == kGuard) {
+        ASSERT_EQ(got[i], kGuard) << what << ": padding " << i << " written";
+        continue;
+      }
       worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]) / mx);
-    EXPECT_LE(worst, 2e-5) << "hd " << hd;
+    }
+    EXPECT_LE(worst, 2e-5) << what;
   }
+  // The tensor-core kernel takes whole k-steps of 16 only.
+  std::vector<float> x(3 * 24), out(24);
+  const std::vector<int32_t> cu = {0, 1};
+  int32_t err = kDeviceOk;
+  const char* e = LaunchVisionAttention(x.data(), x.data() + 24, x.data() + 48, 72,
+                                        out.data(), 24, cu.data(), 1, 1, 1, 1, 24, 1.0f,
+                                        &err, nullptr, VisionAttnCore::kTensorCore);
+  ASSERT_NE(e, nullptr);
+  EXPECT_THAT(std::string(e), ::testing::HasSubstr("head_dim % 16"));
 }
 
 TEST_P(Vision, AttentionRecordsABadImageTable) {
