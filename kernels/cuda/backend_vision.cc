@@ -81,12 +81,13 @@ absl::Status GpuBackend::VisionAttention(const VisionAttnArgs& a) {
               {a.out, Span(a.num_tokens, width, a.ld_out) * kF, "vision_attention out"},
               {a.cu_seqlens, static_cast<size_t>(a.num_images + 1) * sizeof(int32_t),
                "vision_attention cu_seqlens"}}));
-  return Done(
-      this,
-      LaunchVisionAttention(a.q, a.k, a.v, a.ld_qkv, a.out, a.ld_out, a.cu_seqlens,
-                            a.num_images, a.num_tokens, a.max_seqlen, a.heads,
-                            a.head_dim, a.scale, error_word(), stream()),
-      "vision_attention");
+  return Done(this,
+              LaunchVisionAttention(
+                  a.q, a.k, a.v, a.ld_qkv, a.out, a.ld_out, a.cu_seqlens, a.num_images,
+                  a.num_tokens, a.max_seqlen, a.heads, a.head_dim, a.scale,
+                  error_word(), stream(), VisionAttnCore::kAuto,
+                  /*bf16_operands=*/precision() == GpuPrecision::kBf16),
+              "vision_attention");
 }
 
 absl::Status GpuBackend::Merge2x2(const float* x, int64_t ldx, int64_t grid_h,

@@ -21,7 +21,8 @@
 //       hi + lo), three mma per product (hi.hi + hi.lo + lo.hi): error ~2^-16
 //       relative per term, so the results stay within the SIMT kernel's bound of
 //       the fp64 oracle (the CPU backend's, within fp32 rounding) at a third of
-//       the tensor cores' BF16 rate;
+//       the tensor cores' BF16 rate. With bf16_operands ("cuda_bf16") every
+//       operand is rounded to BF16 once instead: one mma a product, BF16 bounds;
 //     * on CUDA cores (VisionAttentionKernel, any head_dim <= 128), fp32: a block
 //       per (16-query tile, head, image), 4 warps of 4 queries each. Keys and
 //       values stream through shared memory in tiles of 32 (a key per lane; the key
@@ -265,11 +266,26 @@ constexpr int kMmaKeys = 32;              // keys a tile: 4 n8 tiles of scores
 constexpr int kMmaMaxTiles = kMaxHd / 8;  // n8 tiles of output columns
 
 // Shared memory: q hi/lo [64][s], k hi/lo and v hi/lo [32][s] (s = MmaStride(hd)
-// words a row): 68 KiB at head_dim 128.
-size_t MmaSmemBytes(int64_t head_dim) {
-  return sizeof(uint32_t) * (2 * kMmaRows + 4 * kMmaKeys) * MmaStride(head_dim);
+// words a row): 68 KiB at head_dim 128; half without the lo parts.
+size_t MmaSmemBytes(int64_t head_dim, bool split) {
+  return sizeof(uint32_t) * (split ? 2 : 1) * (kMmaRows + 2 * kMmaKeys) *
+         MmaStride(head_dim);
 }
 
+// One operand pair into BF16: split (hi returned, lo stored) or rounded once.
+template <bool kSplit>
+__device__ __forceinline__ uint32_t ToBf16x2(float x0, float x1, uint32_t* lo) {
+  if constexpr (kSplit) {
+    return SplitBf16x2(x0, x1, lo);
+  } else {
+    *lo = 0;
+    return PackBf16x2(::tandem::gpu::F32ToBf16(x0), ::tandem::gpu::F32ToBf16(x1));
+  }
+}
+
+// kSplit: every operand split-BF16, three mma a product (the exact backends);
+// else rounded to BF16 once, one mma a product ("cuda_bf16": GpuPrecision::kBf16).
+template <bool kSplit>
 __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
     VisionAttentionMmaKernel(AttnArgs a) {
   int64_t b = 0, n = 0;
@@ -282,12 +298,13 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
   const int g = lane / 4, tq = lane % 4;
   const int64_t s = MmaStride(hd);
   TANDEM_DYNAMIC_SMEM(uint32_t, smem);
-  uint32_t* qh = smem;               // [64][s]
-  uint32_t* ql = qh + kMmaRows * s;  // [64][s]
-  uint32_t* kh = ql + kMmaRows * s;  // [32][s]
-  uint32_t* kl = kh + kMmaKeys * s;  // [32][s]
-  uint32_t* vh = kl + kMmaKeys * s;  // [32][s]
-  uint32_t* vl = vh + kMmaKeys * s;  // [32][s]
+  // The lo parts (split only) follow the hi parts: [64][s] q, [32][s] k, v each.
+  uint32_t* qh = smem;
+  uint32_t* kh = qh + kMmaRows * s;
+  uint32_t* vh = kh + kMmaKeys * s;
+  uint32_t* ql = vh + kMmaKeys * s;
+  uint32_t* kl = ql + kMmaRows * s;
+  uint32_t* vl = kl + kMmaKeys * s;
   const uint16_t* vh16 = reinterpret_cast<const uint16_t*>(vh);
   const uint16_t* vl16 = reinterpret_cast<const uint16_t*>(vl);
 
@@ -302,8 +319,8 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
       x1 = a.scale * src[1];
     }
     uint32_t lo;
-    qh[r * s + w] = SplitBf16x2(x0, x1, &lo);
-    ql[r * s + w] = lo;
+    qh[r * s + w] = ToBf16x2<kSplit>(x0, x1, &lo);
+    if constexpr (kSplit) ql[r * s + w] = lo;
   }
   // This lane's rows: 16 warp + g (hr 0) and + 8 (hr 1).
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -321,13 +338,15 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
       uint32_t khi = 0, klo = 0, vhi = 0, vlo = 0;
       if (kk < n) {
         const int64_t off = (b + kk) * a.ld_qkv + col0 + 2 * w;
-        khi = SplitBf16x2(a.k[off], a.k[off + 1], &klo);
-        vhi = SplitBf16x2(a.v[off], a.v[off + 1], &vlo);
+        khi = ToBf16x2<kSplit>(a.k[off], a.k[off + 1], &klo);
+        vhi = ToBf16x2<kSplit>(a.v[off], a.v[off + 1], &vlo);
       }
       kh[j * s + w] = khi;
-      kl[j * s + w] = klo;
       vh[j * s + w] = vhi;
-      vl[j * s + w] = vlo;
+      if constexpr (kSplit) {
+        kl[j * s + w] = klo;
+        vl[j * s + w] = vlo;
+      }
     }
     __syncthreads();
     if (!warp_live) continue;  // every row of this warp lies past the image
@@ -345,12 +364,14 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
       for (int ks = 0; ks < steps; ++ks) {
         const int w0 = ks * 8 + tq;
         const uint32_t ah[4] = {q0h[w0], q1h[w0], q0h[w0 + 4], q1h[w0 + 4]};
-        const uint32_t al[4] = {q0l[w0], q1l[w0], q0l[w0 + 4], q1l[w0 + 4]};
         const uint32_t bh[2] = {kbh[w0], kbh[w0 + 4]};
-        const uint32_t bl[2] = {kbl[w0], kbl[w0 + 4]};
         MmaBf16M16N8K16(sc[nt], ah, bh);
-        MmaBf16M16N8K16(sc[nt], ah, bl);
-        MmaBf16M16N8K16(sc[nt], al, bh);
+        if constexpr (kSplit) {
+          const uint32_t al[4] = {q0l[w0], q1l[w0], q0l[w0 + 4], q1l[w0 + 4]};
+          const uint32_t bl[2] = {kbl[w0], kbl[w0 + 4]};
+          MmaBf16M16N8K16(sc[nt], ah, bl);
+          MmaBf16M16N8K16(sc[nt], al, bh);
+        }
       }
     }
     // Online softmax: row hr's scores are sc[nt][2 hr + e], key k0 + 8 nt + 2 tq + e.
@@ -400,10 +421,10 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
       uint32_t ph[4], pl[4];
-      ph[0] = SplitBf16x2(sc[2 * kk][0], sc[2 * kk][1], &pl[0]);
-      ph[1] = SplitBf16x2(sc[2 * kk][2], sc[2 * kk][3], &pl[1]);
-      ph[2] = SplitBf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], &pl[2]);
-      ph[3] = SplitBf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], &pl[3]);
+      ph[0] = ToBf16x2<kSplit>(sc[2 * kk][0], sc[2 * kk][1], &pl[0]);
+      ph[1] = ToBf16x2<kSplit>(sc[2 * kk][2], sc[2 * kk][3], &pl[1]);
+      ph[2] = ToBf16x2<kSplit>(sc[2 * kk + 1][0], sc[2 * kk + 1][1], &pl[2]);
+      ph[3] = ToBf16x2<kSplit>(sc[2 * kk + 1][2], sc[2 * kk + 1][3], &pl[3]);
       const int64_t r0 = (16 * kk + 2 * tq) * 2 * s;  // key rows 2 tq, +1, +8, +9
       const int64_t r1 = r0 + 2 * s, r8 = r0 + 16 * s, r9 = r8 + 2 * s;
 #pragma unroll
@@ -412,11 +433,13 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
         const int64_t c = 8 * j + g;
         const uint32_t bh[2] = {PackBf16x2(vh16[r0 + c], vh16[r1 + c]),
                                 PackBf16x2(vh16[r8 + c], vh16[r9 + c])};
-        const uint32_t bl[2] = {PackBf16x2(vl16[r0 + c], vl16[r1 + c]),
-                                PackBf16x2(vl16[r8 + c], vl16[r9 + c])};
         MmaBf16M16N8K16(acc[j], ph, bh);
-        MmaBf16M16N8K16(acc[j], ph, bl);
-        MmaBf16M16N8K16(acc[j], pl, bh);
+        if constexpr (kSplit) {
+          const uint32_t bl[2] = {PackBf16x2(vl16[r0 + c], vl16[r1 + c]),
+                                  PackBf16x2(vl16[r8 + c], vl16[r9 + c])};
+          MmaBf16M16N8K16(acc[j], ph, bl);
+          MmaBf16M16N8K16(acc[j], pl, bh);
+        }
       }
     }
   }
@@ -469,7 +492,8 @@ const char* LaunchVisionAttention(const float* q, const float* k, const float* v
                                   const int32_t* cu_seqlens, int64_t num_images,
                                   int64_t num_tokens, int64_t max_seqlen, int64_t heads,
                                   int64_t head_dim, float scale, int32_t* error_word,
-                                  void* stream, VisionAttnCore core) {
+                                  void* stream, VisionAttnCore core,
+                                  bool bf16_operands) {
   if (num_images <= 0 || num_tokens <= 0 || max_seqlen <= 0 || heads <= 0) {
     return nullptr;
   }
@@ -504,13 +528,21 @@ const char* LaunchVisionAttention(const float* q, const float* k, const float* v
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(heads),
                   static_cast<unsigned>(num_images));
   if (mma) {
-    const size_t smem = MmaSmemBytes(head_dim);
-    if (const char* e =
-            ::tandem::gpu::AllowDynamicSmem(VisionAttentionMmaKernel, smem)) {
-      return e;
+    const size_t smem = MmaSmemBytes(head_dim, !bf16_operands);
+    const dim3 block(kMmaWarps * kWarpSize);
+    if (bf16_operands) {
+      if (const char* e =
+              ::tandem::gpu::AllowDynamicSmem(VisionAttentionMmaKernel<false>, smem)) {
+        return e;
+      }
+      TANDEM_LAUNCH((VisionAttentionMmaKernel<false>), grid, block, smem, stream, a);
+    } else {
+      if (const char* e =
+              ::tandem::gpu::AllowDynamicSmem(VisionAttentionMmaKernel<true>, smem)) {
+        return e;
+      }
+      TANDEM_LAUNCH((VisionAttentionMmaKernel<true>), grid, block, smem, stream, a);
     }
-    TANDEM_LAUNCH(VisionAttentionMmaKernel, grid, dim3(kMmaWarps * kWarpSize), smem,
-                  stream, a);
   } else {
     TANDEM_LAUNCH(VisionAttentionKernel, grid, dim3(kAttnWarps * kWarpSize), 0, stream,
                   a);

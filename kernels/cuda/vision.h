@@ -36,7 +36,9 @@ const char* LaunchGelu(const float* x, int64_t ldx, float* y, int64_t ldy, int64
 // (split-BF16 mma.sync, FlashAttention-2) where head_dim % 16 == 0 (K3's 128),
 // else the fp32 CUDA-core one; both stay within the same bound of the fp64
 // oracle. Tests and the benchmark name one; kTensorCore with another head_dim is
-// an error.
+// an error. `bf16_operands` (the "cuda_bf16" backends): the tensor-core kernel
+// rounds q, k, v and p to BF16 once (one mma a product, three times the split
+// kernel's rate; BF16 bounds); the SIMT kernel is fp32 either way.
 enum class VisionAttnCore { kAuto, kSimt, kTensorCore };
 
 // Block-diagonal attention (kernels/backend.h VisionAttnArgs): cu_seqlens is
@@ -50,7 +52,8 @@ const char* LaunchVisionAttention(const float* q, const float* k, const float* v
                                   int64_t num_tokens, int64_t max_seqlen, int64_t heads,
                                   int64_t head_dim, float scale, int32_t* error_word,
                                   void* stream,
-                                  VisionAttnCore core = VisionAttnCore::kAuto);
+                                  VisionAttnCore core = VisionAttnCore::kAuto,
+                                  bool bf16_operands = false);
 
 // The 2x2 patch merge of one image's [grid_h * grid_w, d] grid into
 // [grid_h * grid_w / 4, 4d] (kernels/backend.h Merge2x2).
