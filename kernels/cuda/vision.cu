@@ -157,6 +157,7 @@ struct AttnArgs {
   int head_dim;
   float scale;
   int32_t* error_word;
+  bool pairs;  // q, k, v 8-byte aligned and ld_qkv even: float2 loads (mma kernel)
 };
 
 // Image img's tokens [*b, *b + *n) from cu_seqlens. A bad entry (the table not
@@ -272,6 +273,11 @@ size_t MmaSmemBytes(int64_t head_dim, bool split) {
          MmaStride(head_dim);
 }
 
+// Elements p[0], p[1]: one 8-byte load where the launcher found them aligned.
+__device__ __forceinline__ float2 Load2(const float* p, bool pairs) {
+  return pairs ? *reinterpret_cast<const float2*>(p) : make_float2(p[0], p[1]);
+}
+
 // One operand pair into BF16: split (hi returned, lo stored) or rounded once.
 template <bool kSplit>
 __device__ __forceinline__ uint32_t ToBf16x2(float x0, float x1, uint32_t* lo) {
@@ -302,9 +308,12 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
   uint32_t* qh = smem;
   uint32_t* kh = qh + kMmaRows * s;
   uint32_t* vh = kh + kMmaKeys * s;
-  uint32_t* ql = vh + kMmaKeys * s;
-  uint32_t* kl = ql + kMmaRows * s;
-  uint32_t* vl = kl + kMmaKeys * s;
+  uint32_t *ql = nullptr, *kl = nullptr, *vl = nullptr;
+  if constexpr (kSplit) {
+    ql = vh + kMmaKeys * s;
+    kl = ql + kMmaRows * s;
+    vl = kl + kMmaKeys * s;
+  }
   const uint16_t* vh16 = reinterpret_cast<const uint16_t*>(vh);
   const uint16_t* vl16 = reinterpret_cast<const uint16_t*>(vl);
 
@@ -314,9 +323,9 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
     const int64_t t = q0 + r;
     float x0 = 0.0f, x1 = 0.0f;
     if (t < n) {
-      const float* src = a.q + (b + t) * a.ld_qkv + col0 + 2 * w;
-      x0 = a.scale * src[0];
-      x1 = a.scale * src[1];
+      const float2 x = Load2(a.q + (b + t) * a.ld_qkv + col0 + 2 * w, a.pairs);
+      x0 = a.scale * x.x;
+      x1 = a.scale * x.y;
     }
     uint32_t lo;
     qh[r * s + w] = ToBf16x2<kSplit>(x0, x1, &lo);
@@ -338,8 +347,9 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
       uint32_t khi = 0, klo = 0, vhi = 0, vlo = 0;
       if (kk < n) {
         const int64_t off = (b + kk) * a.ld_qkv + col0 + 2 * w;
-        khi = ToBf16x2<kSplit>(a.k[off], a.k[off + 1], &klo);
-        vhi = ToBf16x2<kSplit>(a.v[off], a.v[off + 1], &vlo);
+        const float2 kx = Load2(a.k + off, a.pairs), vx = Load2(a.v + off, a.pairs);
+        khi = ToBf16x2<kSplit>(kx.x, kx.y, &klo);
+        vhi = ToBf16x2<kSplit>(vx.x, vx.y, &vlo);
       }
       kh[j * s + w] = khi;
       vh[j * s + w] = vhi;
@@ -350,24 +360,32 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
     }
     __syncthreads();
     if (!warp_live) continue;  // every row of this warp lies past the image
-    // S = Q K^T over 4 n8 tiles of keys.
+    // S = Q K^T over 4 n8 tiles of keys: k-steps outside, so a step's Q
+    // fragments are read once for the 4 tiles.
     float sc[4][4];
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-      const uint32_t* kbh = kh + (8 * nt + g) * s;
-      const uint32_t* kbl = kl + (8 * nt + g) * s;
-      const uint32_t* q0h = qh + (16 * warp + g) * s;
-      const uint32_t* q1h = q0h + 8 * s;
-      const uint32_t* q0l = ql + (16 * warp + g) * s;
-      const uint32_t* q1l = q0l + 8 * s;
-      for (int ks = 0; ks < steps; ++ks) {
-        const int w0 = ks * 8 + tq;
-        const uint32_t ah[4] = {q0h[w0], q1h[w0], q0h[w0 + 4], q1h[w0 + 4]};
+    for (int nt = 0; nt < 4; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+    const uint32_t* q0h = qh + (16 * warp + g) * s;
+    const uint32_t* q1h = q0h + 8 * s;
+    for (int ks = 0; ks < steps; ++ks) {
+      const int w0 = ks * 8 + tq;
+      const uint32_t ah[4] = {q0h[w0], q1h[w0], q0h[w0 + 4], q1h[w0 + 4]};
+      uint32_t al[4] = {0, 0, 0, 0};
+      if constexpr (kSplit) {
+        const uint32_t* q0l = ql + (16 * warp + g) * s;
+        const uint32_t* q1l = q0l + 8 * s;
+        al[0] = q0l[w0];
+        al[1] = q1l[w0];
+        al[2] = q0l[w0 + 4];
+        al[3] = q1l[w0 + 4];
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const uint32_t* kbh = kh + (8 * nt + g) * s;
         const uint32_t bh[2] = {kbh[w0], kbh[w0 + 4]};
         MmaBf16M16N8K16(sc[nt], ah, bh);
         if constexpr (kSplit) {
-          const uint32_t al[4] = {q0l[w0], q1l[w0], q0l[w0 + 4], q1l[w0 + 4]};
+          const uint32_t* kbl = kl + (8 * nt + g) * s;
           const uint32_t bl[2] = {kbl[w0], kbl[w0 + 4]};
           MmaBf16M16N8K16(sc[nt], ah, bl);
           MmaBf16M16N8K16(sc[nt], al, bh);
@@ -521,7 +539,12 @@ const char* LaunchVisionAttention(const float* q, const float* k, const float* v
                 max_seqlen,
                 static_cast<int>(head_dim),
                 scale,
-                error_word};
+                error_word,
+                false};
+  const auto aligned8 = [](const float* p) {
+    return reinterpret_cast<uintptr_t>(p) % 8 == 0;
+  };
+  a.pairs = aligned8(q) && aligned8(k) && aligned8(v) && ld_qkv % 2 == 0;
   const int64_t rows = mma ? kMmaRows : kAttnQueryTile;
   const int64_t tiles = (max_seqlen + rows - 1) / rows;
   if (tiles > 0x7fffffff) return "vision_attention: max_seqlen too large";

@@ -41,7 +41,8 @@ const char* LaunchGelu(const float* x, int64_t ldx, float* y, int64_t ldy, int64
 // kernel's rate; BF16 bounds); the SIMT kernel is fp32 either way.
 enum class VisionAttnCore { kAuto, kSimt, kTensorCore };
 
-// Block-diagonal attention (kernels/backend.h VisionAttnArgs): cu_seqlens is
+// Block-diagonal attention (kernels/backend.h VisionAttnArgs; `out` must not
+// overlap q, k or v: other blocks still read them): cu_seqlens is
 // device memory; num_tokens and max_seqlen host copies. head_dim <=
 // kVisionMaxHeadDim. An image whose token count is negative or above max_seqlen,
 // or a table that does not end at num_tokens, records kBadImageTable (its
