@@ -34,6 +34,13 @@ struct SamplingRowParams {
   // Structured output: the row's allowed-token mask, a row of
   // SampleArgs::allowed_bitmask; -1: no mask.
   int32_t mask_row = -1;
+  // Prompt scoring (prompt logprobs, engine::ScoreToken's twin): >= 0 names the
+  // token the row is scored for instead of sampling one. The row's logits are
+  // taken raw (the packer gives it no mask, bias, penalty or suppression
+  // entries and temperature 1); token_ids gets this token, logprobs its
+  // log-softmax, ranks its rank, top_ids / top_logprobs the top_logprobs most
+  // likely tokens. No seed needed, nothing drawn.
+  int32_t score_token = -1;
   uint64_t seed = 0;
   int64_t position = 0;  // output position of the token (RNG counter)
 };
@@ -82,6 +89,7 @@ struct SampleArgs {
   int32_t* token_ids = nullptr;   // [rows]; -1 for a failed row
   int32_t* row_status = nullptr;  // [rows] SampleStatus, or null
   float* logprobs = nullptr;      // [rows] (rows with params.logprobs), or null
+  int32_t* ranks = nullptr;  // [rows]: scored rows' 1 + tokens more likely, or null
   // [rows, top_n_stride]: alternatives most likely first; unused columns get id
   // -1 and logprob -inf. Null when no row asks.
   int32_t top_n_stride = 0;

@@ -118,11 +118,29 @@ absl::Status DeviceSampler::Pack(absl::Span<const Row> rows) {
   auto in_vocab = [&](int32_t id) { return id >= 0 && id < vocab_; };
   for (size_t i = 0; i < n; ++i) {
     const Row& r = rows[i];
+    if (r.score_token >= 0) {
+      // A scored row: raw logits, no per-row entries (empty CSR ranges).
+      if (r.score_token >= vocab_) {
+        return InvalidArgument("device sampling: row ", i, " scores token ",
+                               r.score_token, ", outside the vocabulary of ", vocab_);
+      }
+      if (r.score_top < 0 || r.score_top > kernels::kSamplingMaxTopLogprobs) {
+        return InvalidArgument("device sampling: row ", i, " asks for ", r.score_top,
+                               " alternatives (0 .. ", kernels::kSamplingMaxTopLogprobs,
+                               ")");
+      }
+      top_n = std::max(top_n, r.score_top);
+      rows_.push_back({true, r.score_top, true});
+      pen_offsets[i + 1] = static_cast<int32_t>(pen_tokens.size());
+      sup_offsets[i + 1] = static_cast<int32_t>(sup_tokens.size());
+      bias_offsets[i + 1] = static_cast<int32_t>(bias_tokens.size());
+      continue;
+    }
     if (r.params == nullptr)
       return InvalidArgument("device sampling: row ", i, " has no params");
     const SamplingParams& p = *r.params;
     if (p.logprobs) top_n = std::max(top_n, p.top_logprobs);
-    rows_.push_back({p.logprobs, p.top_logprobs});
+    rows_.push_back({p.logprobs, p.top_logprobs, false});
     if (r.history != nullptr && p.HasPenalties()) {
       const PenaltyState& hist = *r.history;
       for (int32_t id : hist.prompt_tokens()) {
@@ -156,7 +174,7 @@ absl::Status DeviceSampler::Pack(absl::Span<const Row> rows) {
   int32_t masks = 0;
   for (size_t i = 0; i < n; ++i) {
     const absl::Span<const uint32_t> m = rows[i].allowed_bitmask;
-    if (m.empty()) continue;
+    if (m.empty() || rows[i].score_token >= 0) continue;
     if (static_cast<int64_t>(m.size()) < mask_words) {
       return InvalidArgument("device sampling: row ", i, "'s token bitmask has ",
                              m.size(), " words, the vocabulary needs ", mask_words);
@@ -198,6 +216,7 @@ absl::Status DeviceSampler::Pack(absl::Span<const Row> rows) {
   off_logprobs_ = out.Add<float>(n);
   off_top_ids_ = out.Add<int32_t>(n * top_n);
   off_top_lps_ = out.Add<float>(n * top_n);
+  off_ranks_ = out.Add<int32_t>(n);
   out_bytes_ = out.bytes();
 
   in_bytes_ = in.bytes();
@@ -222,8 +241,16 @@ absl::Status DeviceSampler::Pack(absl::Span<const Row> rows) {
   kernels::SamplingRowParams* params = At<kernels::SamplingRowParams>(h, o_params);
   int32_t mask_row = 0;
   for (size_t i = 0; i < n; ++i) {
-    const SamplingParams& p = *rows[i].params;
     kernels::SamplingRowParams q;
+    if (rows[i].score_token >= 0) {
+      q.temperature = 1.0f;  // raw logits (above the greedy threshold: softmax on)
+      q.logprobs = 1;
+      q.top_logprobs = rows[i].score_top;
+      q.score_token = rows[i].score_token;
+      params[i] = q;
+      continue;
+    }
+    const SamplingParams& p = *rows[i].params;
     if (!rows[i].allowed_bitmask.empty()) {
       std::memcpy(h + o_masks + mask_row * mask_words * sizeof(uint32_t),
                   rows[i].allowed_bitmask.data(), mask_words * sizeof(uint32_t));
@@ -319,6 +346,7 @@ absl::Status DeviceSampler::Upload() {
   args_.token_ids = At<int32_t>(o, off_tokens_);
   args_.row_status = At<int32_t>(o, off_status_);
   args_.logprobs = At<float>(o, off_logprobs_);
+  args_.ranks = At<int32_t>(o, off_ranks_);
   args_.top_n_stride = top_n;
   if (top_n > 0) {
     args_.top_ids = At<int32_t>(o, off_top_ids_);
@@ -352,10 +380,14 @@ absl::Status DeviceSampler::Run(float* logits,
   const int32_t top_n = args_.top_n_stride;
   const int32_t* top_ids = At<int32_t>(h, off_top_ids_);
   const float* top_lps = At<float>(h, off_top_lps_);
+  const int32_t* ranks = At<int32_t>(h, off_ranks_);
   results->reserve(n);
   for (size_t i = 0; i < n; ++i) {
     if (status[i] != kernels::kSampleOk) {
-      results->push_back(RowError(status[i]));
+      // A scored row's errors in engine::ScoreToken's words.
+      results->push_back(rows_[i].scored && status[i] == kernels::kSampleAllMasked
+                             ? InvalidArgument("every logit is -inf")
+                             : RowError(status[i]));
       continue;
     }
     if (tokens[i] < 0 || tokens[i] >= vocab_) {
@@ -365,6 +397,7 @@ absl::Status DeviceSampler::Run(float* logits,
     SampleResult res;
     res.token_id = tokens[i];
     const RowOut& p = rows_[i];
+    if (p.scored) res.rank = ranks[i];
     if (p.logprobs) {
       res.logprob = logprobs[i];
       for (int32_t k = 0; k < p.top_logprobs && k < top_n; ++k) {

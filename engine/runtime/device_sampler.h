@@ -56,6 +56,12 @@ class DeviceSampler {
     // empty: no mask. Must stay valid until Prepare returns.
     absl::Span<const uint32_t> allowed_bitmask;
     int64_t position = 0;  // output position of the token (the RNG counter)
+    // Prompt scoring (engine::ScoreToken on the device): >= 0 scores this
+    // token instead of sampling; the result's logprob, rank and score_top
+    // alternatives (<= kMaxTopLogprobs) are of the raw logits. `params`,
+    // `history`, `suppressed_tokens`, `allowed_bitmask` are ignored.
+    int32_t score_token = -1;
+    int32_t score_top = 0;
   };
 
   // `backend` (not owned) must sample on its device (SupportsSampling()).
@@ -103,6 +109,7 @@ class DeviceSampler {
   struct RowOut {
     bool logprobs = false;
     int32_t top_logprobs = 0;
+    bool scored = false;
   };
   std::vector<RowOut> rows_;
   bool packed_ = false;  // Pack succeeded, Upload not called yet
@@ -116,7 +123,7 @@ class DeviceSampler {
   kernels::SampleArgs args_;
   size_t out_bytes_ = 0;
   size_t off_tokens_ = 0, off_status_ = 0, off_logprobs_ = 0, off_top_ids_ = 0,
-         off_top_lps_ = 0;
+         off_top_lps_ = 0, off_ranks_ = 0;
 };
 
 }  // namespace tandem::engine

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/sampling/penalty_state.h"
 #include "engine/sampling/sampler.h"
 #include "gtest/gtest.h"
@@ -257,6 +258,103 @@ TEST_P(DeviceSamplerTest, BadRowsFailAloneWithTheHostSamplersErrors) {
   EXPECT_TRUE(absl::IsFailedPrecondition(got[3].status())) << got[3].status();
   EXPECT_EQ(got[4].status().message(),
             "structured output: the constraint allows no next token");
+}
+
+// Prompt scoring rows (score_token) beside sampled rows in one launch: each
+// scored row gives engine::ScoreToken's result for the raw logits (token, rank,
+// logprob, alternatives with ties in id order) and its errors; the sampled
+// rows, with their bias and suppression entries around the scored rows' empty
+// ones, still give the host sampler's tokens.
+TEST_P(DeviceSamplerTest, ScoredRowsGiveScoreTokensResults) {
+  auto be = Open();
+  ASSERT_NE(be, nullptr);
+  constexpr int kRows = 7;
+  std::vector<float> host = RandomLogits(kRows, 33);
+  // Row 2: three tokens tie at the top; the scored token (20) is one of them.
+  for (int id : {10, 20, 30}) host[2 * kVocab + id] = 12.0f;
+  host[4 * kVocab + 9] = std::numeric_limits<float>::quiet_NaN();  // row 4
+  for (int i = 0; i < kVocab; ++i) {                               // row 5
+    host[5 * kVocab + i] = -std::numeric_limits<float>::infinity();
+  }
+  DeviceLogits logits = Upload(*be, host);
+  std::vector<SamplingParams> params(kRows);
+  params[0].logprobs = true;
+  params[0].top_logprobs = 3;
+  params[0].logit_bias = {{7, 40.0f}};  // row 0 takes token 7
+  params[3].logprobs = true;
+  params[6].logit_bias = {{8, 40.0f}};
+  const std::vector<int32_t> suppress = {8};  // row 3: suppressed 8
+  std::vector<DeviceSampler::Row> in(kRows);
+  for (int r = 0; r < kRows; ++r) in[r].params = &params[r];
+  in[3].suppressed_tokens = suppress;
+  struct Scored {
+    int row;
+    int32_t token, top;
+  };
+  const Scored scored[] = {{1, 5, 0}, {2, 20, 20}, {4, 3, 2}, {5, 3, 2}};
+  for (const Scored& sc : scored) {
+    in[sc.row].score_token = sc.token;
+    in[sc.row].score_top = sc.top;
+    in[sc.row].params = nullptr;  // ignored for a scored row
+  }
+  DeviceSampler ds(be.get(), kVocab);
+  ASSERT_TRUE(ds.Prepare(in).ok());
+  std::vector<absl::StatusOr<SampleResult>> got;
+  ASSERT_TRUE(ds.Run(logits.buf.as<float>(), &got).ok());
+  ASSERT_EQ(got.size(), static_cast<size_t>(kRows));
+  for (const Scored& sc : scored) {
+    const auto row = absl::MakeConstSpan(host).subspan(sc.row * kVocab, kVocab);
+    absl::StatusOr<SampleResult> want = ScoreToken(row, sc.token, sc.top);
+    const std::string what = absl::StrCat("scored row ", sc.row);
+    ASSERT_EQ(got[sc.row].ok(), want.ok()) << what << ": " << got[sc.row].status();
+    if (!want.ok()) {
+      EXPECT_EQ(got[sc.row].status(), want.status()) << what;
+      continue;
+    }
+    EXPECT_EQ(got[sc.row]->token_id, sc.token) << what;
+    EXPECT_EQ(got[sc.row]->rank, want->rank) << what;
+    // The host sums the softmax in one double pass, the device as the sampler
+    // does (256-token float chunks): the same value to ~1e-7.
+    EXPECT_NEAR(got[sc.row]->logprob, want->logprob, 1e-5) << what;
+    ASSERT_EQ(got[sc.row]->top.size(), want->top.size()) << what;
+    for (size_t k = 0; k < want->top.size(); ++k) {
+      EXPECT_EQ(got[sc.row]->top[k].token_id, want->top[k].token_id)
+          << what << " " << k;
+      EXPECT_NEAR(got[sc.row]->top[k].logprob, want->top[k].logprob, 1e-5)
+          << what << " " << k;
+    }
+  }
+  // The tie: rank 1, the alternatives in id order.
+  ASSERT_TRUE(got[2].ok());
+  EXPECT_EQ(got[2]->rank, 1);
+  EXPECT_EQ(got[2]->top[0].token_id, 10);
+  EXPECT_EQ(got[2]->top[1].token_id, 20);
+  EXPECT_EQ(got[2]->top[2].token_id, 30);
+  EXPECT_EQ(got[4].status().message(), "logits contain NaN or +inf");
+  EXPECT_EQ(got[5].status().message(), "every logit is -inf");
+  // The sampled rows, as the host sampler.
+  Sampler cpu(kVocab);
+  for (int r : {0, 3, 6}) {
+    SampleRequest sr;
+    sr.logits = absl::MakeConstSpan(host).subspan(r * kVocab, kVocab);
+    sr.params = &params[r];
+    sr.suppressed_tokens = in[r].suppressed_tokens;
+    absl::StatusOr<SampleResult> want = cpu.Sample(sr);
+    ASSERT_TRUE(want.ok() && got[r].ok()) << r;
+    EXPECT_EQ(got[r]->token_id, want->token_id) << "row " << r;
+    EXPECT_EQ(got[r]->rank, 0) << "row " << r;  // sampled rows carry no rank
+  }
+  EXPECT_EQ(got[0]->token_id, 7);
+  EXPECT_EQ(got[6]->token_id, 8);
+  EXPECT_NE(got[3]->token_id, 8);
+  // What it refuses (at Prepare: the logits stay for the host): a token outside
+  // the vocabulary, more alternatives than the API allows.
+  std::vector<DeviceSampler::Row> bad(1);
+  bad[0].score_token = kVocab;
+  EXPECT_TRUE(absl::IsInvalidArgument(ds.Prepare(bad))) << ds.Prepare(bad);
+  bad[0].score_token = 0;
+  bad[0].score_top = kMaxTopLogprobs + 1;
+  EXPECT_TRUE(absl::IsInvalidArgument(ds.Prepare(bad)));
 }
 
 TEST_P(DeviceSamplerTest, RefusesWhatItCannotSample) {

@@ -1501,8 +1501,8 @@ bool Engine::SamplesOnDevice(const StepBatch& batch) const {
   if (device_sampler_ == nullptr) return false;
   bool any = false;
   for (size_t i = 0; i < batch.plan.sequences.size(); ++i) {
-    // Prompt logprobs are scored on the host: the step's logits come back.
-    if (batch.scored_rows[i] > 0) return false;
+    // Prompt logprobs are scored there too (DeviceSampler::Row::score_token).
+    if (batch.scored_rows[i] > 0) any = true;
     if (!batch.plan.sequences[i].samples) continue;
     if (!batch.proposals[i].tokens.empty()) return false;
     any = true;
@@ -1515,11 +1515,26 @@ absl::StatusOr<bool> Engine::SampleRowsOnDevice(
     std::vector<std::optional<absl::StatusOr<engine::SampleResult>>>* presampled) {
   ModelRunner& runner = executor_->runner(0);
   std::vector<DeviceSampler::Row> rows;
-  std::vector<size_t> seq;  // rows[k] is sequence seq[k]
+  // rows[k] is sequence seq[k]'s sampled row, or (scored[k] >= 0) its prompt
+  // row scoring the token at position scored[k] + 1 (LogitsRowStarts' order:
+  // a sequence's scored rows, then its sampled row).
+  std::vector<size_t> seq;
+  std::vector<int64_t> scored;
   std::vector<absl::Status> mask_errors;
   std::vector<std::pair<size_t, Request*>>
       to_fill;  // (row, request) without a mask yet
   for (size_t i = 0; i < batch.plan.sequences.size(); ++i) {
+    for (int32_t j = 0; j < batch.scored_rows[i]; ++j) {
+      Request* r = batch.reqs[i];
+      const int64_t position = batch.inputs[i].start_pos + j;
+      DeviceSampler::Row row;
+      row.score_token = r->prompt[position + 1];
+      row.score_top = r->params.prompt_logprobs;
+      rows.push_back(row);
+      seq.push_back(i);
+      scored.push_back(position);
+      mask_errors.emplace_back();
+    }
     if (!batch.plan.sequences[i].samples) continue;
     Request* r = batch.reqs[i];
     DeviceSampler::Row row;
@@ -1539,6 +1554,7 @@ absl::StatusOr<bool> Engine::SampleRowsOnDevice(
     }
     rows.push_back(row);
     seq.push_back(i);
+    scored.push_back(-1);
     mask_errors.push_back(std::move(mask_error));
   }
   // Masks not filled during the forward: now, in parallel on the sampling pool
@@ -1557,7 +1573,7 @@ absl::StatusOr<bool> Engine::SampleRowsOnDevice(
       runner.device_logits_rows() != static_cast<int64_t>(rows.size())) {
     return Internal("device sampling: the forward left ", runner.device_logits_rows(),
                     " rows of logits on the device for ", rows.size(),
-                    " sampling rows");
+                    " sampling and scored rows");
   }
   const absl::Time t0 = absl::Now();
   if (absl::Status st = device_sampler_->Prepare(rows); !st.ok()) {
@@ -1577,12 +1593,29 @@ absl::StatusOr<bool> Engine::SampleRowsOnDevice(
       device_sampler_->Run(runner.device_logits(), &device_results_));
   last_sampling_seconds_ = absl::ToDoubleSeconds(absl::Now() - t0);
   timing_.device_sampling_seconds += last_sampling_seconds_;
+  int64_t sampled_rows = 0;
   for (size_t k = 0; k < seq.size(); ++k) {
+    if (scored[k] >= 0) {
+      // As ScorePrompts: a row that cannot be scored ends its own request.
+      Request* r = batch.reqs[seq[k]];
+      absl::StatusOr<engine::SampleResult>& res = device_results_[k];
+      if (res.ok()) {
+        r->prompt_scores[scored[k]] = *std::move(res);
+      } else if (r->prompt_score_error.ok()) {
+        r->prompt_score_error =
+            absl::Status(res.status().code(),
+                         absl::StrCat("prompt logprobs at position ", scored[k] + 1,
+                                      ": ", res.status().message()));
+      }
+      continue;
+    }
+    ++sampled_rows;
     (*presampled)[seq[k]] = mask_errors[k].ok()
                                 ? std::move(device_results_[k])
                                 : absl::StatusOr<engine::SampleResult>(mask_errors[k]);
   }
-  timing_.device_sampled_rows += static_cast<int64_t>(rows.size());
+  timing_.device_sampled_rows += sampled_rows;
+  timing_.device_scored_rows += static_cast<int64_t>(rows.size()) - sampled_rows;
   return true;
 }
 

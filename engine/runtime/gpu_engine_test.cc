@@ -419,9 +419,10 @@ TEST_P(GpuEngine, DeviceSamplingGivesTheHostSamplersTokens) {
   EXPECT_GT(mixed.timing.host_sampled_rows, 0);
 }
 
-// Prompt logprobs on a device backend: the step's logits come back to the host
-// for scoring (and its sampling with them); the scores equal the CPU engine's
-// within the logits' tolerance, for the prompt's own tokens.
+// Prompt logprobs on a device backend: the prompt rows are scored on the device
+// beside the step's sampling (DeviceSampler score rows: no logits come back);
+// the scores equal the CPU engine's within the logits' tolerance, for the
+// prompt's own tokens, with their ranks.
 TEST_P(GpuEngine, PromptLogprobsMatchTheCpu) {
   const std::vector<int32_t> prompt = MakePrompt(24, 77);
   SamplingParams p;
@@ -430,7 +431,8 @@ TEST_P(GpuEngine, PromptLogprobsMatchTheCpu) {
   p.prompt_logprobs = 2;
   std::map<std::string, std::vector<SampleResult>> scores;
   std::map<std::string, std::vector<int32_t>> tokens;
-  for (const std::string backend : {std::string("cpu"), GetParam()}) {
+  std::map<std::string, StepTimingStats> timing;
+  for (const std::string& backend : {std::string("cpu"), GetParam()}) {
     auto be = MakeBackend(backend.c_str());
     auto weights = TinyWeightsOn(*be);
     auto e = Engine::Create(weights.get(), be.get(), nullptr, Options());
@@ -445,7 +447,13 @@ TEST_P(GpuEngine, PromptLogprobsMatchTheCpu) {
         if (!r.prompt_logprobs.empty()) scores[backend] = r.prompt_logprobs;
       }
     }
+    timing[backend] = (*e)->step_timing();
   }
+  // Every prompt row was scored on the device, every token sampled there.
+  EXPECT_EQ(timing[GetParam()].device_scored_rows,
+            static_cast<int64_t>(prompt.size()) - 1);
+  EXPECT_EQ(timing[GetParam()].host_sampled_rows, 0);
+  EXPECT_EQ(timing["cpu"].device_scored_rows, 0);
   const std::vector<SampleResult>& cpu = scores["cpu"];
   const std::vector<SampleResult>& gpu = scores[GetParam()];
   ASSERT_EQ(cpu.size(), prompt.size() - 1);
@@ -454,6 +462,17 @@ TEST_P(GpuEngine, PromptLogprobsMatchTheCpu) {
     EXPECT_EQ(gpu[k].token_id, prompt[k + 1]) << k;
     EXPECT_NEAR(gpu[k].logprob, cpu[k].logprob, 1e-2) << k;
     EXPECT_EQ(gpu[k].top.size(), 2u) << k;
+    // The rank agrees with the alternatives the same row reports (the tiny
+    // model's logits lie close together, so the CPU's ranks may differ by the
+    // logits' tolerance: compared within the device's own result).
+    size_t at = 0;
+    while (at < gpu[k].top.size() && gpu[k].top[at].token_id != prompt[k + 1]) ++at;
+    if (at < gpu[k].top.size()) {
+      EXPECT_EQ(gpu[k].rank, static_cast<int32_t>(at) + 1) << k;
+    } else {
+      EXPECT_GT(gpu[k].rank, static_cast<int32_t>(gpu[k].top.size())) << k;
+      EXPECT_LT(gpu[k].logprob, gpu[k].top.back().logprob) << k;
+    }
   }
   EXPECT_EQ(tokens[GetParam()].size(), 2u);
 }

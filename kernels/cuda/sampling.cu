@@ -584,6 +584,8 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleArgs a) {
 
   const SamplingRowParams p = a.params[row];
   float* l = a.logits + static_cast<int64_t>(row) * vocab;
+  // A scored row (prompt logprobs): its token is given, its logits raw.
+  const bool scoring = p.score_token >= 0;
   const bool greedy = p.temperature < kSamplingGreedyTemperature;
   const int n_top = p.logprobs ? std::min(p.top_logprobs, a.top_n_stride) : 0;
 
@@ -687,10 +689,15 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleArgs a) {
   // A mask that leaves no finite token is the CPU's "the constraint allows no
   // next token" (only NaN left is bad logits there too, as here).
   if (finite == 0) return fail(masked ? kSampleNoAllowedToken : kSampleAllMasked);
-  if (!greedy && !p.has_seed) return fail(kSampleNoSeed);
+  if (!greedy && !p.has_seed && !scoring) return fail(kSampleNoSeed);
+  if (scoring && p.score_token >= vocab) {
+    if (threadIdx.x == 0)
+      atomicCAS(a.error_word, 0, static_cast<int32_t>(kTokenIdOutOfRange));
+    return fail(kSampleBadLogits);
+  }
 
   // P2: the CPU's chunked online softmax, chunk sums bit for bit.
-  const bool need_softmax = !greedy || p.logprobs != 0 || n_top > 0;
+  const bool need_softmax = !greedy || p.logprobs != 0 || n_top > 0 || scoring;
   double sum = 0.0, lse = 0.0;
   const float mf = best;  // the row max
   // Selection looks first among the tokens within kWindow nats of the max (as
@@ -736,8 +743,16 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleArgs a) {
     lse = static_cast<double>(mf) + LogD(sum);
   }
 
-  int32_t token = best_id;
-  if (!greedy) {
+  int32_t token = scoring ? p.score_token : best_id;
+  if (scoring && a.ranks != nullptr) {
+    // The scored token's rank: 1 + the tokens strictly more likely.
+    const float own = x(token);
+    int32_t above = 0;
+    for (int32_t i = threadIdx.x; i < vocab; i += kThreads) above += x(i) > own;
+    above = BlockSumI(above, s);
+    if (threadIdx.x == 0) a.ranks[row] = above + 1;
+  }
+  if (!greedy && !scoring) {
     // P3: the kept set.
     const bool use_k = p.top_k > 0 && p.top_k < vocab;
     const bool use_p = p.top_p < 1.0f;
@@ -855,7 +870,7 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleArgs a) {
                      : (Keeps(v, i, kept) ? static_cast<float>(w / kept_mass) : 0.0f);
       }
     }
-  } else if (a.probs != nullptr) {
+  } else if (a.probs != nullptr && !scoring) {
     float* out = a.probs + static_cast<int64_t>(row) * vocab;
     for (int32_t i = threadIdx.x; i < vocab; i += kThreads)
       out[i] = i == token ? 1.0f : 0.0f;

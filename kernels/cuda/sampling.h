@@ -42,6 +42,12 @@
 //   P5  logprob of the chosen token (x - lse) and top-n alternatives (radix
 //       select of the n-th, gather, rank in shared memory); optionally the
 //       whole distribution (Sampler::Distribution) for speculative decoding.
+//   Score rows (prompt logprobs, SamplingRowParams::score_token >= 0, the twin
+//       of engine::ScoreToken): the packer gives them no P0 entries and
+//       temperature 1; P1 and P2 as for a logprob row, no draw (P3, P4): the
+//       token is the given one, its rank 1 + a block count of the tokens
+//       strictly above it, then P5. The softmax sum is the sampler's chunked
+//       one (ScoreToken sums in one float64 pass): logprobs agree to ~1e-7.
 //   The per-chunk sequential passes (P1, P2, P4) give each lane one chunk and
 //   load through a per-warp padded shared tile (32 chunks x 8 tokens per step:
 //   full 32-byte sectors, conflict-free reads), so the CPU's order costs no
