@@ -268,8 +268,13 @@ TEST_P(DeviceSamplerTest, BadRowsFailAloneWithTheHostSamplersErrors) {
 TEST_P(DeviceSamplerTest, ScoredRowsGiveScoreTokensResults) {
   auto be = Open();
   ASSERT_NE(be, nullptr);
-  constexpr int kRows = 7;
+  constexpr int kRows = 8;
   std::vector<float> host = RandomLogits(kRows, 33);
+  // Row 7: two finite logits, so fewer alternatives than asked for.
+  for (int i = 0; i < kVocab; ++i) {
+    if (i != 40 && i != 41)
+      host[7 * kVocab + i] = -std::numeric_limits<float>::infinity();
+  }
   // Row 2: three tokens tie at the top; the scored token (20) is one of them.
   for (int id : {10, 20, 30}) host[2 * kVocab + id] = 12.0f;
   host[4 * kVocab + 9] = std::numeric_limits<float>::quiet_NaN();  // row 4
@@ -291,7 +296,7 @@ TEST_P(DeviceSamplerTest, ScoredRowsGiveScoreTokensResults) {
     int row;
     int32_t token, top;
   };
-  const Scored scored[] = {{1, 5, 0}, {2, 20, 20}, {4, 3, 2}, {5, 3, 2}};
+  const Scored scored[] = {{1, 5, 0}, {2, 20, 20}, {4, 3, 2}, {5, 3, 2}, {7, 41, 5}};
   for (const Scored& sc : scored) {
     in[sc.row].score_token = sc.token;
     in[sc.row].score_top = sc.top;

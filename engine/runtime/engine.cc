@@ -681,8 +681,8 @@ bool Engine::Overlappable(const StepBatch& batch) const {
     const Request* r = batch.reqs[i];
     if (!ss.samples || ss.num_draft_tokens > 0 || ss.snapshot_at_end) return false;
     if (r->constraint != nullptr || r->background) return false;
-    // Prompt logprobs: scored on the host, handed out with the first token
-    // (SampleStep).
+    // Prompt logprobs: handed out with the first token (SampleStep), which
+    // this step's successor would already be computing.
     if (r->scoring_prompt) return false;
     if (i < batch.inputs.size() && !batch.inputs[i].embedding_rows.empty())
       return false;

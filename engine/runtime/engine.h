@@ -692,7 +692,9 @@ class Engine {
   // one per draft); entry n is the step's row count.
   static std::vector<int64_t> LogitsRowStarts(const StepBatch& batch);
   // Prompt logprobs: scores the step's prompt rows (StepBatch::scored_rows)
-  // from the host logits into their requests.
+  // from the host logits into their requests (the host backends, and a device
+  // step whose sampler could not be prepared; SampleRowsOnDevice scores them
+  // otherwise).
   absl::Status ScorePrompts(const StepBatch& batch);
   absl::Status PlanInput(size_t i, StepBatch* batch);
   absl::Status ForwardStep(const StepBatch& batch, StepTimingStats* timing,
@@ -704,12 +706,13 @@ class Engine {
   std::vector<std::optional<absl::StatusOr<engine::SampleResult>>> PresampleRows(
       const StepBatch& batch);
   // Whether the step's logits may stay on the device: a device sampler, at
-  // least one sampling row, and no row with drafts (verification runs on the
-  // host).
+  // least one sampling or scored prompt row, and no row with drafts
+  // (verification runs on the host).
   bool SamplesOnDevice(const StepBatch& batch) const;
   // Samples every row of a SamplesOnDevice step on the device into
-  // *presampled; false (nothing sampled) when the sampler's inputs could not
-  // be prepared: the logits are then copied to logits_ for the host.
+  // *presampled, and scores its prompt rows into their requests; false (nothing
+  // sampled) when the sampler's inputs could not be prepared: the logits are then
+  // copied to logits_ for the host.
   absl::StatusOr<bool> SampleRowsOnDevice(
       const StepBatch& batch,
       std::vector<std::optional<absl::StatusOr<engine::SampleResult>>>* presampled);

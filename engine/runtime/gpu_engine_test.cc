@@ -424,57 +424,71 @@ TEST_P(GpuEngine, DeviceSamplingGivesTheHostSamplersTokens) {
 // the scores equal the CPU engine's within the logits' tolerance, for the
 // prompt's own tokens, with their ranks.
 TEST_P(GpuEngine, PromptLogprobsMatchTheCpu) {
-  const std::vector<int32_t> prompt = MakePrompt(24, 77);
+  // Two scored prompts and one plain request together: the 150-token prompt
+  // passes the step's 128 scored rows, so a chunk of it scores without
+  // sampling, and steps mix scored rows, prefill and decode rows.
+  const std::map<RequestId, std::vector<int32_t>> prompts = {
+      {1, MakePrompt(24, 77)}, {2, MakePrompt(150, 78)}, {3, MakePrompt(9, 79)}};
   SamplingParams p;
   p.max_tokens = 2;
   p.ignore_eos = true;
   p.prompt_logprobs = 2;
-  std::map<std::string, std::vector<SampleResult>> scores;
-  std::map<std::string, std::vector<int32_t>> tokens;
+  SamplingParams plain = p;
+  plain.prompt_logprobs = -1;
+  plain.max_tokens = 6;
+  std::map<std::string, std::map<RequestId, std::vector<SampleResult>>> scores;
+  std::map<std::string, std::map<RequestId, std::vector<int32_t>>> tokens;
   std::map<std::string, StepTimingStats> timing;
   for (const std::string& backend : {std::string("cpu"), GetParam()}) {
     auto be = MakeBackend(backend.c_str());
     auto weights = TinyWeightsOn(*be);
     auto e = Engine::Create(weights.get(), be.get(), nullptr, Options());
     ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_TRUE((*e)->AddRequest(1, prompt, p).ok());
+    for (const auto& [id, prompt] : prompts) {
+      ASSERT_TRUE((*e)->AddRequest(id, prompt, id == 3 ? plain : p).ok());
+    }
     for (int step = 0; (*e)->HasWork() && step < 100; ++step) {
       auto res = (*e)->Step();
       ASSERT_TRUE(res.ok()) << res.status();
       for (const RequestOutput& r : *res) {
-        tokens[backend].insert(tokens[backend].end(), r.new_tokens.begin(),
-                               r.new_tokens.end());
-        if (!r.prompt_logprobs.empty()) scores[backend] = r.prompt_logprobs;
+        std::vector<int32_t>& t = tokens[backend][r.id];
+        t.insert(t.end(), r.new_tokens.begin(), r.new_tokens.end());
+        if (!r.prompt_logprobs.empty()) scores[backend][r.id] = r.prompt_logprobs;
       }
     }
     timing[backend] = (*e)->step_timing();
   }
   // Every prompt row was scored on the device, every token sampled there.
-  EXPECT_EQ(timing[GetParam()].device_scored_rows,
-            static_cast<int64_t>(prompt.size()) - 1);
+  EXPECT_EQ(timing[GetParam()].device_scored_rows, 23 + 149);
   EXPECT_EQ(timing[GetParam()].host_sampled_rows, 0);
   EXPECT_EQ(timing["cpu"].device_scored_rows, 0);
-  const std::vector<SampleResult>& cpu = scores["cpu"];
-  const std::vector<SampleResult>& gpu = scores[GetParam()];
-  ASSERT_EQ(cpu.size(), prompt.size() - 1);
-  ASSERT_EQ(gpu.size(), prompt.size() - 1);
-  for (size_t k = 0; k < gpu.size(); ++k) {
-    EXPECT_EQ(gpu[k].token_id, prompt[k + 1]) << k;
-    EXPECT_NEAR(gpu[k].logprob, cpu[k].logprob, 1e-2) << k;
-    EXPECT_EQ(gpu[k].top.size(), 2u) << k;
-    // The rank agrees with the alternatives the same row reports (the tiny
-    // model's logits lie close together, so the CPU's ranks may differ by the
-    // logits' tolerance: compared within the device's own result).
-    size_t at = 0;
-    while (at < gpu[k].top.size() && gpu[k].top[at].token_id != prompt[k + 1]) ++at;
-    if (at < gpu[k].top.size()) {
-      EXPECT_EQ(gpu[k].rank, static_cast<int32_t>(at) + 1) << k;
-    } else {
-      EXPECT_GT(gpu[k].rank, static_cast<int32_t>(gpu[k].top.size())) << k;
-      EXPECT_LT(gpu[k].logprob, gpu[k].top.back().logprob) << k;
+  EXPECT_EQ(scores[GetParam()].count(3), 0u);
+  for (RequestId id : {1, 2}) {
+    const std::vector<int32_t>& prompt = prompts.at(id);
+    const std::vector<SampleResult>& cpu = scores["cpu"][id];
+    const std::vector<SampleResult>& gpu = scores[GetParam()][id];
+    ASSERT_EQ(cpu.size(), prompt.size() - 1) << id;
+    ASSERT_EQ(gpu.size(), prompt.size() - 1) << id;
+    for (size_t k = 0; k < gpu.size(); ++k) {
+      EXPECT_EQ(gpu[k].token_id, prompt[k + 1]) << id << " " << k;
+      EXPECT_NEAR(gpu[k].logprob, cpu[k].logprob, 1e-2) << id << " " << k;
+      EXPECT_EQ(gpu[k].top.size(), 2u) << id << " " << k;
+      // The rank agrees with the alternatives the same row reports (the tiny
+      // model's logits lie close together, so the CPU's ranks may differ by
+      // the logits' tolerance: compared within the device's own result).
+      size_t at = 0;
+      while (at < gpu[k].top.size() && gpu[k].top[at].token_id != prompt[k + 1]) ++at;
+      if (at < gpu[k].top.size()) {
+        EXPECT_EQ(gpu[k].rank, static_cast<int32_t>(at) + 1) << id << " " << k;
+      } else {
+        EXPECT_GT(gpu[k].rank, static_cast<int32_t>(gpu[k].top.size()))
+            << id << " " << k;
+        EXPECT_LT(gpu[k].logprob, gpu[k].top.back().logprob) << id << " " << k;
+      }
     }
+    EXPECT_EQ(tokens[GetParam()][id].size(), 2u) << id;
   }
-  EXPECT_EQ(tokens[GetParam()].size(), 2u);
+  EXPECT_EQ(tokens[GetParam()][3].size(), 6u);
 }
 
 // The in-process hand-off (ExportState -> AddPrefilledRequest) across memories:

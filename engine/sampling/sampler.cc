@@ -129,7 +129,8 @@ absl::StatusOr<SampleResult> ScoreToken(absl::Span<const float> logits, int32_t 
   SampleResult res;
   res.token_id = token;
   res.logprob = static_cast<float>(logits[token] - lse);
-  // The rank and the best top_n in one pass (the list short, most likely first).
+  // The rank and the best top_n in one pass (the list short, most likely first;
+  // -inf tokens are no alternatives, as the sampler's and the device's lists).
   const float own = logits[token];
   int64_t above = 0;
   std::vector<std::pair<float, int32_t>> best;
@@ -137,7 +138,7 @@ absl::StatusOr<SampleResult> ScoreToken(absl::Span<const float> logits, int32_t 
   for (int64_t i = 0; i < n; ++i) {
     const float x = logits[i];
     above += x > own;
-    if (top_n > 0) {
+    if (top_n > 0 && x != kNegInf) {
       if (static_cast<int>(best.size()) == top_n && !(x > best.back().first)) continue;
       auto at = std::upper_bound(
           best.begin(), best.end(), x,

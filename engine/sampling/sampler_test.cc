@@ -219,6 +219,15 @@ TEST(ScoreTokenTest, MatchesFloat64ReferenceWithRankAndTies) {
   EXPECT_EQ(t->top[2].token_id, 4);
   EXPECT_EQ(ScoreToken(tied, 3, 0)->rank, 5);
   EXPECT_TRUE(ScoreToken(tied, 3, 0)->top.empty());
+  // -inf tokens are no alternatives: fewer than top_n where fewer are finite.
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const std::vector<float> sparse = {ninf, 2.0f, ninf, 1.0f, ninf};
+  auto sp = ScoreToken(sparse, 3, 4);
+  ASSERT_TRUE(sp.ok()) << sp.status();
+  EXPECT_EQ(sp->rank, 2);
+  ASSERT_EQ(sp->top.size(), 2u);
+  EXPECT_EQ(sp->top[0].token_id, 1);
+  EXPECT_EQ(sp->top[1].token_id, 3);
   // Errors, not garbage.
   EXPECT_THAT(ScoreToken(tied, 5, 0).status().message(), HasSubstr("outside"));
   EXPECT_THAT(ScoreToken(tied, 0, 21).status().message(), HasSubstr("top_n"));

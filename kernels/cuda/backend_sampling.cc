@@ -51,6 +51,10 @@ absl::Status GpuBackend::SampleTokens(const SampleArgs& args) {
     TANDEM_RETURN_IF_ERROR(
         CheckResident(args.top_logprobs, n * sizeof(float), "top logprobs"));
   }
+  if (args.ranks != nullptr) {
+    TANDEM_RETURN_IF_ERROR(
+        CheckResident(args.ranks, rows * sizeof(int32_t), "sample ranks"));
+  }
   if (args.probs != nullptr) {
     TANDEM_RETURN_IF_ERROR(CheckResident(args.probs, cells * sizeof(float), "probs"));
   }

@@ -690,7 +690,7 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleArgs a) {
   // next token" (only NaN left is bad logits there too, as here).
   if (finite == 0) return fail(masked ? kSampleNoAllowedToken : kSampleAllMasked);
   if (!greedy && !p.has_seed && !scoring) return fail(kSampleNoSeed);
-  if (scoring && p.score_token >= vocab) {
+  if (scoring && p.score_token >= vocab) {  // DeviceSampler::Pack refuses it first
     if (threadIdx.x == 0)
       atomicCAS(a.error_word, 0, static_cast<int32_t>(kTokenIdOutOfRange));
     return fail(kSampleBadLogits);
