@@ -124,6 +124,13 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r) {
       "host (copied back: a CPU backend, --device_sampling=false, or a step with "
       "speculative drafts)."));
   for (const char* where : {"device", "host"}) sampled_rows->Add({{"where", where}});
+  scored_prompt_rows = OrDie(r->AddCounter(
+      "tandem_worker_scored_prompt_rows_total",
+      "Prompt rows scored for prompt logprobs, by where: device (beside the step's "
+      "sampling; only the scores left the GPU) or host (the logits copied back)."));
+  for (const char* where : {"device", "host"}) {
+    scored_prompt_rows->Add({{"where", where}});
+  }
   device_sampling_fallbacks =
       &OrDie(r->AddCounter("tandem_worker_device_sampling_fallbacks_total",
                            "Steps meant for device sampling that sampled on the host "
@@ -524,6 +531,10 @@ void WorkerMetrics::Update(const EngineLoopStats& s, absl::Time now) {
        last_timing_.device_sampled_rows);
   bump(&sampled_rows->Add({{"where", "host"}}), tm.host_sampled_rows,
        last_timing_.host_sampled_rows);
+  bump(&scored_prompt_rows->Add({{"where", "device"}}), tm.device_scored_rows,
+       last_timing_.device_scored_rows);
+  bump(&scored_prompt_rows->Add({{"where", "host"}}), tm.host_scored_rows,
+       last_timing_.host_scored_rows);
   bump(device_sampling_fallbacks, tm.device_sampling_fallbacks,
        last_timing_.device_sampling_fallbacks);
   bump(overlapped_steps, tm.overlapped_steps, last_timing_.overlapped_steps);

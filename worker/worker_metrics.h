@@ -126,7 +126,8 @@ class WorkerMetrics {
   metrics::Counter* forward_seconds;
   metrics::Counter* host_gap_seconds;
   metrics::Gauge* host_gap_fraction;
-  metrics::Family<metrics::Counter>* sampled_rows;  // where: device | host
+  metrics::Family<metrics::Counter>* sampled_rows;        // where: device | host
+  metrics::Family<metrics::Counter>* scored_prompt_rows;  // where: device | host
   metrics::Counter* device_sampling_fallbacks;
   metrics::Counter* overlapped_steps;
   metrics::Counter* overlap_discarded_rows;

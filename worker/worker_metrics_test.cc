@@ -95,6 +95,29 @@ TEST(WorkerMetricsTest, PrefixCacheTiers) {
   }
 }
 
+// Sampled and scored rows by where: counters follow the engine's totals.
+TEST(WorkerMetricsTest, SampledAndScoredRowsByWhere) {
+  metrics::Registry registry;
+  WorkerMetrics m(&registry);
+  EngineLoopStats s;
+  s.timing.device_sampled_rows = 10;
+  s.timing.host_sampled_rows = 2;
+  s.timing.device_scored_rows = 128;
+  s.timing.host_scored_rows = 5;
+  m.Update(s, absl::Now());
+  s.timing.device_scored_rows = 150;
+  m.Update(s, absl::Now() + absl::Seconds(1));
+  const std::string text = metrics::SerializeText(registry.Collect());
+  for (const char* want : {
+           "tandem_worker_sampled_rows_total{where=\"device\"} 10",
+           "tandem_worker_sampled_rows_total{where=\"host\"} 2",
+           "tandem_worker_scored_prompt_rows_total{where=\"device\"} 150",
+           "tandem_worker_scored_prompt_rows_total{where=\"host\"} 5",
+       }) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+}
+
 // Rank 0's collectives: counters follow the engine's totals, split by how the
 // host waited for them.
 TEST(WorkerMetricsTest, TensorParallelCollectives) {

@@ -1459,6 +1459,7 @@ absl::Status Engine::ScorePrompts(const StepBatch& batch) {
     }
   }
   if (rows.empty()) return absl::OkStatus();
+  timing_.host_scored_rows += static_cast<int64_t>(rows.size());
   const int64_t row = starts.back();
   if (static_cast<int64_t>(logits_.size()) < row * V) {
     return Internal("prompt logprobs: the forward left ", logits_.size() / V,

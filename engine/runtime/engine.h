@@ -176,8 +176,10 @@ struct StepTimingStats {
   // (device memory for the sampler's inputs ran out: the logits were copied).
   int64_t device_sampled_rows = 0;
   int64_t host_sampled_rows = 0;
-  // Prompt rows scored on the device (prompt logprobs; DeviceSampler score rows).
+  // Prompt rows scored (prompt logprobs) on the device (DeviceSampler score
+  // rows) and on the host (ScorePrompts).
   int64_t device_scored_rows = 0;
+  int64_t host_scored_rows = 0;
   int64_t device_sampling_fallbacks = 0;
   // Overlapped steps (EngineOptions::overlap_steps): steps launched on the
   // device thread before the previous step's tokens reached the host, and rows

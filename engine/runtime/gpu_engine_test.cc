@@ -461,7 +461,9 @@ TEST_P(GpuEngine, PromptLogprobsMatchTheCpu) {
   // Every prompt row was scored on the device, every token sampled there.
   EXPECT_EQ(timing[GetParam()].device_scored_rows, 23 + 149);
   EXPECT_EQ(timing[GetParam()].host_sampled_rows, 0);
+  EXPECT_EQ(timing[GetParam()].host_scored_rows, 0);
   EXPECT_EQ(timing["cpu"].device_scored_rows, 0);
+  EXPECT_EQ(timing["cpu"].host_scored_rows, 23 + 149);
   EXPECT_EQ(scores[GetParam()].count(3), 0u);
   for (RequestId id : {1, 2}) {
     const std::vector<int32_t>& prompt = prompts.at(id);
