@@ -1007,69 +1007,21 @@ __global__ void __launch_bounds__(kFaWarps* kWarpSize)
         MmaBf16M16N8K16(s[nt], al, bh);
       }
     }
-    // Online softmax: row hr's values are s[nt][2 hr + e], key 8 nt + 2 tq + e.
-    float alpha[2];
+    // Causal mask: row hr's scores are s[nt][2 hr + e], key n0 + 8 nt + 2 tq + e.
+#pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      float mx = -INFINITY;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int64_t p = n0 + 8 * nt + 2 * tq + e;
-          float& v = s[nt][2 * hr + e];
-          v = p < k_end && p <= pos[hr] ? v : -INFINITY;
-          mx = fmaxf(mx, v);
+          if (!(p < k_end && p <= pos[hr])) s[nt][2 * hr + e] = -INFINITY;
         }
       }
-      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
-      const float m_new = fmaxf(m[hr], mx);
-      alpha[hr] = 1.0f;
-      float sum = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& v = s[nt][2 * hr + e];
-          v = (m_new == -INFINITY || v == -INFINITY) ? 0.0f : expf(v - m_new);
-          sum += v;
-        }
-      }
-      if (m_new != -INFINITY) alpha[hr] = expf(m[hr] - m_new);
-      sum += __shfl_xor_sync(kFullMask, sum, 1);
-      sum += __shfl_xor_sync(kFullMask, sum, 2);
-      l[hr] = l[hr] * alpha[hr] + sum;
-      m[hr] = m_new;
     }
-#pragma unroll
-    for (int j = 0; j < kFaMaxTiles; ++j) {
-      acc[j][0] *= alpha[0];
-      acc[j][1] *= alpha[0];
-      acc[j][2] *= alpha[1];
-      acc[j][3] *= alpha[1];
-    }
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      uint32_t ph[4], pl[4];
-      ph[0] = SplitBf16x2(s[2 * kk][0], s[2 * kk][1], &pl[0]);
-      ph[1] = SplitBf16x2(s[2 * kk][2], s[2 * kk][3], &pl[1]);
-      ph[2] = SplitBf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1], &pl[2]);
-      ph[3] = SplitBf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3], &pl[3]);
-      const int64_t r0 = (16 * kk + 2 * tq) * 2 * sv;  // key rows 2 tq, +1, +8, +9
-      const int64_t r1 = r0 + 2 * sv, r8 = r0 + 16 * sv, r9 = r8 + 2 * sv;
-#pragma unroll
-      for (int j = 0; j < kFaMaxTiles; ++j) {
-        if (j >= vt) break;
-        const int64_t c = 8 * j + g;
-        const uint32_t bh[2] = {PackBf16x2(vh16[r0 + c], vh16[r1 + c]),
-                                PackBf16x2(vh16[r8 + c], vh16[r9 + c])};
-        const uint32_t bl[2] = {PackBf16x2(vl16[r0 + c], vl16[r1 + c]),
-                                PackBf16x2(vl16[r8 + c], vl16[r9 + c])};
-        MmaBf16M16N8K16(acc[j], ph, bh);
-        MmaBf16M16N8K16(acc[j], ph, bl);
-        MmaBf16M16N8K16(acc[j], pl, bh);
-      }
-    }
+    tandem::gpu::FlashSoftmaxTile<kFaMaxTiles>(s, m, l, acc);
+    tandem::gpu::FlashPvTile</*kSplit=*/true, kFaMaxTiles>(s, vh16, vl16, 2 * sv, vt, g,
+                                                           tq, acc);
   }
   for (int hr = 0; hr < 2; ++hr) {
     if (pos[hr] < 0) continue;

@@ -24,6 +24,7 @@
 #ifndef TANDEM_KERNELS_CUDA_PTX_H_
 #define TANDEM_KERNELS_CUDA_PTX_H_
 
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/cuda/vendor.h"
@@ -97,6 +98,101 @@ __device__ __forceinline__ uint32_t SplitBf16x2(float x0, float x1, uint32_t* lo
   const uint16_t h0 = F32ToBf16(x0), h1 = F32ToBf16(x1);
   *lo = PackBf16x2(F32ToBf16(x0 - Bf16ToF32(h0)), F32ToBf16(x1 - Bf16ToF32(h1)));
   return PackBf16x2(h0, h1);
+}
+
+// One operand pair into BF16: split (hi returned, lo stored) or rounded once
+// (lo = 0).
+template <bool kSplit>
+__device__ __forceinline__ uint32_t ToBf16x2(float x0, float x1, uint32_t* lo) {
+  if constexpr (kSplit) {
+    return SplitBf16x2(x0, x1, lo);
+  } else {
+    *lo = 0;
+    return PackBf16x2(F32ToBf16(x0), F32ToBf16(x1));
+  }
+}
+
+// ---- FlashAttention-2 tile steps on mma.sync m16n8k16 (MLA's expanded kernel,
+// the vision attention) -----------------------------------------------------------
+// A warp owns 16 query rows; this lane (g = lane / 4, tq = lane % 4) holds rows
+// g (hr 0) and g + 8 (hr 1), and of a 32-key tile the scores sc[nt][2 hr + e] of
+// key 8 nt + 2 tq + e (the C layout of four n8 tiles).
+
+// The online-softmax step: masked scores must be -inf already. Turns sc into
+// the tile's unnormalised probabilities, updates the running max m and sum l,
+// and rescales the output accumulators acc[0 .. kTiles).
+template <int kTiles>
+__device__ __forceinline__ void FlashSoftmaxTile(float sc[4][4], float m[2], float l[2],
+                                                 float (*acc)[4]) {
+  float alpha[2];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      mx = fmaxf(mx, fmaxf(sc[nt][2 * hr], sc[nt][2 * hr + 1]));
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+    const float m_new = fmaxf(m[hr], mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& v = sc[nt][2 * hr + e];
+        v = (m_new == -INFINITY || v == -INFINITY) ? 0.0f : expf(v - m_new);
+        sum += v;
+      }
+    }
+    alpha[hr] = m_new == -INFINITY ? 1.0f : expf(m[hr] - m_new);  // 0 on a first tile
+    sum += __shfl_xor_sync(kFullMask, sum, 1);
+    sum += __shfl_xor_sync(kFullMask, sum, 2);
+    l[hr] = l[hr] * alpha[hr] + sum;
+    m[hr] = m_new;
+  }
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+    acc[j][0] *= alpha[0];
+    acc[j][1] *= alpha[0];
+    acc[j][2] *= alpha[1];
+    acc[j][3] *= alpha[1];
+  }
+}
+
+// O += P V over the tile's 32 keys: the probabilities of n8 tiles 2 kk and
+// 2 kk + 1 are the A fragment of k-step kk (as BF16, split when kSplit: three
+// mma a product); V's B fragment packs two keys' values of column 8 j + g from
+// shared rows of 16-bit values, `row16` values a key (vl16: the lo parts, used
+// only when kSplit). Output tiles j < vt (<= kTiles).
+template <bool kSplit, int kTiles>
+__device__ __forceinline__ void FlashPvTile(const float sc[4][4], const uint16_t* vh16,
+                                            const uint16_t* vl16, int64_t row16, int vt,
+                                            int g, int tq, float (*acc)[4]) {
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    uint32_t ph[4], pl[4];
+    ph[0] = ToBf16x2<kSplit>(sc[2 * kk][0], sc[2 * kk][1], &pl[0]);
+    ph[1] = ToBf16x2<kSplit>(sc[2 * kk][2], sc[2 * kk][3], &pl[1]);
+    ph[2] = ToBf16x2<kSplit>(sc[2 * kk + 1][0], sc[2 * kk + 1][1], &pl[2]);
+    ph[3] = ToBf16x2<kSplit>(sc[2 * kk + 1][2], sc[2 * kk + 1][3], &pl[3]);
+    const int64_t r0 = (16 * kk + 2 * tq) * row16;  // key rows 2 tq, +1, +8, +9
+    const int64_t r1 = r0 + row16, r8 = r0 + 8 * row16, r9 = r8 + row16;
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      if (j >= vt) break;
+      const int64_t c = 8 * j + g;
+      const uint32_t bh[2] = {PackBf16x2(vh16[r0 + c], vh16[r1 + c]),
+                              PackBf16x2(vh16[r8 + c], vh16[r9 + c])};
+      MmaBf16M16N8K16(acc[j], ph, bh);
+      if constexpr (kSplit) {
+        const uint32_t bl[2] = {PackBf16x2(vl16[r0 + c], vl16[r1 + c]),
+                                PackBf16x2(vl16[r8 + c], vl16[r9 + c])};
+        MmaBf16M16N8K16(acc[j], ph, bl);
+        MmaBf16M16N8K16(acc[j], pl, bh);
+      }
+    }
+  }
 }
 
 }  // namespace tandem::gpu

@@ -46,12 +46,12 @@
 namespace tandem::kernels::cuda {
 namespace {
 
-using ::tandem::gpu::kFullMask;
+using ::tandem::gpu::FlashPvTile;
+using ::tandem::gpu::FlashSoftmaxTile;
 using ::tandem::gpu::kWarpSize;
 using ::tandem::gpu::MmaBf16M16N8K16;
 using ::tandem::gpu::MmaStride;
-using ::tandem::gpu::PackBf16x2;
-using ::tandem::gpu::SplitBf16x2;
+using ::tandem::gpu::ToBf16x2;
 using ::tandem::gpu::WarpMax;
 using ::tandem::gpu::WarpSum;
 
@@ -278,17 +278,6 @@ __device__ __forceinline__ float2 Load2(const float* p, bool pairs) {
   return pairs ? *reinterpret_cast<const float2*>(p) : make_float2(p[0], p[1]);
 }
 
-// One operand pair into BF16: split (hi returned, lo stored) or rounded once.
-template <bool kSplit>
-__device__ __forceinline__ uint32_t ToBf16x2(float x0, float x1, uint32_t* lo) {
-  if constexpr (kSplit) {
-    return SplitBf16x2(x0, x1, lo);
-  } else {
-    *lo = 0;
-    return PackBf16x2(::tandem::gpu::F32ToBf16(x0), ::tandem::gpu::F32ToBf16(x1));
-  }
-}
-
 // kSplit: every operand split-BF16, three mma a product (the exact backends);
 // else rounded to BF16 once, one mma a product ("cuda_bf16": GpuPrecision::kBf16).
 template <bool kSplit>
@@ -392,74 +381,17 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
         }
       }
     }
-    // Online softmax: row hr's scores are sc[nt][2 hr + e], key k0 + 8 nt + 2 tq + e.
-    // Key k0 is in the image, so every row's maximum is finite.
-    float alpha[2];
+    // Keys past the image: row hr's scores are sc[nt][2 hr + e], key
+    // k0 + 8 nt + 2 tq + e. Key k0 is in the image: every row's maximum is finite.
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      float mx = -INFINITY;
+    for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& v = sc[nt][2 * hr + e];
-          if (k0 + 8 * nt + 2 * tq + e >= n) v = -INFINITY;
-          mx = fmaxf(mx, v);
-        }
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
-      const float m_new = fmaxf(m[hr], mx);
-      float sum = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& v = sc[nt][2 * hr + e];
-          v = expf(v - m_new);  // 0 for a masked key
-          sum += v;
-        }
-      }
-      alpha[hr] = expf(m[hr] - m_new);  // 0 on the first tile
-      sum += __shfl_xor_sync(kFullMask, sum, 1);
-      sum += __shfl_xor_sync(kFullMask, sum, 2);
-      l[hr] = l[hr] * alpha[hr] + sum;
-      m[hr] = m_new;
-    }
-#pragma unroll
-    for (int j = 0; j < kMmaMaxTiles; ++j) {
-      acc[j][0] *= alpha[0];
-      acc[j][1] *= alpha[0];
-      acc[j][2] *= alpha[1];
-      acc[j][3] *= alpha[1];
-    }
-    // O += P V: the S accumulators of n8 tiles 2 kk and 2 kk + 1 are the A
-    // fragment of k-step kk; V's B fragment packs two keys' values of column
-    // 8 j + g from the 16-bit rows.
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      uint32_t ph[4], pl[4];
-      ph[0] = ToBf16x2<kSplit>(sc[2 * kk][0], sc[2 * kk][1], &pl[0]);
-      ph[1] = ToBf16x2<kSplit>(sc[2 * kk][2], sc[2 * kk][3], &pl[1]);
-      ph[2] = ToBf16x2<kSplit>(sc[2 * kk + 1][0], sc[2 * kk + 1][1], &pl[2]);
-      ph[3] = ToBf16x2<kSplit>(sc[2 * kk + 1][2], sc[2 * kk + 1][3], &pl[3]);
-      const int64_t r0 = (16 * kk + 2 * tq) * 2 * s;  // key rows 2 tq, +1, +8, +9
-      const int64_t r1 = r0 + 2 * s, r8 = r0 + 16 * s, r9 = r8 + 2 * s;
-#pragma unroll
-      for (int j = 0; j < kMmaMaxTiles; ++j) {
-        if (j >= vt) break;
-        const int64_t c = 8 * j + g;
-        const uint32_t bh[2] = {PackBf16x2(vh16[r0 + c], vh16[r1 + c]),
-                                PackBf16x2(vh16[r8 + c], vh16[r9 + c])};
-        MmaBf16M16N8K16(acc[j], ph, bh);
-        if constexpr (kSplit) {
-          const uint32_t bl[2] = {PackBf16x2(vl16[r0 + c], vl16[r1 + c]),
-                                  PackBf16x2(vl16[r8 + c], vl16[r9 + c])};
-          MmaBf16M16N8K16(acc[j], ph, bl);
-          MmaBf16M16N8K16(acc[j], pl, bh);
-        }
+      for (int e = 0; e < 2; ++e) {
+        if (k0 + 8 * nt + 2 * tq + e >= n) sc[nt][e] = sc[nt][2 + e] = -INFINITY;
       }
     }
+    FlashSoftmaxTile<kMmaMaxTiles>(sc, m, l, acc);
+    FlashPvTile<kSplit, kMmaMaxTiles>(sc, vh16, vl16, 2 * s, vt, g, tq, acc);
   }
   for (int hr = 0; hr < 2; ++hr) {
     const int64_t t = q0 + 16 * warp + g + 8 * hr;
