@@ -6,7 +6,10 @@
 // the environment), and the device backends through kernels/staging_backend.h
 // (host vectors uploaded to buffers of exactly each op's extents, guard bytes
 // around every output): "cuda_sim" (the GPU kernels on the SIMT emulator, default
-// build) and "cuda" (--config=cuda builds where a GPU is visible). A device
+// build) and "cuda" (--config=cuda builds where a GPU is visible), each also as
+// its "_bf16" variant (tensor-core operands rounded to BF16 once; the ops it
+// rounds have BF16 bounds, the rest the exact ones). kernels/conformance_backends.h
+// lists and makes them. A device
 // backend's tests of ops it does not Support() yet are skipped, naming the ops.
 #include <algorithm>
 #include <cmath>
@@ -21,6 +24,7 @@
 #include "kernels/backend.h"
 #include "kernels/backend_factory.h"
 #include "kernels/bf16.h"
+#include "kernels/conformance_backends.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/reference_backend.h"
@@ -31,46 +35,11 @@
 namespace tandem::kernels {
 namespace {
 
-std::vector<std::string> BackendNames() {
-  std::vector<std::string> names = {"cpu_reference"};
-  for (CpuIsa isa :
-       {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
-    if (static_cast<int>(isa) <= static_cast<int>(HardwareIsa())) {
-      names.push_back(std::string("cpu_") + std::string(IsaName(isa)));
-    }
-  }
-  // The avx512_bf16 level routes M >= 64 GEMMs to oneDNN; also test its own kernel.
-  if (HardwareIsa() == CpuIsa::kAvx512Bf16) names.push_back("cpu_avx512_bf16_own");
-  // Device backends: whichever this build has (each factory is FailedPrecondition
-  // in the other build; "cuda" also without a visible GPU).
-  if (cuda::CreateCudaSimBackend().ok()) names.push_back("cuda_sim");
-  if (cuda::CreateCudaBackend().ok()) names.push_back("cuda");
-  return names;
-}
-
-std::unique_ptr<Backend> MakeBackend(const std::string& name) {
-  if (name == "cpu_reference") return CreateReferenceBackend();
-  if (name == "cuda_sim" || name == "cuda") {
-    auto device =
-        name == "cuda" ? cuda::CreateCudaBackend() : cuda::CreateCudaSimBackend();
-    EXPECT_TRUE(device.ok()) << device.status();
-    if (!device.ok()) return nullptr;
-    return std::make_unique<StagingBackend>(std::move(device).value());
-  }
-  const bool own = absl::EndsWith(name, "_own");
-  CpuIsa isa;
-  EXPECT_TRUE(ParseIsa(name.substr(4, name.size() - 4 - (own ? 4 : 0)), &isa)) << name;
-  // 3 threads: uneven static chunks on any machine.
-  auto backend = CreateCpuBackend(isa, /*threads=*/3, /*use_onednn=*/!own);
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  return std::move(backend).value();
-}
-
 class Conformance : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     ref_ = CreateReferenceBackend();
-    be_ = MakeBackend(GetParam());
+    be_ = MakeConformanceBackend(GetParam());
     ASSERT_NE(be_, nullptr);
   }
   // BF16-activation backends: AVX512_BF16, and the GPU backends' _bf16 variants
@@ -78,13 +47,14 @@ class Conformance : public ::testing::TestWithParam<std::string> {
   // split X into BF16 hi + lo and meet the fp32 bounds.
   bool IsBf16Gemm() const {
     return absl::StartsWith(GetParam(), "cpu_avx512_bf16") ||
-           absl::EndsWith(GetParam(), "cuda_bf16");
+           GpuBf16Operands(GetParam());
   }
   // The GPU _bf16 variants' MoE feeds the tensor cores z and the SiTU activation
   // rounded to BF16 (kernels/cuda/moe.h): norm-wise 1e-2 instead of 1e-4.
-  bool IsBf16Moe() const {
-    return absl::EndsWith(GetParam(), "_bf16") && !absl::StartsWith(GetParam(), "cpu");
-  }
+  bool IsBf16Moe() const { return GpuBf16Operands(GetParam()); }
+  // The GPU _bf16 variants' expanded MLA (prefill) rounds q, k_nope, v and p to
+  // BF16 on the tensor cores (kernels/cuda/mla.h): norm-wise 2e-2 instead of 2e-5.
+  double MlaExpandedBound() const { return GpuBf16Operands(GetParam()) ? 2e-2 : 2e-5; }
   // The ops of `ops` this backend does not implement yet, comma-separated.
   std::string Missing(std::initializer_list<Op> ops) const {
     std::string missing;
@@ -653,7 +623,7 @@ TEST_P(Conformance, MlaAbsorbedEqualsExpandedPagedEqualsContiguous) {
                                std::to_string(block_size);
       absl::Status st = be_->MlaAttentionExpanded(paged.args);
       ASSERT_TRUE(st.ok()) << st << " (" << what << ")";
-      ExpectCloseNorm(paged.out, want, 2e-5, "expanded " + what);
+      ExpectCloseNorm(paged.out, want, MlaExpandedBound(), "expanded " + what);
       std::fill(paged.out.begin(), paged.out.end(), 0.0f);
       st = be_->MlaAttentionAbsorbed(paged.args);
       ASSERT_TRUE(st.ok()) << st << " (" << what << ")";
@@ -1081,7 +1051,8 @@ TEST_P(Conformance, MlaSequencesWithoutQueriesInABatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllBackends, Conformance, ::testing::ValuesIn(BackendNames()),
+INSTANTIATE_TEST_SUITE_P(AllBackends, Conformance,
+                         ::testing::ValuesIn(ConformanceBackendNames()),
                          [](const auto& info) { return info.param; });
 
 // Batch invariance of the exact backends (every optimised ISA except the opt-in

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/conformance_backends.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/reference_backend.h"
@@ -27,54 +28,11 @@ namespace {
 constexpr Op kVisionOps[] = {Op::kRope2d, Op::kGelu, Op::kVisionAttention,
                              Op::kMerge2x2};
 
-std::vector<std::string> BackendNames() {
-  std::vector<std::string> names = {"cpu_reference"};
-  for (CpuIsa isa :
-       {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
-    if (static_cast<int>(isa) <= static_cast<int>(HardwareIsa())) {
-      names.push_back(std::string("cpu_") + std::string(IsaName(isa)));
-    }
-  }
-  // The GPU backends, exact and with BF16 operands (the attention's tensor-core
-  // kernel rounds them once there).
-  if (cuda::CreateCudaSimBackend().ok()) {
-    names.push_back("cuda_sim");
-    names.push_back("cuda_sim_bf16");
-  }
-  if (cuda::CreateCudaBackend().ok()) {
-    names.push_back("cuda");
-    names.push_back("cuda_bf16");
-  }
-  return names;
-}
-
-bool Bf16Operands(const std::string& name) {
-  return name == "cuda_sim_bf16" || name == "cuda_bf16";
-}
-
-std::unique_ptr<Backend> MakeBackend(const std::string& name) {
-  if (name == "cpu_reference") return CreateReferenceBackend();
-  if (absl::StartsWith(name, "cuda")) {
-    const auto precision =
-        Bf16Operands(name) ? cuda::GpuPrecision::kBf16 : cuda::GpuPrecision::kExact;
-    auto device = absl::StartsWith(name, "cuda_sim")
-                      ? cuda::CreateCudaSimBackend(precision)
-                      : cuda::CreateCudaBackend(0, precision);
-    if (!device.ok()) return nullptr;
-    return std::make_unique<StagingBackend>(std::move(device).value());
-  }
-  CpuIsa isa;
-  if (!ParseIsa(name.substr(4), &isa)) return nullptr;
-  auto backend = CreateCpuBackend(isa, /*threads=*/3);
-  if (!backend.ok()) return nullptr;
-  return std::move(backend).value();
-}
-
 class VisionConformance : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     ref_ = CreateReferenceBackend();
-    be_ = MakeBackend(GetParam());
+    be_ = MakeConformanceBackend(GetParam());
     ASSERT_NE(be_, nullptr) << GetParam();
     for (Op op : kVisionOps) {
       if (!be_->Supports(op)) {
@@ -92,7 +50,7 @@ class VisionConformance : public ::testing::TestWithParam<std::string> {
   // Norm-wise attention bound (max error over max |want|): 2e-5 for fp32-class
   // backends (fp32 GEMM products, or the GPU's split-BF16 tensor-core operands);
   // 2e-2 where the GPU kernel rounds q, k, v and p to BF16 (2^-9 each).
-  double AttentionBound() const { return Bf16Operands(GetParam()) ? 2e-2 : 2e-5; }
+  double AttentionBound() const { return GpuBf16Operands(GetParam()) ? 2e-2 : 2e-5; }
   std::mt19937 rng_{777};
   std::unique_ptr<Backend> ref_;
   std::unique_ptr<Backend> be_;
@@ -265,7 +223,7 @@ TEST_P(VisionConformance, VisionAttentionMatchesOracleAndStaysInsideEachImage) {
   // carries v: the GPU's tensor-core kernel as split-BF16 hi + lo, whose lo is
   // rounded to BF16 (at most 2^-16 of |v|), or rounded to BF16 (2^-9); fp32
   // elsewhere.
-  const double v_rel = Bf16Operands(GetParam()) ? 4e-3 : 1.6e-5;
+  const double v_rel = GpuBf16Operands(GetParam()) ? 4e-3 : 1.6e-5;
   for (int64_t c = 0; c < width; ++c) {
     const float v = qkv[76 * ld + 2 * width + c];
     EXPECT_NEAR(got[76 * ldo + c], v, v_rel * std::fabs(v) + 1e-7);
@@ -398,15 +356,15 @@ TEST(VisionOps, GpuKernelsReportBadTablesThroughTheErrorWord) {
 // to answer Supports() = false and Unimplemented naming the op (Backend's
 // defaults), which VisionTower::Create turns into a load error.
 TEST(VisionOps, EveryBackendImplementsTheVisionOps) {
-  for (const std::string& name : BackendNames()) {
-    std::unique_ptr<Backend> be = MakeBackend(name);
+  for (const std::string& name : ConformanceBackendNames()) {
+    std::unique_ptr<Backend> be = MakeConformanceBackend(name);
     ASSERT_NE(be, nullptr) << name;
     for (Op op : kVisionOps) EXPECT_TRUE(be->Supports(op)) << name << " " << OpName(op);
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, VisionConformance,
-                         ::testing::ValuesIn(BackendNames()),
+                         ::testing::ValuesIn(ConformanceBackendNames()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

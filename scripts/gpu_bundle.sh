@@ -210,8 +210,8 @@ build_all() {
   for m in "${CLUSTER_TARGETS[@]:1}"; do KIND[$m]=server; done
   # The conformance suite's "cuda" instances and device tests; racecheck on the
   # ops whose kernels share memory (tiles, block reductions).
-  FILTER[//kernels:conformance_test]='*/cuda:*VisionConformance*/cuda_bf16:DeviceBackend*:CudaBackend*:VisionOps.*'
-  RACE[//kernels:conformance_test]='*Mla*/cuda:*Kda*/cuda:*Moe*/cuda:*Router*/cuda:*RmsNorm*/cuda:*AttnRes*/cuda:*CausalConv*/cuda:*VisionAttention*/cuda:*VisionAttention*/cuda_bf16'
+  FILTER[//kernels:conformance_test]='*/cuda:*/cuda_bf16:DeviceBackend*:CudaBackend*:VisionOps.*'
+  RACE[//kernels:conformance_test]='*Mla*/cuda:*Kda*/cuda:*Moe*/cuda:*Router*/cuda:*RmsNorm*/cuda:*AttnRes*/cuda:*CausalConv*/cuda:*VisionAttention*/cuda:*VisionAttention*/cuda_bf16:*Mla*/cuda_bf16:*Moe*/cuda_bf16'
 }
 
 # ---------------------------------------------------------------- pack

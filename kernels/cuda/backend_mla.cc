@@ -66,7 +66,9 @@ absl::Status GpuBackend::MlaAttentionExpanded(const MlaArgs& args) {
   if (a.num_seqs == 0) return absl::OkStatus();
   const int64_t chunk = MlaExpandedChunk(a, kExpandedScratchBudget);
   TANDEM_ASSIGN_OR_RETURN(void* scratch, Scratch(MlaExpandedScratchBytes(a, chunk)));
-  if (const char* err = MlaExpandedLaunch(a, chunk, scratch, stream())) {
+  if (const char* err =
+          MlaExpandedLaunch(a, chunk, scratch, stream(), MlaCore::kAuto,
+                            /*bf16_operands=*/precision() == GpuPrecision::kBf16)) {
     return absl::InternalError(absl::StrCat("MlaAttentionExpanded: ", err));
   }
   return Launched("MlaAttentionExpanded");

@@ -33,6 +33,7 @@ using tandem::gpu::MmaBf16M16N8K16;
 using tandem::gpu::MmaStride;
 using tandem::gpu::PackBf16x2;
 using tandem::gpu::SplitBf16x2;
+using tandem::gpu::ToBf16x2;
 using tandem::gpu::WarpMax;
 using tandem::gpu::WarpSum;
 
@@ -876,10 +877,13 @@ __global__ void __launch_bounds__(kExpWarps* kWarpSize)
 // ---- Expanded, tensor cores: FlashAttention-2 over one chunk on mma.sync -------
 // One block = 64 queries of one sequence x one head, 4 warps of 16 query rows
 // each (the FA-2 split: a warp owns its rows, the softmax stays in registers),
-// key tiles of 32. Every operand is split-BF16 (x = hi + lo): q (scaled), the
-// expanded k_nope / v (fp32 from MlaExpandKv) and p; k_rot is the cache's BF16
-// (lo = 0). a.b ~ hi.hi + hi.lo + lo.hi: three mma per product, error ~2^-16
-// relative per term (the dropped lo.lo and the residuals).
+// key tiles of 32.
+//   kSplit (the exact backends): every operand is split-BF16 (x = hi + lo): q
+//   (scaled), the expanded k_nope / v (fp32 from MlaExpandKv) and p; k_rot is the
+//   cache's BF16 (lo = 0). a.b ~ hi.hi + hi.lo + lo.hi: three mma per product,
+//   error ~2^-16 relative per term (the dropped lo.lo and the residuals).
+//   !kSplit ("cuda_bf16"): each operand rounded to BF16 once, one mma per
+//   product, no lo parts in shared memory (half of it).
 //   S = Q K^T: 4 n8 tiles of keys, k-steps of 16 over nope + rope;
 //   P from the S accumulators directly (the m16n8 C layout of two adjacent n8
 //   tiles is the A layout of one k16 step); O += P V: v/8 n8 tiles per warp.
@@ -888,6 +892,7 @@ constexpr int kFaWarps = 4;
 constexpr int kFaRows = kFaWarps * 16;
 constexpr int kFaMaxTiles = kMlaMaxVDimExpanded / 8;
 
+template <bool kSplit>
 __global__ void __launch_bounds__(kFaWarps* kWarpSize)
     MlaFlashChunkMma(MlaLaunchArgs a, int64_t c0, int64_t chunk, const float* kv,
                      float* ml) {
@@ -907,12 +912,16 @@ __global__ void __launch_bounds__(kFaWarps* kWarpSize)
   const int64_t sq = MmaStride(dq), sv = MmaStride(a.v), steps = dq / 16;
   const int vt = static_cast<int>(a.v / 8);
   TANDEM_DYNAMIC_SMEM(uint32_t, smem);
+  // The lo parts (kSplit only) follow the hi parts.
   uint32_t* qh = smem;               // [64][sq]
-  uint32_t* ql = qh + kFaRows * sq;  // [64][sq]
-  uint32_t* kh = ql + kFaRows * sq;  // [32][sq]
-  uint32_t* kl = kh + kKeys * sq;    // [32][sq]
-  uint32_t* vh = kl + kKeys * sq;    // [32][sv]
-  uint32_t* vl = vh + kKeys * sv;    // [32][sv]
+  uint32_t* kh = qh + kFaRows * sq;  // [32][sq]
+  uint32_t* vh = kh + kKeys * sq;    // [32][sv]
+  uint32_t *ql = nullptr, *kl = nullptr, *vl = nullptr;
+  if constexpr (kSplit) {
+    ql = vh + kKeys * sv;    // [64][sq]
+    kl = ql + kFaRows * sq;  // [32][sq]
+    vl = kl + kKeys * sq;    // [32][sv]
+  }
   const uint16_t* vh16 = reinterpret_cast<const uint16_t*>(vh);
   const uint16_t* vl16 = reinterpret_cast<const uint16_t*>(vl);
 
@@ -925,8 +934,8 @@ __global__ void __launch_bounds__(kFaWarps* kWarpSize)
       x1 = a.scale * src[1];
     }
     uint32_t lo;
-    qh[r * sq + w] = SplitBf16x2(x0, x1, &lo);
-    ql[r * sq + w] = lo;
+    qh[r * sq + w] = ToBf16x2<kSplit>(x0, x1, &lo);
+    if constexpr (kSplit) ql[r * sq + w] = lo;
   }
   // This lane's rows: 16 warp + g and + 8.
   int64_t pos[2];
@@ -968,19 +977,19 @@ __global__ void __launch_bounds__(kFaWarps* kWarpSize)
         const int64_t d = 2 * w;
         uint32_t hi = 0, lo = 0;
         if (d < a.nope) {
-          if (src != nullptr) hi = SplitBf16x2(src[d], src[d + 1], &lo);
+          if (src != nullptr) hi = ToBf16x2<kSplit>(src[d], src[d + 1], &lo);
         } else if (row != nullptr) {
           hi = PackBf16x2(row[a.lora + d - a.nope], row[a.lora + d - a.nope + 1]);
         }
         kh[n * sq + w] = hi;
-        kl[n * sq + w] = lo;
+        if constexpr (kSplit) kl[n * sq + w] = lo;
       }
       for (int64_t w = lane; w < a.v / 2; w += kWarpSize) {
         uint32_t hi = 0, lo = 0;
         if (src != nullptr)
-          hi = SplitBf16x2(src[a.nope + 2 * w], src[a.nope + 2 * w + 1], &lo);
+          hi = ToBf16x2<kSplit>(src[a.nope + 2 * w], src[a.nope + 2 * w + 1], &lo);
         vh[n * sv + w] = hi;
-        vl[n * sv + w] = lo;
+        if constexpr (kSplit) vl[n * sv + w] = lo;
       }
     }
     __syncthreads();
@@ -991,20 +1000,22 @@ __global__ void __launch_bounds__(kFaWarps* kWarpSize)
     for (int nt = 0; nt < 4; ++nt) {
       s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
       const uint32_t* kbh = kh + (8 * nt + g) * sq;
-      const uint32_t* kbl = kl + (8 * nt + g) * sq;
       const uint32_t* q0h = qh + (16 * warp + g) * sq;
       const uint32_t* q1h = q0h + 8 * sq;
-      const uint32_t* q0l = ql + (16 * warp + g) * sq;
-      const uint32_t* q1l = q0l + 8 * sq;
       for (int64_t ks = 0; ks < steps; ++ks) {
         const int64_t w0 = ks * 8 + tq;
         const uint32_t ah[4] = {q0h[w0], q1h[w0], q0h[w0 + 4], q1h[w0 + 4]};
-        const uint32_t al[4] = {q0l[w0], q1l[w0], q0l[w0 + 4], q1l[w0 + 4]};
         const uint32_t bh[2] = {kbh[w0], kbh[w0 + 4]};
-        const uint32_t bl[2] = {kbl[w0], kbl[w0 + 4]};
         MmaBf16M16N8K16(s[nt], ah, bh);
-        MmaBf16M16N8K16(s[nt], ah, bl);
-        MmaBf16M16N8K16(s[nt], al, bh);
+        if constexpr (kSplit) {
+          const uint32_t* kbl = kl + (8 * nt + g) * sq;
+          const uint32_t* q0l = ql + (16 * warp + g) * sq;
+          const uint32_t* q1l = q0l + 8 * sq;
+          const uint32_t al[4] = {q0l[w0], q1l[w0], q0l[w0 + 4], q1l[w0 + 4]};
+          const uint32_t bl[2] = {kbl[w0], kbl[w0 + 4]};
+          MmaBf16M16N8K16(s[nt], ah, bl);
+          MmaBf16M16N8K16(s[nt], al, bh);
+        }
       }
     }
     // Causal mask: row hr's scores are s[nt][2 hr + e], key n0 + 8 nt + 2 tq + e.
@@ -1020,8 +1031,8 @@ __global__ void __launch_bounds__(kFaWarps* kWarpSize)
       }
     }
     tandem::gpu::FlashSoftmaxTile<kFaMaxTiles>(s, m, l, acc);
-    tandem::gpu::FlashPvTile</*kSplit=*/true, kFaMaxTiles>(s, vh16, vl16, 2 * sv, vt, g,
-                                                           tq, acc);
+    tandem::gpu::FlashPvTile<kSplit, kFaMaxTiles>(s, vh16, vl16, 2 * sv, vt, g, tq,
+                                                  acc);
   }
   for (int hr = 0; hr < 2; ++hr) {
     if (pos[hr] < 0) continue;
@@ -1084,14 +1095,16 @@ bool AbsorbedMmaFits(const MlaLaunchArgs& a) {
          AbsorbedMmaSmem(a, AbsorbedRowGroups(a)) <= kMaxSmem;
 }
 
-size_t FlashMmaSmem(const MlaLaunchArgs& a) {
+// Shared memory of MlaFlashChunkMma: q [64][sq], k [32][sq], v [32][sv] words of
+// BF16 pairs, twice (hi and lo) when split: 92 KiB at K3 (46 KiB not split).
+size_t FlashMmaSmem(const MlaLaunchArgs& a, bool split) {
   const int64_t sq = MmaStride(a.nope + a.rope), sv = MmaStride(a.v);
-  return sizeof(uint32_t) * (2 * kFaRows * sq + 2 * kKeys * sq + 2 * kKeys * sv);
+  return sizeof(uint32_t) * (split ? 2 : 1) * (kFaRows * sq + kKeys * sq + kKeys * sv);
 }
 
-bool FlashMmaFits(const MlaLaunchArgs& a) {
+bool FlashMmaFits(const MlaLaunchArgs& a, bool split) {
   return (a.nope + a.rope) % 16 == 0 && a.nope % 2 == 0 && a.v % 8 == 0 &&
-         a.v <= kMlaMaxVDimExpanded && FlashMmaSmem(a) <= kMaxSmem;
+         a.v <= kMlaMaxVDimExpanded && FlashMmaSmem(a, split) <= kMaxSmem;
 }
 
 size_t FlashSmem(const MlaLaunchArgs& a) {
@@ -1230,11 +1243,12 @@ size_t MlaExpandedScratchBytes(const MlaLaunchArgs& a, int64_t chunk) {
 }
 
 const char* MlaExpandedLaunch(const MlaLaunchArgs& a, int64_t chunk, void* scratch,
-                              void* stream, MlaCore core) {
+                              void* stream, MlaCore core, bool bf16_operands) {
   if (const char* why = MlaUnsupported(a, false)) return why;
-  const bool mma =
-      core == MlaCore::kTensorCore || (core == MlaCore::kAuto && FlashMmaFits(a));
-  if (mma && !FlashMmaFits(a)) {
+  const bool split = !bf16_operands;
+  const bool mma = core == MlaCore::kTensorCore ||
+                   (core == MlaCore::kAuto && FlashMmaFits(a, split));
+  if (mma && !FlashMmaFits(a, split)) {
     return "mla: tensor-core path needs (nope + rope) % 16 == 0 and v % 8 == 0";
   }
   if (a.num_seqs == 0 || a.num_tokens == 0) return nullptr;
@@ -1243,9 +1257,11 @@ const char* MlaExpandedLaunch(const MlaLaunchArgs& a, int64_t chunk, void* scrat
   float* kv = reinterpret_cast<float*>(base);
   base += AlignUp(sizeof(float) * a.num_seqs * chunk * a.heads * (a.nope + a.v));
   float* ml = reinterpret_cast<float*>(base);
-  const size_t smem = mma ? FlashMmaSmem(a) : FlashSmem(a);
-  if (const char* e = mma ? tandem::gpu::AllowDynamicSmem(MlaFlashChunkMma, smem)
-                          : tandem::gpu::AllowDynamicSmem(MlaFlashChunk, smem)) {
+  const size_t smem = mma ? FlashMmaSmem(a, split) : FlashSmem(a);
+  if (const char* e =
+          !mma    ? tandem::gpu::AllowDynamicSmem(MlaFlashChunk, smem)
+          : split ? tandem::gpu::AllowDynamicSmem(MlaFlashChunkMma<true>, smem)
+                  : tandem::gpu::AllowDynamicSmem(MlaFlashChunkMma<false>, smem)) {
     return e;
   }
   const int64_t nn = a.nope + a.v;
@@ -1262,9 +1278,12 @@ const char* MlaExpandedLaunch(const MlaLaunchArgs& a, int64_t chunk, void* scrat
       TANDEM_LAUNCH(MlaExpandKv, egrid, kGemmThreads, 0, stream, a, c0, chunk, kv);
     }
     if (const char* e = tandem::gpu::LaunchError()) return e;
-    if (mma) {
-      TANDEM_LAUNCH(MlaFlashChunkMma, fgrid, kFaWarps * kWarpSize, smem, stream, a, c0,
-                    chunk, static_cast<const float*>(kv), ml);
+    if (mma && split) {
+      TANDEM_LAUNCH(MlaFlashChunkMma<true>, fgrid, kFaWarps * kWarpSize, smem, stream,
+                    a, c0, chunk, static_cast<const float*>(kv), ml);
+    } else if (mma) {
+      TANDEM_LAUNCH(MlaFlashChunkMma<false>, fgrid, kFaWarps * kWarpSize, smem, stream,
+                    a, c0, chunk, static_cast<const float*>(kv), ml);
     } else {
       TANDEM_LAUNCH(MlaFlashChunk, fgrid, kExpWarps * kWarpSize, smem, stream, a, c0,
                     chunk, static_cast<const float*>(kv), ml);

@@ -62,8 +62,9 @@
 //      tile of one sequence, head): 64 queries, 4 warps of 16 rows on mma (32
 //      and 8 x 4 on SIMT); key tiles of 32 with an online softmax in registers,
 //      causal (a warp skips tiles after its last query); q, k_nope, v and p
-//      split-BF16 (three mma per product), k_rot exact. The running (max, sum)
-//      lives in scratch and the running output, normalised, in `out` itself, so
+//      split-BF16 (three mma per product), k_rot exact; on "cuda_bf16" rounded
+//      to BF16 once (one mma per product, half the shared memory). The running (max,
+//      sum) lives in scratch and the running output, normalised, in `out` itself, so
 //      chunk k+1 resumes where chunk k stopped.
 //
 // Limits of these kernels: lora <= 512, v <= 128 (absorbed: any v), lora and
@@ -135,8 +136,12 @@ const char* MlaAbsorbedLaunch(const MlaLaunchArgs& a, int splits, void* scratch,
 int64_t MlaExpandedChunk(const MlaLaunchArgs& a, size_t budget_bytes);
 size_t MlaExpandedScratchBytes(const MlaLaunchArgs& a, int64_t chunk);
 // kAuto: tensor cores where (nope + rope) % 16 == 0 and v % 8 == 0 (K3), else SIMT.
+// bf16_operands ("cuda_bf16", GpuPrecision::kBf16): the tensor-core kernel rounds
+// q, k_nope, v and p to BF16 once (one mma a product) instead of splitting them
+// (three); the SIMT kernel is fp32 either way.
 const char* MlaExpandedLaunch(const MlaLaunchArgs& a, int64_t chunk, void* scratch,
-                              void* stream, MlaCore core = MlaCore::kAuto);
+                              void* stream, MlaCore core = MlaCore::kAuto,
+                              bool bf16_operands = false);
 
 }  // namespace tandem::kernels::cuda
 

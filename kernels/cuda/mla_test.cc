@@ -161,14 +161,16 @@ std::vector<float> Absorbed(const MlaCall& s, int splits, int32_t* error = nullp
 
 // chunk <= 0: MlaExpandedChunk for a 256 MiB budget.
 std::vector<float> Expanded(const MlaCall& s, int64_t chunk, int32_t* error = nullptr,
-                            MlaCore core = MlaCore::kAuto, int64_t max_context = 0) {
+                            MlaCore core = MlaCore::kAuto, int64_t max_context = 0,
+                            bool bf16_operands = false) {
   std::vector<float> out(s.tokens * s.c.heads * s.c.v, -7.0f);
   int32_t word = 0;
   MlaLaunchArgs a = ToLaunch(s.Args(out.data()), &word);
   a.max_context = max_context;
   if (chunk <= 0) chunk = MlaExpandedChunk(a, size_t{256} << 20);
   std::vector<char> scratch(MlaExpandedScratchBytes(a, chunk) + 256);
-  const char* e = MlaExpandedLaunch(a, chunk, scratch.data(), nullptr, core);
+  const char* e =
+      MlaExpandedLaunch(a, chunk, scratch.data(), nullptr, core, bf16_operands);
   EXPECT_EQ(e, nullptr) << e;
   if (error != nullptr) {
     *error = word;
@@ -327,6 +329,54 @@ TEST(MlaKernels, K3HeadsPerRankRealDims) {
                "K3 absorbed 3 splits mma");
   ExpectWithin(Absorbed(s, 0, nullptr, MlaCore::kTensorCore, 1), want, kBound,
                "K3 absorbed mma 1 row group");
+}
+
+// "cuda_bf16": the tensor-core expanded kernel rounds q, k_nope, v and p to BF16
+// once (one mma a product). Its error is BF16's (bound 2e-2 of max|out|, as the
+// conformance suite's attention bound on the _bf16 backends), and at least 1e-4:
+// the BF16 form is the one that ran, not the split one. Chunks, causal query
+// tiles, seeds and K3's real dims.
+TEST(MlaKernels, ExpandedBf16Operands) {
+  constexpr double kBf16Bound = 2e-2, kBf16Floor = 1e-4;
+  {
+    const Case c{2, 16, 16, 16, 32, {200, 65, 3, 150, 7}, {4, 1, 3, 150, 0}};
+    const MlaCall s = Make(c, 16, 11);
+    const std::vector<float> want = Oracle(s);
+    double worst = 0;
+    for (int64_t chunk : {64, 128, 256}) {
+      const std::vector<float> got =
+          Expanded(s, chunk, nullptr, MlaCore::kTensorCore, 0, /*bf16_operands=*/true);
+      ExpectWithin(got, want, kBf16Bound,
+                   "expanded mma bf16 chunk " + std::to_string(chunk));
+      worst = std::max(worst, RelErr(got, want));
+    }
+    EXPECT_GE(worst, kBf16Floor);
+    // kAuto picks the tensor-core kernel here; the SIMT kernel stays fp32.
+    EXPECT_EQ(Expanded(s, 64, nullptr, MlaCore::kAuto, 0, true),
+              Expanded(s, 64, nullptr, MlaCore::kTensorCore, 0, true));
+    ExpectWithin(Expanded(s, 64, nullptr, MlaCore::kSimt, 0, true), want, kBound,
+                 "expanded simt bf16_operands");
+  }
+  {
+    const Case c{3, 24, 8, 16, 64, {70, 5}, {6, 5}};
+    const MlaCall s = Make(c, 16, 21);
+    const std::vector<float> want = Oracle(s);
+    for (uint64_t seed : {1u, 2u, 3u}) {
+      cuda_sim::SetSeed(seed);
+      ExpectWithin(Expanded(s, 64, nullptr, MlaCore::kTensorCore, 0, true), want,
+                   kBf16Bound, "expanded mma bf16 seed " + std::to_string(seed));
+    }
+    cuda_sim::SetSeed(1);
+  }
+  {
+    const Case c{12, 128, 64, 128, 512, {9, 40, 33}, {1, 4, 33}};
+    const MlaCall s = Make(c, 16, 3);
+    const std::vector<float> want = Oracle(s);
+    const std::vector<float> got =
+        Expanded(s, 0, nullptr, MlaCore::kTensorCore, 0, /*bf16_operands=*/true);
+    ExpectWithin(got, want, kBf16Bound, "K3 expanded mma bf16");
+    EXPECT_GE(RelErr(got, want), kBf16Floor);
+  }
 }
 
 TEST(MlaKernels, K3LongerContextDecode) {
