@@ -90,7 +90,9 @@ absl::Status GpuBackend::MlaAttentionAbsorbed(const MlaArgs& args) {
   }
   const int splits = MlaAbsorbedSplits(plan, kAssumedSms);
   TANDEM_ASSIGN_OR_RETURN(void* scratch, Scratch(MlaAbsorbedScratchBytes(a, splits)));
-  if (const char* err = MlaAbsorbedLaunch(a, splits, scratch, stream())) {
+  if (const char* err =
+          MlaAbsorbedLaunch(a, splits, scratch, stream(), MlaCore::kAuto,
+                            /*bf16_operands=*/precision() == GpuPrecision::kBf16)) {
     return absl::InternalError(absl::StrCat("MlaAttentionAbsorbed: ", err));
   }
   return Launched("MlaAttentionAbsorbed");

@@ -308,6 +308,42 @@ std::unique_ptr<MlaProblem> MakeMla(Backend& be, const MlaShape& sh, int64_t bat
   return p;
 }
 
+// One absorbed-MLA row of the table: `batch` sequences of `ctx` cached tokens,
+// `q_len` queries each (1: decode; > 1: a speculative verification).
+void MlaAbsorbedRow(Backend& be, const MlaShape& sh, int64_t batch, int64_t ctx,
+                    int64_t q_len, uint16_t* cache, int64_t num_blocks,
+                    std::mt19937& rng, double copy_gbs, const std::string& key,
+                    const double* target) {
+  const int64_t width = sh.lora + sh.rope;
+  auto p = MakeMla(be, sh, batch, ctx, q_len, cache, num_blocks, rng);
+  if (!p->buf.status.ok()) {
+    Fail(key, p->buf.status);
+    return;
+  }
+  auto t = TimeOp(be, [&] { return be.MlaAttentionAbsorbed(p->args); });
+  if (!t.ok()) {
+    Fail(key, t.status());
+    return;
+  }
+  // Bytes moved: every cached latent row read once (ctx * (lora + rope) BF16
+  // per sequence), the absorbed weights W_UK/W_UV once (heads * (nope + v) *
+  // lora BF16), q in (fp32), out (fp32), block tables (int32).
+  const double tokens = static_cast<double>(batch * q_len);
+  const double bytes =
+      batch * ctx * width * 2.0 + sh.heads * (sh.nope + sh.v) * sh.lora * 2.0 +
+      tokens * sh.heads * (sh.nope + sh.rope) * 4.0 + tokens * sh.heads * sh.v * 4.0 +
+      batch * ((ctx + sh.block - 1) / sh.block) * 4.0;
+  const double gbs = bytes / *t / 1e9, frac = copy_gbs > 0 ? gbs / copy_gbs : 0;
+  std::printf("%-22s %10.1f %10.1f %10.3f %9s\n",
+              absl::StrCat("ctx ", ctx, " b ", batch, q_len > 1 ? " q " : "",
+                           q_len > 1 ? absl::StrCat(q_len) : "")
+                  .c_str(),
+              *t * 1e6, gbs, frac, target != nullptr ? Verdict(frac, *target) : "-");
+  Record(key + "_us", *t * 1e6);
+  Record(key + "_gbs", gbs);
+  Record(key + "_bw_frac", frac);
+}
+
 void MlaDecode(Backend& be, double copy_gbs) {
   if (!be.Supports(Op::kMlaAttentionAbsorbed)) {
     std::printf("MLA absorbed decode: not supported by %s (skipped)\n",
@@ -317,13 +353,23 @@ void MlaDecode(Backend& be, double copy_gbs) {
   }
   MlaShape sh;
   std::vector<int64_t> contexts = {4096, 32768, 131072}, batches = {1, 8, 32, 64};
+  // Speculative verification: 4 queries a sequence (3 drafts and the token
+  // before them), 48 (query, head) rows per cached key: the split-BF16 form's
+  // two mma a product make it compute-bound where the BF16 form ("cuda_bf16")
+  // is not. No target (not in the list).
+  int64_t verify_ctx = 32768;
+  std::vector<int64_t> verify_batches = {1, 8, 32};
   if (g_emulated) {
     sh.block = 16;
     contexts = {64, 200};
     batches = {1, 2};
+    verify_ctx = 200;
+    verify_batches = {1};
   } else if (absl::GetFlag(FLAGS_quick)) {
     batches = {1, 64};
+    verify_batches = {8};
   }
+  constexpr int64_t kVerifyQueries = 4;
   const int64_t max_tokens = contexts.back() * batches.back();
   const int64_t width = sh.lora + sh.rope;
   const int64_t num_blocks = (max_tokens + sh.block - 1) / sh.block;
@@ -336,39 +382,25 @@ void MlaDecode(Backend& be, double copy_gbs) {
     return;
   }
   std::printf(
-      "MLA absorbed decode (heads %lld, latent %lld, block %lld, 1 query/seq): bytes = "
-      "sum ctx * %lld * 2 (cache) + W_kv + q + out\n%-22s %10s %10s %10s %9s\n",
+      "MLA absorbed decode (heads %lld, latent %lld, block %lld, 1 query/seq; then "
+      "%lld "
+      "queries/seq, a verification): bytes = sum ctx * %lld * 2 (cache) + W_kv + q + "
+      "out\n%-22s %10s %10s %10s %9s\n",
       static_cast<long long>(sh.heads), static_cast<long long>(width),
-      static_cast<long long>(sh.block), static_cast<long long>(width), "shape", "us",
-      "GB/s", "of copy", "target");
+      static_cast<long long>(sh.block), static_cast<long long>(kVerifyQueries),
+      static_cast<long long>(width), "shape", "us", "GB/s", "of copy", "target");
+  const double target = 0.7;
   for (int64_t ctx : contexts) {
     for (int64_t batch : batches) {
-      const std::string key = absl::StrCat("mla_dec_ctx", ctx, "_b", batch);
-      auto p = MakeMla(be, sh, batch, ctx, 1, cache, num_blocks, rng);
-      if (!p->buf.status.ok()) {
-        Fail(key, p->buf.status);
-        continue;
-      }
-      auto t = TimeOp(be, [&] { return be.MlaAttentionAbsorbed(p->args); });
-      if (!t.ok()) {
-        Fail(key, t.status());
-        continue;
-      }
-      // Bytes moved: every cached latent row read once (ctx * (lora + rope) BF16
-      // per sequence), the absorbed weights W_UK/W_UV once (heads * (nope + v) *
-      // lora BF16), q in (fp32), out (fp32), block tables (int32).
-      const double bytes =
-          batch * ctx * width * 2.0 + sh.heads * (sh.nope + sh.v) * sh.lora * 2.0 +
-          batch * sh.heads * (sh.nope + sh.rope) * 4.0 + batch * sh.heads * sh.v * 4.0 +
-          batch * ((ctx + sh.block - 1) / sh.block) * 4.0;
-      const double gbs = bytes / *t / 1e9, frac = copy_gbs > 0 ? gbs / copy_gbs : 0;
-      std::printf("%-22s %10.1f %10.1f %10.3f %9s\n",
-                  absl::StrCat("ctx ", ctx, " b ", batch).c_str(), *t * 1e6, gbs, frac,
-                  Verdict(frac, 0.7));
-      Record(key + "_us", *t * 1e6);
-      Record(key + "_gbs", gbs);
-      Record(key + "_bw_frac", frac);
+      MlaAbsorbedRow(be, sh, batch, ctx, 1, cache, num_blocks, rng, copy_gbs,
+                     absl::StrCat("mla_dec_ctx", ctx, "_b", batch), &target);
     }
+  }
+  for (int64_t batch : verify_batches) {
+    MlaAbsorbedRow(
+        be, sh, batch, verify_ctx, kVerifyQueries, cache, num_blocks, rng, copy_gbs,
+        absl::StrCat("mla_verify_ctx", verify_ctx, "_b", batch, "_q", kVerifyQueries),
+        nullptr);
   }
 }
 

@@ -14,7 +14,8 @@ grep -q "EMULATED" "$out" || fail "the emulated run does not say so"
 last="$(tail -n 1 "$out")"
 [[ "$last" == '{"bench":"gpu_kernels"'* ]] || fail "the last line is not the JSON line: $last"
 for key in '"backend":"cuda_sim"' '"emulated":true' '"copy_gbs":' '"gemm_64_tflops":' \
-           '"targets":{' '"vision_attention_tflops":'; do
+           '"targets":{' '"vision_attention_tflops":' '"mla_dec_ctx200_b2_bw_frac":' \
+           '"mla_verify_ctx200_b1_q4_bw_frac":'; do
   [[ "$last" == *"$key"* ]] || fail "JSON line lacks $key"
 done
 if command -v python3 >/dev/null; then

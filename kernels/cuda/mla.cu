@@ -341,16 +341,18 @@ __global__ void __launch_bounds__(kAbsWarps* kWarpSize)
 //   S = Q K^T: warp w computes the 16 x 8 scores of keys 8w..8w+7 over the padded
 //     width (k-steps of 16); Q is split-BF16 (hi = bf16(q), lo = bf16(q - hi), two
 //     mma per step), K is the cache's BF16 itself (exact): error ~2^-17 relative.
+//     !kSplit ("cuda_bf16"): Q and P rounded to BF16 once, one mma per step (a
+//     k = 4 verification's 48 rows a key make the split form compute-bound).
 //   The 16 x 32 score tile goes through shared memory; every warp reads all of it
 //     in the A-fragment layout and runs the (identical) online softmax itself.
 //   O += P C: warp w owns latent columns [w lora/4, (w+1) lora/4) as n8 tiles in
-//     accumulator registers; P split-BF16 as well (two mma per step), C = the
-//     tile's BF16 latents packed from shared memory.
+//     accumulator registers; P split-BF16 as well (two mma per step; one when
+//     !kSplit), C = the tile's BF16 latents packed from shared memory.
 // Needs lora % 32 == 0 (whole n8 tiles per warp).
 constexpr int kMmaMaxTiles = kMlaMaxLora / (kAbsWarps * 8);
 constexpr int kScoreStride = kKeys + 8;  // floats per score row in shared memory
 
-template <int kGroups>
+template <int kGroups, bool kSplit>
 __global__ void __launch_bounds__(kGroups* kAbsWarps* kWarpSize)
     MlaAbsorbedSplitKvMma(MlaLaunchArgs a, const float* q_abs, int splits,
                           float* part_acc, float* part_ml) {
@@ -366,9 +368,10 @@ __global__ void __launch_bounds__(kGroups* kAbsWarps* kWarpSize)
   const int64_t width = a.lora + a.rope, half = width / 2;
   const int64_t sw = MmaStride(width), steps = (width + 15) / 16, padded = steps * 8;
   TANDEM_DYNAMIC_SMEM(uint32_t, smem);
-  uint32_t* qh = smem;               // [kRows][sw] q hi pairs
-  uint32_t* ql = qh + kRows * sw;    // [kRows][sw] q lo pairs
-  uint32_t* kbuf = ql + kRows * sw;  // [2][32][sw] key tiles (BF16 pairs)
+  uint32_t* qh = smem;  // [kRows][sw] q hi pairs
+  // [kRows][sw] q lo pairs (kSplit only)
+  uint32_t* ql = kSplit ? qh + kRows * sw : nullptr;
+  uint32_t* kbuf = qh + (kSplit ? 2 : 1) * kRows * sw;          // [2][32][sw] key tiles
   float* st = reinterpret_cast<float*>(kbuf + 2 * kKeys * sw);  // [kRows][kScoreStride]
 
   const int64_t rows = t.q_len * a.heads;
@@ -381,8 +384,8 @@ __global__ void __launch_bounds__(kGroups* kAbsWarps* kWarpSize)
       x1 = src[1];
     }
     uint32_t lo;
-    qh[r * sw + w] = SplitBf16x2(x0, x1, &lo);
-    ql[r * sw + w] = lo;
+    qh[r * sw + w] = ToBf16x2<kSplit>(x0, x1, &lo);
+    if constexpr (kSplit) ql[r * sw + w] = lo;
   }
   const int64_t per_split = (t.ctx + splits - 1) / splits;
   const int64_t chunk = (per_split + kKeys - 1) / kKeys * kKeys;
@@ -441,23 +444,29 @@ __global__ void __launch_bounds__(kGroups* kAbsWarps* kWarpSize)
     __syncthreads();  // every thread's copies (and q, first time) are visible
     {
       // S: keys 8 warp .. 8 warp + 7, in 8 independent accumulators (k-step mod 4
-      // x hi/lo): short dependency chains between the mma.
+      // x hi/lo; k-step mod 8 when !kSplit): short dependency chains between the
+      // mma.
       float dd[8][4] = {};
       const uint32_t* kb = kt + (8 * warp + g) * sw;
       const uint32_t* q0h = qh + rbase * sw;
       const uint32_t* q1h = q0h + 8 * sw;
-      const uint32_t* q0l = ql + rbase * sw;
-      const uint32_t* q1l = q0l + 8 * sw;
-      for (int64_t k4 = 0; k4 < steps; k4 += 4) {
+      constexpr int kUnroll = kSplit ? 4 : 8;
+      for (int64_t k4 = 0; k4 < steps; k4 += kUnroll) {
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
+        for (int u = 0; u < kUnroll; ++u) {
           if (k4 + u >= steps) break;
           const int64_t w0 = (k4 + u) * 8 + tq;
           const uint32_t ah[4] = {q0h[w0], q1h[w0], q0h[w0 + 4], q1h[w0 + 4]};
-          const uint32_t al[4] = {q0l[w0], q1l[w0], q0l[w0 + 4], q1l[w0 + 4]};
           const uint32_t b[2] = {kb[w0], kb[w0 + 4]};
-          MmaBf16M16N8K16(dd[2 * u], ah, b);
-          MmaBf16M16N8K16(dd[2 * u + 1], al, b);
+          if constexpr (kSplit) {
+            const uint32_t* q0l = ql + rbase * sw;
+            const uint32_t* q1l = q0l + 8 * sw;
+            const uint32_t al[4] = {q0l[w0], q1l[w0], q0l[w0 + 4], q1l[w0 + 4]};
+            MmaBf16M16N8K16(dd[2 * u], ah, b);
+            MmaBf16M16N8K16(dd[2 * u + 1], al, b);
+          } else {
+            MmaBf16M16N8K16(dd[u], ah, b);
+          }
         }
       }
       float d[4];
@@ -512,8 +521,9 @@ __global__ void __launch_bounds__(kGroups* kAbsWarps* kWarpSize)
       // a[hr + 2] (columns 2 tq.. and 2 tq + 8..).
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
-        ph[kk][hr] = SplitBf16x2(s[4 * kk], s[4 * kk + 1], &pl[kk][hr]);
-        ph[kk][hr + 2] = SplitBf16x2(s[4 * kk + 2], s[4 * kk + 3], &pl[kk][hr + 2]);
+        ph[kk][hr] = ToBf16x2<kSplit>(s[4 * kk], s[4 * kk + 1], &pl[kk][hr]);
+        ph[kk][hr + 2] =
+            ToBf16x2<kSplit>(s[4 * kk + 2], s[4 * kk + 3], &pl[kk][hr + 2]);
       }
     }
 #pragma unroll
@@ -536,7 +546,7 @@ __global__ void __launch_bounds__(kGroups* kAbsWarps* kWarpSize)
         const int64_t c = col0 + 8 * j + g;
         const uint32_t b[2] = {PackBf16x2(r0[c], r1[c]), PackBf16x2(r8[c], r9[c])};
         MmaBf16M16N8K16(acc[j], ph[kk], b);
-        MmaBf16M16N8K16(acc[j], pl[kk], b);
+        if constexpr (kSplit) MmaBf16M16N8K16(acc[j], pl[kk], b);
       }
     }
     __syncthreads();  // this buffer and the scores are consumed before refilling
@@ -1070,9 +1080,10 @@ size_t AbsorbedSmem(const MlaLaunchArgs& a) {
                           kAbsWarps * kRowsPerWarp * kKeys);
 }
 
-size_t AbsorbedMmaSmem(const MlaLaunchArgs& a, int groups) {
+// q (hi, and lo when split) [16 groups][sw], two key tiles [32][sw], the scores.
+size_t AbsorbedMmaSmem(const MlaLaunchArgs& a, int groups, bool split = true) {
   const int64_t sw = MmaStride(a.lora + a.rope);
-  return sizeof(uint32_t) * (2 * 16 * groups * sw + 2 * kKeys * sw) +
+  return sizeof(uint32_t) * ((split ? 2 : 1) * 16 * groups * sw + 2 * kKeys * sw) +
          sizeof(float) * 16 * groups * kScoreStride;
 }
 
@@ -1089,7 +1100,7 @@ int AbsorbedRowGroups(const MlaLaunchArgs& a) {
 bool AbsorbedMmaFits(const MlaLaunchArgs& a) {
   // lora + rope a multiple of 8 and a 16-byte aligned cache: rows of whole
   // 16-byte pieces (cp.async faults on a misaligned address; the SIMT kernel
-  // takes any).
+  // takes any). Sized for the split form, so both forms decide alike.
   return a.lora % (kAbsWarps * 8) == 0 && (a.lora + a.rope) % 8 == 0 &&
          reinterpret_cast<uintptr_t>(a.kv_cache) % 16 == 0 &&
          AbsorbedMmaSmem(a, AbsorbedRowGroups(a)) <= kMaxSmem;
@@ -1133,19 +1144,34 @@ const char* MlaUnsupported(const MlaLaunchArgs& a, bool absorbed) {
 
 namespace {
 
-template <int kGroups>
+template <int kGroups, bool kSplit>
 const char* LaunchAbsorbedMma(const MlaLaunchArgs& a, const float* q_abs, int splits,
                               float* part_acc, float* part_ml, void* stream) {
-  const size_t smem = AbsorbedMmaSmem(a, kGroups);
+  const size_t smem = AbsorbedMmaSmem(a, kGroups, kSplit);
   if (const char* e =
-          tandem::gpu::AllowDynamicSmem(MlaAbsorbedSplitKvMma<kGroups>, smem)) {
+          tandem::gpu::AllowDynamicSmem(MlaAbsorbedSplitKvMma<kGroups, kSplit>, smem)) {
     return e;
   }
   constexpr int64_t kRows = 16 * kGroups;
   const dim3 grid((a.num_tokens * a.heads + kRows - 1) / kRows + a.num_seqs, splits);
-  TANDEM_LAUNCH(MlaAbsorbedSplitKvMma<kGroups>, grid, kGroups * kAbsWarps * kWarpSize,
-                smem, stream, a, q_abs, splits, part_acc, part_ml);
+  TANDEM_LAUNCH((MlaAbsorbedSplitKvMma<kGroups, kSplit>), grid,
+                kGroups * kAbsWarps * kWarpSize, smem, stream, a, q_abs, splits,
+                part_acc, part_ml);
   return tandem::gpu::LaunchError();
+}
+
+template <bool kSplit>
+const char* LaunchAbsorbedMmaGroups(const MlaLaunchArgs& a, const float* q_abs,
+                                    int splits, float* part_acc, float* part_ml,
+                                    void* stream) {
+  switch (AbsorbedRowGroups(a)) {
+    case 1:
+      return LaunchAbsorbedMma<1, kSplit>(a, q_abs, splits, part_acc, part_ml, stream);
+    case 2:
+      return LaunchAbsorbedMma<2, kSplit>(a, q_abs, splits, part_acc, part_ml, stream);
+    default:
+      return LaunchAbsorbedMma<3, kSplit>(a, q_abs, splits, part_acc, part_ml, stream);
+  }
 }
 
 }  // namespace
@@ -1170,7 +1196,7 @@ size_t MlaAbsorbedScratchBytes(const MlaLaunchArgs& a, int splits) {
 }
 
 const char* MlaAbsorbedLaunch(const MlaLaunchArgs& args, int splits, void* scratch,
-                              void* stream, MlaCore core) {
+                              void* stream, MlaCore core, bool bf16_operands) {
   MlaLaunchArgs a = args;
   a.empty_is_padding = true;
   if (const char* why = MlaUnsupported(a, true)) return why;
@@ -1193,18 +1219,10 @@ const char* MlaAbsorbedLaunch(const MlaLaunchArgs& args, int splits, void* scrat
   if (const char* e = tandem::gpu::LaunchError()) return e;
 
   if (mma) {
-    const char* e = nullptr;
-    switch (AbsorbedRowGroups(a)) {
-      case 1:
-        e = LaunchAbsorbedMma<1>(a, q_abs, splits, part_acc, part_ml, stream);
-        break;
-      case 2:
-        e = LaunchAbsorbedMma<2>(a, q_abs, splits, part_acc, part_ml, stream);
-        break;
-      default:
-        e = LaunchAbsorbedMma<3>(a, q_abs, splits, part_acc, part_ml, stream);
-        break;
-    }
+    const char* e = bf16_operands ? LaunchAbsorbedMmaGroups<false>(
+                                        a, q_abs, splits, part_acc, part_ml, stream)
+                                  : LaunchAbsorbedMmaGroups<true>(
+                                        a, q_abs, splits, part_acc, part_ml, stream);
     if (e != nullptr) return e;
   } else {
     const dim3 grid((a.num_tokens * a.heads + kAbsRows - 1) / kAbsRows + a.num_seqs,

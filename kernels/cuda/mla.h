@@ -127,8 +127,11 @@ size_t MlaAbsorbedScratchBytes(const MlaLaunchArgs& a, int splits);
 // Which attention kernel the absorbed form runs: kAuto = tensor cores where the
 // shape allows (lora % 32 == 0: K3), else SIMT; tests force each.
 enum class MlaCore { kAuto, kSimt, kTensorCore };
+// bf16_operands ("cuda_bf16"): the tensor-core kernel rounds q and p to BF16 once
+// (one mma a product instead of two); the SIMT kernel is fp32 either way.
 const char* MlaAbsorbedLaunch(const MlaLaunchArgs& a, int splits, void* scratch,
-                              void* stream, MlaCore core = MlaCore::kAuto);
+                              void* stream, MlaCore core = MlaCore::kAuto,
+                              bool bf16_operands = false);
 
 // ---- Expanded ----------------------------------------------------------------
 // Context chunk (a multiple of 64) such that the scratch fits `budget_bytes`

@@ -142,14 +142,16 @@ std::vector<float> Oracle(const MlaCall& s) {
 
 // splits <= 0: MlaAbsorbedSplits for 132 SMs.
 std::vector<float> Absorbed(const MlaCall& s, int splits, int32_t* error = nullptr,
-                            MlaCore core = MlaCore::kAuto, int row_groups = 0) {
+                            MlaCore core = MlaCore::kAuto, int row_groups = 0,
+                            bool bf16_operands = false) {
   std::vector<float> out(s.tokens * s.c.heads * s.c.v, -7.0f);
   int32_t word = 0;
   MlaLaunchArgs a = ToLaunch(s.Args(out.data()), &word);
   a.row_groups = row_groups;
   if (splits <= 0) splits = MlaAbsorbedSplits(a, 132);
   std::vector<char> scratch(MlaAbsorbedScratchBytes(a, splits) + 256);
-  const char* e = MlaAbsorbedLaunch(a, splits, scratch.data(), nullptr, core);
+  const char* e =
+      MlaAbsorbedLaunch(a, splits, scratch.data(), nullptr, core, bf16_operands);
   EXPECT_EQ(e, nullptr) << e;
   if (error != nullptr) {
     *error = word;
@@ -331,12 +333,13 @@ TEST(MlaKernels, K3HeadsPerRankRealDims) {
                "K3 absorbed mma 1 row group");
 }
 
-// "cuda_bf16": the tensor-core expanded kernel rounds q, k_nope, v and p to BF16
-// once (one mma a product). Its error is BF16's (bound 2e-2 of max|out|, as the
-// conformance suite's attention bound on the _bf16 backends), and at least 1e-4:
-// the BF16 form is the one that ran, not the split one. Chunks, causal query
-// tiles, seeds and K3's real dims.
-TEST(MlaKernels, ExpandedBf16Operands) {
+// "cuda_bf16": the tensor-core kernels round their fp32 operands to BF16 once
+// (one mma a product): q, k_nope, v and p (expanded), q and p (absorbed). Their
+// error is BF16's (bound 2e-2 of max|out|, as the conformance suite's attention
+// bound on the _bf16 backends), and at least 1e-4: the BF16 form is the one that
+// ran, not the split one. Chunks, splits, row groups, causal query tiles, seeds
+// and K3's real dims.
+TEST(MlaKernels, Bf16Operands) {
   constexpr double kBf16Bound = 2e-2, kBf16Floor = 1e-4;
   {
     const Case c{2, 16, 16, 16, 32, {200, 65, 3, 150, 7}, {4, 1, 3, 150, 0}};
@@ -351,6 +354,20 @@ TEST(MlaKernels, ExpandedBf16Operands) {
       worst = std::max(worst, RelErr(got, want));
     }
     EXPECT_GE(worst, kBf16Floor);
+    worst = 0;
+    for (int groups : {1, 2, 3}) {
+      for (int splits : {1, 3, 7}) {
+        const std::vector<float> got = Absorbed(
+            s, splits, nullptr, MlaCore::kTensorCore, groups, /*bf16_operands=*/true);
+        ExpectWithin(got, want, kBf16Bound,
+                     "absorbed mma bf16 " + std::to_string(groups) +
+                         " row groups, splits " + std::to_string(splits));
+        worst = std::max(worst, RelErr(got, want));
+      }
+    }
+    EXPECT_GE(worst, kBf16Floor);
+    ExpectWithin(Absorbed(s, 3, nullptr, MlaCore::kSimt, 0, true), want, kBound,
+                 "absorbed simt bf16_operands");
     // kAuto picks the tensor-core kernel here; the SIMT kernel stays fp32.
     EXPECT_EQ(Expanded(s, 64, nullptr, MlaCore::kAuto, 0, true),
               Expanded(s, 64, nullptr, MlaCore::kTensorCore, 0, true));
@@ -365,6 +382,8 @@ TEST(MlaKernels, ExpandedBf16Operands) {
       cuda_sim::SetSeed(seed);
       ExpectWithin(Expanded(s, 64, nullptr, MlaCore::kTensorCore, 0, true), want,
                    kBf16Bound, "expanded mma bf16 seed " + std::to_string(seed));
+      ExpectWithin(Absorbed(s, 3, nullptr, MlaCore::kTensorCore, 0, true), want,
+                   kBf16Bound, "absorbed mma bf16 seed " + std::to_string(seed));
     }
     cuda_sim::SetSeed(1);
   }
@@ -376,6 +395,10 @@ TEST(MlaKernels, ExpandedBf16Operands) {
         Expanded(s, 0, nullptr, MlaCore::kTensorCore, 0, /*bf16_operands=*/true);
     ExpectWithin(got, want, kBf16Bound, "K3 expanded mma bf16");
     EXPECT_GE(RelErr(got, want), kBf16Floor);
+    const std::vector<float> abs =
+        Absorbed(s, 0, nullptr, MlaCore::kTensorCore, 0, /*bf16_operands=*/true);
+    ExpectWithin(abs, want, kBf16Bound, "K3 absorbed mma bf16");
+    EXPECT_GE(RelErr(abs, want), kBf16Floor);
   }
 }
 
