@@ -1444,6 +1444,21 @@ std::vector<int64_t> Engine::LogitsRowStarts(const StepBatch& batch) {
   return starts;
 }
 
+namespace {
+
+// A prompt row that cannot be scored ends its own request (at its first token),
+// not the step; the first error a request gets is the one it reports. `position`
+// is the scored row's index (the token at position + 1 is the one scored).
+template <typename Req>
+void NotePromptScoreError(Req* r, int64_t position, const absl::Status& st) {
+  if (!r->prompt_score_error.ok()) return;
+  r->prompt_score_error = absl::Status(
+      st.code(),
+      absl::StrCat("prompt logprobs at position ", position + 1, ": ", st.message()));
+}
+
+}  // namespace
+
 absl::Status Engine::ScorePrompts(const StepBatch& batch) {
   const int64_t V = weights_->config.text.vocab_size;
   struct Row {
@@ -1485,15 +1500,9 @@ absl::Status Engine::ScorePrompts(const StepBatch& batch) {
   } else {
     score(0, static_cast<int64_t>(rows.size()));
   }
-  // A row that cannot be scored ends its own request (at its first token),
-  // not the step: the other requests go on.
+  // A row that cannot be scored ends its own request, not the step.
   for (size_t k = 0; k < rows.size(); ++k) {
-    if (!status[k].ok() && rows[k].r->prompt_score_error.ok()) {
-      rows[k].r->prompt_score_error =
-          absl::Status(status[k].code(),
-                       absl::StrCat("prompt logprobs at position ",
-                                    rows[k].position + 1, ": ", status[k].message()));
-    }
+    if (!status[k].ok()) NotePromptScoreError(rows[k].r, rows[k].position, status[k]);
   }
   return absl::OkStatus();
 }
@@ -1602,11 +1611,8 @@ absl::StatusOr<bool> Engine::SampleRowsOnDevice(
       absl::StatusOr<engine::SampleResult>& res = device_results_[k];
       if (res.ok()) {
         r->prompt_scores[scored[k]] = *std::move(res);
-      } else if (r->prompt_score_error.ok()) {
-        r->prompt_score_error =
-            absl::Status(res.status().code(),
-                         absl::StrCat("prompt logprobs at position ", scored[k] + 1,
-                                      ": ", res.status().message()));
+      } else {
+        NotePromptScoreError(r, scored[k], res.status());
       }
       continue;
     }
