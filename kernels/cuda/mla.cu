@@ -629,7 +629,30 @@ __global__ void __launch_bounds__(kAuxThreads)
 }
 
 // ---- Expanded: [k_nope | v] = W_h c for one chunk of positions ----------------
-// kv[((s * chunk + p - c0) * heads + h) * (nope + v) + n], fp32.
+// One record of nope + v words per (sequence, position, head):
+// kv + ((s * chunk + p - c0) * heads + h) * (nope + v). Its layout is the reader's:
+//   fp32 [k_nope | v] for the SIMT flash kernel (kPacked false);
+//   16-bit [k hi | k lo | v hi | v lo] (nope, nope, v, v values; x = hi + lo,
+//   hi = bf16(x), lo = bf16(x - hi)) for the tensor-core one (kPacked): split
+//   once here, not once per query tile, and copied to shared memory as 16-byte
+//   pieces (cp.async). Its BF16 form reads only the hi parts (= bf16(x)).
+template <bool kPacked>
+__device__ __forceinline__ void StoreKv(float* rec, int64_t nope, int64_t v, int64_t n,
+                                        float x) {
+  if constexpr (kPacked) {
+    uint16_t* r16 = reinterpret_cast<uint16_t*>(rec);
+    const uint16_t hi = F32ToBf16(x);
+    // k column n: hi at n, lo at nope + n; v column n - nope: hi at 2 nope +
+    // (n - nope) = nope + n, lo v further.
+    const int64_t at = n < nope ? n : nope + n;
+    r16[at] = hi;
+    r16[at + (n < nope ? nope : v)] = F32ToBf16(x - Bf16ToF32(hi));
+  } else {
+    rec[n] = x;
+  }
+}
+
+template <bool kPacked>
 __global__ void __launch_bounds__(kGemmThreads)
     MlaExpandKv(MlaLaunchArgs a, int64_t c0, int64_t chunk, float* kv) {
   const int64_t s = blockIdx.z / a.heads, h = blockIdx.z % a.heads;
@@ -685,10 +708,11 @@ __global__ void __launch_bounds__(kGemmThreads)
   for (int i = 0; i < 4; ++i) {
     const int64_t p = p0 + ty * 4 + i;
     if (p >= pend) continue;
-    float* dst = kv + ((s * chunk + p - c0) * a.heads + h) * nn + n0;
+    float* rec = kv + ((s * chunk + p - c0) * a.heads + h) * nn;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      if (n0 + tx + 16 * j < nn) dst[tx + 16 * j] = acc[i][j];
+      const int64_t n = n0 + tx + 16 * j;
+      if (n < nn) StoreKv<kPacked>(rec, a.nope, a.v, n, acc[i][j]);
     }
   }
 }
@@ -701,6 +725,7 @@ __global__ void __launch_bounds__(kGemmThreads)
 constexpr int kEgWarps = 4;
 constexpr int kEgStride = 20;  // words per staged row of 32 BF16 (16 + 4: banks)
 
+template <bool kPacked>
 __global__ void __launch_bounds__(kEgWarps* kWarpSize)
     MlaExpandKvMma(MlaLaunchArgs a, int64_t c0, int64_t chunk, float* kv) {
   const int64_t s = blockIdx.z / a.heads, h = blockIdx.z % a.heads;
@@ -755,15 +780,16 @@ __global__ void __launch_bounds__(kEgWarps* kWarpSize)
       }
     }
   }
+#pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     const int64_t p = p0 + 16 * warp + g + 8 * hr;
     if (p >= pend) continue;
-    float* dst = kv + ((s * chunk + p - c0) * a.heads + h) * nn + n0;
+    float* rec = kv + ((s * chunk + p - c0) * a.heads + h) * nn;
 #pragma unroll
     for (int j = 0; j < kGemmN / 8; ++j) {
-      const int64_t n = 8 * j + 2 * tq;
-      if (n0 + n < nn) dst[n] = acc[j][2 * hr];
-      if (n0 + n + 1 < nn) dst[n + 1] = acc[j][2 * hr + 1];
+      const int64_t n = n0 + 8 * j + 2 * tq;
+      if (n < nn) StoreKv<kPacked>(rec, a.nope, a.v, n, acc[j][2 * hr]);
+      if (n + 1 < nn) StoreKv<kPacked>(rec, a.nope, a.v, n + 1, acc[j][2 * hr + 1]);
     }
   }
 }
@@ -889,15 +915,20 @@ __global__ void __launch_bounds__(kExpWarps* kWarpSize)
 // each (the FA-2 split: a warp owns its rows, the softmax stays in registers),
 // key tiles of 32.
 //   kSplit (the exact backends): every operand is split-BF16 (x = hi + lo): q
-//   (scaled), the expanded k_nope / v (fp32 from MlaExpandKv) and p; k_rot is the
-//   cache's BF16 (lo = 0). a.b ~ hi.hi + hi.lo + lo.hi: three mma per product,
-//   error ~2^-16 relative per term (the dropped lo.lo and the residuals).
+//   (scaled), the expanded k_nope / v (split by the expansion: StoreKv) and p;
+//   k_rot is the cache's BF16 (lo = 0). a.b ~ hi.hi + hi.lo + lo.hi: three mma
+//   per product, error ~2^-16 relative per term (the dropped lo.lo and the
+//   residuals).
 //   !kSplit ("cuda_bf16"): each operand rounded to BF16 once, one mma per
 //   product, no lo parts in shared memory (half of it).
+//   Key tiles stream through two buffers: tile i + 1's cp.async copies (16-byte
+//   pieces of the packed records and of the cache rows' k_rot) are in flight
+//   while tile i is computed.
 //   S = Q K^T: 4 n8 tiles of keys, k-steps of 16 over nope + rope;
 //   P from the S accumulators directly (the m16n8 C layout of two adjacent n8
 //   tiles is the A layout of one k16 step); O += P V: v/8 n8 tiles per warp.
-// Needs (nope + rope) % 16 == 0, v % 8 == 0, v <= 128.
+// Needs (nope + rope) % 16 == 0, nope, rope, lora and v % 8 == 0 (whole 16-byte
+// pieces), v <= 128, a 16-byte aligned cache and scratch.
 constexpr int kFaWarps = 4;
 constexpr int kFaRows = kFaWarps * 16;
 constexpr int kFaMaxTiles = kMlaMaxVDimExpanded / 8;
@@ -922,18 +953,70 @@ __global__ void __launch_bounds__(kFaWarps* kWarpSize)
   const int64_t sq = MmaStride(dq), sv = MmaStride(a.v), steps = dq / 16;
   const int vt = static_cast<int>(a.v / 8);
   TANDEM_DYNAMIC_SMEM(uint32_t, smem);
-  // The lo parts (kSplit only) follow the hi parts.
-  uint32_t* qh = smem;               // [64][sq]
-  uint32_t* kh = qh + kFaRows * sq;  // [32][sq]
-  uint32_t* vh = kh + kKeys * sq;    // [32][sv]
-  uint32_t *ql = nullptr, *kl = nullptr, *vl = nullptr;
+  // q [64][sq] (hi, then lo when kSplit), then two key buffers, each k [32][sq],
+  // v [32][sv] (hi, then lo when kSplit).
+  constexpr int kParts = kSplit ? 2 : 1;
+  uint32_t* qh = smem;
+  uint32_t* ql = kSplit ? qh + kFaRows * sq : nullptr;
+  uint32_t* kbuf = qh + kParts * kFaRows * sq;
+  const int64_t buf_words = kParts * kKeys * (sq + sv);
+  // Buffer b's parts: k hi, v hi, k lo, v lo.
+  auto kh_of = [&](int b) { return kbuf + b * buf_words; };
+  auto vh_of = [&](int b) { return kh_of(b) + kKeys * sq; };
+  auto kl_of = [&](int b) { return vh_of(b) + kKeys * sv; };
+  auto vl_of = [&](int b) { return kl_of(b) + kKeys * sq; };
+  // k_rot's lo parts are 0 (the cache's BF16 is exact) and no copy writes them.
   if constexpr (kSplit) {
-    ql = vh + kKeys * sv;    // [64][sq]
-    kl = ql + kFaRows * sq;  // [32][sq]
-    vl = kl + kKeys * sq;    // [32][sv]
+    const int64_t rw = a.rope / 2;
+    for (int64_t i = threadIdx.x; i < 2 * kKeys * rw; i += blockDim.x) {
+      const int64_t b = i / (kKeys * rw), n = (i / rw) % kKeys, w = i % rw;
+      kl_of(static_cast<int>(b))[n * sq + a.nope / 2 + w] = 0u;
+    }
   }
-  const uint16_t* vh16 = reinterpret_cast<const uint16_t*>(vh);
-  const uint16_t* vl16 = reinterpret_cast<const uint16_t*>(vl);
+  const uint16_t* kv16 = reinterpret_cast<const uint16_t*>(kv);
+  // Pieces of 8 16-bit values per key row: k hi (nope / 8), k_rot (rope / 8), v
+  // hi (v / 8), then k lo, v lo when kSplit.
+  const int64_t pk = a.nope / 8, pr = a.rope / 8, pv = a.v / 8;
+  const int64_t pieces = pk + pr + pv + (kSplit ? pk + pv : 0);
+  // Warp w fetches rows w, w + 4, ...; lanes the pieces of a row. Rows past
+  // k_end and k_rot of a bad block id are zero-filled with plain stores.
+  auto fetch = [&](int64_t n0, int b) {
+    uint32_t *kh = kh_of(b), *vh = vh_of(b), *kl = kl_of(b), *vl = vl_of(b);
+    for (int n = warp; n < kKeys; n += kFaWarps) {
+      const int64_t p = n0 + n;
+      const bool in = p < k_end;
+      const uint16_t* rec =
+          in ? kv16 + ((t.seq * chunk + p - c0) * a.heads + h) * 2 * nn : nullptr;
+      const uint16_t* row = in ? CacheRow(a, t.seq, p, lane == 0) : nullptr;
+      for (int64_t c = lane; c < pieces; c += kWarpSize) {
+        uint32_t* dst;
+        const uint16_t* src;
+        if (c < pk) {
+          dst = kh + n * sq + 4 * c;
+          src = rec != nullptr ? rec + 8 * c : nullptr;
+        } else if (c < pk + pr) {
+          dst = kh + n * sq + a.nope / 2 + 4 * (c - pk);
+          src = row != nullptr ? row + a.lora + 8 * (c - pk) : nullptr;
+        } else if (c < pk + pr + pv) {
+          dst = vh + n * sv + 4 * (c - pk - pr);
+          src = rec != nullptr ? rec + 2 * a.nope + 8 * (c - pk - pr) : nullptr;
+        } else if (c < 2 * pk + pr + pv) {
+          dst = kl + n * sq + 4 * (c - pk - pr - pv);
+          src = rec != nullptr ? rec + a.nope + 8 * (c - pk - pr - pv) : nullptr;
+        } else {
+          dst = vl + n * sv + 4 * (c - 2 * pk - pr - pv);
+          src = rec != nullptr ? rec + 2 * a.nope + a.v + 8 * (c - 2 * pk - pr - pv)
+                               : nullptr;
+        }
+        if (src != nullptr) {
+          CpAsync16(dst, src);
+        } else {
+          dst[0] = dst[1] = dst[2] = dst[3] = 0u;
+        }
+      }
+    }
+    CpAsyncCommit();
+  };
 
   for (int64_t i = threadIdx.x; i < kFaRows * (dq / 2); i += blockDim.x) {
     const int64_t r = i / (dq / 2), w = i % (dq / 2), qi = t.row0 + r;
@@ -976,35 +1059,27 @@ __global__ void __launch_bounds__(kFaWarps* kWarpSize)
   const int64_t warp_row_last = std::min(t.q_len, t.row0 + 16 * warp + 16) - 1;
   const int64_t warp_last =
       warp_row_last >= t.row0 + 16 * warp ? t.ctx - t.q_len + warp_row_last : -1;
-  for (int64_t n0 = c0; n0 < k_end; n0 += kKeys) {
-    __syncthreads();
-    for (int n = warp; n < kKeys; n += kFaWarps) {
-      const int64_t p = n0 + n;
-      const float* src =
-          p < k_end ? kv + ((t.seq * chunk + p - c0) * a.heads + h) * nn : nullptr;
-      const uint16_t* row = p < k_end ? CacheRow(a, t.seq, p, lane == 0) : nullptr;
-      for (int64_t w = lane; w < dq / 2; w += kWarpSize) {
-        const int64_t d = 2 * w;
-        uint32_t hi = 0, lo = 0;
-        if (d < a.nope) {
-          if (src != nullptr) hi = ToBf16x2<kSplit>(src[d], src[d + 1], &lo);
-        } else if (row != nullptr) {
-          hi = PackBf16x2(row[a.lora + d - a.nope], row[a.lora + d - a.nope + 1]);
-        }
-        kh[n * sq + w] = hi;
-        if constexpr (kSplit) kl[n * sq + w] = lo;
-      }
-      for (int64_t w = lane; w < a.v / 2; w += kWarpSize) {
-        uint32_t hi = 0, lo = 0;
-        if (src != nullptr)
-          hi = ToBf16x2<kSplit>(src[a.nope + 2 * w], src[a.nope + 2 * w + 1], &lo);
-        vh[n * sv + w] = hi;
-        if constexpr (kSplit) vl[n * sv + w] = lo;
-      }
+  fetch(c0, 0);
+  int buf = 0;
+  for (int64_t n0 = c0; n0 < k_end; n0 += kKeys, buf ^= 1) {
+    if (n0 + kKeys < k_end) {
+      fetch(n0 + kKeys, buf ^ 1);
+      CpAsyncWait<1>();  // all but the newest group: this tile has landed
+    } else {
+      CpAsyncWait<0>();
     }
-    __syncthreads();
+    __syncthreads();  // every thread's copies (and q, first time) are visible
+    const uint32_t* kh = kh_of(buf);
+    const uint32_t* vh = vh_of(buf);
+    const uint32_t* kl = kSplit ? kl_of(buf) : nullptr;
+    const uint32_t* vl = kSplit ? vl_of(buf) : nullptr;
+    const uint16_t* vh16 = reinterpret_cast<const uint16_t*>(vh);
+    const uint16_t* vl16 = reinterpret_cast<const uint16_t*>(vl);
     // Both of this warp's row groups lie before the tile: nothing to add (causal).
-    if (warp_last < n0) continue;
+    if (warp_last < n0) {
+      __syncthreads();  // the other warps are done with this buffer
+      continue;
+    }
     float s[4][4];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
@@ -1043,6 +1118,7 @@ __global__ void __launch_bounds__(kFaWarps* kWarpSize)
     tandem::gpu::FlashSoftmaxTile<kFaMaxTiles>(s, m, l, acc);
     tandem::gpu::FlashPvTile<kSplit, kFaMaxTiles>(s, vh16, vl16, 2 * sv, vt, g, tq,
                                                   acc);
+    __syncthreads();  // this buffer is consumed before it is refilled
   }
   for (int hr = 0; hr < 2; ++hr) {
     if (pos[hr] < 0) continue;
@@ -1106,16 +1182,22 @@ bool AbsorbedMmaFits(const MlaLaunchArgs& a) {
          AbsorbedMmaSmem(a, AbsorbedRowGroups(a)) <= kMaxSmem;
 }
 
-// Shared memory of MlaFlashChunkMma: q [64][sq], k [32][sq], v [32][sv] words of
-// BF16 pairs, twice (hi and lo) when split: 92 KiB at K3 (46 KiB not split).
+// Shared memory of MlaFlashChunkMma: q [64][sq] and two key buffers of k [32][sq],
+// v [32][sv] words of BF16 pairs, twice (hi and lo) when split: 134 KiB at K3
+// (67 KiB not split).
 size_t FlashMmaSmem(const MlaLaunchArgs& a, bool split) {
   const int64_t sq = MmaStride(a.nope + a.rope), sv = MmaStride(a.v);
-  return sizeof(uint32_t) * (split ? 2 : 1) * (kFaRows * sq + kKeys * sq + kKeys * sv);
+  return sizeof(uint32_t) * (split ? 2 : 1) * (kFaRows * sq + 2 * kKeys * (sq + sv));
 }
 
+// The tensor-core flash kernel's shapes: whole k-steps of 16, whole 16-byte
+// pieces of every part of a key row (k_nope, k_rot at lora in the cache row, v),
+// a 16-byte aligned cache; else the SIMT kernel.
 bool FlashMmaFits(const MlaLaunchArgs& a, bool split) {
-  return (a.nope + a.rope) % 16 == 0 && a.nope % 2 == 0 && a.v % 8 == 0 &&
-         a.v <= kMlaMaxVDimExpanded && FlashMmaSmem(a, split) <= kMaxSmem;
+  return (a.nope + a.rope) % 16 == 0 && a.nope % 8 == 0 && a.rope % 8 == 0 &&
+         a.lora % 8 == 0 && a.v % 8 == 0 && a.v <= kMlaMaxVDimExpanded &&
+         reinterpret_cast<uintptr_t>(a.kv_cache) % 16 == 0 &&
+         FlashMmaSmem(a, split) <= kMaxSmem;
 }
 
 size_t FlashSmem(const MlaLaunchArgs& a) {
@@ -1256,7 +1338,8 @@ int64_t MlaExpandedChunk(const MlaLaunchArgs& a, size_t budget_bytes) {
 }
 
 size_t MlaExpandedScratchBytes(const MlaLaunchArgs& a, int64_t chunk) {
-  return AlignUp(sizeof(float) * a.num_seqs * chunk * a.heads * (a.nope + a.v)) +
+  return 256 /* to align the start */ +
+         AlignUp(sizeof(float) * a.num_seqs * chunk * a.heads * (a.nope + a.v)) +
          AlignUp(sizeof(float) * a.num_tokens * a.heads * 2);
 }
 
@@ -1267,11 +1350,13 @@ const char* MlaExpandedLaunch(const MlaLaunchArgs& a, int64_t chunk, void* scrat
   const bool mma = core == MlaCore::kTensorCore ||
                    (core == MlaCore::kAuto && FlashMmaFits(a, split));
   if (mma && !FlashMmaFits(a, split)) {
-    return "mla: tensor-core path needs (nope + rope) % 16 == 0 and v % 8 == 0";
+    return "mla: tensor-core path needs (nope + rope) % 16 == 0, nope, rope, lora and "
+           "v % 8 == 0 and a 16-byte aligned cache";
   }
   if (a.num_seqs == 0 || a.num_tokens == 0) return nullptr;
   if (chunk <= 0 || chunk % kGemmPos != 0) return "mla: chunk must be a multiple of 64";
-  char* base = static_cast<char*>(scratch);
+  // 256-byte aligned (the tensor-core kernel copies 16-byte pieces of it).
+  char* base = reinterpret_cast<char*>(AlignUp(reinterpret_cast<uintptr_t>(scratch)));
   float* kv = reinterpret_cast<float*>(base);
   base += AlignUp(sizeof(float) * a.num_seqs * chunk * a.heads * (a.nope + a.v));
   float* ml = reinterpret_cast<float*>(base);
@@ -1289,11 +1374,19 @@ const char* MlaExpandedLaunch(const MlaLaunchArgs& a, int64_t chunk, void* scrat
   const bool mma_expand = core != MlaCore::kSimt && a.lora % kGemmK == 0;
   const dim3 fgrid((a.num_tokens + rows - 1) / rows + a.num_seqs, a.heads);
   for (int64_t c0 = 0; c0 < std::max<int64_t>(ExpandedContext(a), 1); c0 += chunk) {
-    if (mma_expand) {
-      TANDEM_LAUNCH(MlaExpandKvMma, egrid, kEgWarps * kWarpSize, 0, stream, a, c0,
+    // Packed (split once) for the tensor-core flash kernel, fp32 for the SIMT one.
+    if (mma_expand && mma) {
+      TANDEM_LAUNCH(MlaExpandKvMma<true>, egrid, kEgWarps * kWarpSize, 0, stream, a, c0,
                     chunk, kv);
+    } else if (mma_expand) {
+      TANDEM_LAUNCH(MlaExpandKvMma<false>, egrid, kEgWarps * kWarpSize, 0, stream, a,
+                    c0, chunk, kv);
+    } else if (mma) {
+      TANDEM_LAUNCH(MlaExpandKv<true>, egrid, kGemmThreads, 0, stream, a, c0, chunk,
+                    kv);
     } else {
-      TANDEM_LAUNCH(MlaExpandKv, egrid, kGemmThreads, 0, stream, a, c0, chunk, kv);
+      TANDEM_LAUNCH(MlaExpandKv<false>, egrid, kGemmThreads, 0, stream, a, c0, chunk,
+                    kv);
     }
     if (const char* e = tandem::gpu::LaunchError()) return e;
     if (mma && split) {

@@ -53,15 +53,20 @@
 // bounded for any context), up to max_context where the caller gave it (else
 // the tables' reach, block_table_stride * block_size): per chunk
 //   1. MlaExpandKvMma / MlaExpandKv: [k_nope | v] = W_h c for every position of
-//      the chunk, head h, fp32 into scratch: a 64 x 128 block tile, K-steps of 32
+//      the chunk, head h, into scratch: a 64 x 128 block tile, K-steps of 32
 //      staged in shared memory; on tensor cores where lora % 32 == 0 (c and W are
 //      BF16: exact products, one mma each, warp w on 16 positions x 128 outputs),
-//      else a register-blocked SIMT GEMM (4 x 8 outputs per thread);
+//      else a register-blocked SIMT GEMM (4 x 8 outputs per thread). Written as
+//      its reader takes it: split once into BF16 hi and lo parts for the
+//      tensor-core flash kernel (not once per query tile), fp32 for the SIMT one;
 //   2. MlaFlashChunkMma / MlaFlashChunk (FlashAttention-2; tensor cores where
-//      (nope + rope) % 16 == 0 and v % 8 == 0, else SIMT): one block per (query
-//      tile of one sequence, head): 64 queries, 4 warps of 16 rows on mma (32
-//      and 8 x 4 on SIMT); key tiles of 32 with an online softmax in registers,
-//      causal (a warp skips tiles after its last query); q, k_nope, v and p
+//      (nope + rope) % 16 == 0, nope, rope, lora and v % 8 == 0 and the cache is
+//      16-byte aligned, else SIMT): one block per (query tile of one sequence,
+//      head): 64 queries, 4 warps of 16 rows on mma (32 and 8 x 4 on SIMT); key
+//      tiles of 32 with an online softmax in registers, causal (a warp skips
+//      tiles after its last query); on mma the key tiles are double-buffered
+//      through cp.async (tile i + 1 in flight while tile i is computed; 134 KiB
+//      of shared memory at K3, 67 KiB on "cuda_bf16"); q, k_nope, v and p
 //      split-BF16 (three mma per product), k_rot exact; on "cuda_bf16" rounded
 //      to BF16 once (one mma per product, half the shared memory). The running (max,
 //      sum) lives in scratch and the running output, normalised, in `out` itself, so
