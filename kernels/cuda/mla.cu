@@ -56,7 +56,9 @@ constexpr int kExpRows = kExpWarps * kRowsPerWarp;
 constexpr int kExpMaxV = kMlaMaxVDimExpanded / kWarpSize;
 constexpr int kGemmPos = 64, kGemmN = 128, kGemmK = 32, kGemmThreads = 256;
 
-constexpr size_t kMaxSmem = 227 * 1024;
+// The opt-in limit of dynamic shared memory a block (sm_90 / sm_100), less room
+// for the kernels' few static bytes (FindTileShared's), which count against it.
+constexpr size_t kMaxSmem = 227 * 1024 - 256;
 // The position of a row past its tile's rows (absorbed split kernels). A padding
 // sequence (ctx 0) has positions < 0 but real rows: no keys, and its partials
 // (m = -inf, l = 0) are written, so the combine gives zeros.
@@ -652,6 +654,23 @@ __device__ __forceinline__ void StoreKv(float* rec, int64_t nope, int64_t v, int
   }
 }
 
+// Columns n and n + 1 (n even: one part, as nope is) as 32-bit stores.
+template <bool kPacked>
+__device__ __forceinline__ void StoreKv2(float* rec, int64_t nope, int64_t v, int64_t n,
+                                         float x0, float x1) {
+  if constexpr (kPacked) {
+    uint32_t* r32 = reinterpret_cast<uint32_t*>(rec);
+    uint32_t lo;
+    const uint32_t hi = SplitBf16x2(x0, x1, &lo);
+    const int64_t at = (n < nope ? n : nope + n) / 2;  // in words
+    r32[at] = hi;
+    r32[at + (n < nope ? nope : v) / 2] = lo;
+  } else {
+    rec[n] = x0;
+    rec[n + 1] = x1;
+  }
+}
+
 template <bool kPacked>
 __global__ void __launch_bounds__(kGemmThreads)
     MlaExpandKv(MlaLaunchArgs a, int64_t c0, int64_t chunk, float* kv) {
@@ -788,8 +807,12 @@ __global__ void __launch_bounds__(kEgWarps* kWarpSize)
 #pragma unroll
     for (int j = 0; j < kGemmN / 8; ++j) {
       const int64_t n = n0 + 8 * j + 2 * tq;
-      if (n < nn) StoreKv<kPacked>(rec, a.nope, a.v, n, acc[j][2 * hr]);
-      if (n + 1 < nn) StoreKv<kPacked>(rec, a.nope, a.v, n + 1, acc[j][2 * hr + 1]);
+      if (n + 1 < nn && n % 2 == 0 && (!kPacked || a.nope % 2 == 0)) {
+        StoreKv2<kPacked>(rec, a.nope, a.v, n, acc[j][2 * hr], acc[j][2 * hr + 1]);
+      } else {
+        if (n < nn) StoreKv<kPacked>(rec, a.nope, a.v, n, acc[j][2 * hr]);
+        if (n + 1 < nn) StoreKv<kPacked>(rec, a.nope, a.v, n + 1, acc[j][2 * hr + 1]);
+      }
     }
   }
 }
@@ -1076,48 +1099,47 @@ __global__ void __launch_bounds__(kFaWarps* kWarpSize)
     const uint16_t* vh16 = reinterpret_cast<const uint16_t*>(vh);
     const uint16_t* vl16 = reinterpret_cast<const uint16_t*>(vl);
     // Both of this warp's row groups lie before the tile: nothing to add (causal).
-    if (warp_last < n0) {
-      __syncthreads();  // the other warps are done with this buffer
-      continue;
-    }
-    float s[4][4];
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-      const uint32_t* kbh = kh + (8 * nt + g) * sq;
-      const uint32_t* q0h = qh + (16 * warp + g) * sq;
-      const uint32_t* q1h = q0h + 8 * sq;
-      for (int64_t ks = 0; ks < steps; ++ks) {
-        const int64_t w0 = ks * 8 + tq;
-        const uint32_t ah[4] = {q0h[w0], q1h[w0], q0h[w0 + 4], q1h[w0 + 4]};
-        const uint32_t bh[2] = {kbh[w0], kbh[w0 + 4]};
-        MmaBf16M16N8K16(s[nt], ah, bh);
-        if constexpr (kSplit) {
-          const uint32_t* kbl = kl + (8 * nt + g) * sq;
-          const uint32_t* q0l = ql + (16 * warp + g) * sq;
-          const uint32_t* q1l = q0l + 8 * sq;
-          const uint32_t al[4] = {q0l[w0], q1l[w0], q0l[w0 + 4], q1l[w0 + 4]};
-          const uint32_t bl[2] = {kbl[w0], kbl[w0 + 4]};
-          MmaBf16M16N8K16(s[nt], ah, bl);
-          MmaBf16M16N8K16(s[nt], al, bh);
-        }
-      }
-    }
-    // Causal mask: row hr's scores are s[nt][2 hr + e], key n0 + 8 nt + 2 tq + e.
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
+    // (Not a `continue`: every warp reaches the one barrier below.)
+    if (warp_last >= n0) {
+      float s[4][4];
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int64_t p = n0 + 8 * nt + 2 * tq + e;
-          if (!(p < k_end && p <= pos[hr])) s[nt][2 * hr + e] = -INFINITY;
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+        const uint32_t* kbh = kh + (8 * nt + g) * sq;
+        const uint32_t* q0h = qh + (16 * warp + g) * sq;
+        const uint32_t* q1h = q0h + 8 * sq;
+        for (int64_t ks = 0; ks < steps; ++ks) {
+          const int64_t w0 = ks * 8 + tq;
+          const uint32_t ah[4] = {q0h[w0], q1h[w0], q0h[w0 + 4], q1h[w0 + 4]};
+          const uint32_t bh[2] = {kbh[w0], kbh[w0 + 4]};
+          MmaBf16M16N8K16(s[nt], ah, bh);
+          if constexpr (kSplit) {
+            const uint32_t* kbl = kl + (8 * nt + g) * sq;
+            const uint32_t* q0l = ql + (16 * warp + g) * sq;
+            const uint32_t* q1l = q0l + 8 * sq;
+            const uint32_t al[4] = {q0l[w0], q1l[w0], q0l[w0 + 4], q1l[w0 + 4]};
+            const uint32_t bl[2] = {kbl[w0], kbl[w0 + 4]};
+            MmaBf16M16N8K16(s[nt], ah, bl);
+            MmaBf16M16N8K16(s[nt], al, bh);
+          }
         }
       }
+      // Causal mask: row hr's scores are s[nt][2 hr + e], key n0 + 8 nt + 2 tq + e.
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int64_t p = n0 + 8 * nt + 2 * tq + e;
+            if (!(p < k_end && p <= pos[hr])) s[nt][2 * hr + e] = -INFINITY;
+          }
+        }
+      }
+      tandem::gpu::FlashSoftmaxTile<kFaMaxTiles>(s, m, l, acc);
+      tandem::gpu::FlashPvTile<kSplit, kFaMaxTiles>(s, vh16, vl16, 2 * sv, vt, g, tq,
+                                                    acc);
     }
-    tandem::gpu::FlashSoftmaxTile<kFaMaxTiles>(s, m, l, acc);
-    tandem::gpu::FlashPvTile<kSplit, kFaMaxTiles>(s, vh16, vl16, 2 * sv, vt, g, tq,
-                                                  acc);
     __syncthreads();  // this buffer is consumed before it is refilled
   }
   for (int hr = 0; hr < 2; ++hr) {
@@ -1371,7 +1393,10 @@ const char* MlaExpandedLaunch(const MlaLaunchArgs& a, int64_t chunk, void* scrat
   const dim3 egrid(chunk / kGemmPos, (nn + kGemmN - 1) / kGemmN, a.num_seqs * a.heads);
   const int64_t rows = mma ? kFaRows : kExpRows;
   // The expansion's operands are BF16: tensor cores unless SIMT is asked for.
-  const bool mma_expand = core != MlaCore::kSimt && a.lora % kGemmK == 0;
+  // It reads cache rows and W as 32-bit words: 4-byte aligned pointers.
+  const bool mma_expand = core != MlaCore::kSimt && a.lora % kGemmK == 0 &&
+                          reinterpret_cast<uintptr_t>(a.kv_cache) % 4 == 0 &&
+                          reinterpret_cast<uintptr_t>(a.kv_b_proj) % 4 == 0;
   const dim3 fgrid((a.num_tokens + rows - 1) / rows + a.num_seqs, a.heads);
   for (int64_t c0 = 0; c0 < std::max<int64_t>(ExpandedContext(a), 1); c0 += chunk) {
     // Packed (split once) for the tensor-core flash kernel, fp32 for the SIMT one.

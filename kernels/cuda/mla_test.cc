@@ -35,6 +35,9 @@ struct MlaCall {
   std::vector<float> q;
   std::vector<uint16_t> cache, kv_b;
   std::vector<int32_t> seq_lens, query_start, tables;
+  // The cache and W start this many elements into their vectors (an unaligned
+  // device cache in the UnalignedCacheRunsTheSimtKernels test).
+  int64_t offset = 0;
 
   MlaArgs Args(float* out) const {
     MlaArgs a;
@@ -50,10 +53,10 @@ struct MlaCall {
     a.query_start = query_start.data();
     a.block_tables = tables.data();
     a.block_table_stride = max_blocks;
-    a.kv_cache = cache.data();
+    a.kv_cache = cache.data() + offset;
     a.num_blocks = num_blocks;
     a.block_size = block_size;
-    a.kv_b_proj = kv_b.data();
+    a.kv_b_proj = kv_b.data() + offset;
     a.q = q.data();
     a.ld_q = c.heads * (c.nope + c.rope);
     a.out = out;
@@ -439,6 +442,24 @@ TEST(MlaKernels, SpeculativeQueriesAreCausal) {
           std::string("expanded ") + CoreName(core) + " draft " + std::to_string(i));
     }
   }
+}
+
+// A cache 2 bytes off 16-byte (and 4-byte) alignment, as a caller's sub-buffer
+// could be: the tensor-core kernels copy 16-byte pieces (cp.async faults on a
+// GPU) and the mma expansion reads 32-bit words, so the SIMT kernels run it,
+// with the same result. (The emulator faults on a misaligned cp.async too.)
+TEST(MlaKernels, UnalignedCacheRunsTheSimtKernels) {
+  const Case c{2, 16, 16, 16, 32, {70, 5}, {6, 5}};
+  const MlaCall s = Make(c, 16, 21);
+  MlaCall u = s;
+  u.offset = 1;
+  u.cache.insert(u.cache.begin(), 0);
+  u.kv_b.insert(u.kv_b.begin(), 0);
+  const std::vector<float> want = Oracle(s);
+  ExpectWithin(Expanded(u, 64), want, kBound, "expanded, unaligned cache");
+  ExpectWithin(Absorbed(u, 3), want, kBound, "absorbed, unaligned cache");
+  ExpectWithin(Expanded(u, 64, nullptr, MlaCore::kAuto, 0, /*bf16_operands=*/true),
+               want, kBound, "expanded bf16_operands, unaligned cache (SIMT: fp32)");
 }
 
 TEST(MlaKernels, EmulatorSeeds) {
