@@ -1236,6 +1236,11 @@ const char* MlaUnsupported(const MlaLaunchArgs& a, bool absorbed) {
   if (a.lora % 2 != 0 || a.rope % 2 != 0) {
     return "mla: odd kv_lora_rank or rope_dim is not supported on the GPU";
   }
+  // Every kernel reads cache rows (and the expansion W) as 32-bit words.
+  if (reinterpret_cast<uintptr_t>(a.kv_cache) % 4 != 0 ||
+      reinterpret_cast<uintptr_t>(a.kv_b_proj) % 4 != 0) {
+    return "mla: kv_cache and kv_b_proj must be 4-byte aligned on the GPU";
+  }
   if (absorbed) {
     if (AbsorbedSmem(a) > kMaxSmem) return "mla: rope_dim too large for the GPU kernel";
   } else {
@@ -1393,10 +1398,7 @@ const char* MlaExpandedLaunch(const MlaLaunchArgs& a, int64_t chunk, void* scrat
   const dim3 egrid(chunk / kGemmPos, (nn + kGemmN - 1) / kGemmN, a.num_seqs * a.heads);
   const int64_t rows = mma ? kFaRows : kExpRows;
   // The expansion's operands are BF16: tensor cores unless SIMT is asked for.
-  // It reads cache rows and W as 32-bit words: 4-byte aligned pointers.
-  const bool mma_expand = core != MlaCore::kSimt && a.lora % kGemmK == 0 &&
-                          reinterpret_cast<uintptr_t>(a.kv_cache) % 4 == 0 &&
-                          reinterpret_cast<uintptr_t>(a.kv_b_proj) % 4 == 0;
+  const bool mma_expand = core != MlaCore::kSimt && a.lora % kGemmK == 0;
   const dim3 fgrid((a.num_tokens + rows - 1) / rows + a.num_seqs, a.heads);
   for (int64_t c0 = 0; c0 < std::max<int64_t>(ExpandedContext(a), 1); c0 += chunk) {
     // Packed (split once) for the tensor-core flash kernel, fp32 for the SIMT one.

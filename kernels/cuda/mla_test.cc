@@ -444,22 +444,33 @@ TEST(MlaKernels, SpeculativeQueriesAreCausal) {
   }
 }
 
-// A cache 2 bytes off 16-byte (and 4-byte) alignment, as a caller's sub-buffer
-// could be: the tensor-core kernels copy 16-byte pieces (cp.async faults on a
-// GPU) and the mma expansion reads 32-bit words, so the SIMT kernels run it,
-// with the same result. (The emulator faults on a misaligned cp.async too.)
-TEST(MlaKernels, UnalignedCacheRunsTheSimtKernels) {
+// A cache 4 bytes off 16-byte alignment, as a caller's sub-buffer could be: the
+// tensor-core flash and absorbed kernels copy 16-byte pieces (cp.async faults on
+// a GPU; the emulator faults too), so the SIMT kernels run it, with the same
+// result. 2 bytes off, every kernel's 32-bit reads would fault: refused.
+TEST(MlaKernels, UnalignedCacheRunsTheSimtKernelsOrIsRefused) {
   const Case c{2, 16, 16, 16, 32, {70, 5}, {6, 5}};
   const MlaCall s = Make(c, 16, 21);
   MlaCall u = s;
-  u.offset = 1;
-  u.cache.insert(u.cache.begin(), 0);
-  u.kv_b.insert(u.kv_b.begin(), 0);
+  u.offset = 2;
+  u.cache.insert(u.cache.begin(), 2, 0);
+  u.kv_b.insert(u.kv_b.begin(), 2, 0);
   const std::vector<float> want = Oracle(s);
-  ExpectWithin(Expanded(u, 64), want, kBound, "expanded, unaligned cache");
-  ExpectWithin(Absorbed(u, 3), want, kBound, "absorbed, unaligned cache");
+  ExpectWithin(Expanded(u, 64), want, kBound, "expanded, cache 4 bytes off");
+  ExpectWithin(Absorbed(u, 3), want, kBound, "absorbed, cache 4 bytes off");
   ExpectWithin(Expanded(u, 64, nullptr, MlaCore::kAuto, 0, /*bf16_operands=*/true),
-               want, kBound, "expanded bf16_operands, unaligned cache (SIMT: fp32)");
+               want, kBound, "expanded bf16_operands, cache 4 bytes off (SIMT: fp32)");
+  MlaCall odd = s;
+  odd.offset = 1;
+  odd.cache.insert(odd.cache.begin(), 0);
+  odd.kv_b.insert(odd.kv_b.begin(), 0);
+  std::vector<float> out(s.tokens * c.heads * c.v);
+  int32_t word = 0;
+  const MlaLaunchArgs a = ToLaunch(odd.Args(out.data()), &word);
+  const char* why = MlaUnsupported(a, /*absorbed=*/true);
+  ASSERT_NE(why, nullptr);
+  EXPECT_NE(std::string(why).find("4-byte aligned"), std::string::npos) << why;
+  EXPECT_NE(MlaUnsupported(a, /*absorbed=*/false), nullptr);
 }
 
 TEST(MlaKernels, EmulatorSeeds) {
