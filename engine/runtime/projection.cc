@@ -45,6 +45,13 @@ DecodeStepBytes DecodeStepBytesPerRank(const ModelWeights& w, int64_t batch,
   return b;
 }
 
+absl::StatusOr<TensorWork> TensorWorkOf(const std::string& backend) {
+  if (backend == "cuda") return TensorWork{2, 3};
+  if (backend == "cuda_bf16") return TensorWork{1, 1};
+  return InvalidArgument("projection: backend \"", backend,
+                         "\" (the GPU backends: cuda, cuda_bf16)");
+}
+
 double MatrixFlopsPerToken(const ModelWeights& w) {
   const model::ModelConfig& c = w.config;
   const int tp = std::max(1, w.shard.size);
@@ -298,6 +305,7 @@ absl::StatusOr<Projection> Project(const ProjectionInput& input) {
   }
 
   // Prefill on rank 0 (the most experts under round-robin).
+  TANDEM_ASSIGN_OR_RETURN(const TensorWork work, TensorWorkOf(input.backend));
   const ModelWeights& r0 = *ranks[0];
   const double per_token = MatrixFlopsPerToken(r0);
   const double bandwidth = hw.memory_bandwidth * input.bandwidth_share;
@@ -311,15 +319,15 @@ absl::StatusOr<Projection> Project(const ProjectionInput& input) {
       // A chunk of (end - begin) tokens streams the weights it meets once.
       const DecodeStepBytes b = DecodeStepBytesPerRank(r0, end - begin, 0);
       const double bytes = b.dense + b.experts;
+      const double tensor = matrix * work.matrix + attention * work.attention;
       f.matrix_flops += matrix;
       f.attention_flops += attention;
+      f.tensor_flops += tensor;
       f.weight_bytes += bytes;
       ++f.chunks;
-      f.bound_s +=
-          std::max((matrix + attention) / hw.bf16_flops, bytes / hw.memory_bandwidth);
-      f.at_efficiency_s +=
-          std::max((matrix + attention) / (hw.bf16_flops * input.prefill_efficiency),
-                   bytes / bandwidth);
+      f.bound_s += std::max(tensor / hw.bf16_flops, bytes / hw.memory_bandwidth);
+      f.at_efficiency_s += std::max(tensor / (hw.bf16_flops * input.prefill_efficiency),
+                                    bytes / bandwidth);
     }
     f.tokens_per_s = static_cast<double>(prompt) / f.at_efficiency_s;
     p.prefill.push_back(f);

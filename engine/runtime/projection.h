@@ -110,7 +110,22 @@ struct ProjectionInput {
   // cuBLASLt, which itself reaches about 0.8 of the datasheet on an H100).
   int64_t prefill_chunk = 8192;
   double prefill_efficiency = 0.4;
+  // The GPU backend the prefill runs on, as tensor-core mma per product
+  // (TensorWork): "cuda" (the workers' default) feeds the tensor cores
+  // split-BF16 operands, so a matrix product (BF16 weights x split activations)
+  // takes two and an attention product (both operands split) three; "cuda_bf16"
+  // rounds them once, one each (kernels/README.md, "Precision").
+  std::string backend = "cuda";
 };
+
+// Tensor-core mma per product of a GPU backend's prefill kernels: matrices
+// (dense GEMMs, the MoE) and attention (MLA expanded, KDA chunked).
+struct TensorWork {
+  int matrix = 1;
+  int attention = 1;
+};
+// "cuda": {2, 3}; "cuda_bf16": {1, 1}; else InvalidArgument.
+absl::StatusOr<TensorWork> TensorWorkOf(const std::string& backend);
 
 // FLOPs of one prompt token on one rank, besides attention: 2 x the matrix
 // parameters it meets (the rank's slices and replicated matrices, not lm_head,
@@ -150,7 +165,10 @@ struct PrefillProjection {
   double matrix_flops = 0;     // per rank, the whole prompt
   double attention_flops = 0;  // per rank
   double weight_bytes = 0;     // per rank: every chunk streams its weights
-  double bound_s = 0;          // sum over chunks of max(flops / rate, bytes / bw)
+  // Tensor-core work: matrix * TensorWork::matrix + attention *
+  // TensorWork::attention (the FLOPs the rate is spent on).
+  double tensor_flops = 0;
+  double bound_s = 0;          // sum over chunks of max(tensor / rate, bytes / bw)
   double at_efficiency_s = 0;  // the same with the rate * prefill_efficiency
   double tokens_per_s = 0;     // prompt / at_efficiency_s
 };

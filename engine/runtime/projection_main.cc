@@ -46,6 +46,9 @@ ABSL_FLAG(double, collective_latency_us, 10.0,
           "One collective's fixed cost, microseconds (assumed)");
 ABSL_FLAG(int64_t, prefill_chunk, 8192,
           "Prefill step budget in tokens (the workers' default on a GPU of >= 70 GiB)");
+ABSL_FLAG(std::string, backend, "cuda",
+          "GPU backend of the prefill: cuda (the default; split-BF16 operands: 2 mma "
+          "a matrix product, 3 an attention one) or cuda_bf16 (1 and 1)");
 ABSL_FLAG(double, prefill_efficiency, 0.4,
           "Share of the dense BF16 tensor rate the prefill kernels reach (assumed)");
 ABSL_FLAG(double, network_gbps, 0,
@@ -174,6 +177,7 @@ int main(int argc, char** argv) {
   in.collective_latency_s = absl::GetFlag(FLAGS_collective_latency_us) * 1e-6;
   in.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   in.prefill_efficiency = absl::GetFlag(FLAGS_prefill_efficiency);
+  in.backend = absl::GetFlag(FLAGS_backend);
   auto peak = tandem::engine::ParseMemoryBudget(absl::GetFlag(FLAGS_activation_peak));
   if (!peak.ok() || peak->is_fraction()) {
     return Fail(tandem::InvalidArgument("--activation_peak: give bytes, like 8GiB"));
@@ -269,18 +273,21 @@ int main(int argc, char** argv) {
                 h.network_latent_once_s, h.link_s);
   }
 
+  const tandem::engine::TensorWork work = *tandem::engine::TensorWorkOf(in.backend);
   std::printf(
-      "\nprefill per prompt (chunks of %lld tokens; per rank; the BF16 rate at "
-      "%.2f assumed)\n",
-      static_cast<long long>(in.prefill_chunk), in.prefill_efficiency);
-  std::printf("%9s %7s %12s %12s %12s %9s %9s %11s\n", "prompt", "chunks", "matrix",
-              "attention", "weights", "bound_s", "time_s", "tokens/s");
+      "\nprefill per prompt on %s (chunks of %lld tokens; per rank; %d mma a matrix "
+      "product, %d an attention one; the BF16 rate at %.2f assumed)\n",
+      in.backend.c_str(), static_cast<long long>(in.prefill_chunk), work.matrix,
+      work.attention, in.prefill_efficiency);
+  std::printf("%9s %7s %12s %12s %12s %12s %9s %9s %11s\n", "prompt", "chunks",
+              "matrix", "attention", "tensor", "weights", "bound_s", "time_s",
+              "tokens/s");
   for (const auto& f : p->prefill) {
-    std::printf("%9lld %7lld %9.1f TF %9.1f TF %12s %9.3f %9.3f %11.0f\n",
-                static_cast<long long>(f.prompt_tokens),
-                static_cast<long long>(f.chunks), f.matrix_flops / 1e12,
-                f.attention_flops / 1e12, Bytes(f.weight_bytes).c_str(), f.bound_s,
-                f.at_efficiency_s, f.tokens_per_s);
+    std::printf(
+        "%9lld %7lld %9.1f TF %9.1f TF %9.1f TF %12s %9.3f %9.3f %11.0f\n",
+        static_cast<long long>(f.prompt_tokens), static_cast<long long>(f.chunks),
+        f.matrix_flops / 1e12, f.attention_flops / 1e12, f.tensor_flops / 1e12,
+        Bytes(f.weight_bytes).c_str(), f.bound_s, f.at_efficiency_s, f.tokens_per_s);
   }
 
   nlohmann::json out;
@@ -325,11 +332,14 @@ int main(int argc, char** argv) {
   }
   out["prefill_chunk"] = in.prefill_chunk;
   out["prefill_efficiency_assumed"] = in.prefill_efficiency;
+  out["backend"] = in.backend;
+  out["mma_per_product"] = {{"matrix", work.matrix}, {"attention", work.attention}};
   for (const auto& f : p->prefill) {
     out["prefill"].push_back({{"prompt_tokens", f.prompt_tokens},
                               {"chunks", f.chunks},
                               {"matrix_flops", f.matrix_flops},
                               {"attention_flops", f.attention_flops},
+                              {"tensor_flops", f.tensor_flops},
                               {"weight_bytes", f.weight_bytes},
                               {"bound_s", f.bound_s},
                               {"time_s", f.at_efficiency_s},

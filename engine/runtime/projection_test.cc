@@ -242,8 +242,11 @@ TEST(ProjectionTest, PrefillIsChunkedAndBounded) {
   ASSERT_TRUE(r0.ok());
   EXPECT_NEAR(a.matrix_flops, 4096 * MatrixFlopsPerToken(**r0), 1e3);
   EXPECT_DOUBLE_EQ(a.attention_flops, AttentionFlops(in.config, 8, 0, 4096));
-  // One chunk: the larger of its arithmetic and its weight bytes.
-  const double compute = (a.matrix_flops + a.attention_flops) / 2250e12;
+  // One chunk: the larger of its arithmetic and its weight bytes. On "cuda" (the
+  // default) a matrix product takes two mma, an attention one three.
+  EXPECT_EQ(in.backend, "cuda");
+  EXPECT_DOUBLE_EQ(a.tensor_flops, 2 * a.matrix_flops + 3 * a.attention_flops);
+  const double compute = a.tensor_flops / 2250e12;
   EXPECT_DOUBLE_EQ(a.bound_s, std::max(compute, a.weight_bytes / 8e12));
   EXPECT_DOUBLE_EQ(a.at_efficiency_s, std::max(compute / 0.4, a.weight_bytes / 8e12));
   const PrefillProjection& b = p->prefill[1];
@@ -252,6 +255,26 @@ TEST(ProjectionTest, PrefillIsChunkedAndBounded) {
               b.attention_flops * 1e-12);
   EXPECT_DOUBLE_EQ(b.tokens_per_s, 20000 / b.at_efficiency_s);
   in.prefill_efficiency = 0;
+  EXPECT_EQ(Project(in).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// "cuda_bf16" rounds the tensor cores' operands once: one mma a product, the same
+// FLOPs; a prompt whose chunk is compute-bound on both is 2-3x faster there.
+TEST(ProjectionTest, PrefillTensorWorkFollowsTheBackend) {
+  ProjectionInput in = K3OnB300();
+  in.handoff_prompts = {131072};
+  auto exact = Project(in);
+  in.backend = "cuda_bf16";
+  auto bf16 = Project(in);
+  ASSERT_TRUE(exact.ok() && bf16.ok());
+  const PrefillProjection &e = exact->prefill[0], &b = bf16->prefill[0];
+  EXPECT_DOUBLE_EQ(b.matrix_flops, e.matrix_flops);
+  EXPECT_DOUBLE_EQ(b.attention_flops, e.attention_flops);
+  EXPECT_DOUBLE_EQ(b.tensor_flops, b.matrix_flops + b.attention_flops);
+  const double ratio = e.at_efficiency_s / b.at_efficiency_s;
+  EXPECT_GT(ratio, 2.0);
+  EXPECT_LT(ratio, 3.0);
+  in.backend = "cpu";
   EXPECT_EQ(Project(in).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
