@@ -807,11 +807,11 @@ __global__ void __launch_bounds__(kEgWarps* kWarpSize)
 #pragma unroll
     for (int j = 0; j < kGemmN / 8; ++j) {
       const int64_t n = n0 + 8 * j + 2 * tq;
-      if (n + 1 < nn && n % 2 == 0 && (!kPacked || a.nope % 2 == 0)) {
+      // n is even (n0 % 128 == 0); packed records have nope % 8 == 0.
+      if (n + 1 < nn) {
         StoreKv2<kPacked>(rec, a.nope, a.v, n, acc[j][2 * hr], acc[j][2 * hr + 1]);
-      } else {
-        if (n < nn) StoreKv<kPacked>(rec, a.nope, a.v, n, acc[j][2 * hr]);
-        if (n + 1 < nn) StoreKv<kPacked>(rec, a.nope, a.v, n + 1, acc[j][2 * hr + 1]);
+      } else if (n < nn) {
+        StoreKv<kPacked>(rec, a.nope, a.v, n, acc[j][2 * hr]);
       }
     }
   }

@@ -39,11 +39,12 @@
 //      first lora columns). Writes unnormalised partial (max, sum, acc[lora]).
 //      The mma version: key tiles double-buffered through cp.async (tile i + 1
 //      in flight while tile i is computed; 112 / 151 / 190 KiB of shared memory
-//      at K3 for 1 / 2 / 3 row groups: one block per SM), S = Q K^T with warp w on keys
-//      8w..8w+7 (m16n8k16 over the 576 width, 8 independent accumulators), the score
-//      tile through shared memory, the softmax in the A-fragment layout, O += P C with
-//      warp w owning lora/4 latent columns as n8 accumulator tiles (64 fp32 registers
-//      per lane at K3).
+//      at K3 for 1 / 2 / 3 row groups: one block per SM; the cuda_bf16 form keeps
+//      no q lo rows, ~94 KiB for one group, and the split count still assumes one), S =
+//      Q K^T with warp w on keys 8w..8w+7 (m16n8k16 over the 576 width, 8 independent
+//      accumulators), the score tile through shared memory, the softmax in the
+//      A-fragment layout, O += P C with warp w owning lora/4 latent columns as n8
+//      accumulator tiles (64 fp32 registers per lane at K3).
 //   3. MlaAbsorbedCombine: merges the splits' partials per (token, head) and
 //      applies W_UV (warp per output column, lanes over lora: coalesced rows).
 //   Splits: MlaAbsorbedSplits, from host values only.
